@@ -1,0 +1,139 @@
+"""Checkpoints: safetensors weights + a JSON config, never pickle.
+
+A model directory holds `model.safetensors` and `config.json`:
+    {"format": "looplab/1", "model": {...ModelConfig...}, "metadata": {...}}
+where metadata carries what a reader needs beyond the architecture (the experiment
+config it was trained under, the task, later the tokenizer). A training checkpoint
+adds `optimizer.safetensors` and `trainer.json` (step and counters) beside them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from looplab.config import ConfigError, ModelConfig, apply_overrides
+from looplab.models.looped import LoopedLM
+
+FORMAT = "looplab/1"
+WEIGHTS, CONFIG = "model.safetensors", "config.json"
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)  # atomic: a crash never leaves half a config
+
+
+def save_model(model: LoopedLM, directory: str | os.PathLike) -> Path:
+    from safetensors.torch import save_file
+
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    save_file(state, str(d / (WEIGHTS + ".tmp")), metadata={"format": FORMAT})
+    os.replace(d / (WEIGHTS + ".tmp"), d / WEIGHTS)
+    _write_json(d / CONFIG, {"format": FORMAT, "model": _model_dict(model.cfg), "metadata": model.metadata})
+    return d
+
+
+def _model_dict(cfg: ModelConfig) -> dict[str, Any]:
+    import dataclasses
+
+    d = dataclasses.asdict(cfg)
+    d["attn_layer_idx"] = list(d["attn_layer_idx"])
+    return d
+
+
+def is_checkpoint(path: str | os.PathLike) -> bool:
+    p = Path(path)
+    return (p / CONFIG).is_file() and (p / WEIGHTS).is_file()
+
+
+def read_config(directory: str | os.PathLike) -> dict[str, Any]:
+    blob = json.loads((Path(directory) / CONFIG).read_text())
+    if blob.get("format") != FORMAT:
+        raise ConfigError(f"checkpoint format={blob.get('format')!r} in {directory} is unknown; allowed: {FORMAT}")
+    return blob
+
+
+@contextlib.contextmanager
+def seeded(seed: int):
+    """Deterministic initialisation without disturbing the caller's RNG."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
+def model_from_config(cfg: ModelConfig, seed: int = 0) -> LoopedLM:
+    with seeded(seed):
+        return LoopedLM(cfg)
+
+
+def load_model(name_or_path: str | os.PathLike, **overrides: Any) -> LoopedLM:
+    """A LoopedLM from a checkpoint directory (overrides are not allowed there: the
+    weights fix the architecture), or fresh from a preset name with model-field
+    overrides plus `seed` for the initialisation."""
+    if is_checkpoint(name_or_path):
+        if overrides:
+            raise ConfigError(f"overrides {sorted(overrides)} cannot change a checkpoint's architecture; "
+                              "load it as is, or start from a preset name")
+        from safetensors.torch import load_file
+
+        blob = read_config(name_or_path)
+        model_cfg = dict(blob["model"])
+        model_cfg["attn_layer_idx"] = tuple(model_cfg.get("attn_layer_idx", ()))
+        model = LoopedLM(ModelConfig(**model_cfg))
+        model.load_state_dict(load_file(str(Path(name_or_path) / WEIGHTS)))
+        model.metadata = blob.get("metadata", {})
+        return model
+
+    if Path(str(name_or_path)).exists():
+        raise ConfigError(f"path {str(name_or_path)!r} is not a looplab checkpoint (needs {CONFIG} and {WEIGHTS})")
+    from looplab.presets import get_preset
+
+    exp = get_preset(str(name_or_path))
+    seed = overrides.pop("seed", exp.train.seed)
+    exp = apply_overrides(exp, {f"model.{k}": v for k, v in overrides.items()})
+    model = model_from_config(exp.model, seed)
+    model.metadata = {"experiment": exp.to_dict(), "task": exp.task.kind}
+    return model
+
+
+# ---- training state --------------------------------------------------------------
+OPTIMIZER, TRAINER = "optimizer.safetensors", "trainer.json"
+
+
+def save_training_state(directory: Path, model: LoopedLM, optimizer: torch.optim.Optimizer,
+                        trainer_state: dict[str, Any]) -> None:
+    """Model + AdamW moments (keyed by parameter name) + trainer counters."""
+    from safetensors.torch import save_file
+
+    save_model(model, directory)
+    names = {id(p): n for n, p in model.named_parameters()}
+    tensors = {}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            for key, value in optimizer.state.get(p, {}).items():
+                tensors[f"{names[id(p)]}::{key}"] = torch.as_tensor(value).detach().contiguous().cpu()
+    save_file(tensors, str(directory / (OPTIMIZER + ".tmp")))
+    os.replace(directory / (OPTIMIZER + ".tmp"), directory / OPTIMIZER)
+    _write_json(directory / TRAINER, trainer_state)  # written last: its presence marks a complete checkpoint
+
+
+def load_training_state(directory: Path, model: LoopedLM, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    model.load_state_dict(load_file(str(directory / WEIGHTS)))
+    saved = load_file(str(directory / OPTIMIZER))
+    params = dict(model.named_parameters())
+    for key, value in saved.items():
+        name, _, field = key.rpartition("::")
+        p = params[name]
+        optimizer.state[p][field] = value.to(p.device) if field != "step" else value
+    return json.loads((directory / TRAINER).read_text())

@@ -1,0 +1,129 @@
+"""The `looplab` command: single runs and data inspection.
+
+    looplab train --preset phop-debug --out runs/phop-debug [model.n_loops=1 train.steps=500 ...]
+    looplab data mano --L 10 [--eval] --count 5 --seed 0
+    looplab data phop --n 256 --p 16 --alphabet 4 --count 5 --seed 0
+    looplab presets
+    looplab info --preset paper-140m [arch=hybrid ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from looplab.config import ConfigError, apply_overrides, parse_value
+
+
+def _overrides(pairs: list[str]) -> dict:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {pair!r} is invalid; allowed: KEY=VALUE, e.g. model.n_loops=2")
+        out[key] = parse_value(value)
+    return out
+
+
+def _experiment(args):
+    from looplab.presets import get_preset
+
+    return apply_overrides(get_preset(args.preset), _overrides(args.overrides))
+
+
+def cmd_train(args) -> int:
+    from looplab.train import train
+
+    cfg = _experiment(args)
+    result = train(cfg, args.out, resume=not args.no_resume, stop_at=args.stop_at)
+    summary = {"out_dir": str(result.out_dir), "step": result.step, "trial_key": cfg.trial_key(), **{
+        f"eval_{k}": v for k, v in result.eval.items()}}
+    print(json.dumps(summary))
+    return 0
+
+
+def cmd_data(args) -> int:
+    if args.task == "mano":
+        from looplab.config import ManoConfig
+        from looplab.tasks.mano import ManoTask
+
+        records = ManoTask(ManoConfig(L=args.L)).records(args.count, args.seed, eval=args.eval)
+    else:
+        from looplab.config import PhopConfig
+        from looplab.tasks.phop import PhopTask
+
+        records = PhopTask(PhopConfig(n=args.n, p=args.p, alphabet=args.alphabet)).records(args.count, args.seed)
+    for r in records:
+        sys.stdout.write(json.dumps(r) + "\n")
+    return 0
+
+
+def cmd_presets(args) -> int:
+    from looplab.presets import PRESETS, get_preset
+
+    for name in sorted(PRESETS):
+        c = get_preset(name)
+        m = c.model
+        print(f"{name:24s} {c.task.kind:5s} {m.arch:11s} {m.n_layers}⊗{m.n_loops}  d={m.d_model}  "
+              f"steps={c.train.steps}  hash={c.config_hash()}")
+    return 0
+
+
+def cmd_info(args) -> int:
+    from looplab.checkpoint import model_from_config
+
+    cfg = _experiment(args)
+    model = model_from_config(cfg.model, cfg.train.seed)
+    flops = model.flops_per_token(cfg.train.seq_len)
+    print(json.dumps({"preset": args.preset, "config_hash": cfg.config_hash(), "params": model.num_parameters(),
+                      "params_non_embedding": model.num_parameters(exclude_embeddings=True),
+                      "seq_len": cfg.train.seq_len, "flops_per_token": flops, "config": cfg.to_dict()}, indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="looplab", description="Looped language models: single runs and data.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="train one run of a preset (resumes from OUT/checkpoint)")
+    t.add_argument("--preset", required=True)
+    t.add_argument("--out", required=True, help="run directory: metrics.jsonl and checkpoint/")
+    t.add_argument("--stop-at", type=int, default=None, help="stop (with a checkpoint) after this many steps")
+    t.add_argument("--no-resume", action="store_true", help="ignore an existing checkpoint in OUT")
+    t.add_argument("overrides", nargs="*", help="KEY=VALUE, e.g. model.n_loops=1 train.steps=500")
+    t.set_defaults(fn=cmd_train)
+
+    d = sub.add_parser("data", help="print task samples as JSON lines")
+    dsub = d.add_subparsers(dest="task", required=True)
+    m = dsub.add_parser("mano")
+    m.add_argument("--L", type=int, default=10, help="maximum number of operations")
+    m.add_argument("--eval", action="store_true", help="draw from the evaluation distribution (length = L)")
+    p = dsub.add_parser("phop")
+    p.add_argument("--n", type=int, default=256)
+    p.add_argument("--p", type=int, default=16)
+    p.add_argument("--alphabet", type=int, default=4)
+    for sp in (m, p):
+        sp.add_argument("--count", type=int, default=10)
+        sp.add_argument("--seed", type=int, default=0)
+    d.set_defaults(fn=cmd_data)
+
+    sub.add_parser("presets", help="list the presets").set_defaults(fn=cmd_presets)
+    i = sub.add_parser("info", help="parameters and FLOPs of a preset")
+    i.add_argument("--preset", required=True)
+    i.add_argument("overrides", nargs="*")
+    i.set_defaults(fn=cmd_info)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except ConfigError as e:
+        print(f"looplab: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,84 @@
+"""Building blocks of the shared backbone: RMSNorm, the gated MLP, pre-norm
+residual blocks, and the N-layer stack that a looped model applies R times."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from looplab.config import ModelConfig
+from looplab.models.attention import CausalSelfAttention
+from looplab.models.mamba2 import Mamba2
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d: int, eps: float = 1e-5):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight.float()).to(x.dtype)
+
+
+class GatedMLP(nn.Module):
+    """SwiGLU MLP: fc2(silu(gate) · up), with [up | gate] from one fc1."""
+
+    def __init__(self, d_model: int, d_intermediate: int):
+        super().__init__()
+        self.fc1 = nn.Linear(d_model, 2 * d_intermediate, bias=False)
+        self.fc2 = nn.Linear(d_intermediate, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        up, gate = self.fc1(x).chunk(2, dim=-1)
+        return self.fc2(up * F.silu(gate))
+
+
+class Residual(nn.Module):
+    """x + f(norm(x)): one pre-norm residual sub-block around a mixer or an MLP."""
+
+    def __init__(self, d_model: int, inner: nn.Module, eps: float):
+        super().__init__()
+        self.norm = RMSNorm(d_model, eps)
+        self.inner = inner
+        self.takes_positions = not isinstance(inner, Mamba2)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
+        h = self.norm(x)
+        return x + (self.inner(h, positions) if self.takes_positions else self.inner(h))
+
+
+def make_layer(cfg: ModelConfig, kind: str, layer_idx: int) -> nn.ModuleList:
+    """The residual sub-blocks of one layer.
+    mamba2:    mixers_per_layer × [norm → Mamba-2 mixer] (no MLP)
+    attention: [norm → attention] + [norm → gated MLP] when d_intermediate > 0
+               (transformer layers; hybrid attention layers have no MLP)."""
+    d, eps = cfg.d_model, cfg.norm_eps
+    if kind == "mamba2":
+        return nn.ModuleList(
+            Residual(d, Mamba2(d, cfg.d_state, cfg.d_conv, cfg.expand, cfg.headdim, cfg.ngroups, cfg.chunk_size,
+                               norm_eps=eps, layer_idx=layer_idx), eps)
+            for _ in range(cfg.mixers_per_layer))
+    blocks = [Residual(d, CausalSelfAttention(d, cfg.attn_head_dim, cfg.rope_dim, cfg.rope_theta), eps)]
+    if cfg.arch == "transformer" and cfg.d_intermediate > 0:
+        blocks.append(Residual(d, GatedMLP(d, cfg.d_intermediate), eps))
+    return nn.ModuleList(blocks)
+
+
+class Backbone(nn.Module):
+    """M_θ: the N-layer stack that is applied at every recurrent step."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.layers = nn.ModuleList(make_layer(cfg, kind, i) for i, kind in enumerate(cfg.layer_kinds()))
+
+    def residual_blocks(self) -> list[Residual]:
+        return [block for layer in self.layers for block in layer]
+
+    def forward(self, h: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        for layer in self.layers:
+            for block in layer:
+                h = block(h, positions)
+        return h

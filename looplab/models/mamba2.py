@@ -1,0 +1,211 @@
+"""The Mamba-2 mixer: a pure-PyTorch chunked SSD with a depthwise causal conv.
+
+Parameter names and shapes follow `mamba_ssm.modules.mamba2.Mamba2` for the same
+constructor arguments (in_proj, conv1d, dt_bias, A_log, D, norm, out_proj), so
+weights move between the two. On CUDA, when mamba-ssm and causal-conv1d import, the
+conv and the scan run in their fused kernels; `LOOPLAB_FORCE_TORCH=1` forces the
+torch path everywhere.
+
+The SSM, per head h with scalar decay A_h < 0 and state S (headdim × d_state):
+    S_t = exp(dt_t A_h) S_{t-1} + dt_t x_t B_tᵀ,    y_t = S_t C_t + D_h x_t
+The chunked form (the Mamba-2 paper's "SSD") splits the sequence into chunks of Q
+tokens: inside a chunk the recurrence is a masked Q×Q matrix product (quadratic but
+matmul-friendly); between chunks only the (headdim × d_state) states are passed on.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+FORCE_TORCH_ENV = "LOOPLAB_FORCE_TORCH"
+
+
+@functools.cache
+def _cuda_kernels():
+    """(causal_conv1d_fn, mamba_chunk_scan_combined) or None. Imported lazily and
+    guarded broadly: on a CPU build or a version mismatch these packages fail with
+    ImportError, OSError or "undefined symbol", none of which may break the torch path."""
+    try:
+        from causal_conv1d import causal_conv1d_fn
+        from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
+    except Exception:  # noqa: BLE001 - any failure means "no kernels"
+        return None
+    return causal_conv1d_fn, mamba_chunk_scan_combined
+
+
+def use_cuda_kernels(t: torch.Tensor) -> bool:
+    return t.is_cuda and os.environ.get(FORCE_TORCH_ENV, "0") != "1" and _cuda_kernels() is not None
+
+
+def ssd_chunked(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    chunk_size: int,
+    initial_state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chunked state-space duality scan (without the D skip term).
+
+    x (b, l, h, p), dt (b, l, h) already positive, A (h,) negative, B and C
+    (b, l, g, n) with h divisible by g; initial_state (b, h, p, n) or None.
+    Returns y (b, l, h, p) and the final state (b, h, p, n).
+    """
+    bsz, seqlen, nheads, headdim = x.shape
+    ngroups, dstate = B.shape[2], B.shape[3]
+    hpg = nheads // ngroups  # heads per group share B and C
+    Q = chunk_size
+    pad = (-seqlen) % Q
+    if pad:  # dt = 0 on pads: an identity step that adds nothing to the state
+        x = F.pad(x, (0, 0, 0, 0, 0, pad))
+        dt = F.pad(dt, (0, 0, 0, pad))
+        B = F.pad(B, (0, 0, 0, 0, 0, pad))
+        C = F.pad(C, (0, 0, 0, 0, 0, pad))
+    nc = (seqlen + pad) // Q
+
+    # Layout (batch, chunk, group, head-in-group, position, feature) throughout.
+    x = x.reshape(bsz, nc, Q, ngroups, hpg, headdim).permute(0, 1, 3, 4, 2, 5)
+    dt = dt.reshape(bsz, nc, Q, ngroups, hpg).permute(0, 1, 3, 4, 2)
+    B = B.reshape(bsz, nc, Q, ngroups, dstate).transpose(2, 3).unsqueeze(3)  # b c g 1 q n
+    C = C.reshape(bsz, nc, Q, ngroups, dstate).transpose(2, 3).unsqueeze(3)
+    a_cum = torch.cumsum(dt * A.reshape(ngroups, hpg, 1), dim=-1)  # b c g h q, decreasing
+
+    # 1. Within a chunk: y_i = Σ_{j≤i} (C_i·B_j) exp(a_i − a_j) dt_j x_j.
+    #    Masking before exp keeps the (positive) upper triangle from overflowing.
+    causal = torch.ones(Q, Q, dtype=torch.bool, device=x.device).tril()
+    decay = torch.exp((a_cum.unsqueeze(-1) - a_cum.unsqueeze(-2)).masked_fill(~causal, float("-inf")))
+    scores = (C @ B.transpose(-1, -2)) * decay * dt.unsqueeze(-2)
+    y = scores @ x  # b c g h q p
+
+    # 2. Each chunk's contribution to the state at its end.
+    to_end = torch.exp(a_cum[..., -1:] - a_cum) * dt  # b c g h q
+    chunk_states = (x * to_end.unsqueeze(-1)).transpose(-1, -2) @ B  # b c g h p n
+
+    # 3. Pass states across chunks: a short sequential loop over chunks, O(nc).
+    chunk_decay = torch.exp(a_cum[..., -1])  # b c g h
+    if initial_state is None:
+        state = x.new_zeros(bsz, ngroups, hpg, headdim, dstate)
+    else:
+        state = initial_state.reshape(bsz, ngroups, hpg, headdim, dstate).to(x.dtype)
+    entering = []
+    for c in range(nc):
+        entering.append(state)
+        state = state * chunk_decay[:, c, :, :, None, None] + chunk_states[:, c]
+    entering = torch.stack(entering, dim=1)  # b c g h p n
+
+    # 4. The state entering a chunk, read out at every position of it.
+    y = y + (C @ entering.transpose(-1, -2)) * torch.exp(a_cum).unsqueeze(-1)
+
+    y = y.permute(0, 1, 4, 2, 3, 5).reshape(bsz, nc * Q, nheads, headdim)[:, :seqlen]
+    return y, state.reshape(bsz, nheads, headdim, dstate)
+
+
+class RMSNormGated(nn.Module):
+    """RMSNorm(x · silu(z)) · weight, normalised over groups of `group_size`
+    channels (mamba-ssm's norm_before_gate=False)."""
+
+    def __init__(self, d: int, group_size: int, eps: float = 1e-5):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.group_size = group_size
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float() * F.silu(z.float())
+        g = x.unflatten(-1, (-1, self.group_size))
+        g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (g.flatten(-2) * self.weight.float()).to(dtype)
+
+
+class Mamba2(nn.Module):
+    """Mamba-2 mixer, forward(u: (B, L, d_model)) -> (B, L, d_model)."""
+
+    def __init__(
+        self,
+        d_model: int,
+        d_state: int = 128,
+        d_conv: int = 4,
+        expand: int = 2,
+        headdim: int = 64,
+        ngroups: int = 1,
+        chunk_size: int = 256,
+        dt_min: float = 0.001,
+        dt_max: float = 0.1,
+        dt_init_floor: float = 1e-4,
+        A_init_range: tuple[float, float] = (1.0, 16.0),
+        norm_eps: float = 1e-5,
+        conv_bias: bool = True,
+        bias: bool = False,
+        layer_idx: int | None = None,
+    ):
+        super().__init__()
+        self.d_model, self.d_state, self.d_conv = d_model, d_state, d_conv
+        self.expand, self.headdim, self.ngroups, self.chunk_size = expand, headdim, ngroups, chunk_size
+        self.d_inner = expand * d_model
+        if self.d_inner % headdim:
+            raise ValueError(f"headdim={headdim} must divide expand*d_model={self.d_inner}")
+        self.nheads = self.d_inner // headdim
+        if self.nheads % ngroups:
+            raise ValueError(f"ngroups={ngroups} must divide the number of heads {self.nheads}")
+        self.layer_idx = layer_idx
+        self.conv_dim = self.d_inner + 2 * ngroups * d_state
+
+        # in_proj emits [z | x B C | dt] in that order, as mamba-ssm does.
+        self.in_proj = nn.Linear(d_model, 2 * self.d_inner + 2 * ngroups * d_state + self.nheads, bias=bias)
+        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, d_conv, groups=self.conv_dim,
+                                padding=d_conv - 1, bias=conv_bias)
+        # dt_bias = softplus⁻¹(dt) with dt log-uniform in [dt_min, dt_max].
+        dt = torch.exp(torch.rand(self.nheads) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
+        dt = dt.clamp(min=dt_init_floor)
+        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))
+        A = torch.empty(self.nheads).uniform_(*A_init_range)
+        self.A_log = nn.Parameter(torch.log(A))
+        self.D = nn.Parameter(torch.ones(self.nheads))
+        for p in (self.dt_bias, self.A_log, self.D):
+            p._no_weight_decay = True
+        self.norm = RMSNormGated(self.d_inner, group_size=self.d_inner // ngroups, eps=norm_eps)
+        self.out_proj = nn.Linear(self.d_inner, d_model, bias=bias)
+
+    def forward(self, u: torch.Tensor) -> torch.Tensor:
+        bsz, seqlen, _ = u.shape
+        z, xBC, dt = torch.split(self.in_proj(u), [self.d_inner, self.conv_dim, self.nheads], dim=-1)
+        A = -torch.exp(self.A_log.float())
+        if use_cuda_kernels(u):
+            y = self._scan_cuda(xBC, dt, A)
+        else:
+            y = self._scan_torch(xBC, dt, A)
+        return self.out_proj(self.norm(y.reshape(bsz, seqlen, self.d_inner), z))
+
+    def _split_xbc(self, xBC: torch.Tensor):
+        bsz, seqlen, _ = xBC.shape
+        gn = self.ngroups * self.d_state
+        x, B, C = torch.split(xBC, [self.d_inner, gn, gn], dim=-1)
+        return (x.reshape(bsz, seqlen, self.nheads, self.headdim),
+                B.reshape(bsz, seqlen, self.ngroups, self.d_state),
+                C.reshape(bsz, seqlen, self.ngroups, self.d_state))
+
+    def _scan_torch(self, xBC: torch.Tensor, dt: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
+        seqlen = xBC.shape[1]
+        # Depthwise causal conv: pad d_conv-1 on both sides, keep the first L outputs.
+        xBC = F.silu(self.conv1d(xBC.transpose(1, 2))[..., :seqlen].transpose(1, 2))
+        x, B, C = self._split_xbc(xBC)
+        dt = F.softplus(dt.float() + self.dt_bias.float())
+        y, _ = ssd_chunked(x.float(), dt, A, B.float(), C.float(), self.chunk_size)
+        y = y + x.float() * self.D.float()[:, None]
+        return y.to(xBC.dtype)
+
+    def _scan_cuda(self, xBC: torch.Tensor, dt: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
+        causal_conv1d_fn, mamba_chunk_scan_combined = _cuda_kernels()
+        xBC = causal_conv1d_fn(xBC.transpose(1, 2), self.conv1d.weight.squeeze(1), self.conv1d.bias,
+                               activation="silu").transpose(1, 2)
+        x, B, C = self._split_xbc(xBC)
+        return mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size=self.chunk_size, D=self.D,
+                                         dt_bias=self.dt_bias, dt_softplus=True)

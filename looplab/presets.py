@@ -1,0 +1,132 @@
+"""Named presets: small Python functions returning a complete ExperimentConfig.
+
+Sizes: `*-debug` trains in seconds on a CPU, `*-local` in minutes on a laptop; the
+paper presets carry the settings of App. B–D. Experiments derive from a preset with
+`dataclasses.replace` or `config.apply_overrides`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable
+
+from looplab.config import ConfigError, ExperimentConfig, ManoConfig, ModelConfig, PhopConfig, TextConfig, TrainConfig
+
+PRESETS: dict[str, Callable[[], ExperimentConfig]] = {}
+
+
+def preset(name: str):
+    def register(fn: Callable[[], ExperimentConfig]):
+        PRESETS[name] = fn
+        return fn
+    return register
+
+
+def get_preset(name: str) -> ExperimentConfig:
+    if name not in PRESETS:
+        raise ConfigError(f"preset={name!r} is unknown; allowed: {' | '.join(sorted(PRESETS))}")
+    return replace(PRESETS[name](), preset=name)
+
+
+def _experiment(model: ModelConfig, task, train: TrainConfig) -> ExperimentConfig:
+    # Size the vocabulary to the task unless the model states its own.
+    return ExperimentConfig(model=replace(model, vocab_size=task.vocab_size), task=task, train=train)
+
+
+# ---- p-hop (App. C) ------------------------------------------------------------
+# The paper's p-hop models are Mamba-2 with d = 256 and two mixers per layer; it
+# gives lr 2e-4 → 2e-5, 2000 warmup steps, clip 1.0, wd 0.1, bf16, but not the batch
+# size or step count: 128 × 50k steps here is our choice.
+
+def _phop_paper(p: int) -> ExperimentConfig:
+    return _experiment(
+        ModelConfig(arch="mamba2", d_model=256, n_layers=1, n_loops=6, mixers_per_layer=2, chunk_size=64),
+        PhopConfig(n=256, p=p, alphabet=4, eval_count=10_000),
+        TrainConfig(steps=50_000, batch_size=128, seq_len=272, lr=2e-4, min_lr_ratio=0.1, warmup_steps=2000,
+                    weight_decay=0.1, grad_clip=1.0, eval_every=2000, eval_limit=0, ckpt_every=5000),
+    )
+
+
+preset("phop-p16")(lambda: _phop_paper(16))
+preset("phop-p32")(lambda: _phop_paper(32))
+
+
+@preset("phop-debug")
+def phop_debug() -> ExperimentConfig:
+    return _experiment(
+        ModelConfig(arch="mamba2", d_model=64, n_layers=1, n_loops=4, d_state=16, headdim=16, chunk_size=16),
+        PhopConfig(n=16, p=2, alphabet=4, eval_count=500),
+        TrainConfig(steps=300, batch_size=32, lr=3e-3, warmup_steps=30, eval_every=100, log_every=20),
+    )
+
+
+@preset("phop-local")
+def phop_local() -> ExperimentConfig:
+    return _experiment(
+        ModelConfig(arch="mamba2", d_model=128, n_layers=1, n_loops=4, mixers_per_layer=2, d_state=32,
+                    headdim=32, chunk_size=32),
+        PhopConfig(n=64, p=4, alphabet=4, eval_count=2000),
+        TrainConfig(steps=2000, batch_size=32, lr=2e-3, warmup_steps=100, eval_every=250, log_every=50),
+    )
+
+
+# ---- Mano (App. B) -------------------------------------------------------------
+# d = 1024, two Mamba-2 mixers per layer, 4⊗6 (the paper's best at effective depth
+# 24), AdamW (0.9, 0.98), eps 1e-6, wd 0.1, 1000 warmup steps, cosine to 0.1×,
+# context 1024, batch 128; steps and peak lr per difficulty as in App. B.
+
+def _mano_paper(L: int, steps: int, lr: float) -> ExperimentConfig:
+    return _experiment(
+        ModelConfig(arch="mamba2", d_model=1024, n_layers=4, n_loops=6, mixers_per_layer=2, chunk_size=64),
+        ManoConfig(L=L, eval_count=2000),
+        TrainConfig(steps=steps, batch_size=128, seq_len=1024, lr=lr, min_lr_ratio=0.1, warmup_steps=1000,
+                    beta1=0.9, beta2=0.98, adam_eps=1e-6, weight_decay=0.1, grad_clip=1.0,
+                    eval_every=2000, ckpt_every=5000),
+    )
+
+
+preset("mano-L10")(lambda: _mano_paper(10, 80_000, 5e-4))
+preset("mano-L16")(lambda: _mano_paper(16, 110_000, 1e-4))
+preset("mano-L24")(lambda: _mano_paper(24, 200_000, 5e-5))
+
+
+@preset("mano-debug")
+def mano_debug() -> ExperimentConfig:
+    return _experiment(
+        ModelConfig(arch="mamba2", d_model=64, n_layers=1, n_loops=4, d_state=16, headdim=16, chunk_size=32),
+        ManoConfig(L=3, eval_count=500),
+        TrainConfig(steps=300, batch_size=16, seq_len=128, lr=3e-3, warmup_steps=30, eval_every=100,
+                    log_every=20),
+    )
+
+
+@preset("mano-local")
+def mano_local() -> ExperimentConfig:
+    return _experiment(
+        ModelConfig(arch="mamba2", d_model=128, n_layers=2, n_loops=4, mixers_per_layer=2, d_state=32,
+                    headdim=32, chunk_size=64),
+        ManoConfig(L=5, eval_count=2000),
+        TrainConfig(steps=2000, batch_size=16, seq_len=256, lr=2e-3, warmup_steps=100, eval_every=250,
+                    log_every=50),
+    )
+
+
+# ---- language models (App. D) --------------------------------------------------
+# Shared pre-training recipe: context 2048, vocabulary 32k (Mistral-7B tokenizer),
+# AdamW (0.9, 0.95), wd 0.1, cosine 8e-4 → 8e-5, warmup 10%, clip 1.0, bf16, seed
+# 3407, global batch 1024 sequences, 75k steps (150B tokens) for the Table 4 models.
+
+def _paper_lm(d_model: int, n_layers: int, arch: str, attn_idx: tuple[int, ...]) -> ExperimentConfig:
+    model = ModelConfig(arch=arch, d_model=d_model, n_layers=n_layers, n_loops=4, d_state=128, headdim=64,
+                        expand=2, chunk_size=256, attn_head_dim=64, rope_dim=64,
+                        d_intermediate=640 if arch == "transformer" else 0,
+                        attn_layer_idx=attn_idx if arch == "hybrid" else ())
+    train = TrainConfig(steps=75_000, batch_size=1024, seq_len=2048, lr=8e-4, min_lr_ratio=0.1,
+                        warmup_steps=7_500, beta1=0.9, beta2=0.95, weight_decay=0.1, grad_clip=1.0,
+                        eval_every=2_500, ckpt_every=2_500, seed=3407)
+    return _experiment(model, TextConfig(), train)
+
+
+for _arch, _suffix in (("mamba2", ""), ("transformer", "-transformer"), ("hybrid", "-hybrid")):
+    preset(f"paper-140m{_suffix}")(lambda a=_arch: _paper_lm(768, 24, a, (5, 10, 15, 20)))
+    preset(f"paper-370m{_suffix}")(lambda a=_arch: _paper_lm(1024, 48, a, (6, 18, 30, 42)))

@@ -1,0 +1,41 @@
+"""What every task hands the trainer: batches of token ids with per-position targets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+IGNORE_INDEX = -100  # target value at positions that carry no loss
+
+
+@dataclass
+class Batch:
+    """ids (B, T) are the model inputs; targets (B, T) hold the token to predict at
+    each position, or IGNORE_INDEX where no loss applies (e.g. everything but the
+    answer position in p-hop)."""
+
+    ids: torch.Tensor
+    targets: torch.Tensor
+
+    def __post_init__(self) -> None:
+        if self.ids.shape != self.targets.shape or self.ids.dim() != 2:
+            raise ValueError(f"Batch: ids {tuple(self.ids.shape)} and targets {tuple(self.targets.shape)} "
+                             "must both be (B, T)")
+
+    def __len__(self) -> int:
+        return self.ids.shape[0]
+
+    def to(self, device: torch.device | str) -> "Batch":
+        return Batch(self.ids.to(device), self.targets.to(device))
+
+    def slice(self, start: int, stop: int) -> "Batch":
+        return Batch(self.ids[start:stop], self.targets[start:stop])
+
+
+def exact_match_counts(logits: torch.Tensor, targets: torch.Tensor) -> tuple[int, int]:
+    """(correct, total) over positions with a target: argmax of the logits there
+    equals the target. With one answer position per sample this is exact match."""
+    mask = targets != IGNORE_INDEX
+    pred = logits.argmax(dim=-1)
+    return int((pred[mask] == targets[mask]).sum()), int(mask.sum())

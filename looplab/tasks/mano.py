@@ -1,0 +1,235 @@
+"""Mano (paper App. B): prefix arithmetic over F_23, answered in a single token.
+
+An instance is a random binary expression tree with exactly ℓ operations over
+{+, -, *} and leaves in 0..22, written in prefix notation and evaluated mod 23:
+
+    <bos> <len_3> - * a b + c d <ans> answer
+
+Token ids are fixed so that a number token's id IS its value (ids 0..22); this
+keeps encoding trivial and makes the answer token id equal to the answer.
+
+Training draws ℓ ~ U[1, L] and packs instances back to back into each row
+(sequence packing); evaluation uses only the hardest length ℓ = L, one instance
+per row. Every batch is a pure function of (seed, step), so a resumed run sees
+exactly the batches an uninterrupted run would.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Iterable, Iterator
+
+import numpy as np
+import torch
+
+from looplab.config import ManoConfig
+from looplab.tasks.base import IGNORE_INDEX, Batch
+
+MODULUS = 23
+OPERATORS = ("+", "-", "*")
+PLUS_ID, MINUS_ID, TIMES_ID = 23, 24, 25
+BOS_ID, ANS_ID, EOS_ID, PAD_ID = 26, 27, 28, 29
+_FIRST_LEN_ID = 30
+
+_OP_IDS = (PLUS_ID, MINUS_ID, TIMES_ID)
+_OP_ID_BY_NAME = dict(zip(OPERATORS, _OP_IDS))
+
+
+def len_token_id(i: int) -> int:
+    """Id of the length token <len_i>."""
+    return _FIRST_LEN_ID + i
+
+
+def vocab(L: int) -> list[str]:
+    """Token strings, indexed by id: numbers, operators, specials, <len_0>..<len_L>."""
+    numbers = [str(v) for v in range(MODULUS)]
+    specials = ["<bos>", "<ans>", "<eos>", "<pad>"]
+    lengths = [f"<len_{i}>" for i in range(L + 1)]
+    return numbers + list(OPERATORS) + specials + lengths
+
+
+def vocab_size(L: int) -> int:
+    return _FIRST_LEN_ID + L + 1
+
+
+def _apply(op_id: int, left: int, right: int) -> int:
+    if op_id == PLUS_ID:
+        return (left + right) % MODULUS
+    if op_id == MINUS_ID:
+        return (left - right) % MODULUS  # Python's % keeps the result in 0..22
+    return (left * right) % MODULUS
+
+
+def _uniform_stream(rng: np.random.Generator, chunk: int = 4096) -> Iterator[float]:
+    """Endless uniforms in [0, 1), drawn from rng in chunks: one Generator call per
+    chunk instead of one per tree node, which would dominate the sampling cost."""
+    while True:
+        yield from rng.random(chunk).tolist()
+
+
+def _build_expression(uniforms: Iterator[float], n_ops: int) -> tuple[list[int], int]:
+    """Prefix token ids and value of a random tree with exactly n_ops operations,
+    consuming 3 * n_ops + 1 uniforms (one per leaf, operator and split)."""
+    tokens: list[int] = []
+
+    def build(ops_here: int) -> int:
+        if ops_here == 0:
+            leaf = int(next(uniforms) * MODULUS)
+            tokens.append(leaf)
+            return leaf
+        op_id = _OP_IDS[int(next(uniforms) * 3)]
+        tokens.append(op_id)
+        # The other ops_here - 1 operations go left or right; the left share is
+        # uniform in 0..ops_here-1, so trees of every shape occur.
+        left_ops = int(next(uniforms) * ops_here)
+        left = build(left_ops)
+        right = build(ops_here - 1 - left_ops)
+        return _apply(op_id, left, right)
+
+    value = build(n_ops)
+    return tokens, value
+
+
+def _sample_expression_ids(rng: np.random.Generator, n_ops: int) -> tuple[list[int], int]:
+    if n_ops < 0:
+        raise ValueError(f"n_ops={n_ops} is invalid; allowed: an integer >= 0")
+    return _build_expression(iter(rng.random(3 * n_ops + 1).tolist()), n_ops)
+
+
+def sample_expression(rng: np.random.Generator, n_ops: int) -> tuple[list[str], int]:
+    """A random expression with exactly n_ops operations: (prefix tokens, value mod 23)."""
+    ids, value = _sample_expression_ids(rng, n_ops)
+    return decode(ids), value
+
+
+def evaluate_prefix(tokens: Iterable[str]) -> int:
+    """Value mod 23 of a prefix expression given as strings, e.g. ["+", "22", "5"] -> 4.
+
+    Reads right to left with a stack, independently of how expressions are sampled,
+    so it can serve as the reference in tests.
+    """
+    stack: list[int] = []
+    for token in reversed(list(tokens)):
+        if token in _OP_ID_BY_NAME:
+            if len(stack) < 2:
+                raise ValueError(f"malformed prefix expression: operator {token!r} lacks operands")
+            left, right = stack.pop(), stack.pop()
+            stack.append(_apply(_OP_ID_BY_NAME[token], left, right))
+        else:
+            stack.append(int(token) % MODULUS)
+    if len(stack) != 1:
+        raise ValueError(f"malformed prefix expression: {len(stack)} values left over")
+    return stack[0]
+
+
+def encode_instance(tokens: Iterable[str | int], n_ops: int, answer: int) -> list[int]:
+    """`<bos> <len_n_ops> expr... <ans> answer` as ids (expression as strings or ids)."""
+    return _instance_ids([_token_id(t) for t in tokens], n_ops, answer)
+
+
+def _token_id(token: str | int) -> int:
+    if isinstance(token, (int, np.integer)):
+        return int(token)
+    return _OP_ID_BY_NAME[token] if token in _OP_ID_BY_NAME else int(token)
+
+
+def decode(ids: Iterable[int] | torch.Tensor | np.ndarray) -> list[str]:
+    """Token strings for ids, for people reading batches."""
+    if isinstance(ids, (torch.Tensor, np.ndarray)):
+        ids = ids.tolist()
+    return [_token_name(int(i)) for i in ids]
+
+
+def _token_name(token_id: int) -> str:
+    # Computed rather than looked up in vocab(L) so decode needs no L.
+    if 0 <= token_id < MODULUS:
+        return str(token_id)
+    if MODULUS <= token_id < _FIRST_LEN_ID:
+        return vocab(0)[token_id]
+    if token_id >= _FIRST_LEN_ID:
+        return f"<len_{token_id - _FIRST_LEN_ID}>"
+    raise ValueError(f"token id {token_id} is not a Mano token id")
+
+
+def _instance_ids(expr_ids: list[int], n_ops: int, answer: int) -> list[int]:
+    # encode_instance for an expression already in ids: the hot path skips the
+    # per-token string handling.
+    return [BOS_ID, len_token_id(n_ops), *expr_ids, ANS_ID, answer]
+
+
+def _sample_instance(rng: np.random.Generator, n_ops: int) -> list[int]:
+    expr_ids, answer = _sample_expression_ids(rng, n_ops)
+    return _instance_ids(expr_ids, n_ops, answer)
+
+
+class ManoTask:
+    """Batches for Mano: packed training rows and a fixed ℓ = L evaluation set."""
+
+    def __init__(self, cfg: ManoConfig):
+        self.cfg = cfg
+        self.vocab_size = vocab_size(cfg.L)
+        self.pad_id = PAD_ID
+
+    def _train_length(self, rng: np.random.Generator) -> int:
+        return int(rng.integers(1, self.cfg.L + 1))
+
+    def _packed_row(self, uniforms: Iterator[float], n_tokens: int) -> list[int]:
+        """Whole instances back to back until n_tokens are filled; the last is cut."""
+        buf: list[int] = []
+        while len(buf) < n_tokens:
+            n_ops = 1 + int(next(uniforms) * self.cfg.L)  # ℓ ~ U[1, L]
+            expr_ids, answer = _build_expression(uniforms, n_ops)
+            buf.extend(_instance_ids(expr_ids, n_ops, answer))
+        return buf[:n_tokens]
+
+    def train_batch(self, step: int, batch_size: int, seq_len: int, seed: int) -> Batch:
+        """Packed rows of seq_len tokens; the target at t is the token at t + 1.
+
+        With loss="answer" only positions holding <ans> carry a target (the answer);
+        an instance cut off before its answer contributes none. Deterministic in
+        (seed, step).
+        """
+        uniforms = _uniform_stream(np.random.default_rng([seed, step, 0]))
+        rows = np.array([self._packed_row(uniforms, seq_len + 1) for _ in range(batch_size)],
+                        dtype=np.int64)
+        ids, next_tokens = rows[:, :-1], rows[:, 1:]
+        if self.cfg.loss == "all":
+            targets = next_tokens
+        else:
+            targets = np.where(ids == ANS_ID, next_tokens, IGNORE_INDEX)
+        return Batch(torch.from_numpy(ids.copy()), torch.from_numpy(np.ascontiguousarray(targets)))
+
+    @functools.cached_property
+    def _eval_batch(self) -> Batch:
+        rng = np.random.default_rng([self.cfg.eval_seed, 1])
+        rows = np.array([_sample_instance(rng, self.cfg.L) for _ in range(self.cfg.eval_count)],
+                        dtype=np.int64)
+        # Rows are whole instances (2L + 5 tokens, answer included as the last input,
+        # which a causal model cannot see from the <ans> position that predicts it).
+        ans_position = rows.shape[1] - 2
+        targets = np.full_like(rows, IGNORE_INDEX)
+        targets[:, ans_position] = rows[:, -1]
+        return Batch(torch.from_numpy(rows), torch.from_numpy(targets))
+
+    def eval_batch(self) -> Batch:
+        """The fixed evaluation set: eval_count instances with ℓ = L, one per row,
+        target only at the <ans> position. Built once and cached."""
+        return self._eval_batch
+
+    def records(self, count: int, seed: int, eval: bool) -> list[dict]:
+        """Human-readable instances: {"length", "expression", "answer"}.
+
+        eval=True draws ℓ = L from the same stream as the evaluation set, so
+        records(k, cfg.eval_seed, eval=True) lists its first k instances;
+        eval=False draws ℓ ~ U[1, L].
+        """
+        rng = np.random.default_rng([seed, 1 if eval else 2])
+        out = []
+        for _ in range(count):
+            length = self.cfg.L if eval else self._train_length(rng)
+            expression, answer = sample_expression(rng, length)
+            out.append({"length": length, "expression": expression, "answer": answer})
+        return out
+
+    def decode(self, ids: Iterable[int] | torch.Tensor | np.ndarray) -> list[str]:
+        return decode(ids)

@@ -1,0 +1,182 @@
+"""One training run of one stage, in a single process: AdamW, linear warmup then
+cosine decay to a floor, gradient clipping, the final-loop objective, periodic
+evaluation, and resumable checkpoints.
+
+Batches are a pure function of (seed, step), so a resumed run sees exactly the
+batches the uninterrupted run would have seen; with the model and AdamW moments
+restored, the loss trajectory continues unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from looplab.checkpoint import load_training_state, model_from_config, save_training_state
+from looplab.config import ConfigError, ExperimentConfig, TrainConfig
+from looplab.evaluate import autocast_context, evaluate_exact_match, masked_ce
+from looplab.tasks import make_task
+
+CHECKPOINT_DIR = "checkpoint"
+METRICS_FILE = "metrics.jsonl"
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Learning rate for optimizer step `step` (0-based): linear warmup to cfg.lr
+    over warmup_steps, then cosine decay to min_lr_ratio·lr at the last step."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    floor = cfg.lr * cfg.min_lr_ratio
+    span = max(1, cfg.steps - cfg.warmup_steps - 1)
+    progress = min(1.0, (step - cfg.warmup_steps) / span)
+    return floor + (cfg.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("TrainConfig.device='cuda' is invalid here: no CUDA device; allowed: auto | cpu")
+    return torch.device(name)
+
+
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only: norms, biases and the SSM's
+    A_log / D / dt_bias (flagged _no_weight_decay, as in mamba-ssm) are not decayed."""
+    decay, no_decay = [], []
+    for p in model.parameters():
+        (no_decay if p.dim() < 2 or getattr(p, "_no_weight_decay", False) else decay).append(p)
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps)
+
+
+@dataclass
+class TrainResult:
+    out_dir: Path
+    step: int  # optimizer steps completed
+    losses: list[float] = field(default_factory=list)  # training loss of each step run in this call
+    eval: dict[str, float] = field(default_factory=dict)  # the last evaluation
+
+
+def _fmt_time(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, stop_at: int | None = None,
+          on_metrics: Callable[[dict[str, Any]], None] | None = None, quiet: bool = False) -> TrainResult:
+    """Train cfg's model on cfg's task with the final-loop objective (CE at step R).
+
+    Resumes from out_dir/checkpoint when it holds a checkpoint of the same config.
+    stop_at ends the run after that many optimizer steps (checkpointing first) while
+    the schedule still spans cfg.train.steps: an interruption on purpose.
+    on_metrics receives every logged record (training and evaluation).
+    """
+    tc = cfg.train
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    device = resolve_device(tc.device)
+    task = make_task(cfg.task)
+    model = model_from_config(cfg.model, tc.seed).to(device)
+    model.metadata = {"experiment": cfg.to_dict(), "task": cfg.task.kind, "config_hash": cfg.config_hash()}
+    optimizer = make_optimizer(model, tc)
+    log = _Logger(out / METRICS_FILE, on_metrics, quiet)
+
+    ckpt = out / CHECKPOINT_DIR
+    start = 0
+    if resume and (ckpt / "trainer.json").is_file():
+        state = json.loads((ckpt / "trainer.json").read_text())
+        if state.get("trial_key") != cfg.trial_key():
+            raise ConfigError(f"{ckpt} holds a checkpoint of trial {state.get('trial_key')!r}, not "
+                              f"{cfg.trial_key()!r}; use another --out or resume=False")
+        start = load_training_state(ckpt, model, optimizer)["step"]
+        log.say(f"resumed from {ckpt} at step {start}")
+    end = tc.steps if stop_at is None else min(tc.steps, stop_at)
+
+    def checkpoint(step: int) -> None:
+        save_training_state(ckpt, model, optimizer, {"step": step, "trial_key": cfg.trial_key()})
+
+    def evaluate(step: int) -> dict[str, float]:
+        eval_set = task.eval_batch()
+        if tc.eval_limit:
+            eval_set = eval_set.slice(0, tc.eval_limit)
+        metrics = evaluate_exact_match(model, eval_set, batch_size=tc.eval_batch_size, device=device,
+                                       precision=tc.precision)
+        log.record({"kind": "eval", "step": step, **metrics},
+                   f"eval @ {step}: exact match {metrics['accuracy']:.4f}  loss {metrics['loss']:.4f}  "
+                   f"(n={metrics['n']})")
+        return metrics
+
+    result = TrainResult(out_dir=out, step=start)
+    n_params = model.num_parameters()
+    log.say(f"{cfg.preset or 'custom'} [{cfg.trial_key()}]: {cfg.model.arch} {cfg.model.n_layers}⊗"
+            f"{cfg.model.n_loops}, {n_params / 1e6:.2f}M params, {tc.steps} steps on {device}")
+    model.train()
+    train_time, tokens, window = 0.0, 0, []
+    for step in range(start, end):
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, tc)
+        t_step = time.perf_counter()
+        batch = task.train_batch(step, tc.batch_size, tc.seq_len, tc.seed).to(device)
+        with autocast_context(device, tc.precision):
+            logits = model(batch.ids).logits
+        loss = masked_ce(logits, batch.targets)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip if tc.grad_clip > 0 else math.inf)
+        optimizer.step()
+
+        loss_value = float(loss)
+        if not math.isfinite(loss_value):
+            checkpoint(step)  # keep what there is for post-mortems, then stop loudly
+            raise FloatingPointError(f"training loss became {loss_value} at step {step}")
+        train_time += time.perf_counter() - t_step  # evaluation and checkpoints excluded
+        result.losses.append(loss_value)
+        window.append(loss_value)
+        tokens += batch.ids.numel()
+        done = step + 1
+        if done % tc.log_every == 0 or done == end:
+            rate = tokens / train_time
+            eta = (end - done) * train_time / (done - start)
+            log.record({"kind": "train", "step": done, "loss": sum(window) / len(window),
+                        "lr": lr_at(step, tc), "grad_norm": float(grad_norm), "tokens_per_s": rate},
+                       f"step {done}/{tc.steps} | loss {sum(window) / len(window):.4f} | lr {lr_at(step, tc):.2e}"
+                       f" | {rate:,.0f} tok/s | eta {_fmt_time(eta)}")
+            window = []
+        if tc.eval_every and done % tc.eval_every == 0 and done != tc.steps:
+            result.eval = evaluate(done)
+        if tc.ckpt_every and done % tc.ckpt_every == 0 and done != end:
+            checkpoint(done)
+        result.step = done
+
+    if end == tc.steps:
+        result.eval = evaluate(tc.steps)
+    if end > start:
+        checkpoint(end)
+        log.say(f"checkpoint: {ckpt}")
+    return result
+
+
+class _Logger:
+    """Progress lines on stderr and one JSON record per line in metrics.jsonl."""
+
+    def __init__(self, path: Path, callback, quiet: bool):
+        self.path, self.callback, self.quiet = path, callback, quiet
+
+    def say(self, line: str) -> None:
+        if not self.quiet:
+            print(line, file=sys.stderr, flush=True)
+
+    def record(self, record: dict[str, Any], line: str) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.callback:
+            self.callback(record)
+        self.say(line)
