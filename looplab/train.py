@@ -133,7 +133,7 @@ def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, st
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip if tc.grad_clip > 0 else math.inf)
         optimizer.step()
 
-        loss_value = float(loss)
+        loss_value = loss.item()
         if not math.isfinite(loss_value):
             checkpoint(step)  # keep what there is for post-mortems, then stop loudly
             raise FloatingPointError(f"training loss became {loss_value} at step {step}")

@@ -14,9 +14,10 @@ import torch.nn.functional as F
 
 
 def rope_angles(positions: torch.Tensor, rope_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin of shape (B, L, 1, rope_dim/2) for integer positions (B, L)."""
+    """cos, sin of shape (B, L, 1, rope_dim/2) for integer positions (B, L), in
+    float64 so that angles stay exact at long contexts; apply_rope casts them."""
     inv_freq = theta ** (-torch.arange(0, rope_dim, 2, device=positions.device, dtype=torch.float32) / rope_dim)
-    angles = positions.to(torch.float32)[..., None] * inv_freq
+    angles = positions.to(torch.float64)[..., None] * inv_freq.double()  # exact angles for long contexts
     return angles.cos()[:, :, None, :], angles.sin()[:, :, None, :]
 
 
@@ -25,7 +26,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     pairs (i, i + rope_dim/2); the remaining channels pass through."""
     half = cos.shape[-1]
     x1, x2, rest = x[..., :half], x[..., half:2 * half], x[..., 2 * half:]
-    xf1, xf2 = x1.float(), x2.float()
+    compute = torch.promote_types(x.dtype, torch.float32)
+    cos, sin = cos.to(compute), sin.to(compute)
+    xf1, xf2 = x1.to(compute), x2.to(compute)
     rotated = torch.cat([xf1 * cos - xf2 * sin, xf2 * cos + xf1 * sin], dim=-1).to(x.dtype)
     return torch.cat([rotated, rest], dim=-1) if rest.shape[-1] else rotated
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from looplab.config import ModelConfig
 from looplab.models.attention import CausalSelfAttention
-from looplab.models.mamba2 import Mamba2
+from looplab.models.mamba2 import Mamba2, upcast
 
 
 class RMSNorm(nn.Module):
@@ -19,8 +19,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight.float()).to(x.dtype)
+        xf = upcast(x)
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * upcast(self.weight)).to(x.dtype)
 
 
 class GatedMLP(nn.Module):

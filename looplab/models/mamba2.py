@@ -26,6 +26,11 @@ import torch.nn.functional as F
 FORCE_TORCH_ENV = "LOOPLAB_FORCE_TORCH"
 
 
+def upcast(t: torch.Tensor) -> torch.Tensor:
+    """At least float32 for the numerically delicate parts (float64 stays float64)."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
 @functools.cache
 def _cuda_kernels():
     """(causal_conv1d_fn, mamba_chunk_scan_combined) or None. Imported lazily and
@@ -88,23 +93,74 @@ def ssd_chunked(
     to_end = torch.exp(a_cum[..., -1:] - a_cum) * dt  # b c g h q
     chunk_states = (x * to_end.unsqueeze(-1)).transpose(-1, -2) @ B  # b c g h p n
 
-    # 3. Pass states across chunks: a short sequential loop over chunks, O(nc).
-    chunk_decay = torch.exp(a_cum[..., -1])  # b c g h
-    if initial_state is None:
-        state = x.new_zeros(bsz, ngroups, hpg, headdim, dstate)
-    else:
-        state = initial_state.reshape(bsz, ngroups, hpg, headdim, dstate).to(x.dtype)
-    entering = []
-    for c in range(nc):
-        entering.append(state)
-        state = state * chunk_decay[:, c, :, :, None, None] + chunk_states[:, c]
-    entering = torch.stack(entering, dim=1)  # b c g h p n
+    # 3. Pass states across chunks, in closed form: the state entering chunk z is
+    #    Σ_{c<z} exp(a_tot[c+1..z-1]) chunk_states[c] + exp(a_tot[0..z-1]) S_init.
+    #    One small (nc+1)×nc matrix product per head instead of a sequential loop
+    #    (whose per-chunk slicing would cost O(nc²) memory traffic in backward);
+    #    row nc is the final state.
+    totals = a_cum[..., -1].permute(0, 2, 3, 1)  # b g h c: log-decay across each chunk
+    inclusive = torch.cumsum(totals, dim=-1)
+    exclusive = F.pad(inclusive, (1, 0))  # b g h (c+1): decay from the start to chunk z
+    later = torch.ones(nc + 1, nc, dtype=torch.bool, device=x.device).tril(-1)  # chunk c ends before z
+    passing = torch.exp((exclusive.unsqueeze(-1) - inclusive.unsqueeze(-2)).masked_fill(~later, float("-inf")))
+    states = passing @ chunk_states.permute(0, 2, 3, 1, 4, 5).reshape(bsz, ngroups, hpg, nc, headdim * dstate)
+    if initial_state is not None:
+        init = initial_state.reshape(bsz, ngroups, hpg, 1, headdim * dstate).to(x.dtype)
+        states = states + torch.exp(exclusive).unsqueeze(-1) * init
+    states = states.reshape(bsz, ngroups, hpg, nc + 1, headdim, dstate)
+    entering = states[:, :, :, :nc].permute(0, 3, 1, 2, 4, 5)  # b c g h p n
+    state = states[:, :, :, nc]
 
     # 4. The state entering a chunk, read out at every position of it.
     y = y + (C @ entering.transpose(-1, -2)) * torch.exp(a_cum).unsqueeze(-1)
 
     y = y.permute(0, 1, 4, 2, 3, 5).reshape(bsz, nc * Q, nheads, headdim)[:, :seqlen]
     return y, state.reshape(bsz, nheads, headdim, dstate)
+
+
+class _CausalDepthwiseConv(torch.autograd.Function):
+    """Depthwise causal conv on channels-last input as k shifted multiply-adds,
+    accumulated in place. On CPU this is several times faster than F.conv1d's
+    grouped path, forward and backward, and it needs no transposes; the explicit
+    backward avoids the zero-filled buffers that autograd of slices would allocate."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        k, seqlen = weight.shape[-1], x.shape[1]
+        w = weight[:, 0, :]
+        out = x * w[:, k - 1]
+        for j in range(k - 1):
+            shift = k - 1 - j  # tap j reads the token `shift` positions back
+            if shift < seqlen:
+                out[:, shift:].addcmul_(x[:, :seqlen - shift], w[:, j])
+        if bias is not None:
+            out += bias
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        k, seqlen = weight.shape[-1], x.shape[1]
+        w = weight[:, 0, :]
+        grad = grad.contiguous()
+        grad_x = grad * w[:, k - 1]
+        grad_w = torch.zeros_like(w)
+        grad_w[:, k - 1] = (grad * x).sum((0, 1))
+        for j in range(k - 1):
+            shift = k - 1 - j
+            if shift < seqlen:
+                grad_x[:, :seqlen - shift].addcmul_(grad[:, shift:], w[:, j])
+                grad_w[:, j] = (grad[:, shift:] * x[:, :seqlen - shift]).sum((0, 1))
+        grad_b = grad.sum((0, 1)) if ctx.has_bias else None
+        return grad_x, grad_w.unsqueeze(1), grad_b
+
+
+def causal_depthwise_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x (b, l, c), weight (c, 1, k): out_t = bias + Σ_j weight[:, j] · x_{t-(k-1)+j},
+    with zeros before the start of the sequence."""
+    return _CausalDepthwiseConv.apply(x.contiguous(), weight, bias)
 
 
 class RMSNormGated(nn.Module):
@@ -119,10 +175,10 @@ class RMSNormGated(nn.Module):
 
     def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
-        x = x.float() * F.silu(z.float())
+        x = upcast(x) * F.silu(upcast(z))
         g = x.unflatten(-1, (-1, self.group_size))
         g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (g.flatten(-2) * self.weight.float()).to(dtype)
+        return (g.flatten(-2) * upcast(self.weight)).to(dtype)
 
 
 class Mamba2(nn.Module):
@@ -160,6 +216,8 @@ class Mamba2(nn.Module):
 
         # in_proj emits [z | x B C | dt] in that order, as mamba-ssm does.
         self.in_proj = nn.Linear(d_model, 2 * self.d_inner + 2 * ngroups * d_state + self.nheads, bias=bias)
+        # Kept as a Conv1d for mamba-ssm's parameter names and shapes; the torch path
+        # applies its weights with causal_depthwise_conv.
         self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, d_conv, groups=self.conv_dim,
                                 padding=d_conv - 1, bias=conv_bias)
         # dt_bias = softplus⁻¹(dt) with dt log-uniform in [dt_min, dt_max].
@@ -177,7 +235,7 @@ class Mamba2(nn.Module):
     def forward(self, u: torch.Tensor) -> torch.Tensor:
         bsz, seqlen, _ = u.shape
         z, xBC, dt = torch.split(self.in_proj(u), [self.d_inner, self.conv_dim, self.nheads], dim=-1)
-        A = -torch.exp(self.A_log.float())
+        A = -torch.exp(upcast(self.A_log))
         if use_cuda_kernels(u):
             y = self._scan_cuda(xBC, dt, A)
         else:
@@ -193,13 +251,11 @@ class Mamba2(nn.Module):
                 C.reshape(bsz, seqlen, self.ngroups, self.d_state))
 
     def _scan_torch(self, xBC: torch.Tensor, dt: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
-        seqlen = xBC.shape[1]
-        # Depthwise causal conv: pad d_conv-1 on both sides, keep the first L outputs.
-        xBC = F.silu(self.conv1d(xBC.transpose(1, 2))[..., :seqlen].transpose(1, 2))
+        xBC = F.silu(causal_depthwise_conv(xBC, self.conv1d.weight, self.conv1d.bias))
         x, B, C = self._split_xbc(xBC)
-        dt = F.softplus(dt.float() + self.dt_bias.float())
-        y, _ = ssd_chunked(x.float(), dt, A, B.float(), C.float(), self.chunk_size)
-        y = y + x.float() * self.D.float()[:, None]
+        dt = F.softplus(upcast(dt) + upcast(self.dt_bias))
+        y, _ = ssd_chunked(upcast(x), dt, A, upcast(B), upcast(C), self.chunk_size)
+        y = y + upcast(x) * upcast(self.D)[:, None]
         return y.to(xBC.dtype)
 
     def _scan_cuda(self, xBC: torch.Tensor, dt: torch.Tensor, A: torch.Tensor) -> torch.Tensor:

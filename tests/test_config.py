@@ -1,0 +1,70 @@
+"""Configs fail fast with one line naming the field and the allowed values."""
+
+import pytest
+
+from looplab.config import ConfigError, ExperimentConfig, ManoConfig, ModelConfig, PhopConfig, TrainConfig, \
+    apply_overrides
+from looplab.presets import PRESETS, get_preset
+
+
+@pytest.mark.parametrize("make,field", [
+    (lambda: ModelConfig(n_layers=0), "n_layers"),
+    (lambda: ModelConfig(n_loops=0), "n_loops"),
+    (lambda: ModelConfig(arch="rnn"), "arch"),
+    (lambda: ModelConfig(arch="hybrid", n_layers=4, attn_layer_idx=(4,)), "attn_layer_idx"),
+    (lambda: ModelConfig(arch="hybrid", n_layers=4, attn_layer_idx=()), "attn_layer_idx"),
+    (lambda: ModelConfig(arch="mamba2", attn_layer_idx=(0,)), "attn_layer_idx"),
+    (lambda: ModelConfig(arch="transformer", d_model=100, attn_head_dim=64), "attn_head_dim"),
+    (lambda: ModelConfig(d_model=100, expand=1, headdim=64), "headdim"),
+    (lambda: ModelConfig(d_model=256, headdim=64, ngroups=3), "ngroups"),
+    (lambda: ModelConfig(mixers_per_layer=3), "mixers_per_layer"),
+    (lambda: ModelConfig(n_loops=True), "n_loops"),
+    (lambda: ManoConfig(L=0), "L"),
+    (lambda: PhopConfig(n=8, p=7), "p"),
+    (lambda: TrainConfig(lr=0), "lr"),
+    (lambda: TrainConfig(min_lr_ratio=1.5), "min_lr_ratio"),
+    (lambda: TrainConfig(precision="fp16"), "precision"),
+    (lambda: ExperimentConfig(model=ModelConfig(vocab_size=8), task=PhopConfig(n=16, p=2)), "vocab_size"),
+    (lambda: get_preset("no-such-preset"), "preset"),
+])
+def test_bad_values_raise_one_line_naming_the_field(make, field):
+    with pytest.raises(ConfigError) as err:
+        make()
+    message = str(err.value)
+    assert "\n" not in message
+    assert field in message and "allowed" in message
+
+
+def test_every_preset_builds_and_round_trips_through_json():
+    for name in PRESETS:
+        cfg = get_preset(name)
+        again = ExperimentConfig.from_dict(cfg.to_dict())
+        assert again == cfg and again.config_hash() == cfg.config_hash()
+
+
+def test_config_hash_ignores_seed_but_not_content():
+    cfg = get_preset("phop-debug")
+    reseeded = apply_overrides(cfg, {"train.seed": 7})
+    assert reseeded.config_hash() == cfg.config_hash()
+    assert reseeded.trial_key() != cfg.trial_key()
+    assert apply_overrides(cfg, {"model.n_loops": 1}).config_hash() != cfg.config_hash()
+
+
+def test_overrides_reach_each_section_and_reject_unknown_names():
+    cfg = apply_overrides(get_preset("mano-debug"), {"model.n_loops": 2, "steps": 5, "task.L": 4})
+    assert (cfg.model.n_loops, cfg.train.steps, cfg.task.L) == (2, 5, 4)
+    assert cfg.model.vocab_size == cfg.task.vocab_size  # follows the task's vocabulary
+    with pytest.raises(ConfigError, match="model.nope"):
+        apply_overrides(cfg, {"model.nope": 1})
+    with pytest.raises(ConfigError, match="names no field"):
+        apply_overrides(cfg, {"nope": 1})
+
+
+def test_switching_arch_resets_arch_dependent_defaults():
+    cfg = get_preset("phop-debug")
+    tr = apply_overrides(cfg, {"model.arch": "transformer", "model.attn_head_dim": 16, "model.rope_dim": 16})
+    assert tr.model.d_intermediate > 0
+    back = apply_overrides(tr, {"model.arch": "mamba2"})
+    assert back.model.d_intermediate == 0
+    with pytest.raises(ConfigError, match="attn_layer_idx"):
+        apply_overrides(cfg, {"model.arch": "hybrid"})
