@@ -2,8 +2,9 @@
 (linear layers, the SSD's chunk products, attention scores); elementwise work,
 norms and the softmax are left out, as is usual. Training costs about 3× this.
 
-The SSD terms count the full Q×Q chunk products that the chunked algorithm runs
-(masked half included), so the figure matches the work done, not the minimum.
+The SSD terms count the products the chunked algorithm runs (the full Q×Q chunk
+products, masked half included, and the state-passing product), so the figure
+matches the work done, not the minimum.
 """
 
 from __future__ import annotations
@@ -19,14 +20,16 @@ def linear_flops(layer: nn.Linear) -> int:
     return 2 * layer.in_features * layer.out_features
 
 
-def mamba2_flops(m: Mamba2) -> int:
+def mamba2_flops(m: Mamba2, seq_len: int) -> int:
     Q, h, p, n, g = m.chunk_size, m.nheads, m.headdim, m.d_state, m.ngroups
+    nc = -(-seq_len // Q)  # chunks
     ssd = 2 * Q * n * g  # C·B within a chunk, shared by the heads of a group
     ssd += 2 * Q * h * p  # masked scores @ x
     ssd += 2 * h * p * n  # chunk-end states
     ssd += 2 * h * p * n  # state readout C·S
+    ssd += 2 * (nc + 1) * nc * h * p * n / seq_len  # state passing: (nc+1)×nc decay matrix @ chunk states
     conv = 2 * m.conv_dim * m.d_conv
-    return linear_flops(m.in_proj) + conv + ssd + linear_flops(m.out_proj)
+    return linear_flops(m.in_proj) + conv + round(ssd) + linear_flops(m.out_proj)
 
 
 def attention_flops(a: CausalSelfAttention, seq_len: int) -> int:
@@ -37,7 +40,7 @@ def attention_flops(a: CausalSelfAttention, seq_len: int) -> int:
 
 def mixer_flops(module: nn.Module, seq_len: int) -> int:
     if isinstance(module, Mamba2):
-        return mamba2_flops(module)
+        return mamba2_flops(module, seq_len)
     if isinstance(module, CausalSelfAttention):
         return attention_flops(module, seq_len)
     if isinstance(module, GatedMLP):

@@ -1,28 +1,22 @@
-"""LoopedLM: embedding → R applications of one N-layer backbone → final norm → head.
+"""LoopedLM: embedding → R applications of one N-layer backbone → final norm → head,
+plus the token-level exit gate read after every non-final step.
 
-The step API (embed, step, logits) is public so researchers can compose their own
-execution; forward() is the dense fixed-loop pass built from it.
+The step API (embed, step, exit_prob, logits) is public so researchers can compose
+their own execution; forward() runs the execution modes of models/execution.py,
+which are built from it.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-
 import torch
 import torch.nn as nn
 
 from looplab.config import ModelConfig
+from looplab.models.execution import Execution, execute
 from looplab.models.flops import linear_flops, mixer_flops
 from looplab.models.layers import Backbone, RMSNorm
-
-
-@dataclass
-class LoopedOutput:
-    logits: torch.Tensor  # (B, L, V) read out after the final step R
-    hidden: torch.Tensor  # (B, L, d) hidden state after step R
-    step_hidden: tuple[torch.Tensor, ...] | None = None  # h^(1..R), when asked for
-    step_logits: tuple[torch.Tensor, ...] | None = None  # logits of h^(1..R), when asked for
+from looplab.models.mamba2 import upcast
 
 
 class LoopedLM(nn.Module):
@@ -33,6 +27,9 @@ class LoopedLM(nn.Module):
         self.backbone = Backbone(cfg)
         self.norm_f = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)  # untied
+        # λ = σ(wᵀh + b). Unused (and untrained) by fixed-loop pre-training; the
+        # bias starts at −2 so a new gate exits rarely (σ(−2) ≈ 0.12).
+        self.exit_gate = nn.Linear(cfg.d_model, 1)
         self.metadata: dict = {}  # carried into checkpoints (task, tokenizer, ...)
         self._init_weights()
 
@@ -40,6 +37,8 @@ class LoopedLM(nn.Module):
         std = self.cfg.init_std
         nn.init.normal_(self.embedding.weight, std=std)
         nn.init.normal_(self.lm_head.weight, std=std)
+        nn.init.normal_(self.exit_gate.weight, std=std)
+        nn.init.constant_(self.exit_gate.bias, -2.0)
         # Residual writes are scaled down by the number of residual blocks the
         # signal passes through (N·R blocks with looping), GPT-2 style, so the
         # residual stream's variance does not grow with the effective depth.
@@ -65,38 +64,47 @@ class LoopedLM(nn.Module):
         attention's RoPE (default 0..L-1)."""
         return self.backbone(h, positions)
 
+    def exit_logit(self, h: torch.Tensor) -> torch.Tensor:
+        """The gate's logit wᵀh + b per token: (B, L, d) → (B, L), at least float32."""
+        return upcast(self.exit_gate(h).squeeze(-1))
+
+    def exit_prob(self, h: torch.Tensor) -> torch.Tensor:
+        """λ = σ(wᵀh + b): the instantaneous probability of exiting after this step."""
+        return torch.sigmoid(self.exit_logit(h))
+
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head: the readout shared by every recurrent step."""
         return self.lm_head(self.norm_f(h))
 
-    # ---- dense fixed-loop forward -----------------------------------------
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor | None = None, *,
-                all_steps: bool = False, n_loops: int | None = None) -> LoopedOutput:
-        """Run R = n_loops (default cfg.n_loops) steps on every token. With
-        all_steps, also return every step's hidden state and logits."""
-        R = self.cfg.n_loops if n_loops is None else n_loops
-        if R < 1:
-            raise ValueError(f"n_loops={R} is invalid; allowed: an integer >= 1")
-        h = self.embed(ids)
-        hs = []
-        for _ in range(R):
-            h = self.step(h, positions)
-            hs.append(h)
-        if not all_steps:
-            return LoopedOutput(logits=self.logits(h), hidden=h)
-        step_logits = tuple(self.logits(x) for x in hs)
-        return LoopedOutput(logits=step_logits[-1], hidden=h, step_hidden=tuple(hs), step_logits=step_logits)
+    # ---- execution ----------------------------------------------------------
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor | None = None, *, mode: str = "forced",
+                q: float | None = None, depth: int | None = None, exit_at: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None, gate_grad: bool = True, all_steps: bool = False,
+                on_step=None) -> Execution:
+        """Run the model in one of the execution modes (models/execution.py):
+        forced (default; depth R = the fixed-loop forward), dense (all R steps,
+        readout at z(q)), skip (exited tokens leave the deeper steps). all_steps
+        keeps every step's hidden state, gate logits and logits."""
+        out = execute(self, ids, mode=mode, q=q, depth=depth, exit_at=exit_at, positions=positions, mask=mask,
+                      gate_grad=gate_grad, keep_steps=all_steps, on_step=on_step)
+        if all_steps:
+            out.step_logits = [self.logits(h) for h in out.step_hidden]
+        return out
 
     # ---- accounting -------------------------------------------------------
     def num_parameters(self, exclude_embeddings: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())
         return n - self.embedding.weight.numel() if exclude_embeddings else n
 
+    def step_flops(self, seq_len: int) -> int:
+        """Forward FLOPs per token of one backbone application at context seq_len."""
+        return sum(mixer_flops(block.inner, seq_len) for block in self.backbone.residual_blocks())
+
     def flops_per_token(self, seq_len: int) -> dict[str, int]:
         """Forward FLOPs per token at context length seq_len (see models/flops.py).
         backbone_step: one application of M_θ; backbone: R of them; head: the
         readout of one step; total: backbone + one readout."""
-        step = sum(mixer_flops(block.inner, seq_len) for block in self.backbone.residual_blocks())
+        step = self.step_flops(seq_len)
         head = linear_flops(self.lm_head)
         backbone = step * self.cfg.n_loops
         return {"backbone_step": step, "backbone": backbone, "head": head, "total": backbone + head}
