@@ -240,6 +240,61 @@ class TrainConfig:
         _choice(self, "device", ("auto", "cpu", "cuda"))
 
 
+STAGES = ("pretrain", "stage1", "chase", "stage2")
+
+
+@dataclass(frozen=True)
+class ExitConfig:
+    """The exit gate's objectives: Stage-1 (entropy-regularised expected loss) and
+    Stage-2 (continuation targets from loss improvements)."""
+
+    beta: float = 0.25  # Stage-1 entropy coefficient
+    entropy_eps: float = 1e-8  # ε inside the log of H(π)
+    kappa: float = 50.0  # Stage-2 target sharpness
+    gamma: float = 0.005  # Stage-2 minimum improvement
+
+    def __post_init__(self) -> None:
+        check(self.beta >= 0, "ExitConfig.beta", self.beta, "a float >= 0")
+        check(self.entropy_eps > 0, "ExitConfig.entropy_eps", self.entropy_eps, "a float > 0")
+        check(self.kappa > 0, "ExitConfig.kappa", self.kappa, "a float > 0")
+        check(self.gamma >= 0, "ExitConfig.gamma", self.gamma, "a float >= 0")
+
+
+@dataclass(frozen=True)
+class HoleConfig:
+    """CHASE: with probability rho a minibatch takes the cache-hole branch.
+
+    sampler="threshold" (§3): q ~ U[q_low, q_high] for the minibatch, skip forward
+      with the gate under stop-gradient, CE at each token's realized exit depth.
+    sampler="depth" (App. E, the paper's runs): a fraction hp of positions is holed;
+      each draws a target depth uniformly from `bins` evenly spaced values spanning
+      [lo, hi], which `rounding` maps to an integer exit step; deeper updates of the
+      position are dropped (packed out as in skip); Stage-1 loss on that forward.
+      stochastic rounding (floor + Bernoulli(fraction)) keeps E[step] = depth.
+    """
+
+    sampler: str = "depth"
+    rho: float = 1.0
+    hp: float = 0.5
+    lo: float = 1.85
+    hi: float = 3.45
+    bins: int = 8
+    rounding: str = "stochastic"
+    q_low: float = 0.2
+    q_high: float = 0.8
+
+    def __post_init__(self) -> None:
+        _choice(self, "sampler", ("depth", "threshold"))
+        _choice(self, "rounding", ("stochastic", "nearest", "floor", "ceil"))
+        for name in ("rho", "hp", "q_low", "q_high"):
+            v = getattr(self, name)
+            check(isinstance(v, (int, float)) and 0.0 <= v <= 1.0, f"HoleConfig.{name}", v, "a float in [0, 1]")
+        check(self.q_low <= self.q_high, "HoleConfig.q_low", self.q_low, f"a float <= q_high={self.q_high}")
+        check(self.lo >= 1, "HoleConfig.lo", self.lo, "a float >= 1 (and <= hi)")
+        check(self.lo <= self.hi, "HoleConfig.hi", self.hi, f"a float >= lo={self.lo} (and <= R)")
+        _pos_int(self, "bins")
+
+
 @dataclass(frozen=True)
 class ExperimentConfig:
     """Everything one run needs: the model, the task and the training recipe."""
@@ -247,9 +302,22 @@ class ExperimentConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=PhopConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    stage: str = "pretrain"  # pretrain (final-loop) | stage1 | chase | stage2
+    init_from: str = ""  # the parent stage's checkpoint directory ("" = fresh init)
+    exit: ExitConfig = field(default_factory=ExitConfig)
+    hole: HoleConfig = field(default_factory=HoleConfig)
     preset: str = ""  # the preset it derives from, for people reading configs
 
     def __post_init__(self) -> None:
+        _choice(self, "stage", STAGES)
+        check(self.stage == "pretrain" or bool(self.init_from), "ExperimentConfig.init_from", self.init_from,
+              f"a checkpoint directory for stage={self.stage!r} (it continues a trained model)")
+        if self.stage != "pretrain":
+            check(self.model.n_loops >= 2, "ModelConfig.n_loops", self.model.n_loops,
+                  f"an integer >= 2 for stage={self.stage!r} (an exit gate needs a choice of steps)")
+        if self.stage == "chase" and self.hole.sampler == "depth":
+            check(self.hole.hi <= self.model.n_loops, "HoleConfig.hi", self.hole.hi,
+                  f"a float in [lo={self.hole.lo}, R={self.model.n_loops}]")
         need = self.task.vocab_size
         check(self.model.vocab_size >= need, "ModelConfig.vocab_size", self.model.vocab_size,
               f"an integer >= {need}, the {self.task.kind} task's vocabulary")
@@ -262,10 +330,17 @@ class ExperimentConfig:
         task = dict(d.get("task", {}))
         kind = task.get("kind", "phop")
         check(kind in TASK_KINDS, "task.kind", kind, " | ".join(TASK_KINDS))
+        known = {"model", "task", "train", "stage", "init_from", "exit", "hole", "preset"}
+        for k in d:
+            check(k in known, k, d[k], "one of " + ", ".join(sorted(known)))
         return cls(
             model=_build(ModelConfig, d.get("model", {}), "model"),
             task=_build(TASK_KINDS[kind], task, "task"),
             train=_build(TrainConfig, d.get("train", {}), "train"),
+            stage=d.get("stage", "pretrain"),
+            init_from=d.get("init_from", ""),
+            exit=_build(ExitConfig, d.get("exit", {}), "exit"),
+            hole=_build(HoleConfig, d.get("hole", {}), "hole"),
             preset=d.get("preset", ""),
         )
 
@@ -275,6 +350,12 @@ class ExperimentConfig:
         d = self.to_dict()
         d["train"].pop("seed")
         d.pop("preset")
+        # Sections a stage does not read must not split its hash: every β trial of
+        # Stage-1 continues the same pre-training run.
+        if d["stage"] != "chase":
+            d.pop("hole")
+        if d["stage"] == "pretrain":
+            d.pop("exit")
         blob = json.dumps(d, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
@@ -309,16 +390,20 @@ def apply_overrides(cfg: ExperimentConfig, overrides: dict[str, Any]) -> Experim
     # override changes the task's vocabulary (e.g. task.L) unless it is set itself.
     vocab_follows_task = cfg.model.vocab_size == cfg.task.vocab_size and not any(
         k in ("model.vocab_size", "vocab_size") for k in overrides)
+    sections = ("model", "train", "task", "exit", "hole")
     for key, value in overrides.items():
         section, _, name = key.rpartition(".")
+        if not section and name in ("stage", "init_from"):
+            d[name] = value
+            continue
         if not section:
-            for candidate in ("model", "train", "task"):
+            for candidate in sections:
                 if name in d[candidate]:
                     section = candidate
                     break
             else:
-                raise ConfigError(f"override {key!r} names no field of model, train or task")
-        check(section in ("model", "task", "train"), "override section", section, "model | task | train")
+                raise ConfigError(f"override {key!r} names no field of {', '.join(sections)}, stage or init_from")
+        check(section in sections, "override section", section, " | ".join(sections))
         if section == "task" and name == "kind" and value != d["task"].get("kind"):
             check(value in TASK_KINDS, "task.kind", value, " | ".join(TASK_KINDS))
             d["task"] = {"kind": value}

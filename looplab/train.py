@@ -19,9 +19,10 @@ from typing import Any, Callable
 
 import torch
 
-from looplab.checkpoint import load_training_state, model_from_config, save_training_state
+from looplab.checkpoint import load_training_state, model_from_config, read_config, save_training_state
 from looplab.config import ConfigError, ExperimentConfig, TrainConfig
-from looplab.evaluate import autocast_context, evaluate_exact_match, masked_ce
+from looplab.evaluate import autocast_context, evaluate_exact_match, threshold_sweep
+from looplab.stages import minibatch_loss, prepare_model
 from looplab.tasks import make_task
 
 CHECKPOINT_DIR = "checkpoint"
@@ -52,6 +53,8 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Adam
     A_log / D / dt_bias (flagged _no_weight_decay, as in mamba-ssm) are not decayed."""
     decay, no_decay = [], []
     for p in model.parameters():
+        if not p.requires_grad:
+            continue
         (no_decay if p.dim() < 2 or getattr(p, "_no_weight_decay", False) else decay).append(p)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps)
@@ -84,8 +87,13 @@ def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, st
     out.mkdir(parents=True, exist_ok=True)
     device = resolve_device(tc.device)
     task = make_task(cfg.task)
-    model = model_from_config(cfg.model, tc.seed).to(device)
-    model.metadata = {"experiment": cfg.to_dict(), "task": cfg.task.kind, "config_hash": cfg.config_hash()}
+    model = model_from_config(cfg.model, tc.seed)
+    if cfg.init_from:
+        load_parent(model, cfg)
+    model.to(device)
+    model.metadata = {"experiment": cfg.to_dict(), "task": cfg.task.kind, "config_hash": cfg.config_hash(),
+                      "stage": cfg.stage, "parent_checkpoint": cfg.init_from}
+    prepare_model(model, cfg)
     optimizer = make_optimizer(model, tc)
     log = _Logger(out / METRICS_FILE, on_metrics, quiet)
 
@@ -107,11 +115,16 @@ def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, st
         eval_set = task.eval_batch()
         if tc.eval_limit:
             eval_set = eval_set.slice(0, tc.eval_limit)
-        metrics = evaluate_exact_match(model, eval_set, batch_size=tc.eval_batch_size, device=device,
-                                       precision=tc.precision)
+        kw = dict(batch_size=tc.eval_batch_size, device=device, precision=tc.precision)
+        metrics = evaluate_exact_match(model, eval_set, **kw)
         log.record({"kind": "eval", "step": step, **metrics},
                    f"eval @ {step}: exact match {metrics['accuracy']:.4f}  loss {metrics['loss']:.4f}  "
                    f"(n={metrics['n']})")
+        if cfg.stage != "pretrain":  # a gate exists: how do exits trade compute for quality?
+            for rec in threshold_sweep(model, eval_set, forced=False, **kw):
+                log.record({"kind": "eval_exit", "step": step, **rec},
+                           f"  {rec['mode']:5s} q={rec['q']:.1f}: loops {rec['executed_loops']:.2f}  "
+                           f"exit {rec['mean_exit_step']:.2f}  acc {rec['accuracy']:.4f}  loss {rec['loss']:.4f}")
         return metrics
 
     result = TrainResult(out_dir=out, step=start)
@@ -126,11 +139,11 @@ def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, st
         t_step = time.perf_counter()
         batch = task.train_batch(step, tc.batch_size, tc.seq_len, tc.seed).to(device)
         with autocast_context(device, tc.precision):
-            logits = model(batch.ids).logits
-        loss = masked_ce(logits, batch.targets)
+            loss, diag = minibatch_loss(model, batch, cfg, step)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip if tc.grad_clip > 0 else math.inf)
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        grad_norm = torch.nn.utils.clip_grad_norm_(trainable, tc.grad_clip if tc.grad_clip > 0 else math.inf)
         optimizer.step()
 
         loss_value = loss.item()
@@ -139,15 +152,17 @@ def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, st
             raise FloatingPointError(f"training loss became {loss_value} at step {step}")
         train_time += time.perf_counter() - t_step  # evaluation and checkpoints excluded
         result.losses.append(loss_value)
-        window.append(loss_value)
+        window.append({"loss": loss_value, **{k: float(v) for k, v in diag.items()}})
         tokens += batch.ids.numel()
         done = step + 1
         if done % tc.log_every == 0 or done == end:
             rate = tokens / train_time
             eta = (end - done) * train_time / (done - start)
-            log.record({"kind": "train", "step": done, "loss": sum(window) / len(window),
-                        "lr": lr_at(step, tc), "grad_norm": float(grad_norm), "tokens_per_s": rate},
-                       f"step {done}/{tc.steps} | loss {sum(window) / len(window):.4f} | lr {lr_at(step, tc):.2e}"
+            means = _window_means(window)
+            extra = "".join(f" | {k} {means[k]:.3f}" for k in ("exit_entropy", "expected_exit_step") if k in means)
+            log.record({"kind": "train", "step": done, "stage": cfg.stage, **means, "lr": lr_at(step, tc),
+                        "grad_norm": float(grad_norm), "tokens_per_s": rate},
+                       f"step {done}/{tc.steps} | loss {means['loss']:.4f}{extra} | lr {lr_at(step, tc):.2e}"
                        f" | {rate:,.0f} tok/s | eta {_fmt_time(eta)}")
             window = []
         if tc.eval_every and done % tc.eval_every == 0 and done != tc.steps:
@@ -162,6 +177,29 @@ def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, st
         checkpoint(end)
         log.say(f"checkpoint: {ckpt}")
     return result
+
+
+def _window_means(window: list[dict[str, float]]) -> dict[str, float]:
+    """Mean of each logged quantity over the steps of a log window that have it
+    (the hole-branch diagnostics exist only on holed minibatches)."""
+    keys = {k for rec in window for k in rec}
+    return {k: sum(rec[k] for rec in window if k in rec) / sum(k in rec for rec in window) for k in sorted(keys)}
+
+
+def load_parent(model: torch.nn.Module, cfg: ExperimentConfig) -> None:
+    """Start from the parent stage's weights; the architecture must match."""
+    from safetensors.torch import load_file
+
+    from looplab.checkpoint import WEIGHTS, is_checkpoint
+
+    if not is_checkpoint(cfg.init_from):
+        raise ConfigError(f"init_from={cfg.init_from!r} is invalid; allowed: a looplab checkpoint directory")
+    parent = read_config(cfg.init_from)["model"]
+    parent["attn_layer_idx"] = tuple(parent.get("attn_layer_idx", ()))
+    if parent != {k: getattr(cfg.model, k) for k in parent}:
+        raise ConfigError(f"init_from={cfg.init_from!r} holds a different architecture than model=...; "
+                          "allowed: a checkpoint of the same model config")
+    model.load_state_dict(load_file(str(Path(cfg.init_from) / WEIGHTS)))
 
 
 class _Logger:
