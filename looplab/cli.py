@@ -1,8 +1,10 @@
 """The `looplab` command: single runs and data inspection.
 
     looplab train --preset phop-debug --out runs/phop-debug [model.n_loops=1 train.steps=500 ...]
+    looplab train --preset phop-debug --stage stage1 --init runs/phop-debug/checkpoint --out runs/s1 [exit.beta=0.1]
     looplab data mano --L 10 [--eval] --count 5 --seed 0
     looplab data phop --n 256 --p 16 --alphabet 4 --count 5 --seed 0
+    looplab eval --checkpoint runs/x/checkpoint [--q 0.2,0.4,0.6,0.8,1.0] [--modes dense,skip] [--json out.json]
     looplab presets
     looplab info --preset paper-140m [arch=hybrid ...]
 """
@@ -27,9 +29,13 @@ def _overrides(pairs: list[str]) -> dict:
 
 
 def _experiment(args):
-    from looplab.presets import get_preset
+    from looplab.presets import for_stage, get_preset
 
-    return apply_overrides(get_preset(args.preset), _overrides(args.overrides))
+    cfg = get_preset(args.preset)
+    stage = getattr(args, "stage", None)
+    if stage:  # App. E's optimiser recipe for the stage; explicit overrides still win
+        cfg = for_stage(cfg, stage, str(args.init or ""))
+    return apply_overrides(cfg, _overrides(args.overrides))
 
 
 def cmd_train(args) -> int:
@@ -40,6 +46,39 @@ def cmd_train(args) -> int:
     summary = {"out_dir": str(result.out_dir), "step": result.step, "trial_key": cfg.trial_key(), **{
         f"eval_{k}": v for k, v in result.eval.items()}}
     print(json.dumps(summary))
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from looplab.checkpoint import load_model
+    from looplab.config import ExperimentConfig
+    from looplab.evaluate import format_table, threshold_sweep
+    from looplab.tasks import make_task
+    from looplab.train import resolve_device
+
+    model = load_model(args.checkpoint)
+    experiment = model.metadata.get("experiment")
+    if not experiment:
+        raise ConfigError(f"checkpoint={args.checkpoint!r} carries no experiment config; allowed: a checkpoint "
+                          "written by looplab train")
+    cfg = ExperimentConfig.from_dict(experiment)
+    batch = make_task(cfg.task).eval_batch()
+    if args.limit:
+        batch = batch.slice(0, args.limit)
+    device = resolve_device(args.device)
+    qs = [float(q) for q in args.q.split(",")]
+    modes = [m for m in args.modes.split(",") if m]
+    for m in modes:
+        if m not in ("dense", "skip"):
+            raise ConfigError(f"--modes entry {m!r} is invalid; allowed: dense | skip")
+    records = threshold_sweep(model.to(device), batch, qs=qs, modes=modes, forced=not args.no_forced,
+                              batch_size=args.batch_size, device=device, precision=cfg.train.precision)
+    print(format_table(records), file=sys.stderr)
+    for r in records:
+        print(json.dumps({"checkpoint": str(args.checkpoint), "stage": model.metadata.get("stage", ""), **r}))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(records, f, indent=2)
     return 0
 
 
@@ -91,6 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--out", required=True, help="run directory: metrics.jsonl and checkpoint/")
     t.add_argument("--stop-at", type=int, default=None, help="stop (with a checkpoint) after this many steps")
     t.add_argument("--no-resume", action="store_true", help="ignore an existing checkpoint in OUT")
+    t.add_argument("--stage", choices=("pretrain", "stage1", "chase", "stage2"), default=None,
+                   help="training stage (default: the preset's, pretrain); continued stages use App. E's "
+                        "optimiser settings")
+    t.add_argument("--init", default=None, help="parent checkpoint a continued stage starts from")
     t.add_argument("overrides", nargs="*", help="KEY=VALUE, e.g. model.n_loops=1 train.steps=500")
     t.set_defaults(fn=cmd_train)
 
@@ -107,6 +150,17 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--count", type=int, default=10)
         sp.add_argument("--seed", type=int, default=0)
     d.set_defaults(fn=cmd_data)
+
+    e = sub.add_parser("eval", help="threshold sweep: dense / skip / forced execution on the task's eval set")
+    e.add_argument("--checkpoint", required=True)
+    e.add_argument("--q", default="0.2,0.4,0.6,0.8,1.0", help="comma-separated thresholds")
+    e.add_argument("--modes", default="dense,skip", help="comma-separated: dense, skip")
+    e.add_argument("--no-forced", action="store_true", help="skip the forced-depth rows (1..R)")
+    e.add_argument("--limit", type=int, default=0, help="first N eval samples only")
+    e.add_argument("--batch-size", type=int, default=64)
+    e.add_argument("--device", default="auto")
+    e.add_argument("--json", help="also write the records as a JSON list here")
+    e.set_defaults(fn=cmd_eval)
 
     sub.add_parser("presets", help="list the presets").set_defaults(fn=cmd_presets)
     i = sub.add_parser("info", help="parameters and FLOPs of a preset")

@@ -28,6 +28,29 @@ def get_preset(name: str) -> ExperimentConfig:
     return replace(PRESETS[name](), preset=name)
 
 
+# App. E: optimiser settings of the continued-training stages (AdamW (0.9, 0.95),
+# wd 0.1 throughout). CHASE keeps Stage-1's settings with a cosine from 1.5e-4.
+STAGE_RECIPES: dict[str, dict[str, float]] = {
+    "stage1": {"lr": 1.5e-4, "min_lr": 8e-5, "warmup_ratio": 0.002, "grad_clip": 0.6},
+    "chase": {"lr": 1.5e-4, "min_lr": 8e-5, "warmup_ratio": 0.002, "grad_clip": 0.6},
+    "stage2": {"lr": 1.5e-4, "min_lr": 1.5e-5, "warmup_ratio": 0.01, "grad_clip": 1.0},
+}
+
+
+def for_stage(cfg: ExperimentConfig, stage: str, init_from: str = "") -> ExperimentConfig:
+    """cfg continued as `stage` from the checkpoint init_from, with App. E's
+    optimiser recipe for that stage (model, task, batch and steps unchanged)."""
+    if stage == "pretrain":
+        return replace(cfg, stage=stage, init_from=init_from)
+    if stage not in STAGE_RECIPES:
+        raise ConfigError(f"stage={stage!r} is invalid; allowed: pretrain | {' | '.join(STAGE_RECIPES)}")
+    r = STAGE_RECIPES[stage]
+    train = replace(cfg.train, lr=r["lr"], min_lr_ratio=r["min_lr"] / r["lr"], grad_clip=r["grad_clip"],
+                    warmup_steps=max(1, round(r["warmup_ratio"] * cfg.train.steps)), beta1=0.9, beta2=0.95,
+                    weight_decay=0.1)
+    return replace(cfg, train=train, stage=stage, init_from=init_from)
+
+
 def _experiment(model: ModelConfig, task, train: TrainConfig) -> ExperimentConfig:
     # Size the vocabulary to the task unless the model states its own.
     return ExperimentConfig(model=replace(model, vocab_size=task.vocab_size), task=task, train=train)

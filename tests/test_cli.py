@@ -48,3 +48,40 @@ def test_bad_override_is_one_line_error(capsys):
     assert main(["train", "--preset", "phop-debug", "--out", "/tmp/unused", "model.n_layers=0"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("looplab: ModelConfig.n_layers=0 is invalid") and "\n" not in err
+
+
+def test_eval_command_prints_a_sweep(tmp_path, capsys):
+    args = ["train", "--preset", "phop-debug", "--out", str(tmp_path / "pre"), "train.steps=2", "train.batch_size=4",
+            "task.eval_count=20", "train.eval_every=0"]
+    assert main(args) == 0
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", str(tmp_path / "pre" / "checkpoint"), "--q", "0.5,1.0",
+                 "--json", str(tmp_path / "sweep.json")]) == 0
+    captured = capsys.readouterr()
+    records = [json.loads(line) for line in captured.out.splitlines()]
+    assert [(r["mode"], r["q"], r["depth"]) for r in records] == [
+        ("dense", 0.5, None), ("dense", 1.0, None), ("skip", 0.5, None), ("skip", 1.0, None),
+        ("forced", None, 1), ("forced", None, 2), ("forced", None, 3), ("forced", None, 4)]
+    assert [r["executed_loops"] for r in records[4:]] == [1.0, 2.0, 3.0, 4.0]
+    assert "mode" in captured.err and json.loads((tmp_path / "sweep.json").read_text()) == [
+        {k: v for k, v in r.items() if k not in ("checkpoint", "stage")} for r in records]
+
+
+def test_train_stage_uses_the_app_e_recipe(tmp_path, capsys):
+    common = ["train.steps=2", "train.batch_size=4", "task.eval_count=20", "train.eval_every=0"]
+    assert main(["train", "--preset", "phop-debug", "--out", str(tmp_path / "pre"), *common]) == 0
+    assert main(["train", "--preset", "phop-debug", "--stage", "stage1", "--init", str(tmp_path / "pre" / "checkpoint"),
+                 "--out", str(tmp_path / "s1"), *common, "exit.beta=0.5"]) == 0
+    capsys.readouterr()
+    from looplab import load_model
+
+    meta = load_model(tmp_path / "s1" / "checkpoint").metadata
+    train_cfg = meta["experiment"]["train"]
+    assert meta["stage"] == "stage1" and meta["parent_checkpoint"] == str(tmp_path / "pre" / "checkpoint")
+    assert (train_cfg["lr"], train_cfg["grad_clip"]) == (1.5e-4, 0.6)
+    assert train_cfg["lr"] * train_cfg["min_lr_ratio"] == __import__("pytest").approx(8e-5)
+    assert meta["experiment"]["exit"]["beta"] == 0.5
+    records = [json.loads(x) for x in (tmp_path / "s1" / "metrics.jsonl").read_text().splitlines()]
+    train_records = [r for r in records if r["kind"] == "train"]
+    assert "exit_entropy" in train_records[-1] and "expected_exit_step" in train_records[-1]
+    assert {r["mode"] for r in records if r["kind"] == "eval_exit"} == {"dense", "skip"}
