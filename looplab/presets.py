@@ -76,10 +76,25 @@ preset("phop-p32")(lambda: _phop_paper(32))
 
 @preset("phop-debug")
 def phop_debug() -> ExperimentConfig:
+    # Two hops need two lookups in sequence: one Mamba-2 mixer does one, 1⊗2 can
+    # do both. The 1⊗1 baseline still finds shortcuts at this tiny n (≈ 70%).
     return _experiment(
-        ModelConfig(arch="mamba2", d_model=64, n_layers=1, n_loops=4, d_state=16, headdim=16, chunk_size=16),
-        PhopConfig(n=16, p=2, alphabet=4, eval_count=500),
-        TrainConfig(steps=300, batch_size=32, lr=3e-3, warmup_steps=30, eval_every=100, log_every=20),
+        ModelConfig(arch="mamba2", d_model=32, n_layers=1, n_loops=2, d_state=16, headdim=16, chunk_size=16),
+        PhopConfig(n=12, p=2, alphabet=4, eval_count=500),
+        TrainConfig(steps=1000, batch_size=32, lr=3e-3, warmup_steps=30, eval_every=250, log_every=50),
+    )
+
+
+@preset("phop-induction-debug")
+def phop_induction_debug() -> ExperimentConfig:
+    # One hop is induction, which a one-layer attention stack cannot compose
+    # (it needs a previous-token head feeding an induction head); looping the
+    # layer twice gives it the second application. The loop-advantage test uses it.
+    return _experiment(
+        ModelConfig(arch="transformer", d_model=64, n_layers=1, n_loops=2, attn_head_dim=16, rope_dim=16,
+                    d_intermediate=128),
+        PhopConfig(n=16, p=1, alphabet=4, eval_count=500),
+        TrainConfig(steps=1000, batch_size=32, lr=3e-3, warmup_steps=30, eval_every=250, log_every=50),
     )
 
 

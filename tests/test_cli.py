@@ -52,7 +52,7 @@ def test_bad_override_is_one_line_error(capsys):
 
 def test_eval_command_prints_a_sweep(tmp_path, capsys):
     args = ["train", "--preset", "phop-debug", "--out", str(tmp_path / "pre"), "train.steps=2", "train.batch_size=4",
-            "task.eval_count=20", "train.eval_every=0"]
+            "task.eval_count=20", "train.eval_every=0", "model.n_loops=4"]
     assert main(args) == 0
     capsys.readouterr()
     assert main(["eval", "--checkpoint", str(tmp_path / "pre" / "checkpoint"), "--q", "0.5,1.0",

@@ -67,4 +67,4 @@ def test_switching_arch_resets_arch_dependent_defaults():
     back = apply_overrides(tr, {"model.arch": "mamba2"})
     assert back.model.d_intermediate == 0
     with pytest.raises(ConfigError, match="attn_layer_idx"):
-        apply_overrides(cfg, {"model.arch": "hybrid"})
+        apply_overrides(cfg, {"model.arch": "hybrid", "model.attn_head_dim": 16, "model.rope_dim": 16})

@@ -19,8 +19,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = upcast(x)
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * upcast(self.weight)).to(x.dtype)
+        return F.rms_norm(upcast(x), (x.shape[-1],), upcast(self.weight), self.eps).to(x.dtype)
 
 
 class GatedMLP(nn.Module):

@@ -82,16 +82,17 @@ def ssd_chunked(
     C = C.reshape(bsz, nc, Q, ngroups, dstate).transpose(2, 3).unsqueeze(3)
     a_cum = torch.cumsum(dt * A.reshape(ngroups, hpg, 1), dim=-1)  # b c g h q, decreasing
 
+    xdt = x * dt.unsqueeze(-1)  # every input enters the state scaled by its dt
+
     # 1. Within a chunk: y_i = Σ_{j≤i} (C_i·B_j) exp(a_i − a_j) dt_j x_j.
     #    Masking before exp keeps the (positive) upper triangle from overflowing.
     causal = torch.ones(Q, Q, dtype=torch.bool, device=x.device).tril()
     decay = torch.exp((a_cum.unsqueeze(-1) - a_cum.unsqueeze(-2)).masked_fill(~causal, float("-inf")))
-    scores = (C @ B.transpose(-1, -2)) * decay * dt.unsqueeze(-2)
-    y = scores @ x  # b c g h q p
+    y = ((C @ B.transpose(-1, -2)) * decay) @ xdt  # b c g h q p
 
     # 2. Each chunk's contribution to the state at its end.
-    to_end = torch.exp(a_cum[..., -1:] - a_cum) * dt  # b c g h q
-    chunk_states = (x * to_end.unsqueeze(-1)).transpose(-1, -2) @ B  # b c g h p n
+    to_end = torch.exp(a_cum[..., -1:] - a_cum)  # b c g h q
+    chunk_states = (xdt * to_end.unsqueeze(-1)).transpose(-1, -2) @ B  # b c g h p n
 
     # 3. Pass states across chunks, in closed form: the state entering chunk z is
     #    Σ_{c<z} exp(a_tot[c+1..z-1]) chunk_states[c] + exp(a_tot[0..z-1]) S_init.
@@ -175,9 +176,8 @@ class RMSNormGated(nn.Module):
 
     def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
-        x = upcast(x) * F.silu(upcast(z))
-        g = x.unflatten(-1, (-1, self.group_size))
-        g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + self.eps)
+        g = (upcast(x) * F.silu(upcast(z))).unflatten(-1, (-1, self.group_size))
+        g = F.rms_norm(g, (self.group_size,), eps=self.eps)
         return (g.flatten(-2) * upcast(self.weight)).to(dtype)
 
 
