@@ -44,7 +44,7 @@ def cmd_train(args) -> int:
     cfg = _experiment(args)
     result = train(cfg, args.out, resume=not args.no_resume, stop_at=args.stop_at)
     summary = {"out_dir": str(result.out_dir), "step": result.step, "trial_key": cfg.trial_key(), **{
-        f"eval_{k}": v for k, v in result.eval.items()}}
+        f"eval_{k}": v for k, v in result.eval.items() if k in ("accuracy", "loss", "n")}}
     print(json.dumps(summary))
     return 0
 

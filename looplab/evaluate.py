@@ -53,7 +53,8 @@ def evaluate_execution(model, batch: Batch, *, mode: str = "forced", q: float | 
     if total == 0:
         raise ValueError("evaluation set has no target positions")
     loss = loss_sum / total
-    return {"mode": mode, "q": q, "depth": depth if mode == "forced" else None, "accuracy": correct / total,
+    forced_depth = (depth or model.cfg.n_loops) if mode == "forced" else None
+    return {"mode": mode, "q": q, "depth": forced_depth, "accuracy": correct / total,
             "loss": loss, "ppl": math.exp(min(loss, 50.0)), "mean_exit_step": exit_sum / total,
             "executed_loops": loops_sum / tokens, "backbone_flops_per_token": flops / tokens, "n": total}
 

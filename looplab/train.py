@@ -130,7 +130,7 @@ def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, st
     result = TrainResult(out_dir=out, step=start)
     n_params = model.num_parameters()
     log.say(f"{cfg.preset or 'custom'} [{cfg.trial_key()}]: {cfg.model.arch} {cfg.model.n_layers}⊗"
-            f"{cfg.model.n_loops}, {n_params / 1e6:.2f}M params, {tc.steps} steps on {device}")
+            f"{cfg.model.n_loops}, {n_params:,} params, {tc.steps} steps on {device}")
     model.train()
     train_time, tokens, window = 0.0, 0, []
     for step in range(start, end):
