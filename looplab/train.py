@@ -75,7 +75,8 @@ def _fmt_time(seconds: float) -> str:
 
 def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, stop_at: int | None = None,
           on_metrics: Callable[[dict[str, Any]], None] | None = None, quiet: bool = False) -> TrainResult:
-    """Train cfg's model on cfg's task with the final-loop objective (CE at step R).
+    """Train cfg's model on cfg's task with the objective of cfg.stage (pretrain:
+    CE at step R; stage1, chase, stage2: see looplab/stages.py).
 
     Resumes from out_dir/checkpoint when it holds a checkpoint of the same config.
     stop_at ends the run after that many optimizer steps (checkpointing first) while
@@ -93,6 +94,8 @@ def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, st
     model.to(device)
     model.metadata = {"experiment": cfg.to_dict(), "task": cfg.task.kind, "config_hash": cfg.config_hash(),
                       "stage": cfg.stage, "parent_checkpoint": cfg.init_from}
+    if cfg.task.kind == "text":  # which tokenizer reads this model's ids (lm-eval, generation)
+        model.metadata["tokenizer"] = cfg.task.tokenizer
     prepare_model(model, cfg)
     optimizer = make_optimizer(model, tc)
     log = _Logger(out / METRICS_FILE, on_metrics, quiet)
@@ -117,9 +120,9 @@ def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, st
             eval_set = eval_set.slice(0, tc.eval_limit)
         kw = dict(batch_size=tc.eval_batch_size, device=device, precision=tc.precision)
         metrics = evaluate_exact_match(model, eval_set, **kw)
-        log.record({"kind": "eval", "step": step, **metrics},
-                   f"eval @ {step}: exact match {metrics['accuracy']:.4f}  loss {metrics['loss']:.4f}  "
-                   f"(n={metrics['n']})")
+        quality = (f"ppl {metrics['ppl']:.3f}  next-token acc {metrics['accuracy']:.4f}" if cfg.task.kind == "text"
+                   else f"exact match {metrics['accuracy']:.4f}  loss {metrics['loss']:.4f}")
+        log.record({"kind": "eval", "step": step, **metrics}, f"eval @ {step}: {quality}  (n={metrics['n']})")
         if cfg.stage != "pretrain":  # a gate exists: how do exits trade compute for quality?
             for rec in threshold_sweep(model, eval_set, forced=False, **kw):
                 log.record({"kind": "eval_exit", "step": step, **rec},
