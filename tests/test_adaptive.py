@@ -115,11 +115,12 @@ def skip_reference(m, ids, q):
     return torch.stack(logits), torch.stack(exits)
 
 
-@pytest.mark.parametrize("arch", ["mamba2", "transformer", "hybrid"])
-def test_skip_equals_per_sequence_survivor_reference(arch):
+@pytest.mark.parametrize("arch,packing", [("mamba2", "padded"), ("mamba2", "varlen"), ("transformer", "padded"),
+                                          ("hybrid", "padded")])
+def test_skip_equals_per_sequence_survivor_reference(arch, packing):
     m = gated_model(arch, seed=1)
     ids = torch.randint(0, 37, (4, 21), generator=torch.Generator().manual_seed(3))
-    out = m(ids, mode="skip", q=0.5)
+    out = m(ids, mode="skip", q=0.5, packing=packing)
     ref_logits, ref_exit = skip_reference(m, ids, 0.5)
     assert torch.equal(out.exit_step, ref_exit)
     survivors_at_2 = (out.exit_step >= 2).sum(1)
@@ -128,13 +129,14 @@ def test_skip_equals_per_sequence_survivor_reference(arch):
     assert out.executed_loops == pytest.approx(float(ref_exit.double().mean()))
 
 
-def test_skip_with_very_different_survivor_counts_per_row():
+@pytest.mark.parametrize("packing", ["padded", "varlen"])
+def test_skip_with_very_different_survivor_counts_per_row(packing):
     """One row keeps everyone, one loses everyone after step 1: packing pads the
-    empty row completely and must not disturb the full one."""
+    empty row completely (or leaves it out) and must not disturb the full one."""
     m = gated_model("mamba2", seed=2)
     ids = torch.randint(0, 37, (2, 17))
     exit_at = torch.stack([torch.full((17,), 4), torch.ones(17, dtype=torch.long)])
-    out = m(ids, mode="skip", exit_at=exit_at)
+    out = m(ids, mode="skip", exit_at=exit_at, packing=packing)
     torch.testing.assert_close(out.logits[0], m(ids[:1]).logits[0], atol=1e-10, rtol=1e-10)
     torch.testing.assert_close(out.logits[1], m(ids[1:], mode="forced", depth=1).logits[0], atol=1e-12, rtol=0)
     assert out.executed_loops == pytest.approx((4 + 1) / 2)
@@ -169,11 +171,32 @@ def test_dense_readout_picks_the_threshold_step():
     assert out.executed_loops == 4.0 and out.backbone_flops == 4 * 2 * 13 * m.step_flops(13)
 
 
+def test_varlen_and_padded_skip_agree_on_random_exits_with_gradients():
+    m = gated_model("mamba2", seed=8)
+    ids = torch.randint(0, 37, (5, 33))
+    exit_at = torch.randint(1, 5, ids.shape, generator=torch.Generator().manual_seed(1))
+    padded = m(ids, mode="skip", exit_at=exit_at, packing="padded")
+    varlen = m(ids, mode="skip", exit_at=exit_at, packing="varlen")
+    torch.testing.assert_close(varlen.logits, padded.logits, atol=1e-10, rtol=1e-10)
+    w = torch.randn_like(padded.logits)
+    g_pad = torch.autograd.grad((padded.logits * w).sum(), list(m.backbone.parameters()))
+    g_var = torch.autograd.grad((varlen.logits * w).sum(), list(m.backbone.parameters()))
+    for a, b in zip(g_pad, g_var):
+        torch.testing.assert_close(a, b, atol=1e-9, rtol=1e-9)
+    assert varlen.backbone_flops < padded.backbone_flops  # ragged rows: no padding work
+
+
+def test_varlen_packing_is_refused_for_attention_backbones():
+    m = gated_model("hybrid")
+    with pytest.raises(ValueError, match="varlen needs arch='mamba2'"):
+        m(torch.randint(0, 37, (1, 5)), mode="skip", q=0.5, packing="varlen")
+
+
 def test_skip_flops_follow_the_packed_work():
     m = gated_model("mamba2", seed=6)
     ids = torch.randint(0, 37, (2, 16))
     exit_at = torch.tensor([[1] * 8 + [4] * 8, [2] * 16])
-    out = m(ids, mode="skip", exit_at=exit_at)
+    out = m(ids, mode="skip", exit_at=exit_at, packing="padded")
     # step 1: 2×16 tokens; step 2: row widths 8 and 16 → padded to 16; steps 3-4: 8 (row 0 only, row 1 padded)
     expected = 2 * 16 * m.step_flops(16) * 2 + 2 * 8 * m.step_flops(8) * 2
     assert out.backbone_flops == expected

@@ -120,3 +120,37 @@ def test_causal_conv_forward_and_gradients_match_conv1d():
         ref = F.conv1d(x.transpose(1, 2), w, b, padding=3, groups=6)[..., :seqlen].transpose(1, 2)
         torch.testing.assert_close(causal_depthwise_conv(x, w, b), ref)
         assert torch.autograd.gradcheck(causal_depthwise_conv, (x, w, b))
+
+
+def _segments(lengths):
+    return torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)])
+
+
+@pytest.mark.parametrize("lengths,chunk", [([5, 9, 3], 4), ([8, 8], 8), ([1, 20, 2, 7], 8), ([13], 4)])
+def test_ssd_with_seq_idx_equals_each_sequence_alone(lengths, chunk):
+    L = sum(lengths)
+    x, dt, A, B, C = _ssm_inputs(1, L, 4, 3, 2, 5, seed=7)
+    seq_idx = _segments(lengths)[None]
+    y, state = ssd_chunked(x, dt, A, B, C, chunk, seq_idx=seq_idx)
+    start = 0
+    for n in lengths:
+        part = slice(start, start + n)
+        y_ref, s_ref = ssm_sequential(x[:, part], dt[:, part], A, B[:, part], C[:, part])
+        torch.testing.assert_close(y[:, part], y_ref, atol=1e-10, rtol=1e-10)
+        start += n
+    torch.testing.assert_close(state, s_ref, atol=1e-10, rtol=1e-10)  # the last sequence's state
+
+
+def test_mixer_with_seq_idx_equals_each_sequence_alone_with_gradients():
+    torch.manual_seed(0)
+    m = Mamba2(d_model=16, d_state=8, d_conv=4, expand=2, headdim=8, ngroups=2, chunk_size=8).double()
+    lengths = [6, 11, 2, 9]
+    u = torch.randn(1, sum(lengths), 16, dtype=torch.float64, requires_grad=True)
+    packed = m(u, seq_idx=_segments(lengths)[None])
+    alone = torch.cat([m(part) for part in torch.split(u, lengths, dim=1)], dim=1)
+    torch.testing.assert_close(packed, alone, atol=1e-10, rtol=1e-10)
+    w = torch.randn_like(packed)
+    g_packed = torch.autograd.grad((packed * w).sum(), [u, m.conv1d.weight, m.in_proj.weight])
+    g_alone = torch.autograd.grad((alone * w).sum(), [u, m.conv1d.weight, m.in_proj.weight])
+    for a, b in zip(g_packed, g_alone):
+        torch.testing.assert_close(a, b, atol=1e-9, rtol=1e-9)

@@ -8,6 +8,12 @@ skip    at step r only the active tokens A_r run: each sequence's survivors are
         deeper conv window, SSM scan and attention. Readout: the frozen state.
 forced  every token runs exactly `depth` steps (the fixed-loop ablation).
 
+Skip packs survivors in one of two layouts: "padded" (each row's survivors,
+right-padded to the batch's largest count: B × max survivors of work; works for
+every backbone) or "varlen" (all survivors of the batch in one row, separated by a
+per-token sequence index: work follows the total survivor count, which closes the
+ragged-halting gap; Mamba-2-only backbones). "auto" picks varlen where it applies.
+
 Exits are decided either by the gate and a threshold q (the cumulative exit
 probability reaches q) or by a given per-token exit step (`exit_at`: CHASE's depth
 holes, oracle patterns for benchmarks).
@@ -80,7 +86,7 @@ def scatter(h: torch.Tensor, packed: torch.Tensor, idx: torch.Tensor, valid: tor
 def execute(model, ids: torch.Tensor, *, mode: str = "forced", q: float | None = None, depth: int | None = None,
             exit_at: torch.Tensor | None = None, positions: torch.Tensor | None = None,
             mask: torch.Tensor | None = None, gate_grad: bool = True, keep_steps: bool = False,
-            on_step: StepHook | None = None) -> Execution:
+            on_step: StepHook | None = None, packing: str = "auto") -> Execution:
     """Run `model` (a LoopedLM) on ids (B, L). See the module docstring for modes.
 
     q        threshold for gate-driven exits (dense: readout step; skip: real exits).
@@ -92,6 +98,7 @@ def execute(model, ids: torch.Tensor, *, mode: str = "forced", q: float | None =
     on_step  hook(r, h, active) -> h after step r's exits are decided (skip/forced);
              researchers use it to inspect or perturb states, tests to prove exited
              tokens are invisible to deeper steps.
+    packing  auto | padded | varlen: the survivor layout of skip (module docstring).
     """
     R = model.cfg.n_loops
     bsz, seqlen = ids.shape
@@ -100,13 +107,18 @@ def execute(model, ids: torch.Tensor, *, mode: str = "forced", q: float | None =
     if mask is None:
         mask = torch.ones(bsz, seqlen, dtype=torch.bool, device=ids.device)
     _check_args(mode, q, depth, exit_at, R, ids)
+    mamba_only = model.cfg.arch == "mamba2"
+    if packing not in ("auto", "padded", "varlen") or (packing == "varlen" and not mamba_only):
+        raise ValueError(f"packing={packing!r} is invalid; allowed: auto | padded"
+                         + (" | varlen" if mamba_only else " (varlen needs arch='mamba2')"))
+    varlen = packing == "varlen" or (packing == "auto" and mamba_only)
     if mode == "forced":
         exit_at = torch.full_like(ids, R if depth is None else depth)
 
     h = model.embed(ids)
     if mode == "dense":
         return _dense(model, h, positions, mask, q, exit_at, keep_steps, gate_grad)
-    return _packed(model, h, positions, mask, q, exit_at, keep_steps, gate_grad, on_step)
+    return _packed(model, h, positions, mask, q, exit_at, keep_steps, gate_grad, on_step, varlen)
 
 
 def _check_args(mode, q, depth, exit_at, R, ids) -> None:
@@ -129,32 +141,37 @@ def _gate(model, h: torch.Tensor, gate_grad: bool) -> torch.Tensor:
 
 
 def _dense(model, h, positions, mask, q, exit_at, keep_steps, gate_grad) -> Execution:
+    """All R steps for every token; the readout buffer takes h^(r) for the tokens
+    whose exit step is r, so memory stays O(1) in the number of loops (the same
+    readout policy as skip; only the deeper steps of exited tokens differ)."""
     R = model.cfg.n_loops
     bsz, seqlen = h.shape[:2]
     steps, gates = [], []
+    exit_step = exit_at.long() if exit_at is not None else torch.full(
+        (bsz, seqlen), R, dtype=torch.long, device=h.device)
+    tracker = ExitTracker(exit_step, q) if (q is not None and exit_at is None) else None
+    decided = torch.zeros(bsz, seqlen, dtype=torch.bool, device=h.device)
+    readout = h
     for r in range(1, R + 1):
         h = model.step(h, positions)
-        steps.append(h)
-        if r < R and (q is not None or keep_steps):
-            gates.append(_gate(model, h, gate_grad))
-    if exit_at is not None:
-        exit_step = exit_at.long()
-    else:
-        exit_step = torch.full((bsz, seqlen), R, dtype=torch.long, device=h.device)
-        if q is not None:
-            tracker = ExitTracker(exit_step, q)
-            for r, a in enumerate(gates, start=1):
-                exit_step = torch.where(tracker.update(a) & (exit_step == R), r, exit_step)
-    stacked = torch.stack(steps)  # R B L d
-    hidden = stacked.gather(0, (exit_step - 1)[None, :, :, None].expand(1, -1, -1, h.shape[-1]))[0]
+        if keep_steps:
+            steps.append(h)
+        if r < R and (tracker is not None or keep_steps):
+            a = _gate(model, h, gate_grad)
+            if keep_steps:
+                gates.append(a)
+            if tracker is not None:
+                exit_step = torch.where(tracker.update(a) & ~decided, r, exit_step)
+                decided = decided | (exit_step == r)
+        readout = torch.where((exit_step == r).unsqueeze(-1), h, readout)
     return Execution(
-        logits=model.logits(hidden), hidden=hidden, exit_step=exit_step, executed_loops=float(R),
+        logits=model.logits(readout), hidden=readout, exit_step=exit_step, executed_loops=float(R),
         backbone_flops=R * bsz * seqlen * model.step_flops(seqlen),
         step_hidden=steps if keep_steps else None,
         gate_logits=torch.stack(gates) if gates else None)
 
 
-def _packed(model, h, positions, mask, q, exit_at, keep_steps, gate_grad, on_step) -> Execution:
+def _packed(model, h, positions, mask, q, exit_at, keep_steps, gate_grad, on_step, varlen) -> Execution:
     R = model.cfg.n_loops
     bsz, seqlen = h.shape[:2]
     active = torch.ones(bsz, seqlen, dtype=torch.bool, device=h.device)
@@ -165,6 +182,12 @@ def _packed(model, h, positions, mask, q, exit_at, keep_steps, gate_grad, on_ste
         if bool(active.all()):
             h = model.step(h, positions)
             flops += bsz * seqlen * model.step_flops(seqlen)
+        elif varlen and bool(active.any()):
+            # Row-major order keeps each sequence contiguous and in causal order.
+            rows, cols = active.nonzero(as_tuple=True)
+            out = model.step(h[rows, cols][None], positions[rows, cols][None], seq_idx=rows[None])
+            h = h.index_put((rows, cols), out[0])
+            flops += rows.numel() * model.step_flops(rows.numel())
         elif bool(active.any()):
             idx, valid = pack_indices(active)
             out = model.step(pack(h, idx), pack(positions, idx))

@@ -44,9 +44,15 @@ class Residual(nn.Module):
         self.inner = inner
         self.takes_positions = not isinstance(inner, Mamba2)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None,
+                seq_idx: torch.Tensor | None = None) -> torch.Tensor:
         h = self.norm(x)
-        return x + (self.inner(h, positions) if self.takes_positions else self.inner(h))
+        if not self.takes_positions:
+            return x + self.inner(h, seq_idx)
+        if seq_idx is not None and isinstance(self.inner, CausalSelfAttention):
+            raise ValueError("seq_idx (several sequences in one row) needs a Mamba-2-only backbone; "
+                             "attention layers take the padded layout")
+        return x + self.inner(h, positions)
 
 
 def make_layer(cfg: ModelConfig, kind: str, layer_idx: int) -> nn.ModuleList:
@@ -76,8 +82,9 @@ class Backbone(nn.Module):
     def residual_blocks(self) -> list[Residual]:
         return [block for layer in self.layers for block in layer]
 
-    def forward(self, h: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, positions: torch.Tensor | None = None,
+                seq_idx: torch.Tensor | None = None) -> torch.Tensor:
         for layer in self.layers:
             for block in layer:
-                h = block(h, positions)
+                h = block(h, positions, seq_idx)
         return h

@@ -58,11 +58,13 @@ class LoopedLM(nn.Module):
         """h^(0) = emb(ids): (B, L) → (B, L, d)."""
         return self.embedding(ids)
 
-    def step(self, h: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def step(self, h: torch.Tensor, positions: torch.Tensor | None = None,
+             seq_idx: torch.Tensor | None = None) -> torch.Tensor:
         """One application of the shared backbone M_θ to hidden states (B, L, d).
         positions (B, L) are the tokens' positions in the original sequence, used by
-        attention's RoPE (default 0..L-1)."""
-        return self.backbone(h, positions)
+        attention's RoPE (default 0..L-1). seq_idx (B, L) packs several sequences
+        into one row (Mamba-2-only backbones): nothing flows between them."""
+        return self.backbone(h, positions, seq_idx)
 
     def exit_logit(self, h: torch.Tensor) -> torch.Tensor:
         """The gate's logit wᵀh + b per token: (B, L, d) → (B, L), at least float32."""
@@ -80,13 +82,13 @@ class LoopedLM(nn.Module):
     def forward(self, ids: torch.Tensor, positions: torch.Tensor | None = None, *, mode: str = "forced",
                 q: float | None = None, depth: int | None = None, exit_at: torch.Tensor | None = None,
                 mask: torch.Tensor | None = None, gate_grad: bool = True, all_steps: bool = False,
-                on_step=None) -> Execution:
+                on_step=None, packing: str = "auto") -> Execution:
         """Run the model in one of the execution modes (models/execution.py):
         forced (default; depth R = the fixed-loop forward), dense (all R steps,
         readout at z(q)), skip (exited tokens leave the deeper steps). all_steps
         keeps every step's hidden state, gate logits and logits."""
         out = execute(self, ids, mode=mode, q=q, depth=depth, exit_at=exit_at, positions=positions, mask=mask,
-                      gate_grad=gate_grad, keep_steps=all_steps, on_step=on_step)
+                      gate_grad=gate_grad, keep_steps=all_steps, on_step=on_step, packing=packing)
         if all_steps:
             out.step_logits = [self.logits(h) for h in out.step_hidden]
         return out

@@ -56,13 +56,19 @@ def ssd_chunked(
     C: torch.Tensor,
     chunk_size: int,
     initial_state: torch.Tensor | None = None,
+    seq_idx: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Chunked state-space duality scan (without the D skip term).
 
     x (b, l, h, p), dt (b, l, h) already positive, A (h,) negative, B and C
     (b, l, g, n) with h divisible by g; initial_state (b, h, p, n) or None.
-    Returns y (b, l, h, p) and the final state (b, h, p, n).
+    seq_idx (b, l), non-decreasing along l, packs several sequences into one row:
+    no state flows from one sequence into the next (the ragged layout of skip
+    execution). Returns y (b, l, h, p) and the final state (b, h, p, n), which with
+    seq_idx is the state of each row's last sequence.
     """
+    if seq_idx is not None and initial_state is not None:
+        raise ValueError("ssd_chunked: initial_state with seq_idx is not supported")
     bsz, seqlen, nheads, headdim = x.shape
     ngroups, dstate = B.shape[2], B.shape[3]
     hpg = nheads // ngroups  # heads per group share B and C
@@ -73,7 +79,11 @@ def ssd_chunked(
         dt = F.pad(dt, (0, 0, 0, pad))
         B = F.pad(B, (0, 0, 0, 0, 0, pad))
         C = F.pad(C, (0, 0, 0, 0, 0, pad))
+        if seq_idx is not None:  # pads continue the last sequence (as identity steps)
+            seq_idx = torch.cat([seq_idx, seq_idx[:, -1:].expand(-1, pad)], dim=1)
     nc = (seqlen + pad) // Q
+    if seq_idx is not None:
+        seq = seq_idx.reshape(bsz, nc, 1, 1, Q)  # broadcasts over (group, head)
 
     # Layout (batch, chunk, group, head-in-group, position, feature) throughout.
     x = x.reshape(bsz, nc, Q, ngroups, hpg, headdim).permute(0, 1, 3, 4, 2, 5)
@@ -86,12 +96,16 @@ def ssd_chunked(
 
     # 1. Within a chunk: y_i = Σ_{j≤i} (C_i·B_j) exp(a_i − a_j) dt_j x_j.
     #    Masking before exp keeps the (positive) upper triangle from overflowing.
-    causal = torch.ones(Q, Q, dtype=torch.bool, device=x.device).tril()
-    decay = torch.exp((a_cum.unsqueeze(-1) - a_cum.unsqueeze(-2)).masked_fill(~causal, float("-inf")))
+    keep = torch.ones(Q, Q, dtype=torch.bool, device=x.device).tril()
+    if seq_idx is not None:
+        keep = keep & (seq.unsqueeze(-1) == seq.unsqueeze(-2))
+    decay = torch.exp((a_cum.unsqueeze(-1) - a_cum.unsqueeze(-2)).masked_fill(~keep, float("-inf")))
     y = ((C @ B.transpose(-1, -2)) * decay) @ xdt  # b c g h q p
 
     # 2. Each chunk's contribution to the state at its end.
     to_end = torch.exp(a_cum[..., -1:] - a_cum)  # b c g h q
+    if seq_idx is not None:  # only the sequence still running at the chunk's end
+        to_end = to_end * (seq == seq[..., -1:])
     chunk_states = (xdt * to_end.unsqueeze(-1)).transpose(-1, -2) @ B  # b c g h p n
 
     # 3. Pass states across chunks, in closed form: the state entering chunk z is
@@ -103,6 +117,12 @@ def ssd_chunked(
     inclusive = torch.cumsum(totals, dim=-1)
     exclusive = F.pad(inclusive, (1, 0))  # b g h (c+1): decay from the start to chunk z
     later = torch.ones(nc + 1, nc, dtype=torch.bool, device=x.device).tril(-1)  # chunk c ends before z
+    if seq_idx is not None:
+        # A chunk's end state reaches chunk z only within one sequence; sequences are
+        # contiguous, so "same sequence at c's end and at z's start" says it all.
+        ends = seq[:, :, 0, 0, -1]  # b c
+        starts = torch.cat([seq[:, :, 0, 0, 0], seq[:, -1:, 0, 0, -1]], dim=1)  # b (c+1); row c+1: the end
+        later = later & (starts.unsqueeze(-1) == ends.unsqueeze(-2))[:, None, None]
     passing = torch.exp((exclusive.unsqueeze(-1) - inclusive.unsqueeze(-2)).masked_fill(~later, float("-inf")))
     states = passing @ chunk_states.permute(0, 2, 3, 1, 4, 5).reshape(bsz, ngroups, hpg, nc, headdim * dstate)
     if initial_state is not None:
@@ -113,7 +133,10 @@ def ssd_chunked(
     state = states[:, :, :, nc]
 
     # 4. The state entering a chunk, read out at every position of it.
-    y = y + (C @ entering.transpose(-1, -2)) * torch.exp(a_cum).unsqueeze(-1)
+    from_start = torch.exp(a_cum)
+    if seq_idx is not None:  # positions of a sequence that began inside this chunk
+        from_start = from_start * (seq == seq[..., :1])
+    y = y + (C @ entering.transpose(-1, -2)) * from_start.unsqueeze(-1)
 
     y = y.permute(0, 1, 4, 2, 3, 5).reshape(bsz, nc * Q, nheads, headdim)[:, :seqlen]
     return y, state.reshape(bsz, nheads, headdim, dstate)
@@ -123,45 +146,63 @@ class _CausalDepthwiseConv(torch.autograd.Function):
     """Depthwise causal conv on channels-last input as k shifted multiply-adds,
     accumulated in place. On CPU this is several times faster than F.conv1d's
     grouped path, forward and backward, and it needs no transposes; the explicit
-    backward avoids the zero-filled buffers that autograd of slices would allocate."""
+    backward avoids the zero-filled buffers that autograd of slices would allocate.
+    With seq_idx, a tap that would reach into another sequence reads zero."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias):
+    def forward(ctx, x, weight, bias, seq_idx):
         k, seqlen = weight.shape[-1], x.shape[1]
         w = weight[:, 0, :]
         out = x * w[:, k - 1]
-        for j in range(k - 1):
-            shift = k - 1 - j  # tap j reads the token `shift` positions back
-            if shift < seqlen:
-                out[:, shift:].addcmul_(x[:, :seqlen - shift], w[:, j])
+        for shift, j, src in _taps(x, k, seq_idx):
+            out[:, shift:].addcmul_(src, w[:, j])
         if bias is not None:
             out += bias
-        ctx.save_for_backward(x, weight)
-        ctx.has_bias = bias is not None
+        ctx.save_for_backward(x, weight, seq_idx)
+        ctx.has_bias, ctx.has_seq = bias is not None, seq_idx is not None
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        x, weight = ctx.saved_tensors
+        x, weight, seq_idx = ctx.saved_tensors
+        seq_idx = seq_idx if ctx.has_seq else None
         k, seqlen = weight.shape[-1], x.shape[1]
         w = weight[:, 0, :]
         grad = grad.contiguous()
         grad_x = grad * w[:, k - 1]
         grad_w = torch.zeros_like(w)
         grad_w[:, k - 1] = (grad * x).sum((0, 1))
-        for j in range(k - 1):
-            shift = k - 1 - j
-            if shift < seqlen:
-                grad_x[:, :seqlen - shift].addcmul_(grad[:, shift:], w[:, j])
-                grad_w[:, j] = (grad[:, shift:] * x[:, :seqlen - shift]).sum((0, 1))
+        for shift, j, src in _taps(x, k, seq_idx):
+            g = grad[:, shift:]
+            if seq_idx is not None:
+                g = g * _same_seq(seq_idx, shift)
+            grad_x[:, :seqlen - shift].addcmul_(g, w[:, j])
+            grad_w[:, j] = (grad[:, shift:] * src).sum((0, 1))
         grad_b = grad.sum((0, 1)) if ctx.has_bias else None
-        return grad_x, grad_w.unsqueeze(1), grad_b
+        return grad_x, grad_w.unsqueeze(1), grad_b, None
 
 
-def causal_depthwise_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def _same_seq(seq_idx: torch.Tensor, shift: int) -> torch.Tensor:
+    """(b, l-shift, 1): 1 where position t and t-shift belong to the same sequence."""
+    return (seq_idx[:, shift:] == seq_idx[:, :-shift]).unsqueeze(-1)
+
+
+def _taps(x: torch.Tensor, k: int, seq_idx: torch.Tensor | None):
+    """(shift, tap index, source slice) for the taps that read earlier tokens."""
+    seqlen = x.shape[1]
+    for j in range(k - 1):
+        shift = k - 1 - j  # tap j reads the token `shift` positions back
+        if shift < seqlen:
+            src = x[:, :seqlen - shift]
+            yield shift, j, src if seq_idx is None else src * _same_seq(seq_idx, shift)
+
+
+def causal_depthwise_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                          seq_idx: torch.Tensor | None = None) -> torch.Tensor:
     """x (b, l, c), weight (c, 1, k): out_t = bias + Σ_j weight[:, j] · x_{t-(k-1)+j},
-    with zeros before the start of the sequence."""
-    return _CausalDepthwiseConv.apply(x.contiguous(), weight, bias)
+    with zeros before the start of the sequence (of the token's own sequence when
+    seq_idx (b, l) marks several sequences packed into one row)."""
+    return _CausalDepthwiseConv.apply(x.contiguous(), weight, bias, seq_idx)
 
 
 class RMSNormGated(nn.Module):
@@ -232,14 +273,17 @@ class Mamba2(nn.Module):
         self.norm = RMSNormGated(self.d_inner, group_size=self.d_inner // ngroups, eps=norm_eps)
         self.out_proj = nn.Linear(self.d_inner, d_model, bias=bias)
 
-    def forward(self, u: torch.Tensor) -> torch.Tensor:
+    def forward(self, u: torch.Tensor, seq_idx: torch.Tensor | None = None) -> torch.Tensor:
+        """u (B, L, d_model) → (B, L, d_model). seq_idx (B, L), non-decreasing along
+        L, packs several sequences into one row with no information flowing between
+        them (conv taps and SSM state are reset at each boundary)."""
         bsz, seqlen, _ = u.shape
         z, xBC, dt = torch.split(self.in_proj(u), [self.d_inner, self.conv_dim, self.nheads], dim=-1)
         A = -torch.exp(upcast(self.A_log))
         if use_cuda_kernels(u):
-            y = self._scan_cuda(xBC, dt, A)
+            y = self._scan_cuda(xBC, dt, A, seq_idx)
         else:
-            y = self._scan_torch(xBC, dt, A)
+            y = self._scan_torch(xBC, dt, A, seq_idx)
         return self.out_proj(self.norm(y.reshape(bsz, seqlen, self.d_inner), z))
 
     def _split_xbc(self, xBC: torch.Tensor):
@@ -250,18 +294,20 @@ class Mamba2(nn.Module):
                 B.reshape(bsz, seqlen, self.ngroups, self.d_state),
                 C.reshape(bsz, seqlen, self.ngroups, self.d_state))
 
-    def _scan_torch(self, xBC: torch.Tensor, dt: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
-        xBC = F.silu(causal_depthwise_conv(xBC, self.conv1d.weight, self.conv1d.bias))
+    def _scan_torch(self, xBC, dt, A, seq_idx) -> torch.Tensor:
+        xBC = F.silu(causal_depthwise_conv(xBC, self.conv1d.weight, self.conv1d.bias, seq_idx))
         x, B, C = self._split_xbc(xBC)
         dt = F.softplus(upcast(dt) + upcast(self.dt_bias))
-        y, _ = ssd_chunked(upcast(x), dt, A, upcast(B), upcast(C), self.chunk_size)
+        y, _ = ssd_chunked(upcast(x), dt, A, upcast(B), upcast(C), self.chunk_size, seq_idx=seq_idx)
         y = y + upcast(x) * upcast(self.D)[:, None]
         return y.to(xBC.dtype)
 
-    def _scan_cuda(self, xBC: torch.Tensor, dt: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
+    def _scan_cuda(self, xBC, dt, A, seq_idx) -> torch.Tensor:
         causal_conv1d_fn, mamba_chunk_scan_combined = _cuda_kernels()
+        if seq_idx is not None:
+            seq_idx = seq_idx.to(torch.int32).contiguous()  # the kernels' dtype
         xBC = causal_conv1d_fn(xBC.transpose(1, 2), self.conv1d.weight.squeeze(1), self.conv1d.bias,
-                               activation="silu").transpose(1, 2)
+                               seq_idx=seq_idx, activation="silu").transpose(1, 2)
         x, B, C = self._split_xbc(xBC)
         return mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size=self.chunk_size, D=self.D,
-                                         dt_bias=self.dt_bias, dt_softplus=True)
+                                         dt_bias=self.dt_bias, dt_softplus=True, seq_idx=seq_idx)
