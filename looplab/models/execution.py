@@ -31,7 +31,7 @@ StepHook = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
 
 @dataclass
 class Execution:
-    logits: torch.Tensor  # (B, L, V): readout of each token's state at its exit step
+    logits: torch.Tensor  # (B, L, V) readout of each token's state at its exit step; (B, 1, V) for readout="last"
     hidden: torch.Tensor  # (B, L, d): that state
     exit_step: torch.Tensor  # (B, L) int64 in 1..R
     executed_loops: float  # mean over real tokens of the steps each token ran
@@ -86,7 +86,7 @@ def scatter(h: torch.Tensor, packed: torch.Tensor, idx: torch.Tensor, valid: tor
 def execute(model, ids: torch.Tensor, *, mode: str = "forced", q: float | None = None, depth: int | None = None,
             exit_at: torch.Tensor | None = None, positions: torch.Tensor | None = None,
             mask: torch.Tensor | None = None, gate_grad: bool = True, keep_steps: bool = False,
-            on_step: StepHook | None = None, packing: str = "auto") -> Execution:
+            on_step: StepHook | None = None, packing: str = "auto", readout: str = "all") -> Execution:
     """Run `model` (a LoopedLM) on ids (B, L). See the module docstring for modes.
 
     q        threshold for gate-driven exits (dense: readout step; skip: real exits).
@@ -99,6 +99,8 @@ def execute(model, ids: torch.Tensor, *, mode: str = "forced", q: float | None =
              researchers use it to inspect or perturb states, tests to prove exited
              tokens are invisible to deeper steps.
     packing  auto | padded | varlen: the survivor layout of skip (module docstring).
+    readout  all: logits at every position; last: only at the last one (prefill,
+             which needs the next-token distribution of the prompt's end only).
     """
     R = model.cfg.n_loops
     bsz, seqlen = ids.shape
@@ -112,13 +114,18 @@ def execute(model, ids: torch.Tensor, *, mode: str = "forced", q: float | None =
         raise ValueError(f"packing={packing!r} is invalid; allowed: auto | padded"
                          + (" | varlen" if mamba_only else " (varlen needs arch='mamba2')"))
     varlen = packing == "varlen" or (packing == "auto" and mamba_only)
+    if readout not in ("all", "last"):
+        raise ValueError(f"readout={readout!r} is invalid; allowed: all | last")
     if mode == "forced":
         exit_at = torch.full_like(ids, R if depth is None else depth)
 
     h = model.embed(ids)
     if mode == "dense":
-        return _dense(model, h, positions, mask, q, exit_at, keep_steps, gate_grad)
-    return _packed(model, h, positions, mask, q, exit_at, keep_steps, gate_grad, on_step, varlen)
+        out = _dense(model, h, positions, mask, q, exit_at, keep_steps, gate_grad)
+    else:
+        out = _packed(model, h, positions, mask, q, exit_at, keep_steps, gate_grad, on_step, varlen)
+    out.logits = model.logits(out.hidden if readout == "all" else out.hidden[:, -1:])
+    return out
 
 
 def _check_args(mode, q, depth, exit_at, R, ids) -> None:
@@ -165,7 +172,7 @@ def _dense(model, h, positions, mask, q, exit_at, keep_steps, gate_grad) -> Exec
                 decided = decided | (exit_step == r)
         readout = torch.where((exit_step == r).unsqueeze(-1), h, readout)
     return Execution(
-        logits=model.logits(readout), hidden=readout, exit_step=exit_step, executed_loops=float(R),
+        logits=None, hidden=readout, exit_step=exit_step, executed_loops=float(R),
         backbone_flops=R * bsz * seqlen * model.step_flops(seqlen),
         step_hidden=steps if keep_steps else None,
         gate_logits=torch.stack(gates) if gates else None)
@@ -209,6 +216,6 @@ def _packed(model, h, positions, mask, q, exit_at, keep_steps, gate_grad, on_ste
             break  # nobody left to run and nothing more to record
     executed = float(exit_step[mask].float().mean()) if bool(mask.any()) else 0.0
     return Execution(
-        logits=model.logits(h), hidden=h, exit_step=exit_step, executed_loops=executed, backbone_flops=flops,
+        logits=None, hidden=h, exit_step=exit_step, executed_loops=executed, backbone_flops=flops,
         step_hidden=steps if keep_steps else None,
         gate_logits=torch.stack(gates) if gates else None)

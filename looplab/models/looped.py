@@ -82,13 +82,14 @@ class LoopedLM(nn.Module):
     def forward(self, ids: torch.Tensor, positions: torch.Tensor | None = None, *, mode: str = "forced",
                 q: float | None = None, depth: int | None = None, exit_at: torch.Tensor | None = None,
                 mask: torch.Tensor | None = None, gate_grad: bool = True, all_steps: bool = False,
-                on_step=None, packing: str = "auto") -> Execution:
+                on_step=None, packing: str = "auto", readout: str = "all") -> Execution:
         """Run the model in one of the execution modes (models/execution.py):
         forced (default; depth R = the fixed-loop forward), dense (all R steps,
         readout at z(q)), skip (exited tokens leave the deeper steps). all_steps
         keeps every step's hidden state, gate logits and logits."""
         out = execute(self, ids, mode=mode, q=q, depth=depth, exit_at=exit_at, positions=positions, mask=mask,
-                      gate_grad=gate_grad, keep_steps=all_steps, on_step=on_step, packing=packing)
+                      gate_grad=gate_grad, keep_steps=all_steps, on_step=on_step, packing=packing,
+                      readout=readout)
         if all_steps:
             out.step_logits = [self.logits(h) for h in out.step_hidden]
         return out

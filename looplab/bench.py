@@ -1,0 +1,214 @@
+"""Prefill cost of skip execution against full execution (paper §5.4, Tables 4–5).
+
+For each (batch, seq_len, exit policy) the same held-out inputs run twice in one
+process, alternately, after warm-ups:
+    full  every token runs all R loops; readout at its exit step (dense mode)
+    skip  exited tokens leave the deeper loops (skip mode)
+Both use the same readout policy (O(1) in loops) and, as a prefill does, compute
+next-token logits only at the last position, so they differ only in whether
+exited tokens run the deeper loops. Reported per point: median wall time of each,
+the measured speedup, the mean executed loops, the ideal speedup R / mean loops,
+the batch-max survivor ratio (padded work / real work in the padded layout; 1.0
+means no ragged-halting loss) and peak memory of each.
+
+Peak memory: on CUDA, torch.cuda.max_memory_allocated above the allocation before
+the call. On CPU (Linux, glibc), the peak resident set size above the RSS before
+the call, read from /proc/self/status (VmHWM) after resetting the peak through
+/proc/self/clear_refs. So that RSS follows live tensors, the benchmark pins glibc's
+mmap threshold at 128 KiB (every large block is mapped on allocation and returned
+on free, instead of being kept in the heap for reuse) and trims the heap before
+each measurement. Small allocations below the threshold are not seen.
+
+Exits come from the gate and a threshold q (a trained checkpoint), or from an oracle
+(--oracle-mean M): per-token depths drawn uniformly from an interval centred on M
+and stochastically rounded, so the cost model is measured without training.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from looplab.holes import round_depth
+
+
+@dataclass
+class BenchRecord:
+    batch: int
+    seq_len: int
+    q: float | None
+    oracle_mean: float | None
+    packing: str
+    mean_executed_loops: float
+    ideal_speedup: float
+    batch_max_survivor_ratio: float
+    time_full_s: float
+    time_skip_s: float
+    speedup: float
+    peak_mem_full: int
+    peak_mem_skip: int
+    device: str
+
+
+def oracle_exit_steps(rng: np.random.Generator, shape: tuple[int, int], mean: float, n_loops: int) -> torch.Tensor:
+    """Per-token exit steps in 1..R with expected value `mean`: depths uniform on
+    the widest interval inside [1, R] centred on the mean, stochastically rounded."""
+    if not 1.0 <= mean <= n_loops:
+        raise ValueError(f"oracle_mean={mean!r} is invalid; allowed: a float in [1, R={n_loops}]")
+    half = min(mean - 1.0, n_loops - mean)
+    depth = rng.uniform(mean - half, mean + half, size=shape)
+    return torch.from_numpy(np.clip(round_depth(depth, "stochastic", rng), 1, n_loops))
+
+
+def heldout_ids(model, task, batch: int, seq_len: int, seed: int = 0) -> torch.Tensor:
+    """(batch, seq_len) token ids from the task's held-out set, read as one stream
+    and cut into rows (repeated if short); random ids when there is no task."""
+    if task is not None:
+        stream = task.eval_batch().ids.flatten()
+        reps = -(-batch * seq_len // stream.numel())
+        return stream.repeat(reps)[: batch * seq_len].view(batch, seq_len).clone()
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, model.cfg.vocab_size, (batch, seq_len), generator=gen)
+
+
+def _rss_kb(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise OSError(f"{field} missing from /proc/self/status")
+
+
+_glibc = None
+
+
+def _glibc_for_rss():
+    """glibc with a fixed mmap threshold (see the module docstring), or None."""
+    global _glibc
+    if _glibc is None:
+        try:
+            import ctypes
+
+            _glibc = ctypes.CDLL("libc.so.6")
+            _glibc.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD: fixed, no dynamic raising
+        except OSError:
+            _glibc = False
+    return _glibc or None
+
+
+def peak_memory(fn, device: torch.device) -> int:
+    """Bytes of memory the call needed above what was in use before it (-1 where
+    it cannot be measured)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        fn()
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - base
+    glibc = _glibc_for_rss()
+    if glibc is None:
+        return -1
+    try:
+        glibc.malloc_trim(0)
+        Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
+        base = _rss_kb("VmRSS")
+        fn()
+        return max(0, _rss_kb("VmHWM") - base) * 1024
+    except OSError:
+        return -1  # not Linux: unknown
+
+
+def _timed(fn, device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t
+
+
+def survivor_ratio(exit_step: torch.Tensor, n_loops: int) -> float:
+    """Σ_r B · max_b n_{b,r} / Σ_r Σ_b n_{b,r}: the padded layout's work over the
+    real work (n_{b,r}: survivors of row b at step r)."""
+    padded = real = 0
+    for r in range(1, n_loops + 1):
+        n = (exit_step >= r).sum(dim=1)
+        padded += int(n.max()) * n.numel()
+        real += int(n.sum())
+    return padded / real
+
+
+@torch.no_grad()
+def bench_point(model, ids: torch.Tensor, *, q: float | None = None, exit_at: torch.Tensor | None = None,
+                warmup: int = 2, repeats: int = 5, packing: str = "auto", oracle_mean: float | None = None
+                ) -> BenchRecord:
+    device = ids.device
+    common = dict(q=q, exit_at=exit_at, readout="last")
+    full = lambda: model(ids, mode="dense", **common)  # noqa: E731
+    skip = lambda: model(ids, mode="skip", packing=packing, **common)  # noqa: E731
+    probe = skip()
+    R = model.cfg.n_loops
+    mean_loops = float(probe.exit_step.float().mean())
+    for _ in range(warmup):
+        full(), skip()
+    t_full, t_skip = [], []
+    for _ in range(repeats):  # alternate so that drifting background load hits both alike
+        t_full.append(_timed(full, device))
+        t_skip.append(_timed(skip, device))
+    tf, ts = statistics.median(t_full), statistics.median(t_skip)
+    resolved = packing if packing != "auto" else ("varlen" if model.cfg.arch == "mamba2" else "padded")
+    return BenchRecord(
+        batch=ids.shape[0], seq_len=ids.shape[1], q=q, oracle_mean=oracle_mean, packing=resolved,
+        mean_executed_loops=mean_loops, ideal_speedup=R / mean_loops,
+        batch_max_survivor_ratio=survivor_ratio(probe.exit_step, R), time_full_s=tf, time_skip_s=ts,
+        speedup=tf / ts, peak_mem_full=peak_memory(full, device), peak_mem_skip=peak_memory(skip, device),
+        device=str(device))
+
+
+def run_grid(model, task, *, batches, seq_lens, qs=(), oracle_mean: float | None = None, warmup: int = 2,
+             repeats: int = 5, packing: str = "auto", device: torch.device | str = "cpu", seed: int = 0,
+             on_record=None) -> list[BenchRecord]:
+    """Every (batch, seq_len) × policy point; policies are the thresholds qs, or the
+    oracle with the given mean executed loops."""
+    if oracle_mean is None and not qs:
+        raise ValueError("give thresholds q or an oracle mean (--q 0.2,0.4 or --oracle-mean 2.0)")
+    device = torch.device(device)
+    model = model.to(device).eval()
+    records = []
+    for batch in batches:
+        for seq_len in seq_lens:
+            ids = heldout_ids(model, task, batch, seq_len, seed).to(device)
+            if oracle_mean is not None:
+                rng = np.random.default_rng([seed, batch, seq_len])
+                exit_at = oracle_exit_steps(rng, tuple(ids.shape), oracle_mean, model.cfg.n_loops).to(device)
+                points = [dict(exit_at=exit_at, oracle_mean=oracle_mean)]
+            else:
+                points = [dict(q=q) for q in qs]
+            for point in points:
+                record = bench_point(model, ids, warmup=warmup, repeats=repeats, packing=packing, **point)
+                records.append(record)
+                if on_record:
+                    on_record(record)
+    return records
+
+
+HEADER = ("batch  seq_len  policy      loops  ideal  max/real  full s    skip s    speedup  "
+          "of ideal  mem full   mem skip")
+
+
+def format_record(r: BenchRecord) -> str:
+    policy = f"q={r.q:.2f}" if r.q is not None else f"oracle {r.oracle_mean:.2f}"
+    mib = lambda b: f"{b / 2**20:7.1f}M" if b >= 0 else "      ?"  # noqa: E731
+    return (f"{r.batch:5d}  {r.seq_len:7d}  {policy:10s}  {r.mean_executed_loops:5.2f}  {r.ideal_speedup:5.2f}  "
+            f"{r.batch_max_survivor_ratio:8.3f}  {r.time_full_s:8.4f}  {r.time_skip_s:8.4f}  {r.speedup:6.2f}x  "
+            f"{r.speedup / r.ideal_speedup:7.1%}  {mib(r.peak_mem_full)}  {mib(r.peak_mem_skip)}")
+
+
+def records_as_dicts(records: list[BenchRecord]) -> list[dict]:
+    return [asdict(r) for r in records]

@@ -1,0 +1,41 @@
+"""The skip-vs-full benchmark: oracle exits, survivor accounting, record fields."""
+
+import numpy as np
+import pytest
+import torch
+
+from looplab import load_model
+from looplab.bench import bench_point, oracle_exit_steps, run_grid, survivor_ratio
+
+
+def test_oracle_exit_steps_have_the_requested_mean_and_range():
+    for mean in (1.0, 1.6, 2.0, 3.3, 4.0):
+        steps = oracle_exit_steps(np.random.default_rng(0), (64, 512), mean, n_loops=4)
+        assert steps.min() >= 1 and steps.max() <= 4
+        assert float(steps.float().mean()) == pytest.approx(mean, abs=0.02)
+    with pytest.raises(ValueError, match="oracle_mean"):
+        oracle_exit_steps(np.random.default_rng(0), (2, 2), 4.5, n_loops=4)
+
+
+def test_survivor_ratio_by_hand():
+    exit_step = torch.tensor([[1, 1, 4, 4], [2, 2, 2, 2]])
+    # survivors per row at r = 1..4: (4, 4), (2, 4), (2, 0), (2, 0)
+    # padded work: 2·(4 + 4 + 2 + 2) = 24; real work: 8 + 6 + 2 + 2 = 18
+    assert survivor_ratio(exit_step, 4) == pytest.approx(24 / 18)
+
+
+def test_bench_point_reports_consistent_figures():
+    model = load_model("phop-debug", n_loops=4, d_model=32, chunk_size=16)
+    ids = torch.randint(0, model.cfg.vocab_size, (4, 64))
+    exit_at = oracle_exit_steps(np.random.default_rng(1), (4, 64), 2.0, 4)
+    r = bench_point(model, ids, exit_at=exit_at, warmup=0, repeats=1, oracle_mean=2.0)
+    assert r.mean_executed_loops == pytest.approx(float(exit_at.float().mean()))
+    assert r.ideal_speedup == pytest.approx(4 / r.mean_executed_loops)
+    assert r.batch_max_survivor_ratio >= 1.0 and r.packing == "varlen"
+    assert r.time_full_s > 0 and r.time_skip_s > 0 and r.speedup == pytest.approx(r.time_full_s / r.time_skip_s)
+
+
+def test_grid_needs_a_policy():
+    model = load_model("phop-debug", n_loops=4)
+    with pytest.raises(ValueError, match="oracle"):
+        run_grid(model, None, batches=[1], seq_lens=[8])
