@@ -1,0 +1,449 @@
+"""lm-evaluation-harness adapter: score looped models on lm-eval tasks.
+
+Importing this module registers the model name `looplab` with lm-eval, so
+
+    import looplab.lm_eval
+    lm_eval.simple_evaluate(model="looplab",
+                            model_args="checkpoint=PATH,mode=skip,q=0.4,batch_size=8,device=cpu",
+                            tasks=["piqa"])
+
+works, as does passing an instance (`LoopLabLM(checkpoint=PATH, mode="skip", q=0.4)`)
+as `model=`. lm-eval has no plugin discovery for models, so the import is needed;
+`evaluate_tasks` below and the `looplab lm-eval` command do it for you. `import
+looplab` alone never imports lm-eval.
+
+Model args: checkpoint (a checkpoint directory, or a LoopedLM object), mode
+(dense | skip | forced, default forced = every token runs the model's R steps),
+q (exit threshold; dense and skip), depth (forced only; default R), batch_size,
+device, max_length (default: the context the checkpoint trained with, else 2048),
+tokenizer (default: the checkpoint's metadata["tokenizer"]), add_bos_token (default
+true: every context starts with <bos>, as Mistral-style documents do), max_gen_toks,
+precision (auto: bf16 autocast on CUDA, fp32 on CPU).
+
+Besides log-likelihoods the adapter counts the backbone steps each real token ran:
+`executed_loops` (all requests) and `executed_loops_by_task` are token-weighted
+means over the non-padding tokens of every forward pass, and `evaluate_tasks` writes
+each task's value beside its accuracies in the results dict.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+# lm-eval fills its table of built-in model names only when the table is empty at the
+# first lookup; import that table first so registering `looplab` never hides them.
+import lm_eval.models  # noqa: F401
+import torch
+from lm_eval.api.model import TemplateLM
+from lm_eval.api.registry import model_registry
+from lm_eval.models.utils import Collator
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+from tqdm import tqdm
+
+from looplab.config import ConfigError
+
+MODEL_NAME = "looplab"
+MODES = ("dense", "skip", "forced")
+DEFAULT_MAX_LENGTH = 2048
+DEFAULT_MAX_GEN_TOKS = 256
+
+
+@dataclass
+class LoopTally:
+    """Token-weighted sum of executed backbone steps."""
+
+    step_tokens: float = 0.0  # Σ over real tokens of the steps each one ran
+    tokens: int = 0
+
+    def add(self, step_tokens: float, tokens: int) -> None:
+        self.step_tokens += float(step_tokens)
+        self.tokens += int(tokens)
+
+    @property
+    def mean(self) -> float | None:
+        return self.step_tokens / self.tokens if self.tokens else None
+
+
+def _resolve_device(name: str | torch.device | None) -> torch.device:
+    name = str(name or "auto")
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"device={name!r} is invalid here: no CUDA device; allowed: auto | cpu")
+    return torch.device(name)
+
+
+def _as_int(name: str, value: Any, minimum: int = 1) -> int:
+    text = str(value).strip()
+    if isinstance(value, bool) or not text.lstrip("-").isdigit() or int(text) < minimum:
+        raise ConfigError(f"{name}={value!r} is invalid; allowed: an integer >= {minimum}")
+    return int(text)
+
+
+class LoopLabLM(TemplateLM):
+    """A LoopedLM behind lm-eval's TemplateLM interface (see the module docstring)."""
+
+    def __init__(self, checkpoint=None, mode: str = "forced", q: float | None = None, depth: int | None = None,
+                 batch_size: int | str = 8, device: str | None = "auto", max_length: int | None = None,
+                 tokenizer=None, add_bos_token: bool = True, max_gen_toks: int = DEFAULT_MAX_GEN_TOKS,
+                 precision: str = "auto", max_batch_size: int | None = None):
+        # max_batch_size: lm-eval passes it to every model; there is no auto batch size here.
+        super().__init__()
+        from looplab.models.looped import LoopedLM
+
+        if checkpoint is None:
+            raise ConfigError("checkpoint=None is invalid; allowed: a looplab checkpoint directory or a LoopedLM")
+        if isinstance(checkpoint, LoopedLM):
+            self.model, self.checkpoint = checkpoint, None
+        else:
+            from looplab.checkpoint import is_checkpoint, load_model
+
+            if not is_checkpoint(checkpoint):
+                raise ConfigError(f"checkpoint={str(checkpoint)!r} is not a looplab checkpoint directory "
+                                  "(needs config.json and model.safetensors)")
+            self.model, self.checkpoint = load_model(checkpoint), str(checkpoint)
+        self.n_loops = self.model.cfg.n_loops
+        self.mode, self.q, self.depth = self._check_execution(mode, q, depth)
+        if precision not in ("auto", "fp32", "bf16"):
+            raise ConfigError(f"precision={precision!r} is invalid; allowed: auto | fp32 | bf16")
+        self.precision = precision
+        self.batch_size = _as_int("batch_size", batch_size)
+        self.max_gen_toks = _as_int("max_gen_toks", max_gen_toks)
+        self._max_length = _as_int("max_length", max_length) if max_length is not None else self._trained_context()
+        self.add_bos_token = bool(add_bos_token)
+        self._device = _resolve_device(device)
+        self.model.to(self._device).eval()
+        self.tokenizer = self._load_tokenizer(tokenizer)
+        self._pad_id = self.tokenizer.pad_id if self.tokenizer.pad_id is not None else self.tokenizer.eos_id
+        self.reset_loop_tally()
+        self._request_tasks: list[str | None] | None = None
+
+    # ---- configuration ---------------------------------------------------------
+    def _check_execution(self, mode, q, depth):
+        if mode not in MODES:
+            raise ConfigError(f"mode={mode!r} is invalid; allowed: {' | '.join(MODES)}")
+        if q is not None:
+            if mode == "forced":
+                raise ConfigError(f"q={q!r} does not apply to mode=forced; allowed: q with mode=dense | skip")
+            q = float(q)
+            if not 0.0 <= q <= 1.0:
+                raise ConfigError(f"q={q!r} is invalid; allowed: a float in [0, 1]")
+        elif mode == "skip":
+            raise ConfigError("mode=skip needs q (the exit threshold), e.g. q=0.4")
+        if depth is not None:
+            if mode != "forced":
+                raise ConfigError(f"depth={depth!r} applies to mode=forced only (mode={mode!r})")
+            depth = _as_int("depth", depth)
+            if depth > self.n_loops:
+                raise ConfigError(f"depth={depth} is invalid; allowed: an integer in [1, R={self.n_loops}]")
+        return mode, q, depth
+
+    def _trained_context(self) -> int:
+        train = (self.model.metadata.get("experiment") or {}).get("train") or {}
+        return int(train.get("seq_len") or DEFAULT_MAX_LENGTH)
+
+    def _load_tokenizer(self, spec):
+        spec = spec if spec is not None else self.model.metadata.get("tokenizer")
+        if spec is None:
+            raise ConfigError(f"checkpoint={self.checkpoint!r} carries no metadata['tokenizer']; "
+                              "allowed: pass tokenizer=mistral | bytes | an HF tokenizer name")
+        if isinstance(spec, str):
+            from looplab.tokenizer import load_tokenizer
+
+            spec = load_tokenizer(spec)
+        if spec.vocab_size > self.model.cfg.vocab_size:
+            raise ConfigError(f"tokenizer vocab_size={spec.vocab_size} exceeds the model's vocab_size="
+                              f"{self.model.cfg.vocab_size}; allowed: the tokenizer the model was trained with")
+        return spec
+
+    def get_model_info(self) -> dict[str, Any]:
+        """Merged by lm-eval into results["config"] after the run, so a plain
+        simple_evaluate(model="looplab", ...) also carries the executed loops."""
+        return {"checkpoint": self.checkpoint, "mode": self.mode, "q": self.q, "depth": self.depth,
+                "n_loops": self.n_loops, "max_length": self.max_length, "tokenizer": self.tokenizer_name,
+                "add_bos_token": self.add_bos_token, "executed_loops": self.executed_loops,
+                "executed_loops_by_task": self.executed_loops_by_task}
+
+    # ---- TemplateLM interface -----------------------------------------------------
+    @property
+    def eot_token_id(self) -> int:
+        return self.tokenizer.eos_id
+
+    @property
+    def prefix_token_id(self) -> int:
+        # What an empty context is conditioned on: the token every context starts with.
+        bos = self.tokenizer.bos_id
+        return bos if self.add_bos_token and bos is not None else self.eot_token_id
+
+    @property
+    def max_length(self) -> int:
+        return self._max_length
+
+    @property
+    def tokenizer_name(self) -> str:
+        return str(getattr(self.tokenizer, "spec", type(self.tokenizer).__name__))
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, left_truncate_len: int | None = None,
+                   **kwargs) -> list[int]:
+        ids = list(self.tokenizer.encode(string))
+        add_bos = self.add_bos_token if add_special_tokens is None else add_special_tokens
+        if add_bos and self.tokenizer.bos_id is not None:
+            ids = [self.tokenizer.bos_id] + ids
+        if left_truncate_len:
+            ids = ids[-left_truncate_len:]
+        return ids
+
+    def tok_decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(list(ids))
+
+    def loglikelihood(self, requests, disable_tqdm: bool = False):
+        # Remember which task each request belongs to: lm-eval sends every task's
+        # requests in one call, and the loop counts are reported per task.
+        self._request_tasks = [getattr(r, "task_name", None) for r in requests]
+        try:
+            return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
+        finally:
+            self._request_tasks = None
+
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
+        tasks = self._request_tasks
+        if tasks is None or len(tasks) != len(requests):
+            tasks = [None] * len(requests)
+        results = self._score([(ctx, cont) for _, ctx, cont in requests], tasks, disable_tqdm)
+        for (strings, _, _), result in zip(requests, results):
+            if strings is not None and strings[0] is not None:
+                self.cache_hook.add_partial("loglikelihood", strings, result)
+        return results
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        """Log-likelihood of whole texts, scored in disjoint windows of max_length
+        tokens (each window conditions on the previous tokens that still fit)."""
+        pairs, owners, tasks = [], [], []
+        for i, request in enumerate(requests):
+            (text,) = request.args
+            tokens = self.tok_encode(text, add_special_tokens=False)
+            windows = get_rolling_token_windows(tokens, prefix_token=self.prefix_token_id,
+                                                max_seq_len=self.max_length, context_len=1)
+            for context, continuation in map(make_disjoint_window, windows):
+                pairs.append((context, continuation))
+                owners.append(i)
+                tasks.append(getattr(request, "task_name", None))
+        totals = [0.0] * len(requests)
+        for i, (logprob, _) in zip(owners, self._score(pairs, tasks, disable_tqdm)):
+            totals[i] += logprob
+        for request, total in zip(requests, totals):
+            self.cache_hook.add_partial("loglikelihood_rolling", request.args, total)
+        return totals
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        """Greedy decoding until a stop string, <eos> or max_gen_toks; every new
+        token recomputes the whole (right-padded) batch: simple, no cache."""
+        items = []
+        for request in requests:
+            context, gen_kwargs = request.args
+            until, max_new = self._generation_limits(gen_kwargs)
+            keep = max(1, self.max_length - max_new)  # room for the continuation
+            items.append((self.tok_encode(context)[-keep:], until, max_new, getattr(request, "task_name", None)))
+        collator = Collator(items, sort_fn=lambda item: (-len(item[0]), tuple(item[0])))
+        outputs = []
+        progress = tqdm(total=len(items), disable=disable_tqdm, desc="looplab generate_until")
+        for batch in collator.get_batched(n=self.batch_size):
+            outputs.extend(self._generate_batch(batch))
+            progress.update(len(batch))
+        progress.close()
+        texts = collator.get_original(outputs)
+        for request, text in zip(requests, texts):
+            self.cache_hook.add_partial("generate_until", request.args, text)
+        return texts
+
+    # ---- executed loops --------------------------------------------------------------
+    def reset_loop_tally(self) -> None:
+        self._tally = LoopTally()
+        self._tally_by_task: dict[str | None, LoopTally] = defaultdict(LoopTally)
+
+    @property
+    def executed_loops(self) -> float | None:
+        """Mean backbone steps per real token over every request since the last reset."""
+        return self._tally.mean
+
+    @property
+    def executed_loops_by_task(self) -> dict[str, float]:
+        return {task: tally.mean for task, tally in self._tally_by_task.items() if task is not None and tally.tokens}
+
+    def loop_tallies(self) -> dict[str | None, LoopTally]:
+        """Per-task step-token sums (None: requests that came without a task),
+        for aggregating groups of tasks."""
+        return dict(self._tally_by_task)
+
+    # ---- model passes -------------------------------------------------------------
+    @torch.no_grad()
+    def _forward(self, rows: list[list[int]], tasks: list[str | None]) -> torch.Tensor:
+        """Logits (B, L, V) of a right-padded batch. Right padding leaves the real
+        positions untouched (the models are causal) and `mask` keeps the padding
+        out of the executed-loops means."""
+        from looplab.evaluate import autocast_context
+
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
+        mask = torch.zeros(len(rows), width, dtype=torch.bool)
+        for i, row in enumerate(rows):
+            ids[i, :len(row)] = torch.tensor(row, dtype=torch.long)
+            mask[i, :len(row)] = True
+        ids, mask = ids.to(self._device), mask.to(self._device)
+        with autocast_context(self._device, self.precision):
+            out = self.model(ids, mode=self.mode, q=self.q, depth=self.depth, mask=mask)
+        real = int(mask.sum())
+        self._tally.add(out.executed_loops * real, real)
+        # Dense runs every token through all R steps (its gate only picks the
+        # readout), so its exit steps are not what ran.
+        steps = torch.full_like(out.exit_step, self.n_loops) if self.mode == "dense" else out.exit_step
+        per_row = (steps * mask).sum(dim=1).tolist()
+        for row, task, step_tokens in zip(rows, tasks, per_row):
+            self._tally_by_task[task].add(step_tokens, len(row))
+        return out.logits
+
+    def _score(self, pairs: list[tuple[list[int], list[int]]], tasks: list[str | None],
+               disable_tqdm: bool = True) -> list[tuple[float, bool]]:
+        """(sum of the continuation's log-probs, whether greedy decoding yields it)
+        for each (context ids, continuation ids); contexts are left-truncated so
+        context + continuation fit in max_length + 1 tokens."""
+        items = []
+        for index, ((context, continuation), task) in enumerate(zip(pairs, tasks)):
+            if len(continuation) > self.max_length:
+                raise ConfigError(f"continuation of {len(continuation)} tokens is too long; allowed: at most "
+                                  f"max_length={self.max_length}")
+            if not continuation:
+                continue
+            # The last token is only predicted, never read.
+            inputs = (list(context) + list(continuation))[-(self.max_length + 1):][:-1]
+            items.append((index, inputs, list(continuation), task))
+        # Longest first: the largest batch runs first and padding stays small.
+        collator = Collator(items, sort_fn=lambda item: (-len(item[1]), tuple(item[1])))
+        scored: list[tuple[float, bool]] = []
+        batches = collator.get_batched(n=self.batch_size)
+        for batch in tqdm(batches, disable=disable_tqdm, desc="looplab loglikelihood"):
+            logits = self._forward([item[1] for item in batch], [item[3] for item in batch])
+            for row, (_, inputs, continuation, _) in enumerate(batch):
+                n, end = len(continuation), len(inputs)
+                logprobs = torch.log_softmax(logits[row, end - n:end].float(), dim=-1)
+                target = torch.tensor(continuation, device=logprobs.device)
+                total = logprobs.gather(-1, target[:, None]).sum()
+                scored.append((float(total), bool((logprobs.argmax(dim=-1) == target).all())))
+        results: list[tuple[float, bool]] = [(0.0, True)] * len(pairs)  # an empty continuation is certain
+        for (index, *_), result in zip(items, collator.get_original(scored)):
+            results[index] = result
+        return results
+
+    def _generation_limits(self, gen_kwargs: dict) -> tuple[list[str], int]:
+        gen_kwargs = dict(gen_kwargs or {})
+        if gen_kwargs.get("do_sample"):
+            raise ConfigError("do_sample=True is not supported; allowed: greedy decoding (do_sample false)")
+        until = gen_kwargs.get("until") or []
+        until = [until] if isinstance(until, str) else list(until)
+        max_new = _as_int("max_gen_toks", gen_kwargs.get("max_gen_toks", self.max_gen_toks))
+        return until, max_new
+
+    def _generate_batch(self, batch) -> list[str]:
+        sequences = [list(context) for context, *_ in batch]
+        generated: list[list[int]] = [[] for _ in batch]
+        done = [False] * len(batch)
+        texts = [""] * len(batch)
+        for _ in range(max(item[2] for item in batch)):
+            live = [i for i in range(len(batch)) if not done[i]]
+            if not live:
+                break
+            rows = [(sequences[i] + generated[i])[-self.max_length:] for i in live]
+            logits = self._forward(rows, [batch[i][3] for i in live])
+            for slot, i in enumerate(live):
+                token = int(logits[slot, len(rows[slot]) - 1].argmax())
+                until, max_new = batch[i][1], batch[i][2]
+                if token == self.eot_token_id:
+                    done[i] = True
+                    continue
+                generated[i].append(token)
+                texts[i] = self.tok_decode(generated[i])
+                if any(stop in texts[i] for stop in until) or len(generated[i]) >= max_new:
+                    done[i] = True
+        return [_cut_at_stop(text, item[1]) for text, item in zip(texts, batch)]
+
+
+def _cut_at_stop(text: str, until: list[str]) -> str:
+    cuts = [text.index(stop) for stop in until if stop and stop in text]
+    return text[:min(cuts)] if cuts else text
+
+
+if MODEL_NAME not in model_registry:  # a re-import (importlib.reload) keeps the first class
+    model_registry.register(MODEL_NAME)(LoopLabLM)
+
+
+# ---- running tasks -----------------------------------------------------------------
+def make_lm(checkpoint_or_model, **model_args) -> LoopLabLM:
+    """A LoopLabLM from a checkpoint path, a LoopedLM, or an existing LoopLabLM
+    (returned as is; then model_args must be empty)."""
+    if isinstance(checkpoint_or_model, LoopLabLM):
+        if any(v is not None for v in model_args.values()):
+            raise ConfigError(f"model args {sorted(model_args)} cannot change an existing LoopLabLM; "
+                              "allowed: pass a checkpoint path or a LoopedLM instead")
+        return checkpoint_or_model
+    return LoopLabLM(checkpoint=checkpoint_or_model, **{k: v for k, v in model_args.items() if v is not None})
+
+
+def make_task_manager(include_path: str | os.PathLike | None = None, needed=()):
+    """A TaskManager that indexes only include_path when it holds every needed task
+    name (instant; config dicts and Task objects need no index), else lm-eval's
+    built-in tasks as well (~7 s)."""
+    from lm_eval.tasks import TaskManager
+
+    paths = str(include_path) if include_path is not None else None
+    manager = TaskManager(include_path=paths, include_defaults=False)
+    if all(name in manager.all_tasks for name in needed):
+        return manager
+    return TaskManager(include_path=paths)
+
+
+def evaluate_tasks(checkpoint_or_model, tasks: list, *, include_path: str | os.PathLike | None = None,
+                   limit: int | float | None = None, num_fewshot: int | None = None, manager=None,
+                   log_samples: bool = False, bootstrap_iters: int = 100_000, **model_args) -> dict[str, Any]:
+    """Run lm-eval's simple_evaluate on `tasks` (names, config dicts or Task
+    objects) and put each task's (and group's) executed loops beside its metrics,
+    as results["results"][name]["executed_loops"]. model_args go to LoopLabLM
+    (mode, q, depth, batch_size, device, ...). bootstrap_iters is lm-eval's default;
+    accuracies' standard errors are closed-form and cost nothing."""
+    import lm_eval
+
+    lm = make_lm(checkpoint_or_model, **model_args)
+    if manager is None:
+        manager = make_task_manager(include_path, [t for t in tasks if isinstance(t, str)])
+    lm.reset_loop_tally()
+    results = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), limit=limit, num_fewshot=num_fewshot,
+                                      task_manager=manager, log_samples=log_samples,
+                                      bootstrap_iters=bootstrap_iters)
+    if results is None:  # non-zero ranks of a distributed run
+        return {}
+    attach_executed_loops(results, lm)
+    return results
+
+
+def attach_executed_loops(results: dict[str, Any], lm: LoopLabLM) -> None:
+    """results["results"][task]["executed_loops"] for every task and group, and
+    results["executed_loops"] over all requests."""
+    tallies = lm.loop_tallies()
+    for name, row in results.get("results", {}).items():
+        members = results.get("group_subtasks", {}).get(name) or [name]
+        total = LoopTally()
+        for member in _leaves(members, results):
+            if member in tallies:
+                total.add(tallies[member].step_tokens, tallies[member].tokens)
+        row["executed_loops"] = total.mean
+    results["executed_loops"] = lm.executed_loops
+
+
+def _leaves(names: list[str], results: dict[str, Any]) -> list[str]:
+    groups = results.get("group_subtasks", {})
+    out = []
+    for name in names:
+        out.extend(_leaves(groups[name], results) if groups.get(name) and name not in groups[name] else [name])
+    return out
