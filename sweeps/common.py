@@ -1,0 +1,382 @@
+"""What every sweep script shares: the flags, the checks that run before Ray starts,
+the dry-run plan, the Tune run and the summary table.
+
+A sweep script declares a `Sweep` (a pipeline on a preset plus the values to search)
+and calls `main(sweep_factory)`. Every input is checked before Ray starts; a bad one
+is a single line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import itertools
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # `python sweeps/x.py` from anywhere: trainables/ must import
+    sys.path.insert(0, str(REPO))
+
+from looplab.config import ConfigError  # noqa: E402
+from looplab.presets import PRESETS  # noqa: E402
+from trainables.pipeline import PipelineSpec, stage_configs  # noqa: E402
+
+TRIAL_CPU = 0.01  # the Tune function only waits on its trainer; {"cpu": 0} is rejected
+WORKER_GROUP_START_TIMEOUT_S = "60"  # a worker group that cannot be placed fails instead of hanging
+DEFAULT_PRESET = "debug" if "debug" in PRESETS else "phop-debug"
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A sweep declaration.
+
+    grid: param -> the values the grid takes (the params of PipelineSpec.searched).
+    ranges: param -> (low, high, "log" | "linear") for --search optuna.
+    """
+
+    name: str
+    spec: PipelineSpec
+    grid: dict[str, list[Any]]
+    ranges: dict[str, tuple[float, float, str]] = field(default_factory=dict)
+    metric: str = "val_ppl"
+    mode: str = "min"
+    columns: tuple[str, ...] = ("val_ppl", "val_accuracy")  # summary-table metrics
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--preset", default=DEFAULT_PRESET, help=f"base preset (default {DEFAULT_PRESET})")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override for every stage, e.g. train.steps=50 (repeatable)")
+    p.add_argument("--tracking-uri", default="", help="MLflow URI (default sqlite:///STORAGE/mlflow.db)")
+    p.add_argument("--storage-path", default="looplab-runs", help="stage checkpoints, Ray results, artifacts")
+    p.add_argument("--address", default="", help="Ray cluster address (default: start a local Ray)")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted sweep (Tuner.restore)")
+    p.add_argument("--max-concurrent-trials", type=int, default=0, help="default: what the CPUs/GPUs fit")
+    p.add_argument("--num-workers", type=int, default=1, help="Ray Train workers per stage")
+    p.add_argument("--cpus-per-worker", type=float, default=0.0, help="default: the CPUs left, shared evenly")
+    p.add_argument("--gpus-per-worker", type=float, default=0.0)
+    p.add_argument("--search", choices=("grid", "optuna"), default="grid")
+    p.add_argument("--num-samples", type=int, default=8, help="Optuna trials (grid runs each point once)")
+    p.add_argument("--scheduler", choices=("none", "asha"), default="none")
+    p.add_argument("--seeds", default="0", help="comma-separated training seeds, e.g. 0,1,2")
+    p.add_argument("--dry-run", action="store_true", help="print trials, resources and compute; start no Ray")
+    return p
+
+
+# ---- validation (before Ray) -----------------------------------------------------
+
+def fail(name: str, value: Any, allowed: str) -> None:
+    raise ConfigError(f"{name}={value!r} is invalid; allowed: {allowed}")
+
+
+def parse_seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        seeds = []
+    if not seeds or any(s < 0 for s in seeds):
+        fail("--seeds", text, "comma-separated integers >= 0, e.g. 0,1,2")
+    return seeds
+
+
+def parse_sets(items: list[str]) -> dict[str, Any]:
+    from looplab.config import parse_value
+
+    out = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            fail("--set", item, "KEY=VALUE, e.g. train.steps=50")
+        out[key] = parse_value(value)
+    return out
+
+
+def grid_points(sweep: Sweep, seeds: list[int]) -> list[dict[str, Any]]:
+    names = list(sweep.grid)
+    return [dict(zip(names, values), seed=seed)
+            for values in itertools.product(*(sweep.grid[n] for n in names)) for seed in seeds]
+
+
+@dataclass(frozen=True)
+class Resources:
+    cpus: float  # CPUs of the local machine (or of the cluster when known)
+    gpus: int
+    max_concurrent: int
+    cpus_per_worker: float
+
+
+def plan_resources(args, local: bool) -> Resources:
+    """Trial and worker CPU shares that add up: a trial holds TRIAL_CPU and waits on
+    its worker group, so max_concurrent × (TRIAL_CPU + workers × worker_cpu) ≤ CPUs;
+    otherwise the worker groups never start and Ray retries forever."""
+    if args.num_workers < 1:
+        fail("--num-workers", args.num_workers, "an integer >= 1")
+    if args.gpus_per_worker < 0:
+        fail("--gpus-per-worker", args.gpus_per_worker, "a number >= 0")
+    cpus = float(os.cpu_count() or 1)
+    gpus = _local_gpus()
+    if local and args.gpus_per_worker > 0 and gpus == 0:
+        fail("--gpus-per-worker", args.gpus_per_worker, "0 here (no CUDA device on this machine)")
+    if local and args.num_workers > cpus:
+        fail("--num-workers", args.num_workers, f"an integer in [1, {int(cpus)}] (CPUs on this machine)")
+    if args.num_workers > 1:
+        fail("--num-workers", args.num_workers, "1 (looplab.train is single-process; DDP workers are not built yet)")
+    if args.max_concurrent_trials < 0:
+        fail("--max-concurrent-trials", args.max_concurrent_trials, "an integer >= 1 (0: what fits)")
+    if args.cpus_per_worker < 0:
+        fail("--cpus-per-worker", args.cpus_per_worker, "a number > 0 (0: the CPUs left, shared evenly)")
+    if not local:  # a cluster's resources are Ray's to place; only the shares are checked
+        return Resources(cpus, gpus, args.max_concurrent_trials or 1, args.cpus_per_worker or 1.0)
+    if args.gpus_per_worker > 0:
+        fits = int(gpus // (args.gpus_per_worker * args.num_workers)) or 1
+    else:
+        fits = max(1, int(cpus // args.num_workers))
+    concurrent = args.max_concurrent_trials or fits
+    worker_cpu = args.cpus_per_worker or round((cpus - concurrent * TRIAL_CPU) / (concurrent * args.num_workers), 2)
+    need = concurrent * (TRIAL_CPU + args.num_workers * worker_cpu)
+    if worker_cpu <= 0 or need > cpus + 1e-9:
+        fail("--max-concurrent-trials", concurrent,
+             f"at most {fits} here: {concurrent} × ({TRIAL_CPU} + {args.num_workers} × {worker_cpu}) CPUs "
+             f"= {need:.2f} > {cpus:g}")
+    return Resources(cpus, gpus, concurrent, worker_cpu)
+
+
+def _local_gpus() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except Exception:
+        return 0
+
+
+def validate(sweep: Sweep, args) -> tuple[list[dict[str, Any]], Resources]:
+    """Every check that can run before Ray: returns the trial params and the plan."""
+    if args.preset not in PRESETS:
+        fail("--preset", args.preset, " | ".join(sorted(PRESETS)))
+    seeds = parse_seeds(args.seeds)
+    if args.search == "grid":
+        for name, values in sweep.grid.items():
+            if not values:
+                fail(f"grid.{name}", values, "a non-empty list of values")
+        points = grid_points(sweep, seeds)
+    else:
+        if args.num_samples < 1:
+            fail("--num-samples", args.num_samples, "an integer >= 1")
+        if not sweep.ranges:
+            fail("--search", args.search, f"grid (the {sweep.name} sweep declares no ranges)")
+        for name, (low, high, scale) in sweep.ranges.items():
+            if not low <= high or (scale == "log" and low <= 0):
+                fail(f"range.{name}", (low, high), "low <= high (and low > 0 on a log scale)")
+        # The range's corners stand for every sample in the config checks below.
+        points = [dict(zip(sweep.ranges, corner), seed=seeds[0])
+                  for corner in itertools.product(*((lo, hi) for lo, hi, _ in sweep.ranges.values()))]
+    if not points:
+        fail("grid", {}, "at least one point")
+    for point in points:  # each stage's config validates itself: β < 0, hp > 1, depth outside [1, R], ...
+        stage_configs(sweep.spec, point, args.storage_path)
+    return points, plan_resources(args, local=not args.address)
+
+
+# ---- naming ----------------------------------------------------------------------
+
+def short_hash(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+
+def sweep_key(sweep: Sweep, args) -> str:
+    """Names the sweep's Ray Tune run: its declaration, never a timestamp."""
+    return short_hash({"spec": sweep.spec.to_dict(), "grid": sweep.grid, "ranges": sweep.ranges,
+                       "search": args.search, "num_samples": args.num_samples, "seeds": args.seeds,
+                       "scheduler": args.scheduler})
+
+
+def trial_name(params: dict[str, Any]) -> str:
+    return "trial-" + "-".join(f"{k}{v}" for k, v in sorted(params.items()))[:80] + "-" + short_hash(params)[:6]
+
+
+# ---- dry run -----------------------------------------------------------------------
+
+def describe(sweep: Sweep, args, points: list[dict[str, Any]], res: Resources) -> str:
+    """The trial list, the resource plan and a compute estimate."""
+    lines = [f"sweep {sweep.name} on preset {args.preset} ({args.search} search)", "", "trials:"]
+    unique: dict[str, Any] = {}
+    for point in points:
+        stages = stage_configs(sweep.spec, point, args.storage_path)
+        keys = " → ".join(f"{c.stage}:{c.trial_key()}" for c in stages)
+        lines.append(f"  {json.dumps(point, sort_keys=True)}  {keys}")
+        for c in stages:
+            unique.setdefault(f"{c.stage}-{c.trial_key()}", c)
+    if args.search == "optuna":
+        lines.append(f"  (Optuna samples {args.num_samples} trials within {sweep.ranges}; corners shown)")
+    shared = sum(len(sweep.spec.stages) for _ in points) - len(unique)
+    lines += ["", f"stages: {len(unique)} to train ({shared} reused across trials)"]
+    total_flops = total_tokens = 0.0
+    for name, c in unique.items():
+        tokens = c.train.steps * c.train.batch_size * c.train.seq_len
+        flops = 6.0 * _backbone_params(c) * c.model.n_loops * tokens
+        total_flops, total_tokens = total_flops + flops, total_tokens + tokens
+        lines.append(f"  {name}: {c.train.steps} steps × {c.train.batch_size} × {c.train.seq_len} tokens "
+                     f"≈ {flops:.2e} training FLOPs")
+    lines += ["", f"compute: {total_tokens:,.0f} training tokens, ≈ {total_flops:.2e} FLOPs (6·P·R·tokens)",
+              "resources: " + (f"local Ray, {res.cpus:g} CPUs, {res.gpus} GPUs" if not args.address
+                               else f"Ray cluster at {args.address}"),
+              f"  {res.max_concurrent} concurrent trial(s) × ({TRIAL_CPU} CPU trial + {args.num_workers} worker(s) × "
+              f"{res.cpus_per_worker} CPU{f', {args.gpus_per_worker} GPU' if args.gpus_per_worker else ''})",
+              "  plus about 15 s of Ray overhead per trial on 2 cores"]
+    return "\n".join(lines)
+
+
+def _backbone_params(cfg) -> int:
+    """Parameters of one application of the backbone (embeddings excluded), built on
+    the meta device so even the paper presets cost no memory."""
+    import torch
+
+    from looplab.models.looped import LoopedLM
+
+    with torch.device("meta"):
+        model = LoopedLM(cfg.model)
+    embed = cfg.model.vocab_size * cfg.model.d_model
+    return max(1, sum(p.numel() for p in model.parameters()) - embed)
+
+
+# ---- the run -----------------------------------------------------------------------
+
+def run_sweep(sweep: Sweep, args, points: list[dict[str, Any]], res: Resources) -> list[dict[str, Any]]:
+    """Start (or join) Ray, run the trials under Tune, return one row per trial."""
+    import ray
+    from ray import tune
+
+    from looplab import tracking
+    from trainables.trial import PlatformSettings, run_trial
+
+    storage = Path(args.storage_path).expanduser().resolve()
+    storage.mkdir(parents=True, exist_ok=True)
+    uri = args.tracking_uri or f"sqlite:///{storage / 'mlflow.db'}"
+    key = sweep_key(sweep, args)
+    experiment = f"{sweep.name}-{args.preset}"
+    run_name = f"{sweep.name}-{key}"
+
+    mc = tracking.client(uri)
+    experiment_id = tracking.ensure_experiment(mc, experiment, storage / "mlflow")
+    # One parent run per invocation; --resume continues the interrupted invocation's run.
+    sweep_tags = {"level": tracking.SWEEP, "sweep_key": key, "preset": args.preset,
+                  "git_sha": tracking.git_sha(), "command": " ".join(sys.argv)}
+    if args.resume:
+        sweep_run, _ = tracking.open_run(mc, experiment_id, name=run_name, tags=sweep_tags,
+                                         key={"level": tracking.SWEEP, "sweep_key": key})
+    else:
+        sweep_run = mc.create_run(experiment_id, tags={**sweep_tags, "mlflow.runName": run_name},
+                                  run_name=run_name).info.run_id
+    platform = PlatformSettings(tracking_uri=uri, storage_path=str(storage), experiment=experiment,
+                                sweep_run_id=sweep_run, num_workers=args.num_workers,
+                                cpus_per_worker=res.cpus_per_worker, gpus_per_worker=args.gpus_per_worker)
+
+    env = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": os.environ.get(
+        "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", WORKER_GROUP_START_TIMEOUT_S), "PYTHONPATH": str(REPO)}
+    os.environ.update({k: v for k, v in env.items() if k != "PYTHONPATH"})
+    for name in ("LOOPLAB_TEST_KILL_WORKER_AT_STEP",):  # test hooks reach the workers too
+        if name in os.environ:
+            env[name] = os.environ[name]
+    ray.init(address=args.address or None, runtime_env={"env_vars": env}, include_dashboard=None,
+             log_to_driver=False, configure_logging=False)
+    try:
+        with tracking.terminated_on_exit(mc, sweep_run):
+            results = _fit(sweep, args, platform, points, res, storage / "ray_tune", run_name)
+        rows = []
+        for result in results:
+            params = {k: v for k, v in result.config.items() if k not in ("spec", "platform")}
+            metrics = result.metrics or {}
+            rows.append({**params, **{k: metrics.get(k) for k in sweep.columns},
+                         "trial_key": metrics.get("trial_key", ""),
+                         "status": "error" if result.error else ("reused" if metrics.get("skipped") else "done")})
+        print_summary(sweep, rows, uri, experiment, sweep_run, storage, run_name)
+        return rows
+    finally:
+        ray.shutdown()
+
+
+def _fit(sweep: Sweep, args, platform, points, res: Resources, tune_path: Path, run_name: str):
+    from ray import tune
+
+    from trainables.trial import run_trial
+
+    trainable = tune.with_resources(run_trial, {"cpu": TRIAL_CPU})
+    path = tune_path / run_name
+    if args.resume and tune.Tuner.can_restore(str(path)):
+        tuner = tune.Tuner.restore(str(path), trainable=trainable, resume_errored=True)
+        return tuner.fit()
+    space: dict[str, Any] = {"spec": sweep.spec.to_dict(), "platform": platform.to_dict()}
+    search_alg, scheduler, samples = None, None, 1
+    if args.search == "grid":
+        names = list(sweep.grid)
+        space.update({n: tune.grid_search(sweep.grid[n]) for n in names})
+        space["seed"] = tune.grid_search(parse_seeds(args.seeds))
+    else:
+        from ray.tune.search.optuna import OptunaSearch
+
+        for name, (low, high, scale) in sweep.ranges.items():
+            space[name] = tune.loguniform(low, high) if scale == "log" else tune.uniform(low, high)
+        space["seed"] = parse_seeds(args.seeds)[0]
+        # Define-by-run searchers take metric/mode themselves, not via TuneConfig.
+        search_alg = OptunaSearch(metric=sweep.metric, mode=sweep.mode, seed=0)
+        samples = args.num_samples
+    if args.scheduler == "asha":
+        from ray.tune.schedulers import ASHAScheduler
+
+        scheduler = ASHAScheduler(metric=sweep.metric, mode=sweep.mode, grace_period=1)
+
+    def name_of(trial) -> str:
+        return trial_name({k: v for k, v in trial.config.items() if k not in ("spec", "platform")})
+
+    tuner = tune.Tuner(
+        trainable, param_space=space,
+        tune_config=tune.TuneConfig(num_samples=samples, search_alg=search_alg, scheduler=scheduler,
+                                    max_concurrent_trials=res.max_concurrent,
+                                    trial_name_creator=name_of, trial_dirname_creator=name_of),
+        run_config=tune.RunConfig(name=run_name, storage_path=str(tune_path),
+                                  failure_config=tune.FailureConfig(max_failures=1), verbose=0))
+    return tuner.fit()
+
+
+def print_summary(sweep: Sweep, rows: list[dict[str, Any]], uri: str, experiment: str, sweep_run: str,
+                  storage: Path, run_name: str) -> None:
+    params = [k for k in rows[0] if k not in (*sweep.columns, "trial_key", "status")] if rows else []
+    header = [*params, *sweep.columns, "trial_key", "status"]
+    table = [[_cell(r.get(h)) for h in header] for r in sorted(rows, key=lambda r: [str(r.get(p)) for p in params])]
+    widths = [max(len(h), *(len(row[i]) for row in table)) if table else len(h) for i, h in enumerate(header)]
+    print("\n" + "  ".join(h.ljust(w) for h, w in zip(header, widths)))
+    print("  ".join("-" * w for w in widths))
+    for row in table:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)))
+    print(f"\nMLflow:      {uri}  experiment {experiment!r}, sweep run {sweep_run}")
+    print(f"dashboard:   mlflow ui --backend-store-uri {uri}")
+    print(f"checkpoints: {storage / 'stages'}")
+    print(f"Ray results: {storage / 'ray_tune' / run_name}")
+
+
+def _cell(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return "" if v is None else str(v)
+
+
+def main(make_sweep: Callable[[argparse.Namespace], Sweep], description: str, argv: list[str] | None = None) -> int:
+    args = parser(description).parse_args(argv)
+    try:
+        sweep = make_sweep(args)
+        points, res = validate(sweep, args)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        print(describe(sweep, args, points, res))
+        return 0
+    rows = run_sweep(sweep, args, points, res)
+    return 0 if rows and all(r["status"] != "error" for r in rows) else 1

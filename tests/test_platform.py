@@ -1,0 +1,138 @@
+"""The platform layer: sweep input checks before Ray, dry runs, cluster.yaml, the
+MLflow conventions, and one tiny β sweep end to end on a local Ray.
+
+The end-to-end test is marked `ray` (about 2 minutes on 2 busy cores); skip it with
+`pytest -m "not ray"`."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray")
+pytest.importorskip("mlflow")
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from looplab import tracking  # noqa: E402
+from looplab.presets import get_preset  # noqa: E402
+from sweeps.beta_ablation import beta_ablation  # noqa: E402
+from sweeps.common import main  # noqa: E402
+
+TINY = ["--preset", "phop-debug", "--set", "train.steps=4", "--set", "train.eval_limit=16",
+        "--set", "train.log_every=2", "--set", "train.eval_every=0"]
+
+
+def run_beta(argv, betas=(0.1, 0.5)):
+    return main(lambda args: beta_ablation(args, list(betas)), "test", argv)
+
+
+@pytest.mark.parametrize("argv, betas, field", [
+    (["--preset", "nope"], (0.1,), "--preset='nope'"),
+    (["--preset", "phop-debug"], (), "grid.beta=[]"),
+    (["--preset", "phop-debug"], (-0.1, 0.5), "ExitConfig.beta=-0.1"),
+    (["--preset", "phop-debug", "--num-workers", "64"], (0.1,), "--num-workers=64"),
+    (["--preset", "phop-debug", "--gpus-per-worker", "1"], (0.1,), "--gpus-per-worker=1.0"),
+    (["--preset", "phop-debug", "--seeds", "a"], (0.1,), "--seeds='a'"),
+    (["--preset", "phop-debug", "--cpus-per-worker", "1.5", "--max-concurrent-trials", "2"], (0.1,),
+     "--max-concurrent-trials=2"),
+])
+def test_bad_sweep_input_is_one_line_before_ray(argv, betas, field, capsys):
+    import ray
+
+    if field.startswith("--gpus") and __import__("torch").cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert run_beta(argv + ["--dry-run"], betas) == 2  # --dry-run: a missed check never launches a sweep
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith(f"error: {field} is invalid; allowed:"), err
+    assert not ray.is_initialized()
+
+
+def test_dry_run_starts_no_ray(capsys, tmp_path):
+    import ray
+
+    assert run_beta(TINY + ["--dry-run", "--storage-path", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "trials:" in out and "compute:" in out and "resources:" in out
+    assert "stages: 3 to train (1 reused across trials)" in out  # one shared pre-training
+    assert not ray.is_initialized()
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_cluster_yaml_validates_offline():
+    import yaml
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    raw = yaml.safe_load((REPO / "cluster.yaml").read_text())
+    cfg = prepare_config(copy.deepcopy(raw))
+    validate_config(cfg)
+    assert cfg["available_node_types"][cfg["head_node_type"]]["resources"] == {"CPU": 0}  # no trials on the head
+    assert any("[gpu" in c for c in cfg["setup_commands"])
+    assert any("mlflow server" in c for c in cfg["head_start_ray_commands"])
+
+
+def test_tracking_conventions(tmp_path):
+    mc = tracking.client(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = tracking.ensure_experiment(mc, "unit", tmp_path / "artifacts")
+    assert mc.get_experiment(exp).artifact_location.startswith("file:///")
+    assert tracking.ensure_experiment(mc, "unit", tmp_path / "artifacts") == exp
+    cfg = get_preset("phop-debug")
+    key = {"level": tracking.TRIAL, "trial_key": cfg.trial_key()}
+    records = [{"kind": "train", "step": 2, "stage": "stage1", "loss": 1.5, "exit_entropy": 0.7,
+                "expected_exit_step": 1.6, "lr": 1e-3, "tokens_per_s": 100.0},
+               {"kind": "eval", "step": 2, "accuracy": 0.5, "loss": 1.2, "ppl": 3.3, "n": 10},
+               {"kind": "eval_exit", "step": 2, "mode": "skip", "q": 0.4, "executed_loops": 1.5, "accuracy": 0.4,
+                "ppl": 3.5, "loss": 1.25, "mean_exit_step": 1.4}]
+
+    run, status = tracking.open_run(mc, exp, name="trial-x", tags=tracking.config_tags(cfg, level=tracking.TRIAL),
+                                    key=key, params=tracking.config_params(cfg))
+    assert status == "NEW"
+    with pytest.raises(RuntimeError):
+        with tracking.terminated_on_exit(mc, run):
+            for r in records:
+                tracking.log_record(mc, run, r)
+            raise RuntimeError("the trial crashed")
+    got = mc.get_run(run)
+    assert got.info.status == "FAILED"
+    assert got.data.params["beta"] == str(cfg.exit.beta) and got.data.params["model.n_loops"] == "2"
+    for tag in ("config_hash", "trial_key", "stage", "parent_checkpoint", "git_sha"):
+        assert tag in got.data.tags
+    assert got.data.tags["config_hash"] == cfg.config_hash()
+    for m in ("loss", "exit_entropy", "expected_exit_step", "val_ppl", "val_accuracy", "skip_q0.4_executed_loops"):
+        assert m in got.data.metrics, m
+
+    # The resumed trial finds its run again: no duplicate, and it can finish.
+    again, status = tracking.open_run(mc, exp, name="trial-x", tags={}, key=key, params=tracking.config_params(cfg))
+    assert (again, status) == (run, "FAILED")
+    tracking.close_run(mc, again, ok=True)
+    assert len(mc.search_runs([exp])) == 1
+    assert tracking.open_run(mc, exp, name="trial-x", tags={}, key=key)[1] == "FINISHED"
+
+
+@pytest.mark.ray
+def test_tiny_beta_sweep_end_to_end(tmp_path, capsys):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    argv = TINY + ["--tracking-uri", uri, "--storage-path", str(tmp_path / "store")]
+    assert run_beta(argv) == 0
+    out = capsys.readouterr().out
+    assert "MLflow:" in out and "dashboard:" in out
+
+    mc = tracking.client(uri)
+    exp = mc.get_experiment_by_name("beta_ablation-phop-debug").experiment_id
+    trials = mc.search_runs([exp], filter_string="tags.level = 'trial'")
+    assert sorted(float(r.data.params["beta"]) for r in trials) == [0.1, 0.5]
+    for r in trials:
+        assert r.info.status == "FINISHED"
+        for m in ("exit_entropy", "expected_exit_step", "val_ppl"):
+            assert m in r.data.metrics, m
+    pretrains = mc.search_runs([exp], filter_string="tags.stage = 'pretrain'")
+    assert sorted(r.data.tags["reused"] for r in pretrains) == ["false", "true"]  # trained once, reused once
+
+    # Rerunning the finished sweep trains nothing and duplicates no trial run.
+    assert run_beta(argv) == 0
+    assert "reused" in capsys.readouterr().out
+    assert len(mc.search_runs([exp], filter_string="tags.level = 'trial'")) == 2

@@ -1,0 +1,7 @@
+"""What one Ray Tune trial runs: a pipeline of looplab stages, each stage on Ray Train.
+
+pipeline.py      the trial's stage configs, derived from a declaration + sampled params
+shared_stage.py  a stage's deterministic folder, its lock and its "done" marker
+stage_worker.py  the Ray Train worker loop that trains one stage (rank 0 logs to MLflow)
+trial.py         the Tune function trainable: stages in order, MLflow runs, Tune reports
+"""

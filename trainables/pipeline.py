@@ -1,0 +1,90 @@
+"""A trial's pipeline: the stage configs a declaration and the sampled params give.
+
+Stage k continues stage k-1's checkpoint, whose folder is named by stage k-1's
+trial_key, so the chain of configs (and thus every name) is a pure function of the
+declaration, the params and the storage path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from looplab.config import ConfigError, ExperimentConfig, apply_overrides
+from looplab.presets import for_stage, get_preset
+
+STAGE_ORDER = ("pretrain", "stage1", "chase", "stage2")
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    """What every trial of a sweep shares.
+
+    preset, overrides: the base config (overrides as dotted names, for every stage).
+    stages: the stages in order, e.g. ("pretrain", "stage1").
+    stage_overrides: extra dotted overrides per stage name.
+    searched: sampled param name -> dotted config key, e.g. {"beta": "exit.beta"}.
+    searched_stages: the stages the sampled params apply to (upstream stages stay
+      shared across trials); "seed" always applies to every stage.
+    """
+
+    preset: str
+    stages: tuple[str, ...]
+    overrides: dict[str, Any] = field(default_factory=dict)
+    stage_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+    searched: dict[str, str] = field(default_factory=dict)
+    searched_stages: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.stages:
+            raise ConfigError("PipelineSpec.stages=() is invalid; allowed: a non-empty tuple of stages")
+        for s in self.stages:
+            if s not in STAGE_ORDER:
+                raise ConfigError(f"PipelineSpec.stages={s!r} is invalid; allowed: {' | '.join(STAGE_ORDER)}")
+        if self.stages[0] != "pretrain":
+            raise ConfigError(f"PipelineSpec.stages[0]={self.stages[0]!r} is invalid; allowed: pretrain "
+                              "(later stages continue a checkpoint the pipeline trains)")
+        for s in self.searched_stages:
+            if s not in self.stages:
+                raise ConfigError(f"PipelineSpec.searched_stages={s!r} is invalid; allowed: "
+                                  f"{' | '.join(self.stages)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "PipelineSpec":
+        return cls(**{**d, "stages": tuple(d["stages"]), "searched_stages": tuple(d.get("searched_stages", ()))})
+
+
+def stage_dir(storage_path: str | Path, cfg: ExperimentConfig) -> Path:
+    """Where a stage trains: one folder per (stage, trial_key), shared by all trials."""
+    return Path(storage_path).resolve() / "stages" / f"{cfg.stage}-{cfg.trial_key()}"
+
+
+def checkpoint_of(storage_path: str | Path, cfg: ExperimentConfig) -> Path:
+    return stage_dir(storage_path, cfg) / "checkpoint"
+
+
+def stage_configs(spec: PipelineSpec, params: dict[str, Any], storage_path: str | Path) -> list[ExperimentConfig]:
+    """The configs of one trial's stages, in order, each continuing the previous one."""
+    unknown = set(params) - set(spec.searched) - {"seed"}
+    if unknown:
+        raise ConfigError(f"trial params {sorted(unknown)} are invalid; allowed: "
+                          f"{' | '.join(sorted(set(spec.searched) | {'seed'}))}")
+    searched_stages = spec.searched_stages or spec.stages[-1:]
+    base = apply_overrides(get_preset(spec.preset), spec.overrides) if spec.overrides else get_preset(spec.preset)
+    configs: list[ExperimentConfig] = []
+    for stage in spec.stages:
+        parent = str(checkpoint_of(storage_path, configs[-1])) if configs else ""
+        cfg = for_stage(base, stage, parent)
+        overrides = dict(spec.stage_overrides.get(stage, {}))
+        if "seed" in params:
+            overrides["train.seed"] = params["seed"]
+        if stage in searched_stages:
+            overrides.update({spec.searched[name]: value for name, value in params.items() if name != "seed"})
+        if overrides:
+            cfg = apply_overrides(cfg, overrides)
+        configs.append(cfg)
+    return configs

@@ -1,0 +1,51 @@
+"""The Ray Train worker loop of one stage: looplab's train() in this worker.
+
+Fault tolerance: train() checkpoints into a folder named by the stage's trial_key
+and resumes from it, so when Ray Train restarts the worker group (FailureConfig)
+the relaunched loop continues from the last checkpoint. The folder lives in the
+sweep's storage path, which a cluster must share between nodes.
+
+Only rank 0 logs to MLflow. One worker today: looplab.train is single-process, so
+a worker group > 1 would train copies, not shards (sweeps/common.py rejects it).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+FAIL_AT_STEP_ENV = "LOOPLAB_TEST_KILL_WORKER_AT_STEP"  # tests: SIGKILL the worker once at this step
+
+
+def stage_worker_loop(config: dict[str, Any]) -> None:
+    import ray.train
+
+    from looplab import tracking
+    from looplab.config import ExperimentConfig
+    from looplab.train import train
+
+    cfg = ExperimentConfig.from_dict(config["experiment"])
+    rank = ray.train.get_context().get_world_rank()
+    mlflow_client = tracking.client(config["tracking_uri"]) if rank == 0 else None
+    run_ids: list[str] = config["run_ids"]
+    kill_at = int(os.environ.get(FAIL_AT_STEP_ENV, "0") or 0)
+    kill_marker = os.path.join(config["out_dir"], ".killed_once")
+
+    def on_metrics(record: dict[str, Any]) -> None:
+        if mlflow_client is not None:
+            for run_id in run_ids:
+                tracking.log_record(mlflow_client, run_id, record)
+        if config["report_to_tune"] and record["kind"] in ("train", "eval"):
+            ray.train.report({"stage": cfg.stage, "step": record["step"], **tracking.record_metrics(record)})
+        if kill_at and record.get("step") == kill_at and not os.path.exists(kill_marker):
+            open(kill_marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)  # a crashed worker, for the fault-tolerance test
+
+    start = time.perf_counter()
+    train(cfg, config["out_dir"], resume=True, on_metrics=on_metrics, quiet=config.get("quiet", True))
+    if mlflow_client is not None:
+        for run_id in run_ids:
+            tracking.log_metrics(mlflow_client, run_id, {f"{cfg.stage}_wall_time_s": time.perf_counter() - start},
+                                 step=cfg.train.steps)

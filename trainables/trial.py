@@ -1,0 +1,140 @@
+"""The Tune function trainable: one trial = one pipeline of stages.
+
+Each stage is a Ray Train TorchTrainer (Train V2: a Tune function launches the
+trainer; `Tuner(trainer)` is deprecated). A stage whose folder already holds a
+"done" marker is reused, not retrained, and its MLflow run says so (`reused_from`).
+A trial whose MLflow run is FINISHED reports its recorded metrics and returns: a
+rerun or resumed sweep never trains a finished trial_key twice.
+
+config (Tune's param space, resolved):
+  spec:     PipelineSpec.to_dict()
+  params:   the sampled values, e.g. {"beta": 0.1, "seed": 0}
+  platform: PlatformSettings as a dict (tracking, storage, resources, run ids)
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from looplab import tracking
+from looplab.config import ExperimentConfig
+from trainables.pipeline import PipelineSpec, stage_configs, stage_dir
+from trainables.shared_stage import read_done, stage_lock, write_done
+from trainables.stage_worker import stage_worker_loop
+
+# The summary a trial reports last: what searchers, schedulers and tables read.
+SUMMARY_METRICS = ("val_ppl", "val_accuracy", "val_loss", "exit_entropy", "expected_exit_step", "loss")
+
+
+@dataclass(frozen=True)
+class PlatformSettings:
+    tracking_uri: str
+    storage_path: str
+    experiment: str  # MLflow experiment (one per sweep)
+    sweep_run_id: str  # the parent run of this sweep invocation
+    num_workers: int = 1
+    cpus_per_worker: float = 0.99
+    gpus_per_worker: float = 0.0
+    worker_retries: int = 2  # Ray Train restarts of a failed worker group per stage
+    quiet: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def trial_params(config: dict[str, Any]) -> dict[str, Any]:
+    """The sampled values of a resolved Tune config (grid values or searcher samples)."""
+    return {k: v for k, v in config.items() if k not in ("spec", "platform")}
+
+
+def run_trial(config: dict[str, Any]) -> None:
+    from ray import tune
+
+    spec = PipelineSpec.from_dict(config["spec"])
+    platform = PlatformSettings(**config["platform"])
+    params = trial_params(config)
+    stages = stage_configs(spec, params, platform.storage_path)
+    final = stages[-1]
+
+    mc = tracking.client(platform.tracking_uri)
+    experiment_id = tracking.ensure_experiment(mc, platform.experiment, Path(platform.storage_path) / "mlflow")
+    sha = tracking.git_sha()
+    trial_run, status = tracking.open_run(
+        mc, experiment_id, name=f"trial-{final.trial_key()}",
+        tags=tracking.config_tags(final, level=tracking.TRIAL, git=sha, sweep=platform.experiment),
+        key={"level": tracking.TRIAL, "trial_key": final.trial_key()},
+        parent_run_id=platform.sweep_run_id,
+        params={**tracking.config_params(final), **{f"search.{k}": str(v) for k, v in params.items()}})
+    if status == "FINISHED":  # trained by an earlier invocation of this sweep
+        tune.report({**_summary(mc, trial_run), "trial_key": final.trial_key(), "skipped": 1})
+        return
+
+    with tracking.terminated_on_exit(mc, trial_run):
+        for index, cfg in enumerate(stages):
+            _run_stage(cfg, platform, mc, experiment_id, trial_run, sha, last=index == len(stages) - 1)
+        summary = _summary(mc, trial_run)
+    tune.report({**summary, "trial_key": final.trial_key(), "skipped": 0})
+
+
+def _summary(mc, run_id: str) -> dict[str, float]:
+    metrics = tracking.latest_metrics(mc, run_id)
+    return {k: metrics[k] for k in SUMMARY_METRICS if k in metrics}
+
+
+def _run_stage(cfg: ExperimentConfig, platform: PlatformSettings, mc, experiment_id: str, trial_run: str,
+               sha: str, *, last: bool) -> None:
+    directory = stage_dir(platform.storage_path, cfg)
+    name = f"{cfg.stage}-{cfg.trial_key()}"
+    key = {"level": tracking.STAGE, "trial_key": cfg.trial_key(), "trial_run": trial_run}
+    with stage_lock(directory):
+        done = read_done(directory)
+        if done is not None:  # trained by another trial (or an earlier attempt): reuse it
+            run_id, _ = tracking.open_run(
+                mc, experiment_id, name=name, key=key, parent_run_id=trial_run,
+                tags=tracking.config_tags(cfg, level=tracking.STAGE, git=sha, reused_from=done["run_id"],
+                                          reused="true", checkpoint=str(directory / "checkpoint")))
+            tracking.log_metrics(mc, run_id, done["metrics"], step=cfg.train.steps)
+            if last:
+                tracking.log_metrics(mc, trial_run, done["metrics"], step=cfg.train.steps)
+            tracking.close_run(mc, run_id, ok=True)
+            return
+        run_id, _ = tracking.open_run(
+            mc, experiment_id, name=name, key=key, parent_run_id=trial_run,
+            tags=tracking.config_tags(cfg, level=tracking.STAGE, git=sha, reused="false",
+                                      checkpoint=str(directory / "checkpoint")),
+            params=tracking.config_params(cfg))
+        with tracking.terminated_on_exit(mc, run_id):
+            start = time.perf_counter()
+            _fit_stage(cfg, platform, directory, [run_id] + ([trial_run] if last else []), report_to_tune=last)
+            tracking.log_metrics(mc, run_id, {"stage_seconds": time.perf_counter() - start}, step=cfg.train.steps)
+        write_done(directory, {"run_id": run_id, "trial_key": cfg.trial_key(), "stage": cfg.stage,
+                               "metrics": tracking.latest_metrics(mc, run_id)})
+
+
+def _fit_stage(cfg: ExperimentConfig, platform: PlatformSettings, directory: Path, run_ids: list[str], *,
+               report_to_tune: bool) -> None:
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    use_gpu = platform.gpus_per_worker > 0
+    resources = {"CPU": platform.cpus_per_worker, **({"GPU": platform.gpus_per_worker} if use_gpu else {})}
+    trainer = TorchTrainer(
+        stage_worker_loop,
+        train_loop_config={"experiment": cfg.to_dict(), "out_dir": str(directory),
+                           "tracking_uri": platform.tracking_uri, "run_ids": run_ids,
+                           "report_to_tune": report_to_tune, "quiet": platform.quiet},
+        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
+        scaling_config=ScalingConfig(num_workers=platform.num_workers, use_gpu=use_gpu,
+                                     resources_per_worker=resources),
+        # The name is the stage's trial_key: a relaunched trainer finds its own run.
+        run_config=RunConfig(name=f"{cfg.stage}-{cfg.trial_key()}",
+                             storage_path=str(Path(platform.storage_path).resolve() / "ray_train"),
+                             failure_config=FailureConfig(max_failures=platform.worker_retries,
+                                                          controller_failure_limit=platform.worker_retries),
+                             callbacks=[TuneReportCallback()] if report_to_tune else None),
+    )
+    trainer.fit()
