@@ -5,6 +5,9 @@
     looplab data mano --L 10 [--eval] --count 5 --seed 0
     looplab data phop --n 256 --p 16 --alphabet 4 --count 5 --seed 0
     looplab eval --checkpoint runs/x/checkpoint [--q 0.2,0.4,0.6,0.8,1.0] [--modes dense,skip] [--json out.json]
+    looplab lm-eval --checkpoint runs/lm/checkpoint --suite paper [--mode skip --q 0.4] [--limit 100] [--local-data DIR]
+    looplab lm-eval --checkpoint runs/lm/checkpoint --tasks piqa,my_task [--include-path DIR] [--output out.json]
+    looplab bench --preset local --batch 1,8,16 --seq-len 512,1024 --oracle-mean 2.0 [--json out.json]
     looplab presets
     looplab info --preset paper-140m [arch=hybrid ...]
 """
@@ -62,7 +65,7 @@ def cmd_eval(args) -> int:
         raise ConfigError(f"checkpoint={args.checkpoint!r} carries no experiment config; allowed: a checkpoint "
                           "written by looplab train")
     cfg = ExperimentConfig.from_dict(experiment)
-    batch = make_task(cfg.task).eval_batch()
+    batch = make_task(cfg.task, cfg.train.seq_len).eval_batch()
     if args.limit:
         batch = batch.slice(0, args.limit)
     device = resolve_device(args.device)
@@ -95,6 +98,91 @@ def cmd_data(args) -> int:
         records = PhopTask(PhopConfig(n=args.n, p=args.p, alphabet=args.alphabet)).records(args.count, args.seed)
     for r in records:
         sys.stdout.write(json.dumps(r) + "\n")
+    return 0
+
+
+def cmd_lm_eval(args) -> int:
+    """lm-eval tasks (or the paper's seven-task suite) on a checkpoint; JSON results
+    with each task's accuracy and executed loops."""
+    tasks = [t for t in (args.tasks or "").split(",") if t]
+    model_args = {"mode": args.mode, "q": args.q, "depth": args.depth, "batch_size": args.batch_size,
+                  "device": args.device}
+    report = {"checkpoint": str(args.checkpoint), "suite": args.suite, **model_args, "limit": args.limit}
+    if args.suite:
+        from looplab.lm_eval_suite import run_suite
+
+        if args.include_path:
+            raise ConfigError("--include-path does not apply to --suite paper (it runs lm-eval's built-in tasks); "
+                              "allowed: --local-data DIR")
+        summary = run_suite(args.checkpoint, limit=args.limit, local_data_dir=args.local_data, tasks=tasks or None,
+                            **model_args)
+        results = summary["lm_eval"]
+        report["tasks"] = summary["tasks"]  # per task: metric, accuracy, executed_loops, shots, lm-eval row
+        report["average"] = summary["average"]
+    else:
+        from looplab.lm_eval import evaluate_tasks
+
+        if not tasks:
+            raise ConfigError("--tasks is empty; allowed: comma-separated lm-eval task names, or --suite paper")
+        if args.local_data:
+            raise ConfigError("--local-data applies to --suite paper only; allowed: --include-path DIR with task "
+                              "YAMLs that read local files")
+        results = evaluate_tasks(args.checkpoint, tasks, include_path=args.include_path, limit=args.limit,
+                                 **model_args)
+        report["tasks"] = {name: {"num_fewshot": results.get("n-shot", {}).get(name), "results": row}
+                           for name, row in results["results"].items()}
+    report["executed_loops"] = results.get("executed_loops")
+    from lm_eval.utils import make_table
+
+    print(make_table(results), file=sys.stderr)
+    text = json.dumps(report, indent=2, default=str)
+    print(text)
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(text + "\n")
+    return 0
+
+
+def _limit(value: str) -> int | float:
+    """lm-eval's --limit: N documents per task, or a fraction below 1."""
+    number = float(value)
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"--limit {value!r} is invalid; allowed: a count >= 1 or a fraction "
+                                         "in (0, 1)")
+    return number if number < 1 else int(number)
+
+
+def cmd_bench(args) -> int:
+    from looplab.bench import HEADER, format_record, records_as_dicts, run_grid
+    from looplab.checkpoint import load_model
+    from looplab.config import ExperimentConfig
+    from looplab.tasks import make_task
+    from looplab.train import resolve_device
+
+    if bool(args.checkpoint) == bool(args.preset):
+        raise ConfigError("bench needs exactly one of --checkpoint PATH or --preset NAME")
+    model = load_model(args.checkpoint or args.preset, **({} if args.checkpoint else {
+        k: v for k, v in _overrides(args.overrides).items()}))
+    experiment = model.metadata.get("experiment")
+    cfg = ExperimentConfig.from_dict(experiment) if experiment else None
+    task = make_task(cfg.task, cfg.train.seq_len) if cfg is not None else None
+    ints = lambda text, name: [int(x) for x in text.split(",") if x]  # noqa: E731
+    qs = [float(q) for q in args.q.split(",") if q] if args.q else []
+    print(HEADER, file=sys.stderr)
+    records = run_grid(model, task, batches=ints(args.batch, "batch"), seq_lens=ints(args.seq_len, "seq-len"),
+                       qs=qs, oracle_mean=args.oracle_mean, warmup=args.warmup, repeats=args.repeats,
+                       packing=args.packing, device=resolve_device(args.device),
+                       on_record=lambda r: print(format_record(r), file=sys.stderr, flush=True))
+    dicts = records_as_dicts(records)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dicts, f, indent=2)
+    if args.tracking_uri:
+        from looplab.tracking import log_benchmark
+
+        log_benchmark(args.tracking_uri, dicts, name=f"bench-{args.checkpoint or args.preset}")
+    for d in dicts:
+        print(json.dumps(d))
     return 0
 
 
@@ -161,6 +249,40 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--device", default="auto")
     e.add_argument("--json", help="also write the records as a JSON list here")
     e.set_defaults(fn=cmd_eval)
+
+    le = sub.add_parser("lm-eval", help="lm-eval tasks or the paper's seven-task suite on a checkpoint (JSON)")
+    le.add_argument("--checkpoint", required=True)
+    le.add_argument("--tasks", default="", help="comma-separated lm-eval task names (with --suite: a subset)")
+    le.add_argument("--suite", choices=("paper",), default=None,
+                    help="paper: piqa, boolq, winogrande, openbookqa (5 shots), hellaswag (10), arc_challenge "
+                         "(25), arc_easy (8), and their average accuracy")
+    le.add_argument("--include-path", default=None, help="directory of extra task YAMLs")
+    le.add_argument("--local-data", default=None,
+                    help="suite datasets from DIR/<task>/<split>.parquet (python -m looplab.lm_eval_suite export)")
+    le.add_argument("--mode", choices=("dense", "skip", "forced"), default="forced")
+    le.add_argument("--q", type=float, default=None, help="exit threshold (dense, skip)")
+    le.add_argument("--depth", type=int, default=None, help="forced mode's depth (default R)")
+    le.add_argument("--limit", type=_limit, default=None, help="documents per task (or a fraction < 1)")
+    le.add_argument("--batch-size", type=int, default=8)
+    le.add_argument("--device", default="auto")
+    le.add_argument("--output", default=None, help="also write the JSON here")
+    le.set_defaults(fn=cmd_lm_eval)
+
+    b = sub.add_parser("bench", help="prefill time and memory, full vs skip, over batch × length × exit policy")
+    b.add_argument("--checkpoint", default="", help="a trained checkpoint (gate-driven exits need one)")
+    b.add_argument("--preset", default="", help="or a preset, freshly initialised (use --oracle-mean)")
+    b.add_argument("--batch", default="1,8,16", help="comma-separated batch sizes")
+    b.add_argument("--seq-len", default="512,1024", help="comma-separated sequence lengths")
+    b.add_argument("--q", default="", help="comma-separated gate thresholds")
+    b.add_argument("--oracle-mean", type=float, default=None, help="oracle exits with this mean executed loops")
+    b.add_argument("--packing", choices=("auto", "padded", "varlen"), default="auto")
+    b.add_argument("--warmup", type=int, default=2)
+    b.add_argument("--repeats", type=int, default=5)
+    b.add_argument("--device", default="auto")
+    b.add_argument("--json", help="write the records (a JSON list) here")
+    b.add_argument("--tracking-uri", default="", help="also log the records to MLflow")
+    b.add_argument("overrides", nargs="*", help="model overrides for --preset, e.g. n_loops=4")
+    b.set_defaults(fn=cmd_bench)
 
     sub.add_parser("presets", help="list the presets").set_defaults(fn=cmd_presets)
     i = sub.add_parser("info", help="parameters and FLOPs of a preset")

@@ -39,3 +39,25 @@ def test_grid_needs_a_policy():
     model = load_model("phop-debug", n_loops=4)
     with pytest.raises(ValueError, match="oracle"):
         run_grid(model, None, batches=[1], seq_lens=[8])
+
+
+def test_bench_command_writes_records_and_logs_to_mlflow(tmp_path, capsys):
+    pytest.importorskip("mlflow")
+    import json
+
+    from looplab.cli import main
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert main(["bench", "--preset", "phop-debug", "--batch", "2", "--seq-len", "32", "--oracle-mean", "2.0",
+                 "--repeats", "1", "--warmup", "0", "--json", str(tmp_path / "b.json"), "--tracking-uri", uri,
+                 "n_loops=4"]) == 0
+    records = json.loads((tmp_path / "b.json").read_text())
+    assert len(records) == 1 and records[0]["batch"] == 2 and records[0]["oracle_mean"] == 2.0
+    for key in ("batch", "seq_len", "q", "mean_executed_loops", "ideal_speedup", "speedup", "peak_mem_full",
+                "peak_mem_skip"):
+        assert key in records[0]
+    from mlflow.tracking import MlflowClient
+
+    runs = MlflowClient(uri).search_runs([MlflowClient(uri).get_experiment_by_name("looplab-bench").experiment_id])
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    assert "b2_L32_oracle2.0.speedup" in runs[0].data.metrics
