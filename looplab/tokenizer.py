@@ -16,6 +16,8 @@ stays light.
 
 from __future__ import annotations
 
+import abc
+
 import functools
 import hashlib
 import importlib.util
@@ -35,7 +37,7 @@ MISTRAL_VOCAB_SIZE = 32_000
 BYTE_VOCAB_SIZE = 259  # 256 byte values + <bos> <eos> <pad>
 
 
-class Tokenizer:
+class Tokenizer(abc.ABC):
     """What the text task and the evaluation harness rely on."""
 
     spec: str
@@ -44,14 +46,16 @@ class Tokenizer:
     eos_id: int
     pad_id: int
 
+    @abc.abstractmethod
     def encode(self, text: str) -> list[int]:
-        raise NotImplementedError
+        """Token ids of text, without bos/eos."""
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return [self.encode(t) for t in texts]
 
+    @abc.abstractmethod
     def decode(self, ids: Sequence[int]) -> str:
-        raise NotImplementedError
+        """Text of ids (special ids skipped)."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(spec={self.spec!r}, vocab_size={self.vocab_size})"
