@@ -10,6 +10,7 @@ adds `optimizer.safetensors` and `trainer.json` (step and counters) beside them.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -43,8 +44,6 @@ def save_model(model: LoopedLM, directory: str | os.PathLike) -> Path:
 
 
 def _model_dict(cfg: ModelConfig) -> dict[str, Any]:
-    import dataclasses
-
     d = dataclasses.asdict(cfg)
     d["attn_layer_idx"] = list(d["attn_layer_idx"])
     return d

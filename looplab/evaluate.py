@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from looplab.objectives import final_loop_loss, token_losses
+from looplab.objectives import token_losses
 from looplab.tasks.base import IGNORE_INDEX, Batch, exact_match_counts
 
 DEFAULT_QS = (0.2, 0.4, 0.6, 0.8, 1.0)
@@ -20,8 +20,6 @@ def autocast_context(device: torch.device, precision: str):
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
-
-masked_ce = final_loop_loss  # mean CE over target positions
 
 
 @torch.no_grad()

@@ -47,7 +47,6 @@ def expected_exit_step(pi: torch.Tensor) -> torch.Tensor:
 
 def threshold_exit_step(cdf: torch.Tensor, q: float) -> torch.Tensor:
     """z(q) = min{r : F^(r) ≥ q}, and R if no step reaches q: (B, L) in 1..R."""
-    R = cdf.shape[0]
     reached = cdf >= q
     reached[-1] = True  # the final step takes whatever is left
     return reached.float().argmax(dim=0) + 1  # argmax returns the first True

@@ -251,10 +251,9 @@ def _backbone_params(cfg) -> int:
 def run_sweep(sweep: Sweep, args, points: list[dict[str, Any]], res: Resources) -> list[dict[str, Any]]:
     """Start (or join) Ray, run the trials under Tune, return one row per trial."""
     import ray
-    from ray import tune
 
     from looplab import tracking
-    from trainables.trial import PlatformSettings, run_trial
+    from trainables.trial import PlatformSettings
 
     storage = Path(args.storage_path).expanduser().resolve()
     storage.mkdir(parents=True, exist_ok=True)

@@ -151,7 +151,7 @@ class _CausalDepthwiseConv(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, seq_idx):
-        k, seqlen = weight.shape[-1], x.shape[1]
+        k = weight.shape[-1]
         w = weight[:, 0, :]
         out = x * w[:, k - 1]
         for shift, j, src in _taps(x, k, seq_idx):
