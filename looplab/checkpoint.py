@@ -61,6 +61,19 @@ def read_config(directory: str | os.PathLike) -> dict[str, Any]:
     return blob
 
 
+def read_model_config(directory: str | os.PathLike) -> ModelConfig:
+    """The architecture a checkpoint's weights belong to."""
+    model_cfg = dict(read_config(directory)["model"])
+    model_cfg["attn_layer_idx"] = tuple(model_cfg.get("attn_layer_idx", ()))
+    return ModelConfig(**model_cfg)
+
+
+def load_weights(model: LoopedLM, directory: str | os.PathLike) -> None:
+    from safetensors.torch import load_file
+
+    model.load_state_dict(load_file(str(Path(directory) / WEIGHTS)))
+
+
 @contextlib.contextmanager
 def seeded(seed: int):
     """Deterministic initialisation without disturbing the caller's RNG."""
@@ -82,14 +95,9 @@ def load_model(name_or_path: str | os.PathLike, **overrides: Any) -> LoopedLM:
         if overrides:
             raise ConfigError(f"overrides {sorted(overrides)} cannot change a checkpoint's architecture; "
                               "load it as is, or start from a preset name")
-        from safetensors.torch import load_file
-
-        blob = read_config(name_or_path)
-        model_cfg = dict(blob["model"])
-        model_cfg["attn_layer_idx"] = tuple(model_cfg.get("attn_layer_idx", ()))
-        model = LoopedLM(ModelConfig(**model_cfg))
-        model.load_state_dict(load_file(str(Path(name_or_path) / WEIGHTS)))
-        model.metadata = blob.get("metadata", {})
+        model = LoopedLM(read_model_config(name_or_path))
+        load_weights(model, name_or_path)
+        model.metadata = read_config(name_or_path).get("metadata", {})
         return model
 
     if Path(str(name_or_path)).exists():
@@ -128,7 +136,7 @@ def save_training_state(directory: Path, model: LoopedLM, optimizer: torch.optim
 def load_training_state(directory: Path, model: LoopedLM, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     from safetensors.torch import load_file
 
-    model.load_state_dict(load_file(str(directory / WEIGHTS)))
+    load_weights(model, directory)
     saved = load_file(str(directory / OPTIMIZER))
     params = dict(model.named_parameters())
     for key, value in saved.items():

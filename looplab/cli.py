@@ -161,15 +161,15 @@ def cmd_bench(args) -> int:
 
     if bool(args.checkpoint) == bool(args.preset):
         raise ConfigError("bench needs exactly one of --checkpoint PATH or --preset NAME")
-    model = load_model(args.checkpoint or args.preset, **({} if args.checkpoint else {
-        k: v for k, v in _overrides(args.overrides).items()}))
+    overrides = {} if args.checkpoint else _overrides(args.overrides)  # a checkpoint fixes the model
+    model = load_model(args.checkpoint or args.preset, **overrides)
     experiment = model.metadata.get("experiment")
     cfg = ExperimentConfig.from_dict(experiment) if experiment else None
     task = make_task(cfg.task, cfg.train.seq_len) if cfg is not None else None
-    ints = lambda text, name: [int(x) for x in text.split(",") if x]  # noqa: E731
+    ints = lambda text: [int(x) for x in text.split(",") if x]  # noqa: E731
     qs = [float(q) for q in args.q.split(",") if q] if args.q else []
     print(HEADER, file=sys.stderr)
-    records = run_grid(model, task, batches=ints(args.batch, "batch"), seq_lens=ints(args.seq_len, "seq-len"),
+    records = run_grid(model, task, batches=ints(args.batch), seq_lens=ints(args.seq_len),
                        qs=qs, oracle_mean=args.oracle_mean, warmup=args.warmup, repeats=args.repeats,
                        packing=args.packing, device=resolve_device(args.device),
                        on_record=lambda r: print(format_record(r), file=sys.stderr, flush=True))

@@ -44,6 +44,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
 from looplab.config import ConfigError
+from looplab.train import resolve_device
 
 MODEL_NAME = "looplab"
 MODES = ("dense", "skip", "forced")
@@ -65,15 +66,6 @@ class LoopTally:
     @property
     def mean(self) -> float | None:
         return self.step_tokens / self.tokens if self.tokens else None
-
-
-def _resolve_device(name: str | torch.device | None) -> torch.device:
-    name = str(name or "auto")
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device={name!r} is invalid here: no CUDA device; allowed: auto | cpu")
-    return torch.device(name)
 
 
 def _as_int(name: str, value: Any, minimum: int = 1) -> int:
@@ -114,7 +106,7 @@ class LoopLabLM(TemplateLM):
         self.max_gen_toks = _as_int("max_gen_toks", max_gen_toks)
         self._max_length = _as_int("max_length", max_length) if max_length is not None else self._trained_context()
         self.add_bos_token = bool(add_bos_token)
-        self._device = _resolve_device(device)
+        self._device = resolve_device(device)
         self.model.to(self._device).eval()
         self.tokenizer = self._load_tokenizer(tokenizer)
         self._pad_id = self.tokenizer.pad_id if self.tokenizer.pad_id is not None else self.tokenizer.eos_id

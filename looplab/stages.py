@@ -38,8 +38,7 @@ def _stage1(model, batch: Batch, cfg: ExperimentConfig, **execution) -> tuple[to
     out = model(batch.ids, all_steps=True, **execution)
     mask = batch.targets != IGNORE_INDEX
     lam = torch.sigmoid(out.gate_logits)
-    loss, diag = stage1_loss(step_losses(out, batch.targets), lam, mask, cfg.exit.beta, cfg.exit.entropy_eps)
-    return loss, diag
+    return stage1_loss(step_losses(out, batch.targets), lam, mask, cfg.exit.beta, cfg.exit.entropy_eps)
 
 
 def minibatch_loss(model, batch: Batch, cfg: ExperimentConfig, step: int) -> tuple[torch.Tensor, dict]:

@@ -19,7 +19,8 @@ from typing import Any, Callable
 
 import torch
 
-from looplab.checkpoint import load_training_state, model_from_config, read_config, save_training_state
+from looplab.checkpoint import (is_checkpoint, load_training_state, load_weights, model_from_config,
+                                read_model_config, save_training_state)
 from looplab.config import ConfigError, ExperimentConfig, TrainConfig
 from looplab.evaluate import autocast_context, evaluate_exact_match, threshold_sweep
 from looplab.stages import minibatch_loss, prepare_model
@@ -40,11 +41,13 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return floor + (cfg.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str | torch.device | None) -> torch.device:
+    """auto (or None): CUDA when there is one, else CPU; cuda[:N] needs a GPU."""
+    name = str(name or "auto")
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("TrainConfig.device='cuda' is invalid here: no CUDA device; allowed: auto | cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"device={name!r} is invalid here: no CUDA device; allowed: auto | cpu")
     return torch.device(name)
 
 
@@ -191,18 +194,12 @@ def _window_means(window: list[dict[str, float]]) -> dict[str, float]:
 
 def load_parent(model: torch.nn.Module, cfg: ExperimentConfig) -> None:
     """Start from the parent stage's weights; the architecture must match."""
-    from safetensors.torch import load_file
-
-    from looplab.checkpoint import WEIGHTS, is_checkpoint
-
     if not is_checkpoint(cfg.init_from):
         raise ConfigError(f"init_from={cfg.init_from!r} is invalid; allowed: a looplab checkpoint directory")
-    parent = read_config(cfg.init_from)["model"]
-    parent["attn_layer_idx"] = tuple(parent.get("attn_layer_idx", ()))
-    if parent != {k: getattr(cfg.model, k) for k in parent}:
+    if read_model_config(cfg.init_from) != cfg.model:
         raise ConfigError(f"init_from={cfg.init_from!r} holds a different architecture than model=...; "
                           "allowed: a checkpoint of the same model config")
-    model.load_state_dict(load_file(str(Path(cfg.init_from) / WEIGHTS)))
+    load_weights(model, cfg.init_from)
 
 
 class _Logger:

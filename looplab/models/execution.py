@@ -157,7 +157,6 @@ def _dense(model, h, positions, mask, q, exit_at, keep_steps, gate_grad) -> Exec
     exit_step = exit_at.long() if exit_at is not None else torch.full(
         (bsz, seqlen), R, dtype=torch.long, device=h.device)
     tracker = ExitTracker(exit_step, q) if (q is not None and exit_at is None) else None
-    decided = torch.zeros(bsz, seqlen, dtype=torch.bool, device=h.device)
     readout = h
     for r in range(1, R + 1):
         h = model.step(h, positions)
@@ -168,8 +167,8 @@ def _dense(model, h, positions, mask, q, exit_at, keep_steps, gate_grad) -> Exec
             if keep_steps:
                 gates.append(a)
             if tracker is not None:
-                exit_step = torch.where(tracker.update(a) & ~decided, r, exit_step)
-                decided = decided | (exit_step == r)
+                undecided = exit_step == R  # a token's first step reaching q is its exit
+                exit_step = torch.where(tracker.update(a) & undecided, r, exit_step)
         readout = torch.where((exit_step == r).unsqueeze(-1), h, readout)
     return Execution(
         logits=None, hidden=readout, exit_step=exit_step, executed_loops=float(R),
