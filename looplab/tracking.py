@@ -25,7 +25,8 @@ SWEEP, TRIAL, STAGE = "sweep", "trial", "stage"
 
 # Per-step training quantities that keep their record names in MLflow.
 TRAIN_METRICS = ("loss", "exit_entropy", "expected_exit_step", "lr", "grad_norm", "tokens_per_s")
-# Per-(mode, q) evaluation quantities, logged as e.g. skip_q0.4_executed_loops.
+# Per-(mode, q) evaluation quantities, logged as e.g. skip_q0.4_executed_loops; forced
+# depths as forced_d2_executed_loops.
 EXIT_METRICS = ("executed_loops", "mean_exit_step", "accuracy", "ppl", "loss", "backbone_flops_per_token")
 PARAM_BATCH = 100  # MLflow accepts at most 100 params per log_batch call
 
@@ -115,7 +116,8 @@ def record_metrics(record: dict[str, Any]) -> dict[str, float]:
     elif kind == "eval":
         out = {"val_ppl": record["ppl"], "val_accuracy": record["accuracy"], "val_loss": record["loss"]}
     elif kind == "eval_exit":
-        prefix = f"{record['mode']}_q{q_name(record['q'])}_"
+        prefix = (f"forced_d{record['depth']}_" if record["mode"] == "forced"
+                  else f"{record['mode']}_q{q_name(record['q'])}_")
         out = {prefix + k: record[k] for k in EXIT_METRICS if k in record}
     else:
         return {}

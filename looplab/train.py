@@ -127,9 +127,11 @@ def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, st
                    else f"exact match {metrics['accuracy']:.4f}  loss {metrics['loss']:.4f}")
         log.record({"kind": "eval", "step": step, **metrics}, f"eval @ {step}: {quality}  (n={metrics['n']})")
         if cfg.stage != "pretrain":  # a gate exists: how do exits trade compute for quality?
-            for rec in threshold_sweep(model, eval_set, forced=False, **kw):
+            # Forced depths 1..R are the fixed-depth baseline every exit policy is compared with.
+            for rec in threshold_sweep(model, eval_set, forced=True, **kw):
+                policy = f"q={rec['q']:.1f}" if rec["mode"] != "forced" else f"d={rec['depth']}"
                 log.record({"kind": "eval_exit", "step": step, **rec},
-                           f"  {rec['mode']:5s} q={rec['q']:.1f}: loops {rec['executed_loops']:.2f}  "
+                           f"  {rec['mode']:6s} {policy}: loops {rec['executed_loops']:.2f}  "
                            f"exit {rec['mean_exit_step']:.2f}  acc {rec['accuracy']:.4f}  loss {rec['loss']:.4f}")
         return metrics
 

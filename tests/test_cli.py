@@ -84,4 +84,4 @@ def test_train_stage_uses_the_app_e_recipe(tmp_path, capsys):
     records = [json.loads(x) for x in (tmp_path / "s1" / "metrics.jsonl").read_text().splitlines()]
     train_records = [r for r in records if r["kind"] == "train"]
     assert "exit_entropy" in train_records[-1] and "expected_exit_step" in train_records[-1]
-    assert {r["mode"] for r in records if r["kind"] == "eval_exit"} == {"dense", "skip"}
+    assert {r["mode"] for r in records if r["kind"] == "eval_exit"} == {"dense", "skip", "forced"}

@@ -86,7 +86,9 @@ def test_tracking_conventions(tmp_path):
                 "expected_exit_step": 1.6, "lr": 1e-3, "tokens_per_s": 100.0},
                {"kind": "eval", "step": 2, "accuracy": 0.5, "loss": 1.2, "ppl": 3.3, "n": 10},
                {"kind": "eval_exit", "step": 2, "mode": "skip", "q": 0.4, "executed_loops": 1.5, "accuracy": 0.4,
-                "ppl": 3.5, "loss": 1.25, "mean_exit_step": 1.4}]
+                "ppl": 3.5, "loss": 1.25, "mean_exit_step": 1.4},
+               {"kind": "eval_exit", "step": 2, "mode": "forced", "q": None, "depth": 1, "executed_loops": 1.0,
+                "accuracy": 0.3, "ppl": 3.9, "loss": 1.36, "mean_exit_step": 1.0}]
 
     run, status = tracking.open_run(mc, exp, name="trial-x", tags=tracking.config_tags(cfg, level=tracking.TRIAL),
                                     key=key, params=tracking.config_params(cfg))
@@ -102,7 +104,8 @@ def test_tracking_conventions(tmp_path):
     for tag in ("config_hash", "trial_key", "stage", "parent_checkpoint", "git_sha"):
         assert tag in got.data.tags
     assert got.data.tags["config_hash"] == cfg.config_hash()
-    for m in ("loss", "exit_entropy", "expected_exit_step", "val_ppl", "val_accuracy", "skip_q0.4_executed_loops"):
+    for m in ("loss", "exit_entropy", "expected_exit_step", "val_ppl", "val_accuracy", "skip_q0.4_executed_loops",
+              "forced_d1_ppl"):
         assert m in got.data.metrics, m
 
     # The resumed trial finds its run again: no duplicate, and it can finish.
