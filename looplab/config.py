@@ -326,6 +326,10 @@ class ExperimentConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     stage: str = "pretrain"  # pretrain (final-loop) | stage1 | chase | stage2
     init_from: str = ""  # the parent stage's checkpoint directory ("" = fresh init)
+    # The parent's stage and config hash, when known (pipelines set it). The hash then names the
+    # parent by content, not by where its checkpoint lies: the same sweep under another
+    # storage path, or a dry run, gets the same stage keys.
+    parent_key: str = ""
     exit: ExitConfig = field(default_factory=ExitConfig)
     hole: HoleConfig = field(default_factory=HoleConfig)
     preset: str = ""  # the preset it derives from, for people reading configs
@@ -334,6 +338,8 @@ class ExperimentConfig:
         _choice(self, "stage", STAGES)
         check(self.stage == "pretrain" or bool(self.init_from), "ExperimentConfig.init_from", self.init_from,
               f"a checkpoint directory for stage={self.stage!r} (it continues a trained model)")
+        check(not self.parent_key or bool(self.init_from), "ExperimentConfig.parent_key", self.parent_key,
+              "'' when init_from is empty (it names init_from's stage)")
         if self.stage != "pretrain":
             check(self.model.n_loops >= 2, "ModelConfig.n_loops", self.model.n_loops,
                   f"an integer >= 2 for stage={self.stage!r} (an exit gate needs a choice of steps)")
@@ -352,7 +358,7 @@ class ExperimentConfig:
         task = dict(d.get("task", {}))
         kind = task.get("kind", "phop")
         check(kind in TASK_KINDS, "task.kind", kind, " | ".join(TASK_KINDS))
-        known = {"model", "task", "train", "stage", "init_from", "exit", "hole", "preset"}
+        known = {"model", "task", "train", "stage", "init_from", "parent_key", "exit", "hole", "preset"}
         for k in d:
             check(k in known, k, d[k], "one of " + ", ".join(sorted(known)))
         return cls(
@@ -361,6 +367,7 @@ class ExperimentConfig:
             train=_build(TrainConfig, d.get("train", {}), "train"),
             stage=d.get("stage", "pretrain"),
             init_from=d.get("init_from", ""),
+            parent_key=d.get("parent_key", ""),
             exit=_build(ExitConfig, d.get("exit", {}), "exit"),
             hole=_build(HoleConfig, d.get("hole", {}), "hole"),
             preset=d.get("preset", ""),
@@ -372,6 +379,10 @@ class ExperimentConfig:
         d = self.to_dict()
         d["train"].pop("seed")
         d.pop("preset")
+        if d["parent_key"]:
+            d.pop("init_from")
+        else:
+            d.pop("parent_key")  # hashes of configs without one stay as they were
         # Sections a stage does not read must not split its hash: every β trial of
         # Stage-1 continues the same pre-training run.
         if d["stage"] != "chase":
@@ -415,7 +426,7 @@ def apply_overrides(cfg: ExperimentConfig, overrides: dict[str, Any]) -> Experim
     sections = ("model", "train", "task", "exit", "hole")
     for key, value in overrides.items():
         section, _, name = key.rpartition(".")
-        if not section and name in ("stage", "init_from"):
+        if not section and name in ("stage", "init_from", "parent_key"):
             d[name] = value
             continue
         if not section:
@@ -424,7 +435,7 @@ def apply_overrides(cfg: ExperimentConfig, overrides: dict[str, Any]) -> Experim
                     section = candidate
                     break
             else:
-                raise ConfigError(f"override {key!r} names no field of {', '.join(sections)}, stage or init_from")
+                raise ConfigError(f"override {key!r} names no field of {', '.join(sections)}, stage, init_from or parent_key")
         check(section in sections, "override section", section, " | ".join(sections))
         if section == "task" and name == "kind" and value != d["task"].get("kind"):
             check(value in TASK_KINDS, "task.kind", value, " | ".join(TASK_KINDS))

@@ -37,18 +37,18 @@ STAGE_RECIPES: dict[str, dict[str, float]] = {
 }
 
 
-def for_stage(cfg: ExperimentConfig, stage: str, init_from: str = "") -> ExperimentConfig:
+def for_stage(cfg: ExperimentConfig, stage: str, init_from: str = "", parent_key: str = "") -> ExperimentConfig:
     """cfg continued as `stage` from the checkpoint init_from, with App. E's
     optimiser recipe for that stage (model, task, batch and steps unchanged)."""
     if stage == "pretrain":
-        return replace(cfg, stage=stage, init_from=init_from)
+        return replace(cfg, stage=stage, init_from=init_from, parent_key=parent_key)
     if stage not in STAGE_RECIPES:
         raise ConfigError(f"stage={stage!r} is invalid; allowed: pretrain | {' | '.join(STAGE_RECIPES)}")
     r = STAGE_RECIPES[stage]
     train = replace(cfg.train, lr=r["lr"], min_lr_ratio=r["min_lr"] / r["lr"], grad_clip=r["grad_clip"],
                     warmup_steps=max(1, round(r["warmup_ratio"] * cfg.train.steps)), beta1=0.9, beta2=0.95,
                     weight_decay=0.1)
-    return replace(cfg, train=train, stage=stage, init_from=init_from)
+    return replace(cfg, train=train, stage=stage, init_from=init_from, parent_key=parent_key)
 
 
 def _experiment(model: ModelConfig, task, train: TrainConfig) -> ExperimentConfig:

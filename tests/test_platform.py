@@ -63,6 +63,26 @@ def test_dry_run_starts_no_ray(capsys, tmp_path):
     assert not (tmp_path / "mlflow.db").exists()
 
 
+def test_stage_keys_do_not_depend_on_the_storage_path(tmp_path):
+    from trainables.pipeline import PipelineSpec, stage_configs
+
+    spec = PipelineSpec(preset="phop-debug", stages=("pretrain", "stage1", "stage2"),
+                        searched={"beta": "exit.beta"}, searched_stages=("stage1",))
+    here = stage_configs(spec, {"beta": 0.1, "seed": 0}, tmp_path / "a")
+    there = stage_configs(spec, {"beta": 0.1, "seed": 0}, tmp_path / "b")
+    assert [c.trial_key() for c in here] == [c.trial_key() for c in there]
+    assert here[1].init_from != there[1].init_from
+    # ... but a different parent (another β upstream of stage2) is another hash.
+    other_beta = stage_configs(spec, {"beta": 0.5, "seed": 0}, tmp_path / "a")
+    other_seed = stage_configs(spec, {"beta": 0.1, "seed": 1}, tmp_path / "a")
+    assert other_beta[0].trial_key() == here[0].trial_key()
+    assert other_beta[2].parent_key != here[2].parent_key
+    assert here[2].config_hash() != other_beta[2].config_hash()
+    # Seeds of one configuration share its hash at every stage (seed aggregation), not its key.
+    assert here[2].config_hash() == other_seed[2].config_hash()
+    assert here[2].trial_key() != other_seed[2].trial_key()
+
+
 def test_cluster_yaml_validates_offline():
     import yaml
     from ray.autoscaler._private.util import prepare_config, validate_config

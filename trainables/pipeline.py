@@ -1,8 +1,9 @@
 """A trial's pipeline: the stage configs a declaration and the sampled params give.
 
 Stage k continues stage k-1's checkpoint, whose folder is named by stage k-1's
-trial_key, so the chain of configs (and thus every name) is a pure function of the
-declaration, the params and the storage path.
+trial_key; stage k's hash names its parent by its config hash (parent_key), not by the
+folder's path, so every name is a pure function of the declaration and the params,
+wherever the storage lies.
 """
 
 from __future__ import annotations
@@ -77,8 +78,11 @@ def stage_configs(spec: PipelineSpec, params: dict[str, Any], storage_path: str 
     base = apply_overrides(get_preset(spec.preset), spec.overrides) if spec.overrides else get_preset(spec.preset)
     configs: list[ExperimentConfig] = []
     for stage in spec.stages:
-        parent = str(checkpoint_of(storage_path, configs[-1])) if configs else ""
-        cfg = for_stage(base, stage, parent)
+        parent = configs[-1] if configs else None
+        cfg = for_stage(base, stage, str(checkpoint_of(storage_path, parent)) if parent else "",
+                        # The parent's hash, seed-free like every config hash: the seeds of
+                        # one configuration share a hash downstream too (seed aggregation).
+                        parent_key=f"{parent.stage}-{parent.config_hash()}" if parent else "")
         overrides = dict(spec.stage_overrides.get(stage, {}))
         if "seed" in params:
             overrides["train.seed"] = params["seed"]
