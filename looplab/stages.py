@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from looplab.config import ExperimentConfig
+from looplab.distributed import Shard
 from looplab.holes import sample_depth_holes, sample_threshold, take_hole_branch
 from looplab.objectives import final_loop_loss, hole_loss, stage1_loss, stage2_loss, token_losses
 from looplab.tasks.base import IGNORE_INDEX, Batch
@@ -41,9 +42,12 @@ def _stage1(model, batch: Batch, cfg: ExperimentConfig, **execution) -> tuple[to
     return stage1_loss(step_losses(out, batch.targets), lam, mask, cfg.exit.beta, cfg.exit.entropy_eps)
 
 
-def minibatch_loss(model, batch: Batch, cfg: ExperimentConfig, step: int) -> tuple[torch.Tensor, dict]:
+def minibatch_loss(model, batch: Batch, cfg: ExperimentConfig, step: int,
+                   shard: Shard = Shard()) -> tuple[torch.Tensor, dict]:
     """The training loss of `batch` at optimizer step `step`, with diagnostics
-    (scalars) to log. Deterministic in (cfg.train.seed, step)."""
+    (scalars) to log. Deterministic in (cfg.train.seed, step). Under data
+    parallelism `batch` is shard's rows of the global batch: every rank draws the
+    same hole branch and the global batch's depth holes, then keeps its rows."""
     if cfg.stage == "pretrain":
         return final_loop_loss(model(batch.ids).logits, batch.targets), {}
     if cfg.stage == "stage1":
@@ -60,7 +64,9 @@ def minibatch_loss(model, batch: Batch, cfg: ExperimentConfig, step: int) -> tup
         out = model(batch.ids, mode="skip", q=q, gate_grad=False)
         return hole_loss(out.logits, batch.targets), {"hole_branch": 1.0, "hole_q": q,
                                                       "executed_loops": out.executed_loops}
-    exit_at = sample_depth_holes(rng, cfg.hole, tuple(batch.ids.shape), cfg.model.n_loops).to(batch.ids.device)
+    rows, seq = batch.ids.shape
+    exit_at = sample_depth_holes(rng, cfg.hole, (rows * shard.world, seq), cfg.model.n_loops)
+    exit_at = exit_at[shard.rank * rows:(shard.rank + 1) * rows].to(batch.ids.device)
     loss, diag = _stage1(model, batch, cfg, mode="skip", exit_at=exit_at)
     return loss, {**diag, "hole_branch": 1.0, "executed_loops": float(exit_at.float().mean())}
 

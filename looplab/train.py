@@ -1,4 +1,5 @@
-"""One training run of one stage, in a single process: AdamW, linear warmup then
+"""One training run of one stage (one process, or data-parallel ranks: see
+looplab/distributed.py): AdamW, linear warmup then
 cosine decay to a floor, gradient clipping, the final-loop objective, periodic
 evaluation, and resumable checkpoints.
 
@@ -22,6 +23,7 @@ import torch
 from looplab.checkpoint import (is_checkpoint, load_training_state, load_weights, model_from_config,
                                 read_model_config, save_training_state)
 from looplab.config import ConfigError, ExperimentConfig, TrainConfig
+from looplab.distributed import Shard
 from looplab.evaluate import autocast_context, evaluate_exact_match, threshold_sweep
 from looplab.stages import minibatch_loss, prepare_model
 from looplab.tasks import make_task
@@ -84,9 +86,13 @@ def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, st
     Resumes from out_dir/checkpoint when it holds a checkpoint of the same config.
     stop_at ends the run after that many optimizer steps (checkpointing first) while
     the schedule still spans cfg.train.steps: an interruption on purpose.
-    on_metrics receives every logged record (training and evaluation).
+    on_metrics receives every logged record (training and evaluation), on every rank.
+    Under an initialised torch.distributed process group each rank trains its share
+    of every batch; rank 0 alone evaluates and writes files.
     """
     tc = cfg.train
+    shard = Shard.current()
+    shard.check_batch_size(tc.batch_size)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     device = resolve_device(tc.device)
@@ -101,7 +107,7 @@ def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, st
         model.metadata["tokenizer"] = cfg.task.tokenizer
     prepare_model(model, cfg)
     optimizer = make_optimizer(model, tc)
-    log = _Logger(out / METRICS_FILE, on_metrics, quiet)
+    log = _Logger(out / METRICS_FILE, on_metrics, quiet or not shard.main, write=shard.main)
 
     ckpt = out / CHECKPOINT_DIR
     start = 0
@@ -115,24 +121,20 @@ def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, st
     end = tc.steps if stop_at is None else min(tc.steps, stop_at)
 
     def checkpoint(step: int) -> None:
-        save_training_state(ckpt, model, optimizer, {"step": step, "trial_key": cfg.trial_key()})
+        if shard.main:
+            save_training_state(ckpt, model, optimizer, {"step": step, "trial_key": cfg.trial_key()})
 
     def evaluate(step: int) -> dict[str, float]:
-        eval_set = task.eval_batch()
-        if tc.eval_limit:
-            eval_set = eval_set.slice(0, tc.eval_limit)
-        kw = dict(batch_size=tc.eval_batch_size, device=device, precision=tc.precision)
-        metrics = evaluate_exact_match(model, eval_set, **kw)
+        records = _evaluation_records(model, task, cfg, device) if shard.main else None
+        metrics, exit_records = shard.broadcast(records)
         quality = (f"ppl {metrics['ppl']:.3f}  next-token acc {metrics['accuracy']:.4f}" if cfg.task.kind == "text"
                    else f"exact match {metrics['accuracy']:.4f}  loss {metrics['loss']:.4f}")
         log.record({"kind": "eval", "step": step, **metrics}, f"eval @ {step}: {quality}  (n={metrics['n']})")
-        if cfg.stage != "pretrain":  # a gate exists: how do exits trade compute for quality?
-            # Forced depths 1..R are the fixed-depth baseline every exit policy is compared with.
-            for rec in threshold_sweep(model, eval_set, forced=True, **kw):
-                policy = f"q={rec['q']:.1f}" if rec["mode"] != "forced" else f"d={rec['depth']}"
-                log.record({"kind": "eval_exit", "step": step, **rec},
-                           f"  {rec['mode']:6s} {policy}: loops {rec['executed_loops']:.2f}  "
-                           f"exit {rec['mean_exit_step']:.2f}  acc {rec['accuracy']:.4f}  loss {rec['loss']:.4f}")
+        for rec in exit_records:
+            policy = f"q={rec['q']:.1f}" if rec["mode"] != "forced" else f"d={rec['depth']}"
+            log.record({"kind": "eval_exit", "step": step, **rec},
+                       f"  {rec['mode']:6s} {policy}: loops {rec['executed_loops']:.2f}  "
+                       f"exit {rec['mean_exit_step']:.2f}  acc {rec['accuracy']:.4f}  loss {rec['loss']:.4f}")
         return metrics
 
     result = TrainResult(out_dir=out, step=start)
@@ -145,23 +147,30 @@ def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, st
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, tc)
         t_step = time.perf_counter()
-        batch = task.train_batch(step, tc.batch_size, tc.seq_len, tc.seed).to(device)
+        batch = task.train_batch(step, tc.batch_size, tc.seq_len, tc.seed)
+        if shard.world > 1:
+            mine = shard.rows(tc.batch_size)
+            batch = batch.slice(mine.start, mine.stop)
+        batch = batch.to(device)
         with autocast_context(device, tc.precision):
-            loss, diag = minibatch_loss(model, batch, cfg, step)
+            loss, diag = minibatch_loss(model, batch, cfg, step, shard=shard)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         trainable = [p for p in model.parameters() if p.requires_grad]
+        shard.average_gradients(trainable)
         grad_norm = torch.nn.utils.clip_grad_norm_(trainable, tc.grad_clip if tc.grad_clip > 0 else math.inf)
         optimizer.step()
 
-        loss_value = loss.item()
+        # Every rank logs the same (averaged) numbers and so stops together on a NaN.
+        means_now = shard.average({"loss": loss.item(), **{k: float(v) for k, v in diag.items()}})
+        loss_value = means_now.pop("loss")
         if not math.isfinite(loss_value):
             checkpoint(step)  # keep what there is for post-mortems, then stop loudly
             raise FloatingPointError(f"training loss became {loss_value} at step {step}")
         train_time += time.perf_counter() - t_step  # evaluation and checkpoints excluded
         result.losses.append(loss_value)
-        window.append({"loss": loss_value, **{k: float(v) for k, v in diag.items()}})
-        tokens += batch.ids.numel()
+        window.append({"loss": loss_value, **means_now})
+        tokens += batch.ids.numel() * shard.world
         done = step + 1
         if done % tc.log_every == 0 or done == end:
             rate = tokens / train_time
@@ -194,6 +203,19 @@ def _window_means(window: list[dict[str, float]]) -> dict[str, float]:
     return {k: sum(rec[k] for rec in window if k in rec) / sum(k in rec for rec in window) for k in sorted(keys)}
 
 
+def _evaluation_records(model, task, cfg: ExperimentConfig, device) -> tuple[dict[str, float], list[dict]]:
+    """The full-depth evaluation and, for gated stages, the threshold sweep with the
+    forced depths 1..R: the fixed-depth baseline every exit policy is compared with."""
+    tc = cfg.train
+    eval_set = task.eval_batch()
+    if tc.eval_limit:
+        eval_set = eval_set.slice(0, tc.eval_limit)
+    kw = dict(batch_size=tc.eval_batch_size, device=device, precision=tc.precision)
+    metrics = evaluate_exact_match(model, eval_set, **kw)
+    exit_records = threshold_sweep(model, eval_set, forced=True, **kw) if cfg.stage != "pretrain" else []
+    return metrics, exit_records
+
+
 def load_parent(model: torch.nn.Module, cfg: ExperimentConfig) -> None:
     """Start from the parent stage's weights; the architecture must match."""
     if not is_checkpoint(cfg.init_from):
@@ -207,16 +229,17 @@ def load_parent(model: torch.nn.Module, cfg: ExperimentConfig) -> None:
 class _Logger:
     """Progress lines on stderr and one JSON record per line in metrics.jsonl."""
 
-    def __init__(self, path: Path, callback, quiet: bool):
-        self.path, self.callback, self.quiet = path, callback, quiet
+    def __init__(self, path: Path, callback, quiet: bool, write: bool = True):
+        self.path, self.callback, self.quiet, self.write = path, callback, quiet, write
 
     def say(self, line: str) -> None:
         if not self.quiet:
             print(line, file=sys.stderr, flush=True)
 
     def record(self, record: dict[str, Any], line: str) -> None:
-        with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+        if self.write:
+            with self.path.open("a") as f:
+                f.write(json.dumps(record) + "\n")
         if self.callback:
             self.callback(record)
         self.say(line)

@@ -13,27 +13,23 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sweeps.common import Sweep, main, parse_sets  # noqa: E402
+from sweeps.common import Sweep, main, parse_list, parse_sets  # noqa: E402
 from trainables.pipeline import PipelineSpec  # noqa: E402
 
-BETAS = [0.05, 0.1, 0.25, 0.5, 1.0]
+BETAS = "0.05,0.1,0.25,0.5,1.0"
 
 
-def add_flags(argv: list[str] | None) -> tuple[list[float], list[str] | None]:
-    """--betas is this sweep's own flag; the rest are common."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    betas = BETAS
-    if "--betas" in argv:
-        i = argv.index("--betas")
-        text = argv[i + 1] if i + 1 < len(argv) else ""
-        betas = [float(b) for b in text.split(",") if b.strip()]
-        del argv[i:i + 2]
-    return betas, argv
+def flags(p) -> None:
+    p.add_argument("--betas", default=BETAS, help=f"β values (default {BETAS})")
+    p.add_argument("--stage1-steps", type=int, default=0, help="Stage-1 steps (default: the preset's steps)")
 
 
-def beta_ablation(args, betas: list[float]) -> Sweep:
+def beta_ablation(args, betas: list[float] | None = None) -> Sweep:
+    betas = betas if betas is not None else parse_list("--betas", getattr(args, "betas", BETAS))
     overrides = {"model.n_loops": 4, **parse_sets(args.set)}  # loop-4, as in App. E
+    stage1 = {"train.steps": args.stage1_steps} if getattr(args, "stage1_steps", 0) else {}
     spec = PipelineSpec(preset=args.preset, stages=("pretrain", "stage1"), overrides=overrides,
+                        stage_overrides={"stage1": stage1} if stage1 else {},
                         searched={"beta": "exit.beta"}, searched_stages=("stage1",))
     return Sweep(name="beta_ablation", spec=spec, grid={"beta": betas}, ranges={"beta": (0.01, 2.0, "log")},
                  metric="val_ppl", mode="min",
@@ -41,9 +37,4 @@ def beta_ablation(args, betas: list[float]) -> Sweep:
 
 
 if __name__ == "__main__":
-    try:
-        betas, rest = add_flags(None)
-    except ValueError:
-        print("error: --betas is invalid; allowed: comma-separated floats >= 0, e.g. 0.1,0.5", file=sys.stderr)
-        sys.exit(2)
-    sys.exit(main(lambda args: beta_ablation(args, betas), __doc__.splitlines()[0], rest))
+    sys.exit(main(beta_ablation, __doc__.splitlines()[0], add_flags=flags))

@@ -35,13 +35,17 @@ DEFAULT_PRESET = "debug" if "debug" in PRESETS else "phop-debug"
 class Sweep:
     """A sweep declaration.
 
-    grid: param -> the values the grid takes (the params of PipelineSpec.searched).
+    grid: param -> the values the grid takes (the params of PipelineSpec.searched);
+      the grid is their product.
+    points: param dicts taken together, e.g. paired N⊗R values [{"n_layers": 4,
+      "n_loops": 6}, ...]; crossed with the grid's product when both are given.
     ranges: param -> (low, high, "log" | "linear") for --search optuna.
     """
 
     name: str
     spec: PipelineSpec
-    grid: dict[str, list[Any]]
+    grid: dict[str, list[Any]] = field(default_factory=dict)
+    points: tuple[dict[str, Any], ...] = ()
     ranges: dict[str, tuple[float, float, str]] = field(default_factory=dict)
     metric: str = "val_ppl"
     mode: str = "min"
@@ -85,6 +89,28 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
+def parse_list(flag: str, text: str, kind: type = float, example: str = "0.1,0.5") -> list[Any]:
+    """A comma-separated flag value: one-line error naming the flag when malformed."""
+    try:
+        values = [kind(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values:
+        fail(flag, text, f"comma-separated {kind.__name__}s, e.g. {example}")
+    return values
+
+
+def parse_pairs(flag: str, text: str) -> tuple[dict[str, int], ...]:
+    """N⊗R pairs written NxR, e.g. "4x1,4x6" -> ({"n_layers": 4, "n_loops": 1}, ...)."""
+    pairs = []
+    for item in text.split(","):
+        n, x, r = item.strip().lower().partition("x")
+        if not (x and n.isdigit() and r.isdigit() and int(n) >= 1 and int(r) >= 1):
+            fail(flag, text, "comma-separated NxR pairs with N, R >= 1, e.g. 4x1,4x6,24x1")
+        pairs.append({"n_layers": int(n), "n_loops": int(r)})
+    return tuple(pairs)
+
+
 def parse_sets(items: list[str]) -> dict[str, Any]:
     from looplab.config import parse_value
 
@@ -97,10 +123,11 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
     return out
 
 
-def grid_points(sweep: Sweep, seeds: list[int]) -> list[dict[str, Any]]:
+def grid_points(sweep: Sweep) -> list[dict[str, Any]]:
+    """Every grid point (seed aside): the grid's product, crossed with the paired points."""
     names = list(sweep.grid)
-    return [dict(zip(names, values), seed=seed)
-            for values in itertools.product(*(sweep.grid[n] for n in names)) for seed in seeds]
+    product = [dict(zip(names, values)) for values in itertools.product(*(sweep.grid[n] for n in names))]
+    return [{**p, **q} for p in product for q in (sweep.points or ({},))]
 
 
 @dataclass(frozen=True)
@@ -125,8 +152,6 @@ def plan_resources(args, local: bool) -> Resources:
         fail("--gpus-per-worker", args.gpus_per_worker, "0 here (no CUDA device on this machine)")
     if local and args.num_workers > cpus:
         fail("--num-workers", args.num_workers, f"an integer in [1, {int(cpus)}] (CPUs on this machine)")
-    if args.num_workers > 1:
-        fail("--num-workers", args.num_workers, "1 (looplab.train is single-process; DDP workers are not built yet)")
     if args.max_concurrent_trials < 0:
         fail("--max-concurrent-trials", args.max_concurrent_trials, "an integer >= 1 (0: what fits)")
     if args.cpus_per_worker < 0:
@@ -165,7 +190,9 @@ def validate(sweep: Sweep, args) -> tuple[list[dict[str, Any]], Resources]:
         for name, values in sweep.grid.items():
             if not values:
                 fail(f"grid.{name}", values, "a non-empty list of values")
-        points = grid_points(sweep, seeds)
+        if not sweep.grid and not sweep.points:
+            fail("grid", {}, "at least one point")
+        points = [{**p, "seed": seed} for p in grid_points(sweep) for seed in seeds]
     else:
         if args.num_samples < 1:
             fail("--num-samples", args.num_samples, "an integer >= 1")
@@ -180,7 +207,10 @@ def validate(sweep: Sweep, args) -> tuple[list[dict[str, Any]], Resources]:
     if not points:
         fail("grid", {}, "at least one point")
     for point in points:  # each stage's config validates itself: β < 0, hp > 1, depth outside [1, R], ...
-        stage_configs(sweep.spec, point, args.storage_path)
+        for cfg in stage_configs(sweep.spec, point, args.storage_path):
+            if args.num_workers >= 1 and cfg.train.batch_size % args.num_workers:
+                fail("--num-workers", args.num_workers, f"a divisor of {cfg.stage}'s batch size "
+                     f"{cfg.train.batch_size} (every worker trains an equal share)")
     return points, plan_resources(args, local=not args.address)
 
 
@@ -192,7 +222,8 @@ def short_hash(obj: Any) -> str:
 
 def sweep_key(sweep: Sweep, args) -> str:
     """Names the sweep's Ray Tune run: its declaration, never a timestamp."""
-    return short_hash({"spec": sweep.spec.to_dict(), "grid": sweep.grid, "ranges": sweep.ranges,
+    return short_hash({"spec": sweep.spec.to_dict(), "grid": sweep.grid, "points": sweep.points,
+                       "ranges": sweep.ranges,
                        "search": args.search, "num_samples": args.num_samples, "seeds": args.seeds,
                        "scheduler": args.scheduler})
 
@@ -215,16 +246,16 @@ def describe(sweep: Sweep, args, points: list[dict[str, Any]], res: Resources) -
             unique.setdefault(f"{c.stage}-{c.trial_key()}", c)
     if args.search == "optuna":
         lines.append(f"  (Optuna samples {args.num_samples} trials within {sweep.ranges}; corners shown)")
-    shared = sum(len(sweep.spec.stages) for _ in points) - len(unique)
+    shared = sum(len(sweep.spec.stages_of(p)) for p in points) - len(unique)
     lines += ["", f"stages: {len(unique)} to train ({shared} reused across trials)"]
     total_flops = total_tokens = 0.0
     for name, c in unique.items():
         tokens = c.train.steps * c.train.batch_size * c.train.seq_len
-        flops = 6.0 * _backbone_params(c) * c.model.n_loops * tokens
+        flops = _training_flops(c)
         total_flops, total_tokens = total_flops + flops, total_tokens + tokens
         lines.append(f"  {name}: {c.train.steps} steps × {c.train.batch_size} × {c.train.seq_len} tokens "
                      f"≈ {flops:.2e} training FLOPs")
-    lines += ["", f"compute: {total_tokens:,.0f} training tokens, ≈ {total_flops:.2e} FLOPs (6·P·R·tokens)",
+    lines += ["", f"compute: {total_tokens:,.0f} training tokens, ≈ {total_flops:.2e} FLOPs (6·(P_backbone·R + P_head)·tokens)",
               "resources: " + (f"local Ray, {res.cpus:g} CPUs, {res.gpus} GPUs" if not args.address
                                else f"Ray cluster at {args.address}"),
               f"  {res.max_concurrent} concurrent trial(s) × ({TRIAL_CPU} CPU trial + {args.num_workers} worker(s) × "
@@ -233,17 +264,20 @@ def describe(sweep: Sweep, args, points: list[dict[str, Any]], res: Resources) -
     return "\n".join(lines)
 
 
-def _backbone_params(cfg) -> int:
-    """Parameters of one application of the backbone (embeddings excluded), built on
-    the meta device so even the paper presets cost no memory."""
+def _training_flops(cfg) -> float:
+    """6 × (backbone parameters × R + head parameters) × training tokens: the
+    backbone runs R times per token, the LM head once (embeddings cost no matmul).
+    Built on the meta device, so even the paper presets cost no memory."""
     import torch
 
     from looplab.models.looped import LoopedLM
 
     with torch.device("meta"):
         model = LoopedLM(cfg.model)
-    embed = cfg.model.vocab_size * cfg.model.d_model
-    return max(1, sum(p.numel() for p in model.parameters()) - embed)
+    backbone = sum(p.numel() for p in model.backbone.parameters())
+    head = sum(p.numel() for p in model.lm_head.parameters())
+    tokens = cfg.train.steps * cfg.train.batch_size * cfg.train.seq_len
+    return 6.0 * (backbone * cfg.model.n_loops + head) * tokens
 
 
 # ---- the run -----------------------------------------------------------------------
@@ -253,7 +287,7 @@ def run_sweep(sweep: Sweep, args, points: list[dict[str, Any]], res: Resources) 
     import ray
 
     from looplab import tracking
-    from trainables.trial import PlatformSettings
+    from trainables.trial import PlatformSettings, trial_params
 
     storage = Path(args.storage_path).expanduser().resolve()
     storage.mkdir(parents=True, exist_ok=True)
@@ -290,7 +324,7 @@ def run_sweep(sweep: Sweep, args, points: list[dict[str, Any]], res: Resources) 
             results = _fit(sweep, args, platform, points, res, storage / "ray_tune", run_name)
         rows = []
         for result in results:
-            params = {k: v for k, v in result.config.items() if k not in ("spec", "platform")}
+            params = trial_params(result.config)
             metrics = result.metrics or {}
             rows.append({**params, **{k: metrics.get(k) for k in sweep.columns},
                          "trial_key": metrics.get("trial_key", ""),
@@ -304,7 +338,7 @@ def run_sweep(sweep: Sweep, args, points: list[dict[str, Any]], res: Resources) 
 def _fit(sweep: Sweep, args, platform, points, res: Resources, tune_path: Path, run_name: str):
     from ray import tune
 
-    from trainables.trial import run_trial
+    from trainables.trial import run_trial, trial_params
 
     trainable = tune.with_resources(run_trial, {"cpu": TRIAL_CPU})
     path = tune_path / run_name
@@ -314,8 +348,8 @@ def _fit(sweep: Sweep, args, platform, points, res: Resources, tune_path: Path, 
     space: dict[str, Any] = {"spec": sweep.spec.to_dict(), "platform": platform.to_dict()}
     search_alg, scheduler, samples = None, None, 1
     if args.search == "grid":
-        names = list(sweep.grid)
-        space.update({n: tune.grid_search(sweep.grid[n]) for n in names})
+        # One grid_search over whole points: paired values stay paired.
+        space["point"] = tune.grid_search(grid_points(sweep))
         space["seed"] = tune.grid_search(parse_seeds(args.seeds))
     else:
         from ray.tune.search.optuna import OptunaSearch
@@ -332,7 +366,7 @@ def _fit(sweep: Sweep, args, platform, points, res: Resources, tune_path: Path, 
         scheduler = ASHAScheduler(metric=sweep.metric, mode=sweep.mode, grace_period=1)
 
     def name_of(trial) -> str:
-        return trial_name({k: v for k, v in trial.config.items() if k not in ("spec", "platform")})
+        return trial_name(trial_params(trial.config))
 
     tuner = tune.Tuner(
         trainable, param_space=space,
@@ -366,8 +400,14 @@ def _cell(v: Any) -> str:
     return "" if v is None else str(v)
 
 
-def main(make_sweep: Callable[[argparse.Namespace], Sweep], description: str, argv: list[str] | None = None) -> int:
-    args = parser(description).parse_args(argv)
+def main(make_sweep: Callable[[argparse.Namespace], Sweep], description: str, argv: list[str] | None = None,
+         add_flags: Callable[[argparse.ArgumentParser], None] | None = None) -> int:
+    """Parse the common flags (and the sweep's own, via add_flags, which may also
+    change the common defaults), check everything, then dry-run or run."""
+    p = parser(description)
+    if add_flags is not None:
+        add_flags(p)
+    args = p.parse_args(argv)
     try:
         sweep = make_sweep(args)
         points, res = validate(sweep, args)

@@ -7,7 +7,12 @@ The end-to-end test is marked `ray` (about 2 minutes on 2 busy cores); skip it w
 from __future__ import annotations
 
 import copy
+import json
+import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -140,7 +145,7 @@ def test_tracking_conventions(tmp_path):
 def test_tiny_beta_sweep_end_to_end(tmp_path, capsys):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     argv = TINY + ["--tracking-uri", uri, "--storage-path", str(tmp_path / "store")]
-    assert run_beta(argv) == 0
+    assert run_beta(argv + ["--num-workers", "2"]) == 0  # two data-parallel gloo workers per stage
     out = capsys.readouterr().out
     assert "MLflow:" in out and "dashboard:" in out
 
@@ -159,3 +164,65 @@ def test_tiny_beta_sweep_end_to_end(tmp_path, capsys):
     assert run_beta(argv) == 0
     assert "reused" in capsys.readouterr().out
     assert len(mc.search_runs([exp], filter_string="tags.level = 'trial'")) == 2
+
+
+def stage_records(store: Path, stage: str) -> list[dict]:
+    (run_dir,) = (store / "stages").glob(f"{stage}-*")
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.ray
+def test_killed_worker_resumes_from_its_checkpoint(tmp_path, monkeypatch):
+    store = tmp_path / "store"
+    monkeypatch.setenv("LOOPLAB_TEST_KILL_WORKER_AT_STEP", "3")  # SIGKILL once, after the step-2 checkpoint
+    argv = ["--preset", "phop-debug", "--set", "train.steps=4", "--set", "train.ckpt_every=2",
+            "--set", "train.log_every=1", "--set", "train.eval_every=0", "--set", "train.eval_limit=16",
+            "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", "--storage-path", str(store)]
+    assert run_beta(argv, betas=(0.1,)) == 0
+    steps = [r["step"] for r in stage_records(store, "pretrain") if r["kind"] == "train"]
+    # Steps 1-3 ran, the worker died after logging step 3, the restarted group resumed
+    # from the step-2 checkpoint: step 3 twice, steps 1-2 once (not a restart from 0).
+    assert steps == [1, 2, 3, 3, 4], steps
+    assert list((store / "stages").glob("pretrain-*/.killed_once"))
+
+
+def finished_trials(uri: str, experiment: str) -> list:
+    mc = tracking.client(uri)
+    exp = mc.get_experiment_by_name(experiment)
+    if exp is None:
+        return []
+    return mc.search_runs([exp.experiment_id], filter_string="tags.level = 'trial' and attributes.status = 'FINISHED'")
+
+
+@pytest.mark.ray
+def test_killed_driver_then_resume_completes_without_rerun_or_duplicates(tmp_path):
+    store, uri = tmp_path / "store", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    argv = [sys.executable, str(REPO / "sweeps" / "beta_ablation.py"), *TINY, "--betas", "0.1,0.5,1.0",
+            "--max-concurrent-trials", "1", "--tracking-uri", uri, "--storage-path", str(store)]
+    driver = subprocess.Popen(argv, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 600
+        while not finished_trials(uri, "beta_ablation-phop-debug"):
+            assert driver.poll() is None and time.time() < deadline, "the sweep ended before it could be killed"
+            time.sleep(2)
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)  # the driver and every process it started
+        driver.wait()
+        subprocess.run(["ray", "stop", "--force"], capture_output=True)
+    done_before = {p: p.stat().st_mtime_ns for p in (store / "stages").glob("*/done.json")}
+    finished_before = {r.data.tags["trial_key"] for r in finished_trials(uri, "beta_ablation-phop-debug")}
+    assert done_before and 0 < len(finished_before) < 3
+
+    assert subprocess.run(argv + ["--resume"], capture_output=True).returncode == 0
+    mc = tracking.client(uri)
+    exp = mc.get_experiment_by_name("beta_ablation-phop-debug").experiment_id
+    trials = mc.search_runs([exp], filter_string="tags.level = 'trial'")
+    assert len(trials) == 3 and all(r.info.status == "FINISHED" for r in trials)  # no duplicate trial runs
+    stages = mc.search_runs([exp], filter_string="tags.level = 'stage'")
+    keys = [(r.data.tags["trial_key"], r.data.tags["mlflow.parentRunId"]) for r in stages]
+    assert len(keys) == len(set(keys)) == 6  # one pretrain + one stage1 run per trial, none twice
+    assert sum(r.data.tags["reused"] == "false" for r in stages if r.data.tags["stage"] == "pretrain") == 1
+    # Stages finished before the kill were not trained again.
+    assert all(p.stat().st_mtime_ns == t for p, t in done_before.items())
+    assert len(list((store / "stages").glob("*/done.json"))) == 4  # 1 pretrain + 3 stage1
+    assert len(mc.search_runs([exp], filter_string="tags.level = 'sweep'")) == 1  # --resume continued its run

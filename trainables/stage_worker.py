@@ -5,8 +5,10 @@ and resumes from it, so when Ray Train restarts the worker group (FailureConfig)
 the relaunched loop continues from the last checkpoint. The folder lives in the
 sweep's storage path, which a cluster must share between nodes.
 
-Only rank 0 logs to MLflow. One worker today: looplab.train is single-process, so
-a worker group > 1 would train copies, not shards (sweeps/common.py rejects it).
+Several workers train data-parallel (looplab/distributed.py: each rank its rows of
+every global batch, gradients averaged over the gloo/NCCL group Ray Train set up).
+Only rank 0 logs to MLflow; every rank reports the same records to Ray Train,
+whose report is a barrier all workers must reach equally often.
 """
 
 from __future__ import annotations

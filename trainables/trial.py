@@ -8,7 +8,8 @@ rerun or resumed sweep never trains a finished trial_key twice.
 
 config (Tune's param space, resolved):
   spec:     PipelineSpec.to_dict()
-  params:   the sampled values, e.g. {"beta": 0.1, "seed": 0}
+  point:    a grid point's values, e.g. {"beta": 0.1} (grid search)
+  <name>:   a searcher's sampled values, and "seed"
   platform: PlatformSettings as a dict (tracking, storage, resources, run ids)
 """
 
@@ -24,9 +25,6 @@ from looplab.config import ExperimentConfig
 from trainables.pipeline import PipelineSpec, stage_configs, stage_dir
 from trainables.shared_stage import read_done, stage_lock, write_done
 from trainables.stage_worker import stage_worker_loop
-
-# The summary a trial reports last: what searchers, schedulers and tables read.
-SUMMARY_METRICS = ("val_ppl", "val_accuracy", "val_loss", "exit_entropy", "expected_exit_step", "loss")
 
 
 @dataclass(frozen=True)
@@ -46,8 +44,10 @@ class PlatformSettings:
 
 
 def trial_params(config: dict[str, Any]) -> dict[str, Any]:
-    """The sampled values of a resolved Tune config (grid values or searcher samples)."""
-    return {k: v for k, v in config.items() if k not in ("spec", "platform")}
+    """The sampled values of a resolved Tune config: a grid point's values (under
+    "point") or a searcher's samples, and the seed."""
+    params = {k: v for k, v in config.items() if k not in ("spec", "platform", "point")}
+    return {**config.get("point", {}), **params}
 
 
 def run_trial(config: dict[str, Any]) -> None:
@@ -80,8 +80,9 @@ def run_trial(config: dict[str, Any]) -> None:
 
 
 def _summary(mc, run_id: str) -> dict[str, float]:
-    metrics = tracking.latest_metrics(mc, run_id)
-    return {k: metrics[k] for k in SUMMARY_METRICS if k in metrics}
+    """The trial's last value of every metric (its last stage's): searchers and
+    schedulers read `Sweep.metric`, the summary table `Sweep.columns`."""
+    return tracking.latest_metrics(mc, run_id)
 
 
 def _run_stage(cfg: ExperimentConfig, platform: PlatformSettings, mc, experiment_id: str, trial_run: str,
