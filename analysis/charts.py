@@ -1,0 +1,137 @@
+"""What each figure shows, as plain data: one ChartSpec drawn twice, as a PNG
+(analysis.plots, matplotlib) and as an interactive SVG in the HTML report
+(analysis.report). Building the spec once keeps the two in agreement.
+
+  frontier_chart  quality against compute per series (method × policy by default):
+                  every point (with its seed interval), the Pareto frontier as a step
+                  line (Fig. 3).
+  skip_chart      perplexity under skip against executed loops per method, full
+                  compute as a dashed line (Fig. 2).
+  beta_charts     exit entropy and expected exit step over training, one curve per β
+                  (mean over seeds at each step, cut to the steps every curve has:
+                  App. E, Figs. 6–7).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import polars as pl
+
+from analysis import names
+
+PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+           "#17becf")
+
+
+@dataclass
+class Point:
+    x: float
+    y: float
+    label: str
+    lo: float | None = None  # the seed interval of y, when there is one
+    hi: float | None = None
+    on_frontier: bool = False
+
+
+@dataclass
+class Series:
+    name: str
+    color: str
+    points: list[Point] = field(default_factory=list)
+    line: list[tuple[float, float]] = field(default_factory=list)
+    shape: str = "step"  # step | linear
+    dashed: bool = False
+
+
+@dataclass
+class ChartSpec:
+    name: str  # file stem of the PNG
+    title: str
+    x_label: str
+    y_label: str
+    series: list[Series]
+    log_y: bool = False
+    hlines: list[tuple[float, str]] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        def num(v):
+            return None if v is None or (isinstance(v, float) and not math.isfinite(v)) else v
+
+        return {"name": self.name, "title": self.title, "xLabel": self.x_label, "yLabel": self.y_label,
+                "logY": self.log_y, "hlines": [{"y": num(y), "label": t} for y, t in self.hlines],
+                "series": [{"name": s.name, "color": s.color, "shape": s.shape, "dashed": s.dashed,
+                            "line": [[num(x), num(y)] for x, y in s.line],
+                            "points": [{"x": num(p.x), "y": num(p.y), "lo": num(p.lo), "hi": num(p.hi),
+                                        "label": p.label, "frontier": p.on_frontier} for p in s.points]}
+                           for s in self.series]}
+
+
+def _log_scale(values) -> bool:
+    """Log y when every value is positive and they span more than a factor of 20 (ppl blow-ups)."""
+    values = [v for v in values if v is not None and math.isfinite(v)]
+    return bool(values) and min(values) > 0 and max(values) / min(values) > 20
+
+
+def frontier_chart(frontier: pl.DataFrame, compute: str, quality: str, *, compute_label: str,
+                   quality_label: str, title: str) -> ChartSpec:
+    """frontier: rows with series, compute, quality, quality_ci_low/high, on_frontier, label, point."""
+    series = []
+    for i, (name, group) in enumerate(frontier.group_by("series", maintain_order=True)):
+        name = name[0] if isinstance(name, tuple) else name
+        pts = [Point(r["compute"], r["quality"], f"{r['label']} · {r['point']} ({r['stage']})",
+                     r.get("quality_ci_low"), r.get("quality_ci_high"), bool(r["on_frontier"]))
+               for r in group.sort("compute").iter_rows(named=True)]
+        line = [(p.x, p.y) for p in pts if p.on_frontier]
+        series.append(Series(str(name), PALETTE[i % len(PALETTE)], pts, line, "step"))
+    return ChartSpec("frontier", title, compute_label, quality_label, series,
+                     log_y=_log_scale(frontier["quality"].to_list()) and names.higher_is_better(quality) is False)
+
+
+def skip_chart(agg: pl.DataFrame) -> ChartSpec | None:
+    final = agg.filter(pl.col("is_final_stage"))
+    skip = final.filter((pl.col("policy") == names.SKIP) & pl.col("ppl").is_not_null())
+    if skip.is_empty():
+        return None
+    series, hlines = [], []
+    for i, (key, group) in enumerate(skip.sort("label").group_by("label", maintain_order=True)):
+        label = key[0] if isinstance(key, tuple) else key
+        group = group.sort("executed_loops")
+        pts = [Point(r["executed_loops"], r["ppl"], f"{label} · q={names.q_name(r['q'])}", r.get("ppl_ci_low"),
+                     r.get("ppl_ci_high")) for r in group.iter_rows(named=True)]
+        series.append(Series(f"{label} skip", PALETTE[i % len(PALETTE)], pts, [(p.x, p.y) for p in pts], "linear"))
+        full = final.filter((pl.col("policy") == names.FULL) & (pl.col("label") == label))["ppl"].drop_nulls()
+        if full.len():
+            hlines.append((float(full[0]), f"{label} full compute"))
+    values = skip["ppl"].to_list() + [y for y, _ in hlines]
+    return ChartSpec("skip_ppl", "Perplexity under skip as compute falls", "executed loops", "validation perplexity",
+                     series, log_y=_log_scale(values), hlines=hlines)
+
+
+def beta_charts(histories: pl.DataFrame, *, n_loops: int | None = None) -> list[ChartSpec]:
+    """histories: run_id, key, step, value, beta (one training run per seed and β).
+    With n_loops R, the entropy chart marks its maximum log R."""
+    charts = []
+    titles = {"exit_entropy": ("Exit entropy during training", "exit entropy"),
+              "expected_exit_step": ("Expected exit step during training", "expected exit step")}
+    for key in names.BETA_DIAGNOSTICS:
+        rows = histories.filter((pl.col("key") == key) & pl.col("value").is_not_null())
+        if rows.is_empty():
+            continue
+        # The common training range: every curve reaches it (App. E truncates the same way).
+        last_step = rows.group_by("run_id").agg(pl.col("step").max())["step"].min()
+        rows = rows.filter(pl.col("step") <= last_step)
+        mean = (rows.group_by("beta", "step").agg(pl.col("value").mean(), pl.col("run_id").n_unique().alias("n"))
+                .sort("beta", "step", nulls_last=True))
+        series = []
+        for i, (beta, group) in enumerate(mean.group_by("beta", maintain_order=True)):
+            beta = beta[0] if isinstance(beta, tuple) else beta
+            name = f"β={beta:g}" if beta is not None else "β=?"
+            pts = [Point(float(r["step"]), r["value"], f"{name} step {r['step']} (n={r['n']})")
+                   for r in group.iter_rows(named=True)]
+            series.append(Series(name, PALETTE[i % len(PALETTE)], pts, [(p.x, p.y) for p in pts], "linear"))
+        title, label = titles[key]
+        hlines = [(math.log(n_loops), f"max entropy log {n_loops}")] if key == "exit_entropy" and n_loops else []
+        charts.append(ChartSpec(f"beta_{key}", title, "training step", label, series, hlines=hlines))
+    return charts

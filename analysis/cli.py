@@ -1,0 +1,80 @@
+"""The command line of the analysis layer (run as `python analysis/frontier.py` or
+`python -m analysis.frontier`):
+
+    python analysis/frontier.py --tracking-uri sqlite:///runs/beta/mlflow.db \\
+        --experiment beta_ablation-debug --out runs/beta/analysis
+
+Writes frontier.csv, the tables (Markdown + CSV), the PNGs and report.html into --out,
+logs them as artifacts of the sweep run (--sweep-run, else the newest level=sweep run
+of the experiments) unless --no-log, and prints where everything is. A problem with
+the input (unknown experiment, a metric no run logged, mixed schemas that make the
+asked-for analysis impossible) is one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from analysis.errors import AnalysisError
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python analysis/frontier.py",
+                                description="Frontiers, tables, plots and an HTML report from looplab's MLflow runs.")
+    p.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI", ""),
+                   help="MLflow URI, e.g. sqlite:///runs/beta/mlflow.db (default $MLFLOW_TRACKING_URI)")
+    p.add_argument("--experiment", action="append", default=[], metavar="NAME",
+                   help="experiment name, e.g. beta_ablation-debug (repeatable)")
+    p.add_argument("--sweep-run", default=None, metavar="ID",
+                   help="the sweep's parent run: artifacts go there; with --scope sweep only its trials are read")
+    p.add_argument("--scope", choices=("experiment", "sweep"), default="experiment",
+                   help="read every run of the experiments (default) or only the --sweep-run subtree")
+    p.add_argument("--out", required=True, metavar="DIR", help="output folder")
+    p.add_argument("--compute", default="executed_loops",
+                   help="x axis: executed_loops | flops | time | any points.csv column (default executed_loops)")
+    p.add_argument("--quality", default="auto",
+                   help="y axis: auto | accuracy | ppl | loss | lm_eval_avg | lm_eval.<task> | <x>_best")
+    p.add_argument("--stage", default=None, help="stage whose evaluations form the frontier (default: each trial's "
+                                                  "final stage; 'all': every stage as its own series)")
+    p.add_argument("--series-by", action="append", default=None, metavar="COLUMN",
+                   help="split series by these columns (repeatable; default method and policy), "
+                        "e.g. --series-by params.hole.hp")
+    p.add_argument("--best-of-seeds", action="store_true",
+                   help="per configuration, the seed with the best full-depth quality (paper, Mano and p-hop)")
+    p.add_argument("--confidence", type=float, default=0.95, help="Student-t interval over seeds (default 0.95)")
+    p.add_argument("--budget", type=float, default=None, help="also report the best point with compute <= BUDGET")
+    p.add_argument("--all-statuses", action="store_true", help="keep unfinished trials (default: FINISHED only)")
+    p.add_argument("--no-log", action="store_true", help="do not log the files as MLflow artifacts")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    from analysis.report import build_report  # after parsing: --help stays instant
+
+    try:
+        paths = build_report(args.tracking_uri, args.experiment, args.out, sweep_run_id=args.sweep_run,
+                             log_artifacts=not args.no_log, compute=args.compute, quality=args.quality,
+                             stage=args.stage, series_by=args.series_by, best_of_seeds=args.best_of_seeds,
+                             confidence=args.confidence, budget=args.budget, scope=args.scope,
+                             statuses=None if args.all_statuses else ("FINISHED",), strict=True)
+    except AnalysisError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    notes = paths["notes.txt"].read_text().splitlines()
+    for note in notes:
+        print(f"note: {note}")
+    width = max(len(k) for k in paths)
+    for name, path in paths.items():
+        print(f"{name.ljust(width)}  {path}")
+    budget = paths.get("budget.csv")
+    if budget is not None:
+        print(f"\nbest under the budget ({budget}):\n{budget.read_text()}", end="")
+    print(f"\nopen {paths['report.html']} in a browser (no network needed)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

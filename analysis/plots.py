@@ -1,0 +1,48 @@
+"""ChartSpec → PNG for papers, with matplotlib's object API on the Agg canvas (no
+pyplot, no global backend switch: importing this never changes a notebook's backend,
+and it runs headless)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from analysis.charts import ChartSpec
+
+DPI = 150
+
+
+def render_png(spec: ChartSpec, path: Path) -> Path:
+    fig = Figure(figsize=(6.4, 4.2), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for s in spec.series:
+        xs = [p.x for p in s.points]
+        ys = [p.y for p in s.points]
+        if s.line:
+            lx, ly = zip(*s.line)
+            ax.plot(lx, ly, drawstyle="steps-post" if s.shape == "step" else "default", color=s.color,
+                    linestyle="--" if s.dashed else "-", linewidth=1.6, label=s.name)
+        low = [p.y - p.lo if p.lo is not None else 0.0 for p in s.points]
+        high = [p.hi - p.y if p.hi is not None else 0.0 for p in s.points]
+        if any(low) or any(high):
+            ax.errorbar(xs, ys, yerr=[low, high], fmt="none", ecolor=s.color, alpha=0.5, capsize=2, linewidth=0.8)
+        ax.scatter(xs, ys, s=18, color=s.color, alpha=0.85, label=None if s.line else s.name, zorder=3,
+                   edgecolors=["black" if p.on_frontier else "none" for p in s.points], linewidths=0.6)
+    for y, text in spec.hlines:
+        ax.axhline(y, color="grey", linestyle="--", linewidth=1.0)
+        ax.annotate(text, (0.01, y), xycoords=("axes fraction", "data"), fontsize=7, color="grey",
+                    va="bottom")
+    if spec.log_y:
+        ax.set_yscale("log")
+    ax.set_xlabel(spec.x_label)
+    ax.set_ylabel(spec.y_label)
+    ax.set_title(spec.title, fontsize=10)
+    ax.grid(True, alpha=0.3)
+    if spec.series:
+        ax.legend(fontsize=7, loc="best")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI)
+    return path

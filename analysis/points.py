@@ -1,0 +1,265 @@
+"""The evaluation-points table: one row per (trial, stage, evaluation point).
+
+An evaluation point is one way of running a trained model: policy `full` (val_*:
+all R loops, readout at R), `forced` at depth r (forced_d<r>_*), or an exit policy
+`dense` / `skip` at threshold q (<mode>_q<q>_*). Each stage run of a trial evaluates
+its own checkpoint, so a pretrain → stage1 → chase → stage2 trial has points for
+every stage (the paper's threshold tables show Stage 1 and Stage 2 side by side);
+`is_final_stage` marks the trial's own result. A trial without stage runs (logged
+by hand) is its own single stage.
+
+Columns:
+  identity   experiment, trial_run_id, run_id (the stage run read), trial_key,
+             trial_config_hash (groups seeds of a configuration), config_hash (the
+             stage's), stage_trial_key, seed, stage, is_final_stage, pipeline
+             (e.g. pretrain+stage1+chase+stage2), method (fixed | Ouro | CHASE),
+             model (N⊗R), label (method, N⊗R and the searched values), status
+  point      policy, q, depth, point (e.g. "skip q=0.4")
+  quantities executed_loops, mean_exit_step, accuracy, ppl, loss,
+             backbone_flops_per_token (last values), accuracy_best, ppl_best,
+             loss_best (best over the stage's evaluations), lm_eval.<task> and
+             lm_eval_avg when lm-eval scores were logged
+  compute    stage_seconds (this stage's training), pipeline_seconds (all stages up
+             to and including this one: what it cost to produce the model)
+  params     every params.<name> of the trial run (the final stage's config)
+
+Executed loops of the `full` point are R (params.model.n_loops) by definition; its
+FLOPs are those of forced depth R when that point was logged.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from analysis import names
+from analysis.errors import AnalysisError
+from analysis.load import PARAM, RunSet
+
+QUANTITIES = names.EXIT_METRICS
+BEST_QUANTITIES = tuple(q for q in QUANTITIES if names.higher_is_better(q) is not None)
+METHOD_FIXED, METHOD_OURO, METHOD_CHASE = "fixed", "Ouro", "CHASE"
+
+
+def evaluation_points(runs: RunSet, *, statuses=("FINISHED",)) -> pl.DataFrame:
+    """The evaluation-points table (see the module docstring). Trials whose status is
+    not in `statuses` (None: all) are left out, and runs.notes says how many.
+
+    Raises AnalysisError when no run carries an evaluation metric."""
+    trials = _trials(runs, statuses)
+    sources = _sources(runs.runs, trials)
+    metrics = _source_metrics(runs, sources)
+    parsed = _parse(metrics)
+    if parsed.is_empty():
+        found = sorted(set(runs.metrics["key"].to_list()))
+        shown = ", ".join(found[:8]) + (" ..." if len(found) > 8 else "") if found else "none"
+        raise AnalysisError(f"no evaluation metrics (val_*, forced_d<r>_*, <mode>_q<q>_*, lm_eval.*) in "
+                            f"{_experiments(runs)}; metrics found: {shown}")
+    wide = _pivot(parsed)
+    table = (wide.join(sources, on="run_id", how="left")
+             .join(_trial_identity(trials), on="trial_run_id", how="left"))
+    table = _full_point_compute(table)
+    table = _lm_eval_average(table)
+    table = _timing(table, runs.metrics, sources)
+    table = _training_end(table, runs.metrics)
+    return _order(table)
+
+
+def _experiments(runs: RunSet) -> str:
+    return ", ".join(repr(e) for e in runs.experiments.values())
+
+
+def _trials(runs: RunSet, statuses) -> pl.DataFrame:
+    table = runs.runs
+    levels = set(table["level"].drop_nulls().to_list())
+    if names.TRIAL in levels:
+        trials = table.filter(pl.col("level") == names.TRIAL)
+    elif not levels:  # runs logged without the platform's tree: each run is a trial
+        trials = table
+        runs.notes.append("no run carries a `level` tag: every run is read as a trial")
+    else:
+        raise AnalysisError(f"no trial runs (tag level=trial) in {_experiments(runs)}; levels found: "
+                            f"{', '.join(sorted(levels))}")
+    if statuses is not None:
+        kept = trials.filter(pl.col("status").is_in(list(statuses)))
+        if kept.height < trials.height:
+            other = trials.filter(~pl.col("status").is_in(list(statuses)))["status"].value_counts(sort=True)
+            said = ", ".join(f"{n} {s}" for s, n in other.iter_rows())
+            runs.notes.append(f"left out {trials.height - kept.height} unfinished trials ({said})")
+        trials = kept
+    # One run per (experiment, trial_key): the platform reuses runs by trial_key, so a
+    # duplicate comes from a race or a hand-made run; the newest wins.
+    if trials["trial_key"].drop_nulls().len():
+        before = trials.height
+        trials = (trials.sort("start_time")
+                  .unique(["experiment", pl.coalesce("trial_key", "run_id")], keep="last", maintain_order=True))
+        if trials.height < before:
+            runs.notes.append(f"{before - trials.height} duplicate trial runs (same trial_key): the newest kept")
+    return trials
+
+
+def _sources(table: pl.DataFrame, trials: pl.DataFrame) -> pl.DataFrame:
+    """The run each point is read from: the trials' stage runs, or the trial itself
+    when it has none. Columns: run_id, trial_run_id, stage, config_hash,
+    stage_trial_key, reused_from, pipeline, method, is_final_stage."""
+    trial_ids = trials["run_id"].implode()
+    stage_rows = table.filter((pl.col("level") == names.STAGE) & pl.col("parent_run_id").is_in(trial_ids))
+    stage_rows = stage_rows.select("run_id", pl.col("parent_run_id").alias("trial_run_id"), "stage", "config_hash",
+                                   pl.col("trial_key").alias("stage_trial_key"), "reused_from")
+    lone = trials.filter(~pl.col("run_id").is_in(stage_rows["trial_run_id"].implode())).select(
+        "run_id", pl.col("run_id").alias("trial_run_id"), "stage", "config_hash",
+        pl.col("trial_key").alias("stage_trial_key"), "reused_from")
+    sources = pl.concat([stage_rows, lone]).with_columns(
+        pl.col("stage").replace_strict({s: i for i, s in enumerate(names.STAGES)}, default=len(names.STAGES),
+                                       return_dtype=pl.Int64).alias("stage_order"))
+    pipelines = (sources.sort("stage_order").group_by("trial_run_id", maintain_order=True)
+                 .agg(pl.col("stage").fill_null("?").str.join("+").alias("pipeline")))
+    final = trials.select(pl.col("run_id").alias("trial_run_id"), pl.col("stage").alias("final_stage"))
+    return (sources.join(pipelines, on="trial_run_id", how="left").join(final, on="trial_run_id", how="left")
+            .with_columns(_method(pl.col("pipeline")).alias("method"),
+                          (pl.col("stage").eq_missing(pl.col("final_stage"))).alias("is_final_stage"))
+            .drop("final_stage"))
+
+
+def _method(pipeline: pl.Expr) -> pl.Expr:
+    """fixed: no exit gate was trained; CHASE: a chase stage ran; Ouro: gate stages without it."""
+    return (pl.when(pipeline.str.contains("chase")).then(pl.lit(METHOD_CHASE))
+            .when(pipeline.str.contains("stage1|stage2")).then(pl.lit(METHOD_OURO))
+            .otherwise(pl.lit(METHOD_FIXED)))
+
+
+def _source_metrics(runs: RunSet, sources: pl.DataFrame) -> pl.DataFrame:
+    """Metric summaries of the source runs. A reused stage run logged only its
+    original's final values, so its best/min/max come from that original when it was
+    loaded (the same training, with its whole history)."""
+    metrics = runs.metrics.join(sources.select("run_id", "reused_from"), on="run_id", how="inner")
+    original = runs.metrics.select(pl.col("run_id").alias("reused_from"), "key",
+                                   pl.col("best").alias("orig_best"))
+    return (metrics.join(original, on=["reused_from", "key"], how="left")
+            .with_columns(pl.coalesce("orig_best", "best").alias("best"))
+            .select("run_id", "key", "last", "best"))
+
+
+def _parse(metrics: pl.DataFrame) -> pl.DataFrame:
+    groups = pl.col("key").str.extract_groups(names.POINT_METRIC.pattern)
+    parsed = metrics.with_columns(groups.alias("g")).unnest("g").filter(
+        pl.any_horizontal(pl.col("gated", "forced", "val", "lm").is_not_null()))
+    return parsed.select(
+        "run_id", "last", "best",
+        pl.when(pl.col("gated").is_not_null()).then(pl.col("mode"))
+        .when(pl.col("forced").is_not_null()).then(pl.lit(names.FORCED))
+        .otherwise(pl.lit(names.FULL)).alias("policy"),
+        pl.col("q").cast(pl.Float64),
+        pl.col("depth").cast(pl.Int64),
+        pl.coalesce("gated", "forced", "val", "lm").alias("quantity"))
+
+
+def _pivot(parsed: pl.DataFrame) -> pl.DataFrame:
+    index = ["run_id", "policy", "q", "depth"]
+    keyed = parsed.with_columns(pl.concat_str(pl.col(index).cast(pl.String).fill_null("-"), separator="|")
+                                .alias("_point"))
+    last = keyed.pivot(on="quantity", index="_point", values="last", aggregate_function="first")
+    with_best = keyed.filter(pl.col("quantity").is_in(BEST_QUANTITIES))
+    best = (with_best.with_columns(pl.col("quantity") + "_best")
+            .pivot(on="quantity", index="_point", values="best", aggregate_function="first"))
+    points = keyed.select("_point", *index).unique("_point")
+    wide = points.join(last, on="_point", how="left")
+    if best.width > 1:
+        wide = wide.join(best, on="_point", how="left")
+    for q in (*QUANTITIES, *(f"{b}_best" for b in BEST_QUANTITIES)):  # a stable schema
+        if q not in wide.columns:
+            wide = wide.with_columns(pl.lit(None, pl.Float64).alias(q))
+    return wide.drop("_point").with_columns(
+        pl.struct("policy", "q", "depth").map_elements(
+            lambda p: names.point_label(p["policy"], p["q"], p["depth"]), return_dtype=pl.String).alias("point"))
+
+
+def _trial_identity(trials: pl.DataFrame) -> pl.DataFrame:
+    params = [c for c in trials.columns if c.startswith(PARAM)]
+    cols = ["run_id", "experiment", "trial_key", "config_hash", "status", "preset", *params]
+    t = trials.select(cols).rename({"run_id": "trial_run_id", "config_hash": "trial_config_hash"})
+    n_layers, n_loops = _param(t, "model.n_layers"), _param(t, "model.n_loops")
+    searched = [c for c in params if c.startswith(PARAM + "search.") and c != PARAM + "search.seed"]
+    return t.with_columns(
+        _param(t, "train.seed").cast(pl.Int64, strict=False).alias("seed"),
+        pl.concat_str(n_layers.cast(pl.String), pl.lit("⊗"), n_loops.cast(pl.String)).alias("model"),
+        n_loops.cast(pl.Int64, strict=False).alias("n_loops"),
+        pl.concat_str([pl.lit(c[len(PARAM + "search."):] + "=") + pl.col(c).cast(pl.String) for c in searched],
+                      separator=" ", ignore_nulls=True).alias("_searched") if searched else pl.lit("").alias("_searched"))
+
+
+def _param(t: pl.DataFrame, name: str) -> pl.Expr:
+    return pl.col(PARAM + name) if PARAM + name in t.columns else pl.lit(None)
+
+
+def _full_point_compute(table: pl.DataFrame) -> pl.DataFrame:
+    """The full point runs all R loops: executed loops and exit step R, FLOPs as forced d=R."""
+    forced_r = (table.filter((pl.col("policy") == names.FORCED) & (pl.col("depth") == pl.col("n_loops")))
+                .select("run_id", pl.col("backbone_flops_per_token").alias("_flops_r")))
+    full = pl.col("policy") == names.FULL
+    r = pl.col("n_loops").cast(pl.Float64)
+    return (table.join(forced_r, on="run_id", how="left")
+            .with_columns(pl.when(full).then(pl.coalesce("executed_loops", r)).otherwise("executed_loops")
+                          .alias("executed_loops"),
+                          pl.when(full).then(pl.coalesce("mean_exit_step", r)).otherwise("mean_exit_step")
+                          .alias("mean_exit_step"),
+                          pl.when(full).then(pl.coalesce("backbone_flops_per_token", "_flops_r"))
+                          .otherwise("backbone_flops_per_token").alias("backbone_flops_per_token"))
+            .drop("_flops_r")
+            .with_columns(pl.concat_str(pl.col("method"), pl.col("model"), pl.col("_searched"), separator=" ",
+                                        ignore_nulls=True).str.strip_chars().alias("label"))
+            .drop("_searched"))
+
+
+def _lm_eval_average(table: pl.DataFrame) -> pl.DataFrame:
+    """lm_eval_avg: the mean over the lm-eval tasks present anywhere in the table (the
+    paper's Avg. over the tasks its table shows); null where a row lacks one of them."""
+    tasks = [c for c in table.columns if c.startswith(names.LM_EVAL)]
+    if not tasks:
+        return table.with_columns(pl.lit(None, pl.Float64).alias(names.LM_EVAL_AVG))
+    ordered = [names.LM_EVAL + t for t in names.ordered_tasks(c[len(names.LM_EVAL):] for c in tasks)]
+    mean = pl.when(pl.all_horizontal(pl.col(ordered).is_not_null())).then(pl.mean_horizontal(ordered))
+    return table.with_columns(mean.alias(names.LM_EVAL_AVG))
+
+
+def _timing(table: pl.DataFrame, metrics: pl.DataFrame, sources: pl.DataFrame) -> pl.DataFrame:
+    """stage_seconds from the stage run (stage_seconds, else {stage}_wall_time_s), and
+    their running sum over the trial's stages in pipeline order."""
+    timing = metrics.filter((pl.col("key") == names.STAGE_SECONDS) | pl.col("key").str.ends_with(names.WALL_TIME_SUFFIX))
+    per_run = (timing.with_columns((pl.col("key") == names.STAGE_SECONDS).alias("_primary"))
+               .sort("_primary", descending=True).group_by("run_id").agg(pl.col("last").first().alias("stage_seconds")))
+    stages = (sources.select("run_id", "trial_run_id", "stage_order").join(per_run, on="run_id", how="left")
+              .sort("trial_run_id", "stage_order")
+              .with_columns(pl.col("stage_seconds").cum_sum().over("trial_run_id").alias("pipeline_seconds"))
+              .select("run_id", "stage_seconds", "pipeline_seconds"))
+    return table.join(stages, on="run_id", how="left")
+
+
+def _training_end(table: pl.DataFrame, metrics: pl.DataFrame) -> pl.DataFrame:
+    """The stage's last training-window values: exit_entropy and expected_exit_step
+    (the β diagnostics, gate stages only) and the training loss as train_loss."""
+    wanted = {**{k: k for k in names.BETA_DIAGNOSTICS}, "loss": "train_loss"}
+    found = metrics.filter(pl.col("key").is_in(list(wanted)))
+    end = pl.DataFrame(schema={"run_id": pl.String}) if found.is_empty() else (
+        found.with_columns(pl.col("key").replace_strict(wanted))
+        .pivot(on="key", index="run_id", values="last", aggregate_function="first"))
+    for column in wanted.values():
+        if column not in end.columns:
+            end = end.with_columns(pl.lit(None, pl.Float64).alias(column))
+    return table.join(end.select("run_id", *wanted.values()), on="run_id", how="left")
+
+
+def _order(table: pl.DataFrame) -> pl.DataFrame:
+    lead = ["experiment", "method", "label", "model", "pipeline", "stage", "is_final_stage", "policy", "q", "depth",
+            "point", "seed", "executed_loops", "mean_exit_step", "accuracy", "ppl", "loss",
+            "backbone_flops_per_token", *(f"{b}_best" for b in BEST_QUANTITIES)]
+    tasks = [c for c in table.columns if c.startswith(names.LM_EVAL)]
+    lead += [names.LM_EVAL + t for t in names.ordered_tasks(c[len(names.LM_EVAL):] for c in tasks)]
+    lead += [names.LM_EVAL_AVG, *names.BETA_DIAGNOSTICS, "train_loss", "stage_seconds", "pipeline_seconds", "trial_config_hash", "config_hash", "trial_key",
+             "stage_trial_key", "trial_run_id", "run_id", "status", "preset", "n_loops"]
+    rest = sorted(c for c in table.columns if c not in lead and c not in ("reused_from", "stage_order"))
+    policy_rank = pl.col("policy").replace_strict({p: i for i, p in enumerate(names.POLICY_ORDER)}, default=9,
+                                                  return_dtype=pl.Int64)
+    return (table.with_columns(policy_rank.alias("_policy_rank"))
+            .sort("experiment", "method", "label", "seed", "stage_order", "_policy_rank", "q", "depth",
+                  nulls_last=True)
+            .select(lead + rest))

@@ -1,0 +1,420 @@
+"""build_report: MLflow runs → every file of the analysis, in one call.
+
+    from analysis.report import build_report
+    paths = build_report(uri, ["beta_ablation-debug"], "runs/beta/analysis", sweep_run_id=run_id)
+
+writes into out_dir:
+  points.csv             the evaluation-points table (one row per trial × stage × point)
+  aggregated.csv         the same, seeds pooled per configuration (mean, std, t-interval, n)
+  frontier.csv           the frontier's input points (seeds pooled) with on_frontier flags
+  frontier_areas.csv     the signed area between every two series' frontiers
+  budget.csv             the best point under --budget, overall and per series (when given)
+  tables/*.md, *.csv     the paper-shaped tables (analysis.tables), tables.md all in one
+  *.png                  frontier.png, skip_ppl.png, beta_exit_entropy.png, beta_expected_exit_step.png
+  report.html            one self-contained interactive page with all of it
+  notes.txt              what was skipped and why
+and logs them as artifacts (folder `analysis`) of the sweep run: `sweep_run_id`, or
+the newest run tagged level=sweep in the experiments. Returns {file name: path}.
+
+With strict=False (what sweeps call) a missing metric never raises: what the data
+supports is written and notes.txt says what was skipped. strict=True (the CLI) raises
+AnalysisError when the asked-for compute or quality exists in no run or not in every
+experiment (mixed schemas), or when no run has an evaluation metric at all.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import html
+import itertools
+from pathlib import Path
+
+import polars as pl
+
+from analysis import names
+from analysis.aggregate import aggregate_seeds, choose_best_seeds
+from analysis.charts import beta_charts, frontier_chart, skip_chart
+from analysis.errors import AnalysisError
+from analysis.frontier import best_under_budget, frontier_gap, pareto_frontier
+from analysis.load import PARAM, RunSet, load_runs
+from analysis.page import chart_slot, render_page
+from analysis.plots import render_png
+from analysis.points import evaluation_points
+from analysis.tables import all_tables
+
+# Compute axes by their CLI names: (points column, axis label).
+COMPUTE_AXES = {"executed_loops": ("executed_loops", "executed loops per token"),
+                "flops": ("backbone_flops_per_token", "backbone FLOPs per token"),
+                "time": ("pipeline_seconds", "training seconds up to the stage")}
+QUALITY_LABELS = {"accuracy": "accuracy", "ppl": "validation perplexity", "loss": "validation loss",
+                  names.LM_EVAL_AVG: "lm-eval average accuracy"}
+BASE_VALUES = ("executed_loops", "mean_exit_step", "accuracy", "ppl", "loss", "backbone_flops_per_token",
+               "accuracy_best", "ppl_best", "loss_best", names.LM_EVAL_AVG, *names.BETA_DIAGNOSTICS, "train_loss",
+               "stage_seconds", "pipeline_seconds")
+ARTIFACT_DIR = "analysis"
+MAX_AREA_SERIES = 12  # pairs grow quadratically; beyond this the areas table is left out
+
+
+def build_report(tracking_uri: str, experiments, out_dir, *, sweep_run_id: str | None = None,
+                 log_artifacts: bool = True, compute: str = "executed_loops", quality: str = "auto",
+                 stage: str | None = None, series_by=None, best_of_seeds: bool = False, confidence: float = 0.95,
+                 budget: float | None = None, scope: str = "experiment", statuses=("FINISHED",),
+                 strict: bool = False) -> dict[str, Path]:
+    """Write the analysis of `experiments` into out_dir (see the module docstring).
+
+    compute: executed_loops | flops | time | a points column. quality: auto (lm-eval
+    average when every experiment has it, else perplexity for text tasks, else
+    accuracy) | accuracy | ppl | loss | lm_eval_avg | lm_eval.<task> | <x>_best.
+    stage: the stage whose evaluations make the frontier (default: each trial's final
+    stage; "all": every stage, as separate series). series_by: columns that split the
+    series (default method and policy). best_of_seeds: the paper's protocol for Mano
+    and p-hop (per configuration, the seed with the best full-depth quality) instead
+    of the mean. scope: "experiment" reads every run of the experiments; "sweep" only
+    the subtree of sweep_run_id. statuses: trial statuses kept (None: all)."""
+    if scope not in ("experiment", "sweep"):
+        raise AnalysisError(f"scope={scope!r} is invalid; allowed: experiment | sweep")
+    if scope == "sweep" and not sweep_run_id:
+        raise AnalysisError("scope=sweep needs a sweep run id (--sweep-run ID)")
+    out = Path(out_dir).expanduser().resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    runs = load_runs(tracking_uri, experiments, sweep_run_id=sweep_run_id, subtree=scope == "sweep")
+    notes = runs.notes
+    paths: dict[str, Path] = {}
+    try:
+        points = evaluation_points(runs, statuses=statuses)
+    except AnalysisError as e:
+        if strict:
+            raise
+        notes.append(str(e))
+        points = None
+
+    sections: list[tuple[str, str]] = []
+    charts: list[dict] = []
+    if points is not None:
+        paths.update(_write_csv(points, out / "points.csv"))
+        quality = _resolve_quality(points, quality, notes)
+        compute_col = COMPUTE_AXES.get(compute, (compute, compute))[0]
+        _check_columns(points, [compute_col, quality], strict, notes)
+        if best_of_seeds:
+            points = choose_best_seeds(points, quality, maximize=_maximize(quality))
+        values = [v for v in (*BASE_VALUES, *_task_columns(points)) if v in points.columns]
+        agg = aggregate_seeds(points, values, confidence=confidence)
+        paths.update(_write_csv(agg, out / "aggregated.csv"))
+        sections += _frontier_section(agg, compute, compute_col, quality, stage, series_by, budget, out, paths,
+                                      charts, notes, strict)
+        sections += _skip_section(agg, out, paths, charts)
+        sections += _tables_section(agg, out, paths, notes)
+    sections += _beta_section(runs, out, paths, charts, notes)
+    meta = _meta(runs, points, best_of_seeds, confidence)
+    page = render_page(title=f"looplab analysis: {', '.join(runs.experiments.values())}", meta=meta,
+                       notes=notes, sections=sections, charts=charts)
+    (out / "report.html").write_text(page)
+    paths["report.html"] = out / "report.html"
+    (out / "notes.txt").write_text("\n".join(notes) + ("\n" if notes else ""))
+    paths["notes.txt"] = out / "notes.txt"
+    if log_artifacts:
+        _log_artifacts(runs, sweep_run_id, out, paths, notes, strict)
+        (out / "notes.txt").write_text("\n".join(notes) + ("\n" if notes else ""))
+    return paths
+
+
+def _write_csv(df: pl.DataFrame, path: Path) -> dict[str, Path]:
+    lists = [c for c, t in df.schema.items() if isinstance(t, pl.List)]
+    df.with_columns([pl.col(c).cast(pl.List(pl.String)).list.join(";") for c in lists]).write_csv(path)
+    return {path.name: path}
+
+
+def _task_columns(points: pl.DataFrame) -> list[str]:
+    return [c for c in points.columns if c.startswith(names.LM_EVAL)]
+
+
+def _maximize(quality: str) -> bool:
+    up = names.higher_is_better(quality.removesuffix("_best"))
+    if up is None:
+        raise AnalysisError(f"quality {quality!r} has no known direction; allowed: accuracy | ppl | loss | "
+                            f"{names.LM_EVAL_AVG} | lm_eval.<task> (or one of them with _best)")
+    return up
+
+
+def _resolve_quality(points: pl.DataFrame, quality: str, notes: list[str]) -> str:
+    if quality != "auto":
+        _maximize(quality)
+        return quality
+    final = points.filter(pl.col("is_final_stage"))
+    per_exp = final.group_by("experiment").agg(pl.col(names.LM_EVAL_AVG).is_not_null().any().alias("lm"),
+                                               (pl.col(PARAM + "task.kind") == "text").any().alias("text")
+                                               if PARAM + "task.kind" in final.columns else pl.lit(False).alias("text"))
+    if per_exp.height and per_exp["lm"].all():
+        return names.LM_EVAL_AVG
+    if per_exp.height and per_exp["text"].all():
+        return "ppl"
+    if per_exp.height and per_exp["text"].any():
+        notes.append("text and synthetic tasks mixed: the frontier uses accuracy (next-token for text, exact match "
+                     "otherwise)")
+    return "accuracy"
+
+
+def _check_columns(points: pl.DataFrame, columns: list[str], strict: bool, notes: list[str]) -> None:
+    """A compute or quality column that no run has, or that some experiment lacks."""
+    for column in columns:
+        if column not in points.columns or points[column].is_null().all():
+            message = (f"no run logged {column!r} in {', '.join(sorted(set(points['experiment'].to_list())))}; "
+                       f"columns with values: {', '.join(_available(points))}")
+            if strict:
+                raise AnalysisError(message)
+            notes.append(message)
+            continue
+        have = points.group_by("experiment").agg(pl.col(column).is_not_null().any().alias("has"))
+        lacking = have.filter(~pl.col("has"))["experiment"].to_list()
+        if lacking:
+            message = (f"mixed schemas: experiment {', '.join(map(repr, sorted(lacking)))} has no {column!r} "
+                       "(the other experiments do); analyse them separately or pick another column")
+            if strict:
+                raise AnalysisError(message)
+            notes.append(message)
+
+
+def _available(points: pl.DataFrame) -> list[str]:
+    candidates = [c for c in ("executed_loops", "backbone_flops_per_token", "pipeline_seconds", "accuracy", "ppl",
+                              "loss", names.LM_EVAL_AVG) if c in points.columns]
+    return [c for c in candidates if points[c].is_not_null().any()] or ["none"]
+
+
+def _frontier_rows(agg: pl.DataFrame, stage: str | None, series_by, quality: str) -> pl.DataFrame:
+    if stage is None:
+        rows = agg.filter(pl.col("is_final_stage"))
+    elif stage == "all":
+        rows = agg
+    else:
+        rows = agg.filter(pl.col("stage") == stage)
+    # The full point repeats forced d=R (same execution) where a gate stage logged that
+    # depth with the quality asked for; it stays where it adds something (pretrain-only
+    # trials, lm-eval scores logged only for the full model).
+    key = ["experiment", "trial_config_hash", "stage"]
+    forced_r = (rows.filter((pl.col("policy") == names.FORCED) & (pl.col("depth") == pl.col("n_loops"))
+                            & pl.col(quality).is_not_null()).select(key).unique())
+    full = rows.filter(pl.col("policy") == names.FULL).join(forced_r, on=key, how="anti")
+    rows = pl.concat([rows.filter(pl.col("policy") != names.FULL), full], how="diagonal_relaxed")
+    parts = list(series_by) if series_by else ["method", *(["stage"] if stage == "all" else []), "policy"]
+    missing = [p for p in parts if p not in rows.columns]
+    if missing:
+        raise AnalysisError(f"cannot split series by {', '.join(missing)}: no such column (params are "
+                            f"params.<name>, e.g. params.exit.beta)")
+    return rows.with_columns(pl.concat_str([pl.col(p).cast(pl.String).fill_null("?") for p in parts],
+                                           separator=" · ").alias("series"))
+
+
+def _frontier_section(agg, compute, compute_col, quality, stage, series_by, budget, out, paths, charts, notes,
+                      strict) -> list[tuple[str, str]]:
+    maximize = _maximize(quality)
+    try:
+        rows = _frontier_rows(agg, stage, series_by, quality)
+        if series_by:
+            _check_series_columns(rows, series_by, strict, notes)
+        flagged = pareto_frontier(rows, compute_col, quality, maximize=maximize, by="series")
+    except AnalysisError as e:
+        if strict:
+            raise
+        notes.append(f"frontier: skipped, {e}")
+        return []
+    frontier = flagged.with_columns(
+        pl.lit(compute_col).alias("compute_metric"), pl.lit(quality).alias("quality_metric"),
+        pl.col(compute_col).alias("compute"), pl.col(quality).alias("quality"),
+        pl.col(f"{quality}_std").alias("quality_std"), pl.col(f"{quality}_ci_low").alias("quality_ci_low"),
+        pl.col(f"{quality}_ci_high").alias("quality_ci_high")).sort("series", "compute", "quality")
+    lead = ["series", "compute_metric", "compute", "quality_metric", "quality", "quality_std", "quality_ci_low",
+            "quality_ci_high", "n_seeds", "on_frontier", "experiment", "method", "label", "stage", "policy", "q",
+            "depth", "point", "trial_config_hash"]
+    frontier = frontier.select(lead + [c for c in frontier.columns if c not in lead])
+    paths.update(_write_csv(frontier, out / "frontier.csv"))
+
+    compute_label = COMPUTE_AXES.get(compute, (compute, compute))[1]
+    quality_label = QUALITY_LABELS.get(quality, quality) + (" (best of seeds)" if "chosen_seed" in agg.columns else "")
+    which = "final stage" if stage is None else ("every stage" if stage == "all" else f"stage {stage}")
+    spec = frontier_chart(frontier, compute_col, quality, compute_label=compute_label, quality_label=quality_label,
+                          title=f"{quality_label} against {compute_label} ({which})")
+    paths["frontier.png"] = render_png(spec, out / "frontier.png")
+    charts.append(spec.to_dict())
+    html_parts = [chart_slot("frontier", "Each series' Pareto frontier as a step line (outlined points are on it); "
+                             "bars: the seed interval. Click a legend entry to hide a series.")]
+
+    areas = _areas(frontier, maximize, notes)
+    if areas is not None:
+        paths.update(_write_csv(areas, out / "frontier_areas.csv"))
+        html_parts.append(_html_table(
+            areas, "Area between frontiers (step functions over the shared compute range; positive: the first series "
+            "is better). Mean gap = area / range width."))
+    if budget is not None:
+        chosen = _budget(frontier, compute_col, quality, budget, maximize, notes)
+        if chosen is not None:
+            paths.update(_write_csv(chosen, out / "budget.csv"))
+            html_parts.append(_html_table(chosen, f"Best point with {compute_col} <= {budget:g}, overall and per series."))
+    return [("Compute–quality frontier", "".join(html_parts))]
+
+
+def _check_series_columns(rows: pl.DataFrame, series_by, strict: bool, notes: list[str]) -> None:
+    for column in series_by:
+        have = rows.group_by("experiment").agg(pl.col(column).is_not_null().any().alias("has"))
+        lacking = have.filter(~pl.col("has"))["experiment"].to_list()
+        if lacking and have.height > 1:
+            message = (f"mixed schemas: experiment {', '.join(map(repr, sorted(lacking)))} has no {column!r}; "
+                       "its series are labelled '?'")
+            if strict:
+                raise AnalysisError(message)
+            notes.append(message)
+
+
+def _areas(frontier: pl.DataFrame, maximize: bool, notes: list[str]) -> pl.DataFrame | None:
+    groups = {name[0]: g for name, g in frontier.group_by("series", maintain_order=True)}
+    if len(groups) < 2:
+        return None
+    if len(groups) > MAX_AREA_SERIES:
+        notes.append(f"frontier areas: skipped, {len(groups)} series (at most {MAX_AREA_SERIES} compared pairwise)")
+        return None
+    rows = []
+    for a, b in itertools.combinations(sorted(groups), 2):
+        try:
+            gap = frontier_gap(groups[a], groups[b], "compute", "quality", maximize=maximize)
+        except AnalysisError as e:
+            rows.append({"series_a": a, "series_b": b, "area": None, "mean_gap": None, "compute_from": None,
+                         "compute_to": None, "note": str(e)})
+            continue
+        rows.append({"series_a": a, "series_b": b, "area": gap["area"], "mean_gap": gap["mean_gap"],
+                     "compute_from": gap["lo"], "compute_to": gap["hi"], "note": ""})
+    return pl.DataFrame(rows, schema={"series_a": pl.String, "series_b": pl.String, "area": pl.Float64,
+                                      "mean_gap": pl.Float64, "compute_from": pl.Float64, "compute_to": pl.Float64,
+                                      "note": pl.String})
+
+
+def _budget(frontier, compute_col, quality, budget, maximize, notes) -> pl.DataFrame | None:
+    picks = []
+    scopes = [("all series", frontier)] + [(name[0], g) for name, g in frontier.group_by("series", maintain_order=True)]
+    for scope, rows in scopes:
+        try:
+            best = best_under_budget(rows, "compute", "quality", budget, maximize=maximize)
+        except AnalysisError as e:
+            notes.append(f"budget {budget:g} ({scope}): {e}")
+            continue
+        picks.append({"scope": scope, "series": best["series"], "label": best["label"], "point": best["point"],
+                      "stage": best["stage"], compute_col: best["compute"], quality: best["quality"],
+                      "n_seeds": best["n_seeds"]})
+    return pl.DataFrame(picks) if picks else None
+
+
+def _skip_section(agg, out, paths, charts) -> list[tuple[str, str]]:
+    spec = skip_chart(agg)
+    if spec is None:
+        return []
+    paths["skip_ppl.png"] = render_png(spec, out / "skip_ppl.png")
+    charts.append(spec.to_dict())
+    return [("Perplexity under skip", chart_slot("skip_ppl", "Final stage, skip execution at each q; dashed: all R "
+                                                              "loops (Fig. 2)."))]
+
+
+def _tables_section(agg, out, paths, notes) -> list[tuple[str, str]]:
+    tables, skipped = all_tables(agg)
+    notes.extend(skipped)
+    if not tables:
+        return []
+    folder = out / "tables"
+    for table in tables:
+        paths.update({f"tables/{k}": v for k, v in table.write(folder).items()})
+    (folder / "tables.md").write_text("\n".join(t.markdown() for t in tables))
+    paths["tables/tables.md"] = folder / "tables.md"
+    return [("Tables", "".join(t.html() for t in tables))]
+
+
+def _beta_section(runs: RunSet, out, paths, charts, notes) -> list[tuple[str, str]]:
+    histories = _beta_histories(runs)
+    if histories is None or histories.is_empty():
+        notes.append("β diagnostics: skipped, no exit_entropy / expected_exit_step history (no gate stage trained)")
+        return []
+    specs = beta_charts(histories, n_loops=_n_loops(runs))
+    slots = []
+    for spec in specs:
+        paths[f"{spec.name}.png"] = render_png(spec, out / f"{spec.name}.png")
+        charts.append(spec.to_dict())
+        slots.append(chart_slot(spec.name))
+    stage = histories["stage"][0]
+    return [("β diagnostics", "".join(slots) + f'<p class="caption">Stage {html.escape(str(stage))} training, one '
+             "curve per β (mean over seeds), cut to the steps every run reached (App. E).</p>")]
+
+
+def _beta_histories(runs: RunSet) -> pl.DataFrame | None:
+    """Histories of the β diagnostics from the runs that trained a gate stage (reused
+    stage runs carry only their original's final values): Stage-1 when it has them."""
+    table = runs.runs
+    trained = table.filter((pl.col("level") == names.STAGE) & (pl.col("reused") != "true"))
+    if trained.is_empty():  # no stage runs: trial runs carry their stage's histories
+        trained = table.filter(pl.col("level").is_null() | (pl.col("level") == names.TRIAL))
+    hist = runs.histories(list(names.BETA_DIAGNOSTICS), run_ids=trained["run_id"].to_list())
+    if hist.is_empty():
+        return None
+    beta = next((c for c in (PARAM + "exit.beta", PARAM + "beta") if c in table.columns), None)
+    info = trained.select("run_id", "stage", (pl.col(beta) if beta else pl.lit(None)).cast(pl.Float64).alias("beta"))
+    hist = hist.join(info, on="run_id", how="left")
+    stages = [s for s in names.STAGES if s in set(hist["stage"].drop_nulls().to_list())]
+    chosen = "stage1" if "stage1" in stages else (stages[0] if stages else None)
+    return hist.filter(pl.col("stage") == chosen) if chosen else hist
+
+
+def _n_loops(runs: RunSet) -> int | None:
+    col = PARAM + "model.n_loops"
+    if col not in runs.runs.columns:
+        return None
+    values = runs.runs[col].drop_nulls().unique().to_list()
+    return int(values[0]) if len(values) == 1 else None
+
+
+def _html_table(df: pl.DataFrame, caption: str) -> str:
+    def cell(v):
+        if v is None:
+            return ""
+        return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in df.columns)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(cell(v))}</td>" for v in row) + "</tr>" for row in df.iter_rows())
+    return (f'<p class="caption">{html.escape(caption)}</p><table class="paper"><thead><tr>{head}</tr></thead>'
+            f"<tbody>{body}</tbody></table>")
+
+
+def _meta(runs: RunSet, points, best_of_seeds: bool, confidence: float) -> list[str]:
+    levels = runs.runs["level"].value_counts(sort=True)
+    counted = ", ".join(f"{n} {lvl or 'untagged'}" for lvl, n in levels.iter_rows())
+    lines = [f"tracking URI: {runs.tracking_uri}", f"runs: {runs.runs.height} ({counted})"]
+    if points is not None:
+        seeds = sorted(set(points["seed"].drop_nulls().to_list()))
+        lines.append(f"evaluation points: {points.height}; seeds: {', '.join(map(str, seeds)) or '?'}; "
+                     + ("best of seeds per configuration" if best_of_seeds else
+                        f"mean over seeds, {confidence:.0%} Student-t interval"))
+    lines.append(f"written {_dt.datetime.now().isoformat(timespec='seconds')}")
+    return lines
+
+
+def newest_sweep_run(runs: RunSet) -> str | None:
+    sweeps = runs.runs.filter(pl.col("level") == names.SWEEP).sort("start_time", descending=True)
+    return sweeps["run_id"][0] if sweeps.height else None
+
+
+def _log_artifacts(runs: RunSet, sweep_run_id: str | None, out: Path, paths: dict[str, Path], notes: list[str],
+                   strict: bool) -> None:
+    """The files this report wrote (not whatever else lies in out_dir), under analysis/."""
+    target = sweep_run_id or newest_sweep_run(runs)
+    if target is None:
+        notes.append("artifacts: not logged, no run tagged level=sweep in the experiments (pass --sweep-run ID)")
+        return
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=runs.tracking_uri)
+    try:
+        for path in paths.values():
+            folder = path.parent.relative_to(out).as_posix()
+            client.log_artifact(target, str(path), artifact_path=ARTIFACT_DIR if folder == "." else
+                                f"{ARTIFACT_DIR}/{folder}")
+    except Exception as e:  # noqa: BLE001 -- any store failure (permissions, server) must not cost the written files
+        message = f"artifacts: logging to run {target} failed ({type(e).__name__}: {str(e).splitlines()[0]})"
+        if strict:
+            raise AnalysisError(message) from None
+        notes.append(message)
+        return
+    notes.append(f"artifacts: logged to run {target} under {ARTIFACT_DIR}/")

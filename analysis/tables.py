@@ -1,0 +1,273 @@
+"""The paper's tables from seed-aggregated evaluation points, as Markdown and CSV.
+
+Input: aggregate_seeds(evaluation_points(...), ...) with the default grouping (one
+row per configuration × stage × evaluation point; a value v has v_std and n_seeds).
+Each builder returns a Table, or None when the sweep has nothing of that shape (and
+says why in `skipped`). CSV files hold raw numbers (fractions for accuracies);
+Markdown shows what the paper shows: accuracies and lm-eval scores in percent, two
+decimals, "mean ± std" when more than one seed was pooled.
+
+  iso_table        Table 3 / Tables 1–2: Arch, Model (N⊗R), Params / FLOPs (N× / NR×,
+                   layers and effective depth), PPL, Acc, the lm-eval tasks, Avg.
+                   Full-depth evaluation of each pre-trained model (or of the final
+                   stage when no pretrain stage was logged).
+  threshold_table  App. G: Stage, Mode, q, Iter (mean exit step: the paper's "average
+                   exit step selected by the gate"), Exec. (executed loops), PPL, Acc,
+                   tasks, Avg., for every gate stage and exit policy.
+  fixed_loop_table App. F: Forced loops r = 1..R, PPL, Acc, tasks, Avg. Forced depths
+                   are logged by the gate stages, so each gate stage has its rows.
+  skip_table       Fig. 2 as a table: per q, executed loops under skip, the ideal
+                   speedup R / loops, perplexity and accuracy of skip against full
+                   compute (all R loops) and dense at the same q, Δ in % / points.
+  beta_table       App. E: β, exit entropy and expected exit step at the end of
+                   training, validation perplexity and accuracy.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polars as pl
+
+from analysis import names
+
+PCT = "pct"  # display as percent
+NUM = "num"
+
+
+@dataclass
+class Table:
+    name: str  # file stem
+    title: str
+    caption: str
+    data: pl.DataFrame  # raw numbers (the CSV)
+    header: list[str]  # display headers
+    rows: list[list[str]]  # display cells
+    notes: list[str] = field(default_factory=list)
+
+    def markdown(self) -> str:
+        lines = [f"### {self.title}", "", self.caption, "",
+                 "| " + " | ".join(self.header) + " |", "|" + "|".join("---" for _ in self.header) + "|"]
+        lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in self.rows]
+        return "\n".join(lines + [""])
+
+    def html(self) -> str:
+        head = "".join(f"<th>{html.escape(h)}</th>" for h in self.header)
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in self.rows)
+        return (f'<h3>{html.escape(self.title)}</h3><p class="caption">{html.escape(self.caption)}</p>'
+                f'<table class="paper"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>')
+
+    def write(self, out_dir: Path) -> dict[str, Path]:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        md, csv = out_dir / f"{self.name}.md", out_dir / f"{self.name}.csv"
+        md.write_text(self.markdown())
+        _csv_safe(self.data).write_csv(csv)
+        return {f"{self.name}.md": md, f"{self.name}.csv": csv}
+
+
+def _csv_safe(df: pl.DataFrame) -> pl.DataFrame:
+    """Lists (the pooled seeds) as 'a;b' strings: CSV has no nested values."""
+    return df.with_columns([pl.col(c).cast(pl.List(pl.String)).list.join(";") for c, t in df.schema.items()
+                            if isinstance(t, pl.List)])
+
+
+def _cell(row: dict, column: str, kind: str = NUM) -> str:
+    value = row.get(column)
+    if value is None:
+        return ""
+    scale = 100.0 if kind == PCT else 1.0
+    text = f"{value * scale:.2f}"
+    std = row.get(f"{column}_std")
+    if std is not None and (row.get("n_seeds") or 1) > 1:
+        text += f" ± {std * scale:.2f}"
+    return text
+
+
+def _tasks(agg: pl.DataFrame) -> list[str]:
+    present = [c[len(names.LM_EVAL):] for c in agg.columns
+               if c.startswith(names.LM_EVAL) and not c.endswith(("_std", "_ci_low", "_ci_high"))
+               and agg[c].is_not_null().any()]
+    return names.ordered_tasks(present)
+
+
+def _quality_columns(agg: pl.DataFrame, rows: pl.DataFrame) -> list[tuple[str, str, str]]:
+    """(header, column, kind) of the quality columns: PPL (text tasks), Acc, tasks, Avg."""
+    cols = []
+    text = "params.task.kind" not in rows.columns or (rows["params.task.kind"] == "text").any()
+    if text and rows["ppl"].is_not_null().any():
+        cols.append(("PPL", "ppl", NUM))
+    if rows["accuracy"].is_not_null().any():
+        cols.append(("Acc. (%)", "accuracy", PCT))
+    tasks = _tasks(rows)
+    cols += [(names.task_header(t), names.LM_EVAL + t, PCT) for t in tasks]
+    if tasks:
+        cols.append(("Avg.", names.LM_EVAL_AVG, PCT))
+    return cols
+
+
+def _data(rows: pl.DataFrame, lead: list[str], quality: list[tuple[str, str, str]]) -> pl.DataFrame:
+    value_cols = []
+    for _, c, _ in quality:
+        value_cols += [c, f"{c}_std"]
+    keep = [c for c in [*lead, *value_cols, "n_seeds", "seeds", "trial_config_hash", "config_hash"]
+            if c in rows.columns]
+    return rows.select(list(dict.fromkeys(keep)))
+
+
+def _model_name(n_layers, n_loops) -> str:
+    if n_layers is None or n_loops is None:
+        return "?"
+    return f"{'Base' if n_loops == 1 else 'Loop'} ({n_layers}⊗{n_loops})"
+
+
+def iso_table(agg: pl.DataFrame) -> Table | None:
+    full = agg.filter(pl.col("policy") == names.FULL)
+    if full.is_empty():
+        return None
+    pre = full.filter(pl.col("stage") == "pretrain")
+    rows = (pre if pre.height else full.filter(pl.col("is_final_stage"))).unique(
+        ["experiment", "config_hash"], keep="first", maintain_order=True)
+    rows = rows.with_columns(_col(rows, "params.model.n_layers").alias("n_layers"),
+                             _col(rows, "params.model.n_loops").alias("n_loops"),
+                             _col(rows, "params.model.arch").alias("arch"))
+    rows = rows.sort([pl.col("arch"), pl.col("n_layers") * pl.col("n_loops"), "n_layers"], nulls_last=True)
+    quality = _quality_columns(agg, rows)
+    header = ["Arch.", "Model", "Params / FLOPs", *(h for h, _, _ in quality), "n"]
+    cells = []
+    for r in rows.iter_rows(named=True):
+        n, R = r["n_layers"], r["n_loops"]
+        ratio = f"{n}× / {n * R}×" if n is not None and R is not None else "?"
+        cells.append([str(r["arch"] or ""), _model_name(n, R), ratio, *(_cell(r, c, k) for _, c, k in quality),
+                      str(r["n_seeds"])])
+    data = _data(rows.with_columns((pl.col("n_layers") * pl.col("n_loops")).alias("effective_depth")),
+                 ["experiment", "arch", "n_layers", "n_loops", "effective_depth", "stage"], quality)
+    return Table("iso_table", "iso-parameter / iso-FLOPs", "Each model at full depth (all R loops). Params / FLOPs: "
+                 "parameterised layers N and effective depth N·R, relative to one layer (Table 3).", data, header, cells)
+
+
+def _col(df: pl.DataFrame, name: str) -> pl.Expr:
+    return pl.col(name) if name in df.columns else pl.lit(None)
+
+
+def _with_model_column(rows: pl.DataFrame, header: list[str], cells: list[list[str]]) -> tuple[list, list]:
+    """A leading Model column when the table covers more than one configuration."""
+    if rows["label"].n_unique() > 1:
+        return ["Model", *header], [[lab, *c] for lab, c in zip(rows["label"].to_list(), cells)]
+    return header, cells
+
+
+def _stage_rank() -> pl.Expr:
+    return pl.col("stage").replace_strict({s: i for i, s in enumerate(names.STAGES)}, default=len(names.STAGES),
+                                          return_dtype=pl.Int64)
+
+
+def threshold_table(agg: pl.DataFrame) -> Table | None:
+    rows = agg.filter(pl.col("policy").is_in([names.DENSE, names.SKIP]))
+    if rows.is_empty():
+        return None
+    rows = rows.sort(["label", _stage_rank(), "policy", "q"], descending=[False, False, False, True])
+    quality = _quality_columns(agg, rows)
+    header = ["Stage", "Mode", "q", "Iter", "Exec.", *(h for h, _, _ in quality), "n"]
+    cells = [[r["stage"] or "", r["policy"], f"{r['q']:.2f}", _cell(r, "mean_exit_step"), _cell(r, "executed_loops"),
+              *(_cell(r, c, k) for _, c, k in quality), str(r["n_seeds"])] for r in rows.iter_rows(named=True)]
+    header, cells = _with_model_column(rows, header, cells)
+    data = _data(rows, ["experiment", "label", "stage", "policy", "q", "mean_exit_step", "mean_exit_step_std",
+                        "executed_loops", "executed_loops_std"], quality)
+    return Table("threshold_sweep", "Exit-gate threshold sweep",
+                 "Iter: mean exit step the gate selects; Exec.: loops executed per token (R under dense, fewer "
+                 "under skip) (App. G).", data, header, cells)
+
+
+def fixed_loop_table(agg: pl.DataFrame) -> Table | None:
+    rows = agg.filter(pl.col("policy") == names.FORCED)
+    if rows.is_empty():
+        return None
+    rows = rows.sort(["label", _stage_rank(), "depth"])
+    quality = _quality_columns(agg, rows)
+    header = ["Stage", "Forced loops", *(h for h, _, _ in quality), "n"]
+    cells = [[r["stage"] or "", str(r["depth"]), *(_cell(r, c, k) for _, c, k in quality), str(r["n_seeds"])]
+             for r in rows.iter_rows(named=True)]
+    header, cells = _with_model_column(rows, header, cells)
+    data = _data(rows, ["experiment", "label", "stage", "depth"], quality)
+    return Table("fixed_loop", "Fixed-loop inference ablation",
+                 "Every token forced to stop at depth r (App. F); logged by each gate stage's evaluation.",
+                 data, header, cells)
+
+
+def skip_table(agg: pl.DataFrame) -> Table | None:
+    final = agg.filter(pl.col("is_final_stage"))
+    skip = final.filter(pl.col("policy") == names.SKIP)
+    if skip.is_empty():
+        return None
+    key = ["experiment", "trial_config_hash"]
+    full = final.filter(pl.col("policy") == names.FULL).select(
+        *key, pl.col("ppl").alias("ppl_full"), pl.col("accuracy").alias("accuracy_full"))
+    dense = final.filter(pl.col("policy") == names.DENSE).select(*key, "q", pl.col("ppl").alias("ppl_dense"),
+                                                                 pl.col("accuracy").alias("accuracy_dense"))
+    rows = (skip.join(full, on=key, how="left").join(dense, on=[*key, "q"], how="left")
+            .with_columns((pl.col("n_loops").cast(pl.Float64) / pl.col("executed_loops")).alias("ideal_speedup"),
+                          ((pl.col("ppl") / pl.col("ppl_full") - 1.0) * 100.0).alias("delta_ppl_pct"),
+                          ((pl.col("accuracy") - pl.col("accuracy_full")) * 100.0).alias("delta_accuracy_pts"))
+            .sort(["label", "q"], descending=[False, True]))
+    header = ["q", "Exec.", "Ideal speedup", "PPL full", "PPL dense", "PPL skip", "ΔPPL vs full (%)", "Acc. full (%)",
+              "Acc. skip (%)", "ΔAcc. (pts)", "n"]
+
+    def num(v, fmt="{:.2f}"):
+        return "" if v is None else fmt.format(v)
+
+    cells = [[f"{r['q']:.2f}", _cell(r, "executed_loops"), num(r["ideal_speedup"], "{:.2f}×"), num(r["ppl_full"]),
+              num(r["ppl_dense"]), _cell(r, "ppl"), num(r["delta_ppl_pct"], "{:+.1f}"),
+              num(None if r["accuracy_full"] is None else 100 * r["accuracy_full"]), _cell(r, "accuracy", PCT),
+              num(r["delta_accuracy_pts"], "{:+.2f}"), str(r["n_seeds"])] for r in rows.iter_rows(named=True)]
+    header, cells = _with_model_column(rows, header, cells)
+    data = rows.select([c for c in ["experiment", "label", "stage", "q", "executed_loops", "executed_loops_std",
+                                    "ideal_speedup", "ppl_full", "ppl_dense", "ppl", "ppl_std", "delta_ppl_pct",
+                                    "accuracy_full", "accuracy_dense", "accuracy", "accuracy_std", "delta_accuracy_pts",
+                                    "n_seeds", "trial_config_hash"] if c in rows.columns])
+    return Table("skip_vs_full", "Skip against full compute",
+                 "Final stage under skip execution at each q, against all R loops (full) and the same gate without "
+                 "skipping (dense). Ideal speedup: R / executed loops (Fig. 2).", data, header, cells)
+
+
+def beta_table(agg: pl.DataFrame) -> Table | None:
+    rows = agg.filter(pl.col("is_final_stage") & (pl.col("policy") == names.FULL))
+    if "exit_entropy" not in rows.columns or rows["exit_entropy"].is_null().all():
+        return None
+    beta = next((c for c in ("params.exit.beta", "params.beta") if c in rows.columns), None)
+    rows = rows.with_columns((pl.col(beta) if beta else pl.lit(None)).cast(pl.Float64).alias("beta")).sort(
+        ["beta", "label"], nulls_last=True)
+    text = "params.task.kind" not in rows.columns or (rows["params.task.kind"] == "text").any()
+    header = ["β", "Exit entropy", "Expected exit step", "Val PPL" if text else "Val loss", "Val acc. (%)", "n"]
+    quality = "ppl" if text else "loss"
+    cells = [["" if r["beta"] is None else f"{r['beta']:g}", _cell(r, "exit_entropy"), _cell(r, "expected_exit_step"),
+              _cell(r, quality), _cell(r, "accuracy", PCT), str(r["n_seeds"])] for r in rows.iter_rows(named=True)]
+    header, cells = _with_model_column(rows, header, cells)
+    data = rows.select([c for c in ["experiment", "label", "stage", "beta", "exit_entropy", "exit_entropy_std",
+                                    "expected_exit_step", "expected_exit_step_std", "ppl", "ppl_std", "loss",
+                                    "accuracy", "accuracy_std", "n_seeds", "trial_config_hash"] if c in rows.columns])
+    return Table("beta_ablation", "Entropy coefficient β",
+                 "Exit entropy and expected exit step at the end of the final stage's training (max entropy log R), "
+                 "with the full-depth validation metrics (App. E).", data, header, cells)
+
+
+BUILDERS = {"iso_table": iso_table, "threshold_sweep": threshold_table, "fixed_loop": fixed_loop_table,
+            "skip_vs_full": skip_table, "beta_ablation": beta_table}
+WHY_EMPTY = {"iso_table": "no full-depth evaluation (val_*)",
+             "threshold_sweep": "no exit-policy metrics (dense_q*/skip_q*)",
+             "fixed_loop": "no forced-depth metrics (forced_d*)",
+             "skip_vs_full": "no skip metrics in the final stage",
+             "beta_ablation": "no exit_entropy (no gate stage trained)"}
+
+
+def all_tables(agg: pl.DataFrame) -> tuple[list[Table], list[str]]:
+    """Every table the data supports, and one line per table it does not."""
+    built, skipped = [], []
+    for name, build in BUILDERS.items():
+        table = build(agg)
+        if table is None:
+            skipped.append(f"table {name}: skipped, {WHY_EMPTY[name]}")
+        else:
+            built.append(table)
+    return built, skipped
