@@ -1,8 +1,10 @@
 """The platform layer: sweep input checks before Ray, dry runs, cluster.yaml, the
 MLflow conventions, and one tiny β sweep end to end on a local Ray.
 
-The end-to-end test is marked `ray` (about 2 minutes on 2 busy cores); skip it with
-`pytest -m "not ray"`."""
+Tests that start Ray are marked `ray`: the end-to-end β sweep (two data-parallel
+workers, stage reuse, a rerun that trains nothing; ~2.5 minutes on 2 cores) runs by
+default. The fault-injection and two-node tests are also marked `slow` (~8 minutes
+together) and run with `python -m pytest -m slow`."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import copy
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -172,6 +175,7 @@ def stage_records(store: Path, stage: str) -> list[dict]:
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 def test_killed_worker_resumes_from_its_checkpoint(tmp_path, monkeypatch):
     store = tmp_path / "store"
     monkeypatch.setenv("LOOPLAB_TEST_KILL_WORKER_AT_STEP", "3")  # SIGKILL once, after the step-2 checkpoint
@@ -195,6 +199,7 @@ def finished_trials(uri: str, experiment: str) -> list:
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 def test_killed_driver_then_resume_completes_without_rerun_or_duplicates(tmp_path):
     store, uri = tmp_path / "store", f"sqlite:///{tmp_path / 'mlflow.db'}"
     argv = [sys.executable, str(REPO / "sweeps" / "beta_ablation.py"), *TINY, "--betas", "0.1,0.5,1.0",
@@ -226,3 +231,32 @@ def test_killed_driver_then_resume_completes_without_rerun_or_duplicates(tmp_pat
     assert all(p.stat().st_mtime_ns == t for p, t in done_before.items())
     assert len(list((store / "stages").glob("*/done.json"))) == 4  # 1 pretrain + 3 stage1
     assert len(mc.search_runs([exp], filter_string="tags.level = 'sweep'")) == 1  # --resume continued its run
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_two_node_cluster_runs_trials_on_both_nodes(tmp_path):
+    """A head and a second node started with `ray start` on this machine, one CPU
+    each: two concurrent Stage-1 trials can only fit one per node."""
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}  # token auth (Ray >= 2.59) off on both sides
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    address = f"127.0.0.1:{port}"
+    start = ["ray", "start", "--num-cpus=1", "--disable-usage-stats"]
+    try:
+        subprocess.run([*start, "--head", f"--port={port}"], env=env, check=True, capture_output=True, timeout=180)
+        subprocess.run([*start, f"--address={address}"], env=env, check=True, capture_output=True, timeout=180)
+        uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+        argv = [sys.executable, str(REPO / "sweeps" / "beta_ablation.py"), *TINY, "--betas", "0.1,0.5",
+                "--address", address, "--max-concurrent-trials", "2", "--cpus-per-worker", "0.9",
+                "--tracking-uri", uri, "--storage-path", str(tmp_path / "store")]
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stderr[-2000:]
+    finally:
+        subprocess.run(["ray", "stop", "--force"], env=env, capture_output=True)
+    mc = tracking.client(uri)
+    exp = mc.get_experiment_by_name("beta_ablation-phop-debug").experiment_id
+    stage1 = mc.search_runs([exp], filter_string="tags.level = 'stage' and tags.stage = 'stage1'")
+    assert len(stage1) == 2 and all(r.info.status == "FINISHED" for r in stage1)
+    assert len({r.data.tags["ray_node_id"] for r in stage1}) == 2  # one trial on each node
