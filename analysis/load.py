@@ -69,7 +69,7 @@ class RunSet:
 
 
 def load_runs(tracking_uri: str, experiments=None, *, sweep_run_id: str | None = None, subtree: bool = True,
-              best_keys=DEFAULT_CLIENT_BEST_KEYS) -> RunSet:
+              best_keys=DEFAULT_CLIENT_BEST_KEYS, backend: str = "auto") -> RunSet:
     """The runs of `experiments` (names), or of the sweep run `sweep_run_id` and its
     descendants (its trials and their stages). With both, the sweep run must belong to
     one of the experiments and only its subtree is kept. subtree=False keeps every run
@@ -79,6 +79,8 @@ def load_runs(tracking_uri: str, experiments=None, *, sweep_run_id: str | None =
     re-parent them: they stay under the earlier sweep run, so its subtree lacks them,
     while the whole experiment ({sweep}-{preset}) has every invocation's trials.
 
+    backend: auto (SQL for a SQL URI, else MlflowClient) | sql | client.
+
     Raises AnalysisError (one line) for an unknown experiment or sweep run, or a store
     that cannot be read."""
     if not tracking_uri:
@@ -86,7 +88,7 @@ def load_runs(tracking_uri: str, experiments=None, *, sweep_run_id: str | None =
     experiments = [experiments] if isinstance(experiments, str) else list(experiments or [])
     if not experiments and not sweep_run_id:
         raise AnalysisError("name at least one experiment (--experiment NAME) or a sweep run (--sweep-run ID)")
-    source = open_source(tracking_uri)
+    source = open_source(tracking_uri, backend)
     known = source.experiments()
     by_name = dict(zip(known["name"].to_list(), known["experiment_id"].to_list()))
     missing = [e for e in experiments if e not in by_name]

@@ -1,13 +1,10 @@
 """ChartSpec → PNG for papers, with matplotlib's object API on the Agg canvas (no
-pyplot, no global backend switch: importing this never changes a notebook's backend,
-and it runs headless)."""
+pyplot, no global backend switch: using this never changes a notebook's backend, and
+it runs headless)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
 from analysis.charts import ChartSpec
 
@@ -15,6 +12,11 @@ DPI = 150
 
 
 def render_png(spec: ChartSpec, path: Path) -> Path:
+    # Imported here: matplotlib costs half a second, which a CLI that stops at a bad
+    # experiment name should not pay.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(6.4, 4.2), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()

@@ -1,0 +1,121 @@
+"""Open a report.html in headless Chromium, take a screenshot, and check that the page
+rendered its charts without script errors. By hand:
+
+    apt-get install -y chromium        # Debian's package; or set LOOPLAB_CHROMIUM=/path/to/chrome
+    python analysis/screenshot.py runs/beta/analysis/report.html --out /tmp/report.png
+
+Exit status 0 when the page is fine (prints what it found), 1 when a check fails
+(prints which), 2 when there is no browser. The checks: the DOM after the page's
+script ran (--dump-dom) carries data-rendered (charts drawn, at least one) and
+data-points (points drawn, at least one) on <body>, no data-js-error (the page's
+window.onerror handler sets it), as many <circle class="pt"> as points, and no
+console error; the screenshot decodes as a PNG that is not blank (many distinct
+colours, at least 1% of pixels inked: text, axes, points). Chromium runs with every host name
+unresolvable, so a page that needed the network would show it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
+TIMEOUT_S = 90
+
+
+def find_browser() -> str | None:
+    override = os.environ.get("LOOPLAB_CHROMIUM")
+    if override:
+        return override if Path(override).is_file() else None
+    return next((path for path in map(shutil.which, BROWSERS) if path), None)
+
+
+def _run(browser: str, args: list[str], profile: str) -> subprocess.CompletedProcess:
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--hide-scrollbars",
+             "--no-first-run", "--mute-audio", f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0",
+             "--host-resolver-rules=MAP * ~NOTFOUND", "--virtual-time-budget=10000"]
+    return subprocess.run([browser, *flags, *args], capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+
+
+def _console_errors(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if "CONSOLE" in line and ("Uncaught" in line or "Error" in line)]
+
+
+def _png_stats(path: Path) -> dict:
+    from PIL import Image  # Pillow comes with matplotlib
+
+    with Image.open(path) as image:
+        rgb = image.convert("RGB")
+        width, height = rgb.size
+        raw = rgb.resize((max(1, width // 4), max(1, height // 4))).tobytes()
+    pixels = [raw[i:i + 3] for i in range(0, len(raw), 3)]
+    inked = sum(1 for r, g, b in pixels if r + g + b < 600) / len(pixels)  # text, axes, points: not background
+    return {"width": width, "height": height, "distinct_colors": len(set(pixels)), "inked_fraction": inked}
+
+
+def check_report(html_path, screenshot: Path | None = None, *, browser: str | None = None) -> dict:
+    """Render html_path headless; returns what was found, with "problems": a list of
+    failed checks (empty when the page is fine). Raises FileNotFoundError without a browser."""
+    browser = browser or find_browser()
+    if browser is None:
+        raise FileNotFoundError("no Chromium found (apt-get install -y chromium, or set LOOPLAB_CHROMIUM)")
+    page = Path(html_path).resolve()
+    url = page.as_uri()
+    with tempfile.TemporaryDirectory(prefix="looplab-chromium-") as profile:
+        dom = _run(browser, ["--dump-dom", url], profile)
+        shot = Path(screenshot) if screenshot else Path(profile) / "shot.png"
+        pic = _run(browser, [f"--screenshot={shot}", "--window-size=1280,1800", url], profile)
+        found = {"dom_bytes": len(dom.stdout), "console_errors": _console_errors(dom.stderr + pic.stderr)}
+        body = re.search(r"<body([^>]*)>", dom.stdout)
+        attrs = dict(re.findall(r'(data-[a-z-]+)="([^"]*)"', body.group(1))) if body else {}
+        found["charts"] = int(attrs.get("data-rendered", "0") or 0)
+        found["points"] = int(attrs.get("data-points", "0") or 0)
+        found["js_error"] = attrs.get("data-js-error")
+        # Drawn circles have numeric coordinates; the script's own source text has none.
+        found["circles"] = len(re.findall(r'<circle class="pt" cx="[0-9.]', dom.stdout))
+        found["screenshot"] = str(shot) if screenshot else None
+        found.update(_png_stats(shot) if shot.is_file() else {"distinct_colors": 0, "inked_fraction": 0.0})
+    problems = []
+    if dom.returncode != 0 or not dom.stdout:
+        problems.append(f"chromium --dump-dom failed (status {dom.returncode}): {dom.stderr.strip()[-300:]}")
+    if found["js_error"]:
+        problems.append(f"script error in the page: {found['js_error']}")
+    if found["console_errors"]:
+        problems.append(f"console errors: {found['console_errors'][:3]}")
+    if found["charts"] < 1:
+        problems.append("no chart rendered (body has no data-rendered >= 1)")
+    if found["points"] < 1 or found["circles"] < found["points"]:
+        problems.append(f"points drawn: {found['points']}, <circle class=\"pt\"> in the DOM: {found['circles']}")
+    if found["distinct_colors"] < 16 or found["inked_fraction"] < 0.01:
+        problems.append(f"screenshot looks blank ({found['distinct_colors']} colours, "
+                        f"{found['inked_fraction']:.2%} inked pixels)")
+    found["problems"] = problems
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="Check that a looplab report renders in headless Chromium.")
+    p.add_argument("report", help="path to report.html")
+    p.add_argument("--out", default=None, help="where to save the screenshot (PNG)")
+    args = p.parse_args(argv)
+    try:
+        found = check_report(args.report, Path(args.out) if args.out else None)
+    except FileNotFoundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for key, value in found.items():
+        if key != "problems":
+            print(f"{key}: {value}")
+    for problem in found["problems"]:
+        print(f"FAILED: {problem}", file=sys.stderr)
+    return 1 if found["problems"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,213 @@
+"""A small sweep logged to an MLflow store with looplab.tracking, shaped like the
+platform's (trainables/trial.py): a sweep run; per trial a trial run (params of the
+final stage's config, search.* values, content tags) and one nested run per stage;
+shared upstream stages trained once and reused (reused=true, reused_from, the
+original's final metrics logged again); training records, the full-model eval and
+the threshold sweep (dense / skip at q, forced depths 1..R) logged as
+looplab.train's records through tracking.log_record.
+
+The values are simple closed forms (VALUES below) so tests can state expected
+numbers by hand.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from looplab import tracking
+from looplab.config import apply_overrides
+from looplab.presets import for_stage, get_preset
+
+QS = (0.2, 0.4, 0.6, 0.8, 1.0)
+R = 4
+ARMS = {"Ouro": ("pretrain", "stage1", "stage2"), "CHASE": ("pretrain", "stage1", "chase", "stage2")}
+PAPER_TASKS = ("piqa", "boolq", "winogrande", "openbookqa", "hellaswag", "arc_challenge", "arc_easy")
+
+
+def skip_loops(q: float) -> float:
+    return 1.5 + 2.5 * q  # q 0.2 -> 2.0 ... 1.0 -> 4.0
+
+
+def point_values(arm: str, stage: str, seed: int, mode: str, q: float | None, depth: int | None) -> dict:
+    """Executed loops, exit step, accuracy and perplexity of one evaluation point."""
+    s = 0.02 * seed
+    if mode == "forced":
+        return {"executed_loops": float(depth), "mean_exit_step": float(depth), "accuracy": 0.1 * depth + s,
+                "ppl": 100.0 / depth ** 2 + seed}
+    if mode == "full":  # all R loops, readout at R: forced depth R
+        return point_values(arm, stage, seed, "forced", None, R)
+    exit_step = skip_loops(q)
+    loops = float(R) if mode == "dense" else exit_step
+    if mode == "dense":
+        acc, ppl = 0.40 + 0.1 * q + s, 10.0 + seed + (1.0 - q)
+    elif arm == "CHASE" and stage in ("chase", "stage2"):
+        acc, ppl = 0.35 + 0.1 * q + s, 10.5 + seed + (1.0 - q)
+    else:  # the Ouro gate under skip: quality collapses as compute falls (the cache-hole effect)
+        acc, ppl = 0.05 + 0.4 * q + s, 10.0 + seed + 50.0 * (1.0 - q)
+    return {"executed_loops": loops, "mean_exit_step": exit_step, "accuracy": acc, "ppl": ppl}
+
+
+def eval_records(arm: str, stage: str, seed: int, step: int) -> list[dict]:
+    full = point_values(arm, stage, seed, "full", None, None)
+    records = [{"kind": "eval", "step": step, "mode": "forced", "q": None, "depth": R, "accuracy": full["accuracy"],
+                "loss": math.log(full["ppl"]), "ppl": full["ppl"], "n": 100}]
+    if stage == "pretrain":
+        return records
+    for mode in ("dense", "skip"):
+        for q in QS:
+            v = point_values(arm, stage, seed, mode, q, None)
+            records.append({"kind": "eval_exit", "step": step, "mode": mode, "q": q, "depth": None, **v,
+                            "loss": math.log(v["ppl"]), "backbone_flops_per_token": 1000.0 * v["executed_loops"],
+                            "n": 100})
+    for depth in range(1, R + 1):
+        v = point_values(arm, stage, seed, "forced", None, depth)
+        records.append({"kind": "eval_exit", "step": step, "mode": "forced", "q": None, "depth": depth, **v,
+                        "loss": math.log(v["ppl"]), "backbone_flops_per_token": 1000.0 * depth, "n": 100})
+    return records
+
+
+def log_records(mc, run_id: str, records: list[dict]) -> None:
+    """What tracking.log_record logs for each record (same names, values and steps via
+    tracking.record_metrics), in one log_batch per run instead of one per record: the
+    fixture is then a few seconds, not twenty."""
+    from mlflow.entities import Metric
+
+    batch = [Metric(key, value, 0, int(record["step"])) for record in records
+             for key, value in tracking.record_metrics(record).items()]
+    for i in range(0, len(batch), 1000):  # MLflow takes at most 1000 metrics per batch
+        mc.log_batch(run_id, metrics=batch[i:i + 1000])
+
+
+def train_records(stage: str, beta: float, steps: int) -> list[dict]:
+    out = []
+    for step in range(steps // 4, steps + 1, steps // 4):
+        rec = {"kind": "train", "step": step, "stage": stage, "loss": 3.0 - step / steps, "lr": 1e-3,
+               "grad_norm": 1.0, "tokens_per_s": 1000.0}
+        if stage != "pretrain":  # a gate exists: the β diagnostics
+            rec["exit_entropy"] = math.log(R) * (1.0 - 0.5 * step / steps) * min(1.0, beta * 4)
+            rec["expected_exit_step"] = 4.0 - beta * step / steps
+        out.append(rec)
+    return out
+
+
+def stage_configs(arm: str, seed: int, beta: float, root: Path, *, preset: str = "debug", extra=None):
+    base = apply_overrides(get_preset(preset), {"train.steps": 40, "train.seed": seed, **(extra or {})})
+    configs = []
+    for stage in ARMS[arm]:
+        parent = configs[-1] if configs else None
+        cfg = for_stage(base, stage, str(root / "stages" / f"{parent.stage}-{parent.trial_key()}" / "checkpoint")
+                        if parent else "", f"{parent.stage}-{parent.config_hash()}" if parent else "")
+        if stage == "stage1":
+            cfg = apply_overrides(cfg, {"exit.beta": beta})
+        configs.append(cfg)
+    return configs
+
+
+def log_sweep(uri: str, root: Path, experiment: str, *, arms=("Ouro", "CHASE"), seeds=(0, 1), betas=(0.25,),
+              lm_eval: bool = False, preset: str = "debug", extra=None) -> dict:
+    """Log the sweep; returns {"sweep_run": id, "trials": {(arm, seed, beta): trial_run_id},
+    "stages": {(arm, seed, beta, stage): stage_run_id}, "experiment_id": id}."""
+    mc = tracking.client(uri)
+    exp_id = tracking.ensure_experiment(mc, experiment, root / "mlflow")
+    sweep = mc.create_run(exp_id, run_name=f"{experiment}-sweep",
+                          tags={"level": tracking.SWEEP, "sweep_key": "k0", "preset": preset, "git_sha": "abc",
+                                "command": "sweeps/test.py", "mlflow.runName": f"{experiment}-sweep"}).info.run_id
+    trained: dict[str, dict] = {}  # stage trial_key -> {"run_id", "metrics"} (the shared-stage "done" marker)
+    out = {"sweep_run": sweep, "trials": {}, "stages": {}, "experiment_id": exp_id}
+    for arm in arms:
+        for beta in betas:
+            for seed in seeds:
+                configs = stage_configs(arm, seed, beta, root, preset=preset, extra=extra)
+                final = configs[-1]
+                trial, _ = tracking.open_run(
+                    mc, exp_id, name=f"trial-{final.trial_key()}",
+                    tags=tracking.config_tags(final, level=tracking.TRIAL, git="abc", sweep=experiment),
+                    key={"level": tracking.TRIAL, "trial_key": final.trial_key()}, parent_run_id=sweep,
+                    params={**tracking.config_params(final), "search.beta": str(beta), "search.seed": str(seed)})
+                out["trials"][(arm, seed, beta)] = trial
+                for i, cfg in enumerate(configs):
+                    last = i == len(configs) - 1
+                    key = {"level": tracking.STAGE, "trial_key": cfg.trial_key(), "trial_run": trial}
+                    name = f"{cfg.stage}-{cfg.trial_key()}"
+                    done = trained.get(cfg.trial_key())
+                    if done:  # a shared upstream stage: reused, its metrics logged again
+                        run, _ = tracking.open_run(mc, exp_id, name=name, key=key, parent_run_id=trial,
+                                                   tags=tracking.config_tags(cfg, level=tracking.STAGE, git="abc",
+                                                                             reused_from=done["run_id"], reused="true",
+                                                                             checkpoint="ckpt"))
+                        tracking.log_metrics(mc, run, done["metrics"], step=cfg.train.steps)
+                        if last:
+                            tracking.log_metrics(mc, trial, done["metrics"], step=cfg.train.steps)
+                        tracking.close_run(mc, run, ok=True)
+                    else:
+                        run, _ = tracking.open_run(mc, exp_id, name=name, key=key, parent_run_id=trial,
+                                                   tags=tracking.config_tags(cfg, level=tracking.STAGE, git="abc",
+                                                                             reused="false", checkpoint="ckpt"),
+                                                   params=tracking.config_params(cfg))
+                        targets = [run] + ([trial] if last else [])
+                        steps = cfg.train.steps
+                        records = train_records(cfg.stage, cfg.exit.beta, steps) + eval_records(arm, cfg.stage, seed,
+                                                                                               steps)
+                        for target in targets:
+                            log_records(mc, target, records)
+                        timing = {f"{cfg.stage}_wall_time_s": 10.0 * (i + 1)}
+                        for target in targets:
+                            tracking.log_metrics(mc, target, timing, step=steps)
+                        tracking.log_metrics(mc, run, {"stage_seconds": 10.0 * (i + 1)}, step=steps)
+                        if lm_eval and last:
+                            scores = lm_eval_scores(arm, seed)
+                            for target in targets:
+                                tracking.log_metrics(mc, target, scores, step=steps)
+                        tracking.close_run(mc, run, ok=True)
+                        trained[cfg.trial_key()] = {"run_id": run, "metrics": tracking.latest_metrics(mc, run)}
+                    out["stages"][(arm, seed, beta, cfg.stage)] = run
+                tracking.close_run(mc, trial, ok=True)
+    tracking.close_run(mc, sweep, ok=True)
+    return out
+
+
+def lm_eval_scores(arm: str, seed: int) -> dict[str, float]:
+    """Task scores (fractions) of the full model and of skip at q=0.4, by the names
+    analysis.names documents."""
+    scores = {}
+    for i, task in enumerate(PAPER_TASKS):
+        full = 0.30 + 0.01 * i + 0.01 * seed
+        scores[f"lm_eval.{task}"] = full
+        scores[f"skip_q0.4_lm_eval.{task}"] = full - (0.01 if arm == "CHASE" else 0.05)
+    return scores
+
+
+def log_untrained_sweep(uri: str, root: Path, experiment: str) -> str:
+    """A sweep whose one trial logged training records only (it died before evaluating)."""
+    mc = tracking.client(uri)
+    exp_id = tracking.ensure_experiment(mc, experiment, root / "mlflow")
+    sweep = mc.create_run(exp_id, tags={"level": tracking.SWEEP, "sweep_key": "k1"}).info.run_id
+    cfg = stage_configs("Ouro", 0, 0.25, root)[0]
+    trial, _ = tracking.open_run(mc, exp_id, name=f"trial-{cfg.trial_key()}",
+                                 tags=tracking.config_tags(cfg, level=tracking.TRIAL, git="abc"),
+                                 key={"level": tracking.TRIAL, "trial_key": cfg.trial_key()}, parent_run_id=sweep,
+                                 params=tracking.config_params(cfg))
+    for record in train_records("pretrain", 0.25, 40):
+        tracking.log_record(mc, trial, record)
+    tracking.close_run(mc, trial, ok=True)
+    tracking.close_run(mc, sweep, ok=True)
+    return sweep
+
+
+def log_history(uri: str, root: Path, experiment: str) -> str:
+    """One trial run (no stage runs) whose evaluation got worse after its best step:
+    val_ppl 8.0 then 9.0, val_accuracy 0.5 then 0.4; training loss 3.0, 2.0, 2.5."""
+    mc = tracking.client(uri)
+    exp_id = tracking.ensure_experiment(mc, experiment, root / "mlflow")
+    cfg = stage_configs("Ouro", 0, 0.25, root)[0]
+    trial, _ = tracking.open_run(mc, exp_id, name="trial", tags=tracking.config_tags(cfg, level=tracking.TRIAL),
+                                 key={"level": tracking.TRIAL, "trial_key": cfg.trial_key()},
+                                 params=tracking.config_params(cfg))
+    for step, ppl, acc, loss in ((10, 8.0, 0.5, 3.0), (20, 9.0, 0.4, 2.0)):
+        tracking.log_record(mc, trial, {"kind": "eval", "step": step, "ppl": ppl, "accuracy": acc,
+                                        "loss": math.log(ppl)})
+        tracking.log_record(mc, trial, {"kind": "train", "step": step, "loss": loss})
+    tracking.log_record(mc, trial, {"kind": "train", "step": 30, "loss": 2.5})
+    tracking.close_run(mc, trial, ok=True)
+    return trial

@@ -1,0 +1,389 @@
+"""The analysis layer: frontiers, seed aggregation and frontier areas against numbers
+worked out by hand; and end to end, runs logged by looplab.tracking to a temporary
+MLflow store (shaped like the platform's sweep > trial > stage tree, see
+tests/analysis_fixture.py) → `python analysis/frontier.py` → files, artifacts, a
+report that renders in headless Chromium (skipped without a browser)."""
+
+from __future__ import annotations
+
+import csv
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pl = pytest.importorskip("polars")
+pytest.importorskip("matplotlib")
+pytest.importorskip("mlflow")
+
+from analysis.aggregate import aggregate_seeds, choose_best_seeds, student_t_quantile
+from analysis.frontier import (
+    best_under_budget,
+    frontier,
+    frontier_area,
+    frontier_gap,
+    pareto_frontier,
+)
+from analysis.names import parse_point_metric
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import analysis_fixture as fx
+
+
+def pts(rows, labels=None):
+    return pl.DataFrame({"x": [float(r[0]) for r in rows], "y": [float(r[1]) for r in rows],
+                         "label": labels or [f"p{i}" for i in range(len(rows))]})
+
+
+def on(df):
+    return sorted((r["x"], r["y"]) for r in df.filter("on_frontier").iter_rows(named=True))
+
+
+# ---- frontier ----------------------------------------------------------------------
+
+
+def test_frontier_removes_dominated_points():
+    df = pts([(1, 0.5), (2, 0.4), (2, 0.7), (3, 0.6), (4, 0.9)])
+    assert on(pareto_frontier(df, "x", "y")) == [(1, 0.5), (2, 0.7), (4, 0.9)]
+
+
+def test_frontier_of_a_lower_is_better_quality():
+    df = pts([(1, 30.0), (2, 12.0), (3, 15.0), (4, 11.0)])
+    assert on(pareto_frontier(df, "x", "y", maximize=False)) == [(1, 30.0), (2, 12.0), (4, 11.0)]
+
+
+def test_frontier_ties_are_deterministic():
+    # equal compute: the better stays; equal quality: the cheaper stays
+    assert on(pareto_frontier(pts([(2, 0.65), (2, 0.7), (3, 0.9), (4, 0.9)]), "x", "y")) == [(2, 0.7), (3, 0.9)]
+    # exact duplicates: one stays, the same one whatever the input order (tie-break on label)
+    for order in ([("b", 0), ("a", 1)], [("a", 0), ("b", 1)]):
+        labels = [lab for lab, _ in order]
+        kept = pareto_frontier(pts([(1, 0.5), (1, 0.5)], labels), "x", "y").filter("on_frontier")
+        assert kept["label"].to_list() == ["a"]
+
+
+def test_frontier_single_point_and_groups():
+    assert on(pareto_frontier(pts([(3, 0.2)]), "x", "y")) == [(3.0, 0.2)]
+    df = pts([(1, 0.1), (2, 0.3), (1, 0.4), (2, 0.2)]).with_columns(pl.Series("s", ["a", "a", "b", "b"]))
+    flags = pareto_frontier(df, "x", "y", by="s").sort("s", "x")["on_frontier"].to_list()
+    assert flags == [True, True, True, False]
+
+
+def test_frontier_empty_input_says_so():
+    with pytest.raises(ValueError, match="no points to build a frontier from"):
+        pareto_frontier(pts([]), "x", "y")
+    with pytest.raises(ValueError, match="none with both x and y"):
+        pareto_frontier(pl.DataFrame({"x": [1.0, None], "y": [None, 2.0]}), "x", "y")
+    with pytest.raises(ValueError, match="no column 'z'"):
+        pareto_frontier(pts([(1, 1)]), "x", "z")
+
+
+def test_frontier_area_by_hand():
+    a = [(1, 0.5), (2, 0.7), (4, 0.9)]
+    b = [(1, 0.4), (3, 0.8)]
+    # shared range [1, 3]; steps: a - b = 0.1 on [1, 2), 0.3 on [2, 3)
+    assert frontier_area(a, b) == pytest.approx(0.4)
+    assert frontier_area(b, a) == pytest.approx(-0.4)
+    # linear: a - b is 0.1 at 1, 0.1 at 2 (0.7 - 0.6), 0 at 3 (0.8 - 0.8): trapezoids 0.1 + 0.05
+    assert frontier_area(a, b, interpolation="linear") == pytest.approx(0.15)
+    gap = frontier_gap(a, b)
+    assert (gap["lo"], gap["hi"], gap["mean_gap"]) == (1.0, 3.0, pytest.approx(0.2))
+    # lower is better (perplexity): a is 10 lower over [1, 3]: +20, a is the better one
+    assert frontier_area([(1, 20), (3, 10)], [(1, 30), (3, 20)], maximize=False) == pytest.approx(20.0)
+    # dominated points do not count: (2, 0.1) is below a's frontier
+    assert frontier_area(a + [(2, 0.1)], b) == pytest.approx(0.4)
+    with pytest.raises(ValueError, match="share no compute range"):
+        frontier_area([(1, 0.5), (2, 0.6)], [(3, 0.5), (4, 0.6)])
+    assert frontier_area([(2, 0.5)], [(2, 0.4)]) == 0.0  # a zero-width shared range
+
+
+def test_best_under_budget():
+    df = pts([(1, 0.5), (2, 0.7), (2, 0.7), (4, 0.9)], ["a", "c", "b", "d"])
+    assert best_under_budget(df, "x", "y", 3)["label"] == "b"  # tie at (2, 0.7): the label order decides
+    assert best_under_budget(df, "x", "y", 10)["label"] == "d"
+    with pytest.raises(ValueError, match="cheapest needs 1"):
+        best_under_budget(df, "x", "y", 0.5)
+    assert frontier(df, "x", "y")["label"].to_list() == ["a", "b", "d"]
+
+
+# ---- aggregation ---------------------------------------------------------------------
+
+
+def test_student_t_quantiles_match_tables():
+    for df, value in ((1, 12.7062), (2, 4.3027), (4, 2.7764), (30, 2.0423)):
+        assert student_t_quantile(0.975, df) == pytest.approx(value, abs=1e-4)
+    assert student_t_quantile(0.95, 9) == pytest.approx(1.8331, abs=1e-4)
+
+
+def test_seed_aggregation_by_hand():
+    df = pl.DataFrame({"trial_config_hash": ["A", "A", "A", "B"], "seed": [0, 1, 2, 0],
+                       "accuracy": [0.6, 0.7, 0.8, 0.5], "ppl": [12.0, 11.0, None, 9.0]})
+    out = aggregate_seeds(df, ["accuracy", "ppl"], by=["trial_config_hash"]).sort("trial_config_hash")
+    a, b = out.row(0, named=True), out.row(1, named=True)
+    assert a["n_seeds"] == 3 and a["seeds"] == [0, 1, 2]
+    assert a["accuracy"] == pytest.approx(0.7) and a["accuracy_std"] == pytest.approx(0.1)
+    half = 4.302653 * 0.1 / math.sqrt(3)  # t(0.975, 2) · s / √n
+    assert (a["accuracy_ci_low"], a["accuracy_ci_high"]) == (pytest.approx(0.7 - half), pytest.approx(0.7 + half))
+    # a missing seed value is left out of that metric: ppl over 12 and 11 only, t(0.975, 1)
+    assert a["ppl"] == pytest.approx(11.5) and a["ppl_std"] == pytest.approx(math.sqrt(0.5))
+    assert a["ppl_ci_high"] == pytest.approx(11.5 + 12.706205 * math.sqrt(0.5) / math.sqrt(2))
+    assert b["n_seeds"] == 1 and b["accuracy"] == 0.5 and b["accuracy_std"] is None and b["accuracy_ci_low"] is None
+
+
+def test_best_of_seeds_by_hand():
+    df = pl.DataFrame({"trial_config_hash": ["A", "A", "A"], "seed": [0, 1, 2], "accuracy": [0.6, 0.8, 0.8],
+                       "ppl": [12.0, 11.0, 10.0]})
+    out = aggregate_seeds(df, ["accuracy", "ppl"], by=["trial_config_hash"], best_of_seeds="accuracy").row(0, named=True)
+    # 0.8 twice: the lower seed wins, and its ppl comes with it
+    assert (out["accuracy"], out["ppl"], out["chosen_seed"]) == (0.8, 11.0, 1)
+    assert out["accuracy_ci_low"] is None and out["accuracy_std"] == pytest.approx(0.11547, abs=1e-5)
+    points = pl.DataFrame({"experiment": ["e"] * 4, "trial_config_hash": ["A"] * 4, "seed": [0, 0, 1, 1],
+                           "is_final_stage": [True] * 4, "policy": ["full", "skip", "full", "skip"],
+                           "accuracy": [0.5, 0.3, 0.6, 0.1]})
+    kept = choose_best_seeds(points, "accuracy")
+    assert kept["seed"].unique().to_list() == [1] and kept.height == 2  # a seed's points stay together
+
+
+def test_metric_names():
+    assert parse_point_metric("skip_q0.4_ppl") == ("skip", 0.4, None, "ppl")
+    assert parse_point_metric("forced_d3_executed_loops") == ("forced", None, 3, "executed_loops")
+    assert parse_point_metric("val_accuracy") == ("full", None, None, "accuracy")
+    assert parse_point_metric("skip_q0.4_lm_eval.piqa") == ("skip", 0.4, None, "lm_eval.piqa")
+    assert parse_point_metric("lm_eval.arc_easy") == ("full", None, None, "lm_eval.arc_easy")
+    assert parse_point_metric("exit_entropy") is None and parse_point_metric("skip_q0.4_bogus") is None
+
+
+# ---- end to end -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mlflow")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    main = fx.log_sweep(uri, root, "chase-debug", lm_eval=True)
+    # another sweep with other params (p-hop task, no lm-eval): the mixed-schema partner
+    other = fx.log_sweep(uri, root, "phop-mixed", arms=("Ouro",), seeds=(0,), preset="phop-debug",
+                         extra={"model.n_loops": 4})
+    fx.log_untrained_sweep(uri, root, "no-eval")
+    fx.log_history(uri, root, "history")
+    return {"uri": uri, "root": root, "main": main, "other": other}
+
+
+def cli(*args, cwd=None):
+    return subprocess.run([sys.executable, str(REPO / "analysis" / "frontier.py"), *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=300, check=False)
+
+
+def read_csv(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def report(store, tmp_path_factory):
+    out = tmp_path_factory.mktemp("report")
+    # from another working directory, as a researcher would run it
+    done = cli("--tracking-uri", store["uri"], "--experiment", "chase-debug", "--out", str(out), "--quality", "accuracy",
+               cwd=tmp_path_factory.mktemp("elsewhere"))
+    assert done.returncode == 0, done.stderr
+    return out, done.stdout
+
+
+def test_cli_writes_every_file(report):
+    out, stdout = report
+    for name in ("frontier.csv", "points.csv", "aggregated.csv", "frontier_areas.csv", "report.html", "frontier.png",
+                 "skip_ppl.png", "beta_exit_entropy.png", "beta_expected_exit_step.png", "tables/tables.md",
+                 "tables/iso_table.md", "tables/iso_table.csv", "tables/threshold_sweep.md", "tables/fixed_loop.csv",
+                 "tables/skip_vs_full.md", "tables/beta_ablation.csv"):
+        assert (out / name).is_file(), name
+        assert str(out / name) in stdout  # printed where it is
+
+
+def test_points_csv_matches_logged_runs(report):
+    rows = read_csv(report[0] / "points.csv")
+    # 2 arms × 2 seeds; Ouro: pretrain (full) + stage1, stage2 (full + 10 gated + 4 forced);
+    # CHASE has one more gated stage
+    assert len(rows) == 2 * (1 + 2 * 15) + 2 * (1 + 3 * 15)
+    for arm in ("Ouro", "CHASE"):
+        for seed in (0, 1):
+            for stage in fx.ARMS[arm]:
+                for row in (r for r in rows if r["method"] == arm and r["seed"] == str(seed) and r["stage"] == stage):
+                    mode = row["policy"]
+                    q = float(row["q"]) if row["q"] else None
+                    depth = int(row["depth"]) if row["depth"] else None
+                    want = fx.point_values(arm, stage, seed, mode, q, depth)
+                    assert float(row["accuracy"]) == pytest.approx(want["accuracy"]), row["point"]
+                    assert float(row["ppl"]) == pytest.approx(want["ppl"]), row["point"]
+                    assert float(row["executed_loops"]) == pytest.approx(want["executed_loops"]), row["point"]
+
+
+def test_frontier_csv_by_hand(report):
+    rows = read_csv(report[0] / "frontier.csv")
+    chase_skip = sorted((r for r in rows if r["series"] == "CHASE · skip"), key=lambda r: float(r["compute"]))
+    # q = 0.4: executed 2.5; accuracy 0.39 (seed 0) and 0.41 (seed 1)
+    q04 = next(r for r in chase_skip if r["q"] == "0.4")
+    assert float(q04["compute"]) == pytest.approx(2.5) and float(q04["quality"]) == pytest.approx(0.40)
+    half = 12.706205 * math.sqrt(0.0002) / math.sqrt(2)  # t(0.975, 1) · s / √2, s = std(0.39, 0.41)
+    assert float(q04["quality_ci_high"]) == pytest.approx(0.40 + half, abs=1e-6)
+    assert q04["n_seeds"] == "2" and q04["quality_metric"] == "accuracy"
+    assert [r["on_frontier"] for r in chase_skip] == ["true"] * 5  # accuracy rises with every extra loop
+    dense = [r for r in rows if r["series"] == "Ouro · dense"]  # all at 4 loops: only the best q survives
+    assert [r["q"] for r in dense if r["on_frontier"] == "true"] == ["1.0"]
+    assert {r["series"] for r in rows} == {"CHASE · dense", "CHASE · forced", "CHASE · skip", "Ouro · dense",
+                                           "Ouro · forced", "Ouro · skip"}
+
+
+def test_frontier_areas_csv_by_hand(report):
+    rows = {(r["series_a"], r["series_b"]): r for r in read_csv(report[0] / "frontier_areas.csv")}
+    # CHASE skip vs Ouro skip over loops [2, 4], steps at 2, 2.5, 3, 3.5 (seed means):
+    # CHASE 0.38 + 0.02 k, Ouro 0.14 + 0.08 k (k = 0..4); gaps 0.24, 0.18, 0.12, 0.06, each over 0.5
+    area = float(rows[("CHASE · skip", "Ouro · skip")]["area"])
+    assert area == pytest.approx(0.5 * (0.24 + 0.18 + 0.12 + 0.06))
+
+
+def test_png_is_a_real_plot(report):
+    from PIL import Image
+
+    for name in ("frontier.png", "skip_ppl.png", "beta_exit_entropy.png"):
+        with Image.open(report[0] / name) as image:
+            assert image.format == "PNG" and image.width > 400 and image.height > 300
+            rgb = image.convert("RGB").resize((image.width // 4, image.height // 4))
+            raw = rgb.tobytes()
+        pixels = {raw[i:i + 3] for i in range(0, len(raw), 3)}
+        assert len(pixels) > 20, name  # axes, text, coloured series: not a blank canvas
+
+
+def test_html_needs_no_network(report):
+    text = (report[0] / "report.html").read_text()
+    assert "http://" not in text and "https://" not in text
+    assert "<script src" not in text and "<link" not in text and "@import" not in text and "url(" not in text
+    assert 'id="report-data"' in text and 'id="chart-frontier"' in text
+    assert "PIQA" in text and "Avg." in text  # lm-eval columns appear when the runs logged them
+
+
+def test_artifacts_on_the_sweep_run(report, store):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=store["uri"])
+    names = {a.path for a in client.list_artifacts(store["main"]["sweep_run"], "analysis")}
+    assert {"analysis/report.html", "analysis/frontier.csv", "analysis/frontier.png", "analysis/tables"} <= names
+    assert "artifacts: logged to run " + store["main"]["sweep_run"] in report[1]
+
+
+def test_tables_have_the_paper_shape(report):
+    tables = (report[0] / "tables" / "tables.md").read_text()
+    assert "| Arch. | Model | Params / FLOPs | PPL | Acc. (%) | n |" in tables
+    assert "| mamba2 | Loop (1⊗4) | 1× / 4× | 6.75 ± 0.71 | 41.00 ± 1.41 | 2 |" in tables  # ppl 6.25 and 7.25
+    threshold = read_csv(report[0] / "tables" / "threshold_sweep.csv")
+    chase = [r for r in threshold if r["label"].startswith("CHASE") and r["stage"] == "stage2" and r["policy"] == "skip"]
+    assert [r["q"] for r in chase] == ["1.0", "0.8", "0.6", "0.4", "0.2"]  # as in App. G
+    q04 = next(r for r in chase if r["q"] == "0.4")
+    # lm-eval: skip at q=0.4 logged the seven tasks; Avg. is their mean (both seeds: 0.30..0.36 + 0.01 s - 0.01)
+    assert float(q04["lm_eval.piqa"]) == pytest.approx(0.295)
+    assert float(q04["lm_eval_avg"]) == pytest.approx(0.325)
+    skip = read_csv(report[0] / "tables" / "skip_vs_full.csv")
+    ouro = next(r for r in skip if r["label"].startswith("Ouro") and r["q"] == "0.2")
+    assert float(ouro["delta_ppl_pct"]) == pytest.approx((50.5 / 6.75 - 1) * 100)  # skip 50.5 against full 6.75
+    assert float(ouro["ideal_speedup"]) == pytest.approx(2.0)
+
+
+def test_lm_eval_columns_absent_without_lm_eval(store, tmp_path):
+    done = cli("--tracking-uri", store["uri"], "--experiment", "phop-mixed", "--out", str(tmp_path), "--no-log")
+    assert done.returncode == 0, done.stderr
+    tables = (tmp_path / "tables" / "tables.md").read_text()
+    assert "PIQA" not in tables and "Avg." not in tables
+    assert "PPL" not in tables.split("### Exit-gate")[0]  # p-hop: accuracy, no perplexity column
+
+
+def one_line_error(done):
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in done.stderr, done.stderr
+    return lines[0]
+
+
+def test_unknown_experiment(store, tmp_path):
+    line = one_line_error(cli("--tracking-uri", store["uri"], "--experiment", "nope", "--out", str(tmp_path)))
+    assert "unknown experiment 'nope'" in line and "chase-debug" in line and "phop-mixed" in line
+
+
+def test_missing_metrics(store, tmp_path):
+    line = one_line_error(cli("--tracking-uri", store["uri"], "--experiment", "no-eval", "--out", str(tmp_path)))
+    assert "no evaluation metrics" in line and "loss" in line
+    line = one_line_error(cli("--tracking-uri", store["uri"], "--experiment", "phop-mixed", "--out", str(tmp_path),
+                              "--quality", "lm_eval_avg", "--no-log"))
+    assert "no run logged 'lm_eval_avg'" in line
+
+
+def test_mixed_schema(store, tmp_path):
+    # params differ (text vs p-hop task): analysed together with null columns and a note
+    done = cli("--tracking-uri", store["uri"], "--experiment", "chase-debug", "--experiment", "phop-mixed",
+               "--out", str(tmp_path / "both"), "--no-log")
+    assert done.returncode == 0, done.stderr
+    assert "note: mixed schemas" in done.stdout
+    rows = read_csv(tmp_path / "both" / "points.csv")
+    assert {r["experiment"] for r in rows} == {"chase-debug", "phop-mixed"}
+    # a quality one experiment lacks: a one-line error naming it
+    line = one_line_error(cli("--tracking-uri", store["uri"], "--experiment", "chase-debug", "--experiment",
+                              "phop-mixed", "--out", str(tmp_path / "x"), "--quality", "lm_eval_avg", "--no-log"))
+    assert "mixed schemas" in line and "'phop-mixed'" in line
+
+
+def test_no_store_and_bad_sweep_run(store, tmp_path):
+    line = one_line_error(cli("--tracking-uri", f"sqlite:///{tmp_path / 'none.db'}", "--experiment", "x",
+                              "--out", str(tmp_path)))
+    assert "no MLflow store" in line
+    line = one_line_error(cli("--tracking-uri", store["uri"], "--sweep-run", "0" * 32, "--out", str(tmp_path)))
+    assert "no run" in line
+
+
+def test_build_report_survives_missing_metrics(store, tmp_path):
+    from analysis.report import build_report
+
+    paths = build_report(store["uri"], ["no-eval"], tmp_path, log_artifacts=False)
+    notes = paths["notes.txt"].read_text()
+    assert "no evaluation metrics" in notes and paths["report.html"].is_file()
+    assert "frontier.csv" not in paths
+
+
+def test_sweep_scope_and_last_vs_best(store):
+    from analysis.load import load_runs
+    from analysis.points import evaluation_points
+
+    runs = load_runs(store["uri"], sweep_run_id=store["other"]["sweep_run"])
+    assert set(runs.experiments.values()) == {"phop-mixed"}
+    assert runs.runs.height == 1 + 1 + 3  # the sweep run, its trial, the trial's stages
+    # val_ppl logged 8.0 then 9.0, val_accuracy 0.5 then 0.4: last and best kept apart
+    row = evaluation_points(load_runs(store["uri"], ["history"])).row(0, named=True)
+    assert (row["ppl"], row["ppl_best"], row["accuracy"], row["accuracy_best"]) == (9.0, 8.0, 0.4, 0.5)
+    loss = load_runs(store["uri"], ["history"]).metrics.filter(pl.col("key") == "loss").row(0, named=True)
+    assert (loss["last"], loss["best"], loss["min"], loss["max"], loss["count"]) == (2.5, 2.0, 2.0, 3.0, 3)
+
+
+def test_client_backend_reads_the_same_values(store):
+    from analysis.load import load_runs
+    from analysis.points import evaluation_points
+
+    runs = load_runs(store["uri"], ["chase-debug"], backend="client")
+    points = evaluation_points(runs)
+    row = points.filter((pl.col("method") == "CHASE") & (pl.col("seed") == 1) & (pl.col("stage") == "stage2")
+                        & (pl.col("point") == "skip q=0.4")).row(0, named=True)
+    assert (row["accuracy"], row["executed_loops"]) == (pytest.approx(0.41), pytest.approx(2.5))
+    assert any("best values only for" in n for n in runs.notes)
+
+
+def test_report_renders_in_headless_chromium(report, tmp_path):
+    from analysis.screenshot import check_report, find_browser
+
+    if find_browser() is None:
+        pytest.skip("no Chromium (apt-get install -y chromium, or set LOOPLAB_CHROMIUM)")
+    found = check_report(report[0] / "report.html", tmp_path / "shot.png")
+    assert found["problems"] == [], found
+    assert found["charts"] == 4 and found["points"] >= 30  # frontier, skip, two β charts
+    # the check does catch a page whose script throws
+    broken = tmp_path / "broken.html"
+    broken.write_text((report[0] / "report.html").read_text().replace("var data = JSON.parse", "nope(); var data ="))
+    assert any("script error" in p for p in check_report(broken)["problems"])
