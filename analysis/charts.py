@@ -21,6 +21,7 @@ import polars as pl
 
 from analysis import names
 
+MAX_SERIES = 10  # beyond this a chart's series are grouped coarser (one colour each must stay readable)
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
            "#17becf")
 
@@ -90,23 +91,38 @@ def frontier_chart(frontier: pl.DataFrame, compute: str, quality: str, *, comput
 
 
 def skip_chart(agg: pl.DataFrame) -> ChartSpec | None:
+    """One curve per configuration over q; with more than MAX_SERIES configurations,
+    one series per method whose line is its lowest perplexity at each compute (the
+    frontier), so a large sweep still reads (and draws) as a handful of curves."""
     final = agg.filter(pl.col("is_final_stage"))
     skip = final.filter((pl.col("policy") == names.SKIP) & pl.col("ppl").is_not_null())
     if skip.is_empty():
         return None
+    by = "label" if skip["label"].n_unique() <= MAX_SERIES else "method"
     series, hlines = [], []
-    for i, (key, group) in enumerate(skip.sort("label").group_by("label", maintain_order=True)):
-        label = key[0] if isinstance(key, tuple) else key
-        group = group.sort("executed_loops")
-        pts = [Point(r["executed_loops"], r["ppl"], f"{label} · q={names.q_name(r['q'])}", r.get("ppl_ci_low"),
+    for i, (key, group) in enumerate(skip.sort(by).group_by(by, maintain_order=True)):
+        name = key[0] if isinstance(key, tuple) else key
+        group = group.sort("executed_loops", "ppl")
+        pts = [Point(r["executed_loops"], r["ppl"], f"{r['label']} · q={names.q_name(r['q'])}", r.get("ppl_ci_low"),
                      r.get("ppl_ci_high")) for r in group.iter_rows(named=True)]
-        series.append(Series(f"{label} skip", PALETTE[i % len(PALETTE)], pts, [(p.x, p.y) for p in pts], "linear"))
-        full = final.filter((pl.col("policy") == names.FULL) & (pl.col("label") == label))["ppl"].drop_nulls()
+        line = [(p.x, p.y) for p in pts] if by == "label" else _lower_envelope(pts)
+        series.append(Series(f"{name} skip", PALETTE[i % len(PALETTE)], pts, line, "linear"))
+        full = final.filter((pl.col("policy") == names.FULL) & (pl.col(by) == name))["ppl"].drop_nulls()
         if full.len():
-            hlines.append((float(full[0]), f"{label} full compute"))
+            hlines.append((float(full.min()), f"{name} full compute" + (" (best)" if by == "method" else "")))
     values = skip["ppl"].to_list() + [y for y, _ in hlines]
     return ChartSpec("skip_ppl", "Perplexity under skip as compute falls", "executed loops", "validation perplexity",
                      series, log_y=_log_scale(values), hlines=hlines)
+
+
+def _lower_envelope(pts: list[Point]) -> list[tuple[float, float]]:
+    """The lowest y reached at or below each x (points sorted by x)."""
+    line, best = [], math.inf
+    for p in pts:
+        if p.y < best:
+            best = p.y
+            line.append((p.x, p.y))
+    return line
 
 
 def beta_charts(histories: pl.DataFrame, *, n_loops: int | None = None) -> list[ChartSpec]:

@@ -9,6 +9,7 @@ from pathlib import Path
 from analysis.charts import ChartSpec
 
 DPI = 150
+MAX_LEGEND = 16  # a longer legend covers the axes; the HTML report lists every series
 
 
 def render_png(spec: ChartSpec, path: Path) -> Path:
@@ -43,7 +44,7 @@ def render_png(spec: ChartSpec, path: Path) -> Path:
     ax.set_ylabel(spec.y_label)
     ax.set_title(spec.title, fontsize=10)
     ax.grid(True, alpha=0.3)
-    if spec.series:
+    if 0 < len(spec.series) <= MAX_LEGEND:
         ax.legend(fontsize=7, loc="best")
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=DPI)

@@ -53,11 +53,16 @@ class Table:
         lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in self.rows]
         return "\n".join(lines + [""])
 
-    def html(self) -> str:
+    def html(self, max_rows: int = 300) -> str:
+        """At most max_rows rows (the page stays light for large sweeps; the .md and
+        .csv files have every row)."""
         head = "".join(f"<th>{html.escape(h)}</th>" for h in self.header)
-        body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in self.rows)
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
+                       for row in self.rows[:max_rows])
+        more = (f'<p class="caption">first {max_rows} of {len(self.rows)} rows; all of them in tables/{self.name}.md '
+                f"and .csv</p>") if len(self.rows) > max_rows else ""
         return (f'<h3>{html.escape(self.title)}</h3><p class="caption">{html.escape(self.caption)}</p>'
-                f'<table class="paper"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>')
+                f'<table class="paper"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{more}')
 
     def write(self, out_dir: Path) -> dict[str, Path]:
         out_dir.mkdir(parents=True, exist_ok=True)
