@@ -321,6 +321,8 @@ def run_sweep(sweep: Sweep, args, points: list[dict[str, Any]], res: Resources) 
              log_to_driver=False, configure_logging=False)
     try:
         with tracking.terminated_on_exit(mc, sweep_run):
+            if args.search == "grid":
+                _fit_shared_prefixes(sweep, args, platform, points, res, storage / "ray_tune", run_name)
             results = _fit(sweep, args, platform, points, res, storage / "ray_tune", run_name)
         rows = []
         for result in results:
@@ -333,6 +335,37 @@ def run_sweep(sweep: Sweep, args, points: list[dict[str, Any]], res: Resources) 
         return rows
     finally:
         ray.shutdown()
+
+
+def _fit_shared_prefixes(sweep: Sweep, args, platform, points, res: Resources, tune_path: Path,
+                         run_name: str) -> None:
+    """Train the stages several trials share (e.g. the β ablation's pre-training)
+    before the trials, each job with an even share of the whole machine: otherwise
+    one trial trains them on its share while the CPUs of the waiting trials idle."""
+    from dataclasses import replace
+
+    from ray import tune
+
+    from trainables.trial import run_shared_prefix, shared_prefixes
+
+    jobs = shared_prefixes(sweep.spec, points, platform.storage_path)
+    if not jobs:
+        return
+    concurrent = min(len(jobs), res.max_concurrent)
+    if not args.address and not args.cpus_per_worker:  # locally: the machine, split over the jobs
+        share = round((res.cpus - concurrent * TRIAL_CPU) / (concurrent * args.num_workers), 2)
+        platform = replace(platform, cpus_per_worker=max(share, res.cpus_per_worker))
+    print(f"training {len(jobs)} shared stage chain(s) first, {concurrent} at a time, "
+          f"{platform.num_workers} worker(s) × {platform.cpus_per_worker} CPU each", file=sys.stderr)
+    tuner = tune.Tuner(
+        tune.with_resources(run_shared_prefix, {"cpu": TRIAL_CPU}),
+        param_space={"spec": sweep.spec.to_dict(), "platform": platform.to_dict(), "job": tune.grid_search(jobs)},
+        tune_config=tune.TuneConfig(max_concurrent_trials=concurrent),
+        run_config=tune.RunConfig(name=f"{run_name}-shared", storage_path=str(tune_path),
+                                  failure_config=tune.FailureConfig(max_failures=1), verbose=0))
+    failed = [r for r in tuner.fit() if r.error]
+    if failed:
+        raise RuntimeError(f"a shared stage failed: {failed[0].error}")
 
 
 def _fit(sweep: Sweep, args, platform, points, res: Resources, tune_path: Path, run_name: str):

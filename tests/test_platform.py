@@ -161,7 +161,12 @@ def test_tiny_beta_sweep_end_to_end(tmp_path, capsys):
         for m in ("exit_entropy", "expected_exit_step", "val_ppl"):
             assert m in r.data.metrics, m
     pretrains = mc.search_runs([exp], filter_string="tags.stage = 'pretrain'")
-    assert sorted(r.data.tags["reused"] for r in pretrains) == ["false", "true"]  # trained once, reused once
+    # The shared pre-training is trained once, first, under the sweep run; both trials reuse it.
+    assert sorted(r.data.tags["reused"] for r in pretrains) == ["false", "true", "true"]
+    (trained,) = [r for r in pretrains if r.data.tags["reused"] == "false"]
+    sweep_run = mc.search_runs([exp], filter_string="tags.level = 'sweep'")[0].info.run_id
+    assert trained.data.tags["mlflow.parentRunId"] == sweep_run
+    assert {r.data.tags["reused_from"] for r in pretrains if r.data.tags["reused"] == "true"} == {trained.info.run_id}
 
     # Rerunning the finished sweep trains nothing and duplicates no trial run.
     assert run_beta(argv) == 0
@@ -225,7 +230,7 @@ def test_killed_driver_then_resume_completes_without_rerun_or_duplicates(tmp_pat
     assert len(trials) == 3 and all(r.info.status == "FINISHED" for r in trials)  # no duplicate trial runs
     stages = mc.search_runs([exp], filter_string="tags.level = 'stage'")
     keys = [(r.data.tags["trial_key"], r.data.tags["mlflow.parentRunId"]) for r in stages]
-    assert len(keys) == len(set(keys)) == 6  # one pretrain + one stage1 run per trial, none twice
+    assert len(keys) == len(set(keys)) == 7  # the shared pretrain + one pretrain and one stage1 per trial
     assert sum(r.data.tags["reused"] == "false" for r in stages if r.data.tags["stage"] == "pretrain") == 1
     # Stages finished before the kill were not trained again.
     assert all(p.stat().st_mtime_ns == t for p, t in done_before.items())

@@ -29,6 +29,11 @@ def stage_worker_loop(config: dict[str, Any]) -> None:
     from looplab.config import ExperimentConfig
     from looplab.train import train
 
+    import torch
+
+    # Threads = the worker's CPU share, set explicitly: Ray's OMP_NUM_THREADS default
+    # does not follow fractional shares, and a worker must not use CPUs it did not get.
+    torch.set_num_threads(config.get("threads", 1))
     cfg = ExperimentConfig.from_dict(config["experiment"])
     rank = ray.train.get_context().get_world_rank()
     mlflow_client = tracking.client(config["tracking_uri"]) if rank == 0 else None

@@ -16,6 +16,7 @@ config (Tune's param space, resolved):
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,42 @@ def run_trial(config: dict[str, Any]) -> None:
     tune.report({**summary, "trial_key": final.trial_key(), "skipped": 0})
 
 
+def shared_prefixes(spec: PipelineSpec, points: list[dict[str, Any]], storage_path: str) -> list[dict[str, Any]]:
+    """The stage chains several trials share and no one has trained yet, as jobs
+    {"params": a trial's params, "n": how many of its first stages}: the sweep
+    trains them first, with the whole machine, instead of letting one trial train
+    them on its share while the others wait on the stage lock."""
+    chains = [[stage_dir(storage_path, cfg) for cfg in stage_configs(spec, p, storage_path)] for p in points]
+    uses = Counter(d for chain in chains for d in chain)
+    jobs: dict[Path, tuple[dict[str, Any], int, list[Path]]] = {}  # last shared stage -> job
+    for params, chain in zip(points, chains):
+        n = 0
+        while n < len(chain) and uses[chain[n]] > 1:
+            n += 1
+        if n:
+            jobs.setdefault(chain[n - 1], (params, n, chain[:n]))
+    # A chain that is the prefix of a longer one is trained by the longer one.
+    inner = {d for _, _, chain in jobs.values() for d in chain[:-1]}
+    return [{"params": params, "n": n} for last, (params, n, _) in jobs.items()
+            if last not in inner and read_done(last) is None]
+
+
+def run_shared_prefix(config: dict[str, Any]) -> None:
+    """The Tune function of a shared-prefix job: its stages, as runs under the sweep run."""
+    from ray import tune
+
+    spec = PipelineSpec.from_dict(config["spec"])
+    platform = PlatformSettings(**config["platform"])
+    job = config["job"]
+    stages = stage_configs(spec, job["params"], platform.storage_path)[:job["n"]]
+    mc = tracking.client(platform.tracking_uri)
+    experiment_id = tracking.ensure_experiment(mc, platform.experiment, Path(platform.storage_path) / "mlflow")
+    sha = tracking.git_sha()
+    for cfg in stages:
+        _run_stage(cfg, platform, mc, experiment_id, platform.sweep_run_id, sha, last=False)
+    tune.report({"stages": len(stages)})
+
+
 def _summary(mc, run_id: str) -> dict[str, float]:
     """The trial's last value of every metric (its last stage's): searchers and
     schedulers read `Sweep.metric`, the summary table `Sweep.columns`."""
@@ -126,13 +163,14 @@ def _fit_stage(cfg: ExperimentConfig, platform: PlatformSettings, directory: Pat
     trainer = TorchTrainer(
         stage_worker_loop,
         train_loop_config={"experiment": cfg.to_dict(), "out_dir": str(directory),
+                           "threads": max(1, round(platform.cpus_per_worker)),
                            "tracking_uri": platform.tracking_uri, "run_ids": run_ids,
                            "report_to_tune": report_to_tune, "quiet": platform.quiet},
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
         scaling_config=ScalingConfig(num_workers=platform.num_workers, use_gpu=use_gpu,
                                      resources_per_worker=resources),
         # The name is the stage's trial_key: a relaunched trainer finds its own run.
-        run_config=RunConfig(name=f"{cfg.stage}-{cfg.trial_key()}",
+        run_config=RunConfig(name=directory.name,
                              storage_path=str(Path(platform.storage_path).resolve() / "ray_train"),
                              failure_config=FailureConfig(max_failures=platform.worker_retries,
                                                           controller_failure_limit=platform.worker_retries),
