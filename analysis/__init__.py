@@ -5,12 +5,16 @@
 
 Modules, one job each:
   names      the metric and tag names this layer reads (lm-eval conventions included)
-  load       MLflow store → RunSet (runs, metric summaries) and the evaluation-points table
+  sources    MLflow's SQL tables (one query per table) or MlflowClient pages, as long frames
+  load       MLflow store → RunSet (runs table, last and best per metric, histories)
+  points     RunSet → the evaluation-points table (trial × stage × policy point)
   aggregate  seeds → mean, std, t-interval, or best-of-seeds
   frontier   Pareto frontiers, the area between two frontiers, the best point under a budget
   tables     the paper's tables as Markdown and CSV
+  charts     what each figure shows, as data (drawn by plots and by the page)
   plots      PNG figures (matplotlib, Agg)
-  report     one self-contained interactive HTML page, and build_report() that writes everything
+  page       the self-contained interactive HTML page (inline SVG + vanilla JS)
+  report     build_report(): every file above, plus MLflow artifacts
   cli        `python analysis/frontier.py ...`
   screenshot open a report in headless Chromium and check that it rendered
 

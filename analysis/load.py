@@ -4,7 +4,8 @@
     runs.runs          # one row per run: identity, tags, params.<name> (typed), metrics.<name> (last)
     runs.metrics       # one row per (run, metric): last, step, best, min, max, count
     evaluation_points(runs)            # one row per (trial, stage, evaluation point); see analysis.points
-    runs.histories(["exit_entropy"])   # (run_id, key, step, value), for the β diagnostics
+    runs.histories(["exit_entropy"])   # (run_id, key, step, value) of any metrics
+    beta_histories(runs)               # exit entropy and expected exit step over training, per β
 
 A SQL tracking URI is read with one query per MLflow table for all runs at once
 (analysis.sources.SqlSource); any other URI through MlflowClient.search_runs pages.
@@ -236,3 +237,27 @@ def _metric_summary(latest: pl.DataFrame, extrema: pl.DataFrame) -> pl.DataFrame
             .when(pl.col("key").is_in(minimize)).then(pl.col("min")).otherwise(None))
     return summary.with_columns(best.alias("best")).select("run_id", "key", "last", "step", "best", "min", "max",
                                                            "count")
+
+
+def beta_histories(runs: RunSet, stage: str | None = None) -> pl.DataFrame | None:
+    """The β diagnostics over training: (run_id, key, step, value, stage, beta) for
+    exit_entropy and expected_exit_step, from the stage runs that trained (reused stage
+    runs carry only their original's final values; without stage runs, the trial runs).
+    stage: which stage's training (default stage1 when it has them, else the first
+    stage that does). β is the run's exit.beta (else its `beta`). None when no run
+    logged them."""
+    table = runs.runs
+    trained = table.filter((pl.col("level") == names.STAGE) & (pl.col("reused") != "true"))
+    if trained.is_empty():
+        trained = table.filter(pl.col("level").is_null() | (pl.col("level") == names.TRIAL))
+    hist = runs.histories(list(names.BETA_DIAGNOSTICS), run_ids=trained["run_id"].to_list())
+    if hist.is_empty():
+        return None
+    beta = next((c for c in (PARAM + "exit.beta", PARAM + "beta") if c in table.columns), None)
+    info = trained.select("run_id", "stage", (pl.col(beta) if beta else pl.lit(None)).cast(pl.Float64).alias("beta"))
+    hist = hist.join(info, on="run_id", how="left")
+    if stage is None:
+        present = set(hist["stage"].drop_nulls().to_list())
+        stages = [s for s in names.STAGES if s in present]
+        stage = "stage1" if "stage1" in stages else (stages[0] if stages else None)
+    return hist.filter(pl.col("stage") == stage) if stage else hist

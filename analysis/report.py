@@ -39,7 +39,7 @@ from analysis.aggregate import aggregate_seeds, choose_best_seeds
 from analysis.charts import beta_charts, frontier_chart, skip_chart
 from analysis.errors import AnalysisError
 from analysis.frontier import best_under_budget, frontier_gap, pareto_frontier
-from analysis.load import PARAM, RunSet, load_runs
+from analysis.load import PARAM, RunSet, beta_histories, load_runs
 from analysis.page import chart_slot, render_page
 from analysis.plots import render_png
 from analysis.points import evaluation_points
@@ -328,7 +328,7 @@ def _tables_section(agg, out, paths, notes) -> list[tuple[str, str]]:
 
 
 def _beta_section(runs: RunSet, out, paths, charts, notes) -> list[tuple[str, str]]:
-    histories = _beta_histories(runs)
+    histories = beta_histories(runs)
     if histories is None or histories.is_empty():
         notes.append("β diagnostics: skipped, no exit_entropy / expected_exit_step history (no gate stage trained)")
         return []
@@ -341,24 +341,6 @@ def _beta_section(runs: RunSet, out, paths, charts, notes) -> list[tuple[str, st
     stage = histories["stage"][0]
     return [("β diagnostics", "".join(slots) + f'<p class="caption">Stage {html.escape(str(stage))} training, one '
              "curve per β (mean over seeds), cut to the steps every run reached (App. E).</p>")]
-
-
-def _beta_histories(runs: RunSet) -> pl.DataFrame | None:
-    """Histories of the β diagnostics from the runs that trained a gate stage (reused
-    stage runs carry only their original's final values): Stage-1 when it has them."""
-    table = runs.runs
-    trained = table.filter((pl.col("level") == names.STAGE) & (pl.col("reused") != "true"))
-    if trained.is_empty():  # no stage runs: trial runs carry their stage's histories
-        trained = table.filter(pl.col("level").is_null() | (pl.col("level") == names.TRIAL))
-    hist = runs.histories(list(names.BETA_DIAGNOSTICS), run_ids=trained["run_id"].to_list())
-    if hist.is_empty():
-        return None
-    beta = next((c for c in (PARAM + "exit.beta", PARAM + "beta") if c in table.columns), None)
-    info = trained.select("run_id", "stage", (pl.col(beta) if beta else pl.lit(None)).cast(pl.Float64).alias("beta"))
-    hist = hist.join(info, on="run_id", how="left")
-    stages = [s for s in names.STAGES if s in set(hist["stage"].drop_nulls().to_list())]
-    chosen = "stage1" if "stage1" in stages else (stages[0] if stages else None)
-    return hist.filter(pl.col("stage") == chosen) if chosen else hist
 
 
 def _n_loops(runs: RunSet) -> int | None:

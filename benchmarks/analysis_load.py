@@ -4,6 +4,7 @@ in a local MLflow store, then the real loader and analysis, timed.
     python benchmarks/analysis_load.py                     # 5,000 runs in a temporary store
     python benchmarks/analysis_load.py --runs 20000 --store /tmp/big --repeat 3
     python benchmarks/analysis_load.py --client            # also time the MlflowClient fallback
+    python benchmarks/analysis_load.py --store /tmp/b --reuse   # time an existing store again
 
 The store: MLflow creates the database and the experiment (its schema, its migrations);
 the runs are then written with bulk SQL inserts into MLflow's own tables (runs, tags,
@@ -219,6 +220,7 @@ def main(argv=None) -> int:
     p.add_argument("--store", default=None, help="store folder (default: a temporary folder)")
     p.add_argument("--repeat", type=int, default=3, help="timings are the median of this many runs (default 3)")
     p.add_argument("--client", action="store_true", help="also time load_runs through MlflowClient (slow)")
+    p.add_argument("--reuse", action="store_true", help="time the store already in --store instead of writing one")
     args = p.parse_args(argv)
 
     from analysis.aggregate import aggregate_seeds
@@ -230,9 +232,14 @@ def main(argv=None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="looplab-bench-") as tmp:
         store = Path(args.store) if args.store else Path(tmp)
-        start = time.perf_counter()
-        uri, n = build_store(store, args.runs)
-        print(f"wrote the store in {time.perf_counter() - start:.1f} s (not part of the timings)\n")
+        if args.reuse and (store / "mlflow.db").is_file():
+            uri = f"sqlite:///{store / 'mlflow.db'}"
+            n = len(load_runs(uri, [EXPERIMENT]).runs)
+            print(f"store: {store / 'mlflow.db'} (reused)\n")
+        else:
+            start = time.perf_counter()
+            uri, n = build_store(store, args.runs)
+            print(f"wrote the store in {time.perf_counter() - start:.1f} s (not part of the timings)\n")
 
         rows = []
         t_load, runs = timed(lambda: load_runs(uri, [EXPERIMENT]), args.repeat)
