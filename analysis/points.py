@@ -84,6 +84,9 @@ def _trials(runs: RunSet, statuses) -> pl.DataFrame:
         if kept.height < trials.height:
             other = trials.filter(~pl.col("status").is_in(list(statuses)))["status"].value_counts(sort=True)
             said = ", ".join(f"{n} {s}" for s, n in other.iter_rows())
+            if kept.is_empty():
+                raise AnalysisError(f"no {' or '.join(statuses)} trial runs in {_experiments(runs)} ({said}); "
+                                    "--all-statuses reads them anyway")
             runs.notes.append(f"left out {trials.height - kept.height} unfinished trials ({said})")
         trials = kept
     # One run per (experiment, trial_key): the platform reuses runs by trial_key, so a

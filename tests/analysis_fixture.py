@@ -13,6 +13,7 @@ numbers by hand.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from pathlib import Path
 
 from looplab import tracking
@@ -106,65 +107,77 @@ def stage_configs(arm: str, seed: int, beta: float, root: Path, *, preset: str =
 
 def log_sweep(uri: str, root: Path, experiment: str, *, arms=("Ouro", "CHASE"), seeds=(0, 1), betas=(0.25,),
               lm_eval: bool = False, preset: str = "debug", extra=None) -> dict:
-    """Log the sweep; returns {"sweep_run": id, "trials": {(arm, seed, beta): trial_run_id},
+    """Log the sweep as the platform does: stages several trials share (pretrain and
+    Stage-1 of the two arms of one seed) train first as runs under the sweep run
+    (trainables/trial.py, run_shared_prefix); every trial then has a run per stage,
+    reusing those (reused=true, reused_from, the original's final metrics logged again).
+    Returns {"sweep_run": id, "trials": {(arm, seed, beta): trial_run_id},
     "stages": {(arm, seed, beta, stage): stage_run_id}, "experiment_id": id}."""
     mc = tracking.client(uri)
     exp_id = tracking.ensure_experiment(mc, experiment, root / "mlflow")
     sweep = mc.create_run(exp_id, run_name=f"{experiment}-sweep",
                           tags={"level": tracking.SWEEP, "sweep_key": "k0", "preset": preset, "git_sha": "abc",
                                 "command": "sweeps/test.py", "mlflow.runName": f"{experiment}-sweep"}).info.run_id
+    trials = {(arm, seed, beta): stage_configs(arm, seed, beta, root, preset=preset, extra=extra)
+              for arm in arms for beta in betas for seed in seeds}
+    uses = Counter(cfg.trial_key() for configs in trials.values() for cfg in configs)
     trained: dict[str, dict] = {}  # stage trial_key -> {"run_id", "metrics"} (the shared-stage "done" marker)
+    for (arm, seed, _beta), configs in trials.items():
+        for i, cfg in enumerate(configs):
+            if uses[cfg.trial_key()] > 1 and cfg.trial_key() not in trained:
+                trained[cfg.trial_key()] = _train_stage(mc, exp_id, cfg, i, arm, seed, sweep, None, False)
     out = {"sweep_run": sweep, "trials": {}, "stages": {}, "experiment_id": exp_id}
-    for arm in arms:
-        for beta in betas:
-            for seed in seeds:
-                configs = stage_configs(arm, seed, beta, root, preset=preset, extra=extra)
-                final = configs[-1]
-                trial, _ = tracking.open_run(
-                    mc, exp_id, name=f"trial-{final.trial_key()}",
-                    tags=tracking.config_tags(final, level=tracking.TRIAL, git="abc", sweep=experiment),
-                    key={"level": tracking.TRIAL, "trial_key": final.trial_key()}, parent_run_id=sweep,
-                    params={**tracking.config_params(final), "search.beta": str(beta), "search.seed": str(seed)})
-                out["trials"][(arm, seed, beta)] = trial
-                for i, cfg in enumerate(configs):
-                    last = i == len(configs) - 1
-                    key = {"level": tracking.STAGE, "trial_key": cfg.trial_key(), "trial_run": trial}
-                    name = f"{cfg.stage}-{cfg.trial_key()}"
-                    done = trained.get(cfg.trial_key())
-                    if done:  # a shared upstream stage: reused, its metrics logged again
-                        run, _ = tracking.open_run(mc, exp_id, name=name, key=key, parent_run_id=trial,
-                                                   tags=tracking.config_tags(cfg, level=tracking.STAGE, git="abc",
-                                                                             reused_from=done["run_id"], reused="true",
-                                                                             checkpoint="ckpt"))
-                        tracking.log_metrics(mc, run, done["metrics"], step=cfg.train.steps)
-                        if last:
-                            tracking.log_metrics(mc, trial, done["metrics"], step=cfg.train.steps)
-                        tracking.close_run(mc, run, ok=True)
-                    else:
-                        run, _ = tracking.open_run(mc, exp_id, name=name, key=key, parent_run_id=trial,
-                                                   tags=tracking.config_tags(cfg, level=tracking.STAGE, git="abc",
-                                                                             reused="false", checkpoint="ckpt"),
-                                                   params=tracking.config_params(cfg))
-                        targets = [run] + ([trial] if last else [])
-                        steps = cfg.train.steps
-                        records = train_records(cfg.stage, cfg.exit.beta, steps) + eval_records(arm, cfg.stage, seed,
-                                                                                               steps)
-                        for target in targets:
-                            log_records(mc, target, records)
-                        timing = {f"{cfg.stage}_wall_time_s": 10.0 * (i + 1)}
-                        for target in targets:
-                            tracking.log_metrics(mc, target, timing, step=steps)
-                        tracking.log_metrics(mc, run, {"stage_seconds": 10.0 * (i + 1)}, step=steps)
-                        if lm_eval and last:
-                            scores = lm_eval_scores(arm, seed)
-                            for target in targets:
-                                tracking.log_metrics(mc, target, scores, step=steps)
-                        tracking.close_run(mc, run, ok=True)
-                        trained[cfg.trial_key()] = {"run_id": run, "metrics": tracking.latest_metrics(mc, run)}
-                    out["stages"][(arm, seed, beta, cfg.stage)] = run
-                tracking.close_run(mc, trial, ok=True)
+    for (arm, seed, beta), configs in trials.items():
+        final = configs[-1]
+        trial, _ = tracking.open_run(
+            mc, exp_id, name=f"trial-{final.trial_key()}",
+            tags=tracking.config_tags(final, level=tracking.TRIAL, git="abc", sweep=experiment),
+            key={"level": tracking.TRIAL, "trial_key": final.trial_key()}, parent_run_id=sweep,
+            params={**tracking.config_params(final), "search.beta": str(beta), "search.seed": str(seed)})
+        out["trials"][(arm, seed, beta)] = trial
+        for i, cfg in enumerate(configs):
+            last = i == len(configs) - 1
+            done = trained.get(cfg.trial_key())
+            if done:  # trained before: reused, its metrics logged again
+                run, _ = tracking.open_run(
+                    mc, exp_id, name=f"{cfg.stage}-{cfg.trial_key()}", parent_run_id=trial,
+                    key={"level": tracking.STAGE, "trial_key": cfg.trial_key(), "trial_run": trial},
+                    tags=tracking.config_tags(cfg, level=tracking.STAGE, git="abc", reused_from=done["run_id"],
+                                              reused="true", checkpoint="ckpt"))
+                tracking.log_metrics(mc, run, done["metrics"], step=cfg.train.steps)
+                if last:
+                    tracking.log_metrics(mc, trial, done["metrics"], step=cfg.train.steps)
+                tracking.close_run(mc, run, ok=True)
+            else:
+                done = _train_stage(mc, exp_id, cfg, i, arm, seed, trial, trial if last else None, lm_eval and last)
+                trained[cfg.trial_key()] = done
+                run = done["run_id"]
+            out["stages"][(arm, seed, beta, cfg.stage)] = run
+        tracking.close_run(mc, trial, ok=True)
     tracking.close_run(mc, sweep, ok=True)
     return out
+
+
+def _train_stage(mc, exp_id: str, cfg, index: int, arm: str, seed: int, parent: str, trial: str | None,
+                 lm_eval: bool) -> dict:
+    """A stage run that trains (under `parent`: a trial, or the sweep for a shared
+    stage): its records, timing and, for a trial's last stage, the trial run's copy."""
+    run, _ = tracking.open_run(mc, exp_id, name=f"{cfg.stage}-{cfg.trial_key()}", parent_run_id=parent,
+                               key={"level": tracking.STAGE, "trial_key": cfg.trial_key(), "trial_run": parent},
+                               tags=tracking.config_tags(cfg, level=tracking.STAGE, git="abc", reused="false",
+                                                         checkpoint="ckpt"),
+                               params=tracking.config_params(cfg))
+    targets = [run] + ([trial] if trial else [])
+    steps = cfg.train.steps
+    records = train_records(cfg.stage, cfg.exit.beta, steps) + eval_records(arm, cfg.stage, seed, steps)
+    for target in targets:
+        log_records(mc, target, records)
+        tracking.log_metrics(mc, target, {f"{cfg.stage}_wall_time_s": 10.0 * (index + 1)}, step=steps)
+        if lm_eval:
+            tracking.log_metrics(mc, target, lm_eval_scores(arm, seed), step=steps)
+    tracking.log_metrics(mc, run, {"stage_seconds": 10.0 * (index + 1)}, step=steps)
+    tracking.close_run(mc, run, ok=True)
+    return {"run_id": run, "metrics": tracking.latest_metrics(mc, run)}
 
 
 def lm_eval_scores(arm: str, seed: int) -> dict[str, float]:
