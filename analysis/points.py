@@ -57,7 +57,7 @@ def evaluation_points(runs: RunSet, *, statuses=("FINISHED",)) -> pl.DataFrame:
     wide = _pivot(parsed)
     table = (wide.join(sources, on="run_id", how="left")
              .join(_trial_identity(trials), on="trial_run_id", how="left"))
-    table = _full_point_compute(table)
+    table = _label(_full_point_compute(table))
     table = _lm_eval_average(table)
     table = _timing(table, runs.metrics, sources)
     table = _training_end(table, runs.metrics)
@@ -188,6 +188,7 @@ def _trial_identity(trials: pl.DataFrame) -> pl.DataFrame:
     params = [c for c in trials.columns if c.startswith(PARAM)]
     cols = ["run_id", "experiment", "trial_key", "config_hash", "status", "preset", *params]
     t = trials.select(cols).rename({"run_id": "trial_run_id", "config_hash": "trial_config_hash"})
+    # _searched: "beta=0.25 hp=0.5", the sampled values (seed aside) that _label shows
     n_layers, n_loops = _param(t, "model.n_layers"), _param(t, "model.n_loops")
     searched = [c for c in params if c.startswith(PARAM + "search.") and c != PARAM + "search.seed"]
     return t.with_columns(
@@ -215,9 +216,13 @@ def _full_point_compute(table: pl.DataFrame) -> pl.DataFrame:
                           .alias("mean_exit_step"),
                           pl.when(full).then(pl.coalesce("backbone_flops_per_token", "_flops_r"))
                           .otherwise("backbone_flops_per_token").alias("backbone_flops_per_token"))
-            .drop("_flops_r")
-            .with_columns(pl.concat_str(pl.col("method"), pl.col("model"), pl.col("_searched"), separator=" ",
-                                        ignore_nulls=True).str.strip_chars().alias("label"))
+            .drop("_flops_r"))
+
+
+def _label(table: pl.DataFrame) -> pl.DataFrame:
+    """What a reader calls the configuration: method, N⊗R and the searched values."""
+    return (table.with_columns(pl.concat_str(pl.col("method"), pl.col("model"), pl.col("_searched"), separator=" ",
+                                             ignore_nulls=True).str.strip_chars().alias("label"))
             .drop("_searched"))
 
 

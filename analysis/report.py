@@ -98,8 +98,11 @@ def build_report(tracking_uri: str, experiments, out_dir, *, sweep_run_id: str |
         quality = _resolve_quality(points, quality, notes)
         compute_col = COMPUTE_AXES.get(compute, (compute, compute))[0]
         _check_columns(points, [compute_col, quality], strict, notes)
-        if best_of_seeds:
+        if best_of_seeds and quality in points.columns and points[quality].is_not_null().any():
             points = choose_best_seeds(points, quality, maximize=_maximize(quality))
+        elif best_of_seeds:
+            notes.append(f"best of seeds: not applied, no {quality!r} to choose seeds by; seeds are averaged")
+            best_of_seeds = False
         values = [v for v in (*BASE_VALUES, *_task_columns(points)) if v in points.columns]
         agg = aggregate_seeds(points, values, confidence=confidence)
         paths.update(_write_csv(agg, out / "aggregated.csv"))
@@ -190,6 +193,10 @@ def _frontier_rows(agg: pl.DataFrame, stage: str | None, series_by, quality: str
         rows = agg
     else:
         rows = agg.filter(pl.col("stage") == stage)
+        if rows.is_empty():
+            present = [s for s in names.STAGES if s in set(agg["stage"].drop_nulls().to_list())]
+            raise AnalysisError(f"no evaluations of stage {stage!r}; stages evaluated: {', '.join(present) or 'none'}"
+                                " (or all)")
     # The full point repeats forced d=R (same execution) where a gate stage logged that
     # depth with the quality asked for; it stays where it adds something (pretrain-only
     # trials, lm-eval scores logged only for the full model).
