@@ -260,7 +260,14 @@ def describe(sweep: Sweep, args, points: list[dict[str, Any]], res: Resources) -
                                else f"Ray cluster at {args.address}"),
               f"  {res.max_concurrent} concurrent trial(s) × ({TRIAL_CPU} CPU trial + {args.num_workers} worker(s) × "
               f"{res.cpus_per_worker} CPU{f', {args.gpus_per_worker} GPU' if args.gpus_per_worker else ''})",
-              "  plus about 15 s of Ray overhead per trial on 2 cores"]
+              "  plus about 20-30 s of Ray overhead per stage on 2 cores (its worker group's start)"]
+    if args.search == "grid":
+        from trainables.trial import shared_prefixes
+
+        jobs = shared_prefixes(sweep.spec, points, args.storage_path)
+        if jobs:
+            lines.append(f"  first: {len(jobs)} shared stage chain(s) not yet trained, each with an even share "
+                         "of the machine, then the trials (which reuse them)")
     return "\n".join(lines)
 
 
