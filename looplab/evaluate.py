@@ -8,6 +8,7 @@ import math
 
 import torch
 
+from looplab.models.execution import ExitTracker, execute
 from looplab.objectives import token_losses
 from looplab.tasks.base import IGNORE_INDEX, Batch, exact_match_counts
 
@@ -64,12 +65,80 @@ def evaluate_exact_match(model, batch: Batch, **kw) -> dict[str, float]:
 
 def threshold_sweep(model, batch: Batch, *, qs=DEFAULT_QS, modes=("dense", "skip"), forced: bool = True,
                     **kw) -> list[dict[str, float]]:
-    """One record per (mode, q) and, with forced, per forced depth 1..R."""
-    records = [evaluate_execution(model, batch, mode=mode, q=q, **kw) for mode in modes for q in qs]
-    if forced:
-        records += [evaluate_execution(model, batch, mode="forced", depth=r, **kw)
-                    for r in range(1, model.cfg.n_loops + 1)]
+    """One record per (mode, q) and, with forced, per forced depth 1..R.
+
+    Dense execution runs every step for every token whatever q is, and forced depth
+    d reads out the state every token has after step d: all of them are readouts of
+    one dense pass, so they come from one (evaluate_readouts). Skip execution changes
+    the states themselves and runs once per q."""
+    dense_qs = list(qs) if "dense" in modes else []
+    shared = evaluate_readouts(model, batch, qs=dense_qs, forced=forced, **kw) if (dense_qs or forced) else []
+    skip = [evaluate_execution(model, batch, mode="skip", q=q, **kw) for q in qs] if "skip" in modes else []
+    dense = [r for r in shared if r["mode"] == "dense"]
+    return dense + skip + [r for r in shared if r["mode"] == "forced"]
+
+
+@torch.no_grad()
+def evaluate_readouts(model, batch: Batch, *, qs=DEFAULT_QS, forced: bool = True, batch_size: int = 64,
+                      device: torch.device | str = "cpu", precision: str = "auto") -> list[dict[str, float]]:
+    """The records evaluate_execution gives for dense execution at each q and for
+    forced depths 1..R, from one dense pass that keeps every step: per step, each
+    target's CE and correctness; a policy then picks one step per token."""
+    device = torch.device(device)
+    was_training = model.training
+    model.eval()
+    R = model.cfg.n_loops
+    policies = [("dense", q) for q in qs] + ([("forced", d) for d in range(1, R + 1)] if forced else [])
+    sums = {p: {"correct": 0, "loss": 0.0, "exit": 0.0, "loops": 0.0, "flops": 0} for p in policies}
+    total = tokens = 0
+    for start in range(0, len(batch), batch_size):
+        part = batch.slice(start, start + batch_size).to(device)
+        with autocast_context(device, precision):
+            out = execute(model, part.ids, mode="dense", keep_steps=True, readout="last")
+            mask = part.targets != IGNORE_INDEX
+            per_step_loss, per_step_correct = [], []
+            for h in out.step_hidden:  # one LM-head pass per step, reduced at once: no (R, B, L, V) buffer
+                logits = model.logits(h)
+                per_step_loss.append(token_losses(logits, part.targets).float())
+                per_step_correct.append(logits.argmax(dim=-1) == part.targets)
+        losses, corrects = torch.stack(per_step_loss), torch.stack(per_step_correct)  # (R, B, L)
+        seqlen, n_tokens = part.ids.shape[1], part.ids.numel()
+        for policy in policies:
+            mode, value = policy
+            if mode == "forced":
+                exit_step, loops = torch.full_like(part.ids, value), float(value)
+            else:
+                exit_step, loops = dense_exit_steps(out.gate_logits, value, R), float(R)
+            pick = (exit_step - 1).unsqueeze(0)
+            acc = sums[policy]
+            acc["loss"] += float(losses.gather(0, pick)[0][mask].sum())
+            acc["correct"] += int(corrects.gather(0, pick)[0][mask].sum())
+            acc["exit"] += float(exit_step[mask].float().sum())
+            acc["loops"] += loops * n_tokens
+            acc["flops"] += int(loops) * n_tokens * model.step_flops(seqlen)
+        total, tokens = total + int(mask.sum()), tokens + n_tokens
+    model.train(was_training)
+    if total == 0:
+        raise ValueError("evaluation set has no target positions")
+    records = []
+    for (mode, value), acc in sums.items():
+        loss = acc["loss"] / total
+        records.append({"mode": mode, "q": value if mode == "dense" else None,
+                        "depth": value if mode == "forced" else None, "accuracy": acc["correct"] / total,
+                        "loss": loss, "ppl": math.exp(min(loss, 50.0)), "mean_exit_step": acc["exit"] / total,
+                        "executed_loops": acc["loops"] / tokens, "backbone_flops_per_token": acc["flops"] / tokens,
+                        "n": total})
     return records
+
+
+def dense_exit_steps(gate_logits: torch.Tensor, q: float, n_loops: int) -> torch.Tensor:
+    """Each token's exit step under threshold q from its gate logits (R-1, B, L):
+    the first step whose exit CDF reaches q, else R (the rule ExitTracker applies)."""
+    tracker = ExitTracker(gate_logits[0], q)
+    exit_step = torch.full(gate_logits.shape[1:], n_loops, dtype=torch.long, device=gate_logits.device)
+    for r in range(1, n_loops):
+        exit_step = torch.where(tracker.update(gate_logits[r - 1]) & (exit_step == n_loops), r, exit_step)
+    return exit_step
 
 
 def format_table(records: list[dict]) -> str:

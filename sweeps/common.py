@@ -338,7 +338,8 @@ def run_sweep(sweep: Sweep, args, points: list[dict[str, Any]], res: Resources) 
             rows.append({**params, **{k: metrics.get(k) for k in sweep.columns},
                          "trial_key": metrics.get("trial_key", ""),
                          "status": "error" if result.error else ("reused" if metrics.get("skipped") else "done")})
-        print_summary(sweep, rows, uri, experiment, sweep_run, storage, run_name)
+        report = write_report(uri, experiment, sweep_run, storage / "analysis" / run_name)
+        print_summary(sweep, rows, uri, experiment, sweep_run, storage, run_name, report)
         return rows
     finally:
         ray.shutdown()
@@ -418,8 +419,24 @@ def _fit(sweep: Sweep, args, platform, points, res: Resources, tune_path: Path, 
     return tuner.fit()
 
 
+def write_report(uri: str, experiment: str, sweep_run: str, out: Path) -> dict[str, Path]:
+    """The analysis report of the sweep (frontiers, tables, report.html), logged to
+    its parent run. A sweep's results never depend on it: without the analysis
+    extra, or when the runs support no plot, it says so and the sweep still succeeds."""
+    try:
+        from analysis.report import build_report
+    except ImportError as e:
+        print(f"analysis skipped ({e}); install the analysis extra: pip install -e '.[analysis]'", file=sys.stderr)
+        return {}
+    try:
+        return build_report(uri, [experiment], out, sweep_run_id=sweep_run)
+    except Exception as e:  # noqa: BLE001 - the sweep finished; a report problem is reported, not raised
+        print(f"analysis failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return {}
+
+
 def print_summary(sweep: Sweep, rows: list[dict[str, Any]], uri: str, experiment: str, sweep_run: str,
-                  storage: Path, run_name: str) -> None:
+                  storage: Path, run_name: str, report: dict[str, Path] | None = None) -> None:
     params = [k for k in rows[0] if k not in (*sweep.columns, "trial_key", "status")] if rows else []
     header = [*params, *sweep.columns, "trial_key", "status"]
     table = [[_cell(r.get(h)) for h in header] for r in sorted(rows, key=lambda r: [str(r.get(p)) for p in params])]
@@ -432,6 +449,12 @@ def print_summary(sweep: Sweep, rows: list[dict[str, Any]], uri: str, experiment
     print(f"dashboard:   mlflow ui --backend-store-uri {uri}")
     print(f"checkpoints: {storage / 'stages'}")
     print(f"Ray results: {storage / 'ray_tune' / run_name}")
+    if report:
+        for name in ("frontier.png", "report.html"):
+            if name in report:
+                print(f"{name + ':':13s}{report[name]}")
+    print(f"re-plot:     python {REPO / 'analysis' / 'frontier.py'} --tracking-uri {uri} --experiment {experiment} "
+          f"--out {storage / 'analysis' / run_name}")
 
 
 def _cell(v: Any) -> str:

@@ -214,3 +214,28 @@ def test_bad_execution_arguments_are_clear():
         m(ids, mode="forced", depth=9)
     with pytest.raises(ValueError, match="needs q"):
         m(ids, mode="skip")
+
+
+@pytest.mark.parametrize("arch", ["mamba2", "transformer"])
+def test_readouts_of_one_dense_pass_match_each_policy_run_on_its_own(arch):
+    """evaluate_readouts (one dense pass, every step kept) against evaluate_execution,
+    which runs dense at each q and forced at each depth through its own forward."""
+    from looplab.evaluate import evaluate_execution, evaluate_readouts
+    from looplab.tasks.base import Batch
+
+    model = gated_model(arch)  # its gate sends tokens out at different steps
+    torch.manual_seed(0)
+    ids = torch.randint(0, model.cfg.vocab_size, (5, 24))
+    targets = torch.roll(ids, -1, dims=1)
+    targets[:, ::3] = -100  # some positions carry no target
+    batch = Batch(ids, targets)
+    qs = (0.3, 0.6, 0.9)
+    fast = evaluate_readouts(model, batch, qs=qs, batch_size=2)
+    slow = ([evaluate_execution(model, batch, mode="dense", q=q, batch_size=2) for q in qs]
+            + [evaluate_execution(model, batch, mode="forced", depth=d, batch_size=2)
+               for d in range(1, model.cfg.n_loops + 1)])
+    assert len({r["mean_exit_step"] for r in fast if r["mode"] == "dense"}) > 1  # q matters here
+    for f, s in zip(fast, slow):
+        assert (f["mode"], f["q"], f["depth"]) == (s["mode"], s["q"], s["depth"])
+        for key in ("accuracy", "loss", "ppl", "mean_exit_step", "executed_loops", "backbone_flops_per_token", "n"):
+            assert f[key] == pytest.approx(s[key], rel=1e-5, abs=1e-6), (f["mode"], f["q"], f["depth"], key)

@@ -150,7 +150,7 @@ def test_tiny_beta_sweep_end_to_end(tmp_path, capsys):
     argv = TINY + ["--tracking-uri", uri, "--storage-path", str(tmp_path / "store")]
     assert run_beta(argv + ["--num-workers", "2"]) == 0  # two data-parallel gloo workers per stage
     out = capsys.readouterr().out
-    assert "MLflow:" in out and "dashboard:" in out
+    assert "MLflow:" in out and "dashboard:" in out and "report.html:" in out
 
     mc = tracking.client(uri)
     exp = mc.get_experiment_by_name("beta_ablation-phop-debug").experiment_id
@@ -167,6 +167,9 @@ def test_tiny_beta_sweep_end_to_end(tmp_path, capsys):
     sweep_run = mc.search_runs([exp], filter_string="tags.level = 'sweep'")[0].info.run_id
     assert trained.data.tags["mlflow.parentRunId"] == sweep_run
     assert {r.data.tags["reused_from"] for r in pretrains if r.data.tags["reused"] == "true"} == {trained.info.run_id}
+    # The analysis report is logged to the sweep's parent run (visible in the dashboard).
+    logged = {a.path for a in mc.list_artifacts(sweep_run, "analysis")}
+    assert "analysis/report.html" in logged and "analysis/frontier.png" in logged, logged
 
     # Rerunning the finished sweep trains nothing and duplicates no trial run.
     assert run_beta(argv) == 0
