@@ -21,8 +21,8 @@ from trainables.pipeline import PipelineSpec  # noqa: E402
 BETAS = "0.05,0.1,0.25,0.5,1.0"
 # Stage-1 continues pre-training for a fraction of its steps. App. E: 2,500 Stage-1
 # iterations after 75,000 of pre-training (3%); at laptop scale 3% is a handful of
-# steps that leave the gate where it started, so the default is 30%.
-STAGE1_FRACTION = 0.3
+# steps that leave the gate where it started, so the default is 20% (at least 20).
+STAGE1_FRACTION = 0.2
 
 
 def flags(p) -> None:

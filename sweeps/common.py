@@ -138,7 +138,7 @@ class Resources:
     cpus_per_worker: float
 
 
-def plan_resources(args, local: bool) -> Resources:
+def plan_resources(args, local: bool, n_trials: int) -> Resources:
     """Trial and worker CPU shares that add up: a trial holds TRIAL_CPU and waits on
     its worker group, so max_concurrent × (TRIAL_CPU + workers × worker_cpu) ≤ CPUs;
     otherwise the worker groups never start and Ray retries forever."""
@@ -162,7 +162,7 @@ def plan_resources(args, local: bool) -> Resources:
         fits = int(gpus // (args.gpus_per_worker * args.num_workers)) or 1
     else:
         fits = max(1, int(cpus // args.num_workers))
-    concurrent = args.max_concurrent_trials or fits
+    concurrent = args.max_concurrent_trials or min(fits, n_trials)  # no CPUs held for trials that never come
     worker_cpu = args.cpus_per_worker or round((cpus - concurrent * TRIAL_CPU) / (concurrent * args.num_workers), 2)
     need = concurrent * (TRIAL_CPU + args.num_workers * worker_cpu)
     if worker_cpu <= 0 or need > cpus + 1e-9:
@@ -211,7 +211,8 @@ def validate(sweep: Sweep, args) -> tuple[list[dict[str, Any]], Resources]:
             if args.num_workers >= 1 and cfg.train.batch_size % args.num_workers:
                 fail("--num-workers", args.num_workers, f"a divisor of {cfg.stage}'s batch size "
                      f"{cfg.train.batch_size} (every worker trains an equal share)")
-    return points, plan_resources(args, local=not args.address)
+    n_trials = len(points) if args.search == "grid" else args.num_samples
+    return points, plan_resources(args, local=not args.address, n_trials=n_trials)
 
 
 # ---- naming ----------------------------------------------------------------------
