@@ -186,11 +186,14 @@ def debug() -> ExperimentConfig:
 
 @preset("local")
 def local() -> ExperimentConfig:
-    # Mistral's 32000 × 128 head costs ~1.6 s of a ~2.5 s step on 2 cores (the
-    # 2⊗4 mixer stack ~0.9 s); 100 steps keep the run under five minutes.
+    # The README's main job (the β ablation: this pre-training, then five Stage-1
+    # trials) must fit 15 minutes on 2 cores. Mistral's 32000 × 128 head dominates
+    # every step, and Stage-1 runs it at each of the R = 4 steps (its loss weighs
+    # every step's CE): ~9.5 s per 2,048 tokens on one core. Hence 8 × 128 tokens
+    # per step and 32 validation blocks (4,096 tokens).
     return _experiment(
         ModelConfig(arch="mamba2", d_model=128, n_layers=2, n_loops=4, d_state=32, headdim=32, chunk_size=64),
-        TextConfig(tokenizer="mistral", dataset="embedded", val_blocks=64),
-        TrainConfig(steps=100, batch_size=16, seq_len=256, lr=3e-3, warmup_steps=10, eval_every=50,
+        TextConfig(tokenizer="mistral", dataset="embedded", val_blocks=32),
+        TrainConfig(steps=120, batch_size=8, seq_len=128, lr=3e-3, warmup_steps=10, eval_every=60,
                     eval_batch_size=16, log_every=10),
     )
