@@ -60,6 +60,42 @@ def test_bad_sweep_input_is_one_line_before_ray(argv, betas, field, capsys):
     assert not ray.is_initialized()
 
 
+@pytest.mark.parametrize("argv, field", [
+    (["--hps", "1.5"], "HoleConfig.hp=1.5"),
+    (["--ranges", "1.0-5.0"], "HoleConfig.hi=5.0"),  # deeper than R = 4
+    (["--ranges", "0.5-3.0"], "HoleConfig.lo=0.5"),
+    (["--ranges", "2-x"], "--ranges='2-x'"),
+    (["--sampler", "random"], "--sampler='random'"),
+])
+def test_bad_hole_sweep_input_is_one_line_before_ray(argv, field, capsys):
+    import ray
+
+    from sweeps.hole_sweep import flags, hole_sweep
+
+    assert main(hole_sweep, "test", ["--preset", "debug", "--dry-run", *argv], add_flags=flags) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith(f"error: {field} is invalid; allowed:"), err
+    assert not ray.is_initialized()
+
+
+def test_paired_grids_and_arms_in_the_dry_run(capsys, tmp_path):
+    from sweeps.adaptive_pipeline import adaptive_pipeline
+    from sweeps.adaptive_pipeline import flags as arm_flags
+    from sweeps.mano import flags as mano_flags
+    from sweeps.mano import mano
+
+    assert main(mano, "test", ["--dry-run", "--storage-path", str(tmp_path), "--pairs", "1x1,1x4,4x1",
+                               "--seeds", "0,1"], add_flags=mano_flags) == 0
+    out = capsys.readouterr().out
+    # N and R stay paired: 3 pairs × 2 seeds, never the 3 × 3 product.
+    assert out.count('"n_layers": 1, "n_loops": 4') == 2 and out.count('"n_layers": 4, "n_loops": 4') == 0
+    assert "stages: 6 to train" in out
+    assert main(adaptive_pipeline, "test", ["--dry-run", "--storage-path", str(tmp_path)], add_flags=arm_flags) == 0
+    out = capsys.readouterr().out
+    # Ouro: pretrain → stage1 → stage2; CHASE: the same pretrain and stage1, then chase → stage2.
+    assert "stages: 5 to train (2 reused across trials)" in out
+
+
 def test_dry_run_starts_no_ray(capsys, tmp_path):
     import ray
 
