@@ -341,9 +341,13 @@ def run_sweep(sweep: Sweep, args, points: list[dict[str, Any]], res: Resources) 
         for result in results:
             params = trial_params(result.config)
             metrics = result.metrics or {}
-            rows.append({**params, **{k: metrics.get(k) for k in sweep.columns},
-                         "trial_key": metrics.get("trial_key", ""),
-                         "status": "error" if result.error else ("reused" if metrics.get("skipped") else "done")})
+            key = stage_configs(sweep.spec, params, str(storage))[-1].trial_key()
+            stopped = not result.error and "trial_key" not in metrics  # a scheduler (ASHA) ended it early
+            if stopped:
+                close_stopped_trial(mc, experiment_id, key)
+            rows.append({**params, **{k: metrics.get(k) for k in sweep.columns}, "trial_key": key,
+                         "status": "error" if result.error else "stopped" if stopped
+                         else ("reused" if metrics.get("skipped") else "done")})
         report = write_report(uri, experiment, sweep_run, storage / "analysis" / run_name)
         print_summary(sweep, rows, uri, experiment, sweep_run, storage, run_name, report)
         return rows
@@ -423,6 +427,20 @@ def _fit(sweep: Sweep, args, platform, points, res: Resources, tune_path: Path, 
         run_config=tune.RunConfig(name=run_name, storage_path=str(tune_path),
                                   failure_config=tune.FailureConfig(max_failures=1), verbose=0))
     return tuner.fit()
+
+
+def close_stopped_trial(mc, experiment_id: str, trial_key: str) -> None:
+    """A trial the scheduler stopped was killed mid-stage: its MLflow runs (the
+    trial and its unfinished stages) end KILLED instead of staying RUNNING."""
+    from looplab import tracking
+
+    trial = tracking.find_run(mc, experiment_id, level=tracking.TRIAL, trial_key=trial_key)
+    if trial is None or trial.info.status != "RUNNING":
+        return
+    children = mc.search_runs([experiment_id], filter_string=f"tags.mlflow.parentRunId = '{trial.info.run_id}' "
+                                                             "and attributes.status = 'RUNNING'")
+    for run in [*children, trial]:
+        mc.set_terminated(run.info.run_id, status="KILLED")
 
 
 def write_report(uri: str, experiment: str, sweep_run: str, out: Path) -> dict[str, Path]:

@@ -304,3 +304,24 @@ def test_two_node_cluster_runs_trials_on_both_nodes(tmp_path):
     stage1 = mc.search_runs([exp], filter_string="tags.level = 'stage' and tags.stage = 'stage1'")
     assert len(stage1) == 2 and all(r.info.status == "FINISHED" for r in stage1)
     assert len({r.data.tags["ray_node_id"] for r in stage1}) == 2  # one trial on each node
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_optuna_search_with_asha_runs_end_to_end(tmp_path):
+    """A seeded Optuna search over β with ASHA: every result Tune sees carries the
+    metric ASHA needs (the evaluations), and the samples land in MLflow."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    argv = TINY + ["--search", "optuna", "--num-samples", "2", "--scheduler", "asha", "--set", "train.steps=8",
+                   "--set", "train.eval_every=4", "--tracking-uri", uri, "--storage-path", str(tmp_path / "store")]
+    assert run_beta(argv) == 0
+    mc = tracking.client(uri)
+    exp = mc.get_experiment_by_name("beta_ablation-phop-debug").experiment_id
+    trials = mc.search_runs([exp], filter_string="tags.level = 'trial'")
+    betas = sorted(float(r.data.params["search.beta"]) for r in trials)
+    assert len(betas) == 2 and betas[0] != betas[1] and all(0.01 <= b <= 2.0 for b in betas)  # sampled in range
+    # ASHA may stop one early: its runs end KILLED, not left RUNNING; a finished one has its metric.
+    assert all(r.info.status in ("FINISHED", "KILLED") for r in trials)
+    assert all("val_ppl" in r.data.metrics for r in trials if r.info.status == "FINISHED")
+    stages = mc.search_runs([exp], filter_string="tags.level = 'stage'")
+    assert all(r.info.status in ("FINISHED", "KILLED") for r in stages)

@@ -55,7 +55,9 @@ def stage_worker_loop(config: dict[str, Any]) -> None:
             for run_id in run_ids:
                 tracking.log_record(mlflow_client, run_id, record)
             mlflow_seconds += time.perf_counter() - t
-        if config["report_to_tune"] and record["kind"] in ("train", "eval"):
+        # Tune gets the evaluations: every result then carries the sweep's metric
+        # (val_ppl / val_accuracy), which schedulers such as ASHA require of each one.
+        if config["report_to_tune"] and record["kind"] == "eval":
             t = time.perf_counter()
             ray.train.report({"stage": cfg.stage, "step": record["step"], **tracking.record_metrics(record)})
             report_seconds += time.perf_counter() - t
