@@ -92,6 +92,8 @@ def measure(uri: str, wall: float) -> dict:
         """(compute, platform calls inside train()) over the stages trained in these runs."""
         compute = calls = 0.0
         for r in stage_runs:
+            if r.data.tags.get("reused") == "true":  # trained elsewhere; its run only carries the figures
+                continue
             m, stage = r.data.metrics, r.data.tags["stage"]
             if f"{stage}_wall_time_s" in m:
                 inside = m.get(f"{stage}_mlflow_s", 0.0) + m.get(f"{stage}_report_s", 0.0)
