@@ -261,7 +261,7 @@ def describe(sweep: Sweep, args, points: list[dict[str, Any]], res: Resources) -
         total_flops, total_tokens = total_flops + flops, total_tokens + tokens
         lines.append(f"  {name}: {c.train.steps} steps × {c.train.batch_size} × {c.train.seq_len} tokens "
                      f"≈ {flops:.2e} training FLOPs")
-    lines += ["", f"compute: {total_tokens:,.0f} training tokens, ≈ {total_flops:.2e} FLOPs (6·(P_backbone·R + P_head)·tokens)",
+    lines += ["", f"compute: {total_tokens:,.0f} training tokens, ≈ {total_flops:.2e} FLOPs (3 × forward, looplab's FLOP count)",
               "resources: " + (f"local Ray, {res.cpus:g} CPUs, {res.gpus} GPUs" if not args.address
                                else f"Ray cluster at {args.address}"),
               f"  {res.max_concurrent} concurrent trial(s) × ({TRIAL_CPU} CPU trial + {args.num_workers} worker(s) × "
@@ -278,19 +278,17 @@ def describe(sweep: Sweep, args, points: list[dict[str, Any]], res: Resources) -
 
 
 def _training_flops(cfg) -> float:
-    """6 × (backbone parameters × R + head parameters) × training tokens: the
-    backbone runs R times per token, the LM head once (embeddings cost no matmul).
-    Built on the meta device, so even the paper presets cost no memory."""
+    """3 × forward FLOPs × training tokens (backward ≈ 2 × forward), with looplab's
+    own per-token accounting (backbone R times, LM head once). Built on the meta
+    device, so even the paper presets cost no memory."""
     import torch
 
     from looplab.models.looped import LoopedLM
 
     with torch.device("meta"):
         model = LoopedLM(cfg.model)
-    backbone = sum(p.numel() for p in model.backbone.parameters())
-    head = sum(p.numel() for p in model.lm_head.parameters())
     tokens = cfg.train.steps * cfg.train.batch_size * cfg.train.seq_len
-    return 6.0 * (backbone * cfg.model.n_loops + head) * tokens
+    return 3.0 * model.flops_per_token(cfg.train.seq_len)["total"] * tokens
 
 
 # ---- the run -----------------------------------------------------------------------

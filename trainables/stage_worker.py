@@ -39,9 +39,8 @@ def stage_worker_loop(config: dict[str, Any]) -> None:
     mlflow_client = tracking.client(config["tracking_uri"]) if rank == 0 else None
     run_ids: list[str] = config["run_ids"]
     if mlflow_client is not None:  # where the stage ran: which node of the cluster, which host
-        for run_id in run_ids[:1]:
-            mlflow_client.set_tag(run_id, "ray_node_id", ray.get_runtime_context().get_node_id())
-            mlflow_client.set_tag(run_id, "hostname", socket.gethostname())
+        mlflow_client.set_tag(run_ids[0], "ray_node_id", ray.get_runtime_context().get_node_id())
+        mlflow_client.set_tag(run_ids[0], "hostname", socket.gethostname())
     kill_at = int(os.environ.get(FAIL_AT_STEP_ENV, "0") or 0)
     kill_marker = os.path.join(config["out_dir"], ".killed_once")
 
