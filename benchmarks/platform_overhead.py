@@ -8,7 +8,8 @@ against compute, and CPU utilisation, for a real sweep run through the platform.
 Compute is the time inside looplab's train() in the workers (model and data
 setup, steps, evaluations, checkpoints: what `looplab train` does alone), minus
 the MLflow and Ray Train calls made from inside it. Everything else a trial spends
-is overhead: starting the worker group, MLflow runs, Tune. The sweep's own start
+is overhead: MLflow runs, Tune, and with --num-workers K >= 1 starting the stage's
+Ray Train worker group (none in the default local mode: the trial's process trains). The sweep's own start
 (Ray, the MLflow store) and end are reported apart, once per sweep. CPU
 utilisation is sampled from /proc/stat (all CPUs) while the sweep runs.
 Run it on a quiet machine: other load inflates every figure.
@@ -131,8 +132,8 @@ def report(f: dict) -> None:
     if f["shared_stages_wall_s"]:
         print(f"shared stages (trained before the trials): wall {f['shared_stages_wall_s']:.1f} s, "
               f"compute {f['shared_stages_compute_s']:.1f} s")
-    print(f"sweep wall {f['sweep_wall_s']:.1f} s, compute {f['total_compute_s']:.1f} s "
-          f"({100 * f['total_compute_s'] / f['sweep_wall_s']:.1f}% of the wall)")
+    print(f"sweep wall {f['sweep_wall_s']:.1f} s; compute of every stage trained, summed: "
+          f"{f['total_compute_s']:.1f} s (concurrent trials overlap, so the sum may exceed the wall)")
     if f["outside_trials_s"] is not None:
         print(f"outside the trial (Ray start, Tune, shutdown, summary): {f['outside_trials_s']:.1f} s")
     print(f"CPU utilisation during the sweep: {100 * f['cpu_utilisation']:.0f}% of all CPUs "

@@ -188,9 +188,14 @@ def close_run(mlflow_client, run_id: str, ok: bool) -> None:
 
 @contextlib.contextmanager
 def terminated_on_exit(mlflow_client, run_id: str) -> Iterator[str]:
-    """FINISHED when the block completes, FAILED when it raises (then re-raise)."""
+    """FINISHED when the block completes, FAILED when it raises (then re-raise),
+    KILLED when it exits through sys.exit(0): a deliberate stop, which is how Ray
+    Tune ends a trial its scheduler (ASHA) stops while the trial reports."""
     try:
         yield run_id
+    except SystemExit as stop:
+        mlflow_client.set_terminated(run_id, status="KILLED" if stop.code in (None, 0) else "FAILED")
+        raise
     except BaseException:
         close_run(mlflow_client, run_id, ok=False)
         raise

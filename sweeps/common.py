@@ -12,6 +12,7 @@ import argparse
 import hashlib
 import itertools
 import json
+import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -25,8 +26,8 @@ if str(REPO) not in sys.path:  # `python sweeps/x.py` from anywhere: trainables/
 from looplab.config import ConfigError  # noqa: E402
 from looplab.presets import PRESETS  # noqa: E402
 from trainables.pipeline import PipelineSpec, stage_configs  # noqa: E402
+from trainables.trial import WAITING_TRIAL_CPU  # noqa: E402
 
-TRIAL_CPU = 0.01  # the Tune function only waits on its trainer; {"cpu": 0} is rejected
 RAY_TRAIN_ENV = {  # Ray Train settings for every stage (an environment value of the same name wins)
     "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "60",  # a worker group that cannot be placed fails, not hangs
     # The controller polls its workers this often (default 2 s); each poll it waits on
@@ -67,7 +68,9 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--address", default="", help="Ray cluster address (default: start a local Ray)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted sweep (Tuner.restore)")
     p.add_argument("--max-concurrent-trials", type=int, default=0, help="default: what the CPUs/GPUs fit")
-    p.add_argument("--num-workers", type=int, default=1, help="Ray Train workers per stage")
+    p.add_argument("--num-workers", type=int, default=0,
+                   help="Ray Train workers per stage; 0 (default): Ray Train's local mode, the stage trains "
+                        "in the trial's own process (no worker group to start); K: K data-parallel worker actors")
     p.add_argument("--cpus-per-worker", type=float, default=0.0, help="default: the CPUs left, shared evenly")
     p.add_argument("--gpus-per-worker", type=float, default=0.0)
     p.add_argument("--search", choices=("grid", "optuna"), default="grid")
@@ -82,6 +85,23 @@ def parser(description: str) -> argparse.ArgumentParser:
 
 def fail(name: str, value: Any, allowed: str) -> None:
     raise ConfigError(f"{name}={value!r} is invalid; allowed: {allowed}")
+
+
+def check_tracking_server(uri: str, timeout: float = 10.0) -> None:
+    """An http(s) tracking URI must answer MLflow's /health now: MLflow's client
+    would otherwise retry each call for minutes before it fails, with Ray started."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as response:
+            if response.status == 200:
+                return
+            problem = f"HTTP {response.status}"
+    except OSError as e:  # refused, unresolvable, timed out, HTTP errors
+        problem = str(getattr(e, "reason", e))
+    fail("--tracking-uri", uri, f"a reachable MLflow server (GET /health: {problem}), or sqlite:///PATH")
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -139,16 +159,18 @@ def grid_points(sweep: Sweep) -> list[dict[str, Any]]:
 class Resources:
     cpus: float  # CPUs of the local machine (or of the cluster when known)
     gpus: int
-    max_concurrent: int
+    max_concurrent: int  # 0: no cap (a cluster: as many trials as Ray can place)
     cpus_per_worker: float
 
 
 def plan_resources(args, local: bool, n_trials: int) -> Resources:
-    """Trial and worker CPU shares that add up: a trial holds TRIAL_CPU and waits on
-    its worker group, so max_concurrent × (TRIAL_CPU + workers × worker_cpu) ≤ CPUs;
-    otherwise the worker groups never start and Ray retries forever."""
-    if args.num_workers < 1:
-        fail("--num-workers", args.num_workers, "an integer >= 1")
+    """Trial and worker CPU shares that add up. In local mode (--num-workers 0) a
+    trial trains in its own process and holds the worker's share. With K worker
+    actors a trial holds a sliver and waits on its worker group, so
+    max_concurrent × (sliver + K × worker_cpu) ≤ CPUs; otherwise the worker groups
+    never start and Ray retries forever."""
+    if args.num_workers < 0:
+        fail("--num-workers", args.num_workers, "an integer >= 0 (0: train in the trial's own process)")
     if args.gpus_per_worker < 0:
         fail("--gpus-per-worker", args.gpus_per_worker, "a number >= 0")
     cpus = float(os.cpu_count() or 1)
@@ -156,25 +178,37 @@ def plan_resources(args, local: bool, n_trials: int) -> Resources:
     if local and args.gpus_per_worker > 0 and gpus == 0:
         fail("--gpus-per-worker", args.gpus_per_worker, "0 here (no CUDA device on this machine)")
     if local and args.num_workers > cpus:
-        fail("--num-workers", args.num_workers, f"an integer in [1, {int(cpus)}] (CPUs on this machine)")
+        fail("--num-workers", args.num_workers, f"an integer in [0, {int(cpus)}] (CPUs on this machine)")
     if args.max_concurrent_trials < 0:
         fail("--max-concurrent-trials", args.max_concurrent_trials, "an integer >= 1 (0: what fits)")
     if args.cpus_per_worker < 0:
         fail("--cpus-per-worker", args.cpus_per_worker, "a number > 0 (0: the CPUs left, shared evenly)")
-    if not local:  # a cluster's resources are Ray's to place; only the shares are checked
-        return Resources(cpus, gpus, args.max_concurrent_trials or 1, args.cpus_per_worker or 1.0)
+    if not local:  # a cluster's resources are Ray's (and its autoscaler's) to place
+        return Resources(cpus, gpus, args.max_concurrent_trials, args.cpus_per_worker or 1.0)
+    workers, waiting = max(1, args.num_workers), waiting_cpu(args)
     if args.gpus_per_worker > 0:
-        fits = int(gpus // (args.gpus_per_worker * args.num_workers)) or 1
+        fits = int(gpus // (args.gpus_per_worker * workers)) or 1
     else:
-        fits = max(1, int(cpus // args.num_workers))
+        fits = max(1, int(cpus // workers))
     concurrent = args.max_concurrent_trials or min(fits, n_trials)  # no CPUs held for trials that never come
-    worker_cpu = args.cpus_per_worker or round((cpus - concurrent * TRIAL_CPU) / (concurrent * args.num_workers), 2)
-    need = concurrent * (TRIAL_CPU + args.num_workers * worker_cpu)
+    worker_cpu = args.cpus_per_worker or cpu_share(cpus, concurrent, workers, waiting)
+    need = concurrent * (waiting + workers * worker_cpu)
     if worker_cpu <= 0 or need > cpus + 1e-9:
         fail("--max-concurrent-trials", concurrent,
-             f"at most {fits} here: {concurrent} × ({TRIAL_CPU} + {args.num_workers} × {worker_cpu}) CPUs "
+             f"at most {fits} here: {concurrent} × ({waiting} + {workers} × {worker_cpu}) CPUs "
              f"= {need:.2f} > {cpus:g}")
     return Resources(cpus, gpus, concurrent, worker_cpu)
+
+
+def waiting_cpu(args) -> float:
+    """CPUs a trial holds beside its workers: none in local mode (it is the worker)."""
+    return WAITING_TRIAL_CPU if args.num_workers else 0.0
+
+
+def cpu_share(cpus: float, concurrent: int, workers: int, waiting: float) -> float:
+    """The CPUs left after the waiting trials, split evenly over the workers,
+    rounded down to 1/100 so the shares never add up to more than the machine."""
+    return math.floor(100 * (cpus - concurrent * waiting) / (concurrent * workers)) / 100
 
 
 def _local_gpus() -> int:
@@ -243,6 +277,7 @@ def trial_name(params: dict[str, Any]) -> str:
 def describe(sweep: Sweep, args, points: list[dict[str, Any]], res: Resources) -> str:
     """The trial list, the resource plan and a compute estimate."""
     lines = [f"sweep {sweep.name} on preset {args.preset} ({args.search} search)", "", "trials:"]
+    gpu = f", {args.gpus_per_worker} GPU" if args.gpus_per_worker else ""
     unique: dict[str, Any] = {}
     for point in points:
         stages = stage_configs(sweep.spec, point, args.storage_path)
@@ -264,9 +299,13 @@ def describe(sweep: Sweep, args, points: list[dict[str, Any]], res: Resources) -
     lines += ["", f"compute: {total_tokens:,.0f} training tokens, ≈ {total_flops:.2e} FLOPs (3 × forward, looplab's FLOP count)",
               "resources: " + (f"local Ray, {res.cpus:g} CPUs, {res.gpus} GPUs" if not args.address
                                else f"Ray cluster at {args.address}"),
-              f"  {res.max_concurrent} concurrent trial(s) × ({TRIAL_CPU} CPU trial + {args.num_workers} worker(s) × "
-              f"{res.cpus_per_worker} CPU{f', {args.gpus_per_worker} GPU' if args.gpus_per_worker else ''})",
-              "  plus about 20-30 s of Ray overhead per stage on 2 cores (its worker group's start)"]
+              f"  {res.max_concurrent or 'as many'} concurrent trial(s) × " + (
+                  f"{res.cpus_per_worker} CPU{gpu} (Ray Train local mode: each trial trains in its own process)"
+                  if not args.num_workers else
+                  f"({WAITING_TRIAL_CPU} CPU trial + {args.num_workers} worker(s) × {res.cpus_per_worker} CPU{gpu})"),
+              "  plus Ray's own start per sweep, and per stage " + (
+                  "a few seconds of MLflow" if not args.num_workers else
+                  "about 15-25 s on 2 cores to start its worker group")]
     if args.search == "grid":
         from trainables.trial import shared_prefixes
 
@@ -367,18 +406,18 @@ def _fit_shared_prefixes(sweep: Sweep, args, platform, points, res: Resources, t
     jobs = shared_prefixes(sweep.spec, points, platform.storage_path)
     if not jobs:
         return
-    concurrent = min(len(jobs), res.max_concurrent)
+    concurrent = min(len(jobs), res.max_concurrent or len(jobs))
     if not args.address and not args.cpus_per_worker:  # locally: the machine, split over the jobs
-        share = round((res.cpus - concurrent * TRIAL_CPU) / (concurrent * args.num_workers), 2)
+        share = cpu_share(res.cpus, concurrent, max(1, args.num_workers), waiting_cpu(args))
         platform = replace(platform, cpus_per_worker=max(share, res.cpus_per_worker))
     print(f"training {len(jobs)} shared stage chain(s) first, {concurrent} at a time, "
-          f"{platform.num_workers} worker(s) × {platform.cpus_per_worker} CPU each", file=sys.stderr)
+          f"{max(1, platform.num_workers)} worker(s) × {platform.cpus_per_worker} CPU each", file=sys.stderr)
     tuner = tune.Tuner(
-        tune.with_resources(run_shared_prefix, {"cpu": TRIAL_CPU}),
+        tune.with_resources(run_shared_prefix, platform.trial_resources()),
         param_space={"spec": sweep.spec.to_dict(), "platform": platform.to_dict(), "job": tune.grid_search(jobs)},
         tune_config=tune.TuneConfig(max_concurrent_trials=concurrent),
         run_config=tune.RunConfig(name=f"{run_name}-shared", storage_path=str(tune_path),
-                                  failure_config=tune.FailureConfig(max_failures=1), verbose=0))
+                                  failure_config=trial_failures(platform), verbose=0))
     failed = [r for r in tuner.fit() if r.error]
     if failed:
         raise RuntimeError(f"a shared stage failed: {failed[0].error}")
@@ -389,7 +428,7 @@ def _fit(sweep: Sweep, args, platform, points, res: Resources, tune_path: Path, 
 
     from trainables.trial import run_trial, trial_params
 
-    trainable = tune.with_resources(run_trial, {"cpu": TRIAL_CPU})
+    trainable = tune.with_resources(run_trial, platform.trial_resources())
     path = tune_path / run_name
     if args.resume and tune.Tuner.can_restore(str(path)):
         tuner = tune.Tuner.restore(str(path), trainable=trainable, resume_errored=True)
@@ -420,11 +459,20 @@ def _fit(sweep: Sweep, args, platform, points, res: Resources, tune_path: Path, 
     tuner = tune.Tuner(
         trainable, param_space=space,
         tune_config=tune.TuneConfig(num_samples=samples, search_alg=search_alg, scheduler=scheduler,
-                                    max_concurrent_trials=res.max_concurrent,
+                                    max_concurrent_trials=res.max_concurrent or None,
                                     trial_name_creator=name_of, trial_dirname_creator=name_of),
         run_config=tune.RunConfig(name=run_name, storage_path=str(tune_path),
-                                  failure_config=tune.FailureConfig(max_failures=1), verbose=0))
+                                  failure_config=trial_failures(platform), verbose=0))
     return tuner.fit()
+
+
+def trial_failures(platform):
+    """Tune's restarts of a failed trial; the restarted trial resumes its stage from
+    the checkpoint folder. In local mode they are the only restarts there are, so
+    they get the worker retries; a worker group retries on its own first."""
+    from ray import tune
+
+    return tune.FailureConfig(max_failures=platform.worker_retries if platform.num_workers == 0 else 1)
 
 
 def close_stopped_trial(mc, experiment_id: str, trial_key: str) -> None:
@@ -468,7 +516,8 @@ def print_summary(sweep: Sweep, rows: list[dict[str, Any]], uri: str, experiment
     for row in table:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)))
     print(f"\nMLflow:      {uri}  experiment {experiment!r}, sweep run {sweep_run}")
-    print(f"dashboard:   mlflow ui --backend-store-uri {uri}")
+    served = uri.startswith(("http://", "https://"))
+    print(f"dashboard:   {uri}" if served else f"dashboard:   mlflow ui --backend-store-uri {uri}")
     print(f"checkpoints: {storage / 'stages'}")
     print(f"Ray results: {storage / 'ray_tune' / run_name}")
     if report:
@@ -502,5 +551,10 @@ def main(make_sweep: Callable[[argparse.Namespace], Sweep], description: str, ar
     if args.dry_run:
         print(describe(sweep, args, points, res))
         return 0
+    try:  # not in the dry run: planning a cluster sweep from a laptop needs no server
+        check_tracking_server(args.tracking_uri)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     rows = run_sweep(sweep, args, points, res)
     return 0 if rows and all(r["status"] != "error" for r in rows) else 1

@@ -2,8 +2,8 @@
 MLflow conventions, and one tiny β sweep end to end on a local Ray.
 
 Tests that start Ray are marked `ray`: the end-to-end β sweep (two data-parallel
-workers, stage reuse, a rerun that trains nothing; ~2.5 minutes on 2 cores) runs by
-default. The fault-injection and two-node tests are also marked `slow` (~8 minutes
+workers, stage reuse, a rerun that trains only its new point, in local mode; ~2.5
+minutes on 2 cores) runs by default. The fault-injection and two-node tests are also marked `slow` (~8 minutes
 together) and run with `python -m pytest -m slow`."""
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ def run_beta(argv, betas=(0.1, 0.5)):
     (["--preset", "phop-debug"], (), "grid.beta=[]"),
     (["--preset", "phop-debug"], (-0.1, 0.5), "ExitConfig.beta=-0.1"),
     (["--preset", "phop-debug", "--num-workers", "64"], (0.1,), "--num-workers=64"),
+    (["--preset", "phop-debug", "--num-workers", "-1"], (0.1,), "--num-workers=-1"),
     (["--preset", "phop-debug", "--gpus-per-worker", "1"], (0.1,), "--gpus-per-worker=1.0"),
     (["--preset", "phop-debug", "--seeds", "a"], (0.1,), "--seeds='a'"),
     (["--preset", "phop-debug", "--cpus-per-worker", "1.5", "--max-concurrent-trials", "2"], (0.1,),
@@ -58,6 +59,20 @@ def test_bad_sweep_input_is_one_line_before_ray(argv, betas, field, capsys):
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and err.startswith(f"error: {field} is invalid; allowed:"), err
     assert not ray.is_initialized()
+
+
+def test_unreachable_tracking_server_is_one_line_before_ray(tmp_path, capsys):
+    import ray
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = TINY + ["--tracking-uri", f"http://127.0.0.1:{port}", "--storage-path", str(tmp_path)]
+    start = time.monotonic()
+    assert run_beta(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith(f"error: --tracking-uri='http://127.0.0.1:{port}' is invalid"), err
+    assert not ray.is_initialized() and time.monotonic() - start < 60  # not MLflow's minutes of retries
 
 
 @pytest.mark.parametrize("argv, field", [
@@ -137,6 +152,24 @@ def test_cluster_yaml_validates_offline():
     assert cfg["available_node_types"][cfg["head_node_type"]]["resources"] == {"CPU": 0}  # no trials on the head
     assert any("[gpu" in c for c in cfg["setup_commands"])
     assert any("mlflow server" in c for c in cfg["head_start_ray_commands"])
+    assert "pgrep" not in " ".join(cfg["head_start_ray_commands"])  # see the on-prem test
+
+
+def test_onprem_cluster_yaml_validates_offline():
+    """The on-prem example (Ray's local provider); `ray up` with it was run for real
+    against sshd on 127.0.0.1 (README), which a test here cannot do."""
+    import yaml
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    raw = yaml.safe_load((REPO / "cluster-onprem.yaml").read_text())
+    cfg = prepare_config(copy.deepcopy(raw))
+    validate_config(cfg)
+    assert cfg["provider"]["type"] == "local" and cfg["provider"]["head_ip"]
+    assert cfg["file_mounts"] == {"~/looplab": "."}
+    start = " ".join(cfg["head_start_ray_commands"])
+    # The MLflow server starts when /health does not answer: a `pgrep -f "mlflow server"`
+    # would match the shell running this very command and never start it.
+    assert "mlflow server" in start and "pgrep" not in start
 
 
 def test_tracking_conventions(tmp_path):
@@ -179,6 +212,41 @@ def test_tracking_conventions(tmp_path):
     assert len(mc.search_runs([exp])) == 1
     assert tracking.open_run(mc, exp, name="trial-x", tags={}, key=key)[1] == "FINISHED"
 
+    # A trial Tune stops (sys.exit(0) from its report) ends KILLED; another exit code FAILED.
+    for code, status in ((0, "KILLED"), (3, "FAILED")):
+        stopped, _ = tracking.open_run(mc, exp, name=f"stopped-{code}", tags={}, key={"level": "trial", "k": str(code)})
+        with pytest.raises(SystemExit):
+            with tracking.terminated_on_exit(mc, stopped):
+                sys.exit(code)
+        assert mc.get_run(stopped).info.status == status
+
+
+@pytest.mark.parametrize("workers, concurrent, trial_cpu, worker_cpu", [
+    (0, 2, 1.0, 1.0),  # local mode: each trial is its own worker and holds its share
+    (1, 2, 0.01, 0.99),  # a waiting trial holds a sliver beside its worker
+    (2, 1, 0.01, 0.99),
+])
+def test_resource_plan_adds_up_to_the_machine(monkeypatch, workers, concurrent, trial_cpu, worker_cpu):
+    import argparse
+
+    from sweeps import common
+    from trainables.trial import PlatformSettings
+
+    monkeypatch.setattr(common.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(common, "_local_gpus", lambda: 0)
+    args = argparse.Namespace(num_workers=workers, gpus_per_worker=0.0, max_concurrent_trials=0,
+                              cpus_per_worker=0.0)
+    res = common.plan_resources(args, local=True, n_trials=5)
+    assert (res.max_concurrent, res.cpus_per_worker) == (concurrent, worker_cpu)
+    platform = PlatformSettings("sqlite:///x", "/tmp/x", "e", "r", num_workers=workers,
+                                cpus_per_worker=res.cpus_per_worker)
+    assert platform.trial_resources() == {"cpu": trial_cpu}
+    assert concurrent * (common.waiting_cpu(args) + max(1, workers) * worker_cpu) <= 2.0
+    # Three trials on 2 CPUs: shares rounded down, never past the machine.
+    args.max_concurrent_trials = 3
+    res = common.plan_resources(args, local=True, n_trials=5)
+    assert 3 * (common.waiting_cpu(args) + max(1, workers) * res.cpus_per_worker) <= 2.0
+
 
 @pytest.mark.ray
 def test_tiny_beta_sweep_end_to_end(tmp_path, capsys):
@@ -207,10 +275,16 @@ def test_tiny_beta_sweep_end_to_end(tmp_path, capsys):
     logged = {a.path for a in mc.list_artifacts(sweep_run, "analysis")}
     assert "analysis/report.html" in logged and "analysis/frontier.png" in logged, logged
 
-    # Rerunning the finished sweep trains nothing and duplicates no trial run.
-    assert run_beta(argv) == 0
-    assert "reused" in capsys.readouterr().out
-    assert len(mc.search_runs([exp], filter_string="tags.level = 'trial'")) == 2
+    # Rerunning the finished sweep trains nothing and duplicates no trial run; a new β
+    # point trains in Ray Train's local mode (the default: in the trial's own process).
+    assert run_beta(argv, betas=(0.1, 0.5, 1.0)) == 0
+    assert capsys.readouterr().out.count("reused") == 2
+    trials = mc.search_runs([exp], filter_string="tags.level = 'trial'")
+    assert sorted(float(r.data.params["beta"]) for r in trials) == [0.1, 0.5, 1.0]
+    (new,) = [r for r in trials if float(r.data.params["beta"]) == 1.0]
+    assert new.info.status == "FINISHED" and "exit_entropy" in new.data.metrics and "val_ppl" in new.data.metrics
+    stage1 = mc.search_runs([exp], filter_string="tags.level = 'stage' and tags.stage = 'stage1'")
+    assert len(stage1) == 3 and all(r.data.tags["reused"] == "false" for r in stage1)
 
 
 def stage_records(store: Path, stage: str) -> list[dict]:
@@ -220,18 +294,25 @@ def stage_records(store: Path, stage: str) -> list[dict]:
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_killed_worker_resumes_from_its_checkpoint(tmp_path, monkeypatch):
-    store = tmp_path / "store"
+@pytest.mark.parametrize("workers", ["0", "1"])
+def test_killed_worker_resumes_from_its_checkpoint(tmp_path, monkeypatch, workers):
+    """One worker actor (Ray Train restarts the worker group) and local mode (the
+    trial's own process dies; Tune restarts the trial): both resume the stage."""
+    store, uri = tmp_path / "store", f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("LOOPLAB_TEST_KILL_WORKER_AT_STEP", "3")  # SIGKILL once, after the step-2 checkpoint
     argv = ["--preset", "phop-debug", "--set", "train.steps=4", "--set", "train.ckpt_every=2",
             "--set", "train.log_every=1", "--set", "train.eval_every=0", "--set", "train.eval_limit=16",
-            "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", "--storage-path", str(store)]
+            "--num-workers", workers, "--tracking-uri", uri, "--storage-path", str(store)]
     assert run_beta(argv, betas=(0.1,)) == 0
     steps = [r["step"] for r in stage_records(store, "pretrain") if r["kind"] == "train"]
-    # Steps 1-3 ran, the worker died after logging step 3, the restarted group resumed
+    # Steps 1-3 ran, the worker died after logging step 3, the restarted one resumed
     # from the step-2 checkpoint: step 3 twice, steps 1-2 once (not a restart from 0).
     assert steps == [1, 2, 3, 3, 4], steps
     assert list((store / "stages").glob("pretrain-*/.killed_once"))
+    mc = tracking.client(uri)
+    exp = mc.get_experiment_by_name("beta_ablation-phop-debug").experiment_id
+    runs = mc.search_runs([exp], filter_string="tags.level != 'sweep'")
+    assert len(runs) == 3 and all(r.info.status == "FINISHED" for r in runs)  # trial, pretrain, stage1: once each
 
 
 def finished_trials(uri: str, experiment: str) -> list:

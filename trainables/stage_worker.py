@@ -9,6 +9,10 @@ Several workers train data-parallel (looplab/distributed.py: each rank its rows 
 every global batch, gradients averaged over the gloo/NCCL group Ray Train set up).
 Only rank 0 logs to MLflow; every rank reports the same records to Ray Train,
 whose report is a barrier all workers must reach equally often.
+
+In Ray Train's local mode (config["local"]) this loop runs inside the Tune trial's
+process: it is rank 0 of one, and reports to Tune directly (ray.train's calls are
+refused inside a Tune function, and local mode runs no Train callbacks).
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ FAIL_AT_STEP_ENV = "LOOPLAB_TEST_KILL_WORKER_AT_STEP"  # tests: SIGKILL the work
 
 
 def stage_worker_loop(config: dict[str, Any]) -> None:
+    import ray
     import ray.train
+    from ray import tune
 
     from looplab import tracking
     from looplab.config import ExperimentConfig
@@ -35,7 +41,9 @@ def stage_worker_loop(config: dict[str, Any]) -> None:
     # does not follow fractional shares, and a worker must not use CPUs it did not get.
     torch.set_num_threads(config.get("threads", 1))
     cfg = ExperimentConfig.from_dict(config["experiment"])
-    rank = ray.train.get_context().get_world_rank()
+    local = config.get("local", False)
+    rank = 0 if local else ray.train.get_context().get_world_rank()
+    report = tune.report if local else ray.train.report
     mlflow_client = tracking.client(config["tracking_uri"]) if rank == 0 else None
     run_ids: list[str] = config["run_ids"]
     if mlflow_client is not None:  # where the stage ran: which node of the cluster, which host
@@ -58,11 +66,11 @@ def stage_worker_loop(config: dict[str, Any]) -> None:
         # (val_ppl / val_accuracy), which schedulers such as ASHA require of each one.
         if config["report_to_tune"] and record["kind"] == "eval":
             t = time.perf_counter()
-            ray.train.report({"stage": cfg.stage, "step": record["step"], **tracking.record_metrics(record)})
+            report({"stage": cfg.stage, "step": record["step"], **tracking.record_metrics(record)})
             report_seconds += time.perf_counter() - t
         if kill_at and record.get("step") == kill_at and not os.path.exists(kill_marker):
             open(kill_marker, "w").close()
-            os.kill(os.getpid(), signal.SIGKILL)  # a crashed worker, for the fault-tolerance test
+            os.kill(os.getpid(), signal.SIGKILL)  # a crashed worker (in local mode: trial), for the tests
 
     start = time.perf_counter()
     train(cfg, config["out_dir"], resume=True, on_metrics=on_metrics, quiet=config.get("quiet", True))

@@ -1,7 +1,11 @@
 """The Tune function trainable: one trial = one pipeline of stages.
 
 Each stage is a Ray Train TorchTrainer (Train V2: a Tune function launches the
-trainer; `Tuner(trainer)` is deprecated). A stage whose folder already holds a
+trainer; `Tuner(trainer)` is deprecated). With num_workers=0 the trainer runs in
+Ray Train's local mode: the stage trains in this trial's own process, which holds
+the trial's CPUs (and GPU); no controller or worker actors are started, which on
+2 cores saves 12-17 s per stage (five Ray processes, each importing Ray, some
+torch). With num_workers=K >= 1 a worker group of K actors trains data-parallel. A stage whose folder already holds a
 "done" marker is reused, not retrained, and its MLflow run says so (`reused_from`).
 A trial whose MLflow run is FINISHED reports its recorded metrics and returns: a
 rerun or resumed sweep never trains a finished trial_key twice.
@@ -28,20 +32,31 @@ from trainables.shared_stage import read_done, stage_lock, write_done
 from trainables.stage_worker import stage_worker_loop
 
 
+WAITING_TRIAL_CPU = 0.01  # a trial that only waits on its worker group; {"cpu": 0} is rejected
+
+
 @dataclass(frozen=True)
 class PlatformSettings:
     tracking_uri: str
     storage_path: str
     experiment: str  # MLflow experiment (one per sweep)
     sweep_run_id: str  # the parent run of this sweep invocation
-    num_workers: int = 1
-    cpus_per_worker: float = 0.99
+    num_workers: int = 0  # 0: Ray Train local mode (the trial's process trains); K: K worker actors
+    cpus_per_worker: float = 1.0
     gpus_per_worker: float = 0.0
-    worker_retries: int = 2  # Ray Train restarts of a failed worker group per stage
+    worker_retries: int = 2  # restarts of a failed worker group per stage (in local mode: of the trial)
     quiet: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def trial_resources(self) -> dict[str, float]:
+        """What Tune reserves for one trial: in local mode the worker's share (the
+        trial's process trains); otherwise a sliver (it waits on its worker group,
+        which reserves its own)."""
+        if self.num_workers == 0:
+            return {"cpu": self.cpus_per_worker, **({"gpu": self.gpus_per_worker} if self.gpus_per_worker else {})}
+        return {"cpu": WAITING_TRIAL_CPU}
 
 
 def trial_params(config: dict[str, Any]) -> dict[str, Any]:
@@ -158,20 +173,30 @@ def _fit_stage(cfg: ExperimentConfig, platform: PlatformSettings, directory: Pat
     from ray.train.torch import TorchConfig, TorchTrainer
     from ray.tune.integration.ray_train import TuneReportCallback
 
+    local = platform.num_workers == 0
     use_gpu = platform.gpus_per_worker > 0
+    loop_config = {"experiment": cfg.to_dict(), "out_dir": str(directory),
+                   "threads": max(1, round(platform.cpus_per_worker)), "local": local,
+                   "tracking_uri": platform.tracking_uri, "run_ids": run_ids,
+                   "report_to_tune": report_to_tune, "quiet": platform.quiet}
+    # The name is the stage's trial_key: a relaunched trainer finds its own run.
+    name, storage = directory.name, str(Path(platform.storage_path).resolve() / "ray_train")
+    if local:
+        # Local mode: the loop runs here; it reports to Tune itself (no callbacks run),
+        # and a crash restarts the whole trial (Tune's FailureConfig), which resumes
+        # the stage from its checkpoint folder like a restarted worker group would.
+        TorchTrainer(stage_worker_loop, train_loop_config=loop_config,
+                     scaling_config=ScalingConfig(num_workers=0),
+                     run_config=RunConfig(name=name, storage_path=storage)).fit()
+        return
     resources = {"CPU": platform.cpus_per_worker, **({"GPU": platform.gpus_per_worker} if use_gpu else {})}
     trainer = TorchTrainer(
         stage_worker_loop,
-        train_loop_config={"experiment": cfg.to_dict(), "out_dir": str(directory),
-                           "threads": max(1, round(platform.cpus_per_worker)),
-                           "tracking_uri": platform.tracking_uri, "run_ids": run_ids,
-                           "report_to_tune": report_to_tune, "quiet": platform.quiet},
+        train_loop_config=loop_config,
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
         scaling_config=ScalingConfig(num_workers=platform.num_workers, use_gpu=use_gpu,
                                      resources_per_worker=resources),
-        # The name is the stage's trial_key: a relaunched trainer finds its own run.
-        run_config=RunConfig(name=directory.name,
-                             storage_path=str(Path(platform.storage_path).resolve() / "ray_train"),
+        run_config=RunConfig(name=name, storage_path=storage,
                              failure_config=FailureConfig(max_failures=platform.worker_retries,
                                                           controller_failure_limit=platform.worker_retries),
                              callbacks=[TuneReportCallback()] if report_to_tune else None),
