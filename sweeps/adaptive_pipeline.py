@@ -36,7 +36,7 @@ def adaptive_pipeline(args) -> Sweep:
     spec = PipelineSpec(preset=args.preset, stages=ARMS["chase"], arms=ARMS, overrides=overrides)
     arms = parse_list("--arms", args.arms, str, "ouro,chase")
     return Sweep(name="adaptive_pipeline", spec=spec, grid={"arm": arms}, metric="val_ppl", mode="min",
-                 columns=("val_ppl", "val_accuracy", "skip_q0.5_executed_loops", "skip_q0.5_ppl"))
+                 columns=("val_ppl", "val_accuracy", "skip_q0.4_executed_loops", "skip_q0.4_ppl"))
 
 
 if __name__ == "__main__":

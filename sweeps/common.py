@@ -14,6 +14,7 @@ import itertools
 import json
 import math
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +57,16 @@ class Sweep:
     metric: str = "val_ppl"
     mode: str = "min"
     columns: tuple[str, ...] = ("val_ppl", "val_accuracy")  # summary-table metrics
+
+    def __post_init__(self) -> None:
+        # A threshold column must name a q the evaluation runs, or its cells stay empty.
+        from looplab.evaluate import DEFAULT_QS
+
+        for column in self.columns:
+            found = re.match(r"(dense|skip)_q([0-9.]+)_", column)
+            if found and float(found.group(2)) not in DEFAULT_QS:
+                raise ValueError(f"Sweep.columns: {column!r} names q={found.group(2)}, which the threshold "
+                                 f"evaluation does not run; allowed q: {', '.join(map(str, DEFAULT_QS))}")
 
 
 def parser(description: str) -> argparse.ArgumentParser:

@@ -58,7 +58,7 @@ def hole_sweep(args) -> Sweep:
     return Sweep(name=f"hole_sweep_{args.sampler}", spec=spec, grid=grid, points=points,
                  ranges={"hp": (0.05, 1.0, "linear"), "lo": (1.0, 2.5, "linear"), "hi": (2.5, 4.0, "linear")},
                  metric="val_ppl", mode="min",
-                 columns=("val_ppl", "val_accuracy", "skip_q0.5_executed_loops", "skip_q0.5_ppl"))
+                 columns=("val_ppl", "val_accuracy", "skip_q0.4_executed_loops", "skip_q0.4_ppl"))
 
 
 if __name__ == "__main__":

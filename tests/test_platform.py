@@ -61,6 +61,16 @@ def test_bad_sweep_input_is_one_line_before_ray(argv, betas, field, capsys):
     assert not ray.is_initialized()
 
 
+def test_summary_columns_name_evaluated_thresholds():
+    from sweeps.common import Sweep
+    from trainables.pipeline import PipelineSpec
+
+    spec = PipelineSpec(preset="phop-debug", stages=("pretrain",))
+    Sweep(name="ok", spec=spec, grid={"seed": [0]}, columns=("skip_q0.4_ppl", "forced_d2_ppl"))
+    with pytest.raises(ValueError, match="q=0.5"):  # not in the evaluation's q grid: an always-empty column
+        Sweep(name="bad", spec=spec, grid={"seed": [0]}, columns=("skip_q0.5_ppl",))
+
+
 def test_unreachable_tracking_server_is_one_line_before_ray(tmp_path, capsys):
     import ray
 
