@@ -1,4 +1,4 @@
-"""Per-trial platform overhead (Ray start, Tune, the Ray Train worker group, MLflow)
+"""Per-trial platform overhead (Tune, MLflow, a Ray Train worker group if any)
 against compute, and CPU utilisation, for a real sweep run through the platform.
 
     python benchmarks/platform_overhead.py --preset debug     # one β-ablation trial (pretrain → Stage-1)
@@ -9,9 +9,10 @@ Compute is the time inside looplab's train() in the workers (model and data
 setup, steps, evaluations, checkpoints: what `looplab train` does alone), minus
 the MLflow and Ray Train calls made from inside it. Everything else a trial spends
 is overhead: MLflow runs, Tune, and with --num-workers K >= 1 starting the stage's
-Ray Train worker group (none in the default local mode: the trial's process trains). The sweep's own start
-(Ray, the MLflow store) and end are reported apart, once per sweep. CPU
-utilisation is sampled from /proc/stat (all CPUs) while the sweep runs.
+Ray Train worker group (none in the default local mode: the trial's process
+trains). The sweep's own start (Ray, the MLflow store) and end are reported apart,
+once per sweep. CPU utilisation is sampled from /proc/stat (all CPUs) while the
+sweep runs.
 Run it on a quiet machine: other load inflates every figure.
 """
 
@@ -120,7 +121,7 @@ def measure(uri: str, wall: float) -> dict:
     return {"sweep_wall_s": wall, "trials": trials, "shared_stages_wall_s": shared_wall,
             "shared_stages_compute_s": shared_compute,
             "total_compute_s": shared_compute + sum(t["compute_s"] for t in trials),
-            "outside_trials_s": wall - max(busy, 0.0) if len(trials) == 1 and not shared else None}
+            "outside_trials_s": wall - busy if len(trials) == 1 and not shared else None}
 
 
 def report(f: dict) -> None:

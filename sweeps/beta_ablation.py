@@ -14,8 +14,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from looplab.config import apply_overrides  # noqa: E402
-from looplab.presets import PRESETS, get_preset  # noqa: E402
-from sweeps.common import Sweep, fail, main, parse_list, parse_sets  # noqa: E402
+from looplab.presets import get_preset  # noqa: E402
+from sweeps.common import Sweep, check_preset, fail, main, parse_list, parse_sets  # noqa: E402
 from trainables.pipeline import PipelineSpec  # noqa: E402
 
 BETAS = "0.05,0.1,0.25,0.5,1.0"
@@ -46,8 +46,7 @@ def beta_ablation(args, betas: list[float] | None = None) -> Sweep:
 
 
 def pretrain_steps(args, overrides: dict) -> int:
-    if args.preset not in PRESETS:
-        fail("--preset", args.preset, " | ".join(sorted(PRESETS)))
+    check_preset(args.preset)  # before the common checks: the default steps read the preset
     return apply_overrides(get_preset(args.preset), overrides).train.steps
 
 

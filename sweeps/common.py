@@ -98,10 +98,20 @@ def fail(name: str, value: Any, allowed: str) -> None:
     raise ConfigError(f"{name}={value!r} is invalid; allowed: {allowed}")
 
 
+def check_preset(name: str) -> None:
+    if name not in PRESETS:
+        fail("--preset", name, " | ".join(sorted(PRESETS)))
+
+
+def is_server(uri: str) -> bool:
+    """An MLflow tracking server, as opposed to a store this process opens itself."""
+    return uri.startswith(("http://", "https://"))
+
+
 def check_tracking_server(uri: str, timeout: float = 10.0) -> None:
     """An http(s) tracking URI must answer MLflow's /health now: MLflow's client
     would otherwise retry each call for minutes before it fails, with Ray started."""
-    if not uri.startswith(("http://", "https://")):
+    if not is_server(uri):
         return
     import urllib.request
 
@@ -233,8 +243,7 @@ def _local_gpus() -> int:
 
 def validate(sweep: Sweep, args) -> tuple[list[dict[str, Any]], Resources]:
     """Every check that can run before Ray: returns the trial params and the plan."""
-    if args.preset not in PRESETS:
-        fail("--preset", args.preset, " | ".join(sorted(PRESETS)))
+    check_preset(args.preset)
     seeds = parse_seeds(args.seeds)
     if args.search == "grid":
         for name, values in sweep.grid.items():
@@ -527,8 +536,7 @@ def print_summary(sweep: Sweep, rows: list[dict[str, Any]], uri: str, experiment
     for row in table:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)))
     print(f"\nMLflow:      {uri}  experiment {experiment!r}, sweep run {sweep_run}")
-    served = uri.startswith(("http://", "https://"))
-    print(f"dashboard:   {uri}" if served else f"dashboard:   mlflow ui --backend-store-uri {uri}")
+    print(f"dashboard:   {uri}" if is_server(uri) else f"dashboard:   mlflow ui --backend-store-uri {uri}")
     print(f"checkpoints: {storage / 'stages'}")
     print(f"Ray results: {storage / 'ray_tune' / run_name}")
     if report:
@@ -556,16 +564,13 @@ def main(make_sweep: Callable[[argparse.Namespace], Sweep], description: str, ar
     try:
         sweep = make_sweep(args)
         points, res = validate(sweep, args)
+        if not args.dry_run:  # planning a cluster sweep from a laptop needs no server
+            check_tracking_server(args.tracking_uri)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.dry_run:
         print(describe(sweep, args, points, res))
         return 0
-    try:  # not in the dry run: planning a cluster sweep from a laptop needs no server
-        check_tracking_server(args.tracking_uri)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     rows = run_sweep(sweep, args, points, res)
     return 0 if rows and all(r["status"] != "error" for r in rows) else 1

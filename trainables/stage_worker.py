@@ -27,7 +27,6 @@ FAIL_AT_STEP_ENV = "LOOPLAB_TEST_KILL_WORKER_AT_STEP"  # tests: SIGKILL the work
 
 
 def stage_worker_loop(config: dict[str, Any]) -> None:
-    import ray
     import ray.train
     from ray import tune
 

@@ -5,8 +5,8 @@ trainer; `Tuner(trainer)` is deprecated). With num_workers=0 the trainer runs in
 Ray Train's local mode: the stage trains in this trial's own process, which holds
 the trial's CPUs (and GPU); no controller or worker actors are started, which on
 2 cores saves 12-17 s per stage (five Ray processes, each importing Ray, some
-torch). With num_workers=K >= 1 a worker group of K actors trains data-parallel. A stage whose folder already holds a
-"done" marker is reused, not retrained, and its MLflow run says so (`reused_from`).
+torch). With num_workers=K >= 1 a worker group of K actors trains data-parallel.
+A stage whose folder already holds a "done" marker is reused, not retrained, and its MLflow run says so (`reused_from`).
 A trial whose MLflow run is FINISHED reports its recorded metrics and returns: a
 rerun or resumed sweep never trains a finished trial_key twice.
 
@@ -69,15 +69,10 @@ def trial_params(config: dict[str, Any]) -> dict[str, Any]:
 def run_trial(config: dict[str, Any]) -> None:
     from ray import tune
 
-    spec = PipelineSpec.from_dict(config["spec"])
-    platform = PlatformSettings(**config["platform"])
+    spec, platform, mc, experiment_id, sha = _open(config)
     params = trial_params(config)
     stages = stage_configs(spec, params, platform.storage_path)
     final = stages[-1]
-
-    mc = tracking.client(platform.tracking_uri)
-    experiment_id = tracking.ensure_experiment(mc, platform.experiment, Path(platform.storage_path) / "mlflow")
-    sha = tracking.git_sha()
     trial_run, status = tracking.open_run(
         mc, experiment_id, name=f"trial-{final.trial_key()}",
         tags=tracking.config_tags(final, level=tracking.TRIAL, git=sha, sweep=platform.experiment),
@@ -119,16 +114,22 @@ def run_shared_prefix(config: dict[str, Any]) -> None:
     """The Tune function of a shared-prefix job: its stages, as runs under the sweep run."""
     from ray import tune
 
-    spec = PipelineSpec.from_dict(config["spec"])
-    platform = PlatformSettings(**config["platform"])
+    spec, platform, mc, experiment_id, sha = _open(config)
     job = config["job"]
     stages = stage_configs(spec, job["params"], platform.storage_path)[:job["n"]]
-    mc = tracking.client(platform.tracking_uri)
-    experiment_id = tracking.ensure_experiment(mc, platform.experiment, Path(platform.storage_path) / "mlflow")
-    sha = tracking.git_sha()
     for cfg in stages:
         _run_stage(cfg, platform, mc, experiment_id, platform.sweep_run_id, sha, last=False)
     tune.report({"stages": len(stages)})
+
+
+def _open(config: dict[str, Any]) -> tuple[PipelineSpec, PlatformSettings, Any, str, str]:
+    """What every Tune function of a sweep starts from: its pipeline, the platform
+    settings, an MLflow client, the sweep's experiment id and the code's commit."""
+    spec = PipelineSpec.from_dict(config["spec"])
+    platform = PlatformSettings(**config["platform"])
+    mc = tracking.client(platform.tracking_uri)
+    experiment_id = tracking.ensure_experiment(mc, platform.experiment, Path(platform.storage_path) / "mlflow")
+    return spec, platform, mc, experiment_id, tracking.git_sha()
 
 
 def _summary(mc, run_id: str) -> dict[str, float]:
