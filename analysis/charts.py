@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from analysis import names
+from analysis.frontier import frontier_mask
 
-MAX_SERIES = 10  # beyond this a chart's series are grouped coarser (one colour each must stay readable)
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
            "#17becf")
+MAX_SERIES = len(PALETTE)  # beyond this a chart's series are grouped coarser (one colour each must stay readable)
 
 
 @dataclass
@@ -105,7 +106,7 @@ def skip_chart(agg: pl.DataFrame) -> ChartSpec | None:
         group = group.sort("executed_loops", "ppl")
         pts = [Point(r["executed_loops"], r["ppl"], f"{r['label']} · q={names.q_name(r['q'])}", r.get("ppl_ci_low"),
                      r.get("ppl_ci_high")) for r in group.iter_rows(named=True)]
-        line = [(p.x, p.y) for p in pts] if by == "label" else _lower_envelope(pts)
+        line = [(p.x, p.y) for p in pts] if by == "label" else _lower_envelope(pts)  # pts sorted by x, y
         series.append(Series(f"{name} skip", PALETTE[i % len(PALETTE)], pts, line, "linear"))
         full = final.filter((pl.col("policy") == names.FULL) & (pl.col(by) == name))["ppl"].drop_nulls()
         if full.len():
@@ -116,13 +117,9 @@ def skip_chart(agg: pl.DataFrame) -> ChartSpec | None:
 
 
 def _lower_envelope(pts: list[Point]) -> list[tuple[float, float]]:
-    """The lowest y reached at or below each x (points sorted by x)."""
-    line, best = [], math.inf
-    for p in pts:
-        if p.y < best:
-            best = p.y
-            line.append((p.x, p.y))
-    return line
+    """The lowest y reached at or below each x: the points on the (min-y) frontier."""
+    on = frontier_mask([p.x for p in pts], [p.y for p in pts], [()] * len(pts), maximize=False)
+    return [(p.x, p.y) for p, keep in zip(pts, on) if keep]
 
 
 def beta_charts(histories: pl.DataFrame, *, n_loops: int | None = None) -> list[ChartSpec]:

@@ -49,7 +49,9 @@ def _clean(df: pl.DataFrame, x: str, y: str) -> pl.DataFrame:
                      & pl.col(y).is_not_nan())
 
 
-def _mask(xs: list[float], ys: list[float], keys: list[tuple], maximize: bool) -> list[bool]:
+def frontier_mask(xs: list[float], ys: list[float], keys: list[tuple], maximize: bool) -> list[bool]:
+    """Which points are on the Pareto frontier: by increasing x (ties by y, then keys),
+    a point is on it when its y beats every point before it."""
     sign = 1.0 if maximize else -1.0
     order = sorted(range(len(xs)), key=lambda i: (xs[i], -sign * ys[i], keys[i], i))
     on = [False] * len(xs)
@@ -76,7 +78,7 @@ def pareto_frontier(df: pl.DataFrame, x: str, y: str, *, maximize: bool = True, 
     groups = clean.partition_by(by, as_dict=False, maintain_order=True) if by else [clean]
     for group in groups:
         keys = list(zip(*(group[c].cast(pl.String).fill_null("").to_list() for c in ties))) if ties else [()] * group.height
-        mask = _mask(group[x].cast(pl.Float64).to_list(), group[y].cast(pl.Float64).to_list(), keys, maximize)
+        mask = frontier_mask(group[x].cast(pl.Float64).to_list(), group[y].cast(pl.Float64).to_list(), keys, maximize)
         flags.update(zip(group["_row"].to_list(), mask))
     on = pl.Series("on_frontier", [flags[i] for i in clean["_row"].to_list()], dtype=pl.Boolean)
     return clean.with_columns(on).drop("_row")
@@ -96,7 +98,7 @@ def _points(f, x: str, y: str, maximize: bool) -> list[tuple[float, float]]:
         pts = [(float(a), float(b)) for a, b in f]
         if not pts:
             raise AnalysisError("no points to build a frontier from: empty input")
-        keep = _mask([p[0] for p in pts], [p[1] for p in pts], [()] * len(pts), maximize)
+        keep = frontier_mask([p[0] for p in pts], [p[1] for p in pts], [()] * len(pts), maximize)
         pts = sorted(p for p, k in zip(pts, keep) if k)
     sign = 1.0 if maximize else -1.0
     return [(float(a), sign * float(b)) for a, b in pts]

@@ -239,12 +239,11 @@ def _metric_summary(latest: pl.DataFrame, extrema: pl.DataFrame) -> pl.DataFrame
                                                            "count")
 
 
-def beta_histories(runs: RunSet, stage: str | None = None) -> pl.DataFrame | None:
+def beta_histories(runs: RunSet) -> pl.DataFrame | None:
     """The β diagnostics over training: (run_id, key, step, value, stage, beta) for
     exit_entropy and expected_exit_step, from the stage runs that trained (reused stage
     runs carry only their original's final values; without stage runs, the trial runs).
-    stage: which stage's training (default stage1 when it has them, else the first
-    stage that does). β is the run's exit.beta (else its `beta`). None when no run
+    The stage: stage1 when it has them, else the first stage that does. β is the run's exit.beta (else its `beta`). None when no run
     logged them."""
     table = runs.runs
     trained = table.filter((pl.col("level") == names.STAGE) & (pl.col("reused") != "true"))
@@ -256,8 +255,6 @@ def beta_histories(runs: RunSet, stage: str | None = None) -> pl.DataFrame | Non
     beta = next((c for c in (PARAM + "exit.beta", PARAM + "beta") if c in table.columns), None)
     info = trained.select("run_id", "stage", (pl.col(beta) if beta else pl.lit(None)).cast(pl.Float64).alias("beta"))
     hist = hist.join(info, on="run_id", how="left")
-    if stage is None:
-        present = set(hist["stage"].drop_nulls().to_list())
-        stages = [s for s in names.STAGES if s in present]
-        stage = "stage1" if "stage1" in stages else (stages[0] if stages else None)
+    stages = names.ordered_stages(hist["stage"].to_list())
+    stage = "stage1" if "stage1" in stages else (stages[0] if stages else None)
     return hist.filter(pl.col("stage") == stage) if stage else hist

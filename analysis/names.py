@@ -74,14 +74,6 @@ def parse_point_metric(name: str) -> tuple[str, float | None, int | None, str] |
     return FULL, None, None, m["val"] or m["lm"]
 
 
-def point_label(policy: str, q: float | None, depth: int | None) -> str:
-    if policy == FORCED:
-        return f"forced d={depth}"
-    if q is not None:
-        return f"{policy} q={q_name(q)}"
-    return policy
-
-
 def higher_is_better(quantity: str) -> bool | None:
     """The direction of a quality metric, or None when 'best' means nothing (lr, loops,
     throughput). Accuracy-like (accuracy, lm-eval scores) is max; loss and perplexity
@@ -103,6 +95,12 @@ def ordered_tasks(tasks) -> list[str]:
     """The paper's seven in its column order first, then any others alphabetically."""
     tasks = set(tasks)
     return [t for t in PAPER_TASKS if t in tasks] + sorted(tasks - set(PAPER_TASKS))
+
+
+def ordered_stages(stages) -> list[str]:
+    """The pipeline's stages among these (nulls dropped), in pipeline order."""
+    present = {s for s in stages if s is not None}
+    return [s for s in STAGES if s in present]
 
 
 def task_header(task: str) -> str:

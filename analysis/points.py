@@ -176,7 +176,7 @@ def _pivot(parsed: pl.DataFrame) -> pl.DataFrame:
 
 
 def _point_label() -> pl.Expr:
-    """names.point_label, vectorised: 'forced d=2', 'skip q=0.4', 'full'. q prints as
+    """A point's label: 'forced d=2', 'skip q=0.4', 'full'. q prints as
     tracking.q_name does (0.4, 1.0, 0.25) for q with at most four decimals."""
     q = pl.col("q").round(4).cast(pl.String)
     return (pl.when(pl.col("policy") == names.FORCED).then(pl.lit("forced d=") + pl.col("depth").cast(pl.String))

@@ -119,7 +119,7 @@ def build_report(tracking_uri: str, experiments, out_dir, *, sweep_run_id: str |
     (out / "notes.txt").write_text("\n".join(notes) + ("\n" if notes else ""))
     paths["notes.txt"] = out / "notes.txt"
     if log_artifacts:
-        _log_artifacts(runs, sweep_run_id, out, paths, notes, strict)
+        _log_artifacts(runs, sweep_run_id, paths, notes, strict)
         (out / "notes.txt").write_text("\n".join(notes) + ("\n" if notes else ""))
     return paths
 
@@ -194,7 +194,7 @@ def _frontier_rows(agg: pl.DataFrame, stage: str | None, series_by, quality: str
     else:
         rows = agg.filter(pl.col("stage") == stage)
         if rows.is_empty():
-            present = [s for s in names.STAGES if s in set(agg["stage"].drop_nulls().to_list())]
+            present = names.ordered_stages(agg["stage"].to_list())
             raise AnalysisError(f"no evaluations of stage {stage!r}; stages evaluated: {', '.join(present) or 'none'}"
                                 " (or all)")
     # The full point repeats forced d=R (same execution) where a gate stage logged that
@@ -404,7 +404,7 @@ def newest_sweep_run(runs: RunSet) -> str | None:
     return sweeps["run_id"][0] if sweeps.height else None
 
 
-def _log_artifacts(runs: RunSet, sweep_run_id: str | None, out: Path, paths: dict[str, Path], notes: list[str],
+def _log_artifacts(runs: RunSet, sweep_run_id: str | None, paths: dict[str, Path], notes: list[str],
                    strict: bool) -> None:
     """The files this report wrote (not whatever else lies in out_dir), under analysis/."""
     target = sweep_run_id or newest_sweep_run(runs)

@@ -48,9 +48,13 @@ BEST_SUFFIXES = ("ppl", "loss", "accuracy")
 BEST_INFIXES = ("lm_eval.",)
 
 
+def _scheme(uri: str) -> str:
+    """The database of a SQLAlchemy URI, driver dropped: sqlite+pysqlite:/// -> sqlite."""
+    return uri.split(":", 1)[0].split("+", 1)[0].lower()
+
+
 def is_sql_uri(uri: str) -> bool:
-    scheme = uri.split(":", 1)[0].split("+", 1)[0].lower()
-    return scheme in SQL_SCHEMES
+    return _scheme(uri) in SQL_SCHEMES
 
 
 def open_source(uri: str, backend: str = "auto"):
@@ -90,7 +94,7 @@ class SqlSource:
 
     def __init__(self, uri: str):
         self.uri = uri
-        if uri.split(":", 1)[0].lower() == "sqlite":
+        if _scheme(uri) == "sqlite":
             path = sqlite_path(uri)
             if not path or path == ":memory:" or not Path(path).is_file():
                 raise AnalysisError(f"no MLflow store at {path or '(no path)'} (from --tracking-uri {uri})")

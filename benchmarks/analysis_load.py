@@ -39,11 +39,10 @@ if str(REPO) not in sys.path:  # `python benchmarks/analysis_load.py` from anywh
     sys.path.insert(0, str(REPO))
 
 from looplab import tracking
-from looplab.config import apply_overrides
+from looplab.config import STAGES, apply_overrides
 from looplab.presets import for_stage, get_preset
 
 EXPERIMENT = "bench_sweep-debug"
-STAGES = ("pretrain", "stage1", "chase", "stage2")
 QS = (0.2, 0.4, 0.6, 0.8, 1.0)
 R = 4
 TRAIN_STEPS = 200
@@ -182,13 +181,13 @@ def build_store(store: Path, n_runs: int, seed: int = 0) -> tuple[str, int]:
                         metrics)
         con.executemany("INSERT INTO latest_metrics (key, value, timestamp, step, is_nan, run_uuid) "
                         "VALUES (?, ?, ?, ?, ?, ?)", latest)
-    _check_with_mlflow(mc, exp_id, runs, len(runs))
+    _check_with_mlflow(mc, exp_id, len(runs))
     print(f"store: {db} ({db.stat().st_size / 2**20:.0f} MiB): {len(runs):,} runs, {len(tags):,} tags, "
           f"{len(params):,} params, {len(metrics):,} metric values")
     return uri, len(runs)
 
 
-def _check_with_mlflow(mc, exp_id: int, runs: list[tuple], expected: int) -> None:
+def _check_with_mlflow(mc, exp_id: int, expected: int) -> None:
     """MLflow itself reads the bulk-written runs back: the count, and a trial's metrics."""
     found = mc.search_runs([str(exp_id)], max_results=1, filter_string="tags.level = 'trial'")
     run = mc.get_run(found[0].info.run_id)
@@ -223,6 +222,9 @@ def main(argv=None) -> int:
     p.add_argument("--reuse", action="store_true", help="time the store already in --store instead of writing one")
     args = p.parse_args(argv)
 
+    import polars as pl
+
+    from analysis import names
     from analysis.aggregate import aggregate_seeds
     from analysis.frontier import frontier_gap, pareto_frontier
     from analysis.load import load_runs
@@ -253,7 +255,7 @@ def main(argv=None) -> int:
 
         def frontiers():
             final = agg.filter("is_final_stage").with_columns(
-                (agg["method"] + " · " + agg["policy"]).filter(agg["is_final_stage"]).alias("series"))
+                pl.concat_str("method", "policy", separator=" · ").alias("series"))
             flagged = pareto_frontier(final, "executed_loops", "ppl", maximize=False, by="series")
             groups = {k[0]: g for k, g in flagged.group_by("series")}
             areas = [frontier_gap(groups[a], groups[b], "executed_loops", "ppl", maximize=False)
@@ -265,7 +267,7 @@ def main(argv=None) -> int:
                      f"{int(flagged['on_frontier'].sum())} frontier points, {len(areas)} areas"))
         t_tables, (tables, _) = timed(lambda: all_tables(agg), args.repeat)
         rows.append(("tables (Markdown + CSV data)", t_tables, f"{len(tables)} tables"))
-        t_hist, hist = timed(lambda: runs.histories(["exit_entropy", "expected_exit_step"]), args.repeat)
+        t_hist, hist = timed(lambda: runs.histories(list(names.BETA_DIAGNOSTICS)), args.repeat)
         rows.append(("β-diagnostic histories", t_hist, f"{hist.height:,} values"))
         analysis_total = t_load + t_points + t_agg + t_front + t_tables + t_hist
         rows.append(("= loading + analysis", analysis_total, ""))

@@ -17,13 +17,13 @@ from collections import Counter
 from pathlib import Path
 
 from looplab import tracking
-from looplab.config import apply_overrides
-from looplab.presets import for_stage, get_preset
+from looplab.lm_eval_suite import PAPER_TASKS
+from trainables.pipeline import PipelineSpec
+from trainables.pipeline import stage_configs as pipeline_stage_configs
 
 QS = (0.2, 0.4, 0.6, 0.8, 1.0)
 R = 4
 ARMS = {"Ouro": ("pretrain", "stage1", "stage2"), "CHASE": ("pretrain", "stage1", "chase", "stage2")}
-PAPER_TASKS = ("piqa", "boolq", "winogrande", "openbookqa", "hellaswag", "arc_challenge", "arc_easy")
 
 
 def skip_loops(q: float) -> float:
@@ -93,16 +93,10 @@ def train_records(stage: str, beta: float, steps: int) -> list[dict]:
 
 
 def stage_configs(arm: str, seed: int, beta: float, root: Path, *, preset: str = "debug", extra=None):
-    base = apply_overrides(get_preset(preset), {"train.steps": 40, "train.seed": seed, **(extra or {})})
-    configs = []
-    for stage in ARMS[arm]:
-        parent = configs[-1] if configs else None
-        cfg = for_stage(base, stage, str(root / "stages" / f"{parent.stage}-{parent.trial_key()}" / "checkpoint")
-                        if parent else "", f"{parent.stage}-{parent.config_hash()}" if parent else "")
-        if stage == "stage1":
-            cfg = apply_overrides(cfg, {"exit.beta": beta})
-        configs.append(cfg)
-    return configs
+    """The trial's stage configs exactly as the platform derives them (β searched in Stage-1)."""
+    spec = PipelineSpec(preset=preset, stages=ARMS[arm], overrides={"train.steps": 40, **(extra or {})},
+                        searched={"beta": "exit.beta"}, searched_stages=("stage1",))
+    return pipeline_stage_configs(spec, {"beta": beta, "seed": seed}, root)
 
 
 def log_sweep(uri: str, root: Path, experiment: str, *, arms=("Ouro", "CHASE"), seeds=(0, 1), betas=(0.25,),

@@ -235,6 +235,7 @@ def test_readouts_of_one_dense_pass_match_each_policy_run_on_its_own(arch):
             + [evaluate_execution(model, batch, mode="forced", depth=d, batch_size=2)
                for d in range(1, model.cfg.n_loops + 1)])
     assert len({r["mean_exit_step"] for r in fast if r["mode"] == "dense"}) > 1  # q matters here
+    assert len(fast) == len(slow)
     for f, s in zip(fast, slow):
         assert (f["mode"], f["q"], f["depth"]) == (s["mode"], s["q"], s["depth"])
         for key in ("accuracy", "loss", "ppl", "mean_exit_step", "executed_loops", "backbone_flops_per_token", "n"):
