@@ -89,8 +89,8 @@ def evaluate_readouts(model, batch: Batch, *, qs=DEFAULT_QS, forced: bool = True
     model.eval()
     R = model.cfg.n_loops
     policies = [("dense", q) for q in qs] + ([("forced", d) for d in range(1, R + 1)] if forced else [])
-    sums = {p: {"correct": 0, "loss": 0.0, "exit": 0.0, "loops": 0.0, "flops": 0} for p in policies}
-    total = tokens = 0
+    sums = {p: {"correct": 0, "loss": 0.0, "exit": 0.0} for p in policies}
+    total = 0
     for start in range(0, len(batch), batch_size):
         part = batch.slice(start, start + batch_size).to(device)
         with autocast_context(device, precision):
@@ -102,31 +102,32 @@ def evaluate_readouts(model, batch: Batch, *, qs=DEFAULT_QS, forced: bool = True
                 per_step_loss.append(token_losses(logits, part.targets).float())
                 per_step_correct.append(logits.argmax(dim=-1) == part.targets)
         losses, corrects = torch.stack(per_step_loss), torch.stack(per_step_correct)  # (R, B, L)
-        seqlen, n_tokens = part.ids.shape[1], part.ids.numel()
         for policy in policies:
             mode, value = policy
             if mode == "forced":
-                exit_step, loops = torch.full_like(part.ids, value), float(value)
+                exit_step = torch.full_like(part.ids, value)
             else:
-                exit_step, loops = dense_exit_steps(out.gate_logits, value, R), float(R)
+                exit_step = dense_exit_steps(out.gate_logits, value, R)
             pick = (exit_step - 1).unsqueeze(0)
             acc = sums[policy]
             acc["loss"] += float(losses.gather(0, pick)[0][mask].sum())
             acc["correct"] += int(corrects.gather(0, pick)[0][mask].sum())
             acc["exit"] += float(exit_step[mask].float().sum())
-            acc["loops"] += loops * n_tokens
-            acc["flops"] += int(loops) * n_tokens * model.step_flops(seqlen)
-        total, tokens = total + int(mask.sum()), tokens + n_tokens
+        total += int(mask.sum())
     model.train(was_training)
     if total == 0:
         raise ValueError("evaluation set has no target positions")
+    # Every token of a policy runs the same loops: dense all R (its exit only picks the
+    # readout), forced d its d; every sequence of the batch has the same length.
+    step_flops = model.step_flops(batch.ids.shape[1])
     records = []
     for (mode, value), acc in sums.items():
+        loops = value if mode == "forced" else R
         loss = acc["loss"] / total
         records.append({"mode": mode, "q": value if mode == "dense" else None,
                         "depth": value if mode == "forced" else None, "accuracy": acc["correct"] / total,
                         "loss": loss, "ppl": math.exp(min(loss, 50.0)), "mean_exit_step": acc["exit"] / total,
-                        "executed_loops": acc["loops"] / tokens, "backbone_flops_per_token": acc["flops"] / tokens,
+                        "executed_loops": float(loops), "backbone_flops_per_token": float(loops * step_flops),
                         "n": total})
     return records
 
