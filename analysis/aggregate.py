@@ -3,7 +3,8 @@ and n; or the paper's best-of-seeds protocol (Mano, p-hop).
 
 The interval is Student's t, two-sided, for the mean over seeds:
     mean ± t_{(1+c)/2, n-1} · s / √n,   s the sample standard deviation (ddof = 1),
-so 95% with 3 seeds uses t = 4.303. With one seed std and the interval are null.
+so 95% with 3 seeds uses t = 4.303 (scipy.stats.t). With one seed std and the interval
+are null.
 Nulls (a seed that lacks a metric) are left out of that metric's statistics.
 """
 
@@ -23,53 +24,16 @@ PER_SEED = ("params.train.seed", "params.search.seed")
 
 
 def student_t_quantile(p: float, df: int) -> float:
-    """The p-quantile of Student's t with df degrees of freedom (0 < p < 1), by bisection
-    on the CDF, which is a regularized incomplete beta function."""
+    """The p-quantile of Student's t with df degrees of freedom (0 < p < 1), scipy's.
+    Checked here because scipy answers nan for an invalid p or df, which would pass
+    on as a null interval without a word."""
     if not 0.0 < p < 1.0 or df < 1:
         raise ValueError(f"student_t_quantile needs 0 < p < 1 and df >= 1, got p={p}, df={df}")
-    if p < 0.5:
-        return -student_t_quantile(1.0 - p, df)
-    lo, hi = 0.0, 1.0
-    while _t_cdf(hi, df) < p:
-        hi *= 2.0
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if _t_cdf(mid, df) < p else (lo, mid)
-        if hi - lo < 1e-12 * max(1.0, hi):
-            break
-    return 0.5 * (lo + hi)
+    # Imported here: scipy.stats takes most of a second to import, which a CLI run that
+    # stops at a bad experiment name should not pay.
+    from scipy.stats import t
 
-
-def _t_cdf(t: float, df: int) -> float:
-    x = df / (df + t * t)
-    tail = 0.5 * _betainc(0.5 * df, 0.5, x)
-    return 1.0 - tail if t >= 0 else tail
-
-
-def _betainc(a: float, b: float, x: float) -> float:
-    """Regularized incomplete beta I_x(a, b), continued fraction (modified Lentz)."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
-    if x > (a + 1.0) / (a + b + 2.0):  # the fraction converges fast only below this point
-        return 1.0 - _betainc(b, a, 1.0 - x)
-    tiny = 1e-300
-    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 500):
-        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
-            d = 1.0 + num * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + num / c
-            c = c if abs(c) > tiny else tiny
-            h *= d * c
-        if abs(d * c - 1.0) < 1e-15:
-            break
-    return front * h / a
+    return float(t.ppf(p, df))
 
 
 def aggregate_seeds(df: pl.DataFrame, values, *, by=("experiment", "trial_config_hash", "stage", "policy", "q",

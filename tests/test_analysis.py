@@ -16,6 +16,7 @@ import pytest
 
 pl = pytest.importorskip("polars")
 pytest.importorskip("matplotlib")
+pytest.importorskip("scipy")
 pytest.importorskip("mlflow")
 
 from analysis.aggregate import aggregate_seeds, choose_best_seeds, student_t_quantile
@@ -112,9 +113,14 @@ def test_best_under_budget():
 
 
 def test_student_t_quantiles_match_tables():
-    for df, value in ((1, 12.7062), (2, 4.3027), (4, 2.7764), (30, 2.0423)):
+    # published two-sided critical values (e.g. NIST/SEMATECH e-Handbook, table 1.3.6.7.2)
+    for df, value in ((1, 12.7062), (2, 4.3027), (4, 2.7764), (10, 2.2281), (30, 2.0423)):
         assert student_t_quantile(0.975, df) == pytest.approx(value, abs=1e-4)
     assert student_t_quantile(0.95, 9) == pytest.approx(1.8331, abs=1e-4)
+    assert student_t_quantile(0.025, 2) == pytest.approx(-4.3027, abs=1e-4)  # symmetric
+    for p, df in ((0.975, 0), (1.0, 3), (0.0, 3)):  # scipy would answer nan (or ±inf)
+        with pytest.raises(ValueError, match="needs 0 < p < 1 and df >= 1"):
+            student_t_quantile(p, df)
 
 
 def test_seed_aggregation_by_hand():
