@@ -8,15 +8,18 @@ Modules, one job each:
   sources    MLflow's SQL tables (one query per table) or MlflowClient pages, as long frames
   load       MLflow store → RunSet (runs table, last and best per metric, histories)
   points     RunSet → the evaluation-points table (trial × stage × policy point)
-  aggregate  seeds → mean, std, t-interval, or best-of-seeds
+  aggregate  seeds → mean, std, t-interval (scipy's Student t), or best-of-seeds
   frontier   Pareto frontiers, the area between two frontiers, the best point under a budget
   tables     the paper's tables as Markdown and CSV
   charts     what each figure shows, as data (drawn by plots and by the page)
   plots      PNG figures (matplotlib, Agg)
-  page       the self-contained interactive HTML page (inline SVG + vanilla JS)
+  page       ChartSpec → Plotly figure; the self-contained HTML page (Plotly offline:
+             plotly.js inline once, no CDN)
   report     build_report(): every file above, plus MLflow artifacts
   cli        `python analysis/frontier.py ...`
-  screenshot open a report in headless Chromium and check that it rendered
+  screenshot open a report in headless Chromium and check that Plotly drew it
 
-polars is imported at module top here (unlike looplab/, which must run without it).
+polars is imported at module top here (unlike looplab/, which must run without it);
+matplotlib, plotly and scipy inside the functions that use them (about 1.5 s of imports
+together, which a CLI run that stops at a bad experiment name should not pay).
 """

@@ -1,6 +1,6 @@
 """What each figure shows, as plain data: one ChartSpec drawn twice, as a PNG
-(analysis.plots, matplotlib) and as an interactive SVG in the HTML report
-(analysis.report). Building the spec once keeps the two in agreement.
+(analysis.plots, matplotlib) and as an interactive Plotly figure in the HTML report
+(analysis.page). Building the spec once keeps the two in agreement.
 
   frontier_chart  quality against compute per series (method × policy by default):
                   every point (with its seed interval), the Pareto frontier as a step
@@ -56,18 +56,6 @@ class ChartSpec:
     series: list[Series]
     log_y: bool = False
     hlines: list[tuple[float, str]] = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        def num(v):
-            return None if v is None or (isinstance(v, float) and not math.isfinite(v)) else v
-
-        return {"name": self.name, "title": self.title, "xLabel": self.x_label, "yLabel": self.y_label,
-                "logY": self.log_y, "hlines": [{"y": num(y), "label": t} for y, t in self.hlines],
-                "series": [{"name": s.name, "color": s.color, "shape": s.shape, "dashed": s.dashed,
-                            "line": [[num(x), num(y)] for x, y in s.line],
-                            "points": [{"x": num(p.x), "y": num(p.y), "lo": num(p.lo), "hi": num(p.hi),
-                                        "label": p.label, "frontier": p.on_frontier} for p in s.points]}
-                           for s in self.series]}
 
 
 def _log_scale(values) -> bool:

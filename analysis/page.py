@@ -1,19 +1,31 @@
-"""The self-contained HTML report: one file, inline CSS, inline SVG drawn by a small
-vanilla-JavaScript renderer from data embedded in the page. No CDN, no fonts, no
-images, no requests of any kind: it opens offline from disk or from the MLflow
-artifact view.
+"""The self-contained HTML report: one file with inline CSS, plotly.js inline (Plotly's
+offline output, written once per page) and each chart as a Plotly figure in JSON.
+No CDN, no fonts, no images, no requests of any kind: it opens offline from disk or in
+the MLflow artifact view.
 
-Interaction: hover a point for its configuration and values (and the seed interval);
-click a legend entry to hide or show that series. The script records its outcome on
-<body>: data-rendered = the number of charts drawn, data-points = points drawn, and
-data-js-error (with the message, also shown at the top) when anything throws, which
-analysis/screenshot.py checks in a headless browser.
+A ChartSpec (analysis.charts) becomes one figure: per series a marker trace (frontier
+points larger and outlined, the seed interval as error bars, hover text with the
+point's configuration and values) and, when the series has one, its line in the same
+legend group, so a legend click hides both; a reference line (hlines) is a dashed
+trace of its own in the legend. Plotly brings zoom, pan, box/lasso selection and PNG
+export (the modebar).
+
+The page records its outcome on <body> for analysis/screenshot.py: once every
+Plotly.newPlot promise has resolved, data-rendered = the charts drawn and
+data-points = the markers in their SVG; data-js-error (with the message, also shown
+at the top) when any script throws or a promise rejects.
 """
 
 from __future__ import annotations
 
 import html
 import json
+import math
+
+from analysis.charts import ChartSpec, Series
+
+WIDTH, HEIGHT = 680, 470
+HLINE_COLOR = "#888"
 
 STYLE = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px auto;max-width:1100px;
@@ -24,173 +36,127 @@ h3{font-size:15px;margin:18px 0 4px}.meta{color:#555;font-size:13px}.caption{col
 table.paper{border-collapse:collapse;font-size:12px;margin:6px 0 14px;display:block;overflow-x:auto}
 table.paper th,table.paper td{border-bottom:1px solid #e3e3e3;padding:3px 8px;text-align:right;white-space:nowrap}
 table.paper th{background:#f6f6f6;position:sticky;top:0}table.paper td:first-child,table.paper th:first-child{text-align:left}
-.chart{display:inline-block;vertical-align:top;margin:6px 12px 12px 0}.chart svg{background:#fff;border:1px solid #eee}
-.legend{font-size:12px;margin-top:4px;max-width:660px}.legend span{cursor:pointer;margin-right:12px;user-select:none;
-display:inline-block}.legend span.off{opacity:.35;text-decoration:line-through}.legend i{display:inline-block;width:10px;
-height:10px;border-radius:5px;margin-right:4px;vertical-align:middle}
-#tip{position:fixed;pointer-events:none;background:rgba(20,20,20,.9);color:#fff;font-size:12px;padding:5px 8px;
-border-radius:4px;display:none;max-width:420px;z-index:10}
-circle.pt{cursor:pointer}circle.pt:hover{stroke:#000;stroke-width:2}
+.chart{display:inline-block;vertical-align:top;margin:6px 12px 12px 0}.chart .plot{border:1px solid #eee}
 code{background:#f3f3f3;padding:0 3px}
 """
 
-# The renderer. Charts are SVG markup strings assigned with innerHTML: the HTML parser
-# puts <svg> children in the SVG namespace, so no namespace URI appears in the page.
-SCRIPT = r"""
+# Runs before plotly.js, so an error while plotly.js itself loads is recorded too.
+GUARD = r"""
 (function () {
   'use strict';
-  var status = document.getElementById('report-status');
   function fail(message) {
     document.body.setAttribute('data-js-error', message);
+    var status = document.getElementById('report-status');
     status.setAttribute('data-error', '1');
     status.textContent = 'report script error: ' + message;
   }
-  window.onerror = function (message, source, line, column) { fail(message + ' (line ' + line + ':' + column + ')'); };
-  function esc(s) {
-    return String(s).replace(/&/g, '&amp;').replace(/</g, '&lt;').replace(/>/g, '&gt;').replace(/"/g, '&quot;');
-  }
-  function fmt(v) {
-    if (v === null || v === undefined) return '–';
-    var a = Math.abs(v);
-    if (a !== 0 && (a >= 1e5 || a < 1e-3)) return v.toExponential(3);
-    return String(Math.round(v * 1e4) / 1e4);
-  }
-  function niceStep(span, count) {
-    var raw = span / Math.max(1, count), mag = Math.pow(10, Math.floor(Math.log10(raw))), r = raw / mag;
-    return (r >= 5 ? 10 : r >= 2 ? 5 : r >= 1 ? 2 : 1) * mag;
-  }
-  function linearTicks(lo, hi) {
-    if (hi === lo) { lo -= 1; hi += 1; }
-    var step = niceStep(hi - lo, 6), out = [];
-    for (var t = Math.ceil(lo / step) * step; t <= hi + step * 1e-9; t += step) out.push(Math.round(t / step) * step);
-    return out;
-  }
-  function logTicks(lo, hi) {
-    var out = [];
-    for (var e = Math.floor(Math.log10(lo)); e <= Math.ceil(Math.log10(hi)); e++) {
-      [1, 2, 5].forEach(function (m) { var t = m * Math.pow(10, e); if (t >= lo && t <= hi) out.push(t); });
-    }
-    return out.length ? out : [lo, hi];
-  }
-  var tip = document.getElementById('tip');
-  function chart(spec, host) {
-    var W = 660, H = 400, L = 70, R = 16, T = 30, B = 48;
-    var xs = [], ys = [];
-    spec.series.forEach(function (s) {
-      s.points.forEach(function (p) {
-        if (p.x === null || p.y === null) return;
-        xs.push(p.x); ys.push(p.y);
-        if (p.lo !== null) ys.push(p.lo);
-        if (p.hi !== null) ys.push(p.hi);
-      });
-    });
-    spec.hlines.forEach(function (h) { if (h.y !== null) ys.push(h.y); });
-    if (!xs.length) { host.innerHTML = '<p class="caption">no points</p>'; return 0; }
-    var logY = spec.logY && Math.min.apply(null, ys) > 0;
-    var x0 = Math.min.apply(null, xs), x1 = Math.max.apply(null, xs);
-    var y0 = Math.min.apply(null, ys), y1 = Math.max.apply(null, ys);
-    if (x0 === x1) { x0 -= 0.5; x1 += 0.5; }
-    var padX = (x1 - x0) * 0.04; x0 -= padX; x1 += padX;
-    if (logY) { y0 = y0 / 1.15; y1 = y1 * 1.15; } else {
-      if (y0 === y1) { y0 -= 0.5; y1 += 0.5; }
-      var padY = (y1 - y0) * 0.06; y0 -= padY; y1 += padY;
-    }
-    function X(v) { return L + (v - x0) / (x1 - x0) * (W - L - R); }
-    function Y(v) {
-      var f = logY ? (Math.log(v) - Math.log(y0)) / (Math.log(y1) - Math.log(y0)) : (v - y0) / (y1 - y0);
-      return H - B - f * (H - T - B);
-    }
-    var svg = ['<svg viewBox="0 0 ' + W + ' ' + H + '" width="' + W + '" height="' + H + '" role="img" aria-label="' +
-               esc(spec.title) + '">'];
-    svg.push('<text x="' + (W / 2) + '" y="18" text-anchor="middle" font-size="14" font-weight="bold">' +
-             esc(spec.title) + '</text>');
-    linearTicks(x0, x1).forEach(function (t) {
-      svg.push('<line x1="' + X(t) + '" x2="' + X(t) + '" y1="' + T + '" y2="' + (H - B) + '" stroke="#eee"/>');
-      svg.push('<text x="' + X(t) + '" y="' + (H - B + 16) + '" text-anchor="middle" font-size="11">' + fmt(t) + '</text>');
-    });
-    (logY ? logTicks(y0, y1) : linearTicks(y0, y1)).forEach(function (t) {
-      svg.push('<line x1="' + L + '" x2="' + (W - R) + '" y1="' + Y(t) + '" y2="' + Y(t) + '" stroke="#eee"/>');
-      svg.push('<text x="' + (L - 6) + '" y="' + (Y(t) + 4) + '" text-anchor="end" font-size="11">' + fmt(t) + '</text>');
-    });
-    svg.push('<rect x="' + L + '" y="' + T + '" width="' + (W - L - R) + '" height="' + (H - T - B) +
-             '" fill="none" stroke="#999"/>');
-    svg.push('<text x="' + ((L + W - R) / 2) + '" y="' + (H - 10) + '" text-anchor="middle" font-size="12">' +
-             esc(spec.xLabel) + '</text>');
-    svg.push('<text transform="translate(16 ' + ((T + H - B) / 2) + ') rotate(-90)" text-anchor="middle" font-size="12">' +
-             esc(spec.yLabel) + (logY ? ' (log)' : '') + '</text>');
-    spec.hlines.forEach(function (h) {
-      if (h.y === null) return;
-      svg.push('<line class="hline" x1="' + L + '" x2="' + (W - R) + '" y1="' + Y(h.y) + '" y2="' + Y(h.y) +
-               '" stroke="#888" stroke-dasharray="5 4"><title>' + esc(h.label + ': ' + fmt(h.y)) + '</title></line>');
-    });
-    var drawn = 0;
-    spec.series.forEach(function (s, i) {
-      svg.push('<g class="series" data-series="' + i + '">');
-      var line = s.line.filter(function (p) { return p[0] !== null && p[1] !== null; });
-      if (line.length) {
-        var d = 'M' + X(line[0][0]) + ' ' + Y(line[0][1]);
-        for (var k = 1; k < line.length; k++) {
-          d += s.shape === 'step' ? ' H' + X(line[k][0]) + ' V' + Y(line[k][1]) : ' L' + X(line[k][0]) + ' ' + Y(line[k][1]);
-        }
-        svg.push('<path d="' + d + '" fill="none" stroke="' + s.color + '" stroke-width="2"' +
-                 (s.dashed ? ' stroke-dasharray="6 4"' : '') + '/>');
-      }
-      s.points.forEach(function (p, j) {
-        if (p.x === null || p.y === null) return;
-        if (p.lo !== null && p.hi !== null) {
-          svg.push('<line x1="' + X(p.x) + '" x2="' + X(p.x) + '" y1="' + Y(p.lo) + '" y2="' + Y(p.hi) + '" stroke="' +
-                   s.color + '" stroke-opacity="0.5"/>');
-        }
-        svg.push('<circle class="pt" cx="' + X(p.x) + '" cy="' + Y(p.y) + '" r="' + (p.frontier ? 5 : 3.5) +
-                 '" fill="' + s.color + '" fill-opacity="' + (p.frontier ? 1 : 0.55) + '"' +
-                 (p.frontier ? ' stroke="#000" stroke-width="1"' : '') + ' data-series="' + i + '" data-index="' + j +
-                 '"><title>' + esc(p.label) + '</title></circle>');
-        drawn++;
-      });
-      svg.push('</g>');
-    });
-    svg.push('</svg>');
-    var legend = spec.series.map(function (s, i) {
-      return '<span data-series="' + i + '"><i style="background:' + s.color + '"></i>' + esc(s.name) + '</span>';
-    }).join('');
-    host.innerHTML = svg.join('') + '<div class="legend">' + legend + '</div>';
-    host.querySelectorAll('circle.pt').forEach(function (c) {
-      c.addEventListener('mousemove', function (ev) {
-        var s = spec.series[+c.getAttribute('data-series')], p = s.points[+c.getAttribute('data-index')];
-        var ci = (p.lo !== null && p.hi !== null) ? ' [' + fmt(p.lo) + ', ' + fmt(p.hi) + ']' : '';
-        tip.innerHTML = '<b>' + esc(s.name) + '</b><br>' + esc(p.label) + '<br>' + esc(spec.xLabel) + ': ' + fmt(p.x) +
-          '<br>' + esc(spec.yLabel) + ': ' + fmt(p.y) + esc(ci) + (p.frontier ? '<br>on the frontier' : '');
-        tip.style.display = 'block';
-        tip.style.left = (ev.clientX + 14) + 'px';
-        tip.style.top = (ev.clientY + 10) + 'px';
-      });
-      c.addEventListener('mouseleave', function () { tip.style.display = 'none'; });
-    });
-    host.querySelectorAll('.legend span').forEach(function (item) {
-      item.addEventListener('click', function () {
-        var g = host.querySelector('g.series[data-series="' + item.getAttribute('data-series') + '"]');
-        var hidden = g.style.display === 'none';
-        g.style.display = hidden ? '' : 'none';
-        item.classList.toggle('off', !hidden);
-      });
-    });
-    return drawn;
-  }
-  var data = JSON.parse(document.getElementById('report-data').textContent);
-  var charts = 0, points = 0;
-  data.charts.forEach(function (spec) {
-    var host = document.getElementById('chart-' + spec.name);
-    if (!host) return;
-    points += chart(spec, host);
-    charts += 1;
+  window.addEventListener('error', function (e) { fail(e.message + ' (line ' + e.lineno + ':' + e.colno + ')'); });
+  window.addEventListener('unhandledrejection', function (e) {
+    fail('unhandled rejection: ' + (e.reason && e.reason.message ? e.reason.message : String(e.reason)));
   });
-  document.body.setAttribute('data-rendered', String(charts));
-  document.body.setAttribute('data-points', String(points));
-  if (!document.body.hasAttribute('data-js-error')) {
-    status.textContent = 'rendered ' + charts + ' charts, ' + points + ' points';
-  }
 })();
 """
+
+# Draws every chart, then counts what Plotly put in the DOM (not what was asked for).
+# No catch: a rejected newPlot, or an error while counting, reaches GUARD's
+# unhandledrejection handler.
+DRAW = r"""
+(function () {
+  'use strict';
+  var charts = JSON.parse(document.getElementById('report-data').textContent).charts;
+  var drawing = [];
+  charts.forEach(function (chart) {
+    var host = document.getElementById('chart-' + chart.name);
+    if (host) drawing.push(Plotly.newPlot(host, chart.figure.data, chart.figure.layout, chart.config));
+  });
+  Promise.all(drawing).then(function (plots) {
+    var rendered = 0, points = 0;
+    plots.forEach(function (gd) {
+      if (!gd.classList.contains('js-plotly-plot')) return;
+      rendered += 1;
+      points += gd.querySelectorAll('.scatterlayer path.point').length;
+    });
+    document.body.setAttribute('data-rendered', String(rendered));
+    document.body.setAttribute('data-points', String(points));
+    if (!document.body.hasAttribute('data-js-error')) {
+      document.getElementById('report-status').textContent = 'rendered ' + rendered + ' charts, ' + points + ' points';
+    }
+  });
+})();
+"""
+
+
+def _finite(v) -> bool:
+    return v is not None and isinstance(v, (int, float)) and math.isfinite(v)
+
+
+def _fmt(v) -> str:
+    return f"{v:.5g}" if _finite(v) else "–"
+
+
+def _hover(spec: ChartSpec, s: Series, p) -> str:
+    """Plotly hover text is pseudo-HTML (<b>, <br>, entities): the values are escaped."""
+    interval = f" [{_fmt(p.lo)}, {_fmt(p.hi)}]" if _finite(p.lo) and _finite(p.hi) else ""
+    lines = [f"<b>{html.escape(s.name)}</b>", html.escape(p.label), f"{html.escape(spec.x_label)}: {_fmt(p.x)}",
+             f"{html.escape(spec.y_label)}: {_fmt(p.y)}{interval}"]
+    return "<br>".join(lines + (["on the frontier"] if p.on_frontier else []))
+
+
+def _series_traces(spec: ChartSpec, s: Series, group: str) -> list[dict]:
+    name = html.escape(s.name)  # legend text is pseudo-HTML too
+    pts = [p for p in s.points if _finite(p.x) and _finite(p.y)]
+    line = [(x, y) for x, y in s.line if _finite(x) and _finite(y)]
+    traces = []
+    if line:
+        traces.append({"type": "scatter", "mode": "lines", "name": name, "legendgroup": group,
+                       "showlegend": not pts, "hoverinfo": "skip", "x": [x for x, _ in line], "y": [y for _, y in line],
+                       "line": {"color": s.color, "width": 2, "shape": "hv" if s.shape == "step" else "linear",
+                                "dash": "dash" if s.dashed else "solid"}})
+    if pts:
+        marker = {"color": s.color, "size": [10 if p.on_frontier else 7 for p in pts],
+                  "opacity": [1.0 if p.on_frontier else 0.6 for p in pts],
+                  "line": {"color": "#000", "width": [1.2 if p.on_frontier else 0 for p in pts]}}
+        trace = {"type": "scatter", "mode": "markers", "name": name, "legendgroup": group, "marker": marker,
+                 "x": [p.x for p in pts], "y": [p.y for p in pts], "hovertext": [_hover(spec, s, p) for p in pts],
+                 "hovertemplate": "%{hovertext}<extra></extra>"}
+        has = [_finite(p.lo) and _finite(p.hi) for p in pts]
+        if any(has):  # null where a point has no interval: plotly.js draws no bar for a non-numeric error
+            trace["error_y"] = {"type": "data", "symmetric": False, "color": s.color, "thickness": 1, "width": 3,
+                                "array": [p.hi - p.y if ok else None for p, ok in zip(pts, has)],
+                                "arrayminus": [p.y - p.lo if ok else None for p, ok in zip(pts, has)]}
+        traces.append(trace)
+    return traces
+
+
+def figure(spec: ChartSpec):
+    """ChartSpec → plotly.graph_objects.Figure (validated by plotly.py)."""
+    # Imported here, like matplotlib in analysis.plots: a CLI that stops at a bad
+    # experiment name should not pay for it.
+    import plotly.graph_objects as go
+
+    traces = [t for i, s in enumerate(spec.series) for t in _series_traces(spec, s, f"series{i}")]
+    xs = [x for t in traces for x in t["x"]]
+    for y, label in spec.hlines:
+        if _finite(y) and xs:  # a trace across the drawn x range: it has a legend entry and works on log axes
+            traces.append({"type": "scatter", "mode": "lines", "name": html.escape(f"{label} ({_fmt(y)})"),
+                           "x": [min(xs), max(xs)], "y": [y, y], "hoverinfo": "name",
+                           "line": {"color": HLINE_COLOR, "width": 1.5, "dash": "dash"}})
+    layout = {"title": {"text": html.escape(spec.title), "font": {"size": 15}}, "template": "plotly_white",
+              "width": WIDTH, "height": HEIGHT, "hovermode": "closest", "margin": {"l": 70, "r": 20, "t": 50, "b": 40},
+              "xaxis": {"title": {"text": html.escape(spec.x_label)}, "zeroline": False},
+              "yaxis": {"title": {"text": html.escape(spec.y_label)}, "type": "log" if spec.log_y else "linear",
+                        "zeroline": False},
+              "legend": {"orientation": "h", "yanchor": "top", "y": -0.14, "xanchor": "left", "x": 0,
+                         "font": {"size": 11}}}
+    return go.Figure(data=traces, layout=layout)
+
+
+def _config(spec: ChartSpec) -> dict:
+    # No Plotly logo (a link out of an offline page) and no "Share chart" button
+    # (plotly.js offers by default to upload the chart to Plotly Cloud); PNG export
+    # named after the chart.
+    return {"displaylogo": False, "showSendToCloud": False,
+            "toImageButtonOptions": {"format": "png", "filename": spec.name, "scale": 2}}
 
 
 def _embed(data: dict) -> str:
@@ -199,20 +165,24 @@ def _embed(data: dict) -> str:
 
 
 def render_page(*, title: str, meta: list[str], notes: list[str], sections: list[tuple[str, str]],
-                charts: list[dict]) -> str:
+                charts: list[ChartSpec]) -> str:
     """sections: (heading, inner HTML) in order; a chart's place is <div id="chart-NAME">
     inside some section's HTML (see chart_slot)."""
+    from plotly.offline import get_plotlyjs  # the bundle include_plotlyjs=True inlines
+
+    data = {"charts": [{"name": spec.name, "figure": figure(spec).to_plotly_json(), "config": _config(spec)}
+                       for spec in charts]}
     meta_html = "".join(f"<div>{html.escape(m)}</div>" for m in meta)
     notes_html = ("<h2>Notes</h2><ul class=\"notes\">" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) +
                   "</ul>") if notes else ""
     body = "".join(f"<h2>{html.escape(h)}</h2>{inner}" for h, inner in sections)
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
             f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1><div class=\"meta\">{meta_html}</div>"
-            f"<div id=\"report-status\">the charts need JavaScript</div>{notes_html}{body}<div id=\"tip\"></div>"
-            f"<script type=\"application/json\" id=\"report-data\">{_embed({'charts': charts})}</script>"
-            f"<script>{SCRIPT}</script></body></html>\n")
+            f"<div id=\"report-status\">the charts need JavaScript</div>{notes_html}{body}"
+            f"<script type=\"application/json\" id=\"report-data\">{_embed(data)}</script>"
+            f"<script>{GUARD}</script><script>{get_plotlyjs()}</script><script>{DRAW}</script></body></html>\n")
 
 
 def chart_slot(name: str, caption: str = "") -> str:
     cap = f'<p class="caption">{html.escape(caption)}</p>' if caption else ""
-    return f'<div class="chart"><div id="chart-{html.escape(name)}"></div>{cap}</div>'
+    return f'<div class="chart"><div class="plot" id="chart-{html.escape(name)}"></div>{cap}</div>'

@@ -36,7 +36,7 @@ import polars as pl
 
 from analysis import names
 from analysis.aggregate import aggregate_seeds, choose_best_seeds
-from analysis.charts import beta_charts, frontier_chart, skip_chart
+from analysis.charts import ChartSpec, beta_charts, frontier_chart, skip_chart
 from analysis.errors import AnalysisError
 from analysis.frontier import best_under_budget, frontier_gap, pareto_frontier
 from analysis.load import PARAM, RunSet, beta_histories, load_runs
@@ -92,7 +92,7 @@ def build_report(tracking_uri: str, experiments, out_dir, *, sweep_run_id: str |
         points = None
 
     sections: list[tuple[str, str]] = []
-    charts: list[dict] = []
+    charts: list[ChartSpec] = []
     if points is not None:
         paths.update(_write_csv(points, out / "points.csv"))
         quality = _resolve_quality(points, quality, notes)
@@ -244,9 +244,10 @@ def _frontier_section(agg, compute, compute_col, quality, stage, series_by, budg
     spec = frontier_chart(frontier, compute_col, quality, compute_label=compute_label, quality_label=quality_label,
                           title=f"{quality_label} against {compute_label} ({which})")
     paths["frontier.png"] = render_png(spec, out / "frontier.png")
-    charts.append(spec.to_dict())
+    charts.append(spec)
     html_parts = [chart_slot("frontier", "Each series' Pareto frontier as a step line (outlined points are on it); "
-                             "bars: the seed interval. Click a legend entry to hide a series.")]
+                             "bars: the seed interval. Click a legend entry to hide a series; drag to zoom, "
+                             "double-click to reset.")]
 
     areas = _areas(frontier, maximize, notes)
     if areas is not None:
@@ -316,7 +317,7 @@ def _skip_section(agg, out, paths, charts) -> list[tuple[str, str]]:
     if spec is None:
         return []
     paths["skip_ppl.png"] = render_png(spec, out / "skip_ppl.png")
-    charts.append(spec.to_dict())
+    charts.append(spec)
     return [("Perplexity under skip", chart_slot("skip_ppl", "Final stage, skip execution at each q; dashed: all R "
                                                               "loops (Fig. 2)."))]
 
@@ -343,7 +344,7 @@ def _beta_section(runs: RunSet, out, paths, charts, notes) -> list[tuple[str, st
     slots = []
     for spec in specs:
         paths[f"{spec.name}.png"] = render_png(spec, out / f"{spec.name}.png")
-        charts.append(spec.to_dict())
+        charts.append(spec)
         slots.append(chart_slot(spec.name))
     stage = histories["stage"][0]
     return [("β diagnostics", "".join(slots) + f'<p class="caption">Stage {html.escape(str(stage))} training, one '

@@ -6,12 +6,14 @@ rendered its charts without script errors. By hand:
 
 Exit status 0 when the page is fine (prints what it found), 1 when a check fails
 (prints which), 2 when there is no browser. The checks: the DOM after the page's
-script ran (--dump-dom) carries data-rendered (charts drawn, at least one) and
-data-points (points drawn, at least one) on <body>, no data-js-error (the page's
-window.onerror handler sets it), as many <circle class="pt"> as points, and no
-console error; the screenshot decodes as a PNG that is not blank (many distinct
-colours, at least 1% of pixels inked: text, axes, points). Chromium runs with every host name
-unresolvable, so a page that needed the network would show it.
+scripts ran (--dump-dom) carries data-rendered (charts drawn, at least one) and
+data-points (points drawn, at least one) on <body>, which the page sets once every
+Plotly.newPlot promise has resolved; no data-js-error (set by the page's error and
+unhandledrejection handlers); as many Plotly graph divs (class js-plotly-plot) as
+charts and as many placed markers (<path class="point" transform="translate(...)">)
+as points; no console error; the screenshot decodes as a PNG that is not blank (many
+distinct colours, at least 1% of pixels inked: text, axes, points). Chromium runs
+with every host name unresolvable, so a page that needed the network would show it.
 """
 
 from __future__ import annotations
@@ -77,8 +79,11 @@ def check_report(html_path, screenshot: Path | None = None, *, browser: str | No
         found["charts"] = int(attrs.get("data-rendered", "0") or 0)
         found["points"] = int(attrs.get("data-points", "0") or 0)
         found["js_error"] = attrs.get("data-js-error")
-        # Drawn circles have numeric coordinates; the script's own source text has none.
-        found["circles"] = len(re.findall(r'<circle class="pt" cx="[0-9.]', dom.stdout))
+        # Counted in the serialized DOM, apart from the page's own count: Plotly marks each
+        # graph div it drew and places each marker with a numeric translate (plotly.js's
+        # source text, also in the dump, matches neither pattern).
+        found["plots"] = len(re.findall(r'<div [^>]*class="[^"]*\bjs-plotly-plot\b', dom.stdout))
+        found["markers"] = len(re.findall(r'<path class="point" transform="translate\([0-9.-]', dom.stdout))
         found["screenshot"] = str(shot) if screenshot else None
         found.update(_png_stats(shot) if shot.is_file() else {"distinct_colors": 0, "inked_fraction": 0.0})
     problems = []
@@ -90,8 +95,10 @@ def check_report(html_path, screenshot: Path | None = None, *, browser: str | No
         problems.append(f"console errors: {found['console_errors'][:3]}")
     if found["charts"] < 1:
         problems.append("no chart rendered (body has no data-rendered >= 1)")
-    if found["points"] < 1 or found["circles"] < found["points"]:
-        problems.append(f"points drawn: {found['points']}, <circle class=\"pt\"> in the DOM: {found['circles']}")
+    if found["plots"] < found["charts"]:
+        problems.append(f"charts reported: {found['charts']}, Plotly graph divs in the DOM: {found['plots']}")
+    if found["points"] < 1 or found["markers"] < found["points"]:
+        problems.append(f"points reported: {found['points']}, placed markers in the DOM: {found['markers']}")
     if found["distinct_colors"] < 16 or found["inked_fraction"] < 0.01:
         problems.append(f"screenshot looks blank ({found['distinct_colors']} colours, "
                         f"{found['inked_fraction']:.2%} inked pixels)")

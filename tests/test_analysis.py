@@ -16,6 +16,7 @@ import pytest
 
 pl = pytest.importorskip("polars")
 pytest.importorskip("matplotlib")
+pytest.importorskip("plotly")
 pytest.importorskip("scipy")
 pytest.importorskip("mlflow")
 
@@ -263,11 +264,52 @@ def test_png_is_a_real_plot(report):
 
 
 def test_html_needs_no_network(report):
+    from plotly.offline import get_plotlyjs
+
     text = (report[0] / "report.html").read_text()
-    assert "http://" not in text and "https://" not in text
-    assert "<script src" not in text and "<link" not in text and "@import" not in text and "url(" not in text
+    assert text.count(get_plotlyjs()) == 1  # plotly.js inline, once for the four charts
+    assert "<script src" not in text and "<link" not in text and "@import" not in text
+    # plotly.js's own source names URLs (geo topojson, Plotly Cloud) that scatter charts
+    # never fetch (the Chromium check runs with every host unresolvable); the rest of
+    # the page names none, and the "Share chart" (upload to Plotly Cloud) button is off.
+    page = text.replace(get_plotlyjs(), "")
+    assert "http://" not in page and "https://" not in page and "url(" not in page
+    assert '"showSendToCloud": false' in page
     assert 'id="report-data"' in text and 'id="chart-frontier"' in text
     assert "PIQA" in text and "Avg." in text  # lm-eval columns appear when the runs logged them
+
+
+def test_plotly_figure_from_a_chart_spec():
+    from analysis.charts import ChartSpec, Point, Series
+    from analysis.page import figure
+
+    a = Series("A", "#111111", [Point(1.0, 0.5, "a<1>", 0.4, 0.7, True), Point(2.0, 0.4, "a2"),
+                                Point(3.0, 0.9, "a3", on_frontier=True)], line=[(1.0, 0.5), (3.0, 0.9)], shape="step")
+    b = Series("B", "#222222", [Point(2.0, math.nan, "lost"), Point(2.0, 0.3, "b")], shape="linear")
+    spec = ChartSpec("t", "T", "loops", "acc", [a, b], log_y=True, hlines=[(0.8, "ref"), (math.inf, "none")])
+    fig = figure(spec).to_plotly_json()
+    line, marks, b_marks, ref = fig["data"]  # A's line, A's markers, B's markers (no line), one finite hline
+    # A's line and markers toggle together; the legend entry is the markers'
+    assert line["mode"] == "lines" and line["line"]["shape"] == "hv" and line["showlegend"] is False
+    assert line["legendgroup"] == marks["legendgroup"] != b_marks["legendgroup"]
+    assert (list(line["x"]), list(line["y"])) == ([1.0, 3.0], [0.5, 0.9])
+    assert marks["mode"] == "markers" and list(marks["x"]) == [1.0, 2.0, 3.0]
+    # frontier points larger and outlined
+    assert list(marks["marker"]["size"]) == [10, 7, 10]
+    assert [w > 0 for w in marks["marker"]["line"]["width"]] == [True, False, True]
+    # the seed interval [0.4, 0.7] around 0.5 as asymmetric bars: +0.2, -0.1; none elsewhere
+    err = marks["error_y"]
+    assert err["array"][0] == pytest.approx(0.2) and err["arrayminus"][0] == pytest.approx(0.1)
+    assert list(err["array"][1:]) == [None, None] and list(err["arrayminus"][1:]) == [None, None]
+    hover = marks["hovertext"][0]
+    assert hover == "<b>A</b><br>a&lt;1&gt;<br>loops: 1<br>acc: 0.5 [0.4, 0.7]<br>on the frontier"
+    assert "on the frontier" not in marks["hovertext"][1]
+    # a non-finite y is not drawn; no interval, no error bars
+    assert list(b_marks["x"]) == [2.0] and "error_y" not in b_marks
+    # the reference line spans the drawn x range, dashed, named with its value
+    assert (list(ref["x"]), list(ref["y"]), ref["name"]) == ([1.0, 3.0], [0.8, 0.8], "ref (0.8)")
+    assert ref["line"]["dash"] == "dash"
+    assert fig["layout"]["yaxis"]["type"] == "log" and fig["layout"]["xaxis"]["title"]["text"] == "loops"
 
 
 def test_artifacts_on_the_sweep_run(report, store):
@@ -389,7 +431,18 @@ def test_report_renders_in_headless_chromium(report, tmp_path):
     found = check_report(report[0] / "report.html", tmp_path / "shot.png")
     assert found["problems"] == [], found
     assert found["charts"] == 4 and found["points"] >= 30  # frontier, skip, two β charts
+    assert found["plots"] == 4 and found["markers"] == found["points"]
+    text = (report[0] / "report.html").read_text()
     # the check does catch a page whose script throws
+    hook = "var charts = JSON.parse("
+    assert text.count(hook) == 1
     broken = tmp_path / "broken.html"
-    broken.write_text((report[0] / "report.html").read_text().replace("var data = JSON.parse", "nope(); var data ="))
+    broken.write_text(text.replace(hook, "nope(); " + hook))
     assert any("script error" in p for p in check_report(broken)["problems"])
+    # and a page without the inline plotly.js (as if it relied on a CDN): nothing drawn
+    from plotly.offline import get_plotlyjs
+
+    bare = tmp_path / "bare.html"
+    bare.write_text(text.replace(get_plotlyjs(), ""))
+    problems = check_report(bare)["problems"]
+    assert any("Plotly is not defined" in p for p in problems) and any("no chart rendered" in p for p in problems)
