@@ -16,7 +16,7 @@ Modules, one job each:
   page       ChartSpec → Plotly figure; the self-contained HTML page (Plotly offline:
              plotly.js inline once, no CDN)
   report     build_report(): every file above, plus MLflow artifacts
-  cli        `python analysis/frontier.py ...`
+  __main__   the command line: `python -m analysis ...` (also `python analysis/frontier.py ...`)
   screenshot open a report in headless Chromium and check that Plotly drew it
 
 polars is imported at module top here (unlike looplab/, which must run without it);

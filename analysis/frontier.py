@@ -1,5 +1,6 @@
 """Compute–quality Pareto frontiers, the area between two of them, and the best point
-under a compute budget; and the command line (`python analysis/frontier.py --help`).
+under a compute budget. (`python analysis/frontier.py` runs the command line,
+`python -m analysis`.)
 
 Compute is always minimised (executed loops, backbone FLOPs per token, seconds);
 quality is maximised (accuracy, lm-eval scores) or minimised (perplexity, loss).
@@ -27,12 +28,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import sys
-from pathlib import Path
-
-if __name__ == "__main__":  # `python analysis/frontier.py` from any cwd: import the package, not sibling files
-    _REPO = str(Path(__file__).resolve().parents[1])
-    sys.path[:] = [_REPO] + [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 import polars as pl
 
@@ -159,7 +154,7 @@ def best_under_budget(df: pl.DataFrame, x: str, y: str, budget: float, *, maximi
     return ranked.row(0, named=True)
 
 
-if __name__ == "__main__":
-    from analysis.cli import main
+if __name__ == "__main__":  # `python analysis/frontier.py`: the one entry point, `python -m analysis`
+    import runpy
 
-    sys.exit(main())
+    runpy.run_module("analysis", run_name="__main__")

@@ -134,14 +134,14 @@ def _name_of(known: pl.DataFrame, experiment_id: str) -> str:
 
 
 def _runs_table(runs, tags, params, latest, id_to_name, notes) -> pl.DataFrame:
-    wanted_tags = tags.filter(pl.col("key").is_in([*names.CONTENT_TAGS, names.PARENT_TAG]))
+    wanted_tags = tags.filter(pl.col("key").is_in([*names.CONTENT_TAGS, names.PARENT_RUN_TAG]))
     tag_wide = _wide(wanted_tags, "")
     for tag in names.CONTENT_TAGS:  # a stable schema: every content tag is a column
         if tag not in tag_wide.columns:
             tag_wide = tag_wide.with_columns(pl.lit(None, pl.String).alias(tag))
-    if names.PARENT_TAG not in tag_wide.columns:
-        tag_wide = tag_wide.with_columns(pl.lit(None, pl.String).alias(names.PARENT_TAG))
-    tag_wide = tag_wide.rename({names.PARENT_TAG: "parent_run_id"})
+    if names.PARENT_RUN_TAG not in tag_wide.columns:
+        tag_wide = tag_wide.with_columns(pl.lit(None, pl.String).alias(names.PARENT_RUN_TAG))
+    tag_wide = tag_wide.rename({names.PARENT_RUN_TAG: "parent_run_id"})
     param_wide = _typed(_wide(params, PARAM), notes)
     metric_wide = _wide(latest.select("run_id", "key", "value"), METRIC)
 

@@ -9,10 +9,11 @@ every stage (the paper's threshold tables show Stage 1 and Stage 2 side by side)
 by hand) is its own single stage.
 
 Columns:
-  identity   experiment, trial_run_id, run_id (the stage run read), trial_key,
-             trial_config_hash (groups seeds of a configuration), config_hash (the
-             stage's), stage_trial_key, seed, stage, is_final_stage, pipeline
-             (e.g. pretrain+stage1+chase+stage2), method (fixed | Ouro | CHASE),
+  identity   experiment, trial_run_id, run_id (the stage run read), trial_key (the
+             trial's final stage_key), trial_config_hash (groups seeds of a
+             configuration), config_hash (the stage's), stage_key, seed, stage,
+             is_final_stage, pipeline (e.g. pretrain+stage1+chase+stage2), method
+             (fixed | Ouro | CHASE, the tag the platform records),
              model (N⊗R), label (method, N⊗R and the searched values), status
   point      policy, q, depth, point (e.g. "skip q=0.4")
   quantities executed_loops, mean_exit_step, accuracy, ppl, loss,
@@ -23,8 +24,8 @@ Columns:
              to and including this one: what it cost to produce the model)
   params     every params.<name> of the trial run (the final stage's config)
 
-Executed loops of the `full` point are R (params.model.n_loops) by definition; its
-FLOPs are those of forced depth R when that point was logged.
+The `full` point is the fixed-depth baseline's depth R (logged once, as val_*); its
+executed loops are R (params.model.n_loops) by definition.
 """
 
 from __future__ import annotations
@@ -35,9 +36,8 @@ from analysis import names
 from analysis.errors import AnalysisError
 from analysis.load import PARAM, RunSet
 
-QUANTITIES = names.EXIT_METRICS
+QUANTITIES = names.EVAL_QUANTITIES
 BEST_QUANTITIES = tuple(q for q in QUANTITIES if names.higher_is_better(q) is not None)
-METHOD_FIXED, METHOD_OURO, METHOD_CHASE = "fixed", "Ouro", "CHASE"
 
 
 def evaluation_points(runs: RunSet, *, statuses=("FINISHED",)) -> pl.DataFrame:
@@ -89,45 +89,47 @@ def _trials(runs: RunSet, statuses) -> pl.DataFrame:
                                     "--all-statuses reads them anyway")
             runs.notes.append(f"left out {trials.height - kept.height} unfinished trials ({said})")
         trials = kept
-    # One run per (experiment, trial_key): the platform reuses runs by trial_key, so a
-    # duplicate comes from a race or a hand-made run; the newest wins.
-    if trials["trial_key"].drop_nulls().len():
+    # One run per (experiment, stage_key): the platform reuses runs by their final stage's
+    # key, so a duplicate comes from a race or a hand-made run; the newest wins.
+    if trials["stage_key"].drop_nulls().len():
         before = trials.height
         trials = (trials.sort("start_time")
-                  .unique(["experiment", pl.coalesce("trial_key", "run_id")], keep="last", maintain_order=True))
+                  .unique(["experiment", pl.coalesce("stage_key", "run_id")], keep="last", maintain_order=True))
         if trials.height < before:
-            runs.notes.append(f"{before - trials.height} duplicate trial runs (same trial_key): the newest kept")
+            runs.notes.append(f"{before - trials.height} duplicate trial runs (same stage_key): the newest kept")
     return trials
 
 
 def _sources(table: pl.DataFrame, trials: pl.DataFrame) -> pl.DataFrame:
     """The run each point is read from: the trials' stage runs, or the trial itself
-    when it has none. Columns: run_id, trial_run_id, stage, config_hash,
-    stage_trial_key, reused_from, pipeline, method, is_final_stage."""
+    when it has none. Columns: run_id, trial_run_id, stage, config_hash, stage_key,
+    reused_from, pipeline, method, is_final_stage."""
     trial_ids = trials["run_id"].implode()
     stage_rows = table.filter((pl.col("level") == names.STAGE) & pl.col("parent_run_id").is_in(trial_ids))
     stage_rows = stage_rows.select("run_id", pl.col("parent_run_id").alias("trial_run_id"), "stage", "config_hash",
-                                   pl.col("trial_key").alias("stage_trial_key"), "reused_from")
+                                   "stage_key", "reused_from", "method")
     lone = trials.filter(~pl.col("run_id").is_in(stage_rows["trial_run_id"].implode())).select(
-        "run_id", pl.col("run_id").alias("trial_run_id"), "stage", "config_hash",
-        pl.col("trial_key").alias("stage_trial_key"), "reused_from")
+        "run_id", pl.col("run_id").alias("trial_run_id"), "stage", "config_hash", "stage_key", "reused_from",
+        "method")
     sources = pl.concat([stage_rows, lone]).with_columns(
         pl.col("stage").replace_strict({s: i for i, s in enumerate(names.STAGES)}, default=len(names.STAGES),
                                        return_dtype=pl.Int64).alias("stage_order"))
     pipelines = (sources.sort("stage_order").group_by("trial_run_id", maintain_order=True)
                  .agg(pl.col("stage").fill_null("?").str.join("+").alias("pipeline")))
     final = trials.select(pl.col("run_id").alias("trial_run_id"), pl.col("stage").alias("final_stage"))
-    return (sources.join(pipelines, on="trial_run_id", how="left").join(final, on="trial_run_id", how="left")
-            .with_columns(_method(pl.col("pipeline")).alias("method"),
-                          (pl.col("stage").eq_missing(pl.col("final_stage"))).alias("is_final_stage"))
+    sources = sources.join(pipelines, on="trial_run_id", how="left").join(final, on="trial_run_id", how="left")
+    return (sources.with_columns(pl.coalesce("method", _method_of_pipeline(sources["pipeline"])).alias("method"),
+                                 (pl.col("stage").eq_missing(pl.col("final_stage"))).alias("is_final_stage"))
             .drop("final_stage"))
 
 
-def _method(pipeline: pl.Expr) -> pl.Expr:
-    """fixed: no exit gate was trained; CHASE: a chase stage ran; Ouro: gate stages without it."""
-    return (pl.when(pipeline.str.contains("chase")).then(pl.lit(METHOD_CHASE))
-            .when(pipeline.str.contains("stage1|stage2")).then(pl.lit(METHOD_OURO))
-            .otherwise(pl.lit(METHOD_FIXED)))
+def _method_of_pipeline(pipelines: pl.Series) -> pl.Series:
+    """The method label the platform records on every stage run (tag `method`); for runs
+    logged without it, the stage registry's rule applied to the trial's pipeline."""
+    from looplab.stages import method_of
+
+    known = {p: method_of([s for s in p.split("+") if s in names.STAGES]) for p in pipelines.unique().drop_nulls()}
+    return pipelines.replace_strict(known, default=None, return_dtype=pl.String)
 
 
 def _source_metrics(runs: RunSet, sources: pl.DataFrame) -> pl.DataFrame:
@@ -143,17 +145,17 @@ def _source_metrics(runs: RunSet, sources: pl.DataFrame) -> pl.DataFrame:
 
 
 def _parse(metrics: pl.DataFrame) -> pl.DataFrame:
-    groups = pl.col("key").str.extract_groups(names.POINT_METRIC.pattern)
-    parsed = metrics.with_columns(groups.alias("g")).unnest("g").filter(
-        pl.any_horizontal(pl.col("gated", "forced", "val", "lm").is_not_null()))
+    """Metric names → (policy, q, depth, quantity), by the contract's one pattern."""
+    groups = pl.col("key").str.extract_groups(names.METRIC_PATTERN.pattern)
+    parsed = metrics.with_columns(groups.alias("g")).unnest("g").filter(pl.col("quantity").is_not_null())
     return parsed.select(
         "run_id", "last", "best",
-        pl.when(pl.col("gated").is_not_null()).then(pl.col("mode"))
-        .when(pl.col("forced").is_not_null()).then(pl.lit(names.FORCED))
+        pl.when(pl.col("execution").is_not_null()).then(pl.col("execution"))
+        .when(pl.col("depth").is_not_null()).then(pl.lit(names.FORCED))
         .otherwise(pl.lit(names.FULL)).alias("policy"),
         pl.col("q").cast(pl.Float64),
         pl.col("depth").cast(pl.Int64),
-        pl.coalesce("gated", "forced", "val", "lm").alias("quantity"))
+        "quantity")
 
 
 def _pivot(parsed: pl.DataFrame) -> pl.DataFrame:
@@ -176,8 +178,8 @@ def _pivot(parsed: pl.DataFrame) -> pl.DataFrame:
 
 
 def _point_label() -> pl.Expr:
-    """A point's label: 'forced d=2', 'skip q=0.4', 'full'. q prints as
-    tracking.q_name does (0.4, 1.0, 0.25) for q with at most four decimals."""
+    """A point's label: 'forced d=2', 'skip q=0.4', 'full'. q prints as policy
+    labels do (0.4, 1.0, 0.25) for q with at most four decimals."""
     q = pl.col("q").round(4).cast(pl.String)
     return (pl.when(pl.col("policy") == names.FORCED).then(pl.lit("forced d=") + pl.col("depth").cast(pl.String))
             .when(pl.col("q").is_not_null()).then(pl.col("policy") + pl.lit(" q=") + q)
@@ -186,16 +188,18 @@ def _point_label() -> pl.Expr:
 
 def _trial_identity(trials: pl.DataFrame) -> pl.DataFrame:
     params = [c for c in trials.columns if c.startswith(PARAM)]
-    cols = ["run_id", "experiment", "trial_key", "config_hash", "status", "preset", *params]
-    t = trials.select(cols).rename({"run_id": "trial_run_id", "config_hash": "trial_config_hash"})
+    cols = ["run_id", "experiment", "stage_key", "config_hash", "status", "preset", *params]
+    t = trials.select(cols).rename({"run_id": "trial_run_id", "config_hash": "trial_config_hash",
+                                    "stage_key": "trial_key"})
     # _searched: "beta=0.25 hp=0.5", the sampled values (seed aside) that _label shows
     n_layers, n_loops = _param(t, "model.n_layers"), _param(t, "model.n_loops")
-    searched = [c for c in params if c.startswith(PARAM + "search.") and c != PARAM + "search.seed"]
+    search = PARAM + names.SEARCH_PARAM
+    searched = [c for c in params if c.startswith(search) and c != search + "seed"]
     return t.with_columns(
         _param(t, "train.seed").cast(pl.Int64, strict=False).alias("seed"),
         pl.concat_str(n_layers.cast(pl.String), pl.lit("⊗"), n_loops.cast(pl.String)).alias("model"),
         n_loops.cast(pl.Int64, strict=False).alias("n_loops"),
-        pl.concat_str([pl.lit(c[len(PARAM + "search."):] + "=") + pl.col(c).cast(pl.String) for c in searched],
+        pl.concat_str([pl.lit(c[len(search):] + "=") + pl.col(c).cast(pl.String) for c in searched],
                       separator=" ", ignore_nulls=True).alias("_searched") if searched else pl.lit("").alias("_searched"))
 
 
@@ -204,19 +208,13 @@ def _param(t: pl.DataFrame, name: str) -> pl.Expr:
 
 
 def _full_point_compute(table: pl.DataFrame) -> pl.DataFrame:
-    """The full point runs all R loops: executed loops and exit step R, FLOPs as forced d=R."""
-    forced_r = (table.filter((pl.col("policy") == names.FORCED) & (pl.col("depth") == pl.col("n_loops")))
-                .select("run_id", pl.col("backbone_flops_per_token").alias("_flops_r")))
+    """The full point runs all R loops: executed loops and exit step R where a run
+    logged only its quality (lm-eval scores, runs logged by hand)."""
     full = pl.col("policy") == names.FULL
     r = pl.col("n_loops").cast(pl.Float64)
-    return (table.join(forced_r, on="run_id", how="left")
-            .with_columns(pl.when(full).then(pl.coalesce("executed_loops", r)).otherwise("executed_loops")
-                          .alias("executed_loops"),
-                          pl.when(full).then(pl.coalesce("mean_exit_step", r)).otherwise("mean_exit_step")
-                          .alias("mean_exit_step"),
-                          pl.when(full).then(pl.coalesce("backbone_flops_per_token", "_flops_r"))
-                          .otherwise("backbone_flops_per_token").alias("backbone_flops_per_token"))
-            .drop("_flops_r"))
+    return table.with_columns(
+        pl.when(full).then(pl.coalesce("executed_loops", r)).otherwise("executed_loops").alias("executed_loops"),
+        pl.when(full).then(pl.coalesce("mean_exit_step", r)).otherwise("mean_exit_step").alias("mean_exit_step"))
 
 
 def _label(table: pl.DataFrame) -> pl.DataFrame:
@@ -238,11 +236,10 @@ def _lm_eval_average(table: pl.DataFrame) -> pl.DataFrame:
 
 
 def _timing(table: pl.DataFrame, metrics: pl.DataFrame, sources: pl.DataFrame) -> pl.DataFrame:
-    """stage_seconds from the stage run (stage_seconds, else {stage}_wall_time_s), and
-    their running sum over the trial's stages in pipeline order."""
-    timing = metrics.filter((pl.col("key") == names.STAGE_SECONDS) | pl.col("key").str.ends_with(names.WALL_TIME_SUFFIX))
-    per_run = (timing.with_columns((pl.col("key") == names.STAGE_SECONDS).alias("_primary"))
-               .sort("_primary", descending=True).group_by("run_id").agg(pl.col("last").first().alias("stage_seconds")))
+    """stage_seconds from the stage run, and their running sum over the trial's stages
+    in pipeline order."""
+    per_run = (metrics.filter(pl.col("key") == names.STAGE_SECONDS)
+               .select("run_id", pl.col("last").alias("stage_seconds")).unique("run_id"))
     stages = (sources.select("run_id", "trial_run_id", "stage_order").join(per_run, on="run_id", how="left")
               .sort("trial_run_id", "stage_order")
               .with_columns(pl.col("stage_seconds").cum_sum().over("trial_run_id").alias("pipeline_seconds"))
@@ -271,7 +268,7 @@ def _order(table: pl.DataFrame) -> pl.DataFrame:
     tasks = [c for c in table.columns if c.startswith(names.LM_EVAL)]
     lead += [names.LM_EVAL + t for t in names.ordered_tasks(c[len(names.LM_EVAL):] for c in tasks)]
     lead += [names.LM_EVAL_AVG, *names.BETA_DIAGNOSTICS, "train_loss", "stage_seconds", "pipeline_seconds", "trial_config_hash", "config_hash", "trial_key",
-             "stage_trial_key", "trial_run_id", "run_id", "status", "preset", "n_loops"]
+             "stage_key", "trial_run_id", "run_id", "status", "preset", "n_loops"]
     rest = sorted(c for c in table.columns if c not in lead and c not in ("reused_from", "stage_order"))
     policy_rank = pl.col("policy").replace_strict({p: i for i, p in enumerate(names.POLICY_ORDER)}, default=9,
                                                   return_dtype=pl.Int64)
@@ -279,3 +276,16 @@ def _order(table: pl.DataFrame) -> pl.DataFrame:
             .sort("experiment", "method", "label", "seed", "stage_order", "_policy_rank", "q", "depth",
                   nulls_last=True)
             .select(lead + rest))
+
+
+def full_as_forced_depth(rows: pl.DataFrame) -> pl.DataFrame:
+    """Full depth is forced depth R (the same execution, logged once as val_*): where a
+    stage has forced depths, its full point joins them as d=R, so the fixed-depth
+    series spans 1..R."""
+    key = [c for c in ("experiment", "trial_config_hash", "stage") if c in rows.columns]
+    forced = rows.filter(pl.col("policy") == names.FORCED).select(key).unique()
+    joins = (pl.col("policy") == names.FULL) & pl.struct(key).is_in(forced.select(pl.struct(key)).to_series().implode())
+    return rows.with_columns(pl.when(joins).then(pl.lit(names.FORCED)).otherwise("policy").alias("policy"),
+                             pl.when(joins).then(pl.col("n_loops").cast(pl.Int64)).otherwise("depth").alias("depth"),
+                             pl.when(joins).then(pl.lit("forced d=") + pl.col("n_loops").cast(pl.String))
+                             .otherwise("point").alias("point"))

@@ -42,7 +42,7 @@ from analysis.frontier import best_under_budget, frontier_gap, pareto_frontier
 from analysis.load import PARAM, RunSet, beta_histories, load_runs
 from analysis.page import chart_slot, render_page
 from analysis.plots import render_png
-from analysis.points import evaluation_points
+from analysis.points import evaluation_points, full_as_forced_depth
 from analysis.tables import all_tables
 
 # Compute axes by their CLI names: (points column, axis label).
@@ -197,14 +197,7 @@ def _frontier_rows(agg: pl.DataFrame, stage: str | None, series_by, quality: str
             present = names.ordered_stages(agg["stage"].to_list())
             raise AnalysisError(f"no evaluations of stage {stage!r}; stages evaluated: {', '.join(present) or 'none'}"
                                 " (or all)")
-    # The full point repeats forced d=R (same execution) where a gate stage logged that
-    # depth with the quality asked for; it stays where it adds something (pretrain-only
-    # trials, lm-eval scores logged only for the full model).
-    key = ["experiment", "trial_config_hash", "stage"]
-    forced_r = (rows.filter((pl.col("policy") == names.FORCED) & (pl.col("depth") == pl.col("n_loops"))
-                            & pl.col(quality).is_not_null()).select(key).unique())
-    full = rows.filter(pl.col("policy") == names.FULL).join(forced_r, on=key, how="anti")
-    rows = pl.concat([rows.filter(pl.col("policy") != names.FULL), full], how="diagonal_relaxed")
+    rows = full_as_forced_depth(rows)
     parts = list(series_by) if series_by else ["method", *(["stage"] if stage == "all" else []), "policy"]
     missing = [p for p in parts if p not in rows.columns]
     if missing:

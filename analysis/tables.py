@@ -186,9 +186,14 @@ def threshold_table(agg: pl.DataFrame) -> Table | None:
 
 
 def fixed_loop_table(agg: pl.DataFrame) -> Table | None:
-    rows = agg.filter(pl.col("policy") == names.FORCED)
-    if rows.is_empty():
+    """Forced depths 1..R-1 and, as depth R, full depth (the same execution, logged once)."""
+    forced = agg.filter(pl.col("policy") == names.FORCED)
+    if forced.is_empty():
         return None
+    key = [c for c in ("experiment", "trial_config_hash", "stage") if c in agg.columns]
+    full = agg.filter(pl.col("policy") == names.FULL).join(forced.select(key).unique(), on=key, how="semi")
+    rows = pl.concat([forced, full.with_columns(pl.col("n_loops").cast(forced["depth"].dtype).alias("depth"))],
+                     how="diagonal_relaxed")
     rows = rows.sort(["label", _stage_rank(), "depth"])
     quality = _quality_columns(agg, rows)
     header = ["Stage", "Forced loops", *(h for h, _, _ in quality), "n"]

@@ -34,13 +34,9 @@ import time
 import uuid
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # `python benchmarks/analysis_load.py` from anywhere
-    sys.path.insert(0, str(REPO))
-
 from looplab import tracking
-from looplab.config import STAGES, apply_overrides
-from looplab.presets import for_stage, get_preset
+from looplab.presets import get_preset
+from looplab.stages import STAGE_NAMES, stage_config
 
 EXPERIMENT = "bench_sweep-debug"
 QS = (0.2, 0.4, 0.6, 0.8, 1.0)
@@ -50,15 +46,16 @@ LOG_EVERY = 20
 
 
 def pipeline(point: dict, seed: int):
-    base = apply_overrides(get_preset("debug"), {"model.n_loops": R, "train.steps": TRAIN_STEPS, "train.seed": seed,
-                                                 **{f"hole.{k}": v for k, v in point.items() if k != "beta"}})
-    beta = point["beta"]
+    """The chain pretrain → stage1 → chase → stage2 as the platform derives it; the hole
+    and β values reach the stages that read them."""
+    overrides = {"model.n_loops": R, "train.steps": TRAIN_STEPS, "train.seed": seed,
+                 **{f"hole.{k}": v for k, v in point.items() if k != "beta"}}
     configs = []
-    for stage in STAGES:
+    for stage in STAGE_NAMES:
         parent = configs[-1] if configs else None
-        cfg = for_stage(base, stage, f"/storage/stages/{parent.stage}-{parent.trial_key()}/checkpoint" if parent
-                        else "", f"{parent.stage}-{parent.config_hash()}" if parent else "")
-        configs.append(apply_overrides(cfg, {"exit.beta": beta}) if stage != "pretrain" else cfg)
+        ref = parent.as_parent(f"/storage/stages/{parent.stage}-{parent.stage_key()}/checkpoint") if parent else None
+        configs.append(stage_config(get_preset("debug"), stage, parent=ref, overrides=overrides,
+                                    stage_overrides={} if stage == "pretrain" else {"exit.beta": point["beta"]}))
     return configs
 
 
@@ -72,22 +69,22 @@ def records(stage: str, rng: random.Random, quality: float) -> list[dict]:
             rec.update(exit_entropy=math.log(R) * (1 - 0.3 * step / TRAIN_STEPS), expected_exit_step=3.5 - step / 400)
         out.append(rec)
     ppl = 8.0 / quality
-    out.append({"kind": "eval", "step": TRAIN_STEPS, "ppl": ppl, "accuracy": 0.4 * quality, "loss": math.log(ppl)})
-    if stage == "pretrain":
-        return out
-    for mode in ("dense", "skip"):
-        for q in QS:
-            loops = R if mode == "dense" else 1.5 + 2.5 * q
-            p = ppl * (1 + (1 - q) * (0.05 if mode == "dense" else 0.2 + rng.random() * 0.1))
-            out.append({"kind": "eval_exit", "step": TRAIN_STEPS, "mode": mode, "q": q, "depth": None,
-                        "executed_loops": loops, "mean_exit_step": 1.5 + 2.5 * q, "accuracy": 0.4 * quality * q ** 0.1,
-                        "ppl": p, "loss": math.log(p), "backbone_flops_per_token": 9000.0 * loops})
-    for depth in range(1, R + 1):
-        p = ppl * (R / depth) ** 2
-        out.append({"kind": "eval_exit", "step": TRAIN_STEPS, "mode": "forced", "q": None, "depth": depth,
-                    "executed_loops": float(depth), "mean_exit_step": float(depth),
-                    "accuracy": 0.1 * depth * quality, "ppl": p, "loss": math.log(p),
-                    "backbone_flops_per_token": 9000.0 * depth})
+    policies = [{"policy": "full", "ppl": ppl, "accuracy": 0.4 * quality, "loss": math.log(ppl),
+                 "executed_loops": float(R), "mean_exit_step": float(R), "backbone_flops_per_token": 9000.0 * R}]
+    if stage != "pretrain":
+        for mode in ("dense", "skip"):
+            for q in QS:
+                loops = R if mode == "dense" else 1.5 + 2.5 * q
+                p = ppl * (1 + (1 - q) * (0.05 if mode == "dense" else 0.2 + rng.random() * 0.1))
+                policies.append({"policy": f"{mode}:{q}", "executed_loops": loops, "mean_exit_step": 1.5 + 2.5 * q,
+                                 "accuracy": 0.4 * quality * q ** 0.1, "ppl": p, "loss": math.log(p),
+                                 "backbone_flops_per_token": 9000.0 * loops})
+        for depth in range(1, R):  # depth R is full depth, logged once
+            p = ppl * (R / depth) ** 2
+            policies.append({"policy": f"forced:{depth}", "executed_loops": float(depth),
+                             "mean_exit_step": float(depth), "accuracy": 0.1 * depth * quality, "ppl": p,
+                             "loss": math.log(p), "backbone_flops_per_token": 9000.0 * depth})
+    out.append({"kind": "eval", "step": TRAIN_STEPS, "policies": policies})
     return out
 
 
@@ -119,7 +116,7 @@ def build_store(store: Path, n_runs: int, seed: int = 0) -> tuple[str, int]:
     exp_id = int(tracking.ensure_experiment(mc, EXPERIMENT, store / "artifacts"))
     artifact_root = tracking.artifact_location(store / "artifacts", EXPERIMENT)
     rng = random.Random(seed)
-    n_trials = -(-(n_runs - 1) // (1 + len(STAGES)))  # at least n_runs runs
+    n_trials = -(-(n_runs - 1) // (1 + len(STAGE_NAMES)))  # at least n_runs runs
     seeds = 4  # 250 configurations × 4 seeds = 1,000 trials = 5,001 runs
     grid = [{"beta": beta, "hp": hp, "lo": lo, "rho": rho} for beta in (0.05, 0.1, 0.25, 0.5, 1.0)
             for hp in (0.1, 0.25, 0.5, 0.75, 0.9) for lo in (1.0, 1.5, 1.85, 2.25, 2.75) for rho in (0.5, 1.0)]
@@ -137,9 +134,10 @@ def build_store(store: Path, n_runs: int, seed: int = 0) -> tuple[str, int]:
         metrics.extend(rows)
         latest.extend(latest_rows(rows))
 
-    add_run(sweep, "bench_sweep", {"level": tracking.SWEEP, "sweep_key": "bench", "preset": "debug",
-                                   "git_sha": "bench", "command": "benchmarks/analysis_load.py"}, {})
-    shared: dict[str, str] = {}  # stage trial_key -> the run that trained it
+    add_run(sweep, "bench_sweep", {tracking.LEVEL: tracking.SWEEP, tracking.SWEEP_KEY: "bench",
+                                   tracking.PRESET: "debug", tracking.GIT_SHA: "bench",
+                                   tracking.COMMAND: "benchmarks/analysis_load.py"}, {})
+    shared: dict[str, str] = {}  # stage_key -> the run that trained it
     for t in range(n_trials):
         point = grid[(t // seeds) % len(grid)]
         configs = pipeline(point, t % seeds + seeds * (t // (seeds * len(grid))))
@@ -147,29 +145,31 @@ def build_store(store: Path, n_runs: int, seed: int = 0) -> tuple[str, int]:
         trial = uuid.uuid4().hex
         quality = 0.8 + 0.2 * rng.random()
         final_recs = records("stage2", rng, quality)
-        add_run(trial, f"trial-{final.trial_key()}",
-                {**tracking.config_tags(final, level=tracking.TRIAL, git="bench", sweep=EXPERIMENT),
-                 "mlflow.parentRunId": sweep},
-                {**tracking.config_params(final), **{f"search.{k}": str(v) for k, v in point.items()}},
-                final_recs, [("stage2_wall_time_s", 30.0)])
+        lineage = [c.stage for c in configs]
+        add_run(trial, tracking.trial_run_name(final.stage_key()),
+                {**tracking.config_tags(final, level=tracking.TRIAL, git="bench", lineage=lineage,
+                                        **{tracking.SWEEP_TAG: EXPERIMENT}), tracking.PARENT_RUN_TAG: sweep},
+                {**tracking.config_params(final), **tracking.search_params(point)},
+                final_recs, [(tracking.STAGE_SECONDS, 30.0)])
         for i, cfg in enumerate(configs):
             run = uuid.uuid4().hex
-            reused = shared.get(cfg.trial_key())
-            stage_tags = tracking.config_tags(cfg, level=tracking.STAGE, git="bench", reused="true" if reused else
-                                              "false", checkpoint="ckpt", trial_run=trial,
-                                              **({"reused_from": reused} if reused else {}))
+            reused = shared.get(cfg.stage_key())
+            stage_tags = tracking.config_tags(cfg, level=tracking.STAGE, git="bench", lineage=lineage[:i + 1],
+                                              **{tracking.REUSED: "true" if reused else "false",
+                                                 tracking.CHECKPOINT: "ckpt", tracking.TRIAL_RUN: trial},
+                                              **({tracking.REUSED_FROM: reused} if reused else {}))
             recs = final_recs if cfg.stage == "stage2" else records(cfg.stage, rng, quality)
-            timing = [("stage_seconds", 10.0 * (i + 1)), (f"{cfg.stage}_wall_time_s", 10.0 * (i + 1))]
+            timing = [(tracking.STAGE_SECONDS, 10.0 * (i + 1))]
             if reused:  # the original's final values only, as trainables/trial.py logs them
                 last = {}
                 for rec in recs:
                     last.update(tracking.record_metrics(rec))
-                add_run(run, f"{cfg.stage}-{cfg.trial_key()}", {**stage_tags, "mlflow.parentRunId": trial}, {}, (),
-                        [*last.items(), *timing])
+                add_run(run, tracking.stage_run_name(cfg.stage, cfg.stage_key()),
+                        {**stage_tags, tracking.PARENT_RUN_TAG: trial}, {}, (), [*last.items(), *timing])
             else:
-                shared[cfg.trial_key()] = run
-                add_run(run, f"{cfg.stage}-{cfg.trial_key()}", {**stage_tags, "mlflow.parentRunId": trial},
-                        tracking.config_params(cfg), recs, timing)
+                shared[cfg.stage_key()] = run
+                add_run(run, tracking.stage_run_name(cfg.stage, cfg.stage_key()),
+                        {**stage_tags, tracking.PARENT_RUN_TAG: trial}, tracking.config_params(cfg), recs, timing)
 
     with sqlite3.connect(db) as con:
         con.executemany("INSERT INTO runs (run_uuid, name, source_type, source_name, entry_point_name, user_id, status, "
@@ -228,7 +228,7 @@ def main(argv=None) -> int:
     from analysis.aggregate import aggregate_seeds
     from analysis.frontier import frontier_gap, pareto_frontier
     from analysis.load import load_runs
-    from analysis.points import evaluation_points
+    from analysis.points import evaluation_points, full_as_forced_depth
     from analysis.report import BASE_VALUES, build_report
     from analysis.tables import all_tables
 
@@ -254,7 +254,7 @@ def main(argv=None) -> int:
         rows.append(("aggregate_seeds (mean, std, t-interval)", t_agg, f"{agg.height:,} configuration points"))
 
         def frontiers():
-            final = agg.filter("is_final_stage").with_columns(
+            final = full_as_forced_depth(agg.filter("is_final_stage")).with_columns(
                 pl.concat_str("method", "policy", separator=" · ").alias("series"))
             flagged = pareto_frontier(final, "executed_loops", "ppl", maximize=False, by="series")
             groups = {k[0]: g for k, g in flagged.group_by("series")}

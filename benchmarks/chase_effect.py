@@ -20,10 +20,12 @@ import json
 import time
 from pathlib import Path
 
-from looplab.checkpoint import load_model
+from looplab.checkpoint import load_model, parent_ref
 from looplab.config import apply_overrides, parse_value
-from looplab.evaluate import evaluate_execution
-from looplab.presets import for_stage, get_preset
+from looplab.evaluate import evaluate_policy
+from looplab.policy import ExitPolicy
+from looplab.presets import get_preset
+from looplab.stages import stage_config
 from looplab.tasks import make_task
 from looplab.train import train
 
@@ -49,16 +51,16 @@ def main() -> None:
     args = p.parse_args()
 
     out = Path(args.out)
-    base = apply_overrides(get_preset(args.preset), {"model.n_loops": 4, **{
-        k: parse_value(v) for k, v in (o.split("=", 1) for o in args.overrides)}})
+    overrides = {"model.n_loops": 4, **{k: parse_value(v) for k, v in (o.split("=", 1) for o in args.overrides)}}
+    base = apply_overrides(get_preset(args.preset), overrides)
     stage_steps = args.stage_steps or max(20, base.train.steps // 4)
 
-    def stage(name: str, parent: Path, **extra):
-        cfg = for_stage(base, name, str(parent))
-        over = {"train.steps": stage_steps, "train.warmup_steps": max(1, stage_steps // 50), **extra}
+    def stage(name: str, parent: Path):
+        mine = {"train.steps": stage_steps, "train.warmup_steps": max(1, stage_steps // 50)}
         if args.stage_lr:
-            over["train.lr"] = args.stage_lr
-        return apply_overrides(cfg, over)
+            mine["train.lr"] = args.stage_lr
+        return stage_config(get_preset(args.preset), name, parent=parent_ref(parent), overrides=overrides,
+                            stage_overrides=mine)
 
     print(f"{args.preset}: {base.model.arch} {base.model.n_layers}⊗{base.model.n_loops}, "
           f"pretrain {base.train.steps} steps, stages {stage_steps} steps")
@@ -72,11 +74,11 @@ def main() -> None:
     records = []
     for arm, ckpt in (("ouro", ouro), ("chase", chase)):
         model = load_model(ckpt)
-        full = evaluate_execution(model, batch, mode="forced", batch_size=base.train.eval_batch_size)
+        full = evaluate_policy(model, batch, ExitPolicy.full(), batch_size=base.train.eval_batch_size)
         records.append({"arm": arm, "mode": "full", "q": None, "executed_loops": full["executed_loops"],
                         "ppl": full["ppl"], "ppl_increase_pct": 0.0})
         for q in QS:
-            r = evaluate_execution(model, batch, mode="skip", q=q, batch_size=base.train.eval_batch_size)
+            r = evaluate_policy(model, batch, ExitPolicy.skip(q), batch_size=base.train.eval_batch_size)
             records.append({"arm": arm, "mode": "skip", "q": q, "executed_loops": r["executed_loops"],
                             "ppl": r["ppl"], "ppl_increase_pct": 100 * (r["ppl"] / full["ppl"] - 1)})
     print("\narm    mode  q     loops  ppl        vs full")

@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 
 def cpu_sampler(stop: threading.Event, samples: list[float], every: float = 1.0) -> None:
@@ -96,10 +95,10 @@ def measure(uri: str, wall: float) -> dict:
         for r in stage_runs:
             if r.data.tags.get("reused") == "true":  # trained elsewhere; its run only carries the figures
                 continue
-            m, stage = r.data.metrics, r.data.tags["stage"]
-            if f"{stage}_wall_time_s" in m:
-                inside = m.get(f"{stage}_mlflow_s", 0.0) + m.get(f"{stage}_report_s", 0.0)
-                compute += m[f"{stage}_wall_time_s"] - inside
+            m = r.data.metrics
+            if tracking.STAGE_SECONDS in m:
+                inside = m.get(tracking.MLFLOW_SECONDS, 0.0) + m.get(tracking.REPORT_SECONDS, 0.0)
+                compute += m[tracking.STAGE_SECONDS] - inside
                 calls += inside
         return compute, calls
 

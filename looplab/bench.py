@@ -28,20 +28,22 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from looplab.config import ConfigError
 from looplab.holes import round_depth
+from looplab.policy import DENSE, SKIP, ExitPolicy
 
 
 @dataclass
 class BenchRecord:
     batch: int
     seq_len: int
-    q: float | None
+    policy: str  # the skip policy's spec (skip:q), or "oracle"
     oracle_mean: float | None
     packing: str
     mean_executed_loops: float
@@ -145,13 +147,17 @@ def survivor_ratio(exit_step: torch.Tensor, n_loops: int) -> float:
 
 
 @torch.no_grad()
-def bench_point(model, ids: torch.Tensor, *, q: float | None = None, exit_at: torch.Tensor | None = None,
-                warmup: int = 2, repeats: int = 5, packing: str = "auto", oracle_mean: float | None = None
-                ) -> BenchRecord:
+def bench_point(model, ids: torch.Tensor, policy: ExitPolicy, *, warmup: int = 2, repeats: int = 5,
+                packing: str = "auto", oracle_mean: float | None = None) -> BenchRecord:
+    """Time `policy` (skip execution: gate threshold or given exits) against its dense
+    twin, which runs every loop for every token with the same exits and readout."""
+    if policy.execution != SKIP:
+        raise ConfigError(f"bench policy {policy.spec!r} is invalid; allowed: skip policies (skip:Q), which "
+                          "it compares with full execution")
     device = ids.device
-    common = dict(q=q, exit_at=exit_at, readout="last")
-    full = lambda: model(ids, mode="dense", **common)  # noqa: E731
-    skip = lambda: model(ids, mode="skip", packing=packing, **common)  # noqa: E731
+    dense = replace(policy, execution=DENSE)
+    full = lambda: model(ids, dense, readout="last")  # noqa: E731
+    skip = lambda: model(ids, policy, packing=packing, readout="last")  # noqa: E731
     probe = skip()
     R = model.cfg.n_loops
     mean_loops = float(probe.exit_step.float().mean())
@@ -164,20 +170,22 @@ def bench_point(model, ids: torch.Tensor, *, q: float | None = None, exit_at: to
     tf, ts = statistics.median(t_full), statistics.median(t_skip)
     resolved = packing if packing != "auto" else ("varlen" if model.cfg.arch == "mamba2" else "padded")
     return BenchRecord(
-        batch=ids.shape[0], seq_len=ids.shape[1], q=q, oracle_mean=oracle_mean, packing=resolved,
+        batch=ids.shape[0], seq_len=ids.shape[1], policy="oracle" if oracle_mean is not None else policy.spec,
+        oracle_mean=oracle_mean, packing=resolved,
         mean_executed_loops=mean_loops, ideal_speedup=R / mean_loops,
         batch_max_survivor_ratio=survivor_ratio(probe.exit_step, R), time_full_s=tf, time_skip_s=ts,
         speedup=tf / ts, peak_mem_full=peak_memory(full, device), peak_mem_skip=peak_memory(skip, device),
         device=str(device))
 
 
-def run_grid(model, task, *, batches, seq_lens, qs=(), oracle_mean: float | None = None, warmup: int = 2,
+def run_grid(model, task, *, batches, seq_lens, policies=(), oracle_mean: float | None = None, warmup: int = 2,
              repeats: int = 5, packing: str = "auto", device: torch.device | str = "cpu", seed: int = 0,
              on_record=None) -> list[BenchRecord]:
-    """Every (batch, seq_len) × policy point; policies are the thresholds qs, or the
-    oracle with the given mean executed loops."""
-    if oracle_mean is None and not qs:
-        raise ValueError("give thresholds q or an oracle mean (--q 0.2,0.4 or --oracle-mean 2.0)")
+    """Every (batch, seq_len) × policy point; policies are skip policies (skip:q), or
+    the oracle with the given mean executed loops."""
+    if oracle_mean is None and not policies:
+        raise ConfigError("bench needs skip policies or an oracle mean; allowed: --policies skip:0.2,0.4 or "
+                          "--oracle-mean 2.0")
     device = torch.device(device)
     model = model.to(device).eval()
     records = []
@@ -187,9 +195,9 @@ def run_grid(model, task, *, batches, seq_lens, qs=(), oracle_mean: float | None
             if oracle_mean is not None:
                 rng = np.random.default_rng([seed, batch, seq_len])
                 exit_at = oracle_exit_steps(rng, tuple(ids.shape), oracle_mean, model.cfg.n_loops).to(device)
-                points = [dict(exit_at=exit_at, oracle_mean=oracle_mean)]
+                points = [dict(policy=ExitPolicy.given(exit_at), oracle_mean=oracle_mean)]
             else:
-                points = [dict(q=q) for q in qs]
+                points = [dict(policy=p) for p in policies]
             for point in points:
                 record = bench_point(model, ids, warmup=warmup, repeats=repeats, packing=packing, **point)
                 records.append(record)
@@ -203,7 +211,7 @@ HEADER = ("batch  seq_len  policy      loops  ideal  max/real  full s    skip s 
 
 
 def format_record(r: BenchRecord) -> str:
-    policy = f"q={r.q:.2f}" if r.q is not None else f"oracle {r.oracle_mean:.2f}"
+    policy = r.policy if r.oracle_mean is None else f"oracle {r.oracle_mean:.2f}"
     mib = lambda b: f"{b / 2**20:7.1f}M" if b >= 0 else "      ?"  # noqa: E731
     return (f"{r.batch:5d}  {r.seq_len:7d}  {policy:10s}  {r.mean_executed_loops:5.2f}  {r.ideal_speedup:5.2f}  "
             f"{r.batch_max_survivor_ratio:8.3f}  {r.time_full_s:8.4f}  {r.time_skip_s:8.4f}  {r.speedup:6.2f}x  "

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from looplab.config import ConfigError, ModelConfig, apply_overrides
+from looplab.config import ConfigError, ModelConfig, ParentRef, apply_overrides
 from looplab.models.looped import LoopedLM
 
 FORMAT = "looplab/1"
@@ -68,6 +68,21 @@ def read_model_config(directory: str | os.PathLike) -> ModelConfig:
     return ModelConfig(**model_cfg)
 
 
+def parent_ref(directory: str | os.PathLike) -> ParentRef:
+    """A checkpoint as the parent of a continued stage: named by the stage key and
+    config hash its training recorded, or, for a checkpoint that records none (made
+    by hand), by a digest of its resolved path."""
+    import hashlib
+
+    path = Path(directory).expanduser().resolve()
+    meta = read_config(path).get("metadata", {}) if is_checkpoint(path) else {}
+    if meta.get("stage_key") and meta.get("config_hash"):
+        return ParentRef(stage=meta.get("stage", "pretrain"), key=meta["stage_key"], group=meta["config_hash"],
+                         checkpoint=str(path))
+    digest = "path-" + hashlib.sha256(str(path).encode()).hexdigest()[:12]
+    return ParentRef(stage=meta.get("stage", "pretrain"), key=digest, group=digest, checkpoint=str(path))
+
+
 def load_weights(model: LoopedLM, directory: str | os.PathLike) -> None:
     from safetensors.torch import load_file
 
@@ -108,8 +123,33 @@ def load_model(name_or_path: str | os.PathLike, **overrides: Any) -> LoopedLM:
     seed = overrides.pop("seed", exp.train.seed)
     exp = apply_overrides(exp, {f"model.{k}": v for k, v in overrides.items()})
     model = model_from_config(exp.model, seed)
-    model.metadata = {"experiment": exp.to_dict(), "task": exp.task.kind}
+    model.metadata = experiment_metadata(exp)
     return model
+
+
+def experiment_metadata(cfg) -> dict[str, Any]:
+    """What a checkpoint of an ExperimentConfig records beside its weights: the config,
+    its keys and the fields they hash, its stage and lineage, and, for text, the
+    tokenizer that reads its ids (lm-eval and generation need it)."""
+    from looplab.stages import method_of
+
+    lineage = _parent_lineage(cfg) + [cfg.stage]
+    meta = {"experiment": cfg.to_dict(), "task": cfg.task.kind, "stage": cfg.stage, "stage_key": cfg.stage_key(),
+            "config_hash": cfg.config_hash(), "key_fields": cfg.key_fields(), "lineage": lineage,
+            "method": method_of(lineage), "parent_checkpoint": cfg.init_from}
+    if cfg.task.kind == "text":
+        meta["tokenizer"] = cfg.task.tokenizer
+    return meta
+
+
+def _parent_lineage(cfg) -> list[str]:
+    if cfg.parent is None:
+        return []
+    if cfg.parent.checkpoint and is_checkpoint(cfg.parent.checkpoint):
+        lineage = read_config(cfg.parent.checkpoint).get("metadata", {}).get("lineage")
+        if lineage:
+            return list(lineage)
+    return [cfg.parent.stage]
 
 
 # ---- training state --------------------------------------------------------------

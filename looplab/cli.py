@@ -4,8 +4,8 @@
     looplab train --preset phop-debug --stage stage1 --init runs/phop-debug/checkpoint --out runs/s1 [exit.beta=0.1]
     looplab data mano --L 10 [--eval] --count 5 --seed 0
     looplab data phop --n 256 --p 16 --alphabet 4 --count 5 --seed 0
-    looplab eval --checkpoint runs/x/checkpoint [--q 0.2,0.4,0.6,0.8,1.0] [--modes dense,skip] [--json out.json]
-    looplab lm-eval --checkpoint runs/lm/checkpoint --suite paper [--mode skip --q 0.4] [--limit 100] [--local-data DIR]
+    looplab eval --checkpoint runs/x/checkpoint [--policies 'full;dense:0.2,0.4;skip:0.4;forced:1-3'] [--json out.json]
+    looplab lm-eval --checkpoint runs/lm/checkpoint --suite paper [--policy skip:0.4] [--limit 100] [--local-data DIR]
     looplab lm-eval --checkpoint runs/lm/checkpoint --tasks piqa,my_task [--include-path DIR] [--output out.json]
     looplab bench --preset local --batch 1,8,16 --seq-len 512,1024 --oracle-mean 2.0 [--json out.json]
     looplab presets
@@ -18,7 +18,8 @@ import argparse
 import json
 import sys
 
-from looplab.config import ConfigError, apply_overrides, parse_value
+from looplab.config import ConfigError, parse_value
+from looplab.stages import STAGE_NAMES
 
 
 def _overrides(pairs: list[str]) -> dict:
@@ -32,13 +33,20 @@ def _overrides(pairs: list[str]) -> dict:
 
 
 def _experiment(args):
-    from looplab.presets import for_stage, get_preset
+    """The preset as the asked-for stage: its recipe (looplab/stages.py), then the
+    command line's overrides; a continued stage names its parent by the key the
+    --init checkpoint recorded."""
+    from looplab.checkpoint import parent_ref
+    from looplab.presets import get_preset
+    from looplab.stages import get_stage, stage_config
 
     cfg = get_preset(args.preset)
-    stage = getattr(args, "stage", None)
-    if stage:  # App. E's optimiser recipe for the stage; explicit overrides still win
-        cfg = for_stage(cfg, stage, str(args.init or ""))
-    return apply_overrides(cfg, _overrides(args.overrides))
+    stage = getattr(args, "stage", None) or "pretrain"
+    init = getattr(args, "init", None)
+    if get_stage(stage).continues and not init:
+        raise ConfigError(f"--stage {stage} needs --init CHECKPOINT (the parent stage it continues)")
+    parent = parent_ref(init) if get_stage(stage).continues else None
+    return stage_config(cfg, stage, parent=parent, overrides=_overrides(getattr(args, "overrides", [])))
 
 
 def cmd_train(args) -> int:
@@ -46,7 +54,7 @@ def cmd_train(args) -> int:
 
     cfg = _experiment(args)
     result = train(cfg, args.out, resume=not args.no_resume, stop_at=args.stop_at)
-    summary = {"out_dir": str(result.out_dir), "step": result.step, "trial_key": cfg.trial_key(), **{
+    summary = {"out_dir": str(result.out_dir), "step": result.step, "stage_key": cfg.stage_key(), **{
         f"eval_{k}": v for k, v in result.eval.items() if k in ("accuracy", "loss", "n")}}
     print(json.dumps(summary))
     return 0
@@ -55,27 +63,26 @@ def cmd_train(args) -> int:
 def cmd_eval(args) -> int:
     from looplab.checkpoint import load_model
     from looplab.config import ExperimentConfig
-    from looplab.evaluate import format_table, threshold_sweep
+    from looplab.evaluate import evaluate_policies, format_table
+    from looplab.policy import parse_policies
+    from looplab.stages import get_stage
     from looplab.tasks import make_task
     from looplab.train import resolve_device
 
     model = load_model(args.checkpoint)
     experiment = model.metadata.get("experiment")
     if not experiment:
-        raise ConfigError(f"checkpoint={args.checkpoint!r} carries no experiment config; allowed: a checkpoint "
+        raise ConfigError(f"--checkpoint={args.checkpoint!r} carries no experiment config; allowed: a checkpoint "
                           "written by looplab train")
     cfg = ExperimentConfig.from_dict(experiment)
+    policies = (parse_policies(args.policies) if args.policies
+                else get_stage(cfg.stage).eval_policies(cfg.model.n_loops))
     batch = make_task(cfg.task, cfg.train.seq_len).eval_batch()
     if args.limit:
         batch = batch.slice(0, args.limit)
     device = resolve_device(args.device)
-    qs = [float(q) for q in args.q.split(",")]
-    modes = [m for m in args.modes.split(",") if m]
-    for m in modes:
-        if m not in ("dense", "skip"):
-            raise ConfigError(f"--modes entry {m!r} is invalid; allowed: dense | skip")
-    records = threshold_sweep(model.to(device), batch, qs=qs, modes=modes, forced=not args.no_forced,
-                              batch_size=args.batch_size, device=device, precision=cfg.train.precision)
+    records = evaluate_policies(model.to(device), batch, policies, batch_size=args.batch_size, device=device,
+                                precision=cfg.train.precision)
     print(format_table(records), file=sys.stderr)
     for r in records:
         print(json.dumps({"checkpoint": str(args.checkpoint), "stage": model.metadata.get("stage", ""), **r}))
@@ -105,8 +112,7 @@ def cmd_lm_eval(args) -> int:
     """lm-eval tasks (or the paper's seven-task suite) on a checkpoint; JSON results
     with each task's accuracy and executed loops."""
     tasks = [t for t in (args.tasks or "").split(",") if t]
-    model_args = {"mode": args.mode, "q": args.q, "depth": args.depth, "batch_size": args.batch_size,
-                  "device": args.device}
+    model_args = {"policy": args.policy, "batch_size": args.batch_size, "device": args.device}
     report = {"checkpoint": str(args.checkpoint), "suite": args.suite, **model_args, "limit": args.limit}
     if args.suite:
         from looplab.lm_eval_suite import run_suite
@@ -166,11 +172,13 @@ def cmd_bench(args) -> int:
     experiment = model.metadata.get("experiment")
     cfg = ExperimentConfig.from_dict(experiment) if experiment else None
     task = make_task(cfg.task, cfg.train.seq_len) if cfg is not None else None
+    from looplab.policy import parse_policies
+
     ints = lambda text: [int(x) for x in text.split(",") if x]  # noqa: E731
-    qs = [float(q) for q in args.q.split(",") if q] if args.q else []
+    policies = parse_policies(args.policies) if args.policies else []
     print(HEADER, file=sys.stderr)
     records = run_grid(model, task, batches=ints(args.batch), seq_lens=ints(args.seq_len),
-                       qs=qs, oracle_mean=args.oracle_mean, warmup=args.warmup, repeats=args.repeats,
+                       policies=policies, oracle_mean=args.oracle_mean, warmup=args.warmup, repeats=args.repeats,
                        packing=args.packing, device=resolve_device(args.device),
                        on_record=lambda r: print(format_record(r), file=sys.stderr, flush=True))
     dicts = records_as_dicts(records)
@@ -218,9 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--out", required=True, help="run directory: metrics.jsonl and checkpoint/")
     t.add_argument("--stop-at", type=int, default=None, help="stop (with a checkpoint) after this many steps")
     t.add_argument("--no-resume", action="store_true", help="ignore an existing checkpoint in OUT")
-    t.add_argument("--stage", choices=("pretrain", "stage1", "chase", "stage2"), default=None,
-                   help="training stage (default: the preset's, pretrain); continued stages use App. E's "
-                        "optimiser settings")
+    t.add_argument("--stage", choices=STAGE_NAMES, default=None,
+                   help="training stage (default pretrain); continued stages use their recipe from "
+                        "looplab/stages.py (App. E's optimiser settings), overrides still win")
     t.add_argument("--init", default=None, help="parent checkpoint a continued stage starts from")
     t.add_argument("overrides", nargs="*", help="KEY=VALUE, e.g. model.n_loops=1 train.steps=500")
     t.set_defaults(fn=cmd_train)
@@ -239,11 +247,11 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--seed", type=int, default=0)
     d.set_defaults(fn=cmd_data)
 
-    e = sub.add_parser("eval", help="threshold sweep: dense / skip / forced execution on the task's eval set")
+    e = sub.add_parser("eval", help="evaluate exit policies (full, forced, dense, skip) on the task's eval set")
     e.add_argument("--checkpoint", required=True)
-    e.add_argument("--q", default="0.2,0.4,0.6,0.8,1.0", help="comma-separated thresholds")
-    e.add_argument("--modes", default="dense,skip", help="comma-separated: dense, skip")
-    e.add_argument("--no-forced", action="store_true", help="skip the forced-depth rows (1..R)")
+    e.add_argument("--policies", default="",
+                   help="exit policies, e.g. 'full;dense:0.2,0.4;skip:0.2,0.4;forced:1-3' (default: what the "
+                        "checkpoint's stage evaluates: full depth, dense and skip at q in 0.2..1.0, forced 1..R-1)")
     e.add_argument("--limit", type=int, default=0, help="first N eval samples only")
     e.add_argument("--batch-size", type=int, default=64)
     e.add_argument("--device", default="auto")
@@ -259,9 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     le.add_argument("--include-path", default=None, help="directory of extra task YAMLs")
     le.add_argument("--local-data", default=None,
                     help="suite datasets from DIR/<task>/<split>.parquet (python -m looplab.lm_eval_suite export)")
-    le.add_argument("--mode", choices=("dense", "skip", "forced"), default="forced")
-    le.add_argument("--q", type=float, default=None, help="exit threshold (dense, skip)")
-    le.add_argument("--depth", type=int, default=None, help="forced mode's depth (default R)")
+    le.add_argument("--policy", default="full", help="exit policy: full | forced:D | dense:Q | skip:Q (default full)")
     le.add_argument("--limit", type=_limit, default=None, help="documents per task (or a fraction < 1)")
     le.add_argument("--batch-size", type=int, default=8)
     le.add_argument("--device", default="auto")
@@ -273,7 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--preset", default="", help="or a preset, freshly initialised (use --oracle-mean)")
     b.add_argument("--batch", default="1,8,16", help="comma-separated batch sizes")
     b.add_argument("--seq-len", default="512,1024", help="comma-separated sequence lengths")
-    b.add_argument("--q", default="", help="comma-separated gate thresholds")
+    b.add_argument("--policies", default="", help="skip policies to compare with full, e.g. skip:0.2,0.4")
     b.add_argument("--oracle-mean", type=float, default=None, help="oracle exits with this mean executed loops")
     b.add_argument("--packing", choices=("auto", "padded", "varlen"), default="auto")
     b.add_argument("--warmup", type=int, default=2)

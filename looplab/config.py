@@ -2,9 +2,16 @@
 
 Every config validates itself on construction, so a bad value fails with one line
 naming the field and what is allowed, before anything expensive starts. Configs are
-plain data: `to_dict` / `from_dict` round-trip through JSON, and `config_hash` names
-a configuration (seed excluded) so runs and folders are derived from content, never
-from timestamps.
+plain data: `to_dict` / `from_dict` round-trip through JSON.
+
+Keys by opt-in (as Marin's executor versions only the fields it is told to): a field
+that can change a run's result is declared with `keyed(...)`; everything else
+(logging, evaluation and checkpoint cadence, device, evaluation batch size, paths)
+never enters a key, so a re-run with another log interval reuses every stage. A
+stage's `stage_key` hashes its keyed fields (the model, the task, the training recipe,
+the sections its stage reads, the seed) and its parent stage's key; `config_hash` is
+the same without the seed, shared by the seeds of one configuration. Names of runs
+and folders derive from keys, never from timestamps.
 """
 
 from __future__ import annotations
@@ -18,6 +25,29 @@ from typing import Any, Union
 
 class ConfigError(ValueError):
     """A config value outside its allowed range. The message is one line."""
+
+
+KEY = "key"  # field metadata: the field can change a run's result, so it enters the run's key
+
+
+def keyed(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING) -> Any:
+    """A dataclass field that enters the keys of the runs it configures."""
+    return field(default=default, default_factory=default_factory, metadata={KEY: True})
+
+
+def key_values(obj: Any) -> dict[str, Any]:
+    """The keyed fields of a config dataclass, as JSON-able data."""
+    out = {}
+    for f in dataclasses.fields(obj):
+        if f.metadata.get(KEY):
+            value = getattr(obj, f.name)
+            out[f.name] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def unkeyed_fields(cls: type) -> list[str]:
+    """The fields of a config class that never enter a key."""
+    return [f.name for f in dataclasses.fields(cls) if not f.metadata.get(KEY)]
 
 
 def check(ok: bool, name: str, value: Any, allowed: str) -> None:
@@ -47,32 +77,32 @@ ARCHS = ("mamba2", "transformer", "hybrid")
 class ModelConfig:
     """A looped language model N⊗R: one N-layer backbone applied n_loops times."""
 
-    arch: str = "mamba2"
-    vocab_size: int = 64
-    d_model: int = 256
-    n_layers: int = 2  # N: independently parameterised layers
-    n_loops: int = 4  # R: applications of the shared backbone
+    arch: str = keyed("mamba2")
+    vocab_size: int = keyed(64)
+    d_model: int = keyed(256)
+    n_layers: int = keyed(2)  # N: independently parameterised layers
+    n_loops: int = keyed(4)  # R: applications of the shared backbone
     # Two residual mixer blocks per Mamba-2 layer: the paper's proxy for the
     # attention+MLP pair of a Transformer layer (Mano / p-hop models).
-    mixers_per_layer: int = 1
+    mixers_per_layer: int = keyed(1)
     # Mamba-2 mixer (names as in mamba_ssm.modules.mamba2.Mamba2).
-    d_state: int = 64
-    d_conv: int = 4
-    expand: int = 2
-    headdim: int = 64
-    ngroups: int = 1
-    chunk_size: int = 64
+    d_state: int = keyed(64)
+    d_conv: int = keyed(4)
+    expand: int = keyed(2)
+    headdim: int = keyed(64)
+    ngroups: int = keyed(1)
+    chunk_size: int = keyed(64)
     # Attention layers (transformer, hybrid).
-    attn_head_dim: int = 64
-    rope_dim: int = 64
-    rope_theta: float = 10000.0
+    attn_head_dim: int = keyed(64)
+    rope_dim: int = keyed(64)
+    rope_theta: float = keyed(10000.0)
     # Gated-MLP width of a transformer layer; 0 means "no MLP". None resolves to
     # the LLaMA default (8/3 d rounded up to a multiple of 64) for transformers
     # and to 0 for Mamba-2 and hybrid stacks, which have no external MLP.
-    d_intermediate: int | None = None
-    attn_layer_idx: tuple[int, ...] = ()  # hybrid only, 0-based
-    norm_eps: float = 1e-5
-    init_std: float = 0.02
+    d_intermediate: int | None = keyed(None)
+    attn_layer_idx: tuple[int, ...] = keyed(())  # hybrid only, 0-based
+    norm_eps: float = keyed(1e-5)
+    init_std: float = keyed(0.02)
 
     def __post_init__(self) -> None:
         name = "ModelConfig"
@@ -115,10 +145,6 @@ class ModelConfig:
             check(not self.attn_layer_idx, f"{name}.attn_layer_idx", self.attn_layer_idx,
                   "() unless arch='hybrid'")
 
-    @property
-    def n_attn_heads(self) -> int:
-        return self.d_model // self.attn_head_dim
-
     def layer_kinds(self) -> list[str]:
         """The mixer kind of each of the N layers: 'mamba2' or 'attention'."""
         if self.arch == "transformer":
@@ -132,12 +158,12 @@ class ModelConfig:
 class ManoConfig:
     """Mano (App. B): prefix arithmetic over F_23 with at most L operations."""
 
-    kind: str = "mano"
-    L: int = 10
-    eval_count: int = 2000
-    eval_seed: int = 20_231
+    kind: str = keyed("mano")
+    L: int = keyed(10)
+    eval_count: int = keyed(2000)
+    eval_seed: int = keyed(20_231)
     # Where the training loss applies: only at answer positions, or on every token.
-    loss: str = "answer"
+    loss: str = keyed("answer")
 
     def __post_init__(self) -> None:
         _choice(self, "kind", ("mano",))
@@ -156,12 +182,12 @@ class ManoConfig:
 class PhopConfig:
     """p-hop induction (App. C): alphabet a, sequence length n, p hops."""
 
-    kind: str = "phop"
-    n: int = 256
-    p: int = 16
-    alphabet: int = 4
-    eval_count: int = 10_000
-    eval_seed: int = 20_232
+    kind: str = keyed("phop")
+    n: int = keyed(256)
+    p: int = keyed(16)
+    alphabet: int = keyed(4)
+    eval_count: int = keyed(10_000)
+    eval_seed: int = keyed(20_232)
 
     def __post_init__(self) -> None:
         _choice(self, "kind", ("phop",))
@@ -190,15 +216,15 @@ class TextConfig:
     streaming: auto = stream hub datasets, hold embedded and local files in memory.
     """
 
-    kind: str = "text"
-    tokenizer: str = "mistral"  # mistral | bytes | a HuggingFace tokenizer name or path
-    dataset: str = "embedded"
-    dataset_config: str = ""  # hub dataset configuration (subset) name, "" for none
-    split: str = "train"  # hub split the documents come from
-    text_field: str = "text"  # the column holding a document (jsonl, parquet, hub)
-    streaming: str = "auto"  # auto | on | off
-    val_blocks: int = 64  # validation blocks of seq_len + 1 tokens
-    shuffle_buffer: int = 1000  # blocks in the streaming shuffle buffer
+    kind: str = keyed("text")
+    tokenizer: str = keyed("mistral")  # mistral | bytes | a HuggingFace tokenizer name or path
+    dataset: str = keyed("embedded")
+    dataset_config: str = keyed("")  # hub dataset configuration (subset) name, "" for none
+    split: str = keyed("train")  # hub split the documents come from
+    text_field: str = keyed("text")  # the column holding a document (jsonl, parquet, hub)
+    streaming: str = keyed("auto")  # auto | on | off
+    val_blocks: int = keyed(64)  # validation blocks of seq_len + 1 tokens
+    shuffle_buffer: int = keyed(1000)  # blocks in the streaming shuffle buffer
 
     def __post_init__(self) -> None:
         _choice(self, "kind", ("text",))
@@ -228,25 +254,27 @@ TASK_KINDS: dict[str, type] = {"mano": ManoConfig, "phop": PhopConfig, "text": T
 class TrainConfig:
     """One training run: AdamW, linear warmup then cosine decay to a floor."""
 
-    steps: int = 200
-    batch_size: int = 16
-    seq_len: int = 128  # context length of a training sequence (packed tasks)
-    lr: float = 1e-3
-    min_lr_ratio: float = 0.1  # cosine floor, as a fraction of lr
-    warmup_steps: int = 20
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    adam_eps: float = 1e-8
-    grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
+    # The recipe: these can change the result, so they enter the run's key.
+    steps: int = keyed(200)
+    batch_size: int = keyed(16)  # global batch (sequences per optimizer step)
+    seq_len: int = keyed(128)  # context length of a training sequence (packed tasks)
+    lr: float = keyed(1e-3)
+    min_lr_ratio: float = keyed(0.1)  # cosine floor, as a fraction of lr
+    warmup_steps: int = keyed(20)
+    weight_decay: float = keyed(0.1)
+    beta1: float = keyed(0.9)
+    beta2: float = keyed(0.95)
+    adam_eps: float = keyed(1e-8)
+    grad_clip: float = keyed(1.0)  # max global grad norm; 0 disables clipping
+    precision: str = keyed("auto")  # auto: bf16 autocast on CUDA, fp32 on CPU
+    eval_limit: int = keyed(0)  # evaluate on the first K eval samples; 0 = all (changes the logged result)
+    seed: int = keyed(0)
+    # How the run is carried out and watched: never in a key.
     eval_every: int = 100  # 0: evaluate only at the end
     eval_batch_size: int = 64
-    eval_limit: int = 0  # evaluate on the first K eval samples; 0 = all
     log_every: int = 10
     ckpt_every: int = 0  # 0: checkpoint only at the end
-    precision: str = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
     device: str = "auto"
-    seed: int = 0
 
     def __post_init__(self) -> None:
         _pos_int(self, "steps", "batch_size", "seq_len", "eval_batch_size", "log_every")
@@ -262,18 +290,15 @@ class TrainConfig:
         _choice(self, "device", ("auto", "cpu", "cuda"))
 
 
-STAGES = ("pretrain", "stage1", "chase", "stage2")
-
-
 @dataclass(frozen=True)
 class ExitConfig:
     """The exit gate's objectives: Stage-1 (entropy-regularised expected loss) and
     Stage-2 (continuation targets from loss improvements)."""
 
-    beta: float = 0.25  # Stage-1 entropy coefficient
-    entropy_eps: float = 1e-8  # ε inside the log of H(π)
-    kappa: float = 50.0  # Stage-2 target sharpness
-    gamma: float = 0.005  # Stage-2 minimum improvement
+    beta: float = keyed(0.25)  # Stage-1 entropy coefficient
+    entropy_eps: float = keyed(1e-8)  # ε inside the log of H(π)
+    kappa: float = keyed(50.0)  # Stage-2 target sharpness
+    gamma: float = keyed(0.005)  # Stage-2 minimum improvement
 
     def __post_init__(self) -> None:
         check(self.beta >= 0, "ExitConfig.beta", self.beta, "a float >= 0")
@@ -295,15 +320,15 @@ class HoleConfig:
       stochastic rounding (floor + Bernoulli(fraction)) keeps E[step] = depth.
     """
 
-    sampler: str = "depth"
-    rho: float = 1.0
-    hp: float = 0.5
-    lo: float = 1.85
-    hi: float = 3.45
-    bins: int = 8
-    rounding: str = "stochastic"
-    q_low: float = 0.2
-    q_high: float = 0.8
+    sampler: str = keyed("depth")
+    rho: float = keyed(1.0)
+    hp: float = keyed(0.5)
+    lo: float = keyed(1.85)
+    hi: float = keyed(3.45)
+    bins: int = keyed(8)
+    rounding: str = keyed("stochastic")
+    q_low: float = keyed(0.2)
+    q_high: float = keyed(0.8)
 
     def __post_init__(self) -> None:
         _choice(self, "sampler", ("depth", "threshold"))
@@ -318,37 +343,57 @@ class HoleConfig:
 
 
 @dataclass(frozen=True)
+class ParentRef:
+    """The stage a continued stage starts from. key and group name it by content (its
+    stage_key and its config_hash); checkpoint is where its weights are, which never
+    enters a key: the same sweep under another storage path has the same keys."""
+
+    stage: str
+    key: str  # the parent's stage_key (seed included)
+    group: str  # the parent's config_hash (seed excluded): seeds of one configuration share it
+    checkpoint: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("stage", "key", "group"):
+            v = getattr(self, name)
+            check(isinstance(v, str) and v != "", f"ParentRef.{name}", v, "a non-empty string")
+        check(isinstance(self.checkpoint, str), "ParentRef.checkpoint", self.checkpoint, "a directory path")
+
+
+@dataclass(frozen=True)
 class ExperimentConfig:
-    """Everything one run needs: the model, the task and the training recipe."""
+    """Everything one run needs: the model, the task, the training recipe, the stage
+    (looplab/stages.py) and, for a continued stage, the parent it starts from."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=PhopConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
-    stage: str = "pretrain"  # pretrain (final-loop) | stage1 | chase | stage2
-    init_from: str = ""  # the parent stage's checkpoint directory ("" = fresh init)
-    # The parent's stage and config hash, when known (pipelines set it). The hash then names the
-    # parent by content, not by where its checkpoint lies: the same sweep under another
-    # storage path, or a dry run, gets the same stage keys.
-    parent_key: str = ""
+    stage: str = "pretrain"
+    parent: ParentRef | None = None  # None: a fresh initialisation (pre-training)
     exit: ExitConfig = field(default_factory=ExitConfig)
     hole: HoleConfig = field(default_factory=HoleConfig)
-    preset: str = ""  # the preset it derives from, for people reading configs
+    preset: str = ""  # the preset it derives from, for people reading configs (never in a key)
 
     def __post_init__(self) -> None:
-        _choice(self, "stage", STAGES)
-        check(self.stage == "pretrain" or bool(self.init_from), "ExperimentConfig.init_from", self.init_from,
-              f"a checkpoint directory for stage={self.stage!r} (it continues a trained model)")
-        check(not self.parent_key or bool(self.init_from), "ExperimentConfig.parent_key", self.parent_key,
-              "'' when init_from is empty (it names init_from's stage)")
-        if self.stage != "pretrain":
-            check(self.model.n_loops >= 2, "ModelConfig.n_loops", self.model.n_loops,
-                  f"an integer >= 2 for stage={self.stage!r} (an exit gate needs a choice of steps)")
-        if self.stage == "chase" and self.hole.sampler == "depth":
-            check(self.hole.hi <= self.model.n_loops, "HoleConfig.hi", self.hole.hi,
-                  f"a float in [lo={self.hole.lo}, R={self.model.n_loops}]")
+        from looplab.stages import STAGE_NAMES, get_stage  # the registry imports this module
+
+        _choice(self, "stage", STAGE_NAMES)
+        stage = get_stage(self.stage)
+        if stage.continues:
+            check(self.parent is not None, "ExperimentConfig.parent", self.parent,
+                  f"the checkpoint a {self.stage!r} stage continues (it starts from a trained model)")
+        else:
+            check(self.parent is None, "ExperimentConfig.parent", self.parent,
+                  f"None for stage={self.stage!r} (it starts from a fresh initialisation)")
+        stage.check(self)
         need = self.task.vocab_size
         check(self.model.vocab_size >= need, "ModelConfig.vocab_size", self.model.vocab_size,
               f"an integer >= {need}, the {self.task.kind} task's vocabulary")
+
+    @property
+    def init_from(self) -> str:
+        """The parent's checkpoint directory ("" for a fresh initialisation)."""
+        return self.parent.checkpoint if self.parent is not None else ""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -358,42 +403,63 @@ class ExperimentConfig:
         task = dict(d.get("task", {}))
         kind = task.get("kind", "phop")
         check(kind in TASK_KINDS, "task.kind", kind, " | ".join(TASK_KINDS))
-        known = {"model", "task", "train", "stage", "init_from", "parent_key", "exit", "hole", "preset"}
+        known = {"model", "task", "train", "stage", "parent", "exit", "hole", "preset"}
         for k in d:
             check(k in known, k, d[k], "one of " + ", ".join(sorted(known)))
+        parent = d.get("parent")
         return cls(
             model=_build(ModelConfig, d.get("model", {}), "model"),
             task=_build(TASK_KINDS[kind], task, "task"),
             train=_build(TrainConfig, d.get("train", {}), "train"),
             stage=d.get("stage", "pretrain"),
-            init_from=d.get("init_from", ""),
-            parent_key=d.get("parent_key", ""),
+            parent=_build(ParentRef, parent, "parent") if parent else None,
             exit=_build(ExitConfig, d.get("exit", {}), "exit"),
             hole=_build(HoleConfig, d.get("hole", {}), "hole"),
             preset=d.get("preset", ""),
         )
 
-    def config_hash(self) -> str:
-        """Content hash of the configuration, seed excluded (runs that differ only
-        in seed share it). 12 hex digits of SHA-256 over canonical JSON."""
-        d = self.to_dict()
-        d["train"].pop("seed")
-        d.pop("preset")
-        if d["parent_key"]:
-            d.pop("init_from")
-        else:
-            d.pop("parent_key")  # hashes of configs without one stay as they were
-        # Sections a stage does not read must not split its hash: every β trial of
-        # Stage-1 continues the same pre-training run.
-        if d["stage"] != "chase":
-            d.pop("hole")
-        if d["stage"] == "pretrain":
-            d.pop("exit")
-        blob = json.dumps(d, sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+    # ---- keys --------------------------------------------------------------------------
+    def key_payload(self, *, seed: bool = True) -> dict[str, Any]:
+        """Exactly what can change this stage's result: its stage, the keyed fields of
+        model, task and train and of the sections its stage reads, and its parent's
+        key (its group hash when the seed is left out)."""
+        from looplab.stages import get_stage
 
-    def trial_key(self) -> str:
-        return f"{self.config_hash()}-s{self.train.seed}"
+        payload: dict[str, Any] = {"stage": self.stage, "model": key_values(self.model),
+                                   "task": key_values(self.task), "train": key_values(self.train)}
+        for section in get_stage(self.stage).reads:
+            payload[section] = key_values(getattr(self, section))
+        if not seed:
+            payload["train"].pop("seed")
+        if self.parent is not None:
+            payload["parent"] = self.parent.key if seed else self.parent.group
+        return payload
+
+    def key_fields(self) -> list[str]:
+        """The dotted names of the config fields the stage key hashes (checkpoints record them)."""
+        payload = self.key_payload()
+        return sorted(f"{section}.{name}" if isinstance(values, dict) else section
+                      for section, values in payload.items()
+                      for name in (values if isinstance(values, dict) else [None]))
+
+    def stage_key(self) -> str:
+        """Names this stage by content (seed included): 12 hex digits of SHA-256 over
+        canonical JSON of key_payload(). Its folder and MLflow runs derive from it."""
+        return _digest(self.key_payload())
+
+    def config_hash(self) -> str:
+        """stage_key without the seed, chained through the parents' config hashes: the
+        seeds of one configuration share it (analysis aggregates seeds by it)."""
+        return _digest(self.key_payload(seed=False))
+
+    def as_parent(self, checkpoint: str = "") -> ParentRef:
+        """This stage as the parent of the next one."""
+        return ParentRef(stage=self.stage, key=self.stage_key(), group=self.config_hash(), checkpoint=checkpoint)
+
+
+def _digest(payload: dict[str, Any]) -> str:
+    blob = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
 def _build(cls: type, values: dict[str, Any], prefix: str) -> Any:
@@ -416,8 +482,10 @@ def parse_value(text: str) -> Any:
 
 def apply_overrides(cfg: ExperimentConfig, overrides: dict[str, Any]) -> ExperimentConfig:
     """Return cfg with dotted overrides applied, e.g. {"model.n_loops": 1,
-    "train.steps": 50}. A bare name is looked up in model, then train, then task.
-    Changing task.kind resets the task to that kind's defaults first."""
+    "train.steps": 50}. A bare name is looked up in model, then train, then task;
+    the bare names stage and parent (a ParentRef or None) set those. Changing
+    task.kind resets the task to that kind's defaults first. The result is validated
+    once, after every override is in."""
     d = cfg.to_dict()
     # Presets size the vocabulary to their task; keep it following the task when an
     # override changes the task's vocabulary (e.g. task.L) unless it is set itself.
@@ -426,8 +494,8 @@ def apply_overrides(cfg: ExperimentConfig, overrides: dict[str, Any]) -> Experim
     sections = ("model", "train", "task", "exit", "hole")
     for key, value in overrides.items():
         section, _, name = key.rpartition(".")
-        if not section and name in ("stage", "init_from", "parent_key"):
-            d[name] = value
+        if not section and name in ("stage", "parent"):
+            d[name] = dataclasses.asdict(value) if isinstance(value, ParentRef) else value
             continue
         if not section:
             for candidate in sections:
@@ -435,7 +503,7 @@ def apply_overrides(cfg: ExperimentConfig, overrides: dict[str, Any]) -> Experim
                     section = candidate
                     break
             else:
-                raise ConfigError(f"override {key!r} names no field of {', '.join(sections)}, stage, init_from or parent_key")
+                raise ConfigError(f"override {key!r} names no field of {', '.join(sections)}, stage or parent")
         check(section in sections, "override section", section, " | ".join(sections))
         if section == "task" and name == "kind" and value != d["task"].get("kind"):
             check(value in TASK_KINDS, "task.kind", value, " | ".join(TASK_KINDS))

@@ -1,5 +1,11 @@
-"""Evaluation of a looped model on a task's fixed evaluation set, under dense,
-skip and forced-depth execution, and threshold sweeps over q."""
+"""Evaluation of a looped model on a task's fixed evaluation set under exit policies
+(looplab/policy.py): full depth, forced depths, dense and skip at thresholds q.
+
+Every record has the same fields: policy (its spec, e.g. "skip:0.4"), accuracy (exact
+match at the target positions), loss and ppl (mean CE there), mean_exit_step (at the
+target positions), executed_loops (mean over all tokens of the loops each ran) and
+backbone_flops_per_token (the backbone work actually run), n (target positions).
+"""
 
 from __future__ import annotations
 
@@ -8,11 +14,9 @@ import math
 
 import torch
 
-from looplab.models.execution import ExitTracker, execute
-from looplab.objectives import token_losses
+from looplab.policy import DENSE, GATE, SKIP, ExitPolicy, threshold_exit_steps
 from looplab.tasks.base import IGNORE_INDEX, Batch, exact_match_counts
-
-DEFAULT_QS = (0.2, 0.4, 0.6, 0.8, 1.0)
+from looplab.objectives import token_losses
 
 
 def autocast_context(device: torch.device, precision: str):
@@ -22,14 +26,19 @@ def autocast_context(device: torch.device, precision: str):
     return contextlib.nullcontext()
 
 
+def _record(policy: ExitPolicy, correct: int, loss_sum: float, exit_sum: float, loops: float, flops: float,
+            total: int) -> dict:
+    if total == 0:
+        raise ValueError("evaluation set has no target positions")
+    loss = loss_sum / total
+    return {"policy": policy.spec, "accuracy": correct / total, "loss": loss, "ppl": math.exp(min(loss, 50.0)),
+            "mean_exit_step": exit_sum / total, "executed_loops": loops, "backbone_flops_per_token": flops, "n": total}
+
 
 @torch.no_grad()
-def evaluate_execution(model, batch: Batch, *, mode: str = "forced", q: float | None = None,
-                       depth: int | None = None, batch_size: int = 64, device: torch.device | str = "cpu",
-                       precision: str = "auto") -> dict[str, float]:
-    """Exact match, mean CE and perplexity at the target positions under one
-    execution mode, with the mean exit step (at target positions), the executed
-    loops (mean over all tokens) and the backbone FLOPs run per token."""
+def evaluate_policy(model, batch: Batch, policy: ExitPolicy, *, batch_size: int = 64,
+                    device: torch.device | str = "cpu", precision: str = "auto") -> dict:
+    """The record of one policy, from its own forward pass over the evaluation set."""
     device = torch.device(device)
     was_training = model.training
     model.eval()
@@ -39,7 +48,7 @@ def evaluate_execution(model, batch: Batch, *, mode: str = "forced", q: float | 
     for start in range(0, len(batch), batch_size):
         part = batch.slice(start, start + batch_size).to(device)
         with autocast_context(device, precision):
-            out = model(part.ids, mode=mode, q=q, depth=depth)
+            out = model(part.ids, policy)
         mask = part.targets != IGNORE_INDEX
         c, n = exact_match_counts(out.logits, part.targets)
         correct, total = correct + c, total + n
@@ -49,104 +58,81 @@ def evaluate_execution(model, batch: Batch, *, mode: str = "forced", q: float | 
         flops += out.backbone_flops
         tokens += part.ids.numel()
     model.train(was_training)
-    if total == 0:
-        raise ValueError("evaluation set has no target positions")
-    loss = loss_sum / total
-    forced_depth = (depth or model.cfg.n_loops) if mode == "forced" else None
-    return {"mode": mode, "q": q, "depth": forced_depth, "accuracy": correct / total,
-            "loss": loss, "ppl": math.exp(min(loss, 50.0)), "mean_exit_step": exit_sum / total,
-            "executed_loops": loops_sum / tokens, "backbone_flops_per_token": flops / tokens, "n": total}
+    return _record(policy, correct, loss_sum, exit_sum, loops_sum / tokens, flops / tokens, total)
 
 
-def evaluate_exact_match(model, batch: Batch, **kw) -> dict[str, float]:
-    """The fixed-loop evaluation: every token runs all R steps, readout at R."""
-    return evaluate_execution(model, batch, mode="forced", **kw)
-
-
-def threshold_sweep(model, batch: Batch, *, qs=DEFAULT_QS, modes=("dense", "skip"), forced: bool = True,
-                    **kw) -> list[dict[str, float]]:
-    """One record per (mode, q) and, with forced, per forced depth 1..R.
-
-    Dense execution runs every step for every token whatever q is, and forced depth
-    d reads out the state every token has after step d: all of them are readouts of
-    one dense pass, so they come from one (evaluate_readouts). Skip execution changes
-    the states themselves and runs once per q."""
-    dense_qs = list(qs) if "dense" in modes else []
-    shared = evaluate_readouts(model, batch, qs=dense_qs, forced=forced, **kw) if (dense_qs or forced) else []
-    skip = [evaluate_execution(model, batch, mode="skip", q=q, **kw) for q in qs] if "skip" in modes else []
-    dense = [r for r in shared if r["mode"] == "dense"]
-    return dense + skip + [r for r in shared if r["mode"] == "forced"]
+def evaluate_policies(model, batch: Batch, policies, **kw) -> list[dict]:
+    """One record per policy, in the order given. Full depth, forced depths and dense
+    execution run every token through the same steps and only read out different ones,
+    so they all come from one dense pass (evaluate_readouts); each skip policy changes
+    the states themselves and runs its own pass."""
+    policies = list(policies)
+    readable = [p for p in policies if p.execution != SKIP]
+    shared = dict(zip(readable, evaluate_readouts(model, batch, readable, **kw))) if readable else {}
+    return [shared[p] if p in shared else evaluate_policy(model, batch, p, **kw) for p in policies]
 
 
 @torch.no_grad()
-def evaluate_readouts(model, batch: Batch, *, qs=DEFAULT_QS, forced: bool = True, batch_size: int = 64,
-                      device: torch.device | str = "cpu", precision: str = "auto") -> list[dict[str, float]]:
-    """The records evaluate_execution gives for dense execution at each q and for
-    forced depths 1..R, from one dense pass that keeps every step: per step, each
-    target's CE and correctness; a policy then picks one step per token."""
+def evaluate_readouts(model, batch: Batch, policies, *, batch_size: int = 64, device: torch.device | str = "cpu",
+                      precision: str = "auto") -> list[dict]:
+    """The records of full, forced and dense policies (gate or no gate) from one dense
+    pass that keeps every step: per step, each target's CE and correctness; a policy
+    then picks one step per token. The LM head runs only on the steps some policy
+    reads (all of them for a dense policy; step R alone for full depth)."""
     device = torch.device(device)
+    policies = list(policies)
+    for p in policies:
+        if p.execution == SKIP or (p.execution == DENSE and p.rule != GATE):
+            raise ValueError(f"evaluate_readouts reads full, forced and dense-at-q policies, not {p.spec}")
+        p.check(model.cfg.n_loops)
     was_training = model.training
     model.eval()
     R = model.cfg.n_loops
-    policies = [("dense", q) for q in qs] + ([("forced", d) for d in range(1, R + 1)] if forced else [])
+    read = sorted({r for p in policies for r in (range(1, R + 1) if p.execution == DENSE else [p.loops_run(R)])})
     sums = {p: {"correct": 0, "loss": 0.0, "exit": 0.0} for p in policies}
     total = 0
     for start in range(0, len(batch), batch_size):
         part = batch.slice(start, start + batch_size).to(device)
+        mask = part.targets != IGNORE_INDEX
         with autocast_context(device, precision):
-            out = execute(model, part.ids, mode="dense", keep_steps=True, readout="last")
-            mask = part.targets != IGNORE_INDEX
-            per_step_loss, per_step_correct = [], []
-            for h in out.step_hidden:  # one LM-head pass per step, reduced at once: no (R, B, L, V) buffer
-                logits = model.logits(h)
-                per_step_loss.append(token_losses(logits, part.targets).float())
-                per_step_correct.append(logits.argmax(dim=-1) == part.targets)
-        losses, corrects = torch.stack(per_step_loss), torch.stack(per_step_correct)  # (R, B, L)
+            # Full depth keeping every step's state and gate logits, no logits yet.
+            out = model(part.ids, ExitPolicy.full(), all_steps=True, readout="none")
+            loss_at, correct_at = {}, {}
+            for r in read:  # one LM-head pass per step, reduced at once: no (R, B, L, V) buffer
+                logits = model.logits(out.step_hidden[r - 1])
+                loss_at[r] = token_losses(logits, part.targets).float()
+                correct_at[r] = logits.argmax(dim=-1) == part.targets
         for policy in policies:
-            mode, value = policy
-            if mode == "forced":
-                exit_step = torch.full_like(part.ids, value)
+            if policy.execution == DENSE:
+                exit_step = threshold_exit_steps(out.gate_logits, policy.q)
+                losses = torch.stack([loss_at[r] for r in range(1, R + 1)])
+                corrects = torch.stack([correct_at[r] for r in range(1, R + 1)])
+                pick = (exit_step - 1).unsqueeze(0)
+                loss, correct = losses.gather(0, pick)[0], corrects.gather(0, pick)[0]
             else:
-                exit_step = dense_exit_steps(out.gate_logits, value, R)
-            pick = (exit_step - 1).unsqueeze(0)
+                d = policy.loops_run(R)
+                exit_step = torch.full_like(part.ids, d)
+                loss, correct = loss_at[d], correct_at[d]
             acc = sums[policy]
-            acc["loss"] += float(losses.gather(0, pick)[0][mask].sum())
-            acc["correct"] += int(corrects.gather(0, pick)[0][mask].sum())
+            acc["loss"] += float(loss[mask].sum())
+            acc["correct"] += int(correct[mask].sum())
             acc["exit"] += float(exit_step[mask].float().sum())
         total += int(mask.sum())
     model.train(was_training)
-    if total == 0:
-        raise ValueError("evaluation set has no target positions")
-    # Every token of a policy runs the same loops: dense all R (its exit only picks the
-    # readout), forced d its d; every sequence of the batch has the same length.
+    # Every token of these policies runs the same loops (dense all R: its exit only
+    # picks the readout; forced d its d); every sequence has the same length.
     step_flops = model.step_flops(batch.ids.shape[1])
     records = []
-    for (mode, value), acc in sums.items():
-        loops = value if mode == "forced" else R
-        loss = acc["loss"] / total
-        records.append({"mode": mode, "q": value if mode == "dense" else None,
-                        "depth": value if mode == "forced" else None, "accuracy": acc["correct"] / total,
-                        "loss": loss, "ppl": math.exp(min(loss, 50.0)), "mean_exit_step": acc["exit"] / total,
-                        "executed_loops": float(loops), "backbone_flops_per_token": float(loops * step_flops),
-                        "n": total})
+    for policy, acc in sums.items():
+        loops = policy.loops_run(R)
+        records.append(_record(policy, acc["correct"], acc["loss"], acc["exit"], float(loops),
+                               float(loops * step_flops), total))
     return records
 
 
-def dense_exit_steps(gate_logits: torch.Tensor, q: float, n_loops: int) -> torch.Tensor:
-    """Each token's exit step under threshold q from its gate logits (R-1, B, L):
-    the first step whose exit CDF reaches q, else R (the rule ExitTracker applies)."""
-    tracker = ExitTracker(gate_logits[0], q)
-    exit_step = torch.full(gate_logits.shape[1:], n_loops, dtype=torch.long, device=gate_logits.device)
-    for r in range(1, n_loops):
-        exit_step = torch.where(tracker.update(gate_logits[r - 1]) & (exit_step == n_loops), r, exit_step)
-    return exit_step
-
-
 def format_table(records: list[dict]) -> str:
-    rows = ["mode    q     depth  exit   loops  ppl        acc", "-" * 52]
+    rows = ["policy       exit   loops  ppl        acc", "-" * 44]
     for r in records:
-        q = "" if r["q"] is None else f"{r['q']:.2f}"
-        depth = "" if r.get("depth") is None else str(r["depth"])
-        rows.append(f"{r['mode']:7s} {q:5s} {depth:6s} {r['mean_exit_step']:5.2f}  {r['executed_loops']:5.2f}  "
+        rows.append(f"{r['policy']:11s}  {r['mean_exit_step']:5.2f}  {r['executed_loops']:5.2f}  "
                     f"{r['ppl']:9.4f}  {r['accuracy']:.4f}")
     return "\n".join(rows)

@@ -4,17 +4,17 @@ Importing this module registers the model name `looplab` with lm-eval, so
 
     import looplab.lm_eval
     lm_eval.simple_evaluate(model="looplab",
-                            model_args="checkpoint=PATH,mode=skip,q=0.4,batch_size=8,device=cpu",
+                            model_args="checkpoint=PATH,policy=skip:0.4,batch_size=8,device=cpu",
                             tasks=["piqa"])
 
-works, as does passing an instance (`LoopLabLM(checkpoint=PATH, mode="skip", q=0.4)`)
+works, as does passing an instance (`LoopLabLM(checkpoint=PATH, policy="skip:0.4")`)
 as `model=`. lm-eval has no plugin discovery for models, so the import is needed;
 `evaluate_tasks` below and the `looplab lm-eval` command do it for you. `import
 looplab` alone never imports lm-eval.
 
-Model args: checkpoint (a checkpoint directory, or a LoopedLM object), mode
-(dense | skip | forced, default forced = every token runs the model's R steps),
-q (exit threshold; dense and skip), depth (forced only; default R), batch_size,
+Model args: checkpoint (a checkpoint directory, or a LoopedLM object), policy (an
+ExitPolicy or its spec: full (default: every token runs the model's R steps) |
+forced:D | dense:Q | skip:Q, see looplab/policy.py), batch_size,
 device, max_length (default: the context the checkpoint trained with, else 2048),
 tokenizer (default: the checkpoint's metadata["tokenizer"]), add_bos_token (default
 true: every context starts with <bos>, as Mistral-style documents do), max_gen_toks,
@@ -44,10 +44,10 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
 from looplab.config import ConfigError
+from looplab.policy import ExitPolicy
 from looplab.train import resolve_device
 
 MODEL_NAME = "looplab"
-MODES = ("dense", "skip", "forced")
 DEFAULT_MAX_LENGTH = 2048
 DEFAULT_MAX_GEN_TOKS = 256
 
@@ -78,8 +78,7 @@ def _as_int(name: str, value: Any, minimum: int = 1) -> int:
 class LoopLabLM(TemplateLM):
     """A LoopedLM behind lm-eval's TemplateLM interface (see the module docstring)."""
 
-    def __init__(self, checkpoint=None, mode: str = "forced", q: float | None = None, depth: int | None = None,
-                 batch_size: int | str = 8, device: str | None = "auto", max_length: int | None = None,
+    def __init__(self, checkpoint=None, policy: ExitPolicy | str = "full", batch_size: int | str = 8, device: str | None = "auto", max_length: int | None = None,
                  tokenizer=None, add_bos_token: bool = True, max_gen_toks: int = DEFAULT_MAX_GEN_TOKS,
                  precision: str = "auto", max_batch_size: int | None = None):
         # max_batch_size: lm-eval passes it to every model; there is no auto batch size here.
@@ -98,7 +97,8 @@ class LoopLabLM(TemplateLM):
                                   "(needs config.json and model.safetensors)")
             self.model, self.checkpoint = load_model(checkpoint), str(checkpoint)
         self.n_loops = self.model.cfg.n_loops
-        self.mode, self.q, self.depth = self._check_execution(mode, q, depth)
+        self.policy = policy if isinstance(policy, ExitPolicy) else ExitPolicy.parse(policy)
+        self.policy.check(self.n_loops)
         if precision not in ("auto", "fp32", "bf16"):
             raise ConfigError(f"precision={precision!r} is invalid; allowed: auto | fp32 | bf16")
         self.precision = precision
@@ -114,25 +114,6 @@ class LoopLabLM(TemplateLM):
         self._request_tasks: list[str | None] | None = None
 
     # ---- configuration ---------------------------------------------------------
-    def _check_execution(self, mode, q, depth):
-        if mode not in MODES:
-            raise ConfigError(f"mode={mode!r} is invalid; allowed: {' | '.join(MODES)}")
-        if q is not None:
-            if mode == "forced":
-                raise ConfigError(f"q={q!r} does not apply to mode=forced; allowed: q with mode=dense | skip")
-            q = float(q)
-            if not 0.0 <= q <= 1.0:
-                raise ConfigError(f"q={q!r} is invalid; allowed: a float in [0, 1]")
-        elif mode == "skip":
-            raise ConfigError("mode=skip needs q (the exit threshold), e.g. q=0.4")
-        if depth is not None:
-            if mode != "forced":
-                raise ConfigError(f"depth={depth!r} applies to mode=forced only (mode={mode!r})")
-            depth = _as_int("depth", depth)
-            if depth > self.n_loops:
-                raise ConfigError(f"depth={depth} is invalid; allowed: an integer in [1, R={self.n_loops}]")
-        return mode, q, depth
-
     def _trained_context(self) -> int:
         train = (self.model.metadata.get("experiment") or {}).get("train") or {}
         return int(train.get("seq_len") or DEFAULT_MAX_LENGTH)
@@ -154,8 +135,7 @@ class LoopLabLM(TemplateLM):
     def get_model_info(self) -> dict[str, Any]:
         """Merged by lm-eval into results["config"] after the run, so a plain
         simple_evaluate(model="looplab", ...) also carries the executed loops."""
-        return {"checkpoint": self.checkpoint, "mode": self.mode, "q": self.q, "depth": self.depth,
-                "n_loops": self.n_loops, "max_length": self.max_length, "tokenizer": self.tokenizer_name,
+        return {"checkpoint": self.checkpoint, "policy": self.policy.spec, "n_loops": self.n_loops, "max_length": self.max_length, "tokenizer": self.tokenizer_name,
                 "add_bos_token": self.add_bos_token, "executed_loops": self.executed_loops,
                 "executed_loops_by_task": self.executed_loops_by_task}
 
@@ -286,12 +266,13 @@ class LoopLabLM(TemplateLM):
             mask[i, :len(row)] = True
         ids, mask = ids.to(self._device), mask.to(self._device)
         with autocast_context(self._device, self.precision):
-            out = self.model(ids, mode=self.mode, q=self.q, depth=self.depth, mask=mask)
+            out = self.model(ids, self.policy, mask=mask)
         real = int(mask.sum())
         self._tally.add(out.executed_loops * real, real)
         # Dense runs every token through all R steps (its gate only picks the
         # readout), so its exit steps are not what ran.
-        steps = torch.full_like(out.exit_step, self.n_loops) if self.mode == "dense" else out.exit_step
+        fixed = self.policy.loops_run(self.n_loops)
+        steps = out.exit_step if fixed is None else torch.full_like(out.exit_step, fixed)
         per_row = (steps * mask).sum(dim=1).tolist()
         for row, task, step_tokens in zip(rows, tasks, per_row):
             self._tally_by_task[task].add(step_tokens, len(row))
@@ -402,7 +383,7 @@ def evaluate_tasks(checkpoint_or_model, tasks: list, *, include_path: str | os.P
     """Run lm-eval's simple_evaluate on `tasks` (names, config dicts or Task
     objects) and put each task's (and group's) executed loops beside its metrics,
     as results["results"][name]["executed_loops"]. model_args go to LoopLabLM
-    (mode, q, depth, batch_size, device, ...). bootstrap_iters is lm-eval's default;
+    (policy, batch_size, device, ...). bootstrap_iters is lm-eval's default;
     accuracies' standard errors are closed-form and cost nothing."""
     import lm_eval
 

@@ -1,6 +1,6 @@
 """The paper's downstream suite: seven lm-eval multiple-choice tasks at its shot counts.
 
-    run_suite("runs/lm/checkpoint", mode="skip", q=0.4, limit=100)
+    run_suite("runs/lm/checkpoint", policy="skip:0.4", limit=100)
     run_suite(model, local_data_dir="data/lm_eval")      # offline, see below
 
 Each task runs from lm-eval's own built-in YAML (prompt, choices, splits, metrics)
@@ -128,8 +128,8 @@ def _local_dataset(task: str, config: dict[str, Any], root: Path) -> dict[str, A
             "dataset_kwargs": {"data_files": {split: str(p) for split, p in files.items()}}}
 
 
-def run_suite(checkpoint_or_model, mode: str | None = None, q: float | None = None, limit: int | float | None = None,
-              local_data_dir: str | os.PathLike | None = None, *, tasks=None, depth: int | None = None,
+def run_suite(checkpoint_or_model, policy=None, limit: int | float | None = None,
+              local_data_dir: str | os.PathLike | None = None, *, tasks=None,
               metrics: dict[str, str] | None = None, shots: dict[str, int] | None = None,
               **model_args) -> dict[str, Any]:
     """Evaluate a checkpoint path, a LoopedLM or a LoopLabLM on the suite.
@@ -143,7 +143,7 @@ def run_suite(checkpoint_or_model, mode: str | None = None, q: float | None = No
     metrics = {**SUITE_METRICS, **(metrics or {})}
     configs = suite_configs(tasks, local_data_dir, shots)
     results = evaluate_tasks(checkpoint_or_model, configs, limit=limit, manager=make_task_manager(),
-                             mode=mode, q=q, depth=depth, **model_args)
+                             policy=policy, **model_args)
     return summarize(results, tasks, metrics)
 
 

@@ -1,4 +1,16 @@
-"""Exit distributions and training objectives (paper §3, App. A, App. E).
+"""Exit distributions and training objectives (paper §3, App. A, App. E), and the loss
+of one minibatch in each training stage (the registry in looplab/stages.py names
+them `<stage>_minibatch`):
+
+pretrain  CE at the final step R (the fixed-loop objective).
+stage1    Σ_r π^(r) ℓ^(r) − β H(π) on the dense forward; trains backbone and gate.
+chase     with probability ρ the cache-hole branch, else the dense Stage-1 branch:
+            threshold holes: skip forward at q ~ D_hole, gate under stop-gradient,
+                             CE at each token's realized exit depth;
+            depth holes:     a fraction hp of positions exits at a sampled depth
+                             (packed out of deeper steps), Stage-1 loss on it.
+stage2    only the gate trains (everything else frozen), on detached step losses:
+          BCE between 1 − λ^(r) and σ(κ(max(0, ℓ^(r) − ℓ^(r+1)) − γ)).
 
 Shapes: per-step quantities are stacked on dim 0, so λ is (R-1, B, L) for the
 non-final steps, π, survival and CDF are (R, B, L), and per-step token losses ℓ are
@@ -8,9 +20,12 @@ mean is over those positions.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
+from looplab.holes import sample_depth_holes, sample_threshold, take_hole_branch
+from looplab.policy import ExitPolicy
 from looplab.tasks.base import IGNORE_INDEX
 
 
@@ -43,13 +58,6 @@ def expected_exit_step(pi: torch.Tensor) -> torch.Tensor:
     """E[z] = Σ_r r π^(r), per token: (B, L)."""
     steps = torch.arange(1, pi.shape[0] + 1, dtype=pi.dtype, device=pi.device)
     return (pi * steps.view(-1, *([1] * (pi.dim() - 1)))).sum(dim=0)
-
-
-def threshold_exit_step(cdf: torch.Tensor, q: float) -> torch.Tensor:
-    """z(q) = min{r : F^(r) ≥ q}, and R if no step reaches q: (B, L) in 1..R."""
-    reached = cdf >= q
-    reached[-1] = True  # the final step takes whatever is left
-    return reached.float().argmax(dim=0) + 1  # argmax returns the first True
 
 
 # ---- losses ------------------------------------------------------------------------
@@ -104,3 +112,57 @@ def hole_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Cache-hole branch: mean CE of the readout at each token's realized exit depth
     (the logits of a skip execution are exactly that readout)."""
     return final_loop_loss(logits, targets)
+
+
+# ---- the loss of one minibatch, per stage -----------------------------------------------
+# Each takes (model, batch, cfg, step, shard) and returns (loss, diagnostics as scalars).
+# Deterministic in (cfg.train.seed, step). Under data parallelism `batch` is shard's rows
+# of the global batch: every rank draws the same hole branch and the global batch's depth
+# holes, then keeps its rows.
+
+def step_losses(out, targets: torch.Tensor) -> torch.Tensor:
+    """ℓ^(r) per token for every step of an execution run with all_steps: (R, B, L)."""
+    return torch.stack([token_losses(logits, targets) for logits in out.step_logits])
+
+
+def pretrain_minibatch(model, batch, cfg, step, shard):
+    return final_loop_loss(model(batch.ids).logits, batch.targets), {}
+
+
+def _stage1(model, batch, cfg, policy: ExitPolicy):
+    out = model(batch.ids, policy, all_steps=True)
+    mask = batch.targets != IGNORE_INDEX
+    lam = torch.sigmoid(out.gate_logits)
+    return stage1_loss(step_losses(out, batch.targets), lam, mask, cfg.exit.beta, cfg.exit.entropy_eps)
+
+
+def stage1_minibatch(model, batch, cfg, step, shard):
+    # The dense forward: every token runs all R steps, and the loss weighs every step by π.
+    return _stage1(model, batch, cfg, ExitPolicy.full())
+
+
+def chase_minibatch(model, batch, cfg, step, shard):
+    rng = np.random.default_rng([cfg.train.seed, step, 1])
+    if not take_hole_branch(rng, cfg.hole):
+        loss, diag = stage1_minibatch(model, batch, cfg, step, shard)
+        return loss, {**diag, "hole_branch": 0.0}
+    if cfg.hole.sampler == "threshold":
+        q = sample_threshold(rng, cfg.hole)
+        out = model(batch.ids, ExitPolicy.skip(q), gate_grad=False)
+        return hole_loss(out.logits, batch.targets), {"hole_branch": 1.0, "hole_q": q,
+                                                      "executed_loops": out.executed_loops}
+    rows, seq = batch.ids.shape
+    exit_at = sample_depth_holes(rng, cfg.hole, (rows * shard.world, seq), cfg.model.n_loops)
+    exit_at = exit_at[shard.rank * rows:(shard.rank + 1) * rows].to(batch.ids.device)
+    loss, diag = _stage1(model, batch, cfg, ExitPolicy.given(exit_at))
+    return loss, {**diag, "hole_branch": 1.0, "executed_loops": float(exit_at.float().mean())}
+
+
+def stage2_minibatch(model, batch, cfg, step, shard):
+    with torch.no_grad():  # frozen model: losses and states carry no graph
+        out = model(batch.ids, ExitPolicy.full(), all_steps=True)
+        losses = step_losses(out, batch.targets)
+    gate_logits = torch.stack([model.exit_logit(h) for h in out.step_hidden[:-1]])
+    mask = batch.targets != IGNORE_INDEX
+    loss = stage2_loss(losses, gate_logits, mask, cfg.exit.kappa, cfg.exit.gamma)
+    return loss, {"exit_prob": float(torch.sigmoid(gate_logits.detach())[:, mask].mean())}

@@ -1,8 +1,10 @@
 """Named presets: small Python functions returning a complete ExperimentConfig.
 
 Sizes: `debug` / `*-debug` train in seconds on a CPU, `*-local` in minutes on a laptop; the
-paper presets carry the settings of App. B–D. Experiments derive from a preset with
-`dataclasses.replace` or `config.apply_overrides`.
+paper presets carry the settings of App. B–E (the continued stages' optimiser recipes
+live with the stages, looplab/stages.py; their step budgets per preset here).
+Experiments derive from a preset with `dataclasses.replace` or
+`config.apply_overrides`, and a stage's config with `stages.stage_config`.
 """
 
 from __future__ import annotations
@@ -13,11 +15,16 @@ from typing import Callable
 from looplab.config import ConfigError, ExperimentConfig, ManoConfig, ModelConfig, PhopConfig, TextConfig, TrainConfig
 
 PRESETS: dict[str, Callable[[], ExperimentConfig]] = {}
+# The preset's step budget of each continued stage (the paper's, App. E); a stage
+# without one trains as many steps as the preset's pre-training.
+STAGE_BUDGETS: dict[str, dict[str, int]] = {}
 
 
-def preset(name: str):
+def preset(name: str, stage_steps: dict[str, int] | None = None):
     def register(fn: Callable[[], ExperimentConfig]):
         PRESETS[name] = fn
+        if stage_steps:
+            STAGE_BUDGETS[name] = dict(stage_steps)
         return fn
     return register
 
@@ -28,27 +35,9 @@ def get_preset(name: str) -> ExperimentConfig:
     return replace(PRESETS[name](), preset=name)
 
 
-# App. E: optimiser settings of the continued-training stages (AdamW (0.9, 0.95),
-# wd 0.1 throughout). CHASE keeps Stage-1's settings with a cosine from 1.5e-4.
-STAGE_RECIPES: dict[str, dict[str, float]] = {
-    "stage1": {"lr": 1.5e-4, "min_lr": 8e-5, "warmup_ratio": 0.002, "grad_clip": 0.6},
-    "chase": {"lr": 1.5e-4, "min_lr": 8e-5, "warmup_ratio": 0.002, "grad_clip": 0.6},
-    "stage2": {"lr": 1.5e-4, "min_lr": 1.5e-5, "warmup_ratio": 0.01, "grad_clip": 1.0},
-}
-
-
-def for_stage(cfg: ExperimentConfig, stage: str, init_from: str = "", parent_key: str = "") -> ExperimentConfig:
-    """cfg continued as `stage` from the checkpoint init_from, with App. E's
-    optimiser recipe for that stage (model, task, batch and steps unchanged)."""
-    if stage == "pretrain":
-        return replace(cfg, stage=stage, init_from=init_from, parent_key=parent_key)
-    if stage not in STAGE_RECIPES:
-        raise ConfigError(f"stage={stage!r} is invalid; allowed: pretrain | {' | '.join(STAGE_RECIPES)}")
-    r = STAGE_RECIPES[stage]
-    train = replace(cfg.train, lr=r["lr"], min_lr_ratio=r["min_lr"] / r["lr"], grad_clip=r["grad_clip"],
-                    warmup_steps=max(1, round(r["warmup_ratio"] * cfg.train.steps)), beta1=0.9, beta2=0.95,
-                    weight_decay=0.1)
-    return replace(cfg, train=train, stage=stage, init_from=init_from, parent_key=parent_key)
+def stage_budget(name: str, stage: str) -> int | None:
+    """The preset's step count for a continued stage, or None (the pre-training's)."""
+    return STAGE_BUDGETS.get(name, {}).get(stage)
 
 
 def _experiment(model: ModelConfig, task, train: TrainConfig) -> ExperimentConfig:
@@ -165,9 +154,12 @@ def _paper_lm(d_model: int, n_layers: int, arch: str, attn_idx: tuple[int, ...])
     return _experiment(model, TextConfig(tokenizer="mistral", dataset="climbmix"), train)
 
 
+# App. E: Stage-1 2,500 iterations, CHASE 800 (140M) / 2,000 (370M), Stage-2 600.
 for _arch, _suffix in (("mamba2", ""), ("transformer", "-transformer"), ("hybrid", "-hybrid")):
-    preset(f"paper-140m{_suffix}")(lambda a=_arch: _paper_lm(768, 24, a, (5, 10, 15, 20)))
-    preset(f"paper-370m{_suffix}")(lambda a=_arch: _paper_lm(1024, 48, a, (6, 18, 30, 42)))
+    preset(f"paper-140m{_suffix}", stage_steps={"stage1": 2500, "chase": 800, "stage2": 600})(
+        lambda a=_arch: _paper_lm(768, 24, a, (5, 10, 15, 20)))
+    preset(f"paper-370m{_suffix}", stage_steps={"stage1": 2500, "chase": 2000, "stage2": 600})(
+        lambda a=_arch: _paper_lm(1024, 48, a, (6, 18, 30, 42)))
 
 
 # Offline language models on the embedded corpus (Shakespeare + CPython's pydoc

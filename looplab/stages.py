@@ -1,81 +1,164 @@
-"""The loss of one minibatch in each training stage (paper §3, App. A, App. E).
+"""The training stages, one object each, in one registry (paper §3, App. A, App. E).
 
-pretrain  CE at the final step R (the fixed-loop objective).
-stage1    Σ_r π^(r) ℓ^(r) − β H(π) on the dense forward; trains backbone and gate.
-chase     with probability ρ the cache-hole branch, else the dense Stage-1 branch:
-            threshold holes: skip forward at q ~ D_hole, gate under stop-gradient,
-                             CE at each token's realized exit depth;
-            depth holes:     a fraction hp of positions exits at a sampled depth
-                             (packed out of deeper steps), Stage-1 loss on it.
-stage2    only the gate trains (everything else frozen), on detached step losses:
-          BCE between 1 − λ^(r) and σ(κ(max(0, ℓ^(r) − ℓ^(r+1)) − γ)).
+    pretrain  fixed-loop pre-training: CE at step R                        method "fixed"
+    stage1    Ouro Stage-1: Σ_r π^(r) ℓ^(r) − β H(π), backbone and gate    method "Ouro"
+    chase     cache-hole adaptation (the hole branch with probability ρ)   method "CHASE"
+    stage2    Ouro Stage-2: only the gate trains, on continuation targets  keeps its parent's method
+
+A `Stage` owns everything that makes it what it is: its name and order, whether it
+continues a parent checkpoint, the config sections beyond model/task/train that
+change its result (so they enter its key), its optimiser recipe (App. E) with a warmup
+*fraction* of its own steps, which parameters train, its loss (looplab/objectives.py),
+what it evaluates, and the method label a model carries after it. Config validation
+and hashing (config.py), the CLI's --stage choices, the platform's stage order
+(trainables/pipeline.py) and analysis's method labels derive from `STAGES`; adding a
+stage is one entry here plus its loss.
+
+The precedence of settings for a stage's config (`stage_config`) is one rule:
+    preset < stage recipe (and the preset's budget for the stage) < sweep-wide overrides
+           < per-stage overrides,
+and a continued stage's warmup is its recipe's fraction of its own final step count
+unless train.warmup_steps is overridden.
+
+This module imports no torch at its top (the analysis layer reads the registry).
 """
 
 from __future__ import annotations
 
-import numpy as np
-import torch
+from dataclasses import dataclass
+from typing import Any
 
-from looplab.config import ExperimentConfig
-from looplab.distributed import Shard
-from looplab.holes import sample_depth_holes, sample_threshold, take_hole_branch
-from looplab.objectives import final_loop_loss, hole_loss, stage1_loss, stage2_loss, token_losses
-from looplab.tasks.base import IGNORE_INDEX, Batch
+from looplab.config import ConfigError, ExperimentConfig, ParentRef, apply_overrides, check
+from looplab.policy import DEFAULT_QS, ExitPolicy
 
-
-def prepare_model(model: torch.nn.Module, cfg: ExperimentConfig) -> None:
-    """Stage-2 freezes everything but the gate; other stages train it all."""
-    gate_only = cfg.stage == "stage2"
-    for name, p in model.named_parameters():
-        p.requires_grad_(name.startswith("exit_gate.") or not gate_only)
+# Method labels recorded on every stage run (tag `method`): what a model is after it.
+METHOD_FIXED, METHOD_OURO, METHOD_CHASE = "fixed", "Ouro", "CHASE"
 
 
-def step_losses(out, targets: torch.Tensor) -> torch.Tensor:
-    """ℓ^(r) per token for every step of an execution run with all_steps: (R, B, L)."""
-    return torch.stack([token_losses(logits, targets) for logits in out.step_logits])
+@dataclass(frozen=True)
+class Recipe:
+    """A continued stage's optimiser settings (App. E: AdamW (0.9, 0.95), wd 0.1,
+    cosine from lr to min_lr after a linear warmup over warmup_fraction of the
+    stage's steps). They replace the preset's pre-training recipe."""
+
+    lr: float
+    min_lr: float
+    warmup_fraction: float
+    grad_clip: float
+    beta1: float = 0.9
+    beta2: float = 0.95
+    weight_decay: float = 0.1
+
+    def overrides(self) -> dict[str, Any]:
+        """The recipe as train.* overrides (the warmup follows the steps: warmup_steps)."""
+        return {"train.lr": self.lr, "train.min_lr_ratio": self.min_lr / self.lr, "train.grad_clip": self.grad_clip,
+                "train.beta1": self.beta1, "train.beta2": self.beta2, "train.weight_decay": self.weight_decay}
+
+    def warmup_steps(self, steps: int) -> int:
+        return max(1, round(self.warmup_fraction * steps))
 
 
-def _stage1(model, batch: Batch, cfg: ExperimentConfig, **execution) -> tuple[torch.Tensor, dict]:
-    out = model(batch.ids, all_steps=True, **execution)
-    mask = batch.targets != IGNORE_INDEX
-    lam = torch.sigmoid(out.gate_logits)
-    return stage1_loss(step_losses(out, batch.targets), lam, mask, cfg.exit.beta, cfg.exit.entropy_eps)
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    method: str | None  # the method label a model has after this stage; None: its parent's
+    continues: bool  # starts from a parent stage's checkpoint
+    gated: bool  # trains or uses the exit gate, so it is evaluated under exit policies
+    trains: str  # "all" parameters, or only the exit "gate"
+    reads: tuple[str, ...] = ()  # config sections beyond model/task/train that change its result
+    recipe: Recipe | None = None  # None: the preset's own recipe (pre-training)
+    doc: str = ""
+
+    @property
+    def order(self) -> int:
+        return STAGE_NAMES.index(self.name)
+
+    def trainable(self, parameter_name: str) -> bool:
+        return self.trains == "all" or parameter_name.startswith("exit_gate.")
+
+    def check(self, cfg: ExperimentConfig) -> None:
+        """The stage's own demands on a config (ExperimentConfig validation calls it)."""
+        if self.gated:
+            check(cfg.model.n_loops >= 2, "ModelConfig.n_loops", cfg.model.n_loops,
+                  f"an integer >= 2 for stage={self.name!r} (an exit gate needs a choice of steps)")
+        if self.name == "chase" and cfg.hole.sampler == "depth":
+            check(cfg.hole.hi <= cfg.model.n_loops, "HoleConfig.hi", cfg.hole.hi,
+                  f"a float in [lo={cfg.hole.lo}, R={cfg.model.n_loops}]")
+
+    def eval_policies(self, n_loops: int) -> list[ExitPolicy]:
+        """What a run of this stage evaluates: full depth; gated stages add dense and
+        skip at every q of the paper's grid and the forced depths 1..R-1 (the fixed-depth
+        baseline: forced R is full depth, evaluated once)."""
+        if not self.gated:
+            return [ExitPolicy.full()]
+        return ([ExitPolicy.full()] + [ExitPolicy.dense(q) for q in DEFAULT_QS]
+                + [ExitPolicy.skip(q) for q in DEFAULT_QS] + [ExitPolicy.forced(d) for d in range(1, n_loops)])
+
+    def minibatch_loss(self, model, batch, cfg: ExperimentConfig, step: int, shard=None):
+        """The stage's training loss of one minibatch and its diagnostics
+        (looplab/objectives.py holds one function per stage, named after it)."""
+        from looplab import objectives
+        from looplab.distributed import Shard
+
+        return getattr(objectives, f"{self.name}_minibatch")(model, batch, cfg, step, shard or Shard())
 
 
-def minibatch_loss(model, batch: Batch, cfg: ExperimentConfig, step: int,
-                   shard: Shard = Shard()) -> tuple[torch.Tensor, dict]:
-    """The training loss of `batch` at optimizer step `step`, with diagnostics
-    (scalars) to log. Deterministic in (cfg.train.seed, step). Under data
-    parallelism `batch` is shard's rows of the global batch: every rank draws the
-    same hole branch and the global batch's depth holes, then keeps its rows."""
-    if cfg.stage == "pretrain":
-        return final_loop_loss(model(batch.ids).logits, batch.targets), {}
-    if cfg.stage == "stage1":
-        return _stage1(model, batch, cfg, mode="dense")
-    if cfg.stage == "stage2":
-        return _stage2(model, batch, cfg)
-    # chase
-    rng = np.random.default_rng([cfg.train.seed, step, 1])
-    if not take_hole_branch(rng, cfg.hole):
-        loss, diag = _stage1(model, batch, cfg, mode="dense")
-        return loss, {**diag, "hole_branch": 0.0}
-    if cfg.hole.sampler == "threshold":
-        q = sample_threshold(rng, cfg.hole)
-        out = model(batch.ids, mode="skip", q=q, gate_grad=False)
-        return hole_loss(out.logits, batch.targets), {"hole_branch": 1.0, "hole_q": q,
-                                                      "executed_loops": out.executed_loops}
-    rows, seq = batch.ids.shape
-    exit_at = sample_depth_holes(rng, cfg.hole, (rows * shard.world, seq), cfg.model.n_loops)
-    exit_at = exit_at[shard.rank * rows:(shard.rank + 1) * rows].to(batch.ids.device)
-    loss, diag = _stage1(model, batch, cfg, mode="skip", exit_at=exit_at)
-    return loss, {**diag, "hole_branch": 1.0, "executed_loops": float(exit_at.float().mean())}
+_CONTINUED = Recipe(lr=1.5e-4, min_lr=8e-5, warmup_fraction=0.002, grad_clip=0.6)  # App. E: Stage-1 and CHASE
+
+STAGES: dict[str, Stage] = {s.name: s for s in (
+    Stage("pretrain", METHOD_FIXED, continues=False, gated=False, trains="all",
+          doc="fixed-loop pre-training: mean next-token CE at step R"),
+    Stage("stage1", METHOD_OURO, continues=True, gated=True, trains="all", reads=("exit",), recipe=_CONTINUED,
+          doc="Ouro Stage-1: Σ_r π^(r) ℓ^(r) − β H(π) on the dense forward; trains backbone and gate"),
+    Stage("chase", METHOD_CHASE, continues=True, gated=True, trains="all", reads=("exit", "hole"),
+          recipe=_CONTINUED,
+          doc="CHASE: with probability ρ the cache-hole branch (skip forward at sampled exits), else Stage-1"),
+    Stage("stage2", None, continues=True, gated=True, trains="gate", reads=("exit",),
+          recipe=Recipe(lr=1.5e-4, min_lr=1.5e-5, warmup_fraction=0.01, grad_clip=1.0),
+          doc="Ouro Stage-2: only the gate trains, BCE to σ(κ(max(0, ℓ^(r) − ℓ^(r+1)) − γ))"),
+)}
+STAGE_NAMES: tuple[str, ...] = tuple(STAGES)
 
 
-def _stage2(model, batch: Batch, cfg: ExperimentConfig) -> tuple[torch.Tensor, dict]:
-    with torch.no_grad():  # frozen model: losses and states carry no graph
-        out = model(batch.ids, mode="dense", all_steps=True)
-        losses = step_losses(out, batch.targets)
-    gate_logits = torch.stack([model.exit_logit(h) for h in out.step_hidden[:-1]])
-    mask = batch.targets != IGNORE_INDEX
-    loss = stage2_loss(losses, gate_logits, mask, cfg.exit.kappa, cfg.exit.gamma)
-    return loss, {"exit_prob": float(torch.sigmoid(gate_logits.detach())[:, mask].mean())}
+def get_stage(name: str) -> Stage:
+    if name not in STAGES:
+        raise ConfigError(f"stage={name!r} is invalid; allowed: {' | '.join(STAGE_NAMES)}")
+    return STAGES[name]
+
+
+def method_of(lineage) -> str:
+    """The method label of a model trained through these stages in order: the label of
+    the last stage that sets one (stage2 after chase is CHASE, after stage1 Ouro)."""
+    method = METHOD_FIXED
+    for name in lineage:
+        method = get_stage(name).method or method
+    return method
+
+
+def stage_config(base: ExperimentConfig, stage: str, *, parent: ParentRef | None = None,
+                 overrides: dict[str, Any] | None = None,
+                 stage_overrides: dict[str, Any] | None = None) -> ExperimentConfig:
+    """`base` (a preset's config) as `stage`, continuing `parent`, by the precedence
+    rule of the module docstring: the stage's recipe and the preset's step budget for
+    it (presets.STAGE_BUDGETS, when the preset has one), then the sweep-wide
+    `overrides`, then this stage's `stage_overrides`; the warmup follows the stage's
+    own final steps."""
+    from looplab.presets import stage_budget
+
+    spec = get_stage(stage)
+    budget = stage_budget(base.preset, stage) if spec.continues else None
+    given = {**(overrides or {}), **(stage_overrides or {})}  # per-stage wins over sweep-wide
+    layers: dict[str, Any] = {"stage": stage, "parent": parent}
+    if budget is not None:
+        layers["train.steps"] = budget
+    if spec.recipe is not None:
+        layers.update(spec.recipe.overrides())
+    layers.update(given)
+    if spec.recipe is not None and not _sets(given, "warmup_steps"):
+        steps = next((v for k, v in reversed(layers.items()) if k.rpartition(".")[2] == "steps"), base.train.steps)
+        layers["train.warmup_steps"] = spec.recipe.warmup_steps(steps) if isinstance(steps, int) else steps
+    return apply_overrides(base, layers)
+
+
+def _sets(overrides: dict[str, Any], field_name: str) -> bool:
+    return any(k.rpartition(".")[2] == field_name for k in overrides)

@@ -1,13 +1,27 @@
-"""MLflow conventions: which experiment, which run, which names.
+"""The tracking contract: every MLflow name the platform writes and analysis reads.
 
-One experiment per sweep (absolute artifact location, so trial processes with
-another working directory write to the same place); one parent run per sweep
-invocation; one child run per trial; one nested run per pipeline stage. Every run
-is tagged so it can be found again by content (`trial_key` + `stage` + `level`),
-which is how a resumed sweep reuses its runs instead of duplicating them.
+The writer (trainables/, sweeps/, the benchmarks) and the reader (analysis/) both
+import the names from here; no experiment, run, tag or metric name is spelled
+anywhere else. Below the names, the thin MLflow helpers the writers use.
 
-The analysis layer reads these names; keep them stable. mlflow is imported inside
-the functions: the library runs without it.
+The tree: one experiment per sweep (`experiment_name`: sweep and preset), marked as
+a model-training experiment so MLflow's dashboard opens on its runs, not its GenAI
+overview; one parent run per sweep, keyed by the sweep's content (tag `sweep_key`);
+one child run per trial, named by its final stage's key; one nested run per stage,
+keyed by its `stage_key`. Run levels are in the tag `level`.
+
+Metrics:
+  training    TRAIN_METRICS per logged step, plus the stage's own diagnostics
+              (hole_branch, hole_q, executed_loops, exit_prob) under their own names
+  evaluation  <policy prefix><quantity>: the policy's metric prefix (looplab/policy.py:
+              val_ for full depth, forced_d<D>_, dense_q<Q>_, skip_q<Q>_) and one of
+              EVAL_QUANTITIES, e.g. val_ppl, skip_q0.4_executed_loops, forced_d2_accuracy;
+              lm-eval scores are the quantity lm_eval.<task> (the task's suite accuracy,
+              a fraction) and lm_eval_avg, e.g. skip_q0.4_lm_eval.piqa
+  timing      STAGE_SECONDS (the stage's training, once per stage), MLFLOW_SECONDS and
+              REPORT_SECONDS (time the stage spent in MLflow and Ray reports)
+
+mlflow is imported inside the functions: the library runs without it.
 """
 
 from __future__ import annotations
@@ -15,19 +29,121 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import re
 import subprocess
 import time
 from pathlib import Path
 from typing import Any, Iterator
 
-# Run levels, in the tag `level`: the tree is sweep > trial > stage.
-SWEEP, TRIAL, STAGE = "sweep", "trial", "stage"
+from looplab.policy import PREFIX_PATTERN, ExitPolicy
 
-# Per-step training quantities that keep their record names in MLflow.
+# ---- experiments and runs ------------------------------------------------------------
+SWEEP, TRIAL, STAGE, BENCH = "sweep", "trial", "stage", "bench"  # values of the tag `level`
+BENCH_EXPERIMENT = "looplab-bench"
+# MLflow's own tags the platform sets.
+PARENT_RUN_TAG = "mlflow.parentRunId"
+RUN_NAME_TAG = "mlflow.runName"
+NOTE_TAG = "mlflow.note.content"  # the run's description in the dashboard (Markdown)
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+MODEL_TRAINING = "custom_model_development"  # MLflow 3's kind for training experiments
+
+
+def experiment_name(sweep: str, preset: str) -> str:
+    return f"{sweep}-{preset}"
+
+
+def sweep_run_name(sweep: str, sweep_key: str) -> str:
+    return f"{sweep}-{sweep_key}"
+
+
+def trial_run_name(stage_key: str) -> str:
+    return f"trial-{stage_key}"
+
+
+def stage_run_name(stage: str, stage_key: str) -> str:
+    return f"{stage}-{stage_key}"
+
+
+# ---- tags ------------------------------------------------------------------------------
+LEVEL = "level"
+STAGE_KEY = "stage_key"  # the stage's key; a trial carries its final stage's
+CONFIG_HASH = "config_hash"  # the same without the seed: seeds of one configuration share it
+STAGE_TAG = "stage"
+METHOD = "method"  # fixed | Ouro | CHASE (looplab/stages.py)
+LINEAGE = "lineage"  # the stages the model went through, e.g. pretrain+stage1+chase
+PARENT_CHECKPOINT = "parent_checkpoint"
+PRESET = "preset"
+GIT_SHA = "git_sha"
+SWEEP_KEY = "sweep_key"
+SWEEP_TAG = "sweep"  # the experiment a trial belongs to
+COMMAND = "command"
+TRIAL_RUN = "trial_run"  # a stage run's trial (part of its lookup key)
+REUSED = "reused"  # "true" when a stage run reports a stage trained by another trial
+REUSED_FROM = "reused_from"  # the run that trained it
+CHECKPOINT = "checkpoint"
+RAY_NODE = "ray_node_id"
+HOSTNAME = "hostname"
+# Tags analysis turns into columns.
+CONTENT_TAGS = (LEVEL, CONFIG_HASH, STAGE_KEY, STAGE_TAG, METHOD, LINEAGE, PARENT_CHECKPOINT, PRESET, GIT_SHA,
+                SWEEP_KEY, SWEEP_TAG, REUSED, REUSED_FROM, CHECKPOINT, COMMAND, TRIAL_RUN)
+SEARCH_PARAM = "search."  # trial params: the searched values, e.g. search.beta, search.seed
+
+# ---- metrics ---------------------------------------------------------------------------
 TRAIN_METRICS = ("loss", "exit_entropy", "expected_exit_step", "lr", "grad_norm", "tokens_per_s")
-# Per-(mode, q) evaluation quantities, logged as e.g. skip_q0.4_executed_loops; forced
-# depths as forced_d2_executed_loops.
-EXIT_METRICS = ("executed_loops", "mean_exit_step", "accuracy", "ppl", "loss", "backbone_flops_per_token")
+EVAL_QUANTITIES = ("executed_loops", "mean_exit_step", "accuracy", "ppl", "loss", "backbone_flops_per_token")
+LM_EVAL = "lm_eval."  # quantity prefix of an lm-eval task score: lm_eval.<task>
+LM_EVAL_AVG = "lm_eval_avg"  # the suite's average accuracy
+STAGE_SECONDS = "stage_seconds"
+MLFLOW_SECONDS = "mlflow_seconds"
+REPORT_SECONDS = "report_seconds"
+BENCH_METRICS = ("speedup", "ideal_speedup", "mean_executed_loops", "batch_max_survivor_ratio", "time_full_s",
+                 "time_skip_s", "peak_mem_full", "peak_mem_skip")
+
+_QUANTITY = "|".join(re.escape(q) for q in EVAL_QUANTITIES)
+# One regular expression for every evaluation metric name (analysis runs it in polars
+# too): the policy prefix's groups (val, depth, execution, q) and the quantity.
+METRIC_PATTERN = re.compile(
+    rf"^{PREFIX_PATTERN.pattern}(?P<quantity>{_QUANTITY}|{re.escape(LM_EVAL_AVG)}|{re.escape(LM_EVAL)}\S+)$")
+
+
+def policy_metric(policy: ExitPolicy, quantity: str) -> str:
+    """The name of a policy's evaluation quantity, e.g. skip_q0.4_ppl, val_lm_eval.piqa."""
+    return policy.metric_prefix + quantity
+
+
+def lm_eval_quantity(task: str) -> str:
+    return LM_EVAL + task
+
+
+def parse_metric(name: str) -> tuple[ExitPolicy, str] | None:
+    """'skip_q0.4_ppl' -> (skip:0.4, 'ppl'); 'val_lm_eval.piqa' -> (full, 'lm_eval.piqa');
+    anything that is not an evaluation metric -> None."""
+    m = METRIC_PATTERN.match(name)
+    if m is None:
+        return None
+    return ExitPolicy.from_prefix(name[:m.start("quantity")]), m["quantity"]
+
+
+def record_metrics(record: dict[str, Any]) -> dict[str, float]:
+    """MLflow metrics of one looplab training record (looplab/train.py): a training
+    record's quantities, or an evaluation record's per-policy quantities."""
+    kind = record.get("kind")
+    if kind == "train":
+        out = {k: record[k] for k in TRAIN_METRICS if k in record}
+        # Hole-branch and other stage diagnostics keep their own names.
+        out.update({k: v for k, v in record.items()
+                    if k not in out and k not in ("kind", "step", "stage") and isinstance(v, (int, float))})
+    elif kind == "eval":
+        out = {}
+        for rec in record["policies"]:
+            policy = ExitPolicy.parse(rec["policy"])
+            out.update({policy_metric(policy, q): rec[q] for q in EVAL_QUANTITIES if q in rec})
+    else:
+        return {}
+    return {k: float(v) for k, v in out.items() if isinstance(v, (int, float)) and math.isfinite(float(v))}
+
+
+# ---- writing: the MLflow helpers ------------------------------------------------------------
 PARAM_BATCH = 100  # MLflow accepts at most 100 params per log_batch call
 
 
@@ -46,19 +162,27 @@ def artifact_location(root: str | Path, experiment: str) -> str:
 
 
 def ensure_experiment(mlflow_client, name: str, artifact_root: str | Path) -> str:
-    """The id of experiment `name`, created with an absolute artifact location."""
+    """The id of experiment `name`, created with an absolute artifact location and
+    marked as a model-training experiment (MLflow 3 opens an experiment without a
+    kind on its GenAI overview of traces)."""
     found = mlflow_client.get_experiment_by_name(name)
     if found is not None:
         if found.lifecycle_stage == "deleted":
             mlflow_client.restore_experiment(found.experiment_id)
-        return found.experiment_id
-    try:
-        return mlflow_client.create_experiment(name, artifact_location=artifact_location(artifact_root, name))
-    except Exception:  # another process created it between our lookup and create
-        found = mlflow_client.get_experiment_by_name(name)
-        if found is None:
-            raise
-        return found.experiment_id
+        experiment_id = found.experiment_id
+    else:
+        try:
+            experiment_id = mlflow_client.create_experiment(
+                name, artifact_location=artifact_location(artifact_root, name),
+                tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING})
+        except Exception:  # another process created it between our lookup and create
+            found = mlflow_client.get_experiment_by_name(name)
+            if found is None:
+                raise
+            experiment_id = found.experiment_id
+    if found is not None and found.tags.get(EXPERIMENT_KIND_TAG) != MODEL_TRAINING:
+        mlflow_client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING)
+    return experiment_id
 
 
 def git_sha(repo: str | Path | None = None) -> str:
@@ -84,44 +208,26 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
 
 
 def config_params(cfg) -> dict[str, str]:
-    """An ExperimentConfig as MLflow params, with `beta` (β) at top level: the
-    ablation's x-axis should not need a dotted name."""
-    params = flatten(cfg.to_dict())
-    params["beta"] = str(cfg.exit.beta)
-    return params
+    """An ExperimentConfig as MLflow params, with dotted names (model.n_loops, exit.beta)."""
+    return flatten(cfg.to_dict())
 
 
-def config_tags(cfg, *, level: str, git: str | None = None, **extra: str) -> dict[str, str]:
-    """The content tags of a run of cfg (a stage, or a trial named by its last stage)."""
-    tags = {"level": level, "config_hash": cfg.config_hash(), "trial_key": cfg.trial_key(), "stage": cfg.stage,
-            "parent_checkpoint": cfg.init_from, "preset": cfg.preset, "git_sha": git or git_sha()}
+def search_params(params: dict[str, Any]) -> dict[str, str]:
+    """A trial's searched values as params a reviewer sorts by: search.beta, search.seed."""
+    return {SEARCH_PARAM + k: str(v) for k, v in params.items()}
+
+
+def config_tags(cfg, *, level: str, git: str | None = None, lineage=None, **extra: str) -> dict[str, str]:
+    """The content tags of a run of cfg (a stage, or a trial named by its last stage).
+    lineage: the stages in order up to cfg's (its method label derives from them)."""
+    from looplab.stages import method_of
+
+    lineage = list(lineage or [cfg.stage])
+    tags = {LEVEL: level, CONFIG_HASH: cfg.config_hash(), STAGE_KEY: cfg.stage_key(), STAGE_TAG: cfg.stage,
+            METHOD: method_of(lineage), LINEAGE: "+".join(lineage), PARENT_CHECKPOINT: cfg.init_from,
+            PRESET: cfg.preset, GIT_SHA: git or git_sha()}
     tags.update({k: str(v) for k, v in extra.items()})
     return tags
-
-
-def q_name(q: float) -> str:
-    """0.4 -> '0.4', 1.0 -> '1.0', 0.25 -> '0.25': short and stable metric names."""
-    text = f"{q:.4f}".rstrip("0")
-    return text + "0" if text.endswith(".") else text
-
-
-def record_metrics(record: dict[str, Any]) -> dict[str, float]:
-    """MLflow metrics of one looplab training record (see looplab.train)."""
-    kind = record.get("kind")
-    if kind == "train":
-        out = {k: record[k] for k in TRAIN_METRICS if k in record}
-        # Hole-branch and other stage diagnostics keep their own names.
-        out.update({k: v for k, v in record.items()
-                    if k not in out and k not in ("kind", "step", "stage") and isinstance(v, (int, float))})
-    elif kind == "eval":
-        out = {"val_ppl": record["ppl"], "val_accuracy": record["accuracy"], "val_loss": record["loss"]}
-    elif kind == "eval_exit":
-        prefix = (f"forced_d{record['depth']}_" if record["mode"] == "forced"
-                  else f"{record['mode']}_q{q_name(record['q'])}_")
-        out = {prefix + k: record[k] for k in EXIT_METRICS if k in record}
-    else:
-        return {}
-    return {k: float(v) for k, v in out.items() if isinstance(v, (int, float)) and math.isfinite(float(v))}
 
 
 def log_record(mlflow_client, run_id: str, record: dict[str, Any]) -> None:
@@ -139,8 +245,8 @@ def log_metrics(mlflow_client, run_id: str, metrics: dict[str, float], step: int
 
     now = int(time.time() * 1000)
     batch = [Metric(k, float(v), now, step) for k, v in metrics.items()]
-    if batch:
-        mlflow_client.log_batch(run_id, metrics=batch)
+    for i in range(0, len(batch), 1000):  # MLflow takes at most 1000 metrics per batch
+        mlflow_client.log_batch(run_id, metrics=batch[i:i + 1000])
 
 
 def log_params(mlflow_client, run_id: str, params: dict[str, str]) -> None:
@@ -173,9 +279,9 @@ def open_run(mlflow_client, experiment_id: str, *, name: str, tags: dict[str, st
         if status != "FINISHED":
             mlflow_client.update_run(run_id, status="RUNNING")
     else:
-        all_tags = {**tags, **key, "mlflow.runName": name}
+        all_tags = {**tags, **key, RUN_NAME_TAG: name}
         if parent_run_id:
-            all_tags["mlflow.parentRunId"] = parent_run_id
+            all_tags[PARENT_RUN_TAG] = parent_run_id
         run_id, status = mlflow_client.create_run(experiment_id, tags=all_tags, run_name=name).info.run_id, "NEW"
     if params:
         log_params(mlflow_client, run_id, params)
@@ -184,6 +290,11 @@ def open_run(mlflow_client, experiment_id: str, *, name: str, tags: dict[str, st
 
 def close_run(mlflow_client, run_id: str, ok: bool) -> None:
     mlflow_client.set_terminated(run_id, status="FINISHED" if ok else "FAILED")
+
+
+def set_description(mlflow_client, run_id: str, markdown: str) -> None:
+    """The run's description on its dashboard page."""
+    mlflow_client.set_tag(run_id, NOTE_TAG, markdown)
 
 
 @contextlib.contextmanager
@@ -206,22 +317,23 @@ def latest_metrics(mlflow_client, run_id: str) -> dict[str, float]:
     return dict(mlflow_client.get_run(run_id).data.metrics)
 
 
-BENCH_METRICS = ("speedup", "ideal_speedup", "mean_executed_loops", "batch_max_survivor_ratio", "time_full_s",
-                 "time_skip_s", "peak_mem_full", "peak_mem_skip")
+def bench_point_name(record: dict[str, Any]) -> str:
+    """A benchmark grid point's metric prefix, e.g. b8_L512_skip:0.4 -> b8_L512_skip_q0.4."""
+    policy = (f"oracle{record['oracle_mean']}" if record.get("oracle_mean") is not None
+              else ExitPolicy.parse(record["policy"]).metric_prefix.rstrip("_"))
+    return f"b{record['batch']}_L{record['seq_len']}_{policy}"
 
 
 def log_benchmark(tracking_uri: str, records: list[dict[str, Any]], *, name: str,
-                  experiment: str = "looplab-bench", artifact_root: str | Path = "looplab-runs/mlflow") -> str:
+                  experiment: str = BENCH_EXPERIMENT, artifact_root: str | Path = "looplab-runs/mlflow") -> str:
     """One FINISHED run per benchmark invocation: each grid point's figures as
     metrics named by the point (e.g. `b8_L512_oracle2.0.speedup`) and the records
     as `bench.json`. Returns the run id."""
     mc = client(tracking_uri)
     experiment_id = ensure_experiment(mc, experiment, artifact_root)
-    run_id = mc.create_run(experiment_id, run_name=name, tags={"level": "bench", "git_sha": git_sha()}).info.run_id
+    run_id = mc.create_run(experiment_id, run_name=name, tags={LEVEL: BENCH, GIT_SHA: git_sha()}).info.run_id
     with terminated_on_exit(mc, run_id):
         for r in records:
-            policy = f"q{r['q']}" if r.get("q") is not None else f"oracle{r['oracle_mean']}"
-            point = f"b{r['batch']}_L{r['seq_len']}_{policy}"
-            log_metrics(mc, run_id, {f"{point}.{k}": float(r[k]) for k in BENCH_METRICS})
+            log_metrics(mc, run_id, {f"{bench_point_name(r)}.{k}": float(r[k]) for k in BENCH_METRICS})
         mc.log_text(run_id, json.dumps(records, indent=2), "bench.json")
     return run_id

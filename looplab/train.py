@@ -20,12 +20,12 @@ from typing import Any, Callable
 
 import torch
 
-from looplab.checkpoint import (is_checkpoint, load_training_state, load_weights, model_from_config,
-                                read_model_config, save_training_state)
+from looplab.checkpoint import (experiment_metadata, is_checkpoint, load_training_state, load_weights,
+                                model_from_config, read_model_config, save_training_state)
 from looplab.config import ConfigError, ExperimentConfig, TrainConfig
 from looplab.distributed import Shard
-from looplab.evaluate import autocast_context, evaluate_exact_match, threshold_sweep
-from looplab.stages import minibatch_loss, prepare_model
+from looplab.evaluate import autocast_context, evaluate_policies
+from looplab.stages import get_stage
 from looplab.tasks import make_task
 
 CHECKPOINT_DIR = "checkpoint"
@@ -78,16 +78,21 @@ def _fmt_time(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
+PROGRESS_SECONDS = 30.0  # a console progress line at least this often, whatever log_every is
+
+
 def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, stop_at: int | None = None,
-          on_metrics: Callable[[dict[str, Any]], None] | None = None, quiet: bool = False) -> TrainResult:
-    """Train cfg's model on cfg's task with the objective of cfg.stage (pretrain:
-    CE at step R; stage1, chase, stage2: see looplab/stages.py).
+          on_metrics: Callable[[dict[str, Any]], None] | None = None,
+          on_progress: Callable[[dict[str, Any]], None] | None = None, quiet: bool = False) -> TrainResult:
+    """Train cfg's model on cfg's task with the objective of cfg.stage (the stage
+    registry, looplab/stages.py; the losses in looplab/objectives.py).
 
     Resumes from out_dir/checkpoint when it holds a checkpoint of the same config.
     stop_at ends the run after that many optimizer steps (checkpointing first) while
     the schedule still spans cfg.train.steps: an interruption on purpose.
     on_metrics receives every logged record (training and evaluation), on every rank.
-    Under an initialised torch.distributed process group each rank trains its share
+    on_progress receives {step, steps, loss, tokens_per_s, eta_s} after every step
+    (the sweep's live progress throttles it). Under an initialised torch.distributed process group each rank trains its share
     of every batch; rank 0 alone evaluates and writes files.
     """
     tc = cfg.train
@@ -101,11 +106,10 @@ def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, st
     if cfg.init_from:
         load_parent(model, cfg)
     model.to(device)
-    model.metadata = {"experiment": cfg.to_dict(), "task": cfg.task.kind, "config_hash": cfg.config_hash(),
-                      "stage": cfg.stage, "parent_checkpoint": cfg.init_from}
-    if cfg.task.kind == "text":  # which tokenizer reads this model's ids (lm-eval, generation)
-        model.metadata["tokenizer"] = cfg.task.tokenizer
-    prepare_model(model, cfg)
+    model.metadata = experiment_metadata(cfg)
+    stage = get_stage(cfg.stage)
+    for name, p in model.named_parameters():  # e.g. Stage-2 trains the gate alone
+        p.requires_grad_(stage.trainable(name))
     optimizer = make_optimizer(model, tc)
     log = _Logger(out / METRICS_FILE, on_metrics, quiet or not shard.main, write=shard.main)
 
@@ -113,33 +117,32 @@ def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, st
     start = 0
     if resume and (ckpt / "trainer.json").is_file():
         state = json.loads((ckpt / "trainer.json").read_text())
-        if state.get("trial_key") != cfg.trial_key():
-            raise ConfigError(f"{ckpt} holds a checkpoint of trial {state.get('trial_key')!r}, not "
-                              f"{cfg.trial_key()!r}; use another --out or resume=False")
+        if state.get("stage_key") != cfg.stage_key():
+            raise ConfigError(f"{ckpt} holds a checkpoint of stage key {state.get('stage_key')!r}, not "
+                              f"{cfg.stage_key()!r}; allowed: another --out, or --no-resume to start over")
         start = load_training_state(ckpt, model, optimizer)["step"]
         log.say(f"resumed from {ckpt} at step {start}")
     end = tc.steps if stop_at is None else min(tc.steps, stop_at)
 
     def checkpoint(step: int) -> None:
         if shard.main:
-            save_training_state(ckpt, model, optimizer, {"step": step, "trial_key": cfg.trial_key()})
+            save_training_state(ckpt, model, optimizer, {"step": step, "stage_key": cfg.stage_key()})
 
     def evaluate(step: int) -> dict[str, float]:
         records = _evaluation_records(model, task, cfg, device) if shard.main else None
-        metrics, exit_records = shard.broadcast(records)
-        quality = (f"ppl {metrics['ppl']:.3f}  next-token acc {metrics['accuracy']:.4f}" if cfg.task.kind == "text"
-                   else f"exact match {metrics['accuracy']:.4f}  loss {metrics['loss']:.4f}")
-        log.record({"kind": "eval", "step": step, **metrics}, f"eval @ {step}: {quality}  (n={metrics['n']})")
-        for rec in exit_records:
-            policy = f"q={rec['q']:.1f}" if rec["mode"] != "forced" else f"d={rec['depth']}"
-            log.record({"kind": "eval_exit", "step": step, **rec},
-                       f"  {rec['mode']:6s} {policy}: loops {rec['executed_loops']:.2f}  "
-                       f"exit {rec['mean_exit_step']:.2f}  acc {rec['accuracy']:.4f}  loss {rec['loss']:.4f}")
-        return metrics
+        records = shard.broadcast(records)
+        full = records[0]  # full depth comes first (Stage.eval_policies)
+        quality = (f"ppl {full['ppl']:.3f}  next-token acc {full['accuracy']:.4f}" if cfg.task.kind == "text"
+                   else f"exact match {full['accuracy']:.4f}  loss {full['loss']:.4f}")
+        lines = [f"eval @ {step}: {quality}  (n={full['n']})"]
+        lines += [f"  {r['policy']:10s} loops {r['executed_loops']:.2f}  exit {r['mean_exit_step']:.2f}  "
+                  f"acc {r['accuracy']:.4f}  loss {r['loss']:.4f}" for r in records[1:]]
+        log.record({"kind": "eval", "step": step, "policies": records}, "\n".join(lines))
+        return full
 
     result = TrainResult(out_dir=out, step=start)
     n_params = model.num_parameters()
-    log.say(f"{cfg.preset or 'custom'} [{cfg.trial_key()}]: {cfg.model.arch} {cfg.model.n_layers}⊗"
+    log.say(f"{cfg.preset or 'custom'} {cfg.stage} [{cfg.stage_key()}]: {cfg.model.arch} {cfg.model.n_layers}⊗"
             f"{cfg.model.n_loops}, {n_params:,} params, {tc.steps} steps on {device}")
     model.train()
     train_time, tokens, window = 0.0, 0, []
@@ -153,7 +156,7 @@ def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, st
             batch = batch.slice(mine.start, mine.stop)
         batch = batch.to(device)
         with autocast_context(device, tc.precision):
-            loss, diag = minibatch_loss(model, batch, cfg, step, shard=shard)
+            loss, diag = stage.minibatch_loss(model, batch, cfg, step, shard)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         trainable = [p for p in model.parameters() if p.requires_grad]
@@ -172,9 +175,13 @@ def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, st
         window.append({"loss": loss_value, **means_now})
         tokens += batch.ids.numel() * shard.world
         done = step + 1
+        rate = tokens / train_time
+        eta = (end - done) * train_time / (done - start)
+        if on_progress is not None:
+            on_progress({"step": done, "steps": tc.steps, "loss": loss_value, "tokens_per_s": rate, "eta_s": eta})
+        if not (done % tc.log_every == 0 or done == end) and time.monotonic() - log.last_line >= PROGRESS_SECONDS:
+            log.say(f"step {done}/{tc.steps} | loss {loss_value:.4f} | {rate:,.0f} tok/s | eta {_fmt_time(eta)}")
         if done % tc.log_every == 0 or done == end:
-            rate = tokens / train_time
-            eta = (end - done) * train_time / (done - start)
             means = _window_means(window)
             extra = "".join(f" | {k} {means[k]:.3f}" for k in ("exit_entropy", "expected_exit_step") if k in means)
             log.record({"kind": "train", "step": done, "stage": cfg.stage, **means, "lr": lr_at(step, tc),
@@ -203,25 +210,25 @@ def _window_means(window: list[dict[str, float]]) -> dict[str, float]:
     return {k: sum(rec[k] for rec in window if k in rec) / sum(k in rec for rec in window) for k in sorted(keys)}
 
 
-def _evaluation_records(model, task, cfg: ExperimentConfig, device) -> tuple[dict[str, float], list[dict]]:
-    """The full-depth evaluation and, for gated stages, the threshold sweep with the
-    forced depths 1..R: the fixed-depth baseline every exit policy is compared with."""
+def _evaluation_records(model, task, cfg: ExperimentConfig, device) -> list[dict]:
+    """One record per policy the stage evaluates (Stage.eval_policies): full depth
+    first; gated stages add dense and skip at each q and the forced depths below R,
+    the fixed-depth baseline every exit policy is compared with."""
     tc = cfg.train
     eval_set = task.eval_batch()
     if tc.eval_limit:
         eval_set = eval_set.slice(0, tc.eval_limit)
-    kw = dict(batch_size=tc.eval_batch_size, device=device, precision=tc.precision)
-    metrics = evaluate_exact_match(model, eval_set, **kw)
-    exit_records = threshold_sweep(model, eval_set, forced=True, **kw) if cfg.stage != "pretrain" else []
-    return metrics, exit_records
+    policies = get_stage(cfg.stage).eval_policies(cfg.model.n_loops)
+    return evaluate_policies(model, eval_set, policies, batch_size=tc.eval_batch_size, device=device,
+                             precision=tc.precision)
 
 
 def load_parent(model: torch.nn.Module, cfg: ExperimentConfig) -> None:
     """Start from the parent stage's weights; the architecture must match."""
     if not is_checkpoint(cfg.init_from):
-        raise ConfigError(f"init_from={cfg.init_from!r} is invalid; allowed: a looplab checkpoint directory")
+        raise ConfigError(f"parent checkpoint {cfg.init_from!r} is invalid; allowed: a looplab checkpoint directory")
     if read_model_config(cfg.init_from) != cfg.model:
-        raise ConfigError(f"init_from={cfg.init_from!r} holds a different architecture than model=...; "
+        raise ConfigError(f"parent checkpoint {cfg.init_from!r} holds a different architecture than model=...; "
                           "allowed: a checkpoint of the same model config")
     load_weights(model, cfg.init_from)
 
@@ -231,8 +238,10 @@ class _Logger:
 
     def __init__(self, path: Path, callback, quiet: bool, write: bool = True):
         self.path, self.callback, self.quiet, self.write = path, callback, quiet, write
+        self.last_line = time.monotonic()
 
     def say(self, line: str) -> None:
+        self.last_line = time.monotonic()
         if not self.quiet:
             print(line, file=sys.stderr, flush=True)
 

@@ -11,33 +11,40 @@ and skip over q, forced depths), which analysis/ turns into the frontiers.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from sweeps.common import Sweep, main, parse_list, parse_sets  # noqa: E402
-from trainables.pipeline import PipelineSpec  # noqa: E402
+from sweeps.flags import Common, fail, parse_list, parse_ranges
+from sweeps.launch import main
+from sweeps.plan import Sweep
+from trainables.pipeline import PipelineSpec
 
 ARMS = {"ouro": ("pretrain", "stage1", "stage2"), "chase": ("pretrain", "stage1", "chase", "stage2")}
 
 
-def flags(p) -> None:
+def adaptive_pipeline(common: Common, arms: list[str], hp: float = 0.5, lo: float = 1.85, hi: float = 3.45) -> Sweep:
+    """The arms (ouro, chase) sharing pretrain → Stage-1; CHASE with App. E's depth holes."""
+    for arm in arms:
+        if arm not in ARMS:
+            fail("--arms", ",".join(arms), " | ".join(ARMS))
+    overrides = {"model.n_loops": 4, "hole.sampler": "depth", "hole.hp": hp, "hole.lo": lo, "hole.hi": hi,
+                 **common.overrides}
+    spec = PipelineSpec(preset=common.preset, stages=ARMS["chase"], arms=ARMS, overrides=overrides,
+                        stage_overrides=common.stage_overrides)
+    return Sweep(name="adaptive_pipeline", spec=spec, grid={"arm": list(arms)}, metric="val_ppl", mode="min",
+                 columns=("val_ppl", "val_accuracy", "skip_q0.4_executed_loops", "skip_q0.4_ppl"))
+
+
+def add_flags(p) -> None:
     p.add_argument("--arms", default="ouro,chase", help="which arms (default ouro,chase)")
     p.add_argument("--hp", type=float, default=0.5, help="CHASE hole probability (App. E: 0.5)")
     p.add_argument("--depth-range", default="1.85-3.45", help="CHASE target depths lo-hi (App. E: 1.85-3.45)")
 
 
-def adaptive_pipeline(args) -> Sweep:
-    from sweeps.hole_sweep import parse_ranges
-
-    (depths,) = parse_ranges("--depth-range", args.depth_range, "lo", "hi")
-    overrides = {"model.n_loops": 4, "hole.sampler": "depth", "hole.hp": args.hp,
-                 "hole.lo": depths["lo"], "hole.hi": depths["hi"], **parse_sets(args.set)}
-    spec = PipelineSpec(preset=args.preset, stages=ARMS["chase"], arms=ARMS, overrides=overrides)
-    arms = parse_list("--arms", args.arms, str, "ouro,chase")
-    return Sweep(name="adaptive_pipeline", spec=spec, grid={"arm": arms}, metric="val_ppl", mode="min",
-                 columns=("val_ppl", "val_accuracy", "skip_q0.4_executed_loops", "skip_q0.4_ppl"))
+def from_args(common: Common, args) -> Sweep:
+    ranges = parse_ranges("--depth-range", args.depth_range, "lo", "hi")
+    if len(ranges) != 1:
+        fail("--depth-range", args.depth_range, "one LO-HI range, e.g. 1.85-3.45")
+    return adaptive_pipeline(common, parse_list("--arms", args.arms, str, "ouro,chase"), args.hp, **ranges[0])
 
 
 if __name__ == "__main__":
-    sys.exit(main(adaptive_pipeline, __doc__.splitlines()[0], add_flags=flags))
+    sys.exit(main(__doc__.splitlines()[0], add_flags, from_args))

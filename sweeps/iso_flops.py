@@ -10,19 +10,25 @@ parameters) and NR⊗1 (same effective depth, same FLOPs), per backbone.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from sweeps import mano, phop
+from sweeps.depth_grid import add_pair_flags, archs_from, depth_grid, pairs_from
+from sweeps.flags import Common, fail
+from sweeps.launch import main
+from sweeps.plan import Sweep
 
-from sweeps import mano, phop  # noqa: E402
-from sweeps.common import fail, main  # noqa: E402
-from sweeps.depth_grid import add_pair_flags, depth_grid  # noqa: E402
-
-TASKS = {  # task -> (default preset, small pairs, paper pairs, metric, mode)
-    "text": ("debug", "1x1,1x4,4x1", "6x1,6x4,12x1,12x2,24x1", "val_ppl", "min"),
-    "mano": ("mano-debug", mano.SMALL_PAIRS, mano.PAPER_PAIRS, "val_accuracy", "max"),
-    "phop": ("phop-debug", phop.SMALL_PAIRS, phop.PAPER_PAIRS, "val_accuracy", "max"),
+TASKS = {  # task -> (default preset, small pairs, paper pairs, metric, mode, summary columns)
+    "text": ("debug", "1x1,1x4,4x1", "6x1,6x4,12x1,12x2,24x1", "val_ppl", "min", ("val_ppl", "val_accuracy")),
+    "mano": ("mano-debug", mano.SMALL_PAIRS, mano.PAPER_PAIRS, "val_accuracy", "max", ("val_accuracy", "val_loss")),
+    "phop": ("phop-debug", phop.SMALL_PAIRS, phop.PAPER_PAIRS, "val_accuracy", "max", ("val_accuracy", "val_loss")),
 }
+
+
+def iso_flops(common: Common, task: str, pairs, archs=None) -> Sweep:
+    if task not in TASKS:
+        fail("--task", task, " | ".join(TASKS))
+    *_, metric, mode, columns = TASKS[task]
+    return depth_grid(f"iso_flops_{task}", common, pairs, archs=archs, metric=metric, mode=mode, columns=columns)
 
 
 def task_of(argv: list[str]) -> str:
@@ -32,23 +38,22 @@ def task_of(argv: list[str]) -> str:
     return next((a.split("=", 1)[1] for a in argv if a.startswith("--task=")), "text")
 
 
-def make_flags(task: str):
-    preset, small, paper, _, _ = TASKS.get(task, TASKS["text"])
+def flags_for(task: str):
+    preset, small, paper, *_ = TASKS.get(task, TASKS["text"])
 
-    def flags(p) -> None:
+    def add_flags(p) -> None:
         p.add_argument("--task", default="text", help="text | mano | phop (default text)")
         add_pair_flags(p, preset=preset, small_pairs=small, paper_pairs=paper, level=None)
         p.set_defaults(seeds="0")
-    return flags
+    return add_flags
 
 
-def iso_flops(args):
+def from_args(common: Common, args) -> Sweep:
     if args.task not in TASKS:
         fail("--task", args.task, " | ".join(TASKS))
-    _, _, _, metric, mode = TASKS[args.task]
-    return depth_grid(f"iso_flops_{args.task}", args, metric=metric, mode=mode,
-                      columns=("val_ppl", "val_accuracy") if args.task == "text" else ("val_accuracy", "val_loss"))
+    _, small, paper, *_ = TASKS[args.task]
+    return iso_flops(common, args.task, pairs_from(args, common, small, paper), archs_from(args))
 
 
 if __name__ == "__main__":
-    sys.exit(main(iso_flops, __doc__.splitlines()[0], add_flags=make_flags(task_of(sys.argv[1:]))))
+    sys.exit(main(__doc__.splitlines()[0], flags_for(task_of(sys.argv[1:])), from_args))

@@ -9,24 +9,29 @@ over difficulty levels L, with several seeds (best-of-3 and mean ± std in analy
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from sweeps.common import main  # noqa: E402
-from sweeps.depth_grid import add_pair_flags, depth_grid  # noqa: E402
+from sweeps.depth_grid import add_pair_flags, archs_from, depth_grid, level_from, pairs_from
+from sweeps.flags import Common
+from sweeps.launch import main
+from sweeps.plan import Sweep
 
 PAPER_PAIRS = "24x1,4x1,4x6,6x1,6x4,12x1,12x2"
 SMALL_PAIRS = "1x1,1x4,4x1"
 
 
-def flags(p) -> None:
+def mano(common: Common, pairs, archs=None, levels=None) -> Sweep:
+    return depth_grid("mano", common, pairs, archs=archs, level=levels, metric="val_accuracy", mode="max",
+                      columns=("val_accuracy", "val_loss"))
+
+
+def add_flags(p) -> None:
     add_pair_flags(p, preset="mano-debug", small_pairs=SMALL_PAIRS, paper_pairs=PAPER_PAIRS, level=("levels", "L"))
 
 
-def mano(args):
-    return depth_grid("mano", args, metric="val_accuracy", mode="max", columns=("val_accuracy", "val_loss"))
+def from_args(common: Common, args) -> Sweep:
+    return mano(common, pairs_from(args, common, SMALL_PAIRS, PAPER_PAIRS), archs_from(args),
+                level_from(args, "levels", "L"))
 
 
 if __name__ == "__main__":
-    sys.exit(main(mano, __doc__.splitlines()[0], add_flags=flags))
+    sys.exit(main(__doc__.splitlines()[0], add_flags, from_args))

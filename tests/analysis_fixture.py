@@ -18,6 +18,8 @@ from pathlib import Path
 
 from looplab import tracking
 from looplab.lm_eval_suite import PAPER_TASKS
+from looplab.policy import DENSE, FORCED, FULL, SKIP, ExitPolicy
+from looplab.stages import get_stage
 from trainables.pipeline import PipelineSpec
 from trainables.pipeline import stage_configs as pipeline_stage_configs
 
@@ -50,22 +52,19 @@ def point_values(arm: str, stage: str, seed: int, mode: str, q: float | None, de
 
 
 def eval_records(arm: str, stage: str, seed: int, step: int) -> list[dict]:
-    full = point_values(arm, stage, seed, "full", None, None)
-    records = [{"kind": "eval", "step": step, "mode": "forced", "q": None, "depth": R, "accuracy": full["accuracy"],
-                "loss": math.log(full["ppl"]), "ppl": full["ppl"], "n": 100}]
-    if stage == "pretrain":
-        return records
-    for mode in ("dense", "skip"):
-        for q in QS:
-            v = point_values(arm, stage, seed, mode, q, None)
-            records.append({"kind": "eval_exit", "step": step, "mode": mode, "q": q, "depth": None, **v,
-                            "loss": math.log(v["ppl"]), "backbone_flops_per_token": 1000.0 * v["executed_loops"],
-                            "n": 100})
-    for depth in range(1, R + 1):
-        v = point_values(arm, stage, seed, "forced", None, depth)
-        records.append({"kind": "eval_exit", "step": step, "mode": "forced", "q": None, "depth": depth, **v,
-                        "loss": math.log(v["ppl"]), "backbone_flops_per_token": 1000.0 * depth, "n": 100})
-    return records
+    """looplab.train's evaluation record: one entry per policy the stage evaluates
+    (looplab.stages: full depth; gate stages add dense and skip at each q and forced
+    depths 1..R-1)."""
+    def entry(policy: ExitPolicy, v: dict) -> dict:
+        return {"policy": policy.spec, **v, "loss": math.log(v["ppl"]),
+                "backbone_flops_per_token": 1000.0 * v["executed_loops"], "n": 100}
+
+    for_policy = {FULL: lambda p: point_values(arm, stage, seed, "full", None, None),
+                  FORCED: lambda p: point_values(arm, stage, seed, "forced", None, p.depth),
+                  DENSE: lambda p: point_values(arm, stage, seed, "dense", p.q, None),
+                  SKIP: lambda p: point_values(arm, stage, seed, "skip", p.q, None)}
+    policies = get_stage(stage).eval_policies(R)
+    return [{"kind": "eval", "step": step, "policies": [entry(p, for_policy[p.execution](p)) for p in policies]}]
 
 
 def log_records(mc, run_id: str, records: list[dict]) -> None:
@@ -110,41 +109,47 @@ def log_sweep(uri: str, root: Path, experiment: str, *, arms=("Ouro", "CHASE"), 
     mc = tracking.client(uri)
     exp_id = tracking.ensure_experiment(mc, experiment, root / "mlflow")
     sweep = mc.create_run(exp_id, run_name=f"{experiment}-sweep",
-                          tags={"level": tracking.SWEEP, "sweep_key": "k0", "preset": preset, "git_sha": "abc",
-                                "command": "sweeps/test.py", "mlflow.runName": f"{experiment}-sweep"}).info.run_id
+                          tags={tracking.LEVEL: tracking.SWEEP, tracking.SWEEP_KEY: "k0", tracking.PRESET: preset,
+                                tracking.GIT_SHA: "abc", tracking.COMMAND: "sweeps/test.py",
+                                tracking.RUN_NAME_TAG: f"{experiment}-sweep"}).info.run_id
     trials = {(arm, seed, beta): stage_configs(arm, seed, beta, root, preset=preset, extra=extra)
               for arm in arms for beta in betas for seed in seeds}
-    uses = Counter(cfg.trial_key() for configs in trials.values() for cfg in configs)
-    trained: dict[str, dict] = {}  # stage trial_key -> {"run_id", "metrics"} (the shared-stage "done" marker)
+    uses = Counter(cfg.stage_key() for configs in trials.values() for cfg in configs)
+    trained: dict[str, dict] = {}  # stage_key -> {"run_id", "metrics"} (the shared-stage "done" marker)
     for (arm, seed, _beta), configs in trials.items():
         for i, cfg in enumerate(configs):
-            if uses[cfg.trial_key()] > 1 and cfg.trial_key() not in trained:
-                trained[cfg.trial_key()] = _train_stage(mc, exp_id, cfg, i, arm, seed, sweep, None, False)
+            if uses[cfg.stage_key()] > 1 and cfg.stage_key() not in trained:
+                trained[cfg.stage_key()] = _train_stage(mc, exp_id, configs[:i + 1], arm, seed, sweep, None, False)
     out = {"sweep_run": sweep, "trials": {}, "stages": {}, "experiment_id": exp_id}
     for (arm, seed, beta), configs in trials.items():
         final = configs[-1]
+        lineage = [c.stage for c in configs]
         trial, _ = tracking.open_run(
-            mc, exp_id, name=f"trial-{final.trial_key()}",
-            tags=tracking.config_tags(final, level=tracking.TRIAL, git="abc", sweep=experiment),
-            key={"level": tracking.TRIAL, "trial_key": final.trial_key()}, parent_run_id=sweep,
-            params={**tracking.config_params(final), "search.beta": str(beta), "search.seed": str(seed)})
+            mc, exp_id, name=tracking.trial_run_name(final.stage_key()),
+            tags=tracking.config_tags(final, level=tracking.TRIAL, git="abc", lineage=lineage,
+                                      **{tracking.SWEEP_TAG: experiment}),
+            key={tracking.LEVEL: tracking.TRIAL, tracking.STAGE_KEY: final.stage_key()}, parent_run_id=sweep,
+            params={**tracking.config_params(final), **tracking.search_params({"beta": beta, "seed": seed})})
         out["trials"][(arm, seed, beta)] = trial
         for i, cfg in enumerate(configs):
             last = i == len(configs) - 1
-            done = trained.get(cfg.trial_key())
+            done = trained.get(cfg.stage_key())
             if done:  # trained before: reused, its metrics logged again
                 run, _ = tracking.open_run(
-                    mc, exp_id, name=f"{cfg.stage}-{cfg.trial_key()}", parent_run_id=trial,
-                    key={"level": tracking.STAGE, "trial_key": cfg.trial_key(), "trial_run": trial},
-                    tags=tracking.config_tags(cfg, level=tracking.STAGE, git="abc", reused_from=done["run_id"],
-                                              reused="true", checkpoint="ckpt"))
+                    mc, exp_id, name=tracking.stage_run_name(cfg.stage, cfg.stage_key()), parent_run_id=trial,
+                    key={tracking.LEVEL: tracking.STAGE, tracking.STAGE_KEY: cfg.stage_key(),
+                         tracking.TRIAL_RUN: trial},
+                    tags=tracking.config_tags(cfg, level=tracking.STAGE, git="abc", lineage=lineage[:i + 1],
+                                              **{tracking.REUSED_FROM: done["run_id"], tracking.REUSED: "true",
+                                                 tracking.CHECKPOINT: "ckpt"}))
                 tracking.log_metrics(mc, run, done["metrics"], step=cfg.train.steps)
                 if last:
                     tracking.log_metrics(mc, trial, done["metrics"], step=cfg.train.steps)
                 tracking.close_run(mc, run, ok=True)
             else:
-                done = _train_stage(mc, exp_id, cfg, i, arm, seed, trial, trial if last else None, lm_eval and last)
-                trained[cfg.trial_key()] = done
+                done = _train_stage(mc, exp_id, configs[:i + 1], arm, seed, trial, trial if last else None,
+                                    lm_eval and last)
+                trained[cfg.stage_key()] = done
                 run = done["run_id"]
             out["stages"][(arm, seed, beta, cfg.stage)] = run
         tracking.close_run(mc, trial, ok=True)
@@ -152,24 +157,27 @@ def log_sweep(uri: str, root: Path, experiment: str, *, arms=("Ouro", "CHASE"), 
     return out
 
 
-def _train_stage(mc, exp_id: str, cfg, index: int, arm: str, seed: int, parent: str, trial: str | None,
+def _train_stage(mc, exp_id: str, chain, arm: str, seed: int, parent: str, trial: str | None,
                  lm_eval: bool) -> dict:
-    """A stage run that trains (under `parent`: a trial, or the sweep for a shared
-    stage): its records, timing and, for a trial's last stage, the trial run's copy."""
-    run, _ = tracking.open_run(mc, exp_id, name=f"{cfg.stage}-{cfg.trial_key()}", parent_run_id=parent,
-                               key={"level": tracking.STAGE, "trial_key": cfg.trial_key(), "trial_run": parent},
-                               tags=tracking.config_tags(cfg, level=tracking.STAGE, git="abc", reused="false",
-                                                         checkpoint="ckpt"),
+    """A stage run that trains chain[-1] (under `parent`: a trial, or the sweep for a
+    shared stage): its records, timing and, for a trial's last stage, the trial run's copy."""
+    cfg, index = chain[-1], len(chain) - 1
+    run, _ = tracking.open_run(mc, exp_id, name=tracking.stage_run_name(cfg.stage, cfg.stage_key()),
+                               parent_run_id=parent,
+                               key={tracking.LEVEL: tracking.STAGE, tracking.STAGE_KEY: cfg.stage_key(),
+                                    tracking.TRIAL_RUN: parent},
+                               tags=tracking.config_tags(cfg, level=tracking.STAGE, git="abc",
+                                                         lineage=[c.stage for c in chain],
+                                                         **{tracking.REUSED: "false", tracking.CHECKPOINT: "ckpt"}),
                                params=tracking.config_params(cfg))
     targets = [run] + ([trial] if trial else [])
     steps = cfg.train.steps
     records = train_records(cfg.stage, cfg.exit.beta, steps) + eval_records(arm, cfg.stage, seed, steps)
     for target in targets:
         log_records(mc, target, records)
-        tracking.log_metrics(mc, target, {f"{cfg.stage}_wall_time_s": 10.0 * (index + 1)}, step=steps)
+        tracking.log_metrics(mc, target, {tracking.STAGE_SECONDS: 10.0 * (index + 1)}, step=steps)
         if lm_eval:
             tracking.log_metrics(mc, target, lm_eval_scores(arm, seed), step=steps)
-    tracking.log_metrics(mc, run, {"stage_seconds": 10.0 * (index + 1)}, step=steps)
     tracking.close_run(mc, run, ok=True)
     return {"run_id": run, "metrics": tracking.latest_metrics(mc, run)}
 
@@ -180,8 +188,9 @@ def lm_eval_scores(arm: str, seed: int) -> dict[str, float]:
     scores = {}
     for i, task in enumerate(PAPER_TASKS):
         full = 0.30 + 0.01 * i + 0.01 * seed
-        scores[f"lm_eval.{task}"] = full
-        scores[f"skip_q0.4_lm_eval.{task}"] = full - (0.01 if arm == "CHASE" else 0.05)
+        quantity = tracking.lm_eval_quantity(task)
+        scores[tracking.policy_metric(ExitPolicy.full(), quantity)] = full
+        scores[tracking.policy_metric(ExitPolicy.skip(0.4), quantity)] = full - (0.01 if arm == "CHASE" else 0.05)
     return scores
 
 
@@ -189,12 +198,12 @@ def log_untrained_sweep(uri: str, root: Path, experiment: str) -> str:
     """A sweep whose one trial logged training records only (it died before evaluating)."""
     mc = tracking.client(uri)
     exp_id = tracking.ensure_experiment(mc, experiment, root / "mlflow")
-    sweep = mc.create_run(exp_id, tags={"level": tracking.SWEEP, "sweep_key": "k1"}).info.run_id
+    sweep = mc.create_run(exp_id, tags={tracking.LEVEL: tracking.SWEEP, tracking.SWEEP_KEY: "k1"}).info.run_id
     cfg = stage_configs("Ouro", 0, 0.25, root)[0]
-    trial, _ = tracking.open_run(mc, exp_id, name=f"trial-{cfg.trial_key()}",
+    trial, _ = tracking.open_run(mc, exp_id, name=tracking.trial_run_name(cfg.stage_key()),
                                  tags=tracking.config_tags(cfg, level=tracking.TRIAL, git="abc"),
-                                 key={"level": tracking.TRIAL, "trial_key": cfg.trial_key()}, parent_run_id=sweep,
-                                 params=tracking.config_params(cfg))
+                                 key={tracking.LEVEL: tracking.TRIAL, tracking.STAGE_KEY: cfg.stage_key()},
+                                 parent_run_id=sweep, params=tracking.config_params(cfg))
     for record in train_records("pretrain", 0.25, 40):
         tracking.log_record(mc, trial, record)
     tracking.close_run(mc, trial, ok=True)
@@ -209,11 +218,11 @@ def log_history(uri: str, root: Path, experiment: str) -> str:
     exp_id = tracking.ensure_experiment(mc, experiment, root / "mlflow")
     cfg = stage_configs("Ouro", 0, 0.25, root)[0]
     trial, _ = tracking.open_run(mc, exp_id, name="trial", tags=tracking.config_tags(cfg, level=tracking.TRIAL),
-                                 key={"level": tracking.TRIAL, "trial_key": cfg.trial_key()},
+                                 key={tracking.LEVEL: tracking.TRIAL, tracking.STAGE_KEY: cfg.stage_key()},
                                  params=tracking.config_params(cfg))
     for step, ppl, acc, loss in ((10, 8.0, 0.5, 3.0), (20, 9.0, 0.4, 2.0)):
-        tracking.log_record(mc, trial, {"kind": "eval", "step": step, "ppl": ppl, "accuracy": acc,
-                                        "loss": math.log(ppl)})
+        tracking.log_record(mc, trial, {"kind": "eval", "step": step, "policies": [
+            {"policy": "full", "ppl": ppl, "accuracy": acc, "loss": math.log(ppl)}]})
         tracking.log_record(mc, trial, {"kind": "train", "step": step, "loss": loss})
     tracking.log_record(mc, trial, {"kind": "train", "step": 30, "loss": 2.5})
     tracking.close_run(mc, trial, ok=True)

@@ -6,8 +6,10 @@ import pytest
 import torch
 
 from looplab.models.looped import LoopedLM
+from looplab.config import ConfigError
 from looplab.objectives import (exit_cdf, exit_distribution, exit_entropy, expected_exit_step, stage1_loss,
-                                stage2_loss, stage2_targets, threshold_exit_step)
+                                stage2_loss, stage2_targets)
+from looplab.policy import ExitPolicy, parse_policies, threshold_exit_steps
 from test_models import ARCHS, tiny
 
 
@@ -32,8 +34,8 @@ def test_exit_distribution_by_hand():
     H = -(0.5 * math.log(0.5 + 1e-8) + 2 * 0.25 * math.log(0.25 + 1e-8))
     assert float(exit_entropy(exit_distribution(lam))) == pytest.approx(H)
     assert float(expected_exit_step(exit_distribution(lam))) == pytest.approx(0.5 * 1 + 0.25 * 2 + 0.25 * 3)
-    cdf = exit_cdf(exit_distribution(lam))
-    assert [int(threshold_exit_step(cdf, q)) for q in (0.0, 0.5, 0.6, 0.75, 0.8, 1.0)] == [1, 1, 2, 2, 3, 3]
+    gate_logits = torch.logit(lam)  # the rule reads the gate's logits, λ = σ(a)
+    assert [int(threshold_exit_steps(gate_logits, q)) for q in (0.0, 0.5, 0.6, 0.75, 0.8, 1.0)] == [1, 1, 2, 2, 3, 3]
 
 
 def test_pi_sums_to_one():
@@ -75,13 +77,13 @@ def test_skip_at_q1_equals_dense_readout_at_R_and_q0_equals_depth_1(arch):
     m = gated_model(arch)
     ids = torch.randint(0, 37, (3, 15))
     full = m(ids)  # forced depth R
-    skip1 = m(ids, mode="skip", q=1.0)
+    skip1 = m(ids, ExitPolicy.skip(1.0))
     assert int(skip1.exit_step.min()) == 4 and skip1.executed_loops == 4.0
     torch.testing.assert_close(skip1.logits, full.logits, atol=1e-10, rtol=1e-10)
-    torch.testing.assert_close(m(ids, mode="dense", q=1.0).logits, full.logits, atol=1e-10, rtol=1e-10)
-    skip0 = m(ids, mode="skip", q=0.0)
+    torch.testing.assert_close(m(ids, ExitPolicy.dense(1.0)).logits, full.logits, atol=1e-10, rtol=1e-10)
+    skip0 = m(ids, ExitPolicy.skip(0.0))
     assert skip0.exit_step.eq(1).all() and skip0.executed_loops == 1.0
-    torch.testing.assert_close(skip0.logits, m(ids, mode="forced", depth=1).logits, atol=1e-12, rtol=0)
+    torch.testing.assert_close(skip0.logits, m(ids, ExitPolicy.forced(1)).logits, atol=1e-12, rtol=0)
 
 
 def skip_reference(m, ids, q):
@@ -120,7 +122,7 @@ def skip_reference(m, ids, q):
 def test_skip_equals_per_sequence_survivor_reference(arch, packing):
     m = gated_model(arch, seed=1)
     ids = torch.randint(0, 37, (4, 21), generator=torch.Generator().manual_seed(3))
-    out = m(ids, mode="skip", q=0.5, packing=packing)
+    out = m(ids, ExitPolicy.skip(0.5), packing=packing)
     ref_logits, ref_exit = skip_reference(m, ids, 0.5)
     assert torch.equal(out.exit_step, ref_exit)
     survivors_at_2 = (out.exit_step >= 2).sum(1)
@@ -136,9 +138,9 @@ def test_skip_with_very_different_survivor_counts_per_row(packing):
     m = gated_model("mamba2", seed=2)
     ids = torch.randint(0, 37, (2, 17))
     exit_at = torch.stack([torch.full((17,), 4), torch.ones(17, dtype=torch.long)])
-    out = m(ids, mode="skip", exit_at=exit_at, packing=packing)
+    out = m(ids, ExitPolicy.given(exit_at), packing=packing)
     torch.testing.assert_close(out.logits[0], m(ids[:1]).logits[0], atol=1e-10, rtol=1e-10)
-    torch.testing.assert_close(out.logits[1], m(ids[1:], mode="forced", depth=1).logits[0], atol=1e-12, rtol=0)
+    torch.testing.assert_close(out.logits[1], m(ids[1:], ExitPolicy.forced(1)).logits[0], atol=1e-12, rtol=0)
     assert out.executed_loops == pytest.approx((4 + 1) / 2)
 
 
@@ -147,14 +149,14 @@ def test_exited_tokens_are_invisible_to_deeper_steps(arch):
     m = gated_model(arch, seed=4)
     ids = torch.randint(0, 37, (2, 19))
     exit_at = torch.randint(1, 5, ids.shape, generator=torch.Generator().manual_seed(0))
-    base = m(ids, mode="skip", exit_at=exit_at)
+    base = m(ids, ExitPolicy.given(exit_at))
     assert (base.exit_step < 4).any() and (base.exit_step == 4).any()
 
     def perturb_exited(r, h, active):
         noise = torch.randn_like(h) * 10.0
         return torch.where(active.unsqueeze(-1), h, h + noise)
 
-    poked = m(ids, mode="skip", exit_at=exit_at, on_step=perturb_exited)
+    poked = m(ids, ExitPolicy.given(exit_at), on_step=perturb_exited)
     survivors = base.exit_step == 4
     torch.testing.assert_close(poked.logits[survivors], base.logits[survivors], atol=1e-10, rtol=1e-10)
     assert not torch.allclose(poked.logits[~survivors], base.logits[~survivors])  # the poke did land
@@ -163,7 +165,7 @@ def test_exited_tokens_are_invisible_to_deeper_steps(arch):
 def test_dense_readout_picks_the_threshold_step():
     m = gated_model("mamba2", seed=5)
     ids = torch.randint(0, 37, (2, 13))
-    out = m(ids, mode="dense", q=0.5, all_steps=True)
+    out = m(ids, ExitPolicy.dense(0.5), all_steps=True)
     for b in range(2):
         for t in range(13):
             z = int(out.exit_step[b, t])
@@ -175,8 +177,8 @@ def test_varlen_and_padded_skip_agree_on_random_exits_with_gradients():
     m = gated_model("mamba2", seed=8)
     ids = torch.randint(0, 37, (5, 33))
     exit_at = torch.randint(1, 5, ids.shape, generator=torch.Generator().manual_seed(1))
-    padded = m(ids, mode="skip", exit_at=exit_at, packing="padded")
-    varlen = m(ids, mode="skip", exit_at=exit_at, packing="varlen")
+    padded = m(ids, ExitPolicy.given(exit_at), packing="padded")
+    varlen = m(ids, ExitPolicy.given(exit_at), packing="varlen")
     torch.testing.assert_close(varlen.logits, padded.logits, atol=1e-10, rtol=1e-10)
     w = torch.randn_like(padded.logits)
     g_pad = torch.autograd.grad((padded.logits * w).sum(), list(m.backbone.parameters()))
@@ -189,38 +191,57 @@ def test_varlen_and_padded_skip_agree_on_random_exits_with_gradients():
 def test_varlen_packing_is_refused_for_attention_backbones():
     m = gated_model("hybrid")
     with pytest.raises(ValueError, match="varlen needs arch='mamba2'"):
-        m(torch.randint(0, 37, (1, 5)), mode="skip", q=0.5, packing="varlen")
+        m(torch.randint(0, 37, (1, 5)), ExitPolicy.skip(0.5), packing="varlen")
 
 
 def test_skip_flops_follow_the_packed_work():
     m = gated_model("mamba2", seed=6)
     ids = torch.randint(0, 37, (2, 16))
     exit_at = torch.tensor([[1] * 8 + [4] * 8, [2] * 16])
-    out = m(ids, mode="skip", exit_at=exit_at, packing="padded")
+    out = m(ids, ExitPolicy.given(exit_at), packing="padded")
     # step 1: 2×16 tokens; step 2: row widths 8 and 16 → padded to 16; steps 3-4: 8 (row 0 only, row 1 padded)
     expected = 2 * 16 * m.step_flops(16) * 2 + 2 * 8 * m.step_flops(8) * 2
     assert out.backbone_flops == expected
     assert out.executed_loops == pytest.approx((8 * 1 + 8 * 4 + 16 * 2) / 32)
 
 
-def test_bad_execution_arguments_are_clear():
+def test_bad_policies_are_one_line_errors():
     m = gated_model("mamba2")
     ids = torch.randint(0, 37, (1, 5))
-    with pytest.raises(ValueError, match="mode"):
-        m(ids, mode="fast")
-    with pytest.raises(ValueError, match="q="):
-        m(ids, mode="skip", q=1.5)
-    with pytest.raises(ValueError, match="depth"):
-        m(ids, mode="forced", depth=9)
-    with pytest.raises(ValueError, match="needs q"):
-        m(ids, mode="skip")
+    with pytest.raises(ConfigError, match="policy execution='fast' is invalid"):
+        ExitPolicy("fast")
+    with pytest.raises(ConfigError, match="policy q=1.5 is invalid"):
+        ExitPolicy.skip(1.5)
+    with pytest.raises(ConfigError, match=r"policy depth=9 is invalid; allowed: an integer in \[1, R=4\]"):
+        m(ids, ExitPolicy.forced(9))
+    with pytest.raises(ConfigError, match="policy 'skip' is invalid"):
+        ExitPolicy.parse("skip")
+    with pytest.raises(ConfigError, match="exit_at must be"):
+        m(ids, ExitPolicy.given(torch.full((1, 5), 7)))
+    with pytest.raises(ConfigError, match="policy=.* is invalid"):
+        m(ids, "skip:0.4")
+
+
+@pytest.mark.parametrize("spec,label,prefix", [("full", "full depth", "val_"), ("forced:2", "forced d=2", "forced_d2_"),
+                                               ("dense:0.4", "dense q=0.4", "dense_q0.4_"),
+                                               ("skip:0.25", "skip q=0.25", "skip_q0.25_"),
+                                               ("skip:1", "skip q=1.0", "skip_q1.0_")])
+def test_policy_names_round_trip(spec, label, prefix):
+    policy = ExitPolicy.parse(spec)
+    assert (policy.label, policy.metric_prefix) == (label, prefix)
+    assert ExitPolicy.parse(policy.spec) == policy == ExitPolicy.from_prefix(prefix)
+
+
+def test_policy_grid_parses_groups_and_ranges():
+    got = parse_policies("full; dense:0.2,0.4; skip:0.4; forced:1-3")
+    assert [p.spec for p in got] == ["full", "dense:0.2", "dense:0.4", "skip:0.4", "forced:1", "forced:2", "forced:3"]
 
 
 @pytest.mark.parametrize("arch", ["mamba2", "transformer"])
 def test_readouts_of_one_dense_pass_match_each_policy_run_on_its_own(arch):
-    """evaluate_readouts (one dense pass, every step kept) against evaluate_execution,
+    """evaluate_readouts (one dense pass, every step kept) against evaluate_policy,
     which runs dense at each q and forced at each depth through its own forward."""
-    from looplab.evaluate import evaluate_execution, evaluate_readouts
+    from looplab.evaluate import evaluate_policy, evaluate_readouts
     from looplab.tasks.base import Batch
 
     model = gated_model(arch)  # its gate sends tokens out at different steps
@@ -230,13 +251,13 @@ def test_readouts_of_one_dense_pass_match_each_policy_run_on_its_own(arch):
     targets[:, ::3] = -100  # some positions carry no target
     batch = Batch(ids, targets)
     qs = (0.3, 0.6, 0.9)
-    fast = evaluate_readouts(model, batch, qs=qs, batch_size=2)
-    slow = ([evaluate_execution(model, batch, mode="dense", q=q, batch_size=2) for q in qs]
-            + [evaluate_execution(model, batch, mode="forced", depth=d, batch_size=2)
-               for d in range(1, model.cfg.n_loops + 1)])
-    assert len({r["mean_exit_step"] for r in fast if r["mode"] == "dense"}) > 1  # q matters here
+    policies = ([ExitPolicy.dense(q) for q in qs] + [ExitPolicy.forced(d) for d in range(1, model.cfg.n_loops)]
+                + [ExitPolicy.full()])
+    fast = evaluate_readouts(model, batch, policies, batch_size=2)
+    slow = [evaluate_policy(model, batch, p, batch_size=2) for p in policies]
+    assert len({r["mean_exit_step"] for r in fast if r["policy"].startswith("dense")}) > 1  # q matters here
     assert len(fast) == len(slow)
     for f, s in zip(fast, slow):
-        assert (f["mode"], f["q"], f["depth"]) == (s["mode"], s["q"], s["depth"])
+        assert f["policy"] == s["policy"]
         for key in ("accuracy", "loss", "ppl", "mean_exit_step", "executed_loops", "backbone_flops_per_token", "n"):
-            assert f[key] == pytest.approx(s[key], rel=1e-5, abs=1e-6), (f["mode"], f["q"], f["depth"], key)
+            assert f[key] == pytest.approx(s[key], rel=1e-5, abs=1e-6), (f["policy"], key)

@@ -28,7 +28,7 @@ from analysis.frontier import (
     frontier_gap,
     pareto_frontier,
 )
-from analysis.names import parse_point_metric
+from analysis.names import parse_metric
 
 REPO = Path(__file__).resolve().parents[1]
 import analysis_fixture as fx  # noqa: E402 (tests/ is on the path: conftest.py)
@@ -154,12 +154,35 @@ def test_best_of_seeds_by_hand():
 
 
 def test_metric_names():
-    assert parse_point_metric("skip_q0.4_ppl") == ("skip", 0.4, None, "ppl")
-    assert parse_point_metric("forced_d3_executed_loops") == ("forced", None, 3, "executed_loops")
-    assert parse_point_metric("val_accuracy") == ("full", None, None, "accuracy")
-    assert parse_point_metric("skip_q0.4_lm_eval.piqa") == ("skip", 0.4, None, "lm_eval.piqa")
-    assert parse_point_metric("lm_eval.arc_easy") == ("full", None, None, "lm_eval.arc_easy")
-    assert parse_point_metric("exit_entropy") is None and parse_point_metric("skip_q0.4_bogus") is None
+    def parsed(name):
+        found = parse_metric(name)
+        return None if found is None else (found[0].spec, found[1])
+
+    assert parsed("skip_q0.4_ppl") == ("skip:0.4", "ppl")
+    assert parsed("forced_d3_executed_loops") == ("forced:3", "executed_loops")
+    assert parsed("val_accuracy") == ("full", "accuracy")
+    assert parsed("skip_q0.4_lm_eval.piqa") == ("skip:0.4", "lm_eval.piqa")
+    assert parsed("val_lm_eval.arc_easy") == ("full", "lm_eval.arc_easy")
+    assert parsed("exit_entropy") is None and parsed("skip_q0.4_bogus") is None and parsed("lm_eval.piqa") is None
+
+
+def test_writer_and_reader_share_the_metric_names(tmp_path):
+    """A stage's evaluation record, logged by the platform's writer, read back by the
+    analysis through the contract: renaming a metric on either side breaks this."""
+    from analysis.load import load_runs
+    from analysis.points import evaluation_points
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    fx.log_sweep(uri, tmp_path, "contract", arms=("Ouro",), seeds=(0,))
+    points = evaluation_points(load_runs(uri, ["contract"]))
+    s1 = points.filter(pl.col("stage") == "stage1")
+    skip = s1.filter((pl.col("policy") == "skip") & (pl.col("q") == 0.4)).row(0, named=True)
+    expected = fx.point_values("Ouro", "stage1", 0, "skip", 0.4, None)
+    assert skip["executed_loops"] == pytest.approx(expected["executed_loops"])
+    assert skip["ppl"] == pytest.approx(expected["ppl"])
+    full = s1.filter(pl.col("policy") == "full").row(0, named=True)
+    assert full["ppl"] == pytest.approx(fx.point_values("Ouro", "stage1", 0, "full", None, None)["ppl"])
+    assert set(s1["method"].to_list()) == {"Ouro"} and s1["stage_seconds"].to_list()[0] == 20.0
 
 
 # ---- end to end -----------------------------------------------------------------------
@@ -210,9 +233,9 @@ def test_cli_writes_every_file(report):
 
 def test_points_csv_matches_logged_runs(report):
     rows = read_csv(report[0] / "points.csv")
-    # 2 arms × 2 seeds; Ouro: pretrain (full) + stage1, stage2 (full + 10 gated + 4 forced);
-    # CHASE has one more gated stage
-    assert len(rows) == 2 * (1 + 2 * 15) + 2 * (1 + 3 * 15)
+    # 2 arms × 2 seeds; Ouro: pretrain (full) + stage1, stage2 (full + 10 gated + forced 1..3:
+    # depth R is full depth, logged once); CHASE has one more gated stage
+    assert len(rows) == 2 * (1 + 2 * 14) + 2 * (1 + 3 * 14)
     for arm in ("Ouro", "CHASE"):
         for seed in (0, 1):
             for stage in fx.ARMS[arm]:

@@ -6,6 +6,8 @@ import torch
 
 from looplab import load_model
 from looplab.bench import bench_point, oracle_exit_steps, run_grid, survivor_ratio
+from looplab.config import ConfigError
+from looplab.policy import ExitPolicy
 
 
 def test_oracle_exit_steps_have_the_requested_mean_and_range():
@@ -28,7 +30,7 @@ def test_bench_point_reports_consistent_figures():
     model = load_model("phop-debug", n_loops=4, d_model=32, chunk_size=16)
     ids = torch.randint(0, model.cfg.vocab_size, (4, 64))
     exit_at = oracle_exit_steps(np.random.default_rng(1), (4, 64), 2.0, 4)
-    r = bench_point(model, ids, exit_at=exit_at, warmup=0, repeats=1, oracle_mean=2.0)
+    r = bench_point(model, ids, ExitPolicy.given(exit_at), warmup=0, repeats=1, oracle_mean=2.0)
     assert r.mean_executed_loops == pytest.approx(float(exit_at.float().mean()))
     assert r.ideal_speedup == pytest.approx(4 / r.mean_executed_loops)
     assert r.batch_max_survivor_ratio >= 1.0 and r.packing == "varlen"
@@ -37,8 +39,10 @@ def test_bench_point_reports_consistent_figures():
 
 def test_grid_needs_a_policy():
     model = load_model("phop-debug", n_loops=4)
-    with pytest.raises(ValueError, match="oracle"):
+    with pytest.raises(ConfigError, match="oracle"):
         run_grid(model, None, batches=[1], seq_lens=[8])
+    with pytest.raises(ConfigError, match="allowed: skip policies"):
+        bench_point(model, torch.zeros(1, 8, dtype=torch.long), ExitPolicy.dense(0.5))
 
 
 def test_bench_command_writes_records_and_logs_to_mlflow(tmp_path, capsys):
@@ -53,7 +57,7 @@ def test_bench_command_writes_records_and_logs_to_mlflow(tmp_path, capsys):
                  "n_loops=4"]) == 0
     records = json.loads((tmp_path / "b.json").read_text())
     assert len(records) == 1 and records[0]["batch"] == 2 and records[0]["oracle_mean"] == 2.0
-    for key in ("batch", "seq_len", "q", "mean_executed_loops", "ideal_speedup", "speedup", "peak_mem_full",
+    for key in ("batch", "seq_len", "policy", "mean_executed_loops", "ideal_speedup", "speedup", "peak_mem_full",
                 "peak_mem_skip"):
         assert key in records[0]
     from mlflow.tracking import MlflowClient

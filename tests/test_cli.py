@@ -55,15 +55,14 @@ def test_eval_command_prints_a_sweep(tmp_path, capsys):
             "task.eval_count=20", "train.eval_every=0", "model.n_loops=4"]
     assert main(args) == 0
     capsys.readouterr()
-    assert main(["eval", "--checkpoint", str(tmp_path / "pre" / "checkpoint"), "--q", "0.5,1.0",
-                 "--json", str(tmp_path / "sweep.json")]) == 0
+    assert main(["eval", "--checkpoint", str(tmp_path / "pre" / "checkpoint"), "--policies",
+                 "dense:0.5,1.0;skip:0.5,1.0;forced:1-3;full", "--json", str(tmp_path / "sweep.json")]) == 0
     captured = capsys.readouterr()
     records = [json.loads(line) for line in captured.out.splitlines()]
-    assert [(r["mode"], r["q"], r["depth"]) for r in records] == [
-        ("dense", 0.5, None), ("dense", 1.0, None), ("skip", 0.5, None), ("skip", 1.0, None),
-        ("forced", None, 1), ("forced", None, 2), ("forced", None, 3), ("forced", None, 4)]
+    assert [r["policy"] for r in records] == ["dense:0.5", "dense:1.0", "skip:0.5", "skip:1.0", "forced:1",
+                                              "forced:2", "forced:3", "full"]
     assert [r["executed_loops"] for r in records[4:]] == [1.0, 2.0, 3.0, 4.0]
-    assert "mode" in captured.err and json.loads((tmp_path / "sweep.json").read_text()) == [
+    assert "policy" in captured.err and json.loads((tmp_path / "sweep.json").read_text()) == [
         {k: v for k, v in r.items() if k not in ("checkpoint", "stage")} for r in records]
 
 
@@ -77,11 +76,12 @@ def test_train_stage_uses_the_app_e_recipe(tmp_path, capsys):
 
     meta = load_model(tmp_path / "s1" / "checkpoint").metadata
     train_cfg = meta["experiment"]["train"]
-    assert meta["stage"] == "stage1" and meta["parent_checkpoint"] == str(tmp_path / "pre" / "checkpoint")
+    assert meta["stage"] == "stage1" and meta["parent_checkpoint"] == str((tmp_path / "pre" / "checkpoint").resolve())
     assert (train_cfg["lr"], train_cfg["grad_clip"]) == (1.5e-4, 0.6)
     assert train_cfg["lr"] * train_cfg["min_lr_ratio"] == __import__("pytest").approx(8e-5)
     assert meta["experiment"]["exit"]["beta"] == 0.5
     records = [json.loads(x) for x in (tmp_path / "s1" / "metrics.jsonl").read_text().splitlines()]
     train_records = [r for r in records if r["kind"] == "train"]
     assert "exit_entropy" in train_records[-1] and "expected_exit_step" in train_records[-1]
-    assert {r["mode"] for r in records if r["kind"] == "eval_exit"} == {"dense", "skip", "forced"}
+    evaluated = [p["policy"] for r in records if r["kind"] == "eval" for p in r["policies"]]
+    assert {p.partition(":")[0] for p in evaluated} == {"full", "dense", "skip", "forced"}

@@ -46,8 +46,33 @@ def test_config_hash_ignores_seed_but_not_content():
     cfg = get_preset("phop-debug")
     reseeded = apply_overrides(cfg, {"train.seed": 7})
     assert reseeded.config_hash() == cfg.config_hash()
-    assert reseeded.trial_key() != cfg.trial_key()
+    assert reseeded.stage_key() != cfg.stage_key()
     assert apply_overrides(cfg, {"model.n_loops": 1}).config_hash() != cfg.config_hash()
+
+
+@pytest.mark.parametrize("cadence", [{"train.log_every": 5}, {"train.eval_every": 7}, {"train.ckpt_every": 3},
+                                     {"train.device": "cpu"}, {"train.eval_batch_size": 3}])
+def test_cadence_and_device_never_enter_a_key(cadence):
+    cfg = get_preset("phop-debug")
+    assert apply_overrides(cfg, cadence).stage_key() == cfg.stage_key()
+
+
+def test_keys_are_opt_in_and_every_field_is_classified():
+    """A field enters keys only when declared keyed(); the fields that do not are
+    exactly the cadence and device fields (a new field must be classified here)."""
+    import dataclasses
+
+    from looplab.config import ExitConfig, HoleConfig, TextConfig, unkeyed_fields
+
+    for cls in (ModelConfig, ManoConfig, PhopConfig, TextConfig, ExitConfig, HoleConfig):
+        assert unkeyed_fields(cls) == [], cls
+    assert set(unkeyed_fields(TrainConfig)) == {"eval_every", "eval_batch_size", "log_every", "ckpt_every", "device"}
+    cfg = get_preset("debug")
+    fields = cfg.key_fields()
+    assert "train.lr" in fields and "train.seed" in fields and "model.n_loops" in fields
+    assert not any(f.startswith(("exit.", "hole.")) for f in fields)  # pretrain reads neither
+    assert len(fields) == sum(len([f for f in dataclasses.fields(c) if f.metadata.get("key")])
+                              for c in (cfg.model, cfg.task, cfg.train)) + 1  # + the stage
 
 
 def test_overrides_reach_each_section_and_reject_unknown_names():

@@ -15,22 +15,24 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from looplab.checkpoint import load_model
-from looplab.config import ConfigError, apply_overrides
+from looplab.config import ConfigError
 from looplab.distributed import Shard
-from looplab.presets import for_stage, get_preset
+from looplab.checkpoint import parent_ref
+from looplab.presets import get_preset
+from looplab.stages import stage_config
 from looplab.train import train
 
 STEPS = 4
 
 
 def configs(tmp_path):
-    base = apply_overrides(get_preset("phop-debug"), {
-        "train.steps": STEPS, "train.batch_size": 8, "train.eval_every": 0, "train.eval_limit": 16,
-        "train.log_every": 1, "train.warmup_steps": 1, "model.n_loops": 3,
-        "hole.sampler": "depth", "hole.lo": 1.0, "hole.hi": 3.0})
+    overrides = {"train.steps": STEPS, "train.batch_size": 8, "train.eval_every": 0, "train.eval_limit": 16,
+                 "train.log_every": 1, "train.warmup_steps": 1, "model.n_loops": 3,
+                 "hole.sampler": "depth", "hole.lo": 1.0, "hole.hi": 3.0}
+    base = get_preset("phop-debug")
     parent = tmp_path / "pretrain"
-    train(for_stage(base, "pretrain"), parent, quiet=True)
-    return for_stage(base, "chase", str(parent / "checkpoint"))
+    train(stage_config(base, "pretrain", overrides=overrides), parent, quiet=True)
+    return stage_config(base, "chase", parent=parent_ref(parent / "checkpoint"), overrides=overrides)
 
 
 def _rank_main(rank: int, world: int, port: int, cfg_dict: dict, out: str) -> None:

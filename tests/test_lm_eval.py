@@ -21,6 +21,7 @@ pytest.importorskip("datasets")
 
 import looplab  # noqa: E402
 from looplab.config import ConfigError  # noqa: E402
+from looplab.policy import ExitPolicy  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "lm_eval"
 TOY_TASK = "looplab_toy_mc"
@@ -100,7 +101,7 @@ def test_registered_under_looplab_without_hiding_builtin_models():
 
 
 def test_loglikelihood_tokens_match_direct_computation(checkpoint):
-    lm = make_lm(checkpoint, mode="forced", batch_size=2)
+    lm = make_lm(checkpoint, policy="full", batch_size=2)
     tok = lm.tokenizer
     assert (tok.spec, tok.bos_id, tok.eos_id, tok.pad_id) == ("bytes", 256, 257, 258)
     contexts = ["The cat sat on the", "Q: 2+2?\nA:", "x"]
@@ -146,10 +147,10 @@ def test_contexts_are_left_truncated_to_max_length(checkpoint):
 def test_right_padding_does_not_change_skip_scores(checkpoint):
     texts = [b"ab", b"The cat", b"sat on the mat, said the", b"1 + 2 = 3", b"looped models"]
     requests = [((None, None), [256] + list(t), list(b" end")) for t in texts]
-    alone = make_lm(checkpoint, mode="skip", q=0.6, batch_size=1)
-    batched = make_lm(checkpoint, mode="skip", q=0.6, batch_size=5)
+    alone = make_lm(checkpoint, policy="skip:0.6", batch_size=1)
+    batched = make_lm(checkpoint, policy="skip:0.6", batch_size=5)
     with torch.no_grad():  # the gate really mixes exit steps here
-        steps = alone.model(torch.tensor([requests[2][1]]), mode="skip", q=0.6).exit_step
+        steps = alone.model(torch.tensor([requests[2][1]]), ExitPolicy.skip(0.6)).exit_step
     assert len(set(steps.flatten().tolist())) > 1
     for (a, _), (b, _) in zip(alone._loglikelihood_tokens(requests), batched._loglikelihood_tokens(requests)):
         assert a == pytest.approx(b, abs=1e-4)
@@ -212,14 +213,12 @@ def test_generate_until_is_greedy_and_stops():
 
 
 def test_argument_errors_are_one_line(checkpoint, tmp_path):
-    with pytest.raises(ConfigError, match="mode=skip needs q"):
-        make_lm(checkpoint, mode="skip")
-    with pytest.raises(ConfigError, match="mode='fast' is invalid"):
-        make_lm(checkpoint, mode="fast")
-    with pytest.raises(ConfigError, match="depth=2 applies to mode=forced only"):
-        make_lm(checkpoint, mode="dense", depth=2)
+    with pytest.raises(ConfigError, match="policy 'skip' is invalid"):
+        make_lm(checkpoint, policy="skip")
+    with pytest.raises(ConfigError, match="policy 'fast:1' is invalid"):
+        make_lm(checkpoint, policy="fast:1")
     with pytest.raises(ConfigError, match=r"depth=5 is invalid; allowed: an integer in \[1, R=4\]"):
-        make_lm(checkpoint, depth=5)
+        make_lm(checkpoint, policy="forced:5")
     with pytest.raises(ConfigError, match="batch_size='auto' is invalid"):
         make_lm(checkpoint, batch_size="auto")
     bare = looplab.load_model("phop-debug", vocab_size=259, n_loops=R, seed=0)
@@ -232,7 +231,7 @@ def test_argument_errors_are_one_line(checkpoint, tmp_path):
 def test_toy_task_end_to_end_skip_runs_fewer_loops_than_dense(checkpoint, toy_tasks):
     from looplab.lm_eval import evaluate_tasks
 
-    runs = {mode: evaluate_tasks(checkpoint, [TOY_TASK], include_path=toy_tasks, mode=mode, q=0.4, batch_size=4,
+    runs = {mode: evaluate_tasks(checkpoint, [TOY_TASK], include_path=toy_tasks, policy=f"{mode}:0.4", batch_size=4,
                                  device="cpu")
             for mode in ("dense", "skip")}
     for results in runs.values():
@@ -242,7 +241,7 @@ def test_toy_task_end_to_end_skip_runs_fewer_loops_than_dense(checkpoint, toy_ta
         assert row["executed_loops"] == pytest.approx(results["executed_loops"])  # one task: same tokens
     assert runs["dense"]["results"][TOY_TASK]["executed_loops"] == pytest.approx(R)
     assert 1.0 <= runs["skip"]["results"][TOY_TASK]["executed_loops"] < R
-    assert runs["skip"]["config"]["mode"] == "skip" and runs["skip"]["config"]["q"] == 0.4
+    assert runs["skip"]["config"]["policy"] == "skip:0.4"
 
 
 def test_simple_evaluate_by_model_name(checkpoint, toy_tasks):
@@ -252,7 +251,7 @@ def test_simple_evaluate_by_model_name(checkpoint, toy_tasks):
     import looplab.lm_eval  # noqa: F401  (registers the model name)
 
     results = lm_eval.simple_evaluate(
-        model="looplab", model_args=f"checkpoint={checkpoint},mode=skip,q=0.4,batch_size=8,device=cpu",
+        model="looplab", model_args=f"checkpoint={checkpoint},policy=skip:0.4,batch_size=8,device=cpu",
         tasks=[TOY_TASK], limit=4, task_manager=TaskManager(include_path=str(toy_tasks), include_defaults=False))
     assert results["n-samples"][TOY_TASK]["effective"] == 4
     assert 1.0 <= results["config"]["executed_loops_by_task"][TOY_TASK] < R
@@ -263,7 +262,7 @@ def test_cli_lm_eval_writes_json(checkpoint, toy_tasks, tmp_path, capsys):
 
     out = tmp_path / "results.json"
     code = main(["lm-eval", "--checkpoint", str(checkpoint), "--tasks", TOY_TASK, "--include-path", str(toy_tasks),
-                 "--mode", "skip", "--q", "0.4", "--limit", "3", "--batch-size", "4", "--device", "cpu",
+                 "--policy", "skip:0.4", "--limit", "3", "--batch-size", "4", "--device", "cpu",
                  "--output", str(out)])
     assert code == 0
     report = json.loads(out.read_text())
@@ -319,7 +318,7 @@ def suite_data(tmp_path_factory) -> Path:
 def test_paper_suite_offline_uses_builtin_configs_and_paper_shots(checkpoint, suite_data):
     from looplab.lm_eval_suite import PAPER_SHOTS, SUITE_METRICS, builtin_config, run_suite
 
-    summary = run_suite(checkpoint, mode="skip", q=0.4, limit=2, local_data_dir=suite_data, batch_size=8,
+    summary = run_suite(checkpoint, policy="skip:0.4", limit=2, local_data_dir=suite_data, batch_size=8,
                         device="cpu")
     results = summary["lm_eval"]
     assert results["n-shot"] == PAPER_SHOTS

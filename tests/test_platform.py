@@ -23,20 +23,19 @@ import pytest
 pytest.importorskip("ray")
 pytest.importorskip("mlflow")
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
 from looplab import tracking  # noqa: E402
 from looplab.presets import get_preset  # noqa: E402
-from sweeps.beta_ablation import beta_ablation  # noqa: E402
-from sweeps.common import main  # noqa: E402
+from sweeps import beta_ablation as beta  # noqa: E402
+from sweeps.launch import main  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
 
 TINY = ["--preset", "phop-debug", "--set", "train.steps=4", "--set", "train.eval_limit=16",
         "--set", "train.log_every=2", "--set", "train.eval_every=0"]
 
 
 def run_beta(argv, betas=(0.1, 0.5)):
-    return main(lambda args: beta_ablation(args, list(betas)), "test", argv)
+    return main("test", beta.add_flags, lambda common, args: beta.beta_ablation(common, list(betas)), argv)
 
 
 @pytest.mark.parametrize("argv, betas, field", [
@@ -62,7 +61,7 @@ def test_bad_sweep_input_is_one_line_before_ray(argv, betas, field, capsys):
 
 
 def test_summary_columns_name_evaluated_thresholds():
-    from sweeps.common import Sweep
+    from sweeps.plan import Sweep
     from trainables.pipeline import PipelineSpec
 
     spec = PipelineSpec(preset="phop-debug", stages=("pretrain",))
@@ -95,27 +94,25 @@ def test_unreachable_tracking_server_is_one_line_before_ray(tmp_path, capsys):
 def test_bad_hole_sweep_input_is_one_line_before_ray(argv, field, capsys):
     import ray
 
-    from sweeps.hole_sweep import flags, hole_sweep
+    from sweeps import hole_sweep
 
-    assert main(hole_sweep, "test", ["--preset", "debug", "--dry-run", *argv], add_flags=flags) == 2
+    assert main("test", hole_sweep.add_flags, hole_sweep.from_args, ["--preset", "debug", "--dry-run", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and err.startswith(f"error: {field} is invalid; allowed:"), err
     assert not ray.is_initialized()
 
 
 def test_paired_grids_and_arms_in_the_dry_run(capsys, tmp_path):
-    from sweeps.adaptive_pipeline import adaptive_pipeline
-    from sweeps.adaptive_pipeline import flags as arm_flags
-    from sweeps.mano import flags as mano_flags
-    from sweeps.mano import mano
+    from sweeps import adaptive_pipeline, mano
 
-    assert main(mano, "test", ["--dry-run", "--storage-path", str(tmp_path), "--pairs", "1x1,1x4,4x1",
-                               "--seeds", "0,1"], add_flags=mano_flags) == 0
+    assert main("test", mano.add_flags, mano.from_args, ["--dry-run", "--storage-path", str(tmp_path), "--pairs",
+                                                          "1x1,1x4,4x1", "--seeds", "0,1"]) == 0
     out = capsys.readouterr().out
     # N and R stay paired: 3 pairs × 2 seeds, never the 3 × 3 product.
     assert out.count('"n_layers": 1, "n_loops": 4') == 2 and out.count('"n_layers": 4, "n_loops": 4') == 0
     assert "stages: 6 to train" in out
-    assert main(adaptive_pipeline, "test", ["--dry-run", "--storage-path", str(tmp_path)], add_flags=arm_flags) == 0
+    assert main("test", adaptive_pipeline.add_flags, adaptive_pipeline.from_args,
+                ["--dry-run", "--storage-path", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     # Ouro: pretrain → stage1 → stage2; CHASE: the same pretrain and stage1, then chase → stage2.
     assert "stages: 5 to train (2 reused across trials)" in out
@@ -139,17 +136,17 @@ def test_stage_keys_do_not_depend_on_the_storage_path(tmp_path):
                         searched={"beta": "exit.beta"}, searched_stages=("stage1",))
     here = stage_configs(spec, {"beta": 0.1, "seed": 0}, tmp_path / "a")
     there = stage_configs(spec, {"beta": 0.1, "seed": 0}, tmp_path / "b")
-    assert [c.trial_key() for c in here] == [c.trial_key() for c in there]
+    assert [c.stage_key() for c in here] == [c.stage_key() for c in there]
     assert here[1].init_from != there[1].init_from
-    # ... but a different parent (another β upstream of stage2) is another hash.
+    # ... but a different parent (another β upstream of stage2) is another key.
     other_beta = stage_configs(spec, {"beta": 0.5, "seed": 0}, tmp_path / "a")
     other_seed = stage_configs(spec, {"beta": 0.1, "seed": 1}, tmp_path / "a")
-    assert other_beta[0].trial_key() == here[0].trial_key()
-    assert other_beta[2].parent_key != here[2].parent_key
+    assert other_beta[0].stage_key() == here[0].stage_key()
+    assert other_beta[2].parent.key != here[2].parent.key
     assert here[2].config_hash() != other_beta[2].config_hash()
     # Seeds of one configuration share its hash at every stage (seed aggregation), not its key.
     assert here[2].config_hash() == other_seed[2].config_hash()
-    assert here[2].trial_key() != other_seed[2].trial_key()
+    assert here[2].stage_key() != other_seed[2].stage_key()
 
 
 def test_cluster_yaml_validates_offline():
@@ -188,14 +185,15 @@ def test_tracking_conventions(tmp_path):
     assert mc.get_experiment(exp).artifact_location.startswith("file:///")
     assert tracking.ensure_experiment(mc, "unit", tmp_path / "artifacts") == exp
     cfg = get_preset("phop-debug")
-    key = {"level": tracking.TRIAL, "trial_key": cfg.trial_key()}
+    key = {tracking.LEVEL: tracking.TRIAL, tracking.STAGE_KEY: cfg.stage_key()}
     records = [{"kind": "train", "step": 2, "stage": "stage1", "loss": 1.5, "exit_entropy": 0.7,
                 "expected_exit_step": 1.6, "lr": 1e-3, "tokens_per_s": 100.0},
-               {"kind": "eval", "step": 2, "accuracy": 0.5, "loss": 1.2, "ppl": 3.3, "n": 10},
-               {"kind": "eval_exit", "step": 2, "mode": "skip", "q": 0.4, "executed_loops": 1.5, "accuracy": 0.4,
-                "ppl": 3.5, "loss": 1.25, "mean_exit_step": 1.4},
-               {"kind": "eval_exit", "step": 2, "mode": "forced", "q": None, "depth": 1, "executed_loops": 1.0,
-                "accuracy": 0.3, "ppl": 3.9, "loss": 1.36, "mean_exit_step": 1.0}]
+               {"kind": "eval", "step": 2, "policies": [
+                   {"policy": "full", "accuracy": 0.5, "loss": 1.2, "ppl": 3.3, "n": 10},
+                   {"policy": "skip:0.4", "executed_loops": 1.5, "accuracy": 0.4, "ppl": 3.5, "loss": 1.25,
+                    "mean_exit_step": 1.4},
+                   {"policy": "forced:1", "executed_loops": 1.0, "accuracy": 0.3, "ppl": 3.9, "loss": 1.36,
+                    "mean_exit_step": 1.0}]}]
 
     run, status = tracking.open_run(mc, exp, name="trial-x", tags=tracking.config_tags(cfg, level=tracking.TRIAL),
                                     key=key, params=tracking.config_params(cfg))
@@ -207,9 +205,10 @@ def test_tracking_conventions(tmp_path):
             raise RuntimeError("the trial crashed")
     got = mc.get_run(run)
     assert got.info.status == "FAILED"
-    assert got.data.params["beta"] == str(cfg.exit.beta) and got.data.params["model.n_loops"] == "2"
-    for tag in ("config_hash", "trial_key", "stage", "parent_checkpoint", "git_sha"):
+    assert got.data.params["exit.beta"] == str(cfg.exit.beta) and got.data.params["model.n_loops"] == "2"
+    for tag in ("config_hash", "stage_key", "stage", "method", "parent_checkpoint", "git_sha"):
         assert tag in got.data.tags
+    assert mc.get_experiment(exp).tags["mlflow.experimentKind"] == "custom_model_development"
     assert got.data.tags["config_hash"] == cfg.config_hash()
     for m in ("loss", "exit_entropy", "expected_exit_step", "val_ppl", "val_accuracy", "skip_q0.4_executed_loops",
               "forced_d1_ppl"):
@@ -238,24 +237,23 @@ def test_tracking_conventions(tmp_path):
 ])
 def test_resource_plan_adds_up_to_the_machine(monkeypatch, workers, concurrent, trial_cpu, worker_cpu,
                                               share_of_three):
-    import argparse
+    from dataclasses import replace
 
-    from sweeps import common
+    from sweeps import plan
+    from sweeps.flags import Launch
     from trainables.trial import PlatformSettings
 
-    monkeypatch.setattr(common.os, "cpu_count", lambda: 2)
-    monkeypatch.setattr(common, "_local_gpus", lambda: 0)
-    args = argparse.Namespace(num_workers=workers, gpus_per_worker=0.0, max_concurrent_trials=0,
-                              cpus_per_worker=0.0)
-    res = common.plan_resources(args, local=True, n_trials=5)
+    monkeypatch.setattr(plan.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(plan, "_local_gpus", lambda: 0)
+    launch = Launch(num_workers=workers)
+    res = plan.plan_resources(launch, local=True, n_trials=5)
     assert (res.max_concurrent, res.cpus_per_worker) == (concurrent, worker_cpu)
     platform = PlatformSettings("sqlite:///x", "/tmp/x", "e", "r", num_workers=workers,
                                 cpus_per_worker=res.cpus_per_worker)
     assert platform.trial_resources() == {"cpu": trial_cpu}
     # Three trials on 2 CPUs: shares rounded down (by hand: (2 - 3 × sliver) / (3 × workers)),
     # so what Tune and Ray Train reserve never passes the machine.
-    args.max_concurrent_trials = 3
-    res = common.plan_resources(args, local=True, n_trials=5)
+    res = plan.plan_resources(replace(launch, max_concurrent_trials=3), local=True, n_trials=5)
     assert res.cpus_per_worker == share_of_three
     platform = PlatformSettings("sqlite:///x", "/tmp/x", "e", "r", num_workers=workers,
                                 cpus_per_worker=res.cpus_per_worker)
@@ -273,7 +271,7 @@ def test_tiny_beta_sweep_end_to_end(tmp_path, capsys):
     mc = tracking.client(uri)
     exp = mc.get_experiment_by_name("beta_ablation-phop-debug").experiment_id
     trials = mc.search_runs([exp], filter_string="tags.level = 'trial'")
-    assert sorted(float(r.data.params["beta"]) for r in trials) == [0.1, 0.5]
+    assert sorted(float(r.data.params["search.beta"]) for r in trials) == [0.1, 0.5]
     for r in trials:
         assert r.info.status == "FINISHED"
         for m in ("exit_entropy", "expected_exit_step", "val_ppl"):
@@ -294,8 +292,8 @@ def test_tiny_beta_sweep_end_to_end(tmp_path, capsys):
     assert run_beta(argv, betas=(0.1, 0.5, 1.0)) == 0
     assert capsys.readouterr().out.count("reused") == 2
     trials = mc.search_runs([exp], filter_string="tags.level = 'trial'")
-    assert sorted(float(r.data.params["beta"]) for r in trials) == [0.1, 0.5, 1.0]
-    (new,) = [r for r in trials if float(r.data.params["beta"]) == 1.0]
+    assert sorted(float(r.data.params["search.beta"]) for r in trials) == [0.1, 0.5, 1.0]
+    (new,) = [r for r in trials if float(r.data.params["search.beta"]) == 1.0]
     assert new.info.status == "FINISHED" and "exit_entropy" in new.data.metrics and "val_ppl" in new.data.metrics
     stage1 = mc.search_runs([exp], filter_string="tags.level = 'stage' and tags.stage = 'stage1'")
     assert len(stage1) == 3 and all(r.data.tags["reused"] == "false" for r in stage1)
@@ -354,7 +352,7 @@ def test_killed_driver_then_resume_completes_without_rerun_or_duplicates(tmp_pat
         driver.wait()
         subprocess.run(["ray", "stop", "--force"], capture_output=True)
     done_before = {p: p.stat().st_mtime_ns for p in (store / "stages").glob("*/done.json")}
-    finished_before = {r.data.tags["trial_key"] for r in finished_trials(uri, "beta_ablation-phop-debug")}
+    finished_before = {r.data.tags["stage_key"] for r in finished_trials(uri, "beta_ablation-phop-debug")}
     assert done_before and 0 < len(finished_before) < 3
 
     assert subprocess.run(argv + ["--resume"], capture_output=True).returncode == 0
@@ -363,7 +361,7 @@ def test_killed_driver_then_resume_completes_without_rerun_or_duplicates(tmp_pat
     trials = mc.search_runs([exp], filter_string="tags.level = 'trial'")
     assert len(trials) == 3 and all(r.info.status == "FINISHED" for r in trials)  # no duplicate trial runs
     stages = mc.search_runs([exp], filter_string="tags.level = 'stage'")
-    keys = [(r.data.tags["trial_key"], r.data.tags["mlflow.parentRunId"]) for r in stages]
+    keys = [(r.data.tags["stage_key"], r.data.tags["mlflow.parentRunId"]) for r in stages]
     assert len(keys) == len(set(keys)) == 7  # the shared pretrain + one pretrain and one stage1 per trial
     assert sum(r.data.tags["reused"] == "false" for r in stages if r.data.tags["stage"] == "pretrain") == 1
     # Stages finished before the kill were not trained again.

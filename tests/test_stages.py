@@ -4,20 +4,27 @@ import numpy as np
 import pytest
 import torch
 
-from looplab.config import ConfigError, HoleConfig, apply_overrides
-from looplab.evaluate import threshold_sweep
+from looplab.checkpoint import parent_ref
+from looplab.config import ConfigError, ExperimentConfig, HoleConfig, apply_overrides
+from looplab.evaluate import evaluate_policies
 from looplab.holes import round_depth, sample_depth_holes, target_depths
+from looplab.policy import ExitPolicy
 from looplab.presets import get_preset
-from looplab.stages import minibatch_loss, prepare_model
+from looplab.stages import get_stage, stage_config
 from looplab.tasks import make_task
 from looplab.train import train
 from test_adaptive import gated_model
 
 
-def stage_cfg(stage, **extra):
-    overrides = {"model.n_loops": 4, "stage": stage, "init_from": "" if stage == "pretrain" else "/unused",
-                 "task.eval_count": 40, **extra}
-    return apply_overrides(get_preset("phop-debug"), overrides)
+def stage_cfg(stage, init_from="/unused", **extra):
+    """phop-debug as `stage` (its recipe), continuing the checkpoint at init_from."""
+    parent = parent_ref(init_from) if get_stage(stage).continues else None
+    return stage_config(get_preset("phop-debug"), stage, parent=parent,
+                        overrides={"model.n_loops": 4, "task.eval_count": 40, **extra})
+
+
+def minibatch_loss(model, batch, cfg, step):
+    return get_stage(cfg.stage).minibatch_loss(model, batch, cfg, step)
 
 
 def gate_grads(model, cfg, step=0):
@@ -59,24 +66,25 @@ def test_depth_hole_branch_runs_stage1_on_the_holed_forward():
     loss, diag = minibatch_loss(model, batch, cfg, 0)
     assert diag["executed_loops"] == 1.0  # every position holed at depth 1
     # Every token exits after step 1, so every later step reads the same frozen state.
-    out = model(batch.ids, mode="skip", exit_at=torch.ones_like(batch.ids), all_steps=True)
+    out = model(batch.ids, ExitPolicy.given(torch.ones_like(batch.ids)), all_steps=True)
     for h in out.step_hidden[1:]:
         assert torch.equal(h, out.step_hidden[0])
 
 
 def test_stage2_changes_only_the_gate(tmp_path):
     pre = train(stage_cfg("pretrain", **{"train.steps": 3}), tmp_path / "pre", quiet=True)
-    cfg = stage_cfg("stage2", **{"train.steps": 3, "init_from": str(pre.out_dir / "checkpoint")})
+    cfg = stage_cfg("stage2", str(pre.out_dir / "checkpoint"), **{"train.steps": 3})
     before = {k: v.clone() for k, v in _load(pre.out_dir / "checkpoint").state_dict().items()}
     after = _load(train(cfg, tmp_path / "s2", quiet=True).out_dir / "checkpoint").state_dict()
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     assert changed == {"exit_gate.weight", "exit_gate.bias"}
 
 
-def test_prepare_model_freezes_all_but_gate_for_stage2():
+def test_stage2_trains_only_the_gate_by_the_registry():
     model = gated_model("mamba2", vocab_size=model_vocab())
-    prepare_model(model, stage_cfg("stage2"))
-    assert {n for n, p in model.named_parameters() if p.requires_grad} == {"exit_gate.weight", "exit_gate.bias"}
+    stage = get_stage("stage2")
+    assert {n for n, _ in model.named_parameters() if stage.trainable(n)} == {"exit_gate.weight", "exit_gate.bias"}
+    assert all(get_stage("stage1").trainable(n) for n, _ in model.named_parameters())
 
 
 def test_depth_holes_follow_the_configured_distribution():
@@ -104,28 +112,32 @@ def test_bad_adaptive_values_fail_in_one_line(overrides, field):
 
 def test_unknown_stage_fails_in_one_line():
     with pytest.raises(ConfigError, match="stage='stage3' is invalid"):
-        apply_overrides(get_preset("phop-debug"), {"stage": "stage3", "init_from": "/x"})
+        apply_overrides(get_preset("phop-debug"), {"stage": "stage3"})
 
 
-def test_non_pretrain_stage_needs_a_parent():
-    with pytest.raises(ConfigError, match="init_from"):
+def test_continued_stage_needs_a_parent_and_pretrain_has_none():
+    with pytest.raises(ConfigError, match="ExperimentConfig.parent=None is invalid"):
         apply_overrides(get_preset("phop-debug"), {"stage": "stage1"})
+    with pytest.raises(ConfigError, match="ExperimentConfig.parent=.* is invalid"):
+        ExperimentConfig.from_dict({**get_preset("phop-debug").to_dict(),
+                                    "parent": {"stage": "pretrain", "key": "k", "group": "g"}})
 
 
 def test_pipeline_pretrain_stage1_chase_stage2_end_to_end(tmp_path):
     common = {"train.steps": 30, "train.batch_size": 16, "train.eval_every": 0, "train.warmup_steps": 3,
               "train.log_every": 10}
     pre = train(stage_cfg("pretrain", **common), tmp_path / "pre", quiet=True)
-    s1 = train(stage_cfg("stage1", **common, init_from=str(pre.out_dir / "checkpoint"), **{"exit.beta": 0.1}),
+    s1 = train(stage_cfg("stage1", str(pre.out_dir / "checkpoint"), **common, **{"exit.beta": 0.1}),
                tmp_path / "s1", quiet=True)
-    ch = train(stage_cfg("chase", **common, init_from=str(s1.out_dir / "checkpoint"),
+    ch = train(stage_cfg("chase", str(s1.out_dir / "checkpoint"), **common,
                          **{"hole.sampler": "depth", "hole.rho": 0.5}), tmp_path / "chase", quiet=True)
-    s2 = train(stage_cfg("stage2", **common, init_from=str(ch.out_dir / "checkpoint")), tmp_path / "s2",
-               quiet=True)
+    s2 = train(stage_cfg("stage2", str(ch.out_dir / "checkpoint"), **common), tmp_path / "s2", quiet=True)
     model = _load(s2.out_dir / "checkpoint")
     assert model.metadata["stage"] == "stage2" and model.metadata["parent_checkpoint"].endswith("chase/checkpoint")
-    records = threshold_sweep(model, make_task(stage_cfg("pretrain").task).eval_batch(), modes=("skip",),
-                              forced=False)
+    assert model.metadata["lineage"] == ["pretrain", "stage1", "chase", "stage2"]
+    assert model.metadata["method"] == "CHASE"
+    records = evaluate_policies(model, make_task(stage_cfg("pretrain").task).eval_batch(),
+                                [ExitPolicy.skip(q) for q in (0.2, 0.4, 0.6, 0.8, 1.0)])
     loops = [r["executed_loops"] for r in records]  # q = 0.2 … 1.0
     assert all(a <= b + 1e-9 for a, b in zip(loops, loops[1:])), loops
     assert loops[0] < loops[-1] == 4.0

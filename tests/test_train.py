@@ -40,7 +40,7 @@ def test_resume_continues_the_same_loss_trajectory(tmp_path):
 
 def test_resume_refuses_a_checkpoint_of_another_config(tmp_path):
     train(tiny_run(steps=2), tmp_path, quiet=True)
-    with pytest.raises(ConfigError, match="checkpoint of trial"):
+    with pytest.raises(ConfigError, match="checkpoint of stage key .* --no-resume"):
         train(tiny_run(steps=2, **{"model.n_loops": 1}), tmp_path, quiet=True)
 
 
@@ -50,7 +50,8 @@ def test_training_reduces_loss_and_writes_metrics(tmp_path):
     assert sum(result.losses[-5:]) / 5 < sum(result.losses[:5]) / 5
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if r["kind"] == "train"] == [4, 8, 12, 16, 20, 24, 28, 32, 36, 40]
-    assert records[-1]["kind"] == "eval" and records[-1]["n"] == 40
+    assert records[-1]["kind"] == "eval" and [p["policy"] for p in records[-1]["policies"]] == ["full"]
+    assert records[-1]["policies"][0]["n"] == 40
 
 
 def test_checkpoint_round_trip_keeps_outputs_and_config(tmp_path):

@@ -1,9 +1,10 @@
 """A trial's pipeline: the stage configs a declaration and the sampled params give.
 
 Stage k continues stage k-1's checkpoint, whose folder is named by stage k-1's
-trial_key; stage k's hash names its parent by its config hash (parent_key), not by the
+stage_key; stage k's key names its parent by that key (config.ParentRef), not by the
 folder's path, so every name is a pure function of the declaration and the params,
-wherever the storage lies.
+wherever the storage lies. Each stage's config follows the one precedence rule of
+looplab/stages.py: preset < stage recipe < sweep-wide overrides < per-stage overrides.
 """
 
 from __future__ import annotations
@@ -12,19 +13,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from looplab.config import ConfigError, ExperimentConfig, apply_overrides
-from looplab.presets import for_stage, get_preset
-
-STAGE_ORDER = ("pretrain", "stage1", "chase", "stage2")
+from looplab.config import ConfigError, ExperimentConfig
+from looplab.presets import get_preset
+from looplab.stages import STAGE_NAMES, get_stage, stage_config
 
 
 @dataclass(frozen=True)
 class PipelineSpec:
     """What every trial of a sweep shares.
 
-    preset, overrides: the base config (overrides as dotted names, for every stage).
+    preset, overrides: the base config and the sweep-wide overrides (dotted names), which
+      reach every stage over its recipe.
     stages: the stages in order, e.g. ("pretrain", "stage1").
-    stage_overrides: extra dotted overrides per stage name.
+    stage_overrides: dotted overrides per stage name, over the sweep-wide ones.
     searched: sampled param name -> dotted config key, e.g. {"beta": "exit.beta"}.
     searched_stages: the stages the sampled params apply to (upstream stages stay
       shared across trials); "seed" always applies to every stage.
@@ -70,16 +71,19 @@ def _check_stages(name: str, stages: tuple[str, ...]) -> None:
     if not stages:
         raise ConfigError(f"PipelineSpec.{name}=() is invalid; allowed: a non-empty tuple of stages")
     for s in stages:
-        if s not in STAGE_ORDER:
-            raise ConfigError(f"PipelineSpec.{name}={s!r} is invalid; allowed: {' | '.join(STAGE_ORDER)}")
-    if stages[0] != "pretrain":
-        raise ConfigError(f"PipelineSpec.{name}[0]={stages[0]!r} is invalid; allowed: pretrain "
-                          "(later stages continue a checkpoint the pipeline trains)")
+        if s not in STAGE_NAMES:
+            raise ConfigError(f"PipelineSpec.{name}={s!r} is invalid; allowed: {' | '.join(STAGE_NAMES)}")
+    for i, s in enumerate(stages):
+        if get_stage(s).continues != (i > 0):
+            first = [n for n in STAGE_NAMES if not get_stage(n).continues]
+            raise ConfigError(f"PipelineSpec.{name}[{i}]={s!r} is invalid; allowed: "
+                              + (f"{' | '.join(first)} first (later stages continue a checkpoint the "
+                                 "pipeline trains)" if i == 0 else "a stage that continues its parent"))
 
 
 def stage_dir(storage_path: str | Path, cfg: ExperimentConfig) -> Path:
-    """Where a stage trains: one folder per (stage, trial_key), shared by all trials."""
-    return Path(storage_path).resolve() / "stages" / f"{cfg.stage}-{cfg.trial_key()}"
+    """Where a stage trains: one folder per stage key, shared by all trials."""
+    return Path(storage_path).resolve() / "stages" / f"{cfg.stage}-{cfg.stage_key()}"
 
 
 def checkpoint_of(storage_path: str | Path, cfg: ExperimentConfig) -> Path:
@@ -94,21 +98,16 @@ def stage_configs(spec: PipelineSpec, params: dict[str, Any], storage_path: str 
         raise ConfigError(f"trial params {sorted(unknown)} are invalid; allowed: {' | '.join(sorted(allowed))}")
     stages = spec.stages_of(params)
     searched_stages = spec.searched_stages or stages[-1:]
-    base = apply_overrides(get_preset(spec.preset), spec.overrides) if spec.overrides else get_preset(spec.preset)
+    base = get_preset(spec.preset)
     configs: list[ExperimentConfig] = []
     for stage in stages:
         parent = configs[-1] if configs else None
-        cfg = for_stage(base, stage, str(checkpoint_of(storage_path, parent)) if parent else "",
-                        # The parent's hash, seed-free like every config hash: the seeds of
-                        # one configuration share a hash downstream too (seed aggregation).
-                        parent_key=f"{parent.stage}-{parent.config_hash()}" if parent else "")
-        overrides = dict(spec.stage_overrides.get(stage, {}))
+        mine = dict(spec.stage_overrides.get(stage, {}))
         if "seed" in params:
-            overrides["train.seed"] = params["seed"]
+            mine["train.seed"] = params["seed"]
         if stage in searched_stages:
-            overrides.update({spec.searched[name]: value for name, value in params.items()
-                              if name not in ("seed", "arm")})
-        if overrides:
-            cfg = apply_overrides(cfg, overrides)
-        configs.append(cfg)
+            mine.update({spec.searched[name]: value for name, value in params.items() if name not in ("seed", "arm")})
+        configs.append(stage_config(
+            base, stage, parent=parent.as_parent(str(checkpoint_of(storage_path, parent))) if parent else None,
+            overrides=spec.overrides, stage_overrides=mine))
     return configs

@@ -1,6 +1,6 @@
 """The Ray Train worker loop of one stage: looplab's train() in this worker.
 
-Fault tolerance: train() checkpoints into a folder named by the stage's trial_key
+Fault tolerance: train() checkpoints into a folder named by the stage's stage_key
 and resumes from it, so when Ray Train restarts the worker group (FailureConfig)
 the relaunched loop continues from the last checkpoint. The folder lives in the
 sweep's storage path, which a cluster must share between nodes.
@@ -33,6 +33,7 @@ def stage_worker_loop(config: dict[str, Any]) -> None:
     from looplab import tracking
     from looplab.config import ExperimentConfig
     from looplab.train import train
+    from trainables.progress import Reporter
 
     import torch
 
@@ -46,8 +47,9 @@ def stage_worker_loop(config: dict[str, Any]) -> None:
     mlflow_client = tracking.client(config["tracking_uri"]) if rank == 0 else None
     run_ids: list[str] = config["run_ids"]
     if mlflow_client is not None:  # where the stage ran: which node of the cluster, which host
-        mlflow_client.set_tag(run_ids[0], "ray_node_id", ray.get_runtime_context().get_node_id())
-        mlflow_client.set_tag(run_ids[0], "hostname", socket.gethostname())
+        mlflow_client.set_tag(run_ids[0], tracking.RAY_NODE, ray.get_runtime_context().get_node_id())
+        mlflow_client.set_tag(run_ids[0], tracking.HOSTNAME, socket.gethostname())
+    progress = Reporter(config.get("progress_board") if rank == 0 else None, config.get("trial_label", ""))
     kill_at = int(os.environ.get(FAIL_AT_STEP_ENV, "0") or 0)
     kill_marker = os.path.join(config["out_dir"], ".killed_once")
 
@@ -72,10 +74,14 @@ def stage_worker_loop(config: dict[str, Any]) -> None:
             os.kill(os.getpid(), signal.SIGKILL)  # a crashed worker (in local mode: trial), for the tests
 
     start = time.perf_counter()
-    train(cfg, config["out_dir"], resume=True, on_metrics=on_metrics, quiet=config.get("quiet", True))
+    progress.post("start", stage=cfg.stage, steps=cfg.train.steps)
+    train(cfg, config["out_dir"], resume=True, on_metrics=on_metrics, on_progress=progress.training(cfg.stage),
+          quiet=config.get("quiet", True))
+    seconds = time.perf_counter() - start
+    progress.post("end", stage=cfg.stage, seconds=seconds)
     if mlflow_client is not None:
         for run_id in run_ids:
-            tracking.log_metrics(mlflow_client, run_id, {f"{cfg.stage}_wall_time_s": time.perf_counter() - start,
-                                                         f"{cfg.stage}_mlflow_s": mlflow_seconds,
-                                                         f"{cfg.stage}_report_s": report_seconds},
+            tracking.log_metrics(mlflow_client, run_id, {tracking.STAGE_SECONDS: seconds,
+                                                         tracking.MLFLOW_SECONDS: mlflow_seconds,
+                                                         tracking.REPORT_SECONDS: report_seconds},
                                  step=cfg.train.steps)

@@ -8,7 +8,7 @@ the trial's CPUs (and GPU); no controller or worker actors are started, which on
 torch). With num_workers=K >= 1 a worker group of K actors trains data-parallel.
 A stage whose folder already holds a "done" marker is reused, not retrained, and its MLflow run says so (`reused_from`).
 A trial whose MLflow run is FINISHED reports its recorded metrics and returns: a
-rerun or resumed sweep never trains a finished trial_key twice.
+rerun or resumed sweep never trains a finished trial twice.
 
 config (Tune's param space, resolved):
   spec:     PipelineSpec.to_dict()
@@ -19,7 +19,6 @@ config (Tune's param space, resolved):
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ from typing import Any
 from looplab import tracking
 from looplab.config import ExperimentConfig
 from trainables.pipeline import PipelineSpec, stage_configs, stage_dir
+from trainables.progress import Reporter
 from trainables.shared_stage import read_done, stage_lock, write_done
 from trainables.stage_worker import stage_worker_loop
 
@@ -46,6 +46,7 @@ class PlatformSettings:
     gpus_per_worker: float = 0.0
     worker_retries: int = 2  # restarts of a failed worker group per stage (in local mode: of the trial)
     quiet: bool = True
+    progress_board: str = ""  # the named Ray actor the driver prints progress from ("" = none)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -62,8 +63,13 @@ class PlatformSettings:
 def trial_params(config: dict[str, Any]) -> dict[str, Any]:
     """The sampled values of a resolved Tune config: a grid point's values (under
     "point") or a searcher's samples, and the seed."""
-    params = {k: v for k, v in config.items() if k not in ("spec", "platform", "point")}
+    params = {k: v for k, v in config.items() if k not in ("spec", "platform", "point", "job")}
     return {**config.get("point", {}), **params}
+
+
+def trial_label(params: dict[str, Any]) -> str:
+    """How progress lines name a trial: its searched values, e.g. 'beta=0.1 seed=0'."""
+    return " ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(params.items()))
 
 
 def run_trial(config: dict[str, Any]) -> None:
@@ -73,21 +79,33 @@ def run_trial(config: dict[str, Any]) -> None:
     params = trial_params(config)
     stages = stage_configs(spec, params, platform.storage_path)
     final = stages[-1]
+    lineage = [c.stage for c in stages]
+    progress = Reporter(platform.progress_board, trial_label(params))
     trial_run, status = tracking.open_run(
-        mc, experiment_id, name=f"trial-{final.trial_key()}",
-        tags=tracking.config_tags(final, level=tracking.TRIAL, git=sha, sweep=platform.experiment),
-        key={"level": tracking.TRIAL, "trial_key": final.trial_key()},
+        mc, experiment_id, name=tracking.trial_run_name(final.stage_key()),
+        tags=tracking.config_tags(final, level=tracking.TRIAL, git=sha, lineage=lineage,
+                                  **{tracking.SWEEP_TAG: platform.experiment}),
+        key={tracking.LEVEL: tracking.TRIAL, tracking.STAGE_KEY: final.stage_key()},
         parent_run_id=platform.sweep_run_id,
-        params={**tracking.config_params(final), **{f"search.{k}": str(v) for k, v in params.items()}})
+        params={**tracking.config_params(final), **tracking.search_params(params)})
     if status == "FINISHED":  # trained by an earlier invocation of this sweep
-        tune.report({**_summary(mc, trial_run), "trial_key": final.trial_key(), "skipped": 1})
+        summary = _summary(mc, trial_run)
+        progress.post("trial_end", status="reused", summary=_headline(summary))
+        tune.report({**summary, tracking.STAGE_KEY: final.stage_key(), "skipped": 1})
         return
 
     with tracking.terminated_on_exit(mc, trial_run):
         for index, cfg in enumerate(stages):
-            _run_stage(cfg, platform, mc, experiment_id, trial_run, sha, last=index == len(stages) - 1)
+            _run_stage(cfg, platform, mc, experiment_id, trial_run, sha, lineage[:index + 1], progress,
+                       last=index == len(stages) - 1)
         summary = _summary(mc, trial_run)
-    tune.report({**summary, "trial_key": final.trial_key(), "skipped": 0})
+    progress.post("trial_end", status="done", summary=_headline(summary))
+    tune.report({**summary, tracking.STAGE_KEY: final.stage_key(), "skipped": 0})
+
+
+def _headline(summary: dict[str, float]) -> dict[str, float]:
+    """What a trial's final progress line shows: full-depth quality."""
+    return {k: summary[k] for k in ("val_ppl", "val_accuracy") if k in summary}
 
 
 def shared_prefixes(spec: PipelineSpec, points: list[dict[str, Any]], storage_path: str) -> list[dict[str, Any]]:
@@ -117,8 +135,10 @@ def run_shared_prefix(config: dict[str, Any]) -> None:
     spec, platform, mc, experiment_id, sha = _open(config)
     job = config["job"]
     stages = stage_configs(spec, job["params"], platform.storage_path)[:job["n"]]
-    for cfg in stages:
-        _run_stage(cfg, platform, mc, experiment_id, platform.sweep_run_id, sha, last=False)
+    progress = Reporter(platform.progress_board, "shared " + "+".join(c.stage for c in stages))
+    for index, cfg in enumerate(stages):
+        _run_stage(cfg, platform, mc, experiment_id, platform.sweep_run_id, sha, [c.stage for c in stages[:index + 1]],
+                   progress, last=False)
     tune.report({"stages": len(stages)})
 
 
@@ -139,37 +159,39 @@ def _summary(mc, run_id: str) -> dict[str, float]:
 
 
 def _run_stage(cfg: ExperimentConfig, platform: PlatformSettings, mc, experiment_id: str, trial_run: str,
-               sha: str, *, last: bool) -> None:
+               sha: str, lineage: list[str], progress: Reporter, *, last: bool) -> None:
     directory = stage_dir(platform.storage_path, cfg)
-    name = f"{cfg.stage}-{cfg.trial_key()}"
-    key = {"level": tracking.STAGE, "trial_key": cfg.trial_key(), "trial_run": trial_run}
+    name = tracking.stage_run_name(cfg.stage, cfg.stage_key())
+    key = {tracking.LEVEL: tracking.STAGE, tracking.STAGE_KEY: cfg.stage_key(), tracking.TRIAL_RUN: trial_run}
+    checkpoint = str(directory / "checkpoint")
     with stage_lock(directory):
         done = read_done(directory)
         if done is not None:  # trained by another trial (or an earlier attempt): reuse it
             run_id, _ = tracking.open_run(
                 mc, experiment_id, name=name, key=key, parent_run_id=trial_run,
-                tags=tracking.config_tags(cfg, level=tracking.STAGE, git=sha, reused_from=done["run_id"],
-                                          reused="true", checkpoint=str(directory / "checkpoint")))
+                tags=tracking.config_tags(cfg, level=tracking.STAGE, git=sha, lineage=lineage,
+                                          **{tracking.REUSED_FROM: done["run_id"], tracking.REUSED: "true",
+                                             tracking.CHECKPOINT: checkpoint}))
             tracking.log_metrics(mc, run_id, done["metrics"], step=cfg.train.steps)
             if last:
                 tracking.log_metrics(mc, trial_run, done["metrics"], step=cfg.train.steps)
             tracking.close_run(mc, run_id, ok=True)
+            progress.post("reused", stage=cfg.stage)
             return
         run_id, _ = tracking.open_run(
             mc, experiment_id, name=name, key=key, parent_run_id=trial_run,
-            tags=tracking.config_tags(cfg, level=tracking.STAGE, git=sha, reused="false",
-                                      checkpoint=str(directory / "checkpoint")),
+            tags=tracking.config_tags(cfg, level=tracking.STAGE, git=sha, lineage=lineage,
+                                      **{tracking.REUSED: "false", tracking.CHECKPOINT: checkpoint}),
             params=tracking.config_params(cfg))
         with tracking.terminated_on_exit(mc, run_id):
-            start = time.perf_counter()
-            _fit_stage(cfg, platform, directory, [run_id] + ([trial_run] if last else []), report_to_tune=last)
-            tracking.log_metrics(mc, run_id, {"stage_seconds": time.perf_counter() - start}, step=cfg.train.steps)
-        write_done(directory, {"run_id": run_id, "trial_key": cfg.trial_key(), "stage": cfg.stage,
+            _fit_stage(cfg, platform, directory, [run_id] + ([trial_run] if last else []), progress.trial,
+                       report_to_tune=last)
+        write_done(directory, {"run_id": run_id, tracking.STAGE_KEY: cfg.stage_key(), "stage": cfg.stage,
                                "metrics": tracking.latest_metrics(mc, run_id)})
 
 
-def _fit_stage(cfg: ExperimentConfig, platform: PlatformSettings, directory: Path, run_ids: list[str], *,
-               report_to_tune: bool) -> None:
+def _fit_stage(cfg: ExperimentConfig, platform: PlatformSettings, directory: Path, run_ids: list[str],
+               label: str, *, report_to_tune: bool) -> None:
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
     from ray.tune.integration.ray_train import TuneReportCallback
@@ -179,8 +201,9 @@ def _fit_stage(cfg: ExperimentConfig, platform: PlatformSettings, directory: Pat
     loop_config = {"experiment": cfg.to_dict(), "out_dir": str(directory),
                    "threads": max(1, round(platform.cpus_per_worker)), "local": local,
                    "tracking_uri": platform.tracking_uri, "run_ids": run_ids,
-                   "report_to_tune": report_to_tune, "quiet": platform.quiet}
-    # The name is the stage's trial_key: a relaunched trainer finds its own run.
+                   "report_to_tune": report_to_tune, "quiet": platform.quiet,
+                   "progress_board": platform.progress_board, "trial_label": label}
+    # The name is the stage's key: a relaunched trainer finds its own run.
     name, storage = directory.name, str(Path(platform.storage_path).resolve() / "ray_train")
     if local:
         # Local mode: the loop runs here; it reports to Tune itself (no callbacks run),

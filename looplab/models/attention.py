@@ -12,6 +12,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from looplab.models.flops import linear_flops
+
 
 def rope_angles(positions: torch.Tensor, rope_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin of shape (B, L, 1, rope_dim/2) for integer positions (B, L), in
@@ -43,7 +45,13 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.out_proj = nn.Linear(d_model, d_model, bias=False)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None,
+                seq_idx: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, L, d) → (B, L, d), causal over the row's order; positions (B, L) are
+        the tokens' true positions for RoPE (default 0..L-1)."""
+        if seq_idx is not None:
+            raise ValueError("seq_idx (several sequences in one row) needs a Mamba-2-only backbone; "
+                             "attention layers take the padded layout")
         bsz, seqlen, d = x.shape
         if positions is None:
             positions = torch.arange(seqlen, device=x.device).expand(bsz, seqlen)
@@ -52,3 +60,10 @@ class CausalSelfAttention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
         return self.out_proj(y.transpose(1, 2).reshape(bsz, seqlen, d))
+
+    def flops(self, seq_len: int) -> int:
+        """Forward FLOPs per token at context seq_len (models/flops.py's convention):
+        the projections, plus scores and values over the mean causal context."""
+        d = self.n_heads * self.head_dim
+        context = (seq_len + 1) / 2  # mean number of keys a causal query attends to
+        return linear_flops(self.qkv) + linear_flops(self.out_proj) + int(2 * 2 * context * d)

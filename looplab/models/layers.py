@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from looplab.config import ModelConfig
 from looplab.models.attention import CausalSelfAttention
+from looplab.models.flops import linear_flops
 from looplab.models.mamba2 import Mamba2, upcast
 
 
@@ -30,29 +31,28 @@ class GatedMLP(nn.Module):
         self.fc1 = nn.Linear(d_model, 2 * d_intermediate, bias=False)
         self.fc2 = nn.Linear(d_intermediate, d_model, bias=False)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-        up, gate = self.fc1(x).chunk(2, dim=-1)
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None,
+                seq_idx: torch.Tensor | None = None) -> torch.Tensor:
+        up, gate = self.fc1(x).chunk(2, dim=-1)  # per token: positions and sequences do not matter
         return self.fc2(up * F.silu(gate))
+
+    def flops(self, seq_len: int) -> int:
+        return linear_flops(self.fc1) + linear_flops(self.fc2)
 
 
 class Residual(nn.Module):
-    """x + f(norm(x)): one pre-norm residual sub-block around a mixer or an MLP."""
+    """x + f(norm(x)): one pre-norm residual sub-block around a mixer or an MLP.
+    Every inner module has the mixer interface: forward(x, positions=None,
+    seq_idx=None) and flops(seq_len); each uses what it needs."""
 
     def __init__(self, d_model: int, inner: nn.Module, eps: float):
         super().__init__()
         self.norm = RMSNorm(d_model, eps)
         self.inner = inner
-        self.takes_positions = not isinstance(inner, Mamba2)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor | None,
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None,
                 seq_idx: torch.Tensor | None = None) -> torch.Tensor:
-        h = self.norm(x)
-        if not self.takes_positions:
-            return x + self.inner(h, seq_idx)
-        if seq_idx is not None and isinstance(self.inner, CausalSelfAttention):
-            raise ValueError("seq_idx (several sequences in one row) needs a Mamba-2-only backbone; "
-                             "attention layers take the padded layout")
-        return x + self.inner(h, positions)
+        return x + self.inner(self.norm(x), positions, seq_idx)
 
 
 def make_layer(cfg: ModelConfig, kind: str, layer_idx: int) -> nn.ModuleList:

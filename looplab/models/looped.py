@@ -13,10 +13,11 @@ import torch
 import torch.nn as nn
 
 from looplab.config import ModelConfig
-from looplab.models.execution import Execution, execute
-from looplab.models.flops import linear_flops, mixer_flops
+from looplab.models.execution import FULL_DEPTH, Execution, execute
+from looplab.models.flops import linear_flops
 from looplab.models.layers import Backbone, RMSNorm
 from looplab.models.mamba2 import upcast
+from looplab.policy import ExitPolicy
 
 
 class LoopedLM(nn.Module):
@@ -79,18 +80,17 @@ class LoopedLM(nn.Module):
         return self.lm_head(self.norm_f(h))
 
     # ---- execution ----------------------------------------------------------
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor | None = None, *, mode: str = "forced",
-                q: float | None = None, depth: int | None = None, exit_at: torch.Tensor | None = None,
-                mask: torch.Tensor | None = None, gate_grad: bool = True, all_steps: bool = False,
-                on_step=None, packing: str = "auto", readout: str = "all") -> Execution:
-        """Run the model in one of the execution modes (models/execution.py):
-        forced (default; depth R = the fixed-loop forward), dense (all R steps,
-        readout at z(q)), skip (exited tokens leave the deeper steps). all_steps
-        keeps every step's hidden state, gate logits and logits."""
-        out = execute(self, ids, mode=mode, q=q, depth=depth, exit_at=exit_at, positions=positions, mask=mask,
-                      gate_grad=gate_grad, keep_steps=all_steps, on_step=on_step, packing=packing,
-                      readout=readout)
-        if all_steps:
+    def forward(self, ids: torch.Tensor, policy: ExitPolicy = FULL_DEPTH, *, positions: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None, all_steps: bool = False, readout: str = "all",
+                **execution) -> Execution:
+        """Run the model under an exit policy (looplab/policy.py; default: full depth,
+        the fixed-loop forward). all_steps keeps every step's hidden state and gate
+        logits, and every step's logits unless readout="none" (no logits at all:
+        losses and evaluations that read the hidden states themselves). Further
+        keywords go to models/execution.execute (packing, gate_grad, on_step)."""
+        out = execute(self, ids, policy, positions=positions, mask=mask, keep_steps=all_steps, readout=readout,
+                      **execution)
+        if all_steps and readout != "none":
             out.step_logits = [self.logits(h) for h in out.step_hidden]
         return out
 
@@ -101,7 +101,7 @@ class LoopedLM(nn.Module):
 
     def step_flops(self, seq_len: int) -> int:
         """Forward FLOPs per token of one backbone application at context seq_len."""
-        return sum(mixer_flops(block.inner, seq_len) for block in self.backbone.residual_blocks())
+        return sum(block.inner.flops(seq_len) for block in self.backbone.residual_blocks())
 
     def flops_per_token(self, seq_len: int) -> dict[str, int]:
         """Forward FLOPs per token at context length seq_len (see models/flops.py).

@@ -23,6 +23,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from looplab.models.flops import linear_flops
+
 FORCE_TORCH_ENV = "LOOPLAB_FORCE_TORCH"
 
 
@@ -273,10 +275,12 @@ class Mamba2(nn.Module):
         self.norm = RMSNormGated(self.d_inner, group_size=self.d_inner // ngroups, eps=norm_eps)
         self.out_proj = nn.Linear(self.d_inner, d_model, bias=bias)
 
-    def forward(self, u: torch.Tensor, seq_idx: torch.Tensor | None = None) -> torch.Tensor:
-        """u (B, L, d_model) → (B, L, d_model). seq_idx (B, L), non-decreasing along
-        L, packs several sequences into one row with no information flowing between
-        them (conv taps and SSM state are reset at each boundary)."""
+    def forward(self, u: torch.Tensor, positions: torch.Tensor | None = None,
+                seq_idx: torch.Tensor | None = None) -> torch.Tensor:
+        """u (B, L, d_model) → (B, L, d_model). positions are not needed (the scan's
+        order is the positions' order). seq_idx (B, L), non-decreasing along L, packs
+        several sequences into one row with no information flowing between them
+        (conv taps and SSM state are reset at each boundary)."""
         bsz, seqlen, _ = u.shape
         z, xBC, dt = torch.split(self.in_proj(u), [self.d_inner, self.conv_dim, self.nheads], dim=-1)
         A = -torch.exp(upcast(self.A_log))
@@ -285,6 +289,21 @@ class Mamba2(nn.Module):
         else:
             y = self._scan_torch(xBC, dt, A, seq_idx)
         return self.out_proj(self.norm(y.reshape(bsz, seqlen, self.d_inner), z))
+
+    def flops(self, seq_len: int) -> int:
+        """Forward FLOPs per token at context seq_len (models/flops.py's convention).
+        The SSD terms count the products the chunked algorithm runs (the full Q×Q
+        chunk products, masked half included, and the state-passing product), so the
+        figure matches the work done, not the minimum."""
+        Q, h, p, n, g = self.chunk_size, self.nheads, self.headdim, self.d_state, self.ngroups
+        nc = -(-seq_len // Q)  # chunks
+        ssd = 2 * Q * n * g  # C·B within a chunk, shared by the heads of a group
+        ssd += 2 * Q * h * p  # masked scores @ x
+        ssd += 2 * h * p * n  # chunk-end states
+        ssd += 2 * h * p * n  # state readout C·S
+        ssd += 2 * (nc + 1) * nc * h * p * n / seq_len  # state passing: (nc+1)×nc decay matrix @ chunk states
+        conv = 2 * self.conv_dim * self.d_conv
+        return linear_flops(self.in_proj) + conv + round(ssd) + linear_flops(self.out_proj)
 
     def _split_xbc(self, xBC: torch.Tensor):
         bsz, seqlen, _ = xBC.shape

@@ -1,7 +1,7 @@
-"""The command line of the analysis layer (run as `python analysis/frontier.py` or
-`python -m analysis.frontier`):
+"""The command line of the analysis layer, its one entry point (`python -m analysis`;
+`python analysis/frontier.py` runs it too):
 
-    python analysis/frontier.py --tracking-uri sqlite:///runs/beta/mlflow.db \\
+    python -m analysis --tracking-uri sqlite:///runs/beta/mlflow.db \\
         --experiment beta_ablation-debug --out runs/beta/analysis
 
 Writes frontier.csv, the tables (Markdown + CSV), the PNGs and report.html into --out,
@@ -21,7 +21,7 @@ from analysis.errors import AnalysisError
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python analysis/frontier.py",
+    p = argparse.ArgumentParser(prog="python -m analysis",
                                 description="Frontiers, tables, plots and an HTML report from looplab's MLflow runs.")
     p.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI", ""),
                    help="MLflow URI, e.g. sqlite:///runs/beta/mlflow.db (default $MLFLOW_TRACKING_URI)")

@@ -1,0 +1,194 @@
+"""The sweeps' command line: the flags every sweep shares and the parsers of flag
+values. A malformed value is a ConfigError whose one line names the flag and what is
+allowed; sweeps/launch.py prints it and exits with status 2 before Ray starts.
+
+The flags split into two typed values: `Common` (what a sweep's declaration reads:
+the preset and the overrides) and `Launch` (how it runs: search, seeds, resources,
+storage, tracking), so sweep factories take typed arguments, never the namespace.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from typing import Any
+
+from looplab.config import ConfigError, parse_value
+from looplab.presets import PRESETS
+from looplab.stages import STAGE_NAMES
+
+DEFAULT_PRESET = "debug" if "debug" in PRESETS else "phop-debug"
+
+
+def fail(name: str, value: Any, allowed: str) -> None:
+    raise ConfigError(f"{name}={value!r} is invalid; allowed: {allowed}")
+
+
+@dataclass(frozen=True)
+class Common:
+    """What a sweep declaration reads from the command line."""
+
+    preset: str
+    overrides: dict[str, Any] = field(default_factory=dict)  # --set: every stage, over its recipe
+    stage_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)  # --stage-set / --stage-steps
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "Common":
+        check_preset(args.preset)
+        stage_overrides: dict[str, dict[str, Any]] = {}
+        for stage, steps in parse_stage_steps(args.stage_steps).items():
+            stage_overrides.setdefault(stage, {})["train.steps"] = steps
+        for stage, values in parse_stage_sets(args.stage_set).items():
+            stage_overrides.setdefault(stage, {}).update(values)
+        return cls(args.preset, parse_sets(args.set), stage_overrides)
+
+    def stage_overrides_over(self, declared: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """A declaration's own per-stage settings, with the user's per-stage overrides on top."""
+        merged = {stage: dict(values) for stage, values in declared.items()}
+        for stage, values in self.stage_overrides.items():
+            merged.setdefault(stage, {}).update(values)
+        return merged
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How a sweep runs: search, seeds, resources, where results go."""
+
+    storage_path: str = "looplab-runs"
+    tracking_uri: str = ""
+    address: str = ""
+    resume: bool = False
+    max_concurrent_trials: int = 0
+    num_workers: int = 0
+    cpus_per_worker: float = 0.0
+    gpus_per_worker: float = 0.0
+    search: str = "grid"
+    num_samples: int = 8
+    scheduler: str = "none"
+    seeds: tuple[int, ...] = (0,)
+    dry_run: bool = False
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "Launch":
+        return cls(storage_path=args.storage_path, tracking_uri=args.tracking_uri, address=args.address,
+                   resume=args.resume, max_concurrent_trials=args.max_concurrent_trials,
+                   num_workers=args.num_workers, cpus_per_worker=args.cpus_per_worker,
+                   gpus_per_worker=args.gpus_per_worker, search=args.search, num_samples=args.num_samples,
+                   scheduler=args.scheduler, seeds=tuple(parse_seeds(args.seeds)), dry_run=args.dry_run)
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--preset", default=DEFAULT_PRESET, help=f"base preset (default {DEFAULT_PRESET})")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override for every stage, over its recipe, e.g. train.lr=0.001 (repeatable)")
+    p.add_argument("--stage-set", action="append", default=[], metavar="STAGE:KEY=VALUE",
+                   help="config override for one stage, over --set, e.g. stage1:train.lr=0.001 (repeatable)")
+    p.add_argument("--stage-steps", default="", metavar="STAGE=N,...",
+                   help="steps of some stages, e.g. stage1=2500,chase=800 (others keep theirs)")
+    p.add_argument("--tracking-uri", default="", help="MLflow URI (default sqlite:///STORAGE/mlflow.db)")
+    p.add_argument("--storage-path", default="looplab-runs", help="stage checkpoints, Ray results, artifacts")
+    p.add_argument("--address", default="", help="Ray cluster address (default: start a local Ray)")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted sweep (Tuner.restore)")
+    p.add_argument("--max-concurrent-trials", type=int, default=0, help="default: what the CPUs/GPUs fit")
+    p.add_argument("--num-workers", type=int, default=0,
+                   help="Ray Train workers per stage; 0 (default): Ray Train's local mode, the stage trains "
+                        "in the trial's own process (no worker group to start); K: K data-parallel worker actors")
+    p.add_argument("--cpus-per-worker", type=float, default=0.0, help="default: the CPUs left, shared evenly")
+    p.add_argument("--gpus-per-worker", type=float, default=0.0)
+    p.add_argument("--search", choices=("grid", "optuna"), default="grid")
+    p.add_argument("--num-samples", type=int, default=8, help="Optuna trials (grid runs each point once)")
+    p.add_argument("--scheduler", choices=("none", "asha"), default="none")
+    p.add_argument("--seeds", default="0", help="comma-separated training seeds, e.g. 0,1,2")
+    p.add_argument("--dry-run", action="store_true", help="print trials, resources and compute; start no Ray")
+    return p
+
+
+# ---- value parsers --------------------------------------------------------------------
+
+def check_preset(name: str) -> None:
+    if name not in PRESETS:
+        fail("--preset", name, " | ".join(sorted(PRESETS)))
+
+
+def parse_seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        seeds = []
+    if not seeds or any(s < 0 for s in seeds):
+        fail("--seeds", text, "comma-separated integers >= 0, e.g. 0,1,2")
+    return seeds
+
+
+def parse_list(flag: str, text: str, kind: type = float, example: str = "0.1,0.5") -> list[Any]:
+    """A comma-separated flag value: one-line error naming the flag when malformed."""
+    try:
+        values = [kind(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values:
+        fail(flag, text, f"comma-separated {kind.__name__}s, e.g. {example}")
+    return values
+
+
+def parse_pairs(flag: str, text: str) -> tuple[dict[str, int], ...]:
+    """N⊗R pairs written NxR, e.g. "4x1,4x6" -> ({"n_layers": 4, "n_loops": 1}, ...)."""
+    pairs = []
+    for item in text.split(","):
+        n, x, r = item.strip().lower().partition("x")
+        if not (x and n.isdigit() and r.isdigit() and int(n) >= 1 and int(r) >= 1):
+            fail(flag, text, "comma-separated NxR pairs with N, R >= 1, e.g. 4x1,4x6,24x1")
+        pairs.append({"n_layers": int(n), "n_loops": int(r)})
+    return tuple(pairs)
+
+
+def parse_ranges(flag: str, text: str, low: str, high: str) -> tuple[dict[str, float], ...]:
+    """Comma-separated LO-HI ranges with LO <= HI, e.g. "1.85-3.45,1.0-4.0"."""
+    out = []
+    for item in text.split(","):
+        a, dash, b = item.strip().partition("-")
+        try:
+            lo, hi = float(a), float(b)
+        except ValueError:
+            lo = hi = None
+        if not dash or lo is None:
+            fail(flag, text, "comma-separated LO-HI ranges, e.g. 1.85-3.45,1.0-4.0")
+        if lo > hi:
+            fail(flag, text, f"ranges LO-HI with LO <= HI ({item.strip()} is reversed)")
+        out.append({low: lo, high: hi})
+    return tuple(out)
+
+
+def parse_sets(items: list[str], flag: str = "--set") -> dict[str, Any]:
+    out = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            fail(flag, item, "KEY=VALUE, e.g. train.steps=50")
+        out[key] = parse_value(value)
+    return out
+
+
+def parse_stage_sets(items: list[str]) -> dict[str, dict[str, Any]]:
+    """--stage-set STAGE:KEY=VALUE items, grouped by stage."""
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        stage, colon, rest = item.partition(":")
+        if not colon or stage not in STAGE_NAMES:
+            fail("--stage-set", item, f"STAGE:KEY=VALUE with STAGE one of {' | '.join(STAGE_NAMES)}, "
+                                      "e.g. stage1:train.lr=0.001")
+        out.setdefault(stage, {}).update(parse_sets([rest], "--stage-set"))
+    return out
+
+
+def parse_stage_steps(text: str) -> dict[str, int]:
+    """--stage-steps stage1=2500,chase=800."""
+    out = {}
+    for item in (i.strip() for i in text.split(",") if i.strip()):
+        stage, eq, steps = item.partition("=")
+        if not eq or stage not in STAGE_NAMES or not steps.isdigit() or int(steps) < 1:
+            fail("--stage-steps", text, f"STAGE=N,... with STAGE one of {' | '.join(STAGE_NAMES)} and N >= 1, "
+                                        "e.g. stage1=2500,chase=800")
+        out[stage] = int(steps)
+    return out

@@ -1,0 +1,371 @@
+"""Running a sweep: check everything, then dry-run or start (or join) Ray, run the
+trials under Tune with live progress, and end with the summary table and the
+analysis report.
+
+A sweep script declares its own flags and a typed factory returning a `Sweep`, and
+calls `main(description, add_flags, build)`. Every input is checked before Ray
+starts; a bad one is a single line on stderr and exit status 2.
+
+One sweep run per sweep: the parent MLflow run is keyed by the sweep's content
+(`sweep_key`), so running the same command again, with or without --resume, adopts
+it and its trial runs; runs of an earlier invocation whose process died (still
+RUNNING) are closed as KILLED, with a pointer to the invocation that reopened them,
+before the trials run (and reopen them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from looplab import tracking
+from looplab.config import ConfigError
+from sweeps.flags import Common, Launch, fail, parser
+from sweeps.plan import Resources, Sweep, cpu_share, describe, grid_points, sweep_key, trial_name, validate, \
+    waiting_cpu
+from trainables.pipeline import stage_configs
+
+RAY_TRAIN_ENV = {  # Ray Train settings for every stage (an environment value of the same name wins)
+    "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "60",  # a worker group that cannot be placed fails, not hangs
+    # The controller polls its workers this often (default 2 s); each poll it waits on
+    # adds to a stage's start and end, which dominate short stages.
+    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
+}
+TEST_HOOKS = ("LOOPLAB_TEST_KILL_WORKER_AT_STEP",)  # test hooks reach the trials too
+
+Build = Callable[[Common, argparse.Namespace], Sweep]
+
+
+def main(description: str, add_flags: Callable[[argparse.ArgumentParser], None] | None, build: Build,
+         argv: list[str] | None = None) -> int:
+    """Parse the common flags and the sweep's own (add_flags may also change the
+    common defaults), build the sweep, check everything, then dry-run or run."""
+    p = parser(description)
+    if add_flags is not None:
+        add_flags(p)
+    args = p.parse_args(argv)
+    try:
+        common, launch = Common.from_args(args), Launch.from_args(args)
+        sweep = build(common, args)
+        points, res = validate(sweep, launch)
+        if not launch.dry_run:  # planning a cluster sweep from a laptop needs neither
+            check_storage_path(launch.storage_path)
+            check_tracking_server(launch.tracking_uri)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if launch.dry_run:
+        print(describe(sweep, launch, points, res))
+        return 0
+    rows = run_sweep(sweep, launch, points, res)
+    return 0 if rows and all(r["status"] != "error" for r in rows) else 1
+
+
+# ---- checks that need the outside world ------------------------------------------------
+
+def check_storage_path(path: str) -> None:
+    """The storage folder exists or can be made, and is writable."""
+    folder = Path(path).expanduser()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / ".looplab-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        fail("--storage-path", path, f"a folder this process can create and write ({e.strerror or e})")
+
+
+def is_server(uri: str) -> bool:
+    """An MLflow tracking server, as opposed to a store this process opens itself."""
+    return uri.startswith(("http://", "https://"))
+
+
+def check_tracking_server(uri: str, timeout: float = 10.0) -> None:
+    """An http(s) tracking URI must answer MLflow's /health now: MLflow's client
+    would otherwise retry each call for minutes before it fails, with Ray started."""
+    if not is_server(uri):
+        return
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as response:
+            if response.status == 200:
+                return
+            problem = f"HTTP {response.status}"
+    except OSError as e:  # refused, unresolvable, timed out, HTTP errors
+        problem = str(getattr(e, "reason", e))
+    fail("--tracking-uri", uri, f"a reachable MLflow server (GET /health: {problem}), or sqlite:///PATH")
+
+
+# ---- the run ---------------------------------------------------------------------------
+
+def run_sweep(sweep: Sweep, launch: Launch, points: list[dict[str, Any]], res: Resources) -> list[dict[str, Any]]:
+    """Start (or join) Ray, run the trials under Tune, return one row per trial."""
+    import ray
+
+    from trainables.progress import Printer, board_name
+    from trainables.trial import PlatformSettings, trial_params
+
+    storage = Path(launch.storage_path).expanduser().resolve()
+    logs = storage / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    logging.getLogger("mlflow").setLevel(logging.WARNING)  # its schema-migration chatter
+    uri = launch.tracking_uri or f"sqlite:///{storage / 'mlflow.db'}"
+    key = sweep_key(sweep, launch)
+    experiment = tracking.experiment_name(sweep.name, sweep.spec.preset)
+    run_name = tracking.sweep_run_name(sweep.name, key)
+
+    mc = tracking.client(uri)
+    experiment_id = tracking.ensure_experiment(mc, experiment, storage / "mlflow")
+    sweep_run = open_sweep_run(mc, experiment_id, run_name, key, sweep.spec.preset)
+    platform = PlatformSettings(tracking_uri=uri, storage_path=str(storage), experiment=experiment,
+                                sweep_run_id=sweep_run, num_workers=launch.num_workers,
+                                cpus_per_worker=res.cpus_per_worker, gpus_per_worker=launch.gpus_per_worker,
+                                progress_board=board_name(run_name))
+
+    env = {name: os.environ.get(name, default) for name, default in RAY_TRAIN_ENV.items()}
+    os.environ.update(env)
+    env.update({name: os.environ[name] for name in TEST_HOOKS if name in os.environ})
+    print(f"sweep {sweep.name} [{key}]: {len(points)} trial point(s); Ray's own output goes to "
+          f"{logs / 'ray.log'}", file=sys.stderr)
+    with _to_log(logs / "ray.log"):
+        ray.init(address=launch.address or None, runtime_env={"env_vars": env}, include_dashboard=None,
+                 log_to_driver=False, configure_logging=False)
+    try:
+        with tracking.terminated_on_exit(mc, sweep_run), Printer(platform.progress_board):
+            if launch.search == "grid":
+                _fit_shared_prefixes(sweep, launch, platform, points, res, storage / "ray_tune", run_name, logs)
+            results = _fit(sweep, launch, platform, res, storage / "ray_tune", run_name, logs)
+        rows = []
+        for result in results:
+            params = trial_params(result.config)
+            metrics = result.metrics or {}
+            final_key = stage_configs(sweep.spec, params, str(storage))[-1].stage_key()
+            stopped = not result.error and tracking.STAGE_KEY not in metrics  # a scheduler (ASHA) ended it early
+            if stopped:
+                close_stopped_trial(mc, experiment_id, final_key)
+            rows.append({**params, **{k: metrics.get(k) for k in sweep.columns}, tracking.STAGE_KEY: final_key,
+                         "status": "error" if result.error else "stopped" if stopped
+                         else ("reused" if metrics.get("skipped") else "done")})
+        report = write_report(uri, experiment, sweep_run, storage / "analysis" / run_name)
+        table = summary_table(sweep, rows)
+        describe_sweep_run(mc, sweep_run, sweep, table, report)
+        print_summary(table, uri, experiment, sweep_run, storage, run_name, report)
+        return rows
+    finally:
+        with _to_log(logs / "ray.log"):
+            ray.shutdown()
+
+
+@contextlib.contextmanager
+def _to_log(path: Path):
+    """Ray and Tune's own console output (configuration boxes, TensorBoard hints,
+    status tables) into a log file in the storage path: the sweep prints its own
+    progress instead."""
+    with open(path, "a") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+        yield
+
+
+def open_sweep_run(mc, experiment_id: str, run_name: str, key: str, preset: str) -> str:
+    """The sweep's one parent run, keyed by the sweep's content: created once, adopted
+    by every later invocation of the same sweep (set RUNNING while it runs). Runs an
+    earlier invocation left RUNNING under it belong to processes that died: they are
+    closed as KILLED, pointing to this invocation; the trials reopen them as they run."""
+    sweep_run, status = tracking.open_run(
+        mc, experiment_id, name=run_name, key={tracking.LEVEL: tracking.SWEEP, tracking.SWEEP_KEY: key},
+        tags={tracking.PRESET: preset, tracking.GIT_SHA: tracking.git_sha(),
+              tracking.COMMAND: " ".join(shlex.quote(a) for a in sys.argv)})
+    if status == "FINISHED":
+        mc.update_run(sweep_run, status="RUNNING")
+    if status != "NEW":
+        closed = close_orphans(mc, experiment_id, sweep_run)
+        if closed:
+            print(f"closed {closed} run(s) an interrupted invocation of this sweep left RUNNING", file=sys.stderr)
+    return sweep_run
+
+
+def close_orphans(mc, experiment_id: str, sweep_run: str) -> int:
+    """KILLED for every RUNNING run below the sweep run (its trials, their stages, the
+    shared stages): the invocation that started them is gone."""
+    children = [sweep_run]
+    closed = 0
+    while children:
+        parents = " or ".join(f"tags.`{tracking.PARENT_RUN_TAG}` = '{p}'" for p in children[:50])
+        found = mc.search_runs([experiment_id], filter_string=parents, max_results=5000)
+        children = children[50:] + [r.info.run_id for r in found]
+        for run in found:
+            if run.info.status == "RUNNING":
+                mc.set_tag(run.info.run_id, "killed_by", f"sweep run {sweep_run} reopened by a new invocation")
+                mc.set_terminated(run.info.run_id, status="KILLED")
+                closed += 1
+    return closed
+
+
+def _fit_shared_prefixes(sweep: Sweep, launch: Launch, platform, points, res: Resources, tune_path: Path,
+                         run_name: str, logs: Path) -> None:
+    """Train the stages several trials share (e.g. the β ablation's pre-training)
+    before the trials, each job with an even share of the whole machine: otherwise
+    one trial trains them on its share while the CPUs of the waiting trials idle."""
+    from dataclasses import replace
+
+    from ray import tune
+
+    from trainables.trial import run_shared_prefix, shared_prefixes
+
+    jobs = shared_prefixes(sweep.spec, points, platform.storage_path)
+    if not jobs:
+        return
+    concurrent = min(len(jobs), res.max_concurrent or len(jobs))
+    if not launch.address and not launch.cpus_per_worker:  # locally: the machine, split over the jobs
+        share = cpu_share(res.cpus, concurrent, max(1, launch.num_workers), waiting_cpu(launch))
+        platform = replace(platform, cpus_per_worker=max(share, res.cpus_per_worker))
+    print(f"training {len(jobs)} shared stage chain(s) first, {concurrent} at a time, "
+          f"{max(1, platform.num_workers)} worker(s) × {platform.cpus_per_worker} CPU each", file=sys.stderr)
+    tuner = tune.Tuner(
+        tune.with_resources(run_shared_prefix, platform.trial_resources()),
+        param_space={"spec": sweep.spec.to_dict(), "platform": platform.to_dict(), "job": tune.grid_search(jobs)},
+        tune_config=tune.TuneConfig(max_concurrent_trials=concurrent),
+        run_config=tune.RunConfig(name=f"{run_name}-shared", storage_path=str(tune_path),
+                                  failure_config=trial_failures(platform), verbose=0))
+    with _to_log(logs / "ray.log"):
+        failed = [r for r in tuner.fit() if r.error]
+    if failed:
+        raise RuntimeError(f"a shared stage failed: {failed[0].error}")
+
+
+def _fit(sweep: Sweep, launch: Launch, platform, res: Resources, tune_path: Path, run_name: str, logs: Path):
+    from ray import tune
+
+    from trainables.trial import run_trial, trial_params
+
+    trainable = tune.with_resources(run_trial, platform.trial_resources())
+    path = tune_path / run_name
+    if launch.resume and tune.Tuner.can_restore(str(path)):
+        tuner = tune.Tuner.restore(str(path), trainable=trainable, resume_errored=True)
+        with _to_log(logs / "ray.log"):
+            return tuner.fit()
+    space: dict[str, Any] = {"spec": sweep.spec.to_dict(), "platform": platform.to_dict()}
+    search_alg, scheduler, samples = None, None, 1
+    if launch.search == "grid":
+        # One grid_search over whole points: paired values stay paired.
+        space["point"] = tune.grid_search(grid_points(sweep))
+        space["seed"] = tune.grid_search(list(launch.seeds))
+    else:
+        from ray.tune.search.optuna import OptunaSearch
+
+        for name, (low, high, scale) in sweep.ranges.items():
+            space[name] = tune.loguniform(low, high) if scale == "log" else tune.uniform(low, high)
+        space["seed"] = launch.seeds[0]
+        # Define-by-run searchers take metric/mode themselves, not via TuneConfig.
+        search_alg = OptunaSearch(metric=sweep.metric, mode=sweep.mode, seed=0)
+        samples = launch.num_samples
+    if launch.scheduler == "asha":
+        from ray.tune.schedulers import ASHAScheduler
+
+        scheduler = ASHAScheduler(metric=sweep.metric, mode=sweep.mode, grace_period=1)
+
+    def name_of(trial) -> str:
+        return trial_name(trial_params(trial.config))
+
+    tuner = tune.Tuner(
+        trainable, param_space=space,
+        tune_config=tune.TuneConfig(num_samples=samples, search_alg=search_alg, scheduler=scheduler,
+                                    max_concurrent_trials=res.max_concurrent or None,
+                                    trial_name_creator=name_of, trial_dirname_creator=name_of),
+        run_config=tune.RunConfig(name=run_name, storage_path=str(tune_path),
+                                  failure_config=trial_failures(platform), verbose=0))
+    with _to_log(logs / "ray.log"):
+        return tuner.fit()
+
+
+def trial_failures(platform):
+    """Tune's restarts of a failed trial; the restarted trial resumes its stage from
+    the checkpoint folder. In local mode they are the only restarts there are, so
+    they get the worker retries; a worker group retries on its own first."""
+    from ray import tune
+
+    return tune.FailureConfig(max_failures=platform.worker_retries if platform.num_workers == 0 else 1)
+
+
+def close_stopped_trial(mc, experiment_id: str, stage_key: str) -> None:
+    """A trial the scheduler stopped was killed mid-stage: its MLflow runs (the
+    trial and its unfinished stages) end KILLED instead of staying RUNNING."""
+    trial = tracking.find_run(mc, experiment_id, **{tracking.LEVEL: tracking.TRIAL, tracking.STAGE_KEY: stage_key})
+    if trial is None or trial.info.status != "RUNNING":
+        return
+    children = mc.search_runs([experiment_id],
+                              filter_string=f"tags.`{tracking.PARENT_RUN_TAG}` = '{trial.info.run_id}' "
+                                            "and attributes.status = 'RUNNING'")
+    for run in [*children, trial]:
+        mc.set_terminated(run.info.run_id, status="KILLED")
+
+
+# ---- the end of a sweep ---------------------------------------------------------------------
+
+def write_report(uri: str, experiment: str, sweep_run: str, out: Path) -> dict[str, Path]:
+    """The analysis report of the sweep (frontiers, tables, report.html), logged to
+    its parent run. A sweep's results never depend on it: without the analysis
+    extra, or when the runs support no plot, it says so and the sweep still succeeds."""
+    try:
+        from analysis.report import build_report
+    except ImportError as e:
+        print(f"analysis skipped ({e}); install the analysis extra: pip install -e '.[analysis]'", file=sys.stderr)
+        return {}
+    try:
+        return build_report(uri, [experiment], out, sweep_run_id=sweep_run)
+    except Exception as e:  # noqa: BLE001 - the sweep finished; a report problem is reported, not raised
+        print(f"analysis failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return {}
+
+
+def summary_table(sweep: Sweep, rows: list[dict[str, Any]]) -> list[list[str]]:
+    """The summary as rows of cells, header first: the searched values, the sweep's
+    columns, the final stage's key and the trial's status."""
+    params = [k for k in rows[0] if k not in (*sweep.columns, tracking.STAGE_KEY, "status")] if rows else []
+    header = [*params, *sweep.columns, tracking.STAGE_KEY, "status"]
+    body = [[_cell(r.get(h)) for h in header] for r in sorted(rows, key=lambda r: [str(r.get(p)) for p in params])]
+    return [header, *body]
+
+
+def describe_sweep_run(mc, sweep_run: str, sweep: Sweep, table: list[list[str]], report: dict[str, Path]) -> None:
+    """The sweep run's description on the dashboard: the summary table and where the report is."""
+    header, *body = table
+    lines = [f"**{sweep.name}** on preset `{sweep.spec.preset}`", "",
+             "| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+             *("| " + " | ".join(row) + " |" for row in body)]
+    if "report.html" in report:
+        lines += ["", "Report: the run's artifact `analysis/report.html` (frontiers, tables, plots), "
+                      f"also at `{report['report.html']}`."]
+    tracking.set_description(mc, sweep_run, "\n".join(lines))
+
+
+def print_summary(table: list[list[str]], uri: str, experiment: str, sweep_run: str, storage: Path, run_name: str,
+                  report: dict[str, Path] | None = None) -> None:
+    header, *body = table
+    widths = [max(len(h), *(len(row[i]) for row in body)) if body else len(h) for i, h in enumerate(header)]
+    print("\n" + "  ".join(h.ljust(w) for h, w in zip(header, widths)))
+    print("  ".join("-" * w for w in widths))
+    for row in body:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)))
+    print(f"\nMLflow:      {uri}  experiment {experiment!r}, sweep run {sweep_run}")
+    print(f"dashboard:   {uri}" if is_server(uri) else f"dashboard:   mlflow ui --backend-store-uri {uri}")
+    print(f"checkpoints: {storage / 'stages'}")
+    print(f"Ray results: {storage / 'ray_tune' / run_name}  (Ray's log: {storage / 'logs' / 'ray.log'})")
+    if report:
+        for name in ("frontier.png", "report.html"):
+            if name in report:
+                print(f"{name + ':':13s}{report[name]}")
+    print(f"re-plot:     python -m analysis --tracking-uri {uri} --experiment {experiment} "
+          f"--out {storage / 'analysis' / run_name}")
+
+
+def _cell(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return "" if v is None else str(v)

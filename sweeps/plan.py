@@ -1,0 +1,231 @@
+"""A sweep's plan: its declaration (`Sweep`), the trial points, the checks that run
+before Ray starts, the resource plan, the names derived from content, and the dry run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from looplab.config import ConfigError
+from looplab.policy import DEFAULT_QS
+from looplab.tracking import parse_metric
+from sweeps.flags import Launch, check_preset, fail
+from trainables.pipeline import PipelineSpec, stage_configs
+from trainables.trial import WAITING_TRIAL_CPU
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A sweep declaration.
+
+    grid: param -> the values the grid takes (the params of PipelineSpec.searched);
+      the grid is their product.
+    points: param dicts taken together, e.g. paired N⊗R values [{"n_layers": 4,
+      "n_loops": 6}, ...]; crossed with the grid's product when both are given.
+    ranges: param -> (low, high, "log" | "linear") for --search optuna.
+    """
+
+    name: str
+    spec: PipelineSpec
+    grid: dict[str, list[Any]] = field(default_factory=dict)
+    points: tuple[dict[str, Any], ...] = ()
+    ranges: dict[str, tuple[float, float, str]] = field(default_factory=dict)
+    metric: str = "val_ppl"
+    mode: str = "min"
+    columns: tuple[str, ...] = ("val_ppl", "val_accuracy")  # summary-table metrics
+
+    def __post_init__(self) -> None:
+        # A threshold column must name a q the evaluation runs, or its cells stay empty.
+        for column in self.columns:
+            parsed = parse_metric(column)
+            if parsed and parsed[0].q is not None and parsed[0].q not in DEFAULT_QS:
+                raise ConfigError(f"Sweep.columns={column!r} names q={parsed[0].q}, which the stages' evaluation "
+                                  f"does not run; allowed q: {', '.join(map(str, DEFAULT_QS))}")
+
+
+def grid_points(sweep: Sweep) -> list[dict[str, Any]]:
+    """Every grid point (seed aside): the grid's product, crossed with the paired points."""
+    names = list(sweep.grid)
+    product = [dict(zip(names, values)) for values in itertools.product(*(sweep.grid[n] for n in names))]
+    return [{**p, **q} for p in product for q in (sweep.points or ({},))]
+
+
+@dataclass(frozen=True)
+class Resources:
+    cpus: float  # CPUs of the local machine (or of the cluster when known)
+    gpus: int
+    max_concurrent: int  # 0: no cap (a cluster: as many trials as Ray can place)
+    cpus_per_worker: float
+
+
+def plan_resources(launch: Launch, local: bool, n_trials: int) -> Resources:
+    """Trial and worker CPU shares that add up. In local mode (--num-workers 0) a
+    trial trains in its own process and holds the worker's share. With K worker
+    actors a trial holds a sliver and waits on its worker group, so
+    max_concurrent × (sliver + K × worker_cpu) ≤ CPUs; otherwise the worker groups
+    never start and Ray retries forever."""
+    if launch.num_workers < 0:
+        fail("--num-workers", launch.num_workers, "an integer >= 0 (0: train in the trial's own process)")
+    if launch.gpus_per_worker < 0:
+        fail("--gpus-per-worker", launch.gpus_per_worker, "a number >= 0")
+    cpus = float(os.cpu_count() or 1)
+    gpus = _local_gpus()
+    if local and launch.gpus_per_worker > 0 and gpus == 0:
+        fail("--gpus-per-worker", launch.gpus_per_worker, "0 here (no CUDA device on this machine)")
+    if local and launch.num_workers > cpus:
+        fail("--num-workers", launch.num_workers, f"an integer in [0, {int(cpus)}] (CPUs on this machine)")
+    if launch.max_concurrent_trials < 0:
+        fail("--max-concurrent-trials", launch.max_concurrent_trials, "an integer >= 1 (0: what fits)")
+    if launch.cpus_per_worker < 0:
+        fail("--cpus-per-worker", launch.cpus_per_worker, "a number > 0 (0: the CPUs left, shared evenly)")
+    if not local:  # a cluster's resources are Ray's (and its autoscaler's) to place
+        return Resources(cpus, gpus, launch.max_concurrent_trials, launch.cpus_per_worker or 1.0)
+    workers, waiting = max(1, launch.num_workers), waiting_cpu(launch)
+    if launch.gpus_per_worker > 0:
+        fits = int(gpus // (launch.gpus_per_worker * workers)) or 1
+    else:
+        fits = max(1, int(cpus // workers))
+    concurrent = launch.max_concurrent_trials or min(fits, n_trials)  # no CPUs held for trials that never come
+    worker_cpu = launch.cpus_per_worker or cpu_share(cpus, concurrent, workers, waiting)
+    need = concurrent * (waiting + workers * worker_cpu)
+    if worker_cpu <= 0 or need > cpus + 1e-9:
+        fail("--max-concurrent-trials", concurrent,
+             f"at most {fits} here: {concurrent} × ({waiting} + {workers} × {worker_cpu}) CPUs "
+             f"= {need:.2f} > {cpus:g}")
+    return Resources(cpus, gpus, concurrent, worker_cpu)
+
+
+def waiting_cpu(launch: Launch) -> float:
+    """CPUs a trial holds beside its workers: none in local mode (it is the worker)."""
+    return WAITING_TRIAL_CPU if launch.num_workers else 0.0
+
+
+def cpu_share(cpus: float, concurrent: int, workers: int, waiting: float) -> float:
+    """The CPUs left after the waiting trials, split evenly over the workers,
+    rounded down to 1/100 so the shares never add up to more than the machine."""
+    return math.floor(100 * (cpus - concurrent * waiting) / (concurrent * workers)) / 100
+
+
+def _local_gpus() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except Exception:
+        return 0
+
+
+def validate(sweep: Sweep, launch: Launch) -> tuple[list[dict[str, Any]], Resources]:
+    """Every check that can run before Ray: returns the trial params and the plan."""
+    check_preset(sweep.spec.preset)
+    seeds = list(launch.seeds)
+    if launch.search == "grid":
+        for name, values in sweep.grid.items():
+            if not values:
+                fail(f"grid.{name}", values, "a non-empty list of values")
+        if not sweep.grid and not sweep.points:
+            fail("grid", {}, "at least one point")
+        points = [{**p, "seed": seed} for p in grid_points(sweep) for seed in seeds]
+    else:
+        if launch.num_samples < 1:
+            fail("--num-samples", launch.num_samples, "an integer >= 1")
+        if not sweep.ranges:
+            fail("--search", launch.search, f"grid (the {sweep.name} sweep declares no ranges)")
+        for name, (low, high, scale) in sweep.ranges.items():
+            if not low <= high or (scale == "log" and low <= 0):
+                fail(f"range.{name}", (low, high), "low <= high (and low > 0 on a log scale)")
+        # The range's corners stand for every sample in the config checks below.
+        points = [dict(zip(sweep.ranges, corner), seed=seeds[0])
+                  for corner in itertools.product(*((lo, hi) for lo, hi, _ in sweep.ranges.values()))]
+    if not points:
+        fail("grid", {}, "at least one point")
+    for point in points:  # each stage's config validates itself: β < 0, hp > 1, depth outside [1, R], ...
+        for cfg in stage_configs(sweep.spec, point, launch.storage_path):
+            if launch.num_workers >= 1 and cfg.train.batch_size % launch.num_workers:
+                fail("--num-workers", launch.num_workers, f"a divisor of {cfg.stage}'s batch size "
+                     f"{cfg.train.batch_size} (every worker trains an equal share)")
+    n_trials = len(points) if launch.search == "grid" else launch.num_samples
+    return points, plan_resources(launch, local=not launch.address, n_trials=n_trials)
+
+# ---- naming --------------------------------------------------------------------------
+
+def short_hash(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+
+def sweep_key(sweep: Sweep, launch: Launch) -> str:
+    """Names the sweep's Ray Tune run: its declaration, never a timestamp."""
+    return short_hash({"spec": sweep.spec.to_dict(), "grid": sweep.grid, "points": sweep.points,
+                       "ranges": sweep.ranges,
+                       "search": launch.search, "num_samples": launch.num_samples, "seeds": launch.seeds,
+                       "scheduler": launch.scheduler})
+
+
+def trial_name(params: dict[str, Any]) -> str:
+    return "trial-" + "-".join(f"{k}{v}" for k, v in sorted(params.items()))[:80] + "-" + short_hash(params)[:6]
+
+
+# ---- dry run -----------------------------------------------------------------------
+
+def describe(sweep: Sweep, launch: Launch, points: list[dict[str, Any]], res: Resources) -> str:
+    """The trial list, the resource plan and a compute estimate."""
+    lines = [f"sweep {sweep.name} on preset {sweep.spec.preset} ({launch.search} search)", "", "trials:"]
+    gpu = f", {launch.gpus_per_worker} GPU" if launch.gpus_per_worker else ""
+    unique: dict[str, Any] = {}
+    for point in points:
+        stages = stage_configs(sweep.spec, point, launch.storage_path)
+        keys = " → ".join(f"{c.stage}:{c.stage_key()}" for c in stages)
+        lines.append(f"  {json.dumps(point, sort_keys=True)}  {keys}")
+        for c in stages:
+            unique.setdefault(f"{c.stage}-{c.stage_key()}", c)
+    if launch.search == "optuna":
+        lines.append(f"  (Optuna samples {launch.num_samples} trials within {sweep.ranges}; corners shown)")
+    shared = sum(len(sweep.spec.stages_of(p)) for p in points) - len(unique)
+    lines += ["", f"stages: {len(unique)} to train ({shared} reused across trials)"]
+    total_flops = total_tokens = 0.0
+    for name, c in unique.items():
+        tokens = c.train.steps * c.train.batch_size * c.train.seq_len
+        flops = _training_flops(c)
+        total_flops, total_tokens = total_flops + flops, total_tokens + tokens
+        lines.append(f"  {name}: {c.train.steps} steps × {c.train.batch_size} × {c.train.seq_len} tokens "
+                     f"≈ {flops:.2e} training FLOPs")
+    lines += ["", f"compute: {total_tokens:,.0f} training tokens, ≈ {total_flops:.2e} FLOPs (3 × forward, looplab's FLOP count)",
+              "resources: " + (f"local Ray, {res.cpus:g} CPUs, {res.gpus} GPUs" if not launch.address
+                               else f"Ray cluster at {launch.address}"),
+              f"  {res.max_concurrent or 'as many'} concurrent trial(s) × " + (
+                  f"{res.cpus_per_worker} CPU{gpu} (Ray Train local mode: each trial trains in its own process)"
+                  if not launch.num_workers else
+                  f"({WAITING_TRIAL_CPU} CPU trial + {launch.num_workers} worker(s) × {res.cpus_per_worker} CPU{gpu})"),
+              "  plus Ray's own start per sweep, and per stage " + (
+                  "a few seconds of MLflow" if not launch.num_workers else
+                  "about 15-25 s on 2 cores to start its worker group")]
+    if launch.search == "grid":
+        from trainables.trial import shared_prefixes
+
+        jobs = shared_prefixes(sweep.spec, points, launch.storage_path)
+        if jobs:
+            lines.append(f"  first: {len(jobs)} shared stage chain(s) not yet trained, each with an even share "
+                         "of the machine, then the trials (which reuse them)")
+    return "\n".join(lines)
+
+
+def _training_flops(cfg) -> float:
+    """3 × forward FLOPs × training tokens (backward ≈ 2 × forward), with looplab's
+    own per-token accounting (backbone R times, LM head once). Built on the meta
+    device, so even the paper presets cost no memory."""
+    import torch
+
+    from looplab.models.looped import LoopedLM
+
+    with torch.device("meta"):
+        model = LoopedLM(cfg.model)
+    tokens = cfg.train.steps * cfg.train.batch_size * cfg.train.seq_len
+    return 3.0 * model.flops_per_token(cfg.train.seq_len)["total"] * tokens
+
+
