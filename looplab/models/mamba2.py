@@ -207,6 +207,33 @@ def causal_depthwise_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
     return _CausalDepthwiseConv.apply(x.contiguous(), weight, bias, seq_idx)
 
 
+def causal_conv1d_inputs(xBC: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+    """xBC (b, l, c), conv weight (c, 1, k) and bias (c,) as causal-conv1d's
+    `causal_conv1d_fn` takes them on the fused CUDA path: x (b, c8, l) channel-last,
+    weight (c8, k), bias (c8,), where c8 is c rounded up to a multiple of 8 (the extra
+    channels are zero in all three, so their outputs are zero and can be dropped).
+
+    Why: causal-conv1d takes `seq_idx` only for channel-last input (stride(1) == 1),
+    and for that layout it checks c % 8 == 0 and stride(0), stride(2) % 8 == 0; its
+    kernel also reads 16-byte vectors along c, so the data must start 16-byte aligned.
+    xBC is a slice of in_proj's output: its row stride is that output's width,
+    2·d_inner + 2·ngroups·d_state + nheads, which need not be a multiple of 8 (164 in
+    `phop-debug`). A slice that already fits is used in place, as mamba-ssm's
+    `ensure_stride` does; otherwise xBC is copied into a dense (b, l, c8) buffer.
+    """
+    c = xBC.shape[-1]
+    pad = (-c) % 8
+    fits = (pad == 0 and xBC.stride(2) == 1 and xBC.stride(1) % 8 == 0 and xBC.stride(0) % 8 == 0
+            and xBC.storage_offset() % 8 == 0)
+    if not fits:  # a fresh buffer (not .contiguous(), which keeps a view with size-1 dims)
+        xBC = F.pad(xBC, (0, pad)) if pad else xBC.clone(memory_format=torch.contiguous_format)
+    weight = weight.squeeze(1)
+    if pad:
+        weight = F.pad(weight, (0, 0, 0, pad))
+        bias = F.pad(bias, (0, pad)) if bias is not None else None
+    return xBC.transpose(1, 2), weight, bias
+
+
 class RMSNormGated(nn.Module):
     """RMSNorm(x · silu(z)) · weight, normalised over groups of `group_size`
     channels (mamba-ssm's norm_before_gate=False)."""
@@ -324,9 +351,13 @@ class Mamba2(nn.Module):
     def _scan_cuda(self, xBC, dt, A, seq_idx) -> torch.Tensor:
         causal_conv1d_fn, mamba_chunk_scan_combined = _cuda_kernels()
         if seq_idx is not None:
-            seq_idx = seq_idx.to(torch.int32).contiguous()  # the kernels' dtype
-        xBC = causal_conv1d_fn(xBC.transpose(1, 2), self.conv1d.weight.squeeze(1), self.conv1d.bias,
-                               seq_idx=seq_idx, activation="silu").transpose(1, 2)
+            seq_idx = seq_idx.to(torch.int32).contiguous()  # the kernels' dtype and layout
+        # xBC is a slice of in_proj's output: see causal_conv1d_inputs for why it is not
+        # handed to the conv as is. The conv's output is channel-last too; [..., :conv_dim]
+        # drops the zero channels that padding may have added.
+        conv_x, weight, bias = causal_conv1d_inputs(xBC, self.conv1d.weight, self.conv1d.bias)
+        xBC = causal_conv1d_fn(conv_x, weight, bias, seq_idx=seq_idx,
+                               activation="silu").transpose(1, 2)[..., :self.conv_dim]
         x, B, C = self._split_xbc(xBC)
         return mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size=self.chunk_size, D=self.D,
                                          dt_bias=self.dt_bias, dt_softplus=True, seq_idx=seq_idx)
