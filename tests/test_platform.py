@@ -1,5 +1,5 @@
-"""The platform layer: sweep input checks before Ray, dry runs, cluster.yaml, the
-MLflow conventions, and one tiny β sweep end to end on a local Ray.
+"""The platform layer: sweep input checks before Ray, dry runs, the MLflow conventions,
+and one tiny β sweep end to end on a local Ray (the cluster files: tests/test_cluster.py).
 
 Tests that start Ray are marked `ray`: the end-to-end β sweep (two data-parallel
 workers, stage reuse, a rerun that trains only its new point, in local mode; ~3
@@ -8,7 +8,6 @@ tests are also marked `slow` (~6 minutes together): `python -m pytest -m slow`."
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import signal
@@ -147,36 +146,6 @@ def test_stage_keys_do_not_depend_on_the_storage_path(tmp_path):
     # Seeds of one configuration share its hash at every stage (seed aggregation), not its key.
     assert here[2].config_hash() == other_seed[2].config_hash()
     assert here[2].stage_key() != other_seed[2].stage_key()
-
-
-def test_cluster_yaml_validates_offline():
-    import yaml
-    from ray.autoscaler._private.util import prepare_config, validate_config
-
-    raw = yaml.safe_load((REPO / "cluster.yaml").read_text())
-    cfg = prepare_config(copy.deepcopy(raw))
-    validate_config(cfg)
-    assert cfg["available_node_types"][cfg["head_node_type"]]["resources"] == {"CPU": 0}  # no trials on the head
-    assert any("[gpu" in c for c in cfg["setup_commands"])
-    assert any("mlflow server" in c for c in cfg["head_start_ray_commands"])
-    assert "pgrep" not in " ".join(cfg["head_start_ray_commands"])  # see the on-prem test
-
-
-def test_onprem_cluster_yaml_validates_offline():
-    """The on-prem example (Ray's local provider); `ray up` with it was run for real
-    against sshd on 127.0.0.1 (README), which a test here cannot do."""
-    import yaml
-    from ray.autoscaler._private.util import prepare_config, validate_config
-
-    raw = yaml.safe_load((REPO / "cluster-onprem.yaml").read_text())
-    cfg = prepare_config(copy.deepcopy(raw))
-    validate_config(cfg)
-    assert cfg["provider"]["type"] == "local" and cfg["provider"]["head_ip"]
-    assert cfg["file_mounts"] == {"~/looplab": "."}
-    start = " ".join(cfg["head_start_ray_commands"])
-    # The MLflow server starts when /health does not answer: a `pgrep -f "mlflow server"`
-    # would match the shell running this very command and never start it.
-    assert "mlflow server" in start and "pgrep" not in start
 
 
 def test_tracking_conventions(tmp_path):
