@@ -18,10 +18,11 @@ import os
 import sys
 
 from analysis.errors import AnalysisError
+from looplab.cli import Parser
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m analysis",
+    p = Parser(prog="python -m analysis",
                                 description="Frontiers, tables, plots and an HTML report from looplab's MLflow runs.")
     p.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI", ""),
                    help="MLflow URI, e.g. sqlite:///runs/beta/mlflow.db (default $MLFLOW_TRACKING_URI)")

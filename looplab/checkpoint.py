@@ -3,8 +3,17 @@
 A model directory holds `model.safetensors` and `config.json`:
     {"format": "looplab/1", "model": {...ModelConfig...}, "metadata": {...}}
 where metadata carries what a reader needs beyond the architecture (the experiment
-config it was trained under, the task, later the tokenizer). A training checkpoint
-adds `optimizer.safetensors` and `trainer.json` (step and counters) beside them.
+config it was trained under, its keys and the fields they hash, its stage and
+lineage, the tokenizer). A training checkpoint adds `optimizer.safetensors` and
+`trainer.json` (step and counters) beside them.
+
+Training checkpoints are replaced atomically and only the newest is kept: the new
+one is written complete into `<dir>.next` (trainer.json last), then swapped in
+(`<dir>` → `<dir>.prev`, `<dir>.next` → `<dir>`, `<dir>.prev` removed); a crash in
+between is settled on the next load (`settle_checkpoint`). Every reader checks a
+checkpoint before use (`verify_checkpoint`): files present and complete, config
+matching the weights' shapes; a damaged one is a one-line error naming the file and
+the way out.
 """
 
 from __future__ import annotations
@@ -13,6 +22,8 @@ import contextlib
 import dataclasses
 import json
 import os
+import shutil
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +63,69 @@ def _model_dict(cfg: ModelConfig) -> dict[str, Any]:
 def is_checkpoint(path: str | os.PathLike) -> bool:
     p = Path(path)
     return (p / CONFIG).is_file() and (p / WEIGHTS).is_file()
+
+
+# ---- checking before use ------------------------------------------------------------
+
+def safetensors_header(path: Path, recover: str = "") -> dict[str, Any]:
+    """The tensor table of a safetensors file ({name: {dtype, shape, data_offsets}}),
+    after checking the file holds every byte the table promises. ConfigError when the
+    file is truncated or not safetensors (`recover` says the way out)."""
+    size = path.stat().st_size
+    tail = f"; {recover}" if recover else ""
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise ConfigError(f"{path} is damaged: {size} bytes, not a safetensors file{tail}")
+        (n,) = struct.unpack("<Q", head)
+        if n > size - 8:
+            raise ConfigError(f"{path} is damaged: truncated inside its header ({size} bytes){tail}")
+        try:
+            table = json.loads(f.read(n))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{path} is damaged: its header is not JSON ({e}){tail}") from None
+    table.pop("__metadata__", None)
+    need = 8 + n + max((t["data_offsets"][1] for t in table.values()), default=0)
+    if size < need:
+        raise ConfigError(f"{path} is damaged: truncated ({size:,} of {need:,} bytes){tail}")
+    return table
+
+
+def verify_checkpoint(directory: str | os.PathLike, *, training: bool = False, argument: str = "checkpoint",
+                      recover: str = "restore it, or train it again") -> None:
+    """Check a checkpoint before anything uses it: its files are present and complete,
+    config.json parses, and the weights have exactly the shapes config.json's model
+    has (and, with training, the optimizer state and trainer.json are whole). Every
+    problem is a one-line ConfigError naming the file (or `argument`, the flag that
+    named the directory) and `recover`, the way out."""
+    d = Path(directory)
+    if not d.is_dir():
+        raise ConfigError(f"{argument}={str(directory)!r} is invalid; allowed: a looplab checkpoint directory "
+                          f"(with {CONFIG} and {WEIGHTS})", name=argument, value=str(directory))
+    needed = [CONFIG, WEIGHTS] + ([OPTIMIZER, TRAINER] if training else [])
+    for name in needed:
+        if not (d / name).is_file():
+            raise ConfigError(f"{d / name} is missing: not a complete looplab checkpoint; {recover}")
+    try:
+        model_cfg = read_model_config(d)
+    except (ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"{d / CONFIG} is damaged ({str(e).splitlines()[0]}); {recover}") from None
+    if training:
+        try:
+            int(json.loads((d / TRAINER).read_text())["step"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise ConfigError(f"{d / TRAINER} is damaged ({str(e).splitlines()[0]}); {recover}") from None
+    table = safetensors_header(d / WEIGHTS, recover)
+    with torch.device("meta"):
+        expected = {k: list(v.shape) for k, v in LoopedLM(model_cfg).state_dict().items()}
+    found = {k: v["shape"] for k, v in table.items()}
+    if found != expected:
+        differ = sorted(k for k in expected.keys() & found.keys() if expected[k] != found[k])
+        detail = (f"{differ[0]} is {found[differ[0]]} in {WEIGHTS}, {expected[differ[0]]} by {CONFIG}" if differ else
+                  f"tensors {sorted(expected.keys() ^ found.keys())[:3]} are in one file only")
+        raise ConfigError(f"{d / WEIGHTS} disagrees with {d / CONFIG}: {detail}; {recover}")
+    if training:
+        safetensors_header(d / OPTIMIZER, recover)
 
 
 def read_config(directory: str | os.PathLike) -> dict[str, Any]:
@@ -110,6 +184,7 @@ def load_model(name_or_path: str | os.PathLike, **overrides: Any) -> LoopedLM:
         if overrides:
             raise ConfigError(f"overrides {sorted(overrides)} cannot change a checkpoint's architecture; "
                               "load it as is, or start from a preset name")
+        verify_checkpoint(name_or_path)
         model = LoopedLM(read_model_config(name_or_path))
         load_weights(model, name_or_path)
         model.metadata = read_config(name_or_path).get("metadata", {})
@@ -158,19 +233,53 @@ OPTIMIZER, TRAINER = "optimizer.safetensors", "trainer.json"
 
 def save_training_state(directory: Path, model: LoopedLM, optimizer: torch.optim.Optimizer,
                         trainer_state: dict[str, Any]) -> None:
-    """Model + AdamW moments (keyed by parameter name) + trainer counters."""
+    """Model + AdamW moments (keyed by parameter name) + trainer counters, replacing
+    the checkpoint in `directory` atomically (module docstring)."""
     from safetensors.torch import save_file
 
-    save_model(model, directory)
+    directory = Path(directory)
+    staging = _sibling(directory, "next")
+    if staging.exists():
+        shutil.rmtree(staging)
+    save_model(model, staging)
     names = {id(p): n for n, p in model.named_parameters()}
     tensors = {}
     for group in optimizer.param_groups:
         for p in group["params"]:
             for key, value in optimizer.state.get(p, {}).items():
                 tensors[f"{names[id(p)]}::{key}"] = torch.as_tensor(value).detach().contiguous().cpu()
-    save_file(tensors, str(directory / (OPTIMIZER + ".tmp")))
-    os.replace(directory / (OPTIMIZER + ".tmp"), directory / OPTIMIZER)
-    _write_json(directory / TRAINER, trainer_state)  # written last: its presence marks a complete checkpoint
+    save_file(tensors, str(staging / OPTIMIZER))
+    _write_json(staging / TRAINER, trainer_state)  # written last: its presence marks a complete checkpoint
+    previous = _sibling(directory, "prev")
+    if previous.exists():
+        shutil.rmtree(previous)
+    if directory.exists():
+        os.replace(directory, previous)
+    os.replace(staging, directory)
+    shutil.rmtree(previous, ignore_errors=True)  # only the newest is kept
+
+
+def _sibling(directory: Path, suffix: str) -> Path:
+    return directory.with_name(f"{directory.name}.{suffix}")
+
+
+def settle_checkpoint(directory: str | os.PathLike) -> None:
+    """Finish what a crash during save_training_state left: the complete one of
+    <dir>, <dir>.next (a finished write not yet swapped in) and <dir>.prev (swapped
+    out, the new one not yet in) becomes <dir>; the others are removed."""
+    directory = Path(directory)
+    complete = lambda d: (d / TRAINER).is_file()  # noqa: E731 - trainer.json is written last
+    staging, previous = _sibling(directory, "next"), _sibling(directory, "prev")
+    if not complete(directory):
+        for candidate in (staging, previous):  # the newest complete one wins
+            if complete(candidate):
+                if directory.exists():
+                    shutil.rmtree(directory)
+                os.replace(candidate, directory)
+                break
+    for leftover in (staging, previous):
+        if leftover.exists():
+            shutil.rmtree(leftover)
 
 
 def load_training_state(directory: Path, model: LoopedLM, optimizer: torch.optim.Optimizer) -> dict[str, Any]:

@@ -22,6 +22,64 @@ from looplab.config import ConfigError, parse_value
 from looplab.stages import STAGE_NAMES
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: `<prog>: error: <what>` and exit status 2, like
+    every other bad input of looplab's commands (argparse prints the usage first)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def at_least(minimum: int):
+    """An argparse type: an integer >= minimum (a one-line error otherwise)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: an integer >= {minimum}")
+        return value
+    return parse
+
+
+def ints_at_least(minimum: int):
+    """An argparse type: comma-separated integers >= minimum, e.g. 1,8,16."""
+    def parse(text: str) -> list[int]:
+        try:
+            values = [int(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            values = []
+        if not values or min(values) < minimum:
+            raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: comma-separated integers >= {minimum}")
+        return values
+    return parse
+
+
+def _policy(text: str):
+    from looplab.policy import ExitPolicy
+
+    try:
+        return ExitPolicy.parse(text)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("policy ")) from None
+
+
+def _policies(text: str):
+    from looplab.policy import parse_policies
+
+    try:
+        return parse_policies(text)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("policies ").removeprefix("policy ")) from None
+
+
+def _checkpoint(path: str, argument: str = "--checkpoint") -> None:
+    from looplab.checkpoint import verify_checkpoint
+
+    verify_checkpoint(path, argument=argument, recover=f"pass another {argument}, or train it again")
+
+
 def _overrides(pairs: list[str]) -> dict:
     out = {}
     for pair in pairs:
@@ -36,17 +94,30 @@ def _experiment(args):
     """The preset as the asked-for stage: its recipe (looplab/stages.py), then the
     command line's overrides; a continued stage names its parent by the key the
     --init checkpoint recorded."""
-    from looplab.checkpoint import parent_ref
+    from looplab.checkpoint import parent_ref, verify_checkpoint
+    from looplab.config import config_key
     from looplab.presets import get_preset
     from looplab.stages import get_stage, stage_config
 
-    cfg = get_preset(args.preset)
+    try:
+        cfg = get_preset(args.preset)
+    except ConfigError as e:
+        raise e.renamed("--preset", args.preset) from None
     stage = getattr(args, "stage", None) or "pretrain"
     init = getattr(args, "init", None)
     if get_stage(stage).continues and not init:
         raise ConfigError(f"--stage {stage} needs --init CHECKPOINT (the parent stage it continues)")
-    parent = parent_ref(init) if get_stage(stage).continues else None
-    return stage_config(cfg, stage, parent=parent, overrides=_overrides(getattr(args, "overrides", [])))
+    if init and not get_stage(stage).continues:
+        raise ConfigError(f"--init applies to continued stages; allowed: --stage stage1 | chase | stage2")
+    if init:
+        verify_checkpoint(init, argument="--init", recover="pass the checkpoint of a trained parent stage")
+    overrides = _overrides(getattr(args, "overrides", []))
+    try:
+        return stage_config(cfg, stage, parent=parent_ref(init) if init else None, overrides=overrides)
+    except ConfigError as e:  # said as the override that set the value
+        key = config_key(e.name) if e.name else None
+        given = next((k for k in overrides if key in (k, f"{key.partition('.')[0]}.{k}")), None) if key else None
+        raise (e.renamed("override", f"{given}={overrides[given]}") if given else e) from None
 
 
 def cmd_train(args) -> int:
@@ -64,19 +135,23 @@ def cmd_eval(args) -> int:
     from looplab.checkpoint import load_model
     from looplab.config import ExperimentConfig
     from looplab.evaluate import evaluate_policies, format_table
-    from looplab.policy import parse_policies
     from looplab.stages import get_stage
     from looplab.tasks import make_task
     from looplab.train import resolve_device
 
+    _checkpoint(args.checkpoint)
     model = load_model(args.checkpoint)
     experiment = model.metadata.get("experiment")
     if not experiment:
         raise ConfigError(f"--checkpoint={args.checkpoint!r} carries no experiment config; allowed: a checkpoint "
                           "written by looplab train")
     cfg = ExperimentConfig.from_dict(experiment)
-    policies = (parse_policies(args.policies) if args.policies
-                else get_stage(cfg.stage).eval_policies(cfg.model.n_loops))
+    policies = args.policies or get_stage(cfg.stage).eval_policies(cfg.model.n_loops)
+    for policy in policies:
+        try:
+            policy.check(cfg.model.n_loops)
+        except ConfigError as e:
+            raise e.renamed("--policies", policy.spec) from None
     batch = make_task(cfg.task, cfg.train.seq_len).eval_batch()
     if args.limit:
         batch = batch.slice(0, args.limit)
@@ -112,8 +187,16 @@ def cmd_lm_eval(args) -> int:
     """lm-eval tasks (or the paper's seven-task suite) on a checkpoint; JSON results
     with each task's accuracy and executed loops."""
     tasks = [t for t in (args.tasks or "").split(",") if t]
+    _checkpoint(args.checkpoint)
+    from looplab.checkpoint import read_model_config
+
+    try:
+        args.policy.check(read_model_config(args.checkpoint).n_loops)
+    except ConfigError as e:
+        raise e.renamed("--policy", args.policy.spec) from None
     model_args = {"policy": args.policy, "batch_size": args.batch_size, "device": args.device}
-    report = {"checkpoint": str(args.checkpoint), "suite": args.suite, **model_args, "limit": args.limit}
+    report = {"checkpoint": str(args.checkpoint), "suite": args.suite, **model_args, "policy": args.policy.spec,
+              "limit": args.limit}
     if args.suite:
         from looplab.lm_eval_suite import run_suite
 
@@ -133,6 +216,7 @@ def cmd_lm_eval(args) -> int:
         if args.local_data:
             raise ConfigError("--local-data applies to --suite paper only; allowed: --include-path DIR with task "
                               "YAMLs that read local files")
+        check_task_names(tasks, args.include_path)  # before any model loads
         results = evaluate_tasks(args.checkpoint, tasks, include_path=args.include_path, limit=args.limit,
                                  **model_args)
         report["tasks"] = {name: {"num_fewshot": results.get("n-shot", {}).get(name), "results": row}
@@ -149,9 +233,26 @@ def cmd_lm_eval(args) -> int:
     return 0
 
 
+def check_task_names(tasks: list[str], include_path: str | None) -> None:
+    """Every --tasks name is in lm-eval's task index (and --include-path's): checked
+    before a model is loaded, so a typo costs seconds, not a model load."""
+    from looplab.lm_eval import make_task_manager
+
+    manager = make_task_manager(include_path, tasks)
+    unknown = [t for t in tasks if t not in manager.all_tasks]
+    if unknown:
+        close = sorted(n for n in manager.all_tasks if unknown[0].split("_")[0] in n)[:5]
+        raise ConfigError(f"--tasks={','.join(unknown)!r} is invalid; allowed: lm-eval task names"
+                          + (f" (similar: {', '.join(close)})" if close else "")
+                          + (", or tasks under --include-path" if not include_path else ""))
+
+
 def _limit(value: str) -> int | float:
     """lm-eval's --limit: N documents per task, or a fraction below 1."""
-    number = float(value)
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
     if number <= 0:
         raise argparse.ArgumentTypeError(f"--limit {value!r} is invalid; allowed: a count >= 1 or a fraction "
                                          "in (0, 1)")
@@ -167,18 +268,33 @@ def cmd_bench(args) -> int:
 
     if bool(args.checkpoint) == bool(args.preset):
         raise ConfigError("bench needs exactly one of --checkpoint PATH or --preset NAME")
+    if args.checkpoint:
+        _checkpoint(args.checkpoint)
+    elif args.preset not in __import__("looplab.presets", fromlist=["PRESETS"]).PRESETS:
+        from looplab.presets import get_preset
+
+        try:
+            get_preset(args.preset)
+        except ConfigError as e:
+            raise e.renamed("--preset", args.preset) from None
+    if not args.policies and args.oracle_mean is None:
+        raise ConfigError("bench needs skip policies or an oracle mean; allowed: --policies skip:0.2,0.4 or "
+                          "--oracle-mean 2.0")
     overrides = {} if args.checkpoint else _overrides(args.overrides)  # a checkpoint fixes the model
     model = load_model(args.checkpoint or args.preset, **overrides)
+    R = model.cfg.n_loops
+    if args.oracle_mean is not None and not 1.0 <= args.oracle_mean <= R:
+        raise ConfigError(f"--oracle-mean={args.oracle_mean!r} is invalid; allowed: a number in [1, R={R}]")
+    for policy in args.policies:
+        if policy.execution != "skip":
+            raise ConfigError(f"--policies={policy.spec!r} is invalid; allowed: skip policies (skip:Q), which bench "
+                              "compares with full execution")
     experiment = model.metadata.get("experiment")
     cfg = ExperimentConfig.from_dict(experiment) if experiment else None
     task = make_task(cfg.task, cfg.train.seq_len) if cfg is not None else None
-    from looplab.policy import parse_policies
-
-    ints = lambda text: [int(x) for x in text.split(",") if x]  # noqa: E731
-    policies = parse_policies(args.policies) if args.policies else []
     print(HEADER, file=sys.stderr)
-    records = run_grid(model, task, batches=ints(args.batch), seq_lens=ints(args.seq_len),
-                       policies=policies, oracle_mean=args.oracle_mean, warmup=args.warmup, repeats=args.repeats,
+    records = run_grid(model, task, batches=args.batch, seq_lens=args.seq_len,
+                       policies=args.policies, oracle_mean=args.oracle_mean, warmup=args.warmup, repeats=args.repeats,
                        packing=args.packing, device=resolve_device(args.device),
                        on_record=lambda r: print(format_record(r), file=sys.stderr, flush=True))
     dicts = records_as_dicts(records)
@@ -218,13 +334,13 @@ def cmd_info(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="looplab", description="Looped language models: single runs and data.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = Parser(prog="looplab", description="Looped language models: single runs and data.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     t = sub.add_parser("train", help="train one run of a preset (resumes from OUT/checkpoint)")
     t.add_argument("--preset", required=True)
     t.add_argument("--out", required=True, help="run directory: metrics.jsonl and checkpoint/")
-    t.add_argument("--stop-at", type=int, default=None, help="stop (with a checkpoint) after this many steps")
+    t.add_argument("--stop-at", type=at_least(1), default=None, help="stop (with a checkpoint) after this many steps")
     t.add_argument("--no-resume", action="store_true", help="ignore an existing checkpoint in OUT")
     t.add_argument("--stage", choices=STAGE_NAMES, default=None,
                    help="training stage (default pretrain); continued stages use their recipe from "
@@ -236,24 +352,24 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("data", help="print task samples as JSON lines")
     dsub = d.add_subparsers(dest="task", required=True)
     m = dsub.add_parser("mano")
-    m.add_argument("--L", type=int, default=10, help="maximum number of operations")
+    m.add_argument("--L", type=at_least(1), default=10, help="maximum number of operations")
     m.add_argument("--eval", action="store_true", help="draw from the evaluation distribution (length = L)")
     p = dsub.add_parser("phop")
-    p.add_argument("--n", type=int, default=256)
-    p.add_argument("--p", type=int, default=16)
-    p.add_argument("--alphabet", type=int, default=4)
+    p.add_argument("--n", type=at_least(3), default=256)
+    p.add_argument("--p", type=at_least(1), default=16)
+    p.add_argument("--alphabet", type=at_least(2), default=4)
     for sp in (m, p):
-        sp.add_argument("--count", type=int, default=10)
-        sp.add_argument("--seed", type=int, default=0)
+        sp.add_argument("--count", type=at_least(1), default=10)
+        sp.add_argument("--seed", type=at_least(0), default=0)
     d.set_defaults(fn=cmd_data)
 
     e = sub.add_parser("eval", help="evaluate exit policies (full, forced, dense, skip) on the task's eval set")
     e.add_argument("--checkpoint", required=True)
-    e.add_argument("--policies", default="",
+    e.add_argument("--policies", type=_policies, default=None,
                    help="exit policies, e.g. 'full;dense:0.2,0.4;skip:0.2,0.4;forced:1-3' (default: what the "
                         "checkpoint's stage evaluates: full depth, dense and skip at q in 0.2..1.0, forced 1..R-1)")
-    e.add_argument("--limit", type=int, default=0, help="first N eval samples only")
-    e.add_argument("--batch-size", type=int, default=64)
+    e.add_argument("--limit", type=at_least(0), default=0, help="first N eval samples only (0: all)")
+    e.add_argument("--batch-size", type=at_least(1), default=64)
     e.add_argument("--device", default="auto")
     e.add_argument("--json", help="also write the records as a JSON list here")
     e.set_defaults(fn=cmd_eval)
@@ -267,9 +383,10 @@ def build_parser() -> argparse.ArgumentParser:
     le.add_argument("--include-path", default=None, help="directory of extra task YAMLs")
     le.add_argument("--local-data", default=None,
                     help="suite datasets from DIR/<task>/<split>.parquet (python -m looplab.lm_eval_suite export)")
-    le.add_argument("--policy", default="full", help="exit policy: full | forced:D | dense:Q | skip:Q (default full)")
+    le.add_argument("--policy", type=_policy, default="full",
+                    help="exit policy: full | forced:D | dense:Q | skip:Q (default full)")
     le.add_argument("--limit", type=_limit, default=None, help="documents per task (or a fraction < 1)")
-    le.add_argument("--batch-size", type=int, default=8)
+    le.add_argument("--batch-size", type=at_least(1), default=8)
     le.add_argument("--device", default="auto")
     le.add_argument("--output", default=None, help="also write the JSON here")
     le.set_defaults(fn=cmd_lm_eval)
@@ -277,13 +394,14 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="prefill time and memory, full vs skip, over batch × length × exit policy")
     b.add_argument("--checkpoint", default="", help="a trained checkpoint (gate-driven exits need one)")
     b.add_argument("--preset", default="", help="or a preset, freshly initialised (use --oracle-mean)")
-    b.add_argument("--batch", default="1,8,16", help="comma-separated batch sizes")
-    b.add_argument("--seq-len", default="512,1024", help="comma-separated sequence lengths")
-    b.add_argument("--policies", default="", help="skip policies to compare with full, e.g. skip:0.2,0.4")
+    b.add_argument("--batch", type=ints_at_least(1), default="1,8,16", help="comma-separated batch sizes")
+    b.add_argument("--seq-len", type=ints_at_least(1), default="512,1024", help="comma-separated sequence lengths")
+    b.add_argument("--policies", type=_policies, default=[], help="skip policies to compare with full, e.g. "
+                                                                   "skip:0.2,0.4")
     b.add_argument("--oracle-mean", type=float, default=None, help="oracle exits with this mean executed loops")
     b.add_argument("--packing", choices=("auto", "padded", "varlen"), default="auto")
-    b.add_argument("--warmup", type=int, default=2)
-    b.add_argument("--repeats", type=int, default=5)
+    b.add_argument("--warmup", type=at_least(0), default=2)
+    b.add_argument("--repeats", type=at_least(1), default=5)
     b.add_argument("--device", default="auto")
     b.add_argument("--json", help="write the records (a JSON list) here")
     b.add_argument("--tracking-uri", default="", help="also log the records to MLflow")
@@ -303,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.fn(args)
     except ConfigError as e:
-        print(f"looplab: {e}", file=sys.stderr)
+        print(f"looplab: error: {e}", file=sys.stderr)
         return 2
 
 

@@ -24,7 +24,22 @@ from typing import Any, Union
 
 
 class ConfigError(ValueError):
-    """A config value outside its allowed range. The message is one line."""
+    """A config value outside its allowed range. The message is one line:
+    "<name>=<value> is invalid; allowed: <allowed>". Raised through `check`, it keeps
+    name, value and allowed, so a command line can say it in terms of its own flag
+    (`renamed`) instead of the config field the flag reached."""
+
+    def __init__(self, message: str, *, name: str | None = None, value: Any = None, allowed: str | None = None):
+        super().__init__(message)
+        self.name, self.value, self.allowed = name, value, allowed
+
+    def renamed(self, name: str, value: Any) -> "ConfigError":
+        """The same complaint about the argument `name` with its own `value`."""
+        return invalid(name, value, self.allowed or str(self))
+
+
+def invalid(name: str, value: Any, allowed: str) -> ConfigError:
+    return ConfigError(f"{name}={value!r} is invalid; allowed: {allowed}", name=name, value=value, allowed=allowed)
 
 
 KEY = "key"  # field metadata: the field can change a run's result, so it enters the run's key
@@ -52,7 +67,7 @@ def unkeyed_fields(cls: type) -> list[str]:
 
 def check(ok: bool, name: str, value: Any, allowed: str) -> None:
     if not ok:
-        raise ConfigError(f"{name}={value!r} is invalid; allowed: {allowed}")
+        raise invalid(name, value, allowed)
 
 
 def _is_int(v: Any) -> bool:
@@ -273,7 +288,8 @@ class TrainConfig:
     eval_every: int = 100  # 0: evaluate only at the end
     eval_batch_size: int = 64
     log_every: int = 10
-    ckpt_every: int = 0  # 0: checkpoint only at the end
+    ckpt_every: int = 0  # 0: no step cadence (ckpt_minutes still applies)
+    ckpt_minutes: float = 5.0  # also checkpoint after this much wall clock; 0: off
     device: str = "auto"
 
     def __post_init__(self) -> None:
@@ -286,6 +302,8 @@ class TrainConfig:
         check(0 <= self.beta2 < 1, "TrainConfig.beta2", self.beta2, "a float in [0, 1)")
         check(self.adam_eps > 0, "TrainConfig.adam_eps", self.adam_eps, "a float > 0")
         check(self.grad_clip >= 0, "TrainConfig.grad_clip", self.grad_clip, "a float >= 0 (0 disables)")
+        check(isinstance(self.ckpt_minutes, (int, float)) and not isinstance(self.ckpt_minutes, bool)
+              and self.ckpt_minutes >= 0, "TrainConfig.ckpt_minutes", self.ckpt_minutes, "a number >= 0 (0: off)")
         _choice(self, "precision", ("auto", "fp32", "bf16"))
         _choice(self, "device", ("auto", "cpu", "cuda"))
 
@@ -470,6 +488,17 @@ def _build(cls: type, values: dict[str, Any], prefix: str) -> Any:
     if cls is ModelConfig and "attn_layer_idx" in kwargs:
         kwargs["attn_layer_idx"] = tuple(kwargs["attn_layer_idx"])
     return cls(**kwargs)
+
+
+SECTION_OF = {"ModelConfig": "model", "TrainConfig": "train", "ExitConfig": "exit", "HoleConfig": "hole",
+              "ManoConfig": "task", "PhopConfig": "task", "TextConfig": "task"}
+
+
+def config_key(name: str) -> str:
+    """A ConfigError's field as the dotted override key that sets it:
+    'HoleConfig.hp' -> 'hole.hp'; 'train.lr' stays."""
+    cls, _, field_name = name.partition(".")
+    return f"{SECTION_OF[cls]}.{field_name}" if cls in SECTION_OF else name
 
 
 def parse_value(text: str) -> Any:

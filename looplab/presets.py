@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
-from looplab.config import ConfigError, ExperimentConfig, ManoConfig, ModelConfig, PhopConfig, TextConfig, TrainConfig
+from looplab.config import ExperimentConfig, invalid, ManoConfig, ModelConfig, PhopConfig, TextConfig, TrainConfig
 
 PRESETS: dict[str, Callable[[], ExperimentConfig]] = {}
 # The preset's step budget of each continued stage (the paper's, App. E); a stage
@@ -31,7 +31,7 @@ def preset(name: str, stage_steps: dict[str, int] | None = None):
 
 def get_preset(name: str) -> ExperimentConfig:
     if name not in PRESETS:
-        raise ConfigError(f"preset={name!r} is unknown; allowed: {' | '.join(sorted(PRESETS))}")
+        raise invalid("preset", name, " | ".join(sorted(PRESETS)))
     return replace(PRESETS[name](), preset=name)
 
 

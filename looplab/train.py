@@ -20,8 +20,8 @@ from typing import Any, Callable
 
 import torch
 
-from looplab.checkpoint import (experiment_metadata, is_checkpoint, load_training_state, load_weights,
-                                model_from_config, read_model_config, save_training_state)
+from looplab.checkpoint import (TRAINER, experiment_metadata, load_training_state, load_weights, model_from_config,
+                                read_model_config, save_training_state, settle_checkpoint, verify_checkpoint)
 from looplab.config import ConfigError, ExperimentConfig, TrainConfig
 from looplab.distributed import Shard
 from looplab.evaluate import autocast_context, evaluate_policies
@@ -83,7 +83,9 @@ PROGRESS_SECONDS = 30.0  # a console progress line at least this often, whatever
 
 def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, stop_at: int | None = None,
           on_metrics: Callable[[dict[str, Any]], None] | None = None,
-          on_progress: Callable[[dict[str, Any]], None] | None = None, quiet: bool = False) -> TrainResult:
+          on_progress: Callable[[dict[str, Any]], None] | None = None,
+          on_checkpoint: Callable[[int, Path], None] | None = None, parent_dir: str | Path | None = None,
+          quiet: bool = False) -> TrainResult:
     """Train cfg's model on cfg's task with the objective of cfg.stage (the stage
     registry, looplab/stages.py; the losses in looplab/objectives.py).
 
@@ -92,7 +94,10 @@ def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, st
     the schedule still spans cfg.train.steps: an interruption on purpose.
     on_metrics receives every logged record (training and evaluation), on every rank.
     on_progress receives {step, steps, loss, tokens_per_s, eta_s} after every step
-    (the sweep's live progress throttles it). Under an initialised torch.distributed process group each rank trains its share
+    (the sweep's live progress throttles it); on_checkpoint(step, directory) runs after
+    each checkpoint is written (rank 0; a sweep uploads it to object storage).
+    parent_dir: where the parent's weights are when not at cfg.parent.checkpoint (a
+    local copy of a checkpoint in object storage). Under an initialised torch.distributed process group each rank trains its share
     of every batch; rank 0 alone evaluates and writes files.
     """
     tc = cfg.train
@@ -103,8 +108,8 @@ def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, st
     device = resolve_device(tc.device)
     task = make_task(cfg.task, tc.seq_len)
     model = model_from_config(cfg.model, tc.seed)
-    if cfg.init_from:
-        load_parent(model, cfg)
+    if cfg.parent is not None:
+        load_parent(model, cfg, parent_dir)
     model.to(device)
     model.metadata = experiment_metadata(cfg)
     stage = get_stage(cfg.stage)
@@ -115,18 +120,30 @@ def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, st
 
     ckpt = out / CHECKPOINT_DIR
     start = 0
-    if resume and (ckpt / "trainer.json").is_file():
-        state = json.loads((ckpt / "trainer.json").read_text())
+    if resume and shard.main:
+        settle_checkpoint(ckpt)  # a crash mid-save leaves the newest complete checkpoint in place
+    if resume and (ckpt / TRAINER).is_file():
+        verify_checkpoint(ckpt, training=True, recover=f"start the run over (looplab train --no-resume, or "
+                                                       f"delete {ckpt})")
+        state = json.loads((ckpt / TRAINER).read_text())
         if state.get("stage_key") != cfg.stage_key():
             raise ConfigError(f"{ckpt} holds a checkpoint of stage key {state.get('stage_key')!r}, not "
                               f"{cfg.stage_key()!r}; allowed: another --out, or --no-resume to start over")
         start = load_training_state(ckpt, model, optimizer)["step"]
+        log.resumed(start)
         log.say(f"resumed from {ckpt} at step {start}")
+    elif shard.main:
+        log.start_over()
     end = tc.steps if stop_at is None else min(tc.steps, stop_at)
+    last_saved = time.monotonic()
 
     def checkpoint(step: int) -> None:
+        nonlocal last_saved
         if shard.main:
             save_training_state(ckpt, model, optimizer, {"step": step, "stage_key": cfg.stage_key()})
+            if on_checkpoint is not None:
+                on_checkpoint(step, ckpt)
+        last_saved = time.monotonic()
 
     def evaluate(step: int) -> dict[str, float]:
         records = _evaluation_records(model, task, cfg, device) if shard.main else None
@@ -191,7 +208,12 @@ def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, st
             window = []
         if tc.eval_every and done % tc.eval_every == 0 and done != tc.steps:
             result.eval = evaluate(done)
-        if tc.ckpt_every and done % tc.ckpt_every == 0 and done != end:
+        # Every ckpt_every steps, and every ckpt_minutes of wall clock: a killed run
+        # loses minutes, not the stage. Ranks decide alike (rank 0's clock, broadcast).
+        due = bool(tc.ckpt_every) and done % tc.ckpt_every == 0
+        if tc.ckpt_minutes:
+            due = shard.broadcast(due or time.monotonic() - last_saved >= 60.0 * tc.ckpt_minutes)
+        if due and done != end:
             checkpoint(done)
         result.step = done
 
@@ -223,32 +245,50 @@ def _evaluation_records(model, task, cfg: ExperimentConfig, device) -> list[dict
                              precision=tc.precision)
 
 
-def load_parent(model: torch.nn.Module, cfg: ExperimentConfig) -> None:
-    """Start from the parent stage's weights; the architecture must match."""
-    if not is_checkpoint(cfg.init_from):
-        raise ConfigError(f"parent checkpoint {cfg.init_from!r} is invalid; allowed: a looplab checkpoint directory")
-    if read_model_config(cfg.init_from) != cfg.model:
-        raise ConfigError(f"parent checkpoint {cfg.init_from!r} holds a different architecture than model=...; "
+def load_parent(model: torch.nn.Module, cfg: ExperimentConfig, directory: str | Path | None = None) -> None:
+    """Start from the parent stage's weights (at `directory`, default cfg.parent's
+    checkpoint); the architecture must match."""
+    directory = directory or cfg.init_from
+    verify_checkpoint(directory, argument="parent checkpoint", recover="train the parent stage again")
+    if read_model_config(directory) != cfg.model:
+        raise ConfigError(f"parent checkpoint {str(directory)!r} holds a different architecture than model=...; "
                           "allowed: a checkpoint of the same model config")
-    load_weights(model, cfg.init_from)
+    load_weights(model, directory)
 
 
 class _Logger:
-    """Progress lines on stderr and one JSON record per line in metrics.jsonl."""
+    """Progress lines on stderr and one JSON record per line in metrics.jsonl.
+
+    A resumed run continues metrics.jsonl from its checkpoint's step: the records an
+    interrupted run wrote after that step are dropped (the resumed run writes them
+    again, with the same values: batches and holes are functions of (seed, step)), so
+    every step appears once."""
 
     def __init__(self, path: Path, callback, quiet: bool, write: bool = True):
         self.path, self.callback, self.quiet, self.write = path, callback, quiet, write
         self.last_line = time.monotonic()
+
+    def start_over(self) -> None:
+        if self.write and self.path.exists():
+            self.path.unlink()
+
+    def resumed(self, step: int) -> None:
+        if self.write and self.path.exists():
+            kept = [line for line in self.path.read_text().splitlines()
+                    if line.strip() and json.loads(line).get("step", 0) <= step]
+            self.path.write_text("".join(line + "\n" for line in kept))
+        self.record({"kind": "resume", "step": step}, f"resume at step {step}", say=False)
 
     def say(self, line: str) -> None:
         self.last_line = time.monotonic()
         if not self.quiet:
             print(line, file=sys.stderr, flush=True)
 
-    def record(self, record: dict[str, Any], line: str) -> None:
+    def record(self, record: dict[str, Any], line: str, say: bool = True) -> None:
         if self.write:
             with self.path.open("a") as f:
                 f.write(json.dumps(record) + "\n")
         if self.callback:
             self.callback(record)
-        self.say(line)
+        if say:
+            self.say(line)

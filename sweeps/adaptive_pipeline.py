@@ -30,7 +30,8 @@ def adaptive_pipeline(common: Common, arms: list[str], hp: float = 0.5, lo: floa
     spec = PipelineSpec(preset=common.preset, stages=ARMS["chase"], arms=ARMS, overrides=overrides,
                         stage_overrides=common.stage_overrides)
     return Sweep(name="adaptive_pipeline", spec=spec, grid={"arm": list(arms)}, metric="val_ppl", mode="min",
-                 columns=("val_ppl", "val_accuracy", "skip_q0.4_executed_loops", "skip_q0.4_ppl"))
+                 columns=("val_ppl", "val_accuracy", "skip_q0.4_executed_loops", "skip_q0.4_ppl"),
+                 flags={"arm": "--arms", "hole.hp": "--hp", "hole.lo": "--depth-range", "hole.hi": "--depth-range"})
 
 
 def add_flags(p) -> None:

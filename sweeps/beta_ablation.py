@@ -40,7 +40,8 @@ def beta_ablation(common: Common, betas: list[float], stage1_steps: int | None =
                         searched={"beta": "exit.beta"}, searched_stages=("stage1",))
     return Sweep(name="beta_ablation", spec=spec, grid={"beta": betas}, ranges={"beta": (0.01, 2.0, "log")},
                  metric="val_ppl", mode="min",
-                 columns=("val_ppl", "val_accuracy", "exit_entropy", "expected_exit_step"))
+                 columns=("val_ppl", "val_accuracy", "exit_entropy", "expected_exit_step"),
+                 flags={"beta": "--betas", "stage1": "--stage1-steps"})
 
 
 def add_flags(p) -> None:

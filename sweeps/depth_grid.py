@@ -24,7 +24,7 @@ def is_paper_preset(name: str) -> bool:
 
 
 def depth_grid(name: str, common: Common, pairs: tuple[dict[str, int], ...], *, archs: list[str] | None = None,
-               level: tuple[str, list[int]] | None = None, metric: str, mode: str,
+               level: tuple[str, list[int]] | None = None, level_flag: str = "", metric: str, mode: str,
                columns: tuple[str, ...]) -> Sweep:
     """Pre-training at each N⊗R pair, × each backbone in archs, × each value of the
     task field level = (field, values), e.g. ("L", [10, 16, 24])."""
@@ -39,7 +39,11 @@ def depth_grid(name: str, common: Common, pairs: tuple[dict[str, int], ...], *, 
         searched[field] = f"task.{field}"
     spec = PipelineSpec(preset=common.preset, stages=("pretrain",), overrides=common.overrides,
                         stage_overrides=common.stage_overrides, searched=searched)
-    return Sweep(name=name, spec=spec, grid=grid, points=pairs, metric=metric, mode=mode, columns=columns)
+    flags = {"n_layers": "--pairs", "n_loops": "--pairs", "arch": "--archs"}
+    if level is not None:
+        flags[level[0]] = level_flag or f"--{level[0]}"
+    return Sweep(name=name, spec=spec, grid=grid, points=pairs, metric=metric, mode=mode, columns=columns,
+                 flags=flags)
 
 
 def add_pair_flags(p, *, preset: str, small_pairs: str, paper_pairs: str, level: tuple[str, str] | None) -> None:

@@ -13,7 +13,8 @@ import argparse
 from dataclasses import dataclass, field
 from typing import Any
 
-from looplab.config import ConfigError, parse_value
+from looplab.cli import Parser
+from looplab.config import ConfigError, invalid, parse_value
 from looplab.presets import PRESETS
 from looplab.stages import STAGE_NAMES
 
@@ -21,7 +22,7 @@ DEFAULT_PRESET = "debug" if "debug" in PRESETS else "phop-debug"
 
 
 def fail(name: str, value: Any, allowed: str) -> None:
-    raise ConfigError(f"{name}={value!r} is invalid; allowed: {allowed}")
+    raise invalid(name, value, allowed)
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,7 @@ class Launch:
 
 
 def parser(description: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=description)
+    p = Parser(description=description)
     p.add_argument("--preset", default=DEFAULT_PRESET, help=f"base preset (default {DEFAULT_PRESET})")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="config override for every stage, over its recipe, e.g. train.lr=0.001 (repeatable)")

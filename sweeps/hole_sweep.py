@@ -37,7 +37,9 @@ def hole_sweep(common: Common, sampler: str, rhos: list[float], hps: list[float]
     return Sweep(name=f"hole_sweep_{sampler}", spec=spec, grid=grid, points=ranges,
                  ranges={"hp": (0.05, 1.0, "linear"), "lo": (1.0, 2.5, "linear"), "hi": (2.5, 4.0, "linear")},
                  metric="val_ppl", mode="min",
-                 columns=("val_ppl", "val_accuracy", "skip_q0.4_executed_loops", "skip_q0.4_ppl"))
+                 columns=("val_ppl", "val_accuracy", "skip_q0.4_executed_loops", "skip_q0.4_ppl"),
+                 flags={"rho": "--rhos", "hp": "--hps", "lo": "--ranges", "hi": "--ranges", "q_low": "--q-ranges",
+                        "q_high": "--q-ranges", "hole.sampler": "--sampler"})
 
 
 def add_flags(p) -> None:

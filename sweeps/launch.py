@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from looplab import tracking
-from looplab.config import ConfigError
+from looplab.config import ConfigError, config_key
 from sweeps.flags import Common, Launch, fail, parser
 from sweeps.plan import Resources, Sweep, cpu_share, describe, grid_points, sweep_key, trial_name, validate, \
     waiting_cpu
@@ -52,11 +52,14 @@ def main(description: str, add_flags: Callable[[argparse.ArgumentParser], None] 
     args = p.parse_args(argv)
     try:
         common, launch = Common.from_args(args), Launch.from_args(args)
-        sweep = build(common, args)
+        try:
+            sweep = build(common, args)
+        except ConfigError as e:  # an override the declaration applied: say it as the flag
+            raise overrides_in_flag_terms(e, common) from None
         points, res = validate(sweep, launch)
         if not launch.dry_run:  # planning a cluster sweep from a laptop needs neither
             check_storage_path(launch.storage_path)
-            check_tracking_server(launch.tracking_uri)
+            check_tracking_uri(launch.tracking_uri, launch.storage_path)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -67,18 +70,42 @@ def main(description: str, add_flags: Callable[[argparse.ArgumentParser], None] 
     return 0 if rows and all(r["status"] != "error" for r in rows) else 1
 
 
+def overrides_in_flag_terms(error: ConfigError, common: Common) -> ConfigError:
+    key = config_key(error.name) if error.name else None
+    if key in common.overrides:
+        return error.renamed("--set", f"{key}={common.overrides[key]}")
+    return error
+
+
 # ---- checks that need the outside world ------------------------------------------------
 
 def check_storage_path(path: str) -> None:
-    """The storage folder exists or can be made, and is writable."""
-    folder = Path(path).expanduser()
+    """The storage (a folder, or an object-store prefix) exists or can be made, and is
+    writable: one small object written and removed."""
+    from trainables.storage import Storage
+
+    storage = Storage(path)
+    probe = storage.path(".looplab-write-test")
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / ".looplab-write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        fail("--storage-path", path, f"a folder this process can create and write ({e.strerror or e})")
+        if not storage.remote:
+            Path(storage.root).mkdir(parents=True, exist_ok=True)
+        storage.write_text(probe, "")
+        storage.delete_file(probe)
+    except (OSError, ValueError) as e:
+        what = "an object-store prefix this process can write (credentials, bucket)" if storage.remote else \
+            "a folder this process can create and write"
+        fail("--storage-path", path, f"{what} ({getattr(e, 'strerror', None) or e})")
+
+
+def check_tracking_uri(uri: str, storage_path: str) -> None:
+    """A tracking server answers now; with storage on an object store there is no local
+    folder for the default SQLite store, so a --tracking-uri is needed."""
+    from trainables.storage import Storage
+
+    if not uri and Storage(storage_path).remote:
+        fail("--tracking-uri", uri, "an MLflow server (http://HOST:PORT) or sqlite:///PATH when --storage-path is "
+                                    "an object store")
+    check_tracking_server(uri)
 
 
 def is_server(uri: str) -> bool:
@@ -110,21 +137,23 @@ def run_sweep(sweep: Sweep, launch: Launch, points: list[dict[str, Any]], res: R
     import ray
 
     from trainables.progress import Printer, board_name
+    from trainables.storage import Storage
     from trainables.trial import PlatformSettings, trial_params
 
-    storage = Path(launch.storage_path).expanduser().resolve()
-    logs = storage / "logs"
+    store = Storage(launch.storage_path)
+    local = store.scratch()  # the storage itself, or a local folder beside an object store
+    logs = local / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    logging.getLogger("mlflow").setLevel(logging.WARNING)  # its schema-migration chatter
-    uri = launch.tracking_uri or f"sqlite:///{storage / 'mlflow.db'}"
+    uri = launch.tracking_uri or f"sqlite:///{local / 'mlflow.db'}"
     key = sweep_key(sweep, launch)
     experiment = tracking.experiment_name(sweep.name, sweep.spec.preset)
     run_name = tracking.sweep_run_name(sweep.name, key)
 
-    mc = tracking.client(uri)
-    experiment_id = tracking.ensure_experiment(mc, experiment, storage / "mlflow")
+    mc = tracking.client(uri)  # imports mlflow, which sets its loggers to INFO
+    logging.getLogger("mlflow").setLevel(logging.WARNING)  # its schema-migration chatter
+    experiment_id = tracking.ensure_experiment(mc, experiment, store.path("mlflow"))
     sweep_run = open_sweep_run(mc, experiment_id, run_name, key, sweep.spec.preset)
-    platform = PlatformSettings(tracking_uri=uri, storage_path=str(storage), experiment=experiment,
+    platform = PlatformSettings(tracking_uri=uri, storage_path=store.root, experiment=experiment,
                                 sweep_run_id=sweep_run, num_workers=launch.num_workers,
                                 cpus_per_worker=res.cpus_per_worker, gpus_per_worker=launch.gpus_per_worker,
                                 progress_board=board_name(run_name))
@@ -140,23 +169,23 @@ def run_sweep(sweep: Sweep, launch: Launch, points: list[dict[str, Any]], res: R
     try:
         with tracking.terminated_on_exit(mc, sweep_run), Printer(platform.progress_board):
             if launch.search == "grid":
-                _fit_shared_prefixes(sweep, launch, platform, points, res, storage / "ray_tune", run_name, logs)
-            results = _fit(sweep, launch, platform, res, storage / "ray_tune", run_name, logs)
+                _fit_shared_prefixes(sweep, launch, platform, points, res, store.path("ray_tune"), run_name, logs)
+            results = _fit(sweep, launch, platform, res, store.path("ray_tune"), run_name, logs)
         rows = []
         for result in results:
             params = trial_params(result.config)
             metrics = result.metrics or {}
-            final_key = stage_configs(sweep.spec, params, str(storage))[-1].stage_key()
+            final_key = stage_configs(sweep.spec, params, store.root)[-1].stage_key()
             stopped = not result.error and tracking.STAGE_KEY not in metrics  # a scheduler (ASHA) ended it early
             if stopped:
                 close_stopped_trial(mc, experiment_id, final_key)
             rows.append({**params, **{k: metrics.get(k) for k in sweep.columns}, tracking.STAGE_KEY: final_key,
                          "status": "error" if result.error else "stopped" if stopped
                          else ("reused" if metrics.get("skipped") else "done")})
-        report = write_report(uri, experiment, sweep_run, storage / "analysis" / run_name)
+        report = write_report(uri, experiment, sweep_run, local / "analysis" / run_name)
         table = summary_table(sweep, rows)
         describe_sweep_run(mc, sweep_run, sweep, table, report)
-        print_summary(table, uri, experiment, sweep_run, storage, run_name, report)
+        print_summary(table, uri, experiment, sweep_run, store, local, run_name, report)
         return rows
     finally:
         with _to_log(logs / "ray.log"):
@@ -207,7 +236,7 @@ def close_orphans(mc, experiment_id: str, sweep_run: str) -> int:
     return closed
 
 
-def _fit_shared_prefixes(sweep: Sweep, launch: Launch, platform, points, res: Resources, tune_path: Path,
+def _fit_shared_prefixes(sweep: Sweep, launch: Launch, platform, points, res: Resources, tune_path: str,
                          run_name: str, logs: Path) -> None:
     """Train the stages several trials share (e.g. the β ablation's pre-training)
     before the trials, each job with an even share of the whole machine: otherwise
@@ -231,7 +260,7 @@ def _fit_shared_prefixes(sweep: Sweep, launch: Launch, platform, points, res: Re
         tune.with_resources(run_shared_prefix, platform.trial_resources()),
         param_space={"spec": sweep.spec.to_dict(), "platform": platform.to_dict(), "job": tune.grid_search(jobs)},
         tune_config=tune.TuneConfig(max_concurrent_trials=concurrent),
-        run_config=tune.RunConfig(name=f"{run_name}-shared", storage_path=str(tune_path),
+        run_config=tune.RunConfig(name=f"{run_name}-shared", storage_path=tune_path,
                                   failure_config=trial_failures(platform), verbose=0))
     with _to_log(logs / "ray.log"):
         failed = [r for r in tuner.fit() if r.error]
@@ -239,15 +268,15 @@ def _fit_shared_prefixes(sweep: Sweep, launch: Launch, platform, points, res: Re
         raise RuntimeError(f"a shared stage failed: {failed[0].error}")
 
 
-def _fit(sweep: Sweep, launch: Launch, platform, res: Resources, tune_path: Path, run_name: str, logs: Path):
+def _fit(sweep: Sweep, launch: Launch, platform, res: Resources, tune_path: str, run_name: str, logs: Path):
     from ray import tune
 
     from trainables.trial import run_trial, trial_params
 
     trainable = tune.with_resources(run_trial, platform.trial_resources())
-    path = tune_path / run_name
-    if launch.resume and tune.Tuner.can_restore(str(path)):
-        tuner = tune.Tuner.restore(str(path), trainable=trainable, resume_errored=True)
+    path = f"{tune_path}/{run_name}"
+    if launch.resume and tune.Tuner.can_restore(path):
+        tuner = tune.Tuner.restore(path, trainable=trainable, resume_errored=True)
         with _to_log(logs / "ray.log"):
             return tuner.fit()
     space: dict[str, Any] = {"spec": sweep.spec.to_dict(), "platform": platform.to_dict()}
@@ -278,7 +307,7 @@ def _fit(sweep: Sweep, launch: Launch, platform, res: Resources, tune_path: Path
         tune_config=tune.TuneConfig(num_samples=samples, search_alg=search_alg, scheduler=scheduler,
                                     max_concurrent_trials=res.max_concurrent or None,
                                     trial_name_creator=name_of, trial_dirname_creator=name_of),
-        run_config=tune.RunConfig(name=run_name, storage_path=str(tune_path),
+        run_config=tune.RunConfig(name=run_name, storage_path=tune_path,
                                   failure_config=trial_failures(platform), verbose=0))
     with _to_log(logs / "ray.log"):
         return tuner.fit()
@@ -345,8 +374,8 @@ def describe_sweep_run(mc, sweep_run: str, sweep: Sweep, table: list[list[str]],
     tracking.set_description(mc, sweep_run, "\n".join(lines))
 
 
-def print_summary(table: list[list[str]], uri: str, experiment: str, sweep_run: str, storage: Path, run_name: str,
-                  report: dict[str, Path] | None = None) -> None:
+def print_summary(table: list[list[str]], uri: str, experiment: str, sweep_run: str, store, local: Path,
+                  run_name: str, report: dict[str, Path] | None = None) -> None:
     header, *body = table
     widths = [max(len(h), *(len(row[i]) for row in body)) if body else len(h) for i, h in enumerate(header)]
     print("\n" + "  ".join(h.ljust(w) for h, w in zip(header, widths)))
@@ -355,14 +384,14 @@ def print_summary(table: list[list[str]], uri: str, experiment: str, sweep_run: 
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)))
     print(f"\nMLflow:      {uri}  experiment {experiment!r}, sweep run {sweep_run}")
     print(f"dashboard:   {uri}" if is_server(uri) else f"dashboard:   mlflow ui --backend-store-uri {uri}")
-    print(f"checkpoints: {storage / 'stages'}")
-    print(f"Ray results: {storage / 'ray_tune' / run_name}  (Ray's log: {storage / 'logs' / 'ray.log'})")
+    print(f"checkpoints: {store.path('stages')}")
+    print(f"Ray results: {store.path('ray_tune', run_name)}  (Ray's log: {local / 'logs' / 'ray.log'})")
     if report:
         for name in ("frontier.png", "report.html"):
             if name in report:
                 print(f"{name + ':':13s}{report[name]}")
     print(f"re-plot:     python -m analysis --tracking-uri {uri} --experiment {experiment} "
-          f"--out {storage / 'analysis' / run_name}")
+          f"--out {local / 'analysis' / run_name}")
 
 
 def _cell(v: Any) -> str:

@@ -20,7 +20,8 @@ SMALL_PAIRS = "1x1,1x4,4x1"
 
 
 def mano(common: Common, pairs, archs=None, levels=None) -> Sweep:
-    return depth_grid("mano", common, pairs, archs=archs, level=levels, metric="val_accuracy", mode="max",
+    return depth_grid("mano", common, pairs, archs=archs, level=levels, level_flag="--levels", metric="val_accuracy",
+                      mode="max",
                       columns=("val_accuracy", "val_loss"))
 
 

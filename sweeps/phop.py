@@ -19,7 +19,8 @@ SMALL_PAIRS = "1x1,1x2,2x1"
 
 
 def phop(common: Common, pairs, archs=None, hops=None) -> Sweep:
-    return depth_grid("phop", common, pairs, archs=archs, level=hops, metric="val_accuracy", mode="max",
+    return depth_grid("phop", common, pairs, archs=archs, level=hops, level_flag="--hops", metric="val_accuracy",
+                      mode="max",
                       columns=("val_accuracy", "val_loss"))
 
 

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from looplab.config import ConfigError
+from looplab.config import ConfigError, config_key
 from looplab.policy import DEFAULT_QS
 from looplab.tracking import parse_metric
 from sweeps.flags import Launch, check_preset, fail
@@ -39,6 +39,10 @@ class Sweep:
     metric: str = "val_ppl"
     mode: str = "min"
     columns: tuple[str, ...] = ("val_ppl", "val_accuracy")  # summary-table metrics
+    # The command-line flag behind a searched param or a config key the declaration
+    # sets, e.g. {"hp": "--hps", "hole.lo": "--depth-range"}: a bad value is reported
+    # in the user's terms, not as the config field it reached.
+    flags: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # A threshold column must name a q the evaluation runs, or its cells stay empty.
@@ -124,6 +128,12 @@ def _local_gpus() -> int:
 def validate(sweep: Sweep, launch: Launch) -> tuple[list[dict[str, Any]], Resources]:
     """Every check that can run before Ray: returns the trial params and the plan."""
     check_preset(sweep.spec.preset)
+    searched_keys = set(sweep.spec.searched.values())
+    for stage, values in sweep.spec.stage_overrides.items():
+        for key in values:
+            if key in searched_keys and stage in (sweep.spec.searched_stages or (stage,)):
+                fail("--stage-set", f"{stage}:{key}={values[key]}",
+                     f"keys the sweep does not search ({key} is one of its axes: set its values with its own flag)")
     seeds = list(launch.seeds)
     if launch.search == "grid":
         for name, values in sweep.grid.items():
@@ -146,12 +156,42 @@ def validate(sweep: Sweep, launch: Launch) -> tuple[list[dict[str, Any]], Resour
     if not points:
         fail("grid", {}, "at least one point")
     for point in points:  # each stage's config validates itself: β < 0, hp > 1, depth outside [1, R], ...
-        for cfg in stage_configs(sweep.spec, point, launch.storage_path):
+        try:
+            configs = stage_configs(sweep.spec, point, launch.storage_path)
+        except ConfigError as e:
+            raise in_flag_terms(e, sweep, point) from None
+        for cfg in configs:
             if launch.num_workers >= 1 and cfg.train.batch_size % launch.num_workers:
                 fail("--num-workers", launch.num_workers, f"a divisor of {cfg.stage}'s batch size "
                      f"{cfg.train.batch_size} (every worker trains an equal share)")
     n_trials = len(points) if launch.search == "grid" else launch.num_samples
     return points, plan_resources(launch, local=not launch.address, n_trials=n_trials)
+
+def in_flag_terms(error: ConfigError, sweep: Sweep, point: dict[str, Any]) -> ConfigError:
+    """A config error raised by one trial point, said about the flag that set the
+    value: a searched param's flag, the sweep's own flag for a key it declared, or
+    --set / --stage-set for the user's overrides. Other errors pass unchanged."""
+    if error.name is None:
+        return error
+    key = config_key(error.name)
+    spec = sweep.spec
+    for param, target in spec.searched.items():
+        if target == key and param in point:
+            flag = sweep.flags.get(param, f"--{param}")
+            shown = point[param]
+            if flag in ("--ranges", "--q-ranges", "--depth-range", "--pairs"):  # a pair of params: show both
+                shown = "-".join(str(point[p]) for p, f in sweep.flags.items() if f == flag and p in point)
+                shown = shown if flag != "--pairs" else shown.replace("-", "x")
+            return error.renamed(flag, shown)
+    if key in sweep.flags:
+        return error.renamed(sweep.flags[key], error.value)
+    for stage, values in spec.stage_overrides.items():
+        if key in values:
+            return error.renamed("--stage-set", f"{stage}:{key}={values[key]}")
+    if key in spec.overrides:
+        return error.renamed("--set", f"{key}={spec.overrides[key]}")
+    return error
+
 
 # ---- naming --------------------------------------------------------------------------
 

@@ -47,7 +47,7 @@ def test_train_command_runs_and_resumes(tmp_path, capsys):
 def test_bad_override_is_one_line_error(capsys):
     assert main(["train", "--preset", "phop-debug", "--out", "/tmp/unused", "model.n_layers=0"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("looplab: ModelConfig.n_layers=0 is invalid") and "\n" not in err
+    assert err.startswith("looplab: error: override='model.n_layers=0' is invalid") and "\n" not in err
 
 
 def test_eval_command_prints_a_sweep(tmp_path, capsys):

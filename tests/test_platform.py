@@ -40,7 +40,7 @@ def run_beta(argv, betas=(0.1, 0.5)):
 @pytest.mark.parametrize("argv, betas, field", [
     (["--preset", "nope"], (0.1,), "--preset='nope'"),
     (["--preset", "phop-debug"], (), "grid.beta=[]"),
-    (["--preset", "phop-debug"], (-0.1, 0.5), "ExitConfig.beta=-0.1"),
+    (["--preset", "phop-debug"], (-0.1, 0.5), "--betas=-0.1"),
     (["--preset", "phop-debug", "--num-workers", "64"], (0.1,), "--num-workers=64"),
     (["--preset", "phop-debug", "--num-workers", "-1"], (0.1,), "--num-workers=-1"),
     (["--preset", "phop-debug", "--gpus-per-worker", "1"], (0.1,), "--gpus-per-worker=1.0"),
@@ -84,13 +84,13 @@ def test_unreachable_tracking_server_is_one_line_before_ray(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, field", [
-    (["--hps", "1.5"], "HoleConfig.hp=1.5"),
-    (["--ranges", "1.0-5.0"], "HoleConfig.hi=5.0"),  # deeper than R = 4
-    (["--ranges", "0.5-3.0"], "HoleConfig.lo=0.5"),
+    (["--hps", "1.5"], "--hps=1.5"),
+    (["--ranges", "1.0-5.0"], "--ranges='1.0-5.0'"),  # deeper than R = 4
+    (["--ranges", "0.5-3.0"], "--ranges='0.5-3.0'"),
     (["--ranges", "2-x"], "--ranges='2-x'"),
     (["--sampler", "random"], "--sampler='random'"),
 ])
-def test_bad_hole_sweep_input_is_one_line_before_ray(argv, field, capsys):
+def test_bad_hole_sweep_input_names_the_flag(argv, field, capsys):
     import ray
 
     from sweeps import hole_sweep
@@ -268,6 +268,44 @@ def test_tiny_beta_sweep_end_to_end(tmp_path, capsys):
     assert len(stage1) == 3 and all(r.data.tags["reused"] == "false" for r in stage1)
 
 
+@pytest.mark.ray
+def test_sweep_prints_live_progress_per_trial(tmp_path, capsys):
+    """While trials train, the driver prints a line per trial at every stage boundary
+    and while it trains (at least every 30 s: PROGRESS_SECONDS), then a final line
+    per trial; Ray's own boxes and hints go to the storage path's log instead."""
+    argv = ["--preset", "debug", "--set", "train.steps=6", "--set", "train.eval_limit=8", "--set",
+            "train.eval_every=0", "--set", "train.log_every=3", "--stage1-steps", "4",
+            "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", "--storage-path", str(tmp_path / "store")]
+    assert main("test", beta.add_flags, beta.from_args, argv + ["--betas", "0.1"]) == 0
+    err = capsys.readouterr().err
+    trial = [line for line in err.splitlines() if line.startswith("[beta=0.1 seed=0] ")]
+    # Per stage: its start, its progress while it trains (at least the first and last
+    # step), its end; then the trial's final line with its figures.
+    compact = []
+    for line in trial:
+        if not compact or kind(line) != "step" or compact[-1] != "step":
+            compact.append(kind(line))
+    assert compact == ["start", "step", "done", "start", "step", "done", "trial"], trial
+    assert "pretrain  step 6/6" in err and "stage1  step 4/4" in err
+    step = next(x for x in trial if kind(x) == "step")
+    assert "loss" in step and "tok/s" in step and "eta" in step
+    assert "val_ppl" in trial[-1]
+    assert "Configuration for experiment" not in err and "tensorboard" not in err.lower()
+    assert "Configuration for experiment" in (tmp_path / "store" / "logs" / "ray.log").read_text()
+    from trainables.progress import PROGRESS_SECONDS
+
+    assert PROGRESS_SECONDS <= 30
+
+
+def kind(line: str) -> str:
+    """What a progress line says: start | step | done | reused | trial."""
+    body = line.split("] ", 1)[1]
+    if body.startswith("trial "):
+        return "trial"
+    words = body.split()
+    return {"training": "start", "step": "step", "done": "done", "reused": "reused"}.get(words[1], words[1])
+
+
 def stage_records(store: Path, stage: str) -> list[dict]:
     (run_dir,) = (store / "stages").glob(f"{stage}-*")
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -278,22 +316,26 @@ def stage_records(store: Path, stage: str) -> list[dict]:
 @pytest.mark.parametrize("workers", ["0", "1"])
 def test_killed_worker_resumes_from_its_checkpoint(tmp_path, monkeypatch, workers):
     """One worker actor (Ray Train restarts the worker group) and local mode (the
-    trial's own process dies; Tune restarts the trial): both resume the stage."""
+    trial's own process dies; Tune restarts the trial): both resume the stage from its
+    wall-clock checkpoint, and every step is in the history once."""
     store, uri = tmp_path / "store", f"sqlite:///{tmp_path / 'mlflow.db'}"
-    monkeypatch.setenv("LOOPLAB_TEST_KILL_WORKER_AT_STEP", "3")  # SIGKILL once, after the step-2 checkpoint
-    argv = ["--preset", "phop-debug", "--set", "train.steps=4", "--set", "train.ckpt_every=2",
+    monkeypatch.setenv("LOOPLAB_TEST_KILL_WORKER_AT_STEP", "3")  # SIGKILL once, as step 3 is logged
+    argv = ["--preset", "phop-debug", "--set", "train.steps=4", "--set", "train.ckpt_minutes=1e-9",
             "--set", "train.log_every=1", "--set", "train.eval_every=0", "--set", "train.eval_limit=16",
             "--num-workers", workers, "--tracking-uri", uri, "--storage-path", str(store)]
     assert run_beta(argv, betas=(0.1,)) == 0
-    steps = [r["step"] for r in stage_records(store, "pretrain") if r["kind"] == "train"]
-    # Steps 1-3 ran, the worker died after logging step 3, the restarted one resumed
-    # from the step-2 checkpoint: step 3 twice, steps 1-2 once (not a restart from 0).
-    assert steps == [1, 2, 3, 3, 4], steps
+    records = stage_records(store, "pretrain")
+    # The worker died as it logged step 3, before that step's checkpoint: the restart
+    # resumed at step 2 (not from 0), and steps 3-4 replaced nothing.
+    assert [r["step"] for r in records if r["kind"] == "resume"] == [2]
+    assert [r["step"] for r in records if r["kind"] == "train"] == [1, 2, 3, 4]
     assert list((store / "stages").glob("pretrain-*/.killed_once"))
     mc = tracking.client(uri)
     exp = mc.get_experiment_by_name("beta_ablation-phop-debug").experiment_id
     runs = mc.search_runs([exp], filter_string="tags.level != 'sweep'")
     assert len(runs) == 3 and all(r.info.status == "FINISHED" for r in runs)  # trial, pretrain, stage1: once each
+    pretrain = next(r for r in runs if r.data.tags["stage"] == "pretrain")
+    assert [m.step for m in mc.get_metric_history(pretrain.info.run_id, "loss")] == [1, 2, 3, 4]
 
 
 def finished_trials(uri: str, experiment: str) -> list:
@@ -306,7 +348,11 @@ def finished_trials(uri: str, experiment: str) -> list:
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_killed_driver_then_resume_completes_without_rerun_or_duplicates(tmp_path):
+@pytest.mark.parametrize("rerun", [["--resume"], []], ids=["resume", "plain-rerun"])
+def test_killed_driver_then_rerun_completes_without_orphans_or_duplicates(tmp_path, rerun):
+    """Kill the whole driver mid-sweep, then run the same command again (with --resume,
+    or without: what most people type). Either way: one sweep run, every trial under
+    it once, no run left RUNNING, finished stages not trained again."""
     store, uri = tmp_path / "store", f"sqlite:///{tmp_path / 'mlflow.db'}"
     argv = [sys.executable, str(REPO / "sweeps" / "beta_ablation.py"), *TINY, "--betas", "0.1,0.5,1.0",
             "--max-concurrent-trials", "1", "--tracking-uri", uri, "--storage-path", str(store)]
@@ -324,11 +370,15 @@ def test_killed_driver_then_resume_completes_without_rerun_or_duplicates(tmp_pat
     finished_before = {r.data.tags["stage_key"] for r in finished_trials(uri, "beta_ablation-phop-debug")}
     assert done_before and 0 < len(finished_before) < 3
 
-    assert subprocess.run(argv + ["--resume"], capture_output=True).returncode == 0
+    assert subprocess.run(argv + rerun, capture_output=True).returncode == 0
     mc = tracking.client(uri)
     exp = mc.get_experiment_by_name("beta_ablation-phop-debug").experiment_id
+    (sweep,) = mc.search_runs([exp], filter_string="tags.level = 'sweep'")  # one sweep run, adopted
+    assert sweep.info.status == "FINISHED"
     trials = mc.search_runs([exp], filter_string="tags.level = 'trial'")
     assert len(trials) == 3 and all(r.info.status == "FINISHED" for r in trials)  # no duplicate trial runs
+    assert {r.data.tags["mlflow.parentRunId"] for r in trials} == {sweep.info.run_id}  # one parent each
+    assert not mc.search_runs([exp], filter_string="attributes.status = 'RUNNING'")  # nothing orphaned
     stages = mc.search_runs([exp], filter_string="tags.level = 'stage'")
     keys = [(r.data.tags["stage_key"], r.data.tags["mlflow.parentRunId"]) for r in stages]
     assert len(keys) == len(set(keys)) == 7  # the shared pretrain + one pretrain and one stage1 per trial
@@ -336,7 +386,6 @@ def test_killed_driver_then_resume_completes_without_rerun_or_duplicates(tmp_pat
     # Stages finished before the kill were not trained again.
     assert all(p.stat().st_mtime_ns == t for p, t in done_before.items())
     assert len(list((store / "stages").glob("*/done.json"))) == 4  # 1 pretrain + 3 stage1
-    assert len(mc.search_runs([exp], filter_string="tags.level = 'sweep'")) == 1  # --resume continued its run
 
 
 @pytest.mark.ray

@@ -84,3 +84,62 @@ def test_trained_checkpoint_loads_with_load_model(tmp_path):
     result = train(tiny_run(steps=3), tmp_path, quiet=True)
     model = load_model(result.out_dir / "checkpoint")
     assert model.metadata["config_hash"] == tiny_run(steps=3).config_hash()
+
+
+def test_a_resumed_run_logs_every_step_once(tmp_path):
+    """An interrupted run resumed from its checkpoint: metrics.jsonl drops what the
+    interrupted run wrote after the checkpoint (the resumed run writes it again), so
+    each step is there once, and the resume is on record."""
+    cfg = tiny_run(steps=12, **{"train.log_every": 1, "train.ckpt_every": 4})
+    log = tmp_path / "metrics.jsonl"
+    train(cfg, tmp_path, stop_at=6, quiet=True)  # checkpoints at 4 (cadence) and 6 (the stop)
+    # Pretend the process died after step 8 with its newest checkpoint at 6.
+    with log.open("a") as f:
+        f.write(json.dumps({"kind": "train", "step": 7, "loss": 9.0}) + "\n")
+        f.write(json.dumps({"kind": "train", "step": 8, "loss": 9.0}) + "\n")
+    train(cfg, tmp_path, quiet=True)
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["step"] for r in records if r["kind"] == "train"] == list(range(1, 13))
+    assert [r["step"] for r in records if r["kind"] == "resume"] == [6]
+    assert all(r["loss"] != 9.0 for r in records if r["kind"] == "train")
+    train(cfg, tmp_path, resume=False, quiet=True)  # starting over starts the history over
+    assert [json.loads(x)["step"] for x in log.read_text().splitlines()
+            if json.loads(x)["kind"] == "train"] == list(range(1, 13))
+
+
+def test_checkpoints_follow_the_wall_clock_too(tmp_path):
+    """ckpt_minutes: a checkpoint as soon as that much time passed (here ~0), whatever
+    ckpt_every says; each replaces the previous whole (only the newest is kept)."""
+    saved = []
+    cfg = tiny_run(steps=3, **{"train.ckpt_every": 0, "train.ckpt_minutes": 1e-9})
+    train(cfg, tmp_path, on_checkpoint=lambda step, path: saved.append((step, sorted(p.name for p in path.iterdir()))),
+          quiet=True)
+    assert [s for s, _ in saved] == [1, 2, 3]
+    assert all(files == ["config.json", "model.safetensors", "optimizer.safetensors", "trainer.json"]
+               for _, files in saved)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint", "metrics.jsonl"]  # no .next / .prev left
+    saved.clear()
+    train(tiny_run(steps=3, **{"train.ckpt_every": 0, "train.ckpt_minutes": 0}), tmp_path / "b",
+          on_checkpoint=lambda step, path: saved.append(step), quiet=True)
+    assert saved == [3]  # only the end
+
+
+def test_a_crash_during_a_checkpoint_swap_is_settled(tmp_path):
+    """save_training_state writes <dir>.next whole, then swaps; a crash between the
+    swap's two renames leaves <dir>.next or <dir>.prev alone: the next load settles it."""
+    import os
+
+    from looplab.checkpoint import settle_checkpoint
+
+    cfg = tiny_run(steps=4, **{"train.ckpt_every": 2})
+    train(cfg, tmp_path / "a", stop_at=2, quiet=True)
+    ckpt = tmp_path / "a" / "checkpoint"
+    os.replace(ckpt, tmp_path / "a" / "checkpoint.next")  # the new one written, not yet in place
+    settle_checkpoint(ckpt)
+    assert json.loads((ckpt / "trainer.json").read_text())["step"] == 2
+    assert not (tmp_path / "a" / "checkpoint.next").exists()
+    os.replace(ckpt, tmp_path / "a" / "checkpoint.prev")  # the old one moved out, the new one lost
+    (tmp_path / "a" / "checkpoint.next").mkdir()  # a half-written new one: no trainer.json
+    assert train(cfg, tmp_path / "a", quiet=True).step == 4  # resumes from the previous complete one
+    records = [json.loads(x) for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["kind"] == "resume"] == [2]

@@ -16,6 +16,8 @@ from typing import Any
 from looplab.config import ConfigError, ExperimentConfig
 from looplab.presets import get_preset
 from looplab.stages import STAGE_NAMES, get_stage, stage_config
+from looplab.train import CHECKPOINT_DIR
+from trainables.storage import Storage
 
 
 @dataclass(frozen=True)
@@ -81,13 +83,14 @@ def _check_stages(name: str, stages: tuple[str, ...]) -> None:
                                  "pipeline trains)" if i == 0 else "a stage that continues its parent"))
 
 
-def stage_dir(storage_path: str | Path, cfg: ExperimentConfig) -> Path:
-    """Where a stage trains: one folder per stage key, shared by all trials."""
-    return Path(storage_path).resolve() / "stages" / f"{cfg.stage}-{cfg.stage_key()}"
+def stage_dir(storage_path: str | Path, cfg: ExperimentConfig) -> str:
+    """Where a stage trains: one folder per stage key, shared by all trials (a local
+    path, or a URI on an object store: trainables/storage.py)."""
+    return Storage(storage_path).path("stages", f"{cfg.stage}-{cfg.stage_key()}")
 
 
-def checkpoint_of(storage_path: str | Path, cfg: ExperimentConfig) -> Path:
-    return stage_dir(storage_path, cfg) / "checkpoint"
+def checkpoint_of(storage_path: str | Path, cfg: ExperimentConfig) -> str:
+    return Storage(storage_path).path("stages", f"{cfg.stage}-{cfg.stage_key()}", CHECKPOINT_DIR)
 
 
 def stage_configs(spec: PipelineSpec, params: dict[str, Any], storage_path: str | Path) -> list[ExperimentConfig]:
@@ -108,6 +111,6 @@ def stage_configs(spec: PipelineSpec, params: dict[str, Any], storage_path: str 
         if stage in searched_stages:
             mine.update({spec.searched[name]: value for name, value in params.items() if name not in ("seed", "arm")})
         configs.append(stage_config(
-            base, stage, parent=parent.as_parent(str(checkpoint_of(storage_path, parent))) if parent else None,
+            base, stage, parent=parent.as_parent(checkpoint_of(storage_path, parent)) if parent else None,
             overrides=spec.overrides, stage_overrides=mine))
     return configs

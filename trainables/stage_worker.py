@@ -23,6 +23,10 @@ import socket
 import time
 from typing import Any
 
+from looplab import tracking
+from looplab.policy import ExitPolicy
+from trainables.storage import Storage
+
 FAIL_AT_STEP_ENV = "LOOPLAB_TEST_KILL_WORKER_AT_STEP"  # tests: SIGKILL the worker once at this step
 
 
@@ -30,9 +34,7 @@ def stage_worker_loop(config: dict[str, Any]) -> None:
     import ray.train
     from ray import tune
 
-    from looplab import tracking
     from looplab.config import ExperimentConfig
-    from looplab.train import train
     from trainables.progress import Reporter
 
     import torch
@@ -50,15 +52,21 @@ def stage_worker_loop(config: dict[str, Any]) -> None:
         mlflow_client.set_tag(run_ids[0], tracking.RAY_NODE, ray.get_runtime_context().get_node_id())
         mlflow_client.set_tag(run_ids[0], tracking.HOSTNAME, socket.gethostname())
     progress = Reporter(config.get("progress_board") if rank == 0 else None, config.get("trial_label", ""))
+    storage = Storage(config["storage"])
+    folder = config["stage_folder"]
     kill_at = int(os.environ.get(FAIL_AT_STEP_ENV, "0") or 0)
-    kill_marker = os.path.join(config["out_dir"], ".killed_once")
+    kill_marker = storage.scratch("stages", folder) / ".killed_once"
 
     # Time this worker spends in MLflow and Ray Train calls (the overhead benchmark reads it).
     mlflow_seconds = report_seconds = 0.0
+    # A restarted worker resumes from its checkpoint and replays the steps after it; what
+    # an earlier attempt already logged up to some step is not logged again, so every
+    # step appears once in MLflow's history (train() does the same for metrics.jsonl).
+    logged_through = _last_logged_step(mlflow_client, run_ids[0]) if mlflow_client is not None else -1
 
     def on_metrics(record: dict[str, Any]) -> None:
         nonlocal mlflow_seconds, report_seconds
-        if mlflow_client is not None:
+        if mlflow_client is not None and record.get("step", 0) > logged_through:
             t = time.perf_counter()
             for run_id in run_ids:
                 tracking.log_record(mlflow_client, run_id, record)
@@ -69,14 +77,15 @@ def stage_worker_loop(config: dict[str, Any]) -> None:
             t = time.perf_counter()
             report({"stage": cfg.stage, "step": record["step"], **tracking.record_metrics(record)})
             report_seconds += time.perf_counter() - t
-        if kill_at and record.get("step") == kill_at and not os.path.exists(kill_marker):
-            open(kill_marker, "w").close()
+        if kill_at and record.get("step") == kill_at and not kill_marker.exists():
+            kill_marker.parent.mkdir(parents=True, exist_ok=True)
+            kill_marker.touch()
             os.kill(os.getpid(), signal.SIGKILL)  # a crashed worker (in local mode: trial), for the tests
 
     start = time.perf_counter()
     progress.post("start", stage=cfg.stage, steps=cfg.train.steps)
-    train(cfg, config["out_dir"], resume=True, on_metrics=on_metrics, on_progress=progress.training(cfg.stage),
-          quiet=config.get("quiet", True))
+    train_stage(cfg, storage, folder, on_metrics=on_metrics, on_progress=progress.training(cfg.stage),
+                quiet=config.get("quiet", True))
     seconds = time.perf_counter() - start
     progress.post("end", stage=cfg.stage, seconds=seconds)
     if mlflow_client is not None:
@@ -85,3 +94,46 @@ def stage_worker_loop(config: dict[str, Any]) -> None:
                                                          tracking.MLFLOW_SECONDS: mlflow_seconds,
                                                          tracking.REPORT_SECONDS: report_seconds},
                                  step=cfg.train.steps)
+
+
+def _last_logged_step(mlflow_client, run_id: str) -> int:
+    """The highest step the run has logged (-1: none). Every training record logs
+    `loss` and every evaluation full depth's `val_loss`, so their histories say it."""
+    keys = ("loss", tracking.policy_metric(ExitPolicy.full(), "loss"))
+    return max((m.step for key in keys for m in mlflow_client.get_metric_history(run_id, key)), default=-1)
+
+
+def train_stage(cfg, storage: Storage, folder: str, **train_kwargs):
+    """looplab's train() for the stage whose folder is stages/<folder> in `storage`.
+    On a file system it trains in that folder. On an object store it trains in a local
+    scratch folder: the stage's newest checkpoint (its resume point) and its parent's
+    checkpoint are downloaded first, and every checkpoint (with metrics.jsonl) is
+    uploaded as it is written, so a restart on any node resumes from the store."""
+    from looplab.checkpoint import TRAINER
+    from looplab.config import ConfigError
+    from looplab.train import CHECKPOINT_DIR, METRICS_FILE, train
+
+    location = storage.path("stages", folder)
+    if not storage.remote:
+        return train(cfg, location, resume=True, **train_kwargs)
+    work = storage.scratch("stages", folder)
+    checkpoint = storage.path("stages", folder, CHECKPOINT_DIR)
+    if storage.download_dir(checkpoint, work / CHECKPOINT_DIR, TRAINER):  # the resume point and its history
+        history = storage.read_text(storage.path("stages", folder, METRICS_FILE))
+        (work / METRICS_FILE).write_text(history or "")
+    else:
+        import shutil
+
+        shutil.rmtree(work, ignore_errors=True)  # nothing stored: a fresh start, not a stale scratch copy
+    parent_dir = None
+    if cfg.parent is not None and "://" in cfg.parent.checkpoint:
+        parent_dir = storage.scratch("parents", cfg.parent.key)
+        if not storage.download_dir(cfg.parent.checkpoint, parent_dir, TRAINER):
+            raise ConfigError(f"parent checkpoint {cfg.parent.checkpoint} is missing or incomplete; "
+                              "allowed: a parent stage that finished training (retrain it)")
+
+    def upload(step: int, path) -> None:
+        storage.upload_dir(path, checkpoint, TRAINER)
+        storage.write_text(storage.path("stages", folder, METRICS_FILE), (work / METRICS_FILE).read_text())
+
+    return train(cfg, work, resume=True, parent_dir=parent_dir, on_checkpoint=upload, **train_kwargs)

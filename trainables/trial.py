@@ -30,6 +30,7 @@ from trainables.pipeline import PipelineSpec, stage_configs, stage_dir
 from trainables.progress import Reporter
 from trainables.shared_stage import read_done, stage_lock, write_done
 from trainables.stage_worker import stage_worker_loop
+from trainables.storage import Storage
 
 
 WAITING_TRIAL_CPU = 0.01  # a trial that only waits on its worker group; {"cpu": 0} is rejected
@@ -113,9 +114,10 @@ def shared_prefixes(spec: PipelineSpec, points: list[dict[str, Any]], storage_pa
     {"params": a trial's params, "n": how many of its first stages}: the sweep
     trains them first, with the whole machine, instead of letting one trial train
     them on its share while the others wait on the stage lock."""
+    storage = Storage(storage_path)
     chains = [[stage_dir(storage_path, cfg) for cfg in stage_configs(spec, p, storage_path)] for p in points]
     uses = Counter(d for chain in chains for d in chain)
-    jobs: dict[Path, tuple[dict[str, Any], int, list[Path]]] = {}  # last shared stage -> job
+    jobs: dict[str, tuple[dict[str, Any], int, list[str]]] = {}  # last shared stage -> job
     for params, chain in zip(points, chains):
         n = 0
         while n < len(chain) and uses[chain[n]] > 1:
@@ -125,7 +127,7 @@ def shared_prefixes(spec: PipelineSpec, points: list[dict[str, Any]], storage_pa
     # A chain that is the prefix of a longer one is trained by the longer one.
     inner = {d for _, _, chain in jobs.values() for d in chain[:-1]}
     return [{"params": params, "n": n} for last, (params, n, _) in jobs.items()
-            if last not in inner and read_done(last) is None]
+            if last not in inner and read_done(storage, last) is None]
 
 
 def run_shared_prefix(config: dict[str, Any]) -> None:
@@ -148,7 +150,7 @@ def _open(config: dict[str, Any]) -> tuple[PipelineSpec, PlatformSettings, Any, 
     spec = PipelineSpec.from_dict(config["spec"])
     platform = PlatformSettings(**config["platform"])
     mc = tracking.client(platform.tracking_uri)
-    experiment_id = tracking.ensure_experiment(mc, platform.experiment, Path(platform.storage_path) / "mlflow")
+    experiment_id = tracking.ensure_experiment(mc, platform.experiment, Storage(platform.storage_path).path("mlflow"))
     return spec, platform, mc, experiment_id, tracking.git_sha()
 
 
@@ -160,12 +162,13 @@ def _summary(mc, run_id: str) -> dict[str, float]:
 
 def _run_stage(cfg: ExperimentConfig, platform: PlatformSettings, mc, experiment_id: str, trial_run: str,
                sha: str, lineage: list[str], progress: Reporter, *, last: bool) -> None:
+    storage = Storage(platform.storage_path)
     directory = stage_dir(platform.storage_path, cfg)
     name = tracking.stage_run_name(cfg.stage, cfg.stage_key())
     key = {tracking.LEVEL: tracking.STAGE, tracking.STAGE_KEY: cfg.stage_key(), tracking.TRIAL_RUN: trial_run}
-    checkpoint = str(directory / "checkpoint")
-    with stage_lock(directory):
-        done = read_done(directory)
+    checkpoint = storage.path("stages", f"{cfg.stage}-{cfg.stage_key()}", "checkpoint")
+    with stage_lock(storage, directory):
+        done = read_done(storage, directory)
         if done is not None:  # trained by another trial (or an earlier attempt): reuse it
             run_id, _ = tracking.open_run(
                 mc, experiment_id, name=name, key=key, parent_run_id=trial_run,
@@ -186,11 +189,11 @@ def _run_stage(cfg: ExperimentConfig, platform: PlatformSettings, mc, experiment
         with tracking.terminated_on_exit(mc, run_id):
             _fit_stage(cfg, platform, directory, [run_id] + ([trial_run] if last else []), progress.trial,
                        report_to_tune=last)
-        write_done(directory, {"run_id": run_id, tracking.STAGE_KEY: cfg.stage_key(), "stage": cfg.stage,
+        write_done(storage, directory, {"run_id": run_id, tracking.STAGE_KEY: cfg.stage_key(), "stage": cfg.stage,
                                "metrics": tracking.latest_metrics(mc, run_id)})
 
 
-def _fit_stage(cfg: ExperimentConfig, platform: PlatformSettings, directory: Path, run_ids: list[str],
+def _fit_stage(cfg: ExperimentConfig, platform: PlatformSettings, directory: str, run_ids: list[str],
                label: str, *, report_to_tune: bool) -> None:
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -198,13 +201,14 @@ def _fit_stage(cfg: ExperimentConfig, platform: PlatformSettings, directory: Pat
 
     local = platform.num_workers == 0
     use_gpu = platform.gpus_per_worker > 0
-    loop_config = {"experiment": cfg.to_dict(), "out_dir": str(directory),
+    folder = directory.rstrip("/").rsplit("/", 1)[-1]
+    loop_config = {"experiment": cfg.to_dict(), "storage": platform.storage_path, "stage_folder": folder,
                    "threads": max(1, round(platform.cpus_per_worker)), "local": local,
                    "tracking_uri": platform.tracking_uri, "run_ids": run_ids,
                    "report_to_tune": report_to_tune, "quiet": platform.quiet,
                    "progress_board": platform.progress_board, "trial_label": label}
     # The name is the stage's key: a relaunched trainer finds its own run.
-    name, storage = directory.name, str(Path(platform.storage_path).resolve() / "ray_train")
+    name, storage = folder, Storage(platform.storage_path).path("ray_train")
     if local:
         # Local mode: the loop runs here; it reports to Tune itself (no callbacks run),
         # and a crash restarts the whole trial (Tune's FailureConfig), which resumes

@@ -1,0 +1,158 @@
+"""Every bad input is one line, exit status 2, before anything expensive, naming the
+argument as the user typed it (the CLI flag, not an internal field) and what is
+allowed; nothing is left behind. One table walks every command and sweep."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from looplab.cli import main as looplab_main
+
+REPO = Path(__file__).resolve().parents[1]
+SWEEPS = ("beta_ablation", "adaptive_pipeline", "hole_sweep", "iso_flops", "mano", "phop")
+TINY = ["train.steps=2", "train.batch_size=4", "task.eval_count=20", "train.eval_every=0", "model.n_loops=4"]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """A trained phop-debug checkpoint and damaged copies of it."""
+    root = tmp_path_factory.mktemp("ckpt")
+    assert looplab_main(["train", "--preset", "phop-debug", "--out", str(root / "run"), *TINY]) == 0
+    good = root / "run" / "checkpoint"
+    truncated = root / "truncated"
+    shutil.copytree(good, truncated)
+    weights = truncated / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    mismatched = root / "mismatched"
+    shutil.copytree(good, mismatched)
+    config = json.loads((mismatched / "config.json").read_text())
+    config["model"]["d_model"] = 64  # the weights are d_model 32
+    (mismatched / "config.json").write_text(json.dumps(config))
+    resumable = root / "resumable"  # a run whose checkpoint was cut short
+    shutil.copytree(root / "run", resumable)
+    w = resumable / "checkpoint" / "model.safetensors"
+    w.write_bytes(w.read_bytes()[:100])
+    return {"good": good, "truncated": truncated, "mismatched": mismatched, "resumable": resumable}
+
+
+LOOPLAB_CASES = [
+    # (argv, what the one line must contain)
+    (["eval", "--checkpoint", "/nonexistent"], "--checkpoint='/nonexistent' is invalid"),
+    (["eval", "--checkpoint", "{truncated}"], "model.safetensors is damaged: truncated"),
+    (["eval", "--checkpoint", "{mismatched}"], "model.safetensors disagrees with"),
+    (["eval", "--checkpoint", "{good}", "--policies", "skip"], "argument --policies: 'skip' is invalid"),
+    (["eval", "--checkpoint", "{good}", "--policies", "forced:9"], "--policies='forced:9' is invalid"),
+    (["eval", "--checkpoint", "{good}", "--batch-size", "0"], "argument --batch-size: '0' is invalid"),
+    (["train", "--preset", "nope", "--out", "{tmp}/t"], "--preset='nope' is invalid"),
+    (["train", "--preset", "phop-debug", "--out", "{tmp}/t", "model.n_loops=0"],
+     "override='model.n_loops=0' is invalid"),
+    (["train", "--preset", "phop-debug", "--out", "{tmp}/t", "nope=1"], "override 'nope' names no field"),
+    (["train", "--preset", "phop-debug", "--stage", "stage1", "--out", "{tmp}/t"], "--stage stage1 needs --init"),
+    (["train", "--preset", "phop-debug", "--stage", "stage1", "--init", "/nope", "--out", "{tmp}/t"],
+     "--init='/nope' is invalid"),
+    (["train", "--preset", "phop-debug", "--out", "{resumable}", *TINY], "model.safetensors is damaged"),
+    (["train", "--preset", "phop-debug", "--out", "{tmp}/t", "--stop-at", "0"], "argument --stop-at: '0' is invalid"),
+    (["lm-eval", "--checkpoint", "/nonexistent", "--tasks", "piqa"], "--checkpoint='/nonexistent' is invalid"),
+    (["lm-eval", "--checkpoint", "{good}", "--tasks", "nosuchtask"], "--tasks='nosuchtask' is invalid"),
+    (["lm-eval", "--checkpoint", "{good}", "--tasks", "piqa", "--policy", "skip"], "argument --policy"),
+    (["lm-eval", "--checkpoint", "{good}", "--tasks", "piqa", "--limit", "0"], "argument --limit"),
+    (["bench", "--preset", "phop-debug", "--batch", "0", "--oracle-mean", "2"], "argument --batch: '0' is invalid"),
+    (["bench", "--preset", "phop-debug", "--batch", "0"], "argument --batch: '0' is invalid"),
+    (["bench", "--preset", "phop-debug", "--seq-len", "8,x", "--oracle-mean", "2"], "argument --seq-len"),
+    (["bench", "--preset", "phop-debug", "--oracle-mean", "9", "--batch", "1", "--seq-len", "8", "n_loops=4"],
+     "--oracle-mean=9.0 is invalid"),
+    (["bench", "--preset", "phop-debug", "--batch", "1", "--seq-len", "8"], "needs skip policies or an oracle"),
+    (["bench", "--preset", "nope", "--oracle-mean", "2"], "--preset='nope' is invalid"),
+    (["bench", "--checkpoint", "{truncated}", "--oracle-mean", "2"], "model.safetensors is damaged"),
+    (["bench", "--preset", "phop-debug", "--policies", "dense:0.5", "--batch", "1", "--seq-len", "8"],
+     "--policies='dense:0.5' is invalid"),
+    (["data", "mano", "--L", "0"], "argument --L: '0' is invalid"),
+    (["data", "phop", "--n", "8", "--p", "7"], "PhopConfig.p=7 is invalid"),
+    (["info", "--preset", "nope"], "--preset='nope' is invalid"),
+]
+
+
+@pytest.mark.parametrize("argv, expected", LOOPLAB_CASES, ids=[" ".join(a[:3]) for a, _ in LOOPLAB_CASES])
+def test_looplab_command_bad_input_is_one_line(argv, expected, checkpoints, tmp_path, capsys):
+    fill = {k: str(v) for k, v in checkpoints.items()} | {"tmp": str(tmp_path)}
+    argv = [a.format(**fill) for a in argv]
+    before = sorted(tmp_path.rglob("*"))
+    with pytest.raises(SystemExit) as exit_:
+        raise SystemExit(looplab_main(argv))
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and expected in err and ("allowed" in err or "needs" in err or "damaged" in err
+                                                         or "disagrees" in err or "names no field" in err), err
+    assert sorted(tmp_path.rglob("*")) == before  # nothing left behind
+
+
+SWEEP_CASES = [
+    ("beta_ablation", ["--storage-path", "/proc/looplab-cannot-create"], "--storage-path='/proc/looplab-cannot-create'"),
+    ("beta_ablation", ["--betas", "x"], "--betas='x' is invalid"),
+    ("beta_ablation", ["--betas", "-1"], "--betas=-1.0 is invalid"),
+    ("beta_ablation", ["--stage1-steps", "0"], "--stage1-steps=0 is invalid"),
+    ("beta_ablation", ["--seeds", "a"], "--seeds='a' is invalid"),
+    ("beta_ablation", ["--preset", "nope"], "--preset='nope' is invalid"),
+    ("beta_ablation", ["--set", "train.lr=-1"], "--set='train.lr=-1' is invalid"),
+    ("beta_ablation", ["--set", "nokey"], "--set='nokey' is invalid"),
+    ("beta_ablation", ["--stage-set", "stage9:train.lr=1"], "--stage-set='stage9:train.lr=1' is invalid"),
+    ("beta_ablation", ["--stage-set", "stage1:train.lr=-1"], "--stage-set='stage1:train.lr=-1' is invalid"),
+    ("beta_ablation", ["--stage-steps", "stage1=0"], "--stage-steps='stage1=0' is invalid"),
+    ("beta_ablation", ["--num-workers", "-1"], "--num-workers=-1 is invalid"),
+    ("beta_ablation", ["--max-concurrent-trials", "x"], "argument --max-concurrent-trials"),
+    ("hole_sweep", ["--ranges", "3-2"], "--ranges='3-2' is invalid"),
+    ("hole_sweep", ["--ranges", "1-5"], "--ranges='1.0-5.0' is invalid"),
+    ("hole_sweep", ["--hps", "1.5"], "--hps=1.5 is invalid"),
+    ("hole_sweep", ["--sampler", "random"], "--sampler='random' is invalid"),
+    ("adaptive_pipeline", ["--arms", "nope"], "--arms='nope' is invalid"),
+    ("adaptive_pipeline", ["--hp", "1.5"], "--hp=1.5 is invalid"),
+    ("adaptive_pipeline", ["--depth-range", "3-2"], "--depth-range='3-2' is invalid"),
+    ("iso_flops", ["--task", "nope"], "--task='nope' is invalid"),
+    ("iso_flops", ["--archs", "rnn"], "--archs='rnn' is invalid"),
+    ("mano", ["--pairs", "1x0"], "--pairs='1x0' is invalid"),
+    ("mano", ["--levels", "0"], "--levels=0 is invalid"),
+    ("phop", ["--hops", "x"], "--hops='x' is invalid"),
+]
+
+
+@pytest.mark.parametrize("sweep, argv, expected", SWEEP_CASES,
+                         ids=[f"{s} {' '.join(a)}" for s, a, _ in SWEEP_CASES])
+def test_sweep_bad_input_is_one_line_before_ray(sweep, argv, expected, tmp_path, capsys):
+    import importlib
+
+    import ray
+
+    from sweeps.launch import main
+
+    module = importlib.import_module(f"sweeps.{sweep}")
+    add_flags = module.flags_for("text") if sweep == "iso_flops" else module.add_flags
+    # Without --dry-run: checks that need the outside world (storage, tracking server) run too.
+    storage = ["--storage-path", str(tmp_path / "store")] if "--storage-path" not in argv else []
+    with pytest.raises(SystemExit) as exit_:  # argparse's own errors exit; the sweep's checks return 2
+        raise SystemExit(main("test", add_flags, module.from_args, [*argv, *storage]))
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"error: {expected}" in err and ("allowed" in err or "invalid" in err), err
+    assert not ray.is_initialized() and not (tmp_path / "store").exists()  # nothing started, nothing left
+
+
+@pytest.mark.parametrize("sweep", SWEEPS)
+def test_every_sweep_script_has_a_working_help(sweep):
+    for command in ([sys.executable, str(REPO / "sweeps" / f"{sweep}.py"), "--help"],
+                    [sys.executable, "-m", f"sweeps.{sweep}", "--help"]):
+        done = subprocess.run(command, capture_output=True, text=True, cwd="/", timeout=120)
+        assert done.returncode == 0 and "--preset" in done.stdout, done.stderr[-500:]
+
+
+def test_unknown_analysis_experiment_is_one_line(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "analysis", "--tracking-uri", f"sqlite:///{tmp_path / 'none.db'}",
+                           "--experiment", "nope", "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, cwd="/", timeout=120, env={**os.environ})
+    assert done.returncode == 2 and done.stderr.strip().count("\n") == 0, done.stderr

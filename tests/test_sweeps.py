@@ -1,0 +1,95 @@
+"""A sweep's stages as the platform derives them: the precedence of overrides, keys
+that change when (and only when) a result can, warmups that follow a stage's own
+steps, paper budgets in the plan. No Ray: the sweeps' dry-run path."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from sweeps import adaptive_pipeline, beta_ablation
+from sweeps.flags import parser
+from trainables.pipeline import stage_configs
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def configs_of(module, argv, point):
+    """The stage configs of one trial point of a sweep, from its command line."""
+    from sweeps.flags import Common
+
+    p = parser("test")
+    module.add_flags(p)
+    args = p.parse_args(argv)
+    sweep = module.from_args(Common.from_args(args), args)
+    return {c.stage: c for c in stage_configs(sweep.spec, point, "/unused")}
+
+
+ARM = {"arm": "chase", "seed": 0}
+
+
+def test_a_sweep_wide_override_reaches_every_stage_over_its_recipe():
+    plain = configs_of(adaptive_pipeline, [], ARM)
+    assert plain["stage1"].train.lr == 1.5e-4 and plain["pretrain"].train.lr == 3e-3  # recipe vs preset
+    lr = configs_of(adaptive_pipeline, ["--set", "train.lr=0.001", "--set", "train.grad_clip=0.3"], ARM)
+    assert {s: (c.train.lr, c.train.grad_clip) for s, c in lr.items()} == {
+        s: (0.001, 0.3) for s in ("pretrain", "stage1", "chase", "stage2")}
+
+
+def test_a_per_stage_override_reaches_only_its_stage():
+    one = configs_of(adaptive_pipeline, ["--set", "train.lr=0.001", "--stage-set", "chase:train.lr=0.002",
+                                         "--stage-steps", "stage2=7"], ARM)
+    assert {s: c.train.lr for s, c in one.items()} == {"pretrain": 0.001, "stage1": 0.001, "chase": 0.002,
+                                                       "stage2": 0.001}
+    assert {s: c.train.steps for s, c in one.items()} == {"pretrain": 200, "stage1": 200, "chase": 200, "stage2": 7}
+
+
+def test_a_stage_with_overridden_steps_gets_its_warmup_from_its_own_steps():
+    # App. E: Stage-2 warms up over 1% of its steps, Stage-1 and CHASE over 0.2%.
+    long = configs_of(adaptive_pipeline, ["--stage-steps", "stage2=5000,chase=1000"], ARM)
+    assert long["stage2"].train.warmup_steps == 50 and long["chase"].train.warmup_steps == 2
+    assert long["stage1"].train.warmup_steps == 1  # 0.2% of its 200 steps, at least one
+    explicit = configs_of(adaptive_pipeline, ["--stage-steps", "stage2=5000", "--stage-set",
+                                              "stage2:train.warmup_steps=9"], ARM)
+    assert explicit["stage2"].train.warmup_steps == 9  # an explicit warmup wins
+
+
+CADENCE = [["--set", "train.log_every=5"], ["--set", "train.eval_every=7"], ["--set", "train.ckpt_every=3"],
+           ["--set", "train.device=cpu"], ["--set", "train.eval_batch_size=3"], ["--set", "train.ckpt_minutes=1"]]
+
+
+@pytest.mark.parametrize("argv", CADENCE, ids=[" ".join(a) for a in CADENCE])
+def test_cadence_and_device_never_change_a_key(argv):
+    base = {s: c.stage_key() for s, c in configs_of(adaptive_pipeline, [], ARM).items()}
+    assert {s: c.stage_key() for s, c in configs_of(adaptive_pipeline, argv, ARM).items()} == base
+
+
+@pytest.mark.parametrize("argv, point, changed", [
+    (["--set", "train.lr=0.001"], ARM, {"pretrain", "stage1", "chase", "stage2"}),
+    (["--stage-set", "chase:train.lr=0.001"], ARM, {"chase", "stage2"}),  # and everything downstream of it
+    (["--set", "model.n_loops=3", "--depth-range", "1.5-3"], ARM, {"pretrain", "stage1", "chase", "stage2"}),
+    (["--set", "exit.beta=0.5"], ARM, {"stage1", "chase", "stage2"}),  # pre-training reads no exit section
+    (["--hp", "0.25"], ARM, {"chase", "stage2"}),  # only CHASE reads the holes
+    ([], {"arm": "chase", "seed": 1}, {"pretrain", "stage1", "chase", "stage2"}),
+])
+def test_what_can_change_a_result_changes_its_stage_and_everything_downstream(argv, point, changed):
+    base = {s: c.stage_key() for s, c in configs_of(adaptive_pipeline, [], ARM).items()}
+    new = {s: c.stage_key() for s, c in configs_of(adaptive_pipeline, argv, point).items()}
+    assert {s for s in base if base[s] != new[s]} == changed
+
+
+def test_beta_searched_in_stage1_keeps_one_pretraining_and_its_budget_follows_the_preset():
+    a = configs_of(beta_ablation, [], {"beta": 0.1, "seed": 0})
+    b = configs_of(beta_ablation, [], {"beta": 0.5, "seed": 0})
+    assert a["pretrain"].stage_key() == b["pretrain"].stage_key() and a["stage1"].stage_key() != b["stage1"].stage_key()
+    assert a["stage1"].train.steps == 40  # 20% of debug's 200
+    paper = configs_of(beta_ablation, ["--preset", "paper-140m"], {"beta": 0.1, "seed": 0})
+    assert paper["stage1"].train.steps == 2500 and paper["pretrain"].train.steps == 75_000  # App. E
+
+
+def test_the_platform_edits_no_import_path():
+    found = subprocess.run(["grep", "-rn", "sys.path", "sweeps", "trainables", "analysis", "looplab"], cwd=REPO,
+                           capture_output=True, text=True)
+    assert found.stdout == "", found.stdout
