@@ -1,6 +1,7 @@
 """The names this layer reads, from the tracking contract (looplab/tracking.py), which
 the platform writes with: run levels, tags, metric quantities and how a metric name
-parses into an evaluation point (policy, q, depth) and a quantity. Only what is the
+parses into an evaluation point (policy, q, depth) and a quantity (a zoo rule's point:
+policy skip-entropy, dense-kl, ... with its threshold τ or window k in q). Only what is the
 analysis' own lives here: column headers of the paper's tables, orderings, and which
 way a quality improves.
 
@@ -13,19 +14,19 @@ skip_q0.4_lm_eval.arc_easy; tables show percent, as the paper does.
 from __future__ import annotations
 
 from looplab.lm_eval_suite import PAPER_TASKS
-from looplab.policy import DENSE, FORCED, FULL, SKIP, number_name
+from looplab.policy import DENSE, FORCED, FULL, SKIP, STABLE, ZOO_KINDS, ZOO_LABELS, ZOO_RULES, number_name, zoo_kind
 from looplab.stages import STAGE_NAMES as STAGES
 from looplab.tracking import (CONTENT_TAGS, EVAL_QUANTITIES, LM_EVAL, LM_EVAL_AVG, METRIC_PATTERN, PARENT_RUN_TAG,
                               SEARCH_PARAM, STAGE, STAGE_SECONDS, SWEEP, TRAIN_METRICS, TRIAL, parse_metric)
 
 __all__ = ["CONTENT_TAGS", "DENSE", "EVAL_QUANTITIES", "FORCED", "FULL", "LM_EVAL", "LM_EVAL_AVG", "METRIC_PATTERN",
-           "PAPER_TASKS", "PARENT_RUN_TAG", "SEARCH_PARAM", "SKIP", "STAGE", "STAGES", "STAGE_SECONDS", "SWEEP",
-           "TRAIN_METRICS", "TRIAL", "parse_metric"]
+           "PAPER_TASKS", "PARENT_RUN_TAG", "SEARCH_PARAM", "SKIP", "STABLE", "STAGE", "STAGES", "STAGE_SECONDS",
+           "SWEEP", "TRAIN_METRICS", "TRIAL", "ZOO_KINDS", "ZOO_LABELS", "ZOO_RULES", "parse_metric", "zoo_kind"]
 
 # Column headers of the paper's tables (Table 3, App. F/G), by lm-eval task name.
 TASK_HEADERS = {"piqa": "PIQA", "boolq": "BoolQ", "winogrande": "WG", "openbookqa": "OBQA",
                 "hellaswag": "HS", "arc_challenge": "ARC-C", "arc_easy": "ARC-E"}
-POLICY_ORDER = (FULL, FORCED, DENSE, SKIP)
+POLICY_ORDER = (FULL, FORCED, DENSE, SKIP, *ZOO_KINDS)  # zoo kinds: dense-entropy, skip-entropy, ...
 
 # Training histories the β diagnostics draw (App. E, Figs. 6 and 7).
 BETA_DIAGNOSTICS = ("exit_entropy", "expected_exit_step")

@@ -1,8 +1,10 @@
 """The evaluation-points table: one row per (trial, stage, evaluation point).
 
 An evaluation point is one way of running a trained model: policy `full` (val_*:
-all R loops, readout at R), `forced` at depth r (forced_d<r>_*), or an exit policy
-`dense` / `skip` at threshold q (<mode>_q<q>_*). Each stage run of a trial evaluates
+all R loops, readout at R), `forced` at depth r (forced_d<r>_*), an exit policy
+`dense` / `skip` at threshold q (<mode>_q<q>_*), or a zero-shot rule of the zoo
+(policy skip-entropy, dense-kl, skip-stable, ...: <mode>_<rule><t>_*, its threshold
+in q). Each stage run of a trial evaluates
 its own checkpoint, so a pretrain → stage1 → chase → stage2 trial has points for
 every stage (the paper's threshold tables show Stage 1 and Stage 2 side by side);
 `is_final_stage` marks the trial's own result. A trial without stage runs (logged
@@ -15,7 +17,9 @@ Columns:
              is_final_stage, pipeline (e.g. pretrain+stage1+chase+stage2), method
              (fixed | Ouro | CHASE, the tag the platform records),
              model (N⊗R), label (method, N⊗R and the searched values), status
-  point      policy, q, depth, point (e.g. "skip q=0.4")
+  point      policy, q, depth, point (e.g. "skip q=0.4"); a zoo rule's point has
+             policy skip-entropy, dense-kl, skip-stable, ... and its threshold τ
+             (or window k) in q, point e.g. "skip entropy<2.5"
   quantities executed_loops, mean_exit_step, accuracy, ppl, loss,
              backbone_flops_per_token (last values), accuracy_best, ppl_best,
              loss_best (best over the stage's evaluations), lm_eval.<task> and
@@ -145,17 +149,26 @@ def _source_metrics(runs: RunSet, sources: pl.DataFrame) -> pl.DataFrame:
 
 
 def _parse(metrics: pl.DataFrame) -> pl.DataFrame:
-    """Metric names → (policy, q, depth, quantity), by the contract's one pattern."""
+    """Metric names → (policy, q, depth, quantity), by the contract's one pattern. A zoo
+    rule's point is its own policy (its kind: skip-entropy, dense-kl, ..., so each is
+    its own series) with its threshold τ or window k in q."""
     groups = pl.col("key").str.extract_groups(names.METRIC_PATTERN.pattern)
     parsed = metrics.with_columns(groups.alias("g")).unnest("g").filter(pl.col("quantity").is_not_null())
     return parsed.select(
         "run_id", "last", "best",
-        pl.when(pl.col("execution").is_not_null()).then(pl.col("execution"))
+        pl.when(pl.col("rule").is_not_null()).then(_zoo_kind())
+        .when(pl.col("execution").is_not_null()).then(pl.col("execution"))
         .when(pl.col("depth").is_not_null()).then(pl.lit(names.FORCED))
         .otherwise(pl.lit(names.FULL)).alias("policy"),
         pl.col("q").cast(pl.Float64),
         pl.col("depth").cast(pl.Int64),
         "quantity")
+
+
+def _zoo_kind() -> pl.Expr:
+    """The zoo policy's kind (looplab.policy.zoo_kind) from the execution and rule groups."""
+    kinds = {f"{e}|{r}": names.zoo_kind(e, r) for e in (names.DENSE, names.SKIP) for r in names.ZOO_RULES}
+    return pl.concat_str("execution", "rule", separator="|").replace_strict(kinds, return_dtype=pl.String)
 
 
 def _pivot(parsed: pl.DataFrame) -> pl.DataFrame:
@@ -178,12 +191,18 @@ def _pivot(parsed: pl.DataFrame) -> pl.DataFrame:
 
 
 def _point_label() -> pl.Expr:
-    """A point's label: 'forced d=2', 'skip q=0.4', 'full'. q prints as policy
-    labels do (0.4, 1.0, 0.25) for q with at most four decimals."""
+    """A point's label: 'forced d=2', 'skip q=0.4', 'full', and the zoo's as its
+    policies label them ('skip entropy<2.5', 'dense KL<0.01', 'skip stable k=2'). q
+    prints as policy labels do (0.4, 1.0, 0.25) for q with at most four decimals."""
     q = pl.col("q").round(4).cast(pl.String)
-    return (pl.when(pl.col("policy") == names.FORCED).then(pl.lit("forced d=") + pl.col("depth").cast(pl.String))
-            .when(pl.col("q").is_not_null()).then(pl.col("policy") + pl.lit(" q=") + q)
-            .otherwise(pl.col("policy")))
+    label = pl.when(pl.col("policy") == names.FORCED).then(pl.lit("forced d=") + pl.col("depth").cast(pl.String))
+    for rule, template in names.ZOO_LABELS.items():
+        head, _, tail = template.partition("{}")
+        value = pl.col("q").cast(pl.Int64).cast(pl.String) if rule == names.STABLE else q
+        for execution in (names.DENSE, names.SKIP):
+            label = label.when(pl.col("policy") == names.zoo_kind(execution, rule)).then(
+                pl.lit(f"{execution} {head}") + value + pl.lit(tail))
+    return label.when(pl.col("q").is_not_null()).then(pl.col("policy") + pl.lit(" q=") + q).otherwise(pl.col("policy"))
 
 
 def _trial_identity(trials: pl.DataFrame) -> pl.DataFrame:

@@ -19,9 +19,12 @@ mmap threshold at 128 KiB (every large block is mapped on allocation and returne
 on free, instead of being kept in the heap for reuse) and trims the heap before
 each measurement. Small allocations below the threshold are not seen.
 
-Exits come from the gate and a threshold q (a trained checkpoint), or from an oracle
-(--oracle-mean M): per-token depths drawn uniformly from an interval centred on M
-and stochastically rounded, so the cost model is measured without training.
+Exits come from the gate and a threshold q (a trained checkpoint), from a zero-shot
+rule of the exit-policy zoo (skip-entropy:T, skip-kl:T, skip-stable:K; any
+checkpoint, no gate needed: both runs then also pay the rule's LM head at every
+step), or from an oracle (--oracle-mean M): per-token depths drawn uniformly from an
+interval centred on M and stochastically rounded, so the cost model is measured
+without training.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from looplab.policy import DENSE, SKIP, ExitPolicy
 class BenchRecord:
     batch: int
     seq_len: int
-    policy: str  # the skip policy's spec (skip:q), or "oracle"
+    policy: str  # the skip policy's spec (skip:0.4, skip-entropy:2.0, ...), or "oracle"
     oracle_mean: float | None
     packing: str
     mean_executed_loops: float
@@ -149,11 +152,11 @@ def survivor_ratio(exit_step: torch.Tensor, n_loops: int) -> float:
 @torch.no_grad()
 def bench_point(model, ids: torch.Tensor, policy: ExitPolicy, *, warmup: int = 2, repeats: int = 5,
                 packing: str = "auto", oracle_mean: float | None = None) -> BenchRecord:
-    """Time `policy` (skip execution: gate threshold or given exits) against its dense
-    twin, which runs every loop for every token with the same exits and readout."""
+    """Time `policy` (skip execution: gate threshold, zoo rule or given exits) against
+    its dense twin, which runs every loop for every token with the same rule and readout."""
     if policy.execution != SKIP:
-        raise ConfigError(f"bench policy {policy.spec!r} is invalid; allowed: skip policies (skip:Q), which "
-                          "it compares with full execution")
+        raise ConfigError(f"bench policy {policy.spec!r} is invalid; allowed: skip policies (skip:Q, "
+                          "skip-entropy:T, skip-kl:T, skip-stable:K), which it compares with full execution")
     device = ids.device
     dense = replace(policy, execution=DENSE)
     full = lambda: model(ids, dense, readout="last")  # noqa: E731
@@ -181,11 +184,11 @@ def bench_point(model, ids: torch.Tensor, policy: ExitPolicy, *, warmup: int = 2
 def run_grid(model, task, *, batches, seq_lens, policies=(), oracle_mean: float | None = None, warmup: int = 2,
              repeats: int = 5, packing: str = "auto", device: torch.device | str = "cpu", seed: int = 0,
              on_record=None) -> list[BenchRecord]:
-    """Every (batch, seq_len) × policy point; policies are skip policies (skip:q), or
-    the oracle with the given mean executed loops."""
+    """Every (batch, seq_len) × policy point; policies are skip policies (skip:q or a
+    zoo rule such as skip-entropy:2.0), or the oracle with the given mean executed loops."""
     if oracle_mean is None and not policies:
-        raise ConfigError("bench needs skip policies or an oracle mean; allowed: --policies skip:0.2,0.4 or "
-                          "--oracle-mean 2.0")
+        raise ConfigError("bench needs skip policies or an oracle mean; allowed: --policies skip:0.2,0.4 (or "
+                          "skip-entropy:2.0) or --oracle-mean 2.0")
     device = torch.device(device)
     model = model.to(device).eval()
     records = []
@@ -206,14 +209,14 @@ def run_grid(model, task, *, batches, seq_lens, policies=(), oracle_mean: float 
     return records
 
 
-HEADER = ("batch  seq_len  policy      loops  ideal  max/real  full s    skip s    speedup  "
+HEADER = ("batch  seq_len  policy            loops  ideal  max/real  full s    skip s    speedup  "
           "of ideal  mem full   mem skip")
 
 
 def format_record(r: BenchRecord) -> str:
     policy = r.policy if r.oracle_mean is None else f"oracle {r.oracle_mean:.2f}"
     mib = lambda b: f"{b / 2**20:7.1f}M" if b >= 0 else "      ?"  # noqa: E731
-    return (f"{r.batch:5d}  {r.seq_len:7d}  {policy:10s}  {r.mean_executed_loops:5.2f}  {r.ideal_speedup:5.2f}  "
+    return (f"{r.batch:5d}  {r.seq_len:7d}  {policy:16s}  {r.mean_executed_loops:5.2f}  {r.ideal_speedup:5.2f}  "
             f"{r.batch_max_survivor_ratio:8.3f}  {r.time_full_s:8.4f}  {r.time_skip_s:8.4f}  {r.speedup:6.2f}x  "
             f"{r.speedup / r.ideal_speedup:7.1%}  {mib(r.peak_mem_full)}  {mib(r.peak_mem_skip)}")
 

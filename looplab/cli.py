@@ -5,6 +5,7 @@
     looplab data mano --L 10 [--eval] --count 5 --seed 0
     looplab data phop --n 256 --p 16 --alphabet 4 --count 5 --seed 0
     looplab eval --checkpoint runs/x/checkpoint [--policies 'full;dense:0.2,0.4;skip:0.4;forced:1-3'] [--json out.json]
+    looplab eval --checkpoint runs/x/checkpoint --policies 'skip-entropy:1.0,2.0;dense-kl:0.01;skip-stable:2-3'
     looplab lm-eval --checkpoint runs/lm/checkpoint --suite paper [--policy skip:0.4] [--limit 100] [--local-data DIR]
     looplab lm-eval --checkpoint runs/lm/checkpoint --tasks piqa,my_task [--include-path DIR] [--output out.json]
     looplab bench --preset local --batch 1,8,16 --seq-len 512,1024 --oracle-mean 2.0 [--json out.json]
@@ -287,8 +288,8 @@ def cmd_bench(args) -> int:
         raise ConfigError(f"--oracle-mean={args.oracle_mean!r} is invalid; allowed: a number in [1, R={R}]")
     for policy in args.policies:
         if policy.execution != "skip":
-            raise ConfigError(f"--policies={policy.spec!r} is invalid; allowed: skip policies (skip:Q), which bench "
-                              "compares with full execution")
+            raise ConfigError(f"--policies={policy.spec!r} is invalid; allowed: skip policies (skip:Q, "
+                              "skip-entropy:T, skip-kl:T, skip-stable:K), which bench compares with full execution")
     experiment = model.metadata.get("experiment")
     cfg = ExperimentConfig.from_dict(experiment) if experiment else None
     task = make_task(cfg.task, cfg.train.seq_len) if cfg is not None else None
@@ -363,11 +364,15 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--seed", type=at_least(0), default=0)
     d.set_defaults(fn=cmd_data)
 
-    e = sub.add_parser("eval", help="evaluate exit policies (full, forced, dense, skip) on the task's eval set")
+    e = sub.add_parser("eval", help="evaluate exit policies (full, forced, dense, skip, the zoo's zero-shot rules) "
+                                    "on the task's eval set")
     e.add_argument("--checkpoint", required=True)
     e.add_argument("--policies", type=_policies, default=None,
-                   help="exit policies, e.g. 'full;dense:0.2,0.4;skip:0.2,0.4;forced:1-3' (default: what the "
-                        "checkpoint's stage evaluates: full depth, dense and skip at q in 0.2..1.0, forced 1..R-1)")
+                   help="exit policies, e.g. 'full;dense:0.2,0.4;skip:0.2,0.4;forced:1-3'; the zoo's zero-shot "
+                        "rules, in dense or skip execution: entropy below T nats (skip-entropy:1.0,2.0), KL between "
+                        "consecutive steps below T (dense-kl:0.01), argmax stable for K steps (skip-stable:2-3) "
+                        "(default: what the checkpoint's stage evaluates: full depth, dense and skip at q in "
+                        "0.2..1.0, forced 1..R-1)")
     e.add_argument("--limit", type=at_least(0), default=0, help="first N eval samples only (0: all)")
     e.add_argument("--batch-size", type=at_least(1), default=64)
     e.add_argument("--device", default="auto")
@@ -384,7 +389,9 @@ def build_parser() -> argparse.ArgumentParser:
     le.add_argument("--local-data", default=None,
                     help="suite datasets from DIR/<task>/<split>.parquet (python -m looplab.lm_eval_suite export)")
     le.add_argument("--policy", type=_policy, default="full",
-                    help="exit policy: full | forced:D | dense:Q | skip:Q (default full)")
+                    help="exit policy: full | forced:D | dense:Q | skip:Q (the gate's threshold rule) | "
+                         "dense-entropy:T | skip-entropy:T | dense-kl:T | skip-kl:T | dense-stable:K | "
+                         "skip-stable:K (zero-shot rules, no gate needed) (default full)")
     le.add_argument("--limit", type=_limit, default=None, help="documents per task (or a fraction < 1)")
     le.add_argument("--batch-size", type=at_least(1), default=8)
     le.add_argument("--device", default="auto")
@@ -396,8 +403,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--preset", default="", help="or a preset, freshly initialised (use --oracle-mean)")
     b.add_argument("--batch", type=ints_at_least(1), default="1,8,16", help="comma-separated batch sizes")
     b.add_argument("--seq-len", type=ints_at_least(1), default="512,1024", help="comma-separated sequence lengths")
-    b.add_argument("--policies", type=_policies, default=[], help="skip policies to compare with full, e.g. "
-                                                                   "skip:0.2,0.4")
+    b.add_argument("--policies", type=_policies, default=[],
+                   help="skip policies to compare with full, e.g. skip:0.2,0.4 (the gate) or skip-entropy:2.0, "
+                        "skip-kl:0.01, skip-stable:2 (zero-shot rules, any checkpoint)")
     b.add_argument("--oracle-mean", type=float, default=None, help="oracle exits with this mean executed loops")
     b.add_argument("--packing", choices=("auto", "padded", "varlen"), default="auto")
     b.add_argument("--warmup", type=at_least(0), default=2)

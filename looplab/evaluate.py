@@ -1,5 +1,6 @@
 """Evaluation of a looped model on a task's fixed evaluation set under exit policies
-(looplab/policy.py): full depth, forced depths, dense and skip at thresholds q.
+(looplab/policy.py): full depth, forced depths, dense and skip at thresholds q, and
+the zoo's zero-shot rules (entropy, KL, stable argmax) in dense and skip execution.
 
 Every record has the same fields: policy (its spec, e.g. "skip:0.4"), accuracy (exact
 match at the target positions), loss and ppl (mean CE there), mean_exit_step (at the
@@ -14,7 +15,7 @@ import math
 
 import torch
 
-from looplab.policy import DENSE, GATE, SKIP, ExitPolicy, threshold_exit_steps
+from looplab.policy import DENSE, EXIT_RULES, GATE, SKIP, ZOO_RULES, ExitPolicy, exit_rule
 from looplab.tasks.base import IGNORE_INDEX, Batch, exact_match_counts
 from looplab.objectives import token_losses
 
@@ -63,9 +64,9 @@ def evaluate_policy(model, batch: Batch, policy: ExitPolicy, *, batch_size: int 
 
 def evaluate_policies(model, batch: Batch, policies, **kw) -> list[dict]:
     """One record per policy, in the order given. Full depth, forced depths and dense
-    execution run every token through the same steps and only read out different ones,
-    so they all come from one dense pass (evaluate_readouts); each skip policy changes
-    the states themselves and runs its own pass."""
+    execution (gate or zoo rule) run every token through the same steps and only read
+    out different ones, so they all come from one dense pass (evaluate_readouts); each
+    skip policy changes the states themselves and runs its own pass."""
     policies = list(policies)
     readable = [p for p in policies if p.execution != SKIP]
     shared = dict(zip(readable, evaluate_readouts(model, batch, readable, **kw))) if readable else {}
@@ -75,25 +76,34 @@ def evaluate_policies(model, batch: Batch, policies, **kw) -> list[dict]:
 @torch.no_grad()
 def evaluate_readouts(model, batch: Batch, policies, *, batch_size: int = 64, device: torch.device | str = "cpu",
                       precision: str = "auto") -> list[dict]:
-    """The records of full, forced and dense policies (gate or no gate) from one dense
-    pass that keeps every step: per step, each target's CE and correctness; a policy
-    then picks one step per token. The LM head runs only on the steps some policy
-    reads (all of them for a dense policy; step R alone for full depth)."""
+    """The records of full, forced and dense policies (the gate's threshold rule or a
+    zoo rule) from one dense pass that keeps every step: per step, each target's CE
+    and correctness; a policy then picks one step per token. The LM head runs only on
+    the steps some policy reads (all of them for a dense policy; step R alone for full
+    depth). Dense zoo rules decide from those same per-step logits: each rule's
+    statistic is computed once per step and compared with every threshold of the
+    grid (looplab/policy.py), so a dense zoo record equals its own dense run."""
     device = torch.device(device)
     policies = list(policies)
     for p in policies:
-        if p.execution == SKIP or (p.execution == DENSE and p.rule != GATE):
-            raise ValueError(f"evaluate_readouts reads full, forced and dense-at-q policies, not {p.spec}")
+        if p.execution == SKIP or (p.execution == DENSE and p.rule not in EXIT_RULES):
+            raise ValueError(f"evaluate_readouts reads full, forced and dense policies with a rule (dense:Q, "
+                             f"dense-entropy:T, ...), not {p.spec}")
         p.check(model.cfg.n_loops)
     was_training = model.training
     model.eval()
     R = model.cfg.n_loops
     read = sorted({r for p in policies for r in (range(1, R + 1) if p.execution == DENSE else [p.loops_run(R)])})
+    dense = [p for p in policies if p.execution == DENSE]
+    zoo_rules = sorted({p.rule for p in dense if p.rule in ZOO_RULES})
     sums = {p: {"correct": 0, "loss": 0.0, "exit": 0.0} for p in policies}
     total = 0
     for start in range(0, len(batch), batch_size):
         part = batch.slice(start, start + batch_size).to(device)
         mask = part.targets != IGNORE_INDEX
+        rules = {p: exit_rule(p, part.ids) for p in dense}
+        exit_steps = {p: torch.full_like(part.ids, R) for p in dense}
+        states = dict.fromkeys(zoo_rules)  # each zoo statistic's state, shared by its thresholds
         with autocast_context(device, precision):
             # Full depth keeping every step's state and gate logits, no logits yet.
             out = model(part.ids, ExitPolicy.full(), all_steps=True, readout="none")
@@ -102,9 +112,18 @@ def evaluate_readouts(model, batch: Batch, policies, *, batch_size: int = 64, de
                 logits = model.logits(out.step_hidden[r - 1])
                 loss_at[r] = token_losses(logits, part.targets).float()
                 correct_at[r] = logits.argmax(dim=-1) == part.targets
+                if r == R:
+                    continue
+                statistic = {}
+                for rule in zoo_rules:
+                    statistic[rule], states[rule] = EXIT_RULES[rule].statistic(logits, states[rule])
+                for policy, decider in rules.items():  # as execution's dense loop: a token's first exit stands
+                    reached = (decider.update(out.gate_logits[r - 1]) if policy.rule == GATE
+                               else decider.decide(statistic[policy.rule]))
+                    exit_steps[policy] = torch.where(reached & (exit_steps[policy] == R), r, exit_steps[policy])
         for policy in policies:
             if policy.execution == DENSE:
-                exit_step = threshold_exit_steps(out.gate_logits, policy.q)
+                exit_step = exit_steps[policy]
                 losses = torch.stack([loss_at[r] for r in range(1, R + 1)])
                 corrects = torch.stack([correct_at[r] for r in range(1, R + 1)])
                 pick = (exit_step - 1).unsqueeze(0)
@@ -120,7 +139,8 @@ def evaluate_readouts(model, batch: Batch, policies, *, batch_size: int = 64, de
         total += int(mask.sum())
     model.train(was_training)
     # Every token of these policies runs the same loops (dense all R: its exit only
-    # picks the readout; forced d its d); every sequence has the same length.
+    # picks the readout; forced d its d); every sequence has the same length. A zoo
+    # rule's LM-head and statistic work is its own price, not backbone FLOPs.
     step_flops = model.step_flops(batch.ids.shape[1])
     records = []
     for policy, acc in sums.items():

@@ -14,7 +14,10 @@ looplab` alone never imports lm-eval.
 
 Model args: checkpoint (a checkpoint directory, or a LoopedLM object), policy (an
 ExitPolicy or its spec: full (default: every token runs the model's R steps) |
-forced:D | dense:Q | skip:Q, see looplab/policy.py), batch_size,
+forced:D | dense:Q | skip:Q, or a zero-shot rule of the exit-policy zoo, which needs
+no trained gate: dense-entropy:T | skip-entropy:T | dense-kl:T | skip-kl:T |
+dense-stable:K | skip-stable:K, e.g. `LoopLabLM(policy="skip-entropy:2.0")`; see
+looplab/policy.py), batch_size,
 device, max_length (default: the context the checkpoint trained with, else 2048),
 tokenizer (default: the checkpoint's metadata["tokenizer"]), add_bos_token (default
 true: every context starts with <bos>, as Mistral-style documents do), max_gen_toks,
@@ -269,8 +272,8 @@ class LoopLabLM(TemplateLM):
             out = self.model(ids, self.policy, mask=mask)
         real = int(mask.sum())
         self._tally.add(out.executed_loops * real, real)
-        # Dense runs every token through all R steps (its gate only picks the
-        # readout), so its exit steps are not what ran.
+        # Dense runs every token through all R steps (its gate or zoo rule only picks
+        # the readout), so its exit steps are not what ran.
         fixed = self.policy.loops_run(self.n_loops)
         steps = out.exit_step if fixed is None else torch.full_like(out.exit_step, fixed)
         per_row = (steps * mask).sum(dim=1).tolist()

@@ -8,9 +8,15 @@ One value type names every way of running an N⊗R model:
                     readout step z(q) (the Ouro gate: no compute is saved)
     skip:q          tokens leave at z(q) and skip the deeper loops for real (CHASE)
     dense / skip with given exit steps (CHASE's depth holes, oracle benchmarks)
+    dense-RULE:t    the exit-policy zoo: zero-shot rules that need no trained gate and
+    skip-RULE:t     read each step's next-token distribution p^(r) = softmax(head(h^(r)))
+                    entropy:τ  exit after step r < R when H(p^(r)) < τ (nats)
+                    kl:τ       when KL(p^(r) ‖ p^(r-1)) < τ (nats; Huginn's criterion)
+                    stable:k   when argmax p^(r) has been the same for k steps
 
-A policy knows its spec (`skip:0.4`, parsed back by `ExitPolicy.parse`), its label
-for people (`skip q=0.4`) and its metric prefix (`skip_q0.4_`); the tracking
+A policy knows its spec (`skip:0.4`, `skip-entropy:2.5`, parsed back by
+`ExitPolicy.parse`), its label for people (`skip q=0.4`, `skip entropy<2.5`) and its
+metric prefix (`skip_q0.4_`, `skip_entropy2.5_`); the tracking
 contract (looplab/tracking.py) composes metric names from it and analysis parses
 them back through `ExitPolicy.from_prefix`. Forward, evaluation, lm-eval and the
 benchmarks take one policy instead of loose keywords.
@@ -20,11 +26,15 @@ step r the gate gives λ^(r) = σ(a^(r)), the exit CDF grows as
 F^(r) = F^(r-1) + S^(r-1) λ^(r) with survival S^(r) = S^(r-1)(1 − λ^(r)), and a
 token's exit step is z(q) = min{r : F^(r) ≥ q}, or R if no step reaches q. Dense and
 skip execution, the one-pass readout evaluation and the tests all use this class, so
-they decide alike, bit for bit.
+they decide alike, bit for bit. The zoo's rules are implemented once each, here too
+(`EntropyBelow`, `KLBelow`, `StableArgmax`), with the conventions they document
+(strict inequalities; KL never exits at step 1; stable counts steps r-k+1..r).
+Every rule exits at step r < R only: a token no rule sends out leaves at R.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -38,12 +48,50 @@ FULL, FORCED, DENSE, SKIP = "full", "forced", "dense", "skip"
 DEFAULT_QS = (0.2, 0.4, 0.6, 0.8, 1.0)  # the paper's threshold grid (App. G)
 EXECUTIONS = (FULL, FORCED, DENSE, SKIP)
 GATE, GIVEN = "gate", "given"
+# The zoo: zero-shot rules on each step's next-token distribution (see the module docstring).
+ENTROPY, KL, STABLE = "entropy", "kl", "stable"
+ZOO_RULES = (ENTROPY, KL, STABLE)
+
+
+def zoo_kind(execution: str, rule: str) -> str:
+    """A zoo policy's kind, its spec without the value: skip-entropy, dense-kl, ..."""
+    return f"{execution}-{rule}"
+
+
+ZOO_KINDS = tuple(zoo_kind(e, r) for r in ZOO_RULES for e in (DENSE, SKIP))
+# Default threshold grids a sweep can evaluate: entropy and KL in nats (loosest last:
+# larger τ exits earlier), stable's window k in steps (smaller k exits earlier).
+ZOO_GRIDS = {ENTROPY: (0.25, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0),
+             KL: (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1),
+             STABLE: (4, 3, 2)}
+# How a zoo policy's label reads, after its execution: skip entropy<2.5, dense KL<0.01,
+# skip stable k=2 (analysis builds its point labels from these too).
+ZOO_LABELS = {ENTROPY: "entropy<{}", KL: "KL<{}", STABLE: "stable k={}"}
 
 
 def number_name(value: float) -> str:
     """0.4 -> '0.4', 1.0 -> '1.0', 0.25 -> '0.25': short, stable names."""
     text = f"{float(value):.4f}".rstrip("0")
     return text + "0" if text.endswith(".") else text
+
+
+def _zoo_value(rule: str, value):
+    """A zoo rule's threshold, checked: stable's window k an integer >= 2 (k = 1 would
+    send every token out at step 1); entropy's and KL's τ a number >= 0 that its
+    name keeps (at most 4 decimals), so spec and metric name parse back to it."""
+    if rule == STABLE:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 2:
+            raise ConfigError(f"policy stable k={value!r} is invalid; allowed: an integer >= 2")
+        return value
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0
+            or float(number_name(value)) != float(value)):
+        raise ConfigError(f"policy {rule} threshold={value!r} is invalid; allowed: a number >= 0 (nats) with at "
+                          "most 4 decimals")
+    return float(value)
+
+
+def _value_name(rule: str, value) -> str:
+    return str(value) if rule == STABLE else number_name(value)
 
 
 @dataclass(frozen=True)
@@ -53,9 +101,10 @@ class ExitPolicy:
     raises ConfigError with one line naming it."""
 
     execution: str = FULL  # full | forced | dense | skip
-    rule: str = ""  # dense / skip: gate (threshold q) | given (exit_at)
+    rule: str = ""  # dense / skip: gate (threshold q) | given (exit_at) | entropy | kl | stable (threshold)
     q: float | None = None  # the gate's threshold (rule gate)
     depth: int | None = None  # forced: the loops every token runs
+    threshold: float | int | None = None  # zoo rules: entropy's / KL's τ in nats, stable's window k
     # rule given: (B, L) exit steps in 1..R. Not part of the policy's identity
     # (a tensor has no stable name); policies with given exits are never logged.
     exit_at: Any = field(default=None, compare=False, repr=False)  # torch.Tensor
@@ -72,12 +121,21 @@ class ExitPolicy:
             elif self.rule == GIVEN:
                 if getattr(self.exit_at, "dim", lambda: 0)() != 2:
                     raise ConfigError("policy exit_at is invalid; allowed: a (B, L) tensor of exit steps in 1..R")
+            elif self.rule in ZOO_RULES:
+                object.__setattr__(self, "threshold", _zoo_value(self.rule, self.threshold))
             else:
-                raise ConfigError(f"policy rule={self.rule!r} is invalid; allowed: {GATE} | {GIVEN}")
+                raise ConfigError(f"policy rule={self.rule!r} is invalid; allowed: "
+                                  f"{' | '.join((GATE, GIVEN, *ZOO_RULES))}")
         elif self.execution == FORCED:
             d = self.depth
             if isinstance(d, bool) or not isinstance(d, int) or d < 1:
                 raise ConfigError(f"policy depth={d!r} is invalid; allowed: an integer >= 1")
+        # One value field per rule, so that equal policies compare (and hash) equal.
+        if self.q is not None and self.rule != GATE:
+            raise ConfigError(f"policy q={self.q!r} is invalid for rule {self.rule!r}; allowed: q with rule {GATE}")
+        if self.threshold is not None and self.rule not in ZOO_RULES:
+            raise ConfigError(f"policy threshold={self.threshold!r} is invalid for rule {self.rule!r}; allowed: "
+                              f"threshold with rules {' | '.join(ZOO_RULES)}")
 
     # ---- constructors -------------------------------------------------------------
     @classmethod
@@ -103,34 +161,56 @@ class ExitPolicy:
             raise ConfigError(f"given exits need execution dense | skip, not {execution!r}")
         return cls(execution, GIVEN, exit_at=exit_at)
 
+    @classmethod
+    def zoo(cls, rule: str, value: float | int, execution: str = SKIP) -> "ExitPolicy":
+        """A zero-shot rule of the zoo (entropy:τ, kl:τ, stable:k) in dense or skip execution."""
+        if execution not in (DENSE, SKIP):
+            raise ConfigError(f"policy execution={execution!r} is invalid for rule {rule!r}; allowed: dense | skip")
+        return cls(execution, rule, threshold=value)
+
     # ---- names ----------------------------------------------------------------------
     @property
+    def kind(self) -> str:
+        """The spec without its value: full | forced | dense | skip | dense-entropy |
+        skip-entropy | ... (analysis's `policy` column: one series per kind)."""
+        return zoo_kind(self.execution, self.rule) if self.rule in ZOO_RULES else self.execution
+
+    @property
     def spec(self) -> str:
-        """The parseable name: full, forced:2, dense:0.4, skip:0.4 (skip:given is not parseable)."""
+        """The parseable name: full, forced:2, dense:0.4, skip:0.4, skip-entropy:2.5,
+        dense-kl:0.01, skip-stable:2 (skip:given is not parseable)."""
         if self.execution == FULL:
             return FULL
         if self.execution == FORCED:
             return f"{FORCED}:{self.depth}"
+        if self.rule in ZOO_RULES:
+            return f"{self.kind}:{_value_name(self.rule, self.threshold)}"
         return f"{self.execution}:{GIVEN if self.rule == GIVEN else number_name(self.q)}"
 
     @property
     def label(self) -> str:
-        """For people: 'full depth', 'forced d=2', 'skip q=0.4'."""
+        """For people: 'full depth', 'forced d=2', 'skip q=0.4', 'skip entropy<2.5',
+        'dense KL<0.01', 'skip stable k=2'."""
         if self.execution == FULL:
             return "full depth"
         if self.execution == FORCED:
             return f"forced d={self.depth}"
+        if self.rule in ZOO_RULES:
+            return f"{self.execution} " + ZOO_LABELS[self.rule].format(_value_name(self.rule, self.threshold))
         return f"{self.execution} " + ("given exits" if self.rule == GIVEN else f"q={number_name(self.q)}")
 
     @property
     def metric_prefix(self) -> str:
-        """What the policy's evaluation metrics start with: val_, forced_d2_, skip_q0.4_."""
+        """What the policy's evaluation metrics start with: val_, forced_d2_, skip_q0.4_,
+        skip_entropy2.5_, dense_kl0.01_, skip_stable2_."""
         if self.execution == FULL:
             return "val_"
         if self.execution == FORCED:
             return f"forced_d{self.depth}_"
         if self.rule == GIVEN:
             raise ConfigError("a policy with given exit steps has no metric name (it is never logged)")
+        if self.rule in ZOO_RULES:
+            return f"{self.execution}_{self.rule}{_value_name(self.rule, self.threshold)}_"
         return f"{self.execution}_q{number_name(self.q)}_"
 
     def __str__(self) -> str:
@@ -142,20 +222,27 @@ class ExitPolicy:
     # ---- parsing back -------------------------------------------------------------------
     @classmethod
     def parse(cls, spec: str) -> "ExitPolicy":
-        """The inverse of `spec`: 'full' | 'forced:D' | 'dense:Q' | 'skip:Q'."""
+        """The inverse of `spec`: 'full' | 'forced:D' | 'dense:Q' | 'skip:Q' |
+        '<dense|skip>-entropy:T' | '<dense|skip>-kl:T' | '<dense|skip>-stable:K'."""
         text = str(spec).strip()
-        execution, _, value = text.partition(":")
-        try:
-            if execution == FULL and not value:
-                return cls.full()
-            if execution == FORCED and value:
-                return cls.forced(int(value))
-            if execution in (DENSE, SKIP) and value:
-                return cls(execution, GATE, q=float(value))
+        kind, _, value = text.partition(":")
+        execution, dash, rule = kind.partition("-")
+        if kind == FULL and not value:
+            return cls.full()
+        zoo = bool(dash) and execution in (DENSE, SKIP) and rule in ZOO_RULES
+        try:  # a value of the wrong form is the generic error below; one out of range, its own
+            number = int(value) if kind == FORCED or (zoo and rule == STABLE) else float(value)
         except ValueError:
-            pass
-        raise ConfigError(f"policy {text!r} is invalid; allowed: full | forced:D | dense:Q | skip:Q "
-                          "(e.g. skip:0.4, forced:2)")
+            number = None
+        if number is not None and kind == FORCED:
+            return cls.forced(number)
+        if number is not None and kind in (DENSE, SKIP):
+            return cls(execution, GATE, q=number)
+        if number is not None and zoo:
+            return cls.zoo(rule, number, execution)
+        raise ConfigError(f"policy {text!r} is invalid; allowed: full | forced:D | dense:Q | skip:Q | "
+                          "dense-entropy:T | skip-entropy:T | dense-kl:T | skip-kl:T | dense-stable:K | "
+                          "skip-stable:K (e.g. skip:0.4, forced:2, skip-entropy:2.5, skip-stable:2)")
 
     @classmethod
     def from_prefix(cls, prefix: str) -> "ExitPolicy | None":
@@ -167,6 +254,8 @@ class ExitPolicy:
             return cls.full()
         if m["depth"]:
             return cls.forced(int(m["depth"]))
+        if m["rule"]:
+            return cls.parse(f"{zoo_kind(m['execution'], m['rule'])}:{m['q']}")
         return cls(m["execution"], GATE, q=float(m["q"]))
 
     # ---- what running it costs -----------------------------------------------------------
@@ -191,31 +280,41 @@ class ExitPolicy:
 
 
 # The metric prefixes, as one regular expression with named groups (analysis parses
-# metric names with it, in polars too): val_ | forced_d<D>_ | <dense|skip>_q<Q>_.
+# metric names with it, in polars too): val_ | forced_d<D>_ | <dense|skip>_q<Q>_ |
+# <dense|skip>_<entropy|kl|stable><T>_. Groups: val, depth, execution, rule (the zoo
+# rule; empty for the gate) and q (the gate's q, or the zoo rule's τ or k).
 PREFIX_PATTERN = re.compile(
-    r"(?:(?P<val>val_)|forced_d(?P<depth>[0-9]+)_|(?P<execution>dense|skip)_q(?P<q>[0-9]+(?:\.[0-9]+)?)_)")
+    r"(?:(?P<val>val_)|forced_d(?P<depth>[0-9]+)_|(?P<execution>dense|skip)_"
+    rf"(?:q|(?P<rule>{'|'.join(ZOO_RULES)}))(?P<q>[0-9]+(?:\.[0-9]+)?)_)")
 
 
 def parse_policies(text: str) -> list[ExitPolicy]:
-    """A grid of policies: 'dense:0.2,0.4;skip:0.4;forced:1-4;full' — groups separated
-    by ';', each an execution with comma-separated values (forced takes ranges D1-D2)."""
+    """A grid of policies: 'dense:0.2,0.4;skip:0.4;forced:1-4;full;skip-entropy:1.0,2.0;
+    dense-kl:0.01;skip-stable:2-3' — groups separated by ';', each a kind with
+    comma-separated values (forced and stable take integer ranges A-B)."""
     policies: list[ExitPolicy] = []
     for group in (g.strip() for g in str(text).split(";")):
         if not group:
             continue
-        execution, _, values = group.partition(":")
-        if execution == FULL or not values:
+        kind, _, values = group.partition(":")
+        if kind == FULL or not values:
             policies.append(ExitPolicy.parse(group))
             continue
         for value in (v.strip() for v in values.split(",") if v.strip()):
             lo, dash, hi = value.partition("-")
-            if execution == FORCED and dash and lo.isdigit() and hi.isdigit():
-                policies.extend(ExitPolicy.forced(d) for d in range(int(lo), int(hi) + 1))
+            if (kind == FORCED or kind.endswith("-" + STABLE)) and dash and lo.isdigit() and hi.isdigit():
+                policies.extend(ExitPolicy.parse(f"{kind}:{d}") for d in range(int(lo), int(hi) + 1))
             else:
-                policies.append(ExitPolicy.parse(f"{execution}:{value}"))
+                policies.append(ExitPolicy.parse(f"{kind}:{value}"))
     if not policies:
-        raise ConfigError(f"policies {text!r} is invalid; allowed: e.g. dense:0.2,0.4;skip:0.4;forced:1-4")
+        raise ConfigError(f"policies {text!r} is invalid; allowed: e.g. dense:0.2,0.4;skip:0.4;forced:1-4;"
+                          "skip-entropy:1.0,2.0")
     return list(dict.fromkeys(policies))  # in order, each once
+
+
+# What a rule reads after each step r < R: the gate's logits (B, L), or the step's
+# next-token logits (B, L, V) = model.logits(h^(r)).
+GATE_LOGITS, STEP_LOGITS = "gate_logits", "step_logits"
 
 
 class GateThreshold:
@@ -224,6 +323,8 @@ class GateThreshold:
     update(gate_logit) after step r < R returns where F^(r) ≥ q; the caller records a
     token's first such step as its exit. The arithmetic is identical in every caller:
     float32 whatever the model's dtype."""
+
+    reads = GATE_LOGITS
 
     def __init__(self, like: torch.Tensor, q: float):
         import torch
@@ -252,3 +353,114 @@ def threshold_exit_steps(gate_logits: torch.Tensor, q: float) -> torch.Tensor:
     for r in range(1, n_loops):
         exit_step = torch.where(rule.update(gate_logits[r - 1]) & (exit_step == n_loops), r, exit_step)
     return exit_step
+
+
+class StepLogitsRule:
+    """A zoo rule: after each step r < R it reads the step's next-token logits (B, L, V)
+    (model.logits(h^(r)); under skip, of the scattered full state, exited tokens'
+    frozen ones included), reduces them to a per-token statistic (B, L) and compares
+    it with the policy's threshold. update(logits) -> reached (B, L) bool; the caller
+    records a token's first such step as its exit (under skip, among active tokens).
+
+    The statistic and the decision are separate so that one dense pass can serve a
+    whole threshold grid (looplab/evaluate.py: the statistic once per step, one
+    decision per threshold); update() is the two in sequence, and execution calls it.
+
+    Cost: the LM head on every token at every step r < R, plus the statistic (and
+    KL's (B, L, V) copy of the previous step). That is the rule's price, not backbone
+    work: it is counted nowhere in backbone FLOPs or executed loops. The statistic is
+    computed in float32 at least (the model's dtype when wider), on logits detached
+    from the graph: a rule decides, it is not trained."""
+
+    reads = STEP_LOGITS
+
+    def __init__(self, like: torch.Tensor | None, value: float | int):
+        self.value = value
+        self._state = None
+
+    def update(self, logits: torch.Tensor) -> torch.Tensor:
+        statistic, self._state = self.statistic(logits, self._state)
+        return self.decide(statistic)
+
+    @staticmethod
+    def statistic(logits: torch.Tensor, state):
+        """(statistic (B, L), the state the next step needs) from this step's logits."""
+        raise NotImplementedError
+
+    def decide(self, statistic: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+def _log_probs(logits: torch.Tensor) -> torch.Tensor:
+    import torch
+
+    return torch.log_softmax(logits.detach().to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+
+
+class EntropyBelow(StepLogitsRule):
+    """entropy:τ — exit after step r < R where H(p^(r)) = −Σ_v p_v log p_v < τ (nats,
+    strict: H = τ stays; τ = 0 never exits). log_softmax keeps log p ≤ 0, so every
+    term is ≥ 0 and so is H."""
+
+    @staticmethod
+    def statistic(logits, state):
+        logp = _log_probs(logits)
+        return -(logp.exp() * logp).sum(-1), None
+
+    def decide(self, statistic):
+        return statistic < self.value
+
+
+class KLBelow(StepLogitsRule):
+    """kl:τ — exit after step r < R where KL(p^(r) ‖ p^(r-1)) = Σ_v p^(r)_v (log p^(r)_v
+    − log p^(r-1)_v) < τ (nats, strict). At step 1 there is no previous step: its KL is
+    +inf, so this rule never exits at step 1 (the earliest exit is step 2). Rounding
+    can make a KL of equal distributions slightly negative; it is clamped at 0, so
+    τ = 0 never exits."""
+
+    @staticmethod
+    def statistic(logits, state):
+        import torch
+
+        logp = _log_probs(logits)
+        if state is None:
+            return torch.full(logp.shape[:-1], float("inf"), dtype=logp.dtype, device=logp.device), logp
+        return (logp.exp() * (logp - state)).sum(-1).clamp_min(0.0), logp
+
+    def decide(self, statistic):
+        return statistic < self.value
+
+
+class StableArgmax(StepLogitsRule):
+    """stable:k — exit after step r < R where the next-token argmax has been the same at
+    the k consecutive steps r-k+1, ..., r (k >= 2; the earliest exit is step k, so
+    k >= R never exits early). The statistic is the run length: 1 at step 1, then +1
+    when the step's argmax equals the previous step's, else back to 1; exit where it
+    is >= k. Ties among maximal logits go to the lowest token id (torch.argmax returns
+    the first maximal index), on the logits upcast to float32 at least."""
+
+    @staticmethod
+    def statistic(logits, state):
+        import torch
+
+        top = logits.detach().to(torch.promote_types(logits.dtype, torch.float32)).argmax(dim=-1)
+        if state is None:
+            run = torch.ones_like(top)
+        else:
+            previous, run = state
+            run = torch.where(top == previous, run + 1, torch.ones_like(run))
+        return run, (top, run)
+
+    def decide(self, statistic):
+        return statistic >= self.value
+
+
+EXIT_RULES = {GATE: GateThreshold, ENTROPY: EntropyBelow, KL: KLBelow, STABLE: StableArgmax}
+
+
+def exit_rule(policy: ExitPolicy, like: torch.Tensor):
+    """The rule object deciding `policy`'s exits step by step (gate or zoo rule), fresh
+    for one forward over tokens shaped like `like` (B, L)."""
+    if policy.rule not in EXIT_RULES:
+        raise ConfigError(f"policy {policy.spec!r} has no exit rule; allowed: rules {' | '.join(EXIT_RULES)}")
+    return EXIT_RULES[policy.rule](like, policy.q if policy.rule == GATE else policy.threshold)

@@ -14,7 +14,8 @@ Metrics:
   training    TRAIN_METRICS per logged step, plus the stage's own diagnostics
               (hole_branch, hole_q, executed_loops, exit_prob) under their own names
   evaluation  <policy prefix><quantity>: the policy's metric prefix (looplab/policy.py:
-              val_ for full depth, forced_d<D>_, dense_q<Q>_, skip_q<Q>_) and one of
+              val_ for full depth, forced_d<D>_, dense_q<Q>_, skip_q<Q>_, and the zoo's
+              <dense|skip>_<entropy|kl|stable><T>_, e.g. skip_entropy2.5_) and one of
               EVAL_QUANTITIES, e.g. val_ppl, skip_q0.4_executed_loops, forced_d2_accuracy;
               lm-eval scores are the quantity lm_eval.<task> (the task's suite accuracy,
               a fraction) and lm_eval_avg, e.g. skip_q0.4_lm_eval.piqa
@@ -101,7 +102,7 @@ BENCH_METRICS = ("speedup", "ideal_speedup", "mean_executed_loops", "batch_max_s
 
 _QUANTITY = "|".join(re.escape(q) for q in EVAL_QUANTITIES)
 # One regular expression for every evaluation metric name (analysis runs it in polars
-# too): the policy prefix's groups (val, depth, execution, q) and the quantity.
+# too): the policy prefix's groups (val, depth, execution, rule, q) and the quantity.
 METRIC_PATTERN = re.compile(
     rf"^{PREFIX_PATTERN.pattern}(?P<quantity>{_QUANTITY}|{re.escape(LM_EVAL_AVG)}|{re.escape(LM_EVAL)}\S+)$")
 
@@ -116,7 +117,8 @@ def lm_eval_quantity(task: str) -> str:
 
 
 def parse_metric(name: str) -> tuple[ExitPolicy, str] | None:
-    """'skip_q0.4_ppl' -> (skip:0.4, 'ppl'); 'val_lm_eval.piqa' -> (full, 'lm_eval.piqa');
+    """'skip_q0.4_ppl' -> (skip:0.4, 'ppl'); 'skip_entropy2.5_ppl' -> (skip-entropy:2.5, 'ppl');
+    'val_lm_eval.piqa' -> (full, 'lm_eval.piqa');
     anything that is not an evaluation metric -> None."""
     m = METRIC_PATTERN.match(name)
     if m is None:

@@ -185,6 +185,37 @@ def test_writer_and_reader_share_the_metric_names(tmp_path):
     assert set(s1["method"].to_list()) == {"Ouro"} and s1["stage_seconds"].to_list()[0] == 20.0
 
 
+def test_zoo_points_are_their_own_series(tmp_path):
+    """Zoo policies (skip-entropy:2.5, dense-kl:0.01, skip-stable:2), logged by the
+    platform's writer next to the gate's skip:0.4, read back as points whose policy is
+    the zoo kind (one series each), whose q holds the threshold and whose point label
+    is the policy's own label."""
+    from analysis.load import load_runs
+    from analysis.points import evaluation_points
+    from looplab import tracking
+    from looplab.policy import ExitPolicy
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    mc = tracking.client(uri)
+    exp_id = tracking.ensure_experiment(mc, "zoo", tmp_path / "mlflow")
+    cfg = fx.stage_configs("Ouro", 0, 0.25, tmp_path)[0]
+    trial, _ = tracking.open_run(mc, exp_id, name="trial", tags=tracking.config_tags(cfg, level=tracking.TRIAL),
+                                 key={tracking.LEVEL: tracking.TRIAL, tracking.STAGE_KEY: cfg.stage_key()},
+                                 params=tracking.config_params(cfg))
+    specs = ["full", "skip:0.4", "skip-entropy:2.5", "skip-entropy:0.5", "dense-kl:0.01", "skip-stable:2"]
+    tracking.log_record(mc, trial, {"kind": "eval", "step": 40, "policies": [
+        {"policy": s, "ppl": 10.0 + i, "executed_loops": 1.0 + i / 10} for i, s in enumerate(specs)]})
+    tracking.close_run(mc, trial, ok=True)
+    points = evaluation_points(load_runs(uri, ["zoo"]))
+    got = {(r["policy"], r["q"]): (r["point"], r["ppl"], r["executed_loops"]) for r in points.iter_rows(named=True)}
+    for i, spec in enumerate(specs[1:], start=1):
+        policy = ExitPolicy.parse(spec)
+        value = policy.q if policy.q is not None else policy.threshold
+        assert got[(policy.kind, value)] == (policy.label, 10.0 + i, pytest.approx(1.0 + i / 10)), spec
+    assert got[("skip-entropy", 2.5)][0] == "skip entropy<2.5" and got[("skip-stable", 2.0)][0] == "skip stable k=2"
+    assert points.filter(pl.col("policy") == "skip").height == 1  # the gate's series holds the gate's points only
+
+
 # ---- end to end -----------------------------------------------------------------------
 
 

@@ -2,7 +2,8 @@
 
 full / forced:d  every token runs exactly R / d steps.
 dense            every token runs all R steps; the policy's exit step only picks the
-                 readout step (the threshold rule z(q), or given exit steps).
+                 readout step (the threshold rule z(q), a zoo rule on the steps'
+                 next-token distributions, or given exit steps).
 skip             at step r only the active tokens A_r run: each sequence's survivors
                  are packed in their original causal order, stepped with their true
                  positions, and scattered back. Exited tokens keep their frozen hidden
@@ -24,7 +25,7 @@ from typing import Callable
 import torch
 
 from looplab.config import ConfigError
-from looplab.policy import DENSE, GATE, GIVEN, ExitPolicy, GateThreshold
+from looplab.policy import DENSE, EXIT_RULES, GATE_LOGITS, GIVEN, STEP_LOGITS, ExitPolicy, exit_rule
 
 StepHook = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
 FULL_DEPTH = ExitPolicy.full()
@@ -44,19 +45,30 @@ class Execution:
 
 class _Exits:
     """Where a policy sends tokens out: after step r < R, which tokens (B, L) reach
-    their exit. The gate's threshold rule needs the gate's logits; given and forced
-    exits are fixed steps."""
+    their exit. A rule decides step by step (looplab/policy.py: the gate's threshold
+    rule reads the gate's logits; the zoo's zero-shot rules read the step's
+    next-token logits, which _Exits computes from h with the model's head); given and
+    forced exits are fixed steps."""
 
-    def __init__(self, policy: ExitPolicy, like: torch.Tensor, n_loops: int):
-        self.needs_gate = policy.rule == GATE
-        if self.needs_gate:
-            self._rule = GateThreshold(like, policy.q)
-        else:
+    def __init__(self, policy: ExitPolicy, like: torch.Tensor, n_loops: int, model=None):
+        self._rule = exit_rule(policy, like) if policy.rule in EXIT_RULES else None
+        self.needs_gate = self._rule is not None and self._rule.reads == GATE_LOGITS
+        self._head = None
+        if self._rule is not None and self._rule.reads == STEP_LOGITS:
+            if model is None:
+                raise ConfigError(f"policy {policy.spec!r} reads each step's logits, which needs the model")
+            self._head = model.logits
+        if self._rule is None:
             steps = policy.exit_at if policy.rule == GIVEN else torch.full_like(like, policy.loops_run(n_loops))
             self._steps = steps.to(like.device)
 
-    def reached(self, r: int, gate_logit: torch.Tensor | None) -> torch.Tensor:
-        return self._rule.update(gate_logit) if self.needs_gate else self._steps == r
+    def reached(self, r: int, gate_logit: torch.Tensor | None, h: torch.Tensor | None = None) -> torch.Tensor:
+        if self._rule is None:
+            return self._steps == r
+        if self.needs_gate:
+            return self._rule.update(gate_logit)
+        with torch.no_grad():  # a decision, not a loss: no graph through the head
+            return self._rule.update(self._head(h))
 
 
 def pack_indices(active: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,7 +132,7 @@ def execute(model, ids: torch.Tensor, policy: ExitPolicy = FULL_DEPTH, *, positi
         raise ConfigError(f"readout={readout!r} is invalid; allowed: all | last | none")
 
     h = model.embed(ids)
-    exits = _Exits(policy, ids, R)
+    exits = _Exits(policy, ids, R, model)
     if policy.execution == DENSE:
         out = _dense(model, h, positions, exits, keep_steps, gate_grad)
     else:
@@ -153,7 +165,7 @@ def _dense(model, h, positions, exits: _Exits, keep_steps, gate_grad) -> Executi
             if keep_steps:
                 gates.append(a)
             undecided = exit_step == R  # a token's first step reaching its exit is its exit
-            exit_step = torch.where(exits.reached(r, a) & undecided, r, exit_step)
+            exit_step = torch.where(exits.reached(r, a, h) & undecided, r, exit_step)
         readout = torch.where((exit_step == r).unsqueeze(-1), h, readout)
     return Execution(
         logits=None, hidden=readout, exit_step=exit_step, executed_loops=float(R),
@@ -191,7 +203,7 @@ def _packed(model, h, positions, mask, exits: _Exits, keep_steps, gate_grad, on_
             a = _gate(model, h, gate_grad) if (exits.needs_gate or keep_steps) else None
             if a is not None and keep_steps:
                 gates.append(a)
-            leaving = active & exits.reached(r, a)
+            leaving = active & exits.reached(r, a, h)
             exit_step = torch.where(leaving, r, exit_step)
             active = active & ~leaving
             if on_step is not None:
