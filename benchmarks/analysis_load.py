@@ -36,7 +36,8 @@ from pathlib import Path
 
 from looplab import tracking
 from looplab.presets import get_preset
-from looplab.stages import STAGE_NAMES, stage_config
+from looplab.presets import stage_config
+from looplab.stages import STAGE_NAMES
 
 EXPERIMENT = "bench_sweep-debug"
 QS = (0.2, 0.4, 0.6, 0.8, 1.0)

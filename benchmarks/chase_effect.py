@@ -25,7 +25,7 @@ from looplab.config import apply_overrides, parse_value
 from looplab.evaluate import evaluate_policy
 from looplab.policy import ExitPolicy
 from looplab.presets import get_preset
-from looplab.stages import stage_config
+from looplab.presets import stage_config
 from looplab.tasks import make_task
 from looplab.train import train
 

@@ -97,8 +97,8 @@ def _experiment(args):
     --init checkpoint recorded."""
     from looplab.checkpoint import parent_ref, verify_checkpoint
     from looplab.config import config_key
-    from looplab.presets import get_preset
-    from looplab.stages import get_stage, stage_config
+    from looplab.presets import get_preset, stage_config
+    from looplab.stages import get_stage
 
     try:
         cfg = get_preset(args.preset)
@@ -109,7 +109,7 @@ def _experiment(args):
     if get_stage(stage).continues and not init:
         raise ConfigError(f"--stage {stage} needs --init CHECKPOINT (the parent stage it continues)")
     if init and not get_stage(stage).continues:
-        raise ConfigError(f"--init applies to continued stages; allowed: --stage stage1 | chase | stage2")
+        raise ConfigError("--init applies to continued stages; allowed: --stage stage1 | chase | stage2")
     if init:
         verify_checkpoint(init, argument="--init", recover="pass the checkpoint of a trained parent stage")
     overrides = _overrides(getattr(args, "overrides", []))

@@ -22,24 +22,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Union
 
+from looplab.errors import ConfigError, check, invalid
+from looplab.stages import STAGE_NAMES, get_stage
 
-class ConfigError(ValueError):
-    """A config value outside its allowed range. The message is one line:
-    "<name>=<value> is invalid; allowed: <allowed>". Raised through `check`, it keeps
-    name, value and allowed, so a command line can say it in terms of its own flag
-    (`renamed`) instead of the config field the flag reached."""
-
-    def __init__(self, message: str, *, name: str | None = None, value: Any = None, allowed: str | None = None):
-        super().__init__(message)
-        self.name, self.value, self.allowed = name, value, allowed
-
-    def renamed(self, name: str, value: Any) -> "ConfigError":
-        """The same complaint about the argument `name` with its own `value`."""
-        return invalid(name, value, self.allowed or str(self))
-
-
-def invalid(name: str, value: Any, allowed: str) -> ConfigError:
-    return ConfigError(f"{name}={value!r} is invalid; allowed: {allowed}", name=name, value=value, allowed=allowed)
+__all__ = ["ConfigError", "ExperimentConfig", "ParentRef", "apply_overrides", "check", "invalid"]
 
 
 KEY = "key"  # field metadata: the field can change a run's result, so it enters the run's key
@@ -63,11 +49,6 @@ def key_values(obj: Any) -> dict[str, Any]:
 def unkeyed_fields(cls: type) -> list[str]:
     """The fields of a config class that never enter a key."""
     return [f.name for f in dataclasses.fields(cls) if not f.metadata.get(KEY)]
-
-
-def check(ok: bool, name: str, value: Any, allowed: str) -> None:
-    if not ok:
-        raise invalid(name, value, allowed)
 
 
 def _is_int(v: Any) -> bool:
@@ -393,8 +374,6 @@ class ExperimentConfig:
     preset: str = ""  # the preset it derives from, for people reading configs (never in a key)
 
     def __post_init__(self) -> None:
-        from looplab.stages import STAGE_NAMES, get_stage  # the registry imports this module
-
         _choice(self, "stage", STAGE_NAMES)
         stage = get_stage(self.stage)
         if stage.continues:
@@ -441,8 +420,6 @@ class ExperimentConfig:
         """Exactly what can change this stage's result: its stage, the keyed fields of
         model, task and train and of the sections its stage reads, and its parent's
         key (its group hash when the seed is left out)."""
-        from looplab.stages import get_stage
-
         payload: dict[str, Any] = {"stage": self.stage, "model": key_values(self.model),
                                    "task": key_values(self.task), "train": key_values(self.train)}
         for section in get_stage(self.stage).reads:
@@ -521,6 +498,7 @@ def apply_overrides(cfg: ExperimentConfig, overrides: dict[str, Any]) -> Experim
     vocab_follows_task = cfg.model.vocab_size == cfg.task.vocab_size and not any(
         k in ("model.vocab_size", "vocab_size") for k in overrides)
     sections = ("model", "train", "task", "exit", "hole")
+    original_arch = d["model"]["arch"]
     for key, value in overrides.items():
         section, _, name = key.rpartition(".")
         if not section and name in ("stage", "parent"):
@@ -540,7 +518,7 @@ def apply_overrides(cfg: ExperimentConfig, overrides: dict[str, Any]) -> Experim
             continue
         check(name in d[section], f"{section}.{name}", value, "one of " + ", ".join(sorted(d[section])))
         d[section][name] = value
-        if section == "model" and name == "arch":
+        if section == "model" and name == "arch" and value != original_arch:
             # Arch-dependent defaults follow the new arch unless set explicitly.
             given = {k.rpartition(".")[2] for k in overrides}
             if "d_intermediate" not in given:

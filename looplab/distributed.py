@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from looplab.config import ConfigError
+from looplab.errors import ConfigError
 
 
 @dataclass(frozen=True)

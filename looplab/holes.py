@@ -9,7 +9,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from looplab.config import HoleConfig
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the configs import the tasks and this module stays below them
+    from looplab.config import HoleConfig
 
 
 def take_hole_branch(rng: np.random.Generator, cfg: HoleConfig) -> bool:

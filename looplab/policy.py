@@ -39,7 +39,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from looplab.config import ConfigError
+from looplab.errors import ConfigError
 
 if TYPE_CHECKING:  # torch is imported where tensors are used: analysis reads policy names without it
     import torch

@@ -4,20 +4,29 @@ Sizes: `debug` / `*-debug` train in seconds on a CPU, `*-local` in minutes on a 
 paper presets carry the settings of App. B–E (the continued stages' optimiser recipes
 live with the stages, looplab/stages.py; their step budgets per preset here).
 Experiments derive from a preset with `dataclasses.replace` or
-`config.apply_overrides`, and a stage's config with `stages.stage_config`.
+`config.apply_overrides`, and a stage's config with `stage_config` (the one
+precedence rule: preset < stage recipe < sweep-wide < per-stage overrides).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable
+from typing import Any, Callable
 
-from looplab.config import ExperimentConfig, invalid, ManoConfig, ModelConfig, PhopConfig, TextConfig, TrainConfig
+from looplab.config import (ExperimentConfig, ManoConfig, ModelConfig, ParentRef, PhopConfig, TextConfig, TrainConfig,
+                            apply_overrides, invalid)
+from looplab.stages import get_stage
 
 PRESETS: dict[str, Callable[[], ExperimentConfig]] = {}
 # The preset's step budget of each continued stage (the paper's, App. E); a stage
 # without one trains as many steps as the preset's pre-training.
 STAGE_BUDGETS: dict[str, dict[str, int]] = {}
+# Presets that are one family's variants for a value of a field a sweep varies: a
+# sweep that switches model.arch on paper-140m trains paper-140m-transformer (App. D's
+# d_intermediate 640, the hybrid's attention indices), one that varies task.L on a Mano
+# preset trains each level with its own App. B recipe. family -> {(key, value): preset}.
+VARIANTS: dict[str, dict[tuple[str, object], str]] = {}
+FAMILY: dict[str, str] = {}  # preset -> its family
 
 
 def preset(name: str, stage_steps: dict[str, int] | None = None):
@@ -38,6 +47,17 @@ def get_preset(name: str) -> ExperimentConfig:
 def stage_budget(name: str, stage: str) -> int | None:
     """The preset's step count for a continued stage, or None (the pre-training's)."""
     return STAGE_BUDGETS.get(name, {}).get(stage)
+
+
+def variant(family: str, key: str, value, name: str) -> None:
+    """Register preset `name` as `family`'s own preset for key = value."""
+    VARIANTS.setdefault(family, {})[(key, value)] = name
+    FAMILY[name] = family
+
+
+def variant_of(name: str, key: str, value) -> str | None:
+    """The preset of `name`'s family for key = value (None: the family has none)."""
+    return VARIANTS.get(FAMILY.get(name, ""), {}).get((key, value))
 
 
 def _experiment(model: ModelConfig, task, train: TrainConfig) -> ExperimentConfig:
@@ -112,9 +132,9 @@ def _mano_paper(L: int, steps: int, lr: float) -> ExperimentConfig:
     )
 
 
-preset("mano-L10")(lambda: _mano_paper(10, 80_000, 5e-4))
-preset("mano-L16")(lambda: _mano_paper(16, 110_000, 1e-4))
-preset("mano-L24")(lambda: _mano_paper(24, 200_000, 5e-5))
+for _L, _steps, _lr in ((10, 80_000, 5e-4), (16, 110_000, 1e-4), (24, 200_000, 5e-5)):
+    preset(f"mano-L{_L}")(lambda L=_L, steps=_steps, lr=_lr: _mano_paper(L, steps, lr))
+    variant("mano-paper", "task.L", _L, f"mano-L{_L}")
 
 
 @preset("mano-debug")
@@ -143,23 +163,33 @@ def mano_local() -> ExperimentConfig:
 # AdamW (0.9, 0.95), wd 0.1, cosine 8e-4 → 8e-5, warmup 10%, clip 1.0, bf16, seed
 # 3407, global batch 1024 sequences, 75k steps (150B tokens) for the Table 4 models.
 
-def _paper_lm(d_model: int, n_layers: int, arch: str, attn_idx: tuple[int, ...]) -> ExperimentConfig:
+def _paper_lm(d_model: int, n_layers: int, arch: str, attn_idx: tuple[int, ...], steps: int = 75_000
+              ) -> ExperimentConfig:
+    # App. D: the Transformer's gated MLP is 640 wide (parameter-matched to Mamba-2, not
+    # LLaMA's 8/3 d); the hybrid puts attention (no MLP, RoPE 64) at attn_idx.
     model = ModelConfig(arch=arch, d_model=d_model, n_layers=n_layers, n_loops=4, d_state=128, headdim=64,
                         expand=2, chunk_size=256, attn_head_dim=64, rope_dim=64,
                         d_intermediate=640 if arch == "transformer" else 0,
                         attn_layer_idx=attn_idx if arch == "hybrid" else ())
-    train = TrainConfig(steps=75_000, batch_size=1024, seq_len=2048, lr=8e-4, min_lr_ratio=0.1,
-                        warmup_steps=7_500, beta1=0.9, beta2=0.95, weight_decay=0.1, grad_clip=1.0,
+    train = TrainConfig(steps=steps, batch_size=1024, seq_len=2048, lr=8e-4, min_lr_ratio=0.1,
+                        warmup_steps=steps // 10, beta1=0.9, beta2=0.95, weight_decay=0.1, grad_clip=1.0,
                         eval_every=2_500, ckpt_every=2_500, seed=3407)
     return _experiment(model, TextConfig(tokenizer="mistral", dataset="climbmix"), train)
 
 
-# App. E: Stage-1 2,500 iterations, CHASE 800 (140M) / 2,000 (370M), Stage-2 600.
+# Table 4's models: 75k pre-training steps; App. E's continued stages: Stage-1 2,500
+# iterations, CHASE 800 (140M) / 2,000 (370M), Stage-2 600. Table 3's iso-FLOPs grid
+# (N ∈ {6, 12, 24} at d 768) pre-trains for 50k steps (100B tokens): paper-table3.
 for _arch, _suffix in (("mamba2", ""), ("transformer", "-transformer"), ("hybrid", "-hybrid")):
     preset(f"paper-140m{_suffix}", stage_steps={"stage1": 2500, "chase": 800, "stage2": 600})(
         lambda a=_arch: _paper_lm(768, 24, a, (5, 10, 15, 20)))
     preset(f"paper-370m{_suffix}", stage_steps={"stage1": 2500, "chase": 2000, "stage2": 600})(
         lambda a=_arch: _paper_lm(1024, 48, a, (6, 18, 30, 42)))
+    for _family in ("paper-140m", "paper-370m"):
+        variant(_family, "model.arch", _arch, f"{_family}{_suffix}")
+for _arch, _suffix in (("mamba2", ""), ("transformer", "-transformer")):
+    preset(f"paper-table3{_suffix}")(lambda a=_arch: _paper_lm(768, 24, a, (), steps=50_000))
+    variant("paper-table3", "model.arch", _arch, f"paper-table3{_suffix}")
 
 
 # Offline language models on the embedded corpus (Shakespeare + CPython's pydoc
@@ -189,3 +219,38 @@ def local() -> ExperimentConfig:
         TrainConfig(steps=120, batch_size=8, seq_len=128, lr=3e-3, warmup_steps=10, eval_every=60,
                     eval_batch_size=16, log_every=10),
     )
+
+
+# ---- a stage's config ----------------------------------------------------------------
+
+def stage_config(base: ExperimentConfig, stage: str, *, parent: ParentRef | None = None,
+                 overrides: dict[str, Any] | None = None,
+                 stage_overrides: dict[str, Any] | None = None) -> ExperimentConfig:
+    """`base` (a preset's config) as `stage`, continuing `parent`, by the precedence
+    rule of the module docstring: the stage's recipe and the preset's step budget for
+    it (presets.STAGE_BUDGETS, when the preset has one), then the sweep-wide
+    `overrides`, then this stage's `stage_overrides`; the warmup follows the stage's
+    own final steps. An override of a field the preset's family has a variant for
+    (model.arch on paper-140m, task.L on a Mano preset: presets.VARIANTS) starts from
+    that variant, so the paper's own settings for it come along."""
+    spec = get_stage(stage)
+    given = {**(overrides or {}), **(stage_overrides or {})}  # per-stage wins over sweep-wide
+    for key, value in given.items():  # a field the preset's family has its own preset for
+        other = variant_of(base.preset, key, value)
+        if other is not None and other != base.preset:
+            base = get_preset(other)
+    budget = stage_budget(base.preset, stage) if spec.continues else None
+    layers: dict[str, Any] = {"stage": stage, "parent": parent}
+    if budget is not None:
+        layers["train.steps"] = budget
+    if spec.recipe is not None:
+        layers.update(spec.recipe.overrides())
+    layers.update(given)
+    if spec.recipe is not None and not _sets(given, "warmup_steps"):
+        steps = next((v for k, v in reversed(layers.items()) if k.rpartition(".")[2] == "steps"), base.train.steps)
+        layers["train.warmup_steps"] = spec.recipe.warmup_steps(steps) if isinstance(steps, int) else steps
+    return apply_overrides(base, layers)
+
+
+def _sets(overrides: dict[str, Any], field_name: str) -> bool:
+    return any(k.rpartition(".")[2] == field_name for k in overrides)

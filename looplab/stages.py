@@ -14,13 +14,14 @@ and hashing (config.py), the CLI's --stage choices, the platform's stage order
 (trainables/pipeline.py) and analysis's method labels derive from `STAGES`; adding a
 stage is one entry here plus its loss.
 
-The precedence of settings for a stage's config (`stage_config`) is one rule:
+A stage's config derives from a preset by one precedence rule (presets.stage_config):
     preset < stage recipe (and the preset's budget for the stage) < sweep-wide overrides
            < per-stage overrides,
 and a continued stage's warmup is its recipe's fraction of its own final step count
 unless train.warmup_steps is overridden.
 
-This module imports no torch at its top (the analysis layer reads the registry).
+This module imports no torch and no config at its top (the configs validate
+themselves against it; the analysis layer reads it).
 """
 
 from __future__ import annotations
@@ -28,8 +29,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from looplab.config import ConfigError, ExperimentConfig, ParentRef, apply_overrides, check
+from typing import TYPE_CHECKING
+
+from looplab.errors import ConfigError, check
 from looplab.policy import DEFAULT_QS, ExitPolicy
+
+if TYPE_CHECKING:  # the configs validate themselves against this registry, so it imports none of them
+    from looplab.config import ExperimentConfig
 
 # Method labels recorded on every stage run (tag `method`): what a model is after it.
 METHOD_FIXED, METHOD_OURO, METHOD_CHASE = "fixed", "Ouro", "CHASE"
@@ -133,32 +139,3 @@ def method_of(lineage) -> str:
     for name in lineage:
         method = get_stage(name).method or method
     return method
-
-
-def stage_config(base: ExperimentConfig, stage: str, *, parent: ParentRef | None = None,
-                 overrides: dict[str, Any] | None = None,
-                 stage_overrides: dict[str, Any] | None = None) -> ExperimentConfig:
-    """`base` (a preset's config) as `stage`, continuing `parent`, by the precedence
-    rule of the module docstring: the stage's recipe and the preset's step budget for
-    it (presets.STAGE_BUDGETS, when the preset has one), then the sweep-wide
-    `overrides`, then this stage's `stage_overrides`; the warmup follows the stage's
-    own final steps."""
-    from looplab.presets import stage_budget
-
-    spec = get_stage(stage)
-    budget = stage_budget(base.preset, stage) if spec.continues else None
-    given = {**(overrides or {}), **(stage_overrides or {})}  # per-stage wins over sweep-wide
-    layers: dict[str, Any] = {"stage": stage, "parent": parent}
-    if budget is not None:
-        layers["train.steps"] = budget
-    if spec.recipe is not None:
-        layers.update(spec.recipe.overrides())
-    layers.update(given)
-    if spec.recipe is not None and not _sets(given, "warmup_steps"):
-        steps = next((v for k, v in reversed(layers.items()) if k.rpartition(".")[2] == "steps"), base.train.steps)
-        layers["train.warmup_steps"] = spec.recipe.warmup_steps(steps) if isinstance(steps, int) else steps
-    return apply_overrides(base, layers)
-
-
-def _sets(overrides: dict[str, Any], field_name: str) -> bool:
-    return any(k.rpartition(".")[2] == field_name for k in overrides)

@@ -26,7 +26,7 @@ import socket
 from pathlib import Path
 from typing import Sequence
 
-from looplab.config import ConfigError
+from looplab.errors import ConfigError
 
 # Pinned so a different or corrupted file cannot silently change every token id
 # (and with them every checkpoint's meaning). mistral-common 1.13.1's copy.

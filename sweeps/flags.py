@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from looplab.cli import Parser
-from looplab.config import ConfigError, invalid, parse_value
+from looplab.config import invalid, parse_value
 from looplab.presets import PRESETS
 from looplab.stages import STAGE_NAMES
 

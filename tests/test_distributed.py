@@ -19,7 +19,7 @@ from looplab.config import ConfigError
 from looplab.distributed import Shard
 from looplab.checkpoint import parent_ref
 from looplab.presets import get_preset
-from looplab.stages import stage_config
+from looplab.presets import stage_config
 from looplab.train import train
 
 STEPS = 4

@@ -10,7 +10,8 @@ from looplab.evaluate import evaluate_policies
 from looplab.holes import round_depth, sample_depth_holes, target_depths
 from looplab.policy import ExitPolicy
 from looplab.presets import get_preset
-from looplab.stages import get_stage, stage_config
+from looplab.presets import stage_config
+from looplab.stages import get_stage
 from looplab.tasks import make_task
 from looplab.train import train
 from test_adaptive import gated_model

@@ -65,7 +65,7 @@ def test_stage_checkpoint_resumes_from_the_store_on_another_node(bucket):
 
 
 def test_a_continued_stage_reads_its_parent_from_the_store(bucket):
-    from looplab.stages import stage_config
+    from looplab.presets import stage_config
 
     overrides = {"train.steps": 2, "train.batch_size": 4, "train.eval_every": 0, "task.eval_count": 20,
                  "model.n_loops": 3}

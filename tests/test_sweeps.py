@@ -21,7 +21,7 @@ def configs_of(module, argv, point):
     from sweeps.flags import Common
 
     p = parser("test")
-    module.add_flags(p)
+    (module.flags_for("text") if hasattr(module, "flags_for") else module.add_flags)(p)
     args = p.parse_args(argv)
     sweep = module.from_args(Common.from_args(args), args)
     return {c.stage: c for c in stage_configs(sweep.spec, point, "/unused")}
@@ -93,3 +93,44 @@ def test_the_platform_edits_no_import_path():
     found = subprocess.run(["grep", "-rn", "sys.path", "sweeps", "trainables", "analysis", "looplab"], cwd=REPO,
                            capture_output=True, text=True)
     assert found.stdout == "", found.stdout
+
+
+def test_paper_pipelines_plan_the_papers_stage_budgets():
+    steps = {s: c.train.steps for s, c in configs_of(adaptive_pipeline, ["--preset", "paper-140m"], ARM).items()}
+    assert steps == {"pretrain": 75_000, "stage1": 2500, "chase": 800, "stage2": 600}  # App. E
+    big = configs_of(adaptive_pipeline, ["--preset", "paper-370m"], ARM)
+    assert big["chase"].train.steps == 2000 and big["stage2"].train.warmup_steps == 6  # 1% of 600
+    assert configs_of(adaptive_pipeline, ["--preset", "paper-140m", "--stage-steps", "chase=100"],
+                      ARM)["chase"].train.steps == 100
+
+
+def test_switching_the_backbone_keeps_the_papers_settings_for_it():
+    import torch
+
+    from looplab.models.looped import LoopedLM
+    from sweeps import iso_flops
+
+    def build(arch):
+        (cfg,) = configs_of(iso_flops, ["--preset", "paper-140m", "--archs", arch, "--pairs", "24x1"],
+                            {"arch": arch, "n_layers": 24, "n_loops": 1, "seed": 0}).values()
+        with torch.device("meta"):
+            return cfg, LoopedLM(cfg.model).num_parameters()
+
+    transformer, n = build("transformer")
+    assert transformer.model.d_intermediate == 640 and 138e6 < n < 144e6  # App. D: ≈141M, not LLaMA's 219M
+    hybrid, _ = build("hybrid")
+    assert hybrid.model.attn_layer_idx == (5, 10, 15, 20)
+    table3 = configs_of(iso_flops, ["--preset", "paper-table3", "--archs", "transformer", "--pairs", "6x4"],
+                        {"arch": "transformer", "n_layers": 6, "n_loops": 4, "seed": 0})["pretrain"]
+    assert table3.train.steps == 50_000 and table3.model.d_intermediate == 640  # Table 3: 100B tokens
+
+
+def test_each_mano_level_trains_with_its_own_recipe():
+    from sweeps import mano
+
+    recipes = {}
+    for L in (10, 16, 24):
+        (cfg,) = configs_of(mano, ["--preset", "mano-L24", "--levels", "10,16,24", "--pairs", "4x6"],
+                            {"L": L, "n_layers": 4, "n_loops": 6, "seed": 0}).values()
+        recipes[L] = (cfg.task.L, cfg.train.steps, cfg.train.lr)
+    assert recipes == {10: (10, 80_000, 5e-4), 16: (16, 110_000, 1e-4), 24: (24, 200_000, 5e-5)}  # App. B

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from looplab.config import ConfigError, ExperimentConfig
-from looplab.presets import get_preset
-from looplab.stages import STAGE_NAMES, get_stage, stage_config
+from looplab.presets import get_preset, stage_config
+from looplab.stages import STAGE_NAMES, get_stage
 from looplab.train import CHECKPOINT_DIR
 from trainables.storage import Storage
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 from looplab import tracking

@@ -17,13 +17,15 @@ exactly the batches an uninterrupted run would.
 from __future__ import annotations
 
 import functools
-from typing import Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 import numpy as np
 import torch
 
-from looplab.config import ManoConfig
 from looplab.tasks.base import IGNORE_INDEX, Batch
+
+if TYPE_CHECKING:  # config imports the tasks (vocabulary sizes), not the other way
+    from looplab.config import ManoConfig
 
 MODULUS = 23
 OPERATORS = ("+", "-", "*")

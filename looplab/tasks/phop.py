@@ -21,12 +21,15 @@ Positions in code are 0-based (the paper's are 1-based).
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from looplab.config import PhopConfig
 from looplab.tasks.base import IGNORE_INDEX, Batch
+
+if TYPE_CHECKING:  # config imports the tasks (vocabulary sizes), not the other way
+    from looplab.config import PhopConfig
 
 MAX_TRIES = 100
 

@@ -1,0 +1,30 @@
+"""The one error a bad input raises: ConfigError, a single line naming the argument
+and what is allowed, raised before anything expensive starts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A config value outside its allowed range. The message is one line:
+    "<name>=<value> is invalid; allowed: <allowed>". Raised through `check`, it keeps
+    name, value and allowed, so a command line can say it in terms of its own flag
+    (`renamed`) instead of the config field the flag reached."""
+
+    def __init__(self, message: str, *, name: str | None = None, value: Any = None, allowed: str | None = None):
+        super().__init__(message)
+        self.name, self.value, self.allowed = name, value, allowed
+
+    def renamed(self, name: str, value: Any) -> "ConfigError":
+        """The same complaint about the argument `name` with its own `value`."""
+        return invalid(name, value, self.allowed or str(self))
+
+
+def invalid(name: str, value: Any, allowed: str) -> ConfigError:
+    return ConfigError(f"{name}={value!r} is invalid; allowed: {allowed}", name=name, value=value, allowed=allowed)
+
+
+def check(ok: bool, name: str, value: Any, allowed: str) -> None:
+    if not ok:
+        raise invalid(name, value, allowed)
