@@ -6,7 +6,7 @@
     looplab data phop --n 256 --p 16 --alphabet 4 --count 5 --seed 0
     looplab eval --checkpoint runs/x/checkpoint [--policies 'full;dense:0.2,0.4;skip:0.4;forced:1-3'] [--json out.json]
     looplab lm-eval --checkpoint runs/lm/checkpoint --suite paper [--policy skip:0.4] [--limit 100] [--local-data DIR]
-    looplab lm-eval --checkpoint runs/lm/checkpoint --tasks piqa,my_task [--include-path DIR] [--output out.json]
+    looplab lm-eval --checkpoint runs/lm/checkpoint --tasks piqa,my_task [--include-path DIR] [--tokenizer bytes] [--output out.json]
     looplab bench --preset local --batch 1,8,16 --seq-len 512,1024 --oracle-mean 2.0 [--json out.json]
     looplab presets
     looplab info --preset paper-140m [arch=hybrid ...]
@@ -114,6 +114,8 @@ def cmd_lm_eval(args) -> int:
     tasks = [t for t in (args.tasks or "").split(",") if t]
     model_args = {"policy": args.policy, "batch_size": args.batch_size, "device": args.device}
     report = {"checkpoint": str(args.checkpoint), "suite": args.suite, **model_args, "limit": args.limit}
+    if args.tokenizer:  # for checkpoints that do not record theirs (the adapter says so otherwise)
+        model_args["tokenizer"] = report["tokenizer"] = args.tokenizer
     if args.suite:
         from looplab.lm_eval_suite import run_suite
 
@@ -268,6 +270,9 @@ def build_parser() -> argparse.ArgumentParser:
     le.add_argument("--local-data", default=None,
                     help="suite datasets from DIR/<task>/<split>.parquet (python -m looplab.lm_eval_suite export)")
     le.add_argument("--policy", default="full", help="exit policy: full | forced:D | dense:Q | skip:Q (default full)")
+    le.add_argument("--tokenizer", default=None,
+                    help="the tokenizer the model was trained with, for checkpoints that do not record one: "
+                         "mistral | bytes | an HF tokenizer name (default: the checkpoint's)")
     le.add_argument("--limit", type=_limit, default=None, help="documents per task (or a fraction < 1)")
     le.add_argument("--batch-size", type=int, default=8)
     le.add_argument("--device", default="auto")
