@@ -39,6 +39,9 @@ class Sweep:
     metric: str = "val_ppl"
     mode: str = "min"
     columns: tuple[str, ...] = ("val_ppl", "val_accuracy")  # summary-table metrics
+    # Downstream evaluation after training (trainables/evaluation.EvalGrid, sweeps/evaluate.py).
+    # Not part of sweep_key: evaluations are keyed on their own, so a grown grid reuses the sweep.
+    evaluation: Any = None
 
     def __post_init__(self) -> None:
         # A threshold column must name a q the evaluation runs, or its cells stay empty.
@@ -212,6 +215,10 @@ def describe(sweep: Sweep, launch: Launch, points: list[dict[str, Any]], res: Re
         if jobs:
             lines.append(f"  first: {len(jobs)} shared stage chain(s) not yet trained, each with an even share "
                          "of the machine, then the trials (which reuse them)")
+    if sweep.evaluation is not None:  # the downstream grid (sweeps/evaluate.py)
+        from sweeps.evaluate import describe_evaluation
+
+        lines += describe_evaluation(sweep, points, launch.storage_path)
     return "\n".join(lines)
 
 
