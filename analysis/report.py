@@ -101,6 +101,11 @@ def build_report(tracking_uri: str, experiments, out_dir, *, sweep_run_id: str |
     if points is not None:
         paths.update(_write_csv(points, out / "points.csv"))
         quality = _resolve_quality(points, quality, notes)
+        if (compute == "executed_loops" and quality.startswith(("lm_eval", names.LM_EVAL_AVG))
+                and points[names.LM_EVAL_LOOPS].is_not_null().any()):
+            # A downstream quality against the loops run on the same tasks, not the validation set's.
+            compute = "downstream_loops"
+            notes.append("frontier: downstream quality against the loops executed on the tasks (lm_eval_loops)")
         compute_col = COMPUTE_AXES.get(compute, (compute, compute))[0]
         _check_columns(points, [compute_col, quality], strict, notes)
         if best_of_seeds and quality in points.columns and points[quality].is_not_null().any():

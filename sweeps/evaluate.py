@@ -70,6 +70,9 @@ def grid_from_args(args: argparse.Namespace) -> EvalGrid | None:
         fail("--eval-cpus", args.eval_cpus, "a number > 0")
     if args.eval_gpus < 0:
         fail("--eval-gpus", args.eval_gpus, "a number >= 0")
+    if args.eval_gpus > 0 and not getattr(args, "address", "") and not _local_gpus():
+        # Ray would wait forever for a GPU this machine does not have
+        fail("--eval-gpus", args.eval_gpus, "0 here (no CUDA device on this machine)")
     if args.eval_batch_size < 1:
         fail("--eval-batch-size", args.eval_batch_size, "an integer >= 1")
     if args.eval_device not in ("auto", "cpu", "cuda") and not args.eval_device.startswith("cuda:"):
@@ -78,6 +81,12 @@ def grid_from_args(args: argparse.Namespace) -> EvalGrid | None:
                     policies=args.eval_policies, limit=parse_limit(args.eval_limit),
                     stages=tuple(s for s in args.eval_stages.split(",") if s.strip()),
                     cpus=args.eval_cpus, gpus=args.eval_gpus, batch_size=args.eval_batch_size, device=args.eval_device)
+
+
+def _local_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def check_policies(text: str) -> None:

@@ -532,6 +532,9 @@ def test_fig3_downstream_accuracy_against_executed_loops_by_hand(downstream):
     half = 12.706205 * math.sqrt(0.00005) / math.sqrt(2)  # t(0.975, 1) · s / √2, s = std(0.345, 0.355)
     assert float(q06["quality_ci_high"]) == pytest.approx(0.35 + half, abs=1e-6) and q06["n_seeds"] == "2"
     assert (downstream["root"] / "downstream-debug" / "downstream.png").is_file()
+    # the report's own frontier, on the downstream average, reads the loops run on the tasks too
+    frontier = read_csv(downstream["root"] / "downstream-debug" / "frontier.csv")
+    assert {(r["quality_metric"], r["compute_metric"]) for r in frontier} == {("lm_eval_avg", "lm_eval_loops")}
 
 
 def test_downstream_table_columns_by_hand(downstream):

@@ -241,12 +241,16 @@ def sweep_main(argv):
     (["--eval-tasks", "looplab_toy_mc", "--eval-stages", "stage3"], "--eval-stages='stage3'"),
     (["--eval-tasks", "looplab_toy_mc", "--eval-limit", "0"], "--eval-limit='0'"),
     (["--eval-tasks", "looplab_toy_mc", "--eval-cpus", "0"], "--eval-cpus=0.0"),
+    (["--eval-tasks", "looplab_toy_mc", "--eval-gpus", "1"], "--eval-gpus=1.0"),
     (["--eval-tasks", "piqa", "--eval-data", "."], "--eval-data='.'"),
     (["--eval-policies", "skip:0.4"], "--eval-tasks=''"),
     (["--eval-tasks", "looplab_nope"], "--eval-tasks='looplab_nope'"),  # checked against lm-eval's own index too
 ])
 def test_bad_evaluation_input_is_one_line_before_ray(extra, field, capsys, monkeypatch, tmp_path):
     import looplab.checkpoint
+
+    if "--eval-gpus" in extra and torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
 
     def no_model(*a, **k):
         raise AssertionError("a model was loaded before the input was checked")

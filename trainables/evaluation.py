@@ -37,7 +37,6 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
