@@ -75,6 +75,12 @@ def test_eval_key_is_the_content_of_the_evaluation(tmp_path):
         (copy / name).write_bytes((DATA / name).read_bytes())
     moved = ev.include_task("looplab_toy_mc", copy / "toy_mc.yaml")
     assert moved.location != mc_task.location and ev.eval_key("abc123", "skip:0.4", moved, 6) == key
+    # a comment is not the task; a prompt is
+    (copy / "toy_mc.yaml").write_text("# another comment\n" + (DATA / "toy_mc.yaml").read_text())
+    assert ev.eval_key("abc123", "skip:0.4", ev.include_task("looplab_toy_mc", copy / "toy_mc.yaml"), 6) == key
+    (copy / "toy_mc.yaml").write_text((DATA / "toy_mc.yaml").read_text().replace("Answer:", "A:"))
+    assert ev.eval_key("abc123", "skip:0.4", ev.include_task("looplab_toy_mc", copy / "toy_mc.yaml"), 6) != key
+    (copy / "toy_mc.yaml").write_bytes((DATA / "toy_mc.yaml").read_bytes())
     (copy / "toy_mc.jsonl").write_text((DATA / "toy_mc.jsonl").read_text().replace("blue", "Blue"))
     assert ev.eval_key("abc123", "skip:0.4", ev.include_task("looplab_toy_mc", copy / "toy_mc.yaml"), 6) != key
     # forced:R is full depth: one evaluation, one key
@@ -367,3 +373,22 @@ def test_adaptive_pipeline_with_an_evaluation_grid(tmp_path, capsys):
     if find_browser() is not None:
         found = check_report(report / "report.html")
         assert found["problems"] == [], found
+
+
+def test_paper_tasks_read_local_parquet_by_content(tmp_path):
+    """--eval-data DIR: the paper's task at its shots, its data the parquet files it reads
+    (keyed by their bytes), its config lm-eval's own YAML with only the data replaced."""
+    import pandas as pd
+
+    rows = [{"goal": f"Open jar {i}", "sol1": "twist the lid", "sol2": "hit it", "label": i % 2} for i in range(6)]
+    for root in (tmp_path / "a", tmp_path / "b"):
+        (root / "piqa").mkdir(parents=True)
+        for split in ("train", "validation"):
+            pd.DataFrame(rows).to_parquet(root / "piqa" / f"{split}.parquet")
+    a, b, hub = ev.paper_task("piqa", str(tmp_path / "a")), ev.paper_task("piqa", str(tmp_path / "b")), ev.paper_task(
+        "piqa", None)
+    assert (a.num_fewshot, a.metric) == (5, "acc_norm") and a.data.startswith("sha256:") and a.data == b.data
+    assert hub.data == "hub:baber/piqa" and hub.version == a.version  # the same YAML, another source
+    config = a.config()
+    assert config["dataset_path"] == "parquet" and config["num_fewshot"] == 5
+    assert Path(config["dataset_kwargs"]["data_files"]["validation"]).parent == (tmp_path / "a" / "piqa").resolve()

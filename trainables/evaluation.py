@@ -8,8 +8,8 @@ change its result:
     the checkpoint's stage key (its seed and every upstream stage included);
     the exit policy, canonical: forced:R is full depth (the same execution), one key;
     the task: its name, shots, the accuracy read (acc_norm / acc / ...), its config
-      version (a custom YAML's text), and its data: SHA-256 over the local files it
-      reads, or hub:<dataset path>/<name> for the hub's copy;
+      (a digest of its parsed YAML: prompts, splits, metrics), and its data: SHA-256
+      over the local files it reads, or hub:<dataset path>/<name> for the hub's copy;
     the documents it reads (--eval-limit).
 
 Never batch size, device, paths or time. Each evaluation is one MLflow run (level eval,
@@ -35,6 +35,7 @@ skip at each q of the paper's grid.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import sys
 from collections import Counter
@@ -64,7 +65,7 @@ class EvalTask:
     num_fewshot: int | None
     metric: str  # the accuracy logged as lm_eval.<task> ("" for tasks without one, e.g. perplexity only)
     data: str  # the data's content: "sha256:..." over local files, or "hub:<path>[/<name>][@<revision>]"
-    version: str = ""  # the task config's version (a custom YAML: a digest of its text)
+    version: str = ""  # a digest of the task's parsed YAML config (config_version)
     location: str = ""  # paper: the local data folder ("" = the hub); include / builtin: the YAML
 
     def key_payload(self) -> dict[str, Any]:
@@ -89,25 +90,52 @@ class EvalTask:
 def paper_task(name: str, data_dir: str | None) -> EvalTask:
     """One of the paper's seven at its shots (looplab.lm_eval_suite), from DIR/<task>/<split>.parquet
     or the hub. Raises ConfigError when a local file is missing."""
-    from looplab.lm_eval_suite import SUITE_METRICS, suite_configs
+    from looplab.lm_eval_suite import SUITE_METRICS, builtin_yaml_paths, suite_configs
 
     (config,) = suite_configs([name], None)
     data = hub_source(config)
     if data_dir:
         (local,) = suite_configs([name], data_dir)
-        data = files_digest(_data_files(local, None))
-    return EvalTask(name, PAPER, config.get("num_fewshot"), SUITE_METRICS[name], data, _version(config),
-                    str(Path(data_dir).resolve()) if data_dir else "")
+        data = files_digest(_data_files(local))
+    return EvalTask(name, PAPER, config.get("num_fewshot"), SUITE_METRICS[name], data,
+                    config_version(builtin_yaml_paths([name])[name]), str(Path(data_dir).resolve()) if data_dir else "")
 
 
 def include_task(name: str, yaml_path: str | os.PathLike) -> EvalTask:
     """A task YAML of --eval-include: its data files may be relative to the YAML's folder."""
     path = Path(yaml_path).resolve()
     config = include_config(path)
-    files = _data_files(config, None)
+    files = _data_files(config)
     data = files_digest(files) if files else hub_source(config)
-    version = "yaml-" + hashlib.sha256(path.read_bytes()).hexdigest()[:12]
-    return EvalTask(name, INCLUDE, config.get("num_fewshot"), accuracy_metric(config), data, version, str(path))
+    return EvalTask(name, INCLUDE, config.get("num_fewshot"), accuracy_metric(config), data, config_version(path),
+                    str(path))
+
+
+def config_version(path: Path) -> str:
+    """A task's version: a digest of its YAML config as parsed (includes merged), so a
+    new prompt, metric or split (a custom task's edit, or another lm-eval's) is a new
+    evaluation while comments and layout are not;
+    without its data's paths (their content is the data digest) and without the folder
+    its !function references resolve in (a moved task folder keeps its key)."""
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    folder = str(path.resolve().parent) + os.sep
+
+    def portable(value):
+        if isinstance(value, dict):
+            return {k: portable(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [portable(v) for v in value]
+        return value[len(folder):] if isinstance(value, str) and value.startswith(folder) else value
+
+    config = portable(load_yaml(path, resolve_func=False))
+    kwargs = dict(config.get("dataset_kwargs") or {})
+    kwargs.pop("data_files", None)
+    config["dataset_kwargs"] = kwargs
+    if config.get("dataset_path") and (path.parent / str(config["dataset_path"])).exists():
+        config.pop("dataset_path")
+    blob = json.dumps(config, sort_keys=True, default=str)
+    return "cfg-" + hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
 def builtin_task(name: str, yaml_path: str | os.PathLike) -> EvalTask:
@@ -116,7 +144,7 @@ def builtin_task(name: str, yaml_path: str | os.PathLike) -> EvalTask:
 
     config = builtin_config(name, Path(yaml_path))
     return EvalTask(name, BUILTIN, config.get("num_fewshot"), accuracy_metric(config), hub_source(config),
-                    _version(config), str(Path(yaml_path).resolve()))
+                    config_version(Path(yaml_path)), str(Path(yaml_path).resolve()))
 
 
 def include_config(path: Path) -> dict[str, Any]:
@@ -147,7 +175,7 @@ def _map_paths(files, base: Path):
     return str((base / path).resolve()) if not path.is_absolute() and (base / path).exists() else str(files)
 
 
-def _data_files(config: dict[str, Any], base: Path | None) -> dict[str, list[Path]]:
+def _data_files(config: dict[str, Any]) -> dict[str, list[Path]]:
     """The local files a config reads, by split (or position), that exist."""
     files = (config.get("dataset_kwargs") or {}).get("data_files")
     out: dict[str, list[Path]] = {}
@@ -184,10 +212,6 @@ def hub_source(config: dict[str, Any]) -> str:
     revision = (config.get("dataset_kwargs") or {}).get("revision")
     name = config.get("dataset_name")
     return f"hub:{config.get('dataset_path')}" + (f"/{name}" if name else "") + (f"@{revision}" if revision else "")
-
-
-def _version(config: dict[str, Any]) -> str:
-    return str((config.get("metadata") or {}).get("version", ""))
 
 
 def accuracy_metric(config: dict[str, Any]) -> str:
