@@ -27,6 +27,7 @@ from typing import Any
 from looplab import tracking
 from looplab.config import ConfigError
 from looplab.policy import GATE, parse_policies
+from looplab.stages import STAGE_NAMES, get_stage
 from sweeps.flags import fail
 from trainables.evaluation import (EvalGrid, EvalSummary, applies, builtin_task, default_policies, describe_plan,
                                    evaluate, include_task, paper_task, pipeline_checkpoints, store_checkpoints)
@@ -174,7 +175,8 @@ def check_grid(grid: EvalGrid, stages) -> None:
     if grid.policies:
         for policy in parse_policies(grid.policies):
             if not any(applies(policy, s, r) for s, r, _ in chosen):
-                why = ("a gated stage (stage1, chase, stage2) to read its gate" if policy.rule == GATE else
+                gated = ", ".join(name for name in STAGE_NAMES if get_stage(name).gated)
+                why = (f"a gated stage ({gated}) to read its gate" if policy.rule == GATE else
                        f"a depth <= R (at most {max(r for _, r, _ in chosen)} here)")
                 fail("--eval-policies", policy.spec, f"policies that apply to this sweep's stages "
                                                      f"({', '.join(sorted({s for s, _, _ in chosen}))}); "
