@@ -34,7 +34,8 @@ def parser() -> argparse.ArgumentParser:
                    help="read every run of the experiments (default) or only the --sweep-run subtree")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder")
     p.add_argument("--compute", default="executed_loops",
-                   help="x axis: executed_loops | flops | time | any points.csv column (default executed_loops)")
+                   help="x axis: executed_loops | downstream_loops | flops | time | any points.csv column (default "
+                        "executed_loops; with an lm-eval quality, the loops executed on the tasks when they were logged)")
     p.add_argument("--quality", default="auto",
                    help="y axis: auto | accuracy | ppl | loss | lm_eval_avg | lm_eval.<task> | <x>_best")
     p.add_argument("--stage", default=None, help="stage whose evaluations form the frontier (default: each trial's "

@@ -4,7 +4,12 @@
 
   frontier_chart  quality against compute per series (method × policy by default):
                   every point (with its seed interval), the Pareto frontier as a step
-                  line (Fig. 3).
+                  line; drawn for the report's frontier, Fig. 3 and the policy zoo.
+  downstream_rows Fig. 3's points: downstream average accuracy against the executed
+                  loops on the tasks, per arm (the pre-trained model at forced depths,
+                  each gated method's final stage under dense and skip over q).
+  zoo_rows        each zero-shot exit rule's points beside the learned gate's, per
+                  method and execution, on the final stage.
   skip_chart      perplexity under skip against executed loops per method, full
                   compute as a dashed line (Fig. 2).
   beta_charts     exit entropy and expected exit step over training, one curve per β
@@ -65,18 +70,55 @@ def _log_scale(values) -> bool:
 
 
 def frontier_chart(frontier: pl.DataFrame, compute: str, quality: str, *, compute_label: str,
-                   quality_label: str, title: str) -> ChartSpec:
+                   quality_label: str, title: str, name: str = "frontier") -> ChartSpec:
     """frontier: rows with series, compute, quality, quality_ci_low/high, on_frontier, label, point."""
     series = []
-    for i, (name, group) in enumerate(frontier.group_by("series", maintain_order=True)):
-        name = name[0] if isinstance(name, tuple) else name
+    for i, (key, group) in enumerate(frontier.group_by("series", maintain_order=True)):
+        key = key[0] if isinstance(key, tuple) else key
         pts = [Point(r["compute"], r["quality"], f"{r['label']} · {r['point']} ({r['stage']})",
                      r.get("quality_ci_low"), r.get("quality_ci_high"), bool(r["on_frontier"]))
                for r in group.sort("compute").iter_rows(named=True)]
         line = [(p.x, p.y) for p in pts if p.on_frontier]
-        series.append(Series(str(name), PALETTE[i % len(PALETTE)], pts, line, "step"))
-    return ChartSpec("frontier", title, compute_label, quality_label, series,
+        series.append(Series(str(key), PALETTE[i % len(PALETTE)], pts, line, "step"))
+    return ChartSpec(name, title, compute_label, quality_label, series,
                      log_y=_log_scale(frontier["quality"].to_list()) and names.higher_is_better(quality) is False)
+
+
+def downstream_rows(agg: pl.DataFrame) -> pl.DataFrame | None:
+    """Fig. 3's points, from seed-aggregated points: rows with a downstream average
+    (lm_eval_avg) and downstream executed loops (lm_eval_loops), each with a `series`:
+    `forced depth (N⊗R)` for a model without a gate at forced depths 1..R (full depth as
+    d=R: App. F, the Fixed Exit Depth curve) and `<method> · <dense|skip>` for each gated
+    method's final stage over q (the Ouro and CHASE curves). None when nothing has both."""
+    from analysis.points import full_as_forced_depth, shared_once
+    from looplab.stages import get_stage
+
+    rows = agg.filter(pl.col(names.LM_EVAL_AVG).is_not_null() & pl.col(names.LM_EVAL_LOOPS).is_not_null())
+    if rows.is_empty():
+        return None
+    gateless = [s for s in names.STAGES if not get_stage(s).gated]
+    fixed = shared_once(full_as_forced_depth(rows.filter(pl.col("stage").is_in(gateless)))
+                         .filter(pl.col("policy") == names.FORCED))
+    fixed = fixed.with_columns((pl.lit("forced depth (") + pl.col("model").fill_null("?") + pl.lit(")")).alias("series"))
+    gated = rows.filter(pl.col("is_final_stage") & pl.col("policy").is_in([names.DENSE, names.SKIP])
+                        & ~pl.col("stage").is_in(gateless))
+    gated = gated.with_columns(pl.concat_str([pl.col("method").fill_null("?"), pl.col("policy")], separator=" · ")
+                               .alias("series"))
+    out = pl.concat([fixed, gated], how="diagonal_relaxed")
+    return None if out.is_empty() else out
+
+
+def zoo_rows(agg: pl.DataFrame, compute: str, quality: str) -> pl.DataFrame | None:
+    """The policy zoo's points: on each trial's final stage, the zero-shot exit rules
+    (policy <execution>-<rule>) and the learned gate (dense, skip), series
+    `<method> · <policy>`, with both compute and quality. None without a rule's point."""
+    final = agg.filter(pl.col("is_final_stage") & pl.col(compute).is_not_null() & pl.col(quality).is_not_null())
+    rule = pl.col("policy").str.contains("-", literal=True)
+    if final.filter(rule).is_empty():
+        return None
+    rows = final.filter(rule | pl.col("policy").is_in([names.DENSE, names.SKIP]))
+    return rows.with_columns(pl.concat_str([pl.col("method").fill_null("?"), pl.col("policy")], separator=" · ")
+                             .alias("series"))
 
 
 def skip_chart(agg: pl.DataFrame) -> ChartSpec | None:

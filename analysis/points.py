@@ -4,11 +4,16 @@ An evaluation point is one way of running a trained model: policy `full` (val_*:
 all R loops, readout at R), `forced` at depth r (forced_d<r>_*), an exit policy
 `dense` / `skip` at threshold q (<mode>_q<q>_*), or a zero-shot rule of the zoo
 (policy skip-entropy, dense-kl, skip-stable, ...: <mode>_<rule><t>_*, its threshold
-in q). Each stage run of a trial evaluates
-its own checkpoint, so a pretrain → stage1 → chase → stage2 trial has points for
-every stage (the paper's threshold tables show Stage 1 and Stage 2 side by side);
-`is_final_stage` marks the trial's own result. A trial without stage runs (logged
-by hand) is its own single stage.
+in q). Each stage run of a trial evaluates its own checkpoint, so a pretrain → stage1 →
+chase → stage2 trial has points for every stage (the paper's threshold tables show
+Stage 1 and Stage 2 side by side); `is_final_stage` marks the trial's own result. A
+trial without stage runs (logged by hand) is its own single stage.
+
+Downstream evaluations (runs of level eval, trainables/evaluation.py) carry their
+checkpoint's stage_key: their metrics join the points of every stage run with that key
+in their experiment (a stage reused by several trials, and so evaluated once, shows in
+each), on the row of their policy. A stage's pre-training forced depths, say, exist
+only downstream: their rows have lm-eval columns and no validation ones.
 
 Columns:
   identity   experiment, trial_run_id, run_id (the stage run read), trial_key (the
@@ -23,7 +28,11 @@ Columns:
   quantities executed_loops, mean_exit_step, accuracy, ppl, loss,
              backbone_flops_per_token (last values), accuracy_best, ppl_best,
              loss_best (best over the stage's evaluations), lm_eval.<task> and
-             lm_eval_avg when lm-eval scores were logged
+             lm_eval_avg when lm-eval scores were logged, with the downstream
+             families lm_eval_loops.<task>, lm_eval_flops.<task>,
+             lm_eval_seconds.<task>, lm_eval_ppl.<task> and the suite means
+             lm_eval_loops, lm_eval_flops, lm_eval_seconds (downstream executed
+             loops: not the validation set's executed_loops)
   compute    stage_seconds (this stage's training), pipeline_seconds (all stages up
              to and including this one: what it cost to produce the model)
   params     every params.<name> of the trial run (the final stage's config)
@@ -137,15 +146,42 @@ def _method_of_pipeline(pipelines: pl.Series) -> pl.Series:
 
 
 def _source_metrics(runs: RunSet, sources: pl.DataFrame) -> pl.DataFrame:
-    """Metric summaries of the source runs. A reused stage run logged only its
-    original's final values, so its best/min/max come from that original when it was
-    loaded (the same training, with its whole history)."""
+    """Metric summaries of the source runs, with the downstream evaluations of their
+    stage keys. A reused stage run logged only its original's final values, so its
+    best/min/max come from that original when it was loaded (the same training, with its
+    whole history)."""
     metrics = runs.metrics.join(sources.select("run_id", "reused_from"), on="run_id", how="inner")
     original = runs.metrics.select(pl.col("run_id").alias("reused_from"), "key",
                                    pl.col("best").alias("orig_best"))
-    return (metrics.join(original, on=["reused_from", "key"], how="left")
-            .with_columns(pl.coalesce("orig_best", "best").alias("best"))
-            .select("run_id", "key", "last", "best"))
+    own = (metrics.join(original, on=["reused_from", "key"], how="left")
+           .with_columns(pl.coalesce("orig_best", "best").alias("best"))
+           .select("run_id", "key", "last", "best"))
+    downstream = _evaluation_metrics(runs, sources)
+    if downstream is None:
+        return own
+    # An evaluation run's value wins over the same name logged on the stage run itself.
+    return pl.concat([own.join(downstream.select("run_id", "key"), on=["run_id", "key"], how="anti"), downstream])
+
+
+def _evaluation_metrics(runs: RunSet, sources: pl.DataFrame) -> pl.DataFrame | None:
+    """The FINISHED evaluation runs' metrics as metrics of every source run with their
+    stage key in their experiment. When evaluations of one stage key give the same
+    metric (the same task and policy under other settings, e.g. another limit), the one
+    that finished last wins, and runs.notes says so."""
+    table = runs.runs
+    evals = table.filter((pl.col("level") == names.EVAL) & (pl.col("status") == "FINISHED"))
+    if evals.is_empty():
+        return None
+    values = runs.metrics.join(evals.select("run_id", "experiment", "stage_key", "end_time"), on="run_id",
+                               how="inner")
+    newest = values.sort("end_time", nulls_last=False).unique(["experiment", "stage_key", "key"], keep="last")
+    if newest.height < values.height:
+        runs.notes.append(f"{values.height - newest.height} downstream metric value(s) superseded by a newer "
+                          "evaluation of the same stage, task and policy under other settings")
+    targets = sources.select("run_id", "stage_key").join(table.select("run_id", "experiment"), on="run_id",
+                                                         how="left")
+    return (newest.select("experiment", "stage_key", "key", "last", "best")
+            .join(targets, on=["experiment", "stage_key"], how="inner").select("run_id", "key", "last", "best"))
 
 
 def _parse(metrics: pl.DataFrame) -> pl.DataFrame:
@@ -245,13 +281,20 @@ def _label(table: pl.DataFrame) -> pl.DataFrame:
 
 def _lm_eval_average(table: pl.DataFrame) -> pl.DataFrame:
     """lm_eval_avg: the mean over the lm-eval tasks present anywhere in the table (the
-    paper's Avg. over the tasks its table shows); null where a row lacks one of them."""
-    tasks = [c for c in table.columns if c.startswith(names.LM_EVAL)]
-    if not tasks:
-        return table.with_columns(pl.lit(None, pl.Float64).alias(names.LM_EVAL_AVG))
-    ordered = [names.LM_EVAL + t for t in names.ordered_tasks(c[len(names.LM_EVAL):] for c in tasks)]
-    mean = pl.when(pl.all_horizontal(pl.col(ordered).is_not_null())).then(pl.mean_horizontal(ordered))
-    return table.with_columns(mean.alias(names.LM_EVAL_AVG))
+    paper's Avg. over the tasks its table shows); null where a row lacks one of them.
+    The same over the same tasks for the suite means of names.SUITE_MEANS (downstream
+    loops, FLOPs, seconds per token): each task weighs equally, as in the Avg."""
+    ordered = names.task_columns(table.columns)
+    tasks = [c[len(names.LM_EVAL):] for c in ordered]
+    out = []
+    for name, columns in [(names.LM_EVAL_AVG, ordered),
+                          *((family, [f"{family}.{t}" for t in tasks]) for family in names.SUITE_MEANS)]:
+        if not columns or any(c not in table.columns for c in columns):
+            out.append(pl.lit(None, pl.Float64).alias(name))
+            continue
+        out.append(pl.when(pl.all_horizontal(pl.col(columns).is_not_null())).then(pl.mean_horizontal(columns))
+                   .alias(name))
+    return table.with_columns(out)
 
 
 def _timing(table: pl.DataFrame, metrics: pl.DataFrame, sources: pl.DataFrame) -> pl.DataFrame:
@@ -284,9 +327,11 @@ def _order(table: pl.DataFrame) -> pl.DataFrame:
     lead = ["experiment", "method", "label", "model", "pipeline", "stage", "is_final_stage", "policy", "q", "depth",
             "point", "seed", "executed_loops", "mean_exit_step", "accuracy", "ppl", "loss",
             "backbone_flops_per_token", *(f"{b}_best" for b in BEST_QUANTITIES)]
-    tasks = [c for c in table.columns if c.startswith(names.LM_EVAL)]
-    lead += [names.LM_EVAL + t for t in names.ordered_tasks(c[len(names.LM_EVAL):] for c in tasks)]
-    lead += [names.LM_EVAL_AVG, *names.BETA_DIAGNOSTICS, "train_loss", "stage_seconds", "pipeline_seconds", "trial_config_hash", "config_hash", "trial_key",
+    lead += names.task_columns(table.columns)
+    lead += [names.LM_EVAL_AVG, *names.SUITE_MEANS]
+    for family in names.LM_EVAL_FAMILIES:
+        lead += names.task_columns(table.columns, family)
+    lead += [*names.BETA_DIAGNOSTICS, "train_loss", "stage_seconds", "pipeline_seconds", "trial_config_hash", "config_hash", "trial_key",
              "stage_key", "trial_run_id", "run_id", "status", "preset", "n_loops"]
     rest = sorted(c for c in table.columns if c not in lead and c not in ("reused_from", "stage_order"))
     policy_rank = pl.col("policy").replace_strict({p: i for i, p in enumerate(names.POLICY_ORDER)}, default=9,
@@ -308,3 +353,18 @@ def full_as_forced_depth(rows: pl.DataFrame) -> pl.DataFrame:
                              pl.when(joins).then(pl.col("n_loops").cast(pl.Int64)).otherwise("depth").alias("depth"),
                              pl.when(joins).then(pl.lit("forced d=") + pl.col("n_loops").cast(pl.String))
                              .otherwise("point").alias("point"))
+
+
+def shared_once(rows: pl.DataFrame) -> pl.DataFrame:
+    """Rows (points or seed-aggregated points) of one stage configuration once per point:
+    a stage several trials share (the pre-training or Stage-1 both arms continue) is one
+    model, though each trial configuration carries a copy. A row that stands for several
+    trial configurations is labelled by its method and N⊗R alone (the trials' searched
+    values, e.g. arm=chase, do not describe it)."""
+    key = [c for c in ("experiment", "config_hash", "stage", "policy", "q", "depth") if c in rows.columns]
+    if "label" not in rows.columns or "trial_config_hash" not in rows.columns:
+        return rows.unique(key, keep="first", maintain_order=True)
+    shared = pl.col("trial_config_hash").n_unique().over(key) > 1
+    plain = pl.concat_str([pl.col("method"), pl.col("model")], separator=" ", ignore_nulls=True)
+    return (rows.with_columns(pl.when(shared).then(plain).otherwise(pl.col("label")).alias("label"))
+            .unique(key, keep="first", maintain_order=True))

@@ -10,7 +10,10 @@ writes into out_dir:
   frontier_areas.csv     the signed area between every two series' frontiers
   budget.csv             the best point under --budget, overall and per series (when given)
   tables/*.md, *.csv     the paper-shaped tables (analysis.tables), tables.md all in one
-  *.png                  frontier.png, skip_ppl.png, beta_exit_entropy.png, beta_expected_exit_step.png
+  downstream.csv         Fig. 3's points (downstream Avg. against executed loops on the tasks, per arm)
+  zoo.csv                each zero-shot exit rule's frontier against the learned gate's (area, mean gap)
+  *.png                  frontier.png, downstream.png (Fig. 3), zoo.png, skip_ppl.png,
+                         beta_exit_entropy.png, beta_expected_exit_step.png
   report.html            one self-contained interactive page with all of it
   notes.txt              what was skipped and why
 and logs them as artifacts (folder `analysis`) of the sweep run: `sweep_run_id`, or
@@ -36,7 +39,7 @@ import polars as pl
 
 from analysis import names
 from analysis.aggregate import aggregate_seeds, choose_best_seeds
-from analysis.charts import ChartSpec, beta_charts, frontier_chart, skip_chart
+from analysis.charts import ChartSpec, beta_charts, downstream_rows, frontier_chart, skip_chart, zoo_rows
 from analysis.errors import AnalysisError
 from analysis.frontier import best_under_budget, frontier_gap, pareto_frontier
 from analysis.load import PARAM, RunSet, beta_histories, load_runs
@@ -47,12 +50,14 @@ from analysis.tables import all_tables
 
 # Compute axes by their CLI names: (points column, axis label).
 COMPUTE_AXES = {"executed_loops": ("executed_loops", "executed loops per token"),
+                "downstream_loops": (names.LM_EVAL_LOOPS, "executed loops per token on the tasks"),
                 "flops": ("backbone_flops_per_token", "backbone FLOPs per token"),
                 "time": ("pipeline_seconds", "training seconds up to the stage")}
 QUALITY_LABELS = {"accuracy": "accuracy", "ppl": "validation perplexity", "loss": "validation loss",
                   names.LM_EVAL_AVG: "lm-eval average accuracy"}
 BASE_VALUES = ("executed_loops", "mean_exit_step", "accuracy", "ppl", "loss", "backbone_flops_per_token",
-               "accuracy_best", "ppl_best", "loss_best", names.LM_EVAL_AVG, *names.BETA_DIAGNOSTICS, "train_loss",
+               "accuracy_best", "ppl_best", "loss_best", names.LM_EVAL_AVG, *names.SUITE_MEANS,
+               *names.BETA_DIAGNOSTICS, "train_loss",
                "stage_seconds", "pipeline_seconds")
 ARTIFACT_DIR = "analysis"
 MAX_AREA_SERIES = 12  # pairs grow quadratically; beyond this the areas table is left out
@@ -96,6 +101,11 @@ def build_report(tracking_uri: str, experiments, out_dir, *, sweep_run_id: str |
     if points is not None:
         paths.update(_write_csv(points, out / "points.csv"))
         quality = _resolve_quality(points, quality, notes)
+        if (compute == "executed_loops" and quality.startswith(("lm_eval", names.LM_EVAL_AVG))
+                and points[names.LM_EVAL_LOOPS].is_not_null().any()):
+            # A downstream quality against the loops run on the same tasks, not the validation set's.
+            compute = "downstream_loops"
+            notes.append("frontier: downstream quality against the loops executed on the tasks (lm_eval_loops)")
         compute_col = COMPUTE_AXES.get(compute, (compute, compute))[0]
         _check_columns(points, [compute_col, quality], strict, notes)
         if best_of_seeds and quality in points.columns and points[quality].is_not_null().any():
@@ -108,6 +118,8 @@ def build_report(tracking_uri: str, experiments, out_dir, *, sweep_run_id: str |
         paths.update(_write_csv(agg, out / "aggregated.csv"))
         sections += _frontier_section(agg, compute, compute_col, quality, stage, series_by, budget, out, paths,
                                       charts, notes, strict)
+        sections += _downstream_section(agg, out, paths, charts, notes)
+        sections += _zoo_section(agg, quality, out, paths, charts, notes)
         sections += _skip_section(agg, out, paths, charts)
         sections += _tables_section(agg, out, paths, notes)
     sections += _beta_section(runs, out, paths, charts, notes)
@@ -131,7 +143,8 @@ def _write_csv(df: pl.DataFrame, path: Path) -> dict[str, Path]:
 
 
 def _task_columns(points: pl.DataFrame) -> list[str]:
-    return [c for c in points.columns if c.startswith(names.LM_EVAL)]
+    """Every per-task downstream column: accuracies and the families (loops, FLOPs, ...)."""
+    return [c for family in (None, *names.LM_EVAL_FAMILIES) for c in names.task_columns(points.columns, family)]
 
 
 def _maximize(quality: str) -> bool:
@@ -303,6 +316,97 @@ def _budget(frontier, compute_col, quality, budget, maximize, notes) -> pl.DataF
                       "stage": best["stage"], compute_col: best["compute"], quality: best["quality"],
                       "n_seeds": best["n_seeds"]})
     return pl.DataFrame(picks) if picks else None
+
+
+def _flagged(rows: pl.DataFrame, compute_col: str, quality: str) -> pl.DataFrame:
+    """Rows with a series column as frontier_chart draws them: compute, quality, its
+    seed interval, on_frontier per series."""
+    maximize = _maximize(quality)
+    flagged = pareto_frontier(rows, compute_col, quality, maximize=maximize, by="series")
+    return flagged.with_columns(
+        pl.col(compute_col).alias("compute"), pl.col(quality).alias("quality"),
+        pl.col(f"{quality}_ci_low").alias("quality_ci_low"), pl.col(f"{quality}_ci_high").alias("quality_ci_high"),
+    ).sort("series", "compute", "quality")
+
+
+def _downstream_section(agg, out, paths, charts, notes) -> list[tuple[str, str]]:
+    """Fig. 3: downstream average accuracy against the loops executed on the tasks."""
+    rows = downstream_rows(agg)
+    if rows is None:
+        notes.append("downstream accuracy (Fig. 3): skipped, no downstream evaluations with executed loops "
+                     "(lm_eval.* and lm_eval_loops.*: --eval-tasks, or python -m sweeps.evaluate)")
+        return []
+    flagged = _flagged(rows, names.LM_EVAL_LOOPS, names.LM_EVAL_AVG)
+    lead = ["series", "compute", "quality", "quality_ci_low", "quality_ci_high", "n_seeds", "on_frontier",
+            "experiment", "method", "label", "stage", "policy", "q", "depth", "point"]
+    paths.update(_write_csv(flagged.select([c for c in lead if c in flagged.columns]), out / "downstream.csv"))
+    spec = frontier_chart(flagged, names.LM_EVAL_LOOPS, names.LM_EVAL_AVG, name="downstream",
+                          compute_label="executed loops per token on the tasks",
+                          quality_label="downstream average accuracy",
+                          title="Downstream accuracy against executed loops (Fig. 3)")
+    paths["downstream.png"] = render_png(spec, out / "downstream.png")
+    charts.append(spec)
+    return [("Downstream accuracy against compute", chart_slot(
+        "downstream", "Average accuracy over the evaluated tasks against the loops executed per token on them: the "
+                      "pre-trained model forced to each depth (App. F), and each gated method's final stage under "
+                      "dense and skip over q (App. G); bars: seed intervals; step lines: each series' frontier."))]
+
+
+def _zoo_section(agg, quality, out, paths, charts, notes) -> list[tuple[str, str]]:
+    """The zero-shot exit rules beside the learned gate: does the gate earn its training?"""
+    # The axes the rules were measured on: downstream when they were evaluated on tasks,
+    # else the validation set's, in the report's quality when they have it.
+    rules = agg.filter(pl.col("is_final_stage") & pl.col("policy").str.contains("-", literal=True))
+    axes = [(names.LM_EVAL_LOOPS, names.LM_EVAL_AVG)] + [
+        ("executed_loops", q) for q in dict.fromkeys((quality, "accuracy", "ppl", "loss")) if q in QUALITY_LABELS
+        and q != names.LM_EVAL_AVG]
+    found = next(((c, q) for c, q in axes if c in rules.columns and q in rules.columns
+                  and rules.filter(pl.col(c).is_not_null() & pl.col(q).is_not_null()).height), None)
+    rows = zoo_rows(agg, *found) if found else None
+    if rows is not None:
+        compute_col, zoo_quality = found
+        downstream = compute_col == names.LM_EVAL_LOOPS
+    if rows is None:
+        notes.append("policy zoo: skipped, no zero-shot exit rule evaluated on a final stage "
+                     "(metrics like skip_entropy2.5_*, dense_kl0.01_*)")
+        return []
+    maximize = _maximize(zoo_quality)
+    flagged = _flagged(rows, compute_col, zoo_quality)
+    groups = {name[0]: g for name, g in flagged.group_by("series", maintain_order=True)}
+    gaps = []
+    for series, group in groups.items():
+        method, _, policy = series.partition(" · ")
+        if not names.is_rule_policy(policy):
+            continue
+        gate = f"{method} · {policy.split('-', 1)[0]}"
+        row = {"method": method, "rule": policy, "gate": gate, "area": None, "mean_gap": None, "compute_from": None,
+               "compute_to": None, "note": ""}
+        if gate not in groups:
+            row["note"] = f"no learned gate under {policy.split('-', 1)[0]} in {method}"
+        else:
+            try:
+                gap = frontier_gap(groups[gate], group, "compute", "quality", maximize=maximize)
+                row.update(area=gap["area"], mean_gap=gap["mean_gap"], compute_from=gap["lo"], compute_to=gap["hi"],
+                           note="the gate is better" if gap["area"] > 0 else
+                           "the rule is better" if gap["area"] < 0 else "a tie")
+            except AnalysisError as e:
+                row["note"] = str(e)
+        gaps.append(row)
+    table = pl.DataFrame(gaps, schema={"method": pl.String, "rule": pl.String, "gate": pl.String, "area": pl.Float64,
+                                       "mean_gap": pl.Float64, "compute_from": pl.Float64, "compute_to": pl.Float64,
+                                       "note": pl.String})
+    paths.update(_write_csv(table, out / "zoo.csv"))
+    label = QUALITY_LABELS.get(zoo_quality, zoo_quality)
+    compute_label = COMPUTE_AXES["downstream_loops" if downstream else "executed_loops"][1]
+    spec = frontier_chart(flagged, compute_col, zoo_quality, name="zoo", compute_label=compute_label,
+                          quality_label=label, title=f"Exit rules against the learned gate ({label})")
+    paths["zoo.png"] = render_png(spec, out / "zoo.png")
+    charts.append(spec)
+    return [("Policy zoo: zero-shot exit rules against the learned gate", chart_slot(
+        "zoo", "Final stage of each trial: each zero-shot exit rule (execution-rule, over its threshold) beside the "
+               "learned gate (over q) of the same method and execution.") + _html_table(
+        table, "Area between the gate's frontier and each rule's over their shared compute range (step functions; "
+               "positive: the learned gate is better, so it earns its training). Mean gap = area / range width."))]
 
 
 def _skip_section(agg, out, paths, charts) -> list[tuple[str, str]]:

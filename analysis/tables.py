@@ -11,11 +11,20 @@ decimals, "mean ± std" when more than one seed was pooled.
                    layers and effective depth), PPL, Acc, the lm-eval tasks, Avg.
                    Full-depth evaluation of each pre-trained model (or of the final
                    stage when no pretrain stage was logged).
+  exit_gate_table  Table 4: Model, Exit, q, Exec., PPL, the tasks, Avg.: each model
+                   without a gate at full depth, and each gated method's final stage
+                   at the q with the best downstream average, per execution (skip among
+                   the q that run fewer than R loops, as the paper picks CHASE's q).
   threshold_table  App. G: Stage, Mode, q, Iter (mean exit step: the paper's "average
                    exit step selected by the gate"), Exec. (executed loops), PPL, Acc,
-                   tasks, Avg., for every gate stage and exit policy.
+                   tasks, Avg., for every gate stage and exit policy; with downstream
+                   evaluations also Exec. on the tasks.
   fixed_loop_table App. F: Forced loops r = 1..R, PPL, Acc, tasks, Avg. Forced depths
-                   are logged by the gate stages, so each gate stage has its rows.
+                   are logged by the gate stages' validation, and by downstream
+                   evaluations of any stage (the pre-trained model's App. F).
+
+A stage several trials share (pre-training, Stage-1 of both arms) appears once per point
+in the stage tables (analysis.points.shared_once).
   skip_table       Fig. 2 as a table: per q, executed loops under skip, the ideal
                    speedup R / loops, perplexity and accuracy of skip against full
                    compute (all R loops) and dense at the same q, Δ in % / points.
@@ -32,6 +41,7 @@ from pathlib import Path
 import polars as pl
 
 from analysis import names
+from analysis.points import shared_once
 
 PCT = "pct"  # display as percent
 NUM = "num"
@@ -172,14 +182,18 @@ def threshold_table(agg: pl.DataFrame) -> Table | None:
     rows = agg.filter(pl.col("policy").is_in([names.DENSE, names.SKIP]))
     if rows.is_empty():
         return None
-    rows = rows.sort(["label", _stage_rank(), "policy", "q"], descending=[False, False, False, True])
+    rows = shared_once(rows).sort(["label", _stage_rank(), "policy", "q"], descending=[False, False, False, True])
     quality = _quality_columns(agg, rows)
-    header = ["Stage", "Mode", "q", "Iter", "Exec.", *(h for h, _, _ in quality), "n"]
+    downstream = _has(rows, names.LM_EVAL_LOOPS)
+    header = ["Stage", "Mode", "q", "Iter", "Exec.", *(["Exec. (tasks)"] if downstream else []),
+              *(h for h, _, _ in quality), "n"]
     cells = [[r["stage"] or "", r["policy"], f"{r['q']:.2f}", _cell(r, "mean_exit_step"), _cell(r, "executed_loops"),
+              *([_cell(r, names.LM_EVAL_LOOPS)] if downstream else []),
               *(_cell(r, c, k) for _, c, k in quality), str(r["n_seeds"])] for r in rows.iter_rows(named=True)]
     header, cells = _with_model_column(rows, header, cells)
     data = _data(rows, ["experiment", "label", "stage", "policy", "q", "mean_exit_step", "mean_exit_step_std",
-                        "executed_loops", "executed_loops_std"], quality)
+                        "executed_loops", "executed_loops_std",
+                        *([names.LM_EVAL_LOOPS, f"{names.LM_EVAL_LOOPS}_std"] if downstream else [])], quality)
     return Table("threshold_sweep", "Exit-gate threshold sweep",
                  "Iter: mean exit step the gate selects; Exec.: loops executed per token (R under dense, fewer "
                  "under skip) (App. G).", data, header, cells)
@@ -194,7 +208,7 @@ def fixed_loop_table(agg: pl.DataFrame) -> Table | None:
     full = agg.filter(pl.col("policy") == names.FULL).join(forced.select(key).unique(), on=key, how="semi")
     rows = pl.concat([forced, full.with_columns(pl.col("n_loops").cast(forced["depth"].dtype).alias("depth"))],
                      how="diagonal_relaxed")
-    rows = rows.sort(["label", _stage_rank(), "depth"])
+    rows = shared_once(rows).sort(["label", _stage_rank(), "depth"])
     quality = _quality_columns(agg, rows)
     header = ["Stage", "Forced loops", *(h for h, _, _ in quality), "n"]
     cells = [[r["stage"] or "", str(r["depth"]), *(_cell(r, c, k) for _, c, k in quality), str(r["n_seeds"])]
@@ -202,8 +216,49 @@ def fixed_loop_table(agg: pl.DataFrame) -> Table | None:
     header, cells = _with_model_column(rows, header, cells)
     data = _data(rows, ["experiment", "label", "stage", "depth"], quality)
     return Table("fixed_loop", "Fixed-loop inference ablation",
-                 "Every token forced to stop at depth r (App. F); logged by each gate stage's evaluation.",
+                 "Every token forced to stop at depth r (App. F); depth R is full depth. Validation columns from each "
+                 "gate stage's evaluation, task columns from downstream evaluations (a pre-trained model's too).",
                  data, header, cells)
+
+
+def _has(rows: pl.DataFrame, column: str) -> bool:
+    return column in rows.columns and rows[column].is_not_null().any()
+
+
+def exit_gate_table(agg: pl.DataFrame) -> Table | None:
+    """Table 4 from downstream evaluations (module docstring)."""
+    from looplab.stages import get_stage
+
+    if not _has(agg, names.LM_EVAL_AVG):
+        return None
+    rows = agg.filter(pl.col(names.LM_EVAL_AVG).is_not_null())
+    gateless = [s for s in names.STAGES if not get_stage(s).gated]
+    loops = pl.coalesce([c for c in (names.LM_EVAL_LOOPS, "executed_loops") if c in rows.columns])
+    rows = rows.with_columns(loops.alias("_exec"))
+    fixed = shared_once(rows.filter(pl.col("stage").is_in(gateless) & (pl.col("policy") == names.FULL)))
+    gated = rows.filter(pl.col("is_final_stage") & pl.col("policy").is_in([names.DENSE, names.SKIP])
+                        & ~pl.col("stage").is_in(gateless))
+    picks = []
+    for _, group in gated.group_by(["experiment", "trial_config_hash", "policy"], maintain_order=True):
+        if group["policy"][0] == names.SKIP:  # CHASE's q: the best among those that save compute
+            saving = group.filter(pl.col("_exec") < pl.col("n_loops").cast(pl.Float64) - 1e-9)
+            group = saving if saving.height else group
+        picks.append(group.sort([names.LM_EVAL_AVG, "_exec", "q"], descending=[True, False, True],
+                                nulls_last=True).head(1))
+    table = pl.concat([fixed, *picks], how="diagonal_relaxed") if picks else fixed
+    if table.is_empty():
+        return None
+    table = table.with_columns(_stage_rank().alias("_rank")).sort(["experiment", "_rank", "label", "policy"])
+    quality = [c for c in _quality_columns(agg, table) if c[1] != "accuracy"]  # next-token accuracy: not Table 4's
+    header = ["Model", "Exit", "q", "Exec.", *(h for h, _, _ in quality), "n"]
+    cells = [[r["label"] or "", r["policy"], "–" if r["q"] is None else f"{r['q']:.1f}", _cell(r, "_exec"),
+              *(_cell(r, c, k) for _, c, k in quality), str(r["n_seeds"])] for r in table.iter_rows(named=True)]
+    data = _data(table.rename({"_exec": "exec_loops"}), ["experiment", "label", "stage", "policy", "q", "exec_loops"],
+                 quality)
+    return Table("exit_gate", "Downstream evaluation with exit gates",
+                 "Each model without a gate at full depth; each gated method's final stage at the q with the best "
+                 "downstream Avg. per execution (skip: among the q that execute fewer than R loops, as the paper "
+                 "picks CHASE's). Exec.: loops executed per token on the tasks (Table 4).", data, header, cells)
 
 
 def skip_table(agg: pl.DataFrame) -> Table | None:
@@ -262,9 +317,10 @@ def beta_table(agg: pl.DataFrame) -> Table | None:
                  "with the full-depth validation metrics (App. E).", data, header, cells)
 
 
-BUILDERS = {"iso_table": iso_table, "threshold_sweep": threshold_table, "fixed_loop": fixed_loop_table,
-            "skip_vs_full": skip_table, "beta_ablation": beta_table}
+BUILDERS = {"iso_table": iso_table, "exit_gate": exit_gate_table, "threshold_sweep": threshold_table,
+            "fixed_loop": fixed_loop_table, "skip_vs_full": skip_table, "beta_ablation": beta_table}
 WHY_EMPTY = {"iso_table": "no full-depth evaluation (val_*)",
+             "exit_gate": "no downstream evaluations (lm_eval.*: a sweep with --eval-tasks, or python -m sweeps.evaluate)",
              "threshold_sweep": "no exit-policy metrics (dense_q*/skip_q*)",
              "fixed_loop": "no forced-depth metrics (forced_d*)",
              "skip_vs_full": "no skip metrics in the final stage",

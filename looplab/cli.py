@@ -7,7 +7,7 @@
     looplab eval --checkpoint runs/x/checkpoint [--policies 'full;dense:0.2,0.4;skip:0.4;forced:1-3'] [--json out.json]
     looplab eval --checkpoint runs/x/checkpoint --policies 'skip-entropy:1.0,2.0;dense-kl:0.01;skip-stable:2-3'
     looplab lm-eval --checkpoint runs/lm/checkpoint --suite paper [--policy skip:0.4] [--limit 100] [--local-data DIR]
-    looplab lm-eval --checkpoint runs/lm/checkpoint --tasks piqa,my_task [--include-path DIR] [--output out.json]
+    looplab lm-eval --checkpoint runs/lm/checkpoint --tasks piqa,my_task [--include-path DIR] [--tokenizer bytes] [--output out.json]
     looplab bench --preset local --batch 1,8,16 --seq-len 512,1024 --oracle-mean 2.0 [--json out.json]
     looplab presets
     looplab info --preset paper-140m [arch=hybrid ...]
@@ -198,6 +198,8 @@ def cmd_lm_eval(args) -> int:
     model_args = {"policy": args.policy, "batch_size": args.batch_size, "device": args.device}
     report = {"checkpoint": str(args.checkpoint), "suite": args.suite, **model_args, "policy": args.policy.spec,
               "limit": args.limit}
+    if args.tokenizer:  # for checkpoints that do not record theirs (the adapter says so otherwise)
+        model_args["tokenizer"] = report["tokenizer"] = args.tokenizer
     if args.suite:
         from looplab.lm_eval_suite import run_suite
 
@@ -392,6 +394,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="exit policy: full | forced:D | dense:Q | skip:Q (the gate's threshold rule) | "
                          "dense-entropy:T | skip-entropy:T | dense-kl:T | skip-kl:T | dense-stable:K | "
                          "skip-stable:K (zero-shot rules, no gate needed) (default full)")
+    le.add_argument("--tokenizer", default=None,
+                    help="the tokenizer the model was trained with, for checkpoints that do not record one: "
+                         "mistral | bytes | an HF tokenizer name (default: the checkpoint's)")
     le.add_argument("--limit", type=_limit, default=None, help="documents per task (or a fraction < 1)")
     le.add_argument("--batch-size", type=at_least(1), default=8)
     le.add_argument("--device", default="auto")

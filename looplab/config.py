@@ -457,6 +457,12 @@ def _digest(payload: dict[str, Any]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
+def content_key(payload: dict[str, Any]) -> str:
+    """A content key like stage_key's (12 hex digits of SHA-256 over canonical JSON), for
+    the other steps keyed by what they compute (trainables/evaluation.py: eval_key)."""
+    return _digest(payload)
+
+
 def _build(cls: type, values: dict[str, Any], prefix: str) -> Any:
     known = {f.name for f in dataclasses.fields(cls)}
     for k in values:

@@ -26,12 +26,16 @@ precision (auto: bf16 autocast on CUDA, fp32 on CPU).
 Besides log-likelihoods the adapter counts the backbone steps each real token ran:
 `executed_loops` (all requests) and `executed_loops_by_task` are token-weighted
 means over the non-padding tokens of every forward pass, and `evaluate_tasks` writes
-each task's value beside its accuracies in the results dict.
+each task's value beside its accuracies in the results dict, with the backbone FLOPs
+per token those steps cost (`backbone_flops_per_token`: steps × one step's FLOPs at
+the row's length) and the model's time on the task (`model_seconds`: each forward's
+time split over its rows by their tokens, since one batch mixes tasks).
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
@@ -57,18 +61,26 @@ DEFAULT_MAX_GEN_TOKS = 256
 
 @dataclass
 class LoopTally:
-    """Token-weighted sum of executed backbone steps."""
+    """Token-weighted sums of executed backbone steps, their FLOPs, and model time."""
 
     step_tokens: float = 0.0  # Σ over real tokens of the steps each one ran
     tokens: int = 0
+    flops: float = 0.0  # Σ over real tokens of the backbone FLOPs their steps cost
+    seconds: float = 0.0  # model time, each forward's split over its rows by their tokens
 
-    def add(self, step_tokens: float, tokens: int) -> None:
+    def add(self, step_tokens: float, tokens: int, flops: float = 0.0, seconds: float = 0.0) -> None:
         self.step_tokens += float(step_tokens)
         self.tokens += int(tokens)
+        self.flops += float(flops)
+        self.seconds += float(seconds)
 
     @property
     def mean(self) -> float | None:
         return self.step_tokens / self.tokens if self.tokens else None
+
+    @property
+    def flops_per_token(self) -> float | None:
+        return self.flops / self.tokens if self.tokens else None
 
 
 def _as_int(name: str, value: Any, minimum: int = 1) -> int:
@@ -114,6 +126,7 @@ class LoopLabLM(TemplateLM):
         self.tokenizer = self._load_tokenizer(tokenizer)
         self._pad_id = self.tokenizer.pad_id if self.tokenizer.pad_id is not None else self.tokenizer.eos_id
         self.reset_loop_tally()
+        self._flops_cache: dict[int, int] = {}
         self._request_tasks: list[str | None] | None = None
 
     # ---- configuration ---------------------------------------------------------
@@ -124,8 +137,9 @@ class LoopLabLM(TemplateLM):
     def _load_tokenizer(self, spec):
         spec = spec if spec is not None else self.model.metadata.get("tokenizer")
         if spec is None:
-            raise ConfigError(f"checkpoint={self.checkpoint!r} carries no metadata['tokenizer']; "
-                              "allowed: pass tokenizer=mistral | bytes | an HF tokenizer name")
+            raise ConfigError(f"checkpoint={self.checkpoint!r} carries no metadata['tokenizer']; allowed: name "
+                              "the tokenizer it was trained with (looplab lm-eval --tokenizer NAME; model arg "
+                              "tokenizer=NAME): mistral | bytes | an HF tokenizer name")
         if isinstance(spec, str):
             from looplab.tokenizer import load_tokenizer
 
@@ -268,8 +282,12 @@ class LoopLabLM(TemplateLM):
             ids[i, :len(row)] = torch.tensor(row, dtype=torch.long)
             mask[i, :len(row)] = True
         ids, mask = ids.to(self._device), mask.to(self._device)
+        start = time.perf_counter()
         with autocast_context(self._device, self.precision):
             out = self.model(ids, self.policy, mask=mask)
+        if self._device.type == "cuda":  # kernels run asynchronously: time them, not their launch
+            torch.cuda.synchronize(self._device)
+        seconds = time.perf_counter() - start
         real = int(mask.sum())
         self._tally.add(out.executed_loops * real, real)
         # Dense runs every token through all R steps (its gate or zoo rule only picks
@@ -277,9 +295,19 @@ class LoopLabLM(TemplateLM):
         fixed = self.policy.loops_run(self.n_loops)
         steps = out.exit_step if fixed is None else torch.full_like(out.exit_step, fixed)
         per_row = (steps * mask).sum(dim=1).tolist()
+        total_flops = 0.0
         for row, task, step_tokens in zip(rows, tasks, per_row):
-            self._tally_by_task[task].add(step_tokens, len(row))
+            flops = step_tokens * self._step_flops(len(row))
+            total_flops += flops
+            self._tally_by_task[task].add(step_tokens, len(row), flops, seconds * len(row) / real)
+        self._tally.add(out.executed_loops * real, real, total_flops, seconds)
         return out.logits
+
+    def _step_flops(self, length: int) -> int:
+        """FLOPs per token of one backbone step at this context length (cached: rows repeat lengths)."""
+        if length not in self._flops_cache:
+            self._flops_cache[length] = self.model.step_flops(length)
+        return self._flops_cache[length]
 
     def _score(self, pairs: list[tuple[list[int], list[int]]], tasks: list[str | None],
                disable_tqdm: bool = True) -> list[tuple[float, bool]]:
@@ -404,16 +432,20 @@ def evaluate_tasks(checkpoint_or_model, tasks: list, *, include_path: str | os.P
 
 
 def attach_executed_loops(results: dict[str, Any], lm: LoopLabLM) -> None:
-    """results["results"][task]["executed_loops"] for every task and group, and
-    results["executed_loops"] over all requests."""
+    """results["results"][task]["executed_loops"], ["backbone_flops_per_token"] and
+    ["model_seconds"] for every task and group, and results["executed_loops"] over all
+    requests."""
     tallies = lm.loop_tallies()
     for name, row in results.get("results", {}).items():
         members = results.get("group_subtasks", {}).get(name) or [name]
         total = LoopTally()
         for member in _leaves(members, results):
             if member in tallies:
-                total.add(tallies[member].step_tokens, tallies[member].tokens)
+                t = tallies[member]
+                total.add(t.step_tokens, t.tokens, t.flops, t.seconds)
         row["executed_loops"] = total.mean
+        row["backbone_flops_per_token"] = total.flops_per_token
+        row["model_seconds"] = total.seconds if total.tokens else None
     results["executed_loops"] = lm.executed_loops
 
 

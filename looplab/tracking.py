@@ -8,7 +8,9 @@ The tree: one experiment per sweep (`experiment_name`: sweep and preset), marked
 a model-training experiment so MLflow's dashboard opens on its runs, not its GenAI
 overview; one parent run per sweep, keyed by the sweep's content (tag `sweep_key`);
 one child run per trial, named by its final stage's key; one nested run per stage,
-keyed by its `stage_key`. Run levels are in the tag `level`.
+keyed by its `stage_key`; one nested run per downstream evaluation (level eval), keyed by
+its `eval_key` (trainables/evaluation.py) and nested under the run that trained its stage.
+Run levels are in the tag `level`.
 
 Metrics:
   training    TRAIN_METRICS per logged step, plus the stage's own diagnostics
@@ -19,6 +21,14 @@ Metrics:
               EVAL_QUANTITIES, e.g. val_ppl, skip_q0.4_executed_loops, forced_d2_accuracy;
               lm-eval scores are the quantity lm_eval.<task> (the task's suite accuracy,
               a fraction) and lm_eval_avg, e.g. skip_q0.4_lm_eval.piqa
+  downstream  an evaluation run (level eval) logs, under its policy's prefix, for its task:
+              lm_eval.<task> (accuracy), lm_eval_loops.<task> (executed loops per token on
+              the task's requests: downstream, never the validation set's executed_loops),
+              lm_eval_flops.<task> (backbone FLOPs per token there), lm_eval_seconds.<task>
+              (the model's time on them) and lm_eval_ppl.<task> where the task reports a
+              perplexity, e.g. skip_q0.4_lm_eval_loops.piqa. A family without a task
+              (lm_eval_loops, lm_eval_avg) is the suite's mean over its tasks, which
+              analysis computes from the runs of one checkpoint and policy
   timing      STAGE_SECONDS (the stage's training, once per stage), MLFLOW_SECONDS and
               REPORT_SECONDS (time the stage spent in MLflow and Ray reports)
 
@@ -36,10 +46,11 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+from looplab.errors import ConfigError
 from looplab.policy import PREFIX_PATTERN, ExitPolicy
 
 # ---- experiments and runs ------------------------------------------------------------
-SWEEP, TRIAL, STAGE, BENCH = "sweep", "trial", "stage", "bench"  # values of the tag `level`
+SWEEP, TRIAL, STAGE, EVAL, BENCH = "sweep", "trial", "stage", "eval", "bench"  # values of the tag `level`
 BENCH_EXPERIMENT = "looplab-bench"
 # MLflow's own tags the platform sets.
 PARENT_RUN_TAG = "mlflow.parentRunId"
@@ -65,6 +76,10 @@ def stage_run_name(stage: str, stage_key: str) -> str:
     return f"{stage}-{stage_key}"
 
 
+def eval_run_name(task: str, policy: ExitPolicy, eval_key: str) -> str:
+    return f"eval-{task}-{policy.spec}-{eval_key}"
+
+
 # ---- tags ------------------------------------------------------------------------------
 LEVEL = "level"
 STAGE_KEY = "stage_key"  # the stage's key; a trial carries its final stage's
@@ -82,11 +97,20 @@ TRIAL_RUN = "trial_run"  # a stage run's trial (part of its lookup key)
 REUSED = "reused"  # "true" when a stage run reports a stage trained by another trial
 REUSED_FROM = "reused_from"  # the run that trained it
 CHECKPOINT = "checkpoint"
+KILLED_BY = "killed_by"  # on a run closed as KILLED: the invocation that found its process gone
 RAY_NODE = "ray_node_id"
 HOSTNAME = "hostname"
+# An evaluation run's own tags (beside its checkpoint's stage_key, config_hash, stage, method,
+# lineage, checkpoint and preset): its content key, its exit policy (spec) and lm-eval task.
+EVAL_KEY = "eval_key"
+POLICY_TAG = "policy"
+TASK_TAG = "task"
+ERROR_TAG = "error"  # a FAILED evaluation's exception, one line
+EVAL_PARAM = "eval."  # an evaluation's settings as params: eval.task, eval.policy, eval.limit, ...
 # Tags analysis turns into columns.
 CONTENT_TAGS = (LEVEL, CONFIG_HASH, STAGE_KEY, STAGE_TAG, METHOD, LINEAGE, PARENT_CHECKPOINT, PRESET, GIT_SHA,
-                SWEEP_KEY, SWEEP_TAG, REUSED, REUSED_FROM, CHECKPOINT, COMMAND, TRIAL_RUN)
+                SWEEP_KEY, SWEEP_TAG, REUSED, REUSED_FROM, CHECKPOINT, COMMAND, TRIAL_RUN, EVAL_KEY, POLICY_TAG,
+                TASK_TAG)
 SEARCH_PARAM = "search."  # trial params: the searched values, e.g. search.beta, search.seed
 
 # ---- metrics ---------------------------------------------------------------------------
@@ -94,6 +118,15 @@ TRAIN_METRICS = ("loss", "exit_entropy", "expected_exit_step", "lr", "grad_norm"
 EVAL_QUANTITIES = ("executed_loops", "mean_exit_step", "accuracy", "ppl", "loss", "backbone_flops_per_token")
 LM_EVAL = "lm_eval."  # quantity prefix of an lm-eval task score: lm_eval.<task>
 LM_EVAL_AVG = "lm_eval_avg"  # the suite's average accuracy
+# Downstream quantities beside a task's accuracy: <family>.<task> per task, <family> for the
+# suite's mean over its tasks (see the module docstring).
+LM_EVAL_LOOPS = "lm_eval_loops"  # executed loops per token on the task's requests
+LM_EVAL_FLOPS = "lm_eval_flops"  # backbone FLOPs per token there
+LM_EVAL_SECONDS = "lm_eval_seconds"  # the model's time on them
+LM_EVAL_PPL = "lm_eval_ppl"  # the task's perplexity, where it reports one
+LM_EVAL_FAMILIES = (LM_EVAL_LOOPS, LM_EVAL_FLOPS, LM_EVAL_SECONDS, LM_EVAL_PPL)
+# What the sweep run records about its evaluation step (the summary says it too).
+EVALS_RAN, EVALS_REUSED, EVALS_FAILED = "evaluations_ran", "evaluations_reused", "evaluations_failed"
 STAGE_SECONDS = "stage_seconds"
 MLFLOW_SECONDS = "mlflow_seconds"
 REPORT_SECONDS = "report_seconds"
@@ -101,10 +134,12 @@ BENCH_METRICS = ("speedup", "ideal_speedup", "mean_executed_loops", "batch_max_s
                  "time_skip_s", "peak_mem_full", "peak_mem_skip")
 
 _QUANTITY = "|".join(re.escape(q) for q in EVAL_QUANTITIES)
+_FAMILY = "|".join(re.escape(f) for f in LM_EVAL_FAMILIES)
 # One regular expression for every evaluation metric name (analysis runs it in polars
 # too): the policy prefix's groups (val, depth, execution, rule, q) and the quantity.
 METRIC_PATTERN = re.compile(
-    rf"^{PREFIX_PATTERN.pattern}(?P<quantity>{_QUANTITY}|{re.escape(LM_EVAL_AVG)}|{re.escape(LM_EVAL)}\S+)$")
+    rf"^{PREFIX_PATTERN.pattern}(?P<quantity>{_QUANTITY}|{re.escape(LM_EVAL_AVG)}|{re.escape(LM_EVAL)}\S+"
+    rf"|(?:{_FAMILY})(?:\.\S+)?)$")
 
 
 def policy_metric(policy: ExitPolicy, quantity: str) -> str:
@@ -112,18 +147,28 @@ def policy_metric(policy: ExitPolicy, quantity: str) -> str:
     return policy.metric_prefix + quantity
 
 
-def lm_eval_quantity(task: str) -> str:
-    return LM_EVAL + task
+def lm_eval_quantity(task: str, family: str | None = None) -> str:
+    """A task's downstream quantity: its accuracy lm_eval.<task>, or <family>.<task> for one
+    of LM_EVAL_FAMILIES, e.g. lm_eval_loops.piqa."""
+    if family is None:
+        return LM_EVAL + task
+    if family not in LM_EVAL_FAMILIES:
+        raise ValueError(f"family={family!r} is invalid; allowed: None (accuracy) | {' | '.join(LM_EVAL_FAMILIES)}")
+    return f"{family}.{task}"
 
 
 def parse_metric(name: str) -> tuple[ExitPolicy, str] | None:
     """'skip_q0.4_ppl' -> (skip:0.4, 'ppl'); 'skip_entropy2.5_ppl' -> (skip-entropy:2.5, 'ppl');
-    'val_lm_eval.piqa' -> (full, 'lm_eval.piqa');
-    anything that is not an evaluation metric -> None."""
+    'val_lm_eval.piqa' -> (full, 'lm_eval.piqa'); anything that is not an evaluation
+    metric of a policy this build knows -> None."""
     m = METRIC_PATTERN.match(name)
     if m is None:
         return None
-    return ExitPolicy.from_prefix(name[:m.start("quantity")]), m["quantity"]
+    try:
+        policy = ExitPolicy.from_prefix(name[:m.start("quantity")])
+    except ConfigError:  # the shape of a prefix with a value no policy takes (skip_stable2.5_)
+        return None
+    return None if policy is None else (policy, m["quantity"])
 
 
 def record_metrics(record: dict[str, Any]) -> dict[str, float]:
@@ -230,6 +275,28 @@ def config_tags(cfg, *, level: str, git: str | None = None, lineage=None, **extr
             PRESET: cfg.preset, GIT_SHA: git or git_sha()}
     tags.update({k: str(v) for k, v in extra.items()})
     return tags
+
+
+def eval_tags(*, eval_key: str, stage_key: str, config_hash: str, stage: str, lineage, checkpoint: str,
+              policy: ExitPolicy, task: str, preset: str = "", git: str | None = None) -> dict[str, str]:
+    """The tags of an evaluation run: its key, what it evaluated (the checkpoint's stage key,
+    config hash, stage, method and lineage, the policy and the task) and the code."""
+    from looplab.stages import method_of
+
+    lineage = list(lineage)
+    return {LEVEL: EVAL, EVAL_KEY: eval_key, STAGE_KEY: stage_key, CONFIG_HASH: config_hash, STAGE_TAG: stage,
+            METHOD: method_of(lineage), LINEAGE: "+".join(lineage), CHECKPOINT: checkpoint,
+            POLICY_TAG: policy.spec, TASK_TAG: task, PRESET: preset, GIT_SHA: git or git_sha()}
+
+
+def downstream_metrics(policy: ExitPolicy, task: str, *, accuracy: float | None, loops: float | None,
+                       flops: float | None = None, seconds: float | None = None,
+                       ppl: float | None = None) -> dict[str, float]:
+    """The metrics of one downstream evaluation (one task under one policy), by the names
+    of the module docstring; a value the task does not give is left out."""
+    values = {None: accuracy, LM_EVAL_LOOPS: loops, LM_EVAL_FLOPS: flops, LM_EVAL_SECONDS: seconds, LM_EVAL_PPL: ppl}
+    return {policy_metric(policy, lm_eval_quantity(task, family)): float(v) for family, v in values.items()
+            if isinstance(v, (int, float)) and math.isfinite(float(v))}
 
 
 def log_record(mlflow_client, run_id: str, record: dict[str, Any]) -> None:

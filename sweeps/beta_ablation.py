@@ -1,6 +1,7 @@
 """Stage-1 entropy coefficient β ablation (paper App. E): one loop-4 (R = 4) model
 pre-trained once, then Stage-1 from that shared checkpoint for each β, logging the
-exit entropy and expected exit step during training.
+exit entropy and expected exit step during training. `--eval-tasks` then evaluates the
+checkpoints downstream (sweeps/evaluate.py).
 
     python sweeps/beta_ablation.py --preset debug --dry-run
     python sweeps/beta_ablation.py --preset debug --storage-path runs/beta
@@ -12,9 +13,11 @@ import sys
 
 from looplab.config import apply_overrides
 from looplab.presets import get_preset, stage_budget
+from sweeps.evaluate import add_eval_flags, grid_from_args, with_evaluation
 from sweeps.flags import Common, fail, parse_list
 from sweeps.launch import main
 from sweeps.plan import Sweep
+from trainables.evaluation import EvalGrid
 from trainables.pipeline import PipelineSpec
 
 BETAS = "0.05,0.1,0.25,0.5,1.0"
@@ -25,7 +28,8 @@ BETAS = "0.05,0.1,0.25,0.5,1.0"
 STAGE1_FRACTION = 0.2
 
 
-def beta_ablation(common: Common, betas: list[float], stage1_steps: int | None = None) -> Sweep:
+def beta_ablation(common: Common, betas: list[float], stage1_steps: int | None = None,
+                  evaluation: EvalGrid | None = None) -> Sweep:
     """The sweep: pretrain → Stage-1 at each β (searched in Stage-1 only, so every
     trial continues the same pre-training). stage1_steps None: the preset's Stage-1
     budget, else 20% of its pre-training steps."""
@@ -38,10 +42,11 @@ def beta_ablation(common: Common, betas: list[float], stage1_steps: int | None =
     spec = PipelineSpec(preset=common.preset, stages=("pretrain", "stage1"), overrides=overrides,
                         stage_overrides=common.stage_overrides_over(declared),
                         searched={"beta": "exit.beta"}, searched_stages=("stage1",))
-    return Sweep(name="beta_ablation", spec=spec, grid={"beta": betas}, ranges={"beta": (0.01, 2.0, "log")},
-                 metric="val_ppl", mode="min",
-                 columns=("val_ppl", "val_accuracy", "exit_entropy", "expected_exit_step"),
-                 flags={"beta": "--betas", "stage1": "--stage1-steps"})
+    return with_evaluation(Sweep(name="beta_ablation", spec=spec, grid={"beta": betas},
+                                 ranges={"beta": (0.01, 2.0, "log")}, metric="val_ppl", mode="min",
+                                 columns=("val_ppl", "val_accuracy", "exit_entropy", "expected_exit_step"),
+                                 flags={"beta": "--betas", "stage1": "--stage1-steps"}),
+                           evaluation)
 
 
 def add_flags(p) -> None:
@@ -50,12 +55,13 @@ def add_flags(p) -> None:
     p.add_argument("--stage1-steps", type=int, default=None,
                    help=f"Stage-1 steps (default: the preset's Stage-1 budget, else {share} of the pre-training "
                         "steps, at least 20)")
+    add_eval_flags(p)
 
 
 def from_args(common: Common, args) -> Sweep:
     if args.stage1_steps is not None and args.stage1_steps < 1:
         fail("--stage1-steps", args.stage1_steps, "an integer >= 1")
-    return beta_ablation(common, parse_list("--betas", args.betas), args.stage1_steps)
+    return beta_ablation(common, parse_list("--betas", args.betas), args.stage1_steps, evaluation=grid_from_args(args))
 
 
 if __name__ == "__main__":

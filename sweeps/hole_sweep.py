@@ -2,6 +2,7 @@
 hole probability hp × target-depth range [lo, hi] (and ρ), each followed by
 Stage-2 and the threshold evaluation (dense and skip over q, forced depths).
 `--sampler threshold` sweeps ρ × the threshold range [q_low, q_high] instead.
+`--eval-tasks` evaluates every trained checkpoint downstream afterwards (sweeps/evaluate.py).
 
     python sweeps/hole_sweep.py --dry-run
     python sweeps/hole_sweep.py --hps 0.25,0.5,0.75 --ranges 1.0-4.0,1.85-3.45 --storage-path runs/holes
@@ -12,9 +13,11 @@ from __future__ import annotations
 
 import sys
 
+from sweeps.evaluate import add_eval_flags, grid_from_args, with_evaluation
 from sweeps.flags import Common, fail, parse_list, parse_ranges
 from sweeps.launch import main
 from sweeps.plan import Sweep
+from trainables.evaluation import EvalGrid
 from trainables.pipeline import PipelineSpec
 
 HOLE_PARAMS = {"hp": "hole.hp", "lo": "hole.lo", "hi": "hole.hi", "rho": "hole.rho",
@@ -23,7 +26,7 @@ SAMPLERS = ("depth", "threshold")
 
 
 def hole_sweep(common: Common, sampler: str, rhos: list[float], hps: list[float] | None = None,
-               ranges: tuple[dict[str, float], ...] = ()) -> Sweep:
+               ranges: tuple[dict[str, float], ...] = (), evaluation: EvalGrid | None = None) -> Sweep:
     """sampler depth: ρ × hp × the depth ranges ({lo, hi}); threshold: ρ × the q ranges ({q_low, q_high})."""
     if sampler not in SAMPLERS:
         fail("--sampler", sampler, " | ".join(SAMPLERS))
@@ -34,12 +37,13 @@ def hole_sweep(common: Common, sampler: str, rhos: list[float], hps: list[float]
     grid = {"rho": list(rhos)}
     if sampler == "depth":
         grid["hp"] = list(hps or [])
-    return Sweep(name=f"hole_sweep_{sampler}", spec=spec, grid=grid, points=ranges,
-                 ranges={"hp": (0.05, 1.0, "linear"), "lo": (1.0, 2.5, "linear"), "hi": (2.5, 4.0, "linear")},
-                 metric="val_ppl", mode="min",
-                 columns=("val_ppl", "val_accuracy", "skip_q0.4_executed_loops", "skip_q0.4_ppl"),
-                 flags={"rho": "--rhos", "hp": "--hps", "lo": "--ranges", "hi": "--ranges", "q_low": "--q-ranges",
-                        "q_high": "--q-ranges", "hole.sampler": "--sampler"})
+    return with_evaluation(Sweep(
+        name=f"hole_sweep_{sampler}", spec=spec, grid=grid, points=ranges,
+        ranges={"hp": (0.05, 1.0, "linear"), "lo": (1.0, 2.5, "linear"), "hi": (2.5, 4.0, "linear")},
+        metric="val_ppl", mode="min", columns=("val_ppl", "val_accuracy", "skip_q0.4_executed_loops", "skip_q0.4_ppl"),
+        flags={"rho": "--rhos", "hp": "--hps", "lo": "--ranges", "hi": "--ranges", "q_low": "--q-ranges",
+               "q_high": "--q-ranges", "hole.sampler": "--sampler"}),
+        evaluation)
 
 
 def add_flags(p) -> None:
@@ -48,14 +52,16 @@ def add_flags(p) -> None:
     p.add_argument("--ranges", default="1.85-3.45,1.0-4.0", help="target depth ranges lo-hi (depth sampler)")
     p.add_argument("--q-ranges", default="0.2-0.8,0.4-0.6", help="threshold ranges q_low-q_high (threshold)")
     p.add_argument("--rhos", default="1.0", help="probability that a minibatch is holed")
+    add_eval_flags(p)
 
 
 def from_args(common: Common, args) -> Sweep:
     rhos = parse_list("--rhos", args.rhos)
     if args.sampler == "depth":
         return hole_sweep(common, "depth", rhos, parse_list("--hps", args.hps),
-                          parse_ranges("--ranges", args.ranges, "lo", "hi"))
-    return hole_sweep(common, args.sampler, rhos, ranges=parse_ranges("--q-ranges", args.q_ranges, "q_low", "q_high"))
+                          parse_ranges("--ranges", args.ranges, "lo", "hi"), evaluation=grid_from_args(args))
+    return hole_sweep(common, args.sampler, rhos, ranges=parse_ranges("--q-ranges", args.q_ranges, "q_low", "q_high"),
+                      evaluation=grid_from_args(args))
 
 
 if __name__ == "__main__":

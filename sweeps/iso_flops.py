@@ -1,6 +1,8 @@
 """Iso-parameter / iso-FLOPs N⊗R grids (paper Table 3 for language modelling;
 `--task mano|phop` gives the synthetic tables' grids): N⊗R against N⊗1 (same
-parameters) and NR⊗1 (same effective depth, same FLOPs), per backbone.
+parameters) and NR⊗1 (same effective depth, same FLOPs), per backbone. With
+`--eval-tasks paper` each language model is then evaluated downstream at forced depths
+1..R (Table 3's benchmark columns at R, App. F below it; sweeps/evaluate.py).
 
     python sweeps/iso_flops.py --dry-run                          # debug LM, laptop grid
     python sweeps/iso_flops.py --preset paper-140m --archs mamba2,transformer --gpus-per-worker 1
@@ -13,9 +15,11 @@ import sys
 
 from sweeps import mano, phop
 from sweeps.depth_grid import add_pair_flags, archs_from, depth_grid, pairs_from
+from sweeps.evaluate import add_eval_flags, grid_from_args, with_evaluation
 from sweeps.flags import Common, fail
 from sweeps.launch import main
 from sweeps.plan import Sweep
+from trainables.evaluation import EvalGrid
 
 TASKS = {  # task -> (default preset, small pairs, paper pairs, metric, mode, summary columns)
     "text": ("debug", "1x1,1x4,4x1", "6x1,6x4,12x1,12x2,24x1", "val_ppl", "min", ("val_ppl", "val_accuracy")),
@@ -24,11 +28,12 @@ TASKS = {  # task -> (default preset, small pairs, paper pairs, metric, mode, su
 }
 
 
-def iso_flops(common: Common, task: str, pairs, archs=None) -> Sweep:
+def iso_flops(common: Common, task: str, pairs, archs=None, evaluation: EvalGrid | None = None) -> Sweep:
     if task not in TASKS:
         fail("--task", task, " | ".join(TASKS))
     *_, metric, mode, columns = TASKS[task]
-    return depth_grid(f"iso_flops_{task}", common, pairs, archs=archs, metric=metric, mode=mode, columns=columns)
+    return with_evaluation(depth_grid(f"iso_flops_{task}", common, pairs, archs=archs, metric=metric, mode=mode,
+                                      columns=columns), evaluation)
 
 
 def task_of(argv: list[str]) -> str:
@@ -44,6 +49,7 @@ def flags_for(task: str):
     def add_flags(p) -> None:
         p.add_argument("--task", default="text", help="text | mano | phop (default text)")
         add_pair_flags(p, preset=preset, small_pairs=small, paper_pairs=paper, level=None)
+        add_eval_flags(p)
         p.set_defaults(seeds="0")
     return add_flags
 
@@ -52,7 +58,8 @@ def from_args(common: Common, args) -> Sweep:
     if args.task not in TASKS:
         fail("--task", args.task, " | ".join(TASKS))
     _, small, paper, *_ = TASKS[args.task]
-    return iso_flops(common, args.task, pairs_from(args, common, small, paper), archs_from(args))
+    return iso_flops(common, args.task, pairs_from(args, common, small, paper), archs_from(args),
+                     evaluation=grid_from_args(args))
 
 
 if __name__ == "__main__":

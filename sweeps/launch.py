@@ -171,6 +171,9 @@ def run_sweep(sweep: Sweep, launch: Launch, points: list[dict[str, Any]], res: R
             if launch.search == "grid":
                 _fit_shared_prefixes(sweep, launch, platform, points, res, store.path("ray_tune"), run_name, logs)
             results = _fit(sweep, launch, platform, res, store.path("ray_tune"), run_name, logs)
+            # Downstream evaluation of the trained checkpoints, what the store lacks (sweeps/evaluate.py).
+            from sweeps.evaluate import evaluate_trials
+            evaluation = evaluate_trials(sweep, platform, [trial_params(r.config) for r in results])
         rows = []
         for result in results:
             params = trial_params(result.config)
@@ -186,6 +189,8 @@ def run_sweep(sweep: Sweep, launch: Launch, points: list[dict[str, Any]], res: R
         table = summary_table(sweep, rows)
         describe_sweep_run(mc, sweep_run, sweep, table, report)
         print_summary(table, uri, experiment, sweep_run, store, local, run_name, report)
+        if evaluation is not None:  # how many evaluations ran, how many the store already had
+            print(evaluation.line())
         return rows
     finally:
         with _to_log(logs / "ray.log"):
@@ -222,15 +227,24 @@ def open_sweep_run(mc, experiment_id: str, run_name: str, key: str, preset: str)
 def close_orphans(mc, experiment_id: str, sweep_run: str) -> int:
     """KILLED for every RUNNING run below the sweep run (its trials, their stages, the
     shared stages): the invocation that started them is gone."""
-    children = [sweep_run]
-    closed = 0
+    # MLflow's filter strings have no OR (nor IN on tags): read the experiment's parent
+    # links once and walk the tree here.
+    below: dict[str, list] = {}
+    token = None
+    while True:
+        page = mc.search_runs([experiment_id], max_results=5000, page_token=token)
+        for run in page:
+            below.setdefault(run.data.tags.get(tracking.PARENT_RUN_TAG), []).append(run)
+        token = page.token
+        if not token:
+            break
+    children, closed = [sweep_run], 0
     while children:
-        parents = " or ".join(f"tags.`{tracking.PARENT_RUN_TAG}` = '{p}'" for p in children[:50])
-        found = mc.search_runs([experiment_id], filter_string=parents, max_results=5000)
-        children = children[50:] + [r.info.run_id for r in found]
+        found = [run for parent in children for run in below.get(parent, [])]
+        children = [r.info.run_id for r in found]
         for run in found:
             if run.info.status == "RUNNING":
-                mc.set_tag(run.info.run_id, "killed_by", f"sweep run {sweep_run} reopened by a new invocation")
+                mc.set_tag(run.info.run_id, tracking.KILLED_BY, f"sweep run {sweep_run} reopened by a new invocation")
                 mc.set_terminated(run.info.run_id, status="KILLED")
                 closed += 1
     return closed

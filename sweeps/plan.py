@@ -43,6 +43,9 @@ class Sweep:
     # sets, e.g. {"hp": "--hps", "hole.lo": "--depth-range"}: a bad value is reported
     # in the user's terms, not as the config field it reached.
     flags: dict[str, str] = field(default_factory=dict)
+    # Downstream evaluation after training (trainables/evaluation.EvalGrid, sweeps/evaluate.py).
+    # Not part of sweep_key: evaluations are keyed on their own, so a grown grid reuses the sweep.
+    evaluation: Any = None
 
     def __post_init__(self) -> None:
         # A threshold column must name a q the evaluation runs, or its cells stay empty.
@@ -252,6 +255,10 @@ def describe(sweep: Sweep, launch: Launch, points: list[dict[str, Any]], res: Re
         if jobs:
             lines.append(f"  first: {len(jobs)} shared stage chain(s) not yet trained, each with an even share "
                          "of the machine, then the trials (which reuse them)")
+    if sweep.evaluation is not None:  # the downstream grid (sweeps/evaluate.py)
+        from sweeps.evaluate import describe_evaluation
+
+        lines += describe_evaluation(sweep, points, launch.storage_path)
     return "\n".join(lines)
 
 

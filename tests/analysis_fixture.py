@@ -4,7 +4,9 @@ final stage's config, search.* values, content tags) and one nested run per stag
 shared upstream stages trained once and reused (reused=true, reused_from, the
 original's final metrics logged again); training records, the full-model eval and
 the threshold sweep (dense / skip at q, forced depths 1..R) logged as
-looplab.train's records through tracking.log_record.
+looplab.train's records through tracking.log_record. log_evaluations adds downstream
+evaluation runs (level eval) with the platform's writer (trainables/evaluation.py);
+log_zoo_rules adds zero-shot exit-rule metrics under the zoo's prefixes.
 
 The values are simple closed forms (VALUES below) so tests can state expected
 numbers by hand.
@@ -120,7 +122,8 @@ def log_sweep(uri: str, root: Path, experiment: str, *, arms=("Ouro", "CHASE"), 
         for i, cfg in enumerate(configs):
             if uses[cfg.stage_key()] > 1 and cfg.stage_key() not in trained:
                 trained[cfg.stage_key()] = _train_stage(mc, exp_id, configs[:i + 1], arm, seed, sweep, None, False)
-    out = {"sweep_run": sweep, "trials": {}, "stages": {}, "experiment_id": exp_id}
+    out = {"sweep_run": sweep, "trials": {}, "stages": {}, "experiment_id": exp_id, "configs": trials,
+           "trained": {key: done["run_id"] for key, done in trained.items()}}
     for (arm, seed, beta), configs in trials.items():
         final = configs[-1]
         lineage = [c.stage for c in configs]
@@ -154,6 +157,7 @@ def log_sweep(uri: str, root: Path, experiment: str, *, arms=("Ouro", "CHASE"), 
             out["stages"][(arm, seed, beta, cfg.stage)] = run
         tracking.close_run(mc, trial, ok=True)
     tracking.close_run(mc, sweep, ok=True)
+    out["trained"] = {key: done["run_id"] for key, done in trained.items()}
     return out
 
 
@@ -227,3 +231,98 @@ def log_history(uri: str, root: Path, experiment: str) -> str:
     tracking.log_record(mc, trial, {"kind": "train", "step": 30, "loss": 2.5})
     tracking.close_run(mc, trial, ok=True)
     return trial
+
+
+# ---- downstream evaluations (level eval) ---------------------------------------------------
+EVAL_TASKS = ("piqa", "arc_easy")
+
+
+def downstream_loops(policy: ExitPolicy) -> float:
+    """Loops executed on the tasks: forced d and dense exactly d and R; skip a little off
+    the validation set's skip_loops (1.92 ... 3.48, then 4.0 at q = 1), so a test can tell
+    the two apart."""
+    if policy.execution == FULL:
+        return float(R)
+    if policy.execution == FORCED:
+        return float(policy.depth)
+    if policy.execution == DENSE:
+        return float(R)
+    return min(float(R), 1.4 + 2.6 * policy.q)
+
+
+def downstream_accuracy(arm: str, stage: str, seed: int, policy: ExitPolicy, task_index: int) -> float:
+    """A task's accuracy: the pre-trained model rises with forced depth; dense peaks at
+    q = 0.8 (0.35), CHASE's skip at q = 0.6 (0.34), Ouro's skip falls with compute."""
+    s = 0.01 * seed + 0.01 * task_index
+    if policy.execution in (FULL, FORCED):
+        return 0.25 + 0.02 * (R if policy.execution == FULL else policy.depth) + s
+    q = policy.q
+    if policy.execution == DENSE:
+        return 0.35 - 0.5 * (q - 0.8) ** 2 + s
+    if arm == "CHASE":
+        return 0.34 - 0.25 * (q - 0.6) ** 2 + s
+    return 0.10 + 0.2 * q + s
+
+
+def log_evaluations(uri: str, root: Path, experiment: str, logged: dict, *, tasks=EVAL_TASKS) -> int:
+    """Evaluation runs as the platform's evaluation step writes them (open_eval_run,
+    tracking.downstream_metrics, nested under the run that trained the stage): the
+    pre-trained model at forced depths 1..R (R as full), each trial's final stage under
+    dense and skip at each q. Returns how many runs it wrote."""
+    from trainables.evaluation import Checkpoint, EvalTask, Evaluation, open_eval_run
+
+    mc = tracking.client(uri)
+    exp_id = tracking.ensure_experiment(mc, experiment, root / "mlflow")
+    grid_tasks = [EvalTask(t, "paper", 5, "acc_norm", "hub:fixture", "1") for t in tasks]
+    written, done = 0, set()
+    for (arm, seed, _beta), configs in logged["configs"].items():
+        for i, cfg in enumerate(configs):
+            if cfg.stage != "pretrain" and i != len(configs) - 1:
+                continue
+            if cfg.stage_key() in done:
+                continue
+            done.add(cfg.stage_key())
+            checkpoint = Checkpoint("ckpt", cfg.stage, cfg.stage_key(), cfg.config_hash(),
+                                    tuple(c.stage for c in configs[:i + 1]), R, logged["trained"][cfg.stage_key()])
+            policies = ([ExitPolicy.forced(d) for d in range(1, R)] + [ExitPolicy.full()] if cfg.stage == "pretrain"
+                        else [ExitPolicy.dense(q) for q in QS] + [ExitPolicy.skip(q) for q in QS])
+            for policy in policies:
+                for index, task in enumerate(grid_tasks):
+                    run, _ = open_eval_run(mc, exp_id, Evaluation(checkpoint, policy.spec, task), git="abc")
+                    loops = downstream_loops(policy)
+                    tracking.log_metrics(mc, run, tracking.downstream_metrics(
+                        policy, task.name, accuracy=downstream_accuracy(arm, cfg.stage, seed, policy, index),
+                        loops=loops, flops=1000.0 * loops, seconds=0.5 * loops))
+                    tracking.close_run(mc, run, ok=True)
+                    written += 1
+    return written
+
+
+# ---- the policy zoo (zero-shot exit rules) ----------------------------------------------------
+ZOO_RULES = {"skip_entropy": (0.5, 1.0, 2.0), "dense_kl": (0.01,)}
+
+
+def zoo_values(arm: str, seed: int, prefix: str, threshold: float) -> dict:
+    """A rule's validation point: skip-entropy at threshold t runs 4 - t loops at the
+    gate's accuracy for those loops minus 0.05 (CHASE; Ouro minus 0.02); dense-kl runs all R."""
+    if prefix.startswith("dense"):
+        return {"executed_loops": float(R), "accuracy": 0.40 + 0.01 * seed}
+    loops = R - threshold
+    gate = 0.29 + 0.04 * loops + 0.02 * seed if arm == "CHASE" else 0.05 + 0.16 * (loops - 1.5) + 0.02 * seed
+    return {"executed_loops": loops, "accuracy": gate - (0.05 if arm == "CHASE" else 0.02)}
+
+
+def log_zoo_rules(uri: str, logged: dict) -> None:
+    """Metrics named by the zoo's prefixes (skip_entropy<t>_, dense_kl<t>_) on each
+    trial's final stage run, as a zoo evaluation would log them there."""
+    from looplab.policy import number_name
+
+    mc = tracking.client(uri)
+    for (arm, seed, beta), configs in logged["configs"].items():
+        run = logged["stages"][(arm, seed, beta, configs[-1].stage)]
+        metrics = {}
+        for prefix, thresholds in ZOO_RULES.items():
+            for t in thresholds:
+                name = f"{prefix}{number_name(t) if t < 1 or t != int(t) else int(t)}_"
+                metrics.update({name + k: v for k, v in zoo_values(arm, seed, prefix, t).items()})
+        tracking.log_metrics(mc, run, metrics, step=configs[-1].train.steps)

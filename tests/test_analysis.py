@@ -2,7 +2,9 @@
 worked out by hand; and end to end, runs logged by looplab.tracking to a temporary
 MLflow store (shaped like the platform's sweep > trial > stage tree, see
 tests/analysis_fixture.py) → `python analysis/frontier.py` → files, artifacts, a
-report that renders in headless Chromium (skipped without a browser)."""
+report that renders in headless Chromium (skipped without a browser). Downstream
+evaluation runs (level eval) and zero-shot exit-rule metrics from the same fixture:
+Fig. 3, Table 4, the downstream columns of Table 3 and App. F/G, the policy zoo."""
 
 from __future__ import annotations
 
@@ -29,6 +31,8 @@ from analysis.frontier import (
     pareto_frontier,
 )
 from analysis.names import parse_metric
+from looplab import tracking  # noqa: E402
+from looplab.policy import ExitPolicy  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 import analysis_fixture as fx  # noqa: E402 (tests/ is on the path: conftest.py)
@@ -500,3 +504,156 @@ def test_report_renders_in_headless_chromium(report, tmp_path):
     bare.write_text(text.replace(get_plotlyjs(), ""))
     problems = check_report(bare)["problems"]
     assert any("Plotly is not defined" in p for p in problems) and any("no chart rendered" in p for p in problems)
+
+
+# ---- downstream evaluations (level eval) and the policy zoo ------------------------------------
+@pytest.fixture(scope="module")
+def downstream(tmp_path_factory):
+    """A store with the fixture sweep plus its downstream evaluation runs (written by the
+    platform's writer), a sweep with zero-shot rule metrics, and a superseded evaluation;
+    the reports of the first two."""
+    from analysis.report import build_report
+
+    root = tmp_path_factory.mktemp("downstream")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    logged = fx.log_sweep(uri, root, "downstream-debug")
+    written = fx.log_evaluations(uri, root, "downstream-debug", logged)
+    zoo = fx.log_sweep(uri, root, "zoo-debug", seeds=(0,))
+    fx.log_zoo_rules(uri, zoo)
+    reports = {name: build_report(uri, [name], root / name, log_artifacts=False)
+               for name in ("downstream-debug", "zoo-debug")}
+    return {"uri": uri, "root": root, "logged": logged, "written": written, "reports": reports}
+
+
+def test_evaluation_runs_attach_to_every_stage_run_of_their_key(downstream):
+    from analysis.load import load_runs
+    from analysis.points import evaluation_points
+
+    # pretrain: forced 1..3 + full, once (shared by 2 trials per seed); 2 final stage2 × 10 policies; × 2 tasks × 2 seeds
+    assert downstream["written"] == 2 * 2 * (4 + 2 * 10)
+    points = evaluation_points(load_runs(downstream["uri"], ["downstream-debug"]))
+    pre = points.filter((pl.col("stage") == "pretrain") & (pl.col("policy") == "forced"))
+    # each trial's pretrain run (both reuse one training) shows the evaluations of that stage key
+    assert pre.height == 2 * 2 * 3 and pre["trial_run_id"].n_unique() == 4
+    for r in pre.iter_rows(named=True):
+        want = [fx.downstream_accuracy(r["method"], "pretrain", r["seed"], ExitPolicy.forced(r["depth"]), i)
+                for i in range(2)]
+        assert (r["lm_eval.piqa"], r["lm_eval.arc_easy"]) == (pytest.approx(want[0]), pytest.approx(want[1]))
+        assert r["lm_eval_avg"] == pytest.approx(sum(want) / 2)
+        assert r["lm_eval_loops"] == r["depth"] and r["lm_eval_flops"] == 1000.0 * r["depth"]
+        assert r["ppl"] is None and r["executed_loops"] is None  # forced depths of the pre-trained model: downstream only
+    # downstream executed loops stay apart from the validation set's
+    skip = points.filter((pl.col("stage") == "stage2") & (pl.col("point") == "skip q=0.4")).row(0, named=True)
+    assert (skip["executed_loops"], skip["lm_eval_loops"]) == (pytest.approx(2.5), pytest.approx(2.44))
+    assert skip["lm_eval_loops.piqa"] == pytest.approx(2.44) and skip["lm_eval_seconds"] == pytest.approx(1.22)
+
+
+def test_fig3_downstream_accuracy_against_executed_loops_by_hand(downstream):
+    rows = read_csv(downstream["root"] / "downstream-debug" / "downstream.csv")
+    assert {r["series"] for r in rows} == {"forced depth (1⊗4)", "Ouro · dense", "Ouro · skip", "CHASE · dense",
+                                          "CHASE · skip"}
+    # the pre-trained model at forced depths 1..4 (full as 4), once: accuracy 0.25 + 0.02 d + 0.01 seed + 0.01 task,
+    # averaged over the two tasks (+0.005) and seeds 0, 1 (+0.005)
+    forced = sorted((r for r in rows if r["series"].startswith("forced")), key=lambda r: float(r["compute"]))
+    assert [(float(r["compute"]), round(float(r["quality"]), 6)) for r in forced] == [
+        (1.0, 0.28), (2.0, 0.30), (3.0, 0.32), (4.0, 0.34)]
+    # CHASE skip at q = 0.6: 1.4 + 2.6 q loops on the tasks; 0.34 + 0.005 + 0.01 seed, per seed 0.345 and 0.355
+    q06 = next(r for r in rows if r["series"] == "CHASE · skip" and r["q"] == "0.6")
+    assert float(q06["compute"]) == pytest.approx(2.96) and float(q06["quality"]) == pytest.approx(0.35)
+    half = 12.706205 * math.sqrt(0.00005) / math.sqrt(2)  # t(0.975, 1) · s / √2, s = std(0.345, 0.355)
+    assert float(q06["quality_ci_high"]) == pytest.approx(0.35 + half, abs=1e-6) and q06["n_seeds"] == "2"
+    assert (downstream["root"] / "downstream-debug" / "downstream.png").is_file()
+    # the report's own frontier, on the downstream average, reads the loops run on the tasks too
+    frontier = read_csv(downstream["root"] / "downstream-debug" / "frontier.csv")
+    assert {(r["quality_metric"], r["compute_metric"]) for r in frontier} == {("lm_eval_avg", "lm_eval_loops")}
+
+
+def test_downstream_table_columns_by_hand(downstream):
+    tables = downstream["root"] / "downstream-debug" / "tables"
+    # Table 4: fixed full; per gated method and execution the q with the best Avg. (skip: below R loops)
+    picks = {(r["label"].split()[0], r["policy"]): r for r in read_csv(tables / "exit_gate.csv")}
+    assert {k: picks[k]["q"] for k in picks} == {("fixed", "full"): "", ("CHASE", "dense"): "0.8",
+                                                  ("CHASE", "skip"): "0.6", ("Ouro", "dense"): "0.8",
+                                                  ("Ouro", "skip"): "0.8"}
+    assert float(picks[("CHASE", "skip")]["lm_eval_avg"]) == pytest.approx(0.35)
+    assert float(picks[("Ouro", "skip")]["exec_loops"]) == pytest.approx(3.48)  # 0.26 + ...: the best that saves loops
+    assert float(picks[("fixed", "full")]["lm_eval_avg"]) == pytest.approx(0.34)
+    # App. F: the pre-trained model's forced depths, downstream, each depth once
+    fixed = [r for r in read_csv(tables / "fixed_loop.csv") if r["stage"] == "pretrain"]
+    assert [(r["depth"], round(float(r["lm_eval_avg"]), 6)) for r in fixed] == [
+        ("1", 0.28), ("2", 0.30), ("3", 0.32), ("4", 0.34)]
+    assert {r["label"] for r in fixed} == {"fixed 1⊗4"}
+    # App. G: the tasks and the loops executed on them beside the validation columns
+    g = next(r for r in read_csv(tables / "threshold_sweep.csv")
+             if r["label"].startswith("CHASE") and r["stage"] == "stage2" and r["policy"] == "skip" and r["q"] == "0.4")
+    assert float(g["lm_eval_loops"]) == pytest.approx(2.44) and float(g["executed_loops"]) == pytest.approx(2.5)
+    assert float(g["lm_eval_avg"]) == pytest.approx(0.34)  # 0.34 - 0.25 · 0.2² + 0.005 + 0.005
+    # Table 3: the pre-trained model at full depth with its task columns
+    md = (tables / "tables.md").read_text()
+    assert "| Arch. | Model | Params / FLOPs | PPL | Acc. (%) | PIQA | ARC-E | Avg. | n |" in md
+    assert "| Model | Exit | q | Exec. | PPL | PIQA | ARC-E | Avg. | n |" in md
+
+
+def test_policy_zoo_against_the_learned_gate_by_hand(downstream):
+    from analysis.names import METRIC_PATTERN
+
+    # the zoo's prefixes parse by shape, whether or not this build's ExitPolicy knows the rule
+    for name, rule, value in (("skip_entropy2.5_accuracy", "entropy", "2.5"), ("dense_kl0.01_ppl", "kl", "0.01"),
+                              ("skip_stable2_executed_loops", "stable", "2"), ("skip_q0.4_ppl", "q", "0.4")):
+        m = METRIC_PATTERN.match(name)
+        assert (m["rule"], m["value"]) == (rule, value)
+    rows = {(r["method"], r["rule"]): r for r in read_csv(downstream["root"] / "zoo-debug" / "zoo.csv")}
+    assert set(rows) == {("CHASE", "skip-entropy"), ("CHASE", "dense-kl"), ("Ouro", "skip-entropy"),
+                         ("Ouro", "dense-kl")}
+    # CHASE: gate skip (loops 1.5 + 2.5 q, accuracy 0.29 + 0.04 loops) against the rule (loops 4 - t, 0.05 lower)
+    # over [2, 3.5]: steps 0.37-0.32, 0.39-0.32, 0.41-0.36, each 0.5 wide
+    chase = rows[("CHASE", "skip-entropy")]
+    assert float(chase["area"]) == pytest.approx(0.5 * (0.05 + 0.07 + 0.05))
+    assert (float(chase["compute_from"]), float(chase["compute_to"])) == (2.0, 3.5)
+    assert chase["gate"] == "CHASE · skip" and chase["note"] == "the gate is better"
+    # Ouro: gate 0.13, 0.21, 0.29 at 2, 2.5, 3; rule 0.11 (2) and 0.27 (3): 0.5 · (0.02 + 0.10 + 0.02)
+    assert float(rows[("Ouro", "skip-entropy")]["area"]) == pytest.approx(0.07)
+    # dense runs all R loops under either: a zero-width range
+    assert float(rows[("CHASE", "dense-kl")]["area"]) == 0.0 and rows[("CHASE", "dense-kl")]["note"] == "a tie"
+    assert "zoo.png" in downstream["reports"]["zoo-debug"]
+    points = read_csv(downstream["root"] / "zoo-debug" / "points.csv")
+    rule = next(r for r in points if r["point"] == "skip-entropy 1.0" and r["method"] == "CHASE")
+    assert (rule["policy"], float(rule["q"]), float(rule["executed_loops"])) == ("skip-entropy", 1.0, 3.0)
+
+
+def test_newest_evaluation_wins_when_settings_change(downstream):
+    """Two evaluations of one stage, task and policy under other settings (another limit:
+    another key): the newer one's values, and a note."""
+    from analysis.load import load_runs
+    from analysis.points import evaluation_points
+    from trainables.evaluation import Checkpoint, EvalTask, Evaluation, open_eval_run
+
+    uri, logged = downstream["uri"], downstream["logged"]
+    mc = tracking.client(uri)
+    exp = mc.get_experiment_by_name("downstream-debug").experiment_id
+    cfg = logged["configs"][("Ouro", 0, 0.25)][0]
+    checkpoint = Checkpoint("ckpt", "pretrain", cfg.stage_key(), cfg.config_hash(), ("pretrain",), fx.R,
+                            logged["trained"][cfg.stage_key()])
+    task = EvalTask("piqa", "paper", 5, "acc_norm", "hub:fixture", "1")
+    run, status = open_eval_run(mc, exp, Evaluation(checkpoint, "forced:1", task, limit=50))
+    assert status == "NEW"  # another limit, another key
+    tracking.log_metrics(mc, run, tracking.downstream_metrics(ExitPolicy.forced(1), "piqa", accuracy=0.9, loops=1.0))
+    tracking.close_run(mc, run, ok=True)
+    runs = load_runs(uri, ["downstream-debug"])
+    points = evaluation_points(runs)
+    row = points.filter((pl.col("stage_key") == cfg.stage_key()) & (pl.col("point") == "forced d=1")).row(0, named=True)
+    assert row["lm_eval.piqa"] == 0.9 and any("superseded" in n for n in runs.notes)
+    mc.delete_run(run)  # the module's other tests read this experiment
+
+
+def test_downstream_report_renders_in_headless_chromium(downstream, tmp_path):
+    from analysis.screenshot import check_report, find_browser
+
+    html_text = downstream["reports"]["downstream-debug"]["report.html"].read_text()
+    assert 'id="chart-downstream"' in html_text and "Downstream evaluation with exit gates" in html_text
+    assert 'id="chart-zoo"' in downstream["reports"]["zoo-debug"]["report.html"].read_text()
+    if find_browser() is None:
+        pytest.skip("no Chromium (apt-get install -y chromium, or set LOOPLAB_CHROMIUM)")
+    found = check_report(downstream["reports"]["downstream-debug"]["report.html"], tmp_path / "shot.png")
+    assert found["problems"] == [], found
+    assert found["charts"] == 5 and found["plots"] == 5  # frontier, Fig. 3, skip, two β charts

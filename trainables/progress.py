@@ -8,8 +8,9 @@ researcher can tell a slow sweep from a hung one. The board is a named Ray actor
 mode or worker actors) without shared storage. Posting is fire-and-forget: a missing
 board (a driver that died) never fails a trial.
 
-Records: {"trial": label, "event": "start" | "step" | "end" | "reused" | "trial_end",
-"stage", "step", "steps", "loss", "tokens_per_s", "eta_s", "summary"}.
+Records: {"trial": label, "event": "start" | "step" | "end" | "reused" | "trial_end" | "eval" |
+"eval_failed", "stage", "step", "steps", "loss", "tokens_per_s", "eta_s", "summary", "policy",
+"task", "error"}; evaluation jobs (trainables/evaluation.py) post the last two kinds.
 """
 
 from __future__ import annotations
@@ -95,6 +96,11 @@ def format_record(r: dict[str, Any]) -> str:
     if event == "step":
         return (f"{head} {r['stage']}  step {r['step']}/{r['steps']}  loss {r['loss']:.4f}  "
                 f"{r['tokens_per_s']:,.0f} tok/s  eta {_clock(r['eta_s'])}")
+    if event == "eval":  # a downstream evaluation (trainables/evaluation.py) finished
+        summary = "  ".join(f"{k} {v:.4g}" for k, v in (r.get("summary") or {}).items())
+        return f"{head} {r['policy']} {r['task']}" + (f": {summary}" if summary else "")
+    if event == "eval_failed":
+        return f"{head} {r['policy']} {r['task']}: FAILED {r.get('error', '')}"
     if event == "trial_end":
         summary = "  ".join(f"{k} {v:.4g}" for k, v in (r.get("summary") or {}).items())
         return f"{head} trial {r.get('status', 'done')}" + (f": {summary}" if summary else "")

@@ -147,6 +147,19 @@ class Storage:
         return True
 
 
+def local_checkpoint(location: str, marker: str = "config.json") -> Path:
+    """A checkpoint folder on this machine: the location itself when it is a path, else a
+    copy downloaded into the scratch folder (where a store's checkpoint is read, e.g. by
+    an evaluation job on another node)."""
+    if "://" not in location or location.startswith("file://"):
+        return Path(location.removeprefix("file://"))
+    storage = Storage(location.rsplit("/", 1)[0])
+    local = storage.scratch("checkpoints", hashlib.sha256(location.encode()).hexdigest()[:16])
+    if not (local / marker).is_file() and not storage.download_dir(location, local, marker):
+        raise FileNotFoundError(f"{location} holds no complete checkpoint")
+    return local
+
+
 def file_system(uri: str):
     """pyarrow's file system for a URI (s3, gs, hdfs, file), or an fsspec file system
     wrapped for pyarrow when pyarrow does not speak the protocol (memory, ...)."""

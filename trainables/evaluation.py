@@ -1,0 +1,622 @@
+"""Downstream evaluation as a step keyed by content (DESIGN.md: "Evaluation is a step of
+its own ... never recomputed").
+
+An evaluation is one lm-eval task run on one checkpoint under one exit policy. Its key,
+`eval_key` (made like a stage key: looplab.config.content_key), hashes exactly what can
+change its result:
+
+    the checkpoint's stage key (its seed and every upstream stage included);
+    the exit policy, canonical: forced:R is full depth (the same execution), one key;
+    the task: its name, shots, the accuracy read (acc_norm / acc / ...), its config
+      (a digest of its parsed YAML: prompts, splits, metrics), and its data: SHA-256
+      over the local files it reads, or hub:<dataset path>/<name> for the hub's copy;
+    the documents it reads (--eval-limit).
+
+Never batch size, device, paths or time. Each evaluation is one MLflow run (level eval,
+tags tracking.eval_tags) nested under the run that trained its stage, with the
+downstream metrics of the contract (tracking.downstream_metrics). A FINISHED run with
+the key is never recomputed, so a grid that grows (one more q, task, policy or stage)
+evaluates only what is new, on the checkpoints already trained.
+
+    plan           the grid × the checkpoints → Evaluations (no model, no store)
+    finished_keys  one query: the eval keys the experiment holds as FINISHED runs
+    jobs           the missing evaluations grouped by checkpoint (one job loads its model once)
+    run_job        per policy one lm-eval call over that policy's missing tasks (lm-eval
+                   pays ~0.5 s of environment probing per call), one run per task; a Ray
+                   task with the grid's own CPUs and GPUs, or in-process (inline=True)
+
+The policies of a stage: the grid's, where they apply (a gate policy, dense:q or skip:q,
+needs a trained gate: gated stages only; a forced depth at most the checkpoint's R;
+full and the zero-shot rules anywhere); with none named, App. F and App. G's: a stage
+without a gate gets forced depths 1..R (forced R as full depth), a gated stage dense and
+skip at each q of the paper's grid.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from looplab import tracking
+from looplab.config import ConfigError, content_key
+from looplab.policy import DEFAULT_QS, FORCED, GATE, ExitPolicy, parse_policies
+
+PAPER, INCLUDE, BUILTIN = "paper", "include", "builtin"  # where a task's config comes from
+# The accuracy an evaluation logs: the first of these the task reports (paper tasks: SUITE_METRICS).
+ACCURACY_METRICS = ("acc_norm", "acc", "exact_match")
+PPL_METRICS = ("perplexity", "word_perplexity")  # the perplexity a task may report
+ENV_PREFIXES = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_")  # the hub settings (offline flags, caches) jobs inherit
+
+
+# ---- tasks ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class EvalTask:
+    """One lm-eval task as an evaluation reads it. Built on the driver (the checks and
+    the key need no model); the worker rebuilds its lm-eval config from `location`."""
+
+    name: str
+    source: str  # paper: lm-eval's YAML at the paper's shots | include: a task YAML | builtin: lm-eval's YAML
+    num_fewshot: int | None
+    metric: str  # the accuracy logged as lm_eval.<task> ("" for tasks without one, e.g. perplexity only)
+    data: str  # the data's content: "sha256:..." over local files, or "hub:<path>[/<name>][@<revision>]"
+    version: str = ""  # a digest of the task's parsed YAML config (config_version)
+    location: str = ""  # paper: the local data folder ("" = the hub); include / builtin: the YAML
+
+    def key_payload(self) -> dict[str, Any]:
+        return {"task": self.name, "num_fewshot": self.num_fewshot, "metric": self.metric, "data": self.data,
+                "version": self.version}
+
+    def config(self) -> dict[str, Any]:
+        """The config dict lm-eval's simple_evaluate takes (no task index needed)."""
+        from looplab.lm_eval_suite import builtin_config, suite_configs
+
+        if self.source == PAPER:
+            return suite_configs([self.name], self.location or None)[0]
+        if self.source == INCLUDE:
+            return include_config(Path(self.location))
+        return builtin_config(self.name, Path(self.location))
+
+    def describe(self) -> str:
+        shots = "?" if self.num_fewshot is None else self.num_fewshot
+        return f"{self.name} ({shots}-shot, {self.metric or 'no accuracy'}, {self.data[:19]})"
+
+
+def paper_task(name: str, data_dir: str | None) -> EvalTask:
+    """One of the paper's seven at its shots (looplab.lm_eval_suite), from DIR/<task>/<split>.parquet
+    or the hub. Raises ConfigError when a local file is missing."""
+    from looplab.lm_eval_suite import SUITE_METRICS, builtin_yaml_paths, suite_configs
+
+    (config,) = suite_configs([name], None)
+    data = hub_source(config)
+    if data_dir:
+        (local,) = suite_configs([name], data_dir)
+        data = files_digest(_data_files(local))
+    return EvalTask(name, PAPER, config.get("num_fewshot"), SUITE_METRICS[name], data,
+                    config_version(builtin_yaml_paths([name])[name]), str(Path(data_dir).resolve()) if data_dir else "")
+
+
+def include_task(name: str, yaml_path: str | os.PathLike) -> EvalTask:
+    """A task YAML of --eval-include: its data files may be relative to the YAML's folder."""
+    path = Path(yaml_path).resolve()
+    config = include_config(path)
+    files = _data_files(config)
+    data = files_digest(files) if files else hub_source(config)
+    return EvalTask(name, INCLUDE, config.get("num_fewshot"), accuracy_metric(config), data, config_version(path),
+                    str(path))
+
+
+def config_version(path: Path) -> str:
+    """A task's version: a digest of its YAML config as parsed (includes merged), so a
+    new prompt, metric or split (a custom task's edit, or another lm-eval's) is a new
+    evaluation while comments and layout are not;
+    without its data's paths (their content is the data digest) and without the folder
+    its !function references resolve in (a moved task folder keeps its key)."""
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    folder = str(path.resolve().parent) + os.sep
+
+    def portable(value):
+        if isinstance(value, dict):
+            return {k: portable(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [portable(v) for v in value]
+        return value[len(folder):] if isinstance(value, str) and value.startswith(folder) else value
+
+    config = portable(load_yaml(path, resolve_func=False))
+    kwargs = dict(config.get("dataset_kwargs") or {})
+    kwargs.pop("data_files", None)
+    config["dataset_kwargs"] = kwargs
+    if config.get("dataset_path") and (path.parent / str(config["dataset_path"])).exists():
+        config.pop("dataset_path")
+    blob = json.dumps(config, sort_keys=True, default=str)
+    return "cfg-" + hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def builtin_task(name: str, yaml_path: str | os.PathLike) -> EvalTask:
+    """A task of lm-eval's own index, with its YAML's shots and the hub's data."""
+    from looplab.lm_eval_suite import builtin_config
+
+    config = builtin_config(name, Path(yaml_path))
+    return EvalTask(name, BUILTIN, config.get("num_fewshot"), accuracy_metric(config), hub_source(config),
+                    config_version(Path(yaml_path)), str(Path(yaml_path).resolve()))
+
+
+def include_config(path: Path) -> dict[str, Any]:
+    """A task YAML as a config dict, its local data paths made absolute against the YAML's
+    folder: `datasets` resolves relative paths against the working directory, which is
+    another one in every Ray worker."""
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    config = load_yaml(path, resolve_func=True)
+    base = path.parent
+    kwargs = dict(config.get("dataset_kwargs") or {})
+    if "data_files" in kwargs:
+        kwargs["data_files"] = _map_paths(kwargs["data_files"], base)
+        config["dataset_kwargs"] = kwargs
+    local = base / str(config.get("dataset_path", ""))
+    if config.get("dataset_path") and not Path(config["dataset_path"]).is_absolute() and local.exists():
+        config["dataset_path"] = str(local.resolve())
+    return config
+
+
+def _map_paths(files, base: Path):
+    """data_files (a path, a list, or a dict of either) with relative paths that exist under base made absolute."""
+    if isinstance(files, dict):
+        return {k: _map_paths(v, base) for k, v in files.items()}
+    if isinstance(files, (list, tuple)):
+        return [_map_paths(v, base) for v in files]
+    path = Path(str(files))
+    return str((base / path).resolve()) if not path.is_absolute() and (base / path).exists() else str(files)
+
+
+def _data_files(config: dict[str, Any]) -> dict[str, list[Path]]:
+    """The local files a config reads, by split (or position), that exist."""
+    files = (config.get("dataset_kwargs") or {}).get("data_files")
+    out: dict[str, list[Path]] = {}
+    if isinstance(files, dict):
+        items = files.items()
+    elif files:
+        items = [("", files)]
+    else:
+        items = []
+    for split, value in items:
+        paths = [value] if isinstance(value, (str, os.PathLike)) else list(value)
+        out[split] = [Path(p) for p in paths if Path(p).is_file()]
+    local = Path(str(config.get("dataset_path", "")))
+    if config.get("dataset_path") and local.is_absolute() and local.exists():
+        out["dataset_path"] = sorted(p for p in ([local] if local.is_file() else local.rglob("*")) if p.is_file())
+    return {k: v for k, v in out.items() if v}
+
+
+def files_digest(files: dict[str, list[Path]]) -> str:
+    """SHA-256 over the files' contents by split: the same data under another path or
+    name has the same digest, one changed byte another."""
+    h = hashlib.sha256()
+    for split in sorted(files):
+        for path in files[split]:
+            h.update(f"{split}\0".encode())
+            with open(path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+            h.update(b"\0")
+    return "sha256:" + h.hexdigest()[:16]
+
+
+def hub_source(config: dict[str, Any]) -> str:
+    revision = (config.get("dataset_kwargs") or {}).get("revision")
+    name = config.get("dataset_name")
+    return f"hub:{config.get('dataset_path')}" + (f"/{name}" if name else "") + (f"@{revision}" if revision else "")
+
+
+def accuracy_metric(config: dict[str, Any]) -> str:
+    """Which accuracy a task's evaluation logs: acc_norm where the task reports it (as the
+    paper suite does; raw log-likelihoods favour short choices), else acc, else
+    exact_match; "" for a task without one (perplexity tasks). Without a metric_list,
+    lm-eval's defaults per output type."""
+    listed = [m["metric"] if isinstance(m, dict) else str(m) for m in config.get("metric_list") or []]
+    if not listed:
+        listed = {"multiple_choice": ["acc", "acc_norm"], "loglikelihood": ["acc"],
+                  "generate_until": ["exact_match"]}.get(config.get("output_type", "generate_until"), [])
+    return next((m for m in ACCURACY_METRICS if m in listed), "")
+
+
+# ---- the grid --------------------------------------------------------------------------
+def canonical(policy: ExitPolicy, n_loops: int) -> ExitPolicy:
+    """forced:R runs and reads what full depth does: one execution, one key, logged as val_."""
+    return ExitPolicy.full() if policy.execution == FORCED and policy.depth == n_loops else policy
+
+
+def applies(policy: ExitPolicy, stage: str, n_loops: int) -> bool:
+    """Whether a policy means something on a checkpoint of this stage (module docstring)."""
+    from looplab.stages import get_stage
+
+    if policy.rule == GATE:
+        return get_stage(stage).gated
+    if policy.execution == FORCED:
+        return policy.depth <= n_loops
+    return True
+
+
+def default_policies(stage: str, n_loops: int) -> list[ExitPolicy]:
+    """App. F on a stage without a gate (forced depths 1..R), App. G on a gated one."""
+    from looplab.stages import get_stage
+
+    if not get_stage(stage).gated:
+        return [ExitPolicy.forced(d) for d in range(1, n_loops + 1)]
+    return [ExitPolicy.dense(q) for q in DEFAULT_QS] + [ExitPolicy.skip(q) for q in DEFAULT_QS]
+
+
+@dataclass(frozen=True)
+class EvalGrid:
+    """What to evaluate after training, and with which resources (these never enter a key).
+
+    policies: a parse_policies text ("dense:0.2,0.4;skip:0.4;forced:1-4"); "" for the
+      defaults per stage. stages: the stages evaluated (() = every stage)."""
+
+    tasks: tuple[EvalTask, ...]
+    policies: str = ""
+    limit: int | float | None = None
+    stages: tuple[str, ...] = ()
+    cpus: float = 1.0
+    gpus: float = 0.0
+    batch_size: int = 8
+    device: str = "auto"
+
+    def evaluates(self, stage: str) -> bool:
+        return not self.stages or stage in self.stages
+
+    def policies_for(self, stage: str, n_loops: int) -> list[ExitPolicy]:
+        named = parse_policies(self.policies) if self.policies else default_policies(stage, n_loops)
+        return list(dict.fromkeys(canonical(p, n_loops) for p in named if applies(p, stage, n_loops)))
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A trained stage to evaluate, and the run that trained it (its evaluations nest there)."""
+
+    path: str
+    stage: str
+    stage_key: str
+    config_hash: str
+    lineage: tuple[str, ...]
+    n_loops: int
+    run_id: str
+    preset: str = ""
+    task_kind: str = "text"
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    checkpoint: Checkpoint
+    policy: str  # the canonical policy's spec
+    task: EvalTask
+    limit: int | float | None = None
+
+    @property
+    def key(self) -> str:
+        return eval_key(self.checkpoint.stage_key, self.policy, self.task, self.limit)
+
+    def params(self) -> dict[str, str]:
+        p = tracking.EVAL_PARAM
+        return {p + "task": self.task.name, p + "policy": self.policy, p + "num_fewshot": str(self.task.num_fewshot),
+                p + "metric": self.task.metric, p + "data": self.task.data, p + "version": self.task.version,
+                p + "limit": str(self.limit)}
+
+
+def eval_key(stage_key: str, policy: str, task: EvalTask, limit: int | float | None) -> str:
+    """The content key of an evaluation (module docstring)."""
+    return content_key({"stage_key": stage_key, "policy": policy, "task": task.key_payload(), "limit": limit})
+
+
+def plan(grid: EvalGrid, checkpoints) -> list[Evaluation]:
+    """Every evaluation of the grid on these checkpoints (each stage key once), in order."""
+    out, seen = [], set()
+    for ck in checkpoints:
+        if ck.stage_key in seen or not grid.evaluates(ck.stage):
+            continue
+        seen.add(ck.stage_key)
+        for policy in grid.policies_for(ck.stage, ck.n_loops):
+            out += [Evaluation(ck, policy.spec, task, grid.limit) for task in grid.tasks]
+    return out
+
+
+# ---- the store -----------------------------------------------------------------------------
+def finished_keys(mc, experiment_id: str) -> set[str]:
+    """The eval keys of the experiment's FINISHED evaluation runs (one paged query)."""
+    keys, token = set(), None
+    while True:
+        page = mc.search_runs([experiment_id], max_results=5000, page_token=token,
+                              filter_string=f"tags.{tracking.LEVEL} = '{tracking.EVAL}' "
+                                            "and attributes.status = 'FINISHED'")
+        keys.update(r.data.tags.get(tracking.EVAL_KEY) for r in page)
+        token = page.token
+        if not token:
+            return keys - {None}
+
+
+def open_eval_run(mc, experiment_id: str, ev: Evaluation, git: str | None = None) -> tuple[str, str]:
+    """The evaluation's run, found by its key or created under the run that trained its
+    stage: (run_id, status before: FINISHED means done, nothing to compute)."""
+    ck, policy = ev.checkpoint, ExitPolicy.parse(ev.policy)
+    return tracking.open_run(
+        mc, experiment_id, name=tracking.eval_run_name(ev.task.name, policy, ev.key),
+        key={tracking.LEVEL: tracking.EVAL, tracking.EVAL_KEY: ev.key}, parent_run_id=ck.run_id or None,
+        tags=tracking.eval_tags(eval_key=ev.key, stage_key=ck.stage_key, config_hash=ck.config_hash, stage=ck.stage,
+                                lineage=ck.lineage, checkpoint=ck.path, policy=policy, task=ev.task.name,
+                                preset=ck.preset, git=git),
+        params=ev.params())
+
+
+def task_metrics(ev: Evaluation, results: dict[str, Any]) -> dict[str, float]:
+    """The contract's downstream metrics of one task from lm-eval's results (with the
+    adapter's executed loops, FLOPs and model time per task)."""
+    row = results["results"][ev.task.name]
+    accuracy = None
+    if ev.task.metric:
+        accuracy = row.get(f"{ev.task.metric},none")
+        if accuracy is None:
+            raise ConfigError(f"task {ev.task.name} reports no {ev.task.metric}; it reports "
+                              f"{sorted(k.split(',')[0] for k in row if ',' in k)}")
+    ppl = next((row[f"{m},none"] for m in PPL_METRICS if isinstance(row.get(f"{m},none"), (int, float))), None)
+    return tracking.downstream_metrics(ExitPolicy.parse(ev.policy), ev.task.name, accuracy=accuracy,
+                                       loops=row.get("executed_loops"), flops=row.get("backbone_flops_per_token"),
+                                       seconds=row.get("model_seconds"), ppl=ppl)
+
+
+# ---- jobs ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Job:
+    """One checkpoint's missing evaluations and where to record them."""
+
+    evaluations: tuple[Evaluation, ...]
+    tracking_uri: str
+    experiment: str
+    artifact_root: str
+    threads: int = 1
+    batch_size: int = 8
+    device: str = "auto"
+    board: str = ""  # the progress board the sweep's driver prints (trainables/progress.py)
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        ck = self.evaluations[0].checkpoint
+        return f"eval {ck.stage}-{ck.stage_key}"
+
+
+def jobs_for(evaluations: list[Evaluation], grid: EvalGrid, *, tracking_uri: str, experiment: str,
+             artifact_root: str, board: str = "") -> list[Job]:
+    by_checkpoint: dict[str, list[Evaluation]] = {}
+    for ev in evaluations:
+        by_checkpoint.setdefault(ev.checkpoint.stage_key, []).append(ev)
+    env = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)}
+    return [Job(tuple(evs), tracking_uri, experiment, str(artifact_root), max(1, round(grid.cpus)), grid.batch_size,
+                grid.device, board, env) for evs in by_checkpoint.values()]
+
+
+def run_job(job: Job) -> dict[str, int]:
+    """Evaluate one checkpoint: its model loaded once; per policy one lm-eval call over the
+    tasks still missing (a run another process finished meanwhile is left alone); one run
+    per task, FAILED with the error when its evaluation raises, the others go on."""
+    os.environ.update(job.env)  # before lm-eval and datasets read them at import
+    import torch
+
+    from looplab.checkpoint import load_model
+    from looplab.lm_eval import LoopLabLM, evaluate_tasks, make_task_manager
+    from trainables.progress import Reporter
+    from trainables.storage import local_checkpoint
+
+    torch.set_num_threads(job.threads)  # the job's CPU share: Ray does not set it for fractional shares
+    mc = tracking.client(job.tracking_uri)
+    experiment_id = tracking.ensure_experiment(mc, job.experiment, job.artifact_root)
+    progress = Reporter(job.board, job.label, min_seconds=0.0)
+    sha = tracking.git_sha()
+    model = load_model(local_checkpoint(job.evaluations[0].checkpoint.path))
+    counts: Counter = Counter()
+    groups: dict[tuple[str, Any], list[Evaluation]] = {}
+    for ev in job.evaluations:
+        groups.setdefault((ev.policy, ev.limit), []).append(ev)
+    for (policy, limit), evaluations in groups.items():
+        runs: dict[Evaluation, str] = {}
+        for ev in evaluations:
+            run_id, status = open_eval_run(mc, experiment_id, ev, git=sha)
+            if status == "FINISHED":
+                counts["reused"] += 1
+            else:
+                runs[ev] = run_id
+        if not runs:
+            continue
+        try:
+            lm = LoopLabLM(checkpoint=model, policy=policy, batch_size=job.batch_size, device=job.device)
+            results = evaluate_tasks(lm, [ev.task.config() for ev in runs], limit=limit, manager=make_task_manager(),
+                                     bootstrap_iters=0)  # no bootstrap: stderrs are not logged
+        except Exception as e:  # noqa: BLE001 - one policy's failure must not cost the checkpoint's other policies
+            for ev, run_id in runs.items():
+                _fail(mc, run_id, e, progress, ev)
+            counts["failed"] += len(runs)
+            continue
+        for ev, run_id in runs.items():
+            try:
+                metrics = task_metrics(ev, results)
+                tracking.log_metrics(mc, run_id, metrics)
+                n = (results.get("n-samples", {}).get(ev.task.name) or {}).get("effective")
+                tracking.log_params(mc, run_id, {tracking.EVAL_PARAM + "n_samples": str(n)})
+                tracking.close_run(mc, run_id, ok=True)
+            except Exception as e:  # noqa: BLE001 - as above, per task
+                _fail(mc, run_id, e, progress, ev)
+                counts["failed"] += 1
+                continue
+            counts["ran"] += 1
+            progress.post("eval", policy=policy, task=ev.task.name, summary=_headline(ev, metrics))
+    return dict(counts)
+
+
+def _headline(ev: Evaluation, metrics: dict[str, float]) -> dict[str, float]:
+    prefix = ExitPolicy.parse(ev.policy).metric_prefix
+    names = {"accuracy": tracking.lm_eval_quantity(ev.task.name),
+             "loops": tracking.lm_eval_quantity(ev.task.name, tracking.LM_EVAL_LOOPS),
+             "seconds": tracking.lm_eval_quantity(ev.task.name, tracking.LM_EVAL_SECONDS)}
+    return {label: metrics[prefix + name] for label, name in names.items() if prefix + name in metrics}
+
+
+def _fail(mc, run_id: str, error: BaseException, progress, ev: Evaluation) -> None:
+    message = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+    mc.set_tag(run_id, tracking.ERROR_TAG, message[:500])
+    tracking.close_run(mc, run_id, ok=False)
+    progress.post("eval_failed", policy=ev.policy, task=ev.task.name, error=message)
+
+
+# ---- the driver -----------------------------------------------------------------------------
+@dataclass
+class EvalSummary:
+    planned: int
+    checkpoints: int
+    jobs: int = 0
+    ran: int = 0
+    reused: int = 0
+    failed: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        return (f"evaluations: {self.ran} ran, {self.reused} reused, {self.failed} failed ({self.planned} in the grid "
+                f"on {self.checkpoints} checkpoint(s); {self.jobs} job(s), each loading its model once)")
+
+
+def evaluate(grid: EvalGrid, checkpoints, *, tracking_uri: str, experiment: str, artifact_root: str | Path,
+             board: str = "", inline: bool = False, out=None) -> EvalSummary:
+    """Evaluate what the store lacks (module docstring). inline: in this process, one job
+    after another (tests, and machines without Ray); otherwise one Ray task per job with
+    the grid's CPUs and GPUs (Ray must be initialised)."""
+    out = out or sys.stderr
+    evaluations = plan(grid, checkpoints)
+    mc = tracking.client(tracking_uri)
+    experiment_id = tracking.ensure_experiment(mc, experiment, artifact_root)
+    done = finished_keys(mc, experiment_id)
+    todo = [ev for ev in evaluations if ev.key not in done]
+    jobs = jobs_for(todo, grid, tracking_uri=tracking_uri, experiment=experiment, artifact_root=str(artifact_root),
+                    board=board)
+    summary = EvalSummary(len(evaluations), len({ev.checkpoint.stage_key for ev in evaluations}), len(jobs),
+                          reused=len(evaluations) - len(todo))
+    if jobs:
+        print(f"evaluating {len(todo)} of {len(evaluations)} evaluation(s) ({summary.reused} already in the store) "
+              f"in {len(jobs)} job(s) of {grid.cpus:g} CPU" + (f", {grid.gpus:g} GPU" if grid.gpus else ""),
+              file=out, flush=True)
+    for job, result in zip(jobs, _execute(jobs, grid, inline)):
+        if isinstance(result, BaseException):
+            summary.failed += len(job.evaluations)
+            summary.errors.append(f"{job.label}: {type(result).__name__}: {result}")
+            print(f"[{job.label}] failed: {type(result).__name__}: {result}", file=out, flush=True)
+            continue
+        summary.ran += result.get("ran", 0)
+        summary.reused += result.get("reused", 0)
+        summary.failed += result.get("failed", 0)
+    return summary
+
+
+def _execute(jobs: list[Job], grid: EvalGrid, inline: bool):
+    """Each job's counts, or the exception that ended it, in the jobs' order."""
+    if inline:
+        for job in jobs:
+            try:
+                yield run_job(job)
+            except Exception as e:  # noqa: BLE001 - e.g. a checkpoint that no longer loads
+                yield e
+        return
+    import ray
+
+    remote = ray.remote(num_cpus=grid.cpus, num_gpus=grid.gpus)(run_job)
+    refs = [remote.remote(job) for job in jobs]
+    for ref in refs:
+        try:
+            yield ray.get(ref)
+        except Exception as e:  # noqa: BLE001 - a task that died (RayTaskError wraps the cause)
+            yield e
+
+
+# ---- where checkpoints come from -------------------------------------------------------------
+def pipeline_checkpoints(spec, trial_params: list[dict[str, Any]], storage_path: str | Path) -> list[Checkpoint]:
+    """The trained stages of these trials (a stage folder's done.json names the run that
+    trained it), each stage key once, in pipeline order."""
+    from trainables.pipeline import checkpoint_of, stage_configs, stage_dir
+    from trainables.shared_stage import read_done
+    from trainables.storage import Storage
+
+    storage = Storage(storage_path)
+    found: dict[str, Checkpoint] = {}
+    for params in trial_params:
+        configs = stage_configs(spec, params, storage_path)
+        for i, cfg in enumerate(configs):
+            done = read_done(storage, stage_dir(storage_path, cfg))
+            if done is None or cfg.stage_key() in found:
+                continue
+            found[cfg.stage_key()] = Checkpoint(
+                checkpoint_of(storage_path, cfg), cfg.stage, cfg.stage_key(), cfg.config_hash(),
+                tuple(c.stage for c in configs[:i + 1]), cfg.model.n_loops, done["run_id"], cfg.preset, cfg.task.kind)
+    return list(found.values())
+
+
+def store_checkpoints(mc, experiment_id: str,
+                      storage_path: str | Path | None = None) -> tuple[list[Checkpoint], list[str]]:
+    """The experiment's trained stages from its MLflow stage runs (FINISHED, not reused
+    copies), at the checkpoint their tag names, else at STORAGE/stages/<stage>-<key>/checkpoint
+    (a store moved with its folder). Returns them and one note per stage run skipped."""
+    from looplab.checkpoint import is_checkpoint, read_config, read_model_config
+    from trainables.storage import Storage, local_checkpoint
+
+    runs, token = [], None
+    while True:
+        page = mc.search_runs([experiment_id], max_results=5000, page_token=token,
+                              filter_string=f"tags.{tracking.LEVEL} = '{tracking.STAGE}' "
+                                            f"and tags.{tracking.REUSED} = 'false' and attributes.status = 'FINISHED'")
+        runs += list(page)
+        token = page.token
+        if not token:
+            break
+    found: dict[str, Checkpoint] = {}
+    notes = []
+    for run in sorted(runs, key=lambda r: r.info.start_time):
+        tags = run.data.tags
+        key, stage = tags.get(tracking.STAGE_KEY, ""), tags.get(tracking.STAGE_TAG, "")
+        location = tags.get(tracking.CHECKPOINT, "")
+        try:
+            path = local_checkpoint(location) if location else Path("")
+        except (FileNotFoundError, OSError, ValueError):
+            path = Path("")
+        if not is_checkpoint(path) and storage_path:  # a store moved with its folder
+            location = Storage(storage_path).path("stages", f"{stage}-{key}", "checkpoint")
+            path = Path(location)
+        if not key or not is_checkpoint(path):
+            notes.append(f"{tracking.stage_run_name(stage, key)}: no checkpoint at {tags.get(tracking.CHECKPOINT)!r}"
+                         + (f" or {path}" if storage_path else ""))
+            continue
+        meta = read_config(path).get("metadata", {})
+        lineage = tuple(meta.get("lineage") or tags.get(tracking.LINEAGE, stage).split("+"))
+        found[key] = Checkpoint(location, stage, key, tags.get(tracking.CONFIG_HASH, meta.get("config_hash", "")),
+                                lineage, read_model_config(path).n_loops, run.info.run_id,
+                                tags.get(tracking.PRESET, ""), meta.get("task", "text"))
+    return list(found.values()), notes
+
+
+def describe_plan(grid: EvalGrid, checkpoints) -> list[str]:
+    """The dry run's lines: tasks, policies per checkpoint, and the count."""
+    lines = ["", "evaluation (after training; one job per checkpoint, each loading its model once, "
+                 f"{grid.cpus:g} CPU" + (f" {grid.gpus:g} GPU" if grid.gpus else "") + " each):",
+             "  tasks: " + "; ".join(t.describe() for t in grid.tasks)
+             + (f"; limit {grid.limit} documents per task" if grid.limit else "")]
+    total, seen = 0, set()
+    for ck in checkpoints:
+        if ck.stage_key in seen or not grid.evaluates(ck.stage):
+            continue
+        seen.add(ck.stage_key)
+        policies = grid.policies_for(ck.stage, ck.n_loops)
+        total += len(policies) * len(grid.tasks)
+        lines.append(f"  {ck.stage}:{ck.stage_key}: {' '.join(p.spec for p in policies) or '(none applies)'}")
+    lines.append(f"  {total} evaluation(s); those the store holds FINISHED (same eval_key) are reused, not rerun")
+    return lines
+
