@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from looplab import tracking
+from looplab.cli import Parser
 from looplab.config import ConfigError
 from looplab.policy import GATE, parse_policies
 from looplab.stages import STAGE_NAMES, get_stage
@@ -247,7 +248,7 @@ def describe_evaluation(sweep, points: list[dict[str, Any]], storage_path: str) 
 
 # ---- python -m sweeps.evaluate ------------------------------------------------------------------
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m sweeps.evaluate",
+    p = Parser(prog="python -m sweeps.evaluate",
                                 description="Evaluate the finished checkpoints of an existing sweep on lm-eval tasks "
                                             "(what the store lacks only).")
     p.add_argument("--experiment", required=True, help="the sweep's MLflow experiment, e.g. adaptive_pipeline-debug")

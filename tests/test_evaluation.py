@@ -29,7 +29,7 @@ from looplab import tracking  # noqa: E402
 from looplab.checkpoint import experiment_metadata  # noqa: E402
 from looplab.policy import ExitPolicy  # noqa: E402
 from looplab.presets import get_preset  # noqa: E402
-from looplab.stages import stage_config  # noqa: E402
+from looplab.presets import stage_config  # noqa: E402
 from trainables import evaluation as ev  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "lm_eval"
