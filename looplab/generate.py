@@ -41,6 +41,7 @@ class Prefilled:
     exit_step: torch.Tensor  # (B,) that token's exit step
     loops: torch.Tensor  # (B,) the loops it ran
     executed_loops: float  # mean over the prompts' real tokens
+    row_loops: torch.Tensor  # (B,) Σ over each prompt's real tokens of the loops they ran
 
 
 @dataclass
@@ -63,8 +64,11 @@ class Generation:
     finish: list[str]
     texts: list[str] | None = None
     prompt_executed_loops: float = 0.0  # mean loops over the prompts' real tokens
-    policy: str = ""
-    stats: dict = field(default_factory=dict)
+    # The work done per row: positions run through the model (prompt and fed-back new
+    # tokens) and the loops they ran in all.
+    ran_tokens: list[int] = field(default_factory=list)
+    ran_loops: list[int] = field(default_factory=list)
+    cache_bytes: int = 0
 
     @property
     def executed_loops(self) -> float | None:
@@ -128,7 +132,8 @@ def prefill(model, ids, policy: ExitPolicy = FULL_DEPTH, *, lengths=None, capaci
         logits = model.logits(h)
     cache.length.copy_(lengths)
     exit_step = out.exit_step.gather(1, last)[:, 0]
-    return Prefilled(cache, logits, exit_step, _loops_run(policy, exit_step, model.cfg.n_loops), out.executed_loops)
+    loops = _loops_run(policy, out.exit_step, model.cfg.n_loops)
+    return Prefilled(cache, logits, exit_step, loops.gather(1, last)[:, 0], out.executed_loops, (loops * mask).sum(1))
 
 
 def _loops_run(policy: ExitPolicy, exit_step: torch.Tensor, n_loops: int) -> torch.Tensor:
@@ -296,6 +301,7 @@ def generate(model, ids, max_new_tokens, policy: ExitPolicy = FULL_DEPTH, *, len
                   packing=packing)
     cache, logits = pre.cache, pre.logits
     loops_now, exit_now = pre.loops.tolist(), pre.exit_step.tolist()
+    ran_tokens, ran_loops = lengths.tolist(), pre.row_loops.tolist()
     tokens: list[list[int]] = [[] for _ in range(bsz)]
     loops: list[list[int]] = [[] for _ in range(bsz)]
     exits: list[list[int]] = [[] for _ in range(bsz)]
@@ -330,5 +336,7 @@ def generate(model, ids, max_new_tokens, policy: ExitPolicy = FULL_DEPTH, *, len
         step_tokens = torch.tensor(next_tokens, device=device)[keep]
         out = decode_step(model, cache, step_tokens, policy, rows=rows)
         logits, loops_now, exit_now = out.logits, out.loops.tolist(), out.exit_step.tolist()
-    return Generation(tokens, loops, exits, finish, texts, pre.executed_loops, policy.spec if policy.rule != GIVEN
-                      else f"{policy.execution}:given", {"cache_bytes": cache.nbytes()})
+        for b, n in zip(live, loops_now):
+            ran_tokens[b] += 1
+            ran_loops[b] += n
+    return Generation(tokens, loops, exits, finish, texts, pre.executed_loops, ran_tokens, ran_loops, cache.nbytes())
