@@ -334,3 +334,32 @@ def test_bad_generation_arguments_are_one_line_errors():
         m.generate([[1, 2], []], 3)
     with pytest.raises(ConfigError, match="mask is invalid with a cache"):
         m(torch.zeros(1, 3, dtype=torch.long), cache=InferenceCache(m, 1, 3), mask=torch.tensor([[False, True, True]]))
+
+
+def test_generate_command_prints_the_continuation_and_its_loops(tmp_path, capsys):
+    import json
+
+    import looplab
+    from looplab.cli import main
+
+    model = looplab.load_model("phop-debug", vocab_size=259, n_loops=R, seed=0)
+    model.metadata["tokenizer"] = "bytes"
+    with torch.no_grad():  # a gate that sends tokens out at different loops
+        model.exit_gate.weight.normal_(0, 5.0, generator=torch.Generator().manual_seed(0))
+        model.exit_gate.bias.fill_(0.0)
+    model.save(tmp_path / "ckpt")
+    args = ["generate", "--checkpoint", str(tmp_path / "ckpt"), "--prompt", "Once upon", "--policy", "skip:0.5",
+            "--max-new-tokens", "12", "--device", "cpu"]
+    assert main(args + ["--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert len(record["tokens"]) == len(record["loops"]) == 12 and record["finish"] == "length"
+    assert all(1 <= n <= R for n in record["loops"]) and len(set(record["loops"])) > 1
+    greedy = model.generate([[256] + list(b"Once upon")], 12, ExitPolicy.skip(0.5))  # <bos> + the bytes
+    assert record["tokens"] == greedy.tokens[0] and record["loops"] == greedy.loops[0]
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("Once upon" + record["text"])
+    assert "loops per new token (skip q=0.5, R=4" in captured.err
+    superscripts = "".join("⁰¹²³⁴⁵⁶⁷⁸⁹"[n] for n in record["loops"])
+    assert "".join(c for c in captured.err.splitlines()[-1] if c in "¹²³⁴") == superscripts
+    assert main(["generate", "--checkpoint", str(tmp_path / "ckpt"), "--prompt", "x", "--policy", "skip"]) == 2

@@ -5,7 +5,7 @@ per loop: loop r's state has seen exactly the tokens that ran loop r (under skip
 tokens still active at r, in causal order; exited tokens leave holes). mamba-ssm keys
 its cache by layer alone, which would let loop 2 overwrite loop 1's state.
 
-    Mamba-2 block   conv: the last d_conv − 1 inputs of the conv (B, conv_dim, d_conv − 1)
+    Mamba-2 block   conv: the last d_conv − 1 inputs of the conv (B, d_conv − 1, conv_dim)
                     ssm:  the SSM state (B, heads, headdim, d_state), at least float32
                     Both independent of the context length.
     attention block k, v: the keys (RoPE applied at their true positions) and values
@@ -48,7 +48,7 @@ def check_fill(attention_fill: str) -> str:
 
 @dataclass
 class MambaState:
-    conv: torch.Tensor  # (B, conv_dim, d_conv - 1), oldest input first
+    conv: torch.Tensor  # (B, d_conv - 1, conv_dim), oldest input first (time-major: the step's shift is one copy)
     ssm: torch.Tensor  # (B, nheads, headdim, d_state)
 
 

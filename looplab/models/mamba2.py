@@ -378,7 +378,7 @@ class Mamba2(nn.Module):
     def new_state(self, batch: int, capacity: int, device, dtype) -> MambaState:
         """Zero states for `batch` rows; their size does not depend on the context."""
         ssm_dtype = torch.promote_types(dtype, torch.float32)  # the scan's precision
-        return MambaState(conv=torch.zeros(batch, self.conv_dim, self.d_conv - 1, device=device, dtype=dtype),
+        return MambaState(conv=torch.zeros(batch, self.d_conv - 1, self.conv_dim, device=device, dtype=dtype),
                           ssm=torch.zeros(batch, self.nheads, self.headdim, self.d_state, device=device,
                                           dtype=ssm_dtype))
 
@@ -397,35 +397,71 @@ class Mamba2(nn.Module):
 
     def _step_torch(self, xBC, dt, A, state: MambaState, rows: torch.Tensor | None) -> torch.Tensor:
         n, h, p, g, dstate = xBC.shape[0], self.nheads, self.headdim, self.ngroups, self.d_state
-        conv = state.conv if rows is None else state.conv[rows]
-        window = torch.cat([conv, xBC.to(conv.dtype).unsqueeze(-1)], dim=-1)  # (n, conv_dim, d_conv)
+        # Packed rows are gathered with index_select (a row copy; advanced indexing is
+        # several times slower on CPU) and written back after the step.
+        conv = state.conv if rows is None else state.conv.index_select(0, rows)  # (n, d_conv - 1, conv_dim)
+        window = torch.cat([conv, xBC.to(conv.dtype)[:, None]], dim=1)  # (n, d_conv, conv_dim), oldest first
         if rows is None:
-            state.conv.copy_(window[..., 1:])
+            state.conv.copy_(window[:, 1:])
         else:
-            state.conv.index_copy_(0, rows, window[..., 1:])
-        xBC = (window * self.conv1d.weight[:, 0]).sum(-1)
+            state.conv.index_copy_(0, rows, window[:, 1:])
+        xBC = (window * self.conv1d.weight[:, 0].t().contiguous()).sum(1)  # a contiguous (d_conv, conv_dim) is 3× faster
         if self.conv1d.bias is not None:
             xBC = xBC + self.conv1d.bias
         x, B, C = torch.split(F.silu(xBC), [self.d_inner, g * dstate, g * dstate], dim=-1)
         x = upcast(x).view(n, h, p)
-        # Heads of a group share B and C: (n, g, N) → (n·h, 1, N) for the batched products.
-        B = upcast(B).view(n, g, 1, dstate).expand(n, g, h // g, dstate).reshape(n * h, 1, dstate)
-        C = upcast(C).view(n, g, 1, dstate).expand(n, g, h // g, dstate).reshape(n * h, dstate, 1)
         dt = F.softplus(upcast(dt) + upcast(self.dt_bias))  # (n, h)
-        ssm = state.ssm if rows is None else state.ssm[rows]  # (n, h, p, N); a gathered copy when packed
-        ssm.mul_(torch.exp(dt * A)[..., None, None])
-        flat = ssm.view(n * h, p, dstate)
-        flat.baddbmm_((dt[..., None] * x).view(n * h, p, 1), B)  # + dt x Bᵀ, without an (n, h, p, N) temporary
-        y = torch.bmm(flat, C).view(n, h, p) + x * upcast(self.D)[:, None]
-        if rows is not None:
-            state.ssm.index_copy_(0, rows, ssm)
-        return y
+        decay = torch.exp(dt * A)[..., None]  # (n, h, 1)
+        # The heads of a group share B and C, so each (row, group) is one block of
+        # heads·headdim state rows: dt x Bᵀ is an outer product added in place, and
+        # y = S C is read as the row vector Cᵀ Sᵀ (one small GEMM per block; the
+        # batched matrix-vector form is several times slower on CPU).
+        xdt = (dt[..., None] * x).view(n, g, -1, 1)
+        B, C = upcast(B).view(n, g, 1, dstate), upcast(C).view(n, g, 1, dstate)
+        batch = state.ssm.shape[0]
+        if rows is not None and 2 * n >= batch:
+            # Most rows run: the update is memory-bound, and gathering the running rows'
+            # states and writing them back costs about two more passes over them than
+            # updating every row in place. So every row steps, the others by an exact
+            # identity (decay 1, input 0), and only the running rows' y is read.
+            decay = torch.ones(batch, h, 1, dtype=decay.dtype, device=decay.device).index_copy_(0, rows, decay)
+            xdt = xdt.new_zeros(batch, *xdt.shape[1:]).index_copy_(0, rows, xdt)
+            B = B.new_zeros(batch, *B.shape[1:]).index_copy_(0, rows, B)
+            C = C.new_zeros(batch, *C.shape[1:]).index_copy_(0, rows, C)
+            n, rows, out_rows = batch, None, rows
+        else:
+            out_rows = None
+        # The heads of a group share B and C, so each (row, group) is one block of
+        # heads·headdim state rows: dt x Bᵀ is an outer product added in place, and
+        # y = S C is read as the row vector Cᵀ Sᵀ (one small GEMM per block; the
+        # batched matrix-vector form is several times slower on CPU).
+        xdt, B, C = xdt.view(n * g, -1, 1), B.view(n * g, 1, dstate), C.view(n * g, 1, dstate)
+        if rows is None:
+            ssm = state.ssm.view(n * g, -1, dstate)  # in place
+            ssm.view(n, h, -1).mul_(decay)
+            ssm.addcmul_(xdt, B)
+            y = torch.bmm(C, ssm.transpose(1, 2)).view(n, h, p)
+            if out_rows is not None:
+                y = y.index_select(0, out_rows)
+        else:
+            # A few rows run: S_new = S + ΔS with ΔS = (exp(dt A) − 1) S + dt x Bᵀ,
+            # added back with index_add_ (its per-row fast path beats index_copy_ on
+            # CPU), and y = S_new C = exp(dt A) (S C) + (dt x)(B·C) from the gathered S.
+            ssm = state.ssm.index_select(0, rows).view(n * g, -1, dstate)
+            y = torch.bmm(C, ssm.transpose(1, 2)).view(n, h, p) * decay
+            bc = torch.bmm(B, C.transpose(1, 2)).view(n, g, 1, 1).expand(n, g, h // g, 1).reshape(n, h, 1)
+            y = y + xdt.view(n, h, p) * bc
+            ssm.view(n, h, -1).mul_(decay - 1)
+            ssm.addcmul_(xdt, B)
+            state.ssm.index_add_(0, rows, ssm.view(n, h, p, dstate))
+        return y + x * upcast(self.D)[:, None]
 
     def _step_cuda(self, xBC, dt, A, state: MambaState, rows: torch.Tensor | None) -> torch.Tensor:
         causal_conv1d_update, selective_state_update = _cuda_step_kernels()
         index = None if rows is None else rows.to(torch.int32)  # the kernels gather and scatter the rows
-        xBC = causal_conv1d_update(xBC.to(state.conv.dtype).contiguous(), state.conv, self.conv1d.weight[:, 0],
-                                   self.conv1d.bias, "silu", conv_state_indices=index)
+        # The conv state is stored time-major; the kernel reads it through strides as (B, conv_dim, d_conv - 1).
+        xBC = causal_conv1d_update(xBC.to(state.conv.dtype).contiguous(), state.conv.transpose(1, 2),
+                                   self.conv1d.weight[:, 0], self.conv1d.bias, "silu", conv_state_indices=index)
         n, h, p, dstate = xBC.shape[0], self.nheads, self.headdim, self.d_state
         x, B, C = torch.split(xBC, [self.d_inner, self.ngroups * dstate, self.ngroups * dstate], dim=-1)
         # Per-head scalars broadcast over headdim (and d_state) as stride-0 views, as mamba-ssm's step does.
@@ -480,8 +516,7 @@ class Mamba2(nn.Module):
         lay, k = cache.layout, self.d_conv - 1
         at = lay.end[:, None] - k + torch.arange(k, device=xBC.device)  # (rows, k), oldest first
         inputs = xBC[lay.seq[:, None], at.clamp(min=0)]  # (rows, k, conv_dim)
-        inputs = torch.where((at >= lay.start[:, None])[..., None], inputs, 0.0)
-        cache.state.conv.copy_(inputs.transpose(1, 2))
+        cache.state.conv.copy_(torch.where((at >= lay.start[:, None])[..., None], inputs, 0.0))
 
     def _scan_cuda(self, xBC, dt, A, seq_idx) -> torch.Tensor:
         causal_conv1d_fn, mamba_chunk_scan_combined = _cuda_kernels()
