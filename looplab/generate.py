@@ -297,6 +297,9 @@ def generate(model, ids, max_new_tokens, policy: ExitPolicy = FULL_DEPTH, *, len
         generator.manual_seed(int(seed) if seed is not None else torch.seed())
 
     most = max(limits)
+    if policy.rule == GIVEN and policy.exit_at.shape[1] < ids.shape[1] + most:
+        raise ConfigError(f"policy exit_at is invalid; allowed: (B, T) exit steps with T >= prompt + "
+                          f"max_new_tokens = {ids.shape[1] + most}")
     pre = prefill(model, ids, policy, lengths=lengths, capacity=ids.shape[1] + most, attention_fill=attention_fill,
                   packing=packing)
     cache, logits = pre.cache, pre.logits

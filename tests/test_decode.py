@@ -19,8 +19,15 @@ from test_adaptive import gated_model
 R = 4
 ATTENTION = ("transformer", "hybrid")
 # (arch, attention_fill): Mamba-2 backbones have no attention to fill.
-BACKBONES = [("mamba2", "hole"), ("mamba2-2mixers", "hole"), ("transformer", "hole"), ("transformer", "exit_state"),
+BACKBONES = [("mamba2", "hole"), ("mamba2-2groups", "hole"), ("transformer", "hole"), ("transformer", "exit_state"),
              ("hybrid", "hole"), ("hybrid", "exit_state")]
+
+
+def model_for(arch, seed):
+    """gated_model, plus Mamba-2 with two groups of B and C (heads of a group share them)."""
+    if arch == "mamba2-2groups":
+        return gated_model("mamba2", seed=seed, ngroups=2, mixers_per_layer=2)
+    return gated_model(arch, seed=seed)
 
 
 @pytest.fixture(autouse=True)
@@ -86,7 +93,7 @@ def test_ssd_states_after_chosen_positions_match_the_recurrence():
 def test_prefill_then_decode_equals_the_full_forward(arch, fill, spec):
     """Prefill tokens 1..t−1 of rows of different lengths, decode token t of every row
     at once: its logits and exit step are those of the full forward over 1..t."""
-    m = gated_model(arch, seed=1)
+    m = model_for(arch, seed=1)
     ids, lengths = batch()
     policy = policies(*ids.shape)[spec]
     pre = prefill(m, ids, policy, lengths=lengths - 1, capacity=ids.shape[1], attention_fill=fill)
@@ -107,7 +114,7 @@ def test_prefill_then_decode_equals_the_full_forward(arch, fill, spec):
 def test_token_by_token_decoding_reproduces_the_full_forward_at_every_position(arch, fill, spec):
     """Prefill each row's first tokens (different counts), then feed the rest one by
     one: every position's logits and exit step are the full forward's."""
-    m = gated_model(arch, seed=2)
+    m = model_for(arch, seed=2)
     ids, _ = batch(seed=5, bsz=3, width=16)
     policy = policies(*ids.shape, seed=1)[spec]
     start = torch.tensor([1, 4, 7])

@@ -417,7 +417,7 @@ class Mamba2(nn.Module):
         # y = S C is read as the row vector Cᵀ Sᵀ (one small GEMM per block; the
         # batched matrix-vector form is several times slower on CPU).
         xdt = (dt[..., None] * x).view(n, g, -1, 1)
-        B, C = upcast(B).view(n, g, 1, dstate), upcast(C).view(n, g, 1, dstate)
+        B, C = upcast(B).reshape(n, g, 1, dstate), upcast(C).reshape(n, g, 1, dstate)  # slices: not viewable
         batch = state.ssm.shape[0]
         if rows is not None and 2 * n >= batch:
             # Most rows run: the update is memory-bound, and gathering the running rows'
@@ -435,7 +435,7 @@ class Mamba2(nn.Module):
         # heads·headdim state rows: dt x Bᵀ is an outer product added in place, and
         # y = S C is read as the row vector Cᵀ Sᵀ (one small GEMM per block; the
         # batched matrix-vector form is several times slower on CPU).
-        xdt, B, C = xdt.view(n * g, -1, 1), B.view(n * g, 1, dstate), C.view(n * g, 1, dstate)
+        xdt, B, C = xdt.view(n * g, -1, 1), B.reshape(n * g, 1, dstate), C.reshape(n * g, 1, dstate)
         if rows is None:
             ssm = state.ssm.view(n * g, -1, dstate)  # in place
             ssm.view(n, h, -1).mul_(decay)
