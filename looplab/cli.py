@@ -9,6 +9,8 @@
     looplab lm-eval --checkpoint runs/lm/checkpoint --suite paper [--policy skip:0.4] [--limit 100] [--local-data DIR]
     looplab lm-eval --checkpoint runs/lm/checkpoint --tasks piqa,my_task [--include-path DIR] [--tokenizer bytes] [--output out.json]
     looplab bench --preset local --batch 1,8,16 --seq-len 512,1024 --oracle-mean 2.0 [--json out.json]
+    looplab bench --decode --preset local --batch 1,8,64 --seq-len 128,2048 --oracle-mean 2.0 [--new-tokens 32]
+    looplab generate --checkpoint runs/lm/checkpoint --prompt "Once upon a time" [--policy skip:0.4] [--json]
     looplab presets
     looplab info --preset paper-140m [arch=hybrid ...]
 """
@@ -295,11 +297,27 @@ def cmd_bench(args) -> int:
     experiment = model.metadata.get("experiment")
     cfg = ExperimentConfig.from_dict(experiment) if experiment else None
     task = make_task(cfg.task, cfg.train.seq_len) if cfg is not None else None
-    print(HEADER, file=sys.stderr)
-    records = run_grid(model, task, batches=args.batch, seq_lens=args.seq_len,
-                       policies=args.policies, oracle_mean=args.oracle_mean, warmup=args.warmup, repeats=args.repeats,
-                       packing=args.packing, device=resolve_device(args.device),
-                       on_record=lambda r: print(format_record(r), file=sys.stderr, flush=True))
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    if args.decode:
+        from looplab.bench import DECODE_HEADER, context_scaling, format_decode_record, run_decode_grid
+
+        print(DECODE_HEADER, file=sys.stderr)
+        records = run_decode_grid(model, task, batches=args.batch, seq_lens=args.seq_len,
+                                  new_tokens=args.new_tokens, policies=args.policies, oracle_mean=args.oracle_mean,
+                                  warmup=args.warmup, repeats=args.repeats, attention_fill=args.attention_fill,
+                                  device=resolve_device(args.device),
+                                  on_record=lambda r: print(format_decode_record(r), file=sys.stderr, flush=True))
+        for line in context_scaling(records):
+            print(line, file=sys.stderr)
+    else:
+        print(HEADER, file=sys.stderr)
+        records = run_grid(model, task, batches=args.batch, seq_lens=args.seq_len,
+                           policies=args.policies, oracle_mean=args.oracle_mean, warmup=args.warmup,
+                           repeats=args.repeats, packing=args.packing, device=resolve_device(args.device),
+                           on_record=lambda r: print(format_record(r), file=sys.stderr, flush=True))
     dicts = records_as_dicts(records)
     if args.json:
         with open(args.json, "w") as f:
@@ -307,9 +325,72 @@ def cmd_bench(args) -> int:
     if args.tracking_uri:
         from looplab.tracking import log_benchmark
 
-        log_benchmark(args.tracking_uri, dicts, name=f"bench-{args.checkpoint or args.preset}")
+        kind = "decode" if args.decode else "bench"
+        log_benchmark(args.tracking_uri, dicts, name=f"{kind}-{args.checkpoint or args.preset}")
     for d in dicts:
         print(json.dumps(d))
+    return 0
+
+
+SUPERSCRIPT = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def depth_display(pieces: list[str], loops: list[int], width: int = 96) -> str:
+    """Each token's text followed by the loops that produced it as a superscript
+    (`␣the² ␣cat⁴`), wrapped at `width` characters; spaces show as ␣ and control
+    characters escaped, so token boundaries stay visible."""
+    lines, line = [], ""
+    for piece, n in zip(pieces, loops):
+        text = "".join("␣" if c == " " else c if c.isprintable() else repr(c)[1:-1] for c in piece)
+        cell = text + str(n).translate(SUPERSCRIPT)
+        if line and len(line) + 1 + len(cell) > width:
+            lines.append(line)
+            line = ""
+        line += (" " if line else "") + cell
+    return "\n".join(lines + [line])
+
+
+def cmd_generate(args) -> int:
+    """Continue a prompt from a checkpoint under an exit policy; print the text and the
+    loops behind every new token."""
+    import torch
+
+    from looplab.checkpoint import load_model
+    from looplab.policy import ExitPolicy
+    from looplab.tokenizer import load_tokenizer
+    from looplab.train import resolve_device
+
+    model = load_model(args.checkpoint)
+    spec = args.tokenizer or model.metadata.get("tokenizer")
+    if not spec:
+        raise ConfigError(f"--checkpoint={args.checkpoint!r} carries no metadata['tokenizer']; allowed: "
+                          "--tokenizer mistral | bytes | an HF tokenizer name")
+    tok = load_tokenizer(spec)
+    policy = ExitPolicy.parse(args.policy)
+    prompt = ([tok.bos_id] if tok.bos_id is not None and not args.no_bos else []) + tok.encode(args.prompt)
+    if not prompt:
+        raise ConfigError("--prompt is empty; allowed: some text (or drop --no-bos)")
+    model = model.to(resolve_device(args.device)).eval()
+    with torch.no_grad():
+        out = model.generate([prompt], args.max_new_tokens, policy, temperature=args.temperature, top_k=args.top_k,
+                             top_p=args.top_p, seed=args.seed, eos_id=tok.eos_id, stop=args.stop or None,
+                             decode=tok.decode, attention_fill=args.attention_fill)
+    tokens, loops = out.tokens[0], out.loops[0]
+    pieces = [tok.decode([t]) for t in tokens]
+    record = {"checkpoint": str(args.checkpoint), "prompt": args.prompt, "policy": policy.spec,
+              "attention_fill": args.attention_fill, "n_loops": model.cfg.n_loops, "text": out.texts[0],
+              "tokens": tokens, "pieces": pieces, "loops": loops, "exit_step": out.exit_step[0],
+              "finish": out.finish[0], "mean_loops": out.executed_loops,
+              "prompt_executed_loops": out.prompt_executed_loops}
+    if args.json:
+        print(json.dumps(record))
+        return 0
+    print(args.prompt + out.texts[0])
+    mean = f"{out.executed_loops:.2f}" if out.executed_loops is not None else "-"
+    counts = " ".join(f"{r}:{loops.count(r)}" for r in range(1, model.cfg.n_loops + 1))
+    print(f"\nloops per new token ({policy.label}, R={model.cfg.n_loops}; mean {mean}, tokens per depth {counts}; "
+          f"prompt {out.prompt_executed_loops:.2f}; stopped: {out.finish[0]}):", file=sys.stderr)
+    print(depth_display(pieces, loops), file=sys.stderr)
     return 0
 
 
@@ -403,7 +484,8 @@ def build_parser() -> argparse.ArgumentParser:
     le.add_argument("--output", default=None, help="also write the JSON here")
     le.set_defaults(fn=cmd_lm_eval)
 
-    b = sub.add_parser("bench", help="prefill time and memory, full vs skip, over batch × length × exit policy")
+    b = sub.add_parser("bench", help="prefill (or --decode) time and memory, full vs skip, over batch × length × "
+                                     "exit policy")
     b.add_argument("--checkpoint", default="", help="a trained checkpoint (gate-driven exits need one)")
     b.add_argument("--preset", default="", help="or a preset, freshly initialised (use --oracle-mean)")
     b.add_argument("--batch", type=ints_at_least(1), default="1,8,16", help="comma-separated batch sizes")
@@ -413,6 +495,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "skip-kl:0.01, skip-stable:2 (zero-shot rules, any checkpoint)")
     b.add_argument("--oracle-mean", type=float, default=None, help="oracle exits with this mean executed loops")
     b.add_argument("--packing", choices=("auto", "padded", "varlen"), default="auto")
+    b.add_argument("--decode", action="store_true",
+                   help="time token-by-token decoding after a prompt of --seq-len tokens instead of the prefill")
+    b.add_argument("--new-tokens", type=at_least(1), default=32, help="--decode: tokens decoded per row")
+    b.add_argument("--attention-fill", choices=("hole", "exit_state"), default="hole",
+                   help="--decode: what exited tokens leave in deeper attention layers")
+    b.add_argument("--threads", type=at_least(0), default=0, help="torch threads (default: torch's)")
     b.add_argument("--warmup", type=at_least(0), default=2)
     b.add_argument("--repeats", type=at_least(1), default=5)
     b.add_argument("--device", default="auto")
@@ -420,6 +508,24 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--tracking-uri", default="", help="also log the records to MLflow")
     b.add_argument("overrides", nargs="*", help="model overrides for --preset, e.g. n_loops=4")
     b.set_defaults(fn=cmd_bench)
+
+    g = sub.add_parser("generate", help="continue a prompt from a checkpoint; print the loops behind each token")
+    g.add_argument("--checkpoint", required=True)
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--policy", default="full", help="exit policy: full | forced:D | dense:Q | skip:Q (default full)")
+    g.add_argument("--max-new-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument("--attention-fill", choices=("hole", "exit_state"), default="hole",
+                   help="what exited tokens leave in deeper attention layers (hybrid/transformer)")
+    g.add_argument("--tokenizer", default="", help="default: the checkpoint's")
+    g.add_argument("--no-bos", action="store_true", help="do not start the prompt with <bos>")
+    g.add_argument("--device", default="auto")
+    g.add_argument("--json", action="store_true", help="print one JSON record instead")
+    g.set_defaults(fn=cmd_generate)
 
     sub.add_parser("presets", help="list the presets").set_defaults(fn=cmd_presets)
     i = sub.add_parser("info", help="parameters and FLOPs of a preset")

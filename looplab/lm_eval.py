@@ -228,14 +228,16 @@ class LoopLabLM(TemplateLM):
         return totals
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        """Greedy decoding until a stop string, <eos> or max_gen_toks; every new
-        token recomputes the whole (right-padded) batch: simple, no cache."""
+        """Greedy decoding until a stop string, <eos> or max_gen_toks, a batch of
+        contexts at a time: prefilled once into the per-(loop, layer) cache, then
+        continued token by token under the adapter's policy (looplab/generate.py)."""
         items = []
         for request in requests:
             context, gen_kwargs = request.args
             until, max_new = self._generation_limits(gen_kwargs)
             keep = max(1, self.max_length - max_new)  # room for the continuation
-            items.append((self.tok_encode(context)[-keep:], until, max_new, getattr(request, "task_name", None)))
+            ids = self.tok_encode(context)[-keep:] or [self.prefix_token_id]  # an empty context conditions on it
+            items.append((ids, until, max_new, getattr(request, "task_name", None)))
         collator = Collator(items, sort_fn=lambda item: (-len(item[0]), tuple(item[0])))
         outputs = []
         progress = tqdm(total=len(items), disable=disable_tqdm, desc="looplab generate_until")
@@ -351,32 +353,18 @@ class LoopLabLM(TemplateLM):
         return until, max_new
 
     def _generate_batch(self, batch) -> list[str]:
-        sequences = [list(context) for context, *_ in batch]
-        generated: list[list[int]] = [[] for _ in batch]
-        done = [False] * len(batch)
-        texts = [""] * len(batch)
-        for _ in range(max(item[2] for item in batch)):
-            live = [i for i in range(len(batch)) if not done[i]]
-            if not live:
-                break
-            rows = [(sequences[i] + generated[i])[-self.max_length:] for i in live]
-            logits = self._forward(rows, [batch[i][3] for i in live])
-            for slot, i in enumerate(live):
-                token = int(logits[slot, len(rows[slot]) - 1].argmax())
-                until, max_new = batch[i][1], batch[i][2]
-                if token == self.eot_token_id:
-                    done[i] = True
-                    continue
-                generated[i].append(token)
-                texts[i] = self.tok_decode(generated[i])
-                if any(stop in texts[i] for stop in until) or len(generated[i]) >= max_new:
-                    done[i] = True
-        return [_cut_at_stop(text, item[1]) for text, item in zip(texts, batch)]
+        """Continuations of (context ids, stop strings, max new tokens, task) items;
+        every position the model ran counts towards the executed loops."""
+        from looplab.evaluate import autocast_context
+        from looplab.generate import generate
 
-
-def _cut_at_stop(text: str, until: list[str]) -> str:
-    cuts = [text.index(stop) for stop in until if stop and stop in text]
-    return text[:min(cuts)] if cuts else text
+        with torch.no_grad(), autocast_context(self._device, self.precision):
+            out = generate(self.model, [item[0] for item in batch], [item[2] for item in batch], self.policy,
+                           eos_id=self.eot_token_id, stop=[item[1] for item in batch], decode=self.tok_decode)
+        for item, tokens, loops in zip(batch, out.ran_tokens, out.ran_loops):
+            self._tally.add(loops, tokens)
+            self._tally_by_task[item[3]].add(loops, tokens)
+        return out.texts
 
 
 if MODEL_NAME not in model_registry:  # a re-import (importlib.reload) keeps the first class

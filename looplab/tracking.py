@@ -132,6 +132,11 @@ MLFLOW_SECONDS = "mlflow_seconds"
 REPORT_SECONDS = "report_seconds"
 BENCH_METRICS = ("speedup", "ideal_speedup", "mean_executed_loops", "batch_max_survivor_ratio", "time_full_s",
                  "time_skip_s", "peak_mem_full", "peak_mem_skip")
+# The decode benchmark's figures (looplab/bench.py's DecodeRecord, records with kind "decode").
+DECODE = "decode"
+DECODE_BENCH_METRICS = ("speedup", "ideal_speedup", "mean_executed_loops", "time_full_s", "time_skip_s",
+                        "tokens_per_s_full", "tokens_per_s_skip", "loops_time_full_s", "loops_time_skip_s",
+                        "loops_speedup", "peak_mem_full", "peak_mem_skip", "cache_bytes")
 
 _QUANTITY = "|".join(re.escape(q) for q in EVAL_QUANTITIES)
 _FAMILY = "|".join(re.escape(f) for f in LM_EVAL_FAMILIES)
@@ -387,22 +392,29 @@ def latest_metrics(mlflow_client, run_id: str) -> dict[str, float]:
 
 
 def bench_point_name(record: dict[str, Any]) -> str:
-    """A benchmark grid point's metric prefix, e.g. b8_L512_skip:0.4 -> b8_L512_skip_q0.4."""
+    """A benchmark grid point's metric prefix, e.g. b8_L512_skip:0.4 -> b8_L512_skip_q0.4;
+    decode points start with decode_ (decode_b8_L2048_oracle2.0), an exit_state
+    attention fill ends with _fill."""
     policy = (f"oracle{record['oracle_mean']}" if record.get("oracle_mean") is not None
               else ExitPolicy.parse(record["policy"]).metric_prefix.rstrip("_"))
-    return f"b{record['batch']}_L{record['seq_len']}_{policy}"
+    name = f"b{record['batch']}_L{record['seq_len']}_{policy}"
+    if record.get("kind") == DECODE:
+        name = f"{DECODE}_{name}" + ("_fill" if record.get("attention_fill") == "exit_state" else "")
+    return name
 
 
 def log_benchmark(tracking_uri: str, records: list[dict[str, Any]], *, name: str,
                   experiment: str = BENCH_EXPERIMENT, artifact_root: str | Path = "looplab-runs/mlflow") -> str:
     """One FINISHED run per benchmark invocation: each grid point's figures as
-    metrics named by the point (e.g. `b8_L512_oracle2.0.speedup`) and the records
-    as `bench.json`. Returns the run id."""
+    metrics named by the point (e.g. `b8_L512_oracle2.0.speedup`,
+    `decode_b8_L2048_oracle2.0.tokens_per_s_skip`) and the records as `bench.json`.
+    Returns the run id."""
     mc = client(tracking_uri)
     experiment_id = ensure_experiment(mc, experiment, artifact_root)
     run_id = mc.create_run(experiment_id, run_name=name, tags={LEVEL: BENCH, GIT_SHA: git_sha()}).info.run_id
     with terminated_on_exit(mc, run_id):
         for r in records:
-            log_metrics(mc, run_id, {f"{bench_point_name(r)}.{k}": float(r[k]) for k in BENCH_METRICS})
+            names = DECODE_BENCH_METRICS if r.get("kind") == DECODE else BENCH_METRICS
+            log_metrics(mc, run_id, {f"{bench_point_name(r)}.{k}": float(r[k]) for k in names})
         mc.log_text(run_id, json.dumps(records, indent=2), "bench.json")
     return run_id

@@ -149,3 +149,38 @@ class CausalConv1dStandIn:
         seq_idx = seq_idx.contiguous() if seq_idx is not None else None
         self.calls.append((tuple(x.shape), x.stride(), x.storage_offset(), seq_idx is not None))
         return _CausalConv1dFn.apply(x, weight, bias, seq_idx, activation in ("silu", "swish"))
+
+
+def causal_conv1d_update_standin(x, conv_state, weight, bias=None, activation=None, cache_seqlens=None,
+                                 conv_state_indices=None):
+    """Callable like causal-conv1d 1.7.0's `causal_conv1d_update` (the decode step): x
+    (batch, dim) is appended to the rows conv_state_indices (int32, (batch,)) of
+    conv_state (rows, dim, state_len >= width - 1), read through its strides and
+    updated in place, oldest input first; returns the conv of each row's last width
+    inputs. Restates the C++ entry point's checks (dtypes, shapes, indices)."""
+    if activation not in (None, "silu", "swish"):
+        raise NotImplementedError("activation must be None, silu, or swish")
+    if cache_seqlens is not None:
+        raise NotImplementedError("the stand-in does not model circular conv states")
+    _check(x.dim() == 2, "the stand-in models x of shape (batch, dim)")
+    _check(x.dtype in FLOAT_TYPES and weight.dtype in FLOAT_TYPES, "x and weight must be float32/float16/bfloat16")
+    _check(conv_state.dtype == x.dtype, f"conv_state dtype {conv_state.dtype} must equal x dtype {x.dtype}")
+    batch, dim = x.shape
+    width = weight.shape[-1]
+    _check(tuple(weight.shape) == (dim, width), f"weight must have shape (dim, width), got {tuple(weight.shape)}")
+    _check(conv_state.dim() == 3 and conv_state.shape[1] == dim and conv_state.shape[2] >= width - 1,
+           f"conv_state must be (rows, dim, state_len >= width - 1), got {tuple(conv_state.shape)}")
+    if conv_state_indices is None:
+        _check(conv_state.shape[0] == batch, "conv_state must have batch rows without conv_state_indices")
+        rows = torch.arange(batch)
+    else:
+        _check(conv_state_indices.dtype == torch.int32, "conv_state_indices must be int32")
+        _check(tuple(conv_state_indices.shape) == (batch,), "conv_state_indices must have shape (batch,)")
+        rows = conv_state_indices.long()
+    if bias is not None:
+        _check(bias.dtype == weight.dtype and tuple(bias.shape) == (dim,), "bias must be (dim,) of weight's dtype")
+    state = conv_state[rows]  # (batch, dim, state_len)
+    window = torch.cat([state, x[..., None]], dim=-1)  # oldest first
+    out = (window[..., -width:] * weight).sum(-1) + (bias if bias is not None else 0)
+    conv_state[rows] = window[..., 1:]  # through the strides of the tensor handed in
+    return (F.silu(out) if activation in ("silu", "swish") else out).to(x.dtype)

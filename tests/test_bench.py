@@ -65,3 +65,42 @@ def test_bench_command_writes_records_and_logs_to_mlflow(tmp_path, capsys):
     runs = MlflowClient(uri).search_runs([MlflowClient(uri).get_experiment_by_name("looplab-bench").experiment_id])
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
     assert "b2_L32_oracle2.0.speedup" in runs[0].data.metrics
+
+
+def test_decode_point_reports_consistent_figures():
+    from looplab.bench import bench_decode_point
+
+    model = load_model("phop-debug", n_loops=4, d_model=32, chunk_size=16)
+    ids = torch.randint(0, model.cfg.vocab_size, (3, 40))
+    exit_at = oracle_exit_steps(np.random.default_rng(1), (3, 40), 2.0, 4)
+    r = bench_decode_point(model, ids, 32, ExitPolicy.given(exit_at), warmup=0, repeats=1, oracle_mean=2.0)
+    assert (r.batch, r.seq_len, r.new_tokens, r.kind) == (3, 32, 8, "decode")
+    assert r.mean_executed_loops == pytest.approx(float(exit_at[:, 32:].float().mean()))  # the new tokens' exits
+    assert r.ideal_speedup == pytest.approx(4 / r.mean_executed_loops)
+    assert r.speedup == pytest.approx(r.time_full_s / r.time_skip_s)
+    assert r.tokens_per_s_skip == pytest.approx(3 / r.time_skip_s)
+    assert r.loops_speedup == pytest.approx(r.loops_time_full_s / r.loops_time_skip_s) and r.cache_bytes > 0
+    with pytest.raises(ConfigError, match="new_tokens=0 is invalid"):
+        bench_decode_point(model, ids, 40, ExitPolicy.given(exit_at))
+
+
+def test_bench_decode_command_writes_records_and_logs_to_mlflow(tmp_path, capsys):
+    pytest.importorskip("mlflow")
+    import json
+
+    from looplab.cli import main
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert main(["bench", "--decode", "--preset", "phop-debug", "--batch", "2", "--seq-len", "16,48",
+                 "--new-tokens", "4", "--oracle-mean", "2.0", "--repeats", "1", "--warmup", "0",
+                 "--json", str(tmp_path / "d.json"), "--tracking-uri", uri, "n_loops=4"]) == 0
+    records = json.loads((tmp_path / "d.json").read_text())
+    assert [(r["seq_len"], r["new_tokens"], r["kind"]) for r in records] == [(16, 4, "decode"), (48, 4, "decode")]
+    assert records[0]["cache_bytes"] == records[1]["cache_bytes"]  # Mamba-2 states: no growth with the context
+    assert "per-token time at context 48 / 16" in capsys.readouterr().err
+    from mlflow.tracking import MlflowClient
+
+    runs = MlflowClient(uri).search_runs([MlflowClient(uri).get_experiment_by_name("looplab-bench").experiment_id])
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    assert {"decode_b2_L16_oracle2.0.tokens_per_s_skip", "decode_b2_L48_oracle2.0.loops_speedup"} <= set(
+        runs[0].data.metrics)

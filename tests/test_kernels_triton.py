@@ -157,3 +157,45 @@ def test_cuda_dispatch_matches_torch_path(triton_chunk_scan, monkeypatch, shape,
         torch.testing.assert_close(g, e, rtol=RTOL, atol=RTOL * e.abs().max().item(), msg=lambda s, n=name: f"{n}: {s}")
     print(f"{shape} {'seq_idx' if packed else 'one sequence'}: max error / max |value|: "
           + ", ".join(f"{n} {v:.1e}" for n, v in errors.items()))
+
+
+@pytest.fixture(scope="module")
+def triton_state_update(triton_chunk_scan):
+    """mamba-ssm's single-token `selective_state_update`, under the same CPU patches."""
+    from mamba_ssm.ops.triton.selective_state_update import selective_state_update
+
+    return selective_state_update
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["every-row", "packed-rows"])
+@pytest.mark.parametrize("shape", ["in-place", "padded"])
+def test_cuda_decode_step_matches_torch_step(triton_state_update, monkeypatch, shape, packed):
+    """Mamba2.step through mamba-ssm's Triton state update and a causal_conv1d_update
+    stand-in (the decoding kernels, with their gather/scatter by row index) against
+    the torch step: outputs and both updated states."""
+    from causal_conv1d_standin import causal_conv1d_update_standin
+    from looplab.models.cache import BlockCache, Layout
+
+    m = _mixer(**SHAPES[shape])
+    gen = torch.Generator().manual_seed(2)
+    batch, rows = 5, (torch.tensor([0, 2, 3]) if packed else None)
+    n = 3 if packed else batch
+    u = torch.randn(n, 1, m.d_model, generator=gen)
+    start = m.new_state(batch, 0, "cpu", torch.float32)
+    start.conv.normal_(generator=gen)
+    start.ssm.normal_(generator=gen)
+
+    def step():
+        state = type(start)(start.conv.clone(), start.ssm.clone())
+        with torch.no_grad():
+            return m(u, cache=BlockCache(state, Layout.one_token(rows))), state
+
+    expected, expected_state = step()  # the torch step
+    monkeypatch.setattr(mamba2, "use_cuda_step_kernels", lambda t: True)
+    monkeypatch.setattr(mamba2, "_cuda_step_kernels", lambda: (causal_conv1d_update_standin, triton_state_update))
+    got, got_state = step()
+    torch.testing.assert_close(got, expected, rtol=RTOL, atol=RTOL * expected.abs().max().item())
+    torch.testing.assert_close(got_state.conv, expected_state.conv, rtol=0, atol=0)
+    torch.testing.assert_close(got_state.ssm, expected_state.ssm, rtol=RTOL, atol=RTOL * expected_state.ssm.abs().max().item())
+    if packed:  # rows that did not run keep their states
+        assert torch.equal(got_state.ssm[[1, 4]], start.ssm[[1, 4]])

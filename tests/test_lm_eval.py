@@ -212,6 +212,45 @@ def test_generate_until_is_greedy_and_stops():
     assert texts[2] == text[:text.index(stop)]
 
 
+def uncached_greedy(model, ids: list[int], until: list[str], max_new: int, policy, eos: int) -> str:
+    """The reference: greedy decoding by re-running the full forward over the whole
+    sequence for every new token (no cache), with generate_until's stop rules."""
+    generated, text = [], ""
+    for _ in range(max_new):
+        with torch.no_grad():
+            token = int(model(torch.tensor([ids + generated]), policy).logits[0, -1].argmax())
+        if token == eos:
+            break
+        generated.append(token)
+        text = bytes(t for t in generated if t < 256).decode("utf-8", errors="replace")
+        if any(stop in text for stop in until):
+            return text[:min(text.index(stop) for stop in until if stop in text)]
+    return text
+
+
+@pytest.mark.parametrize("policy", ["skip:0.4", "dense:0.4", "forced:2"])
+def test_cached_generate_until_equals_uncached_greedy_decoding(checkpoint, policy):
+    """Contexts of different lengths in one batch, tokens exiting at different loops:
+    the cached continuation is the uncached one, and every position the model ran
+    counts towards the executed loops."""
+    from lm_eval.api.instance import Instance
+
+    lm = make_lm(checkpoint, policy=policy, batch_size=3)
+    contexts = ["Once upon a time", "A", "The quick brown fox jumps", "zzz"]
+    first = uncached_greedy(lm.model, lm.tok_encode(contexts[0]), [], 10, ExitPolicy.parse(policy), lm.eot_token_id)
+    stops = [[], ["never"], [first[4:6]] if len(first) > 6 else [], ["q"]]
+    requests = [Instance("generate_until", doc={}, arguments=(c, {"until": u, "max_gen_toks": n}), idx=0)
+                for c, u, n in zip(contexts, stops, [10, 7, 12, 5])]
+    lm.reset_loop_tally()
+    texts = lm.generate_until(requests)
+    for (context, gen_kwargs), text in zip((r.args for r in requests), texts):
+        assert text == uncached_greedy(lm.model, lm.tok_encode(context), gen_kwargs["until"],
+                                       gen_kwargs["max_gen_toks"], ExitPolicy.parse(policy), lm.eot_token_id)
+    loops = lm.executed_loops
+    assert (loops == pytest.approx(R) if policy.startswith("dense") else loops == pytest.approx(2.0)
+            if policy == "forced:2" else 1.0 <= loops < R)
+
+
 def test_argument_errors_are_one_line(checkpoint, tmp_path):
     with pytest.raises(ConfigError, match="policy 'skip' is invalid"):
         make_lm(checkpoint, policy="skip")

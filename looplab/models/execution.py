@@ -15,6 +15,11 @@ right-padded to the batch's largest count: B × max survivors of work; works for
 every backbone) or "varlen" (all survivors of the batch in one row, separated by a
 per-token sequence index: work follows the total survivor count, which closes the
 ragged-halting gap; Mamba-2-only backbones). "auto" picks varlen where it applies.
+
+With an InferenceCache (models/cache.py) the same pass is a prefill: loop r's
+Mamba-2 states and attention keys hold exactly the real tokens that ran loop r.
+attention_fill="exit_state" lets an exited token's frozen state supply its keys and
+values to the deeper loops' attention instead of leaving a hole (skip only).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import Callable
 import torch
 
 from looplab.config import ConfigError
+from looplab.models.cache import EXIT_STATE, HOLE, InferenceCache, Layout, check_fill
 from looplab.policy import DENSE, EXIT_RULES, GATE_LOGITS, GIVEN, STEP_LOGITS, ExitPolicy, exit_rule
 
 StepHook = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -99,7 +105,8 @@ def scatter(h: torch.Tensor, packed: torch.Tensor, idx: torch.Tensor, valid: tor
 
 def execute(model, ids: torch.Tensor, policy: ExitPolicy = FULL_DEPTH, *, positions: torch.Tensor | None = None,
             mask: torch.Tensor | None = None, gate_grad: bool = True, keep_steps: bool = False,
-            on_step: StepHook | None = None, packing: str = "auto", readout: str = "all") -> Execution:
+            on_step: StepHook | None = None, packing: str = "auto", readout: str = "all",
+            cache: InferenceCache | None = None, attention_fill: str | None = None) -> Execution:
     """Run `model` (a LoopedLM) on ids (B, L) under `policy` (module docstring).
 
     positions  (B, L) true positions (default 0..L-1), used by attention's RoPE.
@@ -113,6 +120,11 @@ def execute(model, ids: torch.Tensor, policy: ExitPolicy = FULL_DEPTH, *, positi
     readout    all: logits at every position; last: only at the last one (prefill,
                which needs the next-token distribution of the prompt's end only);
                none: no logits (losses read the hidden states through a lean head).
+    cache      an empty InferenceCache to prefill (looplab/generate.py): it receives
+               each loop's states of the real tokens that ran it; mask must be right
+               padding (each row's real tokens first).
+    attention_fill  hole | exit_state: what an exited token leaves in the deeper loops'
+               attention layers (models/cache.py); default: the cache's, else hole.
     """
     R = model.cfg.n_loops
     bsz, seqlen = ids.shape
@@ -130,13 +142,23 @@ def execute(model, ids: torch.Tensor, policy: ExitPolicy = FULL_DEPTH, *, positi
     varlen = packing == "varlen" or (packing == "auto" and mamba_only)
     if readout not in ("all", "last", "none"):
         raise ConfigError(f"readout={readout!r} is invalid; allowed: all | last | none")
+    fill = check_fill(attention_fill or (cache.attention_fill if cache is not None else HOLE))
+    if cache is not None:
+        if cache.attention_fill != fill or cache.batch != bsz:
+            raise ConfigError(f"cache is invalid; allowed: an InferenceCache of batch {bsz} with "
+                              f"attention_fill={fill!r}")
+        if not torch.equal(mask, torch.arange(seqlen, device=mask.device) < mask.sum(1, keepdim=True)):
+            raise ConfigError("mask is invalid with a cache; allowed: right padding (each row's real tokens first)")
+    elif fill == EXIT_STATE and model.cfg.arch != "mamba2":
+        # The deeper loops' attention reads exited tokens' keys from a key/value store.
+        cache = InferenceCache(model, bsz, seqlen, attention_fill=fill, attention_only=True)
 
     h = model.embed(ids)
     exits = _Exits(policy, ids, R, model)
     if policy.execution == DENSE:
-        out = _dense(model, h, positions, exits, keep_steps, gate_grad)
+        out = _dense(model, h, positions, mask, exits, keep_steps, gate_grad, cache)
     else:
-        out = _packed(model, h, positions, mask, exits, keep_steps, gate_grad, on_step, varlen)
+        out = _packed(model, h, positions, mask, exits, keep_steps, gate_grad, on_step, varlen, cache)
     if readout != "none":
         out.logits = model.logits(out.hidden if readout == "all" else out.hidden[:, -1:])
     return out
@@ -147,7 +169,7 @@ def _gate(model, h: torch.Tensor, gate_grad: bool) -> torch.Tensor:
         return model.exit_logit(h)
 
 
-def _dense(model, h, positions, exits: _Exits, keep_steps, gate_grad) -> Execution:
+def _dense(model, h, positions, mask, exits: _Exits, keep_steps, gate_grad, cache) -> Execution:
     """All R steps for every token; the readout buffer takes h^(r) for the tokens
     whose exit step is r, so memory stays O(1) in the number of loops (the same
     readout policy as skip; only the deeper steps of exited tokens differ)."""
@@ -157,7 +179,7 @@ def _dense(model, h, positions, exits: _Exits, keep_steps, gate_grad) -> Executi
     exit_step = torch.full((bsz, seqlen), R, dtype=torch.long, device=h.device)
     readout = h
     for r in range(1, R + 1):
-        h = model.step(h, positions)
+        h = model.step(h, positions, cache=None if cache is None else cache.at(r, Layout.padded(mask.sum(1))))
         if keep_steps:
             steps.append(h)
         if r < R:
@@ -174,26 +196,31 @@ def _dense(model, h, positions, exits: _Exits, keep_steps, gate_grad) -> Executi
         gate_logits=torch.stack(gates) if gates else None)
 
 
-def _packed(model, h, positions, mask, exits: _Exits, keep_steps, gate_grad, on_step, varlen) -> Execution:
+def _packed(model, h, positions, mask, exits: _Exits, keep_steps, gate_grad, on_step, varlen,
+            cache) -> Execution:
     """Forced depth (every token leaves at the same step) and skip execution."""
     R = model.cfg.n_loops
     bsz, seqlen = h.shape[:2]
     active = torch.ones(bsz, seqlen, dtype=torch.bool, device=h.device)
     exit_step = torch.full((bsz, seqlen), R, dtype=torch.long, device=h.device)
     steps, gates, flops = [], [], 0
+    # A cache stores the real survivors of each row: in every layout they come first in
+    # the row's packed order (right padding), followed by padding tokens and pads.
+    view = (lambda r, layout: cache.at(r, layout)) if cache is not None else (lambda r, layout: None)
     for r in range(1, R + 1):
         if bool(active.all()):
-            h = model.step(h, positions)
+            h = model.step(h, positions, cache=view(r, Layout.padded(mask.sum(1))))
             flops += bsz * seqlen * model.step_flops(seqlen)
         elif varlen and bool(active.any()):
             # Row-major order keeps each sequence contiguous and in causal order.
             rows, cols = active.nonzero(as_tuple=True)
-            out = model.step(h[rows, cols][None], positions[rows, cols][None], seq_idx=rows[None])
+            out = model.step(h[rows, cols][None], positions[rows, cols][None], seq_idx=rows[None],
+                             cache=view(r, Layout.varlen(active, mask)))
             h = h.index_put((rows, cols), out[0])
             flops += rows.numel() * model.step_flops(rows.numel())
         elif bool(active.any()):
             idx, valid = pack_indices(active)
-            out = model.step(pack(h, idx), pack(positions, idx))
+            out = model.step(pack(h, idx), pack(positions, idx), cache=view(r, Layout.padded((active & mask).sum(1))))
             h = scatter(h, out, idx, valid)
             flops += bsz * idx.shape[1] * model.step_flops(idx.shape[1])
         # else: every token has exited; only frozen states remain (kept for keep_steps)
@@ -208,6 +235,9 @@ def _packed(model, h, positions, mask, exits: _Exits, keep_steps, gate_grad, on_
             active = active & ~leaving
             if on_step is not None:
                 h = on_step(r, h, active)
+            if cache is not None:  # (also when nobody is left: a later decoded token reads the deeper loops)
+                rows, cols = (leaving & mask).nonzero(as_tuple=True)  # row-major: each row's in causal order
+                cache.fill_exited(model, h[rows, cols], rows, positions[rows, cols], r)
         if not keep_steps and not bool(active.any()):
             break  # nobody left to run and nothing more to record
     executed = float(exit_step[mask].float().mean()) if bool(mask.any()) else 0.0

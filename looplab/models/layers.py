@@ -32,8 +32,8 @@ class GatedMLP(nn.Module):
         self.fc2 = nn.Linear(d_intermediate, d_model, bias=False)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None,
-                seq_idx: torch.Tensor | None = None) -> torch.Tensor:
-        up, gate = self.fc1(x).chunk(2, dim=-1)  # per token: positions and sequences do not matter
+                seq_idx: torch.Tensor | None = None, cache=None) -> torch.Tensor:
+        up, gate = self.fc1(x).chunk(2, dim=-1)  # per token: positions, sequences and caches do not matter
         return self.fc2(up * F.silu(gate))
 
     def flops(self, seq_len: int) -> int:
@@ -43,7 +43,8 @@ class GatedMLP(nn.Module):
 class Residual(nn.Module):
     """x + f(norm(x)): one pre-norm residual sub-block around a mixer or an MLP.
     Every inner module has the mixer interface: forward(x, positions=None,
-    seq_idx=None) and flops(seq_len); each uses what it needs."""
+    seq_idx=None, cache=None) and flops(seq_len); each uses what it needs. Stateful
+    mixers also have cache_kind and new_state (models/cache.py)."""
 
     def __init__(self, d_model: int, inner: nn.Module, eps: float):
         super().__init__()
@@ -51,8 +52,8 @@ class Residual(nn.Module):
         self.inner = inner
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None,
-                seq_idx: torch.Tensor | None = None) -> torch.Tensor:
-        return x + self.inner(self.norm(x), positions, seq_idx)
+                seq_idx: torch.Tensor | None = None, cache=None) -> torch.Tensor:
+        return x + self.inner(self.norm(x), positions, seq_idx, cache)
 
 
 def make_layer(cfg: ModelConfig, kind: str, layer_idx: int) -> nn.ModuleList:
@@ -83,8 +84,12 @@ class Backbone(nn.Module):
         return [block for layer in self.layers for block in layer]
 
     def forward(self, h: torch.Tensor, positions: torch.Tensor | None = None,
-                seq_idx: torch.Tensor | None = None) -> torch.Tensor:
+                seq_idx: torch.Tensor | None = None, cache=None) -> torch.Tensor:
+        """cache: one loop's StepCache (models/cache.py); block j reads and writes its
+        own state, cache.block(j), in the order of residual_blocks()."""
+        j = 0
         for layer in self.layers:
             for block in layer:
-                h = block(h, positions, seq_idx)
+                h = block(h, positions, seq_idx, None if cache is None else cache.block(j))
+                j += 1
         return h

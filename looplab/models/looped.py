@@ -60,12 +60,13 @@ class LoopedLM(nn.Module):
         return self.embedding(ids)
 
     def step(self, h: torch.Tensor, positions: torch.Tensor | None = None,
-             seq_idx: torch.Tensor | None = None) -> torch.Tensor:
+             seq_idx: torch.Tensor | None = None, cache=None) -> torch.Tensor:
         """One application of the shared backbone M_θ to hidden states (B, L, d).
         positions (B, L) are the tokens' positions in the original sequence, used by
         attention's RoPE (default 0..L-1). seq_idx (B, L) packs several sequences
-        into one row (Mamba-2-only backbones): nothing flows between them."""
-        return self.backbone(h, positions, seq_idx)
+        into one row (Mamba-2-only backbones): nothing flows between them. cache: the
+        loop's StepCache (models/cache.py), read and written by the stateful mixers."""
+        return self.backbone(h, positions, seq_idx, cache)
 
     def exit_logit(self, h: torch.Tensor) -> torch.Tensor:
         """The gate's logit wᵀh + b per token: (B, L, d) → (B, L), at least float32."""
@@ -93,6 +94,13 @@ class LoopedLM(nn.Module):
         if all_steps and readout != "none":
             out.step_logits = [self.logits(h) for h in out.step_hidden]
         return out
+
+    def generate(self, ids, max_new_tokens, policy: ExitPolicy = FULL_DEPTH, **options):
+        """Prefill the prompt(s), then decode token by token from the per-(loop, layer)
+        cache: looplab/generate.py's generate (sampling, stops, per-token loops)."""
+        from looplab.generate import generate
+
+        return generate(self, ids, max_new_tokens, policy, **options)
 
     # ---- accounting -------------------------------------------------------
     def num_parameters(self, exclude_embeddings: bool = False) -> int:

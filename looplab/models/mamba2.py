@@ -23,6 +23,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from looplab.models.cache import RECURRENT, BlockCache, MambaState
 from looplab.models.flops import linear_flops
 
 FORCE_TORCH_ENV = "LOOPLAB_FORCE_TORCH"
@@ -50,6 +51,22 @@ def use_cuda_kernels(t: torch.Tensor) -> bool:
     return t.is_cuda and os.environ.get(FORCE_TORCH_ENV, "0") != "1" and _cuda_kernels() is not None
 
 
+@functools.cache
+def _cuda_step_kernels():
+    """(causal_conv1d_update, selective_state_update): the single-token kernels of
+    decoding, or None; imported lazily and guarded as _cuda_kernels is."""
+    try:
+        from causal_conv1d import causal_conv1d_update
+        from mamba_ssm.ops.triton.selective_state_update import selective_state_update
+    except Exception:  # noqa: BLE001 - any failure means "no kernels"
+        return None
+    return causal_conv1d_update, selective_state_update
+
+
+def use_cuda_step_kernels(t: torch.Tensor) -> bool:
+    return t.is_cuda and os.environ.get(FORCE_TORCH_ENV, "0") != "1" and _cuda_step_kernels() is not None
+
+
 def ssd_chunked(
     x: torch.Tensor,
     dt: torch.Tensor,
@@ -59,6 +76,7 @@ def ssd_chunked(
     chunk_size: int,
     initial_state: torch.Tensor | None = None,
     seq_idx: torch.Tensor | None = None,
+    state_at: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Chunked state-space duality scan (without the D skip term).
 
@@ -68,6 +86,11 @@ def ssd_chunked(
     no state flows from one sequence into the next (the ragged layout of skip
     execution). Returns y (b, l, h, p) and the final state (b, h, p, n), which with
     seq_idx is the state of each row's last sequence.
+
+    state_at (rows, positions), two (k,) index tensors: return instead of the final
+    state the states right after those positions (k, h, p, n), each the state of the
+    sequence its position belongs to. Prefill reads the state of every sequence of a
+    ragged layout this way (each row's real tokens end at a different position).
     """
     if seq_idx is not None and initial_state is not None:
         raise ValueError("ssd_chunked: initial_state with seq_idx is not supported")
@@ -141,7 +164,32 @@ def ssd_chunked(
     y = y + (C @ entering.transpose(-1, -2)) * from_start.unsqueeze(-1)
 
     y = y.permute(0, 1, 4, 2, 3, 5).reshape(bsz, nc * Q, nheads, headdim)[:, :seqlen]
+    if state_at is not None:
+        return y, _states_after(state_at, Q, a_cum, xdt, B, entering, seq if seq_idx is not None else None)
     return y, state.reshape(bsz, nheads, headdim, dstate)
+
+
+def _states_after(state_at, Q, a_cum, xdt, B, entering, seq) -> torch.Tensor:
+    """ssd_chunked's states after chosen positions, from its chunk layout: the state
+    entering the position's chunk, decayed to the position, plus the chunk's inputs
+    up to it: S_t = exp(a_t) S_enter + Σ_{j≤t} exp(a_t − a_j) dt_j x_j B_jᵀ, within
+    the position's own sequence."""
+    rows, pos = state_at
+    c, i = pos // Q, (pos % Q)[:, None, None, None]  # chunk, offset in it
+    a = a_cum[rows, c]  # k g h q
+    a_t = a.gather(-1, i.expand(*a.shape[:-1], 1))  # k g h 1
+    keep = torch.arange(Q, device=a.device) <= i  # j ≤ t
+    if seq is not None:
+        s = seq[rows, c, 0, 0]  # k q
+        s_t = s.gather(-1, i[:, 0, 0])  # k 1
+        keep = keep & (s == s_t)[:, None, None]
+        from_start = torch.exp(a_t) * (s[:, :1] == s_t)[:, None, None]  # the entering state is this sequence's
+    else:
+        from_start = torch.exp(a_t)
+    w = torch.exp((a_t - a).masked_fill(~keep, float("-inf")))  # k g h q
+    states = (xdt[rows, c] * w.unsqueeze(-1)).transpose(-1, -2) @ B[rows, c]  # k g h p n
+    states = states + from_start.unsqueeze(-1) * entering[rows, c]
+    return states.reshape(rows.shape[0], -1, *states.shape[-2:])
 
 
 class _CausalDepthwiseConv(torch.autograd.Function):
@@ -252,7 +300,12 @@ class RMSNormGated(nn.Module):
 
 
 class Mamba2(nn.Module):
-    """Mamba-2 mixer, forward(u: (B, L, d_model)) -> (B, L, d_model)."""
+    """Mamba-2 mixer, forward(u: (B, L, d_model)) -> (B, L, d_model).
+
+    With a cache (models/cache.py) a prefill also stores each row's conv and SSM
+    states, and a decode layout runs `step`, the single-token recurrence."""
+
+    cache_kind = RECURRENT
 
     def __init__(
         self,
@@ -303,19 +356,120 @@ class Mamba2(nn.Module):
         self.out_proj = nn.Linear(self.d_inner, d_model, bias=bias)
 
     def forward(self, u: torch.Tensor, positions: torch.Tensor | None = None,
-                seq_idx: torch.Tensor | None = None) -> torch.Tensor:
+                seq_idx: torch.Tensor | None = None, cache: BlockCache | None = None) -> torch.Tensor:
         """u (B, L, d_model) → (B, L, d_model). positions are not needed (the scan's
         order is the positions' order). seq_idx (B, L), non-decreasing along L, packs
         several sequences into one row with no information flowing between them
-        (conv taps and SSM state are reset at each boundary)."""
+        (conv taps and SSM state are reset at each boundary). cache: store each cache
+        row's final states (a prefill layout), or step one token per row from them
+        (a decode layout)."""
+        if cache is not None and cache.layout.decode:
+            return self.step(u, cache)
         bsz, seqlen, _ = u.shape
         z, xBC, dt = torch.split(self.in_proj(u), [self.d_inner, self.conv_dim, self.nheads], dim=-1)
         A = -torch.exp(upcast(self.A_log))
-        if use_cuda_kernels(u):
+        if use_cuda_kernels(u) and cache is None:  # the kernels return no per-row states of a ragged layout
             y = self._scan_cuda(xBC, dt, A, seq_idx)
         else:
-            y = self._scan_torch(xBC, dt, A, seq_idx)
+            y = self._scan_torch(xBC, dt, A, seq_idx, cache)
         return self.out_proj(self.norm(y.reshape(bsz, seqlen, self.d_inner), z))
+
+    # ---- inference state (models/cache.py) ------------------------------------------
+    def new_state(self, batch: int, capacity: int, device, dtype) -> MambaState:
+        """Zero states for `batch` rows; their size does not depend on the context."""
+        ssm_dtype = torch.promote_types(dtype, torch.float32)  # the scan's precision
+        return MambaState(conv=torch.zeros(batch, self.d_conv - 1, self.conv_dim, device=device, dtype=dtype),
+                          ssm=torch.zeros(batch, self.nheads, self.headdim, self.d_state, device=device,
+                                          dtype=ssm_dtype))
+
+    def step(self, u: torch.Tensor, cache: BlockCache) -> torch.Tensor:
+        """One new token for each of the layout's cache rows: u (n, 1, d_model). The
+        conv reads the stored last d_conv − 1 inputs; the SSM advances one step,
+        S ← exp(dt A) S + dt x Bᵀ, y = S C + D x. Both states are updated in place."""
+        state, rows = cache.state, cache.layout.rows
+        z, xBC, dt = torch.split(self.in_proj(u[:, 0]), [self.d_inner, self.conv_dim, self.nheads], dim=-1)
+        A = -torch.exp(upcast(self.A_log))
+        if use_cuda_step_kernels(u):
+            y = self._step_cuda(xBC, dt, A, state, rows)
+        else:
+            y = self._step_torch(xBC, dt, A, state, rows)
+        return self.out_proj(self.norm(y.reshape(u.shape[0], self.d_inner).to(u.dtype), z))[:, None]
+
+    def _step_torch(self, xBC, dt, A, state: MambaState, rows: torch.Tensor | None) -> torch.Tensor:
+        n, h, p, g, dstate = xBC.shape[0], self.nheads, self.headdim, self.ngroups, self.d_state
+        # Packed rows are gathered with index_select (a row copy; advanced indexing is
+        # several times slower on CPU) and written back after the step.
+        conv = state.conv if rows is None else state.conv.index_select(0, rows)  # (n, d_conv - 1, conv_dim)
+        window = torch.cat([conv, xBC.to(conv.dtype)[:, None]], dim=1)  # (n, d_conv, conv_dim), oldest first
+        if rows is None:
+            state.conv.copy_(window[:, 1:])
+        else:
+            state.conv.index_copy_(0, rows, window[:, 1:])
+        xBC = (window * self.conv1d.weight[:, 0].t().contiguous()).sum(1)  # a contiguous (d_conv, conv_dim) is 3× faster
+        if self.conv1d.bias is not None:
+            xBC = xBC + self.conv1d.bias
+        x, B, C = torch.split(F.silu(xBC), [self.d_inner, g * dstate, g * dstate], dim=-1)
+        x = upcast(x).view(n, h, p)
+        dt = F.softplus(upcast(dt) + upcast(self.dt_bias))  # (n, h)
+        decay = torch.exp(dt * A)[..., None]  # (n, h, 1)
+        # The heads of a group share B and C, so each (row, group) is one block of
+        # heads·headdim state rows: dt x Bᵀ is an outer product added in place, and
+        # y = S C is read as the row vector Cᵀ Sᵀ (one small GEMM per block; the
+        # batched matrix-vector form is several times slower on CPU).
+        xdt = (dt[..., None] * x).view(n, g, -1, 1)
+        B, C = upcast(B).reshape(n, g, 1, dstate), upcast(C).reshape(n, g, 1, dstate)  # slices: not viewable
+        batch = state.ssm.shape[0]
+        if rows is not None and 2 * n >= batch:
+            # Most rows run: the update is memory-bound, and gathering the running rows'
+            # states and writing them back costs about two more passes over them than
+            # updating every row in place. So every row steps, the others by an exact
+            # identity (decay 1, input 0), and only the running rows' y is read.
+            decay = torch.ones(batch, h, 1, dtype=decay.dtype, device=decay.device).index_copy_(0, rows, decay)
+            xdt = xdt.new_zeros(batch, *xdt.shape[1:]).index_copy_(0, rows, xdt)
+            B = B.new_zeros(batch, *B.shape[1:]).index_copy_(0, rows, B)
+            C = C.new_zeros(batch, *C.shape[1:]).index_copy_(0, rows, C)
+            n, rows, out_rows = batch, None, rows
+        else:
+            out_rows = None
+        # The heads of a group share B and C, so each (row, group) is one block of
+        # heads·headdim state rows: dt x Bᵀ is an outer product added in place, and
+        # y = S C is read as the row vector Cᵀ Sᵀ (one small GEMM per block; the
+        # batched matrix-vector form is several times slower on CPU).
+        xdt, B, C = xdt.view(n * g, -1, 1), B.reshape(n * g, 1, dstate), C.reshape(n * g, 1, dstate)
+        if rows is None:
+            ssm = state.ssm.view(n * g, -1, dstate)  # in place
+            ssm.view(n, h, -1).mul_(decay)
+            ssm.addcmul_(xdt, B)
+            y = torch.bmm(C, ssm.transpose(1, 2)).view(n, h, p)
+            if out_rows is not None:
+                y = y.index_select(0, out_rows)
+        else:
+            # A few rows run: S_new = S + ΔS with ΔS = (exp(dt A) − 1) S + dt x Bᵀ,
+            # added back with index_add_ (its per-row fast path beats index_copy_ on
+            # CPU), and y = S_new C = exp(dt A) (S C) + (dt x)(B·C) from the gathered S.
+            ssm = state.ssm.index_select(0, rows).view(n * g, -1, dstate)
+            y = torch.bmm(C, ssm.transpose(1, 2)).view(n, h, p) * decay
+            bc = torch.bmm(B, C.transpose(1, 2)).view(n, g, 1, 1).expand(n, g, h // g, 1).reshape(n, h, 1)
+            y = y + xdt.view(n, h, p) * bc
+            ssm.view(n, h, -1).mul_(decay - 1)
+            ssm.addcmul_(xdt, B)
+            state.ssm.index_add_(0, rows, ssm.view(n, h, p, dstate))
+        return y + x * upcast(self.D)[:, None]
+
+    def _step_cuda(self, xBC, dt, A, state: MambaState, rows: torch.Tensor | None) -> torch.Tensor:
+        causal_conv1d_update, selective_state_update = _cuda_step_kernels()
+        index = None if rows is None else rows.to(torch.int32)  # the kernels gather and scatter the rows
+        # The conv state is stored time-major; the kernel reads it through strides as (B, conv_dim, d_conv - 1).
+        xBC = causal_conv1d_update(xBC.to(state.conv.dtype).contiguous(), state.conv.transpose(1, 2),
+                                   self.conv1d.weight[:, 0], self.conv1d.bias, "silu", conv_state_indices=index)
+        n, h, p, dstate = xBC.shape[0], self.nheads, self.headdim, self.d_state
+        x, B, C = torch.split(xBC, [self.d_inner, self.ngroups * dstate, self.ngroups * dstate], dim=-1)
+        # Per-head scalars broadcast over headdim (and d_state) as stride-0 views, as mamba-ssm's step does.
+        return selective_state_update(
+            state.ssm, x.reshape(n, h, p), dt[..., None].expand(n, h, p), A[:, None, None].expand(h, p, dstate),
+            B.reshape(n, self.ngroups, dstate), C.reshape(n, self.ngroups, dstate),
+            D=self.D[:, None].expand(h, p), dt_bias=self.dt_bias[:, None].expand(h, p), dt_softplus=True,
+            state_batch_indices=index)
 
     def flops(self, seq_len: int) -> int:
         """Forward FLOPs per token at context seq_len (models/flops.py's convention).
@@ -340,13 +494,29 @@ class Mamba2(nn.Module):
                 B.reshape(bsz, seqlen, self.ngroups, self.d_state),
                 C.reshape(bsz, seqlen, self.ngroups, self.d_state))
 
-    def _scan_torch(self, xBC, dt, A, seq_idx) -> torch.Tensor:
+    def _scan_torch(self, xBC, dt, A, seq_idx, cache: BlockCache | None = None) -> torch.Tensor:
+        if cache is not None:
+            self._store_conv_state(xBC, cache)
         xBC = F.silu(causal_depthwise_conv(xBC, self.conv1d.weight, self.conv1d.bias, seq_idx))
         x, B, C = self._split_xbc(xBC)
         dt = F.softplus(upcast(dt) + upcast(self.dt_bias))
-        y, _ = ssd_chunked(upcast(x), dt, A, upcast(B), upcast(C), self.chunk_size, seq_idx=seq_idx)
+        lay = None if cache is None else cache.layout
+        # A prefill reads the state after each cache row's last real token.
+        state_at = None if lay is None else (lay.seq, (lay.end - 1).clamp(min=0))
+        y, states = ssd_chunked(upcast(x), dt, A, upcast(B), upcast(C), self.chunk_size, seq_idx=seq_idx,
+                                state_at=state_at)
+        if cache is not None:  # a row without real tokens in this layout keeps the empty state
+            cache.state.ssm.copy_(torch.where((lay.end > lay.start)[:, None, None, None], states, 0.0))
         y = y + upcast(x) * upcast(self.D)[:, None]
         return y.to(xBC.dtype)
+
+    def _store_conv_state(self, xBC: torch.Tensor, cache: BlockCache) -> None:
+        """The conv's last d_conv − 1 inputs of each cache row's real tokens, zeros
+        before the row's first token (as the causal conv reads them)."""
+        lay, k = cache.layout, self.d_conv - 1
+        at = lay.end[:, None] - k + torch.arange(k, device=xBC.device)  # (rows, k), oldest first
+        inputs = xBC[lay.seq[:, None], at.clamp(min=0)]  # (rows, k, conv_dim)
+        cache.state.conv.copy_(torch.where((at >= lay.start[:, None])[..., None], inputs, 0.0))
 
     def _scan_cuda(self, xBC, dt, A, seq_idx) -> torch.Tensor:
         causal_conv1d_fn, mamba_chunk_scan_combined = _cuda_kernels()

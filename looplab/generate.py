@@ -1,0 +1,347 @@
+"""Generation: prefill a batch of prompts into the per-(loop, layer) cache, then
+decode one token at a time from it, under any exit policy (looplab/policy.py).
+
+    prefill      the full forward (models/execution.py) over the prompts with an
+                 InferenceCache attached: loop r's states hold the real tokens that
+                 ran loop r. Returns the next-token logits at each row's last token.
+    decode_step  one new token per row: for r = 1..R the token runs the backbone's
+                 single-token form on loop r's states, then the policy's exit rule (the
+                 gate's threshold rule, or a zero-shot rule of the zoo; each starts
+                 afresh for every token) decides after each non-final loop. skip: an exited token updates no deeper loop's
+                 state (the cache holes CHASE trains with); dense: it runs every loop,
+                 read out at its exit step; forced:d: d loops. Rows still running at
+                 loop r are packed together, so the work follows the active tokens.
+    generate     prefill, then sample (greedy, or temperature / top-k / top-p with a
+                 seed) and decode until <eos>, a stop string or max_new_tokens, per row;
+                 it records the loops behind every new token.
+
+Exactness: prefill of tokens 1..t−1 then decode_step of token t gives token t the
+logits and exit step of the full forward over 1..t in the same policy (tests/test_decode.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from looplab.config import ConfigError
+from looplab.models.cache import HOLE, InferenceCache, Layout
+from looplab.models.execution import FULL_DEPTH
+from looplab.policy import DENSE, EXIT_RULES, GATE_LOGITS, GIVEN, ExitPolicy, exit_rule
+
+StepHook = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class Prefilled:
+    cache: InferenceCache
+    logits: torch.Tensor  # (B, V) next-token logits at each row's last real token
+    exit_step: torch.Tensor  # (B,) that token's exit step
+    loops: torch.Tensor  # (B,) the loops it ran
+    executed_loops: float  # mean over the prompts' real tokens
+    row_loops: torch.Tensor  # (B,) Σ over each prompt's real tokens of the loops they ran
+
+
+@dataclass
+class Decoded:
+    logits: torch.Tensor | None  # (n, V) for the rows that ran, in the order of `rows`
+    exit_step: torch.Tensor  # (n,) the step each token was read out at
+    loops: torch.Tensor  # (n,) the loops each token ran
+
+
+@dataclass
+class Generation:
+    """What generate returns, per row: the new tokens (without <eos>), for each the
+    loops run by the position that predicted it (its readout step in `exit_step`;
+    they differ under dense, which runs every loop), why the row stopped (eos | stop
+    | length), and with a decode callable the text, cut before the first stop string."""
+
+    tokens: list[list[int]]
+    loops: list[list[int]]
+    exit_step: list[list[int]]
+    finish: list[str]
+    texts: list[str] | None = None
+    prompt_executed_loops: float = 0.0  # mean loops over the prompts' real tokens
+    # The work done per row: positions run through the model (prompt and fed-back new
+    # tokens) and the loops they ran in all.
+    ran_tokens: list[int] = field(default_factory=list)
+    ran_loops: list[int] = field(default_factory=list)
+    cache_bytes: int = 0
+
+    @property
+    def executed_loops(self) -> float | None:
+        """Mean loops per new token over all rows."""
+        n = sum(len(x) for x in self.loops)
+        return sum(sum(x) for x in self.loops) / n if n else None
+
+
+def _as_batch(ids, lengths, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of token ids (a right-padded (B, L) tensor with lengths, or lists of
+    different lengths) as a right-padded tensor and the real lengths."""
+    if isinstance(ids, torch.Tensor):
+        if ids.dim() != 2 or ids.shape[1] == 0:
+            raise ConfigError(f"ids of shape {tuple(ids.shape)} is invalid; allowed: (B, L) token ids, L >= 1")
+        ids = ids.to(device)
+        lengths = (torch.full((ids.shape[0],), ids.shape[1], dtype=torch.long) if lengths is None
+                   else torch.as_tensor(lengths, dtype=torch.long)).to(device)
+    else:
+        rows = [list(map(int, row)) for row in ids]
+        if not rows or any(len(row) == 0 for row in rows):
+            raise ConfigError("ids is invalid; allowed: non-empty rows of token ids")
+        width = max(len(row) for row in rows)
+        ids = torch.zeros(len(rows), width, dtype=torch.long)
+        for i, row in enumerate(rows):
+            ids[i, :len(row)] = torch.tensor(row)
+        lengths = torch.tensor([len(row) for row in rows], dtype=torch.long)
+        ids, lengths = ids.to(device), lengths.to(device)
+    if lengths.shape != (ids.shape[0],) or int(lengths.min()) < 1 or int(lengths.max()) > ids.shape[1]:
+        raise ConfigError(f"lengths is invalid; allowed: (B,) = ({ids.shape[0]},) integers in [1, {ids.shape[1]}]")
+    return ids, lengths
+
+
+def _check_policy(model, policy: ExitPolicy) -> None:
+    if not isinstance(policy, ExitPolicy):
+        raise ConfigError(f"policy={policy!r} is invalid; allowed: an ExitPolicy (e.g. ExitPolicy.parse('skip:0.4'))")
+    policy.check(model.cfg.n_loops)
+
+
+def prefill(model, ids, policy: ExitPolicy = FULL_DEPTH, *, lengths=None, capacity: int | None = None,
+            attention_fill: str = HOLE, packing: str = "auto") -> Prefilled:
+    """Run the prompts (ids (B, L) right-padded with lengths (B,), or rows of token
+    ids) under `policy`, returning the cache and the next-token logits. capacity: the
+    attention buffers' size (default L; generate adds the new tokens). Given exits
+    (ExitPolicy.given) are (B, ≥ L) steps by absolute position: the prompt reads its
+    first L columns, decode_step the column of each new token's position."""
+    _check_policy(model, policy)
+    device = next(model.parameters()).device
+    ids, lengths = _as_batch(ids, lengths, device)
+    bsz, seqlen = ids.shape
+    prompt_policy = policy
+    if policy.rule == GIVEN:
+        if policy.exit_at.dim() != 2 or policy.exit_at.shape[0] != bsz or policy.exit_at.shape[1] < seqlen:
+            raise ConfigError(f"policy exit_at is invalid; allowed: (B, T) = ({bsz}, >= {seqlen}) exit steps")
+        prompt_policy = ExitPolicy.given(policy.exit_at[:, :seqlen].to(device), policy.execution)
+    cache = InferenceCache(model, bsz, max(capacity or seqlen, seqlen), attention_fill=attention_fill)
+    mask = torch.arange(seqlen, device=device) < lengths[:, None]
+    with torch.no_grad():
+        out = model(ids, prompt_policy, mask=mask, readout="none", cache=cache, packing=packing)
+        last = (lengths - 1)[:, None]
+        h = out.hidden.gather(1, last[..., None].expand(-1, -1, out.hidden.shape[-1]))[:, 0]
+        logits = model.logits(h)
+    cache.length.copy_(lengths)
+    exit_step = out.exit_step.gather(1, last)[:, 0]
+    loops = _loops_run(policy, out.exit_step, model.cfg.n_loops)
+    return Prefilled(cache, logits, exit_step, loops.gather(1, last)[:, 0], out.executed_loops, (loops * mask).sum(1))
+
+
+def _loops_run(policy: ExitPolicy, exit_step: torch.Tensor, n_loops: int) -> torch.Tensor:
+    fixed = policy.loops_run(n_loops)  # dense and full run every loop whatever the readout step
+    return exit_step if fixed is None else torch.full_like(exit_step, fixed)
+
+
+@torch.no_grad()
+def decode_step(model, cache: InferenceCache, tokens: torch.Tensor, policy: ExitPolicy = FULL_DEPTH, *,
+                rows: torch.Tensor | None = None, readout: bool = True, on_step: StepHook | None = None) -> Decoded:
+    """Append one token to each row in `rows` (default: every row; tokens (n,) in
+    that order) and return its logits, exit step and loops (module docstring).
+    readout=False skips the final norm and head (benchmarks time the loops alone).
+    on_step(r, h, active) -> h runs after loop r's exits are decided (h (n, d) the
+    tokens' states, active (n,) who runs on): tests use it to show that an exited
+    token's state reaches no deeper loop."""
+    R = model.cfg.n_loops
+    n = tokens.shape[0]
+    all_rows = rows is None
+    if all_rows and n != cache.batch:
+        raise ConfigError(f"tokens of shape {tuple(tokens.shape)} is invalid; allowed: ({cache.batch},) or rows=")
+    row_ids = torch.arange(n, device=tokens.device) if all_rows else rows
+    positions = cache.length.clone() if all_rows else cache.length[rows]  # each row's next position
+
+    if policy.rule in EXIT_RULES:  # the gate's threshold rule or a zoo rule, per token, from zero:
+        rule = exit_rule(policy, positions)  # each new token decides afresh
+    elif policy.rule == GIVEN:
+        steps = policy.exit_at.to(tokens.device)[row_ids, positions]
+    else:
+        steps = torch.full_like(positions, policy.loops_run(R))
+    skip = policy.execution != DENSE  # exited tokens stop running (under full nobody exits before R)
+    fill = skip and cache.attention_fill != HOLE
+
+    h = model.embed(tokens)  # (n, d)
+    exit_step = torch.full_like(positions, R)
+    readout_h = h
+    active = torch.ones(n, dtype=torch.bool, device=h.device)
+    idx = None  # the running tokens, when not all of them
+    for r in range(1, R + 1):
+        if idx is None:
+            h = model.step(h[:, None], positions[:, None], cache=cache.at(r, Layout.one_token(rows)))[:, 0]
+            a_in = h
+        else:
+            out = model.step(h[idx][:, None], positions[idx][:, None],
+                             cache=cache.at(r, Layout.one_token(row_ids[idx])))[:, 0]
+            h = h.index_copy(0, idx, out)
+            a_in = out
+        if r == R:
+            break
+        if policy.rule in EXIT_RULES and rule.reads == GATE_LOGITS:
+            a = model.exit_logit(a_in)
+            if idx is not None:  # the rule's arithmetic is elementwise: exited tokens' entries are never read
+                a = torch.zeros(n, dtype=a.dtype, device=a.device).index_copy(0, idx, a)
+            reached = rule.update(a)
+        elif policy.rule in EXIT_RULES:  # a zoo rule reads the step's next-token logits (every row's state)
+            reached = rule.update(model.logits(h))
+        else:
+            reached = steps == r
+        leaving = active & reached & (exit_step == R)  # a token's first step reaching its exit is its exit
+        exit_step = torch.where(leaving, r, exit_step)
+        if policy.execution == DENSE:
+            readout_h = torch.where((exit_step == r)[:, None], h, readout_h)
+        elif skip:
+            active = active & ~leaving
+            if on_step is not None:
+                h = on_step(r, h, active)
+            if fill and bool(leaving.any()):
+                out_rows = leaving.nonzero()[:, 0]
+                cache.fill_exited(model, h[out_rows], row_ids[out_rows], positions[out_rows], r)
+            if not bool(active.any()):
+                break
+            idx = None if bool(active.all()) else active.nonzero()[:, 0]
+    if policy.execution == DENSE:
+        readout_h = torch.where((exit_step == R)[:, None], h, readout_h)
+    else:
+        readout_h = h  # exited tokens' states stayed frozen
+    if all_rows:
+        cache.length += 1
+    else:
+        cache.length[rows] += 1
+    logits = model.logits(readout_h) if readout else None
+    return Decoded(logits, exit_step, _loops_run(policy, exit_step, R))
+
+
+def sample(logits: torch.Tensor, *, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+           generator: torch.Generator | None = None) -> torch.Tensor:
+    """Next tokens (n,) from logits (n, V): argmax at temperature 0, else a draw from
+    softmax(logits / temperature) restricted to the top_k most likely tokens and the
+    smallest set whose probability reaches top_p (0 and 1: no restriction)."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        ordered, order = torch.sort(logits, dim=-1, descending=True)
+        probs = torch.softmax(ordered, dim=-1)
+        drop = torch.cumsum(probs, dim=-1) - probs >= top_p  # the tokens before it already reach top_p
+        logits = logits.scatter(-1, order, ordered.masked_fill(drop, float("-inf")))
+    probs = torch.softmax(logits, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+
+
+def _per_row(value, n: int, name: str, kind) -> list:
+    values = list(value) if isinstance(value, (list, tuple)) and not isinstance(value, str) else [value] * n
+    if len(values) != n:
+        raise ConfigError(f"{name} is invalid; allowed: one value or one per row ({n})")
+    return [kind(v) for v in values]
+
+
+def _stop_lists(stop, n: int) -> list[list[str]]:
+    """stop: None, a string, a list of strings (for every row) or one list per row."""
+    if not stop:
+        return [[] for _ in range(n)]
+    if isinstance(stop, str):
+        return [[stop] for _ in range(n)]
+    stop = list(stop)
+    if all(isinstance(s, str) for s in stop):
+        return [list(stop) for _ in range(n)]
+    if len(stop) != n:
+        raise ConfigError(f"stop is invalid; allowed: strings for every row, or one list per row ({n})")
+    return [[s] if isinstance(s, str) else list(s or []) for s in stop]
+
+
+def _cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
+    cuts = [text.index(s) for s in stops if s and s in text]
+    return (text[:min(cuts)], True) if cuts else (text, False)
+
+
+def generate(model, ids, max_new_tokens, policy: ExitPolicy = FULL_DEPTH, *, lengths=None, temperature: float = 0.0,
+             top_k: int = 0, top_p: float = 1.0, seed: int | None = None, eos_id: int | None = None, stop=None,
+             decode: Callable[[list[int]], str] | None = None, attention_fill: str = HOLE,
+             packing: str = "auto") -> Generation:
+    """Continue each prompt (ids: a right-padded (B, L) tensor with lengths, or rows
+    of different lengths) by up to max_new_tokens (one number, or one per row).
+
+    temperature 0 is greedy; otherwise samples with top_k / top_p from a generator
+    seeded with `seed`. A row stops at eos_id (not included), at a stop string (needs
+    `decode`, ids → text; the text is cut before it) or at its max_new_tokens.
+    attention_fill: what exited tokens leave in deeper attention layers (hole |
+    exit_state, models/cache.py). Finished rows leave the batch: decode_step runs
+    only the rows still generating."""
+    _check_policy(model, policy)
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature < 0:
+        raise ConfigError(f"temperature={temperature!r} is invalid; allowed: a float >= 0 (0: greedy)")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        raise ConfigError(f"top_k={top_k!r} is invalid; allowed: an integer >= 0 (0: no limit)")
+    if not isinstance(top_p, (int, float)) or not 0.0 < top_p <= 1.0:
+        raise ConfigError(f"top_p={top_p!r} is invalid; allowed: a float in (0, 1]")
+    device = next(model.parameters()).device
+    ids, lengths = _as_batch(ids, lengths, device)
+    bsz = ids.shape[0]
+    limits = _per_row(max_new_tokens, bsz, "max_new_tokens", int)
+    if min(limits) < 0:
+        raise ConfigError(f"max_new_tokens={max_new_tokens!r} is invalid; allowed: integers >= 0")
+    stops = _stop_lists(stop, bsz)
+    if any(stops) and decode is None:
+        raise ConfigError("stop strings need decode=; allowed: a callable from token ids to text")
+    generator = None
+    if temperature > 0:
+        generator = torch.Generator(device=device)
+        generator.manual_seed(int(seed) if seed is not None else torch.seed())
+
+    most = max(limits)
+    if policy.rule == GIVEN and policy.exit_at.shape[1] < ids.shape[1] + most:
+        raise ConfigError(f"policy exit_at is invalid; allowed: (B, T) exit steps with T >= prompt + "
+                          f"max_new_tokens = {ids.shape[1] + most}")
+    pre = prefill(model, ids, policy, lengths=lengths, capacity=ids.shape[1] + most, attention_fill=attention_fill,
+                  packing=packing)
+    cache, logits = pre.cache, pre.logits
+    loops_now, exit_now = pre.loops.tolist(), pre.exit_step.tolist()
+    ran_tokens, ran_loops = lengths.tolist(), pre.row_loops.tolist()
+    tokens: list[list[int]] = [[] for _ in range(bsz)]
+    loops: list[list[int]] = [[] for _ in range(bsz)]
+    exits: list[list[int]] = [[] for _ in range(bsz)]
+    finish = ["length" if limit == 0 else "" for limit in limits]
+    texts = [""] * bsz if decode is not None else None
+    live = [b for b in range(bsz) if not finish[b]]
+    while live:
+        next_tokens = sample(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator).tolist()
+        still = []
+        for slot, b in enumerate(live):  # bookkeeping per row; the model runs batched
+            token = next_tokens[slot]
+            if eos_id is not None and token == eos_id:
+                finish[b] = "eos"
+                continue
+            tokens[b].append(token)
+            loops[b].append(loops_now[slot])
+            exits[b].append(exit_now[slot])
+            if texts is not None:
+                texts[b], stopped = _cut_at_stop(decode(tokens[b]), stops[b])
+                if stopped:
+                    finish[b] = "stop"
+                    continue
+            if len(tokens[b]) >= limits[b]:
+                finish[b] = "length"
+                continue
+            still.append((slot, b))
+        if not still:
+            break
+        keep = torch.tensor([slot for slot, _ in still], device=device)
+        live = [b for _, b in still]
+        rows = None if len(live) == bsz else torch.tensor(live, device=device)
+        step_tokens = torch.tensor(next_tokens, device=device)[keep]
+        out = decode_step(model, cache, step_tokens, policy, rows=rows)
+        logits, loops_now, exit_now = out.logits, out.loops.tolist(), out.exit_step.tolist()
+        for b, n in zip(live, loops_now):
+            ran_tokens[b] += 1
+            ran_loops[b] += n
+    return Generation(tokens, loops, exits, finish, texts, pre.executed_loops, ran_tokens, ran_loops, cache.nbytes())

@@ -1,0 +1,205 @@
+"""Inference state of a looped model, keyed by (loop, residual block).
+
+One backbone is applied R times, so each of its stateful mixers holds R states, one
+per loop: loop r's state has seen exactly the tokens that ran loop r (under skip, the
+tokens still active at r, in causal order; exited tokens leave holes). mamba-ssm keys
+its cache by layer alone, which would let loop 2 overwrite loop 1's state.
+
+    Mamba-2 block   conv: the last d_conv − 1 inputs of the conv (B, d_conv − 1, conv_dim)
+                    ssm:  the SSM state (B, heads, headdim, d_state), at least float32
+                    Both independent of the context length.
+    attention block k, v: the keys (RoPE applied at their true positions) and values
+                    (B, capacity, heads, head_dim), pos: those positions (B, capacity),
+                    length: the entries of each row (B,)
+    MLP block       nothing
+
+A backbone step reads and writes the states through a `StepCache` (one loop, one
+`Layout`), whose `block(j)` hands each mixer its own state; mixers take it as the
+`cache` argument of forward (models/mamba2.py, models/attention.py). The Layout says
+where each cache row's tokens sit in the tensor the step runs on: a prefill layout
+(padded rows, or the varlen row of skip execution, with each row's real tokens in
+[start, end)), or a decode layout (one token per running row).
+
+What an exited token leaves in the deeper loops' attention (`attention_fill`):
+    hole        nothing (CHASE's semantics, the default)
+    exit_state  the keys and values of its frozen exit state, computed by each deeper
+                attention block from that state (Huginn, continuous-depth batching).
+                The token still runs no deeper loop; Mamba-2 states keep their holes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from looplab.config import ConfigError
+
+HOLE, EXIT_STATE = "hole", "exit_state"
+RECURRENT, KEYS = "recurrent", "keys"  # a mixer's cache_kind: Mamba-2 states, attention keys/values
+ATTENTION_FILLS = (HOLE, EXIT_STATE)
+
+
+def check_fill(attention_fill: str) -> str:
+    if attention_fill not in ATTENTION_FILLS:
+        raise ConfigError(f"attention_fill={attention_fill!r} is invalid; allowed: {' | '.join(ATTENTION_FILLS)}")
+    return attention_fill
+
+
+@dataclass
+class MambaState:
+    conv: torch.Tensor  # (B, d_conv - 1, conv_dim), oldest input first (time-major: the step's shift is one copy)
+    ssm: torch.Tensor  # (B, nheads, headdim, d_state)
+
+
+@dataclass
+class KVState:
+    k: torch.Tensor  # (B, capacity, heads, head_dim), RoPE applied
+    v: torch.Tensor  # (B, capacity, heads, head_dim)
+    pos: torch.Tensor  # (B, capacity) the true position of each entry
+    length: torch.Tensor  # (B,) entries per row
+
+    def append(self, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor) -> None:
+        """Entries k, v (m, heads, head_dim) at positions pos (m,) for cache rows (m,),
+        which may repeat (several tokens of one row, in causal order)."""
+        if rows.numel() == 0:
+            return
+        counts = torch.bincount(rows, minlength=self.length.shape[0])
+        first = torch.cumsum(counts, 0) - counts  # where each row's entries begin in this append
+        order = torch.argsort(rows, stable=True)  # a row's entries together, in the given order
+        rows, k, v, pos = rows[order], k[order], v[order], pos[order]
+        slot = self.length[rows] + torch.arange(rows.shape[0], device=rows.device) - first[rows]
+        need = int(slot.max()) + 1
+        if need > self.k.shape[1]:
+            self._grow(need)
+        self.k[rows, slot] = k.to(self.k.dtype)
+        self.v[rows, slot] = v.to(self.v.dtype)
+        self.pos[rows, slot] = pos
+        self.length += counts
+
+    def append_one(self, rows: torch.Tensor | None, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor) -> None:
+        """One entry per row (decode): rows (n,) distinct, or None for every row."""
+        length = self.length if rows is None else self.length[rows]
+        if int(length.max()) >= self.k.shape[1]:
+            self._grow(int(length.max()) + 1)
+        rows = torch.arange(self.length.shape[0], device=length.device) if rows is None else rows
+        self.k[rows, length] = k.to(self.k.dtype)
+        self.v[rows, length] = v.to(self.v.dtype)
+        self.pos[rows, length] = pos
+        self.length[rows] = length + 1
+
+    def _grow(self, need: int) -> None:
+        """Double the capacity (preallocation makes this rare: generate sizes it)."""
+        cap = max(need, 2 * self.k.shape[1])
+        pad = cap - self.k.shape[1]
+        self.k = torch.cat([self.k, self.k.new_zeros(self.k.shape[0], pad, *self.k.shape[2:])], 1)
+        self.v = torch.cat([self.v, self.v.new_zeros(self.v.shape[0], pad, *self.v.shape[2:])], 1)
+        self.pos = torch.cat([self.pos, self.pos.new_zeros(self.pos.shape[0], pad)], 1)
+
+
+@dataclass
+class Layout:
+    """Where each cache row's tokens sit in the (b, l, d) tensor a backbone step runs on.
+
+    rows   (n,) the cache rows the step covers, or None: all rows, in order (the batch
+           needs no gather then).
+    Prefill: cache row rows[i]'s real tokens are slots [start[i], end[i]) of layout
+    row seq[i] (padded layout: seq = i, start = 0; varlen: seq = 0, each row's
+    segment). Tokens outside [start, end) (right padding, packing pads) are run but
+    never stored. Decode: layout row i is the one new token of cache row rows[i]."""
+
+    rows: torch.Tensor | None
+    decode: bool
+    seq: torch.Tensor | None = None
+    start: torch.Tensor | None = None
+    end: torch.Tensor | None = None
+
+    @classmethod
+    def padded(cls, n_real: torch.Tensor) -> "Layout":
+        """Layout row b is cache row b; its first n_real[b] tokens are real."""
+        arange = torch.arange(n_real.shape[0], device=n_real.device)
+        return cls(None, False, arange, torch.zeros_like(n_real), n_real)
+
+    @classmethod
+    def varlen(cls, active: torch.Tensor, real: torch.Tensor) -> "Layout":
+        """One layout row holding every active token of the batch in row-major order
+        (models/execution.py's varlen skip); real (B, L) marks those to store."""
+        counts = active.sum(1)
+        start = torch.cumsum(counts, 0) - counts
+        return cls(None, False, torch.zeros_like(counts), start, start + (active & real).sum(1))
+
+    @classmethod
+    def one_token(cls, rows: torch.Tensor | None) -> "Layout":
+        return cls(rows, True)
+
+
+@dataclass
+class BlockCache:
+    """What one mixer sees: its own state and the step's layout."""
+
+    state: MambaState | KVState
+    layout: Layout
+
+
+class StepCache:
+    """One loop's view of the cache for one backbone step."""
+
+    def __init__(self, cache: "InferenceCache", loop: int, layout: Layout):
+        self.states, self.layout = cache.states[loop - 1], layout
+
+    def block(self, j: int) -> BlockCache | None:
+        state = self.states[j]
+        return None if state is None else BlockCache(state, self.layout)
+
+
+class InferenceCache:
+    """Per-(loop, block) states of `batch` rows (module docstring). capacity sizes the
+    attention buffers (prompt + new tokens; they grow if exceeded); Mamba-2 states
+    have a fixed size. attention_only: keys and values alone (a full forward under
+    attention_fill="exit_state" needs them, not the recurrent states)."""
+
+    def __init__(self, model, batch: int, capacity: int, *, attention_fill: str = HOLE,
+                 attention_only: bool = False, device=None, dtype: torch.dtype | None = None):
+        ref = next(model.parameters())
+        device = ref.device if device is None else torch.device(device)
+        dtype = ref.dtype if dtype is None else dtype
+        self.n_loops = model.cfg.n_loops
+        self.batch = batch
+        self.attention_fill = check_fill(attention_fill)
+        # Stateful mixers say what they keep (cache_kind) and allocate it (new_state).
+        kinds = [getattr(block.inner, "cache_kind", None) for block in model.backbone.residual_blocks()]
+        keep = [kind == KEYS or (kind == RECURRENT and not attention_only) for kind in kinds]
+        self.states: list[list[MambaState | KVState | None]] = [
+            [block.inner.new_state(batch, capacity, device, dtype) if kept else None
+             for block, kept in zip(model.backbone.residual_blocks(), keep)]
+            for _ in range(self.n_loops)]
+        self.length = torch.zeros(batch, dtype=torch.long, device=device)  # tokens of each row so far
+
+    def at(self, loop: int, layout: Layout) -> StepCache:
+        return StepCache(self, loop, layout)
+
+    def fill_exited(self, model, h: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, loop: int) -> None:
+        """Tokens that exited after `loop` with frozen states h (m, d), of cache rows
+        (m,) at positions (m,): under attention_fill="exit_state", every deeper loop's
+        attention blocks store their keys and values computed from h."""
+        if self.attention_fill != EXIT_STATE or loop >= self.n_loops or rows.numel() == 0:
+            return
+        for j, block in enumerate(model.backbone.residual_blocks()):
+            if isinstance(self.states[loop][j], KVState):
+                k, v = block.inner.key_value(block.norm(h), positions)  # the same at every deeper loop
+                for r in range(loop, self.n_loops):
+                    self.states[r][j].append(rows, k, v, positions)
+
+    def nbytes(self) -> int:
+        """Bytes held by the states (attention buffers at their allocated capacity)."""
+        tensors = [t for loop in self.states for s in loop if s is not None for t in vars(s).values()]
+        return sum(t.numel() * t.element_size() for t in tensors) + self.length.numel() * self.length.element_size()
+
+    def clone(self) -> "InferenceCache":
+        """An independent copy (benchmarks decode from the same prefilled state repeatedly)."""
+        out = object.__new__(InferenceCache)
+        out.n_loops, out.batch, out.attention_fill = self.n_loops, self.batch, self.attention_fill
+        out.states = [[None if s is None else type(s)(**{k: t.clone() for k, t in vars(s).items()}) for s in loop]
+                      for loop in self.states]
+        out.length = self.length.clone()
+        return out
