@@ -46,6 +46,20 @@ def at_least(minimum: int):
     return parse
 
 
+def number_in(low: float, high: float = float("inf"), *, low_open: bool = False):
+    """An argparse type: a number in [low, high] (or (low, high] with low_open)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = None
+        if value is None or not (value > low if low_open else value >= low) or value > high:
+            span = f"({low:g}, {high:g}]" if low_open else f"[{low:g}, {high:g}]"
+            raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: a number in {span.replace('inf', '∞')}")
+        return value
+    return parse
+
+
 def ints_at_least(minimum: int):
     """An argparse type: comma-separated integers >= minimum, e.g. 1,8,16."""
     def parse(text: str) -> list[int]:
@@ -356,17 +370,21 @@ def cmd_generate(args) -> int:
     import torch
 
     from looplab.checkpoint import load_model
-    from looplab.policy import ExitPolicy
     from looplab.tokenizer import load_tokenizer
     from looplab.train import resolve_device
 
+    _checkpoint(args.checkpoint)
     model = load_model(args.checkpoint)
+    policy = args.policy
+    try:
+        policy.check(model.cfg.n_loops)
+    except ConfigError as e:
+        raise e.renamed("--policy", policy.spec) from None
     spec = args.tokenizer or model.metadata.get("tokenizer")
     if not spec:
         raise ConfigError(f"--checkpoint={args.checkpoint!r} carries no metadata['tokenizer']; allowed: "
                           "--tokenizer mistral | bytes | an HF tokenizer name")
     tok = load_tokenizer(spec)
-    policy = ExitPolicy.parse(args.policy)
     prompt = ([tok.bos_id] if tok.bos_id is not None and not args.no_bos else []) + tok.encode(args.prompt)
     if not prompt:
         raise ConfigError("--prompt is empty; allowed: some text (or drop --no-bos)")
@@ -512,12 +530,13 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="continue a prompt from a checkpoint; print the loops behind each token")
     g.add_argument("--checkpoint", required=True)
     g.add_argument("--prompt", required=True)
-    g.add_argument("--policy", default="full", help="exit policy: full | forced:D | dense:Q | skip:Q (default full)")
-    g.add_argument("--max-new-tokens", type=int, default=64)
-    g.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--policy", type=_policy, default="full",
+                   help="exit policy: full | forced:D | dense:Q | skip:Q | the zoo's skip-entropy:T, ... (default full)")
+    g.add_argument("--max-new-tokens", type=at_least(1), default=64)
+    g.add_argument("--temperature", type=number_in(0.0), default=0.0, help="0: greedy (default)")
+    g.add_argument("--top-k", type=at_least(0), default=0, help="0: no limit")
+    g.add_argument("--top-p", type=number_in(0.0, 1.0, low_open=True), default=1.0)
+    g.add_argument("--seed", type=at_least(0), default=None)
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--attention-fill", choices=("hole", "exit_state"), default="hole",
                    help="what exited tokens leave in deeper attention layers (hybrid/transformer)")

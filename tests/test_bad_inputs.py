@@ -76,6 +76,14 @@ LOOPLAB_CASES = [
     (["data", "mano", "--L", "0"], "argument --L: '0' is invalid"),
     (["data", "phop", "--n", "8", "--p", "7"], "PhopConfig.p=7 is invalid"),
     (["info", "--preset", "nope"], "--preset='nope' is invalid"),
+    (["generate", "--checkpoint", "/nonexistent", "--prompt", "hi"], "--checkpoint='/nonexistent' is invalid"),
+    (["generate", "--checkpoint", "{good}", "--prompt", "hi", "--max-new-tokens", "0"], "argument --max-new-tokens"),
+    (["generate", "--checkpoint", "{good}", "--prompt", "hi", "--policy", "forced:9"], "--policy='forced:9'"),
+    (["generate", "--checkpoint", "{good}", "--prompt", "hi", "--temperature", "-1"], "argument --temperature"),
+    (["generate", "--checkpoint", "{good}", "--prompt", "hi", "--top-p", "2"], "argument --top-p"),
+    (["generate", "--checkpoint", "{truncated}", "--prompt", "hi"], "model.safetensors is damaged"),
+    (["bench", "--decode", "--preset", "phop-debug", "--new-tokens", "0", "--oracle-mean", "2"],
+     "argument --new-tokens"),
 ]
 
 

@@ -388,4 +388,6 @@ def test_generate_command_prints_the_continuation_and_its_loops(tmp_path, capsys
     assert "loops per new token (skip q=0.5, R=4" in captured.err
     superscripts = "".join("⁰¹²³⁴⁵⁶⁷⁸⁹"[n] for n in record["loops"])
     assert "".join(c for c in captured.err.splitlines()[-1] if c in "¹²³⁴") == superscripts
-    assert main(["generate", "--checkpoint", str(tmp_path / "ckpt"), "--prompt", "x", "--policy", "skip"]) == 2
+    with pytest.raises(SystemExit) as bad:  # a malformed flag value: argparse's one line, exit 2
+        main(["generate", "--checkpoint", str(tmp_path / "ckpt"), "--prompt", "x", "--policy", "skip"])
+    assert bad.value.code == 2
