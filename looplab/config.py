@@ -272,10 +272,16 @@ class TrainConfig:
     ckpt_every: int = 0  # 0: no step cadence (ckpt_minutes still applies)
     ckpt_minutes: float = 5.0  # also checkpoint after this much wall clock; 0: off
     device: str = "auto"
+    # Memory, not maths: a step's gradient is the same (to float rounding) either way.
+    micro_batch_size: int = 0  # rows per forward/backward, gradients accumulated; 0: a rank's whole share
+    activation_checkpointing: bool = False  # keep each loop's input only, recompute the loop in backward
 
     def __post_init__(self) -> None:
         _pos_int(self, "steps", "batch_size", "seq_len", "eval_batch_size", "log_every")
-        _pos_int(self, "warmup_steps", "eval_every", "eval_limit", "ckpt_every", "seed", minimum=0)
+        _pos_int(self, "warmup_steps", "eval_every", "eval_limit", "ckpt_every", "seed", "micro_batch_size",
+                 minimum=0)
+        check(isinstance(self.activation_checkpointing, bool), "TrainConfig.activation_checkpointing",
+              self.activation_checkpointing, "true or false")
         check(self.lr > 0, "TrainConfig.lr", self.lr, "a float > 0")
         check(0 <= self.min_lr_ratio <= 1, "TrainConfig.min_lr_ratio", self.min_lr_ratio, "a float in [0, 1]")
         check(self.weight_decay >= 0, "TrainConfig.weight_decay", self.weight_decay, "a float >= 0")

@@ -25,6 +25,27 @@ from looplab.errors import ConfigError
 
 
 @dataclass(frozen=True)
+class Rows:
+    """Which rows of a step's global batch a minibatch holds: [start, stop) of total.
+    What is drawn per step for the whole batch (CHASE's depth holes) is drawn for all
+    `total` rows and sliced, so ranks and micro-batches see the holes one process
+    training the whole batch at once would see."""
+
+    start: int
+    stop: int
+    total: int
+
+    @classmethod
+    def whole(cls, rows: int) -> "Rows":
+        return cls(0, rows, rows)
+
+    def split(self, size: int) -> list["Rows"]:
+        """Consecutive parts of at most `size` rows (0: one part, all of them)."""
+        size = size or self.stop - self.start
+        return [Rows(i, min(i + size, self.stop), self.total) for i in range(self.start, self.stop, size)]
+
+
+@dataclass(frozen=True)
 class Shard:
     rank: int = 0
     world: int = 1
@@ -47,10 +68,10 @@ class Shard:
             raise ConfigError(f"TrainConfig.batch_size={batch_size} is invalid with {self.world} workers; "
                               f"allowed: a multiple of {self.world} (every rank trains an equal share)")
 
-    def rows(self, batch_size: int) -> slice:
+    def rows(self, batch_size: int) -> Rows:
         """This rank's rows of a global batch."""
         per = batch_size // self.world
-        return slice(self.rank * per, (self.rank + 1) * per)
+        return Rows(self.rank * per, (self.rank + 1) * per, batch_size)
 
     def average_gradients(self, params: list[torch.Tensor]) -> None:
         """All-reduce the gradients (one flat buffer: one collective per step) and

@@ -115,17 +115,18 @@ def hole_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 # ---- the loss of one minibatch, per stage -----------------------------------------------
-# Each takes (model, batch, cfg, step, shard) and returns (loss, diagnostics as scalars).
-# Deterministic in (cfg.train.seed, step). Under data parallelism `batch` is shard's rows
-# of the global batch: every rank draws the same hole branch and the global batch's depth
-# holes, then keeps its rows.
+# Each takes (model, batch, cfg, step, rows) and returns (loss, diagnostics as scalars):
+# the mean over the minibatch's target tokens. Deterministic in (cfg.train.seed, step).
+# `batch` is rows [start, stop) of the step's global batch (distributed.Rows: a rank's
+# share under data parallelism, a micro-batch of it with accumulation): every part draws
+# the same hole branch and the global batch's depth holes, then keeps its rows.
 
 def step_losses(out, targets: torch.Tensor) -> torch.Tensor:
     """ℓ^(r) per token for every step of an execution run with all_steps: (R, B, L)."""
     return torch.stack([token_losses(logits, targets) for logits in out.step_logits])
 
 
-def pretrain_minibatch(model, batch, cfg, step, shard):
+def pretrain_minibatch(model, batch, cfg, step, rows):
     return final_loop_loss(model(batch.ids).logits, batch.targets), {}
 
 
@@ -136,29 +137,28 @@ def _stage1(model, batch, cfg, policy: ExitPolicy):
     return stage1_loss(step_losses(out, batch.targets), lam, mask, cfg.exit.beta, cfg.exit.entropy_eps)
 
 
-def stage1_minibatch(model, batch, cfg, step, shard):
+def stage1_minibatch(model, batch, cfg, step, rows):
     # The dense forward: every token runs all R steps, and the loss weighs every step by π.
     return _stage1(model, batch, cfg, ExitPolicy.full())
 
 
-def chase_minibatch(model, batch, cfg, step, shard):
+def chase_minibatch(model, batch, cfg, step, rows):
     rng = np.random.default_rng([cfg.train.seed, step, 1])
     if not take_hole_branch(rng, cfg.hole):
-        loss, diag = stage1_minibatch(model, batch, cfg, step, shard)
+        loss, diag = stage1_minibatch(model, batch, cfg, step, rows)
         return loss, {**diag, "hole_branch": 0.0}
     if cfg.hole.sampler == "threshold":
         q = sample_threshold(rng, cfg.hole)
         out = model(batch.ids, ExitPolicy.skip(q), gate_grad=False)
         return hole_loss(out.logits, batch.targets), {"hole_branch": 1.0, "hole_q": q,
                                                       "executed_loops": out.executed_loops}
-    rows, seq = batch.ids.shape
-    exit_at = sample_depth_holes(rng, cfg.hole, (rows * shard.world, seq), cfg.model.n_loops)
-    exit_at = exit_at[shard.rank * rows:(shard.rank + 1) * rows].to(batch.ids.device)
+    exit_at = sample_depth_holes(rng, cfg.hole, (rows.total, batch.ids.shape[1]), cfg.model.n_loops)
+    exit_at = exit_at[rows.start:rows.stop].to(batch.ids.device)
     loss, diag = _stage1(model, batch, cfg, ExitPolicy.given(exit_at))
     return loss, {**diag, "hole_branch": 1.0, "executed_loops": float(exit_at.float().mean())}
 
 
-def stage2_minibatch(model, batch, cfg, step, shard):
+def stage2_minibatch(model, batch, cfg, step, rows):
     with torch.no_grad():  # frozen model: losses and states carry no graph
         out = model(batch.ids, ExitPolicy.full(), all_steps=True)
         losses = step_losses(out, batch.targets)

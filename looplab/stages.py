@@ -100,13 +100,14 @@ class Stage:
         return ([ExitPolicy.full()] + [ExitPolicy.dense(q) for q in DEFAULT_QS]
                 + [ExitPolicy.skip(q) for q in DEFAULT_QS] + [ExitPolicy.forced(d) for d in range(1, n_loops)])
 
-    def minibatch_loss(self, model, batch, cfg: ExperimentConfig, step: int, shard=None):
+    def minibatch_loss(self, model, batch, cfg: ExperimentConfig, step: int, rows=None):
         """The stage's training loss of one minibatch and its diagnostics
-        (looplab/objectives.py holds one function per stage, named after it)."""
+        (looplab/objectives.py holds one function per stage, named after it). rows:
+        which rows of the step's global batch `batch` is (default: all of it)."""
         from looplab import objectives
-        from looplab.distributed import Shard
+        from looplab.distributed import Rows
 
-        return getattr(objectives, f"{self.name}_minibatch")(model, batch, cfg, step, shard or Shard())
+        return getattr(objectives, f"{self.name}_minibatch")(model, batch, cfg, step, rows or Rows.whole(len(batch)))
 
 
 _CONTINUED = Recipe(lr=1.5e-4, min_lr=8e-5, warmup_fraction=0.002, grad_clip=0.6)  # App. E: Stage-1 and CHASE

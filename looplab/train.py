@@ -27,6 +27,7 @@ from looplab.distributed import Shard
 from looplab.evaluate import autocast_context, evaluate_policies
 from looplab.stages import get_stage
 from looplab.tasks import make_task
+from looplab.tasks.base import IGNORE_INDEX, Batch
 
 CHECKPOINT_DIR = "checkpoint"
 METRICS_FILE = "metrics.jsonl"
@@ -111,6 +112,7 @@ def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, st
     if cfg.parent is not None:
         load_parent(model, cfg, parent_dir)
     model.to(device)
+    model.checkpoint_steps = tc.activation_checkpointing
     model.metadata = experiment_metadata(cfg)
     stage = get_stage(cfg.stage)
     for name, p in model.named_parameters():  # e.g. Stage-2 trains the gate alone
@@ -168,21 +170,15 @@ def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, st
             group["lr"] = lr_at(step, tc)
         t_step = time.perf_counter()
         batch = task.train_batch(step, tc.batch_size, tc.seq_len, tc.seed)
-        if shard.world > 1:
-            mine = shard.rows(tc.batch_size)
-            batch = batch.slice(mine.start, mine.stop)
-        batch = batch.to(device)
-        with autocast_context(device, tc.precision):
-            loss, diag = stage.minibatch_loss(model, batch, cfg, step, shard)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        loss, diag = _accumulate_gradients(model, stage, batch, cfg, step, shard, device)
         trainable = [p for p in model.parameters() if p.requires_grad]
         shard.average_gradients(trainable)
         grad_norm = torch.nn.utils.clip_grad_norm_(trainable, tc.grad_clip if tc.grad_clip > 0 else math.inf)
         optimizer.step()
 
         # Every rank logs the same (averaged) numbers and so stops together on a NaN.
-        means_now = shard.average({"loss": loss.item(), **{k: float(v) for k, v in diag.items()}})
+        means_now = shard.average({"loss": loss, **diag})
         loss_value = means_now.pop("loss")
         if not math.isfinite(loss_value):
             checkpoint(step)  # keep what there is for post-mortems, then stop loudly
@@ -190,7 +186,7 @@ def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, st
         train_time += time.perf_counter() - t_step  # evaluation and checkpoints excluded
         result.losses.append(loss_value)
         window.append({"loss": loss_value, **means_now})
-        tokens += batch.ids.numel() * shard.world
+        tokens += batch.ids.numel()
         done = step + 1
         rate = tokens / train_time
         eta = (end - done) * train_time / (done - start)
@@ -223,6 +219,28 @@ def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, st
         checkpoint(end)
         log.say(f"checkpoint: {ckpt}")
     return result
+
+
+def _accumulate_gradients(model, stage, batch: Batch, cfg: ExperimentConfig, step: int, shard: Shard,
+                          device) -> tuple[float, dict[str, float]]:
+    """Forward and backward this rank's rows of the global batch, micro_batch_size rows
+    at a time, into the parameters' .grad. Each part's loss (a mean over its target
+    tokens) weighs by its share of the global batch's target tokens, times the world
+    size that Shard.average_gradients divides by: the gradient is that of the whole
+    batch's token mean, whatever the split into ranks and micro-batches. Returns this
+    rank's weighted loss and diagnostics, which Shard.average turns into the batch's."""
+    n_global = max(int((batch.targets != IGNORE_INDEX).sum()), 1)
+    loss_sum, diag_sum = 0.0, {}
+    for rows in shard.rows(len(batch)).split(cfg.train.micro_batch_size):
+        part = batch.slice(rows.start, rows.stop).to(device)
+        weight = shard.world * int((part.targets != IGNORE_INDEX).sum()) / n_global
+        with autocast_context(device, cfg.train.precision):
+            loss, diag = stage.minibatch_loss(model, part, cfg, step, rows)
+        (loss * weight).backward()
+        loss_sum += weight * loss.item()
+        for k, v in diag.items():
+            diag_sum[k] = diag_sum.get(k, 0.0) + weight * float(v)
+    return loss_sum, diag_sum
 
 
 def _window_means(window: list[dict[str, float]]) -> dict[str, float]:

@@ -77,6 +77,8 @@ def test_two_ranks_train_what_one_process_trains_on_the_global_batch(tmp_path):
 
 def test_shards_partition_the_batch_and_reject_uneven_sizes():
     rows = [Shard(r, 4).rows(8) for r in range(4)]
-    assert [(s.start, s.stop) for s in rows] == [(0, 2), (2, 4), (4, 6), (6, 8)]
+    assert [(s.start, s.stop, s.total) for s in rows] == [(0, 2, 8), (2, 4, 8), (4, 6, 8), (6, 8, 8)]
+    parts = rows[1].split(1) + rows[2].split(0) + rows[3].split(3)
+    assert [(s.start, s.stop) for s in parts] == [(2, 3), (3, 4), (4, 6), (6, 8)]
     with pytest.raises(ConfigError, match="batch_size=6 is invalid with 4 workers"):
         Shard(0, 4).check_batch_size(6)

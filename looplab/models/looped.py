@@ -32,6 +32,7 @@ class LoopedLM(nn.Module):
         # bias starts at −2 so a new gate exits rarely (σ(−2) ≈ 0.12).
         self.exit_gate = nn.Linear(cfg.d_model, 1)
         self.metadata: dict = {}  # carried into checkpoints (task, tokenizer, ...)
+        self.checkpoint_steps = False  # recompute each loop in backward (step())
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -65,7 +66,15 @@ class LoopedLM(nn.Module):
         positions (B, L) are the tokens' positions in the original sequence, used by
         attention's RoPE (default 0..L-1). seq_idx (B, L) packs several sequences
         into one row (Mamba-2-only backbones): nothing flows between them. cache: the
-        loop's StepCache (models/cache.py), read and written by the stateful mixers."""
+        loop's StepCache (models/cache.py), read and written by the stateful mixers.
+
+        With checkpoint_steps set (train.activation_checkpointing), a training step
+        keeps only each loop's input and recomputes the loop's activations in backward:
+        activation memory of one loop instead of R, for one more forward per loop."""
+        if self.checkpoint_steps and cache is None and torch.is_grad_enabled():
+            from torch.utils.checkpoint import checkpoint
+
+            return checkpoint(self.backbone, h, positions, seq_idx, None, use_reentrant=False)
         return self.backbone(h, positions, seq_idx, cache)
 
     def exit_logit(self, h: torch.Tensor) -> torch.Tensor:
