@@ -13,8 +13,8 @@ means no ragged-halting loss) and peak memory of each. Every record names its
 dtype and (prefill) its packing.
 
 Dtype (--dtype): fp32 runs as stored; bf16 runs every timed call under bfloat16
-autocast (evaluate.autocast_context: CUDA's, or CPU's on a CPU), as the paper's
-GPU measurements ran.
+autocast (evaluate.autocast_context: CUDA's, as training on CUDA runs, or CPU's on
+a CPU).
 
 Packing (prefill): the layout skip's survivors are packed in (models/execution.py).
 "padded" pads each row's survivors to the batch's largest count, so a batch pays for
