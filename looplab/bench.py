@@ -52,8 +52,8 @@ final norm + LM head, as generation runs it), the same without the readout (the
 loops and gates alone: what skipping changes, against the ideal R / mean loops),
 the mean executed loops of the new tokens, peak memory of the decoding (delta and
 absolute, as above) and the cache's size. Under bf16 the prompt's prefill and each
-decoding run are under autocast. Work follows the running tokens: each loop runs only the rows whose
-token is still active.
+decoding run are under autocast. Work follows the running tokens: each loop runs
+only the rows whose token is still active.
 """
 
 from __future__ import annotations
