@@ -9,15 +9,32 @@ next-token logits only at the last position, so they differ only in whether
 exited tokens run the deeper loops. Reported per point: median wall time of each,
 the measured speedup, the mean executed loops, the ideal speedup R / mean loops,
 the batch-max survivor ratio (padded work / real work in the padded layout; 1.0
-means no ragged-halting loss) and peak memory of each.
+means no ragged-halting loss) and peak memory of each. Every record names its
+dtype and (prefill) its packing.
 
-Peak memory: on CUDA, torch.cuda.max_memory_allocated above the allocation before
-the call. On CPU (Linux, glibc), the peak resident set size above the RSS before
-the call, read from /proc/self/status (VmHWM) after resetting the peak through
-/proc/self/clear_refs. So that RSS follows live tensors, the benchmark pins glibc's
-mmap threshold at 128 KiB (every large block is mapped on allocation and returned
-on free, instead of being kept in the heap for reuse) and trims the heap before
-each measurement. Small allocations below the threshold are not seen.
+Dtype (--dtype): fp32 runs as stored; bf16 runs every timed call under bfloat16
+autocast (evaluate.autocast_context: CUDA's, as training on CUDA runs, or CPU's on
+a CPU).
+
+Packing (prefill): the layout skip's survivors are packed in (models/execution.py).
+"padded" pads each row's survivors to the batch's largest count, so a batch pays for
+its slowest row: this reproduces the paper's ragged-halting measurement. "varlen"
+(looplab's; Mamba-2 backbones only, the default there) puts the batch's survivors
+in one row, so work follows the real survivor count.
+
+Peak memory, two numbers per run (-1 where they cannot be measured):
+    peak_mem_full / _skip          the peak above what was in use before the call:
+                                   what the call itself needed
+    peak_mem_abs_full / _skip      the absolute peak during the call: weights,
+                                   inputs, (CPU) the process's own footprint included
+On CUDA: torch.cuda.max_memory_allocated after resetting the peak stats; the delta
+subtracts the allocation before the call. On CPU (Linux, glibc): the peak resident
+set size (VmHWM in /proc/self/status) after resetting it to the current RSS through
+/proc/self/clear_refs; the delta subtracts the RSS before the call. So that RSS
+follows live tensors, the benchmark pins glibc's mmap threshold at 128 KiB (every
+large block is mapped on allocation and returned on free, instead of being kept in
+the heap for reuse) and trims the heap before each measurement. Small allocations
+below the threshold are not seen.
 
 Exits come from the gate and a threshold q (a trained checkpoint), from a zero-shot
 rule of the exit-policy zoo (skip-entropy:T, skip-kl:T, skip-stable:K; any
@@ -33,9 +50,10 @@ same inputs), from copies of the same prefilled caches, alternating, after
 warm-ups. Reported: the median time per decode step and tokens/s (with the readout,
 final norm + LM head, as generation runs it), the same without the readout (the
 loops and gates alone: what skipping changes, against the ideal R / mean loops),
-the mean executed loops of the new tokens, peak memory of the decoding and the
-cache's size. Work follows the running tokens: each loop runs only the rows whose
-token is still active.
+the mean executed loops of the new tokens, peak memory of the decoding (delta and
+absolute, as above) and the cache's size. Under bf16 the prompt's prefill and each
+decoding run are under autocast. Work follows the running tokens: each loop runs
+only the rows whose token is still active.
 """
 
 from __future__ import annotations
@@ -43,12 +61,16 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import numpy as np
 import torch
 
 from looplab.config import ConfigError
+from looplab.errors import check, invalid
+from looplab.evaluate import autocast_context
 from looplab.holes import round_depth
 from looplab.policy import DENSE, SKIP, ExitPolicy
 
@@ -59,16 +81,43 @@ class BenchRecord:
     seq_len: int
     policy: str  # the skip policy's spec (skip:0.4, skip-entropy:2.0, ...), or "oracle"
     oracle_mean: float | None
-    packing: str
+    packing: str  # the layout skip ran: padded (the paper's) or varlen (looplab's)
+    dtype: str  # fp32, or bf16 (autocast)
     mean_executed_loops: float
     ideal_speedup: float
     batch_max_survivor_ratio: float
     time_full_s: float
     time_skip_s: float
     speedup: float
-    peak_mem_full: int
+    peak_mem_full: int  # bytes above the level before the call (module docstring)
     peak_mem_skip: int
+    peak_mem_abs_full: int  # absolute peak bytes during the call
+    peak_mem_abs_skip: int
     device: str
+
+
+DTYPES = ("fp32", "bf16")
+T = TypeVar("T")
+
+
+def check_dtype(dtype: str) -> None:
+    check(dtype in DTYPES, "dtype", dtype, " | ".join(DTYPES))
+
+
+def under_dtype(fn: Callable[[], T], device: torch.device, dtype: str) -> Callable[[], T]:
+    """`fn` under the benchmark's dtype (evaluate.autocast_context). A bf16 kernel
+    the device lacks becomes a one-line ConfigError naming the dtype, not a traceback
+    from deep inside the model."""
+    def run() -> T:
+        try:
+            with autocast_context(device, dtype):
+                return fn()
+        except RuntimeError as e:
+            if dtype != "bf16" or "BFloat16" not in str(e):
+                raise
+            reason = str(e).strip().splitlines()[0]
+            raise invalid("dtype", dtype, f"fp32 (bf16 autocast fails on {device.type}: {reason})") from None
+    return run
 
 
 def oracle_exit_steps(rng: np.random.Generator, shape: tuple[int, int], mean: float, n_loops: int) -> torch.Tensor:
@@ -116,27 +165,39 @@ def _glibc_for_rss():
     return _glibc or None
 
 
-def peak_memory(fn, device: torch.device) -> int:
-    """Bytes of memory the call needed above what was in use before it (-1 where
-    it cannot be measured)."""
+@dataclass(frozen=True)
+class Peak:
+    """A call's peak memory in bytes (module docstring): above what was in use
+    before it, and absolute; -1 where it cannot be measured."""
+    delta: int
+    absolute: int
+
+
+UNKNOWN_PEAK = Peak(-1, -1)
+
+
+def peak_memory(fn, device: torch.device) -> Peak:
+    """The call's peak memory: CUDA's allocator peak, or on CPU the peak RSS."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
         fn()
         torch.cuda.synchronize(device)
-        return torch.cuda.max_memory_allocated(device) - base
+        peak = torch.cuda.max_memory_allocated(device)
+        return Peak(peak - base, peak)
     glibc = _glibc_for_rss()
     if glibc is None:
-        return -1
+        return UNKNOWN_PEAK
     try:
         glibc.malloc_trim(0)
         Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
         base = _rss_kb("VmRSS")
         fn()
-        return max(0, _rss_kb("VmHWM") - base) * 1024
+        peak = _rss_kb("VmHWM")
+        return Peak(max(0, peak - base) * 1024, peak * 1024)
     except OSError:
-        return -1  # not Linux: unknown
+        return UNKNOWN_PEAK  # not Linux: unknown
 
 
 def _timed(fn, device: torch.device) -> float:
@@ -162,16 +223,17 @@ def survivor_ratio(exit_step: torch.Tensor, n_loops: int) -> float:
 
 @torch.no_grad()
 def bench_point(model, ids: torch.Tensor, policy: ExitPolicy, *, warmup: int = 2, repeats: int = 5,
-                packing: str = "auto", oracle_mean: float | None = None) -> BenchRecord:
+                packing: str = "auto", oracle_mean: float | None = None, dtype: str = "fp32") -> BenchRecord:
     """Time `policy` (skip execution: gate threshold, zoo rule or given exits) against
     its dense twin, which runs every loop for every token with the same rule and readout."""
     if policy.execution != SKIP:
         raise ConfigError(f"bench policy {policy.spec!r} is invalid; allowed: skip policies (skip:Q, "
                           "skip-entropy:T, skip-kl:T, skip-stable:K), which it compares with full execution")
+    check_dtype(dtype)
     device = ids.device
     dense = replace(policy, execution=DENSE)
-    full = lambda: model(ids, dense, readout="last")  # noqa: E731
-    skip = lambda: model(ids, policy, packing=packing, readout="last")  # noqa: E731
+    full = under_dtype(lambda: model(ids, dense, readout="last"), device, dtype)
+    skip = under_dtype(lambda: model(ids, policy, packing=packing, readout="last"), device, dtype)
     probe = skip()
     R = model.cfg.n_loops
     mean_loops = float(probe.exit_step.float().mean())
@@ -183,23 +245,25 @@ def bench_point(model, ids: torch.Tensor, policy: ExitPolicy, *, warmup: int = 2
         t_skip.append(_timed(skip, device))
     tf, ts = statistics.median(t_full), statistics.median(t_skip)
     resolved = packing if packing != "auto" else ("varlen" if model.cfg.arch == "mamba2" else "padded")
+    mem_full, mem_skip = peak_memory(full, device), peak_memory(skip, device)
     return BenchRecord(
         batch=ids.shape[0], seq_len=ids.shape[1], policy="oracle" if oracle_mean is not None else policy.spec,
-        oracle_mean=oracle_mean, packing=resolved,
+        oracle_mean=oracle_mean, packing=resolved, dtype=dtype,
         mean_executed_loops=mean_loops, ideal_speedup=R / mean_loops,
         batch_max_survivor_ratio=survivor_ratio(probe.exit_step, R), time_full_s=tf, time_skip_s=ts,
-        speedup=tf / ts, peak_mem_full=peak_memory(full, device), peak_mem_skip=peak_memory(skip, device),
-        device=str(device))
+        speedup=tf / ts, peak_mem_full=mem_full.delta, peak_mem_skip=mem_skip.delta,
+        peak_mem_abs_full=mem_full.absolute, peak_mem_abs_skip=mem_skip.absolute, device=str(device))
 
 
 def run_grid(model, task, *, batches, seq_lens, policies=(), oracle_mean: float | None = None, warmup: int = 2,
-             repeats: int = 5, packing: str = "auto", device: torch.device | str = "cpu", seed: int = 0,
-             on_record=None) -> list[BenchRecord]:
+             repeats: int = 5, packing: str = "auto", dtype: str = "fp32", device: torch.device | str = "cpu",
+             seed: int = 0, on_record=None) -> list[BenchRecord]:
     """Every (batch, seq_len) × policy point; policies are skip policies (skip:q or a
     zoo rule such as skip-entropy:2.0), or the oracle with the given mean executed loops."""
     if oracle_mean is None and not policies:
         raise ConfigError("bench needs skip policies or an oracle mean; allowed: --policies skip:0.2,0.4 (or "
                           "skip-entropy:2.0) or --oracle-mean 2.0")
+    check_dtype(dtype)
     device = torch.device(device)
     model = model.to(device).eval()
     records = []
@@ -213,23 +277,37 @@ def run_grid(model, task, *, batches, seq_lens, policies=(), oracle_mean: float 
             else:
                 points = [dict(policy=p) for p in policies]
             for point in points:
-                record = bench_point(model, ids, warmup=warmup, repeats=repeats, packing=packing, **point)
+                record = bench_point(model, ids, warmup=warmup, repeats=repeats, packing=packing, dtype=dtype,
+                                     **point)
                 records.append(record)
                 if on_record:
                     on_record(record)
     return records
 
 
-HEADER = ("batch  seq_len  policy            loops  ideal  max/real  full s    skip s    speedup  "
-          "of ideal  mem full   mem skip")
+# Memory columns: Δmem is the peak above the level before the call, peak the absolute
+# peak during it (module docstring).
+MEMORY_HEADER = "Δmem full  peak full  Δmem skip  peak skip"
+
+
+def _mib(nbytes: int, width: int = 9) -> str:
+    return f"{nbytes / 2**20:{width - 1}.1f}M" if nbytes >= 0 else f"{'?':>{width}}"
+
+
+def _memory_columns(r: BenchRecord | DecodeRecord) -> str:
+    return "  ".join(_mib(b) for b in (r.peak_mem_full, r.peak_mem_abs_full, r.peak_mem_skip, r.peak_mem_abs_skip))
+
+
+HEADER = ("batch  seq_len  policy            dtype  packing  loops  ideal  max/real  full s    skip s    speedup  "
+          "of ideal  " + MEMORY_HEADER)
 
 
 def format_record(r: BenchRecord) -> str:
     policy = r.policy if r.oracle_mean is None else f"oracle {r.oracle_mean:.2f}"
-    mib = lambda b: f"{b / 2**20:7.1f}M" if b >= 0 else "      ?"  # noqa: E731
-    return (f"{r.batch:5d}  {r.seq_len:7d}  {policy:16s}  {r.mean_executed_loops:5.2f}  {r.ideal_speedup:5.2f}  "
-            f"{r.batch_max_survivor_ratio:8.3f}  {r.time_full_s:8.4f}  {r.time_skip_s:8.4f}  {r.speedup:6.2f}x  "
-            f"{r.speedup / r.ideal_speedup:7.1%}  {mib(r.peak_mem_full)}  {mib(r.peak_mem_skip)}")
+    return (f"{r.batch:5d}  {r.seq_len:7d}  {policy:16s}  {r.dtype:5s}  {r.packing:7s}  "
+            f"{r.mean_executed_loops:5.2f}  {r.ideal_speedup:5.2f}  {r.batch_max_survivor_ratio:8.3f}  "
+            f"{r.time_full_s:8.4f}  {r.time_skip_s:8.4f}  {r.speedup:6.2f}x  {r.speedup / r.ideal_speedup:7.1%}  "
+            f"{_memory_columns(r)}")
 
 
 def records_as_dicts(records: list[BenchRecord]) -> list[dict]:
@@ -255,9 +333,12 @@ class DecodeRecord:
     loops_time_full_s: float  # the same without the readout: loops and gates alone
     loops_time_skip_s: float
     loops_speedup: float
-    peak_mem_full: int
+    peak_mem_full: int  # bytes above the level before the decoding (module docstring)
     peak_mem_skip: int
+    peak_mem_abs_full: int  # absolute peak bytes during the decoding
+    peak_mem_abs_skip: int
     cache_bytes: int  # the prefilled cache (Mamba-2 states: independent of seq_len)
+    dtype: str  # fp32, or bf16 (autocast)
     device: str
     kind: str = "decode"
 
@@ -265,7 +346,7 @@ class DecodeRecord:
 @torch.no_grad()
 def bench_decode_point(model, ids: torch.Tensor, seq_len: int, policy: ExitPolicy, *, warmup: int = 1,
                        repeats: int = 3, oracle_mean: float | None = None,
-                       attention_fill: str = "hole") -> DecodeRecord:
+                       attention_fill: str = "hole", dtype: str = "fp32") -> DecodeRecord:
     """Decode ids[:, seq_len:] one token at a time after prefilling ids[:, :seq_len],
     under `policy` (skip: gate threshold or given exits) and its dense twin."""
     from looplab.generate import decode_step, prefill
@@ -273,12 +354,15 @@ def bench_decode_point(model, ids: torch.Tensor, seq_len: int, policy: ExitPolic
     if policy.execution != SKIP:
         raise ConfigError(f"bench policy {policy.spec!r} is invalid; allowed: skip policies (skip:Q), which "
                           "it compares with full execution")
+    check_dtype(dtype)
     device, n_new = ids.device, ids.shape[1] - seq_len
     if n_new < 1:
         raise ConfigError(f"new_tokens={n_new} is invalid; allowed: an integer >= 1")
     dense = replace(policy, execution=DENSE)
-    caches = {p: prefill(model, ids[:, :seq_len], p, capacity=ids.shape[1], attention_fill=attention_fill).cache
-              for p in (dense, policy)}
+
+    def prefilled(p: ExitPolicy):
+        return prefill(model, ids[:, :seq_len], p, capacity=ids.shape[1], attention_fill=attention_fill).cache
+    caches = {p: under_dtype(partial(prefilled, p), device, dtype)() for p in (dense, policy)}
 
     def decoding(p: ExitPolicy, readout: bool, loops: list | None = None):
         cache = caches[p].clone()  # every run decodes from the same prefilled state
@@ -288,7 +372,7 @@ def bench_decode_point(model, ids: torch.Tensor, seq_len: int, policy: ExitPolic
                 out = decode_step(model, cache, ids[:, t], p, readout=readout)
                 if loops is not None:
                     loops.append(out.loops)
-        return run
+        return under_dtype(run, device, dtype)  # one autocast region per decoding, as a generate call
 
     loops: list[torch.Tensor] = []
     decoding(policy, False, loops)()  # the probe: executed loops of the new tokens
@@ -302,6 +386,7 @@ def bench_decode_point(model, ids: torch.Tensor, seq_len: int, policy: ExitPolic
                 times.append(elapsed)
     t = {key: statistics.median(times) for key, times in variants.items()}
     bsz, R = ids.shape[0], model.cfg.n_loops
+    mem_full, mem_skip = peak_memory(decoding(dense, True), device), peak_memory(decoding(policy, True), device)
     return DecodeRecord(
         batch=bsz, seq_len=seq_len, new_tokens=n_new, policy="oracle" if oracle_mean is not None else policy.spec,
         oracle_mean=oracle_mean, attention_fill=attention_fill, mean_executed_loops=mean_loops,
@@ -309,19 +394,19 @@ def bench_decode_point(model, ids: torch.Tensor, seq_len: int, policy: ExitPolic
         speedup=t[dense, True] / t[policy, True], tokens_per_s_full=bsz / t[dense, True],
         tokens_per_s_skip=bsz / t[policy, True], loops_time_full_s=t[dense, False],
         loops_time_skip_s=t[policy, False], loops_speedup=t[dense, False] / t[policy, False],
-        peak_mem_full=peak_memory(decoding(dense, True), device),
-        peak_mem_skip=peak_memory(decoding(policy, True), device),
-        cache_bytes=caches[policy].nbytes(), device=str(device))
+        peak_mem_full=mem_full.delta, peak_mem_skip=mem_skip.delta, peak_mem_abs_full=mem_full.absolute,
+        peak_mem_abs_skip=mem_skip.absolute, cache_bytes=caches[policy].nbytes(), dtype=dtype, device=str(device))
 
 
 def run_decode_grid(model, task, *, batches, seq_lens, new_tokens: int = 32, policies=(),
                     oracle_mean: float | None = None, warmup: int = 1, repeats: int = 3,
-                    attention_fill: str = "hole", device: torch.device | str = "cpu", seed: int = 0,
-                    on_record=None) -> list[DecodeRecord]:
+                    attention_fill: str = "hole", dtype: str = "fp32", device: torch.device | str = "cpu",
+                    seed: int = 0, on_record=None) -> list[DecodeRecord]:
     """Every (batch, seq_len) × policy point of the decode benchmark (module docstring)."""
     if oracle_mean is None and not policies:
         raise ConfigError("bench needs skip policies or an oracle mean; allowed: --policies skip:0.2,0.4 or "
                           "--oracle-mean 2.0")
+    check_dtype(dtype)
     device = torch.device(device)
     model = model.to(device).eval()
     records = []
@@ -336,25 +421,24 @@ def run_decode_grid(model, task, *, batches, seq_lens, new_tokens: int = 32, pol
                 points = [dict(policy=p) for p in policies]
             for point in points:
                 record = bench_decode_point(model, ids, seq_len, warmup=warmup, repeats=repeats,
-                                            attention_fill=attention_fill, **point)
+                                            attention_fill=attention_fill, dtype=dtype, **point)
                 records.append(record)
                 if on_record:
                     on_record(record)
     return records
 
 
-DECODE_HEADER = ("batch  context  policy      loops  ideal  full ms  skip ms  tok/s full  tok/s skip  speedup  "
-                 "loops only: full ms  skip ms  speedup  of ideal  mem full   mem skip   cache")
+DECODE_HEADER = ("batch  context  policy      dtype  loops  ideal  full ms  skip ms  tok/s full  tok/s skip  speedup  "
+                 "loops only: full ms  skip ms  speedup  of ideal  " + MEMORY_HEADER + "      cache")
 
 
 def format_decode_record(r: DecodeRecord) -> str:
     policy = r.policy if r.oracle_mean is None else f"oracle {r.oracle_mean:.2f}"
-    mib = lambda b: f"{b / 2**20:7.1f}M" if b >= 0 else "      ?"  # noqa: E731
-    return (f"{r.batch:5d}  {r.seq_len:7d}  {policy:10s}  {r.mean_executed_loops:5.2f}  {r.ideal_speedup:5.2f}  "
-            f"{r.time_full_s * 1e3:7.2f}  {r.time_skip_s * 1e3:7.2f}  {r.tokens_per_s_full:10.0f}  "
-            f"{r.tokens_per_s_skip:10.0f}  {r.speedup:6.2f}x  {r.loops_time_full_s * 1e3:19.2f}  "
-            f"{r.loops_time_skip_s * 1e3:7.2f}  {r.loops_speedup:6.2f}x  {r.loops_speedup / r.ideal_speedup:7.1%}  "
-            f"{mib(r.peak_mem_full)}  {mib(r.peak_mem_skip)}  {mib(r.cache_bytes)}")
+    return (f"{r.batch:5d}  {r.seq_len:7d}  {policy:10s}  {r.dtype:5s}  {r.mean_executed_loops:5.2f}  "
+            f"{r.ideal_speedup:5.2f}  {r.time_full_s * 1e3:7.2f}  {r.time_skip_s * 1e3:7.2f}  "
+            f"{r.tokens_per_s_full:10.0f}  {r.tokens_per_s_skip:10.0f}  {r.speedup:6.2f}x  "
+            f"{r.loops_time_full_s * 1e3:19.2f}  {r.loops_time_skip_s * 1e3:7.2f}  {r.loops_speedup:6.2f}x  "
+            f"{r.loops_speedup / r.ideal_speedup:7.1%}  {_memory_columns(r)}  {_mib(r.cache_bytes)}")
 
 
 def context_scaling(records: list[DecodeRecord]) -> list[str]:

@@ -8,7 +8,7 @@
     looplab eval --checkpoint runs/x/checkpoint --policies 'skip-entropy:1.0,2.0;dense-kl:0.01;skip-stable:2-3'
     looplab lm-eval --checkpoint runs/lm/checkpoint --suite paper [--policy skip:0.4] [--limit 100] [--local-data DIR]
     looplab lm-eval --checkpoint runs/lm/checkpoint --tasks piqa,my_task [--include-path DIR] [--tokenizer bytes] [--output out.json]
-    looplab bench --preset local --batch 1,8,16 --seq-len 512,1024 --oracle-mean 2.0 [--json out.json]
+    looplab bench --preset local --batch 1,8,16 --seq-len 512,1024 --oracle-mean 2.0 [--dtype bf16] [--packing padded] [--json out.json]
     looplab bench --decode --preset local --batch 1,8,64 --seq-len 128,2048 --oracle-mean 2.0 [--new-tokens 32]
     looplab generate --checkpoint runs/lm/checkpoint --prompt "Once upon a time" [--policy skip:0.4] [--json]
     looplab presets
@@ -43,6 +43,16 @@ def at_least(minimum: int):
         if value is None or value < minimum:
             raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: an integer >= {minimum}")
         return value
+    return parse
+
+
+def one_of(*choices: str):
+    """An argparse type: one of `choices`, with the one-line "is invalid; allowed:"
+    error of every other flag (argparse's own choices= words it differently)."""
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: {' | '.join(choices)}")
+        return text
     return parse
 
 
@@ -315,23 +325,29 @@ def cmd_bench(args) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    if args.decode:
-        from looplab.bench import DECODE_HEADER, context_scaling, format_decode_record, run_decode_grid
+    device = resolve_device(args.device)
+    try:
+        if args.decode:
+            from looplab.bench import DECODE_HEADER, context_scaling, format_decode_record, run_decode_grid
 
-        print(DECODE_HEADER, file=sys.stderr)
-        records = run_decode_grid(model, task, batches=args.batch, seq_lens=args.seq_len,
-                                  new_tokens=args.new_tokens, policies=args.policies, oracle_mean=args.oracle_mean,
-                                  warmup=args.warmup, repeats=args.repeats, attention_fill=args.attention_fill,
-                                  device=resolve_device(args.device),
-                                  on_record=lambda r: print(format_decode_record(r), file=sys.stderr, flush=True))
-        for line in context_scaling(records):
-            print(line, file=sys.stderr)
-    else:
-        print(HEADER, file=sys.stderr)
-        records = run_grid(model, task, batches=args.batch, seq_lens=args.seq_len,
-                           policies=args.policies, oracle_mean=args.oracle_mean, warmup=args.warmup,
-                           repeats=args.repeats, packing=args.packing, device=resolve_device(args.device),
-                           on_record=lambda r: print(format_record(r), file=sys.stderr, flush=True))
+            print(DECODE_HEADER, file=sys.stderr)
+            records = run_decode_grid(model, task, batches=args.batch, seq_lens=args.seq_len,
+                                      new_tokens=args.new_tokens, policies=args.policies,
+                                      oracle_mean=args.oracle_mean, warmup=args.warmup, repeats=args.repeats,
+                                      attention_fill=args.attention_fill, dtype=args.dtype, device=device,
+                                      on_record=lambda r: print(format_decode_record(r), file=sys.stderr, flush=True))
+            for line in context_scaling(records):
+                print(line, file=sys.stderr)
+        else:
+            print(HEADER, file=sys.stderr)
+            records = run_grid(model, task, batches=args.batch, seq_lens=args.seq_len,
+                               policies=args.policies, oracle_mean=args.oracle_mean, warmup=args.warmup,
+                               repeats=args.repeats, packing=args.packing, dtype=args.dtype, device=device,
+                               on_record=lambda r: print(format_record(r), file=sys.stderr, flush=True))
+    except ConfigError as e:  # a bf16 kernel the device lacks: say it about the flag
+        if e.name != "dtype":
+            raise
+        raise e.renamed("--dtype", args.dtype) from None
     dicts = records_as_dicts(records)
     if args.json:
         with open(args.json, "w") as f:
@@ -340,7 +356,7 @@ def cmd_bench(args) -> int:
         from looplab.tracking import log_benchmark
 
         kind = "decode" if args.decode else "bench"
-        log_benchmark(args.tracking_uri, dicts, name=f"{kind}-{args.checkpoint or args.preset}")
+        log_benchmark(args.tracking_uri, dicts, name=f"{kind}-{args.checkpoint or args.preset}-{args.dtype}")
     for d in dicts:
         print(json.dumps(d))
     return 0
@@ -512,7 +528,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip policies to compare with full, e.g. skip:0.2,0.4 (the gate) or skip-entropy:2.0, "
                         "skip-kl:0.01, skip-stable:2 (zero-shot rules, any checkpoint)")
     b.add_argument("--oracle-mean", type=float, default=None, help="oracle exits with this mean executed loops")
-    b.add_argument("--packing", choices=("auto", "padded", "varlen"), default="auto")
+    b.add_argument("--packing", choices=("auto", "padded", "varlen"), default="auto",
+                   help="skip's survivor layout: padded (the paper's ragged-halting measurement) or varlen "
+                        "(looplab's, Mamba-2 only); auto: varlen where it applies")
+    b.add_argument("--dtype", type=one_of("fp32", "bf16"), default="fp32", metavar="{fp32,bf16}",
+                   help="bf16: every timed call under bfloat16 autocast (CUDA's, or CPU's on a CPU) (default fp32)")
     b.add_argument("--decode", action="store_true",
                    help="time token-by-token decoding after a prompt of --seq-len tokens instead of the prefill")
     b.add_argument("--new-tokens", type=at_least(1), default=32, help="--decode: tokens decoded per row")

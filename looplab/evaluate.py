@@ -21,7 +21,8 @@ from looplab.objectives import token_losses
 
 
 def autocast_context(device: torch.device, precision: str):
-    """bf16 autocast on CUDA by default, plain fp32 on CPU; 'bf16' forces it."""
+    """bf16 autocast on CUDA by default ('auto'), plain fp32 on CPU; 'bf16' forces it
+    on either (CPU autocast on a CPU: the benchmark's --dtype bf16), 'fp32' never."""
     if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()

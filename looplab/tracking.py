@@ -131,12 +131,13 @@ STAGE_SECONDS = "stage_seconds"
 MLFLOW_SECONDS = "mlflow_seconds"
 REPORT_SECONDS = "report_seconds"
 BENCH_METRICS = ("speedup", "ideal_speedup", "mean_executed_loops", "batch_max_survivor_ratio", "time_full_s",
-                 "time_skip_s", "peak_mem_full", "peak_mem_skip")
+                 "time_skip_s", "peak_mem_full", "peak_mem_skip", "peak_mem_abs_full", "peak_mem_abs_skip")
 # The decode benchmark's figures (looplab/bench.py's DecodeRecord, records with kind "decode").
 DECODE = "decode"
 DECODE_BENCH_METRICS = ("speedup", "ideal_speedup", "mean_executed_loops", "time_full_s", "time_skip_s",
                         "tokens_per_s_full", "tokens_per_s_skip", "loops_time_full_s", "loops_time_skip_s",
-                        "loops_speedup", "peak_mem_full", "peak_mem_skip", "cache_bytes")
+                        "loops_speedup", "peak_mem_full", "peak_mem_skip", "peak_mem_abs_full", "peak_mem_abs_skip",
+                        "cache_bytes")
 
 _QUANTITY = "|".join(re.escape(q) for q in EVAL_QUANTITIES)
 _FAMILY = "|".join(re.escape(f) for f in LM_EVAL_FAMILIES)

@@ -84,6 +84,10 @@ LOOPLAB_CASES = [
     (["generate", "--checkpoint", "{truncated}", "--prompt", "hi"], "model.safetensors is damaged"),
     (["bench", "--decode", "--preset", "phop-debug", "--new-tokens", "0", "--oracle-mean", "2"],
      "argument --new-tokens"),
+    (["bench", "--preset", "phop-debug", "--dtype", "fp16", "--oracle-mean", "2"],
+     "argument --dtype: 'fp16' is invalid; allowed: fp32 | bf16"),
+    (["bench", "--decode", "--preset", "phop-debug", "--dtype", "auto", "--oracle-mean", "2"],
+     "argument --dtype: 'auto' is invalid; allowed: fp32 | bf16"),
 ]
 
 
