@@ -65,9 +65,10 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * mask).sum() / mask.sum().clamp(min=1)
 
 
-def final_loop_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Pre-training: mean next-token CE at step R only."""
-    return masked_mean(token_losses(logits, targets), targets != IGNORE_INDEX)
+def final_loop_loss(losses: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Pre-training: mean next-token CE at step R only, from that step's per-token
+    losses (B, L) (token_losses of its logits, or models/head.py's chunked head)."""
+    return masked_mean(losses, targets != IGNORE_INDEX)
 
 
 def stage1_loss(step_losses: torch.Tensor, lam: torch.Tensor, mask: torch.Tensor, beta: float,
@@ -100,7 +101,8 @@ def stage2_loss(step_losses: torch.Tensor, gate_logits: torch.Tensor, mask: torc
     return masked_mean(bce.mean(dim=0), mask)
 
 
-def hole_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Cache-hole branch: mean CE of the readout at each token's realized exit depth
-    (the logits of a skip execution are exactly that readout)."""
-    return final_loop_loss(logits, targets)
+def hole_loss(losses: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cache-hole branch: mean CE of the readout at each token's realized exit depth,
+    from its per-token losses (B, L) (a skip execution's hidden state is exactly
+    that readout's input)."""
+    return final_loop_loss(losses, targets)

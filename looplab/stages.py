@@ -19,7 +19,8 @@ import torch
 from looplab.config import ExperimentConfig
 from looplab.distributed import Shard
 from looplab.holes import sample_depth_holes, sample_threshold, take_hole_branch
-from looplab.objectives import final_loop_loss, hole_loss, stage1_loss, stage2_loss, token_losses
+from looplab.models.head import head_token_losses, step_token_losses
+from looplab.objectives import final_loop_loss, hole_loss, stage1_loss, stage2_loss
 from looplab.tasks.base import IGNORE_INDEX, Batch
 
 
@@ -30,16 +31,20 @@ def prepare_model(model: torch.nn.Module, cfg: ExperimentConfig) -> None:
         p.requires_grad_(name.startswith("exit_gate.") or not gate_only)
 
 
-def step_losses(out, targets: torch.Tensor) -> torch.Tensor:
+# Every loss below reads hidden states through models/head.py's chunked head
+# (readout="none": the execution computes no logits), so no stage holds full
+# (B, L, V) logits, let alone R of them.
+
+def step_losses(model, out, targets: torch.Tensor) -> torch.Tensor:
     """ℓ^(r) per token for every step of an execution run with all_steps: (R, B, L)."""
-    return torch.stack([token_losses(logits, targets) for logits in out.step_logits])
+    return step_token_losses(model, out.step_hidden, targets)
 
 
 def _stage1(model, batch: Batch, cfg: ExperimentConfig, **execution) -> tuple[torch.Tensor, dict]:
-    out = model(batch.ids, all_steps=True, **execution)
+    out = model(batch.ids, all_steps=True, readout="none", **execution)
     mask = batch.targets != IGNORE_INDEX
     lam = torch.sigmoid(out.gate_logits)
-    return stage1_loss(step_losses(out, batch.targets), lam, mask, cfg.exit.beta, cfg.exit.entropy_eps)
+    return stage1_loss(step_losses(model, out, batch.targets), lam, mask, cfg.exit.beta, cfg.exit.entropy_eps)
 
 
 def minibatch_loss(model, batch: Batch, cfg: ExperimentConfig, step: int,
@@ -49,7 +54,8 @@ def minibatch_loss(model, batch: Batch, cfg: ExperimentConfig, step: int,
     parallelism `batch` is shard's rows of the global batch: every rank draws the
     same hole branch and the global batch's depth holes, then keeps its rows."""
     if cfg.stage == "pretrain":
-        return final_loop_loss(model(batch.ids).logits, batch.targets), {}
+        out = model(batch.ids, readout="none")
+        return final_loop_loss(head_token_losses(model, out.hidden, batch.targets), batch.targets), {}
     if cfg.stage == "stage1":
         return _stage1(model, batch, cfg, mode="dense")
     if cfg.stage == "stage2":
@@ -61,9 +67,9 @@ def minibatch_loss(model, batch: Batch, cfg: ExperimentConfig, step: int,
         return loss, {**diag, "hole_branch": 0.0}
     if cfg.hole.sampler == "threshold":
         q = sample_threshold(rng, cfg.hole)
-        out = model(batch.ids, mode="skip", q=q, gate_grad=False)
-        return hole_loss(out.logits, batch.targets), {"hole_branch": 1.0, "hole_q": q,
-                                                      "executed_loops": out.executed_loops}
+        out = model(batch.ids, mode="skip", q=q, gate_grad=False, readout="none")
+        loss = hole_loss(head_token_losses(model, out.hidden, batch.targets), batch.targets)
+        return loss, {"hole_branch": 1.0, "hole_q": q, "executed_loops": out.executed_loops}
     rows, seq = batch.ids.shape
     exit_at = sample_depth_holes(rng, cfg.hole, (rows * shard.world, seq), cfg.model.n_loops)
     exit_at = exit_at[shard.rank * rows:(shard.rank + 1) * rows].to(batch.ids.device)
@@ -73,8 +79,8 @@ def minibatch_loss(model, batch: Batch, cfg: ExperimentConfig, step: int,
 
 def _stage2(model, batch: Batch, cfg: ExperimentConfig) -> tuple[torch.Tensor, dict]:
     with torch.no_grad():  # frozen model: losses and states carry no graph
-        out = model(batch.ids, mode="dense", all_steps=True)
-        losses = step_losses(out, batch.targets)
+        out = model(batch.ids, mode="dense", all_steps=True, readout="none")
+        losses = step_losses(model, out, batch.targets)
     gate_logits = torch.stack([model.exit_logit(h) for h in out.step_hidden[:-1]])
     mask = batch.targets != IGNORE_INDEX
     loss = stage2_loss(losses, gate_logits, mask, cfg.exit.kappa, cfg.exit.gamma)

@@ -31,7 +31,8 @@ StepHook = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
 
 @dataclass
 class Execution:
-    logits: torch.Tensor  # (B, L, V) readout of each token's state at its exit step; (B, 1, V) for readout="last"
+    logits: torch.Tensor | None  # (B, L, V) readout of each token's state at its exit step; (B, 1, V) for
+    # readout="last"; None for readout="none"
     hidden: torch.Tensor  # (B, L, d): that state
     exit_step: torch.Tensor  # (B, L) int64 in 1..R
     executed_loops: float  # mean over real tokens of the steps each token ran
@@ -100,7 +101,9 @@ def execute(model, ids: torch.Tensor, *, mode: str = "forced", q: float | None =
              tokens are invisible to deeper steps.
     packing  auto | padded | varlen: the survivor layout of skip (module docstring).
     readout  all: logits at every position; last: only at the last one (prefill,
-             which needs the next-token distribution of the prompt's end only).
+             which needs the next-token distribution of the prompt's end only);
+             none: no logits (training reads the hidden states through the
+             chunked head of models/head.py instead of full logits).
     """
     R = model.cfg.n_loops
     bsz, seqlen = ids.shape
@@ -114,8 +117,8 @@ def execute(model, ids: torch.Tensor, *, mode: str = "forced", q: float | None =
         raise ValueError(f"packing={packing!r} is invalid; allowed: auto | padded"
                          + (" | varlen" if mamba_only else " (varlen needs arch='mamba2')"))
     varlen = packing == "varlen" or (packing == "auto" and mamba_only)
-    if readout not in ("all", "last"):
-        raise ValueError(f"readout={readout!r} is invalid; allowed: all | last")
+    if readout not in ("all", "last", "none"):
+        raise ValueError(f"readout={readout!r} is invalid; allowed: all | last | none")
     if mode == "forced":
         exit_at = torch.full_like(ids, R if depth is None else depth)
 
@@ -124,7 +127,8 @@ def execute(model, ids: torch.Tensor, *, mode: str = "forced", q: float | None =
         out = _dense(model, h, positions, mask, q, exit_at, keep_steps, gate_grad)
     else:
         out = _packed(model, h, positions, mask, q, exit_at, keep_steps, gate_grad, on_step, varlen)
-    out.logits = model.logits(out.hidden if readout == "all" else out.hidden[:, -1:])
+    if readout != "none":
+        out.logits = model.logits(out.hidden if readout == "all" else out.hidden[:, -1:])
     return out
 
 

@@ -86,11 +86,12 @@ class LoopedLM(nn.Module):
         """Run the model in one of the execution modes (models/execution.py):
         forced (default; depth R = the fixed-loop forward), dense (all R steps,
         readout at z(q)), skip (exited tokens leave the deeper steps). all_steps
-        keeps every step's hidden state, gate logits and logits."""
+        keeps every step's hidden state, gate logits and (unless readout="none")
+        logits."""
         out = execute(self, ids, mode=mode, q=q, depth=depth, exit_at=exit_at, positions=positions, mask=mask,
                       gate_grad=gate_grad, keep_steps=all_steps, on_step=on_step, packing=packing,
                       readout=readout)
-        if all_steps:
+        if all_steps and readout != "none":
             out.step_logits = [self.logits(h) for h in out.step_hidden]
         return out
 
