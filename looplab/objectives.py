@@ -71,6 +71,20 @@ def final_loop_loss(losses: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
     return masked_mean(losses, targets != IGNORE_INDEX)
 
 
+def final_loop_weights(targets: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """∂final_loop_loss/∂ℓ per token (the loss is linear in ℓ): 1/M at the M
+    positions with a target, 0 elsewhere, in the losses' dtype. The chunked head
+    (models/head.py) takes these coefficients up front."""
+    mask = targets != IGNORE_INDEX
+    return mask.to(dtype) / mask.sum().clamp(min=1)
+
+
+def stage1_weights(lam: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """∂stage1_loss/∂ℓ^(r) per step and token (the loss is linear in ℓ):
+    π^(r) / M at the M masked positions, 0 elsewhere: (R, B, L)."""
+    return exit_distribution(lam) * (mask.to(lam.dtype) / mask.sum().clamp(min=1))
+
+
 def stage1_loss(step_losses: torch.Tensor, lam: torch.Tensor, mask: torch.Tensor, beta: float,
                 eps: float = 1e-8) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Stage-1: mean over tokens of Σ_r π^(r) ℓ^(r) − β H(π). Returns the loss and

@@ -19,8 +19,9 @@ import torch
 from looplab.config import ExperimentConfig
 from looplab.distributed import Shard
 from looplab.holes import sample_depth_holes, sample_threshold, take_hole_branch
-from looplab.models.head import head_token_losses, step_token_losses
-from looplab.objectives import final_loop_loss, hole_loss, stage1_loss, stage2_loss
+from looplab.models.head import attach_gradient, head_weighted_loss, step_token_losses
+from looplab.objectives import (final_loop_loss, final_loop_weights, hole_loss, stage1_loss, stage1_weights,
+                                stage2_loss)
 from looplab.tasks.base import IGNORE_INDEX, Batch
 
 
@@ -33,7 +34,11 @@ def prepare_model(model: torch.nn.Module, cfg: ExperimentConfig) -> None:
 
 # Every loss below reads hidden states through models/head.py's chunked head
 # (readout="none": the execution computes no logits), so no stage holds full
-# (B, L, V) logits, let alone R of them.
+# (B, L, V) logits, let alone R of them. The trained losses are linear in the
+# per-token CE with coefficients known before the head runs (1/M; π^(r)/M), so
+# the head gets them up front and computes its gradient while each chunk's
+# softmax exists; the loss's value comes from objectives.py on the detached
+# per-token losses, and attach_gradient adds the head's part of the gradient.
 
 def step_losses(model, out, targets: torch.Tensor) -> torch.Tensor:
     """ℓ^(r) per token for every step of an execution run with all_steps: (R, B, L)."""
@@ -44,7 +49,17 @@ def _stage1(model, batch: Batch, cfg: ExperimentConfig, **execution) -> tuple[to
     out = model(batch.ids, all_steps=True, readout="none", **execution)
     mask = batch.targets != IGNORE_INDEX
     lam = torch.sigmoid(out.gate_logits)
-    return stage1_loss(step_losses(model, out, batch.targets), lam, mask, cfg.exit.beta, cfg.exit.entropy_eps)
+    weighted, losses = head_weighted_loss(model, out.step_hidden, batch.targets, stage1_weights(lam.detach(), mask))
+    loss, diag = stage1_loss(losses, lam, mask, cfg.exit.beta, cfg.exit.entropy_eps)  # π's gradient
+    return attach_gradient(loss, weighted), diag
+
+
+def _final_step(model, out, targets: torch.Tensor, objective) -> torch.Tensor:
+    """objective(per-token losses, targets) of the readout of out.hidden, with the
+    head's gradient (objective: final_loop_loss or hole_loss, both mean CE)."""
+    weights = final_loop_weights(targets, torch.promote_types(out.hidden.dtype, torch.float32))
+    weighted, losses = head_weighted_loss(model, out.hidden, targets, weights)
+    return attach_gradient(objective(losses, targets), weighted)
 
 
 def minibatch_loss(model, batch: Batch, cfg: ExperimentConfig, step: int,
@@ -54,8 +69,7 @@ def minibatch_loss(model, batch: Batch, cfg: ExperimentConfig, step: int,
     parallelism `batch` is shard's rows of the global batch: every rank draws the
     same hole branch and the global batch's depth holes, then keeps its rows."""
     if cfg.stage == "pretrain":
-        out = model(batch.ids, readout="none")
-        return final_loop_loss(head_token_losses(model, out.hidden, batch.targets), batch.targets), {}
+        return _final_step(model, model(batch.ids, readout="none"), batch.targets, final_loop_loss), {}
     if cfg.stage == "stage1":
         return _stage1(model, batch, cfg, mode="dense")
     if cfg.stage == "stage2":
@@ -68,7 +82,7 @@ def minibatch_loss(model, batch: Batch, cfg: ExperimentConfig, step: int,
     if cfg.hole.sampler == "threshold":
         q = sample_threshold(rng, cfg.hole)
         out = model(batch.ids, mode="skip", q=q, gate_grad=False, readout="none")
-        loss = hole_loss(head_token_losses(model, out.hidden, batch.targets), batch.targets)
+        loss = _final_step(model, out, batch.targets, hole_loss)
         return loss, {"hole_branch": 1.0, "hole_q": q, "executed_loops": out.executed_loops}
     rows, seq = batch.ids.shape
     exit_at = sample_depth_holes(rng, cfg.hole, (rows * shard.world, seq), cfg.model.n_loops)

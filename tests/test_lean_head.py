@@ -5,9 +5,12 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from looplab.models.head import chunk_tokens_for, head_token_losses, linear_cross_entropy, step_token_losses
+from looplab.config import apply_overrides
+from looplab.models.head import (attach_gradient, chunk_tokens_for, head_token_losses, head_weighted_loss,
+                                 linear_cross_entropy, step_token_losses, weighted_linear_cross_entropy)
 from looplab.models.looped import LoopedLM
-from looplab.objectives import exit_distribution, stage1_loss, token_losses
+from looplab.objectives import (exit_distribution, final_loop_loss, final_loop_weights, stage1_loss, stage1_weights,
+                                stage2_loss, token_losses)
 from looplab.presets import get_preset
 from looplab.stages import minibatch_loss
 from looplab.tasks.base import IGNORE_INDEX, Batch
@@ -69,6 +72,55 @@ def test_losses_and_gradients_match_the_full_readout(chunk):
     assert_grads_equal(grads(m, hidden, (w * got).sum()), grads(m, hidden, (w * want).sum()))
 
 
+@pytest.mark.parametrize("chunk", [1, 5, 66, 1000, None])
+def test_weighted_sum_and_its_gradient_match_the_full_readout(chunk):
+    """The gradient-in-forward path: Σ w ℓ and its gradient for weights given up front."""
+    m = readout_model()
+    hidden, targets = case(ignore_every=3)
+    w = torch.rand(R, B, L, dtype=torch.float64, generator=torch.Generator().manual_seed(1)) - 0.3  # signs mixed
+    total, losses = head_weighted_loss(m, list(hidden.unbind(0)), targets, w, chunk_tokens=chunk)
+    want, _ = reference_losses(m, hidden, targets)
+    torch.testing.assert_close(losses, want.detach(), atol=1e-12, rtol=1e-12)
+    assert not losses.requires_grad and (losses[:, targets == IGNORE_INDEX] == 0).all()
+    want_total = (w * want).sum()
+    torch.testing.assert_close(total, want_total, atol=1e-12, rtol=1e-12)
+    # A scaled upstream gradient (3 · total) must scale every stored gradient.
+    assert_grads_equal(grads(m, hidden, 3 * total), grads(m, hidden, 3 * want_total))
+
+
+def test_weights_at_ignored_positions_do_not_count():
+    m = readout_model()
+    hidden, targets = case(ignore_every=2)
+    w = torch.rand(R, B, L, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    a, _ = head_weighted_loss(m, hidden, targets, w)
+    b, _ = head_weighted_loss(m, hidden, targets, torch.where(targets == IGNORE_INDEX, 1e6, w))
+    assert torch.equal(a, b)
+    assert_grads_equal(grads(m, hidden, a), grads(m, hidden, (w * reference_losses(m, hidden, targets)[0]).sum()))
+
+
+def test_attach_gradient_keeps_the_value_and_adds_the_heads_gradient():
+    m = readout_model()
+    hidden, targets = case()
+    value = torch.tensor(1.2345678901234567, dtype=torch.float64)
+    total, _ = head_weighted_loss(m, hidden, targets, torch.ones(R, B, L, dtype=torch.float64))
+    loss = attach_gradient(value, total)
+    assert float(loss.detach()) == float(value)
+    assert_grads_equal(grads(m, hidden, loss), grads(m, hidden, reference_losses(m, hidden, targets)[0].sum()))
+
+
+def test_loss_weights_are_the_objectives_derivatives():
+    """final_loop_weights and stage1_weights against autograd's ∂loss/∂ℓ of the
+    objectives themselves (both are linear in ℓ, so any ℓ will do)."""
+    hidden, targets = case()
+    losses = torch.rand(R, B, L, dtype=torch.float64, requires_grad=True)
+    mask = targets != IGNORE_INDEX
+    d_final = torch.autograd.grad(final_loop_loss(losses[-1], targets), losses)[0][-1]
+    torch.testing.assert_close(final_loop_weights(targets, torch.float64), d_final, atol=1e-15, rtol=0)
+    lam = torch.rand(R - 1, B, L, dtype=torch.float64)
+    d_stage1 = torch.autograd.grad(stage1_loss(losses, lam, mask, beta=0.3)[0], losses)[0]
+    torch.testing.assert_close(stage1_weights(lam, mask), d_stage1, atol=1e-15, rtol=0)
+
+
 def test_ignored_positions_get_no_gradient_and_do_not_change_others():
     m = readout_model()
     hidden, targets = case(ignore_every=3)
@@ -88,6 +140,10 @@ def test_no_target_at_all_gives_zero_losses_with_a_graph():
     losses = head_token_losses(m, hidden, targets)
     assert losses.shape == (R, B, L) and (losses == 0).all()
     g = torch.autograd.grad(losses.sum(), hidden, allow_unused=True)[0]
+    assert g is None or (g == 0).all()
+    total, losses = head_weighted_loss(m, hidden, targets, torch.ones(R, B, L))
+    assert float(total.detach()) == 0 and (losses == 0).all()
+    g = torch.autograd.grad(total, hidden, allow_unused=True)[0]
     assert g is None or (g == 0).all()
 
 
@@ -128,7 +184,8 @@ def test_argmax_correctness_matches_the_full_logits():
     torch.testing.assert_close(losses, reference_losses(m, hidden, targets)[0], atol=1e-12, rtol=0)
 
 
-def test_no_tensor_as_large_as_the_full_logits_is_created():
+@pytest.mark.parametrize("weighted", [False, True])
+def test_no_tensor_as_large_as_the_full_logits_is_created(weighted):
     """The point of the head: forward and backward hold one chunk of logits, never
     (tokens × vocabulary). Every tensor any op returns is recorded."""
     m = readout_model()
@@ -146,13 +203,16 @@ def test_no_tensor_as_large_as_the_full_logits_is_created():
             return out
 
     with Largest():
-        losses = step_token_losses(m, hidden, targets, chunk_tokens=chunk)
-        losses.sum().backward()
+        if weighted:
+            head_weighted_loss(m, hidden, targets, torch.ones(R, B, L), chunk_tokens=chunk)[0].backward()
+        else:
+            step_token_losses(m, hidden, targets, chunk_tokens=chunk).sum().backward()
     assert Largest.numel == max(chunk * V, V * D)  # the chunk's logits, or the head's weight (gradient)
     assert Largest.numel < R * B * L * V / 4
 
 
-def test_bf16_autocast_is_as_accurate_as_the_plain_head_under_autocast():
+@pytest.mark.parametrize("weighted", [False, True])
+def test_bf16_autocast_is_as_accurate_as_the_plain_head_under_autocast(weighted):
     """Under autocast both multiply in bf16 (the same bf16 logits, so the same
     losses) and reduce in float32; their gradients round differently, so each is
     held to the float64 truth: the chunked head may be no less accurate."""
@@ -162,19 +222,24 @@ def test_bf16_autocast_is_as_accurate_as_the_plain_head_under_autocast():
     m = readout_model().float()
     hidden = hidden64.detach().float().requires_grad_()
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        got = step_token_losses(m, hidden, targets, chunk_tokens=7)
+        if weighted:
+            total, got = head_weighted_loss(m, hidden, targets, torch.ones(R, B, L), chunk_tokens=7)
+        else:
+            got = step_token_losses(m, hidden, targets, chunk_tokens=7)
+            total = got.sum()
         plain = torch.stack([token_losses(m.logits(h), targets) for h in hidden.unbind(0)])
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, plain, atol=1e-5, rtol=1e-5)
-    for a, b, t in zip(grads(m, hidden, got.sum()), grads(m, hidden, plain.sum()), truth):
+    for a, b, t in zip(grads(m, hidden, total), grads(m, hidden, plain.sum()), truth):
         assert a.dtype == torch.float32
         err, plain_err = (a.double() - t).abs().max(), (b.double() - t).abs().max()
         assert err <= 1.1 * plain_err + 1e-6 and err < 0.01 * t.abs().max()
 
 
-def test_linear_cross_entropy_rejects_mismatched_shapes():
-    with pytest.raises(ValueError, match="must be"):
-        linear_cross_entropy(torch.zeros(4, 3), torch.zeros(5, 3), torch.zeros(3, dtype=torch.long))
+def test_mismatched_shapes_fail_in_one_line():
+    for fn, extra in ((linear_cross_entropy, ()), (weighted_linear_cross_entropy, (torch.ones(3),))):
+        with pytest.raises(ValueError, match="must be"):
+            fn(torch.zeros(4, 3), torch.zeros(5, 3), torch.zeros(3, dtype=torch.long), *extra)
 
 
 def test_default_chunk_bounds_the_logits_bytes():
@@ -182,45 +247,48 @@ def test_default_chunk_bounds_the_logits_bytes():
     assert chunk_tokens_for(10**9, 8 * 2**20) == 1
 
 
-@pytest.mark.parametrize("stage", ["pretrain", "stage1", "stage2"])
-def test_stage_losses_equal_the_full_logits_computation(stage):
-    """The wired stages give the loss (and, where trained, the gradients) of the
-    full-logits code they replaced: CE of every step read out through lm_head."""
-    overrides = {"stage": stage, "init_from": "" if stage == "pretrain" else "/unused"}
-    from looplab.config import apply_overrides
+def full_ce(logits, targets):
+    """The replaced code's per-token CE (objectives.token_losses) without its
+    float32 cast, so that a float64 model is compared in float64."""
+    ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten().clamp(min=0), reduction="none")
+    return ce.view(targets.shape) * (targets != IGNORE_INDEX)
 
-    cfg = apply_overrides(get_preset("phop-debug"), {"model.n_loops": 4, **overrides})
+
+@pytest.mark.parametrize("stage", ["pretrain", "stage1", "stage2", "chase-threshold"])
+def test_stage_losses_equal_the_full_logits_computation(stage):
+    """The wired stages give the loss and the gradients of the full-logits code
+    they replaced: CE of each step's logits, read out through model.logits."""
+    extra = {"hole.sampler": "threshold", "hole.rho": 1.0} if stage == "chase-threshold" else {}
+    name = stage.split("-")[0]
+    cfg = apply_overrides(get_preset("phop-debug"), {"model.n_loops": 4, "stage": name,
+                                                     "init_from": "" if name == "pretrain" else "/unused", **extra})
     m = gated_model("mamba2", vocab_size=cfg.model.vocab_size)
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, cfg.model.vocab_size, (3, 10), generator=gen)
     targets = torch.randint(0, cfg.model.vocab_size, (3, 10), generator=gen)
     targets[:, ::3] = IGNORE_INDEX
-    batch, mask = Batch(ids, targets), targets != IGNORE_INDEX
+    mask = targets != IGNORE_INDEX
 
-    def full_logits_loss():
-        if stage == "pretrain":
-            return token_losses(m(ids).logits, targets).double()[mask].mean()
+    got, diag = minibatch_loss(m, Batch(ids, targets), cfg, 0)
+    if stage == "pretrain":
+        want = full_ce(m(ids).logits, targets)[mask].mean()
+    elif stage == "chase-threshold":
+        want = full_ce(m(ids, mode="skip", q=diag["hole_q"], gate_grad=False).logits, targets)[mask].mean()
+    elif stage == "stage1":
         out = m(ids, mode="dense", all_steps=True)
-        losses = torch.stack([token_losses(z, targets) for z in out.step_logits]).double()
-        if stage == "stage1":
-            return stage1_loss(losses, torch.sigmoid(out.gate_logits), mask, cfg.exit.beta, cfg.exit.entropy_eps)[0]
-        return losses  # stage2 trains the gate on these, detached
-
-    params = [p for p in m.parameters() if p.requires_grad]
-    got = minibatch_loss(m, batch, cfg, 0)[0]
-    want = full_logits_loss()
-    if stage == "stage2":  # compare the step losses it is built from, then the loss
-        from looplab.objectives import stage2_loss
-
+        losses = torch.stack([full_ce(z, targets) for z in out.step_logits])
+        want = stage1_loss(losses, torch.sigmoid(out.gate_logits), mask, cfg.exit.beta, cfg.exit.entropy_eps)[0]
+    else:  # stage2: the gate trains on the frozen model's step losses
         with torch.no_grad():
-            hidden = m(ids, mode="dense", all_steps=True).step_hidden[:-1]
-        gate = torch.stack([m.exit_logit(h) for h in hidden])
-        want = stage2_loss(want.detach(), gate, mask, cfg.exit.kappa, cfg.exit.gamma)
-    # token_losses reduces in float32 even for a float64 model; the head keeps float64.
-    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+            out = m(ids, mode="dense", all_steps=True)
+            losses = torch.stack([full_ce(z, targets) for z in out.step_logits])
+        gate = torch.stack([m.exit_logit(h) for h in out.step_hidden[:-1]])
+        want = stage2_loss(losses, gate, mask, cfg.exit.kappa, cfg.exit.gamma)
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-12)
+    params = [p for p in m.parameters()]
     for a, b in zip(torch.autograd.grad(got, params, allow_unused=True),
                     torch.autograd.grad(want, params, allow_unused=True)):
         if b is None:
             assert a is None or (a == 0).all()
         else:
-            torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+            torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
