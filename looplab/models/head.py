@@ -4,27 +4,39 @@ cross-entropy, chunked over tokens).
 A looped model reads every step through the same final norm and LM head, and the
 continued-training objectives need the CE of every step: R full (B, L, V) logits
 tensors (and their softmax in backward) would be alive at once. Here the logits of
-one chunk of tokens exist at a time:
+one chunk of n tokens exist at a time, z = x Wᵀ (n × V), and the gradient of a
+token's CE ℓ is (P − onehot(t)) =: P̃ on the logits, P the softmax. For a
+per-token gradient s (n,) the chunk contributes
 
-forward   per chunk: z = x Wᵀ (n × V), its log-softmax, the target's entry;
-          keeps only the inputs (x, W, targets);
-backward  per chunk: z again (recomputed: the price of not storing N × V), the
-          softmax P, P̃ = P − onehot(t), then grad_x = s ⊙ (P̃ W) and
-          grad_W += P̃ᵀ (s ⊙ x), s the incoming per-token gradient. The scale is
-          applied to the thin (n × d) side of each product, never to the wide
-          (n × V) buffer, which saves a full pass over it.
+    grad_x = s ⊙ (P̃ W),    grad_W += P̃ᵀ (s ⊙ x),
+
+the scale applied to the thin (n × d) side of each product, never to the wide
+(n × V) buffer (a full pass over it saved). Two ways to get s:
+
+per-token  (linear_cross_entropy, head_token_losses, step_token_losses): any
+           use of ℓ. Forward keeps only its inputs; backward recomputes each
+           chunk's logits and softmax once s is known (four products per chunk).
+weighted   (weighted_linear_cross_entropy, head_weighted_loss): a loss linear
+           in ℓ whose coefficients w are known before the head runs
+           (pre-training's 1/M, Stage-1's π^(r)/M). The gradient of Σ w ℓ is
+           formed in forward while each chunk's softmax exists (three products
+           per chunk); backward only scales it. ℓ comes back as values without a
+           gradient, for the rest of the loss (attach_gradient joins the two).
 
 Positions whose target is IGNORE_INDEX get loss 0 and no gradient; their logits
 are never computed (tasks with one answer position per sequence skip almost the
 whole head). The norm runs before the fused part under ordinary autograd: its
-output (N × d) is small, and one RMSNorm implementation stays the only one.
+output (N × d) is small, and one RMSNorm implementation stays the only one. The
+steps' states go through in one call: they share the norm and the head.
 
 Precision: the products run in the autocast dtype when autocast is on (bf16 logits,
 as the plain `lm_head` would give), in the inputs' dtype otherwise; the
-(log-)softmax and grad_W's accumulation over chunks run in at least float32.
+(log-)softmax, P − onehot and grad_W's accumulation over chunks run in at least
+float32.
 
 This module is the home of "readout → per-token loss"; objectives.py combines the
-per-token losses of the steps into each stage's objective.
+per-token losses of the steps into each stage's objective (and states its
+coefficients for the weighted form).
 """
 
 from __future__ import annotations
@@ -72,13 +84,13 @@ class _ChunkBuffers:
         """xc wᵀ in the compute dtype (what lm_head would give)."""
         return torch.mm(xc.to(self.compute_dtype), self.w.t(), out=self.raw[:xc.shape[0]])
 
-    def log_softmax(self, xc: torch.Tensor) -> torch.Tensor:
+    def log_softmax(self, z: torch.Tensor) -> torch.Tensor:
         # The fused kernel (one read for the max, one for the sum, one write) is
         # about twice as fast on CPU as amax / sub / exp / sum.
-        return torch.log_softmax(self.logits(xc), dim=1, dtype=self.acc, out=self.out[:xc.shape[0]])
+        return torch.log_softmax(z, dim=1, dtype=self.acc, out=self.out[:z.shape[0]])
 
-    def softmax(self, xc: torch.Tensor) -> torch.Tensor:
-        return torch.softmax(self.logits(xc), dim=1, dtype=self.acc, out=self.out[:xc.shape[0]])
+    def softmax(self, z: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(z, dim=1, dtype=self.acc, out=self.out[:z.shape[0]])
 
     def add_grads(self, p: torch.Tensor, xc: torch.Tensor, tc: torch.Tensor, scale: torch.Tensor,
                   grad_x: torch.Tensor | None, grad_w: torch.Tensor | None) -> None:
@@ -118,9 +130,10 @@ class _TokenCE(torch.autograd.Function):
         correct = torch.zeros(n_tok, dtype=torch.bool, device=x.device) if want_correct else None
         with torch.autocast(x.device.type, enabled=False):  # dtypes are chosen here, explicitly
             for s, e in _spans(n_tok, chunk):
+                z = bufs.logits(x[s:e])
                 if want_correct:
-                    correct[s:e] = bufs.logits(x[s:e]).argmax(dim=1) == targets[s:e]
-                logp = bufs.log_softmax(x[s:e])
+                    correct[s:e] = z.argmax(dim=1) == targets[s:e]
+                logp = bufs.log_softmax(z)
                 losses[s:e] = logp.gather(1, targets[s:e, None])[:, 0].neg_()
         ctx.save_for_backward(x, weight, targets)
         ctx.chunk, ctx.compute_dtype = chunk, compute_dtype
@@ -140,7 +153,7 @@ class _TokenCE(torch.autograd.Function):
         grad_w = torch.zeros(weight.shape, dtype=bufs.acc, device=x.device) if need_w else None
         with torch.autocast(x.device.type, enabled=False):
             for s, e in _spans(n_tok, chunk):
-                bufs.add_grads(bufs.softmax(x[s:e]), x[s:e], targets[s:e], scale[s:e],
+                bufs.add_grads(bufs.softmax(bufs.logits(x[s:e])), x[s:e], targets[s:e], scale[s:e],
                                grad_x[s:e] if need_x else None, grad_w)
         return (grad_x.to(x.dtype) if need_x else None, grad_w.to(weight.dtype) if need_w else None,
                 None, None, None, None)
@@ -164,7 +177,7 @@ class _WeightedCE(torch.autograd.Function):
         grad_w = torch.zeros(weight.shape, dtype=bufs.acc, device=x.device) if need_w else None
         with torch.autocast(x.device.type, enabled=False):
             for s, e in _spans(n_tok, chunk):
-                logp = bufs.log_softmax(x[s:e])
+                logp = bufs.log_softmax(bufs.logits(x[s:e]))
                 losses[s:e] = logp.gather(1, targets[s:e, None])[:, 0].neg_()
                 if need_x or need_w:
                     bufs.add_grads(logp.exp_(), x[s:e], targets[s:e], scale[s:e],
