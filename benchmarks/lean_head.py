@@ -1,15 +1,19 @@
 """Training steps with full logits against the chunked head (models/head.py), side by side.
 
     PYTHONPATH=$PWD python benchmarks/lean_head.py [--preset local] [--batch 16] [--seq-len 512]
-        [--repeats 3] [--chunk-mib 64] [--json out.json]
+        [--repeats 3] [--threads 2] [--precision fp32|bf16] [--chunk-mib 64] [--stages pretrain,stage1]
+        [--json out.json]
 
 For pre-training and Stage-1 one optimizer step (forward, backward, AdamW) of the
 preset's model on random tokens, in two arms:
     before  the loss code the chunked head replaced, kept here as the baseline:
             full (B, L, V) logits (R of them for Stage-1) and F.cross_entropy;
     after   looplab.stages.minibatch_loss (hidden states through the chunked head).
-All four (stage, arm) steps and a 2048³ float32 matmul are timed in alternation,
-after a warm-up, so background load hits them alike; medians are reported.
+All four (stage, arm) steps and a 2048³ matmul (float32, or bf16 with --precision
+bf16) are timed in alternation, after a warm-up, so background load hits them
+alike; medians are reported. On a CPU shared with other work, 2 threads suffer
+most (a descheduled thread stalls every parallel op): --threads 1 is the steadier
+measurement.
 
 Peak memory: looplab.bench.peak_memory (CPU: resident set size above the RSS
 before the step, through VmHWM; the model, its gradients and AdamW's moments are
@@ -20,7 +24,9 @@ MFU = model FLOP/s ÷ the matmul's FLOP/s of this run (same threads). Model FLOP
 per token = 3 × forward FLOPs (forward + backward ≈ 3 forwards):
     pre-training  R backbone steps + one head;
     Stage-1       R backbone steps + R heads (its loss reads every step) + R − 1 gates.
-The chunked head's recomputation in backward is overhead, not model work: not counted.
+Work a head implementation adds (a recomputation of logits) would be overhead, not
+model work, and is not counted; the trained stages use the head's weighted form,
+which does not recompute.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import torch
 
 from looplab.bench import _rss_kb, peak_memory
 from looplab.checkpoint import model_from_config
+from looplab.evaluate import autocast_context
 from looplab.models import head as lean_head
 from looplab.models.flops import linear_flops
 from looplab.objectives import masked_mean, stage1_loss, token_losses
@@ -88,6 +95,8 @@ def main() -> None:
                    help=f"logits MiB per chunk of the head (default {lean_head.DEFAULT_CHUNK_BYTES / 2**20:g})")
     p.add_argument("--arms", default=",".join(ARMS), help="before,after or one of them")
     p.add_argument("--stages", default=",".join(STAGES), help="pretrain,stage1 or one of them")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                   help="bf16: autocast (as train.precision=bf16), MFU against a bf16 matmul")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -108,16 +117,20 @@ def main() -> None:
     batch = Batch(torch.randint(0, V, (B, L), generator=gen), torch.randint(0, V, (B, L), generator=gen))
     loss_fns = {"before": before_loss, "after": after_loss}
 
+    cpu = torch.device("cpu")
+
     def step(stage: str, arm: str):
         def run():
-            loss = loss_fns[arm](model, batch, cfgs[stage])
+            with autocast_context(cpu, args.precision):
+                loss = loss_fns[arm](model, batch, cfgs[stage])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
         return run
 
     points = [(s, a) for s in stages for a in arms]
-    gemm_a, gemm_b = torch.randn(GEMM_N, GEMM_N, generator=gen), torch.randn(GEMM_N, GEMM_N, generator=gen)
+    dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
+    gemm_a, gemm_b = (torch.randn(GEMM_N, GEMM_N, generator=gen).to(dtype) for _ in range(2))
     for s, a in points:  # warm-up: first-touch allocations, AdamW state
         step(s, a)()
     gemm_seconds(gemm_a, gemm_b)
@@ -130,7 +143,6 @@ def main() -> None:
             times[pt].append(time.perf_counter() - t)
             gemm.append(gemm_seconds(gemm_a, gemm_b))
     peak_gflops = 2 * GEMM_N**3 / statistics.median(gemm) / 1e9
-    cpu = torch.device("cpu")
     mem, absolute = {}, {}
     for pt in points:
         mem[pt] = peak_memory(step(*pt), cpu)
@@ -151,7 +163,7 @@ def main() -> None:
                      "memory": s1["peak_mem_above_model"] / max(1, pre["peak_mem_above_model"])}
 
     print(f"{args.preset}: B {B} × L {L}, vocab {V}, R {base.model.n_loops}, {args.threads} threads, "
-          f"head chunk {lean_head.chunk_tokens_for(V)} tokens; fp32 GEMM {GEMM_N}³: {peak_gflops:.1f} GFLOP/s "
+          f"head chunk {lean_head.chunk_tokens_for(V)} tokens; {args.precision} GEMM {GEMM_N}³: {peak_gflops:.1f} GFLOP/s "
           f"(median of {len(gemm)})")
     print("stage     arm      step s   tok/s   model GFLOP  MFU    mem above model  peak RSS")
     for r in rows:
@@ -167,6 +179,7 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"preset": args.preset, "batch": B, "seq_len": L, "threads": args.threads,
+                       "precision": args.precision,
                        "chunk_tokens": lean_head.chunk_tokens_for(V), "gemm_gflops": peak_gflops,
                        "gemm_s_all": gemm, "machine": platform.processor() or platform.machine(),
                        "torch": torch.__version__, "rows": rows, "ratios": ratios}, f, indent=2)
