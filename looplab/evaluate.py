@@ -16,7 +16,8 @@ import math
 import torch
 
 from looplab.policy import DENSE, EXIT_RULES, GATE, SKIP, ZOO_RULES, ExitPolicy, exit_rule
-from looplab.tasks.base import IGNORE_INDEX, Batch, exact_match_counts
+from looplab.tasks.base import IGNORE_INDEX, Batch
+from looplab.models.head import head_token_losses
 from looplab.objectives import token_losses
 
 
@@ -50,11 +51,12 @@ def evaluate_policy(model, batch: Batch, policy: ExitPolicy, *, batch_size: int 
     for start in range(0, len(batch), batch_size):
         part = batch.slice(start, start + batch_size).to(device)
         with autocast_context(device, precision):
-            out = model(part.ids, policy)
+            out = model(part.ids, policy, readout="none")
+            # The chunked head (models/head.py): CE and correctness without (B, L, V) logits.
+            losses, right = head_token_losses(model, out.hidden, part.targets, correct=True)
         mask = part.targets != IGNORE_INDEX
-        c, n = exact_match_counts(out.logits, part.targets)
-        correct, total = correct + c, total + n
-        loss_sum += float(token_losses(out.logits, part.targets).sum())
+        correct, total = correct + int(right[mask].sum()), total + int(mask.sum())
+        loss_sum += float(losses.float().sum())
         exit_sum += float(out.exit_step[mask].float().sum())
         loops_sum += out.executed_loops * part.ids.numel()
         flops += out.backbone_flops
@@ -110,9 +112,14 @@ def evaluate_readouts(model, batch: Batch, policies, *, batch_size: int = 64, de
             out = model(part.ids, ExitPolicy.full(), all_steps=True, readout="none")
             loss_at, correct_at = {}, {}
             for r in read:  # one LM-head pass per step, reduced at once: no (R, B, L, V) buffer
-                logits = model.logits(out.step_hidden[r - 1])
-                loss_at[r] = token_losses(logits, part.targets).float()
-                correct_at[r] = logits.argmax(dim=-1) == part.targets
+                if not zoo_rules:  # nothing reads the distribution itself: the chunked head, no (B, L, V) logits
+                    loss_at[r], correct_at[r] = head_token_losses(model, out.step_hidden[r - 1], part.targets,
+                                                                  correct=True)
+                    loss_at[r] = loss_at[r].float()
+                else:
+                    logits = model.logits(out.step_hidden[r - 1])
+                    loss_at[r] = token_losses(logits, part.targets).float()
+                    correct_at[r] = logits.argmax(dim=-1) == part.targets
                 if r == R:
                     continue
                 statistic = {}

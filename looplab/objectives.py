@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from looplab.holes import sample_depth_holes, sample_threshold, take_hole_branch
+from looplab.models.head import attach_gradient, head_weighted_loss, step_token_losses
 from looplab.policy import ExitPolicy
 from looplab.tasks.base import IGNORE_INDEX
 
@@ -73,9 +74,24 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * mask).sum() / mask.sum().clamp(min=1)
 
 
-def final_loop_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Pre-training: mean next-token CE at step R only."""
-    return masked_mean(token_losses(logits, targets), targets != IGNORE_INDEX)
+def final_loop_loss(losses: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Pre-training: mean next-token CE at step R only, from that step's per-token
+    losses (B, L) (token_losses of its logits, or models/head.py's chunked head)."""
+    return masked_mean(losses, targets != IGNORE_INDEX)
+
+
+def final_loop_weights(targets: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """∂final_loop_loss/∂ℓ per token (the loss is linear in ℓ): 1/M at the M
+    positions with a target, 0 elsewhere, in the losses' dtype. The chunked head
+    (models/head.py) takes these coefficients up front."""
+    mask = targets != IGNORE_INDEX
+    return mask.to(dtype) / mask.sum().clamp(min=1)
+
+
+def stage1_weights(lam: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """∂stage1_loss/∂ℓ^(r) per step and token (the loss is linear in ℓ):
+    π^(r) / M at the M masked positions, 0 elsewhere: (R, B, L)."""
+    return exit_distribution(lam) * (mask.to(lam.dtype) / mask.sum().clamp(min=1))
 
 
 def stage1_loss(step_losses: torch.Tensor, lam: torch.Tensor, mask: torch.Tensor, beta: float,
@@ -108,10 +124,11 @@ def stage2_loss(step_losses: torch.Tensor, gate_logits: torch.Tensor, mask: torc
     return masked_mean(bce.mean(dim=0), mask)
 
 
-def hole_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Cache-hole branch: mean CE of the readout at each token's realized exit depth
-    (the logits of a skip execution are exactly that readout)."""
-    return final_loop_loss(logits, targets)
+def hole_loss(losses: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cache-hole branch: mean CE of the readout at each token's realized exit depth,
+    from its per-token losses (B, L) (a skip execution's hidden state is exactly
+    that readout's input)."""
+    return final_loop_loss(losses, targets)
 
 
 # ---- the loss of one minibatch, per stage -----------------------------------------------
@@ -120,21 +137,38 @@ def hole_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 # `batch` is rows [start, stop) of the step's global batch (distributed.Rows: a rank's
 # share under data parallelism, a micro-batch of it with accumulation): every part draws
 # the same hole branch and the global batch's depth holes, then keeps its rows.
+#
+# Every loss reads hidden states through models/head.py's chunked head (readout="none":
+# the execution computes no logits), so no stage holds full (B, L, V) logits, let alone
+# R of them. The trained losses are linear in the per-token CE with coefficients known
+# before the head runs (1/M; π^(r)/M), so the head takes them up front and forms its
+# gradient while each chunk's softmax exists; the loss's value comes from the functions
+# above on the detached per-token losses, and attach_gradient adds the head's gradient.
 
-def step_losses(out, targets: torch.Tensor) -> torch.Tensor:
+def step_losses(model, out, targets: torch.Tensor) -> torch.Tensor:
     """ℓ^(r) per token for every step of an execution run with all_steps: (R, B, L)."""
-    return torch.stack([token_losses(logits, targets) for logits in out.step_logits])
+    return step_token_losses(model, out.step_hidden, targets)
+
+
+def _final_step(model, out, targets: torch.Tensor, objective) -> torch.Tensor:
+    """objective(per-token losses, targets) of the readout of out.hidden, with the
+    head's gradient (objective: final_loop_loss or hole_loss, both mean CE)."""
+    weights = final_loop_weights(targets, torch.promote_types(out.hidden.dtype, torch.float32))
+    weighted, losses = head_weighted_loss(model, out.hidden, targets, weights)
+    return attach_gradient(objective(losses, targets), weighted)
 
 
 def pretrain_minibatch(model, batch, cfg, step, rows):
-    return final_loop_loss(model(batch.ids).logits, batch.targets), {}
+    return _final_step(model, model(batch.ids, readout="none"), batch.targets, final_loop_loss), {}
 
 
 def _stage1(model, batch, cfg, policy: ExitPolicy):
-    out = model(batch.ids, policy, all_steps=True)
+    out = model(batch.ids, policy, all_steps=True, readout="none")
     mask = batch.targets != IGNORE_INDEX
     lam = torch.sigmoid(out.gate_logits)
-    return stage1_loss(step_losses(out, batch.targets), lam, mask, cfg.exit.beta, cfg.exit.entropy_eps)
+    weighted, losses = head_weighted_loss(model, out.step_hidden, batch.targets, stage1_weights(lam.detach(), mask))
+    loss, diag = stage1_loss(losses, lam, mask, cfg.exit.beta, cfg.exit.entropy_eps)  # π's gradient
+    return attach_gradient(loss, weighted), diag
 
 
 def stage1_minibatch(model, batch, cfg, step, rows):
@@ -149,9 +183,9 @@ def chase_minibatch(model, batch, cfg, step, rows):
         return loss, {**diag, "hole_branch": 0.0}
     if cfg.hole.sampler == "threshold":
         q = sample_threshold(rng, cfg.hole)
-        out = model(batch.ids, ExitPolicy.skip(q), gate_grad=False)
-        return hole_loss(out.logits, batch.targets), {"hole_branch": 1.0, "hole_q": q,
-                                                      "executed_loops": out.executed_loops}
+        out = model(batch.ids, ExitPolicy.skip(q), gate_grad=False, readout="none")
+        loss = _final_step(model, out, batch.targets, hole_loss)
+        return loss, {"hole_branch": 1.0, "hole_q": q, "executed_loops": out.executed_loops}
     exit_at = sample_depth_holes(rng, cfg.hole, (rows.total, batch.ids.shape[1]), cfg.model.n_loops)
     exit_at = exit_at[rows.start:rows.stop].to(batch.ids.device)
     loss, diag = _stage1(model, batch, cfg, ExitPolicy.given(exit_at))
@@ -160,8 +194,8 @@ def chase_minibatch(model, batch, cfg, step, rows):
 
 def stage2_minibatch(model, batch, cfg, step, rows):
     with torch.no_grad():  # frozen model: losses and states carry no graph
-        out = model(batch.ids, ExitPolicy.full(), all_steps=True)
-        losses = step_losses(out, batch.targets)
+        out = model(batch.ids, ExitPolicy.full(), all_steps=True, readout="none")
+        losses = step_losses(model, out, batch.targets)
     gate_logits = torch.stack([model.exit_logit(h) for h in out.step_hidden[:-1]])
     mask = batch.targets != IGNORE_INDEX
     loss = stage2_loss(losses, gate_logits, mask, cfg.exit.kappa, cfg.exit.gamma)

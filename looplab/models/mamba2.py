@@ -124,7 +124,7 @@ def ssd_chunked(
     keep = torch.ones(Q, Q, dtype=torch.bool, device=x.device).tril()
     if seq_idx is not None:
         keep = keep & (seq.unsqueeze(-1) == seq.unsqueeze(-2))
-    decay = torch.exp((a_cum.unsqueeze(-1) - a_cum.unsqueeze(-2)).masked_fill(~keep, float("-inf")))
+    decay = _SegmentDecay.apply(a_cum, keep)
     y = ((C @ B.transpose(-1, -2)) * decay) @ xdt  # b c g h q p
 
     # 2. Each chunk's contribution to the state at its end.
@@ -190,6 +190,28 @@ def _states_after(state_at, Q, a_cum, xdt, B, entering, seq) -> torch.Tensor:
     states = (xdt[rows, c] * w.unsqueeze(-1)).transpose(-1, -2) @ B[rows, c]  # k g h p n
     states = states + from_start.unsqueeze(-1) * entering[rows, c]
     return states.reshape(rows.shape[0], -1, *states.shape[-2:])
+
+
+class _SegmentDecay(torch.autograd.Function):
+    """d_ij = exp(a_i − a_j) where keep[i, j], else 0: the intra-chunk decay
+    matrix, a (…, Q) → (…, Q, Q). Autograd of the plain expression makes four
+    passes over the (…, Q, Q) tensor in backward before its two reductions (exp's
+    product, masked_fill's copy and fill, sub's negation) and one more copy in
+    forward; here backward forms m = g ⊙ d once (zero where masked, as d is) and
+    reduces it along both axes: ∂/∂a_k = Σ_j m_kj − Σ_i m_ik."""
+
+    @staticmethod
+    def forward(ctx, a, keep):
+        d = (a.unsqueeze(-1) - a.unsqueeze(-2)).masked_fill_(~keep, float("-inf")).exp_()
+        ctx.save_for_backward(d)
+        return d
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        (d,) = ctx.saved_tensors
+        m = grad * d
+        return m.sum(-1) - m.sum(-2), None
 
 
 class _CausalDepthwiseConv(torch.autograd.Function):

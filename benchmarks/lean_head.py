@@ -1,0 +1,189 @@
+"""Training steps with full logits against the chunked head (models/head.py), side by side.
+
+    PYTHONPATH=$PWD python benchmarks/lean_head.py [--preset local] [--batch 16] [--seq-len 512]
+        [--repeats 3] [--threads 2] [--precision fp32|bf16] [--chunk-mib 64] [--stages pretrain,stage1]
+        [--json out.json]
+
+For pre-training and Stage-1 one optimizer step (forward, backward, AdamW) of the
+preset's model on random tokens, in two arms:
+    before  the loss code the chunked head replaced, kept here as the baseline:
+            full (B, L, V) logits (R of them for Stage-1) and F.cross_entropy;
+    after   looplab.stages.minibatch_loss (hidden states through the chunked head).
+All four (stage, arm) steps and a 2048³ matmul (float32, or bf16 with --precision
+bf16) are timed in alternation, after a warm-up, so background load hits them
+alike; medians are reported. On a CPU shared with other work, 2 threads suffer
+most (a descheduled thread stalls every parallel op): --threads 1 is the steadier
+measurement.
+
+Peak memory: looplab.bench.peak_memory (CPU: resident set size above the RSS
+before the step, through VmHWM; the model, its gradients and AdamW's moments are
+already resident, so this is the memory the step needs above the model) and the
+absolute VmHWM during the step.
+
+MFU = model FLOP/s ÷ the matmul's FLOP/s of this run (same threads). Model FLOPs
+per token = 3 × forward FLOPs (forward + backward ≈ 3 forwards):
+    pre-training  R backbone steps + one head;
+    Stage-1       R backbone steps + R heads (its loss reads every step) + R − 1 gates.
+Work a head implementation adds (a recomputation of logits) would be overhead, not
+model work, and is not counted; the trained stages use the head's weighted form,
+which does not recompute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+
+import torch
+
+from looplab.bench import peak_memory
+from looplab.checkpoint import model_from_config, parent_ref
+from looplab.evaluate import autocast_context
+from looplab.models import head as lean_head
+from looplab.models.flops import linear_flops
+from looplab.objectives import masked_mean, stage1_loss, token_losses
+from looplab.presets import get_preset, stage_config
+from looplab.policy import ExitPolicy
+from looplab.stages import get_stage
+from looplab.tasks.base import IGNORE_INDEX, Batch
+from looplab.train import make_optimizer
+
+STAGES = ("pretrain", "stage1")
+ARMS = ("before", "after")
+GEMM_N = 2048
+
+
+def before_loss(model, batch: Batch, cfg) -> torch.Tensor:
+    """The replaced code: CE from full logits (stages.py before the chunked head)."""
+    mask = batch.targets != IGNORE_INDEX
+    if cfg.stage == "pretrain":
+        return masked_mean(token_losses(model(batch.ids).logits, batch.targets), mask)
+    out = model(batch.ids, ExitPolicy.full(), all_steps=True)
+    losses = torch.stack([token_losses(logits, batch.targets) for logits in out.step_logits])
+    return stage1_loss(losses, torch.sigmoid(out.gate_logits), mask, cfg.exit.beta, cfg.exit.entropy_eps)[0]
+
+
+def after_loss(model, batch: Batch, cfg) -> torch.Tensor:
+    return get_stage(cfg.stage).minibatch_loss(model, batch, cfg, 0)[0]
+
+
+def model_flops_per_token(model, stage: str, seq_len: int) -> int:
+    f = model.flops_per_token(seq_len)
+    R = model.cfg.n_loops
+    if stage == "pretrain":
+        return 3 * f["total"]
+    return 3 * (f["backbone"] + R * f["head"] + (R - 1) * linear_flops(model.exit_gate))
+
+
+def gemm_seconds(a: torch.Tensor, b: torch.Tensor) -> float:
+    t = time.perf_counter()
+    torch.mm(a, b)
+    return time.perf_counter() - t
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--preset", default="local")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--repeats", type=int, default=3, help="timed steps per (stage, arm), after one warm-up")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--chunk-mib", type=float, default=None,
+                   help=f"logits MiB per chunk of the head (default {lean_head.DEFAULT_CHUNK_BYTES / 2**20:g})")
+    p.add_argument("--arms", default=",".join(ARMS), help="before,after or one of them")
+    p.add_argument("--stages", default=",".join(STAGES), help="pretrain,stage1 or one of them")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                   help="bf16: autocast (as train.precision=bf16), MFU against a bf16 matmul")
+    p.add_argument("--json", help="write the results here")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    if args.chunk_mib:
+        lean_head.DEFAULT_CHUNK_BYTES = int(args.chunk_mib * 2**20)
+    arms = tuple(a for a in args.arms.split(",") if a)
+    stages = tuple(s for s in args.stages.split(",") if s)
+
+    base = get_preset(args.preset)
+    # Stage-1 from the fresh model: the step's cost does not depend on the weights
+    # (init_from names no checkpoint; nothing is loaded).
+    cfgs = {s: stage_config(base, s, parent=None if s == "pretrain" else parent_ref("(fresh)")) for s in STAGES}
+    model = model_from_config(base.model, 0)
+    model.train()
+    optimizer = make_optimizer(model, base.train)
+    gen = torch.Generator().manual_seed(0)
+    V, B, L = base.model.vocab_size, args.batch, args.seq_len
+    batch = Batch(torch.randint(0, V, (B, L), generator=gen), torch.randint(0, V, (B, L), generator=gen))
+    loss_fns = {"before": before_loss, "after": after_loss}
+
+    cpu = torch.device("cpu")
+
+    def step(stage: str, arm: str):
+        def run():
+            with autocast_context(cpu, args.precision):
+                loss = loss_fns[arm](model, batch, cfgs[stage])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+        return run
+
+    points = [(s, a) for s in stages for a in arms]
+    dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
+    gemm_a, gemm_b = (torch.randn(GEMM_N, GEMM_N, generator=gen).to(dtype) for _ in range(2))
+    for s, a in points:  # warm-up: first-touch allocations, AdamW state
+        step(s, a)()
+    gemm_seconds(gemm_a, gemm_b)
+    times = {pt: [] for pt in points}
+    gemm = []
+    for _ in range(args.repeats):
+        for pt in points:
+            t = time.perf_counter()
+            step(*pt)()
+            times[pt].append(time.perf_counter() - t)
+            gemm.append(gemm_seconds(gemm_a, gemm_b))
+    peak_gflops = 2 * GEMM_N**3 / statistics.median(gemm) / 1e9
+    mem, absolute = {}, {}
+    for pt in points:
+        peak = peak_memory(step(*pt), cpu)
+        mem[pt], absolute[pt] = peak.delta, peak.absolute
+
+    tokens = B * L
+    rows = []
+    for s, a in points:
+        t = statistics.median(times[(s, a)])
+        flops = model_flops_per_token(model, s, L) * tokens
+        rows.append({"stage": s, "arm": a, "step_s": t, "step_s_all": times[(s, a)], "tokens_per_s": tokens / t,
+                     "model_gflop": flops / 1e9, "mfu": flops / t / (peak_gflops * 1e9),
+                     "peak_mem_above_model": mem[(s, a)], "peak_rss": absolute[(s, a)]})
+    ratios = {}
+    for a in arms if len(stages) == 2 else ():
+        pre, s1 = (next(r for r in rows if r["stage"] == s and r["arm"] == a) for s in STAGES)
+        ratios[a] = {"time": s1["step_s"] / pre["step_s"],
+                     "memory": s1["peak_mem_above_model"] / max(1, pre["peak_mem_above_model"])}
+
+    print(f"{args.preset}: B {B} × L {L}, vocab {V}, R {base.model.n_loops}, {args.threads} threads, "
+          f"head chunk {lean_head.chunk_tokens_for(V)} tokens; {args.precision} GEMM {GEMM_N}³: {peak_gflops:.1f} GFLOP/s "
+          f"(median of {len(gemm)})")
+    print("stage     arm      step s   tok/s   model GFLOP  MFU    mem above model  peak RSS")
+    for r in rows:
+        print(f"{r['stage']:9s} {r['arm']:7s} {r['step_s']:7.2f}  {r['tokens_per_s']:6.0f}  {r['model_gflop']:11.1f}"
+              f"  {r['mfu']:5.1%}  {r['peak_mem_above_model'] / 1e9:12.2f} GB  {r['peak_rss'] / 1e9:5.2f} GB")
+    for a, q in ratios.items():
+        print(f"Stage-1 ÷ pre-training ({a}): time {q['time']:.2f}×, memory above model {q['memory']:.2f}×")
+    if "after" in arms and len(stages) == 2:
+        pre = next(r for r in rows if r["stage"] == "pretrain" and r["arm"] == "after")
+        print(f"targets (after): memory ≤ 1.5× {'met' if ratios['after']['memory'] <= 1.5 else 'MISSED'}, "
+              f"time ≤ 2.5× {'met' if ratios['after']['time'] <= 2.5 else 'MISSED'}, "
+              f"pre-training MFU ≥ 50% {'met' if pre['mfu'] >= 0.5 else 'MISSED'}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"preset": args.preset, "batch": B, "seq_len": L, "threads": args.threads,
+                       "precision": args.precision,
+                       "chunk_tokens": lean_head.chunk_tokens_for(V), "gemm_gflops": peak_gflops,
+                       "gemm_s_all": gemm, "machine": platform.processor() or platform.machine(),
+                       "torch": torch.__version__, "rows": rows, "ratios": ratios}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
