@@ -56,7 +56,10 @@ def variant(family: str, key: str, value, name: str) -> None:
 
 
 def variant_of(name: str, key: str, value) -> str | None:
-    """The preset of `name`'s family for key = value (None: the family has none)."""
+    """The preset of `name`'s family for key = value (None: the family has none).
+    Variants are declared for scalar values; a list (attn_layer_idx=[1, 3]) has none."""
+    if isinstance(value, (list, dict, set)):
+        return None
     return VARIANTS.get(FAMILY.get(name, ""), {}).get((key, value))
 
 

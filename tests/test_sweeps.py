@@ -125,6 +125,16 @@ def test_switching_the_backbone_keeps_the_papers_settings_for_it():
     assert table3.train.steps == 50_000 and table3.model.d_intermediate == 640  # Table 3: 100B tokens
 
 
+def test_a_list_valued_override_on_a_preset_family_is_not_a_variant_lookup():
+    """attn_layer_idx=[1, 3] on a paper preset: a plain override (lists have no
+    preset variant), not a TypeError from hashing the list."""
+    from looplab.presets import get_preset, stage_config
+
+    cfg = stage_config(get_preset("paper-140m"), "pretrain",
+                       overrides={"model.arch": "hybrid", "model.attn_layer_idx": [1, 3]})
+    assert cfg.model.attn_layer_idx == (1, 3)
+
+
 def test_each_mano_level_trains_with_its_own_recipe():
     from sweeps import mano
 
