@@ -16,40 +16,45 @@ most (a descheduled thread stalls every parallel op): --threads 1 is the steadie
 measurement.
 
 Peak memory: looplab.bench.peak_memory (CPU: resident set size above the RSS
-before the step, through VmHWM; the model, its gradients and AdamW's moments are
+before the step, through VmHWM, with glibc's mmap threshold fixed before the first
+large allocation so that the RSS follows live tensors; the model, its gradients and AdamW's moments are
 already resident, so this is the memory the step needs above the model) and the
 absolute VmHWM during the step.
 
 MFU = model FLOP/s ÷ the matmul's FLOP/s of this run (same threads). Model FLOPs
 per token = 3 × forward FLOPs (forward + backward ≈ 3 forwards):
     pre-training  R backbone steps + one head;
-    Stage-1       R backbone steps + R heads (its loss reads every step) + R − 1 gates.
-Work a head implementation adds (a recomputation of logits) would be overhead, not
+    Stage-1       R backbone steps + R heads (its loss reads every step) + R − 1 gates
+(looplab/resources.py's flops_per_token). Work a head implementation adds (a recomputation of logits) would be overhead, not
 model work, and is not counted; the trained stages use the head's weighted form,
 which does not recompute.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import platform
-import statistics
-import time
+from looplab.bench import glibc_for_rss
 
-import torch
+glibc_for_rss()  # before the first large allocation (see Peak memory above)
 
-from looplab.bench import peak_memory
-from looplab.checkpoint import model_from_config, parent_ref
-from looplab.evaluate import autocast_context
-from looplab.models import head as lean_head
-from looplab.models.flops import linear_flops
-from looplab.objectives import masked_mean, stage1_loss, token_losses
-from looplab.presets import get_preset, stage_config
-from looplab.policy import ExitPolicy
-from looplab.stages import get_stage
-from looplab.tasks.base import IGNORE_INDEX, Batch
-from looplab.train import make_optimizer
+import argparse  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+
+import torch  # noqa: E402
+
+from looplab.bench import peak_memory  # noqa: E402
+from looplab.checkpoint import model_from_config, parent_ref  # noqa: E402
+from looplab.evaluate import autocast_context  # noqa: E402
+from looplab.models import head as lean_head  # noqa: E402
+from looplab.objectives import masked_mean, stage1_loss, token_losses  # noqa: E402
+from looplab.presets import get_preset, stage_config  # noqa: E402
+from looplab.resources import flops_per_token  # noqa: E402
+from looplab.policy import ExitPolicy  # noqa: E402
+from looplab.stages import get_stage  # noqa: E402
+from looplab.tasks.base import IGNORE_INDEX, Batch  # noqa: E402
+from looplab.train import make_optimizer  # noqa: E402
 
 STAGES = ("pretrain", "stage1")
 ARMS = ("before", "after")
@@ -68,14 +73,6 @@ def before_loss(model, batch: Batch, cfg) -> torch.Tensor:
 
 def after_loss(model, batch: Batch, cfg) -> torch.Tensor:
     return get_stage(cfg.stage).minibatch_loss(model, batch, cfg, 0)[0]
-
-
-def model_flops_per_token(model, stage: str, seq_len: int) -> int:
-    f = model.flops_per_token(seq_len)
-    R = model.cfg.n_loops
-    if stage == "pretrain":
-        return 3 * f["total"]
-    return 3 * (f["backbone"] + R * f["head"] + (R - 1) * linear_flops(model.exit_gate))
 
 
 def gemm_seconds(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -108,7 +105,9 @@ def main() -> None:
     base = get_preset(args.preset)
     # Stage-1 from the fresh model: the step's cost does not depend on the weights
     # (init_from names no checkpoint; nothing is loaded).
-    cfgs = {s: stage_config(base, s, parent=None if s == "pretrain" else parent_ref("(fresh)")) for s in STAGES}
+    shape = {"train.batch_size": args.batch, "train.seq_len": args.seq_len}  # what the FLOP count reads
+    cfgs = {s: stage_config(base, s, parent=None if s == "pretrain" else parent_ref("(fresh)"), overrides=shape)
+            for s in STAGES}
     model = model_from_config(base.model, 0)
     model.train()
     optimizer = make_optimizer(model, base.train)
@@ -152,7 +151,7 @@ def main() -> None:
     rows = []
     for s, a in points:
         t = statistics.median(times[(s, a)])
-        flops = model_flops_per_token(model, s, L) * tokens
+        flops = flops_per_token(cfgs[s]) * tokens  # looplab/resources.py: the stage's model FLOPs
         rows.append({"stage": s, "arm": a, "step_s": t, "step_s_all": times[(s, a)], "tokens_per_s": tokens / t,
                      "model_gflop": flops / 1e9, "mfu": flops / t / (peak_gflops * 1e9),
                      "peak_mem_above_model": mem[(s, a)], "peak_rss": absolute[(s, a)]})

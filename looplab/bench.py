@@ -151,8 +151,11 @@ def _rss_kb(field: str) -> int:
 _glibc = None
 
 
-def _glibc_for_rss():
-    """glibc with a fixed mmap threshold (see the module docstring), or None."""
+def glibc_for_rss():
+    """glibc with a fixed mmap threshold (see the module docstring), or None. A process
+    that measures peak memory should call it before its first large allocation:
+    glibc raises the threshold dynamically as large blocks are freed, and blocks
+    allocated under a raised one stay in the heap, where the RSS no longer follows them."""
     global _glibc
     if _glibc is None:
         try:
@@ -186,7 +189,7 @@ def peak_memory(fn, device: torch.device) -> Peak:
         torch.cuda.synchronize(device)
         peak = torch.cuda.max_memory_allocated(device)
         return Peak(peak - base, peak)
-    glibc = _glibc_for_rss()
+    glibc = glibc_for_rss()
     if glibc is None:
         return UNKNOWN_PEAK
     try:

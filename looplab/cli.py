@@ -289,7 +289,9 @@ def _limit(value: str) -> int | float:
 
 
 def cmd_bench(args) -> int:
-    from looplab.bench import HEADER, format_record, records_as_dicts, run_grid
+    from looplab.bench import HEADER, format_record, glibc_for_rss, records_as_dicts, run_grid
+
+    glibc_for_rss()  # before the model's allocations, so the peak-memory columns follow live tensors
     from looplab.checkpoint import load_model
     from looplab.config import ExperimentConfig
     from looplab.tasks import make_task
@@ -312,6 +314,9 @@ def cmd_bench(args) -> int:
     overrides = {} if args.checkpoint else _overrides(args.overrides)  # a checkpoint fixes the model
     model = load_model(args.checkpoint or args.preset, **overrides)
     R = model.cfg.n_loops
+    if getattr(args, "packing", "auto") == "varlen" and model.cfg.arch != "mamba2":
+        raise ConfigError(f"--packing='varlen' is invalid for a {model.cfg.arch} model; allowed: auto | padded "
+                          "(varlen packs sequences into one row, which attention layers cannot)")
     if args.oracle_mean is not None and not 1.0 <= args.oracle_mean <= R:
         raise ConfigError(f"--oracle-mean={args.oracle_mean!r} is invalid; allowed: a number in [1, R={R}]")
     for policy in args.policies:

@@ -483,6 +483,17 @@ SECTION_OF = {"ModelConfig": "model", "TrainConfig": "train", "ExitConfig": "exi
               "ManoConfig": "task", "PhopConfig": "task", "TextConfig": "task"}
 
 
+def is_keyed(name: str) -> bool:
+    """Whether a dotted override ("train.lr", "model.n_loops") names a keyed field.
+    Unkeyed ones (cadence, device, micro-batching) never change what a run computes;
+    every task field is keyed, and so are the stage and the parent."""
+    section, _, attr = config_key(name).partition(".")
+    cls = {"model": ModelConfig, "train": TrainConfig, "exit": ExitConfig, "hole": HoleConfig}.get(section)
+    if cls is None:
+        return section != "preset"
+    return any(f.name == attr and f.metadata.get(KEY) for f in dataclasses.fields(cls))
+
+
 def config_key(name: str) -> str:
     """A ConfigError's field as the dotted override key that sets it:
     'HoleConfig.hp' -> 'hole.hp'; 'train.lr' stays."""

@@ -16,6 +16,7 @@ from typing import Any
 from looplab.cli import Parser
 from looplab.config import invalid, parse_value
 from looplab.presets import PRESETS
+from looplab.resources import DEFAULT_MFU, DEFAULT_PEAK_TFLOPS
 from looplab.stages import STAGE_NAMES
 
 DEFAULT_PRESET = "debug" if "debug" in PRESETS else "phop-debug"
@@ -68,6 +69,11 @@ class Launch:
     scheduler: str = "none"
     seeds: tuple[int, ...] = (0,)
     dry_run: bool = False
+    # The resource plan (looplab/resources.py): device memory to fit (0: the configs'
+    # own micro-batching), and the utilisation and peak its GPU-hours assume.
+    gpu_memory: float = 0.0
+    mfu: float = DEFAULT_MFU
+    gpu_tflops: float = DEFAULT_PEAK_TFLOPS
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "Launch":
@@ -75,7 +81,8 @@ class Launch:
                    resume=args.resume, max_concurrent_trials=args.max_concurrent_trials,
                    num_workers=args.num_workers, cpus_per_worker=args.cpus_per_worker,
                    gpus_per_worker=args.gpus_per_worker, search=args.search, num_samples=args.num_samples,
-                   scheduler=args.scheduler, seeds=tuple(parse_seeds(args.seeds)), dry_run=args.dry_run)
+                   scheduler=args.scheduler, seeds=tuple(parse_seeds(args.seeds)), dry_run=args.dry_run,
+                   gpu_memory=args.gpu_memory, mfu=args.mfu, gpu_tflops=args.gpu_tflops)
 
 
 def parser(description: str) -> argparse.ArgumentParser:
@@ -102,6 +109,15 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--scheduler", choices=("none", "asha"), default="none")
     p.add_argument("--seeds", default="0", help="comma-separated training seeds, e.g. 0,1,2")
     p.add_argument("--dry-run", action="store_true", help="print trials, resources and compute; start no Ray")
+    p.add_argument("--gpu-memory", type=float, default=0.0, metavar="GB",
+                   help="GiB per GPU: each stage trains with the largest micro-batch that fits (the memory model "
+                        "of looplab/memory.py), with activation checkpointing only if nothing fits without; "
+                        "a stage that cannot fit is an error before Ray starts")
+    p.add_argument("--mfu", type=float, default=DEFAULT_MFU,
+                   help=f"model FLOP/s utilisation the plan's GPU-hours assume (default {DEFAULT_MFU})")
+    p.add_argument("--gpu-tflops", type=float, default=DEFAULT_PEAK_TFLOPS,
+                   help=f"a GPU's dense peak the plan's GPU-hours assume (default {DEFAULT_PEAK_TFLOPS:g}: "
+                        "H100 SXM bf16)")
     return p
 
 

@@ -27,8 +27,8 @@ from typing import Any, Callable
 from looplab import tracking
 from looplab.config import ConfigError, config_key
 from sweeps.flags import Common, Launch, fail, parser
-from sweeps.plan import Resources, Sweep, cpu_share, describe, grid_points, sweep_key, trial_name, validate, \
-    waiting_cpu
+from sweeps.plan import (Resources, Sweep, cpu_share, describe, fit_devices, grid_points, sweep_key, trial_name,
+                         validate, waiting_cpu)
 from trainables.pipeline import stage_configs
 
 RAY_TRAIN_ENV = {  # Ray Train settings for every stage (an environment value of the same name wins)
@@ -57,6 +57,7 @@ def main(description: str, add_flags: Callable[[argparse.ArgumentParser], None] 
         except ConfigError as e:  # an override the declaration applied: say it as the flag
             raise overrides_in_flag_terms(e, common) from None
         points, res = validate(sweep, launch)
+        sweep, plans = fit_devices(sweep, launch, points)  # micro-batches for --gpu-memory
         if not launch.dry_run:  # planning a cluster sweep from a laptop needs neither
             check_storage_path(launch.storage_path)
             check_tracking_uri(launch.tracking_uri, launch.storage_path)
@@ -64,7 +65,7 @@ def main(description: str, add_flags: Callable[[argparse.ArgumentParser], None] 
         print(f"error: {e}", file=sys.stderr)
         return 2
     if launch.dry_run:
-        print(describe(sweep, launch, points, res))
+        print(describe(sweep, launch, points, res, plans))
         return 0
     rows = run_sweep(sweep, launch, points, res)
     return 0 if rows and all(r["status"] != "error" for r in rows) else 1

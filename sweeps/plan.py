@@ -4,6 +4,7 @@ before Ray starts, the resource plan, the names derived from content, and the dr
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -12,8 +13,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from looplab.config import ConfigError, config_key
+from looplab.config import ConfigError, config_key, is_keyed
 from looplab.policy import DEFAULT_QS
+from looplab.resources import StagePlan, plan_stage
 from looplab.tracking import parse_metric
 from sweeps.flags import Launch, check_preset, fail
 from trainables.pipeline import PipelineSpec, stage_configs
@@ -168,7 +170,54 @@ def validate(sweep: Sweep, launch: Launch) -> tuple[list[dict[str, Any]], Resour
                 fail("--num-workers", launch.num_workers, f"a divisor of {cfg.stage}'s batch size "
                      f"{cfg.train.batch_size} (every worker trains an equal share)")
     n_trials = len(points) if launch.search == "grid" else launch.num_samples
+    if launch.gpu_memory < 0:
+        fail("--gpu-memory", launch.gpu_memory, "GiB per GPU > 0 (0: each stage's own micro-batching)")
+    if not 0 < launch.mfu <= 1:
+        fail("--mfu", launch.mfu, "a fraction in (0, 1], e.g. 0.4")
+    if launch.gpu_tflops <= 0:
+        fail("--gpu-tflops", launch.gpu_tflops, "a peak in TFLOP/s > 0, e.g. 989")
     return points, plan_resources(launch, local=not launch.address, n_trials=n_trials)
+
+
+# ---- devices: micro-batches and the per-stage plan --------------------------------------
+
+def fit_devices(sweep: Sweep, launch: Launch, points: list[dict[str, Any]]) -> tuple[Sweep, dict[str, StagePlan]]:
+    """Each distinct stage's plan (looplab/resources.py) on the sweep's devices, keyed
+    "stage-key". With --gpu-memory, every stage trains with the largest micro-batch
+    that fits (the smallest any of its trials needs, so one setting per stage name),
+    written into the sweep's per-stage overrides: those fields are unkeyed, so stage
+    keys, reuse and the sweep's own key stay what they were."""
+    ranks = max(1, launch.num_workers)
+    path = "cuda" if launch.gpus_per_worker > 0 or launch.gpu_memory > 0 else "torch"
+    budget = launch.gpu_memory or None
+    unique = _unique_stages(sweep, launch, points)
+    plans = {name: _plan_or_fail(cfg, ranks, path, budget) for name, cfg in unique.items()}
+    if budget is None:
+        return sweep, plans
+    chosen: dict[str, dict[str, Any]] = {}
+    for plan in plans.values():
+        mine = chosen.setdefault(plan.cfg.stage, {"train.micro_batch_size": plan.micro_batch,
+                                                  "train.activation_checkpointing": False})
+        mine["train.micro_batch_size"] = min(mine["train.micro_batch_size"], plan.micro_batch)
+        mine["train.activation_checkpointing"] |= plan.checkpointing
+    stage_overrides = {s: dict(v) for s, v in sweep.spec.stage_overrides.items()}
+    for stage, values in chosen.items():
+        stage_overrides.setdefault(stage, {}).update(values)
+    fitted = dataclasses.replace(sweep, spec=dataclasses.replace(sweep.spec, stage_overrides=stage_overrides))
+    unique = _unique_stages(fitted, launch, points)
+    return fitted, {name: _plan_or_fail(cfg, ranks, path, None) for name, cfg in unique.items()}
+
+
+def _unique_stages(sweep: Sweep, launch: Launch, points: list[dict[str, Any]]) -> dict[str, Any]:
+    unique: dict[str, Any] = {}
+    for point in points:
+        for c in stage_configs(sweep.spec, point, launch.storage_path):
+            unique.setdefault(f"{c.stage}-{c.stage_key()}", c)
+    return unique
+
+
+def _plan_or_fail(cfg, ranks: int, path: str, budget: float | None) -> StagePlan:
+    return plan_stage(cfg, ranks=ranks, path=path, device_memory_gib=budget)
 
 def in_flag_terms(error: ConfigError, sweep: Sweep, point: dict[str, Any]) -> ConfigError:
     """A config error raised by one trial point, said about the flag that set the
@@ -204,7 +253,11 @@ def short_hash(obj: Any) -> str:
 
 def sweep_key(sweep: Sweep, launch: Launch) -> str:
     """Names the sweep's Ray Tune run: its declaration, never a timestamp."""
-    return short_hash({"spec": sweep.spec.to_dict(), "grid": sweep.grid, "points": sweep.points,
+    spec = sweep.spec.to_dict()  # unkeyed overrides (micro-batching, cadence) name the same sweep
+    spec["overrides"] = {k: v for k, v in spec["overrides"].items() if is_keyed(k)}
+    spec["stage_overrides"] = {s: {k: v for k, v in o.items() if is_keyed(k)} for s, o in spec["stage_overrides"].items()}
+    spec["stage_overrides"] = {s: o for s, o in spec["stage_overrides"].items() if o}
+    return short_hash({"spec": spec, "grid": sweep.grid, "points": sweep.points,
                        "ranges": sweep.ranges,
                        "search": launch.search, "num_samples": launch.num_samples, "seeds": launch.seeds,
                        "scheduler": launch.scheduler})
@@ -216,8 +269,10 @@ def trial_name(params: dict[str, Any]) -> str:
 
 # ---- dry run -----------------------------------------------------------------------
 
-def describe(sweep: Sweep, launch: Launch, points: list[dict[str, Any]], res: Resources) -> str:
-    """The trial list, the resource plan and a compute estimate."""
+def describe(sweep: Sweep, launch: Launch, points: list[dict[str, Any]], res: Resources,
+             plans: dict[str, StagePlan]) -> str:
+    """The trial list, each stage's plan (steps, tokens, FLOPs, micro-batching, peak
+    memory, GPU-hours) and the resources."""
     lines = [f"sweep {sweep.name} on preset {sweep.spec.preset} ({launch.search} search)", "", "trials:"]
     gpu = f", {launch.gpus_per_worker} GPU" if launch.gpus_per_worker else ""
     unique: dict[str, Any] = {}
@@ -231,14 +286,18 @@ def describe(sweep: Sweep, launch: Launch, points: list[dict[str, Any]], res: Re
         lines.append(f"  (Optuna samples {launch.num_samples} trials within {sweep.ranges}; corners shown)")
     shared = sum(len(sweep.spec.stages_of(p)) for p in points) - len(unique)
     lines += ["", f"stages: {len(unique)} to train ({shared} reused across trials)"]
-    total_flops = total_tokens = 0.0
-    for name, c in unique.items():
-        tokens = c.train.steps * c.train.batch_size * c.train.seq_len
-        flops = _training_flops(c)
-        total_flops, total_tokens = total_flops + flops, total_tokens + tokens
-        lines.append(f"  {name}: {c.train.steps} steps × {c.train.batch_size} × {c.train.seq_len} tokens "
-                     f"≈ {flops:.2e} training FLOPs")
-    lines += ["", f"compute: {total_tokens:,.0f} training tokens, ≈ {total_flops:.2e} FLOPs (3 × forward, looplab's FLOP count)",
+    total_flops = total_tokens = hours = 0.0
+    for name in unique:
+        plan = plans[name]
+        total_flops, total_tokens = total_flops + plan.flops, total_tokens + plan.tokens
+        hours += plan.gpu_hours(launch.mfu, launch.gpu_tflops)
+        lines.append(f"  {name}: {plan.line(launch.mfu, launch.gpu_tflops)}")
+    device = "GPU" if launch.gpus_per_worker > 0 or launch.gpu_memory > 0 else "device (CPU run: GPU figures for scale)"
+    lines += ["", f"compute: {total_tokens:,.0f} training tokens, ≈ {total_flops:.2e} FLOPs (looplab's FLOP count, "
+                  f"looplab/resources.py), ≈ {hours:,.1f} GPU-hours at {launch.mfu:.0%} MFU of "
+                  f"{launch.gpu_tflops:g} TFLOP/s",
+              f"memory: peak per {device} from looplab/memory.py's model" + (
+                  f", micro-batches fitted to --gpu-memory {launch.gpu_memory:g} GiB" if launch.gpu_memory else ""),
               "resources: " + (f"local Ray, {res.cpus:g} CPUs, {res.gpus} GPUs" if not launch.address
                                else f"Ray cluster at {launch.address}"),
               f"  {res.max_concurrent or 'as many'} concurrent trial(s) × " + (
@@ -260,19 +319,3 @@ def describe(sweep: Sweep, launch: Launch, points: list[dict[str, Any]], res: Re
 
         lines += describe_evaluation(sweep, points, launch.storage_path)
     return "\n".join(lines)
-
-
-def _training_flops(cfg) -> float:
-    """3 × forward FLOPs × training tokens (backward ≈ 2 × forward), with looplab's
-    own per-token accounting (backbone R times, LM head once). Built on the meta
-    device, so even the paper presets cost no memory."""
-    import torch
-
-    from looplab.models.looped import LoopedLM
-
-    with torch.device("meta"):
-        model = LoopedLM(cfg.model)
-    tokens = cfg.train.steps * cfg.train.batch_size * cfg.train.seq_len
-    return 3.0 * model.flops_per_token(cfg.train.seq_len)["total"] * tokens
-
-

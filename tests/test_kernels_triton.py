@@ -199,3 +199,36 @@ def test_cuda_decode_step_matches_torch_step(triton_state_update, monkeypatch, s
     torch.testing.assert_close(got_state.ssm, expected_state.ssm, rtol=RTOL, atol=RTOL * expected_state.ssm.abs().max().item())
     if packed:  # rows that did not run keep their states
         assert torch.equal(got_state.ssm[[1, 4]], start.ssm[[1, 4]])
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_cuda_path_saves_what_the_memory_model_counts(triton_chunk_scan, monkeypatch, shape):
+    """looplab/memory.py's per-token count for a Mamba-2 block on the fused path (fp32
+    here, so no autocast copies) against the tensors autograd actually keeps when the
+    block runs through mamba-ssm's scan and the causal-conv1d stand-in (which saves
+    what the library saves)."""
+    from looplab.config import ModelConfig
+    from looplab.memory import mamba2_block
+    from looplab.models.layers import Residual
+
+    s = SHAPES[shape]
+    cfg = ModelConfig(vocab_size=64, n_layers=1, n_loops=1, **{k: v for k, v in s.items()})
+    torch.manual_seed(0)
+    block = Residual(s["d_model"], _mixer(**s), 1e-5)
+    monkeypatch.setattr(mamba2, "use_cuda_kernels", lambda t: True)
+    monkeypatch.setattr(mamba2, "_cuda_kernels", lambda: (CausalConv1dStandIn(), triton_chunk_scan))
+    bsz, seqlen = 2, 24
+    u = torch.randn(bsz, seqlen, s["d_model"], requires_grad=True)
+    params = {p.untyped_storage().data_ptr() for p in block.parameters()}
+    saved = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        block(u)
+    counted = sum(saved.values()) / (bsz * seqlen)
+    assert mamba2_block(cfg, seqlen, "cuda", 4) == pytest.approx(counted, rel=0.02)

@@ -57,7 +57,8 @@ def test_a_stage_with_overridden_steps_gets_its_warmup_from_its_own_steps():
 
 
 CADENCE = [["--set", "train.log_every=5"], ["--set", "train.eval_every=7"], ["--set", "train.ckpt_every=3"],
-           ["--set", "train.device=cpu"], ["--set", "train.eval_batch_size=3"], ["--set", "train.ckpt_minutes=1"]]
+           ["--set", "train.device=cpu"], ["--set", "train.eval_batch_size=3"], ["--set", "train.ckpt_minutes=1"],
+           ["--set", "train.micro_batch_size=2"], ["--set", "train.activation_checkpointing=true"]]
 
 
 @pytest.mark.parametrize("argv", CADENCE, ids=[" ".join(a) for a in CADENCE])
@@ -93,6 +94,38 @@ def test_the_platform_edits_no_import_path():
     found = subprocess.run(["grep", "-rn", "sys.path", "sweeps", "trainables", "analysis", "looplab"], cwd=REPO,
                            capture_output=True, text=True)
     assert found.stdout == "", found.stdout
+
+
+def test_gpu_memory_fits_micro_batches_without_changing_any_key(capsys):
+    """The acceptance dry run: paper-140m on 8 × 80 GiB plans each stage with a printed
+    micro-batch × accumulation × ranks and a peak under 80 GiB; the fitted micro-batches
+    (unkeyed) leave the stage keys and the sweep's own key as they were."""
+    from sweeps.flags import Common, Launch
+    from sweeps.launch import main
+    from sweeps.plan import fit_devices, sweep_key, validate
+
+    argv = ["--preset", "paper-140m", "--num-workers", "8", "--gpus-per-worker", "1", "--address", "auto"]
+    assert main("test", adaptive_pipeline.add_flags, adaptive_pipeline.from_args,
+                argv + ["--dry-run", "--gpu-memory", "80"]) == 0
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("  pretrain-") or line.startswith("  stage1-")]
+    assert lines and all("micro-batch" in line and "× 8 rank(s)" in line for line in lines)
+    for line in lines:
+        peak = float(line.split("peak ≈ ")[1].split(" GiB")[0])
+        assert 0 < peak <= 80
+    assert "GPU-hours" in out
+
+    p = parser("test")
+    adaptive_pipeline.add_flags(p)
+    args = p.parse_args(argv + ["--gpu-memory", "80"])
+    sweep, launch = adaptive_pipeline.from_args(Common.from_args(args), args), Launch.from_args(args)
+    points, _ = validate(sweep, launch)
+    fitted, plans = fit_devices(sweep, launch, points)
+    assert fitted.spec.stage_overrides["pretrain"]["train.micro_batch_size"] == plans[
+        next(k for k in plans if k.startswith("pretrain"))].micro_batch
+    before = {c.stage_key() for p_ in points for c in stage_configs(sweep.spec, p_, "/unused")}
+    after = {c.stage_key() for p_ in points for c in stage_configs(fitted.spec, p_, "/unused")}
+    assert before == after and sweep_key(fitted, launch) == sweep_key(sweep, launch)
 
 
 def test_paper_pipelines_plan_the_papers_stage_budgets():

@@ -1,0 +1,120 @@
+"""Peak memory of training steps, measured beside looplab/memory.py's model: what
+micro-batching and activation checkpointing save, and how close the model is.
+
+    python benchmarks/train_memory.py [--preset local] [--batch 8] [--seq-len 512]
+        [--points pretrain:0:0,stage1:0:0,stage1:0:1,stage1:2:0,stage2:0:0] [--threads 2]
+        [--set model.arch=transformer ...] [--json out.json]
+
+A point is STAGE:MICRO:CKPT (MICRO 0: the whole batch in one forward; CKPT 1: train.
+activation_checkpointing). For each, one optimizer step (every micro-batch's forward
+and backward, AdamW) of the preset's model on random tokens, after a warm-up step,
+through the trainer's own accumulation (looplab.train); continued stages start from
+the fresh model (a step's memory does not depend on the weights).
+
+Measured: looplab.bench.peak_memory on CPU, the resident set above the RSS before the
+step (weights and AdamW's moments are resident by then), with glibc's mmap threshold
+fixed before anything is allocated (large blocks are returned on free, so the RSS
+follows live tensors). Model: StepMemory.peak − persistent on the torch path (the CPU's).
+Checkpointing's saving is reported against the point of the same stage and micro-batch
+without it.
+"""
+
+from __future__ import annotations
+
+from looplab.bench import glibc_for_rss
+
+glibc_for_rss()  # before the first large allocation of the process (see the docstring)
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import time  # noqa: E402
+
+import torch  # noqa: E402
+
+from looplab.bench import peak_memory  # noqa: E402
+from looplab.checkpoint import model_from_config, parent_ref  # noqa: E402
+from looplab.config import apply_overrides, parse_value  # noqa: E402
+from looplab.distributed import Shard  # noqa: E402
+from looplab.memory import step_memory  # noqa: E402
+from looplab.presets import get_preset, stage_config  # noqa: E402
+from looplab.stages import get_stage  # noqa: E402
+from looplab.tasks.base import Batch  # noqa: E402
+from looplab.train import _accumulate_gradients, make_optimizer  # noqa: E402
+
+MiB = 2**20
+
+
+def point_config(base, stage: str, micro: int, ckpt: bool, batch: int, seq_len: int):
+    parent = None if stage == "pretrain" else parent_ref("(fresh)")
+    return stage_config(base, stage, parent=parent, overrides={
+        "train.batch_size": batch, "train.seq_len": seq_len, "train.micro_batch_size": micro,
+        "train.activation_checkpointing": ckpt})
+
+
+def measure(cfg) -> dict:
+    """One step's peak above the resident model and its wall time (after a warm-up)."""
+    model = model_from_config(cfg.model, cfg.train.seed)
+    model.checkpoint_steps = cfg.train.activation_checkpointing
+    stage = get_stage(cfg.stage)
+    for name, p in model.named_parameters():
+        p.requires_grad_(stage.trainable(name))
+    optimizer = make_optimizer(model, cfg.train)
+    gen = torch.Generator().manual_seed(0)
+    B, L, V = cfg.train.batch_size, cfg.train.seq_len, cfg.model.vocab_size
+    batch = Batch(torch.randint(0, V, (B, L), generator=gen), torch.randint(0, V, (B, L), generator=gen))
+    cpu = torch.device("cpu")
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        _accumulate_gradients(model, stage, batch, cfg, 0, Shard(), cpu)
+        optimizer.step()
+
+    step()  # AdamW's moments, first-touch allocations
+    t = time.perf_counter()
+    peak = peak_memory(step, cpu)
+    return {"measured": peak.delta, "absolute": peak.absolute, "step_s": time.perf_counter() - t}
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--preset", default="local")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--points", default="pretrain:0:0,stage1:0:0,stage1:0:1,stage1:2:0,stage2:0:0")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
+    p.add_argument("--json", help="write the rows here")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    base = apply_overrides(get_preset(args.preset),
+                           {k: parse_value(v) for k, _, v in (s.partition("=") for s in args.set)})
+    rows = []
+    print(f"{args.preset} ({base.model.arch} {base.model.n_layers}⊗{base.model.n_loops}, d {base.model.d_model}, "
+          f"vocab {base.model.vocab_size}): batch {args.batch} × {args.seq_len}, {args.threads} threads, "
+          f"peak above the resident model")
+    print("stage     micro ckpt   measured     model   model/measured  step s")
+    for spec in args.points.split(","):
+        stage, micro, ckpt = spec.split(":")
+        cfg = point_config(base, stage, int(micro), ckpt == "1", args.batch, args.seq_len)
+        est = step_memory(cfg, int(micro) or args.batch, path="torch")
+        row = {"stage": stage, "micro": int(micro), "ckpt": ckpt == "1", **measure(cfg),
+               "model": est.peak - est.persistent, "model_terms": est.breakdown()}
+        rows.append(row)
+        print(f"{stage:9s} {int(micro) or args.batch:5d} {'yes' if row['ckpt'] else 'no':4s} "
+              f"{row['measured'] / MiB:8.0f} MiB {row['model'] / MiB:6.0f} MiB {row['model'] / row['measured']:8.2f}"
+              f"        {row['step_s']:6.2f}", flush=True)
+    for r in rows:
+        plain = next((q for q in rows if not q["ckpt"] and q["stage"] == r["stage"] and q["micro"] == r["micro"]), None)
+        if r["ckpt"] and plain is not None:
+            print(f"activation checkpointing, {r['stage']} micro {r['micro'] or args.batch}: peak "
+                  f"{plain['measured'] / MiB:.0f} → {r['measured'] / MiB:.0f} MiB "
+                  f"({r['measured'] / plain['measured']:.0%}), step {plain['step_s']:.2f} → {r['step_s']:.2f} s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"preset": args.preset, "batch": args.batch, "seq_len": args.seq_len, "threads": args.threads,
+                       "overrides": args.set, "rows": rows}, f, indent=2)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""What one training stage needs before it is launched: its FLOPs, the micro-batch that
+fits a device (looplab/memory.py's model), and GPU-hours at a stated utilisation. The
+sweeps' dry run prints it per stage (sweeps/plan.py); `--gpu-memory GB` picks the
+micro-batch.
+
+Training FLOPs per token, from looplab's own forward count (models/flops.py), with
+backward ≈ 2 × forward:
+    pretrain        3 × (R backbone steps + one LM head)
+    stage1, chase   3 × (R backbone steps + R LM heads + R − 1 gates): the loss reads
+                    every step (CHASE's dense branch; its hole branches run less)
+    stage2          R backbone steps + R LM heads forward only (no graph through the
+                    frozen model), the gate's forward and backward negligible
+Activation checkpointing runs each loop's forward once more in backward: + R backbone
+steps (the FLOPs the hardware does; MFU counts only the model's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from looplab.config import ConfigError, ExperimentConfig
+from looplab.memory import GiB, StepMemory, gib, step_memory
+
+DEFAULT_MFU = 0.4  # a planning figure: model FLOP/s over the device's dense peak
+DEFAULT_PEAK_TFLOPS = 989.0  # H100 SXM, dense bf16
+
+
+def flops_per_token(cfg: ExperimentConfig, checkpointing: bool = False) -> float:
+    """Training FLOPs per token of cfg's stage (module docstring); checkpointing
+    adds the recomputed forward of the backbone."""
+    import torch
+
+    from looplab.models.looped import LoopedLM
+
+    with torch.device("meta"):  # exact counts, no memory
+        model = LoopedLM(cfg.model)
+    f = model.flops_per_token(cfg.train.seq_len)
+    R = cfg.model.n_loops
+    gate = 2 * cfg.model.d_model
+    if cfg.stage == "pretrain":
+        total = 3 * f["total"]
+    elif cfg.stage == "stage2":
+        total = f["backbone"] + R * f["head"] + 3 * (R - 1) * gate
+    else:
+        total = 3 * (f["backbone"] + R * f["head"] + (R - 1) * gate)
+    if checkpointing and cfg.stage != "stage2":
+        total += f["backbone"]
+    return float(total)
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """One stage's training on `ranks` devices."""
+
+    cfg: ExperimentConfig
+    ranks: int
+    micro_batch: int  # rows per forward on one device
+    checkpointing: bool
+    memory: StepMemory
+    flops: float  # the whole stage, the hardware's (with recomputation)
+
+    @property
+    def accumulation(self) -> int:
+        return -(-self.cfg.train.batch_size // (self.ranks * self.micro_batch))
+
+    @property
+    def tokens(self) -> int:
+        return self.cfg.train.steps * self.cfg.train.batch_size * self.cfg.train.seq_len
+
+    def gpu_hours(self, mfu: float = DEFAULT_MFU, peak_tflops: float = DEFAULT_PEAK_TFLOPS) -> float:
+        return self.flops / (mfu * peak_tflops * 1e12) / 3600
+
+    def line(self, mfu: float = DEFAULT_MFU, peak_tflops: float = DEFAULT_PEAK_TFLOPS) -> str:
+        t = self.cfg.train
+        ckpt = ", activation checkpointing" if self.checkpointing else ""
+        return (f"{t.steps} steps × {t.batch_size} × {t.seq_len} tokens = {self.tokens:,}; ≈ {self.flops:.2e} FLOPs; "
+                f"micro-batch {self.micro_batch} × {self.accumulation} accumulation × {self.ranks} rank(s){ckpt}; "
+                f"peak ≈ {gib(self.memory.peak)} per device; "
+                f"≈ {self.gpu_hours(mfu, peak_tflops):,.1f} GPU-hours at {mfu:.0%} MFU of {peak_tflops:g} TFLOP/s")
+
+
+def plan_stage(cfg: ExperimentConfig, *, ranks: int = 1, path: str = "cuda",
+               device_memory_gib: float | None = None) -> StagePlan:
+    """The stage's plan on `ranks` devices. Its own micro-batch (train.micro_batch_size,
+    0: a rank's whole share) and checkpointing setting stand unless device_memory_gib
+    is given: then the largest micro-batch that fits is chosen (a divisor of the rank's
+    rows, so every micro-batch is the same size), without activation checkpointing
+    when one fits and with it otherwise (unless the config already asks for it). A plan
+    that fits nowhere is a ConfigError naming --gpu-memory."""
+    t = cfg.train
+    rows = t.batch_size // ranks
+    if device_memory_gib is None:
+        micro = t.micro_batch_size or rows
+        ckpt = t.activation_checkpointing
+        return _plan(cfg, ranks, min(micro, rows), ckpt, path)
+    budget = device_memory_gib * GiB
+    sizes = sorted((m for m in range(1, rows + 1) if rows % m == 0), reverse=True)
+    for ckpt in ([True] if t.activation_checkpointing else [False, True]):
+        for micro in sizes:
+            plan = _plan(cfg, ranks, micro, ckpt, path)
+            if plan.memory.peak <= budget:
+                return plan
+    smallest = _plan(cfg, ranks, 1, True, path)
+    raise ConfigError(f"--gpu-memory={device_memory_gib:g} is invalid for {cfg.stage}: one row of "
+                      f"{t.seq_len} tokens with activation checkpointing needs ≈ {gib(smallest.memory.peak)} per "
+                      f"device ({smallest.memory.breakdown()}); allowed: a device of at least that much, or a "
+                      f"smaller model or seq_len")
+
+
+def _plan(cfg: ExperimentConfig, ranks: int, micro: int, ckpt: bool, path: str) -> StagePlan:
+    memory = step_memory(cfg, micro, ranks=ranks, path=path, checkpointing=ckpt)
+    t = cfg.train
+    flops = flops_per_token(cfg, ckpt) * t.steps * t.batch_size * t.seq_len
+    return StagePlan(cfg, ranks, micro, ckpt, memory, flops)
