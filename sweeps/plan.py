@@ -242,7 +242,11 @@ def in_flag_terms(error: ConfigError, sweep: Sweep, point: dict[str, Any]) -> Co
             return error.renamed("--stage-set", f"{stage}:{key}={values[key]}")
     if key in spec.overrides:
         return error.renamed("--set", f"{key}={spec.overrides[key]}")
-    return error
+    # A preset's own value that a grid point made invalid (the hybrid's attention layers
+    # at a smaller N): say which point, and that --set can give the field a value.
+    swept = ", ".join(f"{sweep.flags.get(k, '--' + k)} {k}={v}" for k, v in point.items() if k != "seed")
+    return ConfigError(f"{error} (at the grid point {swept}; set it with --set {key}=...)", name=error.name,
+                       value=error.value, allowed=error.allowed)
 
 
 # ---- naming --------------------------------------------------------------------------

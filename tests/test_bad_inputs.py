@@ -134,6 +134,9 @@ SWEEP_CASES = [
     ("adaptive_pipeline", ["--depth-range", "3-2"], "--depth-range='3-2' is invalid"),
     ("iso_flops", ["--task", "nope"], "--task='nope' is invalid"),
     ("iso_flops", ["--archs", "rnn"], "--archs='rnn' is invalid"),
+    ("iso_flops", ["--preset", "paper-140m", "--archs", "hybrid", "--pairs", "6x4"],
+     "(at the grid point --archs arch=hybrid, --pairs n_layers=6, --pairs n_loops=4; set it with --set "
+     "model.attn_layer_idx=...)"),
     ("mano", ["--pairs", "1x0"], "--pairs='1x0' is invalid"),
     ("mano", ["--levels", "0"], "--levels=0 is invalid"),
     ("phop", ["--hops", "x"], "--hops='x' is invalid"),
