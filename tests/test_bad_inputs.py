@@ -135,6 +135,7 @@ SWEEP_CASES = [
     ("iso_flops", ["--task", "nope"], "--task='nope' is invalid"),
     ("iso_flops", ["--archs", "rnn"], "--archs='rnn' is invalid"),
     ("iso_flops", ["--preset", "paper-140m", "--archs", "hybrid", "--pairs", "6x4"],
+     "ModelConfig.attn_layer_idx=(5, 10, 15, 20) is invalid; allowed: distinct integers in [0, n_layers=6) "
      "(at the grid point --archs arch=hybrid, --pairs n_layers=6, --pairs n_loops=4; set it with --set "
      "model.attn_layer_idx=...)"),
     ("mano", ["--pairs", "1x0"], "--pairs='1x0' is invalid"),
