@@ -15,11 +15,11 @@ alike; medians are reported. On a CPU shared with other work, 2 threads suffer
 most (a descheduled thread stalls every parallel op): --threads 1 is the steadier
 measurement.
 
-Peak memory: looplab.bench.peak_memory (CPU: resident set size above the RSS
-before the step, through VmHWM, with glibc's mmap threshold fixed before the first
-large allocation so that the RSS follows live tensors; the model, its gradients and AdamW's moments are
-already resident, so this is the memory the step needs above the model) and the
-absolute VmHWM during the step.
+Peak memory: looplab/measured_memory.py, in a child process whose resident set
+follows live tensors (the timing runs in this one, under the allocator's normal
+behaviour): the RSS above the RSS before the step, after a warm-up step of every
+point (the model, its gradients and AdamW's moments are already resident, so this is
+the memory the step needs above the model), and the absolute peak during the step.
 
 MFU = model FLOP/s ÷ the matmul's FLOP/s of this run (same threads). Model FLOPs
 per token = 3 × forward FLOPs (forward + backward ≈ 3 forwards):
@@ -32,29 +32,25 @@ which does not recompute.
 
 from __future__ import annotations
 
-from looplab.bench import glibc_for_rss
+import argparse
+import json
+import platform
+import statistics
+import time
 
-glibc_for_rss()  # before the first large allocation (see Peak memory above)
+import torch
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import platform  # noqa: E402
-import statistics  # noqa: E402
-import time  # noqa: E402
-
-import torch  # noqa: E402
-
-from looplab.bench import peak_memory  # noqa: E402
-from looplab.checkpoint import model_from_config, parent_ref  # noqa: E402
-from looplab.evaluate import autocast_context  # noqa: E402
-from looplab.models import head as lean_head  # noqa: E402
-from looplab.objectives import masked_mean, stage1_loss, token_losses  # noqa: E402
-from looplab.presets import get_preset, stage_config  # noqa: E402
-from looplab.resources import flops_per_token  # noqa: E402
-from looplab.policy import ExitPolicy  # noqa: E402
-from looplab.stages import get_stage  # noqa: E402
-from looplab.tasks.base import IGNORE_INDEX, Batch  # noqa: E402
-from looplab.train import make_optimizer  # noqa: E402
+from looplab.checkpoint import model_from_config, parent_ref
+from looplab.evaluate import autocast_context
+from looplab.measured_memory import in_rss_process, peak_memory
+from looplab.models import head as lean_head
+from looplab.objectives import masked_mean, stage1_loss, token_losses
+from looplab.policy import ExitPolicy
+from looplab.presets import get_preset, stage_config
+from looplab.resources import flops_per_token
+from looplab.stages import get_stage
+from looplab.tasks.base import IGNORE_INDEX, Batch
+from looplab.train import make_optimizer
 
 STAGES = ("pretrain", "stage1")
 ARMS = ("before", "after")
@@ -81,6 +77,47 @@ def gemm_seconds(a: torch.Tensor, b: torch.Tensor) -> float:
     return time.perf_counter() - t
 
 
+class Steps:
+    """The benchmark's model, optimizer and batch; step(stage, arm) -> one optimizer step."""
+
+    def __init__(self, args):
+        if args.chunk_mib:
+            lean_head.DEFAULT_CHUNK_BYTES = int(args.chunk_mib * 2**20)
+        base = get_preset(args.preset)
+        # Stage-1 from the fresh model: the step's cost does not depend on the weights
+        # (init_from names no checkpoint; nothing is loaded).
+        shape = {"train.batch_size": args.batch, "train.seq_len": args.seq_len}  # what the FLOP count reads
+        self.cfgs = {s: stage_config(base, s, parent=None if s == "pretrain" else parent_ref("(fresh)"),
+                                     overrides=shape) for s in STAGES}
+        self.base, self.precision = base, args.precision
+        self.model = model_from_config(base.model, 0)
+        self.model.train()
+        self.optimizer = make_optimizer(self.model, base.train)
+        self.gen = torch.Generator().manual_seed(0)
+        V, B, L = base.model.vocab_size, args.batch, args.seq_len
+        self.batch = Batch(torch.randint(0, V, (B, L), generator=self.gen),
+                           torch.randint(0, V, (B, L), generator=self.gen))
+
+    def step(self, stage: str, arm: str):
+        loss_fn = {"before": before_loss, "after": after_loss}[arm]
+
+        def run():
+            with autocast_context(torch.device("cpu"), self.precision):
+                loss = loss_fn(self.model, self.batch, self.cfgs[stage])
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.optimizer.step()
+        return run
+
+
+def step_peaks(args, points) -> dict:
+    """Every point's peak memory (run in a child process: measured_memory)."""
+    steps = Steps(args)
+    for pt in points:  # warm-up: first-touch allocations, AdamW state
+        steps.step(*pt)()
+    return {pt: peak_memory(steps.step(*pt), torch.device("cpu")) for pt in points}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="local")
@@ -97,55 +134,31 @@ def main() -> None:
     p.add_argument("--json", help="write the results here")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    if args.chunk_mib:
-        lean_head.DEFAULT_CHUNK_BYTES = int(args.chunk_mib * 2**20)
     arms = tuple(a for a in args.arms.split(",") if a)
     stages = tuple(s for s in args.stages.split(",") if s)
-
-    base = get_preset(args.preset)
-    # Stage-1 from the fresh model: the step's cost does not depend on the weights
-    # (init_from names no checkpoint; nothing is loaded).
-    shape = {"train.batch_size": args.batch, "train.seq_len": args.seq_len}  # what the FLOP count reads
-    cfgs = {s: stage_config(base, s, parent=None if s == "pretrain" else parent_ref("(fresh)"), overrides=shape)
-            for s in STAGES}
-    model = model_from_config(base.model, 0)
-    model.train()
-    optimizer = make_optimizer(model, base.train)
-    gen = torch.Generator().manual_seed(0)
-    V, B, L = base.model.vocab_size, args.batch, args.seq_len
-    batch = Batch(torch.randint(0, V, (B, L), generator=gen), torch.randint(0, V, (B, L), generator=gen))
-    loss_fns = {"before": before_loss, "after": after_loss}
-
-    cpu = torch.device("cpu")
-
-    def step(stage: str, arm: str):
-        def run():
-            with autocast_context(cpu, args.precision):
-                loss = loss_fns[arm](model, batch, cfgs[stage])
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-        return run
-
     points = [(s, a) for s in stages for a in arms]
+    print("measuring peak memory in a separate process...", flush=True)
+    peaks = in_rss_process(step_peaks, args, points)
+
+    steps = Steps(args)
+    base, cfgs = steps.base, steps.cfgs
+    V, B, L = base.model.vocab_size, args.batch, args.seq_len
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
-    gemm_a, gemm_b = (torch.randn(GEMM_N, GEMM_N, generator=gen).to(dtype) for _ in range(2))
-    for s, a in points:  # warm-up: first-touch allocations, AdamW state
-        step(s, a)()
+    gemm_a, gemm_b = (torch.randn(GEMM_N, GEMM_N, generator=steps.gen).to(dtype) for _ in range(2))
+    for pt in points:  # warm-up: first-touch allocations, AdamW state
+        steps.step(*pt)()
     gemm_seconds(gemm_a, gemm_b)
     times = {pt: [] for pt in points}
     gemm = []
     for _ in range(args.repeats):
         for pt in points:
             t = time.perf_counter()
-            step(*pt)()
+            steps.step(*pt)()
             times[pt].append(time.perf_counter() - t)
             gemm.append(gemm_seconds(gemm_a, gemm_b))
     peak_gflops = 2 * GEMM_N**3 / statistics.median(gemm) / 1e9
-    mem, absolute = {}, {}
-    for pt in points:
-        peak = peak_memory(step(*pt), cpu)
-        mem[pt], absolute[pt] = peak.delta, peak.absolute
+    mem = {pt: peaks[pt].delta for pt in points}
+    absolute = {pt: peaks[pt].absolute for pt in points}
 
     tokens = B * L
     rows = []

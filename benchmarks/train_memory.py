@@ -2,7 +2,7 @@
 micro-batching and activation checkpointing save, and how close the model is.
 
     python benchmarks/train_memory.py [--preset local] [--batch 8] [--seq-len 512]
-        [--points pretrain:0:0,stage1:0:0,stage1:0:1,stage1:2:0,stage2:0:0] [--threads 2]
+        [--points pretrain:0:0,stage1:0:0,stage1:0:1,stage1:2:0,stage2:0:0] [--threads 2] [--repeats 3]
         [--set model.arch=transformer ...] [--json out.json]
 
 A point is STAGE:MICRO:CKPT (MICRO 0: the whole batch in one forward; CKPT 1: train.
@@ -11,35 +11,33 @@ and backward, AdamW) of the preset's model on random tokens, after a warm-up ste
 through the trainer's own accumulation (looplab.train); continued stages start from
 the fresh model (a step's memory does not depend on the weights).
 
-Measured: looplab.bench.peak_memory on CPU, the resident set above the RSS before the
-step (weights and AdamW's moments are resident by then), with glibc's mmap threshold
-fixed before anything is allocated (large blocks are returned on free, so the RSS
-follows live tensors). Model: StepMemory.peak − persistent on the torch path (the CPU's).
+Measured: looplab/measured_memory.py on CPU, in a child process whose resident set
+follows live tensors: the RSS above the RSS before the step (weights and AdamW's
+moments are resident by then). The step's wall time is the median of --repeats steps
+in this process, under the allocator's normal behaviour. Model: StepMemory.peak −
+persistent on the torch path (the CPU's).
 Checkpointing's saving is reported against the point of the same stage and micro-batch
 without it.
 """
 
 from __future__ import annotations
 
-from looplab.bench import glibc_for_rss
+import argparse
+import json
+import statistics
+import time
 
-glibc_for_rss()  # before the first large allocation of the process (see the docstring)
+import torch
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import time  # noqa: E402
-
-import torch  # noqa: E402
-
-from looplab.bench import peak_memory  # noqa: E402
-from looplab.checkpoint import model_from_config, parent_ref  # noqa: E402
-from looplab.config import apply_overrides, parse_value  # noqa: E402
-from looplab.distributed import Shard  # noqa: E402
-from looplab.memory import step_memory  # noqa: E402
-from looplab.presets import get_preset, stage_config  # noqa: E402
-from looplab.stages import get_stage  # noqa: E402
-from looplab.tasks.base import Batch  # noqa: E402
-from looplab.train import _accumulate_gradients, make_optimizer  # noqa: E402
+from looplab.checkpoint import model_from_config, parent_ref
+from looplab.config import apply_overrides, parse_value
+from looplab.distributed import Shard
+from looplab.measured_memory import in_rss_process, peak_memory
+from looplab.memory import step_memory
+from looplab.presets import get_preset, stage_config
+from looplab.stages import get_stage
+from looplab.tasks.base import Batch
+from looplab.train import _accumulate_gradients, make_optimizer
 
 MiB = 2**20
 
@@ -51,8 +49,8 @@ def point_config(base, stage: str, micro: int, ckpt: bool, batch: int, seq_len: 
         "train.activation_checkpointing": ckpt})
 
 
-def measure(cfg) -> dict:
-    """One step's peak above the resident model and its wall time (after a warm-up)."""
+def training_step(cfg):
+    """One optimizer step of the config's stage (the trainer's accumulation), warmed up."""
     model = model_from_config(cfg.model, cfg.train.seed)
     model.checkpoint_steps = cfg.train.activation_checkpointing
     stage = get_stage(cfg.stage)
@@ -62,17 +60,29 @@ def measure(cfg) -> dict:
     gen = torch.Generator().manual_seed(0)
     B, L, V = cfg.train.batch_size, cfg.train.seq_len, cfg.model.vocab_size
     batch = Batch(torch.randint(0, V, (B, L), generator=gen), torch.randint(0, V, (B, L), generator=gen))
-    cpu = torch.device("cpu")
 
     def step():
         optimizer.zero_grad(set_to_none=True)
-        _accumulate_gradients(model, stage, batch, cfg, 0, Shard(), cpu)
+        _accumulate_gradients(model, stage, batch, cfg, 0, Shard(), torch.device("cpu"))
         optimizer.step()
 
     step()  # AdamW's moments, first-touch allocations
-    t = time.perf_counter()
-    peak = peak_memory(step, cpu)
-    return {"measured": peak.delta, "absolute": peak.absolute, "step_s": time.perf_counter() - t}
+    return step
+
+
+def step_peak(cfg):
+    """One step's peak above the resident model (run in a child process: measured_memory)."""
+    return peak_memory(training_step(cfg), torch.device("cpu"))
+
+
+def step_seconds(cfg, repeats: int) -> float:
+    step = training_step(cfg)
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -82,6 +92,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--points", default="pretrain:0:0,stage1:0:0,stage1:0:1,stage1:2:0,stage2:0:0")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=3,
+                   help="timed steps per point (median), after a warm-up; 0: memory only")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
     p.add_argument("--json", help="write the rows here")
     args = p.parse_args(argv)
@@ -97,18 +109,21 @@ def main(argv: list[str] | None = None) -> list[dict]:
         stage, micro, ckpt = spec.split(":")
         cfg = point_config(base, stage, int(micro), ckpt == "1", args.batch, args.seq_len)
         est = step_memory(cfg, int(micro) or args.batch, path="torch")
-        row = {"stage": stage, "micro": int(micro), "ckpt": ckpt == "1", **measure(cfg),
+        peak = in_rss_process(step_peak, cfg)
+        row = {"stage": stage, "micro": int(micro), "ckpt": ckpt == "1", "measured": peak.delta,
+               "absolute": peak.absolute, "step_s": step_seconds(cfg, args.repeats) if args.repeats else None,
                "model": est.peak - est.persistent, "model_terms": est.breakdown()}
         rows.append(row)
         print(f"{stage:9s} {int(micro) or args.batch:5d} {'yes' if row['ckpt'] else 'no':4s} "
               f"{row['measured'] / MiB:8.0f} MiB {row['model'] / MiB:6.0f} MiB {row['model'] / row['measured']:8.2f}"
-              f"        {row['step_s']:6.2f}", flush=True)
+              f"        {'-' if row['step_s'] is None else format(row['step_s'], '6.2f')}", flush=True)
     for r in rows:
         plain = next((q for q in rows if not q["ckpt"] and q["stage"] == r["stage"] and q["micro"] == r["micro"]), None)
         if r["ckpt"] and plain is not None:
             print(f"activation checkpointing, {r['stage']} micro {r['micro'] or args.batch}: peak "
                   f"{plain['measured'] / MiB:.0f} → {r['measured'] / MiB:.0f} MiB "
-                  f"({r['measured'] / plain['measured']:.0%}), step {plain['step_s']:.2f} → {r['step_s']:.2f} s")
+                  f"({r['measured'] / plain['measured']:.0%})"
+                  + (f", step {plain['step_s']:.2f} → {r['step_s']:.2f} s" if args.repeats else ""))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"preset": args.preset, "batch": args.batch, "seq_len": args.seq_len, "threads": args.threads,

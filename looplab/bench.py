@@ -22,19 +22,16 @@ its slowest row: this reproduces the paper's ragged-halting measurement. "varlen
 (looplab's; Mamba-2 backbones only, the default there) puts the batch's survivors
 in one row, so work follows the real survivor count.
 
-Peak memory, two numbers per run (-1 where they cannot be measured):
+Peak memory, two numbers per run (looplab/measured_memory.py; -1 where they cannot
+be measured):
     peak_mem_full / _skip          the peak above what was in use before the call:
                                    what the call itself needed
     peak_mem_abs_full / _skip      the absolute peak during the call: weights,
                                    inputs, (CPU) the process's own footprint included
-On CUDA: torch.cuda.max_memory_allocated after resetting the peak stats; the delta
-subtracts the allocation before the call. On CPU (Linux, glibc): the peak resident
-set size (VmHWM in /proc/self/status) after resetting it to the current RSS through
-/proc/self/clear_refs; the delta subtracts the RSS before the call. So that RSS
-follows live tensors, the benchmark pins glibc's mmap threshold at 128 KiB (every
-large block is mapped on allocation and returned on free, instead of being kept in
-the heap for reuse) and trims the heap before each measurement. Small allocations
-below the threshold are not seen.
+On CUDA they are measured in this process after the timing. On CPU every point's
+memory is measured first, in one child process whose resident set follows live
+tensors, after a warm-up call of each run; the timing runs here, under the
+allocator's normal behaviour (the child's setting slows CPU steps).
 
 Exits come from the gate and a threshold q (a trained checkpoint), from a zero-shot
 rule of the exit-policy zoo (skip-entropy:T, skip-kl:T, skip-stable:K; any
@@ -62,7 +59,6 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, replace
 from functools import partial
-from pathlib import Path
 from typing import Callable, TypeVar
 
 import numpy as np
@@ -72,6 +68,7 @@ from looplab.config import ConfigError
 from looplab.errors import check, invalid
 from looplab.evaluate import autocast_context
 from looplab.holes import round_depth
+from looplab.measured_memory import Peak, in_rss_process, peak_memory
 from looplab.policy import DENSE, SKIP, ExitPolicy
 
 
@@ -141,68 +138,6 @@ def heldout_ids(model, task, batch: int, seq_len: int, seed: int = 0) -> torch.T
     return torch.randint(0, model.cfg.vocab_size, (batch, seq_len), generator=gen)
 
 
-def _rss_kb(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise OSError(f"{field} missing from /proc/self/status")
-
-
-_glibc = None
-
-
-def glibc_for_rss():
-    """glibc with a fixed mmap threshold (see the module docstring), or None. A process
-    that measures peak memory should call it before its first large allocation:
-    glibc raises the threshold dynamically as large blocks are freed, and blocks
-    allocated under a raised one stay in the heap, where the RSS no longer follows them."""
-    global _glibc
-    if _glibc is None:
-        try:
-            import ctypes
-
-            _glibc = ctypes.CDLL("libc.so.6")
-            _glibc.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD: fixed, no dynamic raising
-        except OSError:
-            _glibc = False
-    return _glibc or None
-
-
-@dataclass(frozen=True)
-class Peak:
-    """A call's peak memory in bytes (module docstring): above what was in use
-    before it, and absolute; -1 where it cannot be measured."""
-    delta: int
-    absolute: int
-
-
-UNKNOWN_PEAK = Peak(-1, -1)
-
-
-def peak_memory(fn, device: torch.device) -> Peak:
-    """The call's peak memory: CUDA's allocator peak, or on CPU the peak RSS."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        base = torch.cuda.memory_allocated(device)
-        fn()
-        torch.cuda.synchronize(device)
-        peak = torch.cuda.max_memory_allocated(device)
-        return Peak(peak - base, peak)
-    glibc = glibc_for_rss()
-    if glibc is None:
-        return UNKNOWN_PEAK
-    try:
-        glibc.malloc_trim(0)
-        Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
-        base = _rss_kb("VmRSS")
-        fn()
-        peak = _rss_kb("VmHWM")
-        return Peak(max(0, peak - base) * 1024, peak * 1024)
-    except OSError:
-        return UNKNOWN_PEAK  # not Linux: unknown
-
-
 def _timed(fn, device: torch.device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -224,19 +159,54 @@ def survivor_ratio(exit_step: torch.Tensor, n_loops: int) -> float:
     return padded / real
 
 
+def _prefill_runs(model, ids: torch.Tensor, policy: ExitPolicy, packing: str, dtype: str):
+    """The point's two calls: `policy` (skip) and its dense twin (full)."""
+    dense = replace(policy, execution=DENSE)
+    full = under_dtype(lambda: model(ids, dense, readout="last"), ids.device, dtype)
+    skip = under_dtype(lambda: model(ids, policy, packing=packing, readout="last"), ids.device, dtype)
+    return full, skip
+
+
 @torch.no_grad()
-def bench_point(model, ids: torch.Tensor, policy: ExitPolicy, *, warmup: int = 2, repeats: int = 5,
-                packing: str = "auto", oracle_mean: float | None = None, dtype: str = "fp32") -> BenchRecord:
-    """Time `policy` (skip execution: gate threshold, zoo rule or given exits) against
-    its dense twin, which runs every loop for every token with the same rule and readout."""
+def prefill_peaks(model, ids: torch.Tensor, policy: ExitPolicy, packing: str = "auto",
+                  dtype: str = "fp32") -> tuple[Peak, Peak]:
+    """Peak memory of the point's full and skip calls, each after a warm-up call."""
+    full, skip = _prefill_runs(model, ids, policy, packing, dtype)
+    full(), skip()
+    return peak_memory(full, ids.device), peak_memory(skip, ids.device)
+
+
+def _each(measure: Callable[..., T], points: list[dict]) -> list[T]:
+    return [measure(**point) for point in points]
+
+
+def measured_peaks(measure: Callable[..., T], points: list[dict]) -> list[T]:
+    """measure(**point) for every point: in this process on CUDA, in one child
+    process on CPU, whose resident set follows live tensors (module docstring)."""
+    on_cuda = any(isinstance(v, torch.Tensor) and v.is_cuda for point in points for v in point.values())
+    return _each(measure, points) if on_cuda else in_rss_process(_each, measure, points)
+
+
+def _check_prefill_point(policy: ExitPolicy, dtype: str) -> None:
     if policy.execution != SKIP:
         raise ConfigError(f"bench policy {policy.spec!r} is invalid; allowed: skip policies (skip:Q, "
                           "skip-entropy:T, skip-kl:T, skip-stable:K), which it compares with full execution")
     check_dtype(dtype)
+
+
+@torch.no_grad()
+def bench_point(model, ids: torch.Tensor, policy: ExitPolicy, *, warmup: int = 2, repeats: int = 5,
+                packing: str = "auto", oracle_mean: float | None = None, dtype: str = "fp32",
+                peaks: tuple[Peak, Peak] | None = None) -> BenchRecord:
+    """Time `policy` (skip execution: gate threshold, zoo rule or given exits) against
+    its dense twin, which runs every loop for every token with the same rule and readout.
+    peaks: the two runs' memory, measured beforehand (run_grid); None measures it here."""
+    _check_prefill_point(policy, dtype)
     device = ids.device
-    dense = replace(policy, execution=DENSE)
-    full = under_dtype(lambda: model(ids, dense, readout="last"), device, dtype)
-    skip = under_dtype(lambda: model(ids, policy, packing=packing, readout="last"), device, dtype)
+    if peaks is None:
+        peaks = measured_peaks(prefill_peaks, [dict(model=model, ids=ids, policy=policy, packing=packing,
+                                                    dtype=dtype)])[0]
+    full, skip = _prefill_runs(model, ids, policy, packing, dtype)
     probe = skip()
     R = model.cfg.n_loops
     mean_loops = float(probe.exit_step.float().mean())
@@ -248,7 +218,7 @@ def bench_point(model, ids: torch.Tensor, policy: ExitPolicy, *, warmup: int = 2
         t_skip.append(_timed(skip, device))
     tf, ts = statistics.median(t_full), statistics.median(t_skip)
     resolved = packing if packing != "auto" else ("varlen" if model.cfg.arch == "mamba2" else "padded")
-    mem_full, mem_skip = peak_memory(full, device), peak_memory(skip, device)
+    mem_full, mem_skip = peaks
     return BenchRecord(
         batch=ids.shape[0], seq_len=ids.shape[1], policy="oracle" if oracle_mean is not None else policy.spec,
         oracle_mean=oracle_mean, packing=resolved, dtype=dtype,
@@ -269,22 +239,27 @@ def run_grid(model, task, *, batches, seq_lens, policies=(), oracle_mean: float 
     check_dtype(dtype)
     device = torch.device(device)
     model = model.to(device).eval()
-    records = []
+    points = []
     for batch in batches:
         for seq_len in seq_lens:
             ids = heldout_ids(model, task, batch, seq_len, seed).to(device)
             if oracle_mean is not None:
                 rng = np.random.default_rng([seed, batch, seq_len])
                 exit_at = oracle_exit_steps(rng, tuple(ids.shape), oracle_mean, model.cfg.n_loops).to(device)
-                points = [dict(policy=ExitPolicy.given(exit_at), oracle_mean=oracle_mean)]
+                points.append(dict(ids=ids, policy=ExitPolicy.given(exit_at), oracle_mean=oracle_mean))
             else:
-                points = [dict(policy=p) for p in policies]
-            for point in points:
-                record = bench_point(model, ids, warmup=warmup, repeats=repeats, packing=packing, dtype=dtype,
-                                     **point)
-                records.append(record)
-                if on_record:
-                    on_record(record)
+                points += [dict(ids=ids, policy=p, oracle_mean=None) for p in policies]
+    for p in points:
+        _check_prefill_point(p["policy"], dtype)
+    peaks = measured_peaks(prefill_peaks, [dict(model=model, ids=p["ids"], policy=p["policy"], packing=packing,
+                                                dtype=dtype) for p in points])
+    records = []
+    for point, point_peaks in zip(points, peaks):
+        record = bench_point(model, warmup=warmup, repeats=repeats, packing=packing, dtype=dtype, peaks=point_peaks,
+                             **point)
+        records.append(record)
+        if on_record:
+            on_record(record)
     return records
 
 
@@ -346,28 +321,18 @@ class DecodeRecord:
     kind: str = "decode"
 
 
-@torch.no_grad()
-def bench_decode_point(model, ids: torch.Tensor, seq_len: int, policy: ExitPolicy, *, warmup: int = 1,
-                       repeats: int = 3, oracle_mean: float | None = None,
-                       attention_fill: str = "hole", dtype: str = "fp32") -> DecodeRecord:
-    """Decode ids[:, seq_len:] one token at a time after prefilling ids[:, :seq_len],
-    under `policy` (skip: gate threshold or given exits) and its dense twin."""
+def _decode_runs(model, ids: torch.Tensor, seq_len: int, policy: ExitPolicy, attention_fill: str, dtype: str):
+    """The prefilled caches of `policy` and its dense twin, and decoding(p, readout,
+    loops) -> a call that decodes ids[:, seq_len:] from a copy of p's cache."""
     from looplab.generate import decode_step, prefill
 
-    if policy.execution != SKIP:
-        raise ConfigError(f"bench policy {policy.spec!r} is invalid; allowed: skip policies (skip:Q), which "
-                          "it compares with full execution")
-    check_dtype(dtype)
-    device, n_new = ids.device, ids.shape[1] - seq_len
-    if n_new < 1:
-        raise ConfigError(f"new_tokens={n_new} is invalid; allowed: an integer >= 1")
-    dense = replace(policy, execution=DENSE)
+    device, dense = ids.device, replace(policy, execution=DENSE)
 
     def prefilled(p: ExitPolicy):
         return prefill(model, ids[:, :seq_len], p, capacity=ids.shape[1], attention_fill=attention_fill).cache
     caches = {p: under_dtype(partial(prefilled, p), device, dtype)() for p in (dense, policy)}
 
-    def decoding(p: ExitPolicy, readout: bool, loops: list | None = None):
+    def decoding(p: ExitPolicy, readout: bool = True, loops: list | None = None):
         cache = caches[p].clone()  # every run decodes from the same prefilled state
 
         def run():
@@ -376,7 +341,41 @@ def bench_decode_point(model, ids: torch.Tensor, seq_len: int, policy: ExitPolic
                 if loops is not None:
                     loops.append(out.loops)
         return under_dtype(run, device, dtype)  # one autocast region per decoding, as a generate call
+    return dense, caches, decoding
 
+
+@torch.no_grad()
+def decode_peaks(model, ids: torch.Tensor, seq_len: int, policy: ExitPolicy, attention_fill: str = "hole",
+                 dtype: str = "fp32") -> tuple[Peak, Peak]:
+    """Peak memory of decoding under the dense twin and under `policy`, each after a warm-up decoding."""
+    dense, _, decoding = _decode_runs(model, ids, seq_len, policy, attention_fill, dtype)
+    decoding(dense)(), decoding(policy)()
+    return peak_memory(decoding(dense), ids.device), peak_memory(decoding(policy), ids.device)
+
+
+def _check_decode_point(ids: torch.Tensor, seq_len: int, policy: ExitPolicy, dtype: str) -> None:
+    if policy.execution != SKIP:
+        raise ConfigError(f"bench policy {policy.spec!r} is invalid; allowed: skip policies (skip:Q), which "
+                          "it compares with full execution")
+    check_dtype(dtype)
+    if ids.shape[1] - seq_len < 1:
+        raise ConfigError(f"new_tokens={ids.shape[1] - seq_len} is invalid; allowed: an integer >= 1")
+
+
+@torch.no_grad()
+def bench_decode_point(model, ids: torch.Tensor, seq_len: int, policy: ExitPolicy, *, warmup: int = 1,
+                       repeats: int = 3, oracle_mean: float | None = None,
+                       attention_fill: str = "hole", dtype: str = "fp32",
+                       peaks: tuple[Peak, Peak] | None = None) -> DecodeRecord:
+    """Decode ids[:, seq_len:] one token at a time after prefilling ids[:, :seq_len],
+    under `policy` (skip: gate threshold or given exits) and its dense twin. peaks: the
+    two decodings' memory, measured beforehand (run_decode_grid); None measures it here."""
+    _check_decode_point(ids, seq_len, policy, dtype)
+    if peaks is None:
+        peaks = measured_peaks(decode_peaks, [dict(model=model, ids=ids, seq_len=seq_len, policy=policy,
+                                                   attention_fill=attention_fill, dtype=dtype)])[0]
+    device, n_new = ids.device, ids.shape[1] - seq_len
+    dense, caches, decoding = _decode_runs(model, ids, seq_len, policy, attention_fill, dtype)
     loops: list[torch.Tensor] = []
     decoding(policy, False, loops)()  # the probe: executed loops of the new tokens
     mean_loops = float(torch.cat(loops).float().mean())
@@ -389,7 +388,7 @@ def bench_decode_point(model, ids: torch.Tensor, seq_len: int, policy: ExitPolic
                 times.append(elapsed)
     t = {key: statistics.median(times) for key, times in variants.items()}
     bsz, R = ids.shape[0], model.cfg.n_loops
-    mem_full, mem_skip = peak_memory(decoding(dense, True), device), peak_memory(decoding(policy, True), device)
+    mem_full, mem_skip = peaks
     return DecodeRecord(
         batch=bsz, seq_len=seq_len, new_tokens=n_new, policy="oracle" if oracle_mean is not None else policy.spec,
         oracle_mean=oracle_mean, attention_fill=attention_fill, mean_executed_loops=mean_loops,
@@ -412,22 +411,27 @@ def run_decode_grid(model, task, *, batches, seq_lens, new_tokens: int = 32, pol
     check_dtype(dtype)
     device = torch.device(device)
     model = model.to(device).eval()
-    records = []
+    points = []
     for batch in batches:
         for seq_len in seq_lens:
             ids = heldout_ids(model, task, batch, seq_len + new_tokens, seed).to(device)
             if oracle_mean is not None:
                 rng = np.random.default_rng([seed, batch, seq_len, new_tokens])
                 exit_at = oracle_exit_steps(rng, tuple(ids.shape), oracle_mean, model.cfg.n_loops).to(device)
-                points = [dict(policy=ExitPolicy.given(exit_at), oracle_mean=oracle_mean)]
+                points.append(dict(ids=ids, seq_len=seq_len, policy=ExitPolicy.given(exit_at), oracle_mean=oracle_mean))
             else:
-                points = [dict(policy=p) for p in policies]
-            for point in points:
-                record = bench_decode_point(model, ids, seq_len, warmup=warmup, repeats=repeats,
-                                            attention_fill=attention_fill, dtype=dtype, **point)
-                records.append(record)
-                if on_record:
-                    on_record(record)
+                points += [dict(ids=ids, seq_len=seq_len, policy=p, oracle_mean=None) for p in policies]
+    for p in points:
+        _check_decode_point(p["ids"], p["seq_len"], p["policy"], dtype)
+    peaks = measured_peaks(decode_peaks, [dict(model=model, ids=p["ids"], seq_len=p["seq_len"], policy=p["policy"],
+                                               attention_fill=attention_fill, dtype=dtype) for p in points])
+    records = []
+    for point, point_peaks in zip(points, peaks):
+        record = bench_decode_point(model, warmup=warmup, repeats=repeats, attention_fill=attention_fill, dtype=dtype,
+                                    peaks=point_peaks, **point)
+        records.append(record)
+        if on_record:
+            on_record(record)
     return records
 
 

@@ -289,9 +289,7 @@ def _limit(value: str) -> int | float:
 
 
 def cmd_bench(args) -> int:
-    from looplab.bench import HEADER, format_record, glibc_for_rss, records_as_dicts, run_grid
-
-    glibc_for_rss()  # before the model's allocations, so the peak-memory columns follow live tensors
+    from looplab.bench import HEADER, format_record, records_as_dicts, run_grid
     from looplab.checkpoint import load_model
     from looplab.config import ExperimentConfig
     from looplab.tasks import make_task
@@ -331,6 +329,9 @@ def cmd_bench(args) -> int:
 
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
+    if device.type == "cpu":
+        print("measuring every point's peak memory first, in a separate process (looplab/measured_memory.py); "
+              "then the timing", file=sys.stderr, flush=True)
     try:
         if args.decode:
             from looplab.bench import DECODE_HEADER, context_scaling, format_decode_record, run_decode_grid

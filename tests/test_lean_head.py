@@ -88,6 +88,19 @@ def test_weighted_sum_and_its_gradient_match_the_full_readout(chunk):
     assert_grads_equal(grads(m, hidden, 3 * total), grads(m, hidden, 3 * want_total))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_target_whose_probability_underflows_keeps_its_exact_loss(dtype):
+    """The weighted form reads ℓ = −log p[target] off the softmax its gradient needs;
+    where p[target] underflows (ℓ of hundreds of nats), ℓ comes from the logits."""
+    x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], dtype=dtype)
+    weight = torch.tensor([[0.0, 0.0], [800.0, 0.0], [0.0, 60.0], [5.0, 5.0]], dtype=dtype)
+    targets = torch.tensor([0, 0, 3])  # ℓ: 800 (p = e^-800 underflows even in float64), 60, 50
+    _, losses = weighted_linear_cross_entropy(x, weight, targets, torch.ones(3, dtype=dtype))
+    want = torch.logsumexp(x @ weight.T, 1) - (x @ weight.T).gather(1, targets[:, None])[:, 0]
+    assert float(want[0]) == pytest.approx(800.0) and torch.isfinite(losses).all()
+    torch.testing.assert_close(losses, want, rtol=1e-6, atol=0)
+
+
 def test_weights_at_ignored_positions_do_not_count():
     m = readout_model()
     hidden, targets = case(ignore_every=2)

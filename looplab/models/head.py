@@ -92,6 +92,22 @@ class _ChunkBuffers:
     def softmax(self, z: torch.Tensor) -> torch.Tensor:
         return torch.softmax(z, dim=1, dtype=self.acc, out=self.out[:z.shape[0]])
 
+    # Below this probability −log p loses precision (subnormal floats): such a
+    # token's CE (above ~69 nats) is recomputed from its logits.
+    SMALLEST_EXACT_P = 1e-30
+
+    @classmethod
+    def losses_from_softmax(cls, p: torch.Tensor, z: torch.Tensor, tc: torch.Tensor) -> torch.Tensor:
+        """−log p[target] per token from the chunk's softmax p, and for a token
+        whose p[target] is below SMALLEST_EXACT_P, logsumexp(z) − z[target]."""
+        p_t = p.gather(1, tc[:, None])[:, 0]
+        losses = p_t.log().neg_()
+        tiny = (p_t < cls.SMALLEST_EXACT_P).nonzero()[:, 0]
+        if tiny.numel():
+            zt = z[tiny].to(p.dtype)
+            losses[tiny] = torch.logsumexp(zt, dim=1) - zt.gather(1, tc[tiny, None])[:, 0]
+        return losses
+
     def add_grads(self, p: torch.Tensor, xc: torch.Tensor, tc: torch.Tensor, scale: torch.Tensor,
                   grad_x: torch.Tensor | None, grad_w: torch.Tensor | None) -> None:
         """For one chunk's softmax p (n × V, overwritten) and per-token scale s (n, 1):
@@ -177,11 +193,11 @@ class _WeightedCE(torch.autograd.Function):
         grad_w = torch.zeros(weight.shape, dtype=bufs.acc, device=x.device) if need_w else None
         with torch.autocast(x.device.type, enabled=False):
             for s, e in _spans(n_tok, chunk):
-                logp = bufs.log_softmax(bufs.logits(x[s:e]))
-                losses[s:e] = logp.gather(1, targets[s:e, None])[:, 0].neg_()
+                z = bufs.logits(x[s:e])
+                p = bufs.softmax(z)  # the gradient needs P: one pass fewer than log_softmax, then exp
+                losses[s:e] = bufs.losses_from_softmax(p, z, targets[s:e])
                 if need_x or need_w:
-                    bufs.add_grads(logp.exp_(), x[s:e], targets[s:e], scale[s:e],
-                                   grad_x[s:e] if need_x else None, grad_w)
+                    bufs.add_grads(p, x[s:e], targets[s:e], scale[s:e], grad_x[s:e] if need_x else None, grad_w)
         ctx.save_for_backward(grad_x if need_x else None, grad_w if need_w else None)
         ctx.dtypes = x.dtype, weight.dtype
         ctx.mark_non_differentiable(losses)
