@@ -70,8 +70,7 @@ def uncached_generate_until(lm, requests) -> list[str]:
 
 
 def trained_checkpoint(steps: int, out: str) -> str:
-    from looplab.presets import get_preset
-    from looplab.stages import stage_config
+    from looplab.presets import get_preset, stage_config
     from looplab.train import train
 
     cfg = stage_config(get_preset("debug"), "pretrain", overrides={"train.steps": steps, "train.eval_every": 0})
