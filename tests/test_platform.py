@@ -336,6 +336,11 @@ def test_killed_worker_resumes_from_its_checkpoint(tmp_path, monkeypatch, worker
     assert len(runs) == 3 and all(r.info.status == "FINISHED" for r in runs)  # trial, pretrain, stage1: once each
     pretrain = next(r for r in runs if r.data.tags["stage"] == "pretrain")
     assert [m.step for m in mc.get_metric_history(pretrain.info.run_id, "loss")] == [1, 2, 3, 4]
+    # Stage-1 was killed at its step 3 too; in local mode the trial restarted after its
+    # pre-training had finished, and found that run its own (not a reuse: nothing re-logged).
+    stage1 = next(r for r in runs if r.data.tags["stage"] == "stage1")
+    assert [m.step for m in mc.get_metric_history(stage1.info.run_id, "loss")] == list(range(1, 21))
+    assert pretrain.data.tags[tracking.REUSED] == "false"
 
 
 def finished_trials(uri: str, experiment: str) -> list:

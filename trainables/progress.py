@@ -8,8 +8,8 @@ researcher can tell a slow sweep from a hung one. The board is a named Ray actor
 mode or worker actors) without shared storage. Posting is fire-and-forget: a missing
 board (a driver that died) never fails a trial.
 
-Records: {"trial": label, "event": "start" | "step" | "end" | "reused" | "trial_end" | "eval" |
-"eval_failed", "stage", "step", "steps", "loss", "tokens_per_s", "eta_s", "summary", "policy",
+Records: {"trial": label, "event": "start" | "step" | "end" | "reused" | "resumed_done" |
+"trial_end" | "eval" | "eval_failed", "stage", "step", "steps", "loss", "tokens_per_s", "eta_s", "summary", "policy",
 "task", "error"}; evaluation jobs (trainables/evaluation.py) post the last two kinds.
 """
 
@@ -91,6 +91,8 @@ def format_record(r: dict[str, Any]) -> str:
         return f"{head} {r['stage']}: training {r['steps']} steps"
     if event == "reused":
         return f"{head} {r['stage']}: reused (trained by another trial)"
+    if event == "resumed_done":
+        return f"{head} {r['stage']}: already trained by this trial before its restart"
     if event == "end":
         return f"{head} {r['stage']}: done in {_clock(r.get('seconds', 0))}"
     if event == "step":

@@ -168,7 +168,14 @@ def _run_stage(cfg: ExperimentConfig, platform: PlatformSettings, mc, experiment
     checkpoint = storage.path("stages", f"{cfg.stage}-{cfg.stage_key()}", "checkpoint")
     with stage_lock(storage, directory):
         done = read_done(storage, directory)
-        if done is not None:  # trained by another trial (or an earlier attempt): reuse it
+        own = tracking.find_run(mc, experiment_id, **key) if done is not None else None
+        if own is not None and own.info.run_id == done["run_id"]:
+            # This trial trained it before a crash restarted the trial: its run already
+            # holds the stage's history (and the trial run its figures, if it is the
+            # last stage). Logging the figures again would repeat the final step.
+            progress.post("resumed_done", stage=cfg.stage)
+            return
+        if done is not None:  # trained by another trial: reuse it
             run_id, _ = tracking.open_run(
                 mc, experiment_id, name=name, key=key, parent_run_id=trial_run,
                 tags=tracking.config_tags(cfg, level=tracking.STAGE, git=sha, lineage=lineage,
