@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 import re
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -355,7 +356,7 @@ def threshold_exit_steps(gate_logits: torch.Tensor, q: float) -> torch.Tensor:
     return exit_step
 
 
-class StepLogitsRule:
+class StepLogitsRule(ABC):
     """A zoo rule: after each step r < R it reads the step's next-token logits (B, L, V)
     (model.logits(h^(r)); under skip, of the scattered full state, exited tokens'
     frozen ones included), reduces them to a per-token statistic (B, L) and compares
@@ -383,12 +384,13 @@ class StepLogitsRule:
         return self.decide(statistic)
 
     @staticmethod
+    @abstractmethod
     def statistic(logits: torch.Tensor, state):
         """(statistic (B, L), the state the next step needs) from this step's logits."""
-        raise NotImplementedError
 
+    @abstractmethod
     def decide(self, statistic: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        """Which tokens' statistic says exit now: (B, L) bool."""
 
 
 def _log_probs(logits: torch.Tensor) -> torch.Tensor:
