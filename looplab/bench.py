@@ -228,6 +228,24 @@ def bench_point(model, ids: torch.Tensor, policy: ExitPolicy, *, warmup: int = 2
         peak_mem_abs_full=mem_full.absolute, peak_mem_abs_skip=mem_skip.absolute, device=str(device))
 
 
+def _grid_points(model, task, batches, seq_lens, policies, oracle_mean: float | None, seed: int,
+                 device: torch.device, new_tokens: int = 0) -> list[dict]:
+    """Every (batch, seq_len) × policy point: held-out ids of seq_len + new_tokens
+    tokens, and each skip policy, or given exits drawn for the oracle's mean."""
+    points = []
+    for batch in batches:
+        for seq_len in seq_lens:
+            ids = heldout_ids(model, task, batch, seq_len + new_tokens, seed).to(device)
+            if oracle_mean is not None:
+                rng = np.random.default_rng([seed, batch, seq_len] + ([new_tokens] if new_tokens else []))
+                exit_at = oracle_exit_steps(rng, tuple(ids.shape), oracle_mean, model.cfg.n_loops).to(device)
+                point_policies = [ExitPolicy.given(exit_at)]
+            else:
+                point_policies = policies
+            points += [dict(ids=ids, seq_len=seq_len, policy=p, oracle_mean=oracle_mean) for p in point_policies]
+    return points
+
+
 def run_grid(model, task, *, batches, seq_lens, policies=(), oracle_mean: float | None = None, warmup: int = 2,
              repeats: int = 5, packing: str = "auto", dtype: str = "fp32", device: torch.device | str = "cpu",
              seed: int = 0, on_record=None) -> list[BenchRecord]:
@@ -239,16 +257,8 @@ def run_grid(model, task, *, batches, seq_lens, policies=(), oracle_mean: float 
     check_dtype(dtype)
     device = torch.device(device)
     model = model.to(device).eval()
-    points = []
-    for batch in batches:
-        for seq_len in seq_lens:
-            ids = heldout_ids(model, task, batch, seq_len, seed).to(device)
-            if oracle_mean is not None:
-                rng = np.random.default_rng([seed, batch, seq_len])
-                exit_at = oracle_exit_steps(rng, tuple(ids.shape), oracle_mean, model.cfg.n_loops).to(device)
-                points.append(dict(ids=ids, policy=ExitPolicy.given(exit_at), oracle_mean=oracle_mean))
-            else:
-                points += [dict(ids=ids, policy=p, oracle_mean=None) for p in policies]
+    points = [{k: v for k, v in p.items() if k != "seq_len"}  # a prefill's length is its ids'
+              for p in _grid_points(model, task, batches, seq_lens, policies, oracle_mean, seed, device)]
     for p in points:
         _check_prefill_point(p["policy"], dtype)
     peaks = measured_peaks(prefill_peaks, [dict(model=model, ids=p["ids"], policy=p["policy"], packing=packing,
@@ -411,16 +421,7 @@ def run_decode_grid(model, task, *, batches, seq_lens, new_tokens: int = 32, pol
     check_dtype(dtype)
     device = torch.device(device)
     model = model.to(device).eval()
-    points = []
-    for batch in batches:
-        for seq_len in seq_lens:
-            ids = heldout_ids(model, task, batch, seq_len + new_tokens, seed).to(device)
-            if oracle_mean is not None:
-                rng = np.random.default_rng([seed, batch, seq_len, new_tokens])
-                exit_at = oracle_exit_steps(rng, tuple(ids.shape), oracle_mean, model.cfg.n_loops).to(device)
-                points.append(dict(ids=ids, seq_len=seq_len, policy=ExitPolicy.given(exit_at), oracle_mean=oracle_mean))
-            else:
-                points += [dict(ids=ids, seq_len=seq_len, policy=p, oracle_mean=None) for p in policies]
+    points = _grid_points(model, task, batches, seq_lens, policies, oracle_mean, seed, device, new_tokens)
     for p in points:
         _check_decode_point(p["ids"], p["seq_len"], p["policy"], dtype)
     peaks = measured_peaks(decode_peaks, [dict(model=model, ids=p["ids"], seq_len=p["seq_len"], policy=p["policy"],
