@@ -86,6 +86,14 @@ def test_ssd_states_after_chosen_positions_match_the_recurrence():
         torch.testing.assert_close(states[k], ref[0], atol=1e-12, rtol=0)
 
 
+def decode_each_rows_last_token(m, ids, lengths, policy, fill):
+    """Prefill every row but its last token, decode that token; and the full
+    forward over the whole rows to compare both with."""
+    pre = prefill(m, ids, policy, lengths=lengths - 1, capacity=ids.shape[1], attention_fill=fill)
+    out = decode_step(m, pre.cache, ids[torch.arange(ids.shape[0]), lengths - 1], policy)
+    return pre, out, full_forward(m, ids, policy, fill)
+
+
 # ---- exactness: prefill + decode = the full forward --------------------------------------------
 
 @pytest.mark.parametrize("arch,fill", BACKBONES)
@@ -96,10 +104,8 @@ def test_prefill_then_decode_equals_the_full_forward(arch, fill, spec):
     m = model_for(arch, seed=1)
     ids, lengths = batch()
     policy = policies(*ids.shape)[spec]
-    pre = prefill(m, ids, policy, lengths=lengths - 1, capacity=ids.shape[1], attention_fill=fill)
+    pre, out, ref = decode_each_rows_last_token(m, ids, lengths, policy, fill)
     rows = torch.arange(ids.shape[0])
-    out = decode_step(m, pre.cache, ids[rows, lengths - 1], policy)
-    ref = full_forward(m, ids, policy, fill)
     torch.testing.assert_close(out.logits, ref.logits[rows, lengths - 1], atol=1e-10, rtol=1e-10)
     assert torch.equal(out.exit_step, ref.exit_step[rows, lengths - 1])
     torch.testing.assert_close(pre.logits, ref.logits[rows, lengths - 2], atol=1e-10, rtol=1e-10)
@@ -117,10 +123,8 @@ def test_zero_shot_exit_rules_decode_exactly_too(arch, fill, spec):
     m = model_for(arch, seed=1)
     ids, lengths = batch()
     policy = ExitPolicy.parse(spec)
-    pre = prefill(m, ids, policy, lengths=lengths - 1, capacity=ids.shape[1], attention_fill=fill)
+    pre, out, ref = decode_each_rows_last_token(m, ids, lengths, policy, fill)
     rows = torch.arange(ids.shape[0])
-    out = decode_step(m, pre.cache, ids[rows, lengths - 1], policy)
-    ref = full_forward(m, ids, policy, fill)
     torch.testing.assert_close(out.logits, ref.logits[rows, lengths - 1], atol=1e-10, rtol=1e-10)
     assert torch.equal(out.exit_step, ref.exit_step[rows, lengths - 1])
     if "entropy" in spec or "stable" in spec:  # thresholds chosen so that tokens leave at different steps
