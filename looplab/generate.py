@@ -27,6 +27,7 @@ from typing import Callable, Sequence
 import torch
 
 from looplab.config import ConfigError
+from looplab.depth_batching import DEPTH, LOCKSTEP, SCHEDULES, DepthBatch
 from looplab.models.cache import HOLE, InferenceCache, Layout
 from looplab.models.execution import FULL_DEPTH
 from looplab.policy import DENSE, EXIT_RULES, GATE_LOGITS, GIVEN, ExitPolicy, exit_rule
@@ -132,13 +133,8 @@ def prefill(model, ids, policy: ExitPolicy = FULL_DEPTH, *, lengths=None, capaci
         logits = model.logits(h)
     cache.length.copy_(lengths)
     exit_step = out.exit_step.gather(1, last)[:, 0]
-    loops = _loops_run(policy, out.exit_step, model.cfg.n_loops)
+    loops = policy.loops_of(out.exit_step, model.cfg.n_loops)
     return Prefilled(cache, logits, exit_step, loops.gather(1, last)[:, 0], out.executed_loops, (loops * mask).sum(1))
-
-
-def _loops_run(policy: ExitPolicy, exit_step: torch.Tensor, n_loops: int) -> torch.Tensor:
-    fixed = policy.loops_run(n_loops)  # dense and full run every loop whatever the readout step
-    return exit_step if fixed is None else torch.full_like(exit_step, fixed)
 
 
 @torch.no_grad()
@@ -157,6 +153,8 @@ def decode_step(model, cache: InferenceCache, tokens: torch.Tensor, policy: Exit
         raise ConfigError(f"tokens of shape {tuple(tokens.shape)} is invalid; allowed: ({cache.batch},) or rows=")
     row_ids = torch.arange(n, device=tokens.device) if all_rows else rows
     positions = cache.length.clone() if all_rows else cache.length[rows]  # each row's next position
+    if cache.has_keys:
+        cache.reserve(int(positions.max()) + 1)
 
     if policy.rule in EXIT_RULES:  # the gate's threshold rule or a zoo rule, per token, from zero:
         rule = exit_rule(policy, positions)  # each new token decides afresh
@@ -215,7 +213,7 @@ def decode_step(model, cache: InferenceCache, tokens: torch.Tensor, policy: Exit
     else:
         cache.length[rows] += 1
     logits = model.logits(readout_h) if readout else None
-    return Decoded(logits, exit_step, _loops_run(policy, exit_step, R))
+    return Decoded(logits, exit_step, policy.loops_of(exit_step, R))
 
 
 def sample(logits: torch.Tensor, *, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
@@ -267,7 +265,7 @@ def _cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
 def generate(model, ids, max_new_tokens, policy: ExitPolicy = FULL_DEPTH, *, lengths=None, temperature: float = 0.0,
              top_k: int = 0, top_p: float = 1.0, seed: int | None = None, eos_id: int | None = None, stop=None,
              decode: Callable[[list[int]], str] | None = None, attention_fill: str = HOLE,
-             packing: str = "auto") -> Generation:
+             packing: str = "auto", schedule: str = LOCKSTEP) -> Generation:
     """Continue each prompt (ids: a right-padded (B, L) tensor with lengths, or rows
     of different lengths) by up to max_new_tokens (one number, or one per row).
 
@@ -275,9 +273,14 @@ def generate(model, ids, max_new_tokens, policy: ExitPolicy = FULL_DEPTH, *, len
     seeded with `seed`. A row stops at eos_id (not included), at a stop string (needs
     `decode`, ids → text; the text is cut before it) or at its max_new_tokens.
     attention_fill: what exited tokens leave in deeper attention layers (hole |
-    exit_state, models/cache.py). Finished rows leave the batch: decode_step runs
-    only the rows still generating."""
+    exit_state, models/cache.py). Finished rows leave the batch: only the rows still
+    generating run. schedule: lockstep (decode_step: each new token of every row runs
+    its loops together, a step per loop) or depth (looplab/depth_batching.py: a row
+    starts its next token as soon as its last one is done, rows at different loops
+    share a step). Greedy outputs are the same; sampled draws come in another order."""
     _check_policy(model, policy)
+    if schedule not in SCHEDULES:
+        raise ConfigError(f"schedule={schedule!r} is invalid; allowed: {' | '.join(SCHEDULES)}")
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature < 0:
         raise ConfigError(f"temperature={temperature!r} is invalid; allowed: a float >= 0 (0: greedy)")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
@@ -312,36 +315,55 @@ def generate(model, ids, max_new_tokens, policy: ExitPolicy = FULL_DEPTH, *, len
     exits: list[list[int]] = [[] for _ in range(bsz)]
     finish = ["length" if limit == 0 else "" for limit in limits]
     texts = [""] * bsz if decode is not None else None
-    live = [b for b in range(bsz) if not finish[b]]
-    while live:
-        next_tokens = sample(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator).tolist()
-        still = []
-        for slot, b in enumerate(live):  # bookkeeping per row; the model runs batched
-            token = next_tokens[slot]
-            if eos_id is not None and token == eos_id:
-                finish[b] = "eos"
-                continue
-            tokens[b].append(token)
-            loops[b].append(loops_now[slot])
-            exits[b].append(exit_now[slot])
-            if texts is not None:
-                texts[b], stopped = _cut_at_stop(decode(tokens[b]), stops[b])
-                if stopped:
-                    finish[b] = "stop"
-                    continue
-            if len(tokens[b]) >= limits[b]:
-                finish[b] = "length"
-                continue
-            still.append((slot, b))
-        if not still:
-            break
-        keep = torch.tensor([slot for slot, _ in still], device=device)
-        live = [b for _, b in still]
-        rows = None if len(live) == bsz else torch.tensor(live, device=device)
-        step_tokens = torch.tensor(next_tokens, device=device)[keep]
-        out = decode_step(model, cache, step_tokens, policy, rows=rows)
-        logits, loops_now, exit_now = out.logits, out.loops.tolist(), out.exit_step.tolist()
-        for b, n in zip(live, loops_now):
+
+    def accept(b: int, token: int, loops_b: int, exit_b: int) -> bool:
+        """Row b's next token, predicted by a position that ran loops_b loops (read out
+        at exit_b): record it; True if the row goes on."""
+        if eos_id is not None and token == eos_id:
+            finish[b] = "eos"
+            return False
+        tokens[b].append(token)
+        loops[b].append(loops_b)
+        exits[b].append(exit_b)
+        if texts is not None:
+            texts[b], stopped = _cut_at_stop(decode(tokens[b]), stops[b])
+            if stopped:
+                finish[b] = "stop"
+                return False
+        if len(tokens[b]) >= limits[b]:
+            finish[b] = "length"
+            return False
+        return True
+
+    def draw(rows: list[int], logits: torch.Tensor, loops_of: list[int], exits_of: list[int]) -> list[tuple[int, int]]:
+        """Sample the rows' next tokens (the model runs batched; bookkeeping per row):
+        (row, token) for the rows that go on."""
+        drawn = sample(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator).tolist()
+        return [(b, t) for b, t, n, e in zip(rows, drawn, loops_of, exits_of) if accept(b, t, n, e)]
+
+    def ran(rows: list[int], loops_of: list[int]) -> None:
+        for b, n in zip(rows, loops_of):
             ran_tokens[b] += 1
             ran_loops[b] += n
+
+    live = [b for b in range(bsz) if not finish[b]]
+    going = draw(live, logits[live], [loops_now[b] for b in live], [exit_now[b] for b in live])
+    if schedule == DEPTH:
+        batch = DepthBatch(model, cache, policy)
+        while going or batch.running:
+            if going:
+                batch.start(torch.tensor([b for b, _ in going], device=device),
+                            torch.tensor([t for _, t in going], device=device))
+            done = batch.advance()
+            rows, loops_done = done.rows.tolist(), done.loops.tolist()
+            ran(rows, loops_done)
+            going = draw(rows, done.logits, loops_done, done.exit_step.tolist()) if rows else []
+    else:
+        while going:
+            live = [b for b, _ in going]
+            out = decode_step(model, cache, torch.tensor([t for _, t in going], device=device), policy,
+                              rows=None if len(live) == bsz else torch.tensor(live, device=device))
+            loops_now = out.loops.tolist()
+            ran(live, loops_now)
+            going = draw(live, out.logits, loops_now, out.exit_step.tolist())
     return Generation(tokens, loops, exits, finish, texts, pre.executed_loops, ran_tokens, ran_loops, cache.nbytes())

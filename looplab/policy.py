@@ -269,6 +269,12 @@ class ExitPolicy:
             return self.depth
         return None
 
+    def loops_of(self, exit_step: torch.Tensor, n_loops: int) -> torch.Tensor:
+        """The loops tokens with these exit steps run: the exit step under skip, else
+        the fixed count (dense runs every loop whatever its readout step)."""
+        fixed = self.loops_run(n_loops)
+        return exit_step if fixed is None else exit_step.new_full(exit_step.shape, fixed)
+
     def check(self, n_loops: int, shape: tuple[int, ...] | None = None) -> None:
         """Checks that need the model: forced depth and given steps within 1..R."""
         if self.execution == FORCED and self.depth > n_loops:
@@ -318,29 +324,62 @@ def parse_policies(text: str) -> list[ExitPolicy]:
 GATE_LOGITS, STEP_LOGITS = "gate_logits", "step_logits"
 
 
-class GateThreshold:
-    """The threshold rule z(q), decided step by step (see the module docstring).
+class ExitRule(ABC):
+    """A rule deciding exits step by step. After each step r < R, update(x) reads the
+    step's value x (what `reads` names: gate logits, or next-token logits) and returns
+    where the rule says exit (bool, the shape of x without a vocabulary axis); the
+    caller records a token's first such step as its exit (under skip, among active
+    tokens).
 
-    update(gate_logit) after step r < R returns where F^(r) ≥ q; the caller records a
-    token's first such step as its exit. The arithmetic is identical in every caller:
-    float32 whatever the model's dtype."""
+    The rule is a pure function of a per-token state: statistic(x, state) -> (the
+    statistic, the state the next step needs), with state None at a token's first
+    step; decide(statistic) -> bool. update() is the two in sequence on the state it
+    keeps for one batch; one dense pass can serve a whole threshold grid (the
+    statistic once per step, one decision per threshold: looplab/evaluate.py), and
+    depth batching keeps each row's state itself, as its tokens start and advance at
+    their own pace (looplab/depth_batching.py)."""
+
+    reads: str
+
+    def __init__(self, like: torch.Tensor | None, value: float | int):
+        self.value = value
+        self._state = None
+
+    def update(self, x: torch.Tensor) -> torch.Tensor:
+        statistic, self._state = self.statistic(x, self._state)
+        return self.decide(statistic)
+
+    @staticmethod
+    @abstractmethod
+    def statistic(x: torch.Tensor, state):
+        """(statistic, the state the next step needs) from this step's value x."""
+
+    @abstractmethod
+    def decide(self, statistic: torch.Tensor) -> torch.Tensor:
+        """Which tokens' statistic says exit now: bool."""
+
+
+class GateThreshold(ExitRule):
+    """The threshold rule z(q), decided step by step (see the module docstring): the
+    statistic is the exit CDF F^(r) = Σ_{s≤r} λ_s Π_{t<s} (1 − λ_t), its state
+    (survival, F); exit where F^(r) ≥ q. The arithmetic is identical in every caller:
+    float32 whatever the model's dtype (a first step's F = 0 + 1·λ = λ exactly)."""
 
     reads = GATE_LOGITS
 
-    def __init__(self, like: torch.Tensor, q: float):
-        import torch
-
-        self.q = q
-        self.survival = torch.ones(like.shape, dtype=torch.float32, device=like.device)
-        self.cdf = torch.zeros(like.shape, dtype=torch.float32, device=like.device)
-
-    def update(self, gate_logit: torch.Tensor) -> torch.Tensor:
+    @staticmethod
+    def statistic(gate_logit, state):
         import torch
 
         lam = torch.sigmoid(gate_logit.detach().float())
-        self.cdf = self.cdf + self.survival * lam
-        self.survival = self.survival * (1 - lam)
-        return self.cdf >= self.q
+        if state is None:
+            return lam, (1 - lam, lam)
+        survival, cdf = state
+        cdf = cdf + survival * lam
+        return cdf, (survival * (1 - lam), cdf)
+
+    def decide(self, statistic):
+        return statistic >= self.value
 
 
 def threshold_exit_steps(gate_logits: torch.Tensor, q: float) -> torch.Tensor:
@@ -356,16 +395,11 @@ def threshold_exit_steps(gate_logits: torch.Tensor, q: float) -> torch.Tensor:
     return exit_step
 
 
-class StepLogitsRule(ABC):
+class StepLogitsRule(ExitRule):
     """A zoo rule: after each step r < R it reads the step's next-token logits (B, L, V)
     (model.logits(h^(r)); under skip, of the scattered full state, exited tokens'
-    frozen ones included), reduces them to a per-token statistic (B, L) and compares
-    it with the policy's threshold. update(logits) -> reached (B, L) bool; the caller
-    records a token's first such step as its exit (under skip, among active tokens).
-
-    The statistic and the decision are separate so that one dense pass can serve a
-    whole threshold grid (looplab/evaluate.py: the statistic once per step, one
-    decision per threshold); update() is the two in sequence, and execution calls it.
+    frozen ones included) and reduces them to a per-token statistic (B, L), compared
+    with the policy's threshold.
 
     Cost: the LM head on every token at every step r < R, plus the statistic (and
     KL's (B, L, V) copy of the previous step). That is the rule's price, not backbone
@@ -374,23 +408,6 @@ class StepLogitsRule(ABC):
     from the graph: a rule decides, it is not trained."""
 
     reads = STEP_LOGITS
-
-    def __init__(self, like: torch.Tensor | None, value: float | int):
-        self.value = value
-        self._state = None
-
-    def update(self, logits: torch.Tensor) -> torch.Tensor:
-        statistic, self._state = self.statistic(logits, self._state)
-        return self.decide(statistic)
-
-    @staticmethod
-    @abstractmethod
-    def statistic(logits: torch.Tensor, state):
-        """(statistic (B, L), the state the next step needs) from this step's logits."""
-
-    @abstractmethod
-    def decide(self, statistic: torch.Tensor) -> torch.Tensor:
-        """Which tokens' statistic says exit now: (B, L) bool."""
 
 
 def _log_probs(logits: torch.Tensor) -> torch.Tensor:

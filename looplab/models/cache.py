@@ -69,9 +69,7 @@ class KVState:
         order = torch.argsort(rows, stable=True)  # a row's entries together, in the given order
         rows, k, v, pos = rows[order], k[order], v[order], pos[order]
         slot = self.length[rows] + torch.arange(rows.shape[0], device=rows.device) - first[rows]
-        need = int(slot.max()) + 1
-        if need > self.k.shape[1]:
-            self._grow(need)
+        self._check_room(int(slot.max()) + 1)
         self.k[rows, slot] = k.to(self.k.dtype)
         self.v[rows, slot] = v.to(self.v.dtype)
         self.pos[rows, slot] = pos
@@ -80,21 +78,26 @@ class KVState:
     def append_one(self, rows: torch.Tensor | None, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor) -> None:
         """One entry per row (decode): rows (n,) distinct, or None for every row."""
         length = self.length if rows is None else self.length[rows]
-        if int(length.max()) >= self.k.shape[1]:
-            self._grow(int(length.max()) + 1)
+        self._check_room(int(length.max()) + 1)
         rows = torch.arange(self.length.shape[0], device=length.device) if rows is None else rows
         self.k[rows, length] = k.to(self.k.dtype)
         self.v[rows, length] = v.to(self.v.dtype)
         self.pos[rows, length] = pos
         self.length[rows] = length + 1
 
-    def _grow(self, need: int) -> None:
-        """Double the capacity (preallocation makes this rare: generate sizes it)."""
-        cap = max(need, 2 * self.k.shape[1])
-        pad = cap - self.k.shape[1]
-        self.k = torch.cat([self.k, self.k.new_zeros(self.k.shape[0], pad, *self.k.shape[2:])], 1)
-        self.v = torch.cat([self.v, self.v.new_zeros(self.v.shape[0], pad, *self.v.shape[2:])], 1)
-        self.pos = torch.cat([self.pos, self.pos.new_zeros(self.pos.shape[0], pad)], 1)
+    def _check_room(self, need: int) -> None:
+        # The buffers are views into the cache's storage of every loop (InferenceCache):
+        # only the cache can enlarge them, before a step (InferenceCache.reserve).
+        if need > self.k.shape[1]:
+            raise RuntimeError(f"attention cache holds {self.k.shape[1]} entries per row, {need} needed: "
+                               "InferenceCache.reserve must run first")
+
+    def grown(self, capacity: int) -> "KVState":
+        """A copy with room for `capacity` entries per row (the stored ones kept)."""
+        pad = capacity - self.k.shape[1]
+        return KVState(torch.cat([self.k, self.k.new_zeros(self.k.shape[0], pad, *self.k.shape[2:])], 1),
+                       torch.cat([self.v, self.v.new_zeros(self.v.shape[0], pad, *self.v.shape[2:])], 1),
+                       torch.cat([self.pos, self.pos.new_zeros(self.pos.shape[0], pad)], 1), self.length)
 
 
 @dataclass
@@ -142,21 +145,34 @@ class BlockCache:
 
 
 class StepCache:
-    """One loop's view of the cache for one backbone step."""
+    """One backbone step's view of the cache: each mixer's state and the layout. Either
+    one loop's states (the layout's rows are that loop's cache rows), or the storage of
+    every loop (`slots`: the layout's rows are slots (loop − 1)·batch + row, so one step
+    can run rows at different loops: looplab/depth_batching.py)."""
 
-    def __init__(self, cache: "InferenceCache", loop: int, layout: Layout):
-        self.states, self.layout = cache.states[loop - 1], layout
+    def __init__(self, states: list, layout: Layout):
+        self.states, self.layout = states, layout
 
     def block(self, j: int) -> BlockCache | None:
         state = self.states[j]
         return None if state is None else BlockCache(state, self.layout)
 
 
+def _rows(state: MambaState | KVState, rows: slice) -> MambaState | KVState:
+    """The same state restricted to some rows: views, so writes reach the storage."""
+    return type(state)(**{name: t[rows] for name, t in vars(state).items()})
+
+
 class InferenceCache:
     """Per-(loop, block) states of `batch` rows (module docstring). capacity sizes the
-    attention buffers (prompt + new tokens; they grow if exceeded); Mamba-2 states
+    attention buffers (prompt + new tokens; reserve() enlarges them); Mamba-2 states
     have a fixed size. attention_only: keys and values alone (a full forward under
-    attention_fill="exit_state" needs them, not the recurrent states)."""
+    attention_fill="exit_state" needs them, not the recurrent states).
+
+    Storage: one tensor per block and field for all loops, loop r's row b at slot
+    (r − 1)·batch + b (`storage`); `states[r − 1][j]` is loop r's view of block j.
+    A step may read per-loop views (prefill, decode_step) or the storage with slot
+    indices (rows at different loops in one step)."""
 
     def __init__(self, model, batch: int, capacity: int, *, attention_fill: str = HOLE,
                  attention_only: bool = False, device=None, dtype: torch.dtype | None = None):
@@ -169,14 +185,38 @@ class InferenceCache:
         # Stateful mixers say what they keep (cache_kind) and allocate it (new_state).
         kinds = [getattr(block.inner, "cache_kind", None) for block in model.backbone.residual_blocks()]
         keep = [kind == KEYS or (kind == RECURRENT and not attention_only) for kind in kinds]
-        self.states: list[list[MambaState | KVState | None]] = [
-            [block.inner.new_state(batch, capacity, device, dtype) if kept else None
-             for block, kept in zip(model.backbone.residual_blocks(), keep)]
-            for _ in range(self.n_loops)]
+        self.storage: list[MambaState | KVState | None] = [
+            block.inner.new_state(self.n_loops * batch, capacity, device, dtype) if kept else None
+            for block, kept in zip(model.backbone.residual_blocks(), keep)]
         self.length = torch.zeros(batch, dtype=torch.long, device=device)  # tokens of each row so far
+        self._make_views()
+
+    def _make_views(self) -> None:
+        B = self.batch
+        self.states: list[list[MambaState | KVState | None]] = [
+            [None if s is None else _rows(s, slice(r * B, (r + 1) * B)) for s in self.storage]
+            for r in range(self.n_loops)]
 
     def at(self, loop: int, layout: Layout) -> StepCache:
-        return StepCache(self, loop, layout)
+        return StepCache(self.states[loop - 1], layout)
+
+    def at_slots(self, slots: torch.Tensor) -> StepCache:
+        """One new token for each slot (loop − 1)·batch + row (slots distinct)."""
+        return StepCache(self.storage, Layout.one_token(slots))
+
+    @property
+    def has_keys(self) -> bool:
+        return any(isinstance(s, KVState) for s in self.storage)
+
+    def reserve(self, entries: int) -> None:
+        """Room for `entries` attention entries per (loop, row): a row's next token
+        appends at most one per loop, so decoding reserves length + 1."""
+        kv = [s for s in self.storage if isinstance(s, KVState)]
+        if not kv or entries <= kv[0].k.shape[1]:
+            return
+        capacity = max(entries, 2 * kv[0].k.shape[1])  # doubling keeps growth rare (generate presizes)
+        self.storage = [s.grown(capacity) if isinstance(s, KVState) else s for s in self.storage]
+        self._make_views()
 
     def fill_exited(self, model, h: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, loop: int) -> None:
         """Tokens that exited after `loop` with frozen states h (m, d), of cache rows
@@ -192,14 +232,15 @@ class InferenceCache:
 
     def nbytes(self) -> int:
         """Bytes held by the states (attention buffers at their allocated capacity)."""
-        tensors = [t for loop in self.states for s in loop if s is not None for t in vars(s).values()]
+        tensors = [t for s in self.storage if s is not None for t in vars(s).values()]
         return sum(t.numel() * t.element_size() for t in tensors) + self.length.numel() * self.length.element_size()
 
     def clone(self) -> "InferenceCache":
         """An independent copy (benchmarks decode from the same prefilled state repeatedly)."""
         out = object.__new__(InferenceCache)
         out.n_loops, out.batch, out.attention_fill = self.n_loops, self.batch, self.attention_fill
-        out.states = [[None if s is None else type(s)(**{k: t.clone() for k, t in vars(s).items()}) for s in loop]
-                      for loop in self.states]
+        out.storage = [None if s is None else type(s)(**{k: t.clone() for k, t in vars(s).items()})
+                       for s in self.storage]
         out.length = self.length.clone()
+        out._make_views()
         return out

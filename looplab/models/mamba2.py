@@ -466,16 +466,14 @@ class Mamba2(nn.Module):
             if out_rows is not None:
                 y = y.index_select(0, out_rows)
         else:
-            # A few rows run: S_new = S + ΔS with ΔS = (exp(dt A) − 1) S + dt x Bᵀ,
-            # added back with index_add_ (its per-row fast path beats index_copy_ on
-            # CPU), and y = S_new C = exp(dt A) (S C) + (dt x)(B·C) from the gathered S.
-            ssm = state.ssm.index_select(0, rows).view(n * g, -1, dstate)
-            y = torch.bmm(C, ssm.transpose(1, 2)).view(n, h, p) * decay
-            bc = torch.bmm(B, C.transpose(1, 2)).view(n, g, 1, 1).expand(n, g, h // g, 1).reshape(n, h, 1)
-            y = y + xdt.view(n, h, p) * bc
-            ssm.view(n, h, -1).mul_(decay - 1)
+            # A few rows run (or rows of different loops: looplab/depth_batching.py): their
+            # states are gathered, stepped, and the change S_new − S added back with
+            # index_add_ (its per-row fast path beats index_copy_'s several times on CPU).
+            old = state.ssm.index_select(0, rows).view(n * g, -1, dstate)
+            ssm = (old.view(n, h, -1) * decay).view(n * g, -1, dstate)
             ssm.addcmul_(xdt, B)
-            state.ssm.index_add_(0, rows, ssm.view(n, h, p, dstate))
+            y = torch.bmm(C, ssm.transpose(1, 2)).view(n, h, p)
+            state.ssm.index_add_(0, rows, torch.sub(ssm, old, out=old).view(n, h, p, dstate))
         return y + x * upcast(self.D)[:, None]
 
     def _step_cuda(self, xBC, dt, A, state: MambaState, rows: torch.Tensor | None) -> torch.Tensor:

@@ -1,0 +1,210 @@
+"""Depth batching: decoding where one backbone step advances every running row by one
+loop, rows at different loops together.
+
+Lockstep decoding (generate.decode_step) runs loop r for the rows whose token is still
+running, then loop r + 1: a batch pays, per new token, the deepest exit among its rows,
+and at a small batch a loop costs about as much for one row as for all of them (the
+weights are read once, the per-operation overhead is fixed). The backbone is shared
+by every loop, so one step can run row a's token at loop 1 and row b's at loop 3: each
+row reads and writes its own loop's states, cache slot (loop − 1)·batch + row
+(models/cache.py). A row whose token is done (its exit under skip, its last loop
+otherwise) is read out and starts its next token at loop 1 in the next step, so the
+steps follow each row's own loops (their mean), not the batch's deepest exit.
+
+Every token computes what decode_step computes: the same states, the same exit rule on
+its own per-token state, the same readout; only which rows share a step changes (so
+its logits equal the full forward's, tests/test_depth_batching.py). Under full,
+forced and dense execution the rows stay in step, as in lockstep.
+
+    batch = DepthBatch(model, cache, policy)      # a prefilled cache (generate.prefill)
+    batch.start(rows, tokens)                     # those rows begin a new token
+    while batch.running:
+        done = batch.advance()                    # one backbone step
+        ...                                       # done.rows' logits: sample, start again
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from looplab.config import ConfigError
+from looplab.models.cache import HOLE, InferenceCache
+from looplab.policy import DENSE, EXIT_RULES, GATE_LOGITS, GIVEN, ExitPolicy, exit_rule
+
+LOCKSTEP, DEPTH = "lockstep", "depth"  # generation's schedules (looplab/generate.py)
+SCHEDULES = (LOCKSTEP, DEPTH)
+IDLE = -1  # a row's depth (loop − 1) when it runs no token
+
+
+@dataclass
+class Done:
+    """The tokens a step finished: their cache rows (m,), exit steps, loops run and,
+    with the readout, next-token logits (m, V)."""
+
+    rows: torch.Tensor
+    exit_step: torch.Tensor
+    loops: torch.Tensor
+    logits: torch.Tensor | None
+
+
+def _take(state, idx: torch.Tensor):
+    """Rows idx of a rule state (a tensor or a tuple of them; None stays None)."""
+    if state is None:
+        return None
+    return tuple(t[idx] for t in state) if isinstance(state, tuple) else state[idx]
+
+
+def _put(store, rows: torch.Tensor, state, batch: int):
+    """Write a rule state of rows (m,) into the per-row store (allocated on first use;
+    a stateless rule's None stays None)."""
+    if state is None:
+        return store
+    parts = state if isinstance(state, tuple) else (state,)
+    if store is None:
+        store = tuple(t.new_zeros((batch, *t.shape[1:])) for t in parts)
+        store = store if isinstance(state, tuple) else store[0]
+    for full, part in zip(store if isinstance(store, tuple) else (store,), parts):
+        full.index_copy_(0, rows, part)
+    return store
+
+
+class DepthBatch:
+    """The running tokens of a prefilled cache's rows (module docstring). readout=False
+    skips the final norm and head (benchmarks time the loops alone; Done.logits is
+    None then).
+
+    Per row it keeps the running token's state h and its rule's state on the model's
+    device, and on the host its depth (loop − 1; IDLE: no token), position and exit
+    step so far: a scheduler's bookkeeping, a few array operations per step, where
+    tensor operations would cost about as much as a small model's loop (and on a GPU
+    a synchronisation each). The device sees a step's slots and positions; the host
+    reads back its exit decisions once per step (none for given or fixed exits)."""
+
+    def __init__(self, model, cache: InferenceCache, policy: ExitPolicy, *, readout: bool = True):
+        if not isinstance(policy, ExitPolicy):
+            raise ConfigError(f"policy={policy!r} is invalid; allowed: an ExitPolicy (e.g. ExitPolicy.parse('skip:0.4'))")
+        policy.check(model.cfg.n_loops)
+        self.model, self.cache, self.policy, self.readout = model, cache, policy, readout
+        self.R, B = model.cfg.n_loops, cache.batch
+        self.device = cache.length.device
+        self.rule = exit_rule(policy, cache.length) if policy.rule in EXIT_RULES else None
+        self.rule_state = None  # per-row state of the rule, (B, ...) on the device
+        self.given = policy.exit_at.cpu().numpy() if policy.rule == GIVEN else None
+        self.skip = policy.execution != DENSE
+        self.fill = self.skip and cache.attention_fill != HOLE
+        self.length = cache.length.cpu().numpy().copy()  # each row's tokens so far, as cache.length
+        self.depth = np.full(B, IDLE, dtype=np.int64)  # loop − 1 of each row's running token
+        self.position = np.zeros(B, dtype=np.int64)
+        self.exit_step = np.full(B, self.R, dtype=np.int64)
+        # Exit steps known when a token starts (given, or fixed by full / forced), as depths.
+        self.exit_depth = np.full(B, (policy.loops_run(self.R) or self.R) - 1, dtype=np.int64)
+        self.h = None  # (B, d) each running token's state
+        self.readout_h = None  # dense: the state at each token's exit step
+        self.steps = 0  # backbone steps run
+
+    @property
+    def running(self) -> bool:
+        return bool((self.depth != IDLE).any())
+
+    def _tensor(self, a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(a).to(self.device)
+
+    @torch.no_grad()
+    def start(self, rows: torch.Tensor, tokens: torch.Tensor) -> None:
+        """Idle rows (m,) begin new tokens (m,) at their next positions."""
+        if rows.numel() == 0:
+            return
+        at = rows.cpu().numpy()
+        if (self.depth[at] != IDLE).any():
+            raise ConfigError("rows is invalid; allowed: rows whose previous token is done")
+        positions = self.length[at]
+        self.length[at] += 1
+        self.cache.length.index_add_(0, rows, torch.ones_like(rows))
+        if self.cache.has_keys:
+            self.cache.reserve(int(positions.max()) + 1)
+        h = self.model.embed(tokens)
+        if self.h is None:
+            self.h = h.new_zeros(self.cache.batch, h.shape[-1])
+            self.readout_h = torch.zeros_like(self.h)
+        self.h.index_copy_(0, rows, h)
+        self.depth[at] = 0
+        self.position[at] = positions
+        self.exit_step[at] = self.R
+        if self.given is not None:
+            self.exit_depth[at] = self.given[at, positions] - 1
+
+    @torch.no_grad()
+    def advance(self) -> Done:
+        """One backbone step: every running row's token runs its next loop; returns the
+        tokens that are done."""
+        R, B, model = self.R, self.cache.batch, self.model
+        rows = np.flatnonzero(self.depth != IDLE)
+        every = rows.shape[0] == B  # every row runs: nothing of the rows' own to gather
+        rows_t = None if every else self._tensor(rows)
+        depth = self.depth[rows]
+        slots = self._tensor(rows + depth * B)  # (loop − 1)·batch + row
+        h_in = self.h if every else self.h[rows_t]
+        h = model.step(h_in[:, None], self._tensor(self.position[rows])[:, None],
+                       cache=self.cache.at_slots(slots))[:, 0]
+        if every:
+            self.h = h
+        else:
+            self.h.index_copy_(0, rows_t, h)
+        self.steps += 1
+        exit_step = self.exit_step[rows]
+        # A token's first step reaching its exit is its exit (under dense it runs on).
+        leaving = self._reached(rows, rows_t, depth, h) & (depth < R - 1) & (exit_step == R)
+        exit_step = np.where(leaving, depth + 1, exit_step)
+        self.exit_step[rows] = exit_step
+        last = depth == R - 1
+        if self.skip:
+            done = leaving | last
+            if self.fill and leaving.any():
+                self._fill(rows[leaving], h[self._tensor(np.flatnonzero(leaving))], depth[leaving] + 1)
+            out_h = h
+        else:  # dense: every loop runs; the readout state is the one at the exit step
+            old = self.readout_h if every else self.readout_h[rows_t]
+            readout_h = torch.where(self._tensor(leaving)[:, None], h, old)
+            if every:
+                self.readout_h = readout_h
+            else:
+                self.readout_h.index_copy_(0, rows_t, readout_h)
+            done = last
+            out_h = torch.where(self._tensor(exit_step == R)[:, None], h, readout_h)
+        self.depth[rows] = np.where(done, IDLE, depth + 1)
+        at = np.flatnonzero(done)
+        ends = torch.from_numpy(exit_step[at])
+        logits = model.logits(out_h[self._tensor(at)]) if self.readout and at.shape[0] else None
+        return Done(torch.from_numpy(rows[at]), ends, self.policy.loops_of(ends, R), logits)
+
+    def _reached(self, rows: np.ndarray, rows_t: torch.Tensor | None, depth: np.ndarray,
+                 h: torch.Tensor) -> np.ndarray:
+        """Where each token's exit rule says exit after its loop (read for loops < R)."""
+        if self.rule is None:  # given or fixed exit steps
+            return depth == self.exit_depth[rows]
+        value = self.model.exit_logit(h) if self.rule.reads == GATE_LOGITS else self.model.logits(h)
+        token_rows = self._tensor(rows) if rows_t is None else rows_t
+        fresh = depth == 0  # a token's first step: its rule starts afresh
+        parts = []
+        for group, first in ((fresh, True), (~fresh, False)):
+            sub = self._tensor(np.flatnonzero(group))
+            if sub.numel():
+                state = None if first else _take(self.rule_state, token_rows[sub])
+                s, state = self.rule.statistic(value[sub], state)
+                self.rule_state = _put(self.rule_state, token_rows[sub], state, self.cache.batch)
+                parts.append((sub, s))
+        stat = parts[0][1].new_empty(rows.shape[0])
+        for sub, s in parts:
+            stat[sub] = s
+        return self.rule.decide(stat).cpu().numpy()
+
+    def _fill(self, rows: np.ndarray, h: torch.Tensor, loop: np.ndarray) -> None:
+        """attention_fill="exit_state": exited tokens leave their keys and values in the
+        deeper loops (models/cache.py), per exit loop."""
+        for r in np.unique(loop).tolist():
+            at = loop == r
+            self.cache.fill_exited(self.model, h[self._tensor(np.flatnonzero(at))], self._tensor(rows[at]),
+                                   self._tensor(self.position[rows[at]]), r)
