@@ -51,6 +51,13 @@ the mean executed loops of the new tokens, peak memory of the decoding (delta an
 absolute, as above) and the cache's size. Under bf16 the prompt's prefill and each
 decoding run are under autocast. Work follows the running tokens: each loop runs
 only the rows whose token is still active.
+
+Skip decodes in a schedule (`--schedule`, a column; full always runs in lockstep):
+lockstep (each new token of every row runs its loops together: the batch takes its
+deepest token's loops in backbone steps) or depth (looplab/depth_batching.py: a row
+feeds its next token as soon as its last one is done, rows at different loops share
+a step). `steps` is the backbone steps per new token; with the readout, depth reads
+out whichever rows finish at each step, so it runs the head more often on fewer rows.
 """
 
 from __future__ import annotations
@@ -65,6 +72,7 @@ import numpy as np
 import torch
 
 from looplab.config import ConfigError
+from looplab.depth_batching import DEPTH, LOCKSTEP, SCHEDULES
 from looplab.errors import check, invalid
 from looplab.evaluate import autocast_context
 from looplab.holes import round_depth
@@ -328,12 +336,18 @@ class DecodeRecord:
     cache_bytes: int  # the prefilled cache (Mamba-2 states: independent of seq_len)
     dtype: str  # fp32, or bf16 (autocast)
     device: str
+    schedule: str = LOCKSTEP  # skip's decode schedule (full decodes in lockstep: every row runs every loop)
+    steps_skip: float = 0.0  # backbone steps per new token under skip (lockstep: loops run by the batch)
     kind: str = "decode"
 
 
-def _decode_runs(model, ids: torch.Tensor, seq_len: int, policy: ExitPolicy, attention_fill: str, dtype: str):
+def _decode_runs(model, ids: torch.Tensor, seq_len: int, policy: ExitPolicy, attention_fill: str, dtype: str,
+                 schedule: str = LOCKSTEP):
     """The prefilled caches of `policy` and its dense twin, and decoding(p, readout,
-    loops) -> a call that decodes ids[:, seq_len:] from a copy of p's cache."""
+    loops) -> a call that decodes ids[:, seq_len:] from a copy of p's cache (the dense
+    twin in lockstep, `policy` under `schedule`); loops receives each new token's loops
+    and the backbone steps (as a negative count after them)."""
+    from looplab.depth_batching import decode_given_tokens
     from looplab.generate import decode_step, prefill
 
     device, dense = ids.device, replace(policy, execution=DENSE)
@@ -346,24 +360,34 @@ def _decode_runs(model, ids: torch.Tensor, seq_len: int, policy: ExitPolicy, att
         cache = caches[p].clone()  # every run decodes from the same prefilled state
 
         def run():
+            if schedule == DEPTH and p is policy:
+                batch = decode_given_tokens(model, cache, ids, seq_len, p, readout=readout,
+                                            on_done=None if loops is None else lambda done: loops.append(done.loops))
+                if loops is not None:
+                    loops.append(torch.tensor([-batch.steps]))
+                return
             for t in range(seq_len, ids.shape[1]):
                 out = decode_step(model, cache, ids[:, t], p, readout=readout)
                 if loops is not None:
                     loops.append(out.loops)
+                    loops.append(-out.loops.max()[None])  # lockstep: the batch runs its deepest token's loops
         return under_dtype(run, device, dtype)  # one autocast region per decoding, as a generate call
     return dense, caches, decoding
 
 
 @torch.no_grad()
 def decode_peaks(model, ids: torch.Tensor, seq_len: int, policy: ExitPolicy, attention_fill: str = "hole",
-                 dtype: str = "fp32") -> tuple[Peak, Peak]:
+                 dtype: str = "fp32", schedule: str = LOCKSTEP) -> tuple[Peak, Peak]:
     """Peak memory of decoding under the dense twin and under `policy`, each after a warm-up decoding."""
-    dense, _, decoding = _decode_runs(model, ids, seq_len, policy, attention_fill, dtype)
+    dense, _, decoding = _decode_runs(model, ids, seq_len, policy, attention_fill, dtype, schedule)
     decoding(dense)(), decoding(policy)()
     return peak_memory(decoding(dense), ids.device), peak_memory(decoding(policy), ids.device)
 
 
-def _check_decode_point(ids: torch.Tensor, seq_len: int, policy: ExitPolicy, dtype: str) -> None:
+def _check_decode_point(ids: torch.Tensor, seq_len: int, policy: ExitPolicy, dtype: str,
+                        schedule: str = LOCKSTEP) -> None:
+    if schedule not in SCHEDULES:
+        raise ConfigError(f"schedule={schedule!r} is invalid; allowed: {' | '.join(SCHEDULES)}")
     if policy.execution != SKIP:
         raise ConfigError(f"bench policy {policy.spec!r} is invalid; allowed: skip policies (skip:Q), which "
                           "it compares with full execution")
@@ -375,20 +399,23 @@ def _check_decode_point(ids: torch.Tensor, seq_len: int, policy: ExitPolicy, dty
 @torch.no_grad()
 def bench_decode_point(model, ids: torch.Tensor, seq_len: int, policy: ExitPolicy, *, warmup: int = 1,
                        repeats: int = 3, oracle_mean: float | None = None,
-                       attention_fill: str = "hole", dtype: str = "fp32",
+                       attention_fill: str = "hole", dtype: str = "fp32", schedule: str = LOCKSTEP,
                        peaks: tuple[Peak, Peak] | None = None) -> DecodeRecord:
     """Decode ids[:, seq_len:] one token at a time after prefilling ids[:, :seq_len],
-    under `policy` (skip: gate threshold or given exits) and its dense twin. peaks: the
-    two decodings' memory, measured beforehand (run_decode_grid); None measures it here."""
-    _check_decode_point(ids, seq_len, policy, dtype)
+    under `policy` (skip: gate threshold or given exits; in `schedule`) and its dense
+    twin. peaks: the two decodings' memory, measured beforehand (run_decode_grid);
+    None measures it here."""
+    _check_decode_point(ids, seq_len, policy, dtype, schedule)
     if peaks is None:
         peaks = measured_peaks(decode_peaks, [dict(model=model, ids=ids, seq_len=seq_len, policy=policy,
-                                                   attention_fill=attention_fill, dtype=dtype)])[0]
+                                                   attention_fill=attention_fill, dtype=dtype, schedule=schedule)])[0]
     device, n_new = ids.device, ids.shape[1] - seq_len
-    dense, caches, decoding = _decode_runs(model, ids, seq_len, policy, attention_fill, dtype)
-    loops: list[torch.Tensor] = []
-    decoding(policy, False, loops)()  # the probe: executed loops of the new tokens
-    mean_loops = float(torch.cat(loops).float().mean())
+    dense, caches, decoding = _decode_runs(model, ids, seq_len, policy, attention_fill, dtype, schedule)
+    probe: list[torch.Tensor] = []
+    decoding(policy, False, probe)()  # the probe: executed loops of the new tokens, and the steps they took
+    counts = torch.cat(probe)
+    mean_loops = float(counts[counts > 0].float().mean())
+    steps = float(-counts[counts < 0].sum()) / n_new
     variants = {(p, readout): [] for readout in (True, False) for p in (dense, policy)}
     for repeat in range(warmup + repeats):
         for (p, readout), times in variants.items():  # alternate: drifting background load hits all alike
@@ -407,25 +434,29 @@ def bench_decode_point(model, ids: torch.Tensor, seq_len: int, policy: ExitPolic
         tokens_per_s_skip=bsz / t[policy, True], loops_time_full_s=t[dense, False],
         loops_time_skip_s=t[policy, False], loops_speedup=t[dense, False] / t[policy, False],
         peak_mem_full=mem_full.delta, peak_mem_skip=mem_skip.delta, peak_mem_abs_full=mem_full.absolute,
-        peak_mem_abs_skip=mem_skip.absolute, cache_bytes=caches[policy].nbytes(), dtype=dtype, device=str(device))
+        peak_mem_abs_skip=mem_skip.absolute, cache_bytes=caches[policy].nbytes(), dtype=dtype, device=str(device),
+        schedule=schedule, steps_skip=steps)
 
 
 def run_decode_grid(model, task, *, batches, seq_lens, new_tokens: int = 32, policies=(),
                     oracle_mean: float | None = None, warmup: int = 1, repeats: int = 3,
                     attention_fill: str = "hole", dtype: str = "fp32", device: torch.device | str = "cpu",
-                    seed: int = 0, on_record=None) -> list[DecodeRecord]:
-    """Every (batch, seq_len) × policy point of the decode benchmark (module docstring)."""
+                    seed: int = 0, schedules=(LOCKSTEP,), on_record=None) -> list[DecodeRecord]:
+    """Every (batch, seq_len) × policy × schedule point of the decode benchmark (module docstring)."""
     if oracle_mean is None and not policies:
         raise ConfigError("bench needs skip policies or an oracle mean; allowed: --policies skip:0.2,0.4 or "
                           "--oracle-mean 2.0")
     check_dtype(dtype)
     device = torch.device(device)
     model = model.to(device).eval()
-    points = _grid_points(model, task, batches, seq_lens, policies, oracle_mean, seed, device, new_tokens)
+    points = [dict(point, schedule=schedule)
+              for point in _grid_points(model, task, batches, seq_lens, policies, oracle_mean, seed, device, new_tokens)
+              for schedule in schedules]
     for p in points:
-        _check_decode_point(p["ids"], p["seq_len"], p["policy"], dtype)
+        _check_decode_point(p["ids"], p["seq_len"], p["policy"], dtype, p["schedule"])
     peaks = measured_peaks(decode_peaks, [dict(model=model, ids=p["ids"], seq_len=p["seq_len"], policy=p["policy"],
-                                               attention_fill=attention_fill, dtype=dtype) for p in points])
+                                               attention_fill=attention_fill, dtype=dtype, schedule=p["schedule"])
+                                          for p in points])
     records = []
     for point, point_peaks in zip(points, peaks):
         record = bench_decode_point(model, warmup=warmup, repeats=repeats, attention_fill=attention_fill, dtype=dtype,
@@ -436,13 +467,14 @@ def run_decode_grid(model, task, *, batches, seq_lens, new_tokens: int = 32, pol
     return records
 
 
-DECODE_HEADER = ("batch  context  policy      dtype  loops  ideal  full ms  skip ms  tok/s full  tok/s skip  speedup  "
+DECODE_HEADER = ("batch  context  policy      schedule  dtype  loops  steps  ideal  full ms  skip ms  tok/s full  tok/s skip  speedup  "
                  "loops only: full ms  skip ms  speedup  of ideal  " + MEMORY_HEADER + "      cache")
 
 
 def format_decode_record(r: DecodeRecord) -> str:
     policy = r.policy if r.oracle_mean is None else f"oracle {r.oracle_mean:.2f}"
-    return (f"{r.batch:5d}  {r.seq_len:7d}  {policy:10s}  {r.dtype:5s}  {r.mean_executed_loops:5.2f}  "
+    return (f"{r.batch:5d}  {r.seq_len:7d}  {policy:10s}  {r.schedule:8s}  {r.dtype:5s}  {r.mean_executed_loops:5.2f}  "
+            f"{r.steps_skip:5.2f}  "
             f"{r.ideal_speedup:5.2f}  {r.time_full_s * 1e3:7.2f}  {r.time_skip_s * 1e3:7.2f}  "
             f"{r.tokens_per_s_full:10.0f}  {r.tokens_per_s_skip:10.0f}  {r.speedup:6.2f}x  "
             f"{r.loops_time_full_s * 1e3:19.2f}  {r.loops_time_skip_s * 1e3:7.2f}  {r.loops_speedup:6.2f}x  "
@@ -455,10 +487,10 @@ def context_scaling(records: list[DecodeRecord]) -> list[str]:
     lines = []
     groups: dict[tuple, list[DecodeRecord]] = {}
     for r in records:
-        groups.setdefault((r.batch, r.policy, r.oracle_mean), []).append(r)
-    for (batch, _, _), rs in groups.items():
+        groups.setdefault((r.batch, r.policy, r.oracle_mean, r.schedule), []).append(r)
+    for (batch, _, _, schedule), rs in groups.items():
         if len(rs) > 1:
             short, long = min(rs, key=lambda r: r.seq_len), max(rs, key=lambda r: r.seq_len)
-            lines.append(f"batch {batch}: per-token time at context {long.seq_len} / {short.seq_len}: "
+            lines.append(f"batch {batch} ({schedule}): per-token time at context {long.seq_len} / {short.seq_len}: "
                          f"full {long.time_full_s / short.time_full_s:.2f}, skip {long.time_skip_s / short.time_skip_s:.2f}")
     return lines

@@ -10,6 +10,7 @@
     looplab lm-eval --checkpoint runs/lm/checkpoint --tasks piqa,my_task [--include-path DIR] [--tokenizer bytes] [--output out.json]
     looplab bench --preset local --batch 1,8,16 --seq-len 512,1024 --oracle-mean 2.0 [--dtype bf16] [--packing padded] [--json out.json]
     looplab bench --decode --preset local --batch 1,8,64 --seq-len 128,2048 --oracle-mean 2.0 [--new-tokens 32]
+                  [--schedule lockstep,depth]
     looplab generate --checkpoint runs/lm/checkpoint --prompt "Once upon a time" [--policy skip:0.4] [--json]
     looplab presets
     looplab info --preset paper-140m [arch=hybrid ...]
@@ -99,6 +100,16 @@ def _policies(text: str):
         return parse_policies(text)
     except ConfigError as e:
         raise argparse.ArgumentTypeError(str(e).removeprefix("policies ").removeprefix("policy ")) from None
+
+
+def _schedules(text: str) -> list[str]:
+    from looplab.depth_batching import SCHEDULES
+
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [n for n in names if n not in SCHEDULES]
+    if not names or bad:
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: comma-separated {' | '.join(SCHEDULES)}")
+    return list(dict.fromkeys(names))
 
 
 def _checkpoint(path: str, argument: str = "--checkpoint") -> None:
@@ -341,7 +352,7 @@ def cmd_bench(args) -> int:
                                       new_tokens=args.new_tokens, policies=args.policies,
                                       oracle_mean=args.oracle_mean, warmup=args.warmup, repeats=args.repeats,
                                       attention_fill=args.attention_fill, dtype=args.dtype, device=device,
-                                      on_record=lambda r: print(format_decode_record(r), file=sys.stderr, flush=True))
+                                      schedules=args.schedule, on_record=lambda r: print(format_decode_record(r), file=sys.stderr, flush=True))
             for line in context_scaling(records):
                 print(line, file=sys.stderr)
         else:
@@ -544,6 +555,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--new-tokens", type=at_least(1), default=32, help="--decode: tokens decoded per row")
     b.add_argument("--attention-fill", choices=("hole", "exit_state"), default="hole",
                    help="--decode: what exited tokens leave in deeper attention layers")
+    b.add_argument("--schedule", type=_schedules, default="lockstep",
+                   help="--decode: skip's schedules, comma-separated: lockstep | depth (rows at different loops "
+                        "share a step; looplab/depth_batching.py) (default lockstep)")
     b.add_argument("--threads", type=at_least(0), default=0, help="torch threads (default: torch's)")
     b.add_argument("--warmup", type=at_least(0), default=2)
     b.add_argument("--repeats", type=at_least(1), default=5)

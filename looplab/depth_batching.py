@@ -26,6 +26,7 @@ forced and dense execution the rows stay in step, as in lockstep.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -208,3 +209,25 @@ class DepthBatch:
             at = loop == r
             self.cache.fill_exited(self.model, h[self._tensor(np.flatnonzero(at))], self._tensor(rows[at]),
                                    self._tensor(self.position[rows[at]]), r)
+
+
+@torch.no_grad()
+def decode_given_tokens(model, cache: InferenceCache, ids: torch.Tensor, first: int, policy: ExitPolicy, *,
+                        readout: bool = True, on_done: Callable[[Done], None] | None = None) -> DepthBatch:
+    """Feed each row's tokens ids[b, first:] (teacher forcing: the next token is known,
+    as in the decode benchmark), each as soon as the row's previous token is done.
+    Returns the batch (its `steps`); on_done sees every step's finished tokens."""
+    batch = DepthBatch(model, cache, policy, readout=readout)
+    width = ids.shape[1]
+    nxt = torch.full((ids.shape[0],), first, dtype=torch.long, device=ids.device)  # each row's next position
+    rows = torch.arange(ids.shape[0], device=ids.device)
+    while True:
+        rows = rows[nxt[rows] < width]
+        batch.start(rows, ids[rows, nxt[rows]])
+        nxt[rows] += 1
+        if not batch.running:
+            return batch
+        done = batch.advance()
+        if on_done is not None:
+            on_done(done)
+        rows = done.rows.to(ids.device)

@@ -137,7 +137,7 @@ DECODE = "decode"
 DECODE_BENCH_METRICS = ("speedup", "ideal_speedup", "mean_executed_loops", "time_full_s", "time_skip_s",
                         "tokens_per_s_full", "tokens_per_s_skip", "loops_time_full_s", "loops_time_skip_s",
                         "loops_speedup", "peak_mem_full", "peak_mem_skip", "peak_mem_abs_full", "peak_mem_abs_skip",
-                        "cache_bytes")
+                        "cache_bytes", "steps_skip")
 
 _QUANTITY = "|".join(re.escape(q) for q in EVAL_QUANTITIES)
 _FAMILY = "|".join(re.escape(f) for f in LM_EVAL_FAMILIES)
@@ -395,12 +395,13 @@ def latest_metrics(mlflow_client, run_id: str) -> dict[str, float]:
 def bench_point_name(record: dict[str, Any]) -> str:
     """A benchmark grid point's metric prefix, e.g. b8_L512_skip:0.4 -> b8_L512_skip_q0.4;
     decode points start with decode_ (decode_b8_L2048_oracle2.0), an exit_state
-    attention fill ends with _fill."""
+    attention fill ends with _fill, the depth schedule with _depth."""
     policy = (f"oracle{record['oracle_mean']}" if record.get("oracle_mean") is not None
               else ExitPolicy.parse(record["policy"]).metric_prefix.rstrip("_"))
     name = f"b{record['batch']}_L{record['seq_len']}_{policy}"
     if record.get("kind") == DECODE:
         name = f"{DECODE}_{name}" + ("_fill" if record.get("attention_fill") == "exit_state" else "")
+        name += "_depth" if record.get("schedule") == "depth" else ""
     return name
 
 

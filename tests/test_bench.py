@@ -178,6 +178,13 @@ def test_decode_point_reports_consistent_figures():
                            peaks=UNMEASURED)
     assert (r.batch, r.seq_len, r.new_tokens, r.kind) == (3, 32, 8, "decode")
     assert r.mean_executed_loops == pytest.approx(float(exit_at[:, 32:].float().mean()))  # the new tokens' exits
+    # Lockstep: each new token costs the batch its deepest token's loops; depth: no row
+    # ever waits, so the steps are the busiest row's loops.
+    assert r.steps_skip == pytest.approx(float(exit_at[:, 32:].max(0).values.float().mean()))
+    d = bench_decode_point(model, ids, 32, ExitPolicy.given(exit_at), warmup=0, repeats=1, oracle_mean=2.0,
+                           peaks=UNMEASURED, schedule="depth")
+    assert d.schedule == "depth" and d.mean_executed_loops == r.mean_executed_loops
+    assert d.steps_skip == pytest.approx(float(exit_at[:, 32:].sum(1).max()) / 8)
     assert r.ideal_speedup == pytest.approx(4 / r.mean_executed_loops)
     assert r.speedup == pytest.approx(r.time_full_s / r.time_skip_s)
     assert r.tokens_per_s_skip == pytest.approx(3 / r.time_skip_s)
@@ -195,10 +202,16 @@ def test_bench_decode_command_writes_records_and_logs_to_mlflow(tmp_path, capsys
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     assert main(["bench", "--decode", "--preset", "phop-debug", "--batch", "2", "--seq-len", "16,48",
                  "--new-tokens", "4", "--oracle-mean", "2.0", "--repeats", "1", "--warmup", "0", "--dtype", "bf16",
-                 "--json", str(tmp_path / "d.json"), "--tracking-uri", uri, "n_loops=4"]) == 0
+                 "--schedule", "lockstep,depth", "--json", str(tmp_path / "d.json"), "--tracking-uri", uri,
+                 "n_loops=4"]) == 0
     records = json.loads((tmp_path / "d.json").read_text())
-    assert [(r["seq_len"], r["new_tokens"], r["kind"]) for r in records] == [(16, 4, "decode"), (48, 4, "decode")]
-    assert records[0]["cache_bytes"] == records[1]["cache_bytes"]  # Mamba-2 states: no growth with the context
+    assert [(r["seq_len"], r["schedule"], r["kind"]) for r in records] == [
+        (16, "lockstep", "decode"), (16, "depth", "decode"), (48, "lockstep", "decode"), (48, "depth", "decode")]
+    assert records[0]["cache_bytes"] == records[2]["cache_bytes"]  # Mamba-2 states: no growth with the context
+    # The same exits: the same mean loops; depth batching never takes more steps than lockstep.
+    for lock, depth in (records[:2], records[2:]):
+        assert lock["mean_executed_loops"] == depth["mean_executed_loops"]
+        assert depth["steps_skip"] <= lock["steps_skip"] <= 4
     assert all(r["dtype"] == "bf16" and r["peak_mem_abs_skip"] >= r["peak_mem_skip"] for r in records)
     err = capsys.readouterr().err
     assert "per-token time at context 48 / 16" in err
@@ -207,5 +220,6 @@ def test_bench_decode_command_writes_records_and_logs_to_mlflow(tmp_path, capsys
 
     runs = MlflowClient(uri).search_runs([MlflowClient(uri).get_experiment_by_name("looplab-bench").experiment_id])
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
-    assert {"decode_b2_L16_oracle2.0.tokens_per_s_skip", "decode_b2_L48_oracle2.0.loops_speedup"} <= set(
+    assert {"decode_b2_L16_oracle2.0.tokens_per_s_skip", "decode_b2_L48_oracle2.0.loops_speedup",
+            "decode_b2_L48_oracle2.0_depth.steps_skip"} <= set(
         runs[0].data.metrics)

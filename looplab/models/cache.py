@@ -13,7 +13,10 @@ its cache by layer alone, which would let loop 2 overwrite loop 1's state.
                     length: the entries of each row (B,)
     MLP block       nothing
 
-A backbone step reads and writes the states through a `StepCache` (one loop, one
+Each block's states of all loops live in one storage (loop r's row b at slot
+(r − 1)·batch + b); loop r's states are views of it. A backbone step reads and writes
+the states through a `StepCache` (one loop's views, or the storage addressed by slots
+so that rows at different loops share a step: looplab/depth_batching.py, and a
 `Layout`), whose `block(j)` hands each mixer its own state; mixers take it as the
 `cache` argument of forward (models/mamba2.py, models/attention.py). The Layout says
 where each cache row's tokens sit in the tensor the step runs on: a prefill layout
