@@ -16,6 +16,8 @@ from looplab.policy import ExitPolicy
 from reference import ssm_sequential
 from test_adaptive import gated_model
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 R = 4
 ATTENTION = ("transformer", "hybrid")
 # (arch, attention_fill): Mamba-2 backbones have no attention to fill.
@@ -28,16 +30,6 @@ def model_for(arch, seed):
     if arch == "mamba2-2groups":
         return gated_model("mamba2", seed=seed, ngroups=2, mixers_per_layer=2)
     return gated_model(arch, seed=seed)
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models: one thread is faster and steadier (two threads wait on each other
-    for every small matrix product on a busy machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def policies(bsz, width, seed=0):

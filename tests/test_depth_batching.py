@@ -8,8 +8,10 @@ from looplab.config import ConfigError
 from looplab.depth_batching import DepthBatch
 from looplab.generate import prefill
 from looplab.policy import ExitPolicy
-from test_decode import BACKBONES, R, batch, full_forward, model_for, one_thread, policies  # noqa: F401
+from test_decode import BACKBONES, R, batch, full_forward, model_for, policies
 from test_adaptive import gated_model
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def teacher_forced(m, ids, start, policy, fill="hole", readout=True):
