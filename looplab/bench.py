@@ -64,7 +64,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from typing import Callable, TypeVar
 
@@ -341,12 +341,20 @@ class DecodeRecord:
     kind: str = "decode"
 
 
+@dataclass
+class Probe:
+    """What one decoding ran: each new token's loops, and the backbone steps in all."""
+
+    loops: list[torch.Tensor] = field(default_factory=list)
+    steps: int = 0
+
+
 def _decode_runs(model, ids: torch.Tensor, seq_len: int, policy: ExitPolicy, attention_fill: str, dtype: str,
                  schedule: str = LOCKSTEP):
     """The prefilled caches of `policy` and its dense twin, and decoding(p, readout,
-    loops) -> a call that decodes ids[:, seq_len:] from a copy of p's cache (the dense
-    twin in lockstep, `policy` under `schedule`); loops receives each new token's loops
-    and the backbone steps (as a negative count after them)."""
+    probe) -> a call that decodes ids[:, seq_len:] from a copy of p's cache (the dense
+    twin in lockstep, `policy` under `schedule`); a Probe receives the new tokens'
+    loops and the backbone steps they took."""
     from looplab.depth_batching import decode_given_tokens
     from looplab.generate import decode_step, prefill
 
@@ -356,21 +364,21 @@ def _decode_runs(model, ids: torch.Tensor, seq_len: int, policy: ExitPolicy, att
         return prefill(model, ids[:, :seq_len], p, capacity=ids.shape[1], attention_fill=attention_fill).cache
     caches = {p: under_dtype(partial(prefilled, p), device, dtype)() for p in (dense, policy)}
 
-    def decoding(p: ExitPolicy, readout: bool = True, loops: list | None = None):
+    def decoding(p: ExitPolicy, readout: bool = True, probe: Probe | None = None):
         cache = caches[p].clone()  # every run decodes from the same prefilled state
 
         def run():
             if schedule == DEPTH and p is policy:
                 batch = decode_given_tokens(model, cache, ids, seq_len, p, readout=readout,
-                                            on_done=None if loops is None else lambda done: loops.append(done.loops))
-                if loops is not None:
-                    loops.append(torch.tensor([-batch.steps]))
+                                            on_done=None if probe is None else lambda done: probe.loops.append(done.loops))
+                if probe is not None:
+                    probe.steps = batch.steps
                 return
             for t in range(seq_len, ids.shape[1]):
                 out = decode_step(model, cache, ids[:, t], p, readout=readout)
-                if loops is not None:
-                    loops.append(out.loops)
-                    loops.append(-out.loops.max()[None])  # lockstep: the batch runs its deepest token's loops
+                if probe is not None:
+                    probe.loops.append(out.loops)
+                    probe.steps += int(out.loops.max())  # lockstep: the batch runs its deepest token's loops
         return under_dtype(run, device, dtype)  # one autocast region per decoding, as a generate call
     return dense, caches, decoding
 
@@ -411,11 +419,10 @@ def bench_decode_point(model, ids: torch.Tensor, seq_len: int, policy: ExitPolic
                                                    attention_fill=attention_fill, dtype=dtype, schedule=schedule)])[0]
     device, n_new = ids.device, ids.shape[1] - seq_len
     dense, caches, decoding = _decode_runs(model, ids, seq_len, policy, attention_fill, dtype, schedule)
-    probe: list[torch.Tensor] = []
+    probe = Probe()
     decoding(policy, False, probe)()  # the probe: executed loops of the new tokens, and the steps they took
-    counts = torch.cat(probe)
-    mean_loops = float(counts[counts > 0].float().mean())
-    steps = float(-counts[counts < 0].sum()) / n_new
+    mean_loops = float(torch.cat(probe.loops).float().mean())
+    steps = probe.steps / n_new
     variants = {(p, readout): [] for readout in (True, False) for p in (dense, policy)}
     for repeat in range(warmup + repeats):
         for (p, readout), times in variants.items():  # alternate: drifting background load hits all alike

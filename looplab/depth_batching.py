@@ -91,7 +91,7 @@ class DepthBatch:
         self.model, self.cache, self.policy, self.readout = model, cache, policy, readout
         self.R, B = model.cfg.n_loops, cache.batch
         self.device = cache.length.device
-        self.rule = exit_rule(policy, cache.length) if policy.rule in EXIT_RULES else None
+        self.rule = exit_rule(policy) if policy.rule in EXIT_RULES else None
         self.rule_state = None  # per-row state of the rule, (B, ...) on the device
         self.given = policy.exit_at.cpu().numpy() if policy.rule == GIVEN else None
         self.skip = policy.execution != DENSE
@@ -183,12 +183,19 @@ class DepthBatch:
 
     def _reached(self, rows: np.ndarray, rows_t: torch.Tensor | None, depth: np.ndarray,
                  h: torch.Tensor) -> np.ndarray:
-        """Where each token's exit rule says exit after its loop (read for loops < R)."""
+        """Where each token's exit rule says exit after its loop (False at loop R)."""
         if self.rule is None:  # given or fixed exit steps
             return depth == self.exit_depth[rows]
+        # Only tokens before their last loop decide (as in decode_step): a zoo rule's
+        # head is not run for the others.
+        live = np.flatnonzero(depth < self.R - 1)
+        reached = np.zeros(rows.shape[0], dtype=bool)
+        if live.shape[0] == 0:
+            return reached
+        token_rows = (self._tensor(rows) if rows_t is None else rows_t)[self._tensor(live)]
+        h = h[self._tensor(live)]
         value = self.model.exit_logit(h) if self.rule.reads == GATE_LOGITS else self.model.logits(h)
-        token_rows = self._tensor(rows) if rows_t is None else rows_t
-        fresh = depth == 0  # a token's first step: its rule starts afresh
+        fresh = depth[live] == 0  # a token's first step: its rule starts afresh
         parts = []
         for group, first in ((fresh, True), (~fresh, False)):
             sub = self._tensor(np.flatnonzero(group))
@@ -197,10 +204,11 @@ class DepthBatch:
                 s, state = self.rule.statistic(value[sub], state)
                 self.rule_state = _put(self.rule_state, token_rows[sub], state, self.cache.batch)
                 parts.append((sub, s))
-        stat = parts[0][1].new_empty(rows.shape[0])
+        stat = parts[0][1].new_empty(live.shape[0])
         for sub, s in parts:
             stat[sub] = s
-        return self.rule.decide(stat).cpu().numpy()
+        reached[live] = self.rule.decide(stat).cpu().numpy()
+        return reached
 
     def _fill(self, rows: np.ndarray, h: torch.Tensor, loop: np.ndarray) -> None:
         """attention_fill="exit_state": exited tokens leave their keys and values in the

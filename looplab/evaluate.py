@@ -104,7 +104,7 @@ def evaluate_readouts(model, batch: Batch, policies, *, batch_size: int = 64, de
     for start in range(0, len(batch), batch_size):
         part = batch.slice(start, start + batch_size).to(device)
         mask = part.targets != IGNORE_INDEX
-        rules = {p: exit_rule(p, part.ids) for p in dense}
+        rules = {p: exit_rule(p) for p in dense}
         exit_steps = {p: torch.full_like(part.ids, R) for p in dense}
         states = dict.fromkeys(zoo_rules)  # each zoo statistic's state, shared by its thresholds
         with autocast_context(device, precision):

@@ -157,7 +157,7 @@ def decode_step(model, cache: InferenceCache, tokens: torch.Tensor, policy: Exit
         cache.reserve(int(positions.max()) + 1)
 
     if policy.rule in EXIT_RULES:  # the gate's threshold rule or a zoo rule, per token, from zero:
-        rule = exit_rule(policy, positions)  # each new token decides afresh
+        rule = exit_rule(policy)  # each new token decides afresh
     elif policy.rule == GIVEN:
         steps = policy.exit_at.to(tokens.device)[row_ids, positions]
     else:

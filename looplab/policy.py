@@ -341,7 +341,7 @@ class ExitRule(ABC):
 
     reads: str
 
-    def __init__(self, like: torch.Tensor | None, value: float | int):
+    def __init__(self, value: float | int):
         self.value = value
         self._state = None
 
@@ -388,7 +388,7 @@ def threshold_exit_steps(gate_logits: torch.Tensor, q: float) -> torch.Tensor:
     import torch
 
     n_loops = gate_logits.shape[0] + 1
-    rule = GateThreshold(gate_logits[0], q)
+    rule = GateThreshold(q)
     exit_step = torch.full(gate_logits.shape[1:], n_loops, dtype=torch.long, device=gate_logits.device)
     for r in range(1, n_loops):
         exit_step = torch.where(rule.update(gate_logits[r - 1]) & (exit_step == n_loops), r, exit_step)
@@ -477,9 +477,9 @@ class StableArgmax(StepLogitsRule):
 EXIT_RULES = {GATE: GateThreshold, ENTROPY: EntropyBelow, KL: KLBelow, STABLE: StableArgmax}
 
 
-def exit_rule(policy: ExitPolicy, like: torch.Tensor):
+def exit_rule(policy: ExitPolicy):
     """The rule object deciding `policy`'s exits step by step (gate or zoo rule), fresh
-    for one forward over tokens shaped like `like` (B, L)."""
+    for one forward (its state takes the shape of the values it reads)."""
     if policy.rule not in EXIT_RULES:
         raise ConfigError(f"policy {policy.spec!r} has no exit rule; allowed: rules {' | '.join(EXIT_RULES)}")
-    return EXIT_RULES[policy.rule](like, policy.q if policy.rule == GATE else policy.threshold)
+    return EXIT_RULES[policy.rule](policy.q if policy.rule == GATE else policy.threshold)

@@ -210,6 +210,7 @@ def test_cuda_path_saves_what_the_memory_model_counts(triton_chunk_scan, monkeyp
     from looplab.config import ModelConfig
     from looplab.memory import mamba2_block
     from looplab.models.layers import Residual
+    from test_memory import saved_bytes
 
     s = SHAPES[shape]
     cfg = ModelConfig(vocab_size=64, n_layers=1, n_loops=1, **{k: v for k, v in s.items()})
@@ -219,16 +220,5 @@ def test_cuda_path_saves_what_the_memory_model_counts(triton_chunk_scan, monkeyp
     monkeypatch.setattr(mamba2, "_cuda_kernels", lambda: (CausalConv1dStandIn(), triton_chunk_scan))
     bsz, seqlen = 2, 24
     u = torch.randn(bsz, seqlen, s["d_model"], requires_grad=True)
-    params = {p.untyped_storage().data_ptr() for p in block.parameters()}
-    saved = {}
-
-    def pack(t):
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in params:
-            saved[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        block(u)
-    counted = sum(saved.values()) / (bsz * seqlen)
+    counted = saved_bytes(block.parameters(), lambda: block(u)) / (bsz * seqlen)
     assert mamba2_block(cfg, seqlen, "cuda", 4) == pytest.approx(counted, rel=0.02)

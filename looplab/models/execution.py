@@ -57,7 +57,7 @@ class _Exits:
     forced exits are fixed steps."""
 
     def __init__(self, policy: ExitPolicy, like: torch.Tensor, n_loops: int, model=None):
-        self._rule = exit_rule(policy, like) if policy.rule in EXIT_RULES else None
+        self._rule = exit_rule(policy) if policy.rule in EXIT_RULES else None
         self.needs_gate = self._rule is not None and self._rule.reads == GATE_LOGITS
         self._head = None
         if self._rule is not None and self._rule.reads == STEP_LOGITS:

@@ -16,6 +16,7 @@ matmul-friendly); between chunks only the (headdim × d_state) states are passed
 from __future__ import annotations
 
 import functools
+import importlib
 import math
 import os
 
@@ -34,37 +35,41 @@ def upcast(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
-@functools.cache
-def _cuda_kernels():
-    """(causal_conv1d_fn, mamba_chunk_scan_combined) or None. Imported lazily and
-    guarded broadly: on a CPU build or a version mismatch these packages fail with
-    ImportError, OSError or "undefined symbol", none of which may break the torch path."""
+def _guarded_import(*names: tuple[str, str]):
+    """The named objects, or None. Imported lazily and guarded broadly: on a CPU build
+    or a version mismatch these packages fail with ImportError, OSError or "undefined
+    symbol", none of which may break the torch path."""
     try:
-        from causal_conv1d import causal_conv1d_fn
-        from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
+        return tuple(getattr(importlib.import_module(module), name) for module, name in names)
     except Exception:  # noqa: BLE001 - any failure means "no kernels"
         return None
-    return causal_conv1d_fn, mamba_chunk_scan_combined
 
 
-def use_cuda_kernels(t: torch.Tensor) -> bool:
-    return t.is_cuda and os.environ.get(FORCE_TORCH_ENV, "0") != "1" and _cuda_kernels() is not None
+@functools.cache
+def _cuda_kernels():
+    """(causal_conv1d_fn, mamba_chunk_scan_combined) or None."""
+    return _guarded_import(("causal_conv1d", "causal_conv1d_fn"),
+                           ("mamba_ssm.ops.triton.ssd_combined", "mamba_chunk_scan_combined"))
 
 
 @functools.cache
 def _cuda_step_kernels():
     """(causal_conv1d_update, selective_state_update): the single-token kernels of
-    decoding, or None; imported lazily and guarded as _cuda_kernels is."""
-    try:
-        from causal_conv1d import causal_conv1d_update
-        from mamba_ssm.ops.triton.selective_state_update import selective_state_update
-    except Exception:  # noqa: BLE001 - any failure means "no kernels"
-        return None
-    return causal_conv1d_update, selective_state_update
+    decoding, or None."""
+    return _guarded_import(("causal_conv1d", "causal_conv1d_update"),
+                           ("mamba_ssm.ops.triton.selective_state_update", "selective_state_update"))
+
+
+def _kernels_apply(t: torch.Tensor, kernels) -> bool:
+    return t.is_cuda and os.environ.get(FORCE_TORCH_ENV, "0") != "1" and kernels() is not None
+
+
+def use_cuda_kernels(t: torch.Tensor) -> bool:
+    return _kernels_apply(t, _cuda_kernels)
 
 
 def use_cuda_step_kernels(t: torch.Tensor) -> bool:
-    return t.is_cuda and os.environ.get(FORCE_TORCH_ENV, "0") != "1" and _cuda_step_kernels() is not None
+    return _kernels_apply(t, _cuda_step_kernels)
 
 
 def ssd_chunked(
@@ -434,10 +439,6 @@ class Mamba2(nn.Module):
         x = upcast(x).view(n, h, p)
         dt = F.softplus(upcast(dt) + upcast(self.dt_bias))  # (n, h)
         decay = torch.exp(dt * A)[..., None]  # (n, h, 1)
-        # The heads of a group share B and C, so each (row, group) is one block of
-        # heads·headdim state rows: dt x Bᵀ is an outer product added in place, and
-        # y = S C is read as the row vector Cᵀ Sᵀ (one small GEMM per block; the
-        # batched matrix-vector form is several times slower on CPU).
         xdt = (dt[..., None] * x).view(n, g, -1, 1)
         B, C = upcast(B).reshape(n, g, 1, dstate), upcast(C).reshape(n, g, 1, dstate)  # slices: not viewable
         batch = state.ssm.shape[0]
