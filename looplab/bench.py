@@ -77,6 +77,7 @@ from looplab.errors import check, invalid
 from looplab.evaluate import autocast_context
 from looplab.holes import round_depth
 from looplab.measured_memory import Peak, in_rss_process, peak_memory
+from looplab.models.mamba2 import Mamba2, step_implementation
 from looplab.policy import DENSE, SKIP, ExitPolicy
 
 
@@ -338,6 +339,7 @@ class DecodeRecord:
     device: str
     schedule: str = LOCKSTEP  # skip's decode schedule (full decodes in lockstep: every row runs every loop)
     steps_skip: float = 0.0  # backbone steps per new token under skip (lockstep: loops run by the batch)
+    mamba_step: str = "torch"  # the Mamba-2 single-token step that ran: torch | cpu-kernel | cuda ("-": no Mamba-2)
     kind: str = "decode"
 
 
@@ -442,7 +444,16 @@ def bench_decode_point(model, ids: torch.Tensor, seq_len: int, policy: ExitPolic
         loops_time_skip_s=t[policy, False], loops_speedup=t[dense, False] / t[policy, False],
         peak_mem_full=mem_full.delta, peak_mem_skip=mem_skip.delta, peak_mem_abs_full=mem_full.absolute,
         peak_mem_abs_skip=mem_skip.absolute, cache_bytes=caches[policy].nbytes(), dtype=dtype, device=str(device),
-        schedule=schedule, steps_skip=steps)
+        schedule=schedule, steps_skip=steps, mamba_step=_mamba_step(model, device, dtype))
+
+
+def _mamba_step(model, device: torch.device, dtype: str) -> str:
+    """Which Mamba-2 step decoding runs (models/mamba2.py), "-" for a model without
+    Mamba-2 mixers. Under bf16 autocast the step's inputs are bf16."""
+    if not any(isinstance(m, Mamba2) for m in model.modules()):
+        return "-"
+    param = next(model.parameters())
+    return step_implementation(torch.empty(0, device=device, dtype=torch.bfloat16 if dtype == "bf16" else param.dtype))
 
 
 def run_decode_grid(model, task, *, batches, seq_lens, new_tokens: int = 32, policies=(),
@@ -474,13 +485,13 @@ def run_decode_grid(model, task, *, batches, seq_lens, new_tokens: int = 32, pol
     return records
 
 
-DECODE_HEADER = ("batch  context  policy      schedule  dtype  loops  steps  ideal  full ms  skip ms  tok/s full  tok/s skip  speedup  "
+DECODE_HEADER = ("batch  context  policy      schedule  mamba step  dtype  loops  steps  ideal  full ms  skip ms  tok/s full  tok/s skip  speedup  "
                  "loops only: full ms  skip ms  speedup  of ideal  " + MEMORY_HEADER + "      cache")
 
 
 def format_decode_record(r: DecodeRecord) -> str:
     policy = r.policy if r.oracle_mean is None else f"oracle {r.oracle_mean:.2f}"
-    return (f"{r.batch:5d}  {r.seq_len:7d}  {policy:10s}  {r.schedule:8s}  {r.dtype:5s}  {r.mean_executed_loops:5.2f}  "
+    return (f"{r.batch:5d}  {r.seq_len:7d}  {policy:10s}  {r.schedule:8s}  {r.mamba_step:10s}  {r.dtype:5s}  {r.mean_executed_loops:5.2f}  "
             f"{r.steps_skip:5.2f}  "
             f"{r.ideal_speedup:5.2f}  {r.time_full_s * 1e3:7.2f}  {r.time_skip_s * 1e3:7.2f}  "
             f"{r.tokens_per_s_full:10.0f}  {r.tokens_per_s_skip:10.0f}  {r.speedup:6.2f}x  "

@@ -4,7 +4,8 @@ Parameter names and shapes follow `mamba_ssm.modules.mamba2.Mamba2` for the same
 constructor arguments (in_proj, conv1d, dt_bias, A_log, D, norm, out_proj), so
 weights move between the two. On CUDA, when mamba-ssm and causal-conv1d import, the
 conv and the scan run in their fused kernels; `LOOPLAB_FORCE_TORCH=1` forces the
-torch path everywhere.
+torch path everywhere. On a CPU, LOOPLAB_CPU_STEP_KERNEL=1 runs decoding's
+single-token step in a compiled kernel (models/cpu_step.py).
 
 The SSM, per head h with scalar decay A_h < 0 and state S (headdim × d_state):
     S_t = exp(dt_t A_h) S_{t-1} + dt_t x_t B_tᵀ,    y_t = S_t C_t + D_h x_t
@@ -24,6 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from looplab.models import cpu_step
 from looplab.models.cache import RECURRENT, BlockCache, MambaState
 from looplab.models.flops import linear_flops
 
@@ -70,6 +72,16 @@ def use_cuda_kernels(t: torch.Tensor) -> bool:
 
 def use_cuda_step_kernels(t: torch.Tensor) -> bool:
     return _kernels_apply(t, _cuda_step_kernels)
+
+
+def step_implementation(t: torch.Tensor) -> str:
+    """Which single-token step decoding a model of t's device and dtype runs, for
+    benchmark records: "cuda" (mamba-ssm's kernels), "cpu-kernel" or "torch"."""
+    if use_cuda_step_kernels(t):
+        return "cuda"
+    if cpu_step.requested() and t.device.type == "cpu" and t.dtype in (torch.float32, torch.float64):
+        return "cpu-kernel"
+    return "torch"
 
 
 def ssd_chunked(
@@ -416,6 +428,11 @@ class Mamba2(nn.Module):
         state, rows = cache.state, cache.layout.rows
         z, xBC, dt = torch.split(self.in_proj(u[:, 0]), [self.d_inner, self.conv_dim, self.nheads], dim=-1)
         A = -torch.exp(upcast(self.A_log))
+        if cpu_step.applies(xBC, state.conv, state.ssm):  # conv, SSM and gated norm in one call
+            y = cpu_step.kernel().mamba2_step(xBC, dt, z, state.conv, state.ssm, rows, self.conv1d.weight,
+                                              self.conv1d.bias, self.dt_bias, A.to(xBC.dtype), self.D,
+                                              self.norm.weight, self.norm.eps, self.ngroups)
+            return self.out_proj(y)[:, None]
         if use_cuda_step_kernels(u):
             y = self._step_cuda(xBC, dt, A, state, rows)
         else:

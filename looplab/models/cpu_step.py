@@ -1,0 +1,53 @@
+"""The Mamba-2 single-token step as a compiled CPU kernel (opt-in: LOOPLAB_CPU_STEP_KERNEL=1).
+
+Decoding a small model on a CPU is bound by per-operation overhead, not arithmetic:
+the torch step (Mamba2._step_torch) is ~25 tensor operations per block, and rows
+that run a loop alone (skip decoding's running tokens, or depth batching's rows at
+different loops, looplab/depth_batching.py) have their states gathered and written
+back. The kernel (cpu_step.cpp) does the conv step, the SSM step and the gated norm
+in one call, updating each row's conv and SSM states in place at its cache slot, as
+mamba-ssm's selective_state_update does on CUDA with state_batch_indices.
+
+It is built on first use with torch's C++ extension loader (a C++ compiler and ninja;
+~25 s, cached by torch under ~/.cache/torch_extensions, rebuilt when the source
+changes). Opt-in because that build is slow and needs a toolchain; once asked for,
+a failed build is an error, not a silent fallback, so a benchmark never reports the
+torch path's figures as the kernel's. float32 and float64 only (a bf16 model keeps
+its fp32 SSM state: the torch path runs it).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+import torch
+
+CPU_STEP_KERNEL_ENV = "LOOPLAB_CPU_STEP_KERNEL"
+SOURCE = Path(__file__).with_name("cpu_step.cpp")
+
+
+def requested() -> bool:
+    return os.environ.get(CPU_STEP_KERNEL_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+@functools.cache
+def kernel():
+    """The compiled extension (built on first call)."""
+    from torch.utils import cpp_extension
+
+    try:
+        return cpp_extension.load("looplab_cpu_step", [str(SOURCE)], extra_cflags=["-O3", "-march=native", "-fopenmp-simd"])
+    except Exception as e:  # noqa: BLE001 - compiler, ninja or header problems: say which, in one line
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise RuntimeError(f"{CPU_STEP_KERNEL_ENV}=1 but the CPU step kernel did not build ({first}); "
+                           f"install a C++ compiler and ninja, or unset {CPU_STEP_KERNEL_ENV}") from e
+
+
+def applies(xBC: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor) -> bool:
+    """Whether a step with these inputs and states runs in the kernel."""
+    return (requested() and xBC.device.type == "cpu" and not torch.is_grad_enabled()
+            and xBC.dtype in (torch.float32, torch.float64) and conv.dtype == ssm.dtype == xBC.dtype
+            and conv.is_contiguous() and ssm.is_contiguous())
+
