@@ -96,7 +96,6 @@ class DepthBatch:
         self.given = policy.exit_at.cpu().numpy() if policy.rule == GIVEN else None
         self.skip = policy.execution != DENSE
         self.fill = self.skip and cache.attention_fill != HOLE
-        self.length = cache.length.cpu().numpy().copy()  # each row's tokens so far, as cache.length
         self.depth = np.full(B, IDLE, dtype=np.int64)  # loop − 1 of each row's running token
         self.position = np.zeros(B, dtype=np.int64)
         self.exit_step = np.full(B, self.R, dtype=np.int64)
@@ -105,51 +104,67 @@ class DepthBatch:
         self.h = None  # (B, d) each running token's state
         self.readout_h = None  # dense: the state at each token's exit step
         self.steps = 0  # backbone steps run
+        self.n_running = 0  # rows with a running token
+        self._on_host = self.device.type == "cpu"
+        # Each row's tokens so far: on the host, cache.length's own memory (one update
+        # serves both); on a device, a copy kept in step with index_add_.
+        self.length = cache.length.numpy() if self._on_host else cache.length.cpu().numpy().copy()
+        self._ones = torch.ones(B, dtype=cache.length.dtype, device=self.device)  # cache.length's increments
+        self._attention = cache.has_keys  # attention layers: room to reserve, positions to pass (RoPE)
 
     @property
     def running(self) -> bool:
-        return bool((self.depth != IDLE).any())
+        return self.n_running > 0
 
     def _tensor(self, a: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(a).to(self.device)
+        t = torch.from_numpy(a)
+        return t if self._on_host else t.to(self.device)
 
-    @torch.no_grad()
-    def start(self, rows: torch.Tensor, tokens: torch.Tensor) -> None:
-        """Idle rows (m,) begin new tokens (m,) at their next positions."""
-        if rows.numel() == 0:
+    def start(self, rows: torch.Tensor | np.ndarray, tokens: torch.Tensor) -> None:
+        """Idle rows (m,) begin new tokens (m,) at their next positions. rows may be a
+        host array (a scheduler's own bookkeeping: no device round trip)."""
+        if torch.is_grad_enabled():  # a check, not a decorator: at a small batch every µs of a step shows
+            with torch.no_grad():
+                return self.start(rows, tokens)
+        at = rows if isinstance(rows, np.ndarray) else rows.cpu().numpy()
+        if at.shape[0] == 0:
             return
-        at = rows.cpu().numpy()
         if (self.depth[at] != IDLE).any():
             raise ConfigError("rows is invalid; allowed: rows whose previous token is done")
+        rows_t = self._tensor(at)
         positions = self.length[at]
         self.length[at] += 1
-        self.cache.length.index_add_(0, rows, torch.ones_like(rows))
-        if self.cache.has_keys:
+        if not self._on_host:
+            self.cache.length.index_add_(0, rows_t, self._ones[:at.shape[0]])
+        self.n_running += at.shape[0]
+        if self._attention:
             self.cache.reserve(int(positions.max()) + 1)
         h = self.model.embed(tokens)
         if self.h is None:
             self.h = h.new_zeros(self.cache.batch, h.shape[-1])
             self.readout_h = torch.zeros_like(self.h)
-        self.h.index_copy_(0, rows, h)
+        self.h.index_copy_(0, rows_t, h)
         self.depth[at] = 0
         self.position[at] = positions
         self.exit_step[at] = self.R
         if self.given is not None:
             self.exit_depth[at] = self.given[at, positions] - 1
 
-    @torch.no_grad()
     def advance(self) -> Done:
         """One backbone step: every running row's token runs its next loop; returns the
         tokens that are done."""
+        if torch.is_grad_enabled():
+            with torch.no_grad():
+                return self.advance()
         R, B, model = self.R, self.cache.batch, self.model
-        rows = np.flatnonzero(self.depth != IDLE)
+        rows = (self.depth != IDLE).nonzero()[0]
         every = rows.shape[0] == B  # every row runs: nothing of the rows' own to gather
         rows_t = None if every else self._tensor(rows)
         depth = self.depth[rows]
         slots = self._tensor(rows + depth * B)  # (loop − 1)·batch + row
         h_in = self.h if every else self.h[rows_t]
-        h = model.step(h_in[:, None], self._tensor(self.position[rows])[:, None],
-                       cache=self.cache.at_slots(slots))[:, 0]
+        positions = self._tensor(self.position[rows])[:, None] if self._attention else None
+        h = model.step(h_in[:, None], positions, cache=self.cache.at_slots(slots))[:, 0]
         if every:
             self.h = h
         else:
@@ -164,7 +179,7 @@ class DepthBatch:
         if self.skip:
             done = leaving | last
             if self.fill and leaving.any():
-                self._fill(rows[leaving], h[self._tensor(np.flatnonzero(leaving))], depth[leaving] + 1)
+                self._fill(rows[leaving], h[self._tensor(leaving.nonzero()[0])], depth[leaving] + 1)
             out_h = h
         else:  # dense: every loop runs; the readout state is the one at the exit step
             old = self.readout_h if every else self.readout_h[rows_t]
@@ -176,7 +191,8 @@ class DepthBatch:
             done = last
             out_h = torch.where(self._tensor(exit_step == R)[:, None], h, readout_h)
         self.depth[rows] = np.where(done, IDLE, depth + 1)
-        at = np.flatnonzero(done)
+        at = done.nonzero()[0]
+        self.n_running -= at.shape[0]
         ends = torch.from_numpy(exit_step[at])
         logits = model.logits(out_h[self._tensor(at)]) if self.readout and at.shape[0] else None
         return Done(torch.from_numpy(rows[at]), ends, self.policy.loops_of(ends, R), logits)
@@ -188,7 +204,7 @@ class DepthBatch:
             return depth == self.exit_depth[rows]
         # Only tokens before their last loop decide (as in decode_step): a zoo rule's
         # head is not run for the others.
-        live = np.flatnonzero(depth < self.R - 1)
+        live = (depth < self.R - 1).nonzero()[0]
         reached = np.zeros(rows.shape[0], dtype=bool)
         if live.shape[0] == 0:
             return reached
@@ -198,7 +214,7 @@ class DepthBatch:
         fresh = depth[live] == 0  # a token's first step: its rule starts afresh
         parts = []
         for group, first in ((fresh, True), (~fresh, False)):
-            sub = self._tensor(np.flatnonzero(group))
+            sub = self._tensor(group.nonzero()[0])
             if sub.numel():
                 state = None if first else _take(self.rule_state, token_rows[sub])
                 s, state = self.rule.statistic(value[sub], state)
@@ -215,7 +231,7 @@ class DepthBatch:
         deeper loops (models/cache.py), per exit loop."""
         for r in np.unique(loop).tolist():
             at = loop == r
-            self.cache.fill_exited(self.model, h[self._tensor(np.flatnonzero(at))], self._tensor(rows[at]),
+            self.cache.fill_exited(self.model, h[self._tensor(at.nonzero()[0])], self._tensor(rows[at]),
                                    self._tensor(self.position[rows[at]]), r)
 
 
@@ -226,16 +242,17 @@ def decode_given_tokens(model, cache: InferenceCache, ids: torch.Tensor, first: 
     as in the decode benchmark), each as soon as the row's previous token is done.
     Returns the batch (its `steps`); on_done sees every step's finished tokens."""
     batch = DepthBatch(model, cache, policy, readout=readout)
-    width = ids.shape[1]
-    nxt = torch.full((ids.shape[0],), first, dtype=torch.long, device=ids.device)  # each row's next position
-    rows = torch.arange(ids.shape[0], device=ids.device)
+    bsz, width = ids.shape
+    flat = ids.reshape(-1)
+    nxt = np.full(bsz, first, dtype=np.int64)  # each row's next position (host bookkeeping, as the batch's)
+    rows = np.arange(bsz)
     while True:
         rows = rows[nxt[rows] < width]
-        batch.start(rows, ids[rows, nxt[rows]])
+        batch.start(rows, flat.index_select(0, torch.from_numpy(rows * width + nxt[rows]).to(ids.device)))
         nxt[rows] += 1
         if not batch.running:
             return batch
         done = batch.advance()
         if on_done is not None:
             on_done(done)
-        rows = done.rows.to(ids.device)
+        rows = done.rows.numpy()
