@@ -85,9 +85,10 @@ def test_under_dtype_runs_bf16_autocast_on_cpu():
 
 
 @pytest.mark.parametrize("arch", ["mamba2", "transformer", "hybrid"])
-def test_bf16_prefill_and_decode_run_on_cpu_with_the_fp32_exits(arch):
+def test_bf16_prefill_and_decode_run_on_cpu_with_the_fp32_exits(arch, monkeypatch):
     """Every backbone runs under CPU bf16 autocast; given (oracle) exits make skip run
     exactly the loops it runs in fp32, so the records' loops agree."""
+    monkeypatch.delenv("LOOPLAB_CPU_STEP_KERNEL", raising=False)
     torch.manual_seed(0)
     model = LoopedLM(tiny(n_loops=4, **ARCHS[arch])).eval()
     ids = torch.randint(0, model.cfg.vocab_size, (2, 24))
@@ -106,6 +107,8 @@ def test_bf16_prefill_and_decode_run_on_cpu_with_the_fp32_exits(arch):
                                                             r.mean_executed_loops))
             assert measured_peaks_hold(r)
     assert prefill["bf16"].mean_executed_loops == pytest.approx(float(exit_at.float().mean()))
+    # Which Mamba-2 step decoding ran: the torch one (the compiled CPU step is opt-in), none for a Transformer.
+    assert {r.mamba_step for r in decode.values()} == {"-" if arch == "transformer" else "torch"}
     assert prefill["bf16"].packing == ("varlen" if arch == "mamba2" else "padded")
 
 
