@@ -52,8 +52,11 @@ void step_rows(const Dims& d, const T* xbc, const T* dt_in, const T* z, T* conv,
 #pragma omp simd
         for (int64_t c = 0; c < d.conv_dim; ++c) a[c] += in[c] * conv_w[c * d.k + t];
       }
-      for (int64_t t = 0; t + 1 < taps; ++t) std::copy(cs + (t + 1) * d.conv_dim, cs + (t + 2) * d.conv_dim, cs + t * d.conv_dim);
-      if (taps) std::copy(x_new, x_new + d.conv_dim, cs + (taps - 1) * d.conv_dim);
+      // The state shifts by one input: taps 1.. move down, the new input goes last.
+      if (taps) {
+        std::copy(cs + d.conv_dim, cs + taps * d.conv_dim, cs);
+        std::copy(x_new, x_new + d.conv_dim, cs + (taps - 1) * d.conv_dim);
+      }
       for (int64_t c = 0; c < d.conv_dim; ++c) a[c] = silu(a[c]);
       const T* x = act.data();  // [x | B | C]
       const T* B = x + d_inner;

@@ -38,16 +38,24 @@ def kernel():
     from torch.utils import cpp_extension
 
     try:
-        return cpp_extension.load("looplab_cpu_step", [str(SOURCE)], extra_cflags=["-O3", "-march=native", "-fopenmp-simd"])
+        # -march=native: built where it runs; -fopenmp-simd: the loops' simd pragmas, no OpenMP runtime.
+        return cpp_extension.load("looplab_cpu_step", [str(SOURCE)],
+                                  extra_cflags=["-O3", "-march=native", "-fopenmp-simd"])
     except Exception as e:  # noqa: BLE001 - compiler, ninja or header problems: say which, in one line
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise RuntimeError(f"{CPU_STEP_KERNEL_ENV}=1 but the CPU step kernel did not build ({first}); "
                            f"install a C++ compiler and ninja, or unset {CPU_STEP_KERNEL_ENV}") from e
 
 
+def serves(t: torch.Tensor) -> bool:
+    """Whether decoding a model of t's device and dtype runs the kernel (requested, on
+    the CPU, float32 or float64): what a benchmark records."""
+    return requested() and t.device.type == "cpu" and t.dtype in (torch.float32, torch.float64)
+
+
 def applies(xBC: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor) -> bool:
-    """Whether a step with these inputs and states runs in the kernel."""
-    return (requested() and xBC.device.type == "cpu" and not torch.is_grad_enabled()
-            and xBC.dtype in (torch.float32, torch.float64) and conv.dtype == ssm.dtype == xBC.dtype
+    """Whether this step runs in the kernel: served, no autograd (it has no backward),
+    and states of the inputs' dtype, contiguous (updated in place by slot)."""
+    return (serves(xBC) and not torch.is_grad_enabled() and conv.dtype == ssm.dtype == xBC.dtype
             and conv.is_contiguous() and ssm.is_contiguous())
 

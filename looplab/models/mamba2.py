@@ -79,7 +79,7 @@ def step_implementation(t: torch.Tensor) -> str:
     benchmark records: "cuda" (mamba-ssm's kernels), "cpu-kernel" or "torch"."""
     if use_cuda_step_kernels(t):
         return "cuda"
-    if cpu_step.requested() and t.device.type == "cpu" and t.dtype in (torch.float32, torch.float64):
+    if cpu_step.serves(t):
         return "cpu-kernel"
     return "torch"
 
