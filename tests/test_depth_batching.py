@@ -60,6 +60,7 @@ def test_depth_batched_decoding_reproduces_the_full_forward(arch, fill, spec):
             assert ran == (exit_step if policy.execution in ("skip", "forced") else R if spec != "forced:2" else 2)
             loops[b] += ran
     assert not seen  # nothing decoded twice or out of the rows
+    assert db.cache.length.tolist() == [16] * 3  # the cache counts every fed token (on CPU through the host's count)
     # No row ever waits (each restarts at once): the steps are the busiest row's loops.
     assert db.steps == int(loops.max())
     if spec.startswith("skip"):  # rows did run different loops in one step
