@@ -35,3 +35,13 @@ def test_lean_head_benchmark_reports_both_arms_with_memory_from_its_child_proces
         assert row["step_s"] > 0 and row["model_gflop"] > 0
         assert row["peak_mem_above_model"] == -1 or row["peak_rss"] >= row["peak_mem_above_model"]
     assert set(result["ratios"]) == {"before", "after"}
+
+
+def test_head_products_benchmark_reports_each_product_against_the_gemm_peak(tmp_path):
+    out = tmp_path / "head.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "head_products.py"), "--preset", "debug", "--chunks",
+                    "16,64", "--repeats", "1", "--threads", "1", "--json", str(out)],
+                   check=True, capture_output=True, cwd=ROOT, timeout=300)
+    result = json.loads(out.read_text())
+    assert result["gemm_flops"] > 0 and [r["chunk"] for r in result["rows"]] == [16, 64]
+    assert all(r[k] > 0 for r in result["rows"] for k in ("logits", "grad_x", "grad_w", "softmax"))
