@@ -15,23 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import torch
 
+from looplab.bench import median_seconds
 from looplab.models.head import chunk_tokens_for
 from looplab.presets import get_preset
-
-
-def seconds(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -48,7 +37,7 @@ def main() -> None:
     chunks = [int(c) for c in args.chunks.split(",") if c] or [chunk_tokens_for(V)]
     torch.manual_seed(0)
     a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
-    peak = 2 * 2048 ** 3 / seconds(lambda: a @ b, args.repeats)
+    peak = 2 * 2048 ** 3 / median_seconds(lambda: a @ b, args.repeats, warmup=1)
     print(f"{args.preset}: d {d}, vocab {V}, {args.threads} threads; fp32 GEMM 2048³: {peak / 1e9:.1f} GFLOP/s")
     print("chunk  logits x Wᵀ  grad_x P̃ W  grad_W += P̃ᵀ x  softmax (of the three products' time at peak)")
     w = torch.randn(V, d)
@@ -57,10 +46,10 @@ def main() -> None:
         x, p = torch.randn(n, d), torch.randn(n, V)
         z, grad_w = torch.empty(n, V), torch.zeros(V, d)
         ideal = 2 * n * d * V / peak  # one product at the peak
-        logits = seconds(lambda: torch.mm(x, w.t(), out=z), args.repeats)
-        grad_x = seconds(lambda: p @ w, args.repeats)
-        grad_w_s = seconds(lambda: grad_w.addmm_(p.t(), x), args.repeats)
-        softmax = seconds(lambda: torch.softmax(z, dim=1, out=p), args.repeats)
+        logits = median_seconds(lambda: torch.mm(x, w.t(), out=z), args.repeats, warmup=1)
+        grad_x = median_seconds(lambda: p @ w, args.repeats, warmup=1)
+        grad_w_s = median_seconds(lambda: grad_w.addmm_(p.t(), x), args.repeats, warmup=1)
+        softmax = median_seconds(lambda: torch.softmax(z, dim=1, out=p), args.repeats, warmup=1)
         rows.append(dict(chunk=n, logits=ideal / logits, grad_x=ideal / grad_x, grad_w=ideal / grad_w_s,
                          softmax=softmax / (3 * ideal)))
         r = rows[-1]

@@ -24,11 +24,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import torch
 
+from looplab.bench import median_seconds
 from looplab.checkpoint import model_from_config, parent_ref
 from looplab.config import apply_overrides, parse_value
 from looplab.distributed import Shard
@@ -76,13 +75,7 @@ def step_peak(cfg):
 
 
 def step_seconds(cfg, repeats: int) -> float:
-    step = training_step(cfg)
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    return median_seconds(training_step(cfg), repeats)
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

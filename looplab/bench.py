@@ -74,7 +74,7 @@ import numpy as np
 import torch
 
 from looplab.config import ConfigError
-from looplab.depth_batching import DEPTH, LOCKSTEP, SCHEDULES
+from looplab.depth_batching import DEPTH, LOCKSTEP, check_schedule
 from looplab.errors import check, invalid
 from looplab.evaluate import autocast_context
 from looplab.holes import round_depth
@@ -157,6 +157,13 @@ def _timed(fn, device: torch.device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter() - t
+
+
+def median_seconds(fn, repeats: int, *, warmup: int = 0, device: torch.device = torch.device("cpu")) -> float:
+    """The median wall time of `repeats` calls of fn, after `warmup` untimed calls."""
+    for _ in range(warmup):
+        fn()
+    return statistics.median(_timed(fn, device) for _ in range(repeats))
 
 
 def survivor_ratio(exit_step: torch.Tensor, n_loops: int) -> float:
@@ -398,8 +405,7 @@ def decode_peaks(model, ids: torch.Tensor, seq_len: int, policy: ExitPolicy, att
 
 def _check_decode_point(ids: torch.Tensor, seq_len: int, policy: ExitPolicy, dtype: str,
                         schedule: str = LOCKSTEP) -> None:
-    if schedule not in SCHEDULES:
-        raise ConfigError(f"schedule={schedule!r} is invalid; allowed: {' | '.join(SCHEDULES)}")
+    check_schedule(schedule)
     if policy.execution != SKIP:
         raise ConfigError(f"bench policy {policy.spec!r} is invalid; allowed: skip policies (skip:Q), which "
                           "it compares with full execution")
@@ -487,14 +493,15 @@ def run_decode_grid(model, task, *, batches, seq_lens, new_tokens: int = 32, pol
     return records
 
 
-DECODE_HEADER = ("batch  context  policy      schedule  mamba step  dtype  loops  steps  ideal  full ms  skip ms  tok/s full  tok/s skip  speedup  "
-                 "loops only: full ms  skip ms  speedup  of ideal  " + MEMORY_HEADER + "      cache")
+DECODE_HEADER = ("batch  context  policy      schedule  mamba step  dtype  loops  steps  ideal  full ms  skip ms  "
+                 "tok/s full  tok/s skip  speedup  loops only: full ms  skip ms  speedup  of ideal  "
+                 + MEMORY_HEADER + "      cache")
 
 
 def format_decode_record(r: DecodeRecord) -> str:
     policy = r.policy if r.oracle_mean is None else f"oracle {r.oracle_mean:.2f}"
-    return (f"{r.batch:5d}  {r.seq_len:7d}  {policy:10s}  {r.schedule:8s}  {r.mamba_step:10s}  {r.dtype:5s}  {r.mean_executed_loops:5.2f}  "
-            f"{r.steps_skip:5.2f}  "
+    return (f"{r.batch:5d}  {r.seq_len:7d}  {policy:10s}  {r.schedule:8s}  {r.mamba_step:10s}  {r.dtype:5s}  "
+            f"{r.mean_executed_loops:5.2f}  {r.steps_skip:5.2f}  "
             f"{r.ideal_speedup:5.2f}  {r.time_full_s * 1e3:7.2f}  {r.time_skip_s * 1e3:7.2f}  "
             f"{r.tokens_per_s_full:10.0f}  {r.tokens_per_s_skip:10.0f}  {r.speedup:6.2f}x  "
             f"{r.loops_time_full_s * 1e3:19.2f}  {r.loops_time_skip_s * 1e3:7.2f}  {r.loops_speedup:6.2f}x  "

@@ -352,7 +352,8 @@ def cmd_bench(args) -> int:
                                       new_tokens=args.new_tokens, policies=args.policies,
                                       oracle_mean=args.oracle_mean, warmup=args.warmup, repeats=args.repeats,
                                       attention_fill=args.attention_fill, dtype=args.dtype, device=device,
-                                      schedules=args.schedule, on_record=lambda r: print(format_decode_record(r), file=sys.stderr, flush=True))
+                                      schedules=args.schedule,
+                                      on_record=lambda r: print(format_decode_record(r), file=sys.stderr, flush=True))
             for line in context_scaling(records):
                 print(line, file=sys.stderr)
         else:

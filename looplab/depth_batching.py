@@ -40,6 +40,11 @@ SCHEDULES = (LOCKSTEP, DEPTH)
 IDLE = -1  # a row's depth (loop − 1) when it runs no token
 
 
+def check_schedule(schedule: str) -> None:
+    if schedule not in SCHEDULES:
+        raise ConfigError(f"schedule={schedule!r} is invalid; allowed: {' | '.join(SCHEDULES)}")
+
+
 @dataclass
 class Done:
     """The tokens a step finished: their cache rows (m,), exit steps, loops run and,
@@ -109,7 +114,7 @@ class DepthBatch:
         # Each row's tokens so far: on the host, cache.length's own memory (one update
         # serves both); on a device, a copy kept in step with index_add_.
         self.length = cache.length.numpy() if self._on_host else cache.length.cpu().numpy().copy()
-        self._ones = torch.ones(B, dtype=cache.length.dtype, device=self.device)  # cache.length's increments
+        self._ones = None if self._on_host else torch.ones(B, dtype=cache.length.dtype, device=self.device)
         self._attention = cache.has_keys  # attention layers: room to reserve, positions to pass (RoPE)
 
     @property

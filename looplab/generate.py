@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 import torch
 
 from looplab.config import ConfigError
-from looplab.depth_batching import DEPTH, LOCKSTEP, SCHEDULES, DepthBatch
+from looplab.depth_batching import DEPTH, LOCKSTEP, DepthBatch, check_schedule
 from looplab.models.cache import HOLE, InferenceCache, Layout
 from looplab.models.execution import FULL_DEPTH
 from looplab.policy import DENSE, EXIT_RULES, GATE_LOGITS, GIVEN, ExitPolicy, exit_rule
@@ -279,8 +279,7 @@ def generate(model, ids, max_new_tokens, policy: ExitPolicy = FULL_DEPTH, *, len
     starts its next token as soon as its last one is done, rows at different loops
     share a step). Greedy outputs are the same; sampled draws come in another order."""
     _check_policy(model, policy)
-    if schedule not in SCHEDULES:
-        raise ConfigError(f"schedule={schedule!r} is invalid; allowed: {' | '.join(SCHEDULES)}")
+    check_schedule(schedule)
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature < 0:
         raise ConfigError(f"temperature={temperature!r} is invalid; allowed: a float >= 0 (0: greedy)")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:

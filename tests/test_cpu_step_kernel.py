@@ -9,13 +9,12 @@ import shutil
 import pytest
 import torch
 
-from looplab.depth_batching import DepthBatch
-from looplab.generate import decode_step, prefill
 from looplab.models import cpu_step
 from looplab.models.cache import BlockCache, Layout, MambaState
 from looplab.models.mamba2 import Mamba2, step_implementation
 from reference import mamba2_mixer_reference
-from test_decode import batch, full_forward, model_for, policies
+from test_decode import batch, decode_token_by_token_against_the_full_forward, full_forward, model_for, policies
+from test_depth_batching import teacher_forced
 
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),
@@ -76,29 +75,17 @@ def test_decoding_with_the_kernel_reproduces_the_full_forward(kernel_on, arch, s
     m = model_for(arch, seed=2)
     ids, _ = batch(seed=5, bsz=3, width=16)
     policy = policies(*ids.shape, seed=1)[spec]
-    ref = full_forward(m, ids, policy, "hole")
-    start = torch.tensor([1, 4, 7])
-    pre = prefill(m, ids[:, :7], policy, lengths=start, capacity=16)
-    depth_cache = pre.cache.clone()
-    for t in range(1, 16):
-        rows = (start <= t).nonzero()[:, 0]
-        out = decode_step(m, pre.cache, ids[rows, t], policy, rows=rows)
-        torch.testing.assert_close(out.logits, ref.logits[rows, t], atol=1e-10, rtol=1e-10)
-        assert torch.equal(out.exit_step, ref.exit_step[rows, t])
+    decode_token_by_token_against_the_full_forward(m, ids, policy)
     lockstep_calls = len(kernel_on)
     assert lockstep_calls > 0
 
-    db, nxt = DepthBatch(m, depth_cache, policy), start.clone()
-    db.start(torch.arange(3), ids[torch.arange(3), nxt])
-    pos, nxt = nxt.clone(), nxt + 1
-    while db.running:
-        done = db.advance()
-        for i, b in enumerate(done.rows.tolist()):
-            torch.testing.assert_close(done.logits[i], ref.logits[b, pos[b]], atol=1e-10, rtol=1e-10)
-            assert int(done.exit_step[i]) == int(ref.exit_step[b, pos[b]])
-        again = done.rows[nxt[done.rows] < 16]
-        db.start(again, ids[again, nxt[again]])
-        pos[again], nxt[again] = nxt[again], nxt[again] + 1
+    start = torch.tensor([1, 4, 7])
+    seen, _ = teacher_forced(m, ids, start, policy)
+    ref = full_forward(m, ids, policy, "hole")
+    assert len(seen) == int((16 - start).sum())  # every fed position, once
+    for (b, t), (logits, exit_step, _) in seen.items():
+        torch.testing.assert_close(logits, ref.logits[b, t], atol=1e-10, rtol=1e-10)
+        assert exit_step == int(ref.exit_step[b, t])
     assert len(kernel_on) > lockstep_calls
 
 

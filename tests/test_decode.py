@@ -130,20 +130,27 @@ def test_token_by_token_decoding_reproduces_the_full_forward_at_every_position(a
     one: every position's logits and exit step are the full forward's."""
     m = model_for(arch, seed=2)
     ids, _ = batch(seed=5, bsz=3, width=16)
-    policy = policies(*ids.shape, seed=1)[spec]
-    start = torch.tensor([1, 4, 7])
+    exits = decode_token_by_token_against_the_full_forward(m, ids, policies(*ids.shape, seed=1)[spec], fill)
+    assert len(set(exits)) >= 3  # the gate (or the given steps) spread the exits
+
+
+def decode_token_by_token_against_the_full_forward(m, ids, policy, fill="hole", start=(1, 4, 7)):
+    """Prefill each row's first start[b] tokens, feed the rest one by one (rows join as
+    their prompts end), and check every position's logits and exit step against the
+    full forward. Returns the decoded tokens' exit steps."""
+    start = torch.tensor(start)
     # Attention buffers sized for the prompts alone: decoding grows them.
-    pre = prefill(m, ids[:, :7], policy, lengths=start, attention_fill=fill)
+    pre = prefill(m, ids[:, :int(start.max())], policy, lengths=start, attention_fill=fill)
     ref = full_forward(m, ids, policy, fill)
-    torch.testing.assert_close(pre.logits, ref.logits[torch.arange(3), start - 1], atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(pre.logits, ref.logits[torch.arange(ids.shape[0]), start - 1], atol=1e-10, rtol=1e-10)
     exits = []
-    for t in range(int(start.min()), 16):
+    for t in range(int(start.min()), ids.shape[1]):
         rows = (start <= t).nonzero()[:, 0]  # rows whose prompt ended before t
         out = decode_step(m, pre.cache, ids[rows, t], policy, rows=rows)
         torch.testing.assert_close(out.logits, ref.logits[rows, t], atol=1e-10, rtol=1e-10)
         assert torch.equal(out.exit_step, ref.exit_step[rows, t])
         exits += out.exit_step.tolist()
-    assert len(set(exits)) >= 3  # the gate (or the given steps) spread the exits
+    return exits
 
 
 def exit_state_reference(m, row: torch.Tensor, q: float) -> torch.Tensor:
