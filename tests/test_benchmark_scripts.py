@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from looplab.presets import get_preset
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -35,6 +37,9 @@ def test_lean_head_benchmark_reports_both_arms_with_memory_from_its_child_proces
         assert row["step_s"] > 0 and row["model_gflop"] > 0
         assert row["peak_mem_above_model"] == -1 or row["peak_rss"] >= row["peak_mem_above_model"]
     assert set(result["ratios"]) == {"before", "after"}
+    # Stage-1 reads out all R steps where pre-training reads the last: more model
+    # FLOPs, but fewer than R times as many (the backbone's share is the same).
+    assert 1 < result["ratios"]["after"]["flops"] < get_preset("debug").model.n_loops
 
 
 def test_head_products_benchmark_reports_each_product_against_the_gemm_peak(tmp_path):
