@@ -241,15 +241,18 @@ class DepthBatch:
 
 
 @torch.no_grad()
-def decode_given_tokens(model, cache: InferenceCache, ids: torch.Tensor, first: int, policy: ExitPolicy, *,
-                        readout: bool = True, on_done: Callable[[Done], None] | None = None) -> DepthBatch:
+def decode_given_tokens(model, cache: InferenceCache, ids: torch.Tensor, first: int | torch.Tensor,
+                        policy: ExitPolicy, *, readout: bool = True,
+                        on_done: Callable[[Done], None] | None = None) -> DepthBatch:
     """Feed each row's tokens ids[b, first:] (teacher forcing: the next token is known,
-    as in the decode benchmark), each as soon as the row's previous token is done.
-    Returns the batch (its `steps`); on_done sees every step's finished tokens."""
+    as in the decode benchmark), each as soon as the row's previous token is done;
+    first is one position or one per row (B,) (ragged prompts). Returns the batch
+    (its `steps`); on_done sees every step's finished tokens."""
     batch = DepthBatch(model, cache, policy, readout=readout)
     bsz, width = ids.shape
     flat = ids.reshape(-1)
-    nxt = np.full(bsz, first, dtype=np.int64)  # each row's next position (host bookkeeping, as the batch's)
+    # Each row's next position (host bookkeeping, as the batch's).
+    nxt = np.broadcast_to(np.asarray(first, dtype=np.int64), (bsz,)).copy()
     rows = np.arange(bsz)
     while True:
         rows = rows[nxt[rows] < width]

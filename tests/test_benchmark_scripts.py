@@ -12,11 +12,14 @@ from looplab.presets import get_preset
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_script(name: str, *args: str) -> dict:
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / name), *args], capture_output=True, text=True,
-                         cwd=ROOT, timeout=300)
+def run_script(name: str, *args: str, json_file: Path | None = None) -> dict:
+    """Run benchmarks/<name> and return its JSON record: the last line of its stdout,
+    or json_file, passed to it as --json."""
+    extra = ["--json", str(json_file)] if json_file else []
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / name), *args, *extra], capture_output=True,
+                         text=True, cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(json_file.read_text() if json_file else out.stdout.strip().splitlines()[-1])
 
 
 def test_generate_until_benchmark_trains_a_checkpoint_and_gets_the_uncached_outputs():
@@ -26,11 +29,8 @@ def test_generate_until_benchmark_trains_a_checkpoint_and_gets_the_uncached_outp
 
 
 def test_lean_head_benchmark_reports_both_arms_with_memory_from_its_child_process(tmp_path):
-    out = tmp_path / "lean.json"
-    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "lean_head.py"), "--preset", "debug", "--batch", "2",
-                    "--seq-len", "32", "--repeats", "1", "--threads", "1", "--json", str(out)],
-                   check=True, capture_output=True, cwd=ROOT, timeout=300)
-    result = json.loads(out.read_text())
+    result = run_script("lean_head.py", "--preset", "debug", "--batch", "2", "--seq-len", "32", "--repeats", "1",
+                        "--threads", "1", json_file=tmp_path / "lean.json")
     assert {(r["stage"], r["arm"]) for r in result["rows"]} == {(s, a) for s in ("pretrain", "stage1")
                                                                   for a in ("before", "after")}
     for row in result["rows"]:
@@ -43,10 +43,7 @@ def test_lean_head_benchmark_reports_both_arms_with_memory_from_its_child_proces
 
 
 def test_head_products_benchmark_reports_each_product_against_the_gemm_peak(tmp_path):
-    out = tmp_path / "head.json"
-    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "head_products.py"), "--preset", "debug", "--chunks",
-                    "16,64", "--repeats", "1", "--threads", "1", "--json", str(out)],
-                   check=True, capture_output=True, cwd=ROOT, timeout=300)
-    result = json.loads(out.read_text())
+    result = run_script("head_products.py", "--preset", "debug", "--chunks", "16,64", "--repeats", "1", "--threads",
+                        "1", json_file=tmp_path / "head.json")
     assert result["gemm_flops"] > 0 and [r["chunk"] for r in result["rows"]] == [16, 64]
     assert all(r[k] > 0 for r in result["rows"] for k in ("logits", "grad_x", "grad_w", "softmax"))

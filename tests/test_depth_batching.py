@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from looplab.config import ConfigError
-from looplab.depth_batching import DepthBatch
+from looplab.depth_batching import DepthBatch, decode_given_tokens
 from looplab.generate import prefill
 from looplab.policy import ExitPolicy
 from test_decode import BACKBONES, R, batch, full_forward, model_for, policies
@@ -16,26 +16,18 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def teacher_forced(m, ids, start, policy, fill="hole", readout=True):
     """Prefill each row's first start[b] tokens, then feed the rest of its row through
-    a DepthBatch, each row starting its next token as soon as its previous one is done.
-    Returns {(row, position): Done entry} and the batch."""
-    bsz, width = ids.shape
-    pre = prefill(m, ids[:, :int(start.max())], policy, lengths=start, capacity=width, attention_fill=fill)
-    db = DepthBatch(m, pre.cache, policy, readout=readout)
-    nxt = start.clone()  # each row's next position to feed
-    rows = torch.arange(bsz)
-    db.start(rows, ids[rows, nxt])
-    pos = nxt.clone()
-    nxt += 1
+    depth batching (decode_given_tokens), each row starting its next token as soon as
+    its previous one is done. Returns {(row, position): Done entry} and the batch."""
+    pre = prefill(m, ids[:, :int(start.max())], policy, lengths=start, capacity=ids.shape[1], attention_fill=fill)
+    pos = start.clone()  # each row's tokens finish in order: the next one done is at pos[b]
     seen = {}
-    while db.running:
-        done = db.advance()
+
+    def record(done):
         for i, b in enumerate(done.rows.tolist()):
             seen[b, int(pos[b])] = (None if done.logits is None else done.logits[i], int(done.exit_step[i]),
                                     int(done.loops[i]))
-        again = done.rows[nxt[done.rows] < width]
-        db.start(again, ids[again, nxt[again]])
-        pos[again] = nxt[again]
-        nxt[again] += 1
+            pos[b] += 1
+    db = decode_given_tokens(m, pre.cache, ids, start, policy, readout=readout, on_done=record)
     return seen, db
 
 
