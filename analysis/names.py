@@ -24,12 +24,12 @@ from looplab.policy import DENSE, FORCED, FULL, SKIP, STABLE, ZOO_KINDS, ZOO_LAB
 from looplab.stages import STAGE_NAMES as STAGES
 from looplab.tracking import (CONTENT_TAGS, EVAL, EVAL_QUANTITIES, LM_EVAL, LM_EVAL_AVG, LM_EVAL_FAMILIES,
                               LM_EVAL_FLOPS, LM_EVAL_LOOPS, LM_EVAL_PPL, LM_EVAL_SECONDS, METRIC_PATTERN,
-                              PARENT_RUN_TAG, SEARCH_PARAM, STAGE, STAGE_SECONDS, SWEEP, TRAIN_METRICS, TRIAL,
-                              parse_metric)
+                              PARENT_RUN_TAG, SCAN_AXES, SEARCH_PARAM, STAGE, STAGE_SECONDS, SWEEP, TRAIN_METRICS,
+                              TRIAL, parse_metric)
 
 __all__ = ["CONTENT_TAGS", "DENSE", "EVAL", "EVAL_QUANTITIES", "FORCED", "FULL", "LM_EVAL", "LM_EVAL_AVG",
            "LM_EVAL_FAMILIES", "LM_EVAL_FLOPS", "LM_EVAL_LOOPS", "LM_EVAL_PPL", "LM_EVAL_SECONDS", "METRIC_PATTERN",
-           "PAPER_TASKS", "PARENT_RUN_TAG", "SEARCH_PARAM", "SKIP", "STABLE", "STAGE", "STAGES", "STAGE_SECONDS",
+           "PAPER_TASKS", "PARENT_RUN_TAG", "SCAN_AXES", "SEARCH_PARAM", "SKIP", "STABLE", "STAGE", "STAGES", "STAGE_SECONDS",
            "SWEEP", "TRAIN_METRICS", "TRIAL", "ZOO_KINDS", "ZOO_LABELS", "ZOO_RULES", "parse_metric", "zoo_kind"]
 
 # The suite means over tasks analysis computes beside lm_eval_avg (the paper's Avg.):

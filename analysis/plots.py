@@ -13,14 +13,28 @@ MAX_LEGEND = 16  # a longer legend covers the axes; the HTML report lists every 
 
 
 def render_png(spec: ChartSpec, path: Path) -> Path:
+    return render_panels([spec], path)
+
+
+def render_panels(specs: list[ChartSpec], path: Path, columns: int = 3) -> Path:
+    """Several charts side by side in one PNG (one panel each, `columns` to a row)."""
     # Imported here: matplotlib costs half a second, which a CLI that stops at a bad
     # experiment name should not pay.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(6.4, 4.2), dpi=DPI, layout="constrained")
+    cols = min(columns, len(specs))
+    rows = -(-len(specs) // cols)
+    fig = Figure(figsize=(6.4 * cols, 4.2 * rows), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
+    for i, spec in enumerate(specs):
+        _draw(fig.add_subplot(rows, cols, i + 1), spec)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI)
+    return path
+
+
+def _draw(ax, spec: ChartSpec) -> None:
     for s in spec.series:
         xs = [p.x for p in s.points]
         ys = [p.y for p in s.points]
@@ -46,6 +60,3 @@ def render_png(spec: ChartSpec, path: Path) -> Path:
     ax.grid(True, alpha=0.3)
     if 0 < len(spec.series) <= MAX_LEGEND:
         ax.legend(fontsize=7, loc="best")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI)
-    return path

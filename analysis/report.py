@@ -12,8 +12,9 @@ writes into out_dir:
   tables/*.md, *.csv     the paper-shaped tables (analysis.tables), tables.md all in one
   downstream.csv         Fig. 3's points (downstream Avg. against executed loops on the tasks, per arm)
   zoo.csv                each zero-shot exit rule's frontier against the learned gate's (area, mean gap)
+  loops.csv              the per-loop instruments (analysis/per_loop.py)
   *.png                  frontier.png, downstream.png (Fig. 3), zoo.png, skip_ppl.png,
-                         beta_exit_entropy.png, beta_expected_exit_step.png
+                         beta_exit_entropy.png, beta_expected_exit_step.png, loops_*.png
   report.html            one self-contained interactive page with all of it
   notes.txt              what was skipped and why
 and logs them as artifacts (folder `analysis`) of the sweep run: `sweep_run_id`, or
@@ -44,6 +45,7 @@ from analysis.errors import AnalysisError
 from analysis.frontier import best_under_budget, frontier_gap, pareto_frontier
 from analysis.load import PARAM, RunSet, beta_histories, load_runs
 from analysis.page import chart_slot, render_page
+from analysis.per_loop import loop_charts, loop_table
 from analysis.plots import render_png
 from analysis.points import evaluation_points, full_as_forced_depth
 from analysis.tables import all_tables
@@ -67,7 +69,7 @@ def build_report(tracking_uri: str, experiments, out_dir, *, sweep_run_id: str |
                  log_artifacts: bool = True, compute: str = "executed_loops", quality: str = "auto",
                  stage: str | None = None, series_by=None, best_of_seeds: bool = False, confidence: float = 0.95,
                  budget: float | None = None, scope: str = "experiment", statuses=("FINISHED",),
-                 strict: bool = False) -> dict[str, Path]:
+                 strict: bool = False, lead: list[tuple[str, str]] | None = None) -> dict[str, Path]:
     """Write the analysis of `experiments` into out_dir (see the module docstring).
 
     compute: executed_loops | flops | time | a points column. quality: auto (lm-eval
@@ -78,7 +80,8 @@ def build_report(tracking_uri: str, experiments, out_dir, *, sweep_run_id: str |
     series (default method and policy). best_of_seeds: the paper's protocol for Mano
     and p-hop (per configuration, the seed with the best full-depth quality) instead
     of the mean. scope: "experiment" reads every run of the experiments; "sweep" only
-    the subtree of sweep_run_id. statuses: trial statuses kept (None: all)."""
+    the subtree of sweep_run_id. statuses: trial statuses kept (None: all). lead: sections
+    (title, HTML) the caller puts first, e.g. sweeps/paper_mini.py's verdicts."""
     if scope not in ("experiment", "sweep"):
         raise AnalysisError(f"scope={scope!r} is invalid; allowed: experiment | sweep")
     if scope == "sweep" and not sweep_run_id:
@@ -96,7 +99,7 @@ def build_report(tracking_uri: str, experiments, out_dir, *, sweep_run_id: str |
         notes.append(str(e))
         points = None
 
-    sections: list[tuple[str, str]] = []
+    sections: list[tuple[str, str]] = list(lead or [])
     charts: list[ChartSpec] = []
     if points is not None:
         paths.update(_write_csv(points, out / "points.csv"))
@@ -123,6 +126,7 @@ def build_report(tracking_uri: str, experiments, out_dir, *, sweep_run_id: str |
         sections += _skip_section(agg, out, paths, charts)
         sections += _tables_section(agg, out, paths, notes)
     sections += _beta_section(runs, out, paths, charts, notes)
+    sections += _loops_section(runs, out, paths, charts, notes)
     meta = _meta(runs, points, best_of_seeds, confidence)
     page = render_page(title=f"looplab analysis: {', '.join(runs.experiments.values())}", meta=meta,
                        notes=notes, sections=sections, charts=charts)
@@ -446,6 +450,25 @@ def _beta_section(runs: RunSet, out, paths, charts, notes) -> list[tuple[str, st
     stage = histories["stage"][0]
     return [("β diagnostics", "".join(slots) + f'<p class="caption">Stage {html.escape(str(stage))} training, one '
              "curve per β (mean over seeds), cut to the steps every run reached (App. E).</p>")]
+
+
+def _loops_section(runs: RunSet, out, paths, charts, notes) -> list[tuple[str, str]]:
+    """The per-loop instruments (analysis/per_loop.py): loops.csv and four charts."""
+    table = loop_table(runs)
+    if table is None:
+        notes.append("per-loop instruments: skipped, no stage logged loop<r>_* metrics")
+        return []
+    paths.update(_write_csv(table, out / "loops.csv"))
+    slots = []
+    for spec in loop_charts(table):
+        paths[f"{spec.name}.png"] = render_png(spec, out / f"{spec.name}.png")
+        charts.append(spec)
+        slots.append(chart_slot(spec.name))
+    return [("Per-loop instruments", "".join(slots) + '<p class="caption">Each stage\'s last evaluation, mean '
+             "over seeds: the hidden-state RMS norm and the gradient norm reaching the shared block from each loop "
+             "(full depth); under skip on the final gated stage, the fraction of tokens still running each loop and "
+             "the relative distance of their states from the dense run's (the cache holes' footprint). "
+             "loops.csv has every stage and q.</p>")]
 
 
 def _n_loops(runs: RunSet) -> int | None:

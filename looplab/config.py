@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Union
 
 from looplab.errors import ConfigError, check, invalid
+from looplab.policy import DEFAULT_QS
 from looplab.stages import STAGE_NAMES, get_stage
 
 __all__ = ["ConfigError", "ExperimentConfig", "ParentRef", "apply_overrides", "check", "invalid"]
@@ -268,6 +269,9 @@ class TrainConfig:
     # How the run is carried out and watched: never in a key.
     eval_every: int = 100  # 0: evaluate only at the end
     eval_batch_size: int = 64
+    # The thresholds q a gated stage evaluates dense and skip at (the paper's grid by
+    # default); a finer grid traces the compute–quality curves the claims interpolate.
+    eval_qs: tuple[float, ...] = DEFAULT_QS
     log_every: int = 10
     ckpt_every: int = 0  # 0: no step cadence (ckpt_minutes still applies)
     ckpt_minutes: float = 5.0  # also checkpoint after this much wall clock; 0: off
@@ -293,6 +297,12 @@ class TrainConfig:
               and self.ckpt_minutes >= 0, "TrainConfig.ckpt_minutes", self.ckpt_minutes, "a number >= 0 (0: off)")
         _choice(self, "precision", ("auto", "fp32", "bf16"))
         _choice(self, "device", ("auto", "cpu", "cuda"))
+        qs = self.eval_qs
+        check(isinstance(qs, (list, tuple)) and len(qs) > 0
+              and all(isinstance(q, (int, float)) and not isinstance(q, bool) and 0 < q <= 1 for q in qs)
+              and len(set(qs)) == len(qs), "TrainConfig.eval_qs", qs,
+              "a non-empty list of distinct thresholds in (0, 1], e.g. [0.2, 0.4, 0.6, 0.8, 1.0]")
+        object.__setattr__(self, "eval_qs", tuple(float(q) for q in sorted(qs)))
 
 
 @dataclass(frozen=True)

@@ -91,14 +91,17 @@ class Stage:
             check(cfg.hole.hi <= cfg.model.n_loops, "HoleConfig.hi", cfg.hole.hi,
                   f"a float in [lo={cfg.hole.lo}, R={cfg.model.n_loops}]")
 
-    def eval_policies(self, n_loops: int) -> list[ExitPolicy]:
-        """What a run of this stage evaluates: full depth; gated stages add dense and
-        skip at every q of the paper's grid and the forced depths 1..R-1 (the fixed-depth
-        baseline: forced R is full depth, evaluated once)."""
+    def eval_policies(self, n_loops: int, qs=DEFAULT_QS) -> list[ExitPolicy]:
+        """What a run of this stage evaluates: full depth and the forced depths 1..R-1
+        (the fixed-depth baseline of App. F and of the paper's trade-off figure: forced R
+        is full depth, evaluated once; the per-loop cross-entropy); gated stages add
+        dense and skip at every threshold of qs (train.eval_qs: the paper's grid by
+        default)."""
+        forced = [ExitPolicy.forced(d) for d in range(1, n_loops)]
         if not self.gated:
-            return [ExitPolicy.full()]
-        return ([ExitPolicy.full()] + [ExitPolicy.dense(q) for q in DEFAULT_QS]
-                + [ExitPolicy.skip(q) for q in DEFAULT_QS] + [ExitPolicy.forced(d) for d in range(1, n_loops)])
+            return [ExitPolicy.full()] + forced
+        return ([ExitPolicy.full()] + [ExitPolicy.dense(q) for q in qs]
+                + [ExitPolicy.skip(q) for q in qs] + forced)
 
     def minibatch_loss(self, model, batch, cfg: ExperimentConfig, step: int, rows=None):
         """The stage's training loss of one minibatch and its diagnostics

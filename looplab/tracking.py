@@ -31,6 +31,9 @@ Metrics:
               analysis computes from the runs of one checkpoint and policy
   timing      STAGE_SECONDS (the stage's training, once per stage), MLFLOW_SECONDS and
               REPORT_SECONDS (time the stage spent in MLflow and Ray reports)
+  per loop    loop<r>_<quantity> at each evaluation (looplab/instruments.py: hidden_norm,
+              grad_norm), and under a skip policy's prefix (skip_q0.4_loop2_active,
+              skip_q0.4_loop2_state_gap): loop_metric / parse_loop_metric
 
 mlflow is imported inside the functions: the library runs without it.
 """
@@ -93,6 +96,8 @@ GIT_SHA = "git_sha"
 SWEEP_KEY = "sweep_key"
 SWEEP_TAG = "sweep"  # the experiment a trial belongs to
 COMMAND = "command"
+SPEED_KEY = "speed_key"  # a prefill speed point's content key (trainables/speed.py)
+SCAN_AXES = "scan_axes"  # on a sweep run: its axes, comma-separated (the searched params the others derive from)
 TRIAL_RUN = "trial_run"  # a stage run's trial (part of its lookup key)
 REUSED = "reused"  # "true" when a stage run reports a stage trained by another trial
 REUSED_FROM = "reused_from"  # the run that trained it
@@ -110,7 +115,7 @@ EVAL_PARAM = "eval."  # an evaluation's settings as params: eval.task, eval.poli
 # Tags analysis turns into columns.
 CONTENT_TAGS = (LEVEL, CONFIG_HASH, STAGE_KEY, STAGE_TAG, METHOD, LINEAGE, PARENT_CHECKPOINT, PRESET, GIT_SHA,
                 SWEEP_KEY, SWEEP_TAG, REUSED, REUSED_FROM, CHECKPOINT, COMMAND, TRIAL_RUN, EVAL_KEY, POLICY_TAG,
-                TASK_TAG)
+                TASK_TAG, SCAN_AXES)
 SEARCH_PARAM = "search."  # trial params: the searched values, e.g. search.beta, search.seed
 
 # ---- metrics ---------------------------------------------------------------------------
@@ -177,6 +182,36 @@ def parse_metric(name: str) -> tuple[ExitPolicy, str] | None:
     return None if policy is None else (policy, m["quantity"])
 
 
+LOOP = "loops"  # the kind of looplab/train.py's per-loop instrument records
+# The per-loop instruments' quantities (looplab/instruments.py says what each measures).
+HIDDEN_NORM, GRAD_NORM, ACTIVE, STATE_GAP = "hidden_norm", "grad_norm", "active", "state_gap"
+LOOP_QUANTITIES = (HIDDEN_NORM, GRAD_NORM, ACTIVE, STATE_GAP)
+LOOP_PATTERN = re.compile(rf"^(?P<prefix>{PREFIX_PATTERN.pattern})?loop(?P<loop>[1-9][0-9]*)_"
+                          rf"(?P<quantity>{'|'.join(LOOP_QUANTITIES)})$")
+
+
+def loop_metric(quantity: str, loop: int, policy: ExitPolicy | None = None) -> str:
+    """A per-loop instrument's name: loop2_hidden_norm; under a policy skip_q0.4_loop2_active."""
+    if quantity not in LOOP_QUANTITIES:
+        raise ValueError(f"quantity={quantity!r} is invalid; allowed: {' | '.join(LOOP_QUANTITIES)}")
+    return (policy.metric_prefix if policy is not None else "") + f"loop{loop}_{quantity}"
+
+
+def parse_loop_metric(name: str) -> tuple[ExitPolicy | None, int, str] | None:
+    """'skip_q0.4_loop2_state_gap' -> (skip:0.4, 2, 'state_gap'); 'loop1_hidden_norm' ->
+    (None, 1, 'hidden_norm'); anything else -> None."""
+    m = LOOP_PATTERN.match(name)
+    if m is None:
+        return None
+    if not m["prefix"]:
+        return None, int(m["loop"]), m["quantity"]
+    try:
+        policy = ExitPolicy.from_prefix(m["prefix"])
+    except ConfigError:
+        return None
+    return (None if policy is None else (policy, int(m["loop"]), m["quantity"]))
+
+
 def record_metrics(record: dict[str, Any]) -> dict[str, float]:
     """MLflow metrics of one looplab training record (looplab/train.py): a training
     record's quantities, or an evaluation record's per-policy quantities."""
@@ -191,6 +226,8 @@ def record_metrics(record: dict[str, Any]) -> dict[str, float]:
         for rec in record["policies"]:
             policy = ExitPolicy.parse(rec["policy"])
             out.update({policy_metric(policy, q): rec[q] for q in EVAL_QUANTITIES if q in rec})
+    elif kind == LOOP:
+        out = {k: v for k, v in record["metrics"].items() if parse_loop_metric(k) is not None}
     else:
         return {}
     return {k: float(v) for k, v in out.items() if isinstance(v, (int, float)) and math.isfinite(float(v))}

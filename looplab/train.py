@@ -25,9 +25,11 @@ from looplab.checkpoint import (TRAINER, experiment_metadata, load_training_stat
 from looplab.config import ConfigError, ExperimentConfig, TrainConfig
 from looplab.distributed import Shard
 from looplab.evaluate import autocast_context, evaluate_policies
+from looplab.instruments import diagnostic_batch, loop_instruments
 from looplab.stages import get_stage
 from looplab.tasks import make_task
 from looplab.tasks.base import IGNORE_INDEX, Batch
+from looplab.tracking import GRAD_NORM, HIDDEN_NORM, LOOP, loop_metric
 
 CHECKPOINT_DIR = "checkpoint"
 METRICS_FILE = "metrics.jsonl"
@@ -157,6 +159,10 @@ def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, st
         lines += [f"  {r['policy']:10s} loops {r['executed_loops']:.2f}  exit {r['mean_exit_step']:.2f}  "
                   f"acc {r['accuracy']:.4f}  loss {r['loss']:.4f}" for r in records[1:]]
         log.record({"kind": "eval", "step": step, "policies": records}, "\n".join(lines))
+        if shard.main:  # per-loop instruments (looplab/instruments.py) on rank 0's diagnostic batch
+            loops = loop_instruments(model, stage, diagnostic_batch(task.eval_batch()), cfg, step, device)
+            log.record({"kind": LOOP, "step": step, "metrics": loops}, _loops_line(loops, cfg.model.n_loops),
+                       say=True)
         return full
 
     result = TrainResult(out_dir=out, step=start)
@@ -221,6 +227,38 @@ def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, st
     return result
 
 
+def probe_seconds(cfg: ExperimentConfig, *, steps: int = 2) -> tuple[float, float]:
+    """(seconds per training step, seconds per evaluation) of cfg on this machine, with
+    the threads torch has: one warm-up step, then the median of `steps` timed ones, and
+    one evaluation as train() runs it (the stage's policies and the per-loop
+    instruments). Fresh weights: a step costs the same whatever they hold. A sweep's dry
+    run turns these into its time estimate (sweeps/estimate.py)."""
+    import statistics
+
+    tc = cfg.train
+    device = resolve_device(tc.device)
+    task = make_task(cfg.task, tc.seq_len)
+    model = model_from_config(cfg.model, tc.seed).to(device)
+    stage = get_stage(cfg.stage)
+    for name, p in model.named_parameters():
+        p.requires_grad_(stage.trainable(name))
+    optimizer = make_optimizer(model, tc)
+    shard = Shard.current()
+    times = []
+    for step in range(steps + 1):
+        t = time.perf_counter()
+        batch = task.train_batch(step, tc.batch_size, tc.seq_len, tc.seed)
+        optimizer.zero_grad(set_to_none=True)
+        _accumulate_gradients(model, stage, batch, cfg, step, shard, device)
+        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], math.inf)
+        optimizer.step()
+        times.append(time.perf_counter() - t)
+    t = time.perf_counter()
+    _evaluation_records(model, task, cfg, device)
+    loop_instruments(model, stage, diagnostic_batch(task.eval_batch()), cfg, 0, device)
+    return statistics.median(times[1:]), time.perf_counter() - t
+
+
 def _accumulate_gradients(model, stage, batch: Batch, cfg: ExperimentConfig, step: int, shard: Shard,
                           device) -> tuple[float, dict[str, float]]:
     """Forward and backward this rank's rows of the global batch, micro_batch_size rows
@@ -250,6 +288,16 @@ def _window_means(window: list[dict[str, float]]) -> dict[str, float]:
     return {k: sum(rec[k] for rec in window if k in rec) / sum(k in rec for rec in window) for k in sorted(keys)}
 
 
+def _loops_line(loops: dict[str, float], n_loops: int) -> str:
+    """The per-loop instruments at full depth, one line: ‖h‖ and the gradient per loop."""
+    parts = []
+    for label, quantity in (("|h| (rms)", HIDDEN_NORM), ("|grad| from", GRAD_NORM)):
+        values = [loops.get(loop_metric(quantity, r)) for r in range(1, n_loops + 1)]
+        if all(v is not None for v in values):
+            parts.append(f"{label} loop 1..{n_loops}: " + " ".join(f"{v:.3g}" for v in values))
+    return "  per loop: " + ("  ".join(parts) or "-")
+
+
 def _evaluation_records(model, task, cfg: ExperimentConfig, device) -> list[dict]:
     """One record per policy the stage evaluates (Stage.eval_policies): full depth
     first; gated stages add dense and skip at each q and the forced depths below R,
@@ -258,7 +306,7 @@ def _evaluation_records(model, task, cfg: ExperimentConfig, device) -> list[dict
     eval_set = task.eval_batch()
     if tc.eval_limit:
         eval_set = eval_set.slice(0, tc.eval_limit)
-    policies = get_stage(cfg.stage).eval_policies(cfg.model.n_loops)
+    policies = get_stage(cfg.stage).eval_policies(cfg.model.n_loops, tc.eval_qs)
     return evaluate_policies(model, eval_set, policies, batch_size=tc.eval_batch_size, device=device,
                              precision=tc.precision)
 

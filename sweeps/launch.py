@@ -56,11 +56,7 @@ def main(description: str, add_flags: Callable[[argparse.ArgumentParser], None] 
             sweep = build(common, args)
         except ConfigError as e:  # an override the declaration applied: say it as the flag
             raise overrides_in_flag_terms(e, common) from None
-        points, res = validate(sweep, launch)
-        sweep, plans = fit_devices(sweep, launch, points)  # micro-batches for --gpu-memory
-        if not launch.dry_run:  # planning a cluster sweep from a laptop needs neither
-            check_storage_path(launch.storage_path)
-            check_tracking_uri(launch.tracking_uri, launch.storage_path)
+        sweep, points, res, plans = prepare(sweep, launch)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -69,6 +65,19 @@ def main(description: str, add_flags: Callable[[argparse.ArgumentParser], None] 
         return 0
     rows = run_sweep(sweep, launch, points, res)
     return 0 if rows and all(r["status"] != "error" for r in rows) else 1
+
+
+def prepare(sweep: Sweep, launch: Launch):
+    """Every check before Ray: the trial points, the resources and each stage's plan
+    (micro-batches fitted for --gpu-memory), the storage and the tracking store (not
+    for a dry run: planning a cluster sweep from a laptop needs neither). Returns
+    (sweep, points, resources, plans); raises ConfigError."""
+    points, res = validate(sweep, launch)
+    sweep, plans = fit_devices(sweep, launch, points)
+    if not launch.dry_run:
+        check_storage_path(launch.storage_path)
+        check_tracking_uri(launch.tracking_uri, launch.storage_path)
+    return sweep, points, res, plans
 
 
 def overrides_in_flag_terms(error: ConfigError, common: Common) -> ConfigError:
@@ -153,7 +162,7 @@ def run_sweep(sweep: Sweep, launch: Launch, points: list[dict[str, Any]], res: R
     mc = tracking.client(uri)  # imports mlflow, which sets its loggers to INFO
     logging.getLogger("mlflow").setLevel(logging.WARNING)  # its schema-migration chatter
     experiment_id = tracking.ensure_experiment(mc, experiment, store.path("mlflow"))
-    sweep_run = open_sweep_run(mc, experiment_id, run_name, key, sweep.spec.preset)
+    sweep_run = open_sweep_run(mc, experiment_id, run_name, key, sweep.spec.preset, axes=sweep.axes)
     platform = PlatformSettings(tracking_uri=uri, storage_path=store.root, experiment=experiment,
                                 sweep_run_id=sweep_run, num_workers=launch.num_workers,
                                 cpus_per_worker=res.cpus_per_worker, gpus_per_worker=launch.gpus_per_worker,
@@ -207,7 +216,7 @@ def _to_log(path: Path):
         yield
 
 
-def open_sweep_run(mc, experiment_id: str, run_name: str, key: str, preset: str) -> str:
+def open_sweep_run(mc, experiment_id: str, run_name: str, key: str, preset: str, axes: tuple[str, ...] = ()) -> str:
     """The sweep's one parent run, keyed by the sweep's content: created once, adopted
     by every later invocation of the same sweep (set RUNNING while it runs). Runs an
     earlier invocation left RUNNING under it belong to processes that died: they are
@@ -215,9 +224,12 @@ def open_sweep_run(mc, experiment_id: str, run_name: str, key: str, preset: str)
     sweep_run, status = tracking.open_run(
         mc, experiment_id, name=run_name, key={tracking.LEVEL: tracking.SWEEP, tracking.SWEEP_KEY: key},
         tags={tracking.PRESET: preset, tracking.GIT_SHA: tracking.git_sha(),
-              tracking.COMMAND: " ".join(shlex.quote(a) for a in sys.argv)})
+              tracking.COMMAND: " ".join(shlex.quote(a) for a in sys.argv),
+              **({tracking.SCAN_AXES: ",".join(axes)} if axes else {})})
     if status == "FINISHED":
         mc.update_run(sweep_run, status="RUNNING")
+    if axes and status != "NEW":  # a declaration's axes, also on a run an older invocation made
+        mc.set_tag(sweep_run, tracking.SCAN_AXES, ",".join(axes))
     if status != "NEW":
         closed = close_orphans(mc, experiment_id, sweep_run)
         if closed:

@@ -45,11 +45,19 @@ class Sweep:
     # sets, e.g. {"hp": "--hps", "hole.lo": "--depth-range"}: a bad value is reported
     # in the user's terms, not as the config field it reached.
     flags: dict[str, str] = field(default_factory=dict)
+    # A scan's axes: the searched params it varies one at a time (others, such as a
+    # scan's hole range, derive from them). Recorded on the sweep run (tag scan_axes);
+    # analysis/scan.py draws each effect along each axis. Not part of sweep_key.
+    axes: tuple[str, ...] = ()
     # Downstream evaluation after training (trainables/evaluation.EvalGrid, sweeps/evaluate.py).
     # Not part of sweep_key: evaluations are keyed on their own, so a grown grid reuses the sweep.
     evaluation: Any = None
 
     def __post_init__(self) -> None:
+        for axis in self.axes:
+            if axis not in self.spec.searched:
+                raise ConfigError(f"Sweep.axes={axis!r} is invalid; allowed: searched params "
+                                  f"({' | '.join(self.spec.searched)})")
         # A threshold column must name a q the evaluation runs, or its cells stay empty.
         for column in self.columns:
             parsed = parse_metric(column)
@@ -133,10 +141,11 @@ def _local_gpus() -> int:
 def validate(sweep: Sweep, launch: Launch) -> tuple[list[dict[str, Any]], Resources]:
     """Every check that can run before Ray: returns the trial params and the plan."""
     check_preset(sweep.spec.preset)
-    searched_keys = set(sweep.spec.searched.values())
-    for stage, values in sweep.spec.stage_overrides.items():
+    spec = sweep.spec
+    for stage, values in spec.stage_overrides.items():
         for key in values:
-            if key in searched_keys and stage in (sweep.spec.searched_stages or (stage,)):
+            if any(target == key and stage in spec.scopes.get(param, spec.searched_stages or (stage,))
+                   for param, target in spec.searched.items()):
                 fail("--stage-set", f"{stage}:{key}={values[key]}",
                      f"keys the sweep does not search ({key} is one of its axes: set its values with its own flag)")
     seeds = list(launch.seeds)

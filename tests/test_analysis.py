@@ -268,9 +268,9 @@ def test_cli_writes_every_file(report):
 
 def test_points_csv_matches_logged_runs(report):
     rows = read_csv(report[0] / "points.csv")
-    # 2 arms × 2 seeds; Ouro: pretrain (full) + stage1, stage2 (full + 10 gated + forced 1..3:
-    # depth R is full depth, logged once); CHASE has one more gated stage
-    assert len(rows) == 2 * (1 + 2 * 14) + 2 * (1 + 3 * 14)
+    # 2 arms × 2 seeds; Ouro: pretrain (full + forced 1..3: depth R is full depth, logged
+    # once) + stage1, stage2 (the same + 10 gated); CHASE has one more gated stage
+    assert len(rows) == 2 * (4 + 2 * 14) + 2 * (4 + 3 * 14)
     for arm in ("Ouro", "CHASE"):
         for seed in (0, 1):
             for stage in fx.ARMS[arm]:
@@ -541,7 +541,8 @@ def test_evaluation_runs_attach_to_every_stage_run_of_their_key(downstream):
         assert (r["lm_eval.piqa"], r["lm_eval.arc_easy"]) == (pytest.approx(want[0]), pytest.approx(want[1]))
         assert r["lm_eval_avg"] == pytest.approx(sum(want) / 2)
         assert r["lm_eval_loops"] == r["depth"] and r["lm_eval_flops"] == 1000.0 * r["depth"]
-        assert r["ppl"] is None and r["executed_loops"] is None  # forced depths of the pre-trained model: downstream only
+        # the pre-training stage evaluates its forced depths on the validation set too (the fixed-depth curve)
+        assert r["ppl"] == pytest.approx(100.0 / r["depth"] ** 2 + r["seed"]) and r["executed_loops"] == r["depth"]
     # downstream executed loops stay apart from the validation set's
     skip = points.filter((pl.col("stage") == "stage2") & (pl.col("point") == "skip q=0.4")).row(0, named=True)
     assert (skip["executed_loops"], skip["lm_eval_loops"]) == (pytest.approx(2.5), pytest.approx(2.44))

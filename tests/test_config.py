@@ -51,7 +51,8 @@ def test_config_hash_ignores_seed_but_not_content():
 
 
 @pytest.mark.parametrize("cadence", [{"train.log_every": 5}, {"train.eval_every": 7}, {"train.ckpt_every": 3},
-                                     {"train.device": "cpu"}, {"train.eval_batch_size": 3}])
+                                     {"train.device": "cpu"}, {"train.eval_batch_size": 3},
+                                     {"train.eval_qs": [0.1, 0.5, 1.0]}])
 def test_cadence_and_device_never_enter_a_key(cadence):
     cfg = get_preset("phop-debug")
     assert apply_overrides(cfg, cadence).stage_key() == cfg.stage_key()
@@ -68,13 +69,21 @@ def test_keys_are_opt_in_and_every_field_is_classified():
         assert unkeyed_fields(cls) == [], cls
     assert set(unkeyed_fields(TrainConfig)) == {"eval_every", "eval_batch_size", "log_every", "ckpt_every",
                                                 "ckpt_minutes", "device", "micro_batch_size",
-                                                "activation_checkpointing"}
+                                                "activation_checkpointing", "eval_qs"}
     cfg = get_preset("debug")
     fields = cfg.key_fields()
     assert "train.lr" in fields and "train.seed" in fields and "model.n_loops" in fields
     assert not any(f.startswith(("exit.", "hole.")) for f in fields)  # pretrain reads neither
     assert len(fields) == sum(len([f for f in dataclasses.fields(c) if f.metadata.get("key")])
                               for c in (cfg.model, cfg.task, cfg.train)) + 1  # + the stage
+
+
+def test_eval_qs_are_checked_and_sorted():
+    cfg = apply_overrides(get_preset("debug"), {"train.eval_qs": [0.5, 0.1, 1.0]})
+    assert cfg.train.eval_qs == (0.1, 0.5, 1.0)
+    for bad in ([], [0.0], [1.5], [0.2, 0.2], ["a"], 0.5):
+        with pytest.raises(ConfigError, match="TrainConfig.eval_qs"):
+            apply_overrides(get_preset("debug"), {"train.eval_qs": bad})
 
 
 def test_overrides_reach_each_section_and_reject_unknown_names():

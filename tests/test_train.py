@@ -50,8 +50,11 @@ def test_training_reduces_loss_and_writes_metrics(tmp_path):
     assert sum(result.losses[-5:]) / 5 < sum(result.losses[:5]) / 5
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if r["kind"] == "train"] == [4, 8, 12, 16, 20, 24, 28, 32, 36, 40]
-    assert records[-1]["kind"] == "eval" and [p["policy"] for p in records[-1]["policies"]] == ["full"]
-    assert records[-1]["policies"][0]["n"] == 40
+    evaluation, loops = records[-2:]  # the final evaluation, then its per-loop instruments
+    R = cfg.model.n_loops
+    assert evaluation["kind"] == "eval" and loops["kind"] == "loops"
+    assert [p["policy"] for p in evaluation["policies"]] == ["full"] + [f"forced:{d}" for d in range(1, R)]
+    assert evaluation["policies"][0]["n"] == 40
 
 
 def test_checkpoint_round_trip_keeps_outputs_and_config(tmp_path):

@@ -31,6 +31,10 @@ class PipelineSpec:
     searched: sampled param name -> dotted config key, e.g. {"beta": "exit.beta"}.
     searched_stages: the stages the sampled params apply to (upstream stages stay
       shared across trials); "seed" always applies to every stage.
+    scopes: searched param -> the stages it applies to instead of searched_stages,
+      e.g. a scan's {"pretrain_steps": ("pretrain",), "stage_steps": ("stage1",
+      "chase", "stage2")}: two params can set one field (train.steps) in different
+      stages.
     arms: named alternatives to `stages`, chosen by the param "arm", e.g. Table 4's
       {"ouro": (pretrain, stage1, stage2), "chase": (pretrain, stage1, chase, stage2)}:
       the arms share every stage up to where they differ (same configs, same keys).
@@ -43,6 +47,7 @@ class PipelineSpec:
     searched: dict[str, str] = field(default_factory=dict)
     searched_stages: tuple[str, ...] = ()
     arms: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    scopes: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name, stages in {"stages": self.stages, **{f"arms.{a}": s for a, s in self.arms.items()}}.items():
@@ -52,6 +57,14 @@ class PipelineSpec:
             if s not in every:
                 raise ConfigError(f"PipelineSpec.searched_stages={s!r} is invalid; allowed: "
                                   f"{' | '.join(sorted(every))}")
+        for param, stages in self.scopes.items():
+            if param not in self.searched:
+                raise ConfigError(f"PipelineSpec.scopes={param!r} is invalid; allowed: a searched param "
+                                  f"({' | '.join(self.searched) or 'none'})")
+            for s in stages:
+                if s not in every:
+                    raise ConfigError(f"PipelineSpec.scopes[{param!r}]={s!r} is invalid; allowed: "
+                                      f"{' | '.join(sorted(every))}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -59,7 +72,8 @@ class PipelineSpec:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "PipelineSpec":
         return cls(**{**d, "stages": tuple(d["stages"]), "searched_stages": tuple(d.get("searched_stages", ())),
-                      "arms": {a: tuple(s) for a, s in d.get("arms", {}).items()}})
+                      "arms": {a: tuple(s) for a, s in d.get("arms", {}).items()},
+                      "scopes": {p: tuple(s) for p, s in d.get("scopes", {}).items()}})
 
     def stages_of(self, params: dict[str, Any]) -> tuple[str, ...]:
         if "arm" not in params:
@@ -108,8 +122,8 @@ def stage_configs(spec: PipelineSpec, params: dict[str, Any], storage_path: str 
         mine = dict(spec.stage_overrides.get(stage, {}))
         if "seed" in params:
             mine["train.seed"] = params["seed"]
-        if stage in searched_stages:
-            mine.update({spec.searched[name]: value for name, value in params.items() if name not in ("seed", "arm")})
+        mine.update({spec.searched[name]: value for name, value in params.items()
+                     if name not in ("seed", "arm") and stage in spec.scopes.get(name, searched_stages)})
         configs.append(stage_config(
             base, stage, parent=parent.as_parent(checkpoint_of(storage_path, parent)) if parent else None,
             overrides=spec.overrides, stage_overrides=mine))

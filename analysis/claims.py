@@ -1,0 +1,418 @@
+"""The paper's claims as computed verdicts (DESIGN.md, "Claims and verdicts").
+
+A claim compares two arms on one measure at matched compute, over seeds. The pieces:
+
+  interpolate     piecewise-linear through one curve's (executed loops, value) points;
+                  None outside them: a curve is never extrapolated
+  trial_measures  one row per trial: each curve's mean CE at the claim's executed loops
+                  (the skip sweep over q with full compute at R; the fixed-depth curve of
+                  forced depths 1..R, of the trial's own final stage and of its pre-training)
+  mean_interval   the mean over seeds with its Student-t interval
+  difference      arm A minus arm B with its interval: paired over seeds (the mean of the
+                  per-seed differences) when both arms continue one parent stage, else
+                  Welch's interval for two independent means
+  verdict         "reproduced (direction)" when the interval excludes the null value on
+                  the paper's side, "not reproduced" when it excludes it on the other side,
+                  else "inconclusive" (an interval that includes the null, or none at all)
+
+Mean CE (loss), not perplexity, is interpolated: a token-level mixture of two policies has
+the mixture's mean CE at the mixture's mean loops, so a straight line in (loops, loss) is
+what mixing two measured policies achieves; perplexity is exp(loss) at the end.
+
+CLAIMS holds the paper's four headline claims (and their sub-claims) with the paper's own
+figure beside each; claim_rows computes ours from the evaluation points
+(analysis.points) and the prefill benchmark records (sweeps/paper_mini.py).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import polars as pl
+
+from analysis import names
+from analysis.aggregate import student_t_quantile
+from analysis.errors import AnalysisError
+from analysis.load import PARAM
+
+SEARCHED = PARAM + names.SEARCH_PARAM  # a trial's searched values: params.search.<name>
+
+REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced (direction)", "not reproduced", "inconclusive"
+CONFIDENCE = 0.95
+# "Within a few percent of full compute": the paper reports +3-4 % (Fig. 2); the verdict
+# asks whether CHASE's increase lies below this bound.
+FEW_PERCENT = 5.0
+
+
+# ---- the numbers -------------------------------------------------------------------------
+
+def interpolate(xs: Sequence[float], ys: Sequence[float], x: float) -> float | None:
+    """The piecewise-linear curve through (xs, ys) at x; None when x lies outside
+    [min xs, max xs] or there are no points. Points at the same x are averaged first."""
+    pts: dict[float, list[float]] = {}
+    for a, b in zip(xs, ys):
+        if a is not None and b is not None and math.isfinite(a) and math.isfinite(b):
+            pts.setdefault(float(a), []).append(float(b))
+    if not pts:
+        return None
+    curve = sorted((a, sum(b) / len(b)) for a, b in pts.items())
+    if not curve[0][0] - 1e-9 <= x <= curve[-1][0] + 1e-9:
+        return None
+    for (x0, y0), (x1, y1) in zip(curve, curve[1:]):
+        if x0 <= x <= x1:
+            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return curve[0][1] if abs(x - curve[0][0]) <= 1e-9 else curve[-1][1]
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A mean with its two-sided interval (None when n < 2) over n values."""
+
+    mean: float | None
+    low: float | None
+    high: float | None
+    n: int
+    paired: bool | None = None  # for a difference: paired over seeds, or Welch's
+
+    def text(self, digits: int = 2, unit: str = "") -> str:
+        if self.mean is None:
+            return "n/a"
+        body = f"{self.mean:+.{digits}f}{unit}"
+        if self.low is None:
+            return f"{body} (n={self.n}, no interval)"
+        return f"{body} [{self.low:+.{digits}f}, {self.high:+.{digits}f}] (n={self.n})"
+
+
+def _clean(values: Iterable[float | None]) -> list[float]:
+    return [float(v) for v in values if v is not None and math.isfinite(float(v))]
+
+
+def mean_interval(values: Iterable[float | None], confidence: float = CONFIDENCE) -> Interval:
+    """Mean ± t_{(1+c)/2, n-1} · s/√n over the finite values (no interval for n < 2)."""
+    v = _clean(values)
+    if not v:
+        return Interval(None, None, None, 0)
+    mean = statistics.fmean(v)
+    if len(v) < 2:
+        return Interval(mean, None, None, len(v))
+    half = student_t_quantile(0.5 + confidence / 2, len(v) - 1) * statistics.stdev(v) / math.sqrt(len(v))
+    return Interval(mean, mean - half, mean + half, len(v))
+
+
+def difference(a: dict, b: dict, *, paired: bool, confidence: float = CONFIDENCE) -> Interval:
+    """Arm a minus arm b, values keyed by seed. paired: the mean of the per-seed
+    differences over the seeds both have, with its t interval (the arms continue one
+    parent, so a seed's difference removes what the parent shares). Unpaired: the
+    difference of the means with Welch's interval (Welch–Satterthwaite degrees of
+    freedom); no interval when either arm has fewer than two values."""
+    if paired:
+        seeds = sorted(s for s in set(a) & set(b) if a[s] is not None and b[s] is not None)
+        d = mean_interval([a[s] - b[s] for s in seeds], confidence)
+        return Interval(d.mean, d.low, d.high, d.n, paired=True)
+    xa, xb = _clean(a.values()), _clean(b.values())
+    if not xa or not xb:
+        return Interval(None, None, None, min(len(xa), len(xb)), paired=False)
+    mean = statistics.fmean(xa) - statistics.fmean(xb)
+    n = min(len(xa), len(xb))
+    if len(xa) < 2 or len(xb) < 2:
+        return Interval(mean, None, None, n, paired=False)
+    va, vb = statistics.variance(xa) / len(xa), statistics.variance(xb) / len(xb)
+    se = math.sqrt(va + vb)
+    if se == 0:
+        return Interval(mean, mean, mean, n, paired=False)
+    df = (va + vb) ** 2 / (va ** 2 / (len(xa) - 1) + vb ** 2 / (len(xb) - 1))
+    half = _t(0.5 + confidence / 2, df) * se
+    return Interval(mean, mean - half, mean + half, n, paired=False)
+
+
+def _t(p: float, df: float) -> float:
+    from scipy.stats import t  # fractional degrees of freedom (Welch)
+
+    return float(t.ppf(p, df))
+
+
+def verdict(interval: Interval, direction: int, null: float = 0.0) -> str:
+    """The paper's direction is measure > null (direction +1) or measure < null (-1)."""
+    if direction not in (1, -1):
+        raise ValueError(f"direction={direction!r} is invalid; allowed: 1 | -1")
+    if interval.low is None or interval.high is None:
+        return INCONCLUSIVE
+    if interval.low > null:
+        return REPRODUCED if direction == 1 else NOT_REPRODUCED
+    if interval.high < null:
+        return REPRODUCED if direction == -1 else NOT_REPRODUCED
+    return INCONCLUSIVE
+
+
+def increase_pct(loss: float | None, reference: float | None) -> float | None:
+    """Perplexity increase over a reference in percent, from mean CEs: 100 (e^(l − l_ref) − 1)."""
+    if loss is None or reference is None:
+        return None
+    return 100.0 * math.expm1(loss - reference)
+
+
+# ---- the claims ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Claim:
+    id: str
+    statement: str  # what the paper claims
+    measure: str  # what we compute, and its unit
+    paper: str  # the paper's own figure for it
+    direction: int  # +1: the paper's direction is measure > null; -1: measure < null
+    null: float = 0.0
+    unit: str = ""
+
+
+CLAIMS: dict[str, Claim] = {c.id: c for c in (
+    Claim("C1", "looping helps at equal parameters (N⊗R beats N⊗1)",
+          "p-hop exact match of N⊗R minus N⊗1, points",
+          "p-hop p=16: 1⊗6 99.51 % vs 1⊗1 38.32 % (+61.2 points, Table 2)", +1, unit=" pt"),
+    Claim("C1-LM", "looping helps at equal parameters, language modelling",
+          "perplexity of N⊗1 over N⊗R, % (positive: the looped model is better)",
+          "140M Mamba-2: loop4 14.68 vs baseline 15.80 (+7.6 %, Table 4); 6⊗4 19.98 vs 6⊗1 21.96 (+9.9 %, "
+          "Table 3)", +1, unit=" %"),
+    Claim("C1-depth", "where NR⊗1 stands: the iso-depth (iso-FLOPs) non-looped model stays ahead",
+          "perplexity of N⊗R over NR⊗1, % (positive: the deeper non-looped model is better)",
+          "24⊗1 16.15 vs 6⊗4 19.98 (+23.7 %, Table 3)", +1, unit=" %"),
+    Claim("C2", "adaptive exits beat forced fixed depth at equal executed loops",
+          "perplexity of the fixed-loop model forced to the same executed loops over CHASE skip, %",
+          "140M at ~2 loops: forced 2 loops PPL 12,907 vs CHASE skip 16.45 at 2.15 loops (Fig. 3, App. F)", +1,
+          unit=" %"),
+    Claim("C2-own", "(stronger) adaptive exits beat the same gated model at a forced depth",
+          "perplexity of CHASE's own model forced to the same executed loops over its skip, %",
+          "not reported: the paper forces the fixed-loop model", +1, unit=" %"),
+    Claim("C3", "cache holes: stock Ouro skip degrades far more than CHASE skip at about half the loops",
+          "Ouro's perplexity increase over its full compute minus CHASE's, at R/2 executed loops, points of %",
+          "370M: Ouro up to +4788 %, CHASE +3-4 % (Fig. 2)", +1, unit=" pt"),
+    Claim("C3-few", "CHASE skip stays within a few percent of full compute",
+          f"CHASE's perplexity increase over its full compute at R/2 executed loops, % (bound {FEW_PERCENT:g} %)",
+          "+3-4 % across the range (Fig. 2)", -1, null=FEW_PERCENT, unit=" %"),
+    Claim("C4", "skip turns saved loops into prefill speedup where compute binds",
+          "prefill speedup of skip over full at the largest batch, × (null 1)",
+          "1.73x (140M) / 1.83x (370M) at batch 64, q=0.2 (Table 5)", +1, null=1.0, unit="x"),
+    Claim("C4-batch1", "and not at batch 1, where the prefill is latency-bound",
+          "prefill speedup at batch 1, × (the paper: no faster than full, i.e. below 1)",
+          "0.95-0.97x at batch 1 (140M, Table 5)", -1, null=1.0, unit="x"),
+)}
+
+
+def target_loops(n_loops: int) -> float:
+    """"About half the loops": R/2, and 1.5 at R = 2 (whose half, 1 loop, is the floor of
+    every curve: every token exits after its first loop)."""
+    return max(n_loops / 2.0, 1.5)
+
+
+# ---- per trial ---------------------------------------------------------------------------------
+
+def trial_measures(points: pl.DataFrame, *, loops_at=target_loops) -> pl.DataFrame:
+    """One row per trial: experiment, trial_run_id, seed, method, the searched params
+    (params.search.*, the seed aside), n_layers, n_loops, loops (the claim's executed
+    loops, loops_at(R)), full_loss, full_ppl, full_accuracy, and at those loops each
+    curve's mean CE (None where the curve does not reach them):
+      skip_loss      the final stage's skip sweep over q, with full compute at R
+      forced_loss    the final stage's own fixed-depth curve (forced 1..R-1, full at R)
+      fixed_loss     the pre-training stage's fixed-depth curve (the paper's "Fixed Exit
+                     Depth": the fixed-loop model forced to d loops)
+    skip_increase  skip_loss's perplexity increase over full_loss, %
+    skip_min_loops the fewest loops the skip sweep executed (why skip_loss may be None)."""
+    need = {"trial_run_id", "stage", "policy", "executed_loops", "loss", "is_final_stage"}
+    missing = need - set(points.columns)
+    if missing:
+        raise AnalysisError(f"cannot read claims from these points: no column {', '.join(sorted(missing))}")
+    searched = sorted(c for c in points.columns if c.startswith(SEARCHED) and c != SEARCHED + "seed")
+    rows = []
+    for (trial,), part in points.group_by(["trial_run_id"], maintain_order=True):
+        final = part.filter(pl.col("is_final_stage"))
+        if final.is_empty():
+            continue
+        first = final.row(0, named=True)
+        n_loops = int(_first(part, "params.model.n_loops") or first.get("n_loops") or 0)
+        loops = loops_at(n_loops) if n_loops else None
+        full = _point(final, names.FULL)
+        full_loss = full.get("loss")
+        skip = final.filter(pl.col("policy") == names.SKIP)
+        skip_x = skip["executed_loops"].to_list() + ([n_loops] if full_loss is not None else [])
+        skip_y = skip["loss"].to_list() + ([full_loss] if full_loss is not None else [])
+        pretrain = part.filter(pl.col("stage") == "pretrain")
+        row = {"experiment": first.get("experiment"), "trial_run_id": trial, "seed": first.get("seed"),
+               "method": first.get("method"), "stage": first.get("stage"),
+               **{c: first.get(c) for c in searched},
+               "n_layers": _first(part, "params.model.n_layers"), "n_loops": n_loops, "loops": loops,
+               "full_loss": full_loss, "full_ppl": full.get("ppl"), "full_accuracy": full.get("accuracy"),
+               "skip_loss": _at(skip_x, skip_y, loops) if not skip.is_empty() else None,
+               "forced_loss": _at(*_fixed_curve(final, n_loops), loops),
+               "fixed_loss": _at(*_fixed_curve(pretrain, n_loops), loops),
+               "skip_min_loops": min(skip["executed_loops"].drop_nulls().to_list(), default=None)}
+        row["skip_increase"] = increase_pct(row["skip_loss"], full_loss)
+        rows.append(row)
+    if not rows:
+        raise AnalysisError("no finished trial with a final stage among these points")
+    return pl.DataFrame(rows, infer_schema_length=None)
+
+
+def _first(df: pl.DataFrame, column: str):
+    if column not in df.columns:
+        return None
+    values = df[column].drop_nulls()
+    return values[0] if len(values) else None
+
+
+def _point(df: pl.DataFrame, policy: str) -> dict:
+    rows = df.filter(pl.col("policy") == policy)
+    return rows.row(0, named=True) if rows.height else {}
+
+
+def _fixed_curve(stage_points: pl.DataFrame, n_loops: int) -> tuple[list, list]:
+    """(loops, loss) of forced depths 1..R-1 and full depth at R (forced R is full)."""
+    forced = stage_points.filter(pl.col("policy") == names.FORCED)
+    if forced.is_empty():
+        return [], []
+    full = _point(stage_points, names.FULL)
+    xs = forced["depth"].cast(pl.Float64).to_list() + ([float(n_loops)] if full.get("loss") is not None else [])
+    ys = forced["loss"].to_list() + ([full["loss"]] if full.get("loss") is not None else [])
+    return xs, ys
+
+
+def _at(xs, ys, x):
+    return None if x is None or not xs else interpolate(xs, ys, x)
+
+
+# ---- the verdicts ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ClaimResult:
+    claim: Claim
+    interval: Interval
+    verdict: str
+    detail: str = ""  # which arms, at which loops, what was left out
+
+    def row(self) -> dict:
+        c = self.claim
+        return {"claim": c.id, "statement": c.statement, "paper": c.paper, "measure": c.measure,
+                "ours": self.interval.text(2, c.unit), "mean": self.interval.mean, "low": self.interval.low,
+                "high": self.interval.high, "n": self.interval.n, "verdict": self.verdict, "detail": self.detail}
+
+
+def judge(claim_id: str, interval: Interval, detail: str = "") -> ClaimResult:
+    claim = CLAIMS[claim_id]
+    return ClaimResult(claim, interval, verdict(interval, claim.direction, claim.null), detail)
+
+
+def by_seed(rows: pl.DataFrame, column: str) -> dict:
+    """{seed: value} of one arm's rows (a seed's value once; the first when repeated)."""
+    out: dict = {}
+    for seed, value in rows.select("seed", column).iter_rows():
+        out.setdefault(seed, value)
+    return out
+
+
+def hole_claims(trials: pl.DataFrame, *, ouro: str = "Ouro", chase: str = "CHASE") -> list[ClaimResult]:
+    """C2, C2-own, C3 and C3-few from the gated trials of one configuration
+    (trial_measures' rows, seeds apart): the Ouro and CHASE arms continue one Stage-1, so
+    C3 pairs them by seed; C2 compares CHASE's skip with a fixed depth within each CHASE
+    trial, one value per seed."""
+    gated = trials.filter(pl.col("method").is_in([ouro, chase]))
+    o, c = gated.filter(pl.col("method") == ouro), gated.filter(pl.col("method") == chase)
+    loops = _loops_text(gated)
+    out = []
+    c = c.with_columns(
+        pl.struct("fixed_loss", "skip_loss").map_elements(lambda r: increase_pct(r["fixed_loss"], r["skip_loss"]),
+                                                          return_dtype=pl.Float64).alias("vs_fixed"),
+        pl.struct("forced_loss", "skip_loss").map_elements(lambda r: increase_pct(r["forced_loss"], r["skip_loss"]),
+                                                           return_dtype=pl.Float64).alias("vs_own"))
+    out.append(judge("C2", mean_interval(c["vs_fixed"].to_list()),
+                     f"CHASE skip vs the pre-trained model forced to the same loops, at {loops}"))
+    out.append(judge("C2-own", mean_interval(c["vs_own"].to_list()),
+                     f"CHASE skip vs its own model forced to the same loops, at {loops}"))
+    out.append(judge("C3", difference(by_seed(o, "skip_increase"), by_seed(c, "skip_increase"), paired=True),
+                     f"Ouro minus CHASE, paired over seeds (both continue one Stage-1), at {loops}" +
+                     _reach_note(gated)))
+    out.append(judge("C3-few", mean_interval(c["skip_increase"].to_list()), f"CHASE at {loops}"))
+    return out
+
+
+def _loops_text(trials: pl.DataFrame) -> str:
+    values = sorted(set(trials["loops"].drop_nulls().to_list()))
+    return ("executed loops " + ", ".join(f"{v:g}" for v in values)) if values else "no target loops"
+
+
+def _reach_note(trials: pl.DataFrame) -> str:
+    short = trials.filter(pl.col("skip_loss").is_null())
+    if short.is_empty():
+        return ""
+    return (f"; {short.height} arm(s) whose skip sweep does not reach those loops left out "
+            f"(fewest loops: {', '.join(f'{v:.2f}' for v in short['skip_min_loops'].drop_nulls().to_list())})")
+
+
+def loop_claims(fixed: pl.DataFrame, *, quality: str, looped: tuple[int, int], base: tuple[int, int],
+                deep: tuple[int, int] | None) -> list[ClaimResult]:
+    """C1 (quality accuracy: exact match in points) or C1-LM and C1-depth (quality ppl):
+    N⊗R against N⊗1 and NR⊗1, from one row per pre-trained model and seed (columns
+    n_layers, n_loops, seed, full_accuracy / full_ppl). Independent pre-trainings: Welch."""
+    def arm(pair):
+        rows = fixed.filter((pl.col("n_layers") == pair[0]) & (pl.col("n_loops") == pair[1]))
+        return rows.unique(["seed"], keep="first", maintain_order=True)
+
+    def name(pair):
+        return f"{pair[0]}⊗{pair[1]}"
+
+    a, b = arm(looped), arm(base)
+    if quality == "accuracy":
+        gain = difference({s: 100 * v for s, v in by_seed(a, "full_accuracy").items() if v is not None},
+                          {s: 100 * v for s, v in by_seed(b, "full_accuracy").items() if v is not None}, paired=False)
+        return [judge("C1", gain, f"{name(looped)} minus {name(base)}, Welch (independent pre-trainings)")]
+    ratio_looped = _log_ppl(a)
+    out = [judge("C1-LM", _pct_of_log(difference(_log_ppl(b), ratio_looped, paired=False)),
+                 f"{name(base)} over {name(looped)}, Welch on log perplexity")]
+    if deep is not None:
+        out.append(judge("C1-depth", _pct_of_log(difference(ratio_looped, _log_ppl(arm(deep)), paired=False)),
+                         f"{name(looped)} over {name(deep)}, Welch on log perplexity"))
+    return out
+
+
+def _log_ppl(rows: pl.DataFrame) -> dict:
+    return {s: math.log(v) for s, v in by_seed(rows, "full_ppl").items() if v is not None and v > 0}
+
+
+def _pct_of_log(i: Interval) -> Interval:
+    """A difference of log perplexities as a ratio's percent: 100 (e^d − 1), endpoints mapped alike."""
+    def f(v):
+        return None if v is None else 100.0 * math.expm1(v)
+    return Interval(f(i.mean), f(i.low), f(i.high), i.n, i.paired)
+
+
+def speed_claims(records: list[dict]) -> list[ClaimResult]:
+    """C4 and C4-batch1 from prefill benchmark records (looplab/bench.py's, one per seed's
+    model and batch): the speedup at the largest batch measured, and at batch 1."""
+    if not records:
+        return []
+    largest = max(r["batch"] for r in records)
+    big = [r["speedup"] for r in records if r["batch"] == largest]
+    one = [r["speedup"] for r in records if r["batch"] == 1]
+    ideal = statistics.fmean(r["ideal_speedup"] for r in records if r["batch"] == largest)
+    out = [judge("C4", mean_interval(big), f"batch {largest}, seq_len {records[0]['seq_len']}, "
+                                            f"{records[0]['policy']}; ideal R/loops {ideal:.2f}x, "
+                                            f"of ideal {statistics.fmean(big) / ideal:.0%}")]
+    if one and largest != 1:
+        out.append(judge("C4-batch1", mean_interval(one), f"batch 1, seq_len {records[0]['seq_len']}"))
+    return out
+
+
+# ---- the table ---------------------------------------------------------------------------------------
+
+def verdict_table(results: list[ClaimResult]) -> pl.DataFrame:
+    return pl.DataFrame([r.row() for r in results], infer_schema_length=None)
+
+
+def verdict_markdown(results: list[ClaimResult]) -> str:
+    """The verdicts as a markdown table: the paper's figure beside ours, with its interval."""
+    lines = ["| claim | the paper | ours (95 % interval over seeds) | verdict |", "|---|---|---|---|"]
+    for r in results:
+        c = r.claim
+        lines.append(f"| **{c.id}** {c.statement} | {c.paper} | {r.interval.text(2, c.unit)}: {c.measure}"
+                     f"{'; ' + r.detail if r.detail else ''} | {r.verdict} |")
+    return "\n".join(lines)

@@ -1,0 +1,234 @@
+"""The paper's headline claims in miniature: one command, several seeds, a computed verdict per claim.
+
+    python sweeps/paper_mini.py                                 # seeds 100,101,102 on 2 CPU cores
+    python sweeps/paper_mini.py --dry-run                       # the plan and its time, measured here
+    python sweeps/paper_mini.py --seeds 100,101,102,103         # one more seed: only it trains
+
+Two sweeps on the platform (Ray Tune trials, MLflow, the analysis layer), a timed step,
+then the verdicts, at the regime the scale scan found (sweeps/scale_scan.py; the
+README's scan table):
+
+  lm     the `debug` byte-level 1⊗4 Mamba-2 at LM_REGIME: pre-training → Stage-1, then the
+         loop4-Ouro arm (→ Stage-2) and the loop4-CHASE arm (→ CHASE → Stage-2), which
+         share Stage-1 (claims C2, C3); beside the 1⊗4, the pre-trained 1⊗1 and 4⊗1
+         (C1-LM, C1-depth)
+  phop   1⊗4, 1⊗1 and 4⊗1 on p-hop at PHOP_REGIME (C1)
+  speed  every seed's CHASE model, prefill full against skip at batch 1 and SPEED_BATCH
+         (C4): a step keyed by content (trainables/speed.py), alone on the machine
+
+Each claim's figure is computed over the seeds with a 95 % interval and a verdict
+(analysis/claims.py): "reproduced (direction)", "not reproduced" or "inconclusive".
+The default seeds are not the scan's (0, 1, 2): no verdict is read off the data its
+regime was chosen on. Everything is keyed by content: a re-run trains nothing, and a
+new seed trains only that seed. The verdicts, with the paper's figure beside each, go
+to STORAGE/analysis/paper_mini/ (verdicts.md, verdicts.csv, report.html) and to the LM
+sweep's MLflow run.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from looplab.config import ConfigError
+from sweeps.depth_grid import depth_grid
+from sweeps.flags import Common, Launch, parser
+from sweeps.plan import Sweep, describe, sweep_key
+from trainables.pipeline import PipelineSpec, stage_configs
+
+ARMS = {"ouro": ("pretrain", "stage1", "stage2"), "chase": ("pretrain", "stage1", "chase", "stage2"),
+        "fixed": ("pretrain",)}
+SEEDS = "100,101,102"
+LM_PRESET, PHOP_PRESET = "debug", "phop-debug"
+# The regime the scale scan found for the cache-hole effect: context 512, 800 pre-training
+# steps, each continued stage 200 (README: the scan's table).
+LM_REGIME = {"train.seq_len": 512, "train.batch_size": 8, "train.steps": 800, "task.val_blocks": 64,
+             "train.eval_every": 400, "model.n_loops": 4, "hole.sampler": "depth", "hole.hp": 0.5,
+             "train.eval_qs": [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]}
+STAGE_STEPS = 200
+LOOPED, BASE, DEEP = (1, 4), (1, 1), (4, 1)  # N⊗R, its iso-parameter N⊗1, its iso-depth NR⊗1
+PHOP_REGIME = {"task.n": 32}
+PHOP_HOPS = [4]
+SPEED_BATCH, SPEED_POLICY = 64, "skip:0.2"  # the paper's headline speedup: batch 64, q 0.2 (Table 5)
+
+
+def lm_sweep(common: Common) -> Sweep:
+    """The gated arms at 1⊗4 and the pre-trained 1⊗1, 4⊗1 (and 1⊗4, shared) beside them."""
+    spec = PipelineSpec(preset=LM_PRESET, stages=ARMS["chase"], arms=ARMS, overrides={**LM_REGIME, **common.overrides},
+                        stage_overrides=common.stage_overrides_over({s: {"train.steps": STAGE_STEPS}
+                                                                     for s in ("stage1", "chase", "stage2")}),
+                        searched={"n_layers": "model.n_layers", "n_loops": "model.n_loops"},
+                        searched_stages=ARMS["chase"])
+    pair = lambda nr: {"n_layers": nr[0], "n_loops": nr[1]}  # noqa: E731
+    points = ({"arm": "ouro", **pair(LOOPED)}, {"arm": "chase", **pair(LOOPED)},
+              *({"arm": "fixed", **pair(nr)} for nr in (LOOPED, BASE, DEEP)))
+    return Sweep(name="paper_mini_lm", spec=spec, points=points, metric="val_ppl", mode="min",
+                 columns=("val_ppl", "skip_q0.4_executed_loops", "skip_q0.4_ppl"),
+                 flags={"n_layers": "--set", "n_loops": "--set"})
+
+
+def phop_sweep() -> Sweep:
+    pairs = tuple({"n_layers": n, "n_loops": r} for n, r in (LOOPED, BASE, DEEP))
+    return depth_grid("paper_mini_phop", Common(PHOP_PRESET, dict(PHOP_REGIME)), pairs, level=("p", PHOP_HOPS),
+                      level_flag="--hops", metric="val_accuracy", mode="max", columns=("val_accuracy", "val_loss"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    from sweeps.launch import prepare
+
+    p = parser(__doc__.splitlines()[0])
+    p.set_defaults(seeds=SEEDS, storage_path="runs/paper-mini")
+    args = p.parse_args(argv)
+    started = time.monotonic()
+    try:
+        if args.preset not in (LM_PRESET, "debug"):
+            raise ConfigError(f"--preset={args.preset!r} is invalid; allowed: {LM_PRESET} (the regime is the "
+                              "scan's; --set changes the LM sweep's settings)")
+        common, launch = Common.from_args(args), Launch.from_args(args)
+        prepared = [prepare(sweep, launch) for sweep in (lm_sweep(common), phop_sweep())]
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if launch.dry_run:
+        from sweeps.estimate import estimate
+
+        for sweep, points, res, plans in prepared:
+            print(describe(sweep, launch, points, res, plans) + "\n")
+        print(estimate([(sweep, points) for sweep, points, _, _ in prepared], launch,
+                       extra_seconds=speed_seconds(launch)).text())
+        return 0
+    from sweeps.launch import run_sweep
+
+    status = 0
+    for sweep, points, res, _ in prepared:
+        rows = run_sweep(sweep, launch, points, res)
+        status |= 0 if rows and all(r["status"] != "error" for r in rows) else 1
+    if status:
+        print("a trial failed: no verdicts (re-run the same command to resume)", file=sys.stderr)
+        return status
+    speed = measure_speed(prepared[0][0], launch)
+    report = write_verdicts(prepared[0][0], prepared[1][0], launch, speed)
+    minutes, seconds = divmod(round(time.monotonic() - started), 60)
+    print(f"\npaper_mini: {minutes} min {seconds:02d} s on this machine; verdicts: {report['verdicts.md']}")
+    return 0
+
+
+# ---- the timed step ---------------------------------------------------------------------------------
+
+def speed_points():
+    from trainables.speed import SpeedPoint
+
+    seq_len = LM_REGIME["train.seq_len"]
+    return [SpeedPoint(batch, seq_len, SPEED_POLICY) for batch in (1, SPEED_BATCH)]
+
+
+def speed_seconds(launch: Launch) -> float:
+    """The speed step's time for the dry run's estimate: per seed and point, about
+    (2 warm-ups + 5 repeats) × 2 runs of a prefill, plus a memory probe (seconds)."""
+    return len(launch.seeds) * len(speed_points()) * 8.0
+
+
+def measure_speed(sweep: Sweep, launch: Launch) -> list[dict]:
+    """C4's records: each seed's CHASE model (its final stage) timed at the speed points."""
+    from looplab import tracking
+    from trainables.pipeline import checkpoint_of
+    from trainables.speed import measure
+    from trainables.storage import Storage
+
+    store = Storage(launch.storage_path)
+    uri = launch.tracking_uri or f"sqlite:///{store.scratch() / 'mlflow.db'}"
+    mc = tracking.client(uri)
+    experiment = tracking.experiment_name(sweep.name, sweep.spec.preset)
+    experiment_id = tracking.ensure_experiment(mc, experiment, store.path("mlflow"))
+    sweep_run = tracking.find_run(mc, experiment_id, **{tracking.LEVEL: tracking.SWEEP,
+                                                        tracking.SWEEP_KEY: sweep_key(sweep, launch)})
+    records = []
+    for seed in launch.seeds:
+        final = stage_configs(sweep.spec, {"arm": "chase", "n_layers": LOOPED[0], "n_loops": LOOPED[1],
+                                           "seed": seed}, store.root)[-1]
+        for r in measure(mc, experiment_id, sweep_run.info.run_id if sweep_run else None,
+                         checkpoint=checkpoint_of(store.root, final), stage_key=final.stage_key(),
+                         config_hash=final.config_hash(), method="CHASE", points=speed_points(),
+                         label=f"seed {seed}"):
+            records.append({**r, "seed": seed})
+    return records
+
+
+# ---- the verdicts ---------------------------------------------------------------------------------------
+
+def claim_results(uri: str, lm_experiment: str, phop_experiment: str, seeds) -> tuple[list, dict[str, Any]]:
+    """Every claim's result, from the two experiments' runs of these seeds, and the
+    tables they were read from."""
+    import polars as pl
+
+    from analysis.claims import hole_claims, loop_claims, trial_measures
+    from analysis.load import load_runs
+    from analysis.points import evaluation_points
+
+    seeds = list(seeds)
+    lm = trial_measures(evaluation_points(load_runs(uri, [lm_experiment]))).filter(pl.col("seed").is_in(seeds))
+    phop = trial_measures(evaluation_points(load_runs(uri, [phop_experiment]))).filter(pl.col("seed").is_in(seeds))
+    results = loop_claims(phop, quality="accuracy", looped=LOOPED, base=BASE, deep=None)
+    results += loop_claims(lm.filter(pl.col("method") == "fixed"), quality="ppl", looped=LOOPED, base=BASE, deep=DEEP)
+    results += hole_claims(lm)
+    return results, {"lm_trials": lm, "phop_trials": phop}
+
+
+def write_verdicts(lm: Sweep, phop: Sweep, launch: Launch, speed: list[dict]) -> dict[str, Path]:
+    """verdicts.md / .csv, the trial measures and report.html (the LM sweep's report with
+    the verdicts first) in STORAGE/analysis/paper_mini; the verdicts are printed and set
+    as the LM sweep run's description."""
+    from analysis.claims import speed_claims, verdict_markdown, verdict_table
+    from analysis.report import build_report
+    from looplab import tracking
+    from trainables.storage import Storage
+
+    store = Storage(launch.storage_path)
+    uri = launch.tracking_uri or f"sqlite:///{store.scratch() / 'mlflow.db'}"
+    out = store.scratch() / "analysis" / "paper_mini"
+    out.mkdir(parents=True, exist_ok=True)
+    lm_experiment = tracking.experiment_name(lm.name, lm.spec.preset)
+    phop_experiment = tracking.experiment_name(phop.name, phop.spec.preset)
+    results, tables = claim_results(uri, lm_experiment, phop_experiment, launch.seeds)
+    results += speed_claims(speed)
+    order = ["C1", "C1-LM", "C1-depth", "C2", "C2-own", "C3", "C3-few", "C4", "C4-batch1"]
+    results.sort(key=lambda r: order.index(r.claim.id))
+    markdown = (f"Seeds {', '.join(map(str, launch.seeds))}; 95 % Student-t intervals over seeds.\n\n"
+                + verdict_markdown(results))
+    paths = {"verdicts.md": out / "verdicts.md", "verdicts.csv": out / "verdicts.csv"}
+    paths["verdicts.md"].write_text(markdown + "\n")
+    verdict_table(results).write_csv(paths["verdicts.csv"])
+    for name, table in tables.items():
+        table.write_csv(out / f"{name}.csv")
+    import polars as pl
+
+    pl.DataFrame(speed).write_csv(out / "speed.csv")
+    print("\n" + markdown)
+    mc = tracking.client(uri)
+    experiment_id = mc.get_experiment_by_name(lm_experiment).experiment_id
+    sweep_run = tracking.find_run(mc, experiment_id, **{tracking.LEVEL: tracking.SWEEP,
+                                                        tracking.SWEEP_KEY: sweep_key(lm, launch)})
+    report = build_report(uri, [lm_experiment], out, sweep_run_id=sweep_run.info.run_id if sweep_run else None,
+                          lead=[("Claims: the paper's against ours", _claims_html(results, launch.seeds))])
+    if sweep_run is not None:
+        tracking.set_description(mc, sweep_run.info.run_id, "**paper_mini**\n\n" + markdown)
+    return {**paths, **report}
+
+
+def _claims_html(results, seeds) -> str:
+    import html
+
+    rows = "".join(
+        f"<tr><td><b>{html.escape(r.claim.id)}</b> {html.escape(r.claim.statement)}</td>"
+        f"<td>{html.escape(r.claim.paper)}</td><td>{html.escape(r.interval.text(2, r.claim.unit))}<br>"
+        f"<small>{html.escape(r.claim.measure)}{'; ' + html.escape(r.detail) if r.detail else ''}</small></td>"
+        f"<td class='verdict'>{html.escape(r.verdict)}</td></tr>" for r in results)
+    return (f"<p>Seeds {', '.join(map(str, seeds))}; 95 % Student-t intervals over seeds; verdicts computed by "
+            "analysis/claims.py (an interval that includes the null value is inconclusive).</p>"
+            "<table><tr><th>claim</th><th>the paper</th><th>ours</th><th>verdict</th></tr>" + rows + "</table>")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
