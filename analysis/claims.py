@@ -77,13 +77,15 @@ class Interval:
     n: int
     paired: bool | None = None  # for a difference: paired over seeds, or Welch's
 
-    def text(self, digits: int = 2, unit: str = "") -> str:
+    def text(self, digits: int = 2, unit: str = "", signed: bool = True) -> str:
+        """'+3.10 % [+1.20, +5.00] (n=3)'; signed=False for ratios: '1.70x [1.60, 1.80] (n=3)'."""
         if self.mean is None:
             return "n/a"
-        body = f"{self.mean:+.{digits}f}{unit}"
+        sign = "+" if signed else ""
+        body = f"{self.mean:{sign}.{digits}f}{unit}"
         if self.low is None:
             return f"{body} (n={self.n}, no interval)"
-        return f"{body} [{self.low:+.{digits}f}, {self.high:+.{digits}f}] (n={self.n})"
+        return f"{body} [{self.low:{sign}.{digits}f}, {self.high:{sign}.{digits}f}] (n={self.n})"
 
 
 def _clean(values: Iterable[float | None]) -> list[float]:
@@ -165,6 +167,14 @@ class Claim:
     direction: int  # +1: the paper's direction is measure > null; -1: measure < null
     null: float = 0.0
     unit: str = ""
+
+    @property
+    def signed(self) -> bool:
+        """A difference shows its sign; a ratio (null 1) does not."""
+        return self.null != 1.0
+
+    def text(self, interval: "Interval") -> str:
+        return interval.text(2, self.unit, self.signed)
 
 
 CLAIMS: dict[str, Claim] = {c.id: c for c in (
@@ -293,7 +303,7 @@ class ClaimResult:
     def row(self) -> dict:
         c = self.claim
         return {"claim": c.id, "statement": c.statement, "paper": c.paper, "measure": c.measure,
-                "ours": self.interval.text(2, c.unit), "mean": self.interval.mean, "low": self.interval.low,
+                "ours": c.text(self.interval), "mean": self.interval.mean, "low": self.interval.low,
                 "high": self.interval.high, "n": self.interval.n, "verdict": self.verdict, "detail": self.detail}
 
 
@@ -413,6 +423,6 @@ def verdict_markdown(results: list[ClaimResult]) -> str:
     lines = ["| claim | the paper | ours (95 % interval over seeds) | verdict |", "|---|---|---|---|"]
     for r in results:
         c = r.claim
-        lines.append(f"| **{c.id}** {c.statement} | {c.paper} | {r.interval.text(2, c.unit)}: {c.measure}"
+        lines.append(f"| **{c.id}** {c.statement} | {c.paper} | {c.text(r.interval)}: {c.measure}"
                      f"{'; ' + r.detail if r.detail else ''} | {r.verdict} |")
     return "\n".join(lines)

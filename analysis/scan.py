@@ -130,8 +130,7 @@ def lines(table: pl.DataFrame, axes: list[str]) -> list[tuple[str, dict, pl.Data
     """(axis, the other axes' values, the line's rows) for every line with ≥ 2 values of
     its axis: rows that agree on every other axis (and every other searched column)."""
     present = [a for a in axes if a in table.columns]
-    rest = [c for c in table.columns if c not in (*present, "effect", "mean", "low", "high", "n", "verdict",
-                                                   "loops", "model") and c not in present]
+    rest = [c for c in table.columns if c not in (*present, "effect", "mean", "low", "high", "n", "verdict", "loops")]
     out = []
     for axis in present:
         others = [a for a in present if a != axis] + rest

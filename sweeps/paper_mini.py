@@ -13,6 +13,7 @@ README's scan table):
          share Stage-1 (claims C2, C3); beside the 1⊗4, the pre-trained 1⊗1 and 4⊗1
          (C1-LM, C1-depth)
   phop   1⊗4, 1⊗1 and 4⊗1 on p-hop at PHOP_REGIME (C1)
+         (--set reaches both sweeps, --stage-set the LM's continued stages)
   speed  every seed's CHASE model, prefill full against skip at batch 1 and SPEED_BATCH
          (C4): a step keyed by content (trainables/speed.py), alone on the machine
 
@@ -69,10 +70,11 @@ def lm_sweep(common: Common) -> Sweep:
                  flags={"n_layers": "--set", "n_loops": "--set"})
 
 
-def phop_sweep() -> Sweep:
+def phop_sweep(common: Common) -> Sweep:
     pairs = tuple({"n_layers": n, "n_loops": r} for n, r in (LOOPED, BASE, DEEP))
-    return depth_grid("paper_mini_phop", Common(PHOP_PRESET, dict(PHOP_REGIME)), pairs, level=("p", PHOP_HOPS),
-                      level_flag="--hops", metric="val_accuracy", mode="max", columns=("val_accuracy", "val_loss"))
+    return depth_grid("paper_mini_phop", Common(PHOP_PRESET, {**PHOP_REGIME, **common.overrides}), pairs,
+                      level=("p", PHOP_HOPS), level_flag="--hops", metric="val_accuracy", mode="max",
+                      columns=("val_accuracy", "val_loss"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,11 +85,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     started = time.monotonic()
     try:
-        if args.preset not in (LM_PRESET, "debug"):
+        if args.preset != LM_PRESET:
             raise ConfigError(f"--preset={args.preset!r} is invalid; allowed: {LM_PRESET} (the regime is the "
-                              "scan's; --set changes the LM sweep's settings)")
+                              "scan's; --set changes both sweeps' settings, --stage-set the LM's stages)")
         common, launch = Common.from_args(args), Launch.from_args(args)
-        prepared = [prepare(sweep, launch) for sweep in (lm_sweep(common), phop_sweep())]
+        prepared = [prepare(sweep, launch) for sweep in (lm_sweep(common), phop_sweep(common))]
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -117,17 +119,17 @@ def main(argv: list[str] | None = None) -> int:
 
 # ---- the timed step ---------------------------------------------------------------------------------
 
-def speed_points():
+def speed_points(seq_len: int):
+    """Prefill at the models' own context, batch 1 and SPEED_BATCH."""
     from trainables.speed import SpeedPoint
 
-    seq_len = LM_REGIME["train.seq_len"]
     return [SpeedPoint(batch, seq_len, SPEED_POLICY) for batch in (1, SPEED_BATCH)]
 
 
 def speed_seconds(launch: Launch) -> float:
     """The speed step's time for the dry run's estimate: per seed and point, about
     (2 warm-ups + 5 repeats) × 2 runs of a prefill, plus a memory probe (seconds)."""
-    return len(launch.seeds) * len(speed_points()) * 8.0
+    return len(launch.seeds) * 2 * 8.0
 
 
 def measure_speed(sweep: Sweep, launch: Launch) -> list[dict]:
@@ -150,7 +152,7 @@ def measure_speed(sweep: Sweep, launch: Launch) -> list[dict]:
                                            "seed": seed}, store.root)[-1]
         for r in measure(mc, experiment_id, sweep_run.info.run_id if sweep_run else None,
                          checkpoint=checkpoint_of(store.root, final), stage_key=final.stage_key(),
-                         config_hash=final.config_hash(), method="CHASE", points=speed_points(),
+                         config_hash=final.config_hash(), method="CHASE", points=speed_points(final.train.seq_len),
                          label=f"seed {seed}"):
             records.append({**r, "seed": seed})
     return records
@@ -222,7 +224,7 @@ def _claims_html(results, seeds) -> str:
 
     rows = "".join(
         f"<tr><td><b>{html.escape(r.claim.id)}</b> {html.escape(r.claim.statement)}</td>"
-        f"<td>{html.escape(r.claim.paper)}</td><td>{html.escape(r.interval.text(2, r.claim.unit))}<br>"
+        f"<td>{html.escape(r.claim.paper)}</td><td>{html.escape(r.claim.text(r.interval))}<br>"
         f"<small>{html.escape(r.claim.measure)}{'; ' + html.escape(r.detail) if r.detail else ''}</small></td>"
         f"<td class='verdict'>{html.escape(r.verdict)}</td></tr>" for r in results)
     return (f"<p>Seeds {', '.join(map(str, seeds))}; 95 % Student-t intervals over seeds; verdicts computed by "

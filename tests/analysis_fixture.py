@@ -66,7 +66,27 @@ def eval_records(arm: str, stage: str, seed: int, step: int) -> list[dict]:
                   DENSE: lambda p: point_values(arm, stage, seed, "dense", p.q, None),
                   SKIP: lambda p: point_values(arm, stage, seed, "skip", p.q, None)}
     policies = get_stage(stage).eval_policies(R)
-    return [{"kind": "eval", "step": step, "policies": [entry(p, for_policy[p.execution](p)) for p in policies]}]
+    return [{"kind": "eval", "step": step, "policies": [entry(p, for_policy[p.execution](p)) for p in policies]},
+            {"kind": tracking.LOOP, "step": step, "metrics": loop_values(arm, stage, seed)}]
+
+
+def loop_values(arm: str, stage: str, seed: int) -> dict[str, float]:
+    """The per-loop instruments of looplab/instruments.py, as closed forms: hidden norm
+    r + 0.1·seed, gradient 1/r (stages that train the backbone), and under skip at q
+    (gated stages) the active fraction 1 at loop 1 and q after, the state gap 0 at loop 1
+    and (0.5 for Ouro, 0.1 for CHASE's stages) · (1 − q) after."""
+    out = {}
+    gap = 0.1 if arm == "CHASE" and stage in ("chase", "stage2") else 0.5
+    for r in range(1, R + 1):
+        out[tracking.loop_metric(tracking.HIDDEN_NORM, r)] = r + 0.1 * seed
+        if get_stage(stage).trains == "all":
+            out[tracking.loop_metric(tracking.GRAD_NORM, r)] = 1.0 / r
+        if get_stage(stage).gated:
+            for q in QS:
+                skip = ExitPolicy.skip(q)
+                out[tracking.loop_metric(tracking.ACTIVE, r, skip)] = 1.0 if r == 1 else q
+                out[tracking.loop_metric(tracking.STATE_GAP, r, skip)] = 0.0 if r == 1 else gap * (1 - q)
+    return out
 
 
 def log_records(mc, run_id: str, records: list[dict]) -> None:

@@ -261,9 +261,27 @@ def test_cli_writes_every_file(report):
     for name in ("frontier.csv", "points.csv", "aggregated.csv", "frontier_areas.csv", "report.html", "frontier.png",
                  "skip_ppl.png", "beta_exit_entropy.png", "beta_expected_exit_step.png", "tables/tables.md",
                  "tables/iso_table.md", "tables/iso_table.csv", "tables/threshold_sweep.md", "tables/fixed_loop.csv",
-                 "tables/skip_vs_full.md", "tables/beta_ablation.csv"):
+                 "tables/skip_vs_full.md", "tables/beta_ablation.csv", "loops.csv", "loops_hidden_norm.png",
+                 "loops_grad_norm.png", "loops_active.png", "loops_state_gap.png"):
         assert (out / name).is_file(), name
         assert str(out / name) in stdout  # printed where it is
+
+
+def test_per_loop_instruments_by_hand(report):
+    rows = read_csv(report[0] / "loops.csv")
+
+    def value(method, stage, policy, loop, quantity, q=""):
+        (row,) = [r for r in rows if (r["method"], r["stage"], r["policy"], r["loop"], r["quantity"], r["q"])
+                  == (method, stage, policy, str(loop), quantity, q)]
+        return float(row["value"]), int(row["n"])
+
+    # hidden norm r + 0.1 seed, seeds 0 and 1 pooled; the pre-training both arms share counts once per seed
+    assert value("fixed", "pretrain", "full", 2, "hidden_norm") == (pytest.approx(2.05), 2)
+    assert value("Ouro", "stage1", "full", 3, "grad_norm") == (pytest.approx(1 / 3), 2)
+    assert not [r for r in rows if r["stage"] == "stage2" and r["quantity"] == "grad_norm"]  # Stage-2: gate only
+    assert value("Ouro", "stage2", "skip", 3, "state_gap", "0.2")[0] == pytest.approx(0.5 * 0.8)
+    assert value("CHASE", "stage2", "skip", 3, "state_gap", "0.2")[0] == pytest.approx(0.1 * 0.8)
+    assert value("CHASE", "stage2", "skip", 1, "active", "0.4")[0] == pytest.approx(1.0)
 
 
 def test_points_csv_matches_logged_runs(report):

@@ -1,0 +1,102 @@
+"""The miniature reproduction (sweeps/paper_mini.py): its declaration, the keyed speed
+step, the dry run's time estimate, and (slow tier) the whole command at toy size: the
+verdicts written, a re-run that trains nothing, one more seed that trains only it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from looplab import tracking
+from sweeps import paper_mini, scale_scan
+from sweeps.estimate import estimate, evaluations
+from sweeps.flags import Common, Launch, parse_seeds
+from sweeps.plan import grid_points
+from trainables.pipeline import stage_configs
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_arms_share_their_pretraining_and_the_seeds_are_not_the_scans(tmp_path):
+    sweep = paper_mini.lm_sweep(Common("debug"))
+    configs = {(p["arm"], p["n_layers"], p["n_loops"]): stage_configs(sweep.spec, {**p, "seed": 100}, tmp_path)
+               for p in grid_points(sweep)}
+    pretrain = {key: c[0].stage_key() for key, c in configs.items()}
+    # The gated arms and the fixed 1⊗4 are one pre-training; 1⊗1 and 4⊗1 are their own.
+    assert pretrain[("ouro", 1, 4)] == pretrain[("chase", 1, 4)] == pretrain[("fixed", 1, 4)]
+    assert len(set(pretrain.values())) == 3
+    ouro, chase = configs[("ouro", 1, 4)], configs[("chase", 1, 4)]
+    assert ouro[1].stage_key() == chase[1].stage_key()  # one Stage-1 for both arms
+    assert [c.stage for c in chase] == ["pretrain", "stage1", "chase", "stage2"]
+    assert chase[0].train.steps == 800 and all(c.train.steps == paper_mini.STAGE_STEPS for c in chase[1:])
+    assert chase[2].hole.sampler == "depth" and (chase[2].hole.lo, chase[2].hole.hi) == (1.85, 3.45)
+    assert not set(parse_seeds(scale_scan.SEEDS)) & set(parse_seeds(paper_mini.SEEDS))
+
+
+def test_a_bad_preset_is_one_line(capsys):
+    assert paper_mini.main(["--preset", "local", "--dry-run"]) == 2
+    assert "--preset='local' is invalid" in capsys.readouterr().err
+
+
+def test_the_speed_step_is_keyed_by_content(tmp_path):
+    from looplab.checkpoint import load_model
+    from trainables.speed import SpeedPoint, measure
+
+    load_model("debug", seed=0).save(tmp_path / "ckpt")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    mc = tracking.client(uri)
+    experiment = tracking.ensure_experiment(mc, "speed", tmp_path / "mlflow")
+    points = [SpeedPoint(1, 16, "skip:0.5"), SpeedPoint(2, 16, "skip:0.5")]
+    kw = dict(checkpoint=str(tmp_path / "ckpt"), stage_key="k1", config_hash="h", method="CHASE", repeats=1,
+              threads=1)
+    first = measure(mc, experiment, None, points=points, **kw)
+    assert [r["reused"] for r in first] == [False, False] and all(r["speedup"] > 0 for r in first)
+    again = measure(mc, experiment, None, points=points + [SpeedPoint(1, 32, "skip:0.5")], **kw)
+    assert [r["reused"] for r in again] == [True, True, False]
+    assert [r["speedup"] for r in again[:2]] == pytest.approx([r["speedup"] for r in first])
+    runs = mc.search_runs([experiment])
+    assert len(runs) == 3 and {r.data.tags[tracking.STAGE_KEY] for r in runs} == {"k1"}
+
+
+def test_the_estimate_probes_each_stage_shape_once(tmp_path):
+    common = Common("debug", {"train.steps": 5, "train.seq_len": 16, "task.val_blocks": 2, "train.eval_every": 0,
+                              "train.eval_qs": [0.5, 1.0], "model.d_model": 32})
+    sweep = paper_mini.lm_sweep(common)
+    launch = Launch(storage_path=str(tmp_path), seeds=(0, 1))
+    points = [{**p, "seed": s} for p in grid_points(sweep) for s in launch.seeds]
+    est = estimate([(sweep, points)], launch, concurrency=2)
+    assert est.seconds > 0 and "paper_mini_lm: 14 of 14 stages to train" in est.text()
+    cfg = stage_configs(sweep.spec, points[0], tmp_path)[0]
+    assert evaluations(cfg) == 1
+
+
+@pytest.mark.slow
+def test_paper_mini_at_toy_size(tmp_path):
+    """The whole command on tiny settings: both sweeps, the speed step, the verdicts and
+    the report; then the same command trains nothing, and one more seed trains only it."""
+    toy = ["--set", "train.steps=6", "--set", "train.seq_len=32", "--set", "model.d_model=32",
+           "--stage-steps", "stage1=3,chase=3,stage2=3", "--storage-path", str(tmp_path)]
+
+    def run(seeds: str) -> str:
+        done = subprocess.run([sys.executable, "sweeps/paper_mini.py", *toy, "--seeds", seeds], cwd=ROOT,
+                              capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout
+
+    out = run("0,1")
+    for claim in ("C1", "C1-LM", "C1-depth", "C2", "C2-own", "C3", "C3-few", "C4", "C4-batch1"):
+        assert f"| **{claim}**" in out
+    folder = tmp_path / "analysis" / "paper_mini"
+    for name in ("verdicts.md", "verdicts.csv", "report.html", "lm_trials.csv", "speed.csv", "loops.csv"):
+        assert (folder / name).is_file(), name
+    assert "Claims: the paper" in (folder / "report.html").read_text()
+    stages = set((tmp_path / "stages").iterdir())
+    run("0,1")
+    assert set((tmp_path / "stages").iterdir()) == stages  # a re-run trains nothing
+    run("0,1,2")
+    new = set((tmp_path / "stages").iterdir()) - stages
+    # seed 2 alone: LM pre-trainings 1⊗4, 1⊗1, 4⊗1, Stage-1, CHASE, two Stage-2; p-hop's three
+    assert len(new) == 7 + 3
