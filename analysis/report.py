@@ -13,6 +13,7 @@ writes into out_dir:
   downstream.csv         Fig. 3's points (downstream Avg. against executed loops on the tasks, per arm)
   zoo.csv                each zero-shot exit rule's frontier against the learned gate's (area, mean gap)
   loops.csv              the per-loop instruments (analysis/per_loop.py)
+  scan.csv, scan.md      a scan's effects along its axes (analysis/scan.py; scan.png, scan_<axis>.png)
   *.png                  frontier.png, downstream.png (Fig. 3), zoo.png, skip_ppl.png,
                          beta_exit_entropy.png, beta_expected_exit_step.png, loops_*.png
   report.html            one self-contained interactive page with all of it
@@ -46,6 +47,7 @@ from analysis.frontier import best_under_budget, frontier_gap, pareto_frontier
 from analysis.load import PARAM, RunSet, beta_histories, load_runs
 from analysis.page import chart_slot, render_page
 from analysis.per_loop import loop_charts, loop_table
+from analysis.scan import scan_axes, write_scan
 from analysis.plots import render_png
 from analysis.points import evaluation_points, full_as_forced_depth
 from analysis.tables import all_tables
@@ -125,6 +127,7 @@ def build_report(tracking_uri: str, experiments, out_dir, *, sweep_run_id: str |
         sections += _zoo_section(agg, quality, out, paths, charts, notes)
         sections += _skip_section(agg, out, paths, charts)
         sections += _tables_section(agg, out, paths, notes)
+        sections = _scan_section(runs, points, out, paths, charts, notes) + sections
     sections += _beta_section(runs, out, paths, charts, notes)
     sections += _loops_section(runs, out, paths, charts, notes)
     meta = _meta(runs, points, best_of_seeds, confidence)
@@ -450,6 +453,25 @@ def _beta_section(runs: RunSet, out, paths, charts, notes) -> list[tuple[str, st
     stage = histories["stage"][0]
     return [("β diagnostics", "".join(slots) + f'<p class="caption">Stage {html.escape(str(stage))} training, one '
              "curve per β (mean over seeds), cut to the steps every run reached (App. E).</p>")]
+
+
+def _scan_section(runs: RunSet, points, out, paths, charts, notes) -> list[tuple[str, str]]:
+    """A scan's effects along its axes (analysis/scan.py), first in its report."""
+    axes = scan_axes(runs.runs)
+    if not axes:
+        return []
+    try:
+        written, table, specs = write_scan(points, axes, out)
+    except AnalysisError as e:
+        notes.append(f"effect against scale: skipped, {e}")
+        return []
+    paths.update(written)
+    charts.extend(specs)
+    slots = "".join(chart_slot(spec.name) for spec in specs)
+    return [("Effect against scale", slots + '<p class="caption">Each line varies one axis of the scan ('
+             + html.escape(", ".join(axes)) + "); bars: 95 % intervals over seeds (analysis/claims.py). "
+             "scan.md and scan.csv hold every configuration.</p>"
+             + _html_table(table, "every configuration and effect"))]
 
 
 def _loops_section(runs: RunSet, out, paths, charts, notes) -> list[tuple[str, str]]:

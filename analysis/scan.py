@@ -10,17 +10,13 @@ effect is read over its seeds with analysis/claims.py's measures and intervals:
   loops   (pre-training only: N⊗R beside N⊗1 and NR⊗1) the exact-match gain of N⊗R over
           N⊗1 and over NR⊗1 in points (C1's measure, Welch), per level
 
-    python -m analysis.scan --tracking-uri sqlite:///runs/scan/mlflow.db \\
-        --experiment scale_scan_holes-debug --out runs/scan/analysis
-
-writes scan.csv, scan.md (the table), scan.png (one panel per axis) and scan_<axis>.png.
+The report of a scan's experiment (analysis/report.py, `python -m analysis`) holds them:
+scan.csv, scan.md (the table), scan.png (one panel per line) and scan_<axis>.png.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
-import sys
 from pathlib import Path
 
 import polars as pl
@@ -201,8 +197,10 @@ def _interval_text(row: dict) -> str:
     return f"{row['mean']:+.1f} [{row['low']:+.1f}, {row['high']:+.1f}]"
 
 
-def write_scan(points: pl.DataFrame, axes: list[str], out_dir: str | Path) -> dict[str, Path]:
-    """scan.csv, scan.md, scan_<axis>.png per line and scan.png with every line's panel."""
+def write_scan(points: pl.DataFrame, axes: list[str], out_dir: str | Path) -> tuple[dict[str, Path], pl.DataFrame,
+                                                                             list[ChartSpec]]:
+    """scan.csv, scan.md, scan_<axis>.png per line and scan.png with every line's panel;
+    returns the paths, the effect table and the charts."""
     from analysis.plots import render_panels, render_png
 
     out = Path(out_dir)
@@ -216,33 +214,4 @@ def write_scan(points: pl.DataFrame, axes: list[str], out_dir: str | Path) -> di
         paths[f"{spec.name}.png"] = render_png(spec, out / f"{spec.name}.png")
     if charts:
         paths["scan.png"] = render_panels(charts, out / "scan.png")
-    return paths
-
-
-def main(argv: list[str] | None = None) -> int:
-    from analysis.load import load_runs
-    from analysis.points import evaluation_points
-
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--tracking-uri", required=True)
-    p.add_argument("--experiment", required=True, action="append", help="the scan's experiment (repeatable)")
-    p.add_argument("--axes", default="", help="the axes (default: the sweep run's scan_axes tag)")
-    p.add_argument("--out", required=True)
-    args = p.parse_args(argv)
-    try:
-        runs = load_runs(args.tracking_uri, args.experiment)
-        axes = [a for a in args.axes.split(",") if a] or scan_axes(runs.runs)
-        if not axes:
-            raise AnalysisError("no scan axes: the sweep run has no scan_axes tag; name them with --axes")
-        paths = write_scan(evaluation_points(runs), axes, args.out)
-    except AnalysisError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print((Path(args.out) / "scan.md").read_text())
-    for name, path in paths.items():
-        print(f"{name + ':':16s}{path}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return paths, table, charts

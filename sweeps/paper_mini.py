@@ -182,7 +182,7 @@ def write_verdicts(lm: Sweep, phop: Sweep, launch: Launch, speed: list[dict]) ->
     """verdicts.md / .csv, the trial measures and report.html (the LM sweep's report with
     the verdicts first) in STORAGE/analysis/paper_mini; the verdicts are printed and set
     as the LM sweep run's description."""
-    from analysis.claims import speed_claims, verdict_markdown, verdict_table
+    from analysis.claims import CLAIMS, speed_claims, verdict_markdown, verdict_table
     from analysis.report import build_report
     from looplab import tracking
     from trainables.storage import Storage
@@ -195,7 +195,7 @@ def write_verdicts(lm: Sweep, phop: Sweep, launch: Launch, speed: list[dict]) ->
     phop_experiment = tracking.experiment_name(phop.name, phop.spec.preset)
     results, tables = claim_results(uri, lm_experiment, phop_experiment, launch.seeds)
     results += speed_claims(speed)
-    order = ["C1", "C1-LM", "C1-depth", "C2", "C2-own", "C3", "C3-few", "C4", "C4-batch1"]
+    order = list(CLAIMS)
     results.sort(key=lambda r: order.index(r.claim.id))
     markdown = (f"Seeds {', '.join(map(str, launch.seeds))}; 95 % Student-t intervals over seeds.\n\n"
                 + verdict_markdown(results))
@@ -214,7 +214,9 @@ def write_verdicts(lm: Sweep, phop: Sweep, launch: Launch, speed: list[dict]) ->
                                                         tracking.SWEEP_KEY: sweep_key(lm, launch)})
     report = build_report(uri, [lm_experiment], out, sweep_run_id=sweep_run.info.run_id if sweep_run else None,
                           lead=[("Claims: the paper's against ours", _claims_html(results, launch.seeds))])
-    if sweep_run is not None:
+    if sweep_run is not None:  # the verdicts beside the report's files, and on the run's dashboard page
+        for name in ("verdicts.md", "verdicts.csv"):
+            mc.log_artifact(sweep_run.info.run_id, str(paths[name]), artifact_path="analysis")
         tracking.set_description(mc, sweep_run.info.run_id, "**paper_mini**\n\n" + markdown)
     return {**paths, **report}
 

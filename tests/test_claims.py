@@ -143,9 +143,13 @@ def test_loop_claims_by_hand():
 
 
 def test_speed_claims():
-    records = [{"batch": b, "seq_len": 512, "policy": "skip:0.2", "speedup": s, "ideal_speedup": 2.0}
-               for b, s in ((1, 0.96), (1, 0.97), (1, 0.95), (64, 1.7), (64, 1.75), (64, 1.72))]
-    c4, batch1 = speed_claims(records)
+    records = [{"batch": b, "seq_len": 512, "policy": "skip:0.2", "speedup": s, "ideal_speedup": 2.0, "seed": seed}
+               for b, s, seed in ((1, 0.96, 0), (1, 0.97, 1), (1, 0.95, 2), (64, 1.7, 0), (64, 1.75, 1),
+                                  (64, 1.72, 2))]
+    c4, batch1, growth = speed_claims(records)
     assert c4.interval.mean == pytest.approx(1.7233333) and c4.verdict == REPRODUCED
     assert batch1.verdict == REPRODUCED  # below 1 at batch 1, as the paper's 0.95-0.97x
+    assert growth.interval.paired and growth.interval.mean == pytest.approx((0.74 + 0.78 + 0.77) / 3)
+    assert growth.verdict == REPRODUCED
+    assert "1.72x [" in c4.claim.text(c4.interval)  # a ratio shows no sign
     assert speed_claims([]) == []

@@ -86,7 +86,7 @@ def test_hole_effects_along_an_axis(beta_scan):
     assert [s.name for s in chart.series] == ["Ouro", "CHASE", GAP] and len(chart.series[2].points) == 2
     markdown = scan_markdown(table, ["beta"])
     assert markdown.count("\n") == 3 and "| beta |" in markdown
-    paths = write_scan(points, ["beta"], root / "out")
+    paths, _, _ = write_scan(points, ["beta"], root / "out")
     assert all(p.is_file() for p in paths.values()) and "scan.png" in paths
 
 
@@ -111,3 +111,16 @@ def test_loop_effects_by_hand():
     assert (gain["verdict"] == REPRODUCED).all()
     ((axis, fixed, line),) = lines(table, ["p"])  # one looped model: one line, both effects on it
     assert fixed == {"model": "1⊗4"} and line.height == 4
+
+
+def test_a_scans_report_leads_with_its_effects(beta_scan, tmp_path):
+    from analysis.report import build_report
+
+    root, runs, _ = beta_scan
+    mc = tracking.client(runs.tracking_uri)
+    (sweep_run,) = runs.runs.filter(pl.col("level") == tracking.SWEEP)["run_id"].to_list()
+    mc.set_tag(sweep_run, tracking.SCAN_AXES, "beta")
+    paths = build_report(runs.tracking_uri, ["scan-debug"], tmp_path / "report", log_artifacts=False)
+    assert {"scan.md", "scan.csv", "scan.png", "scan_beta.png"} <= set(paths)
+    page = paths["report.html"].read_text()
+    assert page.index("Effect against scale") < page.index("Per-loop instruments")
