@@ -67,6 +67,28 @@ def interpolate(xs: Sequence[float], ys: Sequence[float], x: float) -> float | N
     return curve[0][1] if abs(x - curve[0][0]) <= 1e-9 else curve[-1][1]
 
 
+def mean_difference(a: tuple[Sequence[float], Sequence[float]], b: tuple[Sequence[float], Sequence[float]]
+                    ) -> float | None:
+    """The mean of curve a minus curve b (each piecewise-linear through its (xs, ys)) over
+    the x range both cover; exact: the difference is linear between the union of the
+    two curves' breakpoints, so the trapezoid rule over them is its integral. None when
+    the ranges do not overlap or meet in a point."""
+    def points(xs, ys):
+        return sorted({float(x) for x, y in zip(xs, ys) if x is not None and y is not None
+                       and math.isfinite(x) and math.isfinite(y)})
+
+    pa, pb = points(*a), points(*b)
+    if not pa or not pb:
+        return None
+    lo, hi = max(pa[0], pb[0]), min(pa[-1], pb[-1])
+    if hi - lo <= 1e-9:
+        return None
+    cuts = sorted({lo, hi, *(x for x in pa + pb if lo < x < hi)})
+    diff = [interpolate(*a, x) - interpolate(*b, x) for x in cuts]
+    area = sum((x1 - x0) * (d0 + d1) / 2 for x0, x1, d0, d1 in zip(cuts, cuts[1:], diff, diff[1:]))
+    return area / (hi - lo)
+
+
 @dataclass(frozen=True)
 class Interval:
     """A mean with its two-sided interval (None when n < 2) over n values."""
@@ -189,11 +211,13 @@ CLAIMS: dict[str, Claim] = {c.id: c for c in (
           "perplexity of N⊗R over NR⊗1, % (positive: the deeper non-looped model is better)",
           "24⊗1 16.15 vs 6⊗4 19.98 (+23.7 %, Table 3)", +1, unit=" %"),
     Claim("C2", "adaptive exits beat forced fixed depth at equal executed loops",
-          "perplexity of the fixed-loop model forced to the same executed loops over CHASE skip, %",
+          "perplexity of the fixed-loop model forced to d loops over CHASE skip at the same executed loops, mean "
+          "over the loops both cover, %",
           "140M at ~2 loops: forced 2 loops PPL 12,907 vs CHASE skip 16.45 at 2.15 loops (Fig. 3, App. F)", +1,
           unit=" %"),
     Claim("C2-own", "(stronger) adaptive exits beat the same gated model at a forced depth",
-          "perplexity of CHASE's own model forced to the same executed loops over its skip, %",
+          "perplexity of CHASE's own model forced to d loops over its skip at the same executed loops, mean over "
+          "the loops both cover, %",
           "not reported: the paper forces the fixed-loop model", +1, unit=" %"),
     Claim("C3", "cache holes: stock Ouro skip degrades far more than CHASE skip at about half the loops",
           "Ouro's perplexity increase over its full compute minus CHASE's, at R/2 executed loops, points of %",
@@ -231,7 +255,10 @@ def trial_measures(points: pl.DataFrame, *, loops_at=target_loops) -> pl.DataFra
       fixed_loss     the pre-training stage's fixed-depth curve (the paper's "Fixed Exit
                      Depth": the fixed-loop model forced to d loops)
     skip_increase  skip_loss's perplexity increase over full_loss, %
-    skip_min_loops the fewest loops the skip sweep executed (why skip_loss may be None)."""
+    skip_min_loops the fewest loops the skip sweep executed (why skip_loss may be None)
+    fixed_over_skip, forced_over_skip  the fixed-depth curve (pre-training's; the final
+                   stage's own) over the skip curve across the executed loops both cover:
+                   the mean CE gap (mean_difference) as a perplexity ratio, %."""
     need = {"trial_run_id", "stage", "policy", "executed_loops", "loss", "is_final_stage"}
     missing = need - set(points.columns)
     if missing:
@@ -251,20 +278,30 @@ def trial_measures(points: pl.DataFrame, *, loops_at=target_loops) -> pl.DataFra
         skip_x = skip["executed_loops"].to_list() + ([n_loops] if full_loss is not None else [])
         skip_y = skip["loss"].to_list() + ([full_loss] if full_loss is not None else [])
         pretrain = part.filter(pl.col("stage") == "pretrain")
+        skip_curve, forced_curve, fixed_curve = (skip_x, skip_y), _fixed_curve(final, n_loops), _fixed_curve(pretrain,
+                                                                                                           n_loops)
         row = {"experiment": first.get("experiment"), "trial_run_id": trial, "seed": first.get("seed"),
                "method": first.get("method"), "stage": first.get("stage"),
                **{c: first.get(c) for c in searched},
                "n_layers": _first(part, "params.model.n_layers"), "n_loops": n_loops, "loops": loops,
                "full_loss": full_loss, "full_ppl": full.get("ppl"), "full_accuracy": full.get("accuracy"),
                "skip_loss": _at(skip_x, skip_y, loops) if not skip.is_empty() else None,
-               "forced_loss": _at(*_fixed_curve(final, n_loops), loops),
-               "fixed_loss": _at(*_fixed_curve(pretrain, n_loops), loops),
+               "forced_loss": _at(*forced_curve, loops),
+               "fixed_loss": _at(*fixed_curve, loops),
                "skip_min_loops": min(skip["executed_loops"].drop_nulls().to_list(), default=None)}
         row["skip_increase"] = increase_pct(row["skip_loss"], full_loss)
+        has_skip = not skip.is_empty()
+        row["fixed_over_skip"] = _pct(mean_difference(fixed_curve, skip_curve)) if has_skip else None
+        row["forced_over_skip"] = _pct(mean_difference(forced_curve, skip_curve)) if has_skip else None
         rows.append(row)
     if not rows:
         raise AnalysisError("no finished trial with a final stage among these points")
     return pl.DataFrame(rows, infer_schema_length=None)
+
+
+def _pct(loss_gap: float | None) -> float | None:
+    """A mean CE gap as a perplexity ratio's percent: 100 (e^gap − 1)."""
+    return None if loss_gap is None else 100.0 * math.expm1(loss_gap)
 
 
 def _first(df: pl.DataFrame, column: str):
@@ -332,15 +369,12 @@ def hole_claims(trials: pl.DataFrame, *, ouro: str = "Ouro", chase: str = "CHASE
     o, c = gated.filter(pl.col("method") == ouro), gated.filter(pl.col("method") == chase)
     loops = _loops_text(gated)
     out = []
-    c = c.with_columns(
-        pl.struct("fixed_loss", "skip_loss").map_elements(lambda r: increase_pct(r["fixed_loss"], r["skip_loss"]),
-                                                          return_dtype=pl.Float64).alias("vs_fixed"),
-        pl.struct("forced_loss", "skip_loss").map_elements(lambda r: increase_pct(r["forced_loss"], r["skip_loss"]),
-                                                           return_dtype=pl.Float64).alias("vs_own"))
-    out.append(judge("C2", mean_interval(c["vs_fixed"].to_list()),
-                     f"CHASE skip vs the pre-trained model forced to the same loops, at {loops}"))
-    out.append(judge("C2-own", mean_interval(c["vs_own"].to_list()),
-                     f"CHASE skip vs its own model forced to the same loops, at {loops}"))
+    out.append(judge("C2", mean_interval(c["fixed_over_skip"].to_list()),
+                     "CHASE skip against the pre-trained model forced to each depth, averaged over the executed "
+                     "loops both curves cover"))
+    out.append(judge("C2-own", mean_interval(c["forced_over_skip"].to_list()),
+                     "CHASE skip against its own model forced to each depth, averaged over the executed loops "
+                     "both curves cover"))
     out.append(judge("C3", difference(by_seed(o, "skip_increase"), by_seed(c, "skip_increase"), paired=True),
                      f"Ouro minus CHASE, paired over seeds (both continue one Stage-1), at {loops}" +
                      _reach_note(gated)))

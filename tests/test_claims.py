@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import polars as pl
 import pytest
 
 import analysis_fixture as fx
 from analysis.claims import (INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Interval, difference, hole_claims,
-                             increase_pct, interpolate, loop_claims, mean_interval, speed_claims, target_loops,
-                             trial_measures, verdict, verdict_markdown)
+                             increase_pct, interpolate, loop_claims, mean_difference, mean_interval, speed_claims,
+                             target_loops, trial_measures, verdict, verdict_markdown)
 from analysis.load import load_runs
 from analysis.points import evaluation_points
 
@@ -32,6 +33,15 @@ def test_interpolation_is_piecewise_linear_and_never_extrapolates():
     assert interpolate([], [], 2.0) is None
     # Points at the same loops (q 0.8 .. 1.0 all at R) are averaged.
     assert interpolate([2.0, 4.0, 4.0], [1.0, 3.0, 5.0], 3.0) == pytest.approx(2.5)
+
+
+def test_mean_difference_of_two_curves_by_hand():
+    # a = x on [0, 2], b = 1 on [1, 3]: over the shared [1, 2], a - b = x - 1, mean 0.5
+    assert mean_difference(([0, 2], [0, 2]), ([1, 3], [1, 1])) == pytest.approx(0.5)
+    # a kink inside the range: a through (0, 0), (1, 2), (2, 0) over b = 0: mean 1
+    assert mean_difference(([0, 1, 2], [0, 2, 0]), ([0, 2], [0, 0])) == pytest.approx(1.0)
+    assert mean_difference(([0, 1], [0, 0]), ([1, 2], [0, 0])) is None  # they meet in a point
+    assert mean_difference(([], []), ([0, 1], [0, 0])) is None
 
 
 def test_mean_interval_by_hand():
@@ -113,8 +123,18 @@ def test_hole_claims_end_to_end_by_hand(gated_store):
     half = T_975[1] * abs(gaps[0] - gaps[1]) / math.sqrt(2) / math.sqrt(2)
     assert c3.low == pytest.approx(c3.mean - half)
     assert results["C3"].verdict == REPRODUCED  # the fixture's Ouro gate collapses under skip
-    c2 = [100 * ((25 + s) / (11.3 + s) - 1) for s in (0, 1)]
-    assert results["C2"].interval.mean == pytest.approx(sum(c2) / 2)
+    # C2: the pre-trained model's forced curve over CHASE's skip curve, averaged over the loops
+    # both cover ([2, 4]), in mean CE; a dense Riemann sum of numpy's own interpolation is the reference.
+    c2 = []
+    for s in (0, 1):
+        grid = np.linspace(2.0, 4.0, 200_001)
+        skip = np.interp(grid, [2.0, 2.5, 3.0, 3.5, 4.0], [math.log(11.3 + s), math.log(11.1 + s), math.log(10.9 + s),
+                                                             math.log(10.7 + s),
+                                                             (math.log(10.5 + s) + math.log(6.25 + s)) / 2])
+        fixed = np.interp(grid, [1.0, 2.0, 3.0, 4.0], [math.log(100 / d ** 2 + s) for d in (1, 2, 3, 4)])
+        c2.append(100 * math.expm1(float(np.mean(fixed - skip))))
+    assert results["C2"].interval.mean == pytest.approx(sum(c2) / 2, rel=1e-4)
+    assert results["C2"].interval.n == 2
     # CHASE's increase (+81 %, +70 %) is far above "a few percent", but two seeds give
     # t = 12.7: the interval [+4.5, +146] still holds the 5 % bound.
     few = [100 * ((11.3 + s) / (6.25 + s) - 1) for s in (0, 1)]
