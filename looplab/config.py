@@ -62,6 +62,17 @@ def _pos_int(obj: Any, *names: str, minimum: int = 1) -> None:
         check(_is_int(v) and v >= minimum, f"{type(obj).__name__}.{n}", v, f"an integer >= {minimum}")
 
 
+def _finite(obj: Any, *names: str) -> None:
+    """Float fields hold finite numbers: inf, NaN or a string ("abc", "nan") is refused
+    here, before a range check compares it (NaN passes no comparison; inf passes > 0)."""
+    import math
+
+    for n in names:
+        v = getattr(obj, n)
+        check(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
+              f"{type(obj).__name__}.{n}", v, "a finite number")
+
+
 def _choice(obj: Any, name: str, options: tuple) -> None:
     v = getattr(obj, name)
     check(v in options, f"{type(obj).__name__}.{name}", v, " | ".join(map(str, options)))
@@ -117,6 +128,7 @@ class ModelConfig:
         if self.arch == "transformer":
             check(self.d_intermediate > 0, f"{name}.d_intermediate", self.d_intermediate,
                   "an integer >= 1 for arch='transformer' (LLaMA layers have a gated MLP)")
+        _finite(self, "norm_eps", "init_std", "rope_theta")
         check(self.norm_eps > 0, f"{name}.norm_eps", self.norm_eps, "a float > 0")
         check(self.init_std > 0, f"{name}.init_std", self.init_std, "a float > 0")
         check(self.rope_theta > 0, f"{name}.rope_theta", self.rope_theta, "a float > 0")
@@ -286,6 +298,7 @@ class TrainConfig:
                  minimum=0)
         check(isinstance(self.activation_checkpointing, bool), "TrainConfig.activation_checkpointing",
               self.activation_checkpointing, "true or false")
+        _finite(self, "lr", "min_lr_ratio", "weight_decay", "beta1", "beta2", "adam_eps", "grad_clip", "ckpt_minutes")
         check(self.lr > 0, "TrainConfig.lr", self.lr, "a float > 0")
         check(0 <= self.min_lr_ratio <= 1, "TrainConfig.min_lr_ratio", self.min_lr_ratio, "a float in [0, 1]")
         check(self.weight_decay >= 0, "TrainConfig.weight_decay", self.weight_decay, "a float >= 0")
@@ -316,6 +329,7 @@ class ExitConfig:
     gamma: float = keyed(0.005)  # Stage-2 minimum improvement
 
     def __post_init__(self) -> None:
+        _finite(self, "beta", "entropy_eps", "kappa", "gamma")
         check(self.beta >= 0, "ExitConfig.beta", self.beta, "a float >= 0")
         check(self.entropy_eps > 0, "ExitConfig.entropy_eps", self.entropy_eps, "a float > 0")
         check(self.kappa > 0, "ExitConfig.kappa", self.kappa, "a float > 0")
@@ -348,6 +362,7 @@ class HoleConfig:
     def __post_init__(self) -> None:
         _choice(self, "sampler", ("depth", "threshold"))
         _choice(self, "rounding", ("stochastic", "nearest", "floor", "ceil"))
+        _finite(self, "rho", "hp", "lo", "hi", "q_low", "q_high")
         for name in ("rho", "hp", "q_low", "q_high"):
             v = getattr(self, name)
             check(isinstance(v, (int, float)) and 0.0 <= v <= 1.0, f"HoleConfig.{name}", v, "a float in [0, 1]")

@@ -1,5 +1,6 @@
-"""The one error a bad input raises: ConfigError, a single line naming the argument
-and what is allowed, raised before anything expensive starts."""
+"""The errors a user acts on, each a single line: ConfigError (a bad input, naming the
+argument and what is allowed, raised before anything expensive starts) and
+TrainingDiverged (a run whose loss, gradient or weights stopped being finite)."""
 
 from __future__ import annotations
 
@@ -28,3 +29,9 @@ def invalid(name: str, value: Any, allowed: str) -> ConfigError:
 def check(ok: bool, name: str, value: Any, allowed: str) -> None:
     if not ok:
         raise invalid(name, value, allowed)
+
+
+class TrainingDiverged(FloatingPointError):
+    """Training produced a non-finite loss, gradient or weight. The message is one line:
+    the step, the tensor, the checkpoint that stays current, and the way out. The run
+    never writes a non-finite checkpoint (looplab/train.py)."""

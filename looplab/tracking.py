@@ -110,7 +110,7 @@ HOSTNAME = "hostname"
 EVAL_KEY = "eval_key"
 POLICY_TAG = "policy"
 TASK_TAG = "task"
-ERROR_TAG = "error"  # a FAILED evaluation's exception, one line
+ERROR_TAG = "error"  # a FAILED run's exception, one line
 EVAL_PARAM = "eval."  # an evaluation's settings as params: eval.task, eval.policy, eval.limit, ...
 # Tags analysis turns into columns.
 CONTENT_TAGS = (LEVEL, CONFIG_HASH, STAGE_KEY, STAGE_TAG, METHOD, LINEAGE, PARENT_CHECKPOINT, PRESET, GIT_SHA,
@@ -411,7 +411,8 @@ def set_description(mlflow_client, run_id: str, markdown: str) -> None:
 
 @contextlib.contextmanager
 def terminated_on_exit(mlflow_client, run_id: str) -> Iterator[str]:
-    """FINISHED when the block completes, FAILED when it raises (then re-raise),
+    """FINISHED when the block completes, FAILED when it raises (the exception's first
+    line in the tag `error`; then re-raise),
     KILLED when it exits through sys.exit(0): a deliberate stop, which is how Ray
     Tune ends a trial its scheduler (ASHA) stops while the trial reports."""
     try:
@@ -419,8 +420,12 @@ def terminated_on_exit(mlflow_client, run_id: str) -> Iterator[str]:
     except SystemExit as stop:
         mlflow_client.set_terminated(run_id, status="KILLED" if stop.code in (None, 0) else "FAILED")
         raise
-    except BaseException:
-        close_run(mlflow_client, run_id, ok=False)
+    except BaseException as error:
+        reason = (str(error).strip().splitlines() or [""])[0]
+        try:  # why it failed, on the dashboard: the exception's one line (a divergence, a full disk)
+            mlflow_client.set_tag(run_id, ERROR_TAG, f"{type(error).__name__}: {reason}"[:500])
+        finally:
+            close_run(mlflow_client, run_id, ok=False)
         raise
     close_run(mlflow_client, run_id, ok=True)
 

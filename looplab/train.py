@@ -23,6 +23,7 @@ import torch
 from looplab.checkpoint import (TRAINER, experiment_metadata, load_training_state, load_weights, model_from_config,
                                 read_model_config, save_training_state, settle_checkpoint, verify_checkpoint)
 from looplab.config import ConfigError, ExperimentConfig, TrainConfig
+from looplab.errors import TrainingDiverged
 from looplab.distributed import Shard
 from looplab.evaluate import autocast_context, evaluate_policies
 from looplab.instruments import diagnostic_batch, loop_instruments
@@ -33,6 +34,7 @@ from looplab.tracking import GRAD_NORM, HIDDEN_NORM, LOOP, loop_metric
 
 CHECKPOINT_DIR = "checkpoint"
 METRICS_FILE = "metrics.jsonl"
+DIVERGED = "diverged.json"  # left by a run that diverged: its restart stops at once (train())
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -124,6 +126,15 @@ def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, st
 
     ckpt = out / CHECKPOINT_DIR
     start = 0
+    marker = out / DIVERGED
+    if resume and marker.is_file():  # it diverged before: the same config diverges again at the same step
+        before = json.loads(marker.read_text())
+        if before.get("stage_key") == cfg.stage_key():
+            state = json.loads((ckpt / TRAINER).read_text()) if (ckpt / TRAINER).is_file() else {}
+            raise TrainingDiverged(_diverged_message(before["step"], before["reason"], state.get("step", 0), ckpt,
+                                                     marker, again=True))
+    if shard.main and marker.is_file():
+        marker.unlink()  # another config in this folder, or a fresh start
     if resume and shard.main:
         settle_checkpoint(ckpt)  # a crash mid-save leaves the newest complete checkpoint in place
     if resume and (ckpt / TRAINER).is_file():
@@ -140,14 +151,30 @@ def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, st
         log.start_over()
     end = tc.steps if stop_at is None else min(tc.steps, stop_at)
     last_saved = time.monotonic()
+    saved_step = start  # the step of the checkpoint that is current (0: none)
 
     def checkpoint(step: int) -> None:
-        nonlocal last_saved
+        nonlocal last_saved, saved_step
+        bad = _first_non_finite(model)
+        if bad is not None:  # finite steps can still overflow: a non-finite weight is never saved
+            diverged(step, f"the weight {bad} is not finite")
         if shard.main:
-            save_training_state(ckpt, model, optimizer, {"step": step, "stage_key": cfg.stage_key()})
+            try:
+                save_training_state(ckpt, model, optimizer, {"step": step, "stage_key": cfg.stage_key()})
+            except OSError as e:  # a full disk: the previous checkpoint stays current (written aside first)
+                raise OSError(e.errno, f"could not write the checkpoint of step {step} into {ckpt} "
+                                       f"({e.strerror or e}); the checkpoint of step {saved_step} stays current: "
+                                       "free space and run again to resume") from None
             if on_checkpoint is not None:
                 on_checkpoint(step, ckpt)
-        last_saved = time.monotonic()
+        saved_step, last_saved = step, time.monotonic()
+
+    def diverged(step: int, what: str) -> None:
+        """Stop before non-finite values reach the weights or a checkpoint, leaving a
+        marker so that a restarted run (a sweep retries a failed trial) stops at once."""
+        if shard.main:
+            (out / DIVERGED).write_text(json.dumps({"step": step, "stage_key": cfg.stage_key(), "reason": what}))
+        raise TrainingDiverged(_diverged_message(step, what, saved_step, ckpt, out / DIVERGED))
 
     def evaluate(step: int) -> dict[str, float]:
         records = _evaluation_records(model, task, cfg, device) if shard.main else None
@@ -181,14 +208,14 @@ def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, st
         trainable = [p for p in model.parameters() if p.requires_grad]
         shard.average_gradients(trainable)
         grad_norm = torch.nn.utils.clip_grad_norm_(trainable, tc.grad_clip if tc.grad_clip > 0 else math.inf)
-        optimizer.step()
-
-        # Every rank logs the same (averaged) numbers and so stops together on a NaN.
+        # Every rank has the same (averaged) loss and gradients, so every rank stops together.
         means_now = shard.average({"loss": loss, **diag})
         loss_value = means_now.pop("loss")
         if not math.isfinite(loss_value):
-            checkpoint(step)  # keep what there is for post-mortems, then stop loudly
-            raise FloatingPointError(f"training loss became {loss_value} at step {step}")
+            diverged(step, f"the loss is {loss_value}")
+        if not math.isfinite(float(grad_norm)):
+            diverged(step, f"the gradient of {_first_non_finite(model, grads=True)} is not finite")
+        optimizer.step()  # only a finite step: the weights (and the next checkpoint) stay finite
         train_time += time.perf_counter() - t_step  # evaluation and checkpoints excluded
         result.losses.append(loss_value)
         window.append({"loss": loss_value, **means_now})
@@ -259,6 +286,22 @@ def probe_seconds(cfg: ExperimentConfig, *, steps: int = 2) -> tuple[float, floa
     return statistics.median(times[1:]), time.perf_counter() - t
 
 
+def _first_non_finite(model, grads: bool = False) -> str | None:
+    """The name of the first parameter whose values (or gradient) hold inf or NaN."""
+    for name, p in model.named_parameters():
+        t = p.grad if grads else p
+        if t is not None and not bool(torch.isfinite(t).all()):
+            return name
+    return None
+
+
+def _diverged_message(step: int, what: str, saved_step: int, ckpt: Path, marker: Path, again: bool = False) -> str:
+    current = f"the checkpoint of step {saved_step} stays current" if saved_step else "no checkpoint was written"
+    return (f"training diverged at step {step}{' (before this run: ' + str(marker) + ')' if again else ''}: {what}; "
+            f"{current}; lower train.lr or train.grad_clip (a new config trains in a new folder), or delete "
+            f"{marker} to run this config again")
+
+
 def _accumulate_gradients(model, stage, batch: Batch, cfg: ExperimentConfig, step: int, shard: Shard,
                           device) -> tuple[float, dict[str, float]]:
     """Forward and backward this rank's rows of the global batch, micro_batch_size rows
@@ -322,6 +365,27 @@ def load_parent(model: torch.nn.Module, cfg: ExperimentConfig, directory: str | 
     load_weights(model, directory)
 
 
+def read_records(path: Path, warn: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl. A last line that is not whole JSON is what an append
+    cut short leaves (a full disk, a kill mid-write): it is dropped, with a warning naming
+    the file, and the resumed run writes that step again. A bad line before the last is
+    damage of another kind: one line naming the file and the line."""
+    lines = path.read_text().splitlines()
+    records = []
+    for i, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i < len(lines):
+                raise ConfigError(f"{path} line {i} is not a JSON record; allowed: a metrics.jsonl this run wrote "
+                                  f"(start over with --no-resume, or remove the line)") from None
+            if warn is not None:
+                warn(f"warning: {path}: dropped a torn last line ({len(line)} characters; a write cut short)")
+    return records
+
+
 class _Logger:
     """Progress lines on stderr and one JSON record per line in metrics.jsonl.
 
@@ -340,10 +404,13 @@ class _Logger:
 
     def resumed(self, step: int) -> None:
         if self.write and self.path.exists():
-            kept = [line for line in self.path.read_text().splitlines()
-                    if line.strip() and json.loads(line).get("step", 0) <= step]
+            records = read_records(self.path, warn=self.say_always)
+            kept = [json.dumps(r) for r in records if r.get("step", 0) <= step]
             self.path.write_text("".join(line + "\n" for line in kept))
         self.record({"kind": "resume", "step": step}, f"resume at step {step}", say=False)
+
+    def say_always(self, line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
 
     def say(self, line: str) -> None:
         self.last_line = time.monotonic()

@@ -1,0 +1,116 @@
+"""Faults that must lose nothing: a run that diverges keeps its last finite checkpoint
+current and stops (and stops again at once when restarted); a metrics.jsonl cut short
+by a full disk resumes; a checkpoint that cannot be written leaves the previous one
+current; a failed run says why on the dashboard."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import looplab.train as train_module
+from looplab import tracking
+from looplab.checkpoint import load_model
+from looplab.config import ConfigError, apply_overrides
+from looplab.errors import TrainingDiverged
+from looplab.presets import get_preset
+from looplab.train import DIVERGED, METRICS_FILE, train
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def tiny(**extra):
+    return apply_overrides(get_preset("phop-debug"), {"train.steps": 8, "train.batch_size": 4, "train.ckpt_every": 2,
+                                                      "train.eval_every": 0, "train.log_every": 1,
+                                                      "task.eval_count": 20, **extra})
+
+
+def nan_at(monkeypatch, step: int, where: str) -> None:
+    """From `step` on, make the loss (where="loss") or one gradient (where="grad") NaN."""
+    original = train_module._accumulate_gradients
+
+    def accumulate(model, stage, batch, cfg, k, shard, device):
+        loss, diag = original(model, stage, batch, cfg, k, shard, device)
+        if k >= step and where == "loss":
+            loss = float("nan")
+        if k >= step and where == "grad":
+            model.lm_head.weight.grad[0, 0] = float("inf")
+        return loss, diag
+    monkeypatch.setattr(train_module, "_accumulate_gradients", accumulate)
+
+
+@pytest.mark.parametrize("where, what", [("loss", "the loss is nan"),
+                                         ("grad", "the gradient of lm_head.weight is not finite")])
+def test_divergence_keeps_the_last_finite_checkpoint(tmp_path, monkeypatch, where, what):
+    nan_at(monkeypatch, 5, where)
+    with pytest.raises(TrainingDiverged) as error:
+        train(tiny(), tmp_path, quiet=True)
+    message = str(error.value)
+    assert message.count("\n") == 0 and "step 5" in message and what in message
+    assert "the checkpoint of step 4 stays current" in message
+    state = json.loads((tmp_path / "checkpoint" / "trainer.json").read_text())
+    assert state["step"] == 4
+    model = load_model(tmp_path / "checkpoint")
+    assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
+    # A restart (a sweep retries a failed trial) stops at once, naming the marker.
+    monkeypatch.setattr(train_module, "_accumulate_gradients", lambda *a: pytest.fail("trained again"))
+    with pytest.raises(TrainingDiverged, match=f"before this run: .*{DIVERGED}"):
+        train(tiny(), tmp_path, quiet=True)
+
+
+def test_a_fresh_start_clears_the_marker(tmp_path, monkeypatch):
+    nan_at(monkeypatch, 3, "loss")
+    with pytest.raises(TrainingDiverged, match="the checkpoint of step 2"):
+        train(tiny(), tmp_path, quiet=True)
+    monkeypatch.undo()
+    assert train(tiny(), tmp_path, quiet=True, resume=False).step == 8
+    assert not (tmp_path / DIVERGED).exists()
+
+
+def test_a_torn_metrics_line_resumes(tmp_path, capsys):
+    train(tiny(), tmp_path, quiet=True, stop_at=4)
+    path = tmp_path / METRICS_FILE
+    path.write_text(path.read_text() + '{"kind": "train", "step": 5, "lo')  # the disk filled mid-append
+    assert train(tiny(), tmp_path, quiet=True).step == 8
+    assert "dropped a torn last line" in capsys.readouterr().err
+    steps = [json.loads(line)["step"] for line in path.read_text().splitlines()
+             if json.loads(line)["kind"] == "train"]
+    assert steps == list(range(1, 9))  # every step once
+
+
+def test_a_damaged_line_before_the_last_is_one_line(tmp_path):
+    train(tiny(), tmp_path, quiet=True, stop_at=4)
+    path = tmp_path / METRICS_FILE
+    lines = path.read_text().splitlines()
+    lines[1] = lines[1][:5]
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ConfigError, match=f"{METRICS_FILE} line 2 is not a JSON record"):
+        train(tiny(), tmp_path, quiet=True)
+
+
+def test_a_full_disk_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
+    original = train_module.save_training_state
+
+    def save(directory, model, optimizer, state):
+        if state["step"] == 6:
+            raise OSError(28, "No space left on device")
+        return original(directory, model, optimizer, state)
+    monkeypatch.setattr(train_module, "save_training_state", save)
+    with pytest.raises(OSError) as error:
+        train(tiny(), tmp_path, quiet=True)
+    assert "the checkpoint of step 4 stays current" in str(error.value) and "No space left" in str(error.value)
+    assert json.loads((tmp_path / "checkpoint" / "trainer.json").read_text())["step"] == 4
+
+
+def test_a_failed_run_says_why(tmp_path):
+    mc = tracking.client(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = tracking.ensure_experiment(mc, "faults", tmp_path / "mlflow")
+    run = mc.create_run(experiment).info.run_id
+    with pytest.raises(TrainingDiverged):
+        with tracking.terminated_on_exit(mc, run):
+            raise TrainingDiverged("training diverged at step 5: the loss is nan\nmore")
+    got = mc.get_run(run)
+    assert got.info.status == "FAILED"
+    assert got.data.tags[tracking.ERROR_TAG] == "TrainingDiverged: training diverged at step 5: the loss is nan"
