@@ -246,7 +246,8 @@ def target_loops(n_loops: int) -> float:
 # ---- per trial ---------------------------------------------------------------------------------
 
 def trial_measures(points: pl.DataFrame, *, loops_at=target_loops) -> pl.DataFrame:
-    """One row per trial: experiment, trial_run_id, seed, method, the searched params
+    """One row per trial: experiment, trial_run_id, trial_key (its final stage's key), seed,
+    method, the searched params
     (params.search.*, the seed aside), n_layers, n_loops, loops (the claim's executed
     loops, loops_at(R)), full_loss, full_ppl, full_accuracy, and at those loops each
     curve's mean CE (None where the curve does not reach them):
@@ -280,7 +281,8 @@ def trial_measures(points: pl.DataFrame, *, loops_at=target_loops) -> pl.DataFra
         pretrain = part.filter(pl.col("stage") == "pretrain")
         skip_curve, forced_curve, fixed_curve = (skip_x, skip_y), _fixed_curve(final, n_loops), _fixed_curve(pretrain,
                                                                                                            n_loops)
-        row = {"experiment": first.get("experiment"), "trial_run_id": trial, "seed": first.get("seed"),
+        row = {"experiment": first.get("experiment"), "trial_run_id": trial, "trial_key": first.get("trial_key"),
+               "seed": first.get("seed"),
                "method": first.get("method"), "stage": first.get("stage"),
                **{c: first.get(c) for c in searched},
                "n_layers": _first(part, "params.model.n_layers"), "n_loops": n_loops, "loops": loops,
