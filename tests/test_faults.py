@@ -6,6 +6,10 @@ current; a failed run says why on the dashboard."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -114,3 +118,80 @@ def test_a_failed_run_says_why(tmp_path):
     got = mc.get_run(run)
     assert got.info.status == "FAILED"
     assert got.data.tags[tracking.ERROR_TAG] == "TrainingDiverged: training diverged at step 5: the loss is nan"
+
+
+def test_a_second_invocation_of_a_sweep_is_refused(tmp_path, capsys):
+    from sweeps import beta_ablation
+    from sweeps.flags import Common, Launch
+    from sweeps.launch import main
+    from sweeps.lock import sweep_lock
+    from sweeps.plan import sweep_key
+    from trainables.storage import Storage
+
+    sweep = beta_ablation.beta_ablation(Common("debug"), [0.1])
+    key = sweep_key(sweep, Launch(storage_path=str(tmp_path), seeds=(0,)))
+    with sweep_lock(Storage(str(tmp_path)), key, sweep.name):  # the first invocation, running
+        code = main("test", beta_ablation.add_flags, beta_ablation.from_args,
+                    ["--preset", "debug", "--betas", "0.1", "--storage-path", str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 2 and f"sweep beta_ablation [{key}] is already running" in err
+    assert f"pid {os.getpid()}" in err
+    assert not (tmp_path / "mlflow.db").exists()  # refused before MLflow: no run marked KILLED
+
+
+def test_a_dead_holder_leaves_no_lock(tmp_path):
+    from sweeps.lock import SweepBusy, sweep_lock
+    from trainables.storage import Storage
+
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nsys.path.insert(0, '.')\n"
+                               "from sweeps.lock import sweep_lock\nfrom trainables.storage import Storage\n"
+                               f"with sweep_lock(Storage({str(tmp_path)!r}), 'k', 's'):\n"
+                               "    print('held', flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True, cwd=str(Path(__file__).parents[1]))
+    assert holder.stdout.readline().strip() == "held"
+    with pytest.raises(SweepBusy, match=f"pid {holder.pid}"):
+        with sweep_lock(Storage(str(tmp_path)), "k", "s"):
+            pass
+    holder.kill()
+    holder.wait()
+    with sweep_lock(Storage(str(tmp_path)), "k", "s"):  # the kernel released the killed holder's flock
+        pass
+
+
+class _Bucket:
+    """An object store as the lock sees one: objects by path, no locks."""
+
+    remote = True
+
+    def __init__(self):
+        self.objects = {}
+
+    def path(self, *parts):
+        return "mem://b/" + "/".join(parts)
+
+    def read_text(self, location):
+        return self.objects.get(location)
+
+    def write_text(self, location, text):
+        self.objects[location] = text
+
+    def delete_file(self, location):
+        self.objects.pop(location, None)
+
+
+def test_a_lease_on_an_object_store_expires(monkeypatch):
+    import time
+
+    from sweeps import lock
+
+    bucket = _Bucket()
+    lease = bucket.path("locks", "sweep-k.json")
+    bucket.write_text(lease, json.dumps({"host": "other", "pid": 7, "since": "then", "renewed": time.time()}))
+    with pytest.raises(lock.SweepBusy, match="host other, pid 7"):
+        with lock.sweep_lock(bucket, "k", "s"):
+            pass
+    bucket.write_text(lease, json.dumps({"host": "other", "pid": 7, "since": "then",
+                                         "renewed": time.time() - lock.STALE_SECONDS - 1}))
+    with lock.sweep_lock(bucket, "k", "s"):  # a lease nobody renewed: its driver is gone
+        assert json.loads(bucket.read_text(lease))["pid"] == os.getpid()
+    assert lease not in bucket.objects
