@@ -35,11 +35,33 @@ def checkpoints(tmp_path_factory):
     config = json.loads((mismatched / "config.json").read_text())
     config["model"]["d_model"] = 64  # the weights are d_model 32
     (mismatched / "config.json").write_text(json.dumps(config))
+    damaged = {}
+    for name in ("scrambled", "nan", "integer", "layers", "loops"):
+        damaged[name] = root / name
+        shutil.copytree(good, damaged[name])
+    w = damaged["scrambled"] / "model.safetensors"  # random bytes behind an intact header
+    header = 8 + int.from_bytes(w.read_bytes()[:8], "little")
+    w.write_bytes(w.read_bytes()[:header] + os.urandom(w.stat().st_size - header))
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(good / "model.safetensors"))
+    for name, change in (("nan", lambda s: s["lm_head.weight"].fill_(float("nan"))),
+                         ("integer", lambda s: s.__setitem__("norm_f.weight", s["norm_f.weight"].int()))):
+        tensors = {k: v.clone() for k, v in state.items()}
+        change(tensors)
+        save_file(tensors, str(damaged[name] / "model.safetensors"), metadata={"format": "looplab/1"})
+        config = json.loads((damaged[name] / "config.json").read_text())
+        config.pop("weights_sha256", None)  # as an older looplab wrote it: no digest to catch it
+        (damaged[name] / "config.json").write_text(json.dumps(config))
+    for name, field in (("layers", "n_layers"), ("loops", "n_loops")):
+        config = json.loads((damaged[name] / "config.json").read_text())
+        config["model"][field] = 10 ** 9
+        (damaged[name] / "config.json").write_text(json.dumps(config))
     resumable = root / "resumable"  # a run whose checkpoint was cut short
     shutil.copytree(root / "run", resumable)
     w = resumable / "checkpoint" / "model.safetensors"
     w.write_bytes(w.read_bytes()[:100])
-    return {"good": good, "truncated": truncated, "mismatched": mismatched, "resumable": resumable}
+    return {"good": good, "truncated": truncated, "mismatched": mismatched, "resumable": resumable, **damaged}
 
 
 LOOPLAB_CASES = [
@@ -47,6 +69,11 @@ LOOPLAB_CASES = [
     (["eval", "--checkpoint", "/nonexistent"], "--checkpoint='/nonexistent' is invalid"),
     (["eval", "--checkpoint", "{truncated}"], "model.safetensors is damaged: truncated"),
     (["eval", "--checkpoint", "{mismatched}"], "model.safetensors disagrees with"),
+    (["eval", "--checkpoint", "{scrambled}"], "model.safetensors is damaged: its bytes are not the ones saved"),
+    (["eval", "--checkpoint", "{nan}"], "model.safetensors holds non-finite weights (lm_head.weight)"),
+    (["eval", "--checkpoint", "{integer}"], "model.safetensors is damaged: norm_f.weight is I32"),
+    (["eval", "--checkpoint", "{layers}"], "ModelConfig.n_layers=1000000000 is invalid"),
+    (["generate", "--checkpoint", "{loops}", "--prompt", "hi"], "ModelConfig.n_loops=1000000000 is invalid"),
     (["eval", "--checkpoint", "{good}", "--policies", "skip"], "argument --policies: 'skip' is invalid"),
     (["eval", "--checkpoint", "{good}", "--policies", "forced:9"], "--policies='forced:9' is invalid"),
     (["eval", "--checkpoint", "{good}", "--batch-size", "0"], "argument --batch-size: '0' is invalid"),

@@ -195,3 +195,26 @@ def test_a_lease_on_an_object_store_expires(monkeypatch):
     with lock.sweep_lock(bucket, "k", "s"):  # a lease nobody renewed: its driver is gone
         assert json.loads(bucket.read_text(lease))["pid"] == os.getpid()
     assert lease not in bucket.objects
+
+
+def test_a_stopped_parent_is_not_the_finished_one(tmp_path):
+    from looplab.checkpoint import parent_ref
+    from looplab.presets import stage_config
+
+    cfg = tiny()
+    train(cfg, tmp_path, quiet=True, stop_at=4)
+    stopped = parent_ref(tmp_path / "checkpoint")
+    assert stopped.key == cfg.stage_key() + "@step4"
+    child_of_stopped = stage_config(get_preset("phop-debug"), "stage1", parent=stopped).stage_key()
+    train(cfg, tmp_path, quiet=True)
+    finished = parent_ref(tmp_path / "checkpoint")
+    assert finished.key == cfg.stage_key()  # a finished parent keeps the key the platform plans with
+    assert stage_config(get_preset("phop-debug"), "stage1", parent=finished).stage_key() != child_of_stopped
+
+
+def test_checkpoints_record_the_digest_of_their_weights(tmp_path):
+    from looplab.checkpoint import WEIGHTS_DIGEST, file_digest
+
+    train(tiny(), tmp_path, quiet=True)
+    config = json.loads((tmp_path / "checkpoint" / "config.json").read_text())
+    assert config[WEIGHTS_DIGEST] == file_digest(tmp_path / "checkpoint" / "model.safetensors")
