@@ -99,7 +99,16 @@ def safetensors_header(path: Path, recover: str = "") -> dict[str, Any]:
             table = json.loads(f.read(n))
         except (ValueError, UnicodeDecodeError) as e:
             raise ConfigError(f"{path} is damaged: its header is not JSON ({e}){tail}") from None
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path} is damaged: its header is not a table of tensors{tail}")
     table.pop("__metadata__", None)
+    for name, t in table.items():  # each entry: a dtype, a shape and two byte offsets in order
+        ok = (isinstance(t, dict) and isinstance(t.get("dtype"), str) and isinstance(t.get("shape"), list)
+              and all(isinstance(d, int) and d >= 0 for d in t["shape"]) and isinstance(t.get("data_offsets"), list)
+              and len(t["data_offsets"]) == 2 and all(isinstance(o, int) for o in t["data_offsets"])
+              and 0 <= t["data_offsets"][0] <= t["data_offsets"][1])
+        if not ok:
+            raise ConfigError(f"{path} is damaged: its header's entry {name!r} is malformed{tail}")
     need = 8 + n + max((t["data_offsets"][1] for t in table.values()), default=0)
     if size < need:
         raise ConfigError(f"{path} is damaged: truncated ({size:,} of {need:,} bytes){tail}")

@@ -128,6 +128,8 @@ class ModelConfig:
             value = getattr(self, field_name)
             check(value <= most, f"{name}.{field_name}", value, f"an integer in [1, {most}]")
         check(self.mixers_per_layer in (1, 2), f"{name}.mixers_per_layer", self.mixers_per_layer, "1 | 2")
+        check(isinstance(self.attn_layer_idx, (list, tuple)), f"{name}.attn_layer_idx", self.attn_layer_idx,
+              "a list of layer indices, e.g. [1, 3]")
         object.__setattr__(self, "attn_layer_idx", tuple(self.attn_layer_idx))
         if self.d_intermediate is None:
             default = -(-8 * self.d_model // 3 // 64) * 64 if self.arch == "transformer" else 0
@@ -509,8 +511,8 @@ def _build(cls: type, values: dict[str, Any], prefix: str) -> Any:
     for k in values:
         check(k in known, f"{prefix}.{k}", values[k], "one of " + ", ".join(sorted(known)))
     kwargs = dict(values)
-    if cls is ModelConfig and "attn_layer_idx" in kwargs:
-        kwargs["attn_layer_idx"] = tuple(kwargs["attn_layer_idx"])
+    if cls is ModelConfig and isinstance(kwargs.get("attn_layer_idx"), list):
+        kwargs["attn_layer_idx"] = tuple(kwargs["attn_layer_idx"])  # JSON's list; anything else ModelConfig refuses
     return cls(**kwargs)
 
 

@@ -109,12 +109,12 @@ def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, st
     shard = Shard.current()
     shard.check_batch_size(tc.batch_size)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     device = resolve_device(tc.device)
     task = make_task(cfg.task, tc.seq_len)
     model = model_from_config(cfg.model, tc.seed)
     if cfg.parent is not None:
         load_parent(model, cfg, parent_dir)
+    out.mkdir(parents=True, exist_ok=True)  # only once the task, the model and its parent are fine
     model.to(device)
     model.checkpoint_steps = tc.activation_checkpointing
     model.metadata = experiment_metadata(cfg)

@@ -81,9 +81,9 @@ def prepare(sweep: Sweep, launch: Launch):
     (sweep, points, resources, plans); raises ConfigError."""
     points, res = validate(sweep, launch)
     sweep, plans = fit_devices(sweep, launch, points)
-    if not launch.dry_run:
-        check_storage_path(launch.storage_path)
+    if not launch.dry_run:  # the tracking store first: its check creates nothing, the storage's does
         check_tracking_uri(launch.tracking_uri, launch.storage_path)
+        check_storage_path(launch.storage_path)
     return sweep, points, res, plans
 
 
@@ -115,36 +115,22 @@ def check_storage_path(path: str) -> None:
 
 
 def check_tracking_uri(uri: str, storage_path: str) -> None:
-    """A tracking server answers now; with storage on an object store there is no local
-    folder for the default SQLite store, so a --tracking-uri is needed."""
+    """The tracking store can be written now (looplab/destinations.py: a server answers, an
+    SQLite file's folder or a store folder can be made, a database opens); with storage
+    on an object store there is no local folder for the default SQLite store, so a
+    --tracking-uri is needed."""
+    from looplab import destinations
     from trainables.storage import Storage
 
     if not uri and Storage(storage_path).remote:
         fail("--tracking-uri", uri, "an MLflow server (http://HOST:PORT) or sqlite:///PATH when --storage-path is "
                                     "an object store")
-    check_tracking_server(uri)
+    destinations.tracking_uri("--tracking-uri", uri)
 
 
 def is_server(uri: str) -> bool:
     """An MLflow tracking server, as opposed to a store this process opens itself."""
     return uri.startswith(("http://", "https://"))
-
-
-def check_tracking_server(uri: str, timeout: float = 10.0) -> None:
-    """An http(s) tracking URI must answer MLflow's /health now: MLflow's client
-    would otherwise retry each call for minutes before it fails, with Ray started."""
-    if not is_server(uri):
-        return
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as response:
-            if response.status == 200:
-                return
-            problem = f"HTTP {response.status}"
-    except OSError as e:  # refused, unresolvable, timed out, HTTP errors
-        problem = str(getattr(e, "reason", e))
-    fail("--tracking-uri", uri, f"a reachable MLflow server (GET /health: {problem}), or sqlite:///PATH")
 
 
 # ---- the run ---------------------------------------------------------------------------
