@@ -23,6 +23,7 @@ import json
 import sys
 
 from looplab.config import ConfigError, parse_value
+from looplab.errors import CheckpointNotWritten, TrainingDiverged
 from looplab.stages import STAGE_NAMES
 
 
@@ -622,6 +623,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"looplab: error: {e}", file=sys.stderr)
         return 2
+    except (TrainingDiverged, CheckpointNotWritten) as e:  # stopped, nothing lost: the line says how to go on
+        print(f"looplab: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import looplab.train as train_module
 from looplab import tracking
 from looplab.checkpoint import load_model
 from looplab.config import ConfigError, apply_overrides
-from looplab.errors import TrainingDiverged
+from looplab.errors import CheckpointNotWritten, TrainingDiverged
 from looplab.presets import get_preset
 from looplab.train import DIVERGED, METRICS_FILE, train
 
@@ -102,7 +102,7 @@ def test_a_full_disk_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
             raise OSError(28, "No space left on device")
         return original(directory, model, optimizer, state)
     monkeypatch.setattr(train_module, "save_training_state", save)
-    with pytest.raises(OSError) as error:
+    with pytest.raises(CheckpointNotWritten) as error:
         train(tiny(), tmp_path, quiet=True)
     assert "the checkpoint of step 4 stays current" in str(error.value) and "No space left" in str(error.value)
     assert json.loads((tmp_path / "checkpoint" / "trainer.json").read_text())["step"] == 4
@@ -218,3 +218,13 @@ def test_checkpoints_record_the_digest_of_their_weights(tmp_path):
     train(tiny(), tmp_path, quiet=True)
     config = json.loads((tmp_path / "checkpoint" / "config.json").read_text())
     assert config[WEIGHTS_DIGEST] == file_digest(tmp_path / "checkpoint" / "model.safetensors")
+
+
+def test_the_command_line_says_a_divergence_in_one_line(tmp_path, monkeypatch, capsys):
+    from looplab.cli import main
+
+    nan_at(monkeypatch, 3, "loss")
+    code = main(["train", "--preset", "phop-debug", "--out", str(tmp_path), "train.steps=8", "train.batch_size=4",
+                 "train.ckpt_every=2", "train.eval_every=0", "task.eval_count=20"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 1 and err.startswith("looplab: training diverged at step 3") and "step 2 stays current" in err
