@@ -59,7 +59,7 @@ def test_scan_declarations_check_their_flags():
         holes_scan(Common("debug"), ["bogus"])
     sweep = loops_scan(Common("phop-debug"), ({"n_layers": 1, "n_loops": 1}, {"n_layers": 1, "n_loops": 4}),
                        ("p", [2, 4]))
-    assert sweep.axes == ("p",) and sweep.spec.overrides["task.n"] == 32
+    assert sweep.axes == ("p",) and sweep.spec.overrides["task.n"] == 16
 
 
 @pytest.fixture(scope="module")
