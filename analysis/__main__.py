@@ -55,7 +55,15 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     from analysis.report import build_report  # after parsing: --help stays instant
+    from looplab import destinations
+    from looplab.errors import ConfigError
 
+    try:
+        destinations.existing_store("--tracking-uri", args.tracking_uri)
+        destinations.output_dir("--out", args.out)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     try:
         paths = build_report(args.tracking_uri, args.experiment, args.out, sweep_run_id=args.sweep_run,
                              log_artifacts=not args.no_log, compute=args.compute, quality=args.quality,

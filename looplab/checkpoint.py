@@ -32,6 +32,8 @@ import torch
 from looplab.config import ConfigError, ModelConfig, ParentRef, apply_overrides
 from looplab.models.looped import LoopedLM
 
+WEIGHTS_DIGEST = "weights_sha256"  # config.json: the digest of model.safetensors as saved
+WEIGHT_DTYPES = ("F32", "BF16", "F16", "F64")  # what a checkpoint's tensors may hold
 FORMAT = "looplab/1"
 WEIGHTS, CONFIG = "model.safetensors", "config.json"
 
@@ -49,9 +51,22 @@ def save_model(model: LoopedLM, directory: str | os.PathLike) -> Path:
     d.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     save_file(state, str(d / (WEIGHTS + ".tmp")), metadata={"format": FORMAT})
+    digest = file_digest(d / (WEIGHTS + ".tmp"))
     os.replace(d / (WEIGHTS + ".tmp"), d / WEIGHTS)
-    _write_json(d / CONFIG, {"format": FORMAT, "model": _model_dict(model.cfg), "metadata": model.metadata})
+    _write_json(d / CONFIG, {"format": FORMAT, "model": _model_dict(model.cfg), "metadata": model.metadata,
+                             WEIGHTS_DIGEST: digest})
     return d
+
+
+def file_digest(path: Path) -> str:
+    """SHA-256 of a file, read in 1 MiB blocks."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return "sha256:" + h.hexdigest()
 
 
 def _model_dict(cfg: ModelConfig) -> dict[str, Any]:
@@ -84,7 +99,16 @@ def safetensors_header(path: Path, recover: str = "") -> dict[str, Any]:
             table = json.loads(f.read(n))
         except (ValueError, UnicodeDecodeError) as e:
             raise ConfigError(f"{path} is damaged: its header is not JSON ({e}){tail}") from None
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path} is damaged: its header is not a table of tensors{tail}")
     table.pop("__metadata__", None)
+    for name, t in table.items():  # each entry: a dtype, a shape and two byte offsets in order
+        ok = (isinstance(t, dict) and isinstance(t.get("dtype"), str) and isinstance(t.get("shape"), list)
+              and all(isinstance(d, int) and d >= 0 for d in t["shape"]) and isinstance(t.get("data_offsets"), list)
+              and len(t["data_offsets"]) == 2 and all(isinstance(o, int) for o in t["data_offsets"])
+              and 0 <= t["data_offsets"][0] <= t["data_offsets"][1])
+        if not ok:
+            raise ConfigError(f"{path} is damaged: its header's entry {name!r} is malformed{tail}")
     need = 8 + n + max((t["data_offsets"][1] for t in table.values()), default=0)
     if size < need:
         raise ConfigError(f"{path} is damaged: truncated ({size:,} of {need:,} bytes){tail}")
@@ -116,6 +140,18 @@ def verify_checkpoint(directory: str | os.PathLike, *, training: bool = False, a
         except (ValueError, KeyError, TypeError) as e:
             raise ConfigError(f"{d / TRAINER} is damaged ({str(e).splitlines()[0]}); {recover}") from None
     table = safetensors_header(d / WEIGHTS, recover)
+    odd = next(((k, v.get("dtype")) for k, v in table.items() if v.get("dtype") not in WEIGHT_DTYPES), None)
+    if odd is not None:
+        raise ConfigError(f"{d / WEIGHTS} is damaged: {odd[0]} is {odd[1]}, not a float tensor "
+                          f"({' | '.join(WEIGHT_DTYPES)}); {recover}")
+    layers = {k.split(".")[2] for k in table if k.startswith("backbone.layers.")}
+    if len(layers) != model_cfg.n_layers:  # before building anything of n_layers' size
+        raise ConfigError(f"{d / WEIGHTS} disagrees with {d / CONFIG}: {len(layers)} backbone layers in the "
+                          f"weights, n_layers={model_cfg.n_layers} by the config; {recover}")
+    recorded = read_config(d).get(WEIGHTS_DIGEST)
+    if recorded is not None and file_digest(d / WEIGHTS) != recorded:
+        raise ConfigError(f"{d / WEIGHTS} is damaged: its bytes are not the ones saved ({CONFIG} records "
+                          f"{recorded[:19]}...); {recover}")
     with torch.device("meta"):
         expected = {k: list(v.shape) for k, v in LoopedLM(model_cfg).state_dict().items()}
     found = {k: v["shape"] for k, v in table.items()}
@@ -151,16 +187,31 @@ def parent_ref(directory: str | os.PathLike) -> ParentRef:
     path = Path(directory).expanduser().resolve()
     meta = read_config(path).get("metadata", {}) if is_checkpoint(path) else {}
     if meta.get("stage_key") and meta.get("config_hash"):
-        return ParentRef(stage=meta.get("stage", "pretrain"), key=meta["stage_key"], group=meta["config_hash"],
-                         checkpoint=str(path))
+        # A parent stopped before its last step (--stop-at) is another model than the
+        # finished one: its step enters the key. A finished parent keeps its own key.
+        stopped = ""
+        if (path / TRAINER).is_file():
+            step = int(json.loads((path / TRAINER).read_text()).get("step", 0))
+            steps = meta.get("experiment", {}).get("train", {}).get("steps")
+            if steps is not None and step < steps:
+                stopped = f"@step{step}"
+        return ParentRef(stage=meta.get("stage", "pretrain"), key=meta["stage_key"] + stopped,
+                         group=meta["config_hash"] + stopped, checkpoint=str(path))
     digest = "path-" + hashlib.sha256(str(path).encode()).hexdigest()[:12]
     return ParentRef(stage=meta.get("stage", "pretrain"), key=digest, group=digest, checkpoint=str(path))
 
 
 def load_weights(model: LoopedLM, directory: str | os.PathLike) -> None:
+    """Load the weights, refusing non-finite ones (a run that diverged before this
+    version wrote such checkpoints; looplab/train.py no longer does)."""
     from safetensors.torch import load_file
 
-    model.load_state_dict(load_file(str(Path(directory) / WEIGHTS)))
+    state = load_file(str(Path(directory) / WEIGHTS))
+    bad = next((k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())), None)
+    if bad is not None:
+        raise ConfigError(f"{Path(directory) / WEIGHTS} holds non-finite weights ({bad}): the run that wrote it "
+                          "diverged; allowed: a checkpoint of finite weights (train it again with a lower train.lr)")
+    model.load_state_dict(state)
 
 
 @contextlib.contextmanager

@@ -23,6 +23,7 @@ import json
 import sys
 
 from looplab.config import ConfigError, parse_value
+from looplab.errors import CheckpointNotWritten, TrainingDiverged
 from looplab.stages import STAGE_NAMES
 
 
@@ -158,6 +159,22 @@ def _experiment(args):
         raise (e.renamed("override", f"{given}={overrides[given]}") if given else e) from None
 
 
+def _destinations(args) -> None:
+    """Every place a command writes to, and its device, checked before its work."""
+    from looplab import destinations
+
+    for flag in ("json", "output"):
+        value = getattr(args, flag, None)
+        if isinstance(value, str) and value:
+            destinations.output_file(f"--{flag}", value)
+    if getattr(args, "out", None):
+        destinations.output_dir("--out", args.out)
+    if getattr(args, "tracking_uri", None):
+        destinations.tracking_uri("--tracking-uri", args.tracking_uri)
+    if getattr(args, "device", None):
+        destinations.device("--device", args.device)
+
+
 def cmd_train(args) -> int:
     from looplab.train import train
 
@@ -200,8 +217,9 @@ def cmd_eval(args) -> int:
     for r in records:
         print(json.dumps({"checkpoint": str(args.checkpoint), "stage": model.metadata.get("stage", ""), **r}))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(records, f, indent=2)
+        from looplab.destinations import write_text
+
+        write_text(args.json, json.dumps(records, indent=2))
     return 0
 
 
@@ -268,8 +286,9 @@ def cmd_lm_eval(args) -> int:
     text = json.dumps(report, indent=2, default=str)
     print(text)
     if args.output:
-        with open(args.output, "w") as f:
-            f.write(text + "\n")
+        from looplab.destinations import write_text
+
+        write_text(args.output, text + "\n")
     return 0
 
 
@@ -293,7 +312,7 @@ def _limit(value: str) -> int | float:
         number = float(value)
     except ValueError:
         number = -1.0
-    if number <= 0:
+    if not 0 < number < float("inf"):
         raise argparse.ArgumentTypeError(f"--limit {value!r} is invalid; allowed: a count >= 1 or a fraction "
                                          "in (0, 1)")
     return number if number < 1 else int(number)
@@ -368,8 +387,9 @@ def cmd_bench(args) -> int:
         raise e.renamed("--dtype", args.dtype) from None
     dicts = records_as_dicts(records)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dicts, f, indent=2)
+        from looplab.destinations import write_text
+
+        write_text(args.json, json.dumps(dicts, indent=2))
     if args.tracking_uri:
         from looplab.tracking import log_benchmark
 
@@ -598,10 +618,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        _destinations(args)  # before any command's work: a bad --json costs seconds, not the evaluation
         return args.fn(args)
     except ConfigError as e:
         print(f"looplab: error: {e}", file=sys.stderr)
         return 2
+    except (TrainingDiverged, CheckpointNotWritten) as e:  # stopped, nothing lost: the line says how to go on
+        print(f"looplab: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -79,6 +79,9 @@ def _choice(obj: Any, name: str, options: tuple) -> None:
 
 
 ARCHS = ("mamba2", "transformer", "hybrid")
+MODEL_BOUNDS = {"vocab_size": 1 << 20, "d_model": 1 << 16, "n_layers": 1024, "n_loops": 128, "d_state": 4096,
+                "headdim": 4096, "attn_head_dim": 4096, "chunk_size": 1 << 16, "expand": 16, "d_conv": 64,
+                "ngroups": 1024}
 
 
 @dataclass(frozen=True)
@@ -119,12 +122,21 @@ class ModelConfig:
         _pos_int(self, "d_model", "n_layers", "n_loops", "d_state", "expand", "headdim",
                  "ngroups", "chunk_size", "attn_head_dim")
         _pos_int(self, "d_conv", minimum=2)
+        # Bounds far beyond any model of the paper (R ≤ 12, N ≤ 48, d ≤ 1024, 32k vocab), so a
+        # config (a checkpoint's, say) can never make looplab build or allocate absurdly.
+        for field_name, most in MODEL_BOUNDS.items():
+            value = getattr(self, field_name)
+            check(value <= most, f"{name}.{field_name}", value, f"an integer in [1, {most}]")
         check(self.mixers_per_layer in (1, 2), f"{name}.mixers_per_layer", self.mixers_per_layer, "1 | 2")
+        check(isinstance(self.attn_layer_idx, (list, tuple)), f"{name}.attn_layer_idx", self.attn_layer_idx,
+              "a list of layer indices, e.g. [1, 3]")
         object.__setattr__(self, "attn_layer_idx", tuple(self.attn_layer_idx))
         if self.d_intermediate is None:
             default = -(-8 * self.d_model // 3 // 64) * 64 if self.arch == "transformer" else 0
             object.__setattr__(self, "d_intermediate", default)
         _pos_int(self, "d_intermediate", minimum=0)
+        check(self.d_intermediate <= 1 << 20, f"{name}.d_intermediate", self.d_intermediate,
+              f"an integer in [0, {1 << 20}]")
         if self.arch == "transformer":
             check(self.d_intermediate > 0, f"{name}.d_intermediate", self.d_intermediate,
                   "an integer >= 1 for arch='transformer' (LLaMA layers have a gated MLP)")
@@ -499,8 +511,8 @@ def _build(cls: type, values: dict[str, Any], prefix: str) -> Any:
     for k in values:
         check(k in known, f"{prefix}.{k}", values[k], "one of " + ", ".join(sorted(known)))
     kwargs = dict(values)
-    if cls is ModelConfig and "attn_layer_idx" in kwargs:
-        kwargs["attn_layer_idx"] = tuple(kwargs["attn_layer_idx"])
+    if cls is ModelConfig and isinstance(kwargs.get("attn_layer_idx"), list):
+        kwargs["attn_layer_idx"] = tuple(kwargs["attn_layer_idx"])  # JSON's list; anything else ModelConfig refuses
     return cls(**kwargs)
 
 

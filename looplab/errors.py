@@ -1,6 +1,7 @@
 """The errors a user acts on, each a single line: ConfigError (a bad input, naming the
-argument and what is allowed, raised before anything expensive starts) and
-TrainingDiverged (a run whose loss, gradient or weights stopped being finite)."""
+argument and what is allowed, raised before anything expensive starts), and the two
+ways a run can stop that lose nothing: TrainingDiverged (its loss, gradient or weights
+stopped being finite) and CheckpointNotWritten (a full disk, say)."""
 
 from __future__ import annotations
 
@@ -35,3 +36,8 @@ class TrainingDiverged(FloatingPointError):
     """Training produced a non-finite loss, gradient or weight. The message is one line:
     the step, the tensor, the checkpoint that stays current, and the way out. The run
     never writes a non-finite checkpoint (looplab/train.py)."""
+
+
+class CheckpointNotWritten(OSError):
+    """A checkpoint could not be written (a full disk): the previous one stays current,
+    and the message (one line) says which step that is and how to go on."""

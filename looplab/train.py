@@ -23,7 +23,7 @@ import torch
 from looplab.checkpoint import (TRAINER, experiment_metadata, load_training_state, load_weights, model_from_config,
                                 read_model_config, save_training_state, settle_checkpoint, verify_checkpoint)
 from looplab.config import ConfigError, ExperimentConfig, TrainConfig
-from looplab.errors import TrainingDiverged
+from looplab.errors import CheckpointNotWritten, TrainingDiverged
 from looplab.distributed import Shard
 from looplab.evaluate import autocast_context, evaluate_policies
 from looplab.instruments import diagnostic_batch, loop_instruments
@@ -109,12 +109,12 @@ def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, st
     shard = Shard.current()
     shard.check_batch_size(tc.batch_size)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     device = resolve_device(tc.device)
     task = make_task(cfg.task, tc.seq_len)
     model = model_from_config(cfg.model, tc.seed)
     if cfg.parent is not None:
         load_parent(model, cfg, parent_dir)
+    out.mkdir(parents=True, exist_ok=True)  # only once the task, the model and its parent are fine
     model.to(device)
     model.checkpoint_steps = tc.activation_checkpointing
     model.metadata = experiment_metadata(cfg)
@@ -162,7 +162,7 @@ def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, st
             try:
                 save_training_state(ckpt, model, optimizer, {"step": step, "stage_key": cfg.stage_key()})
             except OSError as e:  # a full disk: the previous checkpoint stays current (written aside first)
-                raise OSError(e.errno, f"could not write the checkpoint of step {step} into {ckpt} "
+                raise CheckpointNotWritten(e.errno, f"could not write the checkpoint of step {step} into {ckpt} "
                                        f"({e.strerror or e}); the checkpoint of step {saved_step} stays current: "
                                        "free space and run again to resume") from None
             if on_checkpoint is not None:

@@ -303,11 +303,9 @@ def main(argv: list[str] | None = None) -> int:
 def open_experiment(uri: str, name: str):
     """The MLflow client and the experiment's id; a store that does not exist is not
     created (MLflow would make an empty one)."""
-    from sweeps.launch import check_tracking_server
+    from looplab import destinations
 
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):].split("?", 1)[0]).is_file():
-        fail("--tracking-uri", uri, "an existing MLflow store (sqlite:///STORAGE/mlflow.db of the sweep)")
-    check_tracking_server(uri)
+    destinations.existing_store("--tracking-uri", uri)
     mc = tracking.client(uri)
     found = mc.get_experiment_by_name(name)
     if found is None or found.lifecycle_stage != "active":

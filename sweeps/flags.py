@@ -97,7 +97,9 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--tracking-uri", default="", help="MLflow URI (default sqlite:///STORAGE/mlflow.db)")
     p.add_argument("--storage-path", default="looplab-runs", help="stage checkpoints, Ray results, artifacts")
     p.add_argument("--address", default="", help="Ray cluster address (default: start a local Ray)")
-    p.add_argument("--resume", action="store_true", help="continue an interrupted sweep (Tuner.restore)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an interrupted sweep: the same as running the same command again (finished "
+                        "stages and trials are found by content key; Tune's pickled state is never read)")
     p.add_argument("--max-concurrent-trials", type=int, default=0, help="default: what the CPUs/GPUs fit")
     p.add_argument("--num-workers", type=int, default=0,
                    help="Ray Train workers per stage; 0 (default): Ray Train's local mode, the stage trains "

@@ -10,7 +10,9 @@ One sweep run per sweep: the parent MLflow run is keyed by the sweep's content
 (`sweep_key`), so running the same command again, with or without --resume, adopts
 it and its trial runs; runs of an earlier invocation whose process died (still
 RUNNING) are closed as KILLED, with a pointer to the invocation that reopened them,
-before the trials run (and reopen them).
+before the trials run (and reopen them). One invocation of a sweep runs at a time
+(sweeps/lock.py): a second is refused before it touches MLflow, so the runs it would
+close as orphans are provably the dead invocation's.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any, Callable
 from looplab import tracking
 from looplab.config import ConfigError, config_key
 from sweeps.flags import Common, Launch, fail, parser
+from sweeps.lock import SweepBusy, sweep_lock
 from sweeps.plan import (Resources, Sweep, cpu_share, describe, fit_devices, grid_points, sweep_key, trial_name,
                          validate, waiting_cpu)
 from trainables.pipeline import stage_configs
@@ -63,7 +66,11 @@ def main(description: str, add_flags: Callable[[argparse.ArgumentParser], None] 
     if launch.dry_run:
         print(describe(sweep, launch, points, res, plans))
         return 0
-    rows = run_sweep(sweep, launch, points, res)
+    try:
+        rows = run_sweep(sweep, launch, points, res)
+    except SweepBusy as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     return 0 if rows and all(r["status"] != "error" for r in rows) else 1
 
 
@@ -74,9 +81,9 @@ def prepare(sweep: Sweep, launch: Launch):
     (sweep, points, resources, plans); raises ConfigError."""
     points, res = validate(sweep, launch)
     sweep, plans = fit_devices(sweep, launch, points)
-    if not launch.dry_run:
-        check_storage_path(launch.storage_path)
+    if not launch.dry_run:  # the tracking store first: its check creates nothing, the storage's does
         check_tracking_uri(launch.tracking_uri, launch.storage_path)
+        check_storage_path(launch.storage_path)
     return sweep, points, res, plans
 
 
@@ -108,14 +115,17 @@ def check_storage_path(path: str) -> None:
 
 
 def check_tracking_uri(uri: str, storage_path: str) -> None:
-    """A tracking server answers now; with storage on an object store there is no local
-    folder for the default SQLite store, so a --tracking-uri is needed."""
+    """The tracking store can be written now (looplab/destinations.py: a server answers, an
+    SQLite file's folder or a store folder can be made, a database opens); with storage
+    on an object store there is no local folder for the default SQLite store, so a
+    --tracking-uri is needed."""
+    from looplab import destinations
     from trainables.storage import Storage
 
     if not uri and Storage(storage_path).remote:
         fail("--tracking-uri", uri, "an MLflow server (http://HOST:PORT) or sqlite:///PATH when --storage-path is "
                                     "an object store")
-    check_tracking_server(uri)
+    destinations.tracking_uri("--tracking-uri", uri)
 
 
 def is_server(uri: str) -> bool:
@@ -123,32 +133,11 @@ def is_server(uri: str) -> bool:
     return uri.startswith(("http://", "https://"))
 
 
-def check_tracking_server(uri: str, timeout: float = 10.0) -> None:
-    """An http(s) tracking URI must answer MLflow's /health now: MLflow's client
-    would otherwise retry each call for minutes before it fails, with Ray started."""
-    if not is_server(uri):
-        return
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as response:
-            if response.status == 200:
-                return
-            problem = f"HTTP {response.status}"
-    except OSError as e:  # refused, unresolvable, timed out, HTTP errors
-        problem = str(getattr(e, "reason", e))
-    fail("--tracking-uri", uri, f"a reachable MLflow server (GET /health: {problem}), or sqlite:///PATH")
-
-
 # ---- the run ---------------------------------------------------------------------------
 
 def run_sweep(sweep: Sweep, launch: Launch, points: list[dict[str, Any]], res: Resources) -> list[dict[str, Any]]:
     """Start (or join) Ray, run the trials under Tune, return one row per trial."""
-    import ray
-
-    from trainables.progress import Printer, board_name
     from trainables.storage import Storage
-    from trainables.trial import PlatformSettings, trial_params
 
     store = Storage(launch.storage_path)
     local = store.scratch()  # the storage itself, or a local folder beside an object store
@@ -158,6 +147,16 @@ def run_sweep(sweep: Sweep, launch: Launch, points: list[dict[str, Any]], res: R
     key = sweep_key(sweep, launch)
     experiment = tracking.experiment_name(sweep.name, sweep.spec.preset)
     run_name = tracking.sweep_run_name(sweep.name, key)
+
+    with sweep_lock(store, key, sweep.name):  # SweepBusy: another invocation of this sweep runs now
+        return _run_locked(sweep, launch, points, res, store, local, logs, uri, key, experiment, run_name)
+
+
+def _run_locked(sweep, launch, points, res, store, local, logs, uri, key, experiment, run_name):
+    import ray
+
+    from trainables.progress import Printer, board_name
+    from trainables.trial import PlatformSettings, trial_params
 
     mc = tracking.client(uri)  # imports mlflow, which sets its loggers to INFO
     logging.getLogger("mlflow").setLevel(logging.WARNING)  # its schema-migration chatter
@@ -300,12 +299,10 @@ def _fit(sweep: Sweep, launch: Launch, platform, res: Resources, tune_path: str,
 
     from trainables.trial import run_trial, trial_params
 
+    # No Tuner.restore, even with --resume: it unpickles tuner.pkl from the storage, so
+    # anyone who can write there could run code here. A fresh Tuner is the resume: the
+    # trials find their finished stages and runs by content key.
     trainable = tune.with_resources(run_trial, platform.trial_resources())
-    path = f"{tune_path}/{run_name}"
-    if launch.resume and tune.Tuner.can_restore(path):
-        tuner = tune.Tuner.restore(path, trainable=trainable, resume_errored=True)
-        with _to_log(logs / "ray.log"):
-            return tuner.fit()
     space: dict[str, Any] = {"spec": sweep.spec.to_dict(), "platform": platform.to_dict()}
     search_alg, scheduler, samples = None, None, 1
     if launch.search == "grid":

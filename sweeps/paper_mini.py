@@ -104,10 +104,15 @@ def main(argv: list[str] | None = None) -> int:
                        extra_seconds=speed_seconds(launch)).text())
         return 0
     from sweeps.launch import run_sweep
+    from sweeps.lock import SweepBusy
 
     status = 0
     for sweep, points, res, _ in prepared:
-        rows = run_sweep(sweep, launch, points, res)
+        try:
+            rows = run_sweep(sweep, launch, points, res)
+        except SweepBusy as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         status |= 0 if rows and all(r["status"] != "error" for r in rows) else 1
     if status:
         print("a trial failed: no verdicts (re-run the same command to resume)", file=sys.stderr)

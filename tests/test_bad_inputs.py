@@ -35,11 +35,40 @@ def checkpoints(tmp_path_factory):
     config = json.loads((mismatched / "config.json").read_text())
     config["model"]["d_model"] = 64  # the weights are d_model 32
     (mismatched / "config.json").write_text(json.dumps(config))
+    damaged = {}
+    for name in ("scrambled", "nan", "integer", "layers", "loops", "header"):
+        damaged[name] = root / name
+        shutil.copytree(good, damaged[name])
+    w = damaged["scrambled"] / "model.safetensors"  # random bytes behind an intact header
+    header = 8 + int.from_bytes(w.read_bytes()[:8], "little")
+    w.write_bytes(w.read_bytes()[:header] + os.urandom(w.stat().st_size - header))
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(good / "model.safetensors"))
+    for name, change in (("nan", lambda s: s["lm_head.weight"].fill_(float("nan"))),
+                         ("integer", lambda s: s.__setitem__("norm_f.weight", s["norm_f.weight"].int()))):
+        tensors = {k: v.clone() for k, v in state.items()}
+        change(tensors)
+        save_file(tensors, str(damaged[name] / "model.safetensors"), metadata={"format": "looplab/1"})
+        config = json.loads((damaged[name] / "config.json").read_text())
+        config.pop("weights_sha256", None)  # as an older looplab wrote it: no digest to catch it
+        (damaged[name] / "config.json").write_text(json.dumps(config))
+    w = damaged["header"] / "model.safetensors"  # a header of valid JSON whose first entry lacks its offsets
+    n = int.from_bytes(w.read_bytes()[:8], "little")
+    table = json.loads(w.read_bytes()[8:8 + n])
+    first = next(k for k in table if k != "__metadata__")
+    del table[first]["data_offsets"]
+    head = json.dumps(table).encode().ljust(n)[:n] if len(json.dumps(table)) <= n else json.dumps(table).encode()
+    w.write_bytes(len(head).to_bytes(8, "little") + head + w.read_bytes()[8 + n:])
+    for name, field in (("layers", "n_layers"), ("loops", "n_loops")):
+        config = json.loads((damaged[name] / "config.json").read_text())
+        config["model"][field] = 10 ** 9
+        (damaged[name] / "config.json").write_text(json.dumps(config))
     resumable = root / "resumable"  # a run whose checkpoint was cut short
     shutil.copytree(root / "run", resumable)
     w = resumable / "checkpoint" / "model.safetensors"
     w.write_bytes(w.read_bytes()[:100])
-    return {"good": good, "truncated": truncated, "mismatched": mismatched, "resumable": resumable}
+    return {"good": good, "truncated": truncated, "mismatched": mismatched, "resumable": resumable, **damaged}
 
 
 LOOPLAB_CASES = [
@@ -47,6 +76,23 @@ LOOPLAB_CASES = [
     (["eval", "--checkpoint", "/nonexistent"], "--checkpoint='/nonexistent' is invalid"),
     (["eval", "--checkpoint", "{truncated}"], "model.safetensors is damaged: truncated"),
     (["eval", "--checkpoint", "{mismatched}"], "model.safetensors disagrees with"),
+    (["eval", "--checkpoint", "{scrambled}"], "model.safetensors is damaged: its bytes are not the ones saved"),
+    (["eval", "--checkpoint", "{nan}"], "model.safetensors holds non-finite weights (lm_head.weight)"),
+    (["eval", "--checkpoint", "{integer}"], "model.safetensors is damaged: norm_f.weight is I32"),
+    (["eval", "--checkpoint", "{layers}"], "ModelConfig.n_layers=1000000000 is invalid"),
+    (["eval", "--checkpoint", "{header}"], "header's entry"),
+    (["eval", "--checkpoint", "{good}", "--json", "{tmp}"], "allowed: a file path (this is a folder)"),
+    (["eval", "--checkpoint", "{good}", "--device", "tpu"], "--device='tpu' is invalid"),
+    (["train", "--preset", "phop-debug", "--out", "{good}/config.json"], "allowed: a folder (this is a file)"),
+    (["train", "--preset", "phop-debug", "--out", "{good}/config.json/run"], "parent folders can be created"),
+    (["train", "--preset", "phop-debug", "--out", "{tmp}/t", "model.attn_layer_idx=5"],
+     "override='model.attn_layer_idx=5' is invalid"),
+    (["train", "--preset", "debug", "--out", "{tmp}/t", "train.seq_len=100000000"],
+     "TrainConfig.seq_len=100000000 is invalid"),
+    (["lm-eval", "--checkpoint", "{good}", "--tasks", "piqa", "--limit", "inf"], "argument --limit"),
+    (["bench", "--preset", "phop-debug", "--oracle-mean", "2", "--tracking-uri", "foo://x"],
+     "--tracking-uri='foo://x' is invalid"),
+    (["generate", "--checkpoint", "{loops}", "--prompt", "hi"], "ModelConfig.n_loops=1000000000 is invalid"),
     (["eval", "--checkpoint", "{good}", "--policies", "skip"], "argument --policies: 'skip' is invalid"),
     (["eval", "--checkpoint", "{good}", "--policies", "forced:9"], "--policies='forced:9' is invalid"),
     (["eval", "--checkpoint", "{good}", "--batch-size", "0"], "argument --batch-size: '0' is invalid"),
@@ -130,6 +176,9 @@ SWEEP_CASES = [
     ("beta_ablation", ["--gpu-memory", "0.001"], "--gpu-memory=0.001 is invalid for pretrain"),
     ("beta_ablation", ["--mfu", "1.5"], "--mfu=1.5 is invalid"),
     ("beta_ablation", ["--gpu-tflops", "0"], "--gpu-tflops=0.0 is invalid"),
+    ("beta_ablation", ["--tracking-uri", "foo://x"], "--tracking-uri='foo://x' is invalid"),
+    ("beta_ablation", ["--tracking-uri", "sqlite:////etc/passwd/mlflow.db"],
+     "--tracking-uri='sqlite:////etc/passwd/mlflow.db' is invalid"),
     ("hole_sweep", ["--ranges", "3-2"], "--ranges='3-2' is invalid"),
     ("hole_sweep", ["--ranges", "1-5"], "--ranges='1.0-5.0' is invalid"),
     ("hole_sweep", ["--hps", "1.5"], "--hps=1.5 is invalid"),

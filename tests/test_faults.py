@@ -6,6 +6,10 @@ current; a failed run says why on the dashboard."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,7 +18,7 @@ import looplab.train as train_module
 from looplab import tracking
 from looplab.checkpoint import load_model
 from looplab.config import ConfigError, apply_overrides
-from looplab.errors import TrainingDiverged
+from looplab.errors import CheckpointNotWritten, TrainingDiverged
 from looplab.presets import get_preset
 from looplab.train import DIVERGED, METRICS_FILE, train
 
@@ -98,7 +102,7 @@ def test_a_full_disk_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
             raise OSError(28, "No space left on device")
         return original(directory, model, optimizer, state)
     monkeypatch.setattr(train_module, "save_training_state", save)
-    with pytest.raises(OSError) as error:
+    with pytest.raises(CheckpointNotWritten) as error:
         train(tiny(), tmp_path, quiet=True)
     assert "the checkpoint of step 4 stays current" in str(error.value) and "No space left" in str(error.value)
     assert json.loads((tmp_path / "checkpoint" / "trainer.json").read_text())["step"] == 4
@@ -114,3 +118,113 @@ def test_a_failed_run_says_why(tmp_path):
     got = mc.get_run(run)
     assert got.info.status == "FAILED"
     assert got.data.tags[tracking.ERROR_TAG] == "TrainingDiverged: training diverged at step 5: the loss is nan"
+
+
+def test_a_second_invocation_of_a_sweep_is_refused(tmp_path, capsys):
+    from sweeps import beta_ablation
+    from sweeps.flags import Common, Launch
+    from sweeps.launch import main
+    from sweeps.lock import sweep_lock
+    from sweeps.plan import sweep_key
+    from trainables.storage import Storage
+
+    sweep = beta_ablation.beta_ablation(Common("debug"), [0.1])
+    key = sweep_key(sweep, Launch(storage_path=str(tmp_path), seeds=(0,)))
+    with sweep_lock(Storage(str(tmp_path)), key, sweep.name):  # the first invocation, running
+        code = main("test", beta_ablation.add_flags, beta_ablation.from_args,
+                    ["--preset", "debug", "--betas", "0.1", "--storage-path", str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 2 and f"sweep beta_ablation [{key}] is already running" in err
+    assert f"pid {os.getpid()}" in err
+    assert not (tmp_path / "mlflow.db").exists()  # refused before MLflow: no run marked KILLED
+
+
+def test_a_dead_holder_leaves_no_lock(tmp_path):
+    from sweeps.lock import SweepBusy, sweep_lock
+    from trainables.storage import Storage
+
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nsys.path.insert(0, '.')\n"
+                               "from sweeps.lock import sweep_lock\nfrom trainables.storage import Storage\n"
+                               f"with sweep_lock(Storage({str(tmp_path)!r}), 'k', 's'):\n"
+                               "    print('held', flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True, cwd=str(Path(__file__).parents[1]))
+    assert holder.stdout.readline().strip() == "held"
+    with pytest.raises(SweepBusy, match=f"pid {holder.pid}"):
+        with sweep_lock(Storage(str(tmp_path)), "k", "s"):
+            pass
+    holder.kill()
+    holder.wait()
+    with sweep_lock(Storage(str(tmp_path)), "k", "s"):  # the kernel released the killed holder's flock
+        pass
+
+
+class _Bucket:
+    """An object store as the lock sees one: objects by path, no locks."""
+
+    remote = True
+
+    def __init__(self):
+        self.objects = {}
+
+    def path(self, *parts):
+        return "mem://b/" + "/".join(parts)
+
+    def read_text(self, location):
+        return self.objects.get(location)
+
+    def write_text(self, location, text):
+        self.objects[location] = text
+
+    def delete_file(self, location):
+        self.objects.pop(location, None)
+
+
+def test_a_lease_on_an_object_store_expires(monkeypatch):
+    import time
+
+    from sweeps import lock
+
+    bucket = _Bucket()
+    lease = bucket.path("locks", "sweep-k.json")
+    bucket.write_text(lease, json.dumps({"host": "other", "pid": 7, "since": "then", "renewed": time.time()}))
+    with pytest.raises(lock.SweepBusy, match="host other, pid 7"):
+        with lock.sweep_lock(bucket, "k", "s"):
+            pass
+    bucket.write_text(lease, json.dumps({"host": "other", "pid": 7, "since": "then",
+                                         "renewed": time.time() - lock.STALE_SECONDS - 1}))
+    with lock.sweep_lock(bucket, "k", "s"):  # a lease nobody renewed: its driver is gone
+        assert json.loads(bucket.read_text(lease))["pid"] == os.getpid()
+    assert lease not in bucket.objects
+
+
+def test_a_stopped_parent_is_not_the_finished_one(tmp_path):
+    from looplab.checkpoint import parent_ref
+    from looplab.presets import stage_config
+
+    cfg = tiny()
+    train(cfg, tmp_path, quiet=True, stop_at=4)
+    stopped = parent_ref(tmp_path / "checkpoint")
+    assert stopped.key == cfg.stage_key() + "@step4"
+    child_of_stopped = stage_config(get_preset("phop-debug"), "stage1", parent=stopped).stage_key()
+    train(cfg, tmp_path, quiet=True)
+    finished = parent_ref(tmp_path / "checkpoint")
+    assert finished.key == cfg.stage_key()  # a finished parent keeps the key the platform plans with
+    assert stage_config(get_preset("phop-debug"), "stage1", parent=finished).stage_key() != child_of_stopped
+
+
+def test_checkpoints_record_the_digest_of_their_weights(tmp_path):
+    from looplab.checkpoint import WEIGHTS_DIGEST, file_digest
+
+    train(tiny(), tmp_path, quiet=True)
+    config = json.loads((tmp_path / "checkpoint" / "config.json").read_text())
+    assert config[WEIGHTS_DIGEST] == file_digest(tmp_path / "checkpoint" / "model.safetensors")
+
+
+def test_the_command_line_says_a_divergence_in_one_line(tmp_path, monkeypatch, capsys):
+    from looplab.cli import main
+
+    nan_at(monkeypatch, 3, "loss")
+    code = main(["train", "--preset", "phop-debug", "--out", str(tmp_path), "train.steps=8", "train.batch_size=4",
+                 "train.ckpt_every=2", "train.eval_every=0", "task.eval_count=20"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 1 and err.startswith("looplab: training diverged at step 3") and "step 2 stays current" in err

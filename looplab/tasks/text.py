@@ -291,6 +291,10 @@ class InMemoryCorpus:
         lengths = np.cumsum([len(a) for a in framed])
         n_val = int(np.searchsorted(lengths, need)) + 1  # fewest leading documents holding `need` tokens
         total = int(lengths[-1]) if len(lengths) else 0
+        # A context longer than the corpus can hold is the context's fault, not val_blocks'.
+        check(2 * block_len <= total, "TrainConfig.seq_len", block_len - 1,
+              f"an integer <= {total // 2 - 1}: {where} holds {total} tokens, which must make a validation block and "
+              "training text of seq_len + 1 tokens each")
         check(n_val < len(ordered), "TextConfig.val_blocks", val_blocks,
               f"fewer blocks: {where} has {len(ordered)} documents, {total} tokens in all, and "
               f"{val_blocks} blocks of {block_len} tokens must leave training documents")
