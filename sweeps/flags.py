@@ -69,6 +69,7 @@ class Launch:
     scheduler: str = "none"
     seeds: tuple[int, ...] = (0,)
     dry_run: bool = False
+    doctor: bool = False  # with --dry-run: the quick health check on every GPU node (sweeps/nodes.py)
     # The resource plan (looplab/resources.py): device memory to fit (0: the configs'
     # own micro-batching), and the utilisation and peak its GPU-hours assume.
     gpu_memory: float = 0.0
@@ -82,6 +83,7 @@ class Launch:
                    num_workers=args.num_workers, cpus_per_worker=args.cpus_per_worker,
                    gpus_per_worker=args.gpus_per_worker, search=args.search, num_samples=args.num_samples,
                    scheduler=args.scheduler, seeds=tuple(parse_seeds(args.seeds)), dry_run=args.dry_run,
+                   doctor=args.doctor,
                    gpu_memory=args.gpu_memory, mfu=args.mfu, gpu_tflops=args.gpu_tflops)
 
 
@@ -111,6 +113,9 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--scheduler", choices=("none", "asha"), default="none")
     p.add_argument("--seeds", default="0", help="comma-separated training seeds, e.g. 0,1,2")
     p.add_argument("--dry-run", action="store_true", help="print trials, resources and compute; start no Ray")
+    p.add_argument("--doctor", action="store_true",
+                   help="with --dry-run: run `looplab doctor --quick` on every GPU node of the cluster at --address "
+                        "(or on this machine) and report each node; a failing node makes the exit status 1")
     p.add_argument("--gpu-memory", type=float, default=0.0, metavar="GB",
                    help="GiB per GPU: each stage trains with the largest micro-batch that fits (the memory model "
                         "of looplab/memory.py), with activation checkpointing only if nothing fits without; "

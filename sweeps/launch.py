@@ -65,6 +65,12 @@ def main(description: str, add_flags: Callable[[argparse.ArgumentParser], None] 
         return 2
     if launch.dry_run:
         print(describe(sweep, launch, points, res, plans))
+        if launch.doctor:  # the quick health check on every GPU node (sweeps/nodes.py)
+            from sweeps.nodes import check_nodes, report
+
+            text, ok = report(check_nodes(launch.address))
+            print("\n" + text)
+            return 0 if ok else 1
         return 0
     try:
         rows = run_sweep(sweep, launch, points, res)

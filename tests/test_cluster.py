@@ -94,6 +94,15 @@ def test_gpu_workers_try_prebuilt_kernels_before_compiling():
     assert not any("[gpu" in c for c in cfg["head_setup_commands"])  # the head trains nothing
 
 
+def test_every_gpu_worker_runs_the_doctor_last():
+    """A node whose health check fails fails its setup, which `ray up` reports."""
+    pytest.importorskip("ray")
+    cfg = prepared("cluster.yaml")
+    last = cfg["worker_setup_commands"][-1]
+    assert last.startswith("looplab doctor --quick") and "--json" in last
+    assert not any("doctor" in c for c in cfg["head_setup_commands"])
+
+
 @pytest.mark.parametrize("name", CLUSTER_FILES)
 def test_cluster_file_safe_defaults(name):
     pytest.importorskip("ray")

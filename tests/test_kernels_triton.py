@@ -29,7 +29,7 @@ import pytest
 import torch
 
 import looplab.models.mamba2 as mamba2
-from causal_conv1d_standin import CausalConv1dStandIn
+from causal_conv1d_standin import CausalConv1dStandIn, causal_conv1d_update_standin
 from looplab.models.mamba2 import Mamba2
 from looplab.presets import PRESETS
 
@@ -222,3 +222,25 @@ def test_cuda_path_saves_what_the_memory_model_counts(triton_chunk_scan, monkeyp
     u = torch.randn(bsz, seqlen, s["d_model"], requires_grad=True)
     counted = saved_bytes(block.parameters(), lambda: block(u)) / (bsz * seqlen)
     assert mamba2_block(cfg, seqlen, "cuda", 4) == pytest.approx(counted, rel=0.02)
+
+
+def test_the_doctors_scan_check_passes_on_the_triton_kernels(triton_chunk_scan, monkeypatch):
+    """`looplab doctor`'s correctness check of the scan (looplab/doctor.py), run on
+    mamba-ssm's own kernels: forward and every gradient, without and with seq_idx."""
+    import looplab.doctor as doctor
+
+    monkeypatch.setattr(mamba2, "use_cuda_kernels", lambda t: os.environ.get(mamba2.FORCE_TORCH_ENV) != "1")
+    monkeypatch.setattr(mamba2, "_cuda_kernels", lambda: (CausalConv1dStandIn(), triton_chunk_scan))
+    checks = doctor.scan_check(torch.device("cpu"), torch.float32)
+    assert [c.status for c in checks] == [doctor.PASS, doctor.PASS], [c.line() for c in checks]
+
+
+def test_the_doctors_step_check_passes_on_the_triton_kernel(triton_state_update, monkeypatch):
+    """`looplab doctor`'s decode-step check on mamba-ssm's selective_state_update (and the
+    causal_conv1d_update stand-in): outputs and both states over five tokens."""
+    import looplab.doctor as doctor
+
+    monkeypatch.setattr(mamba2, "use_cuda_step_kernels", lambda t: os.environ.get(mamba2.FORCE_TORCH_ENV) != "1")
+    monkeypatch.setattr(mamba2, "_cuda_step_kernels", lambda: (causal_conv1d_update_standin, triton_state_update))
+    (check,) = doctor.step_check(torch.device("cpu"), torch.float32, kernel="cuda")
+    assert check.status == doctor.PASS, check.line()

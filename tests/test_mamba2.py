@@ -97,6 +97,7 @@ def test_cpu_tensors_never_use_cuda_kernels(monkeypatch):
     assert not use_cuda_kernels(torch.zeros(1))
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available() or not use_cuda_kernels(torch.zeros(1, device="cuda")
                                                                           if torch.cuda.is_available() else
                                                                           torch.zeros(1)),

@@ -37,14 +37,34 @@ def upcast(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
+IMPORT_ERRORS: dict[str, str] = {}  # kernel module -> why it did not import (looplab doctor names it)
+
+
 def _guarded_import(*names: tuple[str, str]):
     """The named objects, or None. Imported lazily and guarded broadly: on a CPU build
     or a version mismatch these packages fail with ImportError, OSError or "undefined
-    symbol", none of which may break the torch path."""
-    try:
-        return tuple(getattr(importlib.import_module(module), name) for module, name in names)
-    except Exception:  # noqa: BLE001 - any failure means "no kernels"
-        return None
+    symbol", none of which may break the torch path; the failure is kept in
+    IMPORT_ERRORS, so a health check can say why the kernels are off."""
+    found = []
+    for module, name in names:
+        try:
+            found.append(getattr(importlib.import_module(module), name))
+        except Exception as e:  # noqa: BLE001 - any failure means "no kernels"
+            IMPORT_ERRORS[module] = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
+            return None
+    return tuple(found)
+
+
+def kernel_path(t: torch.Tensor) -> tuple[str, str]:
+    """Which prefill scan a Mamba-2 block on t's device runs, and why: ("cuda", ...) for
+    mamba-ssm's and causal-conv1d's kernels, else ("torch", the reason)."""
+    if torch_forced():
+        return "torch", f"{FORCE_TORCH_ENV}=1"
+    if not t.is_cuda:
+        return "torch", f"{t.device.type} tensors (the kernels are CUDA's)"
+    if _cuda_kernels() is None:
+        return "torch", "; ".join(f"{m}: {e}" for m, e in IMPORT_ERRORS.items()) or "the kernels did not import"
+    return "cuda", "mamba_chunk_scan_combined + causal_conv1d_fn"
 
 
 @functools.cache
@@ -62,8 +82,13 @@ def _cuda_step_kernels():
                            ("mamba_ssm.ops.triton.selective_state_update", "selective_state_update"))
 
 
+def torch_forced() -> bool:
+    """LOOPLAB_FORCE_TORCH=1: every Mamba-2 block runs its torch path, the CPU step too."""
+    return os.environ.get(FORCE_TORCH_ENV, "0") == "1"
+
+
 def _kernels_apply(t: torch.Tensor, kernels) -> bool:
-    return t.is_cuda and os.environ.get(FORCE_TORCH_ENV, "0") != "1" and kernels() is not None
+    return t.is_cuda and not torch_forced() and kernels() is not None
 
 
 def use_cuda_kernels(t: torch.Tensor) -> bool:
@@ -79,7 +104,7 @@ def step_implementation(t: torch.Tensor) -> str:
     benchmark records: "cuda" (mamba-ssm's kernels), "cpu-kernel" or "torch"."""
     if use_cuda_step_kernels(t):
         return "cuda"
-    if cpu_step.serves(t):
+    if cpu_step.serves(t) and not torch_forced():
         return "cpu-kernel"
     return "torch"
 
@@ -428,7 +453,7 @@ class Mamba2(nn.Module):
         state, rows = cache.state, cache.layout.rows
         z, xBC, dt = torch.split(self.in_proj(u[:, 0]), [self.d_inner, self.conv_dim, self.nheads], dim=-1)
         A = -torch.exp(upcast(self.A_log))
-        if cpu_step.applies(xBC, state.conv, state.ssm):  # conv, SSM and gated norm in one call
+        if cpu_step.applies(xBC, state.conv, state.ssm) and not torch_forced():  # conv, SSM, gated norm in one call
             y = cpu_step.kernel().mamba2_step(xBC, dt, z, state.conv, state.ssm, rows, self.conv1d.weight,
                                               self.conv1d.bias, self.dt_bias, A.to(xBC.dtype), self.D,
                                               self.norm.weight, self.norm.eps, self.ngroups)

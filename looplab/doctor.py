@@ -1,0 +1,590 @@
+"""`looplab doctor`: does this node work? One command that checks a machine before a
+sweep schedules on it, and says in one line per check what passed, what failed and why.
+
+    looplab doctor                  every check (under a minute on a 2-core CPU)
+    looplab doctor --quick          environment, peaks and kernel correctness (seconds):
+                                    what cluster.yaml runs on every worker at `ray up`
+    looplab doctor --json FILE      every check as JSON as well (name, status, figure,
+                                    value, unit, reason)
+
+Checks, each pass | fail | skip (a skipped check says why; exit status 0 only when none
+fails):
+  environment   Python, torch (its CUDA build), the CUDA devices and their memory, the
+                versions of mamba-ssm, causal-conv1d, triton, ray and mlflow, and which
+                Mamba-2 scan and decode step will run on this node, with the reason
+                (an import failure is named, not swallowed)
+  peaks         GEMM FLOP/s (bf16 and fp32 on a GPU; fp32 on a CPU) and memory
+                bandwidth (a device-to-device copy), measured here: MFU divides by them
+  correctness   on this node's device, the kernel path against the torch path with a
+                tolerance per dtype: the Mamba-2 scan (forward and every gradient, with
+                and without seq_idx), the decode step (conv + SSM, states included), the
+                compiled CPU step when it is asked for; and for every exit policy, a
+                prompt prefilled then decoded token by token against the full forward
+  training      K steps of a preset (paper-140m on a GPU, local on a CPU) in its
+                production dtype with the resource plan's micro-batching: tokens/s, MFU
+                against the measured peak, and peak memory against looplab/memory.py's
+                prediction for the same plan (the ratio must lie in MEMORY_RATIO)
+  ray           the CPUs and GPUs Ray sees, and one Ray Train worker's step on them
+
+Every figure is measured in this run: nothing is read from a table.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass
+from importlib import metadata
+from typing import Callable
+
+PASS, FAIL, SKIP = "pass", "fail", "skip"
+PACKAGES = ("torch", "mamba-ssm", "causal-conv1d", "triton", "ray", "mlflow")
+TOLERANCE = {"float32": 2e-4, "bfloat16": 3e-2, "float64": 1e-9}  # max |Δ| / max |reference|, per dtype
+MEMORY_RATIO = (0.5, 1.5)  # measured peak ÷ predicted: outside, memory.py's model is wrong for this node
+
+
+@dataclass
+class Check:
+    name: str
+    status: str
+    figure: str = ""
+    value: float | None = None
+    unit: str = ""
+    reason: str = ""
+
+    def line(self) -> str:
+        text = f"{self.status.upper():4s}  {self.name:34s} {self.figure}"
+        return text + (f"  ({self.reason})" if self.reason else "")
+
+
+def passed(name: str, figure: str = "", value: float | None = None, unit: str = "") -> Check:
+    return Check(name, PASS, figure, value, unit)
+
+
+def skipped(name: str, reason: str) -> Check:
+    return Check(name, SKIP, reason=reason)
+
+
+def failed(name: str, reason: str, figure: str = "", value: float | None = None, unit: str = "") -> Check:
+    return Check(name, FAIL, figure, value, unit, reason)
+
+
+def guarded(name: str, fn: Callable[[], list[Check]]) -> list[Check]:
+    """A check that raises fails with its exception in one line, and the others run on."""
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001 - a broken node is what the doctor reports
+        return [failed(name, f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}")]
+
+
+# ---- environment ---------------------------------------------------------------------------
+
+def environment(device) -> list[Check]:
+    import torch
+
+    from looplab.models import cpu_step, mamba2
+
+    out = [passed("python", platform.python_version()),
+           passed("torch", f"{torch.__version__} (CUDA build {torch.version.cuda or 'none'})")]
+    for name in PACKAGES[1:]:
+        try:
+            out.append(passed(f"version {name}", metadata.version(name)))
+        except metadata.PackageNotFoundError:
+            out.append(skipped(f"version {name}", "not installed"))
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            p = torch.cuda.get_device_properties(i)
+            out.append(passed(f"cuda:{i}", f"{p.name}, {p.total_memory / 2**30:.1f} GiB", p.total_memory / 2**30,
+                              "GiB"))
+    else:
+        out.append(skipped("cuda devices", "torch sees no CUDA device"))
+    probe = torch.zeros(1, device=device)
+    path, why = mamba2.kernel_path(probe)
+    out.append(passed("mamba-2 scan path", f"{path}: {why}"))
+    step = mamba2.step_implementation(probe)
+    reason = ("mamba-ssm's selective_state_update + causal_conv1d_update" if step == "cuda" else
+              "compiled (LOOPLAB_CPU_STEP_KERNEL=1)" if step == "cpu-kernel" else
+              "torch ops" + ("" if cpu_step.requested() or device.type == "cuda" else
+                             " (LOOPLAB_CPU_STEP_KERNEL=1 compiles a CPU step)"))
+    out.append(passed("mamba-2 decode step", f"{step}: {reason}"))
+    return out
+
+
+# ---- peaks -----------------------------------------------------------------------------------
+
+def _seconds(fn, device, repeats: int = 3) -> float:
+    import torch
+
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - t)
+    return sorted(times)[len(times) // 2]
+
+
+def gemm_flops(device, dtype, n: int) -> float:
+    """FLOP/s of an n×n×n matmul on the device (the median of three after a warm-up)."""
+    import torch
+
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    return 2 * n ** 3 / _seconds(lambda: a @ b, device)
+
+
+def bandwidth(device, nbytes: int) -> float:
+    """Bytes/s of a device-to-device copy (read + write counted)."""
+    import torch
+
+    src = torch.empty(nbytes // 4, device=device, dtype=torch.float32).fill_(1.0)
+    dst = torch.empty_like(src)
+    return 2 * nbytes / _seconds(lambda: dst.copy_(src), device)
+
+
+def peaks(device, quick: bool) -> tuple[list[Check], float]:
+    """The GEMM peaks and the bandwidth; returns the peak MFU divides by (bf16 on a GPU)."""
+    import torch
+
+    gpu = device.type == "cuda"
+    n = (4096 if quick else 8192) if gpu else (1024 if quick else 2048)
+    out, peak = [], 0.0
+    for dtype in ((torch.bfloat16, torch.float32) if gpu else (torch.float32,)):
+        f = gemm_flops(device, dtype, n)
+        name = str(dtype).removeprefix("torch.")
+        out.append(passed(f"gemm {name} {n}³", f"{f / 1e12:.2f} TFLOP/s", f / 1e12, "TFLOP/s"))
+        peak = peak or f
+    b = bandwidth(device, (1 << 30 if gpu else 1 << 28) // (4 if quick else 1))
+    out.append(passed("memory bandwidth (copy)", f"{b / 1e9:.1f} GB/s", b / 1e9, "GB/s"))
+    return out, peak
+
+
+# ---- correctness -------------------------------------------------------------------------------
+
+def max_error(a, b) -> float:
+    """max |a − b| / max |b| (b the reference), in float64."""
+    a, b = a.double(), b.double()
+    return float((a - b).abs().max() / b.abs().max().clamp(min=1e-30))
+
+
+def _within(name: str, errors: dict[str, float], dtype) -> Check:
+    tol = TOLERANCE[str(dtype).removeprefix("torch.")]
+    worst = max(errors, key=errors.get)
+    figure = f"max error {errors[worst]:.1e} ({worst}) against {tol:.0e}"
+    return (passed(name, figure, errors[worst]) if errors[worst] <= tol
+            else failed(name, f"{worst} is off by {errors[worst]:.1e} > {tol:.0e}", figure, errors[worst]))
+
+
+def _mixer(device, dtype, seed: int = 0):
+    """A small Mamba-2 block whose in_proj width suits causal-conv1d's stride rule."""
+    import torch
+
+    from looplab.models.mamba2 import Mamba2
+
+    torch.manual_seed(seed)
+    return Mamba2(d_model=64, d_state=16, headdim=16, chunk_size=16).to(device=device, dtype=dtype)
+
+
+def forced_torch():
+    """A context in which every Mamba-2 block runs its torch path (the reference)."""
+    import contextlib
+
+    from looplab.models.mamba2 import FORCE_TORCH_ENV
+
+    @contextlib.contextmanager
+    def ctx():
+        before = os.environ.get(FORCE_TORCH_ENV)
+        os.environ[FORCE_TORCH_ENV] = "1"
+        try:
+            yield
+        finally:
+            if before is None:
+                os.environ.pop(FORCE_TORCH_ENV, None)
+            else:
+                os.environ[FORCE_TORCH_ENV] = before
+    return ctx()
+
+
+def scan_check(device, dtype) -> list[Check]:
+    """The kernel scan against the torch scan: forward and the gradients of the input and
+    every parameter, without and with seq_idx (two sequences packed in a row)."""
+    import torch
+
+    from looplab.models.mamba2 import kernel_path, use_cuda_kernels
+
+    name = f"scan kernel vs torch ({str(dtype).removeprefix('torch.')})"
+    probe = torch.zeros(1, device=device, dtype=dtype)
+    if not use_cuda_kernels(probe):
+        return [skipped(name, f"the scan runs the torch path here: {kernel_path(probe)[1]}")]
+    block = _mixer(device, dtype)
+    u = torch.randn(2, 64, 64, device=device, dtype=dtype, generator=None)
+    seq_idx = (torch.arange(64, device=device) >= 40).to(torch.int32).expand(2, 64).contiguous()
+    out = []
+    for label, idx in (("", None), (" with seq_idx", seq_idx)):
+        results = []
+        for reference in (False, True):
+            x = u.clone().requires_grad_(True)
+            block.zero_grad(set_to_none=True)
+            if reference:
+                with forced_torch():
+                    y = block(x, seq_idx=idx)
+            else:
+                y = block(x, seq_idx=idx)
+            y.float().pow(2).mean().backward()
+            results.append({"output": y.detach(), "d input": x.grad,
+                            **{f"d {n}": p.grad for n, p in block.named_parameters()}})
+        kernel, torch_path = results
+        errors = {k: max_error(kernel[k], torch_path[k]) for k in torch_path if torch_path[k] is not None}
+        out.append(_within(name + label, errors, dtype))
+    return out
+
+
+def step_check(device, dtype, *, kernel: str) -> list[Check]:
+    """A decode step in a kernel ("cuda": mamba-ssm's, or "cpu": the compiled CPU step)
+    against the torch step, from the same prefilled states, over several tokens: the
+    outputs and the conv and SSM states after them."""
+    import torch
+
+    from looplab.models import cpu_step
+    from looplab.models.mamba2 import use_cuda_step_kernels
+
+    name = f"decode step {kernel} vs torch ({str(dtype).removeprefix('torch.')})"
+    probe = torch.zeros(1, device=device, dtype=dtype)
+    if kernel == "cuda" and not use_cuda_step_kernels(probe):
+        return [skipped(name, "no CUDA step kernels here (mamba-ssm's selective_state_update, causal_conv1d_update)")]
+    if kernel == "cpu" and not (device.type == "cpu" and cpu_step.requested()):
+        return [skipped(name, "not asked for (LOOPLAB_CPU_STEP_KERNEL=1 compiles it)")]
+    from looplab.models.cache import BlockCache, Layout
+
+    block = _mixer(device, dtype).eval()
+    prompt = torch.randn(3, 20, 64, device=device, dtype=dtype)
+    tokens = torch.randn(3, 5, 1, 64, device=device, dtype=dtype)
+    results = []
+    for reference in (False, True):
+        state = block.new_state(3, 3, device, dtype)
+        lengths = torch.full((3,), 20, device=device)
+        with torch.no_grad(), (forced_torch() if reference else _nothing()):
+            block(prompt, cache=BlockCache(state, Layout.padded(lengths)))
+            outs = [block(tokens[:, k], cache=BlockCache(state, Layout.one_token(None))) for k in range(5)]
+        results.append({"outputs": torch.cat(outs, 1), "conv state": state.conv, "ssm state": state.ssm})
+    errors = {k: max_error(results[0][k], results[1][k]) for k in results[1]}
+    return [_within(name, errors, dtype)]
+
+
+def _nothing():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+def generation_check(device) -> list[Check]:
+    """For every exit policy kind, a prompt prefilled and three tokens decoded one by one
+    give the logits of the full forward over the same tokens in the same policy."""
+    import torch
+
+    from looplab.checkpoint import load_model
+    from looplab.generate import decode_step, prefill
+    from looplab.policy import ExitPolicy
+
+    dtype = torch.float32
+    model = load_model("debug", seed=0).to(device).eval()
+    with torch.no_grad():  # a gate that exits: the untrained bias of −2 would rarely leave
+        model.exit_gate.bias.fill_(0.0)
+    torch.manual_seed(0)
+    ids = torch.randint(0, model.cfg.vocab_size, (2, 24), device=device)
+    prompt, new = 20, 4
+    out = []
+    for spec in ("full", "forced:2", "dense:0.5", "skip:0.5", "skip-entropy:2.0"):
+        policy = ExitPolicy.parse(spec)
+        with torch.no_grad():
+            full = model(ids, policy).logits[:, prompt - 1:]
+            state = prefill(model, ids[:, :prompt], policy, capacity=ids.shape[1])
+            logits = [state.logits]
+            for k in range(new - 1):
+                logits.append(decode_step(model, state.cache, ids[:, prompt + k], policy).logits)
+        decoded = torch.stack(logits, 1)
+        out.append(_within(f"generation {spec} vs full forward", {"logits": max_error(decoded, full[:, :new])},
+                           dtype))
+    return out
+
+
+# ---- training --------------------------------------------------------------------------------
+
+def training_probe(device, preset: str, steps: int, peak_flops: float) -> list[Check]:
+    """`steps` optimizer steps of the preset's pre-training in its production dtype, with the
+    resource plan's micro-batching for this device's memory: tokens/s, MFU, and the peak
+    memory of a step against the memory model's prediction of the same plan."""
+    import torch
+
+    from looplab.config import apply_overrides
+    from looplab.presets import get_preset
+    from looplab.resources import flops_per_token, plan_stage
+
+    cfg = get_preset(preset)
+    gpu = device.type == "cuda"
+    budget = torch.cuda.get_device_properties(device).total_memory / 2**30 if gpu else None
+    plan = plan_stage(cfg, path="cuda" if gpu else "torch", device_memory_gib=budget)
+    cfg = apply_overrides(cfg, {"train.micro_batch_size": plan.micro_batch,
+                                "train.activation_checkpointing": plan.checkpointing,
+                                "train.device": device.type})
+    predicted = predicted_peak(plan)
+    measured, seconds = measure_steps(cfg, steps, device)
+    tokens = cfg.train.batch_size * cfg.train.seq_len
+    rate = tokens / seconds
+    mfu = flops_per_token(cfg, plan.checkpointing) * rate / peak_flops if peak_flops else float("nan")
+    precision = "bf16" if gpu and cfg.train.precision == "auto" else cfg.train.precision
+    head = f"{preset} pre-training, {precision}, micro-batch {plan.micro_batch}"
+    out = [passed(f"training {preset} tokens/s", f"{rate:,.0f} tokens/s ({head})", rate, "tokens/s"),
+           passed(f"training {preset} MFU", f"{mfu:.1%} of the measured GEMM peak", mfu, "fraction")]
+    out.append(memory_check(f"training {preset} memory vs plan", measured, predicted))
+    return out
+
+
+def predicted_peak(plan) -> int:
+    """The memory model's peak of one step above the weights and AdamW's moments (what a
+    measurement from just before the step sees)."""
+    return plan.memory.peak - plan.memory.persistent
+
+
+def memory_check(name: str, measured: int, predicted: int) -> Check:
+    ratio = measured / predicted if predicted else float("inf")
+    lo, hi = MEMORY_RATIO
+    figure = f"measured {measured / 2**20:,.0f} MiB, predicted {predicted / 2**20:,.0f} MiB (ratio {ratio:.2f})"
+    if lo <= ratio <= hi:
+        return passed(name, figure, ratio, "ratio")
+    return failed(name, f"the ratio {ratio:.2f} is outside [{lo}, {hi}]: looplab/memory.py's model does not hold here",
+                  figure, ratio, "ratio")
+
+
+def _training_steps(cfg, steps: int, device_type: str) -> float:
+    """Seconds per step (the median after a warm-up) of the config's stage, in this process."""
+    import torch
+
+    from looplab.checkpoint import model_from_config
+    from looplab.distributed import Shard
+    from looplab.stages import get_stage
+    from looplab.train import _accumulate_gradients, make_optimizer
+
+    device = torch.device(device_type)
+    model = model_from_config(cfg.model, 0).to(device)
+    model.checkpoint_steps = cfg.train.activation_checkpointing
+    stage = get_stage(cfg.stage)
+    optimizer = make_optimizer(model, cfg.train)
+    task_batch = _random_batch(cfg, device)
+    shard = Shard.current()
+    times = []
+    for step in range(steps + 1):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        _accumulate_gradients(model, stage, task_batch, cfg, step, shard, device)
+        optimizer.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - t)
+    return sorted(times[1:])[len(times[1:]) // 2]
+
+
+def _random_batch(cfg, device):
+    import torch
+
+    from looplab.tasks.base import Batch
+
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, cfg.model.vocab_size, (cfg.train.batch_size, cfg.train.seq_len + 1), generator=g)
+    return Batch(ids[:, :-1].contiguous(), ids[:, 1:].contiguous())
+
+
+def measure_steps(cfg, steps: int, device) -> tuple[int, float]:
+    """(peak bytes of one step above the level before it, seconds per step)."""
+    import torch
+
+    from looplab.measured_memory import in_rss_process
+
+    if device.type == "cuda":
+        seconds = _training_steps(cfg, steps, "cuda")
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+        return _cuda_step_peak(cfg, device), seconds
+    # On a CPU the resident set follows live tensors only in a child process (measured_memory.py).
+    return in_rss_process(_cpu_step_peak, cfg), _training_steps(cfg, steps, "cpu")
+
+
+def _cpu_step_peak(cfg) -> int:
+    import torch
+
+    from looplab.measured_memory import peak_memory
+
+    step = _one_step(cfg, torch.device("cpu"))
+    step()  # warm-up: AdamW's moments exist before the measured step
+    return peak_memory(step, torch.device("cpu")).delta
+
+
+def _cuda_step_peak(cfg, device) -> int:
+    from looplab.measured_memory import peak_memory
+
+    step = _one_step(cfg, device)
+    step()
+    return peak_memory(step, device).delta
+
+
+def _one_step(cfg, device):
+    from looplab.checkpoint import model_from_config
+    from looplab.distributed import Shard
+    from looplab.stages import get_stage
+    from looplab.train import _accumulate_gradients, make_optimizer
+
+    model = model_from_config(cfg.model, 0).to(device)
+    model.checkpoint_steps = cfg.train.activation_checkpointing
+    stage = get_stage(cfg.stage)
+    optimizer = make_optimizer(model, cfg.train)
+    batch = _random_batch(cfg, device)
+    shard = Shard.current()
+
+    def step() -> float:
+        optimizer.zero_grad(set_to_none=True)
+        loss, _ = _accumulate_gradients(model, stage, batch, cfg, 0, shard, device)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss
+    return step
+
+
+# ---- Ray ---------------------------------------------------------------------------------------
+
+def ray_check(device) -> list[Check]:
+    """The resources a local Ray sees, and one Ray Train worker's training step on them."""
+    import ray
+    from ray.train import ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    import contextlib
+    import io
+
+    started = not ray.is_initialized()
+    if started:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):  # Ray's banners
+            ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False,
+                     runtime_env={"env_vars": {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "60"}})
+    try:
+        resources = ray.cluster_resources()
+        gpus = int(resources.get("GPU", 0))
+        out = [passed("ray resources", f"{resources.get('CPU', 0):g} CPUs, {gpus} GPUs")]
+        if device.type == "cuda" and gpus == 0:
+            out.append(failed("ray sees the GPUs", "torch sees CUDA devices but Ray reports no GPU"))
+        use_gpu = gpus > 0
+        t = time.perf_counter()
+        # The worker raises when its step is not finite: the result's error is the verdict
+        # (Ray Train V2 keeps no metrics reported without a checkpoint).
+        result = TorchTrainer(_ray_worker_step, scaling_config=ScalingConfig(
+            num_workers=1, use_gpu=use_gpu, resources_per_worker={"CPU": 1, **({"GPU": 1} if use_gpu else {})}),
+            ).fit()
+        where = "a GPU" if use_gpu else "a CPU"
+        if result.error:
+            reason = (str(result.error).strip().splitlines() or ["the step failed"])[-1][:300]
+            out.append(failed("ray train worker step", reason))
+        else:
+            out.append(passed("ray train worker step", f"one training step on {where}, "
+                                                       f"{time.perf_counter() - t:.1f} s with the worker group's start"))
+        return out
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _ray_worker_step(config=None) -> None:
+    """One optimizer step of a small model on the worker's device; raises if the loss is not finite."""
+    import torch
+
+    from looplab.config import apply_overrides
+    from looplab.presets import get_preset
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    cfg = apply_overrides(get_preset("debug"), {"train.batch_size": 2, "train.seq_len": 32})
+    loss = _one_step(cfg, device)()
+    if not math.isfinite(loss):
+        raise FloatingPointError(f"the worker's training step gave a loss of {loss} on {device}")
+
+
+# ---- the report ----------------------------------------------------------------------------------
+
+def run(*, quick: bool = False, preset: str | None = None, steps: int = 3, device: str = "auto",
+        ray: bool = True, progress: Callable[[Check], None] | None = None) -> list[Check]:
+    import torch
+
+    from looplab.train import resolve_device
+
+    dev = resolve_device(device)
+    checks: list[Check] = []
+
+    def add(found: list[Check]) -> None:
+        for check in found:
+            checks.append(check)
+            if progress is not None:
+                progress(check)
+
+    add(guarded("environment", lambda: environment(dev)))
+    peak_holder: list[float] = []
+
+    def measured_peaks():
+        found, peak = peaks(dev, quick)
+        peak_holder.append(peak)
+        return found
+
+    add(guarded("peaks", measured_peaks))
+    dtypes = (torch.bfloat16, torch.float32) if dev.type == "cuda" else (torch.float32,)
+    for dtype in dtypes:
+        add(guarded("scan kernel vs torch", lambda: scan_check(dev, dtype)))
+        add(guarded("decode step cuda vs torch", lambda: step_check(dev, dtype, kernel="cuda")))
+    add(guarded("decode step cpu vs torch", lambda: step_check(dev, torch.float32, kernel="cpu")))
+    add(guarded("generation vs full forward", lambda: generation_check(dev)))
+    if quick:
+        add([skipped("training probe", "--quick"), skipped("ray", "--quick")])
+        return checks
+    name = preset or ("paper-140m" if dev.type == "cuda" else "local")
+    add(guarded(f"training {name}", lambda: training_probe(dev, name, steps, peak_holder[0] if peak_holder else 0.0)))
+    add(guarded("ray", lambda: ray_check(dev)) if ray else [skipped("ray", "--no-ray")])
+    return checks
+
+
+def report_json(checks: list[Check], path: str | os.PathLike) -> None:
+    from looplab.destinations import write_text
+
+    write_text(path, json.dumps({"host": platform.node(), "checks": [asdict(c) for c in checks],
+                                 "failed": sum(c.status == FAIL for c in checks)}, indent=2) + "\n")
+
+
+def report_markdown(checks: list[Check]) -> str:
+    rows = ["| check | status | figure | reason |", "|---|---|---|---|"]
+    rows += [f"| {c.name} | {c.status} | {c.figure} | {c.reason} |" for c in checks]
+    return "\n".join(rows)
+
+
+def main(args) -> int:
+    """The `looplab doctor` command: one line per check as it finishes, then the verdict."""
+    started = time.perf_counter()
+    checks = run(quick=args.quick, preset=args.preset, steps=args.steps, device=args.device, ray=not args.no_ray,
+                 progress=lambda c: print(c.line(), flush=True))
+    if args.json:
+        report_json(checks, args.json)
+    if getattr(args, "markdown", None):
+        from looplab.destinations import write_text
+
+        write_text(args.markdown, report_markdown(checks) + "\n")
+    bad = [c for c in checks if c.status == FAIL]
+    print(f"doctor: {len(checks) - len(bad)} of {len(checks)} checks passed or skipped, {len(bad)} failed "
+          f"({time.perf_counter() - started:.0f} s)" + (f"; first failure: {bad[0].name}: {bad[0].reason}" if bad else ""),
+          file=sys.stderr)
+    return 1 if bad else 0
+
+
+__all__ = ["Check", "FAIL", "PASS", "SKIP", "main", "report_json", "report_markdown", "run"]

@@ -1,0 +1,90 @@
+"""The GPU machine's check, in one process (scripts/device_check.sh runs it): `looplab
+doctor` in full, then the CUDA tests (pytest -m cuda), then a report in OUT:
+doctor.json, doctor.md, cuda-tests.xml (JUnit) and report.md.
+
+    python scripts/device_check.py OUT [--mamba-ssm-src DIR] [--preset paper-140m]
+
+--mamba-ssm-src: a mamba-ssm source tree whose CUDA extension was not built
+(MAMBA_SKIP_CUDA_BUILD): its package __init__ imports that extension and fails, so the
+package is registered bare, with its folder as its path, and looplab imports the Triton
+kernels it needs (mamba_ssm.ops.triton.*) from it. Only when `import mamba_ssm` fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import time
+import types
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def register_triton_only(src: Path) -> str:
+    import importlib
+
+    try:
+        importlib.import_module("mamba_ssm")  # a full install needs nothing
+        return "mamba_ssm imports as installed"
+    except Exception as e:  # noqa: BLE001 - the CUDA extension is missing: fall back to the source
+        reason = f"{type(e).__name__}: {e}"
+    package = src / "mamba_ssm"
+    if not (package / "ops" / "triton" / "ssd_combined.py").is_file():
+        return f"mamba_ssm does not import ({reason}) and {src} holds no mamba_ssm source"
+    for name in [n for n in sys.modules if n == "mamba_ssm" or n.startswith("mamba_ssm.")]:
+        del sys.modules[name]
+    module = types.ModuleType("mamba_ssm")
+    module.__path__ = [str(package)]
+    sys.modules["mamba_ssm"] = module
+    return f"mamba_ssm's Triton kernels from {package} (its package import failed: {reason[:120]})"
+
+
+def junit_counts(path: Path) -> dict[str, int]:
+    if not path.is_file():
+        return {}
+    root = ET.parse(path).getroot()
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    keys = ("tests", "failures", "errors", "skipped")
+    return {k: int(suite.get(k, 0)) for k in keys} if suite is not None else {}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("out")
+    p.add_argument("--mamba-ssm-src", default="")
+    p.add_argument("--preset", default=None, help="the training probe's preset (default: the doctor's)")
+    args = p.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    sys.path.insert(0, str(REPO))
+    source = register_triton_only(Path(args.mamba_ssm_src)) if args.mamba_ssm_src else "as installed"
+    print(f"[device_check] mamba-ssm: {source}", flush=True)
+
+    from looplab import doctor
+
+    checks = doctor.run(preset=args.preset, progress=lambda c: print(c.line(), flush=True))
+    doctor.report_json(checks, out / "doctor.json")
+    (out / "doctor.md").write_text(doctor.report_markdown(checks) + "\n")
+
+    import pytest
+
+    code = pytest.main(["-q", "-rs", "-m", "cuda", "-p", "no:cacheprovider", f"--junitxml={out / 'cuda-tests.xml'}",
+                        str(REPO / "tests")])
+    tests = junit_counts(out / "cuda-tests.xml")
+    failed = [c for c in checks if c.status == doctor.FAIL]
+    lines = [f"# Device check: {platform.node()}", "",
+             f"- mamba-ssm: {source}",
+             f"- doctor: {len(checks) - len(failed)} of {len(checks)} checks passed or skipped, {len(failed)} failed",
+             f"- CUDA tests (pytest -m cuda): {tests or 'no report'} (exit {int(code)})",
+             f"- {time.perf_counter() - started:.0f} s in all", "", doctor.report_markdown(checks)]
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    print(f"[device_check] report: {out / 'report.md'}", flush=True)
+    return 0 if not failed and int(code) in (0, 5) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

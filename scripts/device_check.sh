@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Everything looplab checks on a GPU machine, in one command (docs/gpu.md):
+#     bash scripts/device_check.sh OUT_DIR [WHEELS_DIR]
+# For an offline GPU machine with its own CUDA build of torch: the checkout is used from
+# PYTHONPATH (never pip-installed: its torch pin would ask an index), and what it lacks
+# comes from WHEELS_DIR (default: ./wheels beside this checkout), installed offline:
+#   einops           a wheel (pure Python)
+#   causal-conv1d    its sdist, built here against this torch and nvcc (a few minutes)
+#   mamba-ssm        its sdist, unpacked, not built: looplab needs only its Triton
+#                    kernels (MAMBA_SKIP_CUDA_BUILD), imported from the source
+# Then scripts/device_check.py runs `looplab doctor` in full and the CUDA tests
+# (pytest -m cuda) and writes doctor.json, doctor.md, cuda-tests.xml and report.md to
+# OUT_DIR. Exit status 0 only when every check and test passes. On a machine without a
+# GPU it builds nothing and the GPU checks skip, saying so.
+set -uo pipefail
+REPO="$(cd "$(dirname "$0")/.." && pwd)"
+OUT="${1:?usage: bash scripts/device_check.sh OUT_DIR [WHEELS_DIR]}"
+WHEELS="${2:-$REPO/wheels}"
+PY="${PYTHON:-python}"
+mkdir -p "$OUT"
+LOG="$OUT/device_check.log"
+say() { echo "[device_check] $*" | tee -a "$LOG"; }
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+GPU=$("$PY" -c 'import torch; print(int(torch.cuda.is_available()))' 2>/dev/null || echo 0)
+say "torch $("$PY" -c 'import torch; print(torch.__version__, torch.version.cuda)' 2>&1), GPU: $GPU, wheels: $WHEELS"
+
+offline_install() {  # name, then pip's arguments
+    local name="$1"; shift
+    if [ -d "$WHEELS" ]; then
+        "$PY" -m pip install --no-index --find-links "$WHEELS" "$@" >>"$LOG" 2>&1 \
+            && say "$name: installed from $WHEELS" || say "$name: could not be installed from $WHEELS (see $LOG)"
+    else
+        say "$name: missing, and no $WHEELS to install it from"
+    fi
+}
+
+"$PY" -c 'import einops' 2>/dev/null || offline_install einops einops
+if [ "$GPU" = 1 ] && ! "$PY" -c 'import causal_conv1d' 2>/dev/null; then
+    CAUSAL_CONV1D_FORCE_BUILD=TRUE offline_install causal-conv1d --no-build-isolation causal-conv1d
+fi
+MAMBA_SRC=""
+if ! "$PY" -c 'import mamba_ssm' 2>/dev/null; then
+    SDIST=$(ls "$WHEELS"/mamba_ssm-*.tar.gz 2>/dev/null | head -1)
+    if [ -n "$SDIST" ]; then
+        mkdir -p "$OUT/src" && tar -xzf "$SDIST" -C "$OUT/src"
+        MAMBA_SRC=$(ls -d "$OUT"/src/mamba_ssm-*/ | head -1)
+        say "mamba-ssm: its Triton kernels from $MAMBA_SRC (not built)"
+    else
+        say "mamba-ssm: not installed and no sdist in $WHEELS: the scan and step kernels will be skipped"
+    fi
+fi
+
+"$PY" "$REPO/scripts/device_check.py" "$OUT" ${MAMBA_SRC:+--mamba-ssm-src "$MAMBA_SRC"} 2>&1 | tee -a "$LOG"
+status=${PIPESTATUS[0]}
+say "done (exit $status): $OUT/report.md"
+exit "$status"
