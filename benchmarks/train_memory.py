@@ -28,15 +28,12 @@ import json
 import torch
 
 from looplab.bench import median_seconds
-from looplab.checkpoint import model_from_config, parent_ref
+from looplab.checkpoint import parent_ref
 from looplab.config import apply_overrides, parse_value
-from looplab.distributed import Shard
 from looplab.measured_memory import in_rss_process, peak_memory
 from looplab.memory import step_memory
 from looplab.presets import get_preset, stage_config
-from looplab.stages import get_stage
-from looplab.tasks.base import Batch
-from looplab.train import _accumulate_gradients, make_optimizer
+from looplab.train import optimizer_step
 
 MiB = 2**20
 
@@ -50,21 +47,7 @@ def point_config(base, stage: str, micro: int, ckpt: bool, batch: int, seq_len: 
 
 def training_step(cfg):
     """One optimizer step of the config's stage (the trainer's accumulation), warmed up."""
-    model = model_from_config(cfg.model, cfg.train.seed)
-    model.checkpoint_steps = cfg.train.activation_checkpointing
-    stage = get_stage(cfg.stage)
-    for name, p in model.named_parameters():
-        p.requires_grad_(stage.trainable(name))
-    optimizer = make_optimizer(model, cfg.train)
-    gen = torch.Generator().manual_seed(0)
-    B, L, V = cfg.train.batch_size, cfg.train.seq_len, cfg.model.vocab_size
-    batch = Batch(torch.randint(0, V, (B, L), generator=gen), torch.randint(0, V, (B, L), generator=gen))
-
-    def step():
-        optimizer.zero_grad(set_to_none=True)
-        _accumulate_gradients(model, stage, batch, cfg, 0, Shard(), torch.device("cpu"))
-        optimizer.step()
-
+    step, _ = optimizer_step(cfg, torch.device("cpu"))
     step()  # AdamW's moments, first-touch allocations
     return step
 

@@ -116,38 +116,26 @@ def environment(device) -> list[Check]:
 
 # ---- peaks -----------------------------------------------------------------------------------
 
-def _seconds(fn, device, repeats: int = 3) -> float:
-    import torch
-
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - t)
-    return sorted(times)[len(times) // 2]
-
-
 def gemm_flops(device, dtype, n: int) -> float:
     """FLOP/s of an n×n×n matmul on the device (the median of three after a warm-up)."""
     import torch
 
+    from looplab.bench import median_seconds
+
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
-    return 2 * n ** 3 / _seconds(lambda: a @ b, device)
+    return 2 * n ** 3 / median_seconds(lambda: a @ b, 3, warmup=1, device=device)
 
 
 def bandwidth(device, nbytes: int) -> float:
     """Bytes/s of a device-to-device copy (read + write counted)."""
     import torch
 
+    from looplab.bench import median_seconds
+
     src = torch.empty(nbytes // 4, device=device, dtype=torch.float32).fill_(1.0)
     dst = torch.empty_like(src)
-    return 2 * nbytes / _seconds(lambda: dst.copy_(src), device)
+    return 2 * nbytes / median_seconds(lambda: dst.copy_(src), 3, warmup=1, device=device)
 
 
 def peaks(device, quick: bool) -> tuple[list[Check], float]:
@@ -364,99 +352,34 @@ def memory_check(name: str, measured: int, predicted: int) -> Check:
                   figure, ratio, "ratio")
 
 
-def _training_steps(cfg, steps: int, device_type: str) -> float:
-    """Seconds per step (the median after a warm-up) of the config's stage, in this process."""
-    import torch
-
-    from looplab.checkpoint import model_from_config
-    from looplab.distributed import Shard
-    from looplab.stages import get_stage
-    from looplab.train import _accumulate_gradients, make_optimizer
-
-    device = torch.device(device_type)
-    model = model_from_config(cfg.model, 0).to(device)
-    model.checkpoint_steps = cfg.train.activation_checkpointing
-    stage = get_stage(cfg.stage)
-    optimizer = make_optimizer(model, cfg.train)
-    task_batch = _random_batch(cfg, device)
-    shard = Shard.current()
-    times = []
-    for step in range(steps + 1):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        _accumulate_gradients(model, stage, task_batch, cfg, step, shard, device)
-        optimizer.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - t)
-    return sorted(times[1:])[len(times[1:]) // 2]
-
-
-def _random_batch(cfg, device):
-    import torch
-
-    from looplab.tasks.base import Batch
-
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, cfg.model.vocab_size, (cfg.train.batch_size, cfg.train.seq_len + 1), generator=g)
-    return Batch(ids[:, :-1].contiguous(), ids[:, 1:].contiguous())
-
-
 def measure_steps(cfg, steps: int, device) -> tuple[int, float]:
-    """(peak bytes of one step above the level before it, seconds per step)."""
-    import torch
-
+    """(peak bytes of one optimizer step above the level before it, seconds per step: the
+    median of `steps` after a warm-up). On a CPU the resident set follows live tensors only
+    in a child process (looplab/measured_memory.py), where the peak is measured."""
+    from looplab.bench import median_seconds
     from looplab.measured_memory import in_rss_process
+    from looplab.train import optimizer_step
 
+    step, _ = optimizer_step(cfg, device)
+    seconds = median_seconds(step, steps, warmup=1, device=device)
     if device.type == "cuda":
-        seconds = _training_steps(cfg, steps, "cuda")
+        import torch
+
+        del step
         torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
-        return _cuda_step_peak(cfg, device), seconds
-    # On a CPU the resident set follows live tensors only in a child process (measured_memory.py).
-    return in_rss_process(_cpu_step_peak, cfg), _training_steps(cfg, steps, "cpu")
+        return step_peak(cfg, device), seconds
+    return in_rss_process(step_peak, cfg, device), seconds
 
 
-def _cpu_step_peak(cfg) -> int:
-    import torch
-
+def step_peak(cfg, device) -> int:
+    """One optimizer step's peak above the memory in use before it (after a warm-up step,
+    so AdamW's moments already exist)."""
     from looplab.measured_memory import peak_memory
+    from looplab.train import optimizer_step
 
-    step = _one_step(cfg, torch.device("cpu"))
-    step()  # warm-up: AdamW's moments exist before the measured step
-    return peak_memory(step, torch.device("cpu")).delta
-
-
-def _cuda_step_peak(cfg, device) -> int:
-    from looplab.measured_memory import peak_memory
-
-    step = _one_step(cfg, device)
+    step, _ = optimizer_step(cfg, device)
     step()
     return peak_memory(step, device).delta
-
-
-def _one_step(cfg, device):
-    from looplab.checkpoint import model_from_config
-    from looplab.distributed import Shard
-    from looplab.stages import get_stage
-    from looplab.train import _accumulate_gradients, make_optimizer
-
-    model = model_from_config(cfg.model, 0).to(device)
-    model.checkpoint_steps = cfg.train.activation_checkpointing
-    stage = get_stage(cfg.stage)
-    optimizer = make_optimizer(model, cfg.train)
-    batch = _random_batch(cfg, device)
-    shard = Shard.current()
-
-    def step() -> float:
-        optimizer.zero_grad(set_to_none=True)
-        loss, _ = _accumulate_gradients(model, stage, batch, cfg, 0, shard, device)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return loss
-    return step
 
 
 # ---- Ray ---------------------------------------------------------------------------------------
@@ -509,8 +432,10 @@ def _ray_worker_step(config=None) -> None:
     from looplab.presets import get_preset
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    from looplab.train import optimizer_step
+
     cfg = apply_overrides(get_preset("debug"), {"train.batch_size": 2, "train.seq_len": 32})
-    loss = _one_step(cfg, device)()
+    loss = optimizer_step(cfg, device)[0]()
     if not math.isfinite(loss):
         raise FloatingPointError(f"the worker's training step gave a loss of {loss} on {device}")
 

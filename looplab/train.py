@@ -254,36 +254,50 @@ def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, st
     return result
 
 
-def probe_seconds(cfg: ExperimentConfig, *, steps: int = 2) -> tuple[float, float]:
-    """(seconds per training step, seconds per evaluation) of cfg on this machine, with
-    the threads torch has: one warm-up step, then the median of `steps` timed ones, and
-    one evaluation as train() runs it (the stage's policies and the per-loop
-    instruments). Fresh weights: a step costs the same whatever they hold. A sweep's dry
-    run turns these into its time estimate (sweeps/estimate.py)."""
-    import statistics
-
-    tc = cfg.train
-    device = resolve_device(tc.device)
-    task = make_task(cfg.task, tc.seq_len)
-    model = model_from_config(cfg.model, tc.seed).to(device)
+def optimizer_step(cfg: ExperimentConfig, device, batch: Batch | None = None) -> tuple[Callable[[], float], Any]:
+    """(step, model): a closure running one optimizer step of cfg's stage as train() does
+    (its micro-batches, the parameters the stage trains, AdamW) on a fixed batch (default:
+    random tokens of the batch's shape), from fresh weights, returning the loss. What
+    measures a step's time or memory uses it: a step costs the same whatever the weights
+    and tokens hold (the dry run's estimate, looplab doctor, benchmarks/train_memory.py)."""
+    device = torch.device(device)
+    model = model_from_config(cfg.model, cfg.train.seed).to(device)
+    model.checkpoint_steps = cfg.train.activation_checkpointing
     stage = get_stage(cfg.stage)
     for name, p in model.named_parameters():
         p.requires_grad_(stage.trainable(name))
-    optimizer = make_optimizer(model, tc)
+    optimizer = make_optimizer(model, cfg.train)
+    if batch is None:
+        g = torch.Generator().manual_seed(0)
+        ids = torch.randint(0, cfg.model.vocab_size, (cfg.train.batch_size, cfg.train.seq_len + 1), generator=g)
+        batch = Batch(ids[:, :-1].contiguous(), ids[:, 1:].contiguous())
     shard = Shard.current()
-    times = []
-    for step in range(steps + 1):
-        t = time.perf_counter()
-        batch = task.train_batch(step, tc.batch_size, tc.seq_len, tc.seed)
+
+    def step() -> float:
         optimizer.zero_grad(set_to_none=True)
-        _accumulate_gradients(model, stage, batch, cfg, step, shard, device)
-        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], math.inf)
+        loss, _ = _accumulate_gradients(model, stage, batch, cfg, 0, shard, device)
         optimizer.step()
-        times.append(time.perf_counter() - t)
+        optimizer.zero_grad(set_to_none=True)  # gradients freed: the next step starts where this one did
+        return loss
+    return step, model
+
+
+def probe_seconds(cfg: ExperimentConfig, *, steps: int = 2) -> tuple[float, float]:
+    """(seconds per training step, seconds per evaluation) of cfg on this machine, with
+    the threads torch has: the median of `steps` optimizer steps after a warm-up, and
+    one evaluation as train() runs it (the stage's policies and the per-loop
+    instruments). A sweep's dry run turns these into its time estimate (sweeps/estimate.py)."""
+    from looplab.bench import median_seconds
+
+    device = resolve_device(cfg.train.device)
+    task = make_task(cfg.task, cfg.train.seq_len)
+    step, model = optimizer_step(cfg, device, task.train_batch(0, cfg.train.batch_size, cfg.train.seq_len,
+                                                               cfg.train.seed))
+    seconds = median_seconds(step, steps, warmup=1, device=device)
     t = time.perf_counter()
     _evaluation_records(model, task, cfg, device)
-    loop_instruments(model, stage, diagnostic_batch(task.eval_batch()), cfg, 0, device)
-    return statistics.median(times[1:]), time.perf_counter() - t
+    loop_instruments(model, get_stage(cfg.stage), diagnostic_batch(task.eval_batch()), cfg, 0, device)
+    return seconds, time.perf_counter() - t
 
 
 def _first_non_finite(model, grads: bool = False) -> str | None:
