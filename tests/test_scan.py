@@ -124,3 +124,16 @@ def test_a_scans_report_leads_with_its_effects(beta_scan, tmp_path):
     assert {"scan.md", "scan.csv", "scan.png", "scan_beta.png"} <= set(paths)
     page = paths["report.html"].read_text()
     assert page.index("Effect against scale") < page.index("Per-loop instruments")
+
+
+def test_the_scans_dry_runs_plan_every_point(capsys):
+    from sweeps import scale_scan
+    from sweeps.launch import main
+
+    assert main("scan", scale_scan.add_flags, scale_scan.from_args, ["--dry-run"]) == 0
+    out = capsys.readouterr().out
+    points = len(hole_points(list(HOLE_AXES)))
+    assert out.count('"arm": "chase"') == points * 3 and out.count('"arm": "ouro"') == points * 3  # seeds 0, 1, 2
+    assert main("scan", scale_scan.add_flags, scale_scan.from_args, ["--effect", "loops", "--dry-run"]) == 0
+    assert "sweep scale_scan_loops on preset phop-debug" in capsys.readouterr().out
+    assert main("scan", scale_scan.add_flags, scale_scan.from_args, ["--effect", "nope", "--dry-run"]) == 2
