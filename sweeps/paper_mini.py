@@ -134,9 +134,10 @@ def speed_points(seq_len: int):
 
 
 def speed_seconds(launch: Launch) -> float:
-    """The speed step's time for the dry run's estimate: per seed and point, about
-    (2 warm-ups + 5 repeats) × 2 runs of a prefill, plus a memory probe (seconds)."""
-    return len(launch.seeds) * 2 * 8.0
+    """The speed step's time for the dry run's estimate: per seed, (2 warm-ups + 5 repeats)
+    × 2 runs of a batch-64 prefill of the regime's model and a memory probe in a child
+    process (about 20 s on 2 cores), and the same at batch 1 (about 5 s)."""
+    return len(launch.seeds) * 25.0
 
 
 def measure_speed(sweep: Sweep, launch: Launch) -> list[dict]:
