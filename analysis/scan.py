@@ -124,9 +124,11 @@ def effects(points: pl.DataFrame, axes: list[str]) -> pl.DataFrame:
 
 def lines(table: pl.DataFrame, axes: list[str]) -> list[tuple[str, dict, pl.DataFrame]]:
     """(axis, the other axes' values, the line's rows) for every line with ≥ 2 values of
-    its axis: rows that agree on every other axis (and every other searched column)."""
+    its axis: rows that agree on every other axis (and on the looped model, for loops)."""
     present = [a for a in axes if a in table.columns]
-    rest = [c for c in table.columns if c not in (*present, "effect", "mean", "low", "high", "n", "verdict", "loops")]
+    # The other searched values (a scan's stage steps, hole range) derive from the axes; the
+    # loops effect's looped model tells lines apart.
+    rest = [c for c in ("model",) if c in table.columns]
     out = []
     for axis in present:
         others = [a for a in present if a != axis] + rest
@@ -168,21 +170,30 @@ def _numeric(values: list, axis: str) -> tuple[list[float], str]:
 
 
 def scan_markdown(table: pl.DataFrame, axes: list[str]) -> str:
-    """The effect table as markdown: one row per configuration, one column per effect."""
-    keys = [a for a in axes if a in table.columns] + [c for c in ("model", "loops") if c in table.columns]
+    """The effect table as markdown: one block of rows per line of the scan (its axis first,
+    by increasing value; the centre appears in every block), one column per effect."""
+    present = [a for a in axes if a in table.columns]
+    keys = present + [c for c in ("model", "loops") if c in table.columns]
     effects_ = table["effect"].unique(maintain_order=True).to_list()
-    header = keys + effects_ + (["verdict"] if "verdict" in table.columns else [])
-    lines_ = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for values, part in table.group_by(keys, maintain_order=True):
-        cells = [_fmt(v) for v in values]
-        for effect in effects_:
-            row = part.filter(pl.col("effect") == effect)
-            cells.append(_interval_text(row.row(0, named=True)) if row.height else "")
-        verdicts = part["verdict"].drop_nulls().to_list() if "verdict" in part.columns else []
-        if "verdict" in table.columns:
-            cells.append(verdicts[0] if verdicts else "")
-        lines_.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines_)
+    header = ["axis", *keys, *effects_] + (["verdict"] if "verdict" in table.columns else [])
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    blocks = lines(table, present) or [("-", {}, table)]
+    for axis, _, part in blocks:
+        order = part.select(keys).unique(maintain_order=True)
+        if axis in part.columns:
+            x, _ = _numeric(order[axis].to_list(), axis)
+            order = order.with_columns(pl.Series("_x", x)).sort("_x").drop("_x")
+        for values in order.iter_rows():
+            rows = part.filter(pl.all_horizontal([pl.col(k).eq_missing(v) for k, v in zip(keys, values)]))
+            cells = [axis, *(_fmt(v) for v in values)]
+            for effect in effects_:
+                row = rows.filter(pl.col("effect") == effect)
+                cells.append(_interval_text(row.row(0, named=True)) if row.height else "")
+            if "verdict" in table.columns:
+                verdicts = rows["verdict"].drop_nulls().to_list()
+                cells.append(verdicts[0] if verdicts else "")
+            out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
 
 
 def _fmt(v) -> str:
