@@ -506,8 +506,9 @@ def test_report_renders_in_headless_chromium(report, tmp_path):
         pytest.skip("no Chromium (apt-get install -y chromium, or set LOOPLAB_CHROMIUM)")
     found = check_report(report[0] / "report.html", tmp_path / "shot.png")
     assert found["problems"] == [], found
-    assert found["charts"] == 4 and found["points"] >= 30  # frontier, skip, two β charts
-    assert found["plots"] == 4 and found["markers"] == found["points"]
+    # frontier, skip, two β charts and the four per-loop instruments
+    assert found["charts"] == 8 and found["points"] >= 30
+    assert found["plots"] == 8 and found["markers"] == found["points"]
     text = (report[0] / "report.html").read_text()
     # the check does catch a page whose script throws
     hook = "var charts = JSON.parse("
@@ -675,4 +676,5 @@ def test_downstream_report_renders_in_headless_chromium(downstream, tmp_path):
         pytest.skip("no Chromium (apt-get install -y chromium, or set LOOPLAB_CHROMIUM)")
     found = check_report(downstream["reports"]["downstream-debug"]["report.html"], tmp_path / "shot.png")
     assert found["problems"] == [], found
-    assert found["charts"] == 5 and found["plots"] == 5  # frontier, Fig. 3, skip, two β charts
+    # frontier, Fig. 3, skip, two β charts and the four per-loop instruments
+    assert found["charts"] == 9 and found["plots"] == 9
