@@ -459,7 +459,7 @@ def test_mixed_schema(store, tmp_path):
 def test_no_store_and_bad_sweep_run(store, tmp_path):
     line = one_line_error(cli("--tracking-uri", f"sqlite:///{tmp_path / 'none.db'}", "--experiment", "x",
                               "--out", str(tmp_path)))
-    assert "no MLflow store" in line
+    assert "an existing MLflow store" in line
     line = one_line_error(cli("--tracking-uri", store["uri"], "--sweep-run", "0" * 32, "--out", str(tmp_path)))
     assert "no run" in line
 
