@@ -18,6 +18,7 @@ import os
 import sys
 
 from analysis.errors import AnalysisError
+from analysis.tables import REPRESENTATIVE_Q
 from looplab.cli import Parser
 
 
@@ -47,6 +48,9 @@ def parser() -> argparse.ArgumentParser:
                    help="per configuration, the seed with the best full-depth quality (paper, Mano and p-hop)")
     p.add_argument("--confidence", type=float, default=0.95, help="Student-t interval over seeds (default 0.95)")
     p.add_argument("--budget", type=float, default=None, help="also report the best point with compute <= BUDGET")
+    p.add_argument("--representative-q", type=float, default=REPRESENTATIVE_Q,
+                   help=f"Table 4 shows each gated method at this q beside its best-Avg. q (default "
+                        f"{REPRESENTATIVE_Q:g}, the paper's); a negative value leaves it out")
     p.add_argument("--all-statuses", action="store_true", help="keep unfinished trials (default: FINISHED only)")
     p.add_argument("--no-log", action="store_true", help="do not log the files as MLflow artifacts")
     return p
@@ -69,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
                              log_artifacts=not args.no_log, compute=args.compute, quality=args.quality,
                              stage=args.stage, series_by=args.series_by, best_of_seeds=args.best_of_seeds,
                              confidence=args.confidence, budget=args.budget, scope=args.scope,
-                             statuses=None if args.all_statuses else ("FINISHED",), strict=True)
+                             statuses=None if args.all_statuses else ("FINISHED",), strict=True,
+                             representative_q=args.representative_q if args.representative_q >= 0 else None)
     except AnalysisError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

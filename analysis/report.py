@@ -50,7 +50,7 @@ from analysis.per_loop import loop_charts, loop_table
 from analysis.scan import scan_axes, write_scan
 from analysis.plots import render_png
 from analysis.points import evaluation_points, full_as_forced_depth
-from analysis.tables import all_tables
+from analysis.tables import REPRESENTATIVE_Q, all_tables
 
 # Compute axes by their CLI names: (points column, axis label).
 COMPUTE_AXES = {"executed_loops": ("executed_loops", "executed loops per token"),
@@ -71,7 +71,8 @@ def build_report(tracking_uri: str, experiments, out_dir, *, sweep_run_id: str |
                  log_artifacts: bool = True, compute: str = "executed_loops", quality: str = "auto",
                  stage: str | None = None, series_by=None, best_of_seeds: bool = False, confidence: float = 0.95,
                  budget: float | None = None, scope: str = "experiment", statuses=("FINISHED",),
-                 strict: bool = False, lead: list[tuple[str, str]] | None = None) -> dict[str, Path]:
+                 strict: bool = False, lead: list[tuple[str, str]] | None = None,
+                 representative_q: float | None = REPRESENTATIVE_Q) -> dict[str, Path]:
     """Write the analysis of `experiments` into out_dir (see the module docstring).
 
     compute: executed_loops | flops | time | a points column. quality: auto (lm-eval
@@ -83,7 +84,9 @@ def build_report(tracking_uri: str, experiments, out_dir, *, sweep_run_id: str |
     and p-hop (per configuration, the seed with the best full-depth quality) instead
     of the mean. scope: "experiment" reads every run of the experiments; "sweep" only
     the subtree of sweep_run_id. statuses: trial statuses kept (None: all). lead: sections
-    (title, HTML) the caller puts first, e.g. sweeps/paper_mini.py's verdicts."""
+    (title, HTML) the caller puts first, e.g. sweeps/paper_mini.py's verdicts.
+    representative_q: the q Table 4 shows each gated method at beside its best-Avg. q
+    (the paper's 0.8; None: only the best)."""
     if scope not in ("experiment", "sweep"):
         raise AnalysisError(f"scope={scope!r} is invalid; allowed: experiment | sweep")
     if scope == "sweep" and not sweep_run_id:
@@ -126,7 +129,7 @@ def build_report(tracking_uri: str, experiments, out_dir, *, sweep_run_id: str |
         sections += _downstream_section(agg, out, paths, charts, notes)
         sections += _zoo_section(agg, quality, out, paths, charts, notes)
         sections += _skip_section(agg, out, paths, charts)
-        sections += _tables_section(agg, out, paths, notes)
+        sections += _tables_section(agg, out, paths, notes, representative_q)
         sections = _scan_section(runs, points, out, paths, charts, notes) + sections
     sections += _beta_section(runs, out, paths, charts, notes)
     sections += _loops_section(runs, out, paths, charts, notes)
@@ -426,8 +429,8 @@ def _skip_section(agg, out, paths, charts) -> list[tuple[str, str]]:
                                                               "loops (Fig. 2)."))]
 
 
-def _tables_section(agg, out, paths, notes) -> list[tuple[str, str]]:
-    tables, skipped = all_tables(agg)
+def _tables_section(agg, out, paths, notes, representative_q=REPRESENTATIVE_Q) -> list[tuple[str, str]]:
+    tables, skipped = all_tables(agg, representative_q)
     notes.extend(skipped)
     if not tables:
         return []

@@ -22,6 +22,9 @@ from looplab.config import ConfigError, ExperimentConfig
 from looplab.memory import GiB, StepMemory, gib, step_memory
 
 DEFAULT_MFU = 0.4  # a planning figure: model FLOP/s over the device's dense peak
+# What a device's memory holds beside the step the model counts: the CUDA context, NCCL's
+# communication buffers and the allocator's fragmentation. A plan fits the rest.
+DEFAULT_MEMORY_MARGIN_GIB = 4.0
 DEFAULT_PEAK_TFLOPS = 989.0  # H100 SXM, dense bf16
 
 
@@ -80,20 +83,22 @@ class StagePlan:
 
 
 def plan_stage(cfg: ExperimentConfig, *, ranks: int = 1, path: str = "cuda",
-               device_memory_gib: float | None = None) -> StagePlan:
+               device_memory_gib: float | None = None,
+               margin_gib: float = DEFAULT_MEMORY_MARGIN_GIB) -> StagePlan:
     """The stage's plan on `ranks` devices. Its own micro-batch (train.micro_batch_size,
     0: a rank's whole share) and checkpointing setting stand unless device_memory_gib
-    is given: then the largest micro-batch that fits is chosen (a divisor of the rank's
-    rows, so every micro-batch is the same size), without activation checkpointing
-    when one fits and with it otherwise (unless the config already asks for it). A plan
-    that fits nowhere is a ConfigError naming --gpu-memory."""
+    is given: then the largest micro-batch whose peak fits the device less margin_gib
+    (the CUDA context, communication buffers, fragmentation) is chosen (a divisor of the
+    rank's rows, so every micro-batch is the same size), without activation
+    checkpointing when one fits and with it otherwise (unless the config already asks for
+    it). A plan that fits nowhere is a ConfigError naming --gpu-memory."""
     t = cfg.train
     rows = t.batch_size // ranks
     if device_memory_gib is None:
         micro = t.micro_batch_size or rows
         ckpt = t.activation_checkpointing
         return _plan(cfg, ranks, min(micro, rows), ckpt, path)
-    budget = device_memory_gib * GiB
+    budget = (device_memory_gib - margin_gib) * GiB
     sizes = sorted((m for m in range(1, rows + 1) if rows % m == 0), reverse=True)
     for ckpt in ([True] if t.activation_checkpointing else [False, True]):
         for micro in sizes:
@@ -103,8 +108,9 @@ def plan_stage(cfg: ExperimentConfig, *, ranks: int = 1, path: str = "cuda",
     smallest = _plan(cfg, ranks, 1, True, path)
     raise ConfigError(f"--gpu-memory={device_memory_gib:g} is invalid for {cfg.stage}: one row of "
                       f"{t.seq_len} tokens with activation checkpointing needs ≈ {gib(smallest.memory.peak)} per "
-                      f"device ({smallest.memory.breakdown()}); allowed: a device of at least that much, or a "
-                      f"smaller model or seq_len")
+                      f"device ({smallest.memory.breakdown()}), with a margin of {margin_gib:g} GiB beside it; "
+                      "allowed: a device of at least that much, a smaller --memory-margin, or a smaller model or "
+                      "seq_len")
 
 
 def _plan(cfg: ExperimentConfig, ranks: int, micro: int, ckpt: bool, path: str) -> StagePlan:

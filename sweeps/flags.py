@@ -16,7 +16,7 @@ from typing import Any
 from looplab.cli import Parser
 from looplab.config import invalid, parse_value
 from looplab.presets import PRESETS
-from looplab.resources import DEFAULT_MFU, DEFAULT_PEAK_TFLOPS
+from looplab.resources import DEFAULT_MEMORY_MARGIN_GIB, DEFAULT_MFU, DEFAULT_PEAK_TFLOPS
 from looplab.stages import STAGE_NAMES
 
 DEFAULT_PRESET = "debug" if "debug" in PRESETS else "phop-debug"
@@ -73,6 +73,7 @@ class Launch:
     # The resource plan (looplab/resources.py): device memory to fit (0: the configs'
     # own micro-batching), and the utilisation and peak its GPU-hours assume.
     gpu_memory: float = 0.0
+    memory_margin: float = DEFAULT_MEMORY_MARGIN_GIB  # GiB of the device the plan leaves to CUDA, NCCL, fragmentation
     mfu: float = DEFAULT_MFU
     gpu_tflops: float = DEFAULT_PEAK_TFLOPS
 
@@ -82,9 +83,10 @@ class Launch:
                    resume=args.resume, max_concurrent_trials=args.max_concurrent_trials,
                    num_workers=args.num_workers, cpus_per_worker=args.cpus_per_worker,
                    gpus_per_worker=args.gpus_per_worker, search=args.search, num_samples=args.num_samples,
-                   scheduler=args.scheduler, seeds=tuple(parse_seeds(args.seeds)), dry_run=args.dry_run,
+                   scheduler=args.scheduler, seeds=tuple(seeds_of(args.seeds, args.preset)), dry_run=args.dry_run,
                    doctor=args.doctor,
-                   gpu_memory=args.gpu_memory, mfu=args.mfu, gpu_tflops=args.gpu_tflops)
+                   gpu_memory=args.gpu_memory, memory_margin=args.memory_margin, mfu=args.mfu,
+                   gpu_tflops=args.gpu_tflops)
 
 
 def parser(description: str) -> argparse.ArgumentParser:
@@ -111,7 +113,8 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--search", choices=("grid", "optuna"), default="grid")
     p.add_argument("--num-samples", type=int, default=8, help="Optuna trials (grid runs each point once)")
     p.add_argument("--scheduler", choices=("none", "asha"), default="none")
-    p.add_argument("--seeds", default="0", help="comma-separated training seeds, e.g. 0,1,2")
+    p.add_argument("--seeds", default="", help="comma-separated training seeds, e.g. 0,1,2 (default: the preset's "
+                                               "own, 3407 for the paper's language models)")
     p.add_argument("--dry-run", action="store_true", help="print trials, resources and compute; start no Ray")
     p.add_argument("--doctor", action="store_true",
                    help="with --dry-run: run `looplab doctor --quick` on every GPU node of the cluster at --address "
@@ -120,6 +123,9 @@ def parser(description: str) -> argparse.ArgumentParser:
                    help="GiB per GPU: each stage trains with the largest micro-batch that fits (the memory model "
                         "of looplab/memory.py), with activation checkpointing only if nothing fits without; "
                         "a stage that cannot fit is an error before Ray starts")
+    p.add_argument("--memory-margin", type=float, default=DEFAULT_MEMORY_MARGIN_GIB, metavar="GB",
+                   help="with --gpu-memory: GiB of each device the plan leaves free for the CUDA context, NCCL's "
+                        f"buffers and fragmentation (default {DEFAULT_MEMORY_MARGIN_GIB:g})")
     p.add_argument("--mfu", type=float, default=DEFAULT_MFU,
                    help=f"model FLOP/s utilisation the plan's GPU-hours assume (default {DEFAULT_MFU})")
     p.add_argument("--gpu-tflops", type=float, default=DEFAULT_PEAK_TFLOPS,
@@ -133,6 +139,16 @@ def parser(description: str) -> argparse.ArgumentParser:
 def check_preset(name: str) -> None:
     if name not in PRESETS:
         fail("--preset", name, " | ".join(sorted(PRESETS)))
+
+
+def seeds_of(text: str, preset: str) -> list[int]:
+    """--seeds, or by default the preset's own seed (train.seed: 3407 for the paper's
+    language models, as App. D trains them)."""
+    if not text.strip():
+        from looplab.presets import get_preset
+
+        return [get_preset(preset).train.seed]
+    return parse_seeds(text)
 
 
 def parse_seeds(text: str) -> list[int]:

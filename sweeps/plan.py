@@ -181,6 +181,8 @@ def validate(sweep: Sweep, launch: Launch) -> tuple[list[dict[str, Any]], Resour
     n_trials = len(points) if launch.search == "grid" else launch.num_samples
     if launch.gpu_memory < 0:
         fail("--gpu-memory", launch.gpu_memory, "GiB per GPU > 0 (0: each stage's own micro-batching)")
+    if not 0 <= launch.memory_margin < (launch.gpu_memory or float("inf")):
+        fail("--memory-margin", launch.memory_margin, "GiB >= 0, less than --gpu-memory")
     if not 0 < launch.mfu <= 1:
         fail("--mfu", launch.mfu, "a fraction in (0, 1], e.g. 0.4")
     if launch.gpu_tflops <= 0:
@@ -200,7 +202,7 @@ def fit_devices(sweep: Sweep, launch: Launch, points: list[dict[str, Any]]) -> t
     path = "cuda" if launch.gpus_per_worker > 0 or launch.gpu_memory > 0 else "torch"
     budget = launch.gpu_memory or None
     unique = _unique_stages(sweep, launch, points)
-    plans = {name: _plan_or_fail(cfg, ranks, path, budget) for name, cfg in unique.items()}
+    plans = {name: _plan_or_fail(cfg, ranks, path, budget, launch.memory_margin) for name, cfg in unique.items()}
     if budget is None:
         return sweep, plans
     chosen: dict[str, dict[str, Any]] = {}
@@ -214,7 +216,7 @@ def fit_devices(sweep: Sweep, launch: Launch, points: list[dict[str, Any]]) -> t
         stage_overrides.setdefault(stage, {}).update(values)
     fitted = dataclasses.replace(sweep, spec=dataclasses.replace(sweep.spec, stage_overrides=stage_overrides))
     unique = _unique_stages(fitted, launch, points)
-    return fitted, {name: _plan_or_fail(cfg, ranks, path, None) for name, cfg in unique.items()}
+    return fitted, {name: _plan_or_fail(cfg, ranks, path, None, launch.memory_margin) for name, cfg in unique.items()}
 
 
 def _unique_stages(sweep: Sweep, launch: Launch, points: list[dict[str, Any]]) -> dict[str, Any]:
@@ -225,8 +227,8 @@ def _unique_stages(sweep: Sweep, launch: Launch, points: list[dict[str, Any]]) -
     return unique
 
 
-def _plan_or_fail(cfg, ranks: int, path: str, budget: float | None) -> StagePlan:
-    return plan_stage(cfg, ranks=ranks, path=path, device_memory_gib=budget)
+def _plan_or_fail(cfg, ranks: int, path: str, budget: float | None, margin: float) -> StagePlan:
+    return plan_stage(cfg, ranks=ranks, path=path, device_memory_gib=budget, margin_gib=margin)
 
 def in_flag_terms(error: ConfigError, sweep: Sweep, point: dict[str, Any]) -> ConfigError:
     """A config error raised by one trial point, said about the flag that set the
@@ -310,7 +312,8 @@ def describe(sweep: Sweep, launch: Launch, points: list[dict[str, Any]], res: Re
                   f"looplab/resources.py), ≈ {hours:,.1f} GPU-hours at {launch.mfu:.0%} MFU of "
                   f"{launch.gpu_tflops:g} TFLOP/s",
               f"memory: peak per {device} from looplab/memory.py's model" + (
-                  f", micro-batches fitted to --gpu-memory {launch.gpu_memory:g} GiB" if launch.gpu_memory else ""),
+                  f", micro-batches fitted to --gpu-memory {launch.gpu_memory:g} GiB less a "
+                  f"{launch.memory_margin:g} GiB margin (--memory-margin)" if launch.gpu_memory else ""),
               "resources: " + (f"local Ray, {res.cpus:g} CPUs, {res.gpus} GPUs" if not launch.address
                                else f"Ray cluster at {launch.address}"),
               f"  {res.max_concurrent or 'as many'} concurrent trial(s) × " + (

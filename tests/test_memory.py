@@ -12,7 +12,7 @@ import torch
 
 from looplab.checkpoint import model_from_config, parent_ref
 from looplab.config import ConfigError, ModelConfig
-from looplab.memory import FP32, loop_activations, mamba2_block, readout_activations, step_memory
+from looplab.memory import FP32, GiB, loop_activations, mamba2_block, readout_activations, step_memory
 from looplab.models.layers import make_layer
 from looplab.presets import get_preset, stage_config
 from looplab.resources import flops_per_token, plan_stage
@@ -157,3 +157,20 @@ def test_stage_flops_follow_what_each_stage_runs():
     plan = plan_stage(paper(), ranks=8)
     assert plan.flops == pytest.approx(pre * 75_000 * 1024 * 2048)
     assert plan.gpu_hours(0.4, 989.0) == pytest.approx(plan.flops / (0.4 * 989e12) / 3600)
+
+
+def test_a_plan_leaves_its_margin_free():
+    """Issue: paper-140m-hybrid's Stage-1 planned a 76.1 GiB peak on an 80 GiB device, with
+    nothing left for the CUDA context, NCCL and fragmentation. With the margin (4 GiB by
+    default) the plan picks the micro-batch whose peak fits the rest."""
+    from looplab.config import ParentRef
+    from looplab.presets import get_preset, stage_config
+    from looplab.resources import DEFAULT_MEMORY_MARGIN_GIB
+
+    stage1 = stage_config(get_preset("paper-140m-hybrid"), "stage1", parent=ParentRef("pretrain", "k", "g"))
+    tight = plan_stage(stage1, ranks=8, device_memory_gib=80, margin_gib=0)
+    assert tight.memory.peak > (80 - DEFAULT_MEMORY_MARGIN_GIB) * GiB  # what the plan did before
+    planned = plan_stage(stage1, ranks=8, device_memory_gib=80)
+    assert planned.memory.peak <= (80 - DEFAULT_MEMORY_MARGIN_GIB) * GiB and planned.micro_batch < tight.micro_batch
+    with pytest.raises(ConfigError, match="with a margin of 10 GiB beside it"):
+        plan_stage(paper(), ranks=8, device_memory_gib=12, margin_gib=10)

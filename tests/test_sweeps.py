@@ -177,3 +177,19 @@ def test_each_mano_level_trains_with_its_own_recipe():
                             {"L": L, "n_layers": 4, "n_loops": 6, "seed": 0}).values()
         recipes[L] = (cfg.task.L, cfg.train.steps, cfg.train.lr)
     assert recipes == {10: (10, 80_000, 5e-4), 16: (16, 110_000, 1e-4), 24: (24, 200_000, 5e-5)}  # App. B
+
+
+def test_a_sweeps_default_seed_is_its_presets(capsys):
+    """The paper trains its language models with seed 3407 (App. D): a sweep on a paper
+    preset defaults to it, one on a preset of seed 0 to 0; --seeds still overrides."""
+    from sweeps import beta_ablation
+    from sweeps.launch import main
+
+    def seeds(argv):
+        assert main("t", beta_ablation.add_flags, beta_ablation.from_args, [*argv, "--dry-run"]) == 0
+        out = capsys.readouterr().out
+        return {int(line.split('"seed": ')[1].split("}")[0]) for line in out.splitlines() if '"seed": ' in line}
+
+    assert seeds(["--preset", "paper-140m", "--betas", "0.1"]) == {3407}
+    assert seeds(["--preset", "debug", "--betas", "0.1"]) == {0}
+    assert seeds(["--preset", "paper-140m", "--betas", "0.1", "--seeds", "1,2"]) == {1, 2}
