@@ -12,6 +12,12 @@ backward ≈ 2 × forward:
                     frozen model), the gate's forward and backward negligible
 Activation checkpointing runs each loop's forward once more in backward: + R backbone
 steps (the FLOPs the hardware does; MFU counts only the model's).
+
+Inference: `prefill_flops` splits a prefill's forward FLOPs per token into F0, the work
+outside the loops, and Fr, one loop application; `flop_bound` is the speedup skip
+execution can reach at d̄ mean executed loops if time followed FLOPs,
+(F0 + R·Fr)/(F0 + d̄·Fr) (the speed sweep logs it beside the measured speedup:
+trainables/speed.py).
 """
 
 from __future__ import annotations
@@ -49,6 +55,42 @@ def flops_per_token(cfg: ExperimentConfig, checkpointing: bool = False) -> float
     if checkpointing and cfg.stage != "stage2":
         total += f["backbone"]
     return float(total)
+
+
+def prefill_flops(model_cfg, seq_len: int, policy=None, readout: str = "last") -> tuple[float, float]:
+    """(F0, Fr): forward FLOPs per token of a forward at context seq_len outside the
+    loops, and of one loop application (models/flops.py's convention: the embedding
+    lookup and the final norm count nothing). Fr is the backbone step at seq_len (skip's
+    packed survivors run it at their own count; the difference is the SSD's
+    state passing and attention's context, a small share). F0 is the readout (the LM
+    head at every token, readout "all"; only at the last position, "last", as a prefill
+    computes the prompt's next-token distribution: one head per sequence) plus what the
+    exit rule reads after each step r < R: execution (models/execution.py) reads it on
+    every token, exited or not, in the dense twin and in skip alike, so it does not shrink
+    with the loops: the gate's logit, or a zoo rule's LM head (policy None: the gate's;
+    given exits read nothing)."""
+    import torch
+
+    from looplab.models.flops import linear_flops
+    from looplab.models.looped import LoopedLM
+    from looplab.policy import EXIT_RULES, GATE, STEP_LOGITS
+
+    if readout not in ("all", "last"):
+        raise ConfigError(f"readout={readout!r} is invalid; allowed: all | last")
+    with torch.device("meta"):  # exact counts, no memory
+        model = LoopedLM(model_cfg)
+    counts = model.flops_per_token(seq_len)
+    head = counts["head"]
+    rule = EXIT_RULES[GATE] if policy is None else EXIT_RULES.get(policy.rule)
+    per_step = 0 if rule is None else head if rule.reads == STEP_LOGITS else linear_flops(model.exit_gate)
+    f0 = (head if readout == "all" else head / seq_len) + (model_cfg.n_loops - 1) * per_step
+    return float(f0), float(counts["backbone_step"])
+
+
+def flop_bound(f0: float, fr: float, n_loops: int, executed_loops: float) -> float:
+    """The speedup of skip over full if time followed FLOPs: (F0 + R·Fr)/(F0 + d̄·Fr),
+    d̄ the mean executed loops. Below the loop bound R/d̄ by F0's share."""
+    return (f0 + n_loops * fr) / (f0 + executed_loops * fr)
 
 
 @dataclass(frozen=True)

@@ -83,6 +83,10 @@ def eval_run_name(task: str, policy: ExitPolicy, eval_key: str) -> str:
     return f"eval-{task}-{policy.spec}-{eval_key}"
 
 
+def speed_run_name(batch: int, seq_len: int, policy: str, speed_key: str) -> str:
+    return f"speed-b{batch}-L{seq_len}-{policy}-{speed_key[:6]}"
+
+
 # ---- tags ------------------------------------------------------------------------------
 LEVEL = "level"
 STAGE_KEY = "stage_key"  # the stage's key; a trial carries its final stage's
@@ -115,8 +119,13 @@ EVAL_PARAM = "eval."  # an evaluation's settings as params: eval.task, eval.poli
 # Tags analysis turns into columns.
 CONTENT_TAGS = (LEVEL, CONFIG_HASH, STAGE_KEY, STAGE_TAG, METHOD, LINEAGE, PARENT_CHECKPOINT, PRESET, GIT_SHA,
                 SWEEP_KEY, SWEEP_TAG, REUSED, REUSED_FROM, CHECKPOINT, COMMAND, TRIAL_RUN, EVAL_KEY, POLICY_TAG,
-                TASK_TAG, SCAN_AXES)
+                TASK_TAG, SCAN_AXES, SPEED_KEY)
 SEARCH_PARAM = "search."  # trial params: the searched values, e.g. search.beta, search.seed
+# A speed point's params (trainables/speed.py): the point (speed.batch, speed.seq_len,
+# speed.policy, speed.dtype, speed.packing, speed.repeats) and the machine that timed it
+# (machine.processor, machine.cpus, machine.threads, machine.device).
+SPEED_PARAM = "speed."
+MACHINE_PARAM = "machine."
 
 # ---- metrics ---------------------------------------------------------------------------
 TRAIN_METRICS = ("loss", "exit_entropy", "expected_exit_step", "lr", "grad_norm", "tokens_per_s")
@@ -135,8 +144,16 @@ EVALS_RAN, EVALS_REUSED, EVALS_FAILED = "evaluations_ran", "evaluations_reused",
 STAGE_SECONDS = "stage_seconds"
 MLFLOW_SECONDS = "mlflow_seconds"
 REPORT_SECONDS = "report_seconds"
-BENCH_METRICS = ("speedup", "ideal_speedup", "mean_executed_loops", "batch_max_survivor_ratio", "time_full_s",
-                 "time_skip_s", "peak_mem_full", "peak_mem_skip", "peak_mem_abs_full", "peak_mem_abs_skip")
+# The prefill benchmark's figures (looplab/bench.py's BenchRecord fields), those analysis
+# reads by name first: the measured speedup, the loop bound R/d̄, d̄, the two times.
+SPEEDUP, LOOP_BOUND, MEAN_LOOPS = "speedup", "ideal_speedup", "mean_executed_loops"
+TIME_FULL, TIME_SKIP = "time_full_s", "time_skip_s"
+BENCH_METRICS = (SPEEDUP, LOOP_BOUND, MEAN_LOOPS, "batch_max_survivor_ratio", TIME_FULL, TIME_SKIP,
+                 "peak_mem_full", "peak_mem_skip", "peak_mem_abs_full", "peak_mem_abs_skip")
+# A speed point's run (trainables/speed.py) logs BENCH_METRICS and the FLOP bound of its
+# speedup, (F0 + R·Fr)/(F0 + d̄·Fr) (looplab/resources.py: flop_bound).
+FLOP_BOUND = "flop_bound_speedup"
+SPEED_METRICS = (*BENCH_METRICS, FLOP_BOUND)
 # The decode benchmark's figures (looplab/bench.py's DecodeRecord, records with kind "decode").
 DECODE = "decode"
 DECODE_BENCH_METRICS = ("speedup", "ideal_speedup", "mean_executed_loops", "time_full_s", "time_skip_s",
