@@ -11,6 +11,7 @@ Modules, one job each:
   aggregate  seeds → mean, std, t-interval (scipy's Student t), or best-of-seeds
   frontier   Pareto frontiers, the area between two frontiers, the best point under a budget
   tables     the paper's tables as Markdown and CSV
+  speed      the speed sweep's timed points joined by stage key to the stage's perplexity
   charts     what each figure shows, as data (drawn by plots and by the page)
   plots      PNG figures (matplotlib, Agg)
   page       ChartSpec → Plotly figure; the self-contained HTML page (Plotly offline:

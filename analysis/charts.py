@@ -12,6 +12,7 @@
                   method and execution, on the final stage.
   skip_chart      perplexity under skip against executed loops per method, full
                   compute as a dashed line (Fig. 2).
+  (analysis/speed.py draws perplexity against measured prefill tokens/s with the same spec.)
   beta_charts     exit entropy and expected exit step over training, one curve per β
                   (mean over seeds at each step, cut to the steps every curve has:
                   App. E, Figs. 6–7).
@@ -61,9 +62,10 @@ class ChartSpec:
     series: list[Series]
     log_y: bool = False
     hlines: list[tuple[float, str]] = field(default_factory=list)
+    log_x: bool = False
 
 
-def _log_scale(values) -> bool:
+def log_scale(values) -> bool:
     """Log y when every value is positive and they span more than a factor of 20 (ppl blow-ups)."""
     values = [v for v in values if v is not None and math.isfinite(v)]
     return bool(values) and min(values) > 0 and max(values) / min(values) > 20
@@ -81,7 +83,7 @@ def frontier_chart(frontier: pl.DataFrame, compute: str, quality: str, *, comput
         line = [(p.x, p.y) for p in pts if p.on_frontier]
         series.append(Series(str(key), PALETTE[i % len(PALETTE)], pts, line, "step"))
     return ChartSpec(name, title, compute_label, quality_label, series,
-                     log_y=_log_scale(frontier["quality"].to_list()) and names.higher_is_better(quality) is False)
+                     log_y=log_scale(frontier["quality"].to_list()) and names.higher_is_better(quality) is False)
 
 
 def downstream_rows(agg: pl.DataFrame) -> pl.DataFrame | None:
@@ -143,7 +145,7 @@ def skip_chart(agg: pl.DataFrame) -> ChartSpec | None:
             hlines.append((float(full.min()), f"{name} full compute" + (" (best)" if by == "method" else "")))
     values = skip["ppl"].to_list() + [y for y, _ in hlines]
     return ChartSpec("skip_ppl", "Perplexity under skip as compute falls", "executed loops", "validation perplexity",
-                     series, log_y=_log_scale(values), hlines=hlines)
+                     series, log_y=log_scale(values), hlines=hlines)
 
 
 def _lower_envelope(pts: list[Point]) -> list[tuple[float, float]]:

@@ -143,7 +143,8 @@ def figure(spec: ChartSpec):
                            "line": {"color": HLINE_COLOR, "width": 1.5, "dash": "dash"}})
     layout = {"title": {"text": html.escape(spec.title), "font": {"size": 15}}, "template": "plotly_white",
               "width": WIDTH, "height": HEIGHT, "hovermode": "closest", "margin": {"l": 70, "r": 20, "t": 50, "b": 40},
-              "xaxis": {"title": {"text": html.escape(spec.x_label)}, "zeroline": False},
+              "xaxis": {"title": {"text": html.escape(spec.x_label)}, "type": "log" if spec.log_x else "linear",
+                        "zeroline": False},
               "yaxis": {"title": {"text": html.escape(spec.y_label)}, "type": "log" if spec.log_y else "linear",
                         "zeroline": False},
               "legend": {"orientation": "h", "yanchor": "top", "y": -0.14, "xanchor": "left", "x": 0,

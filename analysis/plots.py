@@ -54,6 +54,8 @@ def _draw(ax, spec: ChartSpec) -> None:
                     va="bottom")
     if spec.log_y:
         ax.set_yscale("log")
+    if spec.log_x:
+        ax.set_xscale("log")
     ax.set_xlabel(spec.x_label)
     ax.set_ylabel(spec.y_label)
     ax.set_title(spec.title, fontsize=10)

@@ -13,9 +13,10 @@ writes into out_dir:
   downstream.csv         Fig. 3's points (downstream Avg. against executed loops on the tasks, per arm)
   zoo.csv                each zero-shot exit rule's frontier against the learned gate's (area, mean gap)
   loops.csv              the per-loop instruments (analysis/per_loop.py)
+  speed.csv              timed prefill points beside the stage's perplexity (analysis/speed.py; speed runs only)
   scan.csv, scan.md      a scan's effects along its axes (analysis/scan.py; scan.png, scan_<axis>.png)
   *.png                  frontier.png, downstream.png (Fig. 3), zoo.png, skip_ppl.png,
-                         beta_exit_entropy.png, beta_expected_exit_step.png, loops_*.png
+                         beta_exit_entropy.png, beta_expected_exit_step.png, loops_*.png, speed.png
   report.html            one self-contained interactive page with all of it
   notes.txt              what was skipped and why
 and logs them as artifacts (folder `analysis`) of the sweep run: `sweep_run_id`, or
@@ -133,6 +134,7 @@ def build_report(tracking_uri: str, experiments, out_dir, *, sweep_run_id: str |
         sections = _scan_section(runs, points, out, paths, charts, notes) + sections
     sections += _beta_section(runs, out, paths, charts, notes)
     sections += _loops_section(runs, out, paths, charts, notes)
+    sections += _speed_section(runs, points, out, paths, charts, notes)
     meta = _meta(runs, points, best_of_seeds, confidence)
     page = render_page(title=f"looplab analysis: {', '.join(runs.experiments.values())}", meta=meta,
                        notes=notes, sections=sections, charts=charts)
@@ -494,6 +496,35 @@ def _loops_section(runs: RunSet, out, paths, charts, notes) -> list[tuple[str, s
              "(full depth); under skip on the final gated stage, the fraction of tokens still running each loop and "
              "the relative distance of their states from the dense run's (the cache holes' footprint). "
              "loops.csv has every stage and q.</p>")]
+
+
+def _speed_section(runs: RunSet, points, out, paths, charts, notes) -> list[tuple[str, str]]:
+    """The speed sweep's timed points beside the stage's perplexity (analysis/speed.py):
+    speed.csv, speed.png; nothing when the experiments hold no speed run."""
+    from analysis.speed import speed_chart, speed_table
+
+    table = speed_table(runs, points)
+    if table is None:
+        return []
+    paths.update(_write_csv(table, out / "speed.csv"))
+    slots = ""
+    spec = speed_chart(table)
+    if spec is None:
+        notes.append("prefill speed: no chart, no timed stage has a validation perplexity under its policies")
+    else:
+        paths["speed.png"] = render_png(spec, out / "speed.png")
+        charts.append(spec)
+        slots = chart_slot("speed", "Each checkpoint's validation perplexity at full compute and under each timed "
+                                    "skip policy against the prefill throughput measured at that batch and length "
+                                    "(batch · L / median time); the label has the executed loops and the speedup.")
+    shown = table.select("checkpoint", "method", "device", "batch", "seq_len", "policy", "executed_loops",
+                         "tokens_per_s_full", "tokens_per_s_skip", "speedup", "loop_bound", "flop_bound",
+                         "of_flop_bound", "ppl_full", "ppl")
+    return [("Prefill speed against quality", slots + _html_table(
+        shown, "Each timed point (sweeps/speed.py; one MLflow run per point and machine): executed loops d̄ on the "
+               "timed inputs, tokens/s of full and skip execution, the measured speedup, its loop bound R/d̄ and "
+               "FLOP bound (F0 + R·Fr)/(F0 + d̄·Fr), the share of the FLOP bound reached, and the stage's validation "
+               "perplexity at full depth and under the same policy. speed.csv has every column."))]
 
 
 def _n_loops(runs: RunSet) -> int | None:

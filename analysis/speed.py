@@ -1,0 +1,151 @@
+"""Speed beside quality: the speed sweep's runs (level bench, tagged with a speed_key:
+trainables/speed.py, sweeps/speed.py) joined by stage key to the evaluation points of
+the stage each one timed, so a timed skip policy sits beside the validation perplexity
+the same checkpoint reached under that policy and at full compute.
+
+    speed_table(runs, points)  one row per timed point (the newest run per point and machine):
+      identity  experiment, checkpoint (<stage>-<stage_key>), method, stage, stage_key,
+                device, batch, seq_len, policy (its spec), dtype, packing
+      speed     executed_loops (d̄ on the timed inputs), time_full_s, time_skip_s,
+                tokens_per_s_full / tokens_per_s_skip (batch · L / median time),
+                speedup, loop_bound (R / d̄), flop_bound ((F0 + R·Fr)/(F0 + d̄·Fr),
+                looplab/resources.py), of_flop_bound (speedup / flop_bound)
+      quality   ppl_full (the stage's validation perplexity at full depth), ppl (under
+                the timed policy: the gate at the same q, or the same zoo rule and
+                threshold), val_executed_loops (the validation set's loops under it);
+                null where the stage run did not evaluate it
+    speed_chart(table)         validation perplexity against measured prefill tokens/s:
+                one series per checkpoint × batch × length, full compute and each timed
+                policy as points (executed loops in the label), joined in order of falling
+                compute
+
+The metric and param names are the tracking contract's (looplab/tracking.py).
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from analysis import names
+from analysis.charts import PALETTE, ChartSpec, Point, Series, log_scale
+from analysis.load import METRIC, PARAM, RunSet
+from looplab import tracking
+
+IDENTITY = ("experiment", "checkpoint", "method", "stage", "stage_key", "device", "batch", "seq_len", "policy",
+            "dtype", "packing")
+SPEED = ("executed_loops", "time_full_s", "time_skip_s", "tokens_per_s_full", "tokens_per_s_skip", "speedup",
+         "loop_bound", "flop_bound", "of_flop_bound")
+QUALITY = ("ppl_full", "ppl", "val_executed_loops")
+
+
+def _column(table: pl.DataFrame, name: str, dtype) -> pl.Expr:
+    return pl.col(name).cast(dtype, strict=False) if name in table.columns else pl.lit(None, dtype)
+
+
+def speed_runs(runs: RunSet) -> pl.DataFrame | None:
+    """The FINISHED speed runs as rows of IDENTITY and the speed columns; None without any."""
+    table = runs.runs
+    if tracking.SPEED_KEY not in table.columns:
+        return None
+    bench = table.filter((pl.col("level") == tracking.BENCH) & pl.col(tracking.SPEED_KEY).is_not_null()
+                         & (pl.col("status") == "FINISHED"))
+    if bench.is_empty():
+        return None
+    metric = lambda name: _column(bench, METRIC + name, pl.Float64)  # noqa: E731
+    param = lambda name, dtype=pl.String: _column(bench, PARAM + name, dtype)  # noqa: E731
+    rows = bench.select(
+        "experiment", "stage_key", "method", "start_time",
+        param(tracking.SPEED_PARAM + "batch", pl.Int64).alias("batch"),
+        param(tracking.SPEED_PARAM + "seq_len", pl.Int64).alias("seq_len"),
+        pl.coalesce(pl.col(tracking.POLICY_TAG), param(tracking.SPEED_PARAM + "policy")).alias("policy"),
+        param(tracking.SPEED_PARAM + "dtype").alias("dtype"), param(tracking.SPEED_PARAM + "packing").alias("packing"),
+        param(tracking.MACHINE_PARAM + "device").alias("device"),
+        metric(tracking.MEAN_LOOPS).alias("executed_loops"), metric(tracking.TIME_FULL).alias("time_full_s"),
+        metric(tracking.TIME_SKIP).alias("time_skip_s"), metric(tracking.SPEEDUP).alias("speedup"),
+        metric(tracking.LOOP_BOUND).alias("loop_bound"), metric(tracking.FLOP_BOUND).alias("flop_bound"))
+    tokens = (pl.col("batch") * pl.col("seq_len")).cast(pl.Float64)
+    rows = rows.with_columns((tokens / pl.col("time_full_s")).alias("tokens_per_s_full"),
+                             (tokens / pl.col("time_skip_s")).alias("tokens_per_s_skip"),
+                             (pl.col("speedup") / pl.col("flop_bound")).alias("of_flop_bound"))
+    # One measurement per point and machine: the newest (another --repeats or threads count
+    # is another key, timed again).
+    point = ["experiment", "stage_key", "device", "batch", "seq_len", "policy", "dtype", "packing"]
+    return rows.sort("start_time").unique(point, keep="last", maintain_order=True).drop("start_time")
+
+
+def _policy_points(specs) -> pl.DataFrame:
+    """A timed policy's spec → the evaluation point it is in the points table: its kind
+    (skip for the gate, skip-entropy, ...) and its threshold in q."""
+    from looplab.policy import GATE, ExitPolicy
+
+    rows = []
+    for spec in specs:
+        policy = ExitPolicy.parse(spec)
+        rows.append({"policy": spec, "_kind": policy.kind,
+                     "_q": float(policy.q if policy.rule == GATE else policy.threshold)})
+    return pl.DataFrame(rows, schema={"policy": pl.String, "_kind": pl.String, "_q": pl.Float64})
+
+
+def speed_table(runs: RunSet, points: pl.DataFrame | None) -> pl.DataFrame | None:
+    """The speed runs with their stage's validation perplexity (module docstring); None
+    when the experiments hold no speed run."""
+    rows = speed_runs(runs)
+    if rows is None:
+        return None
+    stages = (runs.runs.filter(pl.col("level") == names.STAGE).select("experiment", "stage_key", "stage")
+              .unique(["experiment", "stage_key"]))
+    rows = rows.join(stages, on=["experiment", "stage_key"], how="left").with_columns(
+        pl.concat_str([pl.col("stage").fill_null("?"), pl.col("stage_key")], separator="-").alias("checkpoint"))
+    rows = rows.join(_policy_points(rows["policy"].unique().to_list()), on="policy", how="left")
+    if points is not None and points.height:
+        # A shared stage is a copy per trial (same key, same values): one value per point.
+        quality = (points.group_by("experiment", "stage_key", "policy", pl.col("q").round(6))
+                   .agg(pl.col("ppl").mean(), pl.col("executed_loops").mean()))
+        full = (quality.filter(pl.col("policy") == names.FULL)
+                .select("experiment", "stage_key", pl.col("ppl").alias("ppl_full")))
+        timed = quality.select("experiment", "stage_key", pl.col("policy").alias("_kind"), pl.col("q").alias("_q"),
+                               "ppl", pl.col("executed_loops").alias("val_executed_loops"))
+        rows = (rows.with_columns(pl.col("_q").round(6))
+                .join(full, on=["experiment", "stage_key"], how="left")
+                .join(timed, on=["experiment", "stage_key", "_kind", "_q"], how="left"))
+    else:
+        rows = rows.with_columns(*(pl.lit(None, pl.Float64).alias(c) for c in QUALITY))
+    return (rows.select(*IDENTITY, *SPEED, *QUALITY)
+            .sort("experiment", "checkpoint", "device", "seq_len", "batch", "policy"))
+
+
+def speed_chart(table: pl.DataFrame) -> ChartSpec | None:
+    """Validation perplexity against measured prefill tokens/s (module docstring); None
+    when no timed point has a perplexity to draw."""
+    drawn = table.filter(pl.col("ppl").is_not_null() | pl.col("ppl_full").is_not_null())
+    if drawn.is_empty():
+        return None
+    # Split series by what varies: the checkpoint, batch and length always; machine, dtype
+    # and packing only where the table mixes them.
+    by = ["checkpoint", "batch", "seq_len"] + [c for c in ("device", "dtype", "packing") if drawn[c].n_unique() > 1]
+    methods = drawn.select("checkpoint", "method").unique()
+    short = {c: (f"{m} {c.split('-')[0]}" if methods.filter(pl.col("method") == m).height == 1 else f"{m} {c}")
+             for c, m in methods.iter_rows()}
+    series, xs, ys = [], [], []
+    for i, (key, group) in enumerate(drawn.sort(*by).group_by(by, maintain_order=True)):
+        info = dict(zip(by, key))
+        name = " · ".join([short[info["checkpoint"]], f"b{info['batch']} L{info['seq_len']}",
+                           *(str(info[c]) for c in by[3:])])
+        pts = []
+        full = group.filter(pl.col("ppl_full").is_not_null())
+        if full.height:  # each timed policy ran its own full twin: their mean
+            pts.append(Point(float(full["tokens_per_s_full"].mean()), float(full["ppl_full"][0]),
+                             f"full: all R loops ({full.height} timing(s))"))
+        # The line follows the compute as it falls (full, then the policies by fewer
+        # executed loops), not the x order: timing noise would zigzag it.
+        for r in group.filter(pl.col("ppl").is_not_null()).sort("executed_loops", descending=True).iter_rows(
+                named=True):
+            bound = f" (FLOP bound {r['flop_bound']:.2f}x)" if r["flop_bound"] is not None else ""
+            pts.append(Point(r["tokens_per_s_skip"], r["ppl"],
+                             f"{r['policy']}: {r['executed_loops']:.2f} loops, {r['speedup']:.2f}x{bound}"))
+        xs += [p.x for p in pts]
+        ys += [p.y for p in pts]
+        series.append(Series(name, PALETTE[i % len(PALETTE)], pts, [(p.x, p.y) for p in pts], "linear"))
+    return ChartSpec("speed", "Validation perplexity against measured prefill tokens/s",
+                     "prefill tokens/s (batch · L / median time)", "validation perplexity", series,
+                     log_y=log_scale(ys), log_x=log_scale(xs))
