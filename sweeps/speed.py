@@ -1,0 +1,444 @@
+"""Prefill speed of an experiment's trained checkpoints (paper §5.4, Tables 5 and 6), as a
+tracked sweep: full against skip execution at every point of a grid, on every chosen
+checkpoint of an existing experiment.
+
+    python sweeps/speed.py --experiment adaptive_pipeline-paper-140m --storage-path runs/paper --grid table5-140m
+    python sweeps/speed.py --experiment adaptive_pipeline-paper-370m --storage-path runs/paper --grid table5-370m
+    python sweeps/speed.py --experiment adaptive_pipeline-paper-140m --storage-path runs/paper --grid table6
+    python sweeps/speed.py --experiment adaptive_pipeline-debug --grid debug --no-ray     # a CPU, in-process
+    python sweeps/speed.py --experiment adaptive_pipeline-debug --grid debug --dry-run    # the plan, and the store
+
+Grids (--grid; --batches, --seq-lens, --policies, --dtype, --packing, --repeats override
+any of their settings):
+
+    table5-140m  batch 1, 4, 8, 16, 64 at L 2048   skip:0.2, 0.4, 0.6   bf16, padded    (Table 5, 140M)
+    table5-370m  batch 4, 8, 16, 32, 64 at L 2048  skip:0.2, 0.4, 0.6   bf16, padded    (Table 5, 370M)
+    table6       batch 16 at L 256 ... 3584        skip:0.2, 0.4, 0.6   bf16, padded    (Table 6)
+    debug        batch 1, 4 at L 128               skip:0.2, 0.4, 0.6   fp32, auto      (a CPU, minutes)
+
+"padded" is the paper's ragged-halting layout (looplab/bench.py). The checkpoints
+(--stages; default: the gated final stages, the models the paper times) come from the
+experiment's FINISHED stage runs (trainables/evaluation.py's store_checkpoints). Each
+point is one MLflow run keyed by content and by the machine that times it
+(trainables/speed.py): a re-run measures only what the store lacks on this hardware.
+Each run records, beside the measured speedup, the loop bound R/d̄ and the FLOP bound
+(F0 + R·Fr)/(F0 + d̄·Fr) (looplab/resources.py).
+
+One job per checkpoint, a Ray task with --cpus and --gpus (defaults: without GPUs, a
+node's CPUs, so that one job at a time has the machine to itself, as timing wants;
+with GPUs, one GPU and its share of the CPUs), or in this process (--no-ray). The
+report (analysis/speed.py: speed beside the stage's validation perplexity per policy,
+and the perplexity-against-tokens/s figure) is written to STORAGE/analysis/<experiment>-speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from dataclasses import dataclass, replace
+
+from looplab import tracking
+from looplab.cli import Parser
+from looplab.config import ConfigError
+from looplab.policy import SKIP, parse_policies
+from looplab.stages import STAGE_NAMES, get_stage
+from sweeps.flags import fail
+from trainables.speed import SpeedPoint
+
+PACKINGS = ("auto", "padded", "varlen")
+DTYPES = ("fp32", "bf16")
+PAPER_POLICIES = "skip:0.2,0.4,0.6"  # Tables 5 and 6: q 0.2 / 0.4 / 0.6
+
+
+@dataclass(frozen=True)
+class SpeedGrid:
+    batches: tuple[int, ...]
+    seq_lens: tuple[int, ...]
+    policies: str  # a parse_policies text of skip policies
+    dtype: str = "fp32"
+    packing: str = "auto"
+    repeats: int = 5
+
+    def points(self) -> list[SpeedPoint]:
+        """Every (length, batch, policy), in that order."""
+        return [SpeedPoint(b, length, p.spec, self.dtype, self.packing) for length in self.seq_lens
+                for b in self.batches for p in parse_policies(self.policies)]
+
+    def describe(self) -> str:
+        return (f"batch {', '.join(map(str, self.batches))} × L {', '.join(map(str, self.seq_lens))} × "
+                f"{' '.join(p.spec for p in parse_policies(self.policies))}; {self.dtype}, packing {self.packing}, "
+                f"{self.repeats} repeats")
+
+
+GRIDS = {
+    "table5-140m": SpeedGrid((1, 4, 8, 16, 64), (2048,), PAPER_POLICIES, "bf16", "padded"),
+    "table5-370m": SpeedGrid((4, 8, 16, 32, 64), (2048,), PAPER_POLICIES, "bf16", "padded"),
+    "table6": SpeedGrid((16,), (256, 512, 1024, 2048, 3584), PAPER_POLICIES, "bf16", "padded"),
+    "debug": SpeedGrid((1, 4), (128,), PAPER_POLICIES, "fp32", "auto", repeats=3),
+}
+
+
+# ---- flags ------------------------------------------------------------------------------------
+def parser() -> argparse.ArgumentParser:
+    p = Parser(prog="python -m sweeps.speed",
+               description="Prefill speed (full against skip) of an existing experiment's checkpoints, one MLflow run "
+                           "per point, keyed by content and machine (what the store lacks only).")
+    p.add_argument("--experiment", required=True, help="the sweep's MLflow experiment, e.g. adaptive_pipeline-debug")
+    p.add_argument("--storage-path", default="looplab-runs",
+                   help="the sweep's storage (default looplab-runs): its MLflow store, and its stages/ when the "
+                        "checkpoints moved with it")
+    p.add_argument("--tracking-uri", default="", help="MLflow URI (default sqlite:///STORAGE/mlflow.db)")
+    p.add_argument("--address", default="", help="Ray cluster address (default: start a local Ray)")
+    p.add_argument("--dry-run", action="store_true", help="print the checkpoints × points and what the store has")
+    p.add_argument("--stages", default="", metavar="STAGE,...",
+                   help="time checkpoints of these stages (default: the gated final stages, e.g. each arm's stage2)")
+    p.add_argument("--grid", default="debug", metavar="|".join(GRIDS),
+                   help="a named grid (default debug): table5-140m, table5-370m, table6 are the paper's")
+    p.add_argument("--batches", default="", metavar="B,...", help="batch sizes (default: the grid's)")
+    p.add_argument("--seq-lens", default="", metavar="L,...", help="prefill lengths (default: the grid's)")
+    p.add_argument("--policies", default="", metavar="GRID",
+                   help="skip policies, e.g. skip:0.2,0.4,0.6 or 'skip:0.4;skip-entropy:2.0' (default: the grid's)")
+    p.add_argument("--dtype", default="", metavar="|".join(DTYPES), help="default: the grid's")
+    p.add_argument("--packing", default="", metavar="|".join(PACKINGS),
+                   help="skip's survivor layout: padded (the paper's), varlen (Mamba-2), auto (default: the grid's)")
+    p.add_argument("--repeats", default="", metavar="N", help="timed repeats per point (default: the grid's)")
+    p.add_argument("--cpus", default="", metavar="N",
+                   help="CPUs per job, also its torch threads (default: a node's CPUs without GPUs, else its "
+                        "CPUs per GPU)")
+    p.add_argument("--gpus", default="", metavar="N", help="GPUs per job (default: 1 where there are GPUs, else 0)")
+    p.add_argument("--no-ray", action="store_true",
+                   help="run the jobs one after another in this process (one machine, no Ray)")
+    p.add_argument("--no-report", action="store_true", help="do not write the analysis report at the end")
+    return p
+
+
+def _ints(flag: str, text: str, allowed: str = "comma-separated integers >= 1, e.g. 1,4,16") -> tuple[int, ...]:
+    values = []
+    for part in (t.strip() for t in text.split(",")):
+        try:
+            value = int(part)
+        except ValueError:
+            value = 0
+        if value < 1:
+            fail(flag, text, allowed)
+        values.append(value)
+    return tuple(dict.fromkeys(values))
+
+
+def _number(flag: str, text: str, minimum: float, what: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < minimum:
+        fail(flag, text, what)
+    return value
+
+
+def grid_from_args(args: argparse.Namespace) -> SpeedGrid:
+    """The named grid with the flags' overrides; a bad value is a ConfigError naming its flag."""
+    if args.grid not in GRIDS:
+        fail("--grid", args.grid, " | ".join(GRIDS))
+    grid = GRIDS[args.grid]
+    if args.batches:
+        grid = replace(grid, batches=_ints("--batches", args.batches))
+    if args.seq_lens:
+        grid = replace(grid, seq_lens=_ints("--seq-lens", args.seq_lens))
+    if args.policies:
+        check_policies(args.policies)
+        grid = replace(grid, policies=args.policies)
+    if args.dtype:
+        if args.dtype not in DTYPES:
+            fail("--dtype", args.dtype, " | ".join(DTYPES))
+        grid = replace(grid, dtype=args.dtype)
+    if args.packing:
+        if args.packing not in PACKINGS:
+            fail("--packing", args.packing, " | ".join(PACKINGS))
+        grid = replace(grid, packing=args.packing)
+    if args.repeats:
+        repeats = _ints("--repeats", args.repeats, "an integer >= 1")
+        if len(repeats) != 1:
+            fail("--repeats", args.repeats, "an integer >= 1")
+        grid = replace(grid, repeats=repeats[0])
+    return grid
+
+
+def check_policies(text: str) -> None:
+    """Skip policies only: each is timed against its dense twin (looplab/bench.py)."""
+    try:
+        policies = parse_policies(text)
+    except ConfigError as e:
+        fail("--policies", text, f"skip policies such as skip:0.2,0.4,0.6 or 'skip:0.4;skip-entropy:2.0' ({e})")
+    for policy in policies:
+        if policy.execution != SKIP:
+            fail("--policies", policy.spec, "skip policies (skip:Q, skip-entropy:T, skip-kl:T, skip-stable:K), "
+                                            "which the benchmark compares with full execution")
+
+
+def parse_stages(text: str) -> tuple[str, ...]:
+    stages = tuple(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
+    for stage in stages:
+        if stage not in STAGE_NAMES:
+            fail("--stages", text, f"comma-separated stages: {' | '.join(STAGE_NAMES)}")
+    return stages
+
+
+def local_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def this_machine() -> list[tuple[float, float]]:
+    return [(float(os.cpu_count() or 1), float(local_gpus()))]
+
+
+def resources_from_args(args: argparse.Namespace, nodes: list[tuple[float, float]],
+                        check_fit: bool = True) -> tuple[float, float]:
+    """(CPUs, GPUs) per job: the flags', else the defaults for these nodes ((CPUs, GPUs)
+    each): without GPUs a node's CPUs (the smallest node's, so that a job fits every
+    node), so one job at a time has a machine to itself; with GPUs one GPU and the CPUs
+    that go with it on the node with the fewest per GPU. check_fit: a job must fit one of
+    the nodes (Ray would wait forever for one that fits none)."""
+    gpus = _number("--gpus", args.gpus, 0, "a number >= 0") if args.gpus else float(any(g > 0 for _, g in nodes))
+    with_gpus = [(c, g) for c, g in nodes if g > 0]
+    if check_fit and gpus > 0 and not with_gpus:
+        fail("--gpus", args.gpus, "0 here (no CUDA device on this machine)")
+    if args.cpus:
+        cpus = _number("--cpus", args.cpus, 0, "a number > 0")
+        if cpus == 0:
+            fail("--cpus", args.cpus, "a number > 0")
+    elif gpus > 0 and with_gpus:
+        cpus = float(max(1, min(math.floor(c / g) for c, g in with_gpus)))
+    else:
+        cpus = float(min(c for c, _ in nodes))
+    largest = max(c for c, _ in nodes)
+    if check_fit and cpus > largest:
+        fail("--cpus", args.cpus, f"at most {largest:g} (the CPUs of the largest node)")
+    return cpus, gpus
+
+
+# ---- which checkpoints ------------------------------------------------------------------------
+def select_checkpoints(checkpoints, stages: tuple[str, ...]) -> list:
+    """The named stages' checkpoints, or by default the gated final ones: a gated
+    checkpoint whose lineage no other checkpoint continues (each arm's last stage)."""
+    present = sorted({c.stage for c in checkpoints}, key=STAGE_NAMES.index)
+    if stages:
+        missing = [s for s in stages if s not in present]
+        if missing:
+            fail("--stages", ",".join(stages), f"stages with checkpoints in this experiment: {', '.join(present)}")
+        return [c for c in checkpoints if c.stage in stages]
+    chosen = [c for c in checkpoints if get_stage(c.stage).gated and not any(
+        len(o.lineage) > len(c.lineage) and tuple(o.lineage[:len(c.lineage)]) == tuple(c.lineage) for o in checkpoints)]
+    if not chosen:
+        fail("--stages", "", f"stages to time (no gated stage has a checkpoint here; stages: {', '.join(present)})")
+    return chosen
+
+
+def check_points(grid: SpeedGrid, checkpoints) -> None:
+    """Every policy applies to every chosen checkpoint (a gate threshold needs a gated
+    stage), and varlen packing to their architecture (Mamba-2 only)."""
+    from trainables.evaluation import applies
+
+    for policy in parse_policies(grid.policies):
+        for ck in checkpoints:
+            if not applies(policy, ck.stage, ck.n_loops):
+                gated = ", ".join(s for s in STAGE_NAMES if get_stage(s).gated)
+                fail("--policies", policy.spec, f"policies that apply to stage {ck.stage} (a gate threshold needs a "
+                                                f"gated stage: {gated}; zero-shot rules such as skip-entropy:2.0 "
+                                                "apply to any)")
+    if grid.packing == "varlen":
+        from looplab.checkpoint import read_model_config
+        from trainables.storage import local_checkpoint
+
+        for ck in checkpoints:
+            arch = read_model_config(local_checkpoint(ck.path)).arch
+            if arch != "mamba2":
+                fail("--packing", grid.packing, f"auto | padded for {arch} checkpoints (varlen packs sequences into "
+                                                "one row, which attention layers cannot)")
+
+
+# ---- the plan ---------------------------------------------------------------------------------
+def jobs_for(grid: SpeedGrid, checkpoints, *, threads: int, uri: str, experiment: str, artifact_root: str):
+    from trainables.speed import SpeedJob
+
+    points = tuple(grid.points())
+    return [SpeedJob(ck, points, grid.repeats, threads, uri, experiment, artifact_root) for ck in checkpoints]
+
+
+def stored_counts(mc, experiment_id: str, jobs) -> dict[str, int]:
+    """Per job, how many of its points the store holds FINISHED on this machine (the key
+    names the machine that times it: another machine measures again)."""
+    from trainables.speed import host_of, speed_key
+
+    done = finished_speed_keys(mc, experiment_id)
+    counts = {}
+    for job in jobs:
+        host = host_of(job.threads)
+        counts[job.label] = sum(speed_key(job.checkpoint.stage_key, p, host, job.repeats) in done for p in job.points)
+    return counts
+
+
+def finished_speed_keys(mc, experiment_id: str) -> set[str]:
+    keys, token = set(), None
+    while True:
+        page = mc.search_runs([experiment_id], max_results=5000, page_token=token,
+                              filter_string=f"tags.{tracking.LEVEL} = '{tracking.BENCH}' "
+                                            "and attributes.status = 'FINISHED'")
+        keys.update(r.data.tags.get(tracking.SPEED_KEY) for r in page)
+        token = page.token
+        if not token:
+            return keys - {None}
+
+
+def describe(grid: SpeedGrid, jobs, stored: dict[str, int], cpus: float, gpus: float) -> str:
+    from trainables.speed import host_of
+
+    n = len(grid.points())
+    total, have = n * len(jobs), sum(stored.values())
+    host = host_of(jobs[0].threads) if jobs else {}
+    lines = [f"speed sweep: {len(jobs)} checkpoint(s) × {n} point(s) = {total} measurement(s); {have} in the store "
+             f"(FINISHED with the same speed_key on this machine: {', '.join(f'{k} {v}' for k, v in host.items())})",
+             f"  grid: {grid.describe()}",
+             f"  jobs: one per checkpoint, {cpus:g} CPU" + (f", {gpus:g} GPU" if gpus else "") + " each"]
+    for job in jobs:
+        ck = job.checkpoint
+        lines.append(f"  {job.label} ({job.method}, R={ck.n_loops}, {'+'.join(ck.lineage)}): {n} point(s), "
+                     f"{stored[job.label]} in the store")
+    lines.append("  points: " + ", ".join(f"b{p.batch} L{p.seq_len} {p.policy}" for p in grid.points()))
+    lines.append(f"  to measure now: {total - have}")
+    return "\n".join(lines)
+
+
+# ---- the summary ------------------------------------------------------------------------------
+SUMMARY = ("checkpoint", "method", "batch", "L", "policy", "loops", "speedup", "loop bound R/d̄", "FLOP bound",
+           "speedup / FLOP bound", "reused")
+
+
+def summary_rows(records: list[dict]) -> list[list[str]]:
+    rows = []
+    for r in records:
+        bound = r.get(tracking.FLOP_BOUND)
+        rows.append([r["checkpoint"], r["method"], str(r["batch"]), str(r["seq_len"]), r["policy"],
+                     f"{r[tracking.MEAN_LOOPS]:.2f}", f"{r[tracking.SPEEDUP]:.2f}x", f"{r[tracking.LOOP_BOUND]:.2f}x",
+                     f"{bound:.2f}x" if bound else "?", f"{r[tracking.SPEEDUP] / bound:.0%}" if bound else "?",
+                     "yes" if r["reused"] else "no"])
+    return rows
+
+
+def print_summary(records: list[dict], out=None) -> None:
+    out = out or sys.stdout
+    rows = summary_rows(records)
+    widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(SUMMARY)]
+    for row in [list(SUMMARY), ["-" * w for w in widths], *rows]:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip(), file=out)
+
+
+# ---- python -m sweeps.speed ---------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    from sweeps.evaluate import open_experiment
+    from trainables.evaluation import store_checkpoints
+    from trainables.storage import Storage
+
+    args = parser().parse_args(argv)
+    storage = Storage(args.storage_path)
+    uri = args.tracking_uri or f"sqlite:///{storage.scratch() / 'mlflow.db'}"
+    try:
+        grid = grid_from_args(args)
+        stages = parse_stages(args.stages)
+        # On a cluster (--address) the jobs' resources are checked against its nodes once Ray is up.
+        cpus, gpus = resources_from_args(args, this_machine(), check_fit=not args.address or args.no_ray)
+        mc, experiment_id = open_experiment(uri, args.experiment)
+        found, notes = store_checkpoints(mc, experiment_id, storage.root)
+        if not found:
+            fail("--experiment", args.experiment, "an experiment with FINISHED stage runs whose checkpoints exist"
+                 + (f" ({notes[0]})" if notes else ""))
+        chosen = select_checkpoints(found, stages)
+        check_points(grid, chosen)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    artifact_root = storage.path("mlflow")
+    if args.dry_run:
+        jobs = jobs_for(grid, chosen, threads=max(1, round(cpus)), uri=uri, experiment=args.experiment,
+                        artifact_root=artifact_root)
+        print(describe(grid, jobs, stored_counts(mc, experiment_id, jobs), cpus, gpus))
+        if args.address and not args.no_ray:
+            print("  (resources: this machine's defaults; a run takes the cluster's nodes')")
+        return 0
+    status, records = run(args, grid, chosen, uri, artifact_root, storage, cpus, gpus)
+    if records:
+        print()
+        print_summary(records)
+    if status != 2 and not args.no_report:
+        from sweeps.launch import write_report
+
+        sweep = tracking.find_run(mc, experiment_id, **{tracking.LEVEL: tracking.SWEEP})
+        report = write_report(uri, args.experiment, sweep.info.run_id if sweep else None,
+                              storage.scratch() / "analysis" / f"{args.experiment}-speed")
+        for name in ("speed.png", "report.html"):
+            if name in report:
+                print(f"{name}: {report[name]}")
+    return status
+
+
+def run(args, grid: SpeedGrid, chosen, uri: str, artifact_root: str, storage, cpus: float, gpus: float):
+    """Every job (in this process with --no-ray, else as Ray tasks), with a progress line
+    per checkpoint. Returns (exit status: 0, 1 when a job failed, 2 when the cluster
+    cannot hold a job; the records, in the plan's order)."""
+    from trainables.speed import execute
+
+    inline = args.no_ray
+    if not inline:
+        import ray
+
+        from sweeps.launch import _to_log
+
+        logs = storage.scratch() / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        with _to_log(logs / "ray.log"):  # Ray's banner to the log; the jobs' progress lines come through
+            ray.init(address=args.address or None, include_dashboard=None, log_to_driver=True,
+                     configure_logging=False)
+    try:
+        if not inline and args.address:
+            import ray
+
+            nodes = [(n["Resources"].get("CPU", 0.0), n["Resources"].get("GPU", 0.0))
+                     for n in ray.nodes() if n.get("Alive")]
+            try:
+                cpus, gpus = resources_from_args(args, nodes)
+            except ConfigError as e:
+                print(f"error: {e}", file=sys.stderr)
+                return 2, []
+        jobs = jobs_for(grid, chosen, threads=max(1, round(cpus)), uri=uri, experiment=args.experiment,
+                        artifact_root=artifact_root)
+        where = "in this process" if inline else f"{cpus:g} CPU" + (f", {gpus:g} GPU" if gpus else "") + " each"
+        print(f"timing {len(grid.points())} point(s) on each of {len(jobs)} checkpoint(s), one job per checkpoint ({where})",
+              file=sys.stderr, flush=True)
+        records, failed = [], 0
+        for i, (job, result) in enumerate(execute(jobs, cpus=cpus, gpus=gpus, inline=inline), start=1):
+            if isinstance(result, BaseException):
+                failed += 1
+                print(f"[{i}/{len(jobs)}] {job.label} failed: {type(result).__name__}: {result}", file=sys.stderr,
+                      flush=True)
+                continue
+            reused = sum(r["reused"] for r in result)
+            print(f"[{i}/{len(jobs)}] {job.label} ({job.method}): {len(result) - reused} measured, {reused} reused",
+                  file=sys.stderr, flush=True)
+            records += result
+    finally:
+        if not inline:
+            import ray
+
+            ray.shutdown()
+    order = {job.label: i for i, job in enumerate(jobs)}
+    records.sort(key=lambda r: order[r["checkpoint"]])  # as the plan lists them, whichever finished first
+    return (1 if failed else 0), records
+
+
+if __name__ == "__main__":
+    sys.exit(main())
