@@ -220,6 +220,42 @@ def test_sweep_bad_input_is_one_line_before_ray(sweep, argv, expected, tmp_path,
     assert not ray.is_initialized() and not (tmp_path / "store").exists()  # nothing started, nothing left
 
 
+# Commands over an existing experiment's store (sweeps/speed.py): a bad flag is one line
+# before the store is read, and nothing is created (tests/test_speed_sweep.py has the
+# checks that need a store: stages, policies against them, the experiment's name).
+SPEED_CASES = [
+    (["--grid", "table7"], "--grid='table7' is invalid; allowed: table5-140m | table5-370m | table6 | debug"),
+    (["--batches", "1,x"], "--batches='1,x' is invalid"),
+    (["--seq-lens", "-2048"], "--seq-lens='-2048' is invalid"),
+    (["--policies", "forced:2"], "--policies='forced:2' is invalid; allowed: skip policies"),
+    (["--dtype", "fp8"], "--dtype='fp8' is invalid; allowed: fp32 | bf16"),
+    (["--packing", "dense"], "--packing='dense' is invalid; allowed: auto | padded | varlen"),
+    (["--repeats", "2.5"], "--repeats='2.5' is invalid"),
+    (["--cpus", "-1"], "--cpus='-1' is invalid"),
+    (["--stages", "stage5"], "--stages='stage5' is invalid"),
+    ([], "--tracking-uri="),  # no store at the storage path: not created
+]
+
+
+@pytest.mark.parametrize("argv, expected", SPEED_CASES, ids=[" ".join(a) or "no store" for a, _ in SPEED_CASES])
+def test_speed_sweep_bad_input_is_one_line(argv, expected, tmp_path, capsys):
+    import ray
+
+    from sweeps.speed import main
+
+    assert main(["--experiment", "x", "--storage-path", str(tmp_path / "store"), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith(f"error: {expected}") and "allowed" in err, err
+    assert not ray.is_initialized() and not (tmp_path / "store").exists()
+
+
+def test_speed_sweep_has_a_working_help():
+    for command in ([sys.executable, str(REPO / "sweeps" / "speed.py"), "--help"],
+                    [sys.executable, "-m", "sweeps.speed", "--help"]):
+        done = subprocess.run(command, capture_output=True, text=True, cwd="/", timeout=120)
+        assert done.returncode == 0 and "--experiment" in done.stdout and "table5-140m" in done.stdout, done.stderr
+
+
 @pytest.mark.parametrize("sweep", SWEEPS)
 def test_every_sweep_script_has_a_working_help(sweep):
     for command in ([sys.executable, str(REPO / "sweeps" / f"{sweep}.py"), "--help"],
