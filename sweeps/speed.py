@@ -34,6 +34,7 @@ and the perplexity-against-tokens/s figure) is written to STORAGE/analysis/<expe
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import sys
@@ -261,11 +262,12 @@ def check_points(grid: SpeedGrid, checkpoints) -> None:
 
 
 # ---- the plan ---------------------------------------------------------------------------------
-def jobs_for(grid: SpeedGrid, checkpoints, *, threads: int, uri: str, experiment: str, artifact_root: str):
+def jobs_for(grid: SpeedGrid, checkpoints, *, threads: int, uri: str, experiment: str, artifact_root: str,
+             board: str = ""):
     from trainables.speed import SpeedJob
 
     points = tuple(grid.points())
-    return [SpeedJob(ck, points, grid.repeats, threads, uri, experiment, artifact_root) for ck in checkpoints]
+    return [SpeedJob(ck, points, grid.repeats, threads, uri, experiment, artifact_root, board) for ck in checkpoints]
 
 
 def stored_counts(mc, experiment_id: str, jobs) -> dict[str, int]:
@@ -390,6 +392,7 @@ def run(args, grid: SpeedGrid, chosen, uri: str, artifact_root: str, storage, cp
     """Every job (in this process with --no-ray, else as Ray tasks), with a progress line
     per checkpoint. Returns (exit status: 0, 1 when a job failed, 2 when the cluster
     cannot hold a job; the records, in the plan's order)."""
+    from trainables.progress import Printer, board_name
     from trainables.speed import execute
 
     inline = args.no_ray
@@ -400,8 +403,8 @@ def run(args, grid: SpeedGrid, chosen, uri: str, artifact_root: str, storage, cp
 
         logs = storage.scratch() / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        with _to_log(logs / "ray.log"):  # Ray's banner to the log; the jobs' progress lines come through
-            ray.init(address=args.address or None, include_dashboard=None, log_to_driver=True,
+        with _to_log(logs / "ray.log"):  # Ray's own output to the log; the jobs post their progress to a board
+            ray.init(address=args.address or None, include_dashboard=None, log_to_driver=False,
                      configure_logging=False)
     try:
         if not inline and args.address:
@@ -414,22 +417,26 @@ def run(args, grid: SpeedGrid, chosen, uri: str, artifact_root: str, storage, cp
             except ConfigError as e:
                 print(f"error: {e}", file=sys.stderr)
                 return 2, []
+        board = "" if inline else board_name(f"speed-{args.experiment}")
         jobs = jobs_for(grid, chosen, threads=max(1, round(cpus)), uri=uri, experiment=args.experiment,
-                        artifact_root=artifact_root)
+                        artifact_root=artifact_root, board=board)
         where = "in this process" if inline else f"{cpus:g} CPU" + (f", {gpus:g} GPU" if gpus else "") + " each"
-        print(f"timing {len(grid.points())} point(s) on each of {len(jobs)} checkpoint(s), one job per checkpoint ({where})",
-              file=sys.stderr, flush=True)
+        print(f"timing {len(grid.points())} point(s) on each of {len(jobs)} checkpoint(s), one job per checkpoint "
+              f"({where})", file=sys.stderr, flush=True)
         records, failed = [], 0
-        for i, (job, result) in enumerate(execute(jobs, cpus=cpus, gpus=gpus, inline=inline), start=1):
-            if isinstance(result, BaseException):
-                failed += 1
-                print(f"[{i}/{len(jobs)}] {job.label} failed: {type(result).__name__}: {result}", file=sys.stderr,
-                      flush=True)
-                continue
-            reused = sum(r["reused"] for r in result)
-            print(f"[{i}/{len(jobs)}] {job.label} ({job.method}): {len(result) - reused} measured, {reused} reused",
-                  file=sys.stderr, flush=True)
-            records += result
+        with Printer(board) if board else contextlib.nullcontext() as printer:
+            for i, (job, result) in enumerate(execute(jobs, cpus=cpus, gpus=gpus, inline=inline), start=1):
+                if printer is not None:
+                    printer.flush()  # the job's points before its summary line
+                if isinstance(result, BaseException):
+                    failed += 1
+                    print(f"[{i}/{len(jobs)}] {job.label} failed: {type(result).__name__}: {result}",
+                          file=sys.stderr, flush=True)
+                    continue
+                reused = sum(r["reused"] for r in result)
+                print(f"[{i}/{len(jobs)}] {job.label} ({job.method}): {len(result) - reused} measured, {reused} "
+                      "reused", file=sys.stderr, flush=True)
+                records += result
     finally:
         if not inline:
             import ray

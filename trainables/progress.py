@@ -9,8 +9,9 @@ mode or worker actors) without shared storage. Posting is fire-and-forget: a mis
 board (a driver that died) never fails a trial.
 
 Records: {"trial": label, "event": "start" | "step" | "end" | "reused" | "resumed_done" |
-"trial_end" | "eval" | "eval_failed", "stage", "step", "steps", "loss", "tokens_per_s", "eta_s", "summary", "policy",
-"task", "error"}; evaluation jobs (trainables/evaluation.py) post the last two kinds.
+"trial_end" | "eval" | "eval_failed" | "speed", "stage", "step", "steps", "loss", "tokens_per_s", "eta_s", "summary", "policy",
+"task", "error", "line"}; evaluation jobs (trainables/evaluation.py) post eval and eval_failed,
+speed jobs (trainables/speed.py) a speed record with its line per measured point.
 """
 
 from __future__ import annotations
@@ -63,10 +64,16 @@ class Reporter:
             except Exception:  # noqa: BLE001 - no board (e.g. a resumed sweep's new driver): no progress
                 self._handle = None
 
-    def post(self, event: str, **fields: Any) -> None:
+    def post(self, event: str, wait: bool = False, **fields: Any) -> None:
+        """wait: until the board holds the record, so that the driver, once this task has
+        returned, prints it before its own line about the task."""
         if self._handle is not None:
             try:
-                self._handle.post.remote({"trial": self.trial, "event": event, "time": time.time(), **fields})
+                ref = self._handle.post.remote({"trial": self.trial, "event": event, "time": time.time(), **fields})
+                if wait:
+                    import ray
+
+                    ray.get(ref, timeout=30)
             except Exception:  # noqa: BLE001 - progress must never fail a trial
                 self._handle = None
 
@@ -101,6 +108,8 @@ def format_record(r: dict[str, Any]) -> str:
     if event == "eval":  # a downstream evaluation (trainables/evaluation.py) finished
         summary = "  ".join(f"{k} {v:.4g}" for k, v in (r.get("summary") or {}).items())
         return f"{head} {r['policy']} {r['task']}" + (f": {summary}" if summary else "")
+    if event == "speed":  # a timed prefill point (trainables/speed.py) was measured
+        return f"{head} {r['line']}"
     if event == "eval_failed":
         return f"{head} {r['policy']} {r['task']}: FAILED {r.get('error', '')}"
     if event == "trial_end":
@@ -133,6 +142,10 @@ class Printer:
         self._stop.set()
         self._thread.join(timeout=10)
         self._print_pending()  # the last trials' final lines
+
+    def flush(self) -> None:
+        """Print what is posted now (e.g. a finished job's lines before the driver's own)."""
+        self._print_pending()
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):

@@ -21,7 +21,7 @@ import os
 import platform
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from looplab import tracking
 from looplab.config import content_key
@@ -65,12 +65,16 @@ def bound_of(model_cfg, point: SpeedPoint, executed_loops: float) -> float:
     return flop_bound(f0, fr, model_cfg.n_loops, executed_loops)
 
 
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 def measure(mc, experiment_id: str, parent_run_id: str, *, checkpoint: str, stage_key: str, config_hash: str,
             method: str, points: list[SpeedPoint], repeats: int = 5, threads: int | None = None,
-            label: str = "") -> list[dict]:
+            label: str = "", progress: Callable[[str], None] | None = None) -> list[dict]:
     """The benchmark record (looplab/bench.py's BenchRecord as a dict) of every point on
     this checkpoint: read from its FINISHED run when there is one, else measured here and
-    logged. Progress goes to stderr."""
+    logged. A line per measured point goes to `progress` (default: stderr)."""
     import torch
 
     from looplab.bench import bench_point, heldout_ids, measured_peaks, prefill_peaks
@@ -129,9 +133,10 @@ def measure(mc, experiment_id: str, parent_run_id: str, *, checkpoint: str, stag
                         **{tracking.MACHINE_PARAM + k: str(v) for k, v in host.items()}})
             with tracking.terminated_on_exit(mc, run_id):
                 tracking.log_metrics(mc, run_id, {k: float(values[k]) for k in tracking.SPEED_METRICS})
-            print(f"speed {label} batch {p.batch} × {p.seq_len} {p.policy}: full {record.time_full_s:.4f} s, "
-                  f"skip {record.time_skip_s:.4f} s, {record.speedup:.2f}x (loops {record.ideal_speedup:.2f}x, "
-                  f"FLOPs {values[tracking.FLOP_BOUND]:.2f}x)", file=sys.stderr, flush=True)
+            (progress or _to_stderr)(
+                f"speed{' ' + label if label else ''} batch {p.batch} × {p.seq_len} {p.policy}: full {record.time_full_s:.4f} s, "
+                f"skip {record.time_skip_s:.4f} s, {record.speedup:.2f}x (loops {record.ideal_speedup:.2f}x, "
+                f"FLOPs {values[tracking.FLOP_BOUND]:.2f}x)")
             records.append({**p.__dict__, **{k: values[k] for k in tracking.SPEED_METRICS}, "reused": False})
     finally:
         torch.set_num_threads(previous)
@@ -151,6 +156,7 @@ class SpeedJob:
     tracking_uri: str
     experiment: str
     artifact_root: str
+    board: str = ""  # the progress board the driver prints (trainables/progress.py); "": stderr
 
     @property
     def label(self) -> str:
@@ -166,14 +172,18 @@ class SpeedJob:
 def run_job(job: SpeedJob) -> list[dict]:
     """measure() on the job's checkpoint (nested under the run that trained it); each
     record with the checkpoint's label, method and R."""
+    from trainables.progress import Reporter
     from trainables.storage import local_checkpoint
 
     ck = job.checkpoint
     mc = tracking.client(job.tracking_uri)
     experiment_id = tracking.ensure_experiment(mc, job.experiment, job.artifact_root)
+    # A Ray task's stderr reaches the driver late or not at all: its lines go to the board.
+    board = Reporter(job.board, job.label, min_seconds=0.0) if job.board else None
     records = measure(mc, experiment_id, ck.run_id or None, checkpoint=str(local_checkpoint(ck.path)),
                       stage_key=ck.stage_key, config_hash=ck.config_hash, method=job.method, points=list(job.points),
-                      repeats=job.repeats, threads=job.threads, label=job.label)
+                      repeats=job.repeats, threads=job.threads, label="" if board else job.label,
+                      progress=(lambda line: board.post("speed", wait=True, line=line)) if board else None)
     return [{"checkpoint": job.label, "method": job.method, "n_loops": ck.n_loops, **r} for r in records]
 
 
