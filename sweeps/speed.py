@@ -196,8 +196,8 @@ def this_machine() -> list[tuple[float, float]]:
     return [(float(os.cpu_count() or 1), float(local_gpus()))]
 
 
-def resources_from_args(args: argparse.Namespace, nodes: list[tuple[float, float]],
-                        check_fit: bool = True) -> tuple[float, float]:
+def resources_from_args(args: argparse.Namespace, nodes: list[tuple[float, float]], check_fit: bool = True,
+                        where: str = "this machine") -> tuple[float, float]:
     """(CPUs, GPUs) per job: the flags', else the defaults for these nodes ((CPUs, GPUs)
     each): without GPUs a node's CPUs (the smallest node's, so that a job fits every
     node), so one job at a time has a machine to itself; with GPUs one GPU and the CPUs
@@ -206,7 +206,7 @@ def resources_from_args(args: argparse.Namespace, nodes: list[tuple[float, float
     gpus = _number("--gpus", args.gpus, 0, "a number >= 0") if args.gpus else float(any(g > 0 for _, g in nodes))
     with_gpus = [(c, g) for c, g in nodes if g > 0]
     if check_fit and gpus > 0 and not with_gpus:
-        fail("--gpus", args.gpus, "0 here (no CUDA device on this machine)")
+        fail("--gpus", args.gpus, f"0 here (no CUDA device on {where})")
     if args.cpus:
         cpus = _number("--cpus", args.cpus, 0, "a number > 0")
         if cpus == 0:
@@ -217,7 +217,7 @@ def resources_from_args(args: argparse.Namespace, nodes: list[tuple[float, float
         cpus = float(min(c for c, _ in nodes))
     largest = max(c for c, _ in nodes)
     if check_fit and cpus > largest:
-        fail("--cpus", args.cpus, f"at most {largest:g} (the CPUs of the largest node)")
+        fail("--cpus", args.cpus, f"at most {largest:g} (the CPUs of the largest node of {where})")
     return cpus, gpus
 
 
@@ -273,7 +273,7 @@ def jobs_for(grid: SpeedGrid, checkpoints, *, threads: int, uri: str, experiment
 def stored_counts(mc, experiment_id: str, jobs) -> dict[str, int]:
     """Per job, how many of its points the store holds FINISHED on this machine (the key
     names the machine that times it: another machine measures again)."""
-    from trainables.speed import host_of, speed_key
+    from trainables.speed import finished_speed_keys, host_of, speed_key
 
     done = finished_speed_keys(mc, experiment_id)
     counts = {}
@@ -281,18 +281,6 @@ def stored_counts(mc, experiment_id: str, jobs) -> dict[str, int]:
         host = host_of(job.threads)
         counts[job.label] = sum(speed_key(job.checkpoint.stage_key, p, host, job.repeats) in done for p in job.points)
     return counts
-
-
-def finished_speed_keys(mc, experiment_id: str) -> set[str]:
-    keys, token = set(), None
-    while True:
-        page = mc.search_runs([experiment_id], max_results=5000, page_token=token,
-                              filter_string=f"tags.{tracking.LEVEL} = '{tracking.BENCH}' "
-                                            "and attributes.status = 'FINISHED'")
-        keys.update(r.data.tags.get(tracking.SPEED_KEY) for r in page)
-        token = page.token
-        if not token:
-            return keys - {None}
 
 
 def describe(grid: SpeedGrid, jobs, stored: dict[str, int], cpus: float, gpus: float) -> str:
@@ -413,7 +401,7 @@ def run(args, grid: SpeedGrid, chosen, uri: str, artifact_root: str, storage, cp
             nodes = [(n["Resources"].get("CPU", 0.0), n["Resources"].get("GPU", 0.0))
                      for n in ray.nodes() if n.get("Alive")]
             try:
-                cpus, gpus = resources_from_args(args, nodes)
+                cpus, gpus = resources_from_args(args, nodes, where=f"the cluster at {args.address}")
             except ConfigError as e:
                 print(f"error: {e}", file=sys.stderr)
                 return 2, []
