@@ -10,7 +10,7 @@ precedence rule: preset < stage recipe < sweep-wide < per-stage overrides).
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from looplab.config import (ExperimentConfig, ManoConfig, ModelConfig, ParentRef, PhopConfig, TextConfig, TrainConfig,
@@ -193,6 +193,40 @@ for _arch, _suffix in (("mamba2", ""), ("transformer", "-transformer"), ("hybrid
 for _arch, _suffix in (("mamba2", ""), ("transformer", "-transformer")):
     preset(f"paper-table3{_suffix}")(lambda a=_arch: _paper_lm(768, 24, a, (), steps=50_000))
     variant("paper-table3", "model.arch", _arch, f"paper-table3{_suffix}")
+
+
+
+@dataclass(frozen=True)
+class Table4Group:
+    """One block of the paper's Table 4: a backbone at a scale (the preset whose
+    config its rows are) and its rows in the paper's order. A row is "loopR" / "baseline"
+    (that preset's N layers at R loops, or 1, without a gate, at full depth) or a gated
+    method "loop4-Ouro" (dense execution) / "loop4-CHASE" (skip). trained_by: the preset
+    of the sweep that trains the block's ungated rows (sweeps/adaptive_pipeline.py
+    --baselines); LLaMA-2 has no gated arm, so its rows ride with the Mamba-2 command."""
+
+    title: str
+    preset: str
+    rows: tuple[str, ...]
+    trained_by: str
+
+
+TABLE4_GATED = {"loop4-Ouro": ("Ouro", "dense"), "loop4-CHASE": ("CHASE", "skip")}  # row -> (method, execution)
+TABLE4 = (
+    Table4Group("140M LLaMA-2", "paper-140m-transformer", ("baseline", "loop4"), "paper-140m"),
+    Table4Group("140M Mamba-2", "paper-140m", ("baseline", "loop2", "loop4", "loop4-Ouro", "loop4-CHASE"),
+                "paper-140m"),
+    Table4Group("140M Mamba-2 Hybrid", "paper-140m-hybrid", ("baseline", "loop4", "loop4-Ouro"), "paper-140m-hybrid"),
+    Table4Group("370M Mamba-2", "paper-370m", ("baseline", "loop4", "loop4-Ouro", "loop4-CHASE"), "paper-370m"),
+    Table4Group("370M Mamba-2 Hybrid", "paper-370m-hybrid", ("baseline", "loop4", "loop4-Ouro"), "paper-370m-hybrid"),
+)
+
+
+def table4_loops(row: str) -> int | None:
+    """An ungated row's loops ("baseline": 1, "loop2": 2); None for a gated row."""
+    if row in TABLE4_GATED:
+        return None
+    return 1 if row == "baseline" else int(row.removeprefix("loop"))
 
 
 # Offline language models on the embedded corpus (Shakespeare + CPython's pydoc
