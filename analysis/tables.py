@@ -15,6 +15,9 @@ decimals, "mean ± std" when more than one seed was pooled.
                    without a gate at full depth, and each gated method's final stage
                    at the q with the best downstream average, per execution (skip among
                    the q that run fewer than R loops, as the paper picks CHASE's q).
+  table4           Table 4 as the paper lays it out: every block and row in its order,
+                   rows without a run shown as missing, a hybrid's skip rows labelled an
+                   extension (the gated rows: exit_gate_table's picks).
   threshold_table  App. G: Stage, Mode, q, Iter (mean exit step: the paper's "average
                    exit step selected by the gate"), Exec. (executed loops), PPL, Acc,
                    tasks, Avg., for every gate stage and exit policy; with downstream
@@ -225,19 +228,12 @@ def _has(rows: pl.DataFrame, column: str) -> bool:
     return column in rows.columns and rows[column].is_not_null().any()
 
 
-REPRESENTATIVE_Q = 0.8  # the threshold the paper reports the Ouro gate at (Table 4)
-
-
-def exit_gate_table(agg: pl.DataFrame, representative_q: float | None = REPRESENTATIVE_Q) -> Table | None:
-    """Table 4 from downstream evaluations (module docstring). Each gated method's
-    final stage appears per execution twice, labelled in the Choice column: at the
-    representative q (the paper's 0.8 by default; None: left out) and at the q of the best
-    downstream Avg. (skip: among the q that save loops, as the paper picks CHASE's); one
-    row says both when they are the same q."""
+def _gate_picks(agg: pl.DataFrame, representative_q: float | None) -> pl.DataFrame:
+    """The rows Table 4 chooses from (exit_gate_table's docstring): each model without a
+    gate at full depth (choice ""), and each gated method's final stage per execution
+    at the representative q and at the best-Avg. q, the choice column saying which."""
     from looplab.stages import get_stage
 
-    if not _has(agg, names.LM_EVAL_AVG):
-        return None
     rows = agg.filter(pl.col(names.LM_EVAL_AVG).is_not_null())
     gateless = [s for s in names.STAGES if not get_stage(s).gated]
     loops = pl.coalesce([c for c in (names.LM_EVAL_LOOPS, "executed_loops") if c in rows.columns])
@@ -261,7 +257,21 @@ def exit_gate_table(agg: pl.DataFrame, representative_q: float | None = REPRESEN
         picks.append(best.with_columns(pl.lit("best Avg.").alias("choice")))
         if at_q.height:
             picks.append(at_q.head(1).with_columns(pl.lit(f"q={representative_q:g} (the paper's)").alias("choice")))
-    table = pl.concat(picks, how="diagonal_relaxed")
+    return pl.concat(picks, how="diagonal_relaxed")
+
+
+REPRESENTATIVE_Q = 0.8  # the threshold the paper reports the Ouro gate at (Table 4)
+
+
+def exit_gate_table(agg: pl.DataFrame, representative_q: float | None = REPRESENTATIVE_Q) -> Table | None:
+    """Table 4 from downstream evaluations (module docstring). Each gated method's
+    final stage appears per execution twice, labelled in the Choice column: at the
+    representative q (the paper's 0.8 by default; None: left out) and at the q of the best
+    downstream Avg. (skip: among the q that save loops, as the paper picks CHASE's); one
+    row says both when they are the same q."""
+    if not _has(agg, names.LM_EVAL_AVG):
+        return None
+    table = _gate_picks(agg, representative_q)
     if table.is_empty():
         return None
     table = table.with_columns(_stage_rank().alias("_rank")).sort(["experiment", "_rank", "label", "policy"])
@@ -279,6 +289,70 @@ def exit_gate_table(agg: pl.DataFrame, representative_q: float | None = REPRESEN
                  f"{chosen}at the q with the best downstream Avg. (skip: among the q that execute fewer than R loops, "
                  "as the paper picks CHASE's), the Choice column saying which. Exec.: loops executed per token on "
                  "the tasks (Table 4).", data, header, cells)
+
+
+HYBRID_SKIP = "extension: skip on a hybrid (the paper defines skip for pure Mamba-2 only)"
+
+
+def table4(agg: pl.DataFrame, representative_q: float | None = REPRESENTATIVE_Q) -> Table | None:
+    """The paper's Table 4 as laid out there (looplab/presets.TABLE4): every block
+    (LLaMA-2, Mamba-2, Mamba-2 Hybrid at 140M and 370M) and every row in the paper's
+    order, a row with no run shown as missing; the gated rows from exit_gate_table's
+    picks (loop4-Ouro dense, loop4-CHASE skip, at the representative and best-Avg. q).
+    A hybrid's skip rows follow its block, labelled an extension. None when no run
+    is one of the paper's models (a sweep on the small presets)."""
+    from looplab.presets import TABLE4, TABLE4_GATED, get_preset, table4_loops
+
+    if not _has(agg, names.LM_EVAL_AVG):
+        return None
+    picks = _gate_picks(agg, representative_q)
+    out: list[pl.DataFrame] = []
+    found = False
+    for group in TABLE4:
+        model = get_preset(group.preset).model
+        mine = picks.filter(*(_col(picks, f"params.model.{k}").cast(pl.String) == str(v) for k, v in
+                              (("arch", model.arch), ("d_model", model.d_model), ("n_layers", model.n_layers))))
+        found |= mine.height > 0
+
+        def put(name: str, rows: pl.DataFrame, note: str = "") -> None:
+            head = {"block": group.title, "row": name, "note": note, "missing": rows.is_empty()}
+            out.append(pl.DataFrame({k: [v] for k, v in head.items()}) if rows.is_empty()
+                       else rows.with_columns(*(pl.lit(v).alias(k) for k, v in head.items())))
+
+        for name in group.rows:
+            loops = table4_loops(name)
+            if loops is not None:
+                put(name, mine.filter((pl.col("choice") == "") & (pl.col("n_loops").cast(pl.Int64) == loops)).head(1))
+            else:
+                method, execution = TABLE4_GATED[name]
+                put(name, mine.filter((pl.col("method") == method) & (pl.col("policy") == execution)))
+        if model.arch == "hybrid":
+            for method in ("Ouro", "CHASE"):
+                rows = mine.filter((pl.col("method") == method) & (pl.col("policy") == names.SKIP))
+                if rows.height:
+                    put(f"loop4-{method} · skip", rows, HYBRID_SKIP)
+    if not found:
+        return None
+    table = pl.concat(out, how="diagonal_relaxed")
+    quality = [c for c in _quality_columns(agg, picks) if c[1] != "accuracy"]  # as exit_gate: no next-token Acc.
+    header = ["Block", "Model", "Exit", "q", "Choice", "Exec.", *(h for h, _, _ in quality), "n"]
+    cells = []
+    for r in table.iter_rows(named=True):
+        model_cell = r["row"] + (f" ({r['note']})" if r["note"] else "")
+        if r["missing"]:
+            cells.append([r["block"], model_cell, "", "", "", "", *("" for _ in quality), "missing"])
+            continue
+        cells.append([r["block"], model_cell, r["policy"], "–" if r["q"] is None else f"{r['q']:.1f}",
+                      r["choice"] or "", _cell(r, "_exec"), *(_cell(r, c, k) for _, c, k in quality),
+                      str(r["n_seeds"])])
+    data = _data(table.rename({"_exec": "exec_loops"}),
+                 ["block", "row", "note", "missing", "experiment", "label", "stage", "policy", "q", "choice",
+                  "exec_loops"], quality)
+    return Table("table4", "Table 4: every row in the paper's order",
+                 "The paper's blocks and rows in its order (a row without a run: missing); ungated rows at full depth, "
+                 "loop4-Ouro under dense and loop4-CHASE under skip at the representative q and the best-Avg. q (the "
+                 "Choice column). A hybrid's skip rows are an extension the paper does not have, labelled as such. "
+                 "Trained by sweeps/adaptive_pipeline.py --baselines.", data, header, cells)
 
 
 def skip_table(agg: pl.DataFrame) -> Table | None:
@@ -337,10 +411,11 @@ def beta_table(agg: pl.DataFrame) -> Table | None:
                  "with the full-depth validation metrics (App. E).", data, header, cells)
 
 
-BUILDERS = {"iso_table": iso_table, "exit_gate": exit_gate_table, "threshold_sweep": threshold_table,
+BUILDERS = {"iso_table": iso_table, "exit_gate": exit_gate_table, "table4": table4, "threshold_sweep": threshold_table,
             "fixed_loop": fixed_loop_table, "skip_vs_full": skip_table, "beta_ablation": beta_table}
 WHY_EMPTY = {"iso_table": "no full-depth evaluation (val_*)",
              "exit_gate": "no downstream evaluations (lm_eval.*: a sweep with --eval-tasks, or python -m sweeps.evaluate)",
+             "table4": "no downstream evaluation of a paper model (the paper-140m/370m presets, lm_eval.*)",
              "threshold_sweep": "no exit-policy metrics (dense_q*/skip_q*)",
              "fixed_loop": "no forced-depth metrics (forced_d*)",
              "skip_vs_full": "no skip metrics in the final stage",
@@ -351,7 +426,7 @@ def all_tables(agg: pl.DataFrame, representative_q: float | None = REPRESENTATIV
     """Every table the data supports, and one line per table it does not."""
     built, skipped = [], []
     for name, build in BUILDERS.items():
-        table = build(agg, representative_q) if build is exit_gate_table else build(agg)
+        table = build(agg, representative_q) if build in (exit_gate_table, table4) else build(agg)
         if table is None:
             skipped.append(f"table {name}: skipped, {WHY_EMPTY[name]}")
         else:
