@@ -310,22 +310,32 @@ def table4(agg: pl.DataFrame, representative_q: float | None = REPRESENTATIVE_Q)
     found = False
     for group in TABLE4:
         model = get_preset(group.preset).model
-        mine = picks.filter(*(_col(picks, f"params.model.{k}").cast(pl.String) == str(v) for k, v in
-                              (("arch", model.arch), ("d_model", model.d_model), ("n_layers", model.n_layers))))
+
+        def of_model(df: pl.DataFrame) -> pl.DataFrame:
+            return df.filter(*(_col(df, f"params.model.{k}").cast(pl.String) == str(v) for k, v in
+                               (("arch", model.arch), ("d_model", model.d_model), ("n_layers", model.n_layers))))
+
+        mine, trained = of_model(picks), of_model(agg)
         found |= mine.height > 0
 
-        def put(name: str, rows: pl.DataFrame, note: str = "") -> None:
-            head = {"block": group.title, "row": name, "note": note, "missing": rows.is_empty()}
+        def put(name: str, rows: pl.DataFrame, note: str = "", ran: pl.Expr | None = None) -> None:
+            # A missing row says whether its model was trained (then only the downstream
+            # evaluation is missing) or has no run at all.
+            missing = "" if rows.height else ("not evaluated downstream" if ran is not None and trained.filter(ran).height
+                                              else "no run")
+            head = {"block": group.title, "row": name, "note": note, "missing": missing}
             out.append(pl.DataFrame({k: [v] for k, v in head.items()}) if rows.is_empty()
                        else rows.with_columns(*(pl.lit(v).alias(k) for k, v in head.items())))
 
         for name in group.rows:
             loops = table4_loops(name)
             if loops is not None:
-                put(name, mine.filter((pl.col("choice") == "") & (pl.col("n_loops").cast(pl.Int64) == loops)).head(1))
+                fixed = (pl.col("policy") == names.FULL) & (pl.col("n_loops").cast(pl.Int64) == loops)
+                put(name, mine.filter((pl.col("choice") == "") & fixed).head(1), ran=fixed)
             else:
                 method, execution = TABLE4_GATED[name]
-                put(name, mine.filter((pl.col("method") == method) & (pl.col("policy") == execution)))
+                put(name, mine.filter((pl.col("method") == method) & (pl.col("policy") == execution)),
+                    ran=(pl.col("method") == method) & pl.col("is_final_stage"))
         if model.arch == "hybrid":
             for method in ("Ouro", "CHASE"):
                 rows = mine.filter((pl.col("method") == method) & (pl.col("policy") == names.SKIP))
@@ -340,7 +350,7 @@ def table4(agg: pl.DataFrame, representative_q: float | None = REPRESENTATIVE_Q)
     for r in table.iter_rows(named=True):
         model_cell = r["row"] + (f" ({r['note']})" if r["note"] else "")
         if r["missing"]:
-            cells.append([r["block"], model_cell, "", "", "", "", *("" for _ in quality), "missing"])
+            cells.append([r["block"], model_cell, "", "", "", "", *("" for _ in quality), f"missing ({r['missing']})"])
             continue
         cells.append([r["block"], model_cell, r["policy"], "–" if r["q"] is None else f"{r['q']:.1f}",
                       r["choice"] or "", _cell(r, "_exec"), *(_cell(r, c, k) for _, c, k in quality),
@@ -349,7 +359,8 @@ def table4(agg: pl.DataFrame, representative_q: float | None = REPRESENTATIVE_Q)
                  ["block", "row", "note", "missing", "experiment", "label", "stage", "policy", "q", "choice",
                   "exec_loops"], quality)
     return Table("table4", "Table 4: every row in the paper's order",
-                 "The paper's blocks and rows in its order (a row without a run: missing); ungated rows at full depth, "
+                 "The paper's blocks and rows in its order (a row without a run, or without a downstream evaluation: "
+                 "missing, saying which); ungated rows at full depth, "
                  "loop4-Ouro under dense and loop4-CHASE under skip at the representative q and the best-Avg. q (the "
                  "Choice column). A hybrid's skip rows are an extension the paper does not have, labelled as such. "
                  "Trained by sweeps/adaptive_pipeline.py --baselines.", data, header, cells)

@@ -74,38 +74,39 @@ def test_table4_rows_in_the_papers_order_missing_shown_hybrid_skip_labelled(tmp_
     for experiment, preset in (("t4-mamba2", "paper-140m"), ("t4-hybrid", "paper-140m-hybrid")):
         logged = fx.log_sweep(uri, tmp_path, experiment, seeds=(0,), preset=preset)
         fx.log_evaluations(uri, tmp_path, experiment, logged)
-    build_report(uri, ["t4-mamba2", "t4-hybrid"], tmp_path / "report", log_artifacts=False)
+    fx.log_sweep(uri, tmp_path, "t4-370m", seeds=(0,), preset="paper-370m", arms=("Ouro",))  # trained, not evaluated
+    build_report(uri, ["t4-mamba2", "t4-hybrid", "t4-370m"], tmp_path / "report", log_artifacts=False)
     with open(tmp_path / "report" / "tables" / "table4.csv") as f:
         rows = list(csv.DictReader(f))
     got = [(r["block"], r["row"], r["policy"], r["q"], r["choice"], r["missing"]) for r in rows]
     both = "q=0.8 and best Avg."
     assert got == [
-        ("140M LLaMA-2", "baseline", "", "", "", "true"),
-        ("140M LLaMA-2", "loop4", "", "", "", "true"),
-        ("140M Mamba-2", "baseline", "", "", "", "true"),
-        ("140M Mamba-2", "loop2", "", "", "", "true"),
-        ("140M Mamba-2", "loop4", "full", "", "", "false"),
-        ("140M Mamba-2", "loop4-Ouro", "dense", "0.8", both, "false"),
-        ("140M Mamba-2", "loop4-CHASE", "skip", "0.6", "best Avg.", "false"),
-        ("140M Mamba-2", "loop4-CHASE", "skip", "0.8", "q=0.8 (the paper's)", "false"),
-        ("140M Mamba-2 Hybrid", "baseline", "", "", "", "true"),
-        ("140M Mamba-2 Hybrid", "loop4", "full", "", "", "false"),
-        ("140M Mamba-2 Hybrid", "loop4-Ouro", "dense", "0.8", both, "false"),
-        ("140M Mamba-2 Hybrid", "loop4-Ouro · skip", "skip", "0.8", both, "false"),
-        ("140M Mamba-2 Hybrid", "loop4-CHASE · skip", "skip", "0.6", "best Avg.", "false"),
-        ("140M Mamba-2 Hybrid", "loop4-CHASE · skip", "skip", "0.8", "q=0.8 (the paper's)", "false"),
-        ("370M Mamba-2", "baseline", "", "", "", "true"),
-        ("370M Mamba-2", "loop4", "", "", "", "true"),
-        ("370M Mamba-2", "loop4-Ouro", "", "", "", "true"),
-        ("370M Mamba-2", "loop4-CHASE", "", "", "", "true"),
-        ("370M Mamba-2 Hybrid", "baseline", "", "", "", "true"),
-        ("370M Mamba-2 Hybrid", "loop4", "", "", "", "true"),
-        ("370M Mamba-2 Hybrid", "loop4-Ouro", "", "", "", "true"),
+        ("140M LLaMA-2", "baseline", "", "", "", "no run"),
+        ("140M LLaMA-2", "loop4", "", "", "", "no run"),
+        ("140M Mamba-2", "baseline", "", "", "", "no run"),
+        ("140M Mamba-2", "loop2", "", "", "", "no run"),
+        ("140M Mamba-2", "loop4", "full", "", "", ""),
+        ("140M Mamba-2", "loop4-Ouro", "dense", "0.8", both, ""),
+        ("140M Mamba-2", "loop4-CHASE", "skip", "0.6", "best Avg.", ""),
+        ("140M Mamba-2", "loop4-CHASE", "skip", "0.8", "q=0.8 (the paper's)", ""),
+        ("140M Mamba-2 Hybrid", "baseline", "", "", "", "no run"),
+        ("140M Mamba-2 Hybrid", "loop4", "full", "", "", ""),
+        ("140M Mamba-2 Hybrid", "loop4-Ouro", "dense", "0.8", both, ""),
+        ("140M Mamba-2 Hybrid", "loop4-Ouro · skip", "skip", "0.8", both, ""),
+        ("140M Mamba-2 Hybrid", "loop4-CHASE · skip", "skip", "0.6", "best Avg.", ""),
+        ("140M Mamba-2 Hybrid", "loop4-CHASE · skip", "skip", "0.8", "q=0.8 (the paper's)", ""),
+        ("370M Mamba-2", "baseline", "", "", "", "no run"),
+        ("370M Mamba-2", "loop4", "", "", "", "not evaluated downstream"),
+        ("370M Mamba-2", "loop4-Ouro", "", "", "", "not evaluated downstream"),
+        ("370M Mamba-2", "loop4-CHASE", "", "", "", "no run"),
+        ("370M Mamba-2 Hybrid", "baseline", "", "", "", "no run"),
+        ("370M Mamba-2 Hybrid", "loop4", "", "", "", "no run"),
+        ("370M Mamba-2 Hybrid", "loop4-Ouro", "", "", "", "no run"),
     ]
     # skip on a hybrid is labelled, and only there; the pure Mamba-2 CHASE row is the paper's own
     assert {r["row"] for r in rows if r["note"] == HYBRID_SKIP} == {"loop4-Ouro · skip", "loop4-CHASE · skip"}
     assert all(r["note"] == "" for r in rows if r["block"] != "140M Mamba-2 Hybrid" or "·" not in r["row"])
     md = (tmp_path / "report" / "tables" / "table4.md").read_text()
-    assert f"loop4-CHASE · skip ({HYBRID_SKIP})" in md and "| missing |" in md
+    assert f"loop4-CHASE · skip ({HYBRID_SKIP})" in md and "| missing (no run) |" in md
     # the pre-trained model at full depth: 0.25 + 0.02 · 4, + 0.005 for the two tasks' mean (seed 0)
     assert float(rows[4]["lm_eval_avg"]) == pytest.approx(0.335)
