@@ -44,6 +44,7 @@ from pathlib import Path
 import polars as pl
 
 from analysis import names
+from analysis.load import PARAM
 from analysis.points import shared_once
 
 PCT = "pct"  # display as percent
@@ -261,6 +262,7 @@ def _gate_picks(agg: pl.DataFrame, representative_q: float | None) -> pl.DataFra
 
 
 REPRESENTATIVE_Q = 0.8  # the threshold the paper reports the Ouro gate at (Table 4)
+HYBRID_SKIP = "extension: skip on a hybrid (the paper defines skip for pure Mamba-2 only)"
 
 
 def exit_gate_table(agg: pl.DataFrame, representative_q: float | None = REPRESENTATIVE_Q) -> Table | None:
@@ -277,11 +279,13 @@ def exit_gate_table(agg: pl.DataFrame, representative_q: float | None = REPRESEN
     table = table.with_columns(_stage_rank().alias("_rank")).sort(["experiment", "_rank", "label", "policy"])
     quality = [c for c in _quality_columns(agg, table) if c[1] != "accuracy"]  # next-token accuracy: not Table 4's
     header = ["Model", "Exit", "q", "Choice", "Exec.", *(h for h, _, _ in quality), "n"]
-    cells = [[r["label"] or "", r["policy"], "–" if r["q"] is None else f"{r['q']:.1f}", r["choice"] or "",
+    hybrid_skip = (_col(table, f"{PARAM}model.arch") == "hybrid") & (pl.col("policy") == names.SKIP)
+    table = table.with_columns(pl.when(hybrid_skip).then(pl.lit(HYBRID_SKIP)).otherwise(pl.lit("")).alias("note"))
+    cells = [[(r["label"] or "") + (f" ({r['note']})" if r["note"] else ""), r["policy"], "–" if r["q"] is None else f"{r['q']:.1f}", r["choice"] or "",
               _cell(r, "_exec"), *(_cell(r, c, k) for _, c, k in quality), str(r["n_seeds"])]
              for r in table.iter_rows(named=True)]
     data = _data(table.rename({"_exec": "exec_loops"}),
-                 ["experiment", "label", "stage", "policy", "q", "choice", "exec_loops"], quality)
+                 ["experiment", "label", "note", "stage", "policy", "q", "choice", "exec_loops"], quality)
     chosen = (f"at the representative q = {representative_q:g} (the paper reports the Ouro gate there) and "
               if representative_q is not None else "")
     return Table("exit_gate", "Downstream evaluation with exit gates",
@@ -289,9 +293,6 @@ def exit_gate_table(agg: pl.DataFrame, representative_q: float | None = REPRESEN
                  f"{chosen}at the q with the best downstream Avg. (skip: among the q that execute fewer than R loops, "
                  "as the paper picks CHASE's), the Choice column saying which. Exec.: loops executed per token on "
                  "the tasks (Table 4).", data, header, cells)
-
-
-HYBRID_SKIP = "extension: skip on a hybrid (the paper defines skip for pure Mamba-2 only)"
 
 
 def table4(agg: pl.DataFrame, representative_q: float | None = REPRESENTATIVE_Q) -> Table | None:
@@ -312,7 +313,7 @@ def table4(agg: pl.DataFrame, representative_q: float | None = REPRESENTATIVE_Q)
         model = get_preset(group.preset).model
 
         def of_model(df: pl.DataFrame) -> pl.DataFrame:
-            return df.filter(*(_col(df, f"params.model.{k}").cast(pl.String) == str(v) for k, v in
+            return df.filter(*(_col(df, f"{PARAM}model.{k}").cast(pl.String) == str(v) for k, v in
                                (("arch", model.arch), ("d_model", model.d_model), ("n_layers", model.n_layers))))
 
         mine, trained = of_model(picks), of_model(agg)

@@ -106,6 +106,11 @@ def test_table4_rows_in_the_papers_order_missing_shown_hybrid_skip_labelled(tmp_
     # skip on a hybrid is labelled, and only there; the pure Mamba-2 CHASE row is the paper's own
     assert {r["row"] for r in rows if r["note"] == HYBRID_SKIP} == {"loop4-Ouro · skip", "loop4-CHASE · skip"}
     assert all(r["note"] == "" for r in rows if r["block"] != "140M Mamba-2 Hybrid" or "·" not in r["row"])
+    # exit_gate (every gated pick, per experiment) labels a hybrid's skip rows too
+    with open(tmp_path / "report" / "tables" / "exit_gate.csv") as f:
+        gate = list(csv.DictReader(f))
+    assert {(r["experiment"], r["policy"]) for r in gate if r["note"] == HYBRID_SKIP} == {("t4-hybrid", "skip")}
+    assert all(r["note"] == "" for r in gate if r["experiment"] != "t4-hybrid" or r["policy"] != "skip")
     md = (tmp_path / "report" / "tables" / "table4.md").read_text()
     assert f"loop4-CHASE · skip ({HYBRID_SKIP})" in md and "| missing (no run) |" in md
     # the pre-trained model at full depth: 0.25 + 0.02 · 4, + 0.005 for the two tasks' mean (seed 0)
