@@ -187,6 +187,7 @@ SWEEP_CASES = [
     ("adaptive_pipeline", ["--arms", "nope"], "--arms='nope' is invalid"),
     ("adaptive_pipeline", ["--hp", "1.5"], "--hp=1.5 is invalid"),
     ("adaptive_pipeline", ["--depth-range", "3-2"], "--depth-range='3-2' is invalid"),
+    ("adaptive_pipeline", ["--baselines"], "--preset='debug' is invalid; allowed: with --baselines: paper-140m"),
     ("iso_flops", ["--task", "nope"], "--task='nope' is invalid"),
     ("iso_flops", ["--archs", "rnn"], "--archs='rnn' is invalid"),
     ("iso_flops", ["--preset", "paper-140m", "--archs", "hybrid", "--pairs", "6x4"],
