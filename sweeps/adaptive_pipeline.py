@@ -7,10 +7,11 @@ Fig. 3; sweeps/evaluate.py).
 
 With --baselines the same sweep also pre-trains the ungated rows of the preset's Table 4
 blocks (looplab/presets.TABLE4): N⊗1 ("baseline"), loop2 at 140M, loop4 (the gated arms'
-own pre-training, by key), and at 140M the LLaMA-2 baseline and loop4. They are
+own pre-training, by key), and at 140M the LLaMA-2 baseline and loop4 (the paper's
+Table 4 has no 370M LLaMA-2 block). They are
 iso_flops.py's trials (arm "baseline" = its one pretrain stage, params n_layers /
 n_loops / arch as its --pairs / --archs set them), so their stage keys are the ones
-`iso_flops.py --preset paper-140m --pairs 24x1,24x4 --archs mamba2,transformer` trains:
+`iso_flops.py --preset paper-140m --pairs 24x1,24x2,24x4 --archs mamba2,transformer` trains:
 on one storage path nothing is trained twice, whichever command ran first. The gated
 rows (loop4-Ouro, loop4-CHASE) come from the arms; analysis/tables.table4 lays every
 row out in the paper's order.
@@ -21,7 +22,7 @@ row out in the paper's order.
     python sweeps/adaptive_pipeline.py --preset local --storage-path runs/table4 --eval-tasks paper \
         --eval-data /data/lm_eval --eval-gpus 0      # + the seven tasks on every checkpoint (App. F/G grids)
     python sweeps/adaptive_pipeline.py --preset paper-140m --baselines --num-workers 8 --gpus-per-worker 1 \
-        --gpu-memory 80 --dry-run                    # + Table 4's ungated rows of the 140M blocks
+        --gpu-memory 80 --address auto --dry-run     # + Table 4's ungated rows of the 140M blocks
 """
 
 from __future__ import annotations
