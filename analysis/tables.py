@@ -281,7 +281,8 @@ def exit_gate_table(agg: pl.DataFrame, representative_q: float | None = REPRESEN
     header = ["Model", "Exit", "q", "Choice", "Exec.", *(h for h, _, _ in quality), "n"]
     hybrid_skip = (_col(table, f"{PARAM}model.arch") == "hybrid") & (pl.col("policy") == names.SKIP)
     table = table.with_columns(pl.when(hybrid_skip).then(pl.lit(HYBRID_SKIP)).otherwise(pl.lit("")).alias("note"))
-    cells = [[(r["label"] or "") + (f" ({r['note']})" if r["note"] else ""), r["policy"], "–" if r["q"] is None else f"{r['q']:.1f}", r["choice"] or "",
+    cells = [[(r["label"] or "") + (f" ({r['note']})" if r["note"] else ""), r["policy"],
+              "–" if r["q"] is None else f"{r['q']:.1f}", r["choice"] or "",
               _cell(r, "_exec"), *(_cell(r, c, k) for _, c, k in quality), str(r["n_seeds"])]
              for r in table.iter_rows(named=True)]
     data = _data(table.rename({"_exec": "exec_loops"}),
@@ -322,8 +323,8 @@ def table4(agg: pl.DataFrame, representative_q: float | None = REPRESENTATIVE_Q)
         def put(name: str, rows: pl.DataFrame, note: str = "", ran: pl.Expr | None = None) -> None:
             # A missing row says whether its model was trained (then only the downstream
             # evaluation is missing) or has no run at all.
-            missing = "" if rows.height else ("not evaluated downstream" if ran is not None and trained.filter(ran).height
-                                              else "no run")
+            was_trained = ran is not None and trained.filter(ran).height > 0
+            missing = "" if rows.height else ("not evaluated downstream" if was_trained else "no run")
             head = {"block": group.title, "row": name, "note": note, "missing": missing}
             out.append(pl.DataFrame({k: [v] for k, v in head.items()}) if rows.is_empty()
                        else rows.with_columns(*(pl.lit(v).alias(k) for k, v in head.items())))

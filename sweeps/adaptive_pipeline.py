@@ -30,7 +30,7 @@ from __future__ import annotations
 import sys
 
 from looplab.presets import TABLE4, get_preset, table4_loops
-from sweeps.depth_grid import NR_PARAMS
+from sweeps.depth_grid import ARCH_PARAMS, NR_PARAMS
 from sweeps.evaluate import add_eval_flags, grid_from_args, with_evaluation
 from sweeps.flags import Common, fail, parse_list, parse_ranges
 from sweeps.launch import main
@@ -40,6 +40,7 @@ from trainables.pipeline import PipelineSpec
 
 ARMS = {"ouro": ("pretrain", "stage1", "stage2"), "chase": ("pretrain", "stage1", "chase", "stage2")}
 BASELINE = "baseline"  # the arm of the ungated rows: iso_flops.py's single pretrain stage
+BASELINE_PARAMS = {**NR_PARAMS, **ARCH_PARAMS}  # iso_flops.py's searched params (depth_grid with --archs)
 
 
 def baseline_points(preset: str) -> list[dict]:
@@ -72,14 +73,14 @@ def adaptive_pipeline(common: Common, arms: list[str], hp: float = 0.5, lo: floa
     arms_of = {**ARMS, BASELINE: ("pretrain",)} if extra else ARMS
     spec = PipelineSpec(preset=common.preset, stages=ARMS["chase"], arms=arms_of, overrides=overrides,
                         stage_overrides=common.stage_overrides,
-                        searched={**NR_PARAMS, "arch": "model.arch"} if extra else {})
+                        searched=BASELINE_PARAMS if extra else {})
     grid = {} if extra else {"arm": list(arms)}
     points = tuple([{"arm": a} for a in arms] + extra) if extra else ()
     return with_evaluation(Sweep(name="adaptive_pipeline", spec=spec, grid=grid, points=points, metric="val_ppl",
                                  mode="min",
                                  columns=("val_ppl", "val_accuracy", "skip_q0.4_executed_loops", "skip_q0.4_ppl"),
-                                 flags={"arm": "--arms", **dict.fromkeys(("n_layers", "n_loops", "arch"),
-                                                                         "--baselines"), "hole.hp": "--hp", "hole.lo": "--depth-range",
+                                 flags={"arm": "--arms", **dict.fromkeys(BASELINE_PARAMS, "--baselines"),
+                                        "hole.hp": "--hp", "hole.lo": "--depth-range",
                                         "hole.hi": "--depth-range"}),
                            evaluation)
 
@@ -89,8 +90,8 @@ def add_flags(p) -> None:
     p.add_argument("--hp", type=float, default=0.5, help="CHASE hole probability (App. E: 0.5)")
     p.add_argument("--depth-range", default="1.85-3.45", help="CHASE target depths lo-hi (App. E: 1.85-3.45)")
     p.add_argument("--baselines", action="store_true",
-                   help="also pre-train Table 4's ungated rows of this preset's blocks (N⊗1, loop2, LLaMA-2 at 140M), "
-                        "with iso_flops.py's stage keys")
+                   help="also pre-train Table 4's ungated rows of this preset's blocks (N⊗1, loop2, LLaMA-2 "
+                        "at 140M), with iso_flops.py's stage keys")
     add_eval_flags(p)
 
 

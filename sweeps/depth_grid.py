@@ -16,6 +16,7 @@ from sweeps.plan import Sweep
 from trainables.pipeline import PipelineSpec
 
 NR_PARAMS = {"n_layers": "model.n_layers", "n_loops": "model.n_loops"}
+ARCH_PARAMS = {"arch": "model.arch"}  # with --archs
 
 
 def is_paper_preset(name: str) -> bool:
@@ -32,7 +33,7 @@ def depth_grid(name: str, common: Common, pairs: tuple[dict[str, int], ...], *, 
     searched = dict(NR_PARAMS)
     if archs:
         grid["arch"] = list(archs)
-        searched["arch"] = "model.arch"
+        searched.update(ARCH_PARAMS)
     if level is not None:
         field, values = level
         grid[field] = list(values)

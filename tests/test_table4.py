@@ -73,7 +73,8 @@ def test_table4_rows_in_the_papers_order_missing_shown_hybrid_skip_labelled(tmp_
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     for experiment, preset in (("t4-mamba2", "paper-140m"), ("t4-hybrid", "paper-140m-hybrid")):
         logged = fx.log_sweep(uri, tmp_path, experiment, seeds=(0,), preset=preset)
-        fx.log_evaluations(uri, tmp_path, experiment, logged, tasks=("piqa",))  # one task: the fixture's cost is its runs
+        # one task: the fixture's cost is its evaluation runs
+        fx.log_evaluations(uri, tmp_path, experiment, logged, tasks=("piqa",))
     fx.log_sweep(uri, tmp_path, "t4-370m", seeds=(0,), preset="paper-370m", arms=("Ouro",))  # trained, not evaluated
     build_report(uri, ["t4-mamba2", "t4-hybrid", "t4-370m"], tmp_path / "report", log_artifacts=False)
     with open(tmp_path / "report" / "tables" / "table4.csv") as f:
