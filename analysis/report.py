@@ -14,9 +14,12 @@ writes into out_dir:
   zoo.csv                each zero-shot exit rule's frontier against the learned gate's (area, mean gap)
   loops.csv              the per-loop instruments (analysis/per_loop.py)
   speed.csv              timed prefill points beside the stage's perplexity (analysis/speed.py; speed runs only)
+  depth_fit.csv          a loop's worth in layers, γ of loss ≈ a + b·log(N·R^γ) with its interval, per
+                         experiment and arch (analysis/depth_fit.py; pre-training at ≥ 2 N and ≥ 2 R)
   scan.csv, scan.md      a scan's effects along its axes (analysis/scan.py; scan.png, scan_<axis>.png)
   *.png                  frontier.png, downstream.png (Fig. 3), zoo.png, skip_ppl.png,
-                         beta_exit_entropy.png, beta_expected_exit_step.png, loops_*.png, speed.png
+                         beta_exit_entropy.png, beta_expected_exit_step.png, loops_*.png, speed.png,
+                         depth_fit.png
   report.html            one self-contained interactive page with all of it
   notes.txt              what was skipped and why
 and logs them as artifacts (folder `analysis`) of the sweep run: `sweep_run_id`, or
@@ -131,6 +134,7 @@ def build_report(tracking_uri: str, experiments, out_dir, *, sweep_run_id: str |
         sections += _zoo_section(agg, quality, out, paths, charts, notes)
         sections += _skip_section(agg, out, paths, charts)
         sections += _tables_section(agg, out, paths, notes, representative_q)
+        sections += _depth_section(points, out, paths, charts, notes)
         sections = _scan_section(runs, points, out, paths, charts, notes) + sections
     sections += _beta_section(runs, out, paths, charts, notes)
     sections += _loops_section(runs, out, paths, charts, notes)
@@ -442,6 +446,26 @@ def _tables_section(agg, out, paths, notes, representative_q=REPRESENTATIVE_Q) -
     (folder / "tables.md").write_text("\n".join(t.markdown() for t in tables))
     paths["tables/tables.md"] = folder / "tables.md"
     return [("Tables", "".join(t.html() for t in tables))]
+
+
+def _depth_section(points, out, paths, charts, notes) -> list[tuple[str, str]]:
+    """The effective-depth exponent of a loop (analysis/depth_fit.py): depth_fit.csv, depth_fit.png."""
+    from analysis.depth_fit import write_depth_fit  # numpy's fit only where a report asks for it
+
+    written, table, spec, skipped = write_depth_fit(points, out)
+    notes.extend(skipped)
+    if table is None:
+        return []
+    paths.update(written)
+    paths["depth_fit.png"] = render_png(spec, out / "depth_fit.png")
+    charts.append(spec)
+    shown = table.select("experiment", "arch", "gamma", "low", "high", "a", "b", "rmse", "n_points", "at_bound")
+    return [("Effective depth of a loop", chart_slot("depth_fit", "Pre-training validation loss at full depth "
+                                                     "against N·R^γ, points coloured by R, the fitted "
+                                                     "a + b·log(N·R^γ) dashed.") + _html_table(
+        shown, "γ: what one loop is worth in unshared layers (1: a layer, 0: nothing), fitted per experiment and "
+               "architecture by least squares over γ ∈ [0, 1.5]; low–high: a residual-bootstrap interval (fixed "
+               "seed); at_bound: the estimate or interval touches the search range's edge."))]
 
 
 def _beta_section(runs: RunSet, out, paths, charts, notes) -> list[tuple[str, str]]:

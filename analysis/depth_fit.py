@@ -1,0 +1,173 @@
+"""How much one loop is worth against one unshared layer (issue 27, item 6b): an
+effective-depth exponent fitted from one iso-FLOPs sweep's pre-training points.
+
+Model: loss ≈ a + b · log(N_eff), N_eff = N · R^γ, over the pre-trained N⊗R models'
+final validation loss at full depth. γ = 1: a loop is worth a layer (N⊗R matches
+NR⊗1); γ = 0: it is worth nothing (N⊗R matches N⊗1). γ is found by a 1-D search over
+GAMMA_GRID with (a, b) in closed form (least squares on log N_eff); bounding γ keeps the
+fit stable where b is near 0, which the unconstrained linear form a + b·log N + c·log R
+(γ = c/b) is not.
+
+Interval: a residual bootstrap with a fixed seed (BOOTSTRAP draws): the design (N, R)
+is kept, the fit's residuals (inflated by √(n/(n−3)) for the three fitted
+parameters) are resampled onto the fitted values and γ refitted; the interval is the
+draws' percentiles. Resampling points instead would drop whole N or R values from
+small grids (the paper's five pairs) and leave γ unidentified in many draws.
+
+Each architecture (params.model.arch) of each experiment is fitted on its own: a
+Mamba-2 layer and a LLaMA layer are not the same unit. A group is skipped, with a note
+saying why, when it has fewer than two distinct R or N, when log N and log R are
+collinear (every pair at one N·R: only b·(γ−1) is identified), or when it has no more
+points than parameters.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from analysis import names
+from analysis.charts import PALETTE, ChartSpec, Point, Series
+from analysis.claims import CONFIDENCE
+from analysis.load import PARAM
+
+GAMMA_GRID = np.linspace(0.0, 1.5, 1501)  # step 0.001: finer than any interval a sweep's noise allows
+BOOTSTRAP = 2000
+SEED = 0  # the bootstrap's: the same points give the same interval
+N_LAYERS, ARCH = PARAM + "model.n_layers", PARAM + "model.arch"
+PRETRAIN = names.STAGES[0]  # the first stage trains the N⊗R model from scratch
+
+
+@dataclass(frozen=True)
+class DepthFit:
+    gamma: float
+    low: float
+    high: float
+    a: float
+    b: float
+    rmse: float
+    n_points: int
+    confidence: float
+    at_bound: bool  # the estimate or an end of the interval sits on the grid's edge: the truth may lie beyond
+
+
+def _closed_form(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
+    """(a, b, sum of squared residuals) of y ≈ a + b·x."""
+    xm, ym = x.mean(), y.mean()
+    sxx = float(((x - xm) ** 2).sum())
+    b = float(((x - xm) * (y - ym)).sum()) / sxx if sxx > 0 else 0.0
+    a = float(ym - b * xm)
+    return a, b, float(((y - a - b * x) ** 2).sum())
+
+
+def _best_gamma(log_n: np.ndarray, log_r: np.ndarray, y: np.ndarray) -> tuple[float, float, float, float]:
+    """(γ, a, b, sse) minimising the squared error over GAMMA_GRID, all grid points at once."""
+    x = log_n[None, :] + GAMMA_GRID[:, None] * log_r[None, :]  # (grid, points)
+    xm, ym = x.mean(axis=1, keepdims=True), y.mean()
+    sxx = ((x - xm) ** 2).sum(axis=1)
+    b = np.where(sxx > 0, ((x - xm) * (y - ym)).sum(axis=1) / np.where(sxx > 0, sxx, 1.0), 0.0)
+    a = ym - b * xm[:, 0]
+    sse = ((y[None, :] - a[:, None] - b[:, None] * x) ** 2).sum(axis=1)
+    i = int(np.argmin(sse))
+    return float(GAMMA_GRID[i]), float(a[i]), float(b[i]), float(sse[i])
+
+
+def skip_reason(n_layers, n_loops) -> str | None:
+    """Why (N, R) points cannot identify γ, or None when they can."""
+    n, r = np.asarray(n_layers, float), np.asarray(n_loops, float)
+    if len(set(r.tolist())) < 2:
+        return f"one loop count (R = {r[0]:g}): a loop's worth needs N⊗R beside N⊗1"
+    if len(set(n.tolist())) < 2:
+        return "one layer count: a layer's worth needs two N"
+    design = np.column_stack([np.ones_like(n), np.log(n), np.log(r)])
+    if np.linalg.matrix_rank(design) < 3:
+        return "log N and log R are collinear (every pair at one N·R): only b·(γ−1) is identified"
+    if len(n) <= 3:
+        return f"{len(n)} points for three parameters: no residuals to bound γ with"
+    return None
+
+
+def fit_depth(n_layers, n_loops, loss, *, confidence: float = CONFIDENCE, draws: int = BOOTSTRAP,
+              seed: int = SEED) -> DepthFit:
+    """Fit loss ≈ a + b·log(N·R^γ) (module docstring); the points must pass skip_reason."""
+    n, r, y = (np.asarray(v, float) for v in (n_layers, n_loops, loss))
+    reason = skip_reason(n, r)
+    if reason is not None:
+        raise ValueError(reason)
+    log_n, log_r = np.log(n), np.log(r)
+    gamma, a, b, sse = _best_gamma(log_n, log_r, y)
+    fitted = a + b * (log_n + gamma * log_r)
+    residuals = (y - fitted) * math.sqrt(len(y) / (len(y) - 3))
+    rng = np.random.default_rng(seed)
+    boot = np.array([_best_gamma(log_n, log_r, fitted + rng.choice(residuals, len(y)))[0] for _ in range(draws)])
+    low, high = (float(v) for v in np.quantile(boot, [(1 - confidence) / 2, (1 + confidence) / 2]))
+    edges = (float(GAMMA_GRID[0]), float(GAMMA_GRID[-1]))
+    return DepthFit(gamma, min(low, gamma), max(high, gamma), a, b, math.sqrt(sse / len(y)), len(y), confidence,
+                    at_bound=any(v in edges for v in (gamma, low, high)))
+
+
+def pretrain_points(points: pl.DataFrame) -> pl.DataFrame:
+    """The pre-trained models' full-depth loss: group (experiment, arch), N, R, seed, loss."""
+    if N_LAYERS not in points.columns or "loss" not in points.columns:
+        return points.clear().select([])
+    arch = pl.col(ARCH).cast(pl.String) if ARCH in points.columns else pl.lit(None, pl.String)
+    return (points.filter((pl.col("stage") == PRETRAIN) & (pl.col("policy") == names.FULL)
+                          & pl.col("loss").is_not_null())
+            .select("experiment", arch.alias("arch"), pl.col(N_LAYERS).cast(pl.Float64).alias("n_layers"),
+                    pl.col("n_loops").cast(pl.Float64), "seed", "loss")
+            .unique(["experiment", "arch", "n_layers", "n_loops", "seed"], keep="last", maintain_order=True))
+
+
+def fit_groups(points: pl.DataFrame) -> tuple[pl.DataFrame | None, pl.DataFrame | None, list[str]]:
+    """(one row per fitted group, the points with their N_eff, notes on skipped groups)."""
+    rows, fitted, notes = [], [], []
+    pts = pretrain_points(points)
+    if pts.is_empty():
+        return None, None, ["effective depth: skipped, no pre-training run with a validation loss at full depth"]
+    for (experiment, arch), part in pts.group_by(["experiment", "arch"], maintain_order=True):
+        where = f"{experiment}" + (f" ({arch})" if arch else "")
+        reason = skip_reason(part["n_layers"], part["n_loops"])
+        if reason is not None:
+            notes.append(f"effective depth: {where} skipped, {reason}")
+            continue
+        fit = fit_depth(part["n_layers"], part["n_loops"], part["loss"])
+        rows.append({"experiment": experiment, "arch": arch, **asdict(fit)})
+        fitted.append(part.with_columns((pl.col("n_layers") * pl.col("n_loops") ** fit.gamma).alias("n_eff"),
+                                        pl.lit(fit.gamma).alias("gamma")))
+    if not rows:
+        return None, None, notes
+    return pl.DataFrame(rows), pl.concat(fitted), notes
+
+
+def depth_chart(table: pl.DataFrame, fitted: pl.DataFrame) -> ChartSpec:
+    """Loss against N·R^γ per group: the points coloured by R, each group's fitted line."""
+    series = []
+    groups = table.iter_rows(named=True)
+    for fit in groups:
+        part = fitted.filter((pl.col("experiment") == fit["experiment"]) & pl.col("arch").eq_missing(fit["arch"]))
+        tag = f"{fit['arch']} " if fit["arch"] else ""
+        for loops, by_r in part.sort("n_loops").group_by("n_loops", maintain_order=True):
+            pts = [Point(p["n_eff"], p["loss"], f"{p['n_layers']:g}⊗{p['n_loops']:g} seed {p['seed']}")
+                   for p in by_r.iter_rows(named=True)]
+            series.append(Series(f"{tag}R={loops[0]:g}", PALETTE[len(series) % len(PALETTE)], pts))
+        xs = np.geomspace(part["n_eff"].min(), part["n_eff"].max(), 50)
+        series.append(Series(f"{tag}fit γ={fit['gamma']:.2f}", "#000000", [],
+                             [(float(x), fit["a"] + fit["b"] * math.log(x)) for x in xs], shape="linear",
+                             dashed=True))
+    return ChartSpec("depth_fit", "Effective depth: loss against N·R^γ", "N_eff = N·R^γ (log scale)",
+                     "validation loss (pre-training, full depth)", series, log_x=True)
+
+
+def write_depth_fit(points: pl.DataFrame, out_dir: str | Path) -> tuple[dict[str, Path], pl.DataFrame | None,
+                                                                         ChartSpec | None, list[str]]:
+    """depth_fit.csv (one row per group) and the chart's spec; the report renders the PNG."""
+    table, fitted, notes = fit_groups(points)
+    if table is None:
+        return {}, None, None, notes
+    path = Path(out_dir) / "depth_fit.csv"
+    table.write_csv(path)
+    return {"depth_fit.csv": path}, table, depth_chart(table, fitted), notes

@@ -1,0 +1,64 @@
+"""analysis/depth_fit.py: the effective-depth exponent γ of loss ≈ a + b·log(N·R^γ)."""
+
+import math
+
+import numpy as np
+import polars as pl
+import pytest
+
+from analysis import names
+from analysis.depth_fit import ARCH, N_LAYERS, PRETRAIN, fit_depth, fit_groups, write_depth_fit
+
+PAIRS = [(6, 1), (6, 4), (12, 1), (12, 2), (24, 1), (3, 4), (6, 2)]  # the paper's pairs and two more
+
+
+def _points(gamma: float, pairs=PAIRS, seeds=(0, 1, 2), noise=0.004, a=4.0, b=-0.35) -> pl.DataFrame:
+    rng = np.random.default_rng(7)
+    rows = [{"experiment": "iso", ARCH: "mamba2", N_LAYERS: n, "n_loops": r, "seed": s, "stage": PRETRAIN,
+             "policy": names.FULL, "loss": a + b * math.log(n * r ** gamma) + rng.normal(0, noise)}
+            for n, r in pairs for s in seeds]
+    return pl.DataFrame(rows)
+
+
+@pytest.mark.parametrize("gamma", [0.5, 1.0])
+def test_fit_recovers_gamma_within_its_interval(gamma):
+    pts = _points(gamma)
+    fit = fit_depth(pts[N_LAYERS], pts["n_loops"], pts["loss"], draws=400)
+    assert fit.low <= gamma <= fit.high
+    assert abs(fit.gamma - gamma) < 0.1
+    assert fit.high - fit.low < 0.3  # small noise: a tight interval, not the whole search range
+    assert fit.b < 0 and not fit.at_bound
+
+
+def test_one_loop_count_is_skipped_with_a_note(tmp_path):
+    pts = _points(1.0, pairs=[(6, 4), (12, 4), (24, 4)])
+    written, table, spec, notes = write_depth_fit(pts, tmp_path)
+    assert table is None and spec is None and written == {}
+    assert len(notes) == 1 and "one loop count" in notes[0]
+
+
+def test_collinear_pairs_are_skipped():
+    # every pair at N·R = 24: only b·(γ−1) is identified
+    _, _, notes = fit_groups(_points(1.0, pairs=[(24, 1), (12, 2), (6, 4)]))
+    assert "collinear" in notes[0]
+
+
+def test_fit_writes_csv_and_chart_per_architecture(tmp_path):
+    pts = pl.concat([_points(1.0), _points(0.5).with_columns(pl.lit("transformer").alias(ARCH))])
+    written, table, spec, notes = write_depth_fit(pts, tmp_path)
+    assert notes == [] and table.height == 2 and written["depth_fit.csv"].exists()
+    assert table.sort("arch")["gamma"].to_list() == pytest.approx([1.0, 0.5], abs=0.1)
+    assert any(s.dashed for s in spec.series)
+
+
+def test_report_section_writes_png_and_csv(tmp_path):
+    pytest.importorskip("matplotlib")
+    from analysis.report import _depth_section
+
+    paths, charts, notes = {}, [], []
+    sections = _depth_section(_points(0.5), tmp_path, paths, charts, notes)
+    assert [title for title, _ in sections] == ["Effective depth of a loop"] and notes == []
+    assert paths["depth_fit.png"].stat().st_size > 0 and paths["depth_fit.csv"].exists()
+    assert [c.name for c in charts] == ["depth_fit"]
+    assert _depth_section(_points(0.5, pairs=[(6, 4), (12, 4)]), tmp_path, {}, [], notes) == []
+    assert "one loop count (R = 4)" in notes[0]
