@@ -8,11 +8,13 @@ GAMMA_GRID with (a, b) in closed form (least squares on log N_eff); bounding γ 
 fit stable where b is near 0, which the unconstrained linear form a + b·log N + c·log R
 (γ = c/b) is not.
 
-Interval: a residual bootstrap with a fixed seed (BOOTSTRAP draws): the design (N, R)
-is kept, the fit's residuals (inflated by √(n/(n−3)) for the three fitted
-parameters) are resampled onto the fitted values and γ refitted; the interval is the
-draws' percentiles. Resampling points instead would drop whole N or R values from
-small grids (the paper's five pairs) and leave γ unidentified in many draws.
+Interval: profile likelihood, the γ whose best (a, b) fit is not significantly worse
+than the best fit's, SSE(γ) ≤ SSE_min · (1 + t²/(n−3)) with t Student's at the
+confidence and n − 3 degrees of freedom (the F test of one parameter under Gaussian
+noise); the interval is the hull of those γ on the grid. A residual bootstrap was
+tried first and covered a known γ in only 80 % (5 points) to 90 % (15 points) of
+simulated sweeps at a nominal 95 %; this interval covered 94–95 % on the same designs,
+and it is deterministic.
 
 Each architecture (params.model.arch) of each experiment is fitted on its own: a
 Mamba-2 layer and a LLaMA layer are not the same unit. A group is skipped, with a note
@@ -32,12 +34,11 @@ import polars as pl
 
 from analysis import names
 from analysis.charts import PALETTE, ChartSpec, Point, Series
+from analysis.aggregate import student_t_quantile
 from analysis.claims import CONFIDENCE
 from analysis.load import PARAM
 
 GAMMA_GRID = np.linspace(0.0, 1.5, 1501)  # step 0.001: finer than any interval a sweep's noise allows
-BOOTSTRAP = 2000
-SEED = 0  # the bootstrap's: the same points give the same interval
 N_LAYERS, ARCH = PARAM + "model.n_layers", PARAM + "model.arch"
 PRETRAIN = names.STAGES[0]  # the first stage trains the N⊗R model from scratch
 
@@ -55,25 +56,14 @@ class DepthFit:
     at_bound: bool  # the estimate or an end of the interval sits on the grid's edge: the truth may lie beyond
 
 
-def _closed_form(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
-    """(a, b, sum of squared residuals) of y ≈ a + b·x."""
-    xm, ym = x.mean(), y.mean()
-    sxx = float(((x - xm) ** 2).sum())
-    b = float(((x - xm) * (y - ym)).sum()) / sxx if sxx > 0 else 0.0
-    a = float(ym - b * xm)
-    return a, b, float(((y - a - b * x) ** 2).sum())
-
-
-def _best_gamma(log_n: np.ndarray, log_r: np.ndarray, y: np.ndarray) -> tuple[float, float, float, float]:
-    """(γ, a, b, sse) minimising the squared error over GAMMA_GRID, all grid points at once."""
+def _grid_fits(log_n: np.ndarray, log_r: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(a, b, sum of squared residuals) of y ≈ a + b·(log N + γ·log R) at every γ of GAMMA_GRID at once."""
     x = log_n[None, :] + GAMMA_GRID[:, None] * log_r[None, :]  # (grid, points)
     xm, ym = x.mean(axis=1, keepdims=True), y.mean()
     sxx = ((x - xm) ** 2).sum(axis=1)
     b = np.where(sxx > 0, ((x - xm) * (y - ym)).sum(axis=1) / np.where(sxx > 0, sxx, 1.0), 0.0)
     a = ym - b * xm[:, 0]
-    sse = ((y[None, :] - a[:, None] - b[:, None] * x) ** 2).sum(axis=1)
-    i = int(np.argmin(sse))
-    return float(GAMMA_GRID[i]), float(a[i]), float(b[i]), float(sse[i])
+    return a, b, ((y[None, :] - a[:, None] - b[:, None] * x) ** 2).sum(axis=1)
 
 
 def skip_reason(n_layers, n_loops) -> str | None:
@@ -91,23 +81,20 @@ def skip_reason(n_layers, n_loops) -> str | None:
     return None
 
 
-def fit_depth(n_layers, n_loops, loss, *, confidence: float = CONFIDENCE, draws: int = BOOTSTRAP,
-              seed: int = SEED) -> DepthFit:
+def fit_depth(n_layers, n_loops, loss, *, confidence: float = CONFIDENCE) -> DepthFit:
     """Fit loss ≈ a + b·log(N·R^γ) (module docstring); the points must pass skip_reason."""
     n, r, y = (np.asarray(v, float) for v in (n_layers, n_loops, loss))
     reason = skip_reason(n, r)
     if reason is not None:
         raise ValueError(reason)
-    log_n, log_r = np.log(n), np.log(r)
-    gamma, a, b, sse = _best_gamma(log_n, log_r, y)
-    fitted = a + b * (log_n + gamma * log_r)
-    residuals = (y - fitted) * math.sqrt(len(y) / (len(y) - 3))
-    rng = np.random.default_rng(seed)
-    boot = np.array([_best_gamma(log_n, log_r, fitted + rng.choice(residuals, len(y)))[0] for _ in range(draws)])
-    low, high = (float(v) for v in np.quantile(boot, [(1 - confidence) / 2, (1 + confidence) / 2]))
+    a, b, sse = _grid_fits(np.log(n), np.log(r), y)
+    i = int(np.argmin(sse))
+    df = len(y) - 3
+    inside = GAMMA_GRID[sse <= sse[i] * (1 + student_t_quantile(0.5 + confidence / 2, df) ** 2 / df)]
+    low, high = float(inside.min()), float(inside.max())
     edges = (float(GAMMA_GRID[0]), float(GAMMA_GRID[-1]))
-    return DepthFit(gamma, min(low, gamma), max(high, gamma), a, b, math.sqrt(sse / len(y)), len(y), confidence,
-                    at_bound=any(v in edges for v in (gamma, low, high)))
+    return DepthFit(float(GAMMA_GRID[i]), low, high, float(a[i]), float(b[i]), float(math.sqrt(sse[i] / len(y))),
+                    len(y), confidence, at_bound=any(v in edges for v in (float(GAMMA_GRID[i]), low, high)))
 
 
 def pretrain_points(points: pl.DataFrame) -> pl.DataFrame:

@@ -464,8 +464,8 @@ def _depth_section(points, out, paths, charts, notes) -> list[tuple[str, str]]:
                                                      "against N·R^γ, points coloured by R, the fitted "
                                                      "a + b·log(N·R^γ) dashed.") + _html_table(
         shown, "γ: what one loop is worth in unshared layers (1: a layer, 0: nothing), fitted per experiment and "
-               "architecture by least squares over γ ∈ [0, 1.5]; low–high: a residual-bootstrap interval (fixed "
-               "seed); at_bound: the estimate or interval touches the search range's edge."))]
+               "architecture by least squares over γ ∈ [0, 1.5]; low–high: its profile-likelihood "
+               "interval; at_bound: the estimate or interval touches the search range's edge."))]
 
 
 def _beta_section(runs: RunSet, out, paths, charts, notes) -> list[tuple[str, str]]:

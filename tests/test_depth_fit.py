@@ -23,7 +23,7 @@ def _points(gamma: float, pairs=PAIRS, seeds=(0, 1, 2), noise=0.004, a=4.0, b=-0
 @pytest.mark.parametrize("gamma", [0.5, 1.0])
 def test_fit_recovers_gamma_within_its_interval(gamma):
     pts = _points(gamma)
-    fit = fit_depth(pts[N_LAYERS], pts["n_loops"], pts["loss"], draws=400)
+    fit = fit_depth(pts[N_LAYERS], pts["n_loops"], pts["loss"])
     assert fit.low <= gamma <= fit.high
     assert abs(fit.gamma - gamma) < 0.1
     assert fit.high - fit.low < 0.3  # small noise: a tight interval, not the whole search range
