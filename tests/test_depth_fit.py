@@ -62,3 +62,26 @@ def test_report_section_writes_png_and_csv(tmp_path):
     assert [c.name for c in charts] == ["depth_fit"]
     assert _depth_section(_points(0.5, pairs=[(6, 4), (12, 4)]), tmp_path, {}, [], notes) == []
     assert "one loop count (R = 4)" in notes[0]
+
+
+def test_interval_covers_a_known_gamma_at_its_confidence():
+    # Table 3's five pairs at one seed: the smallest design the report fits. The profile
+    # interval's nominal 95 % should hold (a bootstrap's covered ~80 % here).
+    rng = np.random.default_rng(11)
+    pairs = [(6, 1), (6, 4), (12, 1), (12, 2), (24, 1)]
+    n, r = [p[0] for p in pairs], [p[1] for p in pairs]
+    hits = 0
+    for _ in range(200):
+        loss = [3.0 - 0.3 * math.log(a * b ** 0.6) + rng.normal(0, 0.01) for a, b in pairs]
+        fit = fit_depth(n, r, loss)
+        hits += fit.low <= 0.6 <= fit.high
+    assert hits >= 0.88 * 200
+
+
+def test_the_report_page_draws_the_points_and_the_fitted_line(tmp_path):
+    pytest.importorskip("plotly")
+    from analysis.page import figure
+
+    _, _, spec, _ = write_depth_fit(_points(0.5), tmp_path)
+    kinds = sorted(t.mode for t in figure(spec).data)
+    assert "lines" in kinds and "markers" in kinds
