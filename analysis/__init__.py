@@ -12,6 +12,7 @@ Modules, one job each:
   frontier   Pareto frontiers, the area between two frontiers, the best point under a budget
   tables     the paper's tables as Markdown and CSV
   speed      the speed sweep's timed points joined by stage key to the stage's perplexity
+  depth_fit  what a loop is worth in layers: γ of loss ≈ a + b·log(N·R^γ) over pre-trainings
   charts     what each figure shows, as data (drawn by plots and by the page)
   plots      PNG figures (matplotlib, Agg)
   page       ChartSpec → Plotly figure; the self-contained HTML page (Plotly offline:
