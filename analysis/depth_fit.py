@@ -17,7 +17,9 @@ simulated sweeps at a nominal 95 %; this interval covered 94–95 % on the same 
 and it is deterministic.
 
 Each architecture (params.model.arch) of each experiment is fitted on its own: a
-Mamba-2 layer and a LLaMA layer are not the same unit. A group is skipped, with a note
+Mamba-2 layer and a LLaMA layer are not the same unit; so is each setting of the
+trial's other searched values (a scan's hop count), and a pre-training shared by
+several trials (by stage key) is one point. A group is skipped, with a note
 saying why, when it has fewer than two distinct R or N, when log N and log R are
 collinear (every pair at one N·R: only b·(γ−1) is identified), or when it has no more
 points than parameters.
@@ -40,6 +42,9 @@ from analysis.load import PARAM
 
 GAMMA_GRID = np.linspace(0.0, 1.5, 1501)  # step 0.001: finer than any interval a sweep's noise allows
 N_LAYERS, ARCH = PARAM + "model.n_layers", PARAM + "model.arch"
+SEARCH = PARAM + names.SEARCH_PARAM
+# searched values that are a point's coordinates or its replicate, not another setting
+FIT_AXES = ("model.n_layers", "model.n_loops", "model.arch", "train.seed")
 PRETRAIN = names.STAGES[0]  # the first stage trains the N⊗R model from scratch
 
 
@@ -97,16 +102,35 @@ def fit_depth(n_layers, n_loops, loss, *, confidence: float = CONFIDENCE) -> Dep
                     len(y), confidence, at_bound=any(v in edges for v in (float(GAMMA_GRID[i]), low, high)))
 
 
+def _setting(points: pl.DataFrame) -> pl.Expr:
+    """The trial's other searched values ("hops=16"; "" for a plain iso-FLOPs grid): a
+    scan that also varies, say, the hop count gets one fit per hop count, not one
+    across tasks. The searched columns are named by their leaf (search.n_layers), so the
+    fit's own axes are matched by leaf too."""
+    leaves = {axis.rsplit(".", 1)[-1] for axis in FIT_AXES}
+    others = [c for c in points.columns if c.startswith(SEARCH) and c[len(SEARCH):].rsplit(".", 1)[-1] not in leaves]
+    if not others:
+        return pl.lit("")
+    return pl.concat_str([pl.lit(c[len(SEARCH):] + "=") + pl.col(c).cast(pl.String) for c in others], separator=" ",
+                         ignore_nulls=True)
+
+
 def pretrain_points(points: pl.DataFrame) -> pl.DataFrame:
-    """The pre-trained models' full-depth loss: group (experiment, arch), N, R, seed, loss."""
+    """The pre-trained models' full-depth loss: group (experiment, arch, setting), N, R, seed, loss;
+    one row per trained model (a pre-training shared by several trials counts once)."""
     if N_LAYERS not in points.columns or "loss" not in points.columns:
         return points.clear().select([])
     arch = pl.col(ARCH).cast(pl.String) if ARCH in points.columns else pl.lit(None, pl.String)
+    # a trained model is its stage key; points logged by hand without one count once per N, R and seed
+    model = pl.col("stage_key") if "stage_key" in points.columns else pl.concat_str(
+        pl.col(N_LAYERS).cast(pl.String), pl.col("n_loops").cast(pl.String), pl.col("seed").cast(pl.String),
+        separator="/")
     return (points.filter((pl.col("stage") == PRETRAIN) & (pl.col("policy") == names.FULL)
                           & pl.col("loss").is_not_null())
-            .select("experiment", arch.alias("arch"), pl.col(N_LAYERS).cast(pl.Float64).alias("n_layers"),
-                    pl.col("n_loops").cast(pl.Float64), "seed", "loss")
-            .unique(["experiment", "arch", "n_layers", "n_loops", "seed"], keep="last", maintain_order=True))
+            .select("experiment", arch.alias("arch"), _setting(points).alias("setting"),
+                    pl.col(N_LAYERS).cast(pl.Float64).alias("n_layers"), pl.col("n_loops").cast(pl.Float64), "seed",
+                    "loss", model.alias("_model"))
+            .unique(["experiment", "_model"], keep="last", maintain_order=True).drop("_model"))
 
 
 def fit_groups(points: pl.DataFrame) -> tuple[pl.DataFrame | None, pl.DataFrame | None, list[str]]:
@@ -115,14 +139,14 @@ def fit_groups(points: pl.DataFrame) -> tuple[pl.DataFrame | None, pl.DataFrame 
     pts = pretrain_points(points)
     if pts.is_empty():
         return None, None, ["effective depth: skipped, no pre-training run with a validation loss at full depth"]
-    for (experiment, arch), part in pts.group_by(["experiment", "arch"], maintain_order=True):
-        where = f"{experiment}" + (f" ({arch})" if arch else "")
+    for (experiment, arch, setting), part in pts.group_by(["experiment", "arch", "setting"], maintain_order=True):
+        where = " ".join(str(v) for v in (experiment, arch and f"({arch})", setting) if v)
         reason = skip_reason(part["n_layers"], part["n_loops"])
         if reason is not None:
             notes.append(f"effective depth: {where} skipped, {reason}")
             continue
         fit = fit_depth(part["n_layers"], part["n_loops"], part["loss"])
-        rows.append({"experiment": experiment, "arch": arch, **asdict(fit)})
+        rows.append({"experiment": experiment, "arch": arch, "setting": setting, **asdict(fit)})
         fitted.append(part.with_columns((pl.col("n_layers") * pl.col("n_loops") ** fit.gamma).alias("n_eff"),
                                         pl.lit(fit.gamma).alias("gamma")))
     if not rows:
@@ -135,8 +159,9 @@ def depth_chart(table: pl.DataFrame, fitted: pl.DataFrame) -> ChartSpec:
     series = []
     groups = table.iter_rows(named=True)
     for fit in groups:
-        part = fitted.filter((pl.col("experiment") == fit["experiment"]) & pl.col("arch").eq_missing(fit["arch"]))
-        tag = f"{fit['arch']} " if fit["arch"] else ""
+        part = fitted.filter((pl.col("experiment") == fit["experiment"]) & pl.col("arch").eq_missing(fit["arch"])
+                             & (pl.col("setting") == fit["setting"]))
+        tag = "".join(f"{v} " for v in (fit["arch"], fit["setting"]) if v)
         for loops, by_r in part.sort("n_loops").group_by("n_loops", maintain_order=True):
             pts = [Point(p["n_eff"], p["loss"], f"{p['n_layers']:g}⊗{p['n_loops']:g} seed {p['seed']}")
                    for p in by_r.iter_rows(named=True)]

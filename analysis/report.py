@@ -459,7 +459,7 @@ def _depth_section(points, out, paths, charts, notes) -> list[tuple[str, str]]:
     paths.update(written)
     paths["depth_fit.png"] = render_png(spec, out / "depth_fit.png")
     charts.append(spec)
-    shown = table.select("experiment", "arch", "gamma", "low", "high", "a", "b", "rmse", "n_points", "at_bound")
+    shown = table.select("experiment", "arch", "setting", "gamma", "low", "high", "a", "b", "rmse", "n_points", "at_bound")
     return [("Effective depth of a loop", chart_slot("depth_fit", "Pre-training validation loss at full depth "
                                                      "against N·R^γ, points coloured by R, the fitted "
                                                      "a + b·log(N·R^γ) dashed.") + _html_table(
