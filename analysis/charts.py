@@ -15,7 +15,7 @@
   (analysis/speed.py draws perplexity against measured prefill tokens/s with the same spec.)
   beta_charts     exit entropy and expected exit step over training, one curve per β
                   (mean over seeds at each step, cut to the steps every curve has:
-                  App. E, Figs. 6–7).
+                  App. D, Figs. 4–5).
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def downstream_rows(agg: pl.DataFrame) -> pl.DataFrame | None:
     """Fig. 3's points, from seed-aggregated points: rows with a downstream average
     (lm_eval_avg) and downstream executed loops (lm_eval_loops), each with a `series`:
     `forced depth (N⊗R)` for a model without a gate at forced depths 1..R (full depth as
-    d=R: App. F, the Fixed Exit Depth curve) and `<method> · <dense|skip>` for each gated
+    d=R: App. E, the Fixed Exit Depth curve) and `<method> · <dense|skip>` for each gated
     method's final stage over q (the Ouro and CHASE curves). None when nothing has both."""
     from analysis.points import full_as_forced_depth, shared_once
     from looplab.stages import get_stage
@@ -164,7 +164,7 @@ def beta_charts(histories: pl.DataFrame, *, n_loops: int | None = None) -> list[
         rows = histories.filter((pl.col("key") == key) & pl.col("value").is_not_null())
         if rows.is_empty():
             continue
-        # The common training range: every curve reaches it (App. E truncates the same way).
+        # The common training range: every curve reaches it (App. D truncates the same way).
         last_step = rows.group_by("run_id").agg(pl.col("step").max())["step"].min()
         rows = rows.filter(pl.col("step") <= last_step)
         mean = (rows.group_by("beta", "step").agg(pl.col("value").mean(), pl.col("run_id").n_unique().alias("n"))

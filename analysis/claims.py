@@ -213,7 +213,7 @@ CLAIMS: dict[str, Claim] = {c.id: c for c in (
     Claim("C2", "adaptive exits beat forced fixed depth at equal executed loops",
           "perplexity of the fixed-loop model forced to d loops over CHASE skip at the same executed loops, mean "
           "over the loops both cover, %",
-          "140M at ~2 loops: forced 2 loops PPL 12,907 vs CHASE skip 16.45 at 2.15 loops (Fig. 3, App. F)", +1,
+          "140M at ~2 loops: forced 2 loops PPL 12,907 vs CHASE skip 16.45 at 2.15 loops (Fig. 3, App. E)", +1,
           unit=" %"),
     Claim("C2-own", "(stronger) adaptive exits beat the same gated model at a forced depth",
           "perplexity of CHASE's own model forced to d loops over its skip at the same executed loops, mean over "

@@ -37,12 +37,12 @@ __all__ = ["CONTENT_TAGS", "DENSE", "EVAL", "EVAL_QUANTITIES", "FORCED", "FULL",
 # perplexities means nothing, so lm_eval_ppl has none.
 SUITE_MEANS = (LM_EVAL_LOOPS, LM_EVAL_FLOPS, LM_EVAL_SECONDS)
 
-# Column headers of the paper's tables (Table 3, App. F/G), by lm-eval task name.
+# Column headers of the paper's tables (Table 3, App. E/F), by lm-eval task name.
 TASK_HEADERS = {"piqa": "PIQA", "boolq": "BoolQ", "winogrande": "WG", "openbookqa": "OBQA",
                 "hellaswag": "HS", "arc_challenge": "ARC-C", "arc_easy": "ARC-E"}
 POLICY_ORDER = (FULL, FORCED, DENSE, SKIP, *ZOO_KINDS)  # zoo kinds: dense-entropy, skip-entropy, ...
 
-# Training histories the β diagnostics draw (App. E, Figs. 6 and 7).
+# Training histories the β diagnostics draw (App. D, Figs. 4 and 5).
 BETA_DIAGNOSTICS = ("exit_entropy", "expected_exit_step")
 
 

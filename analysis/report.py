@@ -364,8 +364,8 @@ def _downstream_section(agg, out, paths, charts, notes) -> list[tuple[str, str]]
     charts.append(spec)
     return [("Downstream accuracy against compute", chart_slot(
         "downstream", "Average accuracy over the evaluated tasks against the loops executed per token on them: the "
-                      "pre-trained model forced to each depth (App. F), and each gated method's final stage under "
-                      "dense and skip over q (App. G); bars: seed intervals; step lines: each series' frontier."))]
+                      "pre-trained model forced to each depth (App. E), and each gated method's final stage under "
+                      "dense and skip over q (App. F); bars: seed intervals; step lines: each series' frontier."))]
 
 
 def _zoo_section(agg, quality, out, paths, charts, notes) -> list[tuple[str, str]]:
@@ -481,7 +481,7 @@ def _beta_section(runs: RunSet, out, paths, charts, notes) -> list[tuple[str, st
         slots.append(chart_slot(spec.name))
     stage = histories["stage"][0]
     return [("β diagnostics", "".join(slots) + f'<p class="caption">Stage {html.escape(str(stage))} training, one '
-             "curve per β (mean over seeds), cut to the steps every run reached (App. E).</p>")]
+             "curve per β (mean over seeds), cut to the steps every run reached (App. D).</p>")]
 
 
 def _scan_section(runs: RunSet, points, out, paths, charts, notes) -> list[tuple[str, str]]:

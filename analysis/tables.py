@@ -18,20 +18,20 @@ decimals, "mean ± std" when more than one seed was pooled.
   table4           Table 4 as the paper lays it out: every block and row in its order,
                    rows without a run shown as missing, a hybrid's skip rows labelled an
                    extension (the gated rows: exit_gate_table's picks).
-  threshold_table  App. G: Stage, Mode, q, Iter (mean exit step: the paper's "average
+  threshold_table  App. F: Stage, Mode, q, Iter (mean exit step: the paper's "average
                    exit step selected by the gate"), Exec. (executed loops), PPL, Acc,
                    tasks, Avg., for every gate stage and exit policy; with downstream
                    evaluations also Exec. on the tasks.
-  fixed_loop_table App. F: Forced loops r = 1..R, PPL, Acc, tasks, Avg. Forced depths
+  fixed_loop_table App. E: Forced loops r = 1..R, PPL, Acc, tasks, Avg. Forced depths
                    are logged by the gate stages' validation, and by downstream
-                   evaluations of any stage (the pre-trained model's App. F).
+                   evaluations of any stage (the pre-trained model's App. E).
 
 A stage several trials share (pre-training, Stage-1 of both arms) appears once per point
 in the stage tables (analysis.points.shared_once).
   skip_table       Fig. 2 as a table: per q, executed loops under skip, the ideal
                    speedup R / loops, perplexity and accuracy of skip against full
                    compute (all R loops) and dense at the same q, Δ in % / points.
-  beta_table       App. E: β, exit entropy and expected exit step at the end of
+  beta_table       App. D: β, exit entropy and expected exit step at the end of
                    training, validation perplexity and accuracy.
 """
 
@@ -200,7 +200,7 @@ def threshold_table(agg: pl.DataFrame) -> Table | None:
                         *([names.LM_EVAL_LOOPS, f"{names.LM_EVAL_LOOPS}_std"] if downstream else [])], quality)
     return Table("threshold_sweep", "Exit-gate threshold sweep",
                  "Iter: mean exit step the gate selects; Exec.: loops executed per token (R under dense, fewer "
-                 "under skip) (App. G).", data, header, cells)
+                 "under skip) (App. F).", data, header, cells)
 
 
 def fixed_loop_table(agg: pl.DataFrame) -> Table | None:
@@ -220,7 +220,7 @@ def fixed_loop_table(agg: pl.DataFrame) -> Table | None:
     header, cells = _with_model_column(rows, header, cells)
     data = _data(rows, ["experiment", "label", "stage", "depth"], quality)
     return Table("fixed_loop", "Fixed-loop inference ablation",
-                 "Every token forced to stop at depth r (App. F); depth R is full depth. Validation columns from each "
+                 "Every token forced to stop at depth r (App. E); depth R is full depth. Validation columns from each "
                  "gate stage's evaluation, task columns from downstream evaluations (a pre-trained model's too).",
                  data, header, cells)
 
@@ -421,7 +421,7 @@ def beta_table(agg: pl.DataFrame) -> Table | None:
                                     "accuracy", "accuracy_std", "n_seeds", "trial_config_hash"] if c in rows.columns])
     return Table("beta_ablation", "Entropy coefficient β",
                  "Exit entropy and expected exit step at the end of the final stage's training (max entropy log R), "
-                 "with the full-depth validation metrics (App. E).", data, header, cells)
+                 "with the full-depth validation metrics (App. D).", data, header, cells)
 
 
 BUILDERS = {"iso_table": iso_table, "exit_gate": exit_gate_table, "table4": table4, "threshold_sweep": threshold_table,

@@ -501,7 +501,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--no-resume", action="store_true", help="ignore an existing checkpoint in OUT")
     t.add_argument("--stage", choices=STAGE_NAMES, default=None,
                    help="training stage (default pretrain); continued stages use their recipe from "
-                        "looplab/stages.py (App. E's optimiser settings), overrides still win")
+                        "looplab/stages.py (App. D's optimiser settings), overrides still win")
     t.add_argument("--init", default=None, help="parent checkpoint a continued stage starts from")
     t.add_argument("overrides", nargs="*", help="KEY=VALUE, e.g. model.n_loops=1 train.steps=500")
     t.set_defaults(fn=cmd_train)

@@ -354,7 +354,7 @@ class HoleConfig:
 
     sampler="threshold" (§3): q ~ U[q_low, q_high] for the minibatch, skip forward
       with the gate under stop-gradient, CE at each token's realized exit depth.
-    sampler="depth" (App. E, the paper's runs): a fraction hp of positions is holed;
+    sampler="depth" (App. D, the paper's runs): a fraction hp of positions is holed;
       each draws a target depth uniformly from `bins` evenly spaced values spanning
       [lo, hi], which `rounding` maps to an integer exit step; deeper updates of the
       position are dropped (packed out as in skip); Stage-1 loss on that forward.

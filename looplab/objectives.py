@@ -1,4 +1,4 @@
-"""Exit distributions and training objectives (paper §3, App. A, App. E), and the loss
+"""Exit distributions and training objectives (paper §3, App. A, App. D), and the loss
 of one minibatch in each training stage (the registry in looplab/stages.py names
 them `<stage>_minibatch`):
 

@@ -3,7 +3,7 @@
 One value type names every way of running an N⊗R model:
 
     full            every token runs all R loops, readout at R (the fixed-loop model)
-    forced:d        every token runs exactly d loops, readout at d (App. F's ablation)
+    forced:d        every token runs exactly d loops, readout at d (App. E's ablation)
     dense:q         every token runs all R loops; the gate's threshold rule picks the
                     readout step z(q) (the Ouro gate: no compute is saved)
     skip:q          tokens leave at z(q) and skip the deeper loops for real (CHASE)
@@ -46,7 +46,7 @@ if TYPE_CHECKING:  # torch is imported where tensors are used: analysis reads po
     import torch
 
 FULL, FORCED, DENSE, SKIP = "full", "forced", "dense", "skip"
-DEFAULT_QS = (0.2, 0.4, 0.6, 0.8, 1.0)  # the paper's threshold grid (App. G)
+DEFAULT_QS = (0.2, 0.4, 0.6, 0.8, 1.0)  # the paper's threshold grid (App. F)
 EXECUTIONS = (FULL, FORCED, DENSE, SKIP)
 GATE, GIVEN = "gate", "given"
 # The zoo: zero-shot rules on each step's next-token distribution (see the module docstring).

@@ -1,7 +1,7 @@
 """Named presets: small Python functions returning a complete ExperimentConfig.
 
 Sizes: `debug` / `*-debug` train in seconds on a CPU, `*-local` in minutes on a laptop; the
-paper presets carry the settings of App. B–E (the continued stages' optimiser recipes
+paper presets carry the settings of App. B–D (the continued stages' optimiser recipes
 live with the stages, looplab/stages.py; their step budgets per preset here).
 Experiments derive from a preset with `dataclasses.replace` or
 `config.apply_overrides`, and a stage's config with `stage_config` (the one
@@ -18,7 +18,7 @@ from looplab.config import (ExperimentConfig, ManoConfig, ModelConfig, ParentRef
 from looplab.stages import get_stage
 
 PRESETS: dict[str, Callable[[], ExperimentConfig]] = {}
-# The preset's step budget of each continued stage (the paper's, App. E); a stage
+# The preset's step budget of each continued stage (the paper's, App. D); a stage
 # without one trains as many steps as the preset's pre-training.
 STAGE_BUDGETS: dict[str, dict[str, int]] = {}
 # Presets that are one family's variants for a value of a field a sweep varies: a
@@ -180,7 +180,7 @@ def _paper_lm(d_model: int, n_layers: int, arch: str, attn_idx: tuple[int, ...],
     return _experiment(model, TextConfig(tokenizer="mistral", dataset="climbmix"), train)
 
 
-# Table 4's models: 75k pre-training steps; App. E's continued stages: Stage-1 2,500
+# Table 4's models: 75k pre-training steps; App. D's continued stages: Stage-1 2,500
 # iterations, CHASE 800 (140M) / 2,000 (370M), Stage-2 600. Table 3's iso-FLOPs grid
 # (N ∈ {6, 12, 24} at d 768) pre-trains for 50k steps (100B tokens): paper-table3.
 for _arch, _suffix in (("mamba2", ""), ("transformer", "-transformer"), ("hybrid", "-hybrid")):

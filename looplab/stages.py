@@ -1,4 +1,4 @@
-"""The training stages, one object each, in one registry (paper §3, App. A, App. E).
+"""The training stages, one object each, in one registry (paper §3, App. A, App. D).
 
     pretrain  fixed-loop pre-training: CE at step R                        method "fixed"
     stage1    Ouro Stage-1: Σ_r π^(r) ℓ^(r) − β H(π), backbone and gate    method "Ouro"
@@ -7,7 +7,7 @@
 
 A `Stage` owns everything that makes it what it is: its name and order, whether it
 continues a parent checkpoint, the config sections beyond model/task/train that
-change its result (so they enter its key), its optimiser recipe (App. E) with a warmup
+change its result (so they enter its key), its optimiser recipe (App. D) with a warmup
 *fraction* of its own steps, which parameters train, its loss (looplab/objectives.py),
 what it evaluates, and the method label a model carries after it. Config validation
 and hashing (config.py), the CLI's --stage choices, the platform's stage order
@@ -43,7 +43,7 @@ METHOD_FIXED, METHOD_OURO, METHOD_CHASE = "fixed", "Ouro", "CHASE"
 
 @dataclass(frozen=True)
 class Recipe:
-    """A continued stage's optimiser settings (App. E: AdamW (0.9, 0.95), wd 0.1,
+    """A continued stage's optimiser settings (App. D: AdamW (0.9, 0.95), wd 0.1,
     cosine from lr to min_lr after a linear warmup over warmup_fraction of the
     stage's steps). They replace the preset's pre-training recipe."""
 
@@ -93,7 +93,7 @@ class Stage:
 
     def eval_policies(self, n_loops: int, qs=DEFAULT_QS) -> list[ExitPolicy]:
         """What a run of this stage evaluates: full depth and the forced depths 1..R-1
-        (the fixed-depth baseline of App. F and of the paper's trade-off figure: forced R
+        (the fixed-depth baseline of App. E and of the paper's trade-off figure: forced R
         is full depth, evaluated once; the per-loop cross-entropy); gated stages add
         dense and skip at every threshold of qs (train.eval_qs: the paper's grid by
         default)."""
@@ -113,7 +113,7 @@ class Stage:
         return getattr(objectives, f"{self.name}_minibatch")(model, batch, cfg, step, rows or Rows.whole(len(batch)))
 
 
-_CONTINUED = Recipe(lr=1.5e-4, min_lr=8e-5, warmup_fraction=0.002, grad_clip=0.6)  # App. E: Stage-1 and CHASE
+_CONTINUED = Recipe(lr=1.5e-4, min_lr=8e-5, warmup_fraction=0.002, grad_clip=0.6)  # App. D: Stage-1 and CHASE
 
 STAGES: dict[str, Stage] = {s.name: s for s in (
     Stage("pretrain", METHOD_FIXED, continues=False, gated=False, trains="all",

@@ -20,7 +20,7 @@ row out in the paper's order.
     python sweeps/adaptive_pipeline.py --preset local --storage-path runs/table4
     python sweeps/adaptive_pipeline.py --preset paper-140m-hybrid --gpus-per-worker 1 --num-workers 8
     python sweeps/adaptive_pipeline.py --preset local --storage-path runs/table4 --eval-tasks paper \
-        --eval-data /data/lm_eval --eval-gpus 0      # + the seven tasks on every checkpoint (App. F/G grids)
+        --eval-data /data/lm_eval --eval-gpus 0      # + the seven tasks on every checkpoint (App. E/F grids)
     python sweeps/adaptive_pipeline.py --preset paper-140m --baselines --num-workers 8 --gpus-per-worker 1 \
         --gpu-memory 80 --address auto --dry-run     # + Table 4's ungated rows of the 140M blocks
 """
@@ -57,7 +57,7 @@ def baseline_points(preset: str) -> list[dict]:
 
 def adaptive_pipeline(common: Common, arms: list[str], hp: float = 0.5, lo: float = 1.85, hi: float = 3.45,
                       evaluation: EvalGrid | None = None, baselines: bool = False) -> Sweep:
-    """The arms (ouro, chase) sharing pretrain → Stage-1; CHASE with App. E's depth holes;
+    """The arms (ouro, chase) sharing pretrain → Stage-1; CHASE with App. D's depth holes;
     evaluation: the downstream grid run on every trained checkpoint; baselines: also
     Table 4's ungated rows (module docstring)."""
     for arm in arms:
@@ -87,8 +87,8 @@ def adaptive_pipeline(common: Common, arms: list[str], hp: float = 0.5, lo: floa
 
 def add_flags(p) -> None:
     p.add_argument("--arms", default="ouro,chase", help="which arms (default ouro,chase)")
-    p.add_argument("--hp", type=float, default=0.5, help="CHASE hole probability (App. E: 0.5)")
-    p.add_argument("--depth-range", default="1.85-3.45", help="CHASE target depths lo-hi (App. E: 1.85-3.45)")
+    p.add_argument("--hp", type=float, default=0.5, help="CHASE hole probability (App. D: 0.5)")
+    p.add_argument("--depth-range", default="1.85-3.45", help="CHASE target depths lo-hi (App. D: 1.85-3.45)")
     p.add_argument("--baselines", action="store_true",
                    help="also pre-train Table 4's ungated rows of this preset's blocks (N⊗1, loop2, LLaMA-2 "
                         "at 140M), with iso_flops.py's stage keys")

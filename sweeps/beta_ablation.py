@@ -1,4 +1,4 @@
-"""Stage-1 entropy coefficient β ablation (paper App. E): one loop-4 (R = 4) model
+"""Stage-1 entropy coefficient β ablation (paper App. D): one loop-4 (R = 4) model
 pre-trained once, then Stage-1 from that shared checkpoint for each β, logging the
 exit entropy and expected exit step during training. `--eval-tasks` then evaluates the
 checkpoints downstream (sweeps/evaluate.py).
@@ -21,7 +21,7 @@ from trainables.evaluation import EvalGrid
 from trainables.pipeline import PipelineSpec
 
 BETAS = "0.05,0.1,0.25,0.5,1.0"
-# Stage-1 continues pre-training for a fraction of its steps. App. E: 2,500 Stage-1
+# Stage-1 continues pre-training for a fraction of its steps. App. D: 2,500 Stage-1
 # iterations after 75,000 of pre-training (3%), which the paper presets carry as their
 # Stage-1 budget; at laptop scale 3% is a handful of steps that leave the gate where it
 # started, so presets without a budget train Stage-1 for 20% (at least 20 steps).
@@ -33,7 +33,7 @@ def beta_ablation(common: Common, betas: list[float], stage1_steps: int | None =
     """The sweep: pretrain → Stage-1 at each β (searched in Stage-1 only, so every
     trial continues the same pre-training). stage1_steps None: the preset's Stage-1
     budget, else 20% of its pre-training steps."""
-    overrides = {"model.n_loops": 4, **common.overrides}  # loop-4, as in App. E
+    overrides = {"model.n_loops": 4, **common.overrides}  # loop-4, as in App. D
     declared = {}
     if stage1_steps is None and stage_budget(common.preset, "stage1") is None:
         stage1_steps = max(20, round(STAGE1_FRACTION * apply_overrides(get_preset(common.preset), overrides).train.steps))

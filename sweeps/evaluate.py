@@ -44,7 +44,7 @@ def add_eval_flags(p: argparse.ArgumentParser) -> None:
                         "and/or task names (the paper's, those of --eval-include, or lm-eval's own)")
     g.add_argument("--eval-policies", default="", metavar="GRID",
                    help=f"exit policies, e.g. '{POLICY_EXAMPLE}' (default: forced 1..R on a stage without a gate, "
-                        "App. F; dense and skip at q 0.2..1.0 on gated stages, App. G); gate policies go to gated "
+                        "App. E; dense and skip at q 0.2..1.0 on gated stages, App. F); gate policies go to gated "
                         "stages, the others to every stage")
     g.add_argument("--eval-data", default="", metavar="DIR",
                    help="the paper tasks' data from DIR/<task>/<split>.parquet (python -m looplab.lm_eval_suite "

@@ -1,4 +1,4 @@
-"""CHASE hole sweep (paper §3, App. E): pretrain → Stage-1 once, then CHASE over
+"""CHASE hole sweep (paper §3, App. D): pretrain → Stage-1 once, then CHASE over
 hole probability hp × target-depth range [lo, hi] (and ρ), each followed by
 Stage-2 and the threshold evaluation (dense and skip over q, forced depths).
 `--sampler threshold` sweeps ρ × the threshold range [q_low, q_high] instead.
@@ -47,7 +47,7 @@ def hole_sweep(common: Common, sampler: str, rhos: list[float], hps: list[float]
 
 
 def add_flags(p) -> None:
-    p.add_argument("--sampler", default="depth", help="depth (App. E) | threshold (§3)")
+    p.add_argument("--sampler", default="depth", help="depth (App. D) | threshold (§3)")
     p.add_argument("--hps", default="0.25,0.5,0.75", help="hole probabilities (depth sampler)")
     p.add_argument("--ranges", default="1.85-3.45,1.0-4.0", help="target depth ranges lo-hi (depth sampler)")
     p.add_argument("--q-ranges", default="0.2-0.8,0.4-0.6", help="threshold ranges q_low-q_high (threshold)")

@@ -2,7 +2,7 @@
 `--task mano|phop` gives the synthetic tables' grids): N⊗R against N⊗1 (same
 parameters) and NR⊗1 (same effective depth, same FLOPs), per backbone. With
 `--eval-tasks paper` each language model is then evaluated downstream at forced depths
-1..R (Table 3's benchmark columns at R, App. F below it; sweeps/evaluate.py).
+1..R (Table 3's benchmark columns at R, App. E below it; sweeps/evaluate.py).
 
     python sweeps/iso_flops.py --dry-run                          # debug LM, laptop grid
     python sweeps/iso_flops.py --preset paper-140m --archs mamba2,transformer --gpus-per-worker 1

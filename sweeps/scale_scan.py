@@ -54,16 +54,16 @@ HOLE_AXES: dict[str, list[Any]] = {
     # byte-level point at 400 steps of the pre-training axis.
     "tokenizer": [{"tokenizer": "mistral", "pretrain_steps": 400}],
 }
-# The settings every point shares: the paper's CHASE (App. E: depth holes, hp 0.5), a
+# The settings every point shares: the paper's CHASE (App. D: depth holes, hp 0.5), a
 # batch of 8 sequences, 64 validation blocks, and a fine threshold grid for the q sweeps.
 HOLE_OVERRIDES = {"hole.sampler": "depth", "hole.hp": 0.5, "train.batch_size": 8, "task.val_blocks": 64,
                   "train.eval_every": 200, "train.eval_qs": [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]}
-PAPER_RANGE = (1.85, 3.45)  # App. E's hole depth range at R = 4
+PAPER_RANGE = (1.85, 3.45)  # App. D's hole depth range at R = 4
 STAGE_FRACTION = 4  # continued stages train pretrain_steps / 4
 
 
 def hole_range(n_loops: int) -> tuple[float, float]:
-    """App. E's [1.85, 3.45] at R = 4, placed at the same fractions of [1, R] for another R."""
+    """App. D's [1.85, 3.45] at R = 4, placed at the same fractions of [1, R] for another R."""
     lo, hi = ((d - 1) / 3 for d in PAPER_RANGE)
     return round(1 + lo * (n_loops - 1), 3), round(1 + hi * (n_loops - 1), 3)
 

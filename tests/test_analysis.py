@@ -4,7 +4,7 @@ MLflow store (shaped like the platform's sweep > trial > stage tree, see
 tests/analysis_fixture.py) → `python analysis/frontier.py` → files, artifacts, a
 report that renders in headless Chromium (skipped without a browser). Downstream
 evaluation runs (level eval) and zero-shot exit-rule metrics from the same fixture:
-Fig. 3, Table 4, the downstream columns of Table 3 and App. F/G, the policy zoo."""
+Fig. 3, Table 4, the downstream columns of Table 3 and App. E/F, the policy zoo."""
 
 from __future__ import annotations
 
@@ -403,7 +403,7 @@ def test_tables_have_the_paper_shape(report):
     assert "| mamba2 | Loop (1⊗4) | 1× / 4× | 6.75 ± 0.71 | 41.00 ± 1.41 | 2 |" in tables  # ppl 6.25 and 7.25
     threshold = read_csv(report[0] / "tables" / "threshold_sweep.csv")
     chase = [r for r in threshold if r["label"].startswith("CHASE") and r["stage"] == "stage2" and r["policy"] == "skip"]
-    assert [r["q"] for r in chase] == ["1.0", "0.8", "0.6", "0.4", "0.2"]  # as in App. G
+    assert [r["q"] for r in chase] == ["1.0", "0.8", "0.6", "0.4", "0.2"]  # as in App. F
     q04 = next(r for r in chase if r["q"] == "0.4")
     # lm-eval: skip at q=0.4 logged the seven tasks; Avg. is their mean (both seeds: 0.30..0.36 + 0.01 s - 0.01)
     assert float(q04["lm_eval.piqa"]) == pytest.approx(0.295)
@@ -601,12 +601,12 @@ def test_downstream_table_columns_by_hand(downstream):
     assert float(picks[("CHASE", "skip", "best Avg.")]["lm_eval_avg"]) == pytest.approx(0.35)
     assert float(picks[("Ouro", "skip", both)]["exec_loops"]) == pytest.approx(3.48)  # 0.26 + ...: the best that saves loops
     assert float(picks[("fixed", "full", "")]["lm_eval_avg"]) == pytest.approx(0.34)
-    # App. F: the pre-trained model's forced depths, downstream, each depth once
+    # App. E: the pre-trained model's forced depths, downstream, each depth once
     fixed = [r for r in read_csv(tables / "fixed_loop.csv") if r["stage"] == "pretrain"]
     assert [(r["depth"], round(float(r["lm_eval_avg"]), 6)) for r in fixed] == [
         ("1", 0.28), ("2", 0.30), ("3", 0.32), ("4", 0.34)]
     assert {r["label"] for r in fixed} == {"fixed 1⊗4"}
-    # App. G: the tasks and the loops executed on them beside the validation columns
+    # App. F: the tasks and the loops executed on them beside the validation columns
     g = next(r for r in read_csv(tables / "threshold_sweep.csv")
              if r["label"].startswith("CHASE") and r["stage"] == "stage2" and r["policy"] == "skip" and r["q"] == "0.4")
     assert float(g["lm_eval_loops"]) == pytest.approx(2.44) and float(g["executed_loops"]) == pytest.approx(2.5)

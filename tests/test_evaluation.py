@@ -97,7 +97,7 @@ def test_policies_per_stage():
         return [p.spec for p in grid.policies_for(stage, n_loops)]
 
     defaults = ev.EvalGrid(())
-    # App. F on the pre-trained model (forced R as full depth), App. G on gated stages
+    # App. E on the pre-trained model (forced R as full depth), App. F on gated stages
     assert specs(defaults, "pretrain") == ["forced:1", "forced:2", "forced:3", "full"]
     assert specs(defaults, "stage2") == [f"{m}:{q}" for m in ("dense", "skip") for q in ("0.2", "0.4", "0.6", "0.8",
                                                                                           "1.0")]

@@ -47,7 +47,7 @@ def test_a_per_stage_override_reaches_only_its_stage():
 
 
 def test_a_stage_with_overridden_steps_gets_its_warmup_from_its_own_steps():
-    # App. E: Stage-2 warms up over 1% of its steps, Stage-1 and CHASE over 0.2%.
+    # App. D: Stage-2 warms up over 1% of its steps, Stage-1 and CHASE over 0.2%.
     long = configs_of(adaptive_pipeline, ["--stage-steps", "stage2=5000,chase=1000"], ARM)
     assert long["stage2"].train.warmup_steps == 50 and long["chase"].train.warmup_steps == 2
     assert long["stage1"].train.warmup_steps == 1  # 0.2% of its 200 steps, at least one
@@ -87,7 +87,7 @@ def test_beta_searched_in_stage1_keeps_one_pretraining_and_its_budget_follows_th
     assert a["pretrain"].stage_key() == b["pretrain"].stage_key() and a["stage1"].stage_key() != b["stage1"].stage_key()
     assert a["stage1"].train.steps == 40  # 20% of debug's 200
     paper = configs_of(beta_ablation, ["--preset", "paper-140m"], {"beta": 0.1, "seed": 0})
-    assert paper["stage1"].train.steps == 2500 and paper["pretrain"].train.steps == 75_000  # App. E
+    assert paper["stage1"].train.steps == 2500 and paper["pretrain"].train.steps == 75_000  # App. D
 
 
 def test_the_platform_edits_no_import_path():
@@ -130,7 +130,7 @@ def test_gpu_memory_fits_micro_batches_without_changing_any_key(capsys):
 
 def test_paper_pipelines_plan_the_papers_stage_budgets():
     steps = {s: c.train.steps for s, c in configs_of(adaptive_pipeline, ["--preset", "paper-140m"], ARM).items()}
-    assert steps == {"pretrain": 75_000, "stage1": 2500, "chase": 800, "stage2": 600}  # App. E
+    assert steps == {"pretrain": 75_000, "stage1": 2500, "chase": 800, "stage2": 600}  # App. D
     big = configs_of(adaptive_pipeline, ["--preset", "paper-370m"], ARM)
     assert big["chase"].train.steps == 2000 and big["stage2"].train.warmup_steps == 6  # 1% of 600
     assert configs_of(adaptive_pipeline, ["--preset", "paper-140m", "--stage-steps", "chase=100"],

@@ -27,7 +27,7 @@ evaluates only what is new, on the checkpoints already trained.
 
 The policies of a stage: the grid's, where they apply (a gate policy, dense:q or skip:q,
 needs a trained gate: gated stages only; a forced depth at most the checkpoint's R;
-full and the zero-shot rules anywhere); with none named, App. F and App. G's: a stage
+full and the zero-shot rules anywhere); with none named, App. E and App. F's: a stage
 without a gate gets forced depths 1..R (forced R as full depth), a gated stage dense and
 skip at each q of the paper's grid.
 """
@@ -244,7 +244,7 @@ def applies(policy: ExitPolicy, stage: str, n_loops: int) -> bool:
 
 
 def default_policies(stage: str, n_loops: int) -> list[ExitPolicy]:
-    """App. F on a stage without a gate (forced depths 1..R), App. G on a gated one."""
+    """App. E on a stage without a gate (forced depths 1..R), App. F on a gated one."""
     from looplab.stages import get_stage
 
     if not get_stage(stage).gated:
