@@ -389,6 +389,20 @@ def log_params(mlflow_client, run_id: str, params: dict[str, str]) -> None:
         mlflow_client.log_batch(run_id, params=todo[i:i + PARAM_BATCH])
 
 
+def finished_tag_values(mlflow_client, experiment_id: str, level: str, tag: str) -> set[str]:
+    """The values of `tag` on the experiment's FINISHED runs of this level (an evaluation's
+    eval key, a speed point's speed key): what a keyed step need not run again. One query
+    per 5,000 runs."""
+    values, token = set(), None
+    while True:
+        page = mlflow_client.search_runs([experiment_id], max_results=5000, page_token=token,
+                                         filter_string=f"tags.{LEVEL} = '{level}' and attributes.status = 'FINISHED'")
+        values.update(r.data.tags.get(tag) for r in page)
+        token = page.token
+        if not token:
+            return values - {None}
+
+
 def find_run(mlflow_client, experiment_id: str, **tags: str):
     """The newest run of the experiment carrying all these tags, or None."""
     clauses = [f"tags.{k} = '{v}'" for k, v in tags.items()]

@@ -29,7 +29,7 @@ from looplab.cli import Parser
 from looplab.config import ConfigError
 from looplab.policy import GATE, parse_policies
 from looplab.stages import STAGE_NAMES, get_stage
-from sweeps.flags import fail
+from sweeps.flags import add_store_flags, fail
 from trainables.evaluation import (EvalGrid, EvalSummary, applies, builtin_task, default_policies, describe_plan,
                                    evaluate, include_task, paper_task, pipeline_checkpoints, store_checkpoints)
 from trainables.storage import Storage
@@ -251,13 +251,7 @@ def parser() -> argparse.ArgumentParser:
     p = Parser(prog="python -m sweeps.evaluate",
                                 description="Evaluate the finished checkpoints of an existing sweep on lm-eval tasks "
                                             "(what the store lacks only).")
-    p.add_argument("--experiment", required=True, help="the sweep's MLflow experiment, e.g. adaptive_pipeline-debug")
-    p.add_argument("--storage-path", default="looplab-runs",
-                   help="the sweep's storage (default looplab-runs): its MLflow store, and its stages/ when the "
-                        "checkpoints moved with it")
-    p.add_argument("--tracking-uri", default="", help="MLflow URI (default sqlite:///STORAGE/mlflow.db)")
-    p.add_argument("--address", default="", help="Ray cluster address (default: start a local Ray)")
-    p.add_argument("--dry-run", action="store_true", help="print what would be evaluated and what is reused")
+    add_store_flags(p, "print what would be evaluated and what is reused")
     add_eval_flags(p)
     return p
 

@@ -136,6 +136,18 @@ def parser(description: str) -> argparse.ArgumentParser:
 
 # ---- value parsers --------------------------------------------------------------------
 
+def add_store_flags(p: argparse.ArgumentParser, dry_run_help: str) -> None:
+    """The flags of a command over an existing sweep's checkpoints (sweeps/evaluate.py,
+    sweeps/speed.py): which experiment, where its store is, which Ray, and --dry-run."""
+    p.add_argument("--experiment", required=True, help="the sweep's MLflow experiment, e.g. adaptive_pipeline-debug")
+    p.add_argument("--storage-path", default="looplab-runs",
+                   help="the sweep's storage (default looplab-runs): its MLflow store, and its stages/ when the "
+                        "checkpoints moved with it")
+    p.add_argument("--tracking-uri", default="", help="MLflow URI (default sqlite:///STORAGE/mlflow.db)")
+    p.add_argument("--address", default="", help="Ray cluster address (default: start a local Ray)")
+    p.add_argument("--dry-run", action="store_true", help=dry_run_help)
+
+
 def check_preset(name: str) -> None:
     if name not in PRESETS:
         fail("--preset", name, " | ".join(sorted(PRESETS)))

@@ -45,7 +45,7 @@ from looplab.cli import Parser
 from looplab.config import ConfigError
 from looplab.policy import SKIP, parse_policies
 from looplab.stages import STAGE_NAMES, get_stage
-from sweeps.flags import fail
+from sweeps.flags import add_store_flags, fail
 from trainables.speed import SpeedPoint
 
 PACKINGS = ("auto", "padded", "varlen")
@@ -86,13 +86,7 @@ def parser() -> argparse.ArgumentParser:
     p = Parser(prog="python -m sweeps.speed",
                description="Prefill speed (full against skip) of an existing experiment's checkpoints, one MLflow run "
                            "per point, keyed by content and machine (what the store lacks only).")
-    p.add_argument("--experiment", required=True, help="the sweep's MLflow experiment, e.g. adaptive_pipeline-debug")
-    p.add_argument("--storage-path", default="looplab-runs",
-                   help="the sweep's storage (default looplab-runs): its MLflow store, and its stages/ when the "
-                        "checkpoints moved with it")
-    p.add_argument("--tracking-uri", default="", help="MLflow URI (default sqlite:///STORAGE/mlflow.db)")
-    p.add_argument("--address", default="", help="Ray cluster address (default: start a local Ray)")
-    p.add_argument("--dry-run", action="store_true", help="print the checkpoints × points and what the store has")
+    add_store_flags(p, "print the checkpoints × points and what the store has")
     p.add_argument("--stages", default="", metavar="STAGE,...",
                    help="time checkpoints of these stages (default: the gated final stages, e.g. each arm's stage2)")
     p.add_argument("--grid", default="debug", metavar="|".join(GRIDS),

@@ -328,16 +328,8 @@ def plan(grid: EvalGrid, checkpoints) -> list[Evaluation]:
 
 # ---- the store -----------------------------------------------------------------------------
 def finished_keys(mc, experiment_id: str) -> set[str]:
-    """The eval keys of the experiment's FINISHED evaluation runs (one paged query)."""
-    keys, token = set(), None
-    while True:
-        page = mc.search_runs([experiment_id], max_results=5000, page_token=token,
-                              filter_string=f"tags.{tracking.LEVEL} = '{tracking.EVAL}' "
-                                            "and attributes.status = 'FINISHED'")
-        keys.update(r.data.tags.get(tracking.EVAL_KEY) for r in page)
-        token = page.token
-        if not token:
-            return keys - {None}
+    """The eval keys of the experiment's FINISHED evaluation runs."""
+    return tracking.finished_tag_values(mc, experiment_id, tracking.EVAL, tracking.EVAL_KEY)
 
 
 def open_eval_run(mc, experiment_id: str, ev: Evaluation, git: str | None = None) -> tuple[str, str]:

@@ -48,16 +48,8 @@ def speed_key(stage_key: str, point: SpeedPoint, host: dict[str, Any], repeats: 
 
 
 def finished_speed_keys(mc, experiment_id: str) -> set[str]:
-    """The speed keys the experiment holds as FINISHED runs (one query per 5,000 runs)."""
-    keys, token = set(), None
-    while True:
-        page = mc.search_runs([experiment_id], max_results=5000, page_token=token,
-                              filter_string=f"tags.{tracking.LEVEL} = '{tracking.BENCH}' "
-                                            "and attributes.status = 'FINISHED'")
-        keys.update(r.data.tags.get(tracking.SPEED_KEY) for r in page)
-        token = page.token
-        if not token:
-            return keys - {None}
+    """The speed keys the experiment holds as FINISHED runs."""
+    return tracking.finished_tag_values(mc, experiment_id, tracking.BENCH, tracking.SPEED_KEY)
 
 
 def host_of(threads: int) -> dict[str, Any]:
