@@ -73,7 +73,7 @@ def grid_from_args(args: argparse.Namespace) -> EvalGrid | None:
         fail("--eval-cpus", args.eval_cpus, "a number > 0")
     if args.eval_gpus < 0:
         fail("--eval-gpus", args.eval_gpus, "a number >= 0")
-    if args.eval_gpus > 0 and not getattr(args, "address", "") and not _local_gpus():
+    if args.eval_gpus > 0 and not getattr(args, "address", "") and not local_gpus():
         # Ray would wait forever for a GPU this machine does not have
         fail("--eval-gpus", args.eval_gpus, "0 here (no CUDA device on this machine)")
     if args.eval_batch_size < 1:
@@ -86,7 +86,8 @@ def grid_from_args(args: argparse.Namespace) -> EvalGrid | None:
                     cpus=args.eval_cpus, gpus=args.eval_gpus, batch_size=args.eval_batch_size, device=args.eval_device)
 
 
-def _local_gpus() -> int:
+def local_gpus() -> int:
+    """This machine's CUDA devices (0 without CUDA)."""
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0

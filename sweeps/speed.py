@@ -45,6 +45,7 @@ from looplab.cli import Parser
 from looplab.config import ConfigError
 from looplab.policy import SKIP, parse_policies
 from looplab.stages import STAGE_NAMES, get_stage
+from sweeps.evaluate import local_gpus, open_experiment
 from sweeps.flags import add_store_flags, fail
 from trainables.speed import SpeedPoint
 
@@ -178,12 +179,6 @@ def parse_stages(text: str) -> tuple[str, ...]:
         if stage not in STAGE_NAMES:
             fail("--stages", text, f"comma-separated stages: {' | '.join(STAGE_NAMES)}")
     return stages
-
-
-def local_gpus() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def this_machine() -> list[tuple[float, float]]:
@@ -322,7 +317,6 @@ def print_summary(records: list[dict], out=None) -> None:
 
 # ---- python -m sweeps.speed ---------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    from sweeps.evaluate import open_experiment
     from trainables.evaluation import store_checkpoints
     from trainables.storage import Storage
 
