@@ -63,7 +63,7 @@ def loop_charts(table: pl.DataFrame) -> list[ChartSpec]:
         charts.append(_chart(f"loops_{quantity}", rows, series_keys, ("stage", "method"), quantity))
     gated_last = table.filter(pl.col("policy") == names.SKIP)["stage"].unique().to_list()
     final = max(gated_last, key=lambda s: order.get(s, -1)) if gated_last else None
-    for quantity in (ACTIVE, STATE_GAP):
+    for quantity in (ACTIVE, STATE_GAP) if final is not None else ():  # no gated stage ran skip
         rows = table.filter((pl.col("quantity") == quantity) & (pl.col("policy") == names.SKIP)
                             & (pl.col("stage") == final) & pl.col("q").is_in(list(CHART_QS)))
         series_keys = sorted({(m, q) for m, q in rows.select("method", "q").iter_rows()}, key=str)

@@ -4,9 +4,19 @@ Every distinct stage the sweeps would train (by stage key; a stage several trial
 counts once, a stage the storage already holds counts nothing) is probed here:
 looplab.train.probe_seconds times a few training steps and one evaluation with the
 threads a trial gets. A stage's time is steps × step time + evaluations × evaluation
-time. The trials run `concurrency` at a time on an even share of the cores, so the
-training part is the sum over stages divided by the concurrency; Ray's start per sweep
-and each stage's MLflow bookkeeping are added as fixed costs (measured on 2 cores).
+time. The estimate then replays the sweep's schedule rather than dividing the work by
+the concurrency, because the work does not pack evenly:
+
+  shared chains  the stage chains several trials share train first (sweeps/launch.py),
+                 min(chains, concurrency) at a time, each on an even share of the cores:
+                 3 chains on 2 slots take two chains' time, not one and a half
+  trials         then the trials, in order, each starting on the first slot that frees
+                 up (Ray Tune's max_concurrent_trials), each training its stages that
+                 neither a shared chain nor an earlier trial trains
+
+Each trial (and shared chain) adds TRIAL_S of Ray Train's local-mode start and MLflow
+bookkeeping, and each sweep RAY_START_S; both measured on 2 cores (the README's
+paper_mini timing).
 """
 
 from __future__ import annotations
@@ -14,13 +24,13 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
 from sweeps.flags import Launch
 from sweeps.plan import Sweep
 
 RAY_START_S = 15.0  # ray.init, the progress board and the first trial's start, per sweep
-PER_STAGE_S = 4.0  # a stage's MLflow runs, done marker and Ray Train's local-mode start
+TRIAL_S = 6.0  # a trial's (or shared chain's) start, its stages' MLflow runs and done markers
 PROBE_STEPS = 2
 
 
@@ -41,6 +51,16 @@ def evaluations(cfg) -> int:
     return (tc.steps - 1) // tc.eval_every + 1 if tc.eval_every else 1
 
 
+def makespan(durations: Iterable[float], slots: int) -> float:
+    """The wall time of jobs started in order, each on the first of `slots` to free up
+    (how Ray Tune fills max_concurrent_trials)."""
+    free = [0.0] * max(1, slots)
+    for d in durations:
+        i = free.index(min(free))
+        free[i] += d
+    return max(free)
+
+
 def estimate(sweeps: list[tuple[Sweep, list[dict[str, Any]]]], launch: Launch, *, concurrency: int | None = None,
              extra_seconds: float = 0.0) -> Estimate:
     """The time of running these (sweep, trial points) pairs one after the other."""
@@ -52,34 +72,57 @@ def estimate(sweeps: list[tuple[Sweep, list[dict[str, Any]]]], launch: Launch, *
     from trainables.pipeline import stage_configs, stage_dir
     from trainables.shared_stage import read_done
     from trainables.storage import Storage
+    from trainables.trial import shared_prefixes
 
     cpus = os.cpu_count() or 1
     concurrency = concurrency or max(1, min(cpus, launch.max_concurrent_trials or cpus))
-    threads = max(1, cpus // concurrency)
     storage = Storage(launch.storage_path)
+    probed: dict[tuple, tuple[float, float]] = {}
     previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    total, lines, probed = 0.0, [], {}
+
+    def stage_seconds(cfg, threads: int) -> float:
+        # The seeds of one shape cost alike: probe each (shape, threads) once.
+        shape = (cfg.stage, cfg.model, cfg.task, cfg.train.batch_size, cfg.train.seq_len, cfg.train.eval_qs, threads)
+        if shape not in probed:
+            torch.set_num_threads(threads)
+            probed[shape] = probe_seconds(cfg, steps=PROBE_STEPS)
+        step_s, eval_s = probed[shape]
+        return cfg.train.steps * step_s + evaluations(cfg) * eval_s
+
+    total, lines = 0.0, []
     try:
         for sweep, points in sweeps:
-            unique = {}
-            for point in points:
-                for cfg in stage_configs(sweep.spec, point, launch.storage_path):
-                    unique.setdefault(stage_dir(launch.storage_path, cfg), cfg)
-            todo = {d: c for d, c in unique.items() if read_done(storage, d) is None}
-            work = 0.0
-            for cfg in todo.values():
-                shape = (cfg.stage, cfg.model, cfg.task, cfg.train.batch_size, cfg.train.seq_len, cfg.train.eval_qs)
-                if shape not in probed:  # the seeds of one shape cost alike: probe once
-                    t0 = time.perf_counter()
-                    probed[shape] = probe_seconds(cfg, steps=PROBE_STEPS)
-                    probed[shape] += (time.perf_counter() - t0,)
-                step_s, eval_s, _ = probed[shape]
-                work += cfg.train.steps * step_s + evaluations(cfg) * eval_s + PER_STAGE_S
-            seconds = (work / concurrency + RAY_START_S) if todo else 0.0
+            chains = {id(p): stage_configs(sweep.spec, p, launch.storage_path) for p in points}
+            claimed: set[str] = set()  # stage folders a shared chain or an earlier trial trains
+
+            def todo(cfgs) -> list:
+                """The stages of cfgs that this job trains: neither stored nor claimed."""
+                mine = []
+                for cfg in cfgs:
+                    folder = stage_dir(launch.storage_path, cfg)
+                    if folder not in claimed and read_done(storage, folder) is None:
+                        claimed.add(folder)
+                        mine.append(cfg)
+                return mine
+
+            jobs = shared_prefixes(sweep.spec, points, launch.storage_path)
+            job_slots = min(len(jobs), concurrency)
+            job_threads = max(1, cpus // max(1, job_slots))
+            shared = [TRIAL_S + sum(stage_seconds(c, job_threads)
+                                    for c in todo(stage_configs(sweep.spec, j["params"], launch.storage_path)[:j["n"]]))
+                      for j in jobs]
+            threads = max(1, cpus // concurrency)
+            # Tune expands the grid with the point varying fastest: seed-major order.
+            seeds = list(dict.fromkeys(p.get("seed") for p in points))
+            ordered = sorted(points, key=lambda p: seeds.index(p.get("seed")))
+            trials = [TRIAL_S + sum(stage_seconds(c, threads) for c in todo(chains[id(p)])) for p in ordered]
+            n_stages = len(claimed)
+            seconds = RAY_START_S + makespan(shared, job_slots) + makespan(trials, concurrency) if n_stages else 0.0
             total += seconds
-            lines.append(f"  {sweep.name}: {len(todo)} of {len(unique)} stages to train, {concurrency} at a time × "
-                         f"{threads} thread(s): ≈ {seconds / 60:.1f} min")
+            unique = {stage_dir(launch.storage_path, c) for cfgs in chains.values() for c in cfgs}
+            lines.append(f"  {sweep.name}: {n_stages} of {len(unique)} stages to train"
+                         + (f" ({len(jobs)} shared chain(s) first)" if jobs else "")
+                         + f", {concurrency} trial(s) at a time × {threads} thread(s): ≈ {seconds / 60:.1f} min")
     finally:
         torch.set_num_threads(previous)
     if extra_seconds:

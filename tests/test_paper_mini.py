@@ -12,7 +12,7 @@ import pytest
 
 from looplab import tracking
 from sweeps import paper_mini, scale_scan
-from sweeps.estimate import estimate, evaluations
+from sweeps.estimate import RAY_START_S, TRIAL_S, estimate, evaluations, makespan
 from sweeps.flags import Common, Launch, parse_seeds
 from sweeps.plan import grid_points
 from trainables.pipeline import stage_configs
@@ -71,6 +71,34 @@ def test_the_estimate_probes_each_stage_shape_once(tmp_path):
     assert est.seconds > 0 and "paper_mini_lm: 14 of 14 stages to train" in est.text()
     cfg = stage_configs(sweep.spec, points[0], tmp_path)[0]
     assert evaluations(cfg) == 1
+
+
+def test_makespan_starts_each_job_on_the_first_free_slot():
+    assert makespan([3, 3, 3], 2) == 6  # three equal chains on two slots: two rounds, not 4.5
+    assert makespan([5, 1, 1, 1], 2) == 5
+    assert makespan([1, 1, 5], 2) == 6  # order matters: the long job starts last
+    assert makespan([2, 2], 4) == 2 and makespan([], 2) == 0
+
+
+def test_the_estimate_replays_the_schedule(tmp_path, monkeypatch):
+    """With every step costing 1 s and evaluations nothing, the estimate of the LM sweep
+    at two seeds is the hand-computed schedule: the two shared chains (pre-training 5
+    steps + Stage-1 200) side by side, then the ten trials in Tune's seed-major order on
+    two slots, each trial adding TRIAL_S."""
+    monkeypatch.setattr("looplab.train.probe_seconds", lambda cfg, steps: (1.0, 0.0))
+    common = Common("debug", {"train.steps": 5})
+    sweep = paper_mini.lm_sweep(common)
+    launch = Launch(storage_path=str(tmp_path), seeds=(0, 1))
+    points = [{**p, "seed": s} for p in grid_points(sweep) for s in launch.seeds]  # point-major, as planned
+    est = estimate([(sweep, points)], launch, concurrency=2)
+    chains = TRIAL_S + 5 + 200
+    # Seed-major on two slots, per seed: ouro (Stage-2 200), chase (CHASE + Stage-2 400),
+    # fixed 1⊗4 (reused), 1⊗1 and 4⊗1 (5 each). Seed 0: ouro and chase start together;
+    # the three fixed trials and seed 1's ouro follow on ouro's slot (206 + 6 + 11 + 11 +
+    # 206 = 440 at TRIAL_S 6), which is still busy when chase's slot frees at 406 and takes
+    # seed 1's chase: the chase trials end the sweep at 2 × 406.
+    assert est.seconds == pytest.approx(RAY_START_S + chains + 2 * (TRIAL_S + 400))
+    assert "14 of 14 stages to train (2 shared chain(s) first)" in est.text()
 
 
 @pytest.mark.slow
