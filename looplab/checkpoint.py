@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from looplab.config import ConfigError, ModelConfig, ParentRef, apply_overrides
+from looplab.keys import file_digest, keyed_name, text_digest
 from looplab.models.looped import LoopedLM
 
 WEIGHTS_DIGEST = "weights_sha256"  # config.json: the digest of model.safetensors as saved
@@ -56,17 +57,6 @@ def save_model(model: LoopedLM, directory: str | os.PathLike) -> Path:
     _write_json(d / CONFIG, {"format": FORMAT, "model": _model_dict(model.cfg), "metadata": model.metadata,
                              WEIGHTS_DIGEST: digest})
     return d
-
-
-def file_digest(path: Path) -> str:
-    """SHA-256 of a file, read in 1 MiB blocks."""
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return "sha256:" + h.hexdigest()
 
 
 def _model_dict(cfg: ModelConfig) -> dict[str, Any]:
@@ -182,8 +172,6 @@ def parent_ref(directory: str | os.PathLike) -> ParentRef:
     """A checkpoint as the parent of a continued stage: named by the stage key and
     config hash its training recorded, or, for a checkpoint that records none (made
     by hand), by a digest of its resolved path."""
-    import hashlib
-
     path = Path(directory).expanduser().resolve()
     meta = read_config(path).get("metadata", {}) if is_checkpoint(path) else {}
     if meta.get("stage_key") and meta.get("config_hash"):
@@ -197,7 +185,7 @@ def parent_ref(directory: str | os.PathLike) -> ParentRef:
                 stopped = f"@step{step}"
         return ParentRef(stage=meta.get("stage", "pretrain"), key=meta["stage_key"] + stopped,
                          group=meta["config_hash"] + stopped, checkpoint=str(path))
-    digest = "path-" + hashlib.sha256(str(path).encode()).hexdigest()[:12]
+    digest = keyed_name("path", text_digest(str(path)))
     return ParentRef(stage=meta.get("stage", "pretrain"), key=digest, group=digest, checkpoint=str(path))
 
 

@@ -17,12 +17,12 @@ and folders derive from keys, never from timestamps.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any, Union
 
 from looplab.errors import ConfigError, check, invalid
+from looplab.keys import digest
 from looplab.policy import DEFAULT_QS
 from looplab.stages import STAGE_NAMES, get_stage
 
@@ -481,29 +481,18 @@ class ExperimentConfig:
                       for name in (values if isinstance(values, dict) else [None]))
 
     def stage_key(self) -> str:
-        """Names this stage by content (seed included): 12 hex digits of SHA-256 over
-        canonical JSON of key_payload(). Its folder and MLflow runs derive from it."""
-        return _digest(self.key_payload())
+        """Names this stage by content (seed included): looplab.keys.digest of
+        key_payload(). Its folder and MLflow runs derive from it (keys.stage_folder)."""
+        return digest(self.key_payload())
 
     def config_hash(self) -> str:
         """stage_key without the seed, chained through the parents' config hashes: the
         seeds of one configuration share it (analysis aggregates seeds by it)."""
-        return _digest(self.key_payload(seed=False))
+        return digest(self.key_payload(seed=False))
 
     def as_parent(self, checkpoint: str = "") -> ParentRef:
         """This stage as the parent of the next one."""
         return ParentRef(stage=self.stage, key=self.stage_key(), group=self.config_hash(), checkpoint=checkpoint)
-
-
-def _digest(payload: dict[str, Any]) -> str:
-    blob = json.dumps(payload, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(blob.encode()).hexdigest()[:12]
-
-
-def content_key(payload: dict[str, Any]) -> str:
-    """A content key like stage_key's (12 hex digits of SHA-256 over canonical JSON), for
-    the other steps keyed by what they compute (trainables/evaluation.py: eval_key)."""
-    return _digest(payload)
 
 
 def _build(cls: type, values: dict[str, Any], prefix: str) -> Any:

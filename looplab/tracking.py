@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from looplab.errors import ConfigError
+from looplab.keys import keyed_name, stage_folder
 from looplab.policy import PREFIX_PATTERN, ExitPolicy
 
 # ---- experiments and runs ------------------------------------------------------------
@@ -67,24 +68,26 @@ def experiment_name(sweep: str, preset: str) -> str:
     return f"{sweep}-{preset}"
 
 
+# Run names follow the output-path rule of looplab/keys.py (`<name>-<key>`); a sweep's
+# run name is also its Ray Tune folder, and a stage's its stage folder.
 def sweep_run_name(sweep: str, sweep_key: str) -> str:
-    return f"{sweep}-{sweep_key}"
+    return keyed_name(sweep, sweep_key)
 
 
 def trial_run_name(stage_key: str) -> str:
-    return f"trial-{stage_key}"
+    return keyed_name("trial", stage_key)
 
 
 def stage_run_name(stage: str, stage_key: str) -> str:
-    return f"{stage}-{stage_key}"
+    return stage_folder(stage, stage_key)
 
 
 def eval_run_name(task: str, policy: ExitPolicy, eval_key: str) -> str:
-    return f"eval-{task}-{policy.spec}-{eval_key}"
+    return keyed_name(f"eval-{task}-{policy.spec}", eval_key)
 
 
 def speed_run_name(batch: int, seq_len: int, policy: str, speed_key: str) -> str:
-    return f"speed-b{batch}-L{seq_len}-{policy}-{speed_key[:6]}"
+    return keyed_name(f"speed-b{batch}-L{seq_len}-{policy}", speed_key[:6])
 
 
 # ---- tags ------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
+from looplab.keys import keyed_name
 from trainables.storage import Storage
 
 RENEW_SECONDS, STALE_SECONDS = 30.0, 120.0
@@ -42,13 +43,18 @@ def _busy(name: str, key: str, holder: dict | None, where: str) -> SweepBusy:
                      "to finish, or give another --storage-path")
 
 
+def _lock_name(key: str) -> str:
+    """sweep-<sweep key>: the output-path rule of looplab/keys.py."""
+    return keyed_name("sweep", key)
+
+
 @contextlib.contextmanager
 def sweep_lock(storage: Storage, key: str, name: str) -> Iterator[None]:
     """Hold the sweep's lock for the block; SweepBusy when another invocation holds it."""
     if not storage.remote:
         folder = Path(storage.path("locks"))
         folder.mkdir(parents=True, exist_ok=True)
-        lock, info = folder / f"sweep-{key}.lock", folder / f"sweep-{key}.json"
+        lock, info = folder / f"{_lock_name(key)}.lock", folder / f"{_lock_name(key)}.json"
         with open(lock, "a+") as handle:
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -61,7 +67,7 @@ def sweep_lock(storage: Storage, key: str, name: str) -> Iterator[None]:
                 info.unlink(missing_ok=True)
                 fcntl.flock(handle, fcntl.LOCK_UN)
         return
-    lease = storage.path("locks", f"sweep-{key}.json")
+    lease = storage.path("locks", f"{_lock_name(key)}.json")
     current = _parse(storage.read_text(lease))
     if current is not None and time.time() - current.get("renewed", 0) < STALE_SECONDS:
         raise _busy(name, key, current, lease)

@@ -5,7 +5,6 @@ before Ray starts, the resource plan, the names derived from content, and the dr
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import itertools
 import json
 import math
@@ -14,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from looplab.config import ConfigError, config_key, is_keyed
+from looplab.keys import LENIENT, SWEEP_KEY_LENGTH, TRIAL_NAME_KEY_LENGTH, digest, keyed_name, stage_folder
 from looplab.policy import DEFAULT_QS
 from looplab.resources import StagePlan, plan_stage
 from looplab.tracking import parse_metric
@@ -223,7 +223,7 @@ def _unique_stages(sweep: Sweep, launch: Launch, points: list[dict[str, Any]]) -
     unique: dict[str, Any] = {}
     for point in points:
         for c in stage_configs(sweep.spec, point, launch.storage_path):
-            unique.setdefault(f"{c.stage}-{c.stage_key()}", c)
+            unique.setdefault(stage_folder(c.stage, c.stage_key()), c)
     return unique
 
 
@@ -262,24 +262,24 @@ def in_flag_terms(error: ConfigError, sweep: Sweep, point: dict[str, Any]) -> Co
 
 # ---- naming --------------------------------------------------------------------------
 
-def short_hash(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:10]
-
-
 def sweep_key(sweep: Sweep, launch: Launch) -> str:
-    """Names the sweep's Ray Tune run: its declaration, never a timestamp."""
+    """Names the sweep's Ray Tune run: its declaration, never a timestamp. LENIENT: the
+    JSON form stored sweep keys were made in (looplab/keys.py)."""
     spec = sweep.spec.to_dict()  # unkeyed overrides (micro-batching, cadence) name the same sweep
     spec["overrides"] = {k: v for k, v in spec["overrides"].items() if is_keyed(k)}
     spec["stage_overrides"] = {s: {k: v for k, v in o.items() if is_keyed(k)} for s, o in spec["stage_overrides"].items()}
     spec["stage_overrides"] = {s: o for s, o in spec["stage_overrides"].items() if o}
-    return short_hash({"spec": spec, "grid": sweep.grid, "points": sweep.points,
-                       "ranges": sweep.ranges,
-                       "search": launch.search, "num_samples": launch.num_samples, "seeds": launch.seeds,
-                       "scheduler": launch.scheduler})
+    return digest({"spec": spec, "grid": sweep.grid, "points": sweep.points,
+                   "ranges": sweep.ranges,
+                   "search": launch.search, "num_samples": launch.num_samples, "seeds": launch.seeds,
+                   "scheduler": launch.scheduler}, SWEEP_KEY_LENGTH, LENIENT)
 
 
 def trial_name(params: dict[str, Any]) -> str:
-    return "trial-" + "-".join(f"{k}{v}" for k, v in sorted(params.items()))[:80] + "-" + short_hash(params)[:6]
+    """A trial's name and Ray Tune folder: its params, readable (cut at 80 characters),
+    then their digest, which tells apart trials the cut leaves alike."""
+    readable = "trial-" + "-".join(f"{k}{v}" for k, v in sorted(params.items()))[:80]
+    return keyed_name(readable, digest(params, TRIAL_NAME_KEY_LENGTH, LENIENT))
 
 
 # ---- dry run -----------------------------------------------------------------------
@@ -296,7 +296,7 @@ def describe(sweep: Sweep, launch: Launch, points: list[dict[str, Any]], res: Re
         keys = " → ".join(f"{c.stage}:{c.stage_key()}" for c in stages)
         lines.append(f"  {json.dumps(point, sort_keys=True)}  {keys}")
         for c in stages:
-            unique.setdefault(f"{c.stage}-{c.stage_key()}", c)
+            unique.setdefault(stage_folder(c.stage, c.stage_key()), c)
     if launch.search == "optuna":
         lines.append(f"  (Optuna samples {launch.num_samples} trials within {sweep.ranges}; corners shown)")
     shared = sum(len(sweep.spec.stages_of(p)) for p in points) - len(unique)

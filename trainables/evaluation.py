@@ -2,7 +2,7 @@
 its own ... never recomputed").
 
 An evaluation is one lm-eval task run on one checkpoint under one exit policy. Its key,
-`eval_key` (made like a stage key: looplab.config.content_key), hashes exactly what can
+`eval_key` (made like a stage key: looplab.keys.digest), hashes exactly what can
 change its result:
 
     the checkpoint's stage key (its seed and every upstream stage included);
@@ -34,8 +34,6 @@ skip at each q of the paper's grid.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import sys
 from collections import Counter
@@ -44,7 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from looplab import tracking
-from looplab.config import ConfigError, content_key
+from looplab.config import ConfigError
+from looplab.keys import LENIENT, digest, files_digest, keyed_name, stage_path
 from looplab.policy import DEFAULT_QS, FORCED, GATE, ExitPolicy, parse_policies
 
 PAPER, INCLUDE, BUILTIN = "paper", "include", "builtin"  # where a task's config comes from
@@ -134,8 +133,7 @@ def config_version(path: Path) -> str:
     config["dataset_kwargs"] = kwargs
     if config.get("dataset_path") and (path.parent / str(config["dataset_path"])).exists():
         config.pop("dataset_path")
-    blob = json.dumps(config, sort_keys=True, default=str)
-    return "cfg-" + hashlib.sha256(blob.encode()).hexdigest()[:12]
+    return keyed_name("cfg", digest(config, form=LENIENT))  # LENIENT: the form stored versions were made in
 
 
 def builtin_task(name: str, yaml_path: str | os.PathLike) -> EvalTask:
@@ -192,20 +190,6 @@ def _data_files(config: dict[str, Any]) -> dict[str, list[Path]]:
     if config.get("dataset_path") and local.is_absolute() and local.exists():
         out["dataset_path"] = sorted(p for p in ([local] if local.is_file() else local.rglob("*")) if p.is_file())
     return {k: v for k, v in out.items() if v}
-
-
-def files_digest(files: dict[str, list[Path]]) -> str:
-    """SHA-256 over the files' contents by split: the same data under another path or
-    name has the same digest, one changed byte another."""
-    h = hashlib.sha256()
-    for split in sorted(files):
-        for path in files[split]:
-            h.update(f"{split}\0".encode())
-            with open(path, "rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    h.update(block)
-            h.update(b"\0")
-    return "sha256:" + h.hexdigest()[:16]
 
 
 def hub_source(config: dict[str, Any]) -> str:
@@ -311,7 +295,7 @@ class Evaluation:
 
 def eval_key(stage_key: str, policy: str, task: EvalTask, limit: int | float | None) -> str:
     """The content key of an evaluation (module docstring)."""
-    return content_key({"stage_key": stage_key, "policy": policy, "task": task.key_payload(), "limit": limit})
+    return digest({"stage_key": stage_key, "policy": policy, "task": task.key_payload(), "limit": limit})
 
 
 def plan(grid: EvalGrid, checkpoints) -> list[Evaluation]:
@@ -559,6 +543,7 @@ def store_checkpoints(mc, experiment_id: str,
     copies), at the checkpoint their tag names, else at STORAGE/stages/<stage>-<key>/checkpoint
     (a store moved with its folder). Returns them and one note per stage run skipped."""
     from looplab.checkpoint import is_checkpoint, read_config, read_model_config
+    from looplab.train import CHECKPOINT_DIR
     from trainables.storage import Storage, local_checkpoint
 
     runs, token = [], None
@@ -581,7 +566,7 @@ def store_checkpoints(mc, experiment_id: str,
         except (FileNotFoundError, OSError, ValueError):
             path = Path("")
         if not is_checkpoint(path) and storage_path:  # a store moved with its folder
-            location = Storage(storage_path).path("stages", f"{stage}-{key}", "checkpoint")
+            location = Storage(storage_path).path(*stage_path(stage, key, CHECKPOINT_DIR))
             path = Path(location)
         if not key or not is_checkpoint(path):
             notes.append(f"{tracking.stage_run_name(stage, key)}: no checkpoint at {tags.get(tracking.CHECKPOINT)!r}"

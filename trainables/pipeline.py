@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from looplab.config import ConfigError, ExperimentConfig
+from looplab.keys import stage_path
 from looplab.presets import get_preset, stage_config
 from looplab.stages import STAGE_NAMES, get_stage
 from looplab.train import CHECKPOINT_DIR
@@ -100,11 +101,12 @@ def _check_stages(name: str, stages: tuple[str, ...]) -> None:
 def stage_dir(storage_path: str | Path, cfg: ExperimentConfig) -> str:
     """Where a stage trains: one folder per stage key, shared by all trials (a local
     path, or a URI on an object store: trainables/storage.py)."""
-    return Storage(storage_path).path("stages", f"{cfg.stage}-{cfg.stage_key()}")
+    return Storage(storage_path).path(*stage_path(cfg.stage, cfg.stage_key()))
 
 
 def checkpoint_of(storage_path: str | Path, cfg: ExperimentConfig) -> str:
-    return Storage(storage_path).path("stages", f"{cfg.stage}-{cfg.stage_key()}", CHECKPOINT_DIR)
+    """Where a stage's checkpoint lies: its stage folder's checkpoint/."""
+    return Storage(storage_path).path(*stage_path(cfg.stage, cfg.stage_key(), CHECKPOINT_DIR))
 
 
 def stage_configs(spec: PipelineSpec, params: dict[str, Any], storage_path: str | Path) -> list[ExperimentConfig]:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from looplab import tracking
-from looplab.config import content_key
+from looplab.keys import digest
 from looplab.tracking import SPEED_KEY
 
 
@@ -44,7 +44,7 @@ def machine(device: str, threads: int) -> dict[str, Any]:
 
 
 def speed_key(stage_key: str, point: SpeedPoint, host: dict[str, Any], repeats: int) -> str:
-    return content_key({"stage_key": stage_key, "point": point.__dict__, "machine": host, "repeats": repeats})
+    return digest({"stage_key": stage_key, "point": point.__dict__, "machine": host, "repeats": repeats})
 
 
 def finished_speed_keys(mc, experiment_id: str) -> set[str]:

@@ -24,6 +24,7 @@ import time
 from typing import Any
 
 from looplab import tracking
+from looplab.keys import STAGES_DIR
 from looplab.policy import ExitPolicy
 from trainables.storage import Storage
 
@@ -55,7 +56,7 @@ def stage_worker_loop(config: dict[str, Any]) -> None:
     storage = Storage(config["storage"])
     folder = config["stage_folder"]
     kill_at = int(os.environ.get(FAIL_AT_STEP_ENV, "0") or 0)
-    kill_marker = storage.scratch("stages", folder) / ".killed_once"
+    kill_marker = storage.scratch(STAGES_DIR, folder) / ".killed_once"
 
     # Time this worker spends in MLflow and Ray Train calls (the overhead benchmark reads it).
     mlflow_seconds = report_seconds = 0.0
@@ -113,13 +114,13 @@ def train_stage(cfg, storage: Storage, folder: str, **train_kwargs):
     from looplab.config import ConfigError
     from looplab.train import CHECKPOINT_DIR, METRICS_FILE, train
 
-    location = storage.path("stages", folder)
+    location = storage.path(STAGES_DIR, folder)
     if not storage.remote:
         return train(cfg, location, resume=True, **train_kwargs)
-    work = storage.scratch("stages", folder)
-    checkpoint = storage.path("stages", folder, CHECKPOINT_DIR)
+    work = storage.scratch(STAGES_DIR, folder)
+    checkpoint = storage.path(STAGES_DIR, folder, CHECKPOINT_DIR)
     if storage.download_dir(checkpoint, work / CHECKPOINT_DIR, TRAINER):  # the resume point and its history
-        history = storage.read_text(storage.path("stages", folder, METRICS_FILE))
+        history = storage.read_text(storage.path(STAGES_DIR, folder, METRICS_FILE))
         (work / METRICS_FILE).write_text(history or "")
     else:
         import shutil
@@ -134,6 +135,6 @@ def train_stage(cfg, storage: Storage, folder: str, **train_kwargs):
 
     def upload(step: int, path) -> None:
         storage.upload_dir(path, checkpoint, TRAINER)
-        storage.write_text(storage.path("stages", folder, METRICS_FILE), (work / METRICS_FILE).read_text())
+        storage.write_text(storage.path(STAGES_DIR, folder, METRICS_FILE), (work / METRICS_FILE).read_text())
 
     return train(cfg, work, resume=True, parent_dir=parent_dir, on_checkpoint=upload, **train_kwargs)

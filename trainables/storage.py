@@ -18,9 +18,10 @@ crash left it complete and `<dir>` gone.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
+
+from looplab.keys import LOCATION_KEY_LENGTH, text_digest
 
 LOCAL_SCHEMES = ("", "file")
 
@@ -59,7 +60,7 @@ class Storage:
         folder under ~/.cache/looplab named by the storage root."""
         if not self.remote:
             return Path(self.root, *parts)
-        digest = hashlib.sha256(self.root.encode()).hexdigest()[:12]
+        digest = text_digest(self.root)
         base = Path(os.environ.get("LOOPLAB_SCRATCH", Path.home() / ".cache" / "looplab" / "scratch"))
         return base / digest / Path(*parts)
 
@@ -154,7 +155,7 @@ def local_checkpoint(location: str, marker: str = "config.json") -> Path:
     if "://" not in location or location.startswith("file://"):
         return Path(location.removeprefix("file://"))
     storage = Storage(location.rsplit("/", 1)[0])
-    local = storage.scratch("checkpoints", hashlib.sha256(location.encode()).hexdigest()[:16])
+    local = storage.scratch("checkpoints", text_digest(location, LOCATION_KEY_LENGTH))
     if not (local / marker).is_file() and not storage.download_dir(location, local, marker):
         raise FileNotFoundError(f"{location} holds no complete checkpoint")
     return local

@@ -25,7 +25,8 @@ from typing import Any
 
 from looplab import tracking
 from looplab.config import ExperimentConfig
-from trainables.pipeline import PipelineSpec, stage_configs, stage_dir
+from looplab.keys import stage_folder
+from trainables.pipeline import PipelineSpec, checkpoint_of, stage_configs, stage_dir
 from trainables.progress import Reporter
 from trainables.shared_stage import read_done, stage_lock, write_done
 from trainables.stage_worker import stage_worker_loop
@@ -165,7 +166,7 @@ def _run_stage(cfg: ExperimentConfig, platform: PlatformSettings, mc, experiment
     directory = stage_dir(platform.storage_path, cfg)
     name = tracking.stage_run_name(cfg.stage, cfg.stage_key())
     key = {tracking.LEVEL: tracking.STAGE, tracking.STAGE_KEY: cfg.stage_key(), tracking.TRIAL_RUN: trial_run}
-    checkpoint = storage.path("stages", f"{cfg.stage}-{cfg.stage_key()}", "checkpoint")
+    checkpoint = checkpoint_of(platform.storage_path, cfg)
     with stage_lock(storage, directory):
         done = read_done(storage, directory)
         own = tracking.find_run(mc, experiment_id, **key) if done is not None else None
@@ -193,13 +194,13 @@ def _run_stage(cfg: ExperimentConfig, platform: PlatformSettings, mc, experiment
                                       **{tracking.REUSED: "false", tracking.CHECKPOINT: checkpoint}),
             params=tracking.config_params(cfg))
         with tracking.terminated_on_exit(mc, run_id):
-            _fit_stage(cfg, platform, directory, [run_id] + ([trial_run] if last else []), progress.trial,
+            _fit_stage(cfg, platform, [run_id] + ([trial_run] if last else []), progress.trial,
                        report_to_tune=last)
         write_done(storage, directory, {"run_id": run_id, tracking.STAGE_KEY: cfg.stage_key(), "stage": cfg.stage,
                                "metrics": tracking.latest_metrics(mc, run_id)})
 
 
-def _fit_stage(cfg: ExperimentConfig, platform: PlatformSettings, directory: str, run_ids: list[str],
+def _fit_stage(cfg: ExperimentConfig, platform: PlatformSettings, run_ids: list[str],
                label: str, *, report_to_tune: bool) -> None:
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -207,7 +208,7 @@ def _fit_stage(cfg: ExperimentConfig, platform: PlatformSettings, directory: str
 
     local = platform.num_workers == 0
     use_gpu = platform.gpus_per_worker > 0
-    folder = directory.rstrip("/").rsplit("/", 1)[-1]
+    folder = stage_folder(cfg.stage, cfg.stage_key())
     loop_config = {"experiment": cfg.to_dict(), "storage": platform.storage_path, "stage_folder": folder,
                    "threads": max(1, round(platform.cpus_per_worker)), "local": local,
                    "tracking_uri": platform.tracking_uri, "run_ids": run_ids,
