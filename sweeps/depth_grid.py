@@ -1,6 +1,8 @@
 """What the N⊗R sweeps (mano.py, phop.py, iso_flops.py) share: a pre-training grid
 over paired (N, R) values, optionally crossed with backbones and task levels, with
 the paper's pairs on the paper presets and a laptop-sized grid on the small ones.
+A synthetic task's sweep (mano.py, phop.py) is only data, a `DepthTask`; its flags,
+its factory and its entry point are built from it here.
 
 An N⊗R model is iso-parameter with N⊗1 and iso-FLOPs with NR⊗1 (paper §3), so a
 grid holding all three answers both comparisons; analysis/ groups them.
@@ -8,10 +10,12 @@ grid holding all three answers both comparisons; analysis/ groups them.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from looplab.presets import get_preset
 from sweeps.flags import Common, parse_list, parse_pairs
+from sweeps.launch import main
 from sweeps.plan import Sweep
 from trainables.pipeline import PipelineSpec
 
@@ -71,3 +75,38 @@ def archs_from(args) -> list[str] | None:
 def level_from(args, flag: str, field: str) -> tuple[str, list[int]] | None:
     text = getattr(args, flag.replace("-", "_"))
     return (field, parse_list(f"--{flag}", text, int, "10,16,24")) if text else None
+
+
+@dataclass(frozen=True)
+class DepthTask:
+    """A synthetic task's N⊗R sweep as data (paper Tables 1-2): looped vs non-looped
+    at matched parameters and matched depth, over the task's difficulty levels, with
+    several seeds. The level flag sets one task field, e.g. --levels → task.L."""
+
+    name: str  # the sweep's name (its MLflow experiment's too)
+    preset: str  # default preset: a laptop-sized one
+    small_pairs: str  # N⊗R pairs on the small presets
+    paper_pairs: str  # the paper's pairs, on the paper presets
+    level_flag: str  # e.g. "levels" for --levels
+    level_field: str  # the task field it sets, e.g. "L"
+    metric: str = "val_accuracy"
+    mode: str = "max"
+    columns: tuple[str, ...] = ("val_accuracy", "val_loss")
+
+    def sweep(self, common: Common, pairs: tuple[dict[str, int], ...], archs: list[str] | None = None,
+              levels: tuple[str, list[int]] | None = None) -> Sweep:
+        return depth_grid(self.name, common, pairs, archs=archs, level=levels, level_flag=f"--{self.level_flag}",
+                          metric=self.metric, mode=self.mode, columns=self.columns)
+
+    def add_flags(self, p) -> None:
+        add_pair_flags(p, preset=self.preset, small_pairs=self.small_pairs, paper_pairs=self.paper_pairs,
+                       level=(self.level_flag, self.level_field))
+
+    def from_args(self, common: Common, args) -> Sweep:
+        return self.sweep(common, pairs_from(args, common, self.small_pairs, self.paper_pairs), archs_from(args),
+                          level_from(args, self.level_flag, self.level_field))
+
+
+def run(task: DepthTask, doc: str) -> int:
+    """A task script's entry point; doc is its docstring, whose first line is --help's description."""
+    return main(doc.splitlines()[0], task.add_flags, task.from_args)

@@ -10,29 +10,14 @@ from __future__ import annotations
 
 import sys
 
-from sweeps.depth_grid import add_pair_flags, archs_from, depth_grid, level_from, pairs_from
-from sweeps.flags import Common
-from sweeps.launch import main
-from sweeps.plan import Sweep
+from sweeps.depth_grid import DepthTask, run
 
-PAPER_PAIRS = "24x1,4x1,4x6,6x1,6x4,12x1,12x2"
-SMALL_PAIRS = "1x1,1x4,4x1"
+MANO = DepthTask(name="mano", preset="mano-debug", small_pairs="1x1,1x4,4x1",
+                 paper_pairs="24x1,4x1,4x6,6x1,6x4,12x1,12x2", level_flag="levels", level_field="L")
 
-
-def mano(common: Common, pairs, archs=None, levels=None) -> Sweep:
-    return depth_grid("mano", common, pairs, archs=archs, level=levels, level_flag="--levels", metric="val_accuracy",
-                      mode="max",
-                      columns=("val_accuracy", "val_loss"))
-
-
-def add_flags(p) -> None:
-    add_pair_flags(p, preset="mano-debug", small_pairs=SMALL_PAIRS, paper_pairs=PAPER_PAIRS, level=("levels", "L"))
-
-
-def from_args(common: Common, args) -> Sweep:
-    return mano(common, pairs_from(args, common, SMALL_PAIRS, PAPER_PAIRS), archs_from(args),
-                level_from(args, "levels", "L"))
-
+# What other modules read: iso_flops.py's --task mano the pairs, the tests the flags and factory.
+SMALL_PAIRS, PAPER_PAIRS = MANO.small_pairs, MANO.paper_pairs
+add_flags, from_args = MANO.add_flags, MANO.from_args
 
 if __name__ == "__main__":
-    sys.exit(main(__doc__.splitlines()[0], add_flags, from_args))
+    sys.exit(run(MANO, __doc__))

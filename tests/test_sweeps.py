@@ -179,6 +179,23 @@ def test_each_mano_level_trains_with_its_own_recipe():
     assert recipes == {10: (10, 80_000, 5e-4), 16: (16, 110_000, 1e-4), 24: (24, 200_000, 5e-5)}  # App. B
 
 
+def test_phop_is_its_declaration_hops_to_task_p_and_table_2s_pairs():
+    """phop.py is only data (depth_grid.DepthTask): --hops reaches task.p, and a paper
+    preset gets Table 2's 14 pairs."""
+    from sweeps import phop
+    from sweeps.flags import Common
+
+    p = parser("test")
+    phop.add_flags(p)
+    args = p.parse_args(["--preset", "phop-p16", "--hops", "16,32"])
+    sweep = phop.from_args(Common.from_args(args), args)
+    assert sweep.name == "phop" and sweep.grid == {"p": [16, 32]} and sweep.flags["p"] == "--hops"
+    assert len(sweep.points) == 14 and {"n_layers": 1, "n_loops": 12} in sweep.points
+    (cfg,) = configs_of(phop, ["--preset", "phop-p16", "--hops", "16,32"],
+                        {"p": 32, "n_layers": 1, "n_loops": 12, "seed": 0}).values()
+    assert (cfg.task.p, cfg.model.n_layers, cfg.model.n_loops) == (32, 1, 12)
+
+
 def test_a_sweeps_default_seed_is_its_presets(capsys):
     """The paper trains its language models with seed 3407 (App. D): a sweep on a paper
     preset defaults to it, one on a preset of seed 0 to 0; --seeds still overrides."""
