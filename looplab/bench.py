@@ -79,7 +79,8 @@ from looplab.errors import check, invalid
 from looplab.evaluate import autocast_context
 from looplab.holes import round_depth
 from looplab.measured_memory import Peak, in_rss_process, peak_memory
-from looplab.models.mamba2 import Mamba2, step_implementation
+from looplab.models.mamba2 import Mamba2
+from looplab.models.ops.dispatch import step_implementation
 from looplab.policy import DENSE, SKIP, ExitPolicy
 
 

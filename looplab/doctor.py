@@ -86,7 +86,8 @@ def guarded(name: str, fn: Callable[[], list[Check]]) -> list[Check]:
 def environment(device) -> list[Check]:
     import torch
 
-    from looplab.models import cpu_step, mamba2
+    from looplab.models import cpu_step
+    from looplab.models.ops import dispatch
 
     out = [passed("python", platform.python_version()),
            passed("torch", f"{torch.__version__} (CUDA build {torch.version.cuda or 'none'})")]
@@ -103,9 +104,9 @@ def environment(device) -> list[Check]:
     else:
         out.append(skipped("cuda devices", "torch sees no CUDA device"))
     probe = torch.zeros(1, device=device)
-    path, why = mamba2.kernel_path(probe)
+    path, why = dispatch.kernel_path(probe)
     out.append(passed("mamba-2 scan path", f"{path}: {why}"))
-    step = mamba2.step_implementation(probe)
+    step = dispatch.step_implementation(probe)
     reason = ("mamba-ssm's selective_state_update + causal_conv1d_update" if step == "cuda" else
               "compiled (LOOPLAB_CPU_STEP_KERNEL=1)" if step == "cpu-kernel" else
               "torch ops" + ("" if cpu_step.requested() or device.type == "cuda" else
@@ -185,7 +186,7 @@ def forced_torch():
     """A context in which every Mamba-2 block runs its torch path (the reference)."""
     import contextlib
 
-    from looplab.models.mamba2 import FORCE_TORCH_ENV
+    from looplab.models.ops.dispatch import FORCE_TORCH_ENV
 
     @contextlib.contextmanager
     def ctx():
@@ -206,7 +207,7 @@ def scan_check(device, dtype) -> list[Check]:
     every parameter, without and with seq_idx (two sequences packed in a row)."""
     import torch
 
-    from looplab.models.mamba2 import kernel_path, use_cuda_kernels
+    from looplab.models.ops.dispatch import kernel_path, use_cuda_kernels
 
     name = f"scan kernel vs torch ({str(dtype).removeprefix('torch.')})"
     probe = torch.zeros(1, device=device, dtype=dtype)
@@ -242,7 +243,7 @@ def step_check(device, dtype, *, kernel: str) -> list[Check]:
     import torch
 
     from looplab.models import cpu_step
-    from looplab.models.mamba2 import use_cuda_step_kernels
+    from looplab.models.ops.dispatch import use_cuda_step_kernels
 
     name = f"decode step {kernel} vs torch ({str(dtype).removeprefix('torch.')})"
     probe = torch.zeros(1, device=device, dtype=dtype)

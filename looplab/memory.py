@@ -86,7 +86,7 @@ def mamba2_block(c: ModelConfig, seq_len: int, path: str, a: int) -> float:
         return FP32 * (before + scan + 5 * di + g)
     # cuda: the norm in fp32 and in_proj's input in the autocast dtype; in_proj's
     # output; causal-conv1d's input (a channel-last copy unless xBC's strides already
-    # fit, models/mamba2.causal_conv1d_inputs) and output; the fused scan saves its
+    # fit, models/ops/causal_conv1d_layout.py) and output; the fused scan saves its
     # output and dA_cumsum (fp32) beside views of those; the gated norm's SiLU(z),
     # product and normalised output in fp32 (under autocast also its fp32 copies of y
     # and z), and out_proj's input.

@@ -11,15 +11,17 @@ path fails on a CPU:
 - one rule its channel-last kernel relies on without a check: it reads 16-byte vectors
   along the channels, so x must start 16-byte aligned (the storage's base pointer is
   allocator-aligned; the storage offset must keep it so).
-The conv itself is computed in torch from its definition (windows over the padded
-sequence), independently of looplab's own conv. Not modelled: initial/final states
-(looplab does not use them), is_cuda checks.
+The conv itself is looplab's oracle of it, causal_conv1d_ref (models/ops/reference.py:
+windows over the padded sequence), independent of looplab's own conv. Not modelled:
+initial/final states (looplab does not use them), is_cuda checks.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from looplab.models.ops.reference import causal_conv1d_ref
 
 FLOAT_TYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -86,29 +88,15 @@ def check_backward(x, weight, bias, dout, seq_idx) -> torch.Tensor:
     return dout
 
 
-def conv_reference(x, weight, bias, seq_idx, silu: bool) -> torch.Tensor:
-    """x (b, d, l): out_t = bias + Σ_j weight[:, j] · x_{t-(k-1)+j}, where a tap before the
-    row's start or in another sequence than token t's (seq_idx (b, l)) reads zero."""
-    k = weight.shape[-1]
-    windows = F.pad(x, (k - 1, 0)).unfold(-1, k, 1)  # b d l k; window[..., t, j] = x_{t-(k-1)+j}
-    if seq_idx is not None:
-        seq_windows = F.pad(seq_idx, (k - 1, 0), value=-1).unfold(-1, k, 1)  # b l k
-        windows = windows * (seq_windows == seq_idx.unsqueeze(-1)).unsqueeze(1).to(x.dtype)
-    out = (windows * weight[:, None, :]).sum(-1)
-    if bias is not None:
-        out = out + bias[:, None]
-    return F.silu(out) if silu else out
-
-
 class _CausalConv1dFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, seq_idx, silu):
+    def forward(ctx, x, weight, bias, seq_idx, activation):
         check_forward(x, weight, bias, seq_idx)
         ctx.save_for_backward(x, weight, bias, seq_idx)
-        ctx.silu = silu
+        ctx.activation = activation
         out = torch.empty_like(x)  # the library's output layout
         if x.device.type != "meta":
-            out.copy_(conv_reference(x, weight, bias, seq_idx, silu))
+            out.copy_(causal_conv1d_ref(x, weight, bias, seq_idx, activation))
         return out
 
     @staticmethod
@@ -123,7 +111,7 @@ class _CausalConv1dFn(torch.autograd.Function):
             return dx, torch.empty_like(weight), None if bias is None else torch.empty_like(bias), None, None
         with torch.enable_grad():
             leaves = [t.detach().requires_grad_() for t in (x, weight) + (() if bias is None else (bias,))]
-            out = conv_reference(*leaves[:2], leaves[2] if bias is not None else None, seq_idx, ctx.silu)
+            out = causal_conv1d_ref(*leaves[:2], leaves[2] if bias is not None else None, seq_idx, ctx.activation)
             grads = torch.autograd.grad(out, leaves, dout)
         dx.copy_(grads[0])
         return dx, grads[1], grads[2] if bias is not None else None, None, None
@@ -148,7 +136,7 @@ class CausalConv1dStandIn:
         bias = bias.contiguous() if bias is not None else None
         seq_idx = seq_idx.contiguous() if seq_idx is not None else None
         self.calls.append((tuple(x.shape), x.stride(), x.storage_offset(), seq_idx is not None))
-        return _CausalConv1dFn.apply(x, weight, bias, seq_idx, activation in ("silu", "swish"))
+        return _CausalConv1dFn.apply(x, weight, bias, seq_idx, activation)
 
 
 def causal_conv1d_update_standin(x, conv_state, weight, bias=None, activation=None, cache_seqlens=None,

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-# Tests import their independent references (tests/reference.py) by module name.
+# Tests import their shared helpers (causal_conv1d_standin.py, other test modules) by module name.
 sys.path.insert(0, str(Path(__file__).parent))
 
 

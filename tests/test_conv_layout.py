@@ -9,14 +9,14 @@ forward and backward on the meta device, must hand it tensors a GPU would accept
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-import looplab.models.mamba2 as mamba2
 from causal_conv1d_standin import CausalConv1dCheckError, CausalConv1dStandIn, check_forward
 from looplab.models.looped import LoopedLM
-from looplab.models.mamba2 import Mamba2, causal_conv1d_inputs
+from looplab.models.mamba2 import Mamba2
+from looplab.models.ops import dispatch
+from looplab.models.ops.causal_conv1d_layout import causal_conv1d_inputs
+from looplab.models.ops.reference import mamba_chunk_scan_combined_ref
 from looplab.presets import PRESETS
-from reference import ssm_sequential
 
 
 def _meta_scan(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
@@ -27,8 +27,8 @@ def _meta_scan(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial
 
 
 def _force_cuda_dispatch(monkeypatch, conv, scan):
-    monkeypatch.setattr(mamba2, "use_cuda_kernels", lambda t: True)
-    monkeypatch.setattr(mamba2, "_cuda_kernels", lambda: (conv, scan))
+    monkeypatch.setattr(dispatch, "use_cuda_kernels", lambda t: True)
+    monkeypatch.setattr(dispatch, "cuda_scan_kernels", lambda: (conv, scan))
 
 
 def _segments(bsz, lengths):
@@ -98,25 +98,6 @@ def test_conv_inputs_layout(width, offset, dim, copies):
         torch.testing.assert_close(w[:dim], weight[:, 0], rtol=0, atol=0)
 
 
-def _scan_reference(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
-                    seq_idx=None, dt_softplus=False, **unused):
-    """mamba_chunk_scan_combined's contract (as looplab calls it), from its definition:
-    the sequential recurrence per sequence, dt = softplus(dt + dt_bias), plus D·x."""
-    assert z is None and initial_states is None and not unused
-    dt = dt + dt_bias
-    dt = F.softplus(dt) if dt_softplus else dt
-    seq_idx = torch.zeros(x.shape[:2], dtype=torch.int32) if seq_idx is None else seq_idx
-    rows = []
-    for r in range(x.shape[0]):
-        parts = []
-        for s in torch.unique_consecutive(seq_idx[r]):
-            t = (seq_idx[r] == s).nonzero()[:, 0]
-            y, _ = ssm_sequential(x[r:r + 1, t], dt[r:r + 1, t], A, B[r:r + 1, t], C[r:r + 1, t])
-            parts.append(y)
-        rows.append(torch.cat(parts, dim=1))
-    return torch.cat(rows) + x * D[:, None]
-
-
 @pytest.mark.parametrize("d_state,headdim", [(8, 8), (6, 8)])  # in_proj widths 84 (copied), 80 (44 channels, padded)
 @pytest.mark.parametrize("packed", [False, True])
 def test_cuda_dispatch_with_reference_kernels_matches_torch_path(monkeypatch, d_state, headdim, packed):
@@ -135,7 +116,7 @@ def test_cuda_dispatch_with_reference_kernels_matches_torch_path(monkeypatch, d_
     ref = m(u, seq_idx=seq_idx)
     g_ref = torch.autograd.grad((ref * w).sum(), params)
     conv = CausalConv1dStandIn()
-    _force_cuda_dispatch(monkeypatch, conv, _scan_reference)
+    _force_cuda_dispatch(monkeypatch, conv, mamba_chunk_scan_combined_ref)
     out = m(u, seq_idx=seq_idx)
     g_out = torch.autograd.grad((out * w).sum(), params)
     assert len(conv.calls) == 1

@@ -1,6 +1,6 @@
 """The compiled CPU step kernel (looplab/models/cpu_step.py, opt-in with
 LOOPLAB_CPU_STEP_KERNEL=1): checked against the Mamba-2 mixer written from its
-definition (tests/reference.py) and, through decoding, against the full forward.
+definition (models/ops/reference.py) and, through decoding, against the full forward.
 Skipped where no C++ toolchain can build it; the first test builds it (~25 s, cached
 by torch)."""
 
@@ -11,8 +11,9 @@ import torch
 
 from looplab.models import cpu_step
 from looplab.models.cache import BlockCache, Layout, MambaState
-from looplab.models.mamba2 import Mamba2, step_implementation
-from reference import mamba2_mixer_reference
+from looplab.models.mamba2 import Mamba2
+from looplab.models.ops.dispatch import step_implementation
+from looplab.models.ops.reference import mamba2_mixer_ref
 from test_decode import batch, decode_token_by_token_against_the_full_forward, full_forward, model_for, policies
 from test_depth_batching import teacher_forced
 
@@ -50,7 +51,7 @@ def test_kernel_steps_match_the_mixer_written_from_its_definition(kernel_on, ngr
         m.norm.weight.uniform_(0.5, 1.5)  # not all ones, so the norm's weight is checked too
         m.D.uniform_(-1, 1)
     u = torch.randn(3, 9, 16, dtype=torch.float64)
-    ref = mamba2_mixer_reference(m, u)
+    ref = mamba2_mixer_ref(m, u)
     slots = torch.tensor([5, 0, 3])
     state = MambaState(conv=torch.randn(7, 3, m.conv_dim, dtype=torch.float64),
                        ssm=torch.randn(7, m.nheads, m.headdim, m.d_state, dtype=torch.float64))

@@ -11,9 +11,9 @@ from looplab.config import ConfigError
 from looplab.generate import decode_step, prefill, sample
 from looplab.models.attention import CausalSelfAttention, apply_rope, rope_angles
 from looplab.models.cache import InferenceCache
-from looplab.models.mamba2 import ssd_chunked
+from looplab.models.ops.reference import ssm_scan_ref
+from looplab.models.ops.ssd import ssd_chunked
 from looplab.policy import ExitPolicy
-from reference import ssm_sequential
 from test_adaptive import gated_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -66,7 +66,7 @@ def test_ssd_states_after_chosen_positions_match_the_recurrence():
     _, states = ssd_chunked(x, dt, A, B, C, 8, state_at=(rows, pos))
     for k in range(4):
         r, t = int(rows[k]), int(pos[k]) + 1
-        _, ref = ssm_sequential(x[r:r + 1, :t], dt[r:r + 1, :t], A, B[r:r + 1, :t], C[r:r + 1, :t])
+        _, ref = ssm_scan_ref(x[r:r + 1, :t], dt[r:r + 1, :t], A, B[r:r + 1, :t], C[r:r + 1, :t])
         torch.testing.assert_close(states[k], ref[0], atol=1e-12, rtol=0)
     # Three sequences packed in one row: each state is its own sequence's alone.
     seq_idx = torch.tensor([[0] * 5 + [1] * 11 + [2] * 13])
@@ -74,7 +74,7 @@ def test_ssd_states_after_chosen_positions_match_the_recurrence():
     _, states = ssd_chunked(x[:1], dt[:1], A, B[:1], C[:1], 8, seq_idx=seq_idx,
                             state_at=(torch.zeros(3, dtype=torch.long), torch.tensor(ends)))
     for k, (s, e) in enumerate(zip(starts, ends)):
-        _, ref = ssm_sequential(x[:1, s:e + 1], dt[:1, s:e + 1], A, B[:1, s:e + 1], C[:1, s:e + 1])
+        _, ref = ssm_scan_ref(x[:1, s:e + 1], dt[:1, s:e + 1], A, B[:1, s:e + 1], C[:1, s:e + 1])
         torch.testing.assert_close(states[k], ref[0], atol=1e-12, rtol=0)
 
 

@@ -14,31 +14,23 @@ import looplab.doctor as doctor
 import looplab.models.mamba2 as mamba2
 from causal_conv1d_standin import CausalConv1dStandIn
 from looplab.cli import main as looplab_main
+from looplab.models.ops import dispatch
+from looplab.models.ops.reference import mamba_chunk_scan_combined_ref
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 CPU = torch.device("cpu")
 
 
-def torch_scan(x, dt, A, B, C, chunk_size, D=None, dt_bias=None, dt_softplus=False, seq_idx=None):
-    """mamba_chunk_scan_combined's signature over looplab's own chunked SSD (a correct
-    stand-in: the check must pass with it)."""
-    import torch.nn.functional as F
-
-    dt = F.softplus(dt + dt_bias) if dt_softplus else dt
-    y, _ = mamba2.ssd_chunked(x.float(), dt.float(), A, B.float(), C.float(), chunk_size, seq_idx=seq_idx)
-    return (y + x.float() * D[:, None]).to(x.dtype)
-
-
 def wrong_scan(*args, **kwargs):
-    y = torch_scan(*args, **kwargs)
+    y = mamba_chunk_scan_combined_ref(*args, **kwargs)
     return y + 1e-2 * y.detach().abs().max()  # off by 1 % of the output's scale
 
 
 def kernels_on_cpu(monkeypatch, scan) -> None:
     """Route CPU tensors through the kernel dispatch with these stand-ins."""
     standin = CausalConv1dStandIn()
-    monkeypatch.setattr(mamba2, "_cuda_kernels", lambda: (standin, scan))
-    monkeypatch.setattr(mamba2, "use_cuda_kernels", lambda t: mamba2.os.environ.get(mamba2.FORCE_TORCH_ENV) != "1")
+    monkeypatch.setattr(dispatch, "cuda_scan_kernels", lambda: (standin, scan))
+    monkeypatch.setattr(dispatch, "use_cuda_kernels", lambda t: not dispatch.torch_forced())
     monkeypatch.setattr(doctor, "_mixer", lambda device, dtype, seed=0: _mixer64(device, dtype))
 
 
@@ -49,7 +41,7 @@ def _mixer64(device, dtype):
 
 def test_the_scan_check_passes_a_right_kernel_and_fails_a_wrong_one(monkeypatch):
     assert doctor.scan_check(CPU, torch.float32)[0].status == doctor.SKIP  # no kernels on a CPU: said why
-    kernels_on_cpu(monkeypatch, torch_scan)
+    kernels_on_cpu(monkeypatch, mamba_chunk_scan_combined_ref)  # a right kernel
     checks = doctor.scan_check(CPU, torch.float32)
     assert [c.status for c in checks] == [doctor.PASS, doctor.PASS] and "seq_idx" in checks[1].name
     kernels_on_cpu(monkeypatch, wrong_scan)
@@ -66,7 +58,7 @@ def test_the_step_check_fails_a_wrong_step_kernel(monkeypatch):
         calls.append(1)
         return mamba2.Mamba2._step_torch(self, xBC, dt, A, state, rows) + 1e-2
 
-    monkeypatch.setattr(mamba2, "use_cuda_step_kernels", lambda t: mamba2.os.environ.get(mamba2.FORCE_TORCH_ENV) != "1")
+    monkeypatch.setattr(dispatch, "use_cuda_step_kernels", lambda t: not dispatch.torch_forced())
     monkeypatch.setattr(mamba2.Mamba2, "_step_cuda", wrong_step)
     (check,) = doctor.step_check(CPU, torch.float32, kernel="cuda")
     assert calls and check.status == doctor.FAIL and "outputs" in check.reason + check.figure

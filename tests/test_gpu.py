@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import looplab.doctor as doctor
-from looplab.models.mamba2 import kernel_path
+from looplab.models.ops.dispatch import kernel_path
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

@@ -28,9 +28,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import looplab.models.mamba2 as mamba2
 from causal_conv1d_standin import CausalConv1dStandIn, causal_conv1d_update_standin
 from looplab.models.mamba2 import Mamba2
+from looplab.models.ops import dispatch
 from looplab.presets import PRESETS
 
 pytestmark = pytest.mark.kernels
@@ -145,8 +145,8 @@ def test_cuda_dispatch_matches_torch_path(triton_chunk_scan, monkeypatch, shape,
 
     expected = _run(m, u, seq_idx, weights)  # the torch path (CPU tensors)
     conv = CausalConv1dStandIn()
-    monkeypatch.setattr(mamba2, "use_cuda_kernels", lambda t: True)
-    monkeypatch.setattr(mamba2, "_cuda_kernels", lambda: (conv, triton_chunk_scan))
+    monkeypatch.setattr(dispatch, "use_cuda_kernels", lambda t: True)
+    monkeypatch.setattr(dispatch, "cuda_scan_kernels", lambda: (conv, triton_chunk_scan))
     got = _run(m, u, seq_idx, weights)
     assert len(conv.calls) == 1 and conv.calls[0][3] == packed
 
@@ -191,8 +191,8 @@ def test_cuda_decode_step_matches_torch_step(triton_state_update, monkeypatch, s
             return m(u, cache=BlockCache(state, Layout.one_token(rows))), state
 
     expected, expected_state = step()  # the torch step
-    monkeypatch.setattr(mamba2, "use_cuda_step_kernels", lambda t: True)
-    monkeypatch.setattr(mamba2, "_cuda_step_kernels", lambda: (causal_conv1d_update_standin, triton_state_update))
+    monkeypatch.setattr(dispatch, "use_cuda_step_kernels", lambda t: True)
+    monkeypatch.setattr(dispatch, "cuda_step_kernels", lambda: (causal_conv1d_update_standin, triton_state_update))
     got, got_state = step()
     torch.testing.assert_close(got, expected, rtol=RTOL, atol=RTOL * expected.abs().max().item())
     torch.testing.assert_close(got_state.conv, expected_state.conv, rtol=0, atol=0)
@@ -216,8 +216,8 @@ def test_cuda_path_saves_what_the_memory_model_counts(triton_chunk_scan, monkeyp
     cfg = ModelConfig(vocab_size=64, n_layers=1, n_loops=1, **{k: v for k, v in s.items()})
     torch.manual_seed(0)
     block = Residual(s["d_model"], _mixer(**s), 1e-5)
-    monkeypatch.setattr(mamba2, "use_cuda_kernels", lambda t: True)
-    monkeypatch.setattr(mamba2, "_cuda_kernels", lambda: (CausalConv1dStandIn(), triton_chunk_scan))
+    monkeypatch.setattr(dispatch, "use_cuda_kernels", lambda t: True)
+    monkeypatch.setattr(dispatch, "cuda_scan_kernels", lambda: (CausalConv1dStandIn(), triton_chunk_scan))
     bsz, seqlen = 2, 24
     u = torch.randn(bsz, seqlen, s["d_model"], requires_grad=True)
     counted = saved_bytes(block.parameters(), lambda: block(u)) / (bsz * seqlen)
@@ -229,8 +229,8 @@ def test_the_doctors_scan_check_passes_on_the_triton_kernels(triton_chunk_scan, 
     mamba-ssm's own kernels: forward and every gradient, without and with seq_idx."""
     import looplab.doctor as doctor
 
-    monkeypatch.setattr(mamba2, "use_cuda_kernels", lambda t: os.environ.get(mamba2.FORCE_TORCH_ENV) != "1")
-    monkeypatch.setattr(mamba2, "_cuda_kernels", lambda: (CausalConv1dStandIn(), triton_chunk_scan))
+    monkeypatch.setattr(dispatch, "use_cuda_kernels", lambda t: not dispatch.torch_forced())
+    monkeypatch.setattr(dispatch, "cuda_scan_kernels", lambda: (CausalConv1dStandIn(), triton_chunk_scan))
     checks = doctor.scan_check(torch.device("cpu"), torch.float32)
     assert [c.status for c in checks] == [doctor.PASS, doctor.PASS], [c.line() for c in checks]
 
@@ -240,7 +240,7 @@ def test_the_doctors_step_check_passes_on_the_triton_kernel(triton_state_update,
     causal_conv1d_update stand-in): outputs and both states over five tokens."""
     import looplab.doctor as doctor
 
-    monkeypatch.setattr(mamba2, "use_cuda_step_kernels", lambda t: os.environ.get(mamba2.FORCE_TORCH_ENV) != "1")
-    monkeypatch.setattr(mamba2, "_cuda_step_kernels", lambda: (causal_conv1d_update_standin, triton_state_update))
+    monkeypatch.setattr(dispatch, "use_cuda_step_kernels", lambda t: not dispatch.torch_forced())
+    monkeypatch.setattr(dispatch, "cuda_step_kernels", lambda: (causal_conv1d_update_standin, triton_state_update))
     (check,) = doctor.step_check(torch.device("cpu"), torch.float32, kernel="cuda")
     assert check.status == doctor.PASS, check.line()

@@ -4,8 +4,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from looplab.models.mamba2 import Mamba2, ssd_chunked, use_cuda_kernels
-from reference import mamba2_mixer_reference, ssm_sequential
+from looplab.models.mamba2 import Mamba2
+from looplab.models.ops.conv import causal_depthwise_conv
+from looplab.models.ops.dispatch import use_cuda_kernels
+from looplab.models.ops.reference import mamba2_mixer_ref, ssm_scan_ref
+from looplab.models.ops.ssd import ssd_chunked
 
 
 def _ssm_inputs(b, l, h, p, g, n, seed=0):
@@ -23,7 +26,7 @@ def test_chunked_ssd_matches_sequential_scan(l, chunk, g):
     x, dt, A, B, C = _ssm_inputs(2, l, 4, 3, g, 5)
     init = torch.randn(2, 4, 3, 5, dtype=torch.float64)
     y, state = ssd_chunked(x, dt, A, B, C, chunk, initial_state=init)
-    y_ref, state_ref = ssm_sequential(x, dt, A, B, C, initial_state=init)
+    y_ref, state_ref = ssm_scan_ref(x, dt, A, B, C, initial_state=init)
     torch.testing.assert_close(y, y_ref, atol=1e-10, rtol=1e-10)
     torch.testing.assert_close(state, state_ref, atol=1e-10, rtol=1e-10)
 
@@ -38,7 +41,7 @@ def test_chunked_ssd_gradients_match_sequential_scan():
         return (y * weights).sum() + (s * w_state).sum()
 
     grads = torch.autograd.grad(loss(lambda *a: ssd_chunked(*a, chunk_size=8)), inputs)
-    grads_ref = torch.autograd.grad(loss(ssm_sequential), inputs)
+    grads_ref = torch.autograd.grad(loss(ssm_scan_ref), inputs)
     for name, g, r in zip("x dt A B C".split(), grads, grads_ref):
         torch.testing.assert_close(g, r, atol=1e-10, rtol=1e-10, msg=f"gradient of {name}")
 
@@ -50,7 +53,7 @@ def test_mixer_matches_reference_forward():
         for p in m.parameters():
             p.add_(0.1 * torch.randn_like(p))
     u = torch.randn(2, 21, 16, dtype=torch.float64)
-    torch.testing.assert_close(m(u), mamba2_mixer_reference(m, u), atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(m(u), mamba2_mixer_ref(m, u), atol=1e-10, rtol=1e-10)
 
 
 def test_parameter_names_and_shapes_follow_mamba_ssm():
@@ -112,8 +115,6 @@ def test_cuda_kernels_match_torch_path(monkeypatch):
 
 
 def test_causal_conv_forward_and_gradients_match_conv1d():
-    from looplab.models.mamba2 import causal_depthwise_conv
-
     for seqlen in (1, 2, 9):
         x = torch.randn(2, seqlen, 6, dtype=torch.float64, requires_grad=True)
         w = torch.randn(6, 1, 4, dtype=torch.float64, requires_grad=True)
@@ -136,7 +137,7 @@ def test_ssd_with_seq_idx_equals_each_sequence_alone(lengths, chunk):
     start = 0
     for n in lengths:
         part = slice(start, start + n)
-        y_ref, s_ref = ssm_sequential(x[:, part], dt[:, part], A, B[:, part], C[:, part])
+        y_ref, s_ref = ssm_scan_ref(x[:, part], dt[:, part], A, B[:, part], C[:, part])
         torch.testing.assert_close(y[:, part], y_ref, atol=1e-10, rtol=1e-10)
         start += n
     torch.testing.assert_close(state, s_ref, atol=1e-10, rtol=1e-10)  # the last sequence's state

@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from looplab.config import ModelConfig
 from looplab.models.attention import CausalSelfAttention
 from looplab.models.flops import linear_flops
-from looplab.models.mamba2 import Mamba2, upcast
+from looplab.models.mamba2 import Mamba2
+from looplab.models.ops.precision import upcast
 
 
 class RMSNorm(nn.Module):

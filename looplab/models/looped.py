@@ -16,7 +16,7 @@ from looplab.config import ModelConfig
 from looplab.models.execution import FULL_DEPTH, Execution, execute
 from looplab.models.flops import linear_flops
 from looplab.models.layers import Backbone, RMSNorm
-from looplab.models.mamba2 import upcast
+from looplab.models.ops.precision import upcast
 from looplab.policy import ExitPolicy
 
 
