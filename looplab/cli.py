@@ -11,6 +11,8 @@
     looplab bench --preset local --batch 1,8,16 --seq-len 512,1024 --oracle-mean 2.0 [--dtype bf16] [--packing padded] [--json out.json]
     looplab bench --decode --preset local --batch 1,8,64 --seq-len 128,2048 --oracle-mean 2.0 [--new-tokens 32]
                   [--schedule lockstep,depth]
+    looplab bench-arrivals --checkpoint runs/s1/checkpoint --slots 8,32 --policies skip:0.4 [--requests 64]
+                  [--prompt-len 16-128] [--new-tokens 8-64] [--schedule lockstep,depth] [--json out.json]
     looplab generate --checkpoint runs/lm/checkpoint --prompt "Once upon a time" [--policy skip:0.4] [--json]
     looplab presets
     looplab info --preset paper-140m [arch=hybrid ...]
@@ -401,6 +403,85 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def _token_range(name: str):
+    """An argparse type: LOW-HIGH or N, token counts (looplab/arrivals.py)."""
+    def parse(text: str) -> tuple[int, int]:
+        from looplab.arrivals import parse_range
+
+        try:
+            return parse_range(name, text)
+        except ConfigError as e:
+            raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: {e.allowed}") from None
+    return parse
+
+
+def _model_and_task(args):
+    """The model of --checkpoint or --preset (with overrides) and its task (None for
+    a bare preset's model without an experiment)."""
+    from looplab.checkpoint import load_model
+    from looplab.config import ExperimentConfig
+    from looplab.presets import get_preset
+    from looplab.tasks import make_task
+
+    if bool(args.checkpoint) == bool(args.preset):
+        raise ConfigError(f"{args.command} needs exactly one of --checkpoint PATH or --preset NAME")
+    if args.checkpoint:
+        _checkpoint(args.checkpoint)
+    else:
+        try:
+            get_preset(args.preset)
+        except ConfigError as e:
+            raise e.renamed("--preset", args.preset) from None
+    overrides = {} if args.checkpoint else _overrides(args.overrides)  # a checkpoint fixes the model
+    model = load_model(args.checkpoint or args.preset, **overrides)
+    experiment = model.metadata.get("experiment")
+    cfg = ExperimentConfig.from_dict(experiment) if experiment else None
+    return model, make_task(cfg.task, cfg.train.seq_len) if cfg is not None else None
+
+
+def cmd_bench_arrivals(args) -> int:
+    """Decoding under continuous arrivals (looplab/arrivals.py): tokens/s of each
+    schedule × policy against full's and against the FLOP bound."""
+    from looplab.arrivals import HEADER, ArrivalBench, RequestStream, bench_arrivals, format_record, records_as_dicts
+    from looplab.train import resolve_device
+
+    model, task = _model_and_task(args)
+    for policy in args.policies:  # (given exits cannot be written on a command line)
+        try:
+            policy.check(model.cfg.n_loops)
+        except ConfigError as e:  # forced:D deeper than the model's loops
+            allowed = str(e).split("allowed: ")[-1]
+            raise ConfigError(f"--policies={policy.spec!r} is invalid; allowed: {allowed}") from None
+    settings = ArrivalBench(RequestStream(args.requests, args.prompt_len, args.new_tokens, args.seed),
+                            slots=tuple(args.slots), policies=tuple(args.policies), schedules=tuple(args.schedule),
+                            warmup=args.warmup, repeats=args.repeats, attention_fill=args.attention_fill)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    model = model.to(resolve_device(args.device))
+    print(f"{args.requests} requests (prompt {args.prompt_len[0]}-{args.prompt_len[1]}, new "
+          f"{args.new_tokens[0]}-{args.new_tokens[1]} tokens, seed {args.seed}); R={model.cfg.n_loops}; "
+          f"{len(settings.runs)} runs per slots × {args.warmup + args.repeats}", file=sys.stderr, flush=True)
+    records = []
+
+    def show(record) -> None:
+        if not records:
+            print(HEADER, file=sys.stderr)
+        records.append(record)
+        print(format_record(record), file=sys.stderr, flush=True)
+    bench_arrivals(model, task, settings, on_record=show, progress=lambda line: print(line, file=sys.stderr,
+                                                                                        flush=True))
+    dicts = records_as_dicts(records)
+    if args.json:
+        from looplab.destinations import write_text
+
+        write_text(args.json, json.dumps(dicts, indent=2))
+    for d in dicts:
+        print(json.dumps(d))
+    return 0
+
+
 SUPERSCRIPT = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
 
 
@@ -588,6 +669,32 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--tracking-uri", default="", help="also log the records to MLflow")
     b.add_argument("overrides", nargs="*", help="model overrides for --preset, e.g. n_loops=4")
     b.set_defaults(fn=cmd_bench)
+
+    a = sub.add_parser("bench-arrivals", help="decode tokens/s under continuous arrivals (requests of different "
+                                              "lengths joining as others finish), schedule × policy, against the "
+                                              "FLOP bound")
+    a.add_argument("--checkpoint", default="", help="a trained checkpoint (gate-driven exits need one)")
+    a.add_argument("--preset", default="", help="or a preset, freshly initialised")
+    a.add_argument("--slots", type=ints_at_least(1), default="8,32", help="comma-separated cache rows served at once")
+    a.add_argument("--policies", type=_policies, default="skip:0.4",
+                   help="policies to compare with full (always run), e.g. skip:0.4 or 'skip:0.2,0.4;dense:0.4'")
+    a.add_argument("--schedule", type=_schedules, default="lockstep,depth",
+                   help="comma-separated: lockstep | depth (default both)")
+    a.add_argument("--requests", type=at_least(1), default=64, help="requests in the stream (default 64)")
+    a.add_argument("--prompt-len", type=_token_range("--prompt-len"), default="16-128",
+                   help="each request's prompt length, drawn uniformly: LOW-HIGH or N (default 16-128)")
+    a.add_argument("--new-tokens", type=_token_range("--new-tokens"), default="8-64",
+                   help="each request's new tokens, drawn uniformly: LOW-HIGH or N (default 8-64)")
+    a.add_argument("--seed", type=at_least(0), default=0, help="the stream's seed")
+    a.add_argument("--attention-fill", choices=("hole", "exit_state"), default="hole",
+                   help="what exited tokens leave in deeper attention layers (hybrid/transformer)")
+    a.add_argument("--threads", type=at_least(0), default=0, help="torch threads (default: torch's)")
+    a.add_argument("--warmup", type=at_least(0), default=1)
+    a.add_argument("--repeats", type=at_least(1), default=3)
+    a.add_argument("--device", default="auto")
+    a.add_argument("--json", help="write the records (a JSON list) here")
+    a.add_argument("overrides", nargs="*", help="model overrides for --preset, e.g. n_loops=4")
+    a.set_defaults(fn=cmd_bench_arrivals)
 
     g = sub.add_parser("generate", help="continue a prompt from a checkpoint; print the loops behind each token")
     g.add_argument("--checkpoint", required=True)

@@ -155,6 +155,16 @@ class DepthBatch:
         if self.given is not None:
             self.exit_depth[at] = self.given[at, positions] - 1
 
+    def load_row(self, row: int, source: InferenceCache) -> None:
+        """An idle row takes over a prefilled one-row cache (a new request joining the
+        running batch as another finishes: looplab/arrivals.py); its next start()
+        continues that request's prompt."""
+        if self.depth[row] != IDLE:
+            raise ConfigError(f"row={row} is invalid; allowed: a row whose previous token is done")
+        self.cache.write_row(row, source)
+        if not self._on_host:  # on the host, self.length is cache.length's own memory
+            self.length[row] = int(source.length[0])
+
     def advance(self) -> Done:
         """One backbone step: every running row's token runs its next loop; returns the
         tokens that are done."""

@@ -233,6 +233,30 @@ class InferenceCache:
                 for r in range(loop, self.n_loops):
                     self.states[r][j].append(rows, k, v, positions)
 
+    def write_row(self, row: int, source: "InferenceCache", source_row: int = 0) -> None:
+        """Row `row` takes over row `source_row` of another cache of the same model:
+        every loop's states and the row's length (a request prefilled alone joins a
+        running batch: looplab/arrivals.py). The row's former states are replaced
+        whole; attention entries past the copied lengths are never read."""
+        if source.n_loops != self.n_loops or len(source.storage) != len(self.storage):
+            raise ConfigError("source is invalid; allowed: a cache of the same model")
+        loops = torch.arange(self.n_loops, device=self.length.device)
+        mine, theirs = loops * self.batch + row, loops * source.batch + source_row
+        kv = [s for s in source.storage if isinstance(s, KVState)]
+        if kv:
+            self.reserve(int(kv[0].length[theirs].max()))
+        for dst, src in zip(self.storage, source.storage):
+            if dst is None:
+                continue
+            entries = int(src.length[theirs].max()) if isinstance(src, KVState) else None
+            for name, to in vars(dst).items():
+                values = getattr(src, name)[theirs]
+                if entries is not None and to.dim() > 1:  # k, v, pos: the stored entries alone
+                    to[mine, :entries] = values[:, :entries].to(to.dtype)
+                else:
+                    to[mine] = values.to(to.dtype)
+        self.length[row] = source.length[source_row]
+
     def nbytes(self) -> int:
         """Bytes held by the states (attention buffers at their allocated capacity)."""
         tensors = [t for s in self.storage if s is not None for t in vars(s).values()]
