@@ -20,6 +20,7 @@ import sys
 from analysis.errors import AnalysisError
 from analysis.tables import REPRESENTATIVE_Q
 from looplab.cli import Parser
+from looplab.tracking import EXECUTED_LOOPS
 
 
 def parser() -> argparse.ArgumentParser:
@@ -34,7 +35,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--scope", choices=("experiment", "sweep"), default="experiment",
                    help="read every run of the experiments (default) or only the --sweep-run subtree")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder")
-    p.add_argument("--compute", default="executed_loops",
+    p.add_argument("--compute", default=EXECUTED_LOOPS,
                    help="x axis: executed_loops | downstream_loops | flops | time | any points.csv column (default "
                         "executed_loops; with an lm-eval quality, the loops executed on the tasks when they were logged)")
     p.add_argument("--quality", default="auto",

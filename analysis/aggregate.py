@@ -16,6 +16,7 @@ import polars as pl
 
 from analysis import names
 from analysis.errors import AnalysisError
+from looplab.policy import FULL
 
 # Columns that describe a configuration (equal across its seeds), carried through by default.
 DESCRIPTIVE = ("experiment", "method", "label", "model", "pipeline", "stage", "is_final_stage", "policy", "q", "depth",
@@ -99,7 +100,7 @@ def aggregate_seeds(df: pl.DataFrame, values, *, by=("experiment", "trial_config
 
 
 def choose_best_seeds(points: pl.DataFrame, quality: str, *, maximize: bool | None = None,
-                      per=("experiment", "trial_config_hash"), on_point: str = names.FULL) -> pl.DataFrame:
+                      per=("experiment", "trial_config_hash"), on_point: str = FULL) -> pl.DataFrame:
     """The paper's best-of-seeds, per configuration: keep every point of the seed whose
     final-stage `on_point` evaluation (default: full) is best on `quality`. Points of
     one configuration then come from one seed, so a frontier never mixes seeds.

@@ -27,6 +27,9 @@ import polars as pl
 
 from analysis import names
 from analysis.frontier import frontier_mask
+from looplab import tracking
+from looplab.policy import DENSE, FORCED, FULL, SKIP, number_name
+from looplab.stages import STAGE_NAMES
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
            "#17becf")
@@ -95,14 +98,14 @@ def downstream_rows(agg: pl.DataFrame) -> pl.DataFrame | None:
     from analysis.points import full_as_forced_depth, shared_once
     from looplab.stages import get_stage
 
-    rows = agg.filter(pl.col(names.LM_EVAL_AVG).is_not_null() & pl.col(names.LM_EVAL_LOOPS).is_not_null())
+    rows = agg.filter(pl.col(tracking.LM_EVAL_AVG).is_not_null() & pl.col(tracking.LM_EVAL_LOOPS).is_not_null())
     if rows.is_empty():
         return None
-    gateless = [s for s in names.STAGES if not get_stage(s).gated]
+    gateless = [s for s in STAGE_NAMES if not get_stage(s).gated]
     fixed = shared_once(full_as_forced_depth(rows.filter(pl.col("stage").is_in(gateless)))
-                         .filter(pl.col("policy") == names.FORCED))
+                         .filter(pl.col("policy") == FORCED))
     fixed = fixed.with_columns((pl.lit("forced depth (") + pl.col("model").fill_null("?") + pl.lit(")")).alias("series"))
-    gated = rows.filter(pl.col("is_final_stage") & pl.col("policy").is_in([names.DENSE, names.SKIP])
+    gated = rows.filter(pl.col("is_final_stage") & pl.col("policy").is_in([DENSE, SKIP])
                         & ~pl.col("stage").is_in(gateless))
     gated = gated.with_columns(pl.concat_str([pl.col("method").fill_null("?"), pl.col("policy")], separator=" · ")
                                .alias("series"))
@@ -118,7 +121,7 @@ def zoo_rows(agg: pl.DataFrame, compute: str, quality: str) -> pl.DataFrame | No
     rule = pl.col("policy").str.contains("-", literal=True)
     if final.filter(rule).is_empty():
         return None
-    rows = final.filter(rule | pl.col("policy").is_in([names.DENSE, names.SKIP]))
+    rows = final.filter(rule | pl.col("policy").is_in([DENSE, SKIP]))
     return rows.with_columns(pl.concat_str([pl.col("method").fill_null("?"), pl.col("policy")], separator=" · ")
                              .alias("series"))
 
@@ -128,24 +131,25 @@ def skip_chart(agg: pl.DataFrame) -> ChartSpec | None:
     one series per method whose line is its lowest perplexity at each compute (the
     frontier), so a large sweep still reads (and draws) as a handful of curves."""
     final = agg.filter(pl.col("is_final_stage"))
-    skip = final.filter((pl.col("policy") == names.SKIP) & pl.col("ppl").is_not_null())
+    skip = final.filter((pl.col("policy") == SKIP) & pl.col("ppl").is_not_null())
     if skip.is_empty():
         return None
     by = "label" if skip["label"].n_unique() <= MAX_SERIES else "method"
     series, hlines = [], []
     for i, (key, group) in enumerate(skip.sort(by).group_by(by, maintain_order=True)):
         name = key[0] if isinstance(key, tuple) else key
-        group = group.sort("executed_loops", "ppl")
-        pts = [Point(r["executed_loops"], r["ppl"], f"{r['label']} · q={names.q_name(r['q'])}", r.get("ppl_ci_low"),
-                     r.get("ppl_ci_high")) for r in group.iter_rows(named=True)]
+        group = group.sort(tracking.EXECUTED_LOOPS, "ppl")
+        low, high = names.interval_of(tracking.PPL)
+        pts = [Point(r[tracking.EXECUTED_LOOPS], r["ppl"], f"{r['label']} · q={number_name(r['q'])}", r.get(low),
+                     r.get(high)) for r in group.iter_rows(named=True)]
         line = [(p.x, p.y) for p in pts] if by == "label" else _lower_envelope(pts)  # pts sorted by x, y
         series.append(Series(f"{name} skip", PALETTE[i % len(PALETTE)], pts, line, "linear"))
-        full = final.filter((pl.col("policy") == names.FULL) & (pl.col(by) == name))["ppl"].drop_nulls()
+        full = final.filter((pl.col("policy") == FULL) & (pl.col(by) == name))["ppl"].drop_nulls()
         if full.len():
             hlines.append((float(full.min()), f"{name} full compute" + (" (best)" if by == "method" else "")))
     values = skip["ppl"].to_list() + [y for y, _ in hlines]
-    return ChartSpec("skip_ppl", "Perplexity under skip as compute falls", "executed loops", "validation perplexity",
-                     series, log_y=log_scale(values), hlines=hlines)
+    return ChartSpec(names.SKIP_PPL_CHART, "Perplexity under skip as compute falls", "executed loops",
+                     "validation perplexity", series, log_y=log_scale(values), hlines=hlines)
 
 
 def _lower_envelope(pts: list[Point]) -> list[tuple[float, float]]:
@@ -158,8 +162,8 @@ def beta_charts(histories: pl.DataFrame, *, n_loops: int | None = None) -> list[
     """histories: run_id, key, step, value, beta (one training run per seed and β).
     With n_loops R, the entropy chart marks its maximum log R."""
     charts = []
-    titles = {"exit_entropy": ("Exit entropy during training", "exit entropy"),
-              "expected_exit_step": ("Expected exit step during training", "expected exit step")}
+    titles = {tracking.EXIT_ENTROPY: ("Exit entropy during training", "exit entropy"),
+              tracking.EXPECTED_EXIT_STEP: ("Expected exit step during training", "expected exit step")}
     for key in names.BETA_DIAGNOSTICS:
         rows = histories.filter((pl.col("key") == key) & pl.col("value").is_not_null())
         if rows.is_empty():
@@ -177,6 +181,6 @@ def beta_charts(histories: pl.DataFrame, *, n_loops: int | None = None) -> list[
                    for r in group.iter_rows(named=True)]
             series.append(Series(name, PALETTE[i % len(PALETTE)], pts, [(p.x, p.y) for p in pts], "linear"))
         title, label = titles[key]
-        hlines = [(math.log(n_loops), f"max entropy log {n_loops}")] if key == "exit_entropy" and n_loops else []
+        hlines = [(math.log(n_loops), f"max entropy log {n_loops}")] if key == tracking.EXIT_ENTROPY and n_loops else []
         charts.append(ChartSpec(f"beta_{key}", title, "training step", label, series, hlines=hlines))
     return charts

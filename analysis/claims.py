@@ -37,8 +37,10 @@ from analysis import names
 from analysis.aggregate import student_t_quantile
 from analysis.errors import AnalysisError
 from analysis.load import PARAM
+from looplab import tracking
+from looplab.policy import FORCED, FULL, SKIP
 
-SEARCHED = PARAM + names.SEARCH_PARAM  # a trial's searched values: params.search.<name>
+SEARCHED = PARAM + tracking.SEARCH_PARAM  # a trial's searched values: params.search.<name>
 
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced (direction)", "not reproduced", "inconclusive"
 CONFIDENCE = 0.95
@@ -260,7 +262,7 @@ def trial_measures(points: pl.DataFrame, *, loops_at=target_loops) -> pl.DataFra
     fixed_over_skip, forced_over_skip  the fixed-depth curve (pre-training's; the final
                    stage's own) over the skip curve across the executed loops both cover:
                    the mean CE gap (mean_difference) as a perplexity ratio, %."""
-    need = {"trial_run_id", "stage", "policy", "executed_loops", "loss", "is_final_stage"}
+    need = {"trial_run_id", "stage", "policy", tracking.EXECUTED_LOOPS, "loss", "is_final_stage"}
     missing = need - set(points.columns)
     if missing:
         raise AnalysisError(f"cannot read claims from these points: no column {', '.join(sorted(missing))}")
@@ -273,10 +275,10 @@ def trial_measures(points: pl.DataFrame, *, loops_at=target_loops) -> pl.DataFra
         first = final.row(0, named=True)
         n_loops = int(_first(part, "params.model.n_loops") or first.get("n_loops") or 0)
         loops = loops_at(n_loops) if n_loops else None
-        full = _point(final, names.FULL)
+        full = _point(final, FULL)
         full_loss = full.get("loss")
-        skip = final.filter(pl.col("policy") == names.SKIP)
-        skip_x = skip["executed_loops"].to_list() + ([n_loops] if full_loss is not None else [])
+        skip = final.filter(pl.col("policy") == SKIP)
+        skip_x = skip[tracking.EXECUTED_LOOPS].to_list() + ([n_loops] if full_loss is not None else [])
         skip_y = skip["loss"].to_list() + ([full_loss] if full_loss is not None else [])
         pretrain = part.filter(pl.col("stage") == "pretrain")
         skip_curve, forced_curve, fixed_curve = (skip_x, skip_y), _fixed_curve(final, n_loops), _fixed_curve(pretrain,
@@ -286,15 +288,16 @@ def trial_measures(points: pl.DataFrame, *, loops_at=target_loops) -> pl.DataFra
                "method": first.get("method"), "stage": first.get("stage"),
                **{c: first.get(c) for c in searched},
                "n_layers": _first(part, "params.model.n_layers"), "n_loops": n_loops, "loops": loops,
-               "full_loss": full_loss, "full_ppl": full.get("ppl"), "full_accuracy": full.get("accuracy"),
-               "skip_loss": _at(skip_x, skip_y, loops) if not skip.is_empty() else None,
-               "forced_loss": _at(*forced_curve, loops),
-               "fixed_loss": _at(*fixed_curve, loops),
-               "skip_min_loops": min(skip["executed_loops"].drop_nulls().to_list(), default=None)}
-        row["skip_increase"] = increase_pct(row["skip_loss"], full_loss)
+               names.FULL_LOSS: full_loss, names.FULL_PPL: full.get(tracking.PPL),
+               names.FULL_ACCURACY: full.get(tracking.ACCURACY),
+               names.SKIP_LOSS: _at(skip_x, skip_y, loops) if not skip.is_empty() else None,
+               names.FORCED_LOSS: _at(*forced_curve, loops),
+               names.FIXED_LOSS: _at(*fixed_curve, loops),
+               names.SKIP_MIN_LOOPS: min(skip[tracking.EXECUTED_LOOPS].drop_nulls().to_list(), default=None)}
+        row[names.SKIP_INCREASE] = increase_pct(row[names.SKIP_LOSS], full_loss)
         has_skip = not skip.is_empty()
-        row["fixed_over_skip"] = _pct(mean_difference(fixed_curve, skip_curve)) if has_skip else None
-        row["forced_over_skip"] = _pct(mean_difference(forced_curve, skip_curve)) if has_skip else None
+        row[names.FIXED_OVER_SKIP] = _pct(mean_difference(fixed_curve, skip_curve)) if has_skip else None
+        row[names.FORCED_OVER_SKIP] = _pct(mean_difference(forced_curve, skip_curve)) if has_skip else None
         rows.append(row)
     if not rows:
         raise AnalysisError("no finished trial with a final stage among these points")
@@ -320,10 +323,10 @@ def _point(df: pl.DataFrame, policy: str) -> dict:
 
 def _fixed_curve(stage_points: pl.DataFrame, n_loops: int) -> tuple[list, list]:
     """(loops, loss) of forced depths 1..R-1 and full depth at R (forced R is full)."""
-    forced = stage_points.filter(pl.col("policy") == names.FORCED)
+    forced = stage_points.filter(pl.col("policy") == FORCED)
     if forced.is_empty():
         return [], []
-    full = _point(stage_points, names.FULL)
+    full = _point(stage_points, FULL)
     xs = forced["depth"].cast(pl.Float64).to_list() + ([float(n_loops)] if full.get("loss") is not None else [])
     ys = forced["loss"].to_list() + ([full["loss"]] if full.get("loss") is not None else [])
     return xs, ys
@@ -371,16 +374,17 @@ def hole_claims(trials: pl.DataFrame, *, ouro: str = "Ouro", chase: str = "CHASE
     o, c = gated.filter(pl.col("method") == ouro), gated.filter(pl.col("method") == chase)
     loops = _loops_text(gated)
     out = []
-    out.append(judge("C2", mean_interval(c["fixed_over_skip"].to_list()),
+    out.append(judge("C2", mean_interval(c[names.FIXED_OVER_SKIP].to_list()),
                      "CHASE skip against the pre-trained model forced to each depth, averaged over the executed "
                      "loops both curves cover"))
-    out.append(judge("C2-own", mean_interval(c["forced_over_skip"].to_list()),
+    out.append(judge("C2-own", mean_interval(c[names.FORCED_OVER_SKIP].to_list()),
                      "CHASE skip against its own model forced to each depth, averaged over the executed loops "
                      "both curves cover"))
-    out.append(judge("C3", difference(by_seed(o, "skip_increase"), by_seed(c, "skip_increase"), paired=True),
+    increase = names.SKIP_INCREASE
+    out.append(judge("C3", difference(by_seed(o, increase), by_seed(c, increase), paired=True),
                      f"Ouro minus CHASE, paired over seeds (both continue one Stage-1), at {loops}" +
                      _reach_note(gated)))
-    out.append(judge("C3-few", mean_interval(c["skip_increase"].to_list()), f"CHASE at {loops}"))
+    out.append(judge("C3-few", mean_interval(c[increase].to_list()), f"CHASE at {loops}"))
     return out
 
 
@@ -390,11 +394,12 @@ def _loops_text(trials: pl.DataFrame) -> str:
 
 
 def _reach_note(trials: pl.DataFrame) -> str:
-    short = trials.filter(pl.col("skip_loss").is_null())
+    short = trials.filter(pl.col(names.SKIP_LOSS).is_null())
     if short.is_empty():
         return ""
+    fewest = short[names.SKIP_MIN_LOOPS].drop_nulls().to_list()
     return (f"; {short.height} arm(s) whose skip sweep does not reach those loops left out "
-            f"(fewest loops: {', '.join(f'{v:.2f}' for v in short['skip_min_loops'].drop_nulls().to_list())})")
+            f"(fewest loops: {', '.join(f'{v:.2f}' for v in fewest)})")
 
 
 def loop_claims(fixed: pl.DataFrame, *, quality: str, looped: tuple[int, int], base: tuple[int, int],
@@ -410,9 +415,11 @@ def loop_claims(fixed: pl.DataFrame, *, quality: str, looped: tuple[int, int], b
         return f"{pair[0]}⊗{pair[1]}"
 
     a, b = arm(looped), arm(base)
-    if quality == "accuracy":
-        gain = difference({s: 100 * v for s, v in by_seed(a, "full_accuracy").items() if v is not None},
-                          {s: 100 * v for s, v in by_seed(b, "full_accuracy").items() if v is not None}, paired=False)
+    if quality == tracking.ACCURACY:
+        def percent(rows):
+            return {s: 100 * v for s, v in by_seed(rows, names.FULL_ACCURACY).items() if v is not None}
+
+        gain = difference(percent(a), percent(b), paired=False)
         return [judge("C1", gain, f"{name(looped)} minus {name(base)}, Welch (independent pre-trainings)")]
     ratio_looped = _log_ppl(a)
     out = [judge("C1-LM", _pct_of_log(difference(_log_ppl(b), ratio_looped, paired=False)),
@@ -424,7 +431,7 @@ def loop_claims(fixed: pl.DataFrame, *, quality: str, looped: tuple[int, int], b
 
 
 def _log_ppl(rows: pl.DataFrame) -> dict:
-    return {s: math.log(v) for s, v in by_seed(rows, "full_ppl").items() if v is not None and v > 0}
+    return {s: math.log(v) for s, v in by_seed(rows, names.FULL_PPL).items() if v is not None and v > 0}
 
 
 def _pct_of_log(i: Interval) -> Interval:

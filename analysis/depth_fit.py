@@ -34,18 +34,20 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from analysis import names
 from analysis.charts import PALETTE, ChartSpec, Point, Series
 from analysis.aggregate import student_t_quantile
 from analysis.claims import CONFIDENCE
 from analysis.load import PARAM
+from looplab import tracking
+from looplab.policy import FULL
+from looplab.stages import STAGE_NAMES
 
 GAMMA_GRID = np.linspace(0.0, 1.5, 1501)  # step 0.001: finer than any interval a sweep's noise allows
 N_LAYERS, ARCH = PARAM + "model.n_layers", PARAM + "model.arch"
-SEARCH = PARAM + names.SEARCH_PARAM
+SEARCH = PARAM + tracking.SEARCH_PARAM
 # searched values that are a point's coordinates or its replicate, not another setting
 FIT_AXES = ("model.n_layers", "model.n_loops", "model.arch", "train.seed")
-PRETRAIN = names.STAGES[0]  # the first stage trains the N⊗R model from scratch
+PRETRAIN = STAGE_NAMES[0]  # the first stage trains the N⊗R model from scratch
 
 
 @dataclass(frozen=True)
@@ -125,7 +127,7 @@ def pretrain_points(points: pl.DataFrame) -> pl.DataFrame:
     model = pl.col("stage_key") if "stage_key" in points.columns else pl.concat_str(
         pl.col(N_LAYERS).cast(pl.String), pl.col("n_loops").cast(pl.String), pl.col("seed").cast(pl.String),
         separator="/")
-    return (points.filter((pl.col("stage") == PRETRAIN) & (pl.col("policy") == names.FULL)
+    return (points.filter((pl.col("stage") == PRETRAIN) & (pl.col("policy") == FULL)
                           & pl.col("loss").is_not_null())
             .select("experiment", arch.alias("arch"), _setting(points).alias("setting"),
                     pl.col(N_LAYERS).cast(pl.Float64).alias("n_layers"), pl.col("n_loops").cast(pl.Float64), "seed",

@@ -27,11 +27,12 @@ import polars as pl
 from analysis import names
 from analysis.errors import AnalysisError
 from analysis.sources import ClientSource, open_source, wants_best
+from looplab import tracking
 
 PARAM = "params."
 METRIC = "metrics."
 # Best values a non-SQL source fetches by default: the full-model evaluation.
-DEFAULT_CLIENT_BEST_KEYS = ("val_ppl", "val_accuracy", "val_loss")
+DEFAULT_CLIENT_BEST_KEYS = (tracking.VAL_PPL, tracking.VAL_ACCURACY, tracking.VAL_LOSS)
 
 
 @dataclass
@@ -40,7 +41,7 @@ class RunSet:
 
     runs: one row per run. Columns: run_id, experiment, experiment_id, run_name,
       status, start_time, end_time (datetimes), duration_s, the content tags
-      (names.CONTENT_TAGS, null where a run lacks one), parent_run_id, then
+      (tracking.CONTENT_TAGS, null where a run lacks one), parent_run_id, then
       params.<name> cast to Int64 / Float64 / Boolean where every value parses,
       else String, then metrics.<name> (last values). Runs of experiments with other
       params have nulls in the columns they lack.
@@ -134,14 +135,14 @@ def _name_of(known: pl.DataFrame, experiment_id: str) -> str:
 
 
 def _runs_table(runs, tags, params, latest, id_to_name, notes) -> pl.DataFrame:
-    wanted_tags = tags.filter(pl.col("key").is_in([*names.CONTENT_TAGS, names.PARENT_RUN_TAG]))
+    wanted_tags = tags.filter(pl.col("key").is_in([*tracking.CONTENT_TAGS, tracking.PARENT_RUN_TAG]))
     tag_wide = _wide(wanted_tags, "")
-    for tag in names.CONTENT_TAGS:  # a stable schema: every content tag is a column
+    for tag in tracking.CONTENT_TAGS:  # a stable schema: every content tag is a column
         if tag not in tag_wide.columns:
             tag_wide = tag_wide.with_columns(pl.lit(None, pl.String).alias(tag))
-    if names.PARENT_RUN_TAG not in tag_wide.columns:
-        tag_wide = tag_wide.with_columns(pl.lit(None, pl.String).alias(names.PARENT_RUN_TAG))
-    tag_wide = tag_wide.rename({names.PARENT_RUN_TAG: "parent_run_id"})
+    if tracking.PARENT_RUN_TAG not in tag_wide.columns:
+        tag_wide = tag_wide.with_columns(pl.lit(None, pl.String).alias(tracking.PARENT_RUN_TAG))
+    tag_wide = tag_wide.rename({tracking.PARENT_RUN_TAG: "parent_run_id"})
     param_wide = _typed(_wide(params, PARAM), notes)
     metric_wide = _wide(latest.select("run_id", "key", "value"), METRIC)
 
@@ -155,7 +156,7 @@ def _runs_table(runs, tags, params, latest, id_to_name, notes) -> pl.DataFrame:
     table = table.join(param_wide, on="run_id", how="left") if param_wide.width > 1 else table
     table = table.join(metric_wide, on="run_id", how="left") if metric_wide.width > 1 else table
     lead = ["run_id", "experiment", "experiment_id", "run_name", "status", "start_time", "end_time", "duration_s",
-            "parent_run_id", *names.CONTENT_TAGS]
+            "parent_run_id", *tracking.CONTENT_TAGS]
     rest = sorted(c for c in table.columns if c not in lead)
     _note_mixed_schema(table, rest, notes)
     return table.select(lead + rest).sort("experiment", "start_time", "run_id")
@@ -246,9 +247,9 @@ def beta_histories(runs: RunSet) -> pl.DataFrame | None:
     The stage: stage1 when it has them, else the first stage that does. β is the run's exit.beta (else its `beta`). None when no run
     logged them."""
     table = runs.runs
-    trained = table.filter((pl.col("level") == names.STAGE) & (pl.col("reused") != "true"))
+    trained = table.filter((pl.col("level") == tracking.STAGE) & (pl.col("reused") != "true"))
     if trained.is_empty():
-        trained = table.filter(pl.col("level").is_null() | (pl.col("level") == names.TRIAL))
+        trained = table.filter(pl.col("level").is_null() | (pl.col("level") == tracking.TRIAL))
     hist = runs.histories(list(names.BETA_DIAGNOSTICS), run_ids=trained["run_id"].to_list())
     if hist.is_empty():
         return None

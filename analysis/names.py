@@ -1,9 +1,9 @@
-"""The names this layer reads, from the tracking contract (looplab/tracking.py), which
-the platform writes with: run levels, tags, metric quantities and how a metric name
-parses into an evaluation point (policy, q, depth) and a quantity (a zoo rule's point:
-policy skip-entropy, dense-kl, ... with its threshold τ or window k in q). Only what is the
-analysis' own lives here: column headers of the paper's tables, orderings, and which
-way a quality improves.
+"""The analysis' own names: the columns it adds to the evaluation points and to its
+tables and claims, the tables' column headers and orderings, and which way a quality
+improves. What the platform writes (run levels, tags, metric quantities, how a metric
+name parses into a policy and a quantity) is the tracking contract's: analysis reads
+it from looplab.tracking, the pipeline's stages from looplab.stages and a policy's
+kind, label and metric prefix from looplab.policy's ExitPolicy, never from here.
 
 lm-eval scores are the quantity lm_eval.<task> (the task's suite accuracy, a fraction
 in [0, 1], as lm-eval reports it; looplab.lm_eval_suite.SUITE_METRICS says which
@@ -12,25 +12,21 @@ skip_q0.4_lm_eval.arc_easy; tables show percent, as the paper does. Beside them,
 downstream families <family>.<task> (lm_eval_loops: executed loops on the task's
 requests, lm_eval_flops, lm_eval_seconds, lm_eval_ppl), and their suite means.
 
-A policy column holds the execution (full | forced | dense | skip) for the learned gate,
-and <execution>-<rule> for a zero-shot exit rule (skip-entropy, dense-kl, skip-stable),
-whose threshold is in the q column: the rule/execution its metric prefix names.
+A policy column holds the policy's kind (ExitPolicy.kind): the execution (full |
+forced | dense | skip) for the learned gate, and <execution>-<rule> for a zero-shot
+exit rule (skip-entropy, dense-kl, skip-stable), whose threshold is in the q column.
+
+Some of these names look like MLflow metrics (ppl_full, skip_increase) without being
+any; tests/test_names_contract.py checks that none is one.
 """
 
 from __future__ import annotations
 
 from looplab.lm_eval_suite import PAPER_TASKS
-from looplab.policy import DENSE, FORCED, FULL, SKIP, STABLE, ZOO_KINDS, ZOO_LABELS, ZOO_RULES, number_name, zoo_kind
-from looplab.stages import STAGE_NAMES as STAGES
-from looplab.tracking import (CONTENT_TAGS, EVAL, EVAL_QUANTITIES, LM_EVAL, LM_EVAL_AVG, LM_EVAL_FAMILIES,
-                              LM_EVAL_FLOPS, LM_EVAL_LOOPS, LM_EVAL_PPL, LM_EVAL_SECONDS, METRIC_PATTERN,
-                              PARENT_RUN_TAG, SCAN_AXES, SEARCH_PARAM, STAGE, STAGE_SECONDS, SWEEP, TRAIN_METRICS,
-                              TRIAL, parse_metric)
-
-__all__ = ["CONTENT_TAGS", "DENSE", "EVAL", "EVAL_QUANTITIES", "FORCED", "FULL", "LM_EVAL", "LM_EVAL_AVG",
-           "LM_EVAL_FAMILIES", "LM_EVAL_FLOPS", "LM_EVAL_LOOPS", "LM_EVAL_PPL", "LM_EVAL_SECONDS", "METRIC_PATTERN",
-           "PAPER_TASKS", "PARENT_RUN_TAG", "SCAN_AXES", "SEARCH_PARAM", "SKIP", "STABLE", "STAGE", "STAGES", "STAGE_SECONDS",
-           "SWEEP", "TRAIN_METRICS", "TRIAL", "ZOO_KINDS", "ZOO_LABELS", "ZOO_RULES", "parse_metric", "zoo_kind"]
+from looplab.policy import DENSE, FORCED, FULL, SKIP, ZOO_KINDS
+from looplab.stages import STAGE_NAMES
+from looplab.tracking import (ACCURACY, EXIT_ENTROPY, EXPECTED_EXIT_STEP, LM_EVAL, LM_EVAL_AVG, LM_EVAL_FAMILIES,
+                              LM_EVAL_FLOPS, LM_EVAL_LOOPS, LM_EVAL_PPL, LM_EVAL_SECONDS, LOSS, PPL)
 
 # The suite means over tasks analysis computes beside lm_eval_avg (the paper's Avg.):
 # downstream executed loops, backbone FLOPs and model seconds per token; a mean of task
@@ -43,10 +39,51 @@ TASK_HEADERS = {"piqa": "PIQA", "boolq": "BoolQ", "winogrande": "WG", "openbookq
 POLICY_ORDER = (FULL, FORCED, DENSE, SKIP, *ZOO_KINDS)  # zoo kinds: dense-entropy, skip-entropy, ...
 
 # Training histories the β diagnostics draw (App. D, Figs. 4 and 5).
-BETA_DIAGNOSTICS = ("exit_entropy", "expected_exit_step")
+BETA_DIAGNOSTICS = (EXIT_ENTROPY, EXPECTED_EXIT_STEP)
+
+# Column names the analysis makes: a quantity's best value over a stage's evaluations
+# (points), its spread over seeds (aggregated), and a quantity of another point of the
+# same configuration joined beside a row (ppl_full, accuracy_dense: the skip table, speed).
+BEST_SUFFIX, STD_SUFFIX = "_best", "_std"
+TRAIN_LOSS = "train_loss"  # the stage's last training loss (the metric `loss`), beside the validation one
 
 
-q_name = number_name  # 0.4 -> '0.4', 1.0 -> '1.0': q as policy labels print it
+def best_of(quantity: str) -> str:
+    """ppl -> ppl_best: the best value over the stage's evaluations."""
+    return quantity + BEST_SUFFIX
+
+
+def std_of(column: str) -> str:
+    """ppl -> ppl_std: the standard deviation over seeds (analysis/aggregate.py)."""
+    return column + STD_SUFFIX
+
+
+def interval_of(column: str) -> tuple[str, str]:
+    """ppl -> (ppl_ci_low, ppl_ci_high): the t-interval over seeds (analysis/aggregate.py)."""
+    return f"{column}_ci_low", f"{column}_ci_high"
+
+
+def at_point(quantity: str, kind: str) -> str:
+    """(ppl, full) -> ppl_full: the quantity at the configuration's point of that policy kind."""
+    return f"{quantity}_{kind}"
+
+
+# The speed table's quality beside a timed policy: the validation set's executed loops
+# under it (analysis/speed.py). Its name predates the contract and is spelled like the
+# full-depth metric val_executed_loops, which it is not (it is any timed policy's).
+SPEED_VALIDATION_LOOPS = "val_executed_loops"
+
+# The claims' per-trial measures (analysis/claims.py's trial_measures; analysis/scan.py
+# reads them): a point's quality at the target loops and the comparisons built on them.
+FULL_LOSS, FULL_PPL, FULL_ACCURACY = "full_loss", "full_ppl", "full_accuracy"
+SKIP_LOSS, FORCED_LOSS, FIXED_LOSS = "skip_loss", "forced_loss", "fixed_loss"
+SKIP_INCREASE = "skip_increase"  # skip_loss's perplexity increase over full_loss, %
+SKIP_MIN_LOOPS = "skip_min_loops"  # the fewest loops the skip sweep executed
+FIXED_OVER_SKIP, FORCED_OVER_SKIP = "fixed_over_skip", "forced_over_skip"
+
+# Outputs named after what they show.
+SKIP_PPL_CHART = "skip_ppl"  # perplexity under skip as compute falls (skip_ppl.png)
+SKIP_VS_FULL = "skip_vs_full"  # the table of skip against full compute (tables/skip_vs_full.csv)
 
 
 def higher_is_better(quantity: str) -> bool | None:
@@ -59,9 +96,9 @@ def higher_is_better(quantity: str) -> bool | None:
     if family in LM_EVAL_FAMILIES:  # loops, FLOPs, seconds: compute, not quality
         return None
     name = quantity.rsplit("_", 1)[-1] if not quantity.startswith(LM_EVAL) else "lm_eval"
-    if LM_EVAL in quantity or quantity == LM_EVAL_AVG or name in ("accuracy", "acc"):
+    if LM_EVAL in quantity or quantity == LM_EVAL_AVG or name in (ACCURACY, "acc"):
         return True
-    if name in ("ppl", "loss", "perplexity"):
+    if name in (PPL, LOSS, "perplexity"):
         return False
     return None
 
@@ -94,7 +131,7 @@ def ordered_tasks(tasks) -> list[str]:
 def ordered_stages(stages) -> list[str]:
     """The pipeline's stages among these (nulls dropped), in pipeline order."""
     present = {s for s in stages if s is not None}
-    return [s for s in STAGES if s in present]
+    return [s for s in STAGE_NAMES if s in present]
 
 
 def task_header(task: str) -> str:

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import polars as pl
 
-from analysis import names
 from analysis.charts import PALETTE, ChartSpec, Point, Series
 from analysis.load import PARAM, RunSet
-from looplab.tracking import ACTIVE, GRAD_NORM, HIDDEN_NORM, STATE_GAP, parse_loop_metric
+from looplab.policy import FULL, SKIP
+from looplab.stages import STAGE_NAMES
+from looplab.tracking import ACTIVE, GRAD_NORM, HIDDEN_NORM, STAGE, STATE_GAP, parse_loop_metric
 
 CHART_QS = (0.2, 0.4)  # the skip thresholds the charts draw (the table has every q)
 LABELS = {HIDDEN_NORM: "hidden-state RMS norm", GRAD_NORM: "gradient norm from the loop",
@@ -33,12 +34,12 @@ def loop_table(runs: RunSet) -> pl.DataFrame | None:
     if not parsed:
         return None
     keys = pl.DataFrame({"key": [k for k, *_ in parsed],
-                         "policy": [p.execution if p is not None else names.FULL for _, p, _, _ in parsed],
+                         "policy": [p.execution if p is not None else FULL for _, p, _, _ in parsed],
                          "q": [p.q if p is not None else None for _, p, _, _ in parsed],
                          "loop": [r for *_, r, _ in parsed], "quantity": [q for *_, q in parsed]},
                         schema_overrides={"q": pl.Float64})
     seed = PARAM + "train.seed"
-    stages = runs.runs.filter(pl.col("level") == names.STAGE)
+    stages = runs.runs.filter(pl.col("level") == STAGE)
     stages = stages.select("run_id", "stage", "method", "stage_key",
                            (pl.col(seed) if seed in stages.columns else pl.lit(None)).alias("seed"))
     stages = stages.unique("stage_key", keep="first", maintain_order=True)  # a reused stage counts once
@@ -55,16 +56,16 @@ def loop_charts(table: pl.DataFrame) -> list[ChartSpec]:
     """Hidden norm and gradient per loop (series: stage · method); under skip, on the final
     gated stage, the active fraction and state gap (series: method · q)."""
     charts = []
-    order = {s: i for i, s in enumerate(names.STAGES)}
+    order = {s: i for i, s in enumerate(STAGE_NAMES)}
     for quantity in (HIDDEN_NORM, GRAD_NORM):
-        rows = table.filter((pl.col("quantity") == quantity) & (pl.col("policy") == names.FULL))
+        rows = table.filter((pl.col("quantity") == quantity) & (pl.col("policy") == FULL))
         series_keys = sorted({(s, m) for s, m in rows.select("stage", "method").iter_rows()},
                              key=lambda sm: (order.get(sm[0], 99), str(sm[1])))
         charts.append(_chart(f"loops_{quantity}", rows, series_keys, ("stage", "method"), quantity))
-    gated_last = table.filter(pl.col("policy") == names.SKIP)["stage"].unique().to_list()
+    gated_last = table.filter(pl.col("policy") == SKIP)["stage"].unique().to_list()
     final = max(gated_last, key=lambda s: order.get(s, -1)) if gated_last else None
     for quantity in (ACTIVE, STATE_GAP) if final is not None else ():  # no gated stage ran skip
-        rows = table.filter((pl.col("quantity") == quantity) & (pl.col("policy") == names.SKIP)
+        rows = table.filter((pl.col("quantity") == quantity) & (pl.col("policy") == SKIP)
                             & (pl.col("stage") == final) & pl.col("q").is_in(list(CHART_QS)))
         series_keys = sorted({(m, q) for m, q in rows.select("method", "q").iter_rows()}, key=str)
         charts.append(_chart(f"loops_{quantity}", rows, series_keys, ("method", "q"),

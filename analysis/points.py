@@ -48,9 +48,15 @@ import polars as pl
 from analysis import names
 from analysis.errors import AnalysisError
 from analysis.load import PARAM, RunSet
+from looplab import tracking
+from looplab.policy import FORCED, FULL, GATE, ZOO_RULES, ExitPolicy
+from looplab.stages import STAGE_NAMES
 
-QUANTITIES = names.EVAL_QUANTITIES
+QUANTITIES = tracking.EVAL_QUANTITIES
 BEST_QUANTITIES = tuple(q for q in QUANTITIES if names.higher_is_better(q) is not None)
+BEST_COLUMNS = tuple(names.best_of(q) for q in BEST_QUANTITIES)
+POINT_SCHEMA = {"key": pl.String, "policy": pl.String, "q": pl.Float64, "depth": pl.Int64, "point": pl.String,
+                "quantity": pl.String}
 
 
 def evaluation_points(runs: RunSet, *, statuses=("FINISHED",)) -> pl.DataFrame:
@@ -84,8 +90,8 @@ def _experiments(runs: RunSet) -> str:
 def _trials(runs: RunSet, statuses) -> pl.DataFrame:
     table = runs.runs
     levels = set(table["level"].drop_nulls().to_list())
-    if names.TRIAL in levels:
-        trials = table.filter(pl.col("level") == names.TRIAL)
+    if tracking.TRIAL in levels:
+        trials = table.filter(pl.col("level") == tracking.TRIAL)
     elif not levels:  # runs logged without the platform's tree: each run is a trial
         trials = table
         runs.notes.append("no run carries a `level` tag: every run is read as a trial")
@@ -118,14 +124,14 @@ def _sources(table: pl.DataFrame, trials: pl.DataFrame) -> pl.DataFrame:
     when it has none. Columns: run_id, trial_run_id, stage, config_hash, stage_key,
     reused_from, pipeline, method, is_final_stage."""
     trial_ids = trials["run_id"].implode()
-    stage_rows = table.filter((pl.col("level") == names.STAGE) & pl.col("parent_run_id").is_in(trial_ids))
+    stage_rows = table.filter((pl.col("level") == tracking.STAGE) & pl.col("parent_run_id").is_in(trial_ids))
     stage_rows = stage_rows.select("run_id", pl.col("parent_run_id").alias("trial_run_id"), "stage", "config_hash",
                                    "stage_key", "reused_from", "method")
     lone = trials.filter(~pl.col("run_id").is_in(stage_rows["trial_run_id"].implode())).select(
         "run_id", pl.col("run_id").alias("trial_run_id"), "stage", "config_hash", "stage_key", "reused_from",
         "method")
     sources = pl.concat([stage_rows, lone]).with_columns(
-        pl.col("stage").replace_strict({s: i for i, s in enumerate(names.STAGES)}, default=len(names.STAGES),
+        pl.col("stage").replace_strict({s: i for i, s in enumerate(STAGE_NAMES)}, default=len(STAGE_NAMES),
                                        return_dtype=pl.Int64).alias("stage_order"))
     pipelines = (sources.sort("stage_order").group_by("trial_run_id", maintain_order=True)
                  .agg(pl.col("stage").fill_null("?").str.join("+").alias("pipeline")))
@@ -141,7 +147,7 @@ def _method_of_pipeline(pipelines: pl.Series) -> pl.Series:
     logged without it, the stage registry's rule applied to the trial's pipeline."""
     from looplab.stages import method_of
 
-    known = {p: method_of([s for s in p.split("+") if s in names.STAGES]) for p in pipelines.unique().drop_nulls()}
+    known = {p: method_of([s for s in p.split("+") if s in STAGE_NAMES]) for p in pipelines.unique().drop_nulls()}
     return pipelines.replace_strict(known, default=None, return_dtype=pl.String)
 
 
@@ -169,7 +175,7 @@ def _evaluation_metrics(runs: RunSet, sources: pl.DataFrame) -> pl.DataFrame | N
     metric (the same task and policy under other settings, e.g. another limit), the one
     that finished last wins, and runs.notes says so."""
     table = runs.runs
-    evals = table.filter((pl.col("level") == names.EVAL) & (pl.col("status") == "FINISHED"))
+    evals = table.filter((pl.col("level") == tracking.EVAL) & (pl.col("status") == "FINISHED"))
     if evals.is_empty():
         return None
     values = runs.metrics.join(evals.select("run_id", "experiment", "stage_key", "end_time"), on="run_id",
@@ -185,60 +191,58 @@ def _evaluation_metrics(runs: RunSet, sources: pl.DataFrame) -> pl.DataFrame | N
 
 
 def _parse(metrics: pl.DataFrame) -> pl.DataFrame:
-    """Metric names → (policy, q, depth, quantity), by the contract's one pattern. A zoo
+    """Metric names → (policy, q, depth, point, quantity): each distinct name parsed once
+    by the contract (tracking.parse_metric), its point named by its ExitPolicy. A zoo
     rule's point is its own policy (its kind: skip-entropy, dense-kl, ..., so each is
     its own series) with its threshold τ or window k in q."""
-    groups = pl.col("key").str.extract_groups(names.METRIC_PATTERN.pattern)
-    parsed = metrics.with_columns(groups.alias("g")).unnest("g").filter(pl.col("quantity").is_not_null())
-    return parsed.select(
-        "run_id", "last", "best",
-        pl.when(pl.col("rule").is_not_null()).then(_zoo_kind())
-        .when(pl.col("execution").is_not_null()).then(pl.col("execution"))
-        .when(pl.col("depth").is_not_null()).then(pl.lit(names.FORCED))
-        .otherwise(pl.lit(names.FULL)).alias("policy"),
-        pl.col("q").cast(pl.Float64),
-        pl.col("depth").cast(pl.Int64),
-        "quantity")
+    named = [point for point in map(evaluation_point, metrics["key"].unique().to_list()) if point is not None]
+    points = pl.DataFrame(named, schema=POINT_SCHEMA)
+    # In the metrics' order (as a filter would keep it), so the rows start in the order they always had.
+    return metrics.join(points, on="key", how="inner", maintain_order="left").select(
+        "run_id", "last", "best", "policy", "q", "depth", "point", "quantity")
 
 
-def _zoo_kind() -> pl.Expr:
-    """The zoo policy's kind (looplab.policy.zoo_kind) from the execution and rule groups."""
-    kinds = {f"{e}|{r}": names.zoo_kind(e, r) for e in (names.DENSE, names.SKIP) for r in names.ZOO_RULES}
-    return pl.concat_str("execution", "rule", separator="|").replace_strict(kinds, return_dtype=pl.String)
+def evaluation_point(name: str) -> dict | None:
+    """A metric name's evaluation point as a row of POINT_SCHEMA, or None when the name
+    is no evaluation metric of a policy this build knows."""
+    parsed = tracking.parse_metric(name)
+    if parsed is None:
+        return None
+    policy, quantity = parsed
+    return {"key": name, "policy": policy.kind, "q": threshold_of(policy), "depth": policy.depth,
+            "point": point_name(policy), "quantity": quantity}
+
+
+def threshold_of(policy: ExitPolicy) -> float | None:
+    """The q column: the gate's q, or a zoo rule's τ or window k; None for full and forced."""
+    if policy.rule == GATE:
+        return policy.q
+    return float(policy.threshold) if policy.rule in ZOO_RULES else None
+
+
+def point_name(policy: ExitPolicy) -> str:
+    """The point column: the policy's label ('skip q=0.4', 'forced d=2', 'skip entropy<2.5'),
+    but the full-depth point is its kind, 'full', as the tables have always named it."""
+    return policy.kind if policy.execution == FULL else policy.label
 
 
 def _pivot(parsed: pl.DataFrame) -> pl.DataFrame:
-    index = ["run_id", "policy", "q", "depth"]
+    index = ["run_id", "policy", "q", "depth"]  # `point` (the policy's name) is a function of these: it rides along
     # One categorical key per (run, point): pivots on categoricals are several times faster.
     keyed = parsed.with_columns(pl.concat_str(pl.col(index).cast(pl.String).fill_null("-"), separator="|")
                                 .cast(pl.Categorical).alias("_point"), pl.col("quantity").cast(pl.Categorical))
     last = keyed.pivot(on="quantity", index="_point", values="last", aggregate_function="first")
     with_best = keyed.filter(pl.col("quantity").cast(pl.String).is_in(BEST_QUANTITIES))
-    best = (with_best.with_columns((pl.col("quantity").cast(pl.String) + "_best").cast(pl.Categorical))
+    best = (with_best.with_columns((pl.col("quantity").cast(pl.String) + names.BEST_SUFFIX).cast(pl.Categorical))
             .pivot(on="quantity", index="_point", values="best", aggregate_function="first"))
-    points = keyed.select("_point", *index).unique("_point")
+    points = keyed.select("_point", *index, "point").unique("_point")
     wide = points.join(last, on="_point", how="left")
     if best.width > 1:
         wide = wide.join(best, on="_point", how="left")
-    for q in (*QUANTITIES, *(f"{b}_best" for b in BEST_QUANTITIES)):  # a stable schema
+    for q in (*QUANTITIES, *BEST_COLUMNS):  # a stable schema
         if q not in wide.columns:
             wide = wide.with_columns(pl.lit(None, pl.Float64).alias(q))
-    return wide.drop("_point").with_columns(_point_label().alias("point"))
-
-
-def _point_label() -> pl.Expr:
-    """A point's label: 'forced d=2', 'skip q=0.4', 'full', and the zoo's as its
-    policies label them ('skip entropy<2.5', 'dense KL<0.01', 'skip stable k=2'). q
-    prints as policy labels do (0.4, 1.0, 0.25) for q with at most four decimals."""
-    q = pl.col("q").round(4).cast(pl.String)
-    label = pl.when(pl.col("policy") == names.FORCED).then(pl.lit("forced d=") + pl.col("depth").cast(pl.String))
-    for rule, template in names.ZOO_LABELS.items():
-        head, _, tail = template.partition("{}")
-        value = pl.col("q").cast(pl.Int64).cast(pl.String) if rule == names.STABLE else q
-        for execution in (names.DENSE, names.SKIP):
-            label = label.when(pl.col("policy") == names.zoo_kind(execution, rule)).then(
-                pl.lit(f"{execution} {head}") + value + pl.lit(tail))
-    return label.when(pl.col("q").is_not_null()).then(pl.col("policy") + pl.lit(" q=") + q).otherwise(pl.col("policy"))
+    return wide.drop("_point")
 
 
 def _trial_identity(trials: pl.DataFrame) -> pl.DataFrame:
@@ -248,7 +252,7 @@ def _trial_identity(trials: pl.DataFrame) -> pl.DataFrame:
                                     "stage_key": "trial_key"})
     # _searched: "beta=0.25 hp=0.5", the sampled values (seed aside) that _label shows
     n_layers, n_loops = _param(t, "model.n_layers"), _param(t, "model.n_loops")
-    search = PARAM + names.SEARCH_PARAM
+    search = PARAM + tracking.SEARCH_PARAM
     searched = [c for c in params if c.startswith(search) and c != search + "seed"]
     return t.with_columns(
         _param(t, "train.seed").cast(pl.Int64, strict=False).alias("seed"),
@@ -265,11 +269,10 @@ def _param(t: pl.DataFrame, name: str) -> pl.Expr:
 def _full_point_compute(table: pl.DataFrame) -> pl.DataFrame:
     """The full point runs all R loops: executed loops and exit step R where a run
     logged only its quality (lm-eval scores, runs logged by hand)."""
-    full = pl.col("policy") == names.FULL
+    full = pl.col("policy") == FULL
     r = pl.col("n_loops").cast(pl.Float64)
-    return table.with_columns(
-        pl.when(full).then(pl.coalesce("executed_loops", r)).otherwise("executed_loops").alias("executed_loops"),
-        pl.when(full).then(pl.coalesce("mean_exit_step", r)).otherwise("mean_exit_step").alias("mean_exit_step"))
+    return table.with_columns(*(pl.when(full).then(pl.coalesce(q, r)).otherwise(q).alias(q)
+                                for q in (tracking.EXECUTED_LOOPS, tracking.MEAN_EXIT_STEP)))
 
 
 def _label(table: pl.DataFrame) -> pl.DataFrame:
@@ -285,9 +288,9 @@ def _lm_eval_average(table: pl.DataFrame) -> pl.DataFrame:
     The same over the same tasks for the suite means of names.SUITE_MEANS (downstream
     loops, FLOPs, seconds per token): each task weighs equally, as in the Avg."""
     ordered = names.task_columns(table.columns)
-    tasks = [c[len(names.LM_EVAL):] for c in ordered]
+    tasks = [c[len(tracking.LM_EVAL):] for c in ordered]
     out = []
-    for name, columns in [(names.LM_EVAL_AVG, ordered),
+    for name, columns in [(tracking.LM_EVAL_AVG, ordered),
                           *((family, [f"{family}.{t}" for t in tasks]) for family in names.SUITE_MEANS)]:
         if not columns or any(c not in table.columns for c in columns):
             out.append(pl.lit(None, pl.Float64).alias(name))
@@ -300,19 +303,19 @@ def _lm_eval_average(table: pl.DataFrame) -> pl.DataFrame:
 def _timing(table: pl.DataFrame, metrics: pl.DataFrame, sources: pl.DataFrame) -> pl.DataFrame:
     """stage_seconds from the stage run, and their running sum over the trial's stages
     in pipeline order."""
-    per_run = (metrics.filter(pl.col("key") == names.STAGE_SECONDS)
-               .select("run_id", pl.col("last").alias("stage_seconds")).unique("run_id"))
+    per_run = (metrics.filter(pl.col("key") == tracking.STAGE_SECONDS)
+               .select("run_id", pl.col("last").alias(tracking.STAGE_SECONDS)).unique("run_id"))
     stages = (sources.select("run_id", "trial_run_id", "stage_order").join(per_run, on="run_id", how="left")
               .sort("trial_run_id", "stage_order")
-              .with_columns(pl.col("stage_seconds").cum_sum().over("trial_run_id").alias("pipeline_seconds"))
-              .select("run_id", "stage_seconds", "pipeline_seconds"))
+              .with_columns(pl.col(tracking.STAGE_SECONDS).cum_sum().over("trial_run_id").alias("pipeline_seconds"))
+              .select("run_id", tracking.STAGE_SECONDS, "pipeline_seconds"))
     return table.join(stages, on="run_id", how="left")
 
 
 def _training_end(table: pl.DataFrame, metrics: pl.DataFrame) -> pl.DataFrame:
     """The stage's last training-window values: exit_entropy and expected_exit_step
     (the β diagnostics, gate stages only) and the training loss as train_loss."""
-    wanted = {**{k: k for k in names.BETA_DIAGNOSTICS}, "loss": "train_loss"}
+    wanted = {**{k: k for k in names.BETA_DIAGNOSTICS}, tracking.LOSS: names.TRAIN_LOSS}
     found = metrics.filter(pl.col("key").is_in(list(wanted)))
     end = pl.DataFrame(schema={"run_id": pl.String}) if found.is_empty() else (
         found.with_columns(pl.col("key").replace_strict(wanted))
@@ -325,14 +328,13 @@ def _training_end(table: pl.DataFrame, metrics: pl.DataFrame) -> pl.DataFrame:
 
 def _order(table: pl.DataFrame) -> pl.DataFrame:
     lead = ["experiment", "method", "label", "model", "pipeline", "stage", "is_final_stage", "policy", "q", "depth",
-            "point", "seed", "executed_loops", "mean_exit_step", "accuracy", "ppl", "loss",
-            "backbone_flops_per_token", *(f"{b}_best" for b in BEST_QUANTITIES)]
+            "point", "seed", *QUANTITIES, *BEST_COLUMNS]
     lead += names.task_columns(table.columns)
-    lead += [names.LM_EVAL_AVG, *names.SUITE_MEANS]
-    for family in names.LM_EVAL_FAMILIES:
+    lead += [tracking.LM_EVAL_AVG, *names.SUITE_MEANS]
+    for family in tracking.LM_EVAL_FAMILIES:
         lead += names.task_columns(table.columns, family)
-    lead += [*names.BETA_DIAGNOSTICS, "train_loss", "stage_seconds", "pipeline_seconds", "trial_config_hash", "config_hash", "trial_key",
-             "stage_key", "trial_run_id", "run_id", "status", "preset", "n_loops"]
+    lead += [*names.BETA_DIAGNOSTICS, names.TRAIN_LOSS, tracking.STAGE_SECONDS, "pipeline_seconds", "trial_config_hash",
+             "config_hash", "trial_key", "stage_key", "trial_run_id", "run_id", "status", "preset", "n_loops"]
     rest = sorted(c for c in table.columns if c not in lead and c not in ("reused_from", "stage_order"))
     policy_rank = pl.col("policy").replace_strict({p: i for i, p in enumerate(names.POLICY_ORDER)}, default=9,
                                                   return_dtype=pl.Int64)
@@ -347,11 +349,13 @@ def full_as_forced_depth(rows: pl.DataFrame) -> pl.DataFrame:
     stage has forced depths, its full point joins them as d=R, so the fixed-depth
     series spans 1..R."""
     key = [c for c in ("experiment", "trial_config_hash", "stage") if c in rows.columns]
-    forced = rows.filter(pl.col("policy") == names.FORCED).select(key).unique()
-    joins = (pl.col("policy") == names.FULL) & pl.struct(key).is_in(forced.select(pl.struct(key)).to_series().implode())
-    return rows.with_columns(pl.when(joins).then(pl.lit(names.FORCED)).otherwise("policy").alias("policy"),
-                             pl.when(joins).then(pl.col("n_loops").cast(pl.Int64)).otherwise("depth").alias("depth"),
-                             pl.when(joins).then(pl.lit("forced d=") + pl.col("n_loops").cast(pl.String))
+    forced = rows.filter(pl.col("policy") == FORCED).select(key).unique()
+    joins = (pl.col("policy") == FULL) & pl.struct(key).is_in(forced.select(pl.struct(key)).to_series().implode())
+    depth = pl.col("n_loops").cast(pl.Int64)
+    labels = {r: ExitPolicy.forced(r).label for r in rows.filter(joins).select(depth)["n_loops"].drop_nulls().unique()}
+    return rows.with_columns(pl.when(joins).then(pl.lit(FORCED)).otherwise("policy").alias("policy"),
+                             pl.when(joins).then(depth).otherwise("depth").alias("depth"),
+                             pl.when(joins).then(depth.replace_strict(labels, default=None, return_dtype=pl.String))
                              .otherwise("point").alias("point"))
 
 

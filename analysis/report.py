@@ -53,26 +53,25 @@ from analysis.page import chart_slot, render_page
 from analysis.per_loop import loop_charts, loop_table
 from analysis.scan import scan_axes, write_scan
 from analysis.plots import render_png
-from analysis.points import evaluation_points, full_as_forced_depth
+from analysis.points import BEST_COLUMNS, QUANTITIES, evaluation_points, full_as_forced_depth
 from analysis.tables import REPRESENTATIVE_Q, all_tables
+from looplab import tracking
 
 # Compute axes by their CLI names: (points column, axis label).
-COMPUTE_AXES = {"executed_loops": ("executed_loops", "executed loops per token"),
-                "downstream_loops": (names.LM_EVAL_LOOPS, "executed loops per token on the tasks"),
-                "flops": ("backbone_flops_per_token", "backbone FLOPs per token"),
+COMPUTE_AXES = {tracking.EXECUTED_LOOPS: (tracking.EXECUTED_LOOPS, "executed loops per token"),
+                "downstream_loops": (tracking.LM_EVAL_LOOPS, "executed loops per token on the tasks"),
+                "flops": (tracking.BACKBONE_FLOPS, "backbone FLOPs per token"),
                 "time": ("pipeline_seconds", "training seconds up to the stage")}
-QUALITY_LABELS = {"accuracy": "accuracy", "ppl": "validation perplexity", "loss": "validation loss",
-                  names.LM_EVAL_AVG: "lm-eval average accuracy"}
-BASE_VALUES = ("executed_loops", "mean_exit_step", "accuracy", "ppl", "loss", "backbone_flops_per_token",
-               "accuracy_best", "ppl_best", "loss_best", names.LM_EVAL_AVG, *names.SUITE_MEANS,
-               *names.BETA_DIAGNOSTICS, "train_loss",
-               "stage_seconds", "pipeline_seconds")
+QUALITY_LABELS = {tracking.ACCURACY: "accuracy", tracking.PPL: "validation perplexity",
+                  tracking.LOSS: "validation loss", tracking.LM_EVAL_AVG: "lm-eval average accuracy"}
+BASE_VALUES = (*QUANTITIES, *BEST_COLUMNS, tracking.LM_EVAL_AVG, *names.SUITE_MEANS, *names.BETA_DIAGNOSTICS,
+               names.TRAIN_LOSS, tracking.STAGE_SECONDS, "pipeline_seconds")
 ARTIFACT_DIR = "analysis"
 MAX_AREA_SERIES = 12  # pairs grow quadratically; beyond this the areas table is left out
 
 
 def build_report(tracking_uri: str, experiments, out_dir, *, sweep_run_id: str | None = None,
-                 log_artifacts: bool = True, compute: str = "executed_loops", quality: str = "auto",
+                 log_artifacts: bool = True, compute: str = tracking.EXECUTED_LOOPS, quality: str = "auto",
                  stage: str | None = None, series_by=None, best_of_seeds: bool = False, confidence: float = 0.95,
                  budget: float | None = None, scope: str = "experiment", statuses=("FINISHED",),
                  strict: bool = False, lead: list[tuple[str, str]] | None = None,
@@ -113,8 +112,8 @@ def build_report(tracking_uri: str, experiments, out_dir, *, sweep_run_id: str |
     if points is not None:
         paths.update(_write_csv(points, out / "points.csv"))
         quality = _resolve_quality(points, quality, notes)
-        if (compute == "executed_loops" and quality.startswith(("lm_eval", names.LM_EVAL_AVG))
-                and points[names.LM_EVAL_LOOPS].is_not_null().any()):
+        if (compute == tracking.EXECUTED_LOOPS and quality.startswith(("lm_eval", tracking.LM_EVAL_AVG))
+                and points[tracking.LM_EVAL_LOOPS].is_not_null().any()):
             # A downstream quality against the loops run on the same tasks, not the validation set's.
             compute = "downstream_loops"
             notes.append("frontier: downstream quality against the loops executed on the tasks (lm_eval_loops)")
@@ -160,14 +159,14 @@ def _write_csv(df: pl.DataFrame, path: Path) -> dict[str, Path]:
 
 def _task_columns(points: pl.DataFrame) -> list[str]:
     """Every per-task downstream column: accuracies and the families (loops, FLOPs, ...)."""
-    return [c for family in (None, *names.LM_EVAL_FAMILIES) for c in names.task_columns(points.columns, family)]
+    return [c for family in (None, *tracking.LM_EVAL_FAMILIES) for c in names.task_columns(points.columns, family)]
 
 
 def _maximize(quality: str) -> bool:
     up = names.higher_is_better(quality.removesuffix("_best"))
     if up is None:
         raise AnalysisError(f"quality {quality!r} has no known direction; allowed: accuracy | ppl | loss | "
-                            f"{names.LM_EVAL_AVG} | lm_eval.<task> (or one of them with _best)")
+                            f"{tracking.LM_EVAL_AVG} | lm_eval.<task> (or one of them with _best)")
     return up
 
 
@@ -176,11 +175,11 @@ def _resolve_quality(points: pl.DataFrame, quality: str, notes: list[str]) -> st
         _maximize(quality)
         return quality
     final = points.filter(pl.col("is_final_stage"))
-    per_exp = final.group_by("experiment").agg(pl.col(names.LM_EVAL_AVG).is_not_null().any().alias("lm"),
+    per_exp = final.group_by("experiment").agg(pl.col(tracking.LM_EVAL_AVG).is_not_null().any().alias("lm"),
                                                (pl.col(PARAM + "task.kind") == "text").any().alias("text")
                                                if PARAM + "task.kind" in final.columns else pl.lit(False).alias("text"))
     if per_exp.height and per_exp["lm"].all():
-        return names.LM_EVAL_AVG
+        return tracking.LM_EVAL_AVG
     if per_exp.height and per_exp["text"].all():
         return "ppl"
     if per_exp.height and per_exp["text"].any():
@@ -210,8 +209,8 @@ def _check_columns(points: pl.DataFrame, columns: list[str], strict: bool, notes
 
 
 def _available(points: pl.DataFrame) -> list[str]:
-    candidates = [c for c in ("executed_loops", "backbone_flops_per_token", "pipeline_seconds", "accuracy", "ppl",
-                              "loss", names.LM_EVAL_AVG) if c in points.columns]
+    candidates = [c for c in (tracking.EXECUTED_LOOPS, tracking.BACKBONE_FLOPS, "pipeline_seconds", tracking.ACCURACY,
+                              tracking.PPL, tracking.LOSS, tracking.LM_EVAL_AVG) if c in points.columns]
     return [c for c in candidates if points[c].is_not_null().any()] or ["none"]
 
 
@@ -352,11 +351,11 @@ def _downstream_section(agg, out, paths, charts, notes) -> list[tuple[str, str]]
         notes.append("downstream accuracy (Fig. 3): skipped, no downstream evaluations with executed loops "
                      "(lm_eval.* and lm_eval_loops.*: --eval-tasks, or python -m sweeps.evaluate)")
         return []
-    flagged = _flagged(rows, names.LM_EVAL_LOOPS, names.LM_EVAL_AVG)
+    flagged = _flagged(rows, tracking.LM_EVAL_LOOPS, tracking.LM_EVAL_AVG)
     lead = ["series", "compute", "quality", "quality_ci_low", "quality_ci_high", "n_seeds", "on_frontier",
             "experiment", "method", "label", "stage", "policy", "q", "depth", "point"]
     paths.update(_write_csv(flagged.select([c for c in lead if c in flagged.columns]), out / "downstream.csv"))
-    spec = frontier_chart(flagged, names.LM_EVAL_LOOPS, names.LM_EVAL_AVG, name="downstream",
+    spec = frontier_chart(flagged, tracking.LM_EVAL_LOOPS, tracking.LM_EVAL_AVG, name="downstream",
                           compute_label="executed loops per token on the tasks",
                           quality_label="downstream average accuracy",
                           title="Downstream accuracy against executed loops (Fig. 3)")
@@ -373,15 +372,15 @@ def _zoo_section(agg, quality, out, paths, charts, notes) -> list[tuple[str, str
     # The axes the rules were measured on: downstream when they were evaluated on tasks,
     # else the validation set's, in the report's quality when they have it.
     rules = agg.filter(pl.col("is_final_stage") & pl.col("policy").str.contains("-", literal=True))
-    axes = [(names.LM_EVAL_LOOPS, names.LM_EVAL_AVG)] + [
-        ("executed_loops", q) for q in dict.fromkeys((quality, "accuracy", "ppl", "loss")) if q in QUALITY_LABELS
-        and q != names.LM_EVAL_AVG]
+    axes = [(tracking.LM_EVAL_LOOPS, tracking.LM_EVAL_AVG)] + [
+        (tracking.EXECUTED_LOOPS, q) for q in dict.fromkeys((quality, tracking.ACCURACY, tracking.PPL, tracking.LOSS))
+        if q in QUALITY_LABELS and q != tracking.LM_EVAL_AVG]
     found = next(((c, q) for c, q in axes if c in rules.columns and q in rules.columns
                   and rules.filter(pl.col(c).is_not_null() & pl.col(q).is_not_null()).height), None)
     rows = zoo_rows(agg, *found) if found else None
     if rows is not None:
         compute_col, zoo_quality = found
-        downstream = compute_col == names.LM_EVAL_LOOPS
+        downstream = compute_col == tracking.LM_EVAL_LOOPS
     if rows is None:
         notes.append("policy zoo: skipped, no zero-shot exit rule evaluated on a final stage "
                      "(metrics like skip_entropy2.5_*, dense_kl0.01_*)")
@@ -413,7 +412,7 @@ def _zoo_section(agg, quality, out, paths, charts, notes) -> list[tuple[str, str
                                        "note": pl.String})
     paths.update(_write_csv(table, out / "zoo.csv"))
     label = QUALITY_LABELS.get(zoo_quality, zoo_quality)
-    compute_label = COMPUTE_AXES["downstream_loops" if downstream else "executed_loops"][1]
+    compute_label = COMPUTE_AXES["downstream_loops" if downstream else tracking.EXECUTED_LOOPS][1]
     spec = frontier_chart(flagged, compute_col, zoo_quality, name="zoo", compute_label=compute_label,
                           quality_label=label, title=f"Exit rules against the learned gate ({label})")
     paths["zoo.png"] = render_png(spec, out / "zoo.png")
@@ -429,10 +428,11 @@ def _skip_section(agg, out, paths, charts) -> list[tuple[str, str]]:
     spec = skip_chart(agg)
     if spec is None:
         return []
-    paths["skip_ppl.png"] = render_png(spec, out / "skip_ppl.png")
+    png = f"{spec.name}.png"
+    paths[png] = render_png(spec, out / png)
     charts.append(spec)
-    return [("Perplexity under skip", chart_slot("skip_ppl", "Final stage, skip execution at each q; dashed: all R "
-                                                              "loops (Fig. 2)."))]
+    return [("Perplexity under skip", chart_slot(spec.name, "Final stage, skip execution at each q; dashed: all R "
+                                                            "loops (Fig. 2)."))]
 
 
 def _tables_section(agg, out, paths, notes, representative_q=REPRESENTATIVE_Q) -> list[tuple[str, str]]:
@@ -525,7 +525,7 @@ def _loops_section(runs: RunSet, out, paths, charts, notes) -> list[tuple[str, s
 def _speed_section(runs: RunSet, points, out, paths, charts, notes) -> list[tuple[str, str]]:
     """The speed sweep's timed points beside the stage's perplexity (analysis/speed.py):
     speed.csv, speed.png; nothing when the experiments hold no speed run."""
-    from analysis.speed import speed_chart, speed_table
+    from analysis.speed import PPL_FULL, speed_chart, speed_table
 
     table = speed_table(runs, points)
     if table is None:
@@ -541,9 +541,9 @@ def _speed_section(runs: RunSet, points, out, paths, charts, notes) -> list[tupl
         slots = chart_slot("speed", "Each checkpoint's validation perplexity at full compute and under each timed "
                                     "skip policy against the prefill throughput measured at that batch and length "
                                     "(batch · L / median time); the label has the executed loops and the speedup.")
-    shown = table.select("checkpoint", "method", "device", "batch", "seq_len", "policy", "executed_loops",
+    shown = table.select("checkpoint", "method", "device", "batch", "seq_len", "policy", tracking.EXECUTED_LOOPS,
                          "tokens_per_s_full", "tokens_per_s_skip", "speedup", "loop_bound", "flop_bound",
-                         "of_flop_bound", "ppl_full", "ppl")
+                         "of_flop_bound", PPL_FULL, tracking.PPL)
     return [("Prefill speed against quality", slots + _html_table(
         shown, "Each timed point (sweeps/speed.py; one MLflow run per point and machine): executed loops d̄ on the "
                "timed inputs, tokens/s of full and skip execution, the measured speedup, its loop bound R/d̄ and "
@@ -601,7 +601,7 @@ def _local_artifact_dir(runs: RunSet, run_id: str) -> Path | None:
 
 
 def newest_sweep_run(runs: RunSet) -> str | None:
-    sweeps = runs.runs.filter(pl.col("level") == names.SWEEP).sort("start_time", descending=True)
+    sweeps = runs.runs.filter(pl.col("level") == tracking.SWEEP).sort("start_time", descending=True)
     return sweeps["run_id"][0] if sweeps.height else None
 
 

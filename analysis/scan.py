@@ -25,15 +25,16 @@ from analysis import names
 from analysis.charts import PALETTE, ChartSpec, Point, Series
 from analysis.claims import (CLAIMS, SEARCHED, Interval, difference, mean_interval, trial_measures, verdict)
 from analysis.errors import AnalysisError
+from looplab import tracking
 
 GAP, OURO, CHASE, LOOPED_GAIN, DEPTH_GAIN = "Ouro − CHASE", "Ouro", "CHASE", "N⊗R − N⊗1", "N⊗R − NR⊗1"
 
 
 def scan_axes(runs_table: pl.DataFrame) -> list[str]:
     """The axes the scan's sweep run recorded (tag scan_axes), in order."""
-    if names.SCAN_AXES not in runs_table.columns:
+    if tracking.SCAN_AXES not in runs_table.columns:
         return []
-    tagged = runs_table.filter(pl.col("level") == names.SWEEP)[names.SCAN_AXES].drop_nulls().to_list()
+    tagged = runs_table.filter(pl.col("level") == tracking.SWEEP)[tracking.SCAN_AXES].drop_nulls().to_list()
     axes: list[str] = []
     for text in tagged:
         axes += [a for a in text.split(",") if a and a not in axes]
@@ -54,8 +55,8 @@ def hole_effects(trials: pl.DataFrame, axes: list[str]) -> pl.DataFrame:
         by = dict(zip(config, values))
         loops = part["loops"].drop_nulls()
         common = {**_axis_values(by, axes), "loops": loops[0] if len(loops) else None}
-        ouro = dict(o.select("seed", "skip_increase").iter_rows())
-        chase = dict(c.select("seed", "skip_increase").iter_rows())
+        ouro = dict(o.select("seed", names.SKIP_INCREASE).iter_rows())
+        chase = dict(c.select("seed", names.SKIP_INCREASE).iter_rows())
         gap = difference(ouro, chase, paired=True)
         for name, interval in ((OURO, mean_interval(ouro.values())), (CHASE, mean_interval(chase.values())),
                                (GAP, gap)):
@@ -93,7 +94,7 @@ def loop_effects(trials: pl.DataFrame, axes: list[str]) -> pl.DataFrame:
 
 def _accuracy_by_pair(part: pl.DataFrame) -> dict:
     out: dict = {}
-    for n, r, seed, acc in part.select("n_layers", "n_loops", "seed", "full_accuracy").iter_rows():
+    for n, r, seed, acc in part.select("n_layers", "n_loops", "seed", names.FULL_ACCURACY).iter_rows():
         out.setdefault((int(n), int(r)), {}).setdefault(seed, acc)
     return out
 

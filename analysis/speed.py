@@ -30,12 +30,14 @@ from analysis import names
 from analysis.charts import PALETTE, ChartSpec, Point, Series, log_scale
 from analysis.load import METRIC, PARAM, RunSet
 from looplab import tracking
+from looplab.policy import FULL
 
 IDENTITY = ("experiment", "checkpoint", "method", "stage", "stage_key", "device", "batch", "seq_len", "policy",
             "dtype", "packing")
-SPEED = ("executed_loops", "time_full_s", "time_skip_s", "tokens_per_s_full", "tokens_per_s_skip", "speedup",
+SPEED = (tracking.EXECUTED_LOOPS, "time_full_s", "time_skip_s", "tokens_per_s_full", "tokens_per_s_skip", "speedup",
          "loop_bound", "flop_bound", "of_flop_bound")
-QUALITY = ("ppl_full", "ppl", "val_executed_loops")
+PPL_FULL = names.at_point(tracking.PPL, FULL)  # the stage's validation perplexity at full depth
+QUALITY = (PPL_FULL, tracking.PPL, names.SPEED_VALIDATION_LOOPS)
 
 
 def _column(table: pl.DataFrame, name: str, dtype) -> pl.Expr:
@@ -60,7 +62,7 @@ def speed_runs(runs: RunSet) -> pl.DataFrame | None:
         pl.coalesce(pl.col(tracking.POLICY_TAG), param(tracking.SPEED_PARAM + "policy")).alias("policy"),
         param(tracking.SPEED_PARAM + "dtype").alias("dtype"), param(tracking.SPEED_PARAM + "packing").alias("packing"),
         param(tracking.MACHINE_PARAM + "device").alias("device"),
-        metric(tracking.MEAN_LOOPS).alias("executed_loops"), metric(tracking.TIME_FULL).alias("time_full_s"),
+        metric(tracking.MEAN_LOOPS).alias(tracking.EXECUTED_LOOPS), metric(tracking.TIME_FULL).alias("time_full_s"),
         metric(tracking.TIME_SKIP).alias("time_skip_s"), metric(tracking.SPEEDUP).alias("speedup"),
         metric(tracking.LOOP_BOUND).alias("loop_bound"), metric(tracking.FLOP_BOUND).alias("flop_bound"))
     tokens = (pl.col("batch") * pl.col("seq_len")).cast(pl.Float64)
@@ -92,7 +94,7 @@ def speed_table(runs: RunSet, points: pl.DataFrame | None) -> pl.DataFrame | Non
     rows = speed_runs(runs)
     if rows is None:
         return None
-    stages = (runs.runs.filter(pl.col("level") == names.STAGE).select("experiment", "stage_key", "stage")
+    stages = (runs.runs.filter(pl.col("level") == tracking.STAGE).select("experiment", "stage_key", "stage")
               .unique(["experiment", "stage_key"]))
     rows = rows.join(stages, on=["experiment", "stage_key"], how="left").with_columns(
         pl.concat_str([pl.col("stage").fill_null("?"), pl.col("stage_key")], separator="-").alias("checkpoint"))
@@ -100,11 +102,11 @@ def speed_table(runs: RunSet, points: pl.DataFrame | None) -> pl.DataFrame | Non
     if points is not None and points.height:
         # A shared stage is a copy per trial (same key, same values): one value per point.
         quality = (points.group_by("experiment", "stage_key", "policy", pl.col("q").round(6))
-                   .agg(pl.col("ppl").mean(), pl.col("executed_loops").mean()))
-        full = (quality.filter(pl.col("policy") == names.FULL)
-                .select("experiment", "stage_key", pl.col("ppl").alias("ppl_full")))
+                   .agg(pl.col("ppl").mean(), pl.col(tracking.EXECUTED_LOOPS).mean()))
+        full = (quality.filter(pl.col("policy") == FULL)
+                .select("experiment", "stage_key", pl.col("ppl").alias(PPL_FULL)))
         timed = quality.select("experiment", "stage_key", pl.col("policy").alias("_kind"), pl.col("q").alias("_q"),
-                               "ppl", pl.col("executed_loops").alias("val_executed_loops"))
+                               "ppl", pl.col(tracking.EXECUTED_LOOPS).alias(names.SPEED_VALIDATION_LOOPS))
         rows = (rows.with_columns(pl.col("_q").round(6))
                 .join(full, on=["experiment", "stage_key"], how="left")
                 .join(timed, on=["experiment", "stage_key", "_kind", "_q"], how="left"))
@@ -117,7 +119,7 @@ def speed_table(runs: RunSet, points: pl.DataFrame | None) -> pl.DataFrame | Non
 def speed_chart(table: pl.DataFrame) -> ChartSpec | None:
     """Validation perplexity against measured prefill tokens/s (module docstring); None
     when no timed point has a perplexity to draw."""
-    drawn = table.filter(pl.col("ppl").is_not_null() | pl.col("ppl_full").is_not_null())
+    drawn = table.filter(pl.col("ppl").is_not_null() | pl.col(PPL_FULL).is_not_null())
     if drawn.is_empty():
         return None
     # Split series by what varies: the checkpoint, batch and length always; machine, dtype
@@ -132,17 +134,17 @@ def speed_chart(table: pl.DataFrame) -> ChartSpec | None:
         name = " · ".join([short[info["checkpoint"]], f"b{info['batch']} L{info['seq_len']}",
                            *(str(info[c]) for c in by[3:])])
         pts = []
-        full = group.filter(pl.col("ppl_full").is_not_null())
+        full = group.filter(pl.col(PPL_FULL).is_not_null())
         if full.height:  # each timed policy ran its own full twin: their mean
-            pts.append(Point(float(full["tokens_per_s_full"].mean()), float(full["ppl_full"][0]),
+            pts.append(Point(float(full["tokens_per_s_full"].mean()), float(full[PPL_FULL][0]),
                              f"full: all R loops ({full.height} timing(s))"))
         # The line follows the compute as it falls (full, then the policies by fewer
         # executed loops), not the x order: timing noise would zigzag it.
-        for r in group.filter(pl.col("ppl").is_not_null()).sort("executed_loops", descending=True).iter_rows(
+        for r in group.filter(pl.col("ppl").is_not_null()).sort(tracking.EXECUTED_LOOPS, descending=True).iter_rows(
                 named=True):
             bound = f" (FLOP bound {r['flop_bound']:.2f}x)" if r["flop_bound"] is not None else ""
             pts.append(Point(r["tokens_per_s_skip"], r["ppl"],
-                             f"{r['policy']}: {r['executed_loops']:.2f} loops, {r['speedup']:.2f}x{bound}"))
+                             f"{r['policy']}: {r[tracking.EXECUTED_LOOPS]:.2f} loops, {r['speedup']:.2f}x{bound}"))
         xs += [p.x for p in pts]
         ys += [p.y for p in pts]
         series.append(Series(name, PALETTE[i % len(PALETTE)], pts, [(p.x, p.y) for p in pts], "linear"))

@@ -46,6 +46,9 @@ import polars as pl
 from analysis import names
 from analysis.load import PARAM
 from analysis.points import shared_once
+from looplab import tracking
+from looplab.policy import DENSE, FORCED, FULL, SKIP
+from looplab.stages import STAGE_NAMES
 
 PCT = "pct"  # display as percent
 NUM = "num"
@@ -105,8 +108,8 @@ def _cell(row: dict, column: str, kind: str = NUM) -> str:
 
 
 def _tasks(agg: pl.DataFrame) -> list[str]:
-    present = [c[len(names.LM_EVAL):] for c in agg.columns
-               if c.startswith(names.LM_EVAL) and not c.endswith(("_std", "_ci_low", "_ci_high"))
+    present = [c[len(tracking.LM_EVAL):] for c in agg.columns
+               if c.startswith(tracking.LM_EVAL) and not c.endswith(("_std", "_ci_low", "_ci_high"))
                and agg[c].is_not_null().any()]
     return names.ordered_tasks(present)
 
@@ -120,9 +123,9 @@ def _quality_columns(agg: pl.DataFrame, rows: pl.DataFrame) -> list[tuple[str, s
     if rows["accuracy"].is_not_null().any():
         cols.append(("Acc. (%)", "accuracy", PCT))
     tasks = _tasks(rows)
-    cols += [(names.task_header(t), names.LM_EVAL + t, PCT) for t in tasks]
+    cols += [(names.task_header(t), tracking.LM_EVAL + t, PCT) for t in tasks]
     if tasks:
-        cols.append(("Avg.", names.LM_EVAL_AVG, PCT))
+        cols.append(("Avg.", tracking.LM_EVAL_AVG, PCT))
     return cols
 
 
@@ -142,7 +145,7 @@ def _model_name(n_layers, n_loops) -> str:
 
 
 def iso_table(agg: pl.DataFrame) -> Table | None:
-    full = agg.filter(pl.col("policy") == names.FULL)
+    full = agg.filter(pl.col("policy") == FULL)
     if full.is_empty():
         return None
     pre = full.filter(pl.col("stage") == "pretrain")
@@ -178,26 +181,27 @@ def _with_model_column(rows: pl.DataFrame, header: list[str], cells: list[list[s
 
 
 def _stage_rank() -> pl.Expr:
-    return pl.col("stage").replace_strict({s: i for i, s in enumerate(names.STAGES)}, default=len(names.STAGES),
+    return pl.col("stage").replace_strict({s: i for i, s in enumerate(STAGE_NAMES)}, default=len(STAGE_NAMES),
                                           return_dtype=pl.Int64)
 
 
 def threshold_table(agg: pl.DataFrame) -> Table | None:
-    rows = agg.filter(pl.col("policy").is_in([names.DENSE, names.SKIP]))
+    rows = agg.filter(pl.col("policy").is_in([DENSE, SKIP]))
     if rows.is_empty():
         return None
     rows = shared_once(rows).sort(["label", _stage_rank(), "policy", "q"], descending=[False, False, False, True])
     quality = _quality_columns(agg, rows)
-    downstream = _has(rows, names.LM_EVAL_LOOPS)
+    downstream = _has(rows, tracking.LM_EVAL_LOOPS)
     header = ["Stage", "Mode", "q", "Iter", "Exec.", *(["Exec. (tasks)"] if downstream else []),
               *(h for h, _, _ in quality), "n"]
-    cells = [[r["stage"] or "", r["policy"], f"{r['q']:.2f}", _cell(r, "mean_exit_step"), _cell(r, "executed_loops"),
-              *([_cell(r, names.LM_EVAL_LOOPS)] if downstream else []),
+    cells = [[r["stage"] or "", r["policy"], f"{r['q']:.2f}", _cell(r, tracking.MEAN_EXIT_STEP),
+              _cell(r, tracking.EXECUTED_LOOPS),
+              *([_cell(r, tracking.LM_EVAL_LOOPS)] if downstream else []),
               *(_cell(r, c, k) for _, c, k in quality), str(r["n_seeds"])] for r in rows.iter_rows(named=True)]
     header, cells = _with_model_column(rows, header, cells)
     data = _data(rows, ["experiment", "label", "stage", "policy", "q", "mean_exit_step", "mean_exit_step_std",
-                        "executed_loops", "executed_loops_std",
-                        *([names.LM_EVAL_LOOPS, f"{names.LM_EVAL_LOOPS}_std"] if downstream else [])], quality)
+                        tracking.EXECUTED_LOOPS, names.std_of(tracking.EXECUTED_LOOPS),
+                        *([tracking.LM_EVAL_LOOPS, f"{tracking.LM_EVAL_LOOPS}_std"] if downstream else [])], quality)
     return Table("threshold_sweep", "Exit-gate threshold sweep",
                  "Iter: mean exit step the gate selects; Exec.: loops executed per token (R under dense, fewer "
                  "under skip) (App. F).", data, header, cells)
@@ -205,11 +209,11 @@ def threshold_table(agg: pl.DataFrame) -> Table | None:
 
 def fixed_loop_table(agg: pl.DataFrame) -> Table | None:
     """Forced depths 1..R-1 and, as depth R, full depth (the same execution, logged once)."""
-    forced = agg.filter(pl.col("policy") == names.FORCED)
+    forced = agg.filter(pl.col("policy") == FORCED)
     if forced.is_empty():
         return None
     key = [c for c in ("experiment", "trial_config_hash", "stage") if c in agg.columns]
-    full = agg.filter(pl.col("policy") == names.FULL).join(forced.select(key).unique(), on=key, how="semi")
+    full = agg.filter(pl.col("policy") == FULL).join(forced.select(key).unique(), on=key, how="semi")
     rows = pl.concat([forced, full.with_columns(pl.col("n_loops").cast(forced["depth"].dtype).alias("depth"))],
                      how="diagonal_relaxed")
     rows = shared_once(rows).sort(["label", _stage_rank(), "depth"])
@@ -235,20 +239,20 @@ def _gate_picks(agg: pl.DataFrame, representative_q: float | None) -> pl.DataFra
     at the representative q and at the best-Avg. q, the choice column saying which."""
     from looplab.stages import get_stage
 
-    rows = agg.filter(pl.col(names.LM_EVAL_AVG).is_not_null())
-    gateless = [s for s in names.STAGES if not get_stage(s).gated]
-    loops = pl.coalesce([c for c in (names.LM_EVAL_LOOPS, "executed_loops") if c in rows.columns])
+    rows = agg.filter(pl.col(tracking.LM_EVAL_AVG).is_not_null())
+    gateless = [s for s in STAGE_NAMES if not get_stage(s).gated]
+    loops = pl.coalesce([c for c in (tracking.LM_EVAL_LOOPS, tracking.EXECUTED_LOOPS) if c in rows.columns])
     rows = rows.with_columns(loops.alias("_exec"))
-    fixed = shared_once(rows.filter(pl.col("stage").is_in(gateless) & (pl.col("policy") == names.FULL)))
-    gated = rows.filter(pl.col("is_final_stage") & pl.col("policy").is_in([names.DENSE, names.SKIP])
+    fixed = shared_once(rows.filter(pl.col("stage").is_in(gateless) & (pl.col("policy") == FULL)))
+    gated = rows.filter(pl.col("is_final_stage") & pl.col("policy").is_in([DENSE, SKIP])
                         & ~pl.col("stage").is_in(gateless))
     picks = [fixed.with_columns(pl.lit("").alias("choice"))]
     for _, group in gated.group_by(["experiment", "trial_config_hash", "policy"], maintain_order=True):
         candidates = group
-        if group["policy"][0] == names.SKIP:  # CHASE's q: the best among those that save compute
+        if group["policy"][0] == SKIP:  # CHASE's q: the best among those that save compute
             saving = group.filter(pl.col("_exec") < pl.col("n_loops").cast(pl.Float64) - 1e-9)
             candidates = saving if saving.height else group
-        best = candidates.sort([names.LM_EVAL_AVG, "_exec", "q"], descending=[True, False, True],
+        best = candidates.sort([tracking.LM_EVAL_AVG, "_exec", "q"], descending=[True, False, True],
                                nulls_last=True).head(1)
         at_q = (group.filter((pl.col("q") - representative_q).abs() < 1e-9) if representative_q is not None
                 else group.clear())
@@ -271,7 +275,7 @@ def exit_gate_table(agg: pl.DataFrame, representative_q: float | None = REPRESEN
     representative q (the paper's 0.8 by default; None: left out) and at the q of the best
     downstream Avg. (skip: among the q that save loops, as the paper picks CHASE's); one
     row says both when they are the same q."""
-    if not _has(agg, names.LM_EVAL_AVG):
+    if not _has(agg, tracking.LM_EVAL_AVG):
         return None
     table = _gate_picks(agg, representative_q)
     if table.is_empty():
@@ -279,7 +283,7 @@ def exit_gate_table(agg: pl.DataFrame, representative_q: float | None = REPRESEN
     table = table.with_columns(_stage_rank().alias("_rank")).sort(["experiment", "_rank", "label", "policy"])
     quality = [c for c in _quality_columns(agg, table) if c[1] != "accuracy"]  # next-token accuracy: not Table 4's
     header = ["Model", "Exit", "q", "Choice", "Exec.", *(h for h, _, _ in quality), "n"]
-    hybrid_skip = (_col(table, f"{PARAM}model.arch") == "hybrid") & (pl.col("policy") == names.SKIP)
+    hybrid_skip = (_col(table, f"{PARAM}model.arch") == "hybrid") & (pl.col("policy") == SKIP)
     table = table.with_columns(pl.when(hybrid_skip).then(pl.lit(HYBRID_SKIP)).otherwise(pl.lit("")).alias("note"))
     cells = [[(r["label"] or "") + (f" ({r['note']})" if r["note"] else ""), r["policy"],
               "–" if r["q"] is None else f"{r['q']:.1f}", r["choice"] or "",
@@ -305,7 +309,7 @@ def table4(agg: pl.DataFrame, representative_q: float | None = REPRESENTATIVE_Q)
     is one of the paper's models (a sweep on the small presets)."""
     from looplab.presets import TABLE4, TABLE4_GATED, get_preset, table4_loops
 
-    if not _has(agg, names.LM_EVAL_AVG):
+    if not _has(agg, tracking.LM_EVAL_AVG):
         return None
     picks = _gate_picks(agg, representative_q)
     out: list[pl.DataFrame] = []
@@ -332,7 +336,7 @@ def table4(agg: pl.DataFrame, representative_q: float | None = REPRESENTATIVE_Q)
         for name in group.rows:
             loops = table4_loops(name)
             if loops is not None:
-                fixed = (pl.col("policy") == names.FULL) & (pl.col("n_loops").cast(pl.Int64) == loops)
+                fixed = (pl.col("policy") == FULL) & (pl.col("n_loops").cast(pl.Int64) == loops)
                 put(name, mine.filter((pl.col("choice") == "") & fixed).head(1), ran=fixed)
             else:
                 method, execution = TABLE4_GATED[name]
@@ -340,7 +344,7 @@ def table4(agg: pl.DataFrame, representative_q: float | None = REPRESENTATIVE_Q)
                     ran=(pl.col("method") == method) & pl.col("is_final_stage"))
         if model.arch == "hybrid":
             for method in ("Ouro", "CHASE"):
-                rows = mine.filter((pl.col("method") == method) & (pl.col("policy") == names.SKIP))
+                rows = mine.filter((pl.col("method") == method) & (pl.col("policy") == SKIP))
                 if rows.height:
                     put(f"loop4-{method} · skip", rows, HYBRID_SKIP)
     if not found:
@@ -370,18 +374,22 @@ def table4(agg: pl.DataFrame, representative_q: float | None = REPRESENTATIVE_Q)
 
 def skip_table(agg: pl.DataFrame) -> Table | None:
     final = agg.filter(pl.col("is_final_stage"))
-    skip = final.filter(pl.col("policy") == names.SKIP)
+    skip = final.filter(pl.col("policy") == SKIP)
     if skip.is_empty():
         return None
+    ppl, accuracy, loops = tracking.PPL, tracking.ACCURACY, tracking.EXECUTED_LOOPS
+    # The same configuration's full and dense points, joined beside each skip row.
+    ppl_full, ppl_dense = names.at_point(ppl, FULL), names.at_point(ppl, DENSE)
+    accuracy_full, accuracy_dense = names.at_point(accuracy, FULL), names.at_point(accuracy, DENSE)
     key = ["experiment", "trial_config_hash"]
-    full = final.filter(pl.col("policy") == names.FULL).select(
-        *key, pl.col("ppl").alias("ppl_full"), pl.col("accuracy").alias("accuracy_full"))
-    dense = final.filter(pl.col("policy") == names.DENSE).select(*key, "q", pl.col("ppl").alias("ppl_dense"),
-                                                                 pl.col("accuracy").alias("accuracy_dense"))
+    full = final.filter(pl.col("policy") == FULL).select(
+        *key, pl.col(ppl).alias(ppl_full), pl.col(accuracy).alias(accuracy_full))
+    dense = final.filter(pl.col("policy") == DENSE).select(*key, "q", pl.col(ppl).alias(ppl_dense),
+                                                           pl.col(accuracy).alias(accuracy_dense))
     rows = (skip.join(full, on=key, how="left").join(dense, on=[*key, "q"], how="left")
-            .with_columns((pl.col("n_loops").cast(pl.Float64) / pl.col("executed_loops")).alias("ideal_speedup"),
-                          ((pl.col("ppl") / pl.col("ppl_full") - 1.0) * 100.0).alias("delta_ppl_pct"),
-                          ((pl.col("accuracy") - pl.col("accuracy_full")) * 100.0).alias("delta_accuracy_pts"))
+            .with_columns((pl.col("n_loops").cast(pl.Float64) / pl.col(loops)).alias("ideal_speedup"),
+                          ((pl.col(ppl) / pl.col(ppl_full) - 1.0) * 100.0).alias("delta_ppl_pct"),
+                          ((pl.col(accuracy) - pl.col(accuracy_full)) * 100.0).alias("delta_accuracy_pts"))
             .sort(["label", "q"], descending=[False, True]))
     header = ["q", "Exec.", "Ideal speedup", "PPL full", "PPL dense", "PPL skip", "ΔPPL vs full (%)", "Acc. full (%)",
               "Acc. skip (%)", "ΔAcc. (pts)", "n"]
@@ -389,22 +397,22 @@ def skip_table(agg: pl.DataFrame) -> Table | None:
     def num(v, fmt="{:.2f}"):
         return "" if v is None else fmt.format(v)
 
-    cells = [[f"{r['q']:.2f}", _cell(r, "executed_loops"), num(r["ideal_speedup"], "{:.2f}×"), num(r["ppl_full"]),
-              num(r["ppl_dense"]), _cell(r, "ppl"), num(r["delta_ppl_pct"], "{:+.1f}"),
-              num(None if r["accuracy_full"] is None else 100 * r["accuracy_full"]), _cell(r, "accuracy", PCT),
+    cells = [[f"{r['q']:.2f}", _cell(r, loops), num(r["ideal_speedup"], "{:.2f}×"), num(r[ppl_full]),
+              num(r[ppl_dense]), _cell(r, ppl), num(r["delta_ppl_pct"], "{:+.1f}"),
+              num(None if r[accuracy_full] is None else 100 * r[accuracy_full]), _cell(r, accuracy, PCT),
               num(r["delta_accuracy_pts"], "{:+.2f}"), str(r["n_seeds"])] for r in rows.iter_rows(named=True)]
     header, cells = _with_model_column(rows, header, cells)
-    data = rows.select([c for c in ["experiment", "label", "stage", "q", "executed_loops", "executed_loops_std",
-                                    "ideal_speedup", "ppl_full", "ppl_dense", "ppl", "ppl_std", "delta_ppl_pct",
-                                    "accuracy_full", "accuracy_dense", "accuracy", "accuracy_std", "delta_accuracy_pts",
-                                    "n_seeds", "trial_config_hash"] if c in rows.columns])
-    return Table("skip_vs_full", "Skip against full compute",
+    data = rows.select([c for c in ["experiment", "label", "stage", "q", loops, names.std_of(loops),
+                                    "ideal_speedup", ppl_full, ppl_dense, ppl, names.std_of(ppl), "delta_ppl_pct",
+                                    accuracy_full, accuracy_dense, accuracy, names.std_of(accuracy),
+                                    "delta_accuracy_pts", "n_seeds", "trial_config_hash"] if c in rows.columns])
+    return Table(names.SKIP_VS_FULL, "Skip against full compute",
                  "Final stage under skip execution at each q, against all R loops (full) and the same gate without "
                  "skipping (dense). Ideal speedup: R / executed loops (Fig. 2).", data, header, cells)
 
 
 def beta_table(agg: pl.DataFrame) -> Table | None:
-    rows = agg.filter(pl.col("is_final_stage") & (pl.col("policy") == names.FULL))
+    rows = agg.filter(pl.col("is_final_stage") & (pl.col("policy") == FULL))
     if "exit_entropy" not in rows.columns or rows["exit_entropy"].is_null().all():
         return None
     beta = next((c for c in ("params.exit.beta", "params.beta") if c in rows.columns), None)
@@ -417,21 +425,22 @@ def beta_table(agg: pl.DataFrame) -> Table | None:
               _cell(r, quality), _cell(r, "accuracy", PCT), str(r["n_seeds"])] for r in rows.iter_rows(named=True)]
     header, cells = _with_model_column(rows, header, cells)
     data = rows.select([c for c in ["experiment", "label", "stage", "beta", "exit_entropy", "exit_entropy_std",
-                                    "expected_exit_step", "expected_exit_step_std", "ppl", "ppl_std", "loss",
-                                    "accuracy", "accuracy_std", "n_seeds", "trial_config_hash"] if c in rows.columns])
+                                    "expected_exit_step", "expected_exit_step_std", "ppl", names.std_of(tracking.PPL),
+                                    "loss", "accuracy", "accuracy_std", "n_seeds", "trial_config_hash"]
+                        if c in rows.columns])
     return Table("beta_ablation", "Entropy coefficient β",
                  "Exit entropy and expected exit step at the end of the final stage's training (max entropy log R), "
                  "with the full-depth validation metrics (App. D).", data, header, cells)
 
 
 BUILDERS = {"iso_table": iso_table, "exit_gate": exit_gate_table, "table4": table4, "threshold_sweep": threshold_table,
-            "fixed_loop": fixed_loop_table, "skip_vs_full": skip_table, "beta_ablation": beta_table}
+            "fixed_loop": fixed_loop_table, names.SKIP_VS_FULL: skip_table, "beta_ablation": beta_table}
 WHY_EMPTY = {"iso_table": "no full-depth evaluation (val_*)",
              "exit_gate": "no downstream evaluations (lm_eval.*: a sweep with --eval-tasks, or python -m sweeps.evaluate)",
              "table4": "no downstream evaluation of a paper model (the paper-140m/370m presets, lm_eval.*)",
              "threshold_sweep": "no exit-policy metrics (dense_q*/skip_q*)",
              "fixed_loop": "no forced-depth metrics (forced_d*)",
-             "skip_vs_full": "no skip metrics in the final stage",
+             names.SKIP_VS_FULL: "no skip metrics in the final stage",
              "beta_ablation": "no exit_entropy (no gate stage trained)"}
 
 

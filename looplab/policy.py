@@ -66,7 +66,7 @@ ZOO_GRIDS = {ENTROPY: (0.25, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0),
              KL: (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1),
              STABLE: (4, 3, 2)}
 # How a zoo policy's label reads, after its execution: skip entropy<2.5, dense KL<0.01,
-# skip stable k=2 (analysis builds its point labels from these too).
+# skip stable k=2 (ExitPolicy.label; analysis reads the label, never these templates).
 ZOO_LABELS = {ENTROPY: "entropy<{}", KL: "KL<{}", STABLE: "stable k={}"}
 
 

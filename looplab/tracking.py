@@ -131,8 +131,17 @@ SPEED_PARAM = "speed."
 MACHINE_PARAM = "machine."
 
 # ---- metrics ---------------------------------------------------------------------------
-TRAIN_METRICS = ("loss", "exit_entropy", "expected_exit_step", "lr", "grad_norm", "tokens_per_s")
-EVAL_QUANTITIES = ("executed_loops", "mean_exit_step", "accuracy", "ppl", "loss", "backbone_flops_per_token")
+# The quantities, each named once: an evaluation logs them under its policy's prefix
+# (policy_metric), and analysis names its points' columns after them.
+EXECUTED_LOOPS = "executed_loops"  # loops a token ran, on average (the compute axis)
+MEAN_EXIT_STEP = "mean_exit_step"  # the readout step, on average (below executed loops under dense)
+ACCURACY, PPL, LOSS = "accuracy", "ppl", "loss"
+BACKBONE_FLOPS = "backbone_flops_per_token"
+EVAL_QUANTITIES = (EXECUTED_LOOPS, MEAN_EXIT_STEP, ACCURACY, PPL, LOSS, BACKBONE_FLOPS)
+# A training step's figures (LOSS is the training loss there); GRAD_NORM is also a per-loop quantity.
+EXIT_ENTROPY, EXPECTED_EXIT_STEP = "exit_entropy", "expected_exit_step"  # the gate's (the β diagnostics)
+LR, GRAD_NORM, TOKENS_PER_S = "lr", "grad_norm", "tokens_per_s"
+TRAIN_METRICS = (LOSS, EXIT_ENTROPY, EXPECTED_EXIT_STEP, LR, GRAD_NORM, TOKENS_PER_S)
 LM_EVAL = "lm_eval."  # quantity prefix of an lm-eval task score: lm_eval.<task>
 LM_EVAL_AVG = "lm_eval_avg"  # the suite's average accuracy
 # Downstream quantities beside a task's accuracy: <family>.<task> per task, <family> for the
@@ -159,7 +168,7 @@ FLOP_BOUND = "flop_bound_speedup"
 SPEED_METRICS = (*BENCH_METRICS, FLOP_BOUND)
 # The decode benchmark's figures (looplab/bench.py's DecodeRecord, records with kind "decode").
 DECODE = "decode"
-DECODE_BENCH_METRICS = ("speedup", "ideal_speedup", "mean_executed_loops", "time_full_s", "time_skip_s",
+DECODE_BENCH_METRICS = (SPEEDUP, LOOP_BOUND, MEAN_LOOPS, TIME_FULL, TIME_SKIP,
                         "tokens_per_s_full", "tokens_per_s_skip", "loops_time_full_s", "loops_time_skip_s",
                         "loops_speedup", "peak_mem_full", "peak_mem_skip", "peak_mem_abs_full", "peak_mem_abs_skip",
                         "cache_bytes", "steps_skip")
@@ -174,8 +183,17 @@ METRIC_PATTERN = re.compile(
 
 
 def policy_metric(policy: ExitPolicy, quantity: str) -> str:
-    """The name of a policy's evaluation quantity, e.g. skip_q0.4_ppl, val_lm_eval.piqa."""
+    """The name of a policy's evaluation quantity, e.g. skip_q0.4_ppl, val_lm_eval.piqa:
+    policy_metric(ExitPolicy.skip(0.4), EXECUTED_LOOPS) == "skip_q0.4_executed_loops"."""
     return policy.metric_prefix + quantity
+
+
+# The full-depth point (every token runs all R loops): the quality a sweep optimizes and
+# its summary shows, named once here.
+FULL_DEPTH = ExitPolicy.full()
+VAL_PPL = policy_metric(FULL_DEPTH, PPL)
+VAL_ACCURACY = policy_metric(FULL_DEPTH, ACCURACY)
+VAL_LOSS = policy_metric(FULL_DEPTH, LOSS)
 
 
 def lm_eval_quantity(task: str, family: str | None = None) -> str:
@@ -204,7 +222,7 @@ def parse_metric(name: str) -> tuple[ExitPolicy, str] | None:
 
 LOOP = "loops"  # the kind of looplab/train.py's per-loop instrument records
 # The per-loop instruments' quantities (looplab/instruments.py says what each measures).
-HIDDEN_NORM, GRAD_NORM, ACTIVE, STATE_GAP = "hidden_norm", "grad_norm", "active", "state_gap"
+HIDDEN_NORM, ACTIVE, STATE_GAP = "hidden_norm", "active", "state_gap"
 LOOP_QUANTITIES = (HIDDEN_NORM, GRAD_NORM, ACTIVE, STATE_GAP)
 LOOP_PATTERN = re.compile(rf"^(?P<prefix>{PREFIX_PATTERN.pattern})?loop(?P<loop>[1-9][0-9]*)_"
                           rf"(?P<quantity>{'|'.join(LOOP_QUANTITIES)})$")

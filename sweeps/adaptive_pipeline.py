@@ -30,11 +30,12 @@ from __future__ import annotations
 import sys
 
 from looplab.presets import TABLE4, get_preset, table4_loops
+from looplab.tracking import VAL_ACCURACY, VAL_PPL
 from sweeps.depth_grid import ARCH_PARAMS, NR_PARAMS
 from sweeps.evaluate import add_eval_flags, grid_from_args, with_evaluation
 from sweeps.flags import Common, fail, parse_list, parse_ranges
 from sweeps.launch import main
-from sweeps.plan import Sweep
+from sweeps.plan import SKIP_COLUMNS, Sweep
 from trainables.evaluation import EvalGrid
 from trainables.pipeline import PipelineSpec
 
@@ -76,9 +77,8 @@ def adaptive_pipeline(common: Common, arms: list[str], hp: float = 0.5, lo: floa
                         searched=BASELINE_PARAMS if extra else {})
     grid = {} if extra else {"arm": list(arms)}
     points = tuple([{"arm": a} for a in arms] + extra) if extra else ()
-    return with_evaluation(Sweep(name="adaptive_pipeline", spec=spec, grid=grid, points=points, metric="val_ppl",
-                                 mode="min",
-                                 columns=("val_ppl", "val_accuracy", "skip_q0.4_executed_loops", "skip_q0.4_ppl"),
+    return with_evaluation(Sweep(name="adaptive_pipeline", spec=spec, grid=grid, points=points, metric=VAL_PPL,
+                                 mode="min", columns=(VAL_PPL, VAL_ACCURACY, *SKIP_COLUMNS),
                                  flags={"arm": "--arms", **dict.fromkeys(BASELINE_PARAMS, "--baselines"),
                                         "hole.hp": "--hp", "hole.lo": "--depth-range",
                                         "hole.hi": "--depth-range"}),

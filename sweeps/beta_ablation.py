@@ -13,6 +13,7 @@ import sys
 
 from looplab.config import apply_overrides
 from looplab.presets import get_preset, stage_budget
+from looplab.tracking import EXIT_ENTROPY, EXPECTED_EXIT_STEP, VAL_ACCURACY, VAL_PPL
 from sweeps.evaluate import add_eval_flags, grid_from_args, with_evaluation
 from sweeps.flags import Common, fail, parse_list
 from sweeps.launch import main
@@ -43,8 +44,8 @@ def beta_ablation(common: Common, betas: list[float], stage1_steps: int | None =
                         stage_overrides=common.stage_overrides_over(declared),
                         searched={"beta": "exit.beta"}, searched_stages=("stage1",))
     return with_evaluation(Sweep(name="beta_ablation", spec=spec, grid={"beta": betas},
-                                 ranges={"beta": (0.01, 2.0, "log")}, metric="val_ppl", mode="min",
-                                 columns=("val_ppl", "val_accuracy", "exit_entropy", "expected_exit_step"),
+                                 ranges={"beta": (0.01, 2.0, "log")}, metric=VAL_PPL, mode="min",
+                                 columns=(VAL_PPL, VAL_ACCURACY, EXIT_ENTROPY, EXPECTED_EXIT_STEP),
                                  flags={"beta": "--betas", "stage1": "--stage1-steps"}),
                            evaluation)
 

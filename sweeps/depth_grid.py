@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from looplab.presets import get_preset
+from looplab.tracking import VAL_ACCURACY, VAL_LOSS
 from sweeps.flags import Common, parse_list, parse_pairs
 from sweeps.launch import main
 from sweeps.plan import Sweep
@@ -89,9 +90,9 @@ class DepthTask:
     paper_pairs: str  # the paper's pairs, on the paper presets
     level_flag: str  # e.g. "levels" for --levels
     level_field: str  # the task field it sets, e.g. "L"
-    metric: str = "val_accuracy"
+    metric: str = VAL_ACCURACY
     mode: str = "max"
-    columns: tuple[str, ...] = ("val_accuracy", "val_loss")
+    columns: tuple[str, ...] = (VAL_ACCURACY, VAL_LOSS)
 
     def sweep(self, common: Common, pairs: tuple[dict[str, int], ...], archs: list[str] | None = None,
               levels: tuple[str, list[int]] | None = None) -> Sweep:

@@ -30,6 +30,7 @@ from looplab.config import ConfigError
 from looplab.policy import GATE, parse_policies
 from looplab.stages import STAGE_NAMES, get_stage
 from sweeps.flags import add_store_flags, fail
+from sweeps.runtime import console_to_log, local_gpus, write_report
 from trainables.evaluation import (EvalGrid, EvalSummary, applies, builtin_task, default_policies, describe_plan,
                                    evaluate, include_task, paper_task, pipeline_checkpoints, store_checkpoints)
 from trainables.storage import Storage
@@ -84,13 +85,6 @@ def grid_from_args(args: argparse.Namespace) -> EvalGrid | None:
                     policies=args.eval_policies, limit=parse_limit(args.eval_limit),
                     stages=tuple(s for s in args.eval_stages.split(",") if s.strip()),
                     cpus=args.eval_cpus, gpus=args.eval_gpus, batch_size=args.eval_batch_size, device=args.eval_device)
-
-
-def local_gpus() -> int:
-    """This machine's CUDA devices (0 without CUDA)."""
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def check_policies(text: str) -> None:
@@ -193,7 +187,7 @@ def sample_stages(sweep) -> list[tuple[str, int, str]]:
     range corners stand for an Optuna search)."""
     import itertools
 
-    from sweeps.plan import grid_points
+    from sweeps.plan import grid_points  # here: the plan imports torch, which --help should not wait for
     from trainables.pipeline import stage_configs
 
     if sweep.grid or sweep.points:
@@ -232,19 +226,6 @@ def log_counts(uri: str, run_id: str | None, summary: EvalSummary) -> None:
         tracking.log_metrics(tracking.client(uri), run_id, {tracking.EVALS_RAN: summary.ran,
                                                             tracking.EVALS_REUSED: summary.reused,
                                                             tracking.EVALS_FAILED: summary.failed})
-
-
-def describe_evaluation(sweep, points: list[dict[str, Any]], storage_path: str) -> list[str]:
-    """The dry run's evaluation lines (no store is read: reuse is decided when it runs)."""
-    from trainables.evaluation import Checkpoint
-    from trainables.pipeline import stage_configs
-
-    checkpoints = []
-    for params in points:
-        configs = stage_configs(sweep.spec, params, storage_path)
-        checkpoints += [Checkpoint("", c.stage, c.stage_key(), c.config_hash(), tuple(x.stage for x in configs[:i + 1]),
-                                   c.model.n_loops, "") for i, c in enumerate(configs)]
-    return describe_plan(sweep.evaluation, checkpoints)
 
 
 # ---- python -m sweeps.evaluate ------------------------------------------------------------------
@@ -286,8 +267,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     summary, sweep_run = run(grid, checkpoints, uri, args.experiment, storage, args.address)
     print(summary.line())
-    from sweeps.launch import write_report
-
     report = write_report(uri, args.experiment, sweep_run,
                           storage.scratch() / "analysis" / f"{args.experiment}-evaluation")
     if "report.html" in report:
@@ -314,7 +293,6 @@ def run(grid: EvalGrid, checkpoints, uri: str, experiment: str, storage: Storage
     sweep's newest parent run."""
     import ray
 
-    from sweeps.launch import _to_log
     from trainables.progress import Printer, board_name
 
     logs = storage.scratch() / "logs"
@@ -323,14 +301,14 @@ def run(grid: EvalGrid, checkpoints, uri: str, experiment: str, storage: Storage
     sweep = tracking.find_run(mc, mc.get_experiment_by_name(experiment).experiment_id,
                               **{tracking.LEVEL: tracking.SWEEP})
     board = board_name(f"evaluate-{experiment}")
-    with _to_log(logs / "ray.log"):
+    with console_to_log(logs / "ray.log"):
         ray.init(address=address or None, include_dashboard=None, log_to_driver=False, configure_logging=False)
     try:
         with Printer(board):
             summary = evaluate(grid, checkpoints, tracking_uri=uri, experiment=experiment,
                                artifact_root=storage.path("mlflow"), board=board)
     finally:
-        with _to_log(logs / "ray.log"):
+        with console_to_log(logs / "ray.log"):
             ray.shutdown()
     sweep_run = sweep.info.run_id if sweep is not None else None
     log_counts(uri, sweep_run, summary)

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import sys
 
+from looplab.tracking import VAL_ACCURACY, VAL_PPL
 from sweeps.evaluate import add_eval_flags, grid_from_args, with_evaluation
 from sweeps.flags import Common, fail, parse_list, parse_ranges
 from sweeps.launch import main
-from sweeps.plan import Sweep
+from sweeps.plan import SKIP_COLUMNS, Sweep
 from trainables.evaluation import EvalGrid
 from trainables.pipeline import PipelineSpec
 
@@ -40,7 +41,7 @@ def hole_sweep(common: Common, sampler: str, rhos: list[float], hps: list[float]
     return with_evaluation(Sweep(
         name=f"hole_sweep_{sampler}", spec=spec, grid=grid, points=ranges,
         ranges={"hp": (0.05, 1.0, "linear"), "lo": (1.0, 2.5, "linear"), "hi": (2.5, 4.0, "linear")},
-        metric="val_ppl", mode="min", columns=("val_ppl", "val_accuracy", "skip_q0.4_executed_loops", "skip_q0.4_ppl"),
+        metric=VAL_PPL, mode="min", columns=(VAL_PPL, VAL_ACCURACY, *SKIP_COLUMNS),
         flags={"rho": "--rhos", "hp": "--hps", "lo": "--ranges", "hi": "--ranges", "q_low": "--q-ranges",
                "q_high": "--q-ranges", "hole.sampler": "--sampler"}),
         evaluation)

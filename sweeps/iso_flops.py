@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sys
 
+from looplab.tracking import VAL_ACCURACY, VAL_LOSS, VAL_PPL
 from sweeps import mano, phop
 from sweeps.depth_grid import add_pair_flags, archs_from, depth_grid, pairs_from
 from sweeps.evaluate import add_eval_flags, grid_from_args, with_evaluation
@@ -22,9 +23,9 @@ from sweeps.plan import Sweep
 from trainables.evaluation import EvalGrid
 
 TASKS = {  # task -> (default preset, small pairs, paper pairs, metric, mode, summary columns)
-    "text": ("debug", "1x1,1x4,4x1", "6x1,6x4,12x1,12x2,24x1", "val_ppl", "min", ("val_ppl", "val_accuracy")),
-    "mano": ("mano-debug", mano.SMALL_PAIRS, mano.PAPER_PAIRS, "val_accuracy", "max", ("val_accuracy", "val_loss")),
-    "phop": ("phop-debug", phop.SMALL_PAIRS, phop.PAPER_PAIRS, "val_accuracy", "max", ("val_accuracy", "val_loss")),
+    "text": ("debug", "1x1,1x4,4x1", "6x1,6x4,12x1,12x2,24x1", VAL_PPL, "min", (VAL_PPL, VAL_ACCURACY)),
+    "mano": ("mano-debug", mano.SMALL_PAIRS, mano.PAPER_PAIRS, VAL_ACCURACY, "max", (VAL_ACCURACY, VAL_LOSS)),
+    "phop": ("phop-debug", phop.SMALL_PAIRS, phop.PAPER_PAIRS, VAL_ACCURACY, "max", (VAL_ACCURACY, VAL_LOSS)),
 }
 
 

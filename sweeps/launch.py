@@ -18,7 +18,6 @@ close as orphans are provably the dead invocation's.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import os
 import shlex
@@ -32,6 +31,7 @@ from sweeps.flags import Common, Launch, fail, parser
 from sweeps.lock import SweepBusy, sweep_lock
 from sweeps.plan import (Resources, Sweep, cpu_share, describe, fit_devices, grid_points, sweep_key, trial_name,
                          validate, waiting_cpu)
+from sweeps.runtime import console_to_log, write_report
 from trainables.pipeline import stage_configs
 
 RAY_TRAIN_ENV = {  # Ray Train settings for every stage (an environment value of the same name wins)
@@ -178,7 +178,7 @@ def _run_locked(sweep, launch, points, res, store, local, logs, uri, key, experi
     env.update({name: os.environ[name] for name in TEST_HOOKS if name in os.environ})
     print(f"sweep {sweep.name} [{key}]: {len(points)} trial point(s); Ray's own output goes to "
           f"{logs / 'ray.log'}", file=sys.stderr)
-    with _to_log(logs / "ray.log"):
+    with console_to_log(logs / "ray.log"):
         ray.init(address=launch.address or None, runtime_env={"env_vars": env}, include_dashboard=None,
                  log_to_driver=False, configure_logging=False)
     try:
@@ -186,8 +186,10 @@ def _run_locked(sweep, launch, points, res, store, local, logs, uri, key, experi
             if launch.search == "grid":
                 _fit_shared_prefixes(sweep, launch, platform, points, res, store.path("ray_tune"), run_name, logs)
             results = _fit(sweep, launch, platform, res, store.path("ray_tune"), run_name, logs)
-            # Downstream evaluation of the trained checkpoints, what the store lacks (sweeps/evaluate.py).
+            # Downstream evaluation of the trained checkpoints, what the store lacks (sweeps/evaluate.py;
+            # imported here: lm-eval's machinery is needed only after training).
             from sweeps.evaluate import evaluate_trials
+
             evaluation = evaluate_trials(sweep, platform, [trial_params(r.config) for r in results])
         rows = []
         for result in results:
@@ -208,17 +210,8 @@ def _run_locked(sweep, launch, points, res, store, local, logs, uri, key, experi
             print(evaluation.line())
         return rows
     finally:
-        with _to_log(logs / "ray.log"):
+        with console_to_log(logs / "ray.log"):
             ray.shutdown()
-
-
-@contextlib.contextmanager
-def _to_log(path: Path):
-    """Ray and Tune's own console output (configuration boxes, TensorBoard hints,
-    status tables) into a log file in the storage path: the sweep prints its own
-    progress instead."""
-    with open(path, "a") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-        yield
 
 
 def open_sweep_run(mc, experiment_id: str, run_name: str, key: str, preset: str, axes: tuple[str, ...] = ()) -> str:
@@ -294,7 +287,7 @@ def _fit_shared_prefixes(sweep: Sweep, launch: Launch, platform, points, res: Re
         tune_config=tune.TuneConfig(max_concurrent_trials=concurrent),
         run_config=tune.RunConfig(name=f"{run_name}-shared", storage_path=tune_path,
                                   failure_config=trial_failures(platform), verbose=0))
-    with _to_log(logs / "ray.log"):
+    with console_to_log(logs / "ray.log"):
         failed = [r for r in tuner.fit() if r.error]
     if failed:
         raise RuntimeError(f"a shared stage failed: {failed[0].error}")
@@ -339,7 +332,7 @@ def _fit(sweep: Sweep, launch: Launch, platform, res: Resources, tune_path: str,
                                     trial_name_creator=name_of, trial_dirname_creator=name_of),
         run_config=tune.RunConfig(name=run_name, storage_path=tune_path,
                                   failure_config=trial_failures(platform), verbose=0))
-    with _to_log(logs / "ray.log"):
+    with console_to_log(logs / "ray.log"):
         return tuner.fit()
 
 
@@ -366,22 +359,6 @@ def close_stopped_trial(mc, experiment_id: str, stage_key: str) -> None:
 
 
 # ---- the end of a sweep ---------------------------------------------------------------------
-
-def write_report(uri: str, experiment: str, sweep_run: str, out: Path) -> dict[str, Path]:
-    """The analysis report of the sweep (frontiers, tables, report.html), logged to
-    its parent run. A sweep's results never depend on it: without the analysis
-    extra, or when the runs support no plot, it says so and the sweep still succeeds."""
-    try:
-        from analysis.report import build_report
-    except ImportError as e:
-        print(f"analysis skipped ({e}); install the analysis extra: pip install -e '.[analysis]'", file=sys.stderr)
-        return {}
-    try:
-        return build_report(uri, [experiment], out, sweep_run_id=sweep_run)
-    except Exception as e:  # noqa: BLE001 - the sweep finished; a report problem is reported, not raised
-        print(f"analysis failed: {type(e).__name__}: {e}", file=sys.stderr)
-        return {}
-
 
 def summary_table(sweep: Sweep, rows: list[dict[str, Any]]) -> list[list[str]]:
     """The summary as rows of cells, header first: the searched values, the sweep's

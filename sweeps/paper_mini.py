@@ -34,9 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from looplab.config import ConfigError
+from looplab.tracking import ACCURACY, PPL, VAL_ACCURACY, VAL_LOSS, VAL_PPL
 from sweeps.depth_grid import depth_grid
 from sweeps.flags import Common, Launch, parser
-from sweeps.plan import Sweep, describe, sweep_key
+from sweeps.plan import SKIP_COLUMNS, Sweep, describe, sweep_key
 from trainables.pipeline import PipelineSpec, stage_configs
 
 ARMS = {"ouro": ("pretrain", "stage1", "stage2"), "chase": ("pretrain", "stage1", "chase", "stage2"),
@@ -69,16 +70,15 @@ def lm_sweep(common: Common) -> Sweep:
     pair = lambda nr: {"n_layers": nr[0], "n_loops": nr[1]}  # noqa: E731
     points = ({"arm": "ouro", **pair(LOOPED)}, {"arm": "chase", **pair(LOOPED)},
               *({"arm": "fixed", **pair(nr)} for nr in (LOOPED, BASE, DEEP)))
-    return Sweep(name="paper_mini_lm", spec=spec, points=points, metric="val_ppl", mode="min",
-                 columns=("val_ppl", "skip_q0.4_executed_loops", "skip_q0.4_ppl"),
-                 flags={"n_layers": "--set", "n_loops": "--set"})
+    return Sweep(name="paper_mini_lm", spec=spec, points=points, metric=VAL_PPL, mode="min",
+                 columns=(VAL_PPL, *SKIP_COLUMNS), flags={"n_layers": "--set", "n_loops": "--set"})
 
 
 def phop_sweep(common: Common) -> Sweep:
     pairs = tuple({"n_layers": n, "n_loops": r} for n, r in (LOOPED, BASE, DEEP))
     return depth_grid("paper_mini_phop", Common(PHOP_PRESET, {**PHOP_REGIME, **common.overrides}), pairs,
-                      level=("p", PHOP_HOPS), level_flag="--hops", metric="val_accuracy", mode="max",
-                      columns=("val_accuracy", "val_loss"))
+                      level=("p", PHOP_HOPS), level_flag="--hops", metric=VAL_ACCURACY, mode="max",
+                      columns=(VAL_ACCURACY, VAL_LOSS))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -209,8 +209,8 @@ def claim_results(uri: str, lm_experiment: str, phop_experiment: str, seeds) -> 
     seeds = list(seeds)
     lm = trial_measures(evaluation_points(load_runs(uri, [lm_experiment]))).filter(pl.col("seed").is_in(seeds))
     phop = trial_measures(evaluation_points(load_runs(uri, [phop_experiment]))).filter(pl.col("seed").is_in(seeds))
-    results = loop_claims(phop, quality="accuracy", looped=LOOPED, base=BASE, deep=None)
-    results += loop_claims(lm.filter(pl.col("method") == "fixed"), quality="ppl", looped=LOOPED, base=BASE, deep=DEEP)
+    results = loop_claims(phop, quality=ACCURACY, looped=LOOPED, base=BASE, deep=None)
+    results += loop_claims(lm.filter(pl.col("method") == "fixed"), quality=PPL, looped=LOOPED, base=BASE, deep=DEEP)
     results += hole_claims(lm)
     return results, {"lm_trials": lm, "phop_trials": phop}
 

@@ -14,12 +14,18 @@ from typing import Any
 
 from looplab.config import ConfigError, config_key, is_keyed
 from looplab.keys import LENIENT, SWEEP_KEY_LENGTH, TRIAL_NAME_KEY_LENGTH, digest, keyed_name, stage_folder
-from looplab.policy import DEFAULT_QS
+from looplab.policy import DEFAULT_QS, ExitPolicy
 from looplab.resources import StagePlan, plan_stage
-from looplab.tracking import parse_metric
+from looplab.tracking import EXECUTED_LOOPS, PPL, VAL_ACCURACY, VAL_PPL, parse_metric, policy_metric
 from sweeps.flags import Launch, check_preset, fail
+from sweeps.runtime import local_gpus
 from trainables.pipeline import PipelineSpec, stage_configs
 from trainables.trial import WAITING_TRIAL_CPU
+
+# The gated point a summary table shows beside full depth: skip at q = 0.4, one of the
+# DEFAULT_QS every gated stage's own evaluation logs, so its cells are filled.
+SUMMARY_SKIP = ExitPolicy.skip(0.4)
+SKIP_COLUMNS = (policy_metric(SUMMARY_SKIP, EXECUTED_LOOPS), policy_metric(SUMMARY_SKIP, PPL))
 
 
 @dataclass(frozen=True)
@@ -38,9 +44,9 @@ class Sweep:
     grid: dict[str, list[Any]] = field(default_factory=dict)
     points: tuple[dict[str, Any], ...] = ()
     ranges: dict[str, tuple[float, float, str]] = field(default_factory=dict)
-    metric: str = "val_ppl"
+    metric: str = VAL_PPL
     mode: str = "min"
-    columns: tuple[str, ...] = ("val_ppl", "val_accuracy")  # summary-table metrics
+    columns: tuple[str, ...] = (VAL_PPL, VAL_ACCURACY)  # summary-table metrics
     # The command-line flag behind a searched param or a config key the declaration
     # sets, e.g. {"hp": "--hps", "hole.lo": "--depth-range"}: a bad value is reported
     # in the user's terms, not as the config field it reached.
@@ -92,7 +98,7 @@ def plan_resources(launch: Launch, local: bool, n_trials: int) -> Resources:
     if launch.gpus_per_worker < 0:
         fail("--gpus-per-worker", launch.gpus_per_worker, "a number >= 0")
     cpus = float(os.cpu_count() or 1)
-    gpus = _local_gpus()
+    gpus = local_gpus()
     if local and launch.gpus_per_worker > 0 and gpus == 0:
         fail("--gpus-per-worker", launch.gpus_per_worker, "0 here (no CUDA device on this machine)")
     if local and launch.num_workers > cpus:
@@ -127,15 +133,6 @@ def cpu_share(cpus: float, concurrent: int, workers: int, waiting: float) -> flo
     """The CPUs left after the waiting trials, split evenly over the workers,
     rounded down to 1/100 so the shares never add up to more than the machine."""
     return math.floor(100 * (cpus - concurrent * waiting) / (concurrent * workers)) / 100
-
-
-def _local_gpus() -> int:
-    try:
-        import torch
-
-        return torch.cuda.device_count()
-    except Exception:
-        return 0
 
 
 def validate(sweep: Sweep, launch: Launch) -> tuple[list[dict[str, Any]], Resources]:
@@ -331,7 +328,18 @@ def describe(sweep: Sweep, launch: Launch, points: list[dict[str, Any]], res: Re
             lines.append(f"  first: {len(jobs)} shared stage chain(s) not yet trained, each with an even share "
                          "of the machine, then the trials (which reuse them)")
     if sweep.evaluation is not None:  # the downstream grid (sweeps/evaluate.py)
-        from sweeps.evaluate import describe_evaluation
-
         lines += describe_evaluation(sweep, points, launch.storage_path)
     return "\n".join(lines)
+
+
+def describe_evaluation(sweep: Sweep, points: list[dict[str, Any]], storage_path: str) -> list[str]:
+    """The dry run's evaluation lines: the grid over every stage the trials would train
+    (no store is read: reuse is decided when it runs)."""
+    from trainables.evaluation import Checkpoint, describe_plan
+
+    checkpoints = []
+    for params in points:
+        configs = stage_configs(sweep.spec, params, storage_path)
+        checkpoints += [Checkpoint("", c.stage, c.stage_key(), c.config_hash(), tuple(x.stage for x in configs[:i + 1]),
+                                   c.model.n_loops, "") for i, c in enumerate(configs)]
+    return describe_plan(sweep.evaluation, checkpoints)

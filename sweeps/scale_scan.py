@@ -30,10 +30,11 @@ import sys
 from dataclasses import replace
 from typing import Any
 
+from looplab.tracking import VAL_ACCURACY, VAL_LOSS, VAL_PPL
 from sweeps.depth_grid import depth_grid, level_from, pairs_from
 from sweeps.flags import Common, fail, parse_list
 from sweeps.launch import main
-from sweeps.plan import Sweep
+from sweeps.plan import SKIP_COLUMNS, Sweep
 from trainables.pipeline import PipelineSpec
 
 ARMS = {"ouro": ("pretrain", "stage1", "stage2"), "chase": ("pretrain", "stage1", "chase", "stage2")}
@@ -94,7 +95,7 @@ def holes_scan(common: Common, axes: list[str]) -> Sweep:
                         overrides={**HOLE_OVERRIDES, **common.overrides}, stage_overrides=common.stage_overrides,
                         searched=HOLE_PARAMS, searched_stages=ARMS["chase"], scopes=HOLE_SCOPES)
     return Sweep(name="scale_scan_holes", spec=spec, grid={"arm": list(ARMS)}, points=hole_points(axes),
-                 metric="val_ppl", mode="min", columns=("val_ppl", "skip_q0.4_executed_loops", "skip_q0.4_ppl"),
+                 metric=VAL_PPL, mode="min", columns=(VAL_PPL, *SKIP_COLUMNS),
                  flags={"arm": "--arms", **{p: "--axes" for p in HOLE_PARAMS}}, axes=tuple(HOLE_CENTRE))
 
 
@@ -108,8 +109,8 @@ LOOP_OVERRIDES = {"task.n": 16, "model.d_model": 64, "train.steps": 2000}
 
 def loops_scan(common: Common, pairs, hops) -> Sweep:
     common = Common(common.preset, {**LOOP_OVERRIDES, **common.overrides}, common.stage_overrides)
-    sweep = depth_grid("scale_scan_loops", common, pairs, level=hops, level_flag="--hops", metric="val_accuracy",
-                       mode="max", columns=("val_accuracy", "val_loss"))
+    sweep = depth_grid("scale_scan_loops", common, pairs, level=hops, level_flag="--hops", metric=VAL_ACCURACY,
+                       mode="max", columns=(VAL_ACCURACY, VAL_LOSS))
     return replace(sweep, axes=("p",) if hops else ())
 
 

@@ -45,8 +45,9 @@ from looplab.cli import Parser
 from looplab.config import ConfigError
 from looplab.policy import SKIP, parse_policies
 from looplab.stages import STAGE_NAMES, get_stage
-from sweeps.evaluate import local_gpus, open_experiment
+from sweeps.evaluate import open_experiment
 from sweeps.flags import add_store_flags, fail
+from sweeps.runtime import console_to_log, local_gpus, write_report
 from trainables.speed import SpeedPoint
 
 PACKINGS = ("auto", "padded", "varlen")
@@ -353,8 +354,6 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print_summary(records)
     if status != 2 and not args.no_report:
-        from sweeps.launch import write_report
-
         sweep = tracking.find_run(mc, experiment_id, **{tracking.LEVEL: tracking.SWEEP})
         report = write_report(uri, args.experiment, sweep.info.run_id if sweep else None,
                               storage.scratch() / "analysis" / f"{args.experiment}-speed")
@@ -375,11 +374,9 @@ def run(args, grid: SpeedGrid, chosen, uri: str, artifact_root: str, storage, cp
     if not inline:
         import ray
 
-        from sweeps.launch import _to_log
-
         logs = storage.scratch() / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        with _to_log(logs / "ray.log"):  # Ray's own output to the log; the jobs post their progress to a board
+        with console_to_log(logs / "ray.log"):  # Ray's own output to the log; the jobs post their progress to a board
             ray.init(address=args.address or None, include_dashboard=None, log_to_driver=False,
                      configure_logging=False)
     try:

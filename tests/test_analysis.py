@@ -30,9 +30,9 @@ from analysis.frontier import (
     frontier_gap,
     pareto_frontier,
 )
-from analysis.names import parse_metric
 from looplab import tracking  # noqa: E402
 from looplab.policy import ExitPolicy  # noqa: E402
+from looplab.tracking import parse_metric  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 import analysis_fixture as fx  # noqa: E402 (tests/ is on the path: conftest.py)
@@ -618,7 +618,7 @@ def test_downstream_table_columns_by_hand(downstream):
 
 
 def test_policy_zoo_against_the_learned_gate_by_hand(downstream):
-    from analysis.names import METRIC_PATTERN
+    from looplab.tracking import METRIC_PATTERN
 
     # the zoo's prefixes and the gate's parse with one pattern (the gate's rule group is empty)
     for name, rule, value in (("skip_entropy2.5_accuracy", "entropy", "2.5"), ("dense_kl0.01_ppl", "kl", "0.01"),

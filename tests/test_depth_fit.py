@@ -6,9 +6,10 @@ import numpy as np
 import polars as pl
 import pytest
 
-from analysis import names
 from analysis.depth_fit import ARCH, N_LAYERS, PRETRAIN, fit_depth, fit_groups, write_depth_fit
 from analysis.load import PARAM
+from looplab import tracking
+from looplab.policy import FULL
 
 PAIRS = [(6, 1), (6, 4), (12, 1), (12, 2), (24, 1), (3, 4), (6, 2)]  # the paper's pairs and two more
 
@@ -16,7 +17,7 @@ PAIRS = [(6, 1), (6, 4), (12, 1), (12, 2), (24, 1), (3, 4), (6, 2)]  # the paper
 def _points(gamma: float, pairs=PAIRS, seeds=(0, 1, 2), noise=0.004, a=4.0, b=-0.35) -> pl.DataFrame:
     rng = np.random.default_rng(7)
     rows = [{"experiment": "iso", ARCH: "mamba2", N_LAYERS: n, "n_loops": r, "seed": s, "stage": PRETRAIN,
-             "policy": names.FULL, "stage_key": f"{n}x{r}-{s}-{gamma}",
+             "policy": FULL, "stage_key": f"{n}x{r}-{s}-{gamma}",
              "loss": a + b * math.log(n * r ** gamma) + rng.normal(0, noise)}
             for n, r in pairs for s in seeds]
     return pl.DataFrame(rows)
@@ -94,7 +95,7 @@ def test_a_shared_pretraining_counts_once_and_other_searched_values_split_the_fi
     shared = pl.concat([pts, pts])  # two arms' trials reading one pre-training stage run
     table, fitted, _ = fit_groups(shared)
     assert table["n_points"].to_list() == [pts.height]
-    hops = PARAM + names.SEARCH_PARAM + "hops"
+    hops = PARAM + tracking.SEARCH_PARAM + "hops"
     scan = pl.concat([_points(1.0).with_columns(pl.lit(16).alias(hops)),
                       _points(0.5, a=2.0).with_columns(pl.lit(32).alias(hops),
                                                        pl.col("stage_key") + "-p32")])

@@ -213,7 +213,7 @@ def test_resource_plan_adds_up_to_the_machine(monkeypatch, workers, concurrent, 
     from trainables.trial import PlatformSettings
 
     monkeypatch.setattr(plan.os, "cpu_count", lambda: 2)
-    monkeypatch.setattr(plan, "_local_gpus", lambda: 0)
+    monkeypatch.setattr(plan, "local_gpus", lambda: 0)
     launch = Launch(num_workers=workers)
     res = plan.plan_resources(launch, local=True, n_trials=5)
     assert (res.max_concurrent, res.cpus_per_worker) == (concurrent, worker_cpu)

@@ -340,8 +340,9 @@ def task_metrics(ev: Evaluation, results: dict[str, Any]) -> dict[str, float]:
             raise ConfigError(f"task {ev.task.name} reports no {ev.task.metric}; it reports "
                               f"{sorted(k.split(',')[0] for k in row if ',' in k)}")
     ppl = next((row[f"{m},none"] for m in PPL_METRICS if isinstance(row.get(f"{m},none"), (int, float))), None)
+    # The adapter (looplab/lm_eval.py) reports its loops and FLOPs under the contract's quantity names.
     return tracking.downstream_metrics(ExitPolicy.parse(ev.policy), ev.task.name, accuracy=accuracy,
-                                       loops=row.get("executed_loops"), flops=row.get("backbone_flops_per_token"),
+                                       loops=row.get(tracking.EXECUTED_LOOPS), flops=row.get(tracking.BACKBONE_FLOPS),
                                        seconds=row.get("model_seconds"), ppl=ppl)
 
 
@@ -434,11 +435,12 @@ def run_job(job: Job) -> dict[str, int]:
 
 
 def _headline(ev: Evaluation, metrics: dict[str, float]) -> dict[str, float]:
-    prefix = ExitPolicy.parse(ev.policy).metric_prefix
+    policy = ExitPolicy.parse(ev.policy)
     names = {"accuracy": tracking.lm_eval_quantity(ev.task.name),
              "loops": tracking.lm_eval_quantity(ev.task.name, tracking.LM_EVAL_LOOPS),
              "seconds": tracking.lm_eval_quantity(ev.task.name, tracking.LM_EVAL_SECONDS)}
-    return {label: metrics[prefix + name] for label, name in names.items() if prefix + name in metrics}
+    logged = {label: tracking.policy_metric(policy, name) for label, name in names.items()}
+    return {label: metrics[name] for label, name in logged.items() if name in metrics}
 
 
 def _fail(mc, run_id: str, error: BaseException, progress, ev: Evaluation) -> None:

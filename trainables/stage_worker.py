@@ -25,7 +25,6 @@ from typing import Any
 
 from looplab import tracking
 from looplab.keys import STAGES_DIR
-from looplab.policy import ExitPolicy
 from trainables.storage import Storage
 
 FAIL_AT_STEP_ENV = "LOOPLAB_TEST_KILL_WORKER_AT_STEP"  # tests: SIGKILL the worker once at this step
@@ -100,7 +99,7 @@ def stage_worker_loop(config: dict[str, Any]) -> None:
 def _last_logged_step(mlflow_client, run_id: str) -> int:
     """The highest step the run has logged (-1: none). Every training record logs
     `loss` and every evaluation full depth's `val_loss`, so their histories say it."""
-    keys = ("loss", tracking.policy_metric(ExitPolicy.full(), "loss"))
+    keys = (tracking.LOSS, tracking.VAL_LOSS)
     return max((m.step for key in keys for m in mlflow_client.get_metric_history(run_id, key)), default=-1)
 
 

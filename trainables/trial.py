@@ -106,7 +106,7 @@ def run_trial(config: dict[str, Any]) -> None:
 
 def _headline(summary: dict[str, float]) -> dict[str, float]:
     """What a trial's final progress line shows: full-depth quality."""
-    return {k: summary[k] for k in ("val_ppl", "val_accuracy") if k in summary}
+    return {k: summary[k] for k in (tracking.VAL_PPL, tracking.VAL_ACCURACY) if k in summary}
 
 
 def shared_prefixes(spec: PipelineSpec, points: list[dict[str, Any]], storage_path: str) -> list[dict[str, Any]]:

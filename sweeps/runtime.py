@@ -1,0 +1,52 @@
+"""What every sweep command does on the machine it runs on, around its own work: count
+this machine's GPUs (the checks before Ray), send Ray's console output to a log file
+(the commands print their own progress), and write the analysis report at the end.
+
+The driver (launch.py), the evaluation command (evaluate.py) and the speed command
+(speed.py) share these; keeping them here, below all three, is what lets plan.py,
+evaluate.py and launch.py import each other in one direction only
+(plan ← evaluate ← launch).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+from typing import Iterator
+
+
+def local_gpus() -> int:
+    """This machine's CUDA devices: 0 without CUDA, and 0 where torch cannot even be
+    imported (a driver that only plans a cluster sweep)."""
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # noqa: BLE001 - a broken CUDA setup counts as no GPU here; the node checks say why
+        return 0
+
+
+@contextlib.contextmanager
+def console_to_log(path: Path) -> Iterator[None]:
+    """Ray and Tune's own console output (configuration boxes, TensorBoard hints,
+    status tables) into a log file in the storage path: the sweep prints its own
+    progress instead."""
+    with open(path, "a") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+        yield
+
+
+def write_report(uri: str, experiment: str, sweep_run: str | None, out: Path) -> dict[str, Path]:
+    """The analysis report of the sweep (frontiers, tables, report.html), logged to
+    its parent run. A sweep's results never depend on it: without the analysis
+    extra, or when the runs support no plot, it says so and the sweep still succeeds."""
+    try:
+        from analysis.report import build_report
+    except ImportError as e:
+        print(f"analysis skipped ({e}); install the analysis extra: pip install -e '.[analysis]'", file=sys.stderr)
+        return {}
+    try:
+        return build_report(uri, [experiment], out, sweep_run_id=sweep_run)
+    except Exception as e:  # noqa: BLE001 - the sweep finished; a report problem is reported, not raised
+        print(f"analysis failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return {}
