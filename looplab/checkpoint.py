@@ -32,6 +32,7 @@ import torch
 from looplab.config import ConfigError, ModelConfig, ParentRef, apply_overrides
 from looplab.keys import file_digest, keyed_name, text_digest
 from looplab.models.looped import LoopedLM
+from looplab.stages import DEFAULT_STAGE, method_of
 
 WEIGHTS_DIGEST = "weights_sha256"  # config.json: the digest of model.safetensors as saved
 WEIGHT_DTYPES = ("F32", "BF16", "F16", "F64")  # what a checkpoint's tensors may hold
@@ -183,10 +184,10 @@ def parent_ref(directory: str | os.PathLike) -> ParentRef:
             steps = meta.get("experiment", {}).get("train", {}).get("steps")
             if steps is not None and step < steps:
                 stopped = f"@step{step}"
-        return ParentRef(stage=meta.get("stage", "pretrain"), key=meta["stage_key"] + stopped,
+        return ParentRef(stage=meta.get("stage", DEFAULT_STAGE), key=meta["stage_key"] + stopped,
                          group=meta["config_hash"] + stopped, checkpoint=str(path))
     digest = keyed_name("path", text_digest(str(path)))
-    return ParentRef(stage=meta.get("stage", "pretrain"), key=digest, group=digest, checkpoint=str(path))
+    return ParentRef(stage=meta.get("stage", DEFAULT_STAGE), key=digest, group=digest, checkpoint=str(path))
 
 
 def load_weights(model: LoopedLM, directory: str | os.PathLike) -> None:
@@ -245,8 +246,6 @@ def experiment_metadata(cfg) -> dict[str, Any]:
     """What a checkpoint of an ExperimentConfig records beside its weights: the config,
     its keys and the fields they hash, its stage and lineage, and, for text, the
     tokenizer that reads its ids (lm-eval and generation need it)."""
-    from looplab.stages import method_of
-
     lineage = _parent_lineage(cfg) + [cfg.stage]
     meta = {"experiment": cfg.to_dict(), "task": cfg.task.kind, "stage": cfg.stage, "stage_key": cfg.stage_key(),
             "config_hash": cfg.config_hash(), "key_fields": cfg.key_fields(), "lineage": lineage,

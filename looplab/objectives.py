@@ -1,6 +1,6 @@
 """Exit distributions and training objectives (paper §3, App. A, App. D), and the loss
-of one minibatch in each training stage (the registry in looplab/stages.py names
-them `<stage>_minibatch`):
+of one minibatch in each training stage (each registers itself as its stage's loss
+in looplab/stages.py with @stage_loss):
 
 pretrain  CE at the final step R (the fixed-loop objective).
 stage1    Σ_r π^(r) ℓ^(r) − β H(π) on the dense forward; trains backbone and gate.
@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from looplab.holes import sample_depth_holes, sample_threshold, take_hole_branch
 from looplab.models.head import attach_gradient, head_weighted_loss, step_token_losses
 from looplab.policy import ExitPolicy
+from looplab.stages import stage_loss
 from looplab.tasks.base import IGNORE_INDEX
 
 
@@ -158,6 +159,7 @@ def _final_step(model, out, targets: torch.Tensor, objective) -> torch.Tensor:
     return attach_gradient(objective(losses, targets), weighted)
 
 
+@stage_loss("pretrain")
 def pretrain_minibatch(model, batch, cfg, step, rows):
     return _final_step(model, model(batch.ids, readout="none"), batch.targets, final_loop_loss), {}
 
@@ -171,11 +173,13 @@ def _stage1(model, batch, cfg, policy: ExitPolicy):
     return attach_gradient(loss, weighted), diag
 
 
+@stage_loss("stage1")
 def stage1_minibatch(model, batch, cfg, step, rows):
     # The dense forward: every token runs all R steps, and the loss weighs every step by π.
     return _stage1(model, batch, cfg, ExitPolicy.full())
 
 
+@stage_loss("chase")
 def chase_minibatch(model, batch, cfg, step, rows):
     rng = np.random.default_rng([cfg.train.seed, step, 1])
     if not take_hole_branch(rng, cfg.hole):
@@ -192,6 +196,7 @@ def chase_minibatch(model, batch, cfg, step, rows):
     return loss, {**diag, "hole_branch": 1.0, "executed_loops": float(exit_at.float().mean())}
 
 
+@stage_loss("stage2")
 def stage2_minibatch(model, batch, cfg, step, rows):
     with torch.no_grad():  # frozen model: losses and states carry no graph
         out = model(batch.ids, ExitPolicy.full(), all_steps=True, readout="none")

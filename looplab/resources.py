@@ -4,14 +4,18 @@ sweeps' dry run prints it per stage (sweeps/plan.py); `--gpu-memory GB` picks th
 micro-batch.
 
 Training FLOPs per token, from looplab's own forward count (models/flops.py), with
-backward ≈ 2 × forward:
+backward ≈ 2 × forward, from the stage's facts (looplab/stages.py): its loss reads the
+LM head at one step or at all R (Stage.loops_read), a gated stage evaluates the gate
+after each of the R − 1 non-final steps, and a stage that trains only the gate runs the
+frozen model forward only (no graph through it):
     pretrain        3 × (R backbone steps + one LM head)
     stage1, chase   3 × (R backbone steps + R LM heads + R − 1 gates): the loss reads
                     every step (CHASE's dense branch; its hole branches run less)
     stage2          R backbone steps + R LM heads forward only (no graph through the
                     frozen model), the gate's forward and backward negligible
 Activation checkpointing runs each loop's forward once more in backward: + R backbone
-steps (the FLOPs the hardware does; MFU counts only the model's).
+steps (the FLOPs the hardware does; MFU counts only the model's), where there is a
+graph to recompute.
 
 Inference: `prefill_flops` splits a prefill's forward FLOPs per token into F0, the work
 outside the loops, and Fr, one loop application; `flop_bound` is the speedup skip
@@ -26,6 +30,7 @@ from dataclasses import dataclass
 
 from looplab.config import ConfigError, ExperimentConfig
 from looplab.memory import GiB, StepMemory, gib, step_memory
+from looplab.stages import get_stage
 
 DEFAULT_MFU = 0.4  # a planning figure: model FLOP/s over the device's dense peak
 # What a device's memory holds beside the step the model counts: the CUDA context, NCCL's
@@ -44,15 +49,14 @@ def flops_per_token(cfg: ExperimentConfig, checkpointing: bool = False) -> float
     with torch.device("meta"):  # exact counts, no memory
         model = LoopedLM(cfg.model)
     f = model.flops_per_token(cfg.train.seq_len)
-    R = cfg.model.n_loops
-    gate = 2 * cfg.model.d_model
-    if cfg.stage == "pretrain":
-        total = 3 * f["total"]
-    elif cfg.stage == "stage2":
-        total = f["backbone"] + R * f["head"] + 3 * (R - 1) * gate
-    else:
-        total = 3 * (f["backbone"] + R * f["head"] + (R - 1) * gate)
-    if checkpointing and cfg.stage != "stage2":
+    R, stage = cfg.model.n_loops, get_stage(cfg.stage)
+    heads = stage.loops_read(R) * f["head"]
+    gates = (R - 1) * 2 * cfg.model.d_model if stage.gated else 0
+    if stage.trains_model:
+        total = 3 * (f["backbone"] + heads + gates)
+    else:  # the frozen model forward only; the gate forward and backward
+        total = f["backbone"] + heads + 3 * gates
+    if checkpointing and stage.trains_model:  # a frozen model keeps no graph to recompute
         total += f["backbone"]
     return float(total)
 

@@ -1,7 +1,7 @@
 """One training run of one stage (one process, or data-parallel ranks: see
 looplab/distributed.py): AdamW, linear warmup then
-cosine decay to a floor, gradient clipping, the final-loop objective, periodic
-evaluation, and resumable checkpoints.
+cosine decay to a floor, gradient clipping, the stage's loss and trained parameters
+(its entry in looplab/stages.py), periodic evaluation, and resumable checkpoints.
 
 Batches are a pure function of (seed, step), so a resumed run sees exactly the
 batches the uninterrupted run would have seen; with the model and AdamW moments
@@ -27,6 +27,7 @@ from looplab.errors import CheckpointNotWritten, TrainingDiverged
 from looplab.distributed import Shard
 from looplab.evaluate import autocast_context, evaluate_policies
 from looplab.instruments import diagnostic_batch, loop_instruments
+from looplab import objectives  # noqa: F401 - the built-in stages' losses register themselves on import
 from looplab.stages import get_stage
 from looplab.tasks import make_task
 from looplab.tasks.base import IGNORE_INDEX, Batch

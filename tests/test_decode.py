@@ -7,8 +7,9 @@ import math
 import pytest
 import torch
 
+from looplab.checkpoint import save_model
 from looplab.config import ConfigError
-from looplab.generate import decode_step, prefill, sample
+from looplab.generate import decode_step, generate, prefill, sample
 from looplab.models.attention import CausalSelfAttention, apply_rope, rope_angles
 from looplab.models.cache import InferenceCache
 from looplab.models.ops.reference import ssm_scan_ref
@@ -307,7 +308,7 @@ def test_greedy_generation_of_ragged_prompts_equals_the_uncached_loop(arch, spec
     m = gated_model(arch, seed=7)
     policy = ExitPolicy.parse(spec)
     prompts = [[3, 9, 4, 1, 30, 2, 8], [5], [11, 12, 13, 14]]
-    gen = m.generate(prompts, [6, 4, 5], policy)
+    gen = generate(m, prompts, [6, 4, 5], policy)
     for b, prompt in enumerate(prompts):
         tokens, exits = greedy_reference(m, prompt, [6, 4, 5][b], policy)
         assert gen.tokens[b] == tokens and gen.exit_step[b] == exits
@@ -318,14 +319,14 @@ def test_greedy_generation_of_ragged_prompts_equals_the_uncached_loop(arch, spec
 def test_generation_stops_at_eos_and_stop_strings():
     m = gated_model("mamba2", seed=7)
     prompts = [[3, 9, 4], [5, 6]]
-    free = m.generate(prompts, 8, ExitPolicy.skip(0.5))
+    free = generate(m, prompts, 8, ExitPolicy.skip(0.5))
     eos = free.tokens[0][2]
-    cut = m.generate(prompts, 8, ExitPolicy.skip(0.5), eos_id=eos)
+    cut = generate(m, prompts, 8, ExitPolicy.skip(0.5), eos_id=eos)
     assert cut.tokens[0] == free.tokens[0][:free.tokens[0].index(eos)] and cut.finish[0] == "eos"
     decode = lambda ids: "".join(chr(97 + t % 26) for t in ids)  # noqa: E731
     text = decode(free.tokens[1])
     stop = text[3:5]
-    stopped = m.generate(prompts, 8, ExitPolicy.skip(0.5), stop=[[], [stop, "never"]], decode=decode)
+    stopped = generate(m, prompts, 8, ExitPolicy.skip(0.5), stop=[[], [stop, "never"]], decode=decode)
     assert stopped.texts[1] == text[:text.index(stop)] and stopped.finish[1] == "stop"
     assert stopped.texts[0] == decode(free.tokens[0]) and stopped.finish[0] == "length"
 
@@ -333,12 +334,12 @@ def test_generation_stops_at_eos_and_stop_strings():
 def test_sampling_is_seeded_and_top_k_one_is_greedy():
     m = gated_model("mamba2", seed=7)
     prompts = [[3, 9, 4], [5, 6, 1, 2]]
-    greedy = m.generate(prompts, 6, ExitPolicy.skip(0.5))
-    a = m.generate(prompts, 6, ExitPolicy.skip(0.5), temperature=1.0, seed=3)
-    b = m.generate(prompts, 6, ExitPolicy.skip(0.5), temperature=1.0, seed=3)
+    greedy = generate(m, prompts, 6, ExitPolicy.skip(0.5))
+    a = generate(m, prompts, 6, ExitPolicy.skip(0.5), temperature=1.0, seed=3)
+    b = generate(m, prompts, 6, ExitPolicy.skip(0.5), temperature=1.0, seed=3)
     assert a.tokens == b.tokens and a.tokens != greedy.tokens
-    assert m.generate(prompts, 6, ExitPolicy.skip(0.5), temperature=0.7, top_k=1, seed=1).tokens == greedy.tokens
-    assert m.generate(prompts, 6, ExitPolicy.skip(0.5), temperature=0.7, top_p=1e-6, seed=1).tokens == greedy.tokens
+    assert generate(m, prompts, 6, ExitPolicy.skip(0.5), temperature=0.7, top_k=1, seed=1).tokens == greedy.tokens
+    assert generate(m, prompts, 6, ExitPolicy.skip(0.5), temperature=0.7, top_p=1e-6, seed=1).tokens == greedy.tokens
 
 
 def test_top_k_and_top_p_restrict_the_draw():
@@ -352,15 +353,15 @@ def test_top_k_and_top_p_restrict_the_draw():
 def test_bad_generation_arguments_are_one_line_errors():
     m = gated_model("mamba2")
     with pytest.raises(ConfigError, match="temperature=-1 is invalid"):
-        m.generate([[1, 2]], 3, temperature=-1)
+        generate(m, [[1, 2]], 3, temperature=-1)
     with pytest.raises(ConfigError, match="stop strings need decode="):
-        m.generate([[1, 2]], 3, stop=["x"])
+        generate(m, [[1, 2]], 3, stop=["x"])
     with pytest.raises(ConfigError, match="top_p=0 is invalid"):
-        m.generate([[1, 2]], 3, top_p=0)
+        generate(m, [[1, 2]], 3, top_p=0)
     with pytest.raises(ConfigError, match="attention_fill='fill' is invalid"):
-        m.generate([[1, 2]], 3, attention_fill="fill")
+        generate(m, [[1, 2]], 3, attention_fill="fill")
     with pytest.raises(ConfigError, match="ids is invalid"):
-        m.generate([[1, 2], []], 3)
+        generate(m, [[1, 2], []], 3)
     with pytest.raises(ConfigError, match="mask is invalid with a cache"):
         m(torch.zeros(1, 3, dtype=torch.long), cache=InferenceCache(m, 1, 3), mask=torch.tensor([[False, True, True]]))
 
@@ -376,14 +377,14 @@ def test_generate_command_prints_the_continuation_and_its_loops(tmp_path, capsys
     with torch.no_grad():  # a gate that sends tokens out at different loops
         model.exit_gate.weight.normal_(0, 5.0, generator=torch.Generator().manual_seed(0))
         model.exit_gate.bias.fill_(0.0)
-    model.save(tmp_path / "ckpt")
+    save_model(model, tmp_path / "ckpt")
     args = ["generate", "--checkpoint", str(tmp_path / "ckpt"), "--prompt", "Once upon", "--policy", "skip:0.5",
             "--max-new-tokens", "12", "--device", "cpu"]
     assert main(args + ["--json"]) == 0
     record = json.loads(capsys.readouterr().out)
     assert len(record["tokens"]) == len(record["loops"]) == 12 and record["finish"] == "length"
     assert all(1 <= n <= R for n in record["loops"]) and len(set(record["loops"])) > 1
-    greedy = model.generate([[256] + list(b"Once upon")], 12, ExitPolicy.skip(0.5))  # <bos> + the bytes
+    greedy = generate(model, [[256] + list(b"Once upon")], 12, ExitPolicy.skip(0.5))  # <bos> + the bytes
     assert record["tokens"] == greedy.tokens[0] and record["loops"] == greedy.loops[0]
     assert main(args) == 0
     captured = capsys.readouterr()

@@ -6,7 +6,7 @@ import torch
 
 from looplab.config import ConfigError
 from looplab.depth_batching import DepthBatch, decode_given_tokens
-from looplab.generate import prefill
+from looplab.generate import generate, prefill
 from looplab.policy import ExitPolicy
 from test_decode import BACKBONES, R, batch, full_forward, model_for, policies
 from test_adaptive import gated_model
@@ -106,25 +106,25 @@ def test_depth_scheduled_generation_equals_the_uncached_loop(arch, spec):
     m = gated_model(arch, seed=7)
     policy = ExitPolicy.parse(spec)
     prompts, budgets = [[3, 9, 4, 1, 30, 2, 8], [5], [11, 12, 13, 14]], [6, 4, 5]
-    gen = m.generate(prompts, budgets, policy, schedule="depth")
+    gen = generate(m, prompts, budgets, policy, schedule="depth")
     for b, prompt in enumerate(prompts):
         tokens, exits = greedy_reference(m, prompt, budgets[b], policy)
         assert gen.tokens[b] == tokens and gen.exit_step[b] == exits
         assert gen.loops[b] == (exits if policy.execution != "dense" else [R] * len(exits))
     eos = gen.tokens[0][2]
-    cut = m.generate(prompts, budgets, policy, schedule="depth", eos_id=eos)
+    cut = generate(m, prompts, budgets, policy, schedule="depth", eos_id=eos)
     assert cut.tokens[0] == gen.tokens[0][:gen.tokens[0].index(eos)] and cut.finish[0] == "eos"
     assert cut.tokens[1:] == [t[:t.index(eos)] if eos in t else t for t in gen.tokens[1:]]
     # The work done is each row's own, as under lockstep.
-    lock = m.generate(prompts, budgets, policy)
+    lock = generate(m, prompts, budgets, policy)
     assert (gen.ran_tokens, gen.ran_loops) == (lock.ran_tokens, lock.ran_loops)
 
 
 def test_depth_scheduled_sampling_is_seeded_and_bad_schedules_are_one_line_errors():
     m = gated_model("mamba2", seed=7)
     prompts = [[3, 9, 4], [5, 6, 1, 2]]
-    a = m.generate(prompts, 6, ExitPolicy.skip(0.5), temperature=1.0, seed=3, schedule="depth")
-    b = m.generate(prompts, 6, ExitPolicy.skip(0.5), temperature=1.0, seed=3, schedule="depth")
+    a = generate(m, prompts, 6, ExitPolicy.skip(0.5), temperature=1.0, seed=3, schedule="depth")
+    b = generate(m, prompts, 6, ExitPolicy.skip(0.5), temperature=1.0, seed=3, schedule="depth")
     assert a.tokens == b.tokens
     with pytest.raises(ConfigError, match=r"^schedule='wave' is invalid; allowed: lockstep \| depth$"):
-        m.generate(prompts, 6, ExitPolicy.skip(0.5), schedule="wave")
+        generate(m, prompts, 6, ExitPolicy.skip(0.5), schedule="wave")

@@ -26,7 +26,7 @@ pytest.importorskip("mlflow")
 
 import looplab  # noqa: E402
 from looplab import tracking  # noqa: E402
-from looplab.checkpoint import experiment_metadata  # noqa: E402
+from looplab.checkpoint import experiment_metadata, save_model  # noqa: E402
 from looplab.policy import ExitPolicy  # noqa: E402
 from looplab.presets import get_preset  # noqa: E402
 from looplab.presets import stage_config  # noqa: E402
@@ -121,7 +121,7 @@ def save(cfg, path: Path, gate_seed: int | None = None) -> Path:
             weights = torch.randn(model.exit_gate.weight.shape, generator=torch.Generator().manual_seed(gate_seed))
             model.exit_gate.weight.copy_(10 * weights)
             model.exit_gate.bias.fill_(1.0)
-    model.save(path)
+    save_model(model, path)
     return path
 
 
@@ -216,7 +216,7 @@ def test_preset_checkpoint_carries_its_tokenizer(tmp_path, monkeypatch, capsys):
     from looplab.checkpoint import read_config
     from looplab.cli import main
 
-    looplab.load_model("debug").save(tmp_path / "debug")
+    save_model(looplab.load_model("debug"), tmp_path / "debug")
     assert read_config(tmp_path / "debug")["metadata"]["tokenizer"] == "bytes"
     monkeypatch.chdir(DATA)  # the CLI's --include-path reads toy_mc.yaml's data relative to the working directory
     argv = ["lm-eval", "--tasks", "looplab_toy_mc", "--include-path", str(DATA), "--limit", "3", "--device", "cpu"]
@@ -225,7 +225,7 @@ def test_preset_checkpoint_carries_its_tokenizer(tmp_path, monkeypatch, capsys):
     assert report["tasks"]["looplab_toy_mc"]["results"]["executed_loops"] == R  # full depth
 
     bare = looplab.load_model("phop-debug", vocab_size=259, n_loops=R)  # a synthetic-task model: no tokenizer
-    bare.save(tmp_path / "bare")
+    save_model(bare, tmp_path / "bare")
     assert main([*argv, "--checkpoint", str(tmp_path / "bare")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "--tokenizer" in err, err

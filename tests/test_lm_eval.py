@@ -20,6 +20,7 @@ pytest.importorskip("lm_eval")
 pytest.importorskip("datasets")
 
 import looplab  # noqa: E402
+from looplab.checkpoint import save_model  # noqa: E402
 from looplab.config import ConfigError  # noqa: E402
 from looplab.policy import ExitPolicy  # noqa: E402
 
@@ -54,7 +55,7 @@ def checkpoint(tmp_path_factory) -> Path:
         model.exit_gate.weight.copy_(10 * weights)
         model.exit_gate.bias.fill_(1.0)
     path = tmp_path_factory.mktemp("lm") / "checkpoint"
-    model.save(path)
+    save_model(model, path)
     return path
 
 
@@ -261,7 +262,7 @@ def test_argument_errors_are_one_line(checkpoint, tmp_path):
     with pytest.raises(ConfigError, match="batch_size='auto' is invalid"):
         make_lm(checkpoint, batch_size="auto")
     bare = looplab.load_model("phop-debug", vocab_size=259, n_loops=R, seed=0)
-    bare.save(tmp_path / "bare")
+    save_model(bare, tmp_path / "bare")
     with pytest.raises(ConfigError, match="carries no metadata\\['tokenizer'\\]"):
         make_lm(tmp_path / "bare")
     assert make_lm(tmp_path / "bare", tokenizer="bytes").max_length == 128  # phop-debug's train.seq_len

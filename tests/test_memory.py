@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import looplab.objectives  # noqa: F401 - the stages' losses register themselves (minibatch_loss below)
 from looplab.checkpoint import model_from_config, parent_ref
 from looplab.config import ConfigError, ModelConfig
 from looplab.memory import FP32, GiB, loop_activations, mamba2_block, readout_activations, step_memory
@@ -78,14 +79,14 @@ def test_attention_and_mlp_counts_are_what_autograd_saves(arch):
 def test_a_training_forward_saves_R_loops_and_the_readout(stage):
     """The whole model: R loops of blocks, the readout's per-token share and the
     weighted head's LM-head gradient (a fixed size), against one real forward."""
-    cfg = stage_config(get_preset("debug"), stage, parent=None if stage == "pretrain" else parent_ref("/x"),
+    cfg = stage_config(get_preset("debug"), stage, parent=parent_ref("/x") if get_stage(stage).continues else None,
                        overrides={"train.seq_len": 64})
     model = model_from_config(cfg.model, 0)
     ids = torch.randint(0, cfg.model.vocab_size, (3, 64))
     batch = Batch(ids, torch.roll(ids, -1, 1))
     counted = saved_bytes(model.parameters(), lambda: get_stage(stage).minibatch_loss(model, batch, cfg, 0))
     c = cfg.model
-    per_token = c.n_loops * loop_activations(c, 64, "torch", FP32) + readout_activations(c, stage)
+    per_token = c.n_loops * loop_activations(c, 64, "torch", FP32) + readout_activations(c, get_stage(stage))
     expected = 3 * 64 * per_token + FP32 * c.vocab_size * c.d_model
     assert expected == pytest.approx(counted, rel=0.02)
 
@@ -125,7 +126,7 @@ def test_micro_batches_and_checkpointing_shrink_the_estimate():
 # ---- the plan ------------------------------------------------------------------------------
 
 def paper(stage="pretrain", preset="paper-140m"):
-    return stage_config(get_preset(preset), stage, parent=None if stage == "pretrain" else parent_ref("/x"))
+    return stage_config(get_preset(preset), stage, parent=parent_ref("/x") if get_stage(stage).continues else None)
 
 
 def test_the_paper_plan_fits_80_gib_with_the_largest_micro_batch():

@@ -42,10 +42,10 @@ def test_a_bad_preset_is_one_line(capsys):
 
 
 def test_the_speed_step_is_keyed_by_content(tmp_path):
-    from looplab.checkpoint import load_model
+    from looplab.checkpoint import load_model, save_model
     from trainables.speed import SpeedPoint, measure
 
-    load_model("debug", seed=0).save(tmp_path / "ckpt")
+    save_model(load_model("debug", seed=0), tmp_path / "ckpt")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     mc = tracking.client(uri)
     experiment = tracking.ensure_experiment(mc, "speed", tmp_path / "mlflow")

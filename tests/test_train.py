@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from looplab import load_model
+from looplab.checkpoint import save_model
 from looplab.config import ConfigError, TrainConfig, apply_overrides
 from looplab.presets import get_preset
 from looplab.train import lr_at, train
@@ -59,7 +60,7 @@ def test_training_reduces_loss_and_writes_metrics(tmp_path):
 
 def test_checkpoint_round_trip_keeps_outputs_and_config(tmp_path):
     model = load_model("phop-debug", n_loops=2, seed=3)
-    model.save(tmp_path / "m")
+    save_model(model, tmp_path / "m")
     again = load_model(tmp_path / "m")
     ids = torch.randint(0, model.cfg.vocab_size, (2, 9))
     assert again.cfg == model.cfg

@@ -24,7 +24,7 @@ def make_task(cfg, seq_len: int | None = None, *, rank: int = 0, world_size: int
 
         return PhopTask(cfg)
     if cfg.kind == "text":
-        from looplab.config import check
+        from looplab.errors import check
         from looplab.tasks.text import TextTask
 
         check(seq_len is not None, "make_task(seq_len)", seq_len,

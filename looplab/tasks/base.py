@@ -1,10 +1,17 @@
-"""What every task hands the trainer: batches of token ids with per-position targets."""
+"""What every task hands the trainer: batches of token ids with per-position targets.
+
+Torch is imported where tensors are made, not at the top: the task configs live beside
+their tasks (tasks/mano.py, phop.py, text.py) and config.py reads them without torch.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
 
 IGNORE_INDEX = -100  # target value at positions that carry no loss
 
@@ -31,6 +38,13 @@ class Batch:
 
     def slice(self, start: int, stop: int) -> "Batch":
         return Batch(self.ids[start:stop], self.targets[start:stop])
+
+
+def batch_from_numpy(ids: np.ndarray, targets: np.ndarray) -> Batch:
+    """A Batch of tensors sharing the memory of two int64 arrays (torch.from_numpy)."""
+    import torch
+
+    return Batch(torch.from_numpy(ids), torch.from_numpy(targets))
 
 
 def exact_match_counts(logits: torch.Tensor, targets: torch.Tensor) -> tuple[int, int]:

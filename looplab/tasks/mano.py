@@ -17,15 +17,16 @@ exactly the batches an uninterrupted run would.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Iterator
 
 import numpy as np
-import torch
 
-from looplab.tasks.base import IGNORE_INDEX, Batch
+from looplab.fields import check_choice, check_ints, keyed
+from looplab.tasks.base import IGNORE_INDEX, Batch, batch_from_numpy
 
-if TYPE_CHECKING:  # config imports the tasks (vocabulary sizes), not the other way
-    from looplab.config import ManoConfig
+if TYPE_CHECKING:  # tensors are made by tasks/base.py: config.py reads this module's config without torch
+    import torch
 
 MODULUS = 23
 OPERATORS = ("+", "-", "*")
@@ -52,6 +53,28 @@ def vocab(L: int) -> list[str]:
 
 def vocab_size(L: int) -> int:
     return _FIRST_LEN_ID + L + 1
+
+
+@dataclass(frozen=True)
+class ManoConfig:
+    """Mano (App. B): prefix arithmetic over F_23 with at most L operations."""
+
+    kind: str = keyed("mano")
+    L: int = keyed(10)
+    eval_count: int = keyed(2000)
+    eval_seed: int = keyed(20_231)
+    # Where the training loss applies: only at answer positions, or on every token.
+    loss: str = keyed("answer")
+
+    def __post_init__(self) -> None:
+        check_choice(self, "kind", ("mano",))
+        check_ints(self, "L", "eval_count")
+        check_ints(self, "eval_seed", minimum=0)
+        check_choice(self, "loss", ("answer", "all"))
+
+    @property
+    def vocab_size(self) -> int:
+        return vocab_size(self.L)
 
 
 def _apply(op_id: int, left: int, right: int) -> int:
@@ -137,7 +160,7 @@ def _token_id(token: str | int) -> int:
 
 def decode(ids: Iterable[int] | torch.Tensor | np.ndarray) -> list[str]:
     """Token strings for ids, for people reading batches."""
-    if isinstance(ids, (torch.Tensor, np.ndarray)):
+    if hasattr(ids, "tolist"):  # a tensor or an array (asked of the value: this module imports no torch)
         ids = ids.tolist()
     return [_token_name(int(i)) for i in ids]
 
@@ -199,7 +222,7 @@ class ManoTask:
             targets = next_tokens
         else:
             targets = np.where(ids == ANS_ID, next_tokens, IGNORE_INDEX)
-        return Batch(torch.from_numpy(ids.copy()), torch.from_numpy(np.ascontiguousarray(targets)))
+        return batch_from_numpy(ids.copy(), np.ascontiguousarray(targets))
 
     @functools.cached_property
     def _eval_batch(self) -> Batch:
@@ -211,7 +234,7 @@ class ManoTask:
         ans_position = rows.shape[1] - 2
         targets = np.full_like(rows, IGNORE_INDEX)
         targets[:, ans_position] = rows[:, -1]
-        return Batch(torch.from_numpy(rows), torch.from_numpy(targets))
+        return batch_from_numpy(rows, targets)
 
     def eval_batch(self) -> Batch:
         """The fixed evaluation set: eval_count instances with ℓ = L, one per row,

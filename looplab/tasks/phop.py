@@ -21,15 +21,13 @@ Positions in code are 0-based (the paper's are 1-based).
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import numpy as np
-import torch
 
-from looplab.tasks.base import IGNORE_INDEX, Batch
-
-if TYPE_CHECKING:  # config imports the tasks (vocabulary sizes), not the other way
-    from looplab.config import PhopConfig
+from looplab.errors import check
+from looplab.fields import check_choice, check_ints, keyed
+from looplab.tasks.base import IGNORE_INDEX, Batch, batch_from_numpy
 
 MAX_TRIES = 100
 
@@ -63,6 +61,31 @@ def vocab(alphabet: int, p: int) -> list[str]:
 
 def vocab_size(alphabet: int, p: int) -> int:
     return alphabet + 4 + p + 1
+
+
+@dataclass(frozen=True)
+class PhopConfig:
+    """p-hop induction (App. C): alphabet a, sequence length n, p hops."""
+
+    kind: str = keyed("phop")
+    n: int = keyed(256)
+    p: int = keyed(16)
+    alphabet: int = keyed(4)
+    eval_count: int = keyed(10_000)
+    eval_seed: int = keyed(20_232)
+
+    def __post_init__(self) -> None:
+        check_choice(self, "kind", ("phop",))
+        check_ints(self, "n", minimum=3)
+        check_ints(self, "p", "eval_count")
+        check_ints(self, "alphabet", minimum=2)
+        check_ints(self, "eval_seed", minimum=0)
+        # p distinct jump targets must fit before the last two positions.
+        check(self.p <= self.n - 2, "PhopConfig.p", self.p, f"an integer in [1, n-2={self.n - 2}]")
+
+    @property
+    def vocab_size(self) -> int:
+        return vocab_size(self.alphabet, self.p)
 
 
 def hop_trace(seq, p: int) -> list[int] | None:
@@ -200,7 +223,7 @@ class PhopTask:
         targets = np.full_like(rows, IGNORE_INDEX)
         ans_position = cfg.n + 2  # <bos>, n tokens, <hops_p>, then <ans>
         targets[:, ans_position] = rows[:, -1]
-        return Batch(torch.from_numpy(rows), torch.from_numpy(targets))
+        return batch_from_numpy(rows, targets)
 
     def train_batch(self, step: int, batch_size: int, seq_len: int, seed: int) -> Batch:
         """batch_size fresh samples, deterministic in (seed, step).

