@@ -221,14 +221,14 @@ def parameter_counts(c: ModelConfig) -> tuple[int, int, int, int]:
 
 def step_memory(cfg: ExperimentConfig, micro_batch: int, *, ranks: int = 1, path: str = "cuda",
                 checkpointing: bool | None = None) -> StepMemory:
-    """The model's estimate for cfg's stage with micro_batch rows of cfg.train.seq_len
-    per forward, the global batch split over `ranks` devices (checkpointing: default
-    cfg.train.activation_checkpointing)."""
+    """The model's estimate for cfg's stage with micro_batch rows per forward (each of
+    the task's row length: train.seq_len, or a whole p-hop sample), the global batch
+    split over `ranks` devices (checkpointing: default cfg.train.activation_checkpointing)."""
     from looplab.models.head import chunk_tokens_for
 
     if path not in PATHS:
         raise ValueError(f"path={path!r} is invalid; allowed: {' | '.join(PATHS)}")
-    c, L, stage = cfg.model, cfg.train.seq_len, get_stage(cfg.stage)
+    c, L, stage = cfg.model, cfg.task.row_length(cfg.train.seq_len), get_stage(cfg.stage)
     ckpt = cfg.train.activation_checkpointing if checkpointing is None else checkpointing
     a = activation_bytes(cfg, path)
     tokens = micro_batch * L

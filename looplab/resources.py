@@ -39,6 +39,12 @@ DEFAULT_MEMORY_MARGIN_GIB = 4.0
 DEFAULT_PEAK_TFLOPS = 989.0  # H100 SXM, dense bf16
 
 
+def row_length(cfg: ExperimentConfig) -> int:
+    """Tokens in one of the stage's training rows: train.seq_len for packed text and Mano,
+    a whole sample for p-hop (n + 4, whatever train.seq_len says)."""
+    return cfg.task.row_length(cfg.train.seq_len)
+
+
 def flops_per_token(cfg: ExperimentConfig, checkpointing: bool = False) -> float:
     """Training FLOPs per token of cfg's stage (module docstring); checkpointing
     adds the recomputed forward of the backbone."""
@@ -48,7 +54,7 @@ def flops_per_token(cfg: ExperimentConfig, checkpointing: bool = False) -> float
 
     with torch.device("meta"):  # exact counts, no memory
         model = LoopedLM(cfg.model)
-    f = model.flops_per_token(cfg.train.seq_len)
+    f = model.flops_per_token(row_length(cfg))
     R, stage = cfg.model.n_loops, get_stage(cfg.stage)
     heads = stage.loops_read(R) * f["head"]
     gates = (R - 1) * 2 * cfg.model.d_model if stage.gated else 0
@@ -114,7 +120,7 @@ class StagePlan:
 
     @property
     def tokens(self) -> int:
-        return self.cfg.train.steps * self.cfg.train.batch_size * self.cfg.train.seq_len
+        return self.cfg.train.steps * self.cfg.train.batch_size * row_length(self.cfg)
 
     def gpu_hours(self, mfu: float = DEFAULT_MFU, peak_tflops: float = DEFAULT_PEAK_TFLOPS) -> float:
         return self.flops / (mfu * peak_tflops * 1e12) / 3600
@@ -122,7 +128,7 @@ class StagePlan:
     def line(self, mfu: float = DEFAULT_MFU, peak_tflops: float = DEFAULT_PEAK_TFLOPS) -> str:
         t = self.cfg.train
         ckpt = ", activation checkpointing" if self.checkpointing else ""
-        return (f"{t.steps} steps × {t.batch_size} × {t.seq_len} tokens = {self.tokens:,}; ≈ {self.flops:.2e} FLOPs; "
+        return (f"{t.steps} steps × {t.batch_size} × {row_length(self.cfg)} tokens = {self.tokens:,}; ≈ {self.flops:.2e} FLOPs; "
                 f"micro-batch {self.micro_batch} × {self.accumulation} accumulation × {self.ranks} rank(s){ckpt}; "
                 f"peak ≈ {gib(self.memory.peak)} per device; "
                 f"≈ {self.gpu_hours(mfu, peak_tflops):,.1f} GPU-hours at {mfu:.0%} MFU of {peak_tflops:g} TFLOP/s")
@@ -162,5 +168,5 @@ def plan_stage(cfg: ExperimentConfig, *, ranks: int = 1, path: str = "cuda",
 def _plan(cfg: ExperimentConfig, ranks: int, micro: int, ckpt: bool, path: str) -> StagePlan:
     memory = step_memory(cfg, micro, ranks=ranks, path=path, checkpointing=ckpt)
     t = cfg.train
-    flops = flops_per_token(cfg, ckpt) * t.steps * t.batch_size * t.seq_len
+    flops = flops_per_token(cfg, ckpt) * t.steps * t.batch_size * row_length(cfg)
     return StagePlan(cfg, ranks, micro, ckpt, memory, flops)

@@ -175,3 +175,15 @@ def test_a_plan_leaves_its_margin_free():
     assert planned.memory.peak <= (80 - DEFAULT_MEMORY_MARGIN_GIB) * GiB and planned.micro_batch < tight.micro_batch
     with pytest.raises(ConfigError, match="with a margin of 10 GiB beside it"):
         plan_stage(paper(), ranks=8, device_memory_gib=12, margin_gib=10)
+
+
+def test_a_phop_row_is_one_sample_whatever_train_seq_len_says():
+    """p-hop trains on whole samples of n + 4 tokens (train_batch ignores train.seq_len):
+    the plan counts those tokens, and its FLOPs and memory do not move with seq_len."""
+    plans = [plan_stage(stage_config(get_preset("phop-debug"), "pretrain",
+                                     overrides={"task.n": 16, "train.seq_len": seq_len}), path="torch")
+             for seq_len in (128, 512)]
+    t = plans[0].cfg.train
+    assert plans[0].tokens == t.steps * t.batch_size * (16 + 4)
+    assert plans[0].flops == plans[1].flops and plans[0].memory.peak == plans[1].memory.peak
+    assert f"× {t.batch_size} × 20 tokens" in plans[0].line()

@@ -76,6 +76,10 @@ class ManoConfig:
     def vocab_size(self) -> int:
         return vocab_size(self.L)
 
+    def row_length(self, seq_len: int) -> int:
+        """Tokens in one training row: samples packed to train.seq_len."""
+        return seq_len
+
 
 def _apply(op_id: int, left: int, right: int) -> int:
     if op_id == PLUS_ID:

@@ -87,6 +87,11 @@ class PhopConfig:
     def vocab_size(self) -> int:
         return vocab_size(self.alphabet, self.p)
 
+    def row_length(self, seq_len: int) -> int:
+        """Tokens in one training row: a whole sample of n + 4 tokens, whatever
+        train.seq_len says (train_batch ignores it)."""
+        return self.n + 4
+
 
 def hop_trace(seq, p: int) -> list[int] | None:
     """0-based positions visited by p hops from the last position: [i_0, ..., i_p]

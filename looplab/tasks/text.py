@@ -111,6 +111,10 @@ class TextConfig:
         known = known_vocab_size(self.tokenizer)
         return known if known is not None else load_tokenizer(self.tokenizer).vocab_size
 
+    def row_length(self, seq_len: int) -> int:
+        """Tokens in one training row: the stream cut into blocks of train.seq_len."""
+        return seq_len
+
 
 @dataclass(frozen=True)
 class Document:
