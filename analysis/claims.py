@@ -39,6 +39,7 @@ from analysis.errors import AnalysisError
 from analysis.load import PARAM
 from looplab import tracking
 from looplab.policy import FORCED, FULL, SKIP
+from looplab.stages import DEFAULT_STAGE
 
 SEARCHED = PARAM + tracking.SEARCH_PARAM  # a trial's searched values: params.search.<name>
 
@@ -280,7 +281,7 @@ def trial_measures(points: pl.DataFrame, *, loops_at=target_loops) -> pl.DataFra
         skip = final.filter(pl.col("policy") == SKIP)
         skip_x = skip[tracking.EXECUTED_LOOPS].to_list() + ([n_loops] if full_loss is not None else [])
         skip_y = skip["loss"].to_list() + ([full_loss] if full_loss is not None else [])
-        pretrain = part.filter(pl.col("stage") == "pretrain")
+        pretrain = part.filter(pl.col("stage") == DEFAULT_STAGE)
         skip_curve, forced_curve, fixed_curve = (skip_x, skip_y), _fixed_curve(final, n_loops), _fixed_curve(pretrain,
                                                                                                            n_loops)
         row = {"experiment": first.get("experiment"), "trial_run_id": trial, "trial_key": first.get("trial_key"),

@@ -28,6 +28,7 @@ from analysis import names
 from analysis.errors import AnalysisError
 from analysis.sources import ClientSource, open_source, wants_best
 from looplab import tracking
+from looplab.stages import STAGES
 
 PARAM = "params."
 METRIC = "metrics."
@@ -257,5 +258,6 @@ def beta_histories(runs: RunSet) -> pl.DataFrame | None:
     info = trained.select("run_id", "stage", (pl.col(beta) if beta else pl.lit(None)).cast(pl.Float64).alias("beta"))
     hist = hist.join(info, on="run_id", how="left")
     stages = names.ordered_stages(hist["stage"].to_list())
-    stage = "stage1" if "stage1" in stages else (stages[0] if stages else None)
+    # The first gated stage trains the gate with β's entropy term (Stage-1 in the arms).
+    stage = next((s for s in stages if s in STAGES and STAGES[s].gated), stages[0] if stages else None)
     return hist.filter(pl.col("stage") == stage) if stage else hist

@@ -48,7 +48,7 @@ from analysis.load import PARAM
 from analysis.points import shared_once
 from looplab import tracking
 from looplab.policy import DENSE, FORCED, FULL, SKIP
-from looplab.stages import STAGE_NAMES
+from looplab.stages import DEFAULT_STAGE, STAGE_NAMES
 
 PCT = "pct"  # display as percent
 NUM = "num"
@@ -148,7 +148,7 @@ def iso_table(agg: pl.DataFrame) -> Table | None:
     full = agg.filter(pl.col("policy") == FULL)
     if full.is_empty():
         return None
-    pre = full.filter(pl.col("stage") == "pretrain")
+    pre = full.filter(pl.col("stage") == DEFAULT_STAGE)
     rows = (pre if pre.height else full.filter(pl.col("is_final_stage"))).unique(
         ["experiment", "config_hash"], keep="first", maintain_order=True)
     rows = rows.with_columns(_col(rows, "params.model.n_layers").alias("n_layers"),

@@ -171,6 +171,11 @@ STAGES: dict[str, Stage] = {s.name: s for s in (
 _LOSSES: dict[str, Callable] = {}  # stage name -> its minibatch loss (stage_loss fills it)
 # The stage of a config, or a checkpoint, that names none: the first that starts from fresh weights.
 DEFAULT_STAGE: str = next(name for name, stage in STAGES.items() if not stage.continues)
+# The paper's two gated arms, which share pre-training and Stage-1: stock Ouro (Stage-2
+# on Stage-1) and CHASE (cache-hole adaptation, then Stage-2) (App. D).
+OURO_ARM = ("pretrain", "stage1", "stage2")
+CHASE_ARM = ("pretrain", "stage1", "chase", "stage2")
+ARMS: dict[str, tuple[str, ...]] = {"ouro": OURO_ARM, "chase": CHASE_ARM}
 
 
 class _StageNames(Sequence):

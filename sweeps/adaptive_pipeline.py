@@ -30,6 +30,7 @@ from __future__ import annotations
 import sys
 
 from looplab.presets import TABLE4, get_preset, table4_loops
+from looplab.stages import ARMS
 from looplab.tracking import VAL_ACCURACY, VAL_PPL
 from sweeps.depth_grid import ARCH_PARAMS, NR_PARAMS
 from sweeps.evaluate import add_eval_flags, grid_from_args, with_evaluation
@@ -39,7 +40,6 @@ from sweeps.plan import SKIP_COLUMNS, Sweep
 from trainables.evaluation import EvalGrid
 from trainables.pipeline import PipelineSpec
 
-ARMS = {"ouro": ("pretrain", "stage1", "stage2"), "chase": ("pretrain", "stage1", "chase", "stage2")}
 BASELINE = "baseline"  # the arm of the ungated rows: iso_flops.py's single pretrain stage
 BASELINE_PARAMS = {**NR_PARAMS, **ARCH_PARAMS}  # iso_flops.py's searched params (depth_grid with --archs)
 

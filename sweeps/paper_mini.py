@@ -34,14 +34,15 @@ from pathlib import Path
 from typing import Any
 
 from looplab.config import ConfigError
+from looplab.stages import ARMS as GATED_ARMS
+from looplab.stages import DEFAULT_STAGE
 from looplab.tracking import ACCURACY, PPL, VAL_ACCURACY, VAL_LOSS, VAL_PPL
 from sweeps.depth_grid import depth_grid
 from sweeps.flags import Common, Launch, parser
 from sweeps.plan import SKIP_COLUMNS, Sweep, describe, sweep_key
 from trainables.pipeline import PipelineSpec, stage_configs
 
-ARMS = {"ouro": ("pretrain", "stage1", "stage2"), "chase": ("pretrain", "stage1", "chase", "stage2"),
-        "fixed": ("pretrain",)}
+ARMS = {**GATED_ARMS, "fixed": (DEFAULT_STAGE,)}
 SEEDS = "100,101,102"
 LM_PRESET, PHOP_PRESET = "debug", "phop-debug"
 # The regime the scale scan found for the cache-hole effect (README: the scan's table, seeds

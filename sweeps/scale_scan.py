@@ -30,6 +30,7 @@ import sys
 from dataclasses import replace
 from typing import Any
 
+from looplab.stages import ARMS
 from looplab.tracking import VAL_ACCURACY, VAL_LOSS, VAL_PPL
 from sweeps.depth_grid import depth_grid, level_from, pairs_from
 from sweeps.flags import Common, fail, parse_list
@@ -37,7 +38,6 @@ from sweeps.launch import main
 from sweeps.plan import SKIP_COLUMNS, Sweep
 from trainables.pipeline import PipelineSpec
 
-ARMS = {"ouro": ("pretrain", "stage1", "stage2"), "chase": ("pretrain", "stage1", "chase", "stage2")}
 CONTINUED = ("stage1", "chase", "stage2")
 # Scan params -> config keys, and the stages each reaches (default: every stage).
 HOLE_PARAMS = {"seq_len": "train.seq_len", "pretrain_steps": "train.steps", "stage_steps": "train.steps",
