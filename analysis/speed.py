@@ -19,6 +19,17 @@ the same checkpoint reached under that policy and at full compute.
                 policy as points (executed loops in the label), joined in order of falling
                 compute
 
+    arrivals_table(runs)       one row per decoding-under-arrivals point (sweeps/speed.py --arrivals;
+                looplab/arrivals.py), the newest per point and machine:
+      identity  experiment, checkpoint, method, stage, stage_key, device, slots, schedule,
+                policy (full is the baseline), requests, prompt_len, new_tokens, seed
+      speed     executed_loops (d̄ of the decoded tokens), tokens_per_s (prefills
+                included), decode_tokens_per_s, speedup (decode tokens/s over full's in
+                the same slots and schedule), loop_bound, flop_bound (of d̄, the LM head
+                read out per token), of_flop_bound
+    arrivals_chart(table)      decode tokens/s against d̄ per checkpoint × slots × schedule,
+                with the FLOP bound's tokens/s (full's × the bound of each d̄) dashed
+
 The metric and param names are the tracking contract's (looplab/tracking.py).
 """
 
@@ -36,6 +47,13 @@ IDENTITY = ("experiment", "checkpoint", "method", "stage", "stage_key", "device"
             "dtype", "packing")
 SPEED = (tracking.EXECUTED_LOOPS, "time_full_s", "time_skip_s", "tokens_per_s_full", "tokens_per_s_skip", "speedup",
          "loop_bound", "flop_bound", "of_flop_bound")
+# The arrivals runs' decode tokens/s, composed as trainables/speed.py logs it (the contract
+# has no single name for it yet).
+DECODE_TOKENS_PER_S = f"{tracking.DECODE}_{tracking.TOKENS_PER_S}"
+ARRIVAL_IDENTITY = ("experiment", "checkpoint", "method", "stage", "stage_key", "device", "slots", "schedule", "policy",
+                    "requests", "prompt_len", "new_tokens", "seed")
+ARRIVAL_SPEED = (tracking.EXECUTED_LOOPS, tracking.TOKENS_PER_S, DECODE_TOKENS_PER_S, "speedup", "loop_bound",
+                 "flop_bound", "of_flop_bound")
 PPL_FULL = names.at_point(tracking.PPL, FULL)  # the stage's validation perplexity at full depth
 QUALITY = (PPL_FULL, tracking.PPL, names.SPEED_VALIDATION_LOOPS)
 
@@ -44,14 +62,30 @@ def _column(table: pl.DataFrame, name: str, dtype) -> pl.Expr:
     return pl.col(name).cast(dtype, strict=False) if name in table.columns else pl.lit(None, dtype)
 
 
-def speed_runs(runs: RunSet) -> pl.DataFrame | None:
-    """The FINISHED speed runs as rows of IDENTITY and the speed columns; None without any."""
+def _finished_bench(runs: RunSet, point_param: str) -> pl.DataFrame | None:
+    """The FINISHED keyed bench runs that carry this point param (speed.batch: prefill
+    points; speed.slots: arrivals points); None without any."""
     table = runs.runs
-    if tracking.SPEED_KEY not in table.columns:
+    column = PARAM + tracking.SPEED_PARAM + point_param
+    if tracking.SPEED_KEY not in table.columns or column not in table.columns:
         return None
     bench = table.filter((pl.col("level") == tracking.BENCH) & pl.col(tracking.SPEED_KEY).is_not_null()
-                         & (pl.col("status") == "FINISHED"))
-    if bench.is_empty():
+                         & (pl.col("status") == "FINISHED") & pl.col(column).is_not_null())
+    return None if bench.is_empty() else bench
+
+
+def _with_checkpoint(runs: RunSet, rows: pl.DataFrame) -> pl.DataFrame:
+    """The timed stage's name beside its key, and checkpoint = <stage>-<stage_key>."""
+    stages = (runs.runs.filter(pl.col("level") == tracking.STAGE).select("experiment", "stage_key", "stage")
+              .unique(["experiment", "stage_key"]))
+    return rows.join(stages, on=["experiment", "stage_key"], how="left").with_columns(
+        pl.concat_str([pl.col("stage").fill_null("?"), pl.col("stage_key")], separator="-").alias("checkpoint"))
+
+
+def speed_runs(runs: RunSet) -> pl.DataFrame | None:
+    """The FINISHED speed runs as rows of IDENTITY and the speed columns; None without any."""
+    bench = _finished_bench(runs, "batch")
+    if bench is None:
         return None
     metric = lambda name: _column(bench, METRIC + name, pl.Float64)  # noqa: E731
     param = lambda name, dtype=pl.String: _column(bench, PARAM + name, dtype)  # noqa: E731
@@ -94,10 +128,7 @@ def speed_table(runs: RunSet, points: pl.DataFrame | None) -> pl.DataFrame | Non
     rows = speed_runs(runs)
     if rows is None:
         return None
-    stages = (runs.runs.filter(pl.col("level") == tracking.STAGE).select("experiment", "stage_key", "stage")
-              .unique(["experiment", "stage_key"]))
-    rows = rows.join(stages, on=["experiment", "stage_key"], how="left").with_columns(
-        pl.concat_str([pl.col("stage").fill_null("?"), pl.col("stage_key")], separator="-").alias("checkpoint"))
+    rows = _with_checkpoint(runs, rows)
     rows = rows.join(_policy_points(rows["policy"].unique().to_list()), on="policy", how="left")
     if points is not None and points.height:
         # A shared stage is a copy per trial (same key, same values): one value per point.
@@ -151,3 +182,66 @@ def speed_chart(table: pl.DataFrame) -> ChartSpec | None:
     return ChartSpec("speed", "Validation perplexity against measured prefill tokens/s",
                      "prefill tokens/s (batch · L / median time)", "validation perplexity", series,
                      log_y=log_scale(ys), log_x=log_scale(xs))
+
+
+# ---- decoding under continuous arrivals -------------------------------------------------------------
+def arrivals_table(runs: RunSet) -> pl.DataFrame | None:
+    """The FINISHED arrivals runs (module docstring); None when the experiments hold none."""
+    bench = _finished_bench(runs, "slots")
+    if bench is None:
+        return None
+    metric = lambda name: _column(bench, METRIC + name, pl.Float64)  # noqa: E731
+    param = lambda name, dtype=pl.String: _column(bench, PARAM + tracking.SPEED_PARAM + name, dtype)  # noqa: E731
+    rows = bench.select(
+        "experiment", "stage_key", "method", "start_time",
+        _column(bench, PARAM + tracking.MACHINE_PARAM + "device", pl.String).alias("device"),
+        param("slots", pl.Int64).alias("slots"), param("schedule").alias("schedule"),
+        pl.coalesce(pl.col(tracking.POLICY_TAG), param("policy")).alias("policy"),
+        param("requests", pl.Int64).alias("requests"), param("prompt_len").alias("prompt_len"),
+        param("new_tokens").alias("new_tokens"), param("seed", pl.Int64).alias("seed"),
+        metric(tracking.MEAN_LOOPS).alias(tracking.EXECUTED_LOOPS),
+        metric(tracking.TOKENS_PER_S).alias(tracking.TOKENS_PER_S),
+        metric(DECODE_TOKENS_PER_S).alias(DECODE_TOKENS_PER_S), metric(tracking.SPEEDUP).alias("speedup"),
+        metric(tracking.LOOP_BOUND).alias("loop_bound"), metric(tracking.FLOP_BOUND).alias("flop_bound"))
+    rows = rows.with_columns((pl.col("speedup") / pl.col("flop_bound")).alias("of_flop_bound"))
+    point = ["experiment", "stage_key", "device", "slots", "schedule", "policy", "requests", "prompt_len",
+             "new_tokens", "seed"]
+    rows = rows.sort("start_time").unique(point, keep="last", maintain_order=True).drop("start_time")
+    return (_with_checkpoint(runs, rows).select(*ARRIVAL_IDENTITY, *ARRIVAL_SPEED)
+            .sort("experiment", "checkpoint", "device", "slots", "schedule", tracking.EXECUTED_LOOPS,
+                  descending=[False, False, False, False, False, True]))
+
+
+def arrivals_chart(table: pl.DataFrame) -> ChartSpec | None:
+    """Decode tokens/s against d̄: per checkpoint × slots × schedule the measured points
+    (full at d̄ = R, then each policy), and dashed the tokens/s the FLOP bound allows
+    (full's decode tokens/s × the bound of each point's d̄). None without a point."""
+    drawn = table.filter(pl.col(DECODE_TOKENS_PER_S).is_not_null() & pl.col(tracking.EXECUTED_LOOPS).is_not_null())
+    if drawn.is_empty():
+        return None
+    by = ["checkpoint", "slots", "schedule"] + [c for c in ("device", "requests", "prompt_len", "new_tokens", "seed")
+                                               if drawn[c].n_unique() > 1]
+    series, ys = [], []
+    for i, (key, group) in enumerate(drawn.sort(*by).group_by(by, maintain_order=True)):
+        info = dict(zip(by, key))
+        name = " · ".join([f"{group['method'][0]} {info['checkpoint'].split('-')[0]}", f"{info['slots']} slots",
+                           *(str(info[c]) for c in by[2:])])
+        color = PALETTE[i % len(PALETTE)]
+        rows = list(group.sort(tracking.EXECUTED_LOOPS, descending=True).iter_rows(named=True))
+        pts = [Point(r[tracking.EXECUTED_LOOPS], r[DECODE_TOKENS_PER_S],
+                     f"{r['policy']}: d̄ {r[tracking.EXECUTED_LOOPS]:.2f}, {r['speedup']:.2f}x"
+                     + (f" of FLOP bound {r['flop_bound']:.2f}x" if r["flop_bound"] is not None else ""))
+                 for r in rows]
+        series.append(Series(name, color, pts, [(p.x, p.y) for p in pts], "linear"))
+        ys += [p.y for p in pts]
+        full = [r[DECODE_TOKENS_PER_S] for r in rows if r["policy"] == FULL]
+        if full:  # the bound is a speedup over full: drawn from full's measured tokens/s
+            bound = [Point(r[tracking.EXECUTED_LOOPS], full[0] * r["flop_bound"],
+                           f"{r['policy']}: FLOP bound {r['flop_bound']:.2f}x") for r in rows
+                     if r["flop_bound"] is not None]
+            series.append(Series(f"{name} · FLOP bound", color, bound, [(p.x, p.y) for p in bound], "linear",
+                                 dashed=True))
+            ys += [p.y for p in bound]
+    return ChartSpec("arrivals", "Decode tokens/s under continuous arrivals against executed loops d̄",
+                     "executed loops d̄ (decoded tokens)", "decode tokens/s (the wall less the prefills)", series,
+                     log_y=log_scale(ys))

@@ -24,6 +24,16 @@ point is one MLflow run keyed by content and by the machine that times it
 Each run records, beside the measured speedup, the loop bound R/d̄ and the FLOP bound
 (F0 + R·Fr)/(F0 + d̄·Fr) (looplab/resources.py).
 
+--arrivals adds decoding under continuous arrivals (looplab/arrivals.py, issue 27 item
+6a): per checkpoint, a seeded request stream served by --slots cache rows under each
+--schedules and each policy (and full, the baseline), one MLflow run per (checkpoint,
+slots, schedule, policy, stream) keyed the same way; each logs tokens/s, decode tokens/s,
+d̄, the FLOP bound of d̄ and the speedup over full. --requests, --prompt-len, --new-tokens
+set the stream (defaults: the grid's arrivals settings; debug is a CPU's seconds):
+
+    python sweeps/speed.py --experiment adaptive_pipeline-debug --grid debug --no-ray --arrivals
+    python sweeps/speed.py --experiment adaptive_pipeline-paper-140m --grid table5-140m --arrivals --slots 8,32
+
 One job per checkpoint, a Ray task with --cpus and --gpus (defaults: without GPUs, a
 node's CPUs, so that one job at a time has the machine to itself, as timing wants;
 with GPUs, one GPU and its share of the CPUs), or in this process (--no-ray). The
@@ -48,7 +58,7 @@ from looplab.stages import STAGE_NAMES, get_stage
 from sweeps.evaluate import open_experiment
 from sweeps.flags import add_store_flags, fail
 from sweeps.runtime import console_to_log, local_gpus, write_report
-from trainables.speed import SpeedPoint
+from trainables.speed import ARRIVALS, ArrivalPlan, ArrivalPoint, SpeedPoint
 
 PACKINGS = ("auto", "padded", "varlen")
 DTYPES = ("fp32", "bf16")
@@ -83,6 +93,39 @@ GRIDS = {
 }
 
 
+@dataclass(frozen=True)
+class ArrivalGrid:
+    """The arrivals benchmark's settings: the stream, the slots and schedules (the
+    policies are the speed grid's, full added as the baseline)."""
+
+    slots: tuple[int, ...] = (8, 32)
+    requests: int = 64
+    prompt_len: tuple[int, int] = (16, 128)
+    new_tokens: tuple[int, int] = (8, 64)
+    schedules: tuple[str, ...] = ("lockstep", "depth")  # looplab.depth_batching.SCHEDULES (which brings torch)
+    warmup: int = 1
+    repeats: int = 3
+
+    def plan(self, policies: str) -> ArrivalPlan:
+        """Every (slots, schedule, policy), full first, in that order."""
+        from looplab.policy import ExitPolicy
+
+        specs = list(dict.fromkeys([ExitPolicy.full().spec, *(p.spec for p in parse_policies(policies))]))
+        points = tuple(ArrivalPoint(s, schedule, spec, self.requests, self.prompt_len, self.new_tokens)
+                       for s in self.slots for schedule in self.schedules for spec in specs)
+        return ArrivalPlan(points, self.warmup, self.repeats)
+
+    def describe(self) -> str:
+        return (f"slots {', '.join(map(str, self.slots))} × {' '.join(self.schedules)}; {self.requests} requests, "
+                f"prompts {self.prompt_len[0]}-{self.prompt_len[1]}, {self.new_tokens[0]}-{self.new_tokens[1]} new "
+                f"tokens; {self.warmup} warm-up(s), {self.repeats} repeats")
+
+
+# The paper's grids take looplab bench-arrivals' defaults; debug serves a few short
+# requests so that a CPU measures it in seconds.
+ARRIVAL_GRIDS = {"debug": ArrivalGrid(slots=(2,), requests=6, prompt_len=(8, 16), new_tokens=(4, 8), repeats=1)}
+
+
 # ---- flags ------------------------------------------------------------------------------------
 def parser() -> argparse.ArgumentParser:
     p = Parser(prog="python -m sweeps.speed",
@@ -105,6 +148,16 @@ def parser() -> argparse.ArgumentParser:
                    help="CPUs per job, also its torch threads (default: a node's CPUs without GPUs, else its "
                         "CPUs per GPU)")
     p.add_argument("--gpus", default="", metavar="N", help="GPUs per job (default: 1 where there are GPUs, else 0)")
+    p.add_argument("--arrivals", action="store_true",
+                   help="also benchmark decoding under continuous arrivals (looplab/arrivals.py), one run per "
+                        "(checkpoint, slots, schedule, policy, stream)")
+    p.add_argument("--slots", default="", metavar="S,...", help="with --arrivals: cache rows served at once")
+    p.add_argument("--requests", default="", metavar="N", help="with --arrivals: requests in the stream")
+    p.add_argument("--prompt-len", default="", metavar="LOW-HIGH",
+                   help="with --arrivals: each request's prompt length, drawn uniformly (LOW-HIGH or N)")
+    p.add_argument("--new-tokens", default="", metavar="LOW-HIGH",
+                   help="with --arrivals: each request's new tokens, drawn uniformly (LOW-HIGH or N)")
+    p.add_argument("--schedules", default="", metavar="lockstep,depth", help="with --arrivals: the schedules")
     p.add_argument("--no-ray", action="store_true",
                    help="run the jobs one after another in this process (one machine, no Ray)")
     p.add_argument("--no-report", action="store_true", help="do not write the analysis report at the end")
@@ -160,6 +213,52 @@ def grid_from_args(args: argparse.Namespace) -> SpeedGrid:
             fail("--repeats", args.repeats, "an integer >= 1")
         grid = replace(grid, repeats=repeats[0])
     return grid
+
+
+ARRIVAL_FLAGS = ("--slots", "--requests", "--prompt-len", "--new-tokens", "--schedules")
+
+
+def arrival_grid_from_args(args: argparse.Namespace) -> ArrivalGrid | None:
+    """The grid's arrivals settings with the flags' overrides when --arrivals is given,
+    else None; an arrivals flag without --arrivals is a mistake worth a line."""
+    given = {flag: getattr(args, flag[2:].replace("-", "_")) for flag in ARRIVAL_FLAGS}
+    if not args.arrivals:
+        for flag, text in given.items():
+            if text:
+                fail(flag, text, f"{flag} together with --arrivals")
+        return None
+    grid = ARRIVAL_GRIDS.get(args.grid, ArrivalGrid())
+    if given["--slots"]:
+        grid = replace(grid, slots=_ints("--slots", given["--slots"]))
+    if given["--requests"]:
+        requests = _ints("--requests", given["--requests"], "an integer >= 1")
+        if len(requests) != 1:
+            fail("--requests", given["--requests"], "an integer >= 1")
+        grid = replace(grid, requests=requests[0])
+    for flag, field in (("--prompt-len", "prompt_len"), ("--new-tokens", "new_tokens")):
+        if given[flag]:
+            grid = replace(grid, **{field: _token_range(flag, given[flag])})
+    if given["--schedules"]:
+        grid = replace(grid, schedules=_schedules(given["--schedules"]))
+    return grid
+
+
+def _token_range(flag: str, text: str) -> tuple[int, int]:
+    from looplab.arrivals import parse_range
+
+    try:
+        return parse_range(flag, text)
+    except ConfigError:
+        fail(flag, text, "LOW-HIGH or N, integers with 1 <= LOW <= HIGH")
+
+
+def _schedules(text: str) -> tuple[str, ...]:
+    from looplab.depth_batching import SCHEDULES
+
+    schedules = tuple(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
+    if not schedules or any(s not in SCHEDULES for s in schedules):
+        fail("--schedules", text, f"comma-separated: {' | '.join(SCHEDULES)}")
+    return schedules
 
 
 def check_policies(text: str) -> None:
@@ -253,41 +352,52 @@ def check_points(grid: SpeedGrid, checkpoints) -> None:
 
 # ---- the plan ---------------------------------------------------------------------------------
 def jobs_for(grid: SpeedGrid, checkpoints, *, threads: int, uri: str, experiment: str, artifact_root: str,
-             board: str = ""):
+             board: str = "", arrivals: ArrivalGrid | None = None):
     from trainables.speed import SpeedJob
 
     points = tuple(grid.points())
-    return [SpeedJob(ck, points, grid.repeats, threads, uri, experiment, artifact_root, board) for ck in checkpoints]
+    plan = arrivals.plan(grid.policies) if arrivals else None
+    return [SpeedJob(ck, points, grid.repeats, threads, uri, experiment, artifact_root, board, plan)
+            for ck in checkpoints]
 
 
 def stored_counts(mc, experiment_id: str, jobs) -> dict[str, int]:
     """Per job, how many of its points the store holds FINISHED on this machine (the key
     names the machine that times it: another machine measures again)."""
-    from trainables.speed import finished_speed_keys, host_of, speed_key
+    from trainables.speed import finished_speed_keys, host_of, plan_keys, speed_key
 
     done = finished_speed_keys(mc, experiment_id)
     counts = {}
     for job in jobs:
         host = host_of(job.threads)
-        counts[job.label] = sum(speed_key(job.checkpoint.stage_key, p, host, job.repeats) in done for p in job.points)
+        keys = [speed_key(job.checkpoint.stage_key, p, host, job.repeats) for p in job.points]
+        if job.arrivals:
+            keys += plan_keys(job.checkpoint.stage_key, job.arrivals, host).values()
+        counts[job.label] = sum(key in done for key in keys)
     return counts
 
 
-def describe(grid: SpeedGrid, jobs, stored: dict[str, int], cpus: float, gpus: float) -> str:
+def describe(grid: SpeedGrid, jobs, stored: dict[str, int], cpus: float, gpus: float,
+             arrivals: ArrivalGrid | None = None) -> str:
     from trainables.speed import host_of
 
-    n = len(grid.points())
+    n = len(grid.points()) + (len(arrivals.plan(grid.policies).points) if arrivals else 0)
     total, have = n * len(jobs), sum(stored.values())
     host = host_of(jobs[0].threads) if jobs else {}
     lines = [f"speed sweep: {len(jobs)} checkpoint(s) × {n} point(s) = {total} measurement(s); {have} in the store "
              f"(FINISHED with the same speed_key on this machine: {', '.join(f'{k} {v}' for k, v in host.items())})",
              f"  grid: {grid.describe()}",
+             *([f"  arrivals: {arrivals.describe()}; {len(arrivals.plan(grid.policies).points)} point(s) per "
+                "checkpoint (full is each schedule's baseline)"] if arrivals else []),
              f"  jobs: one per checkpoint, {cpus:g} CPU" + (f", {gpus:g} GPU" if gpus else "") + " each"]
     for job in jobs:
         ck = job.checkpoint
         lines.append(f"  {job.label} ({job.method}, R={ck.n_loops}, {'+'.join(ck.lineage)}): {n} point(s), "
                      f"{stored[job.label]} in the store")
     lines.append("  points: " + ", ".join(f"b{p.batch} L{p.seq_len} {p.policy}" for p in grid.points()))
+    if arrivals:
+        lines.append("  arrivals points: " + ", ".join(f"s{p.slots} {p.schedule} {p.policy}"
+                                                       for p in arrivals.plan(grid.policies).points))
     lines.append(f"  to measure now: {total - have}")
     return "\n".join(lines)
 
@@ -295,6 +405,14 @@ def describe(grid: SpeedGrid, jobs, stored: dict[str, int], cpus: float, gpus: f
 # ---- the summary ------------------------------------------------------------------------------
 SUMMARY = ("checkpoint", "method", "batch", "L", "policy", "loops", "speedup", "loop bound R/d̄", "FLOP bound",
            "speedup / FLOP bound", "reused")
+
+
+ARRIVALS_SUMMARY = ("checkpoint", "method", "slots", "schedule", "policy", "d̄", "tok/s", "decode tok/s", "speedup",
+                    "FLOP bound", "speedup / FLOP bound", "reused")
+
+
+def is_arrivals(record: dict) -> bool:
+    return record.get("kind") == ARRIVALS
 
 
 def summary_rows(records: list[dict]) -> list[list[str]]:
@@ -308,11 +426,37 @@ def summary_rows(records: list[dict]) -> list[list[str]]:
     return rows
 
 
+def arrivals_rows(records: list[dict]) -> list[list[str]]:
+    from trainables.speed import DECODE_TOKENS_PER_S
+
+    rows = []
+    for r in records:
+        bound, speedup = r.get(tracking.FLOP_BOUND), r.get(tracking.SPEEDUP)
+        rows.append([r["checkpoint"], r["method"], str(r["slots"]), r["schedule"], r["policy"],
+                     f"{r[tracking.MEAN_LOOPS]:.2f}", f"{r[tracking.TOKENS_PER_S]:.0f}",
+                     f"{r[DECODE_TOKENS_PER_S]:.0f}", f"{speedup:.2f}x", f"{bound:.2f}x" if bound else "?",
+                     f"{speedup / bound:.0%}" if bound else "?", "yes" if r["reused"] else "no"])
+    return rows
+
+
 def print_summary(records: list[dict], out=None) -> None:
+    """The prefill points' table, then (with --arrivals) the arrivals points'."""
     out = out or sys.stdout
-    rows = summary_rows(records)
-    widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(SUMMARY)]
-    for row in [list(SUMMARY), ["-" * w for w in widths], *rows]:
+    prefill = [r for r in records if not is_arrivals(r)]
+    arrivals = [r for r in records if is_arrivals(r)]
+    if prefill:
+        _print_table(SUMMARY, summary_rows(prefill), out)
+    if arrivals:
+        if prefill:
+            print(file=out)
+        print("decoding under continuous arrivals (speedup: decode tok/s over full's, same slots and schedule)",
+              file=out)
+        _print_table(ARRIVALS_SUMMARY, arrivals_rows(arrivals), out)
+
+
+def _print_table(header: tuple[str, ...], rows: list[list[str]], out) -> None:
+    widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(header)]
+    for row in [list(header), ["-" * w for w in widths], *rows]:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip(), file=out)
 
 
@@ -326,6 +470,7 @@ def main(argv: list[str] | None = None) -> int:
     uri = args.tracking_uri or f"sqlite:///{storage.scratch() / 'mlflow.db'}"
     try:
         grid = grid_from_args(args)
+        arrivals = arrival_grid_from_args(args)
         stages = parse_stages(args.stages)
         # On a cluster (--address) the jobs' resources are checked against its nodes once Ray is up.
         cpus, gpus = resources_from_args(args, this_machine(), check_fit=not args.address or args.no_ray)
@@ -344,26 +489,53 @@ def main(argv: list[str] | None = None) -> int:
     artifact_root = storage.path("mlflow")
     if args.dry_run:
         jobs = jobs_for(grid, chosen, threads=max(1, round(cpus)), uri=uri, experiment=args.experiment,
-                        artifact_root=artifact_root)
-        print(describe(grid, jobs, stored_counts(mc, experiment_id, jobs), cpus, gpus))
+                        artifact_root=artifact_root, arrivals=arrivals)
+        print(describe(grid, jobs, stored_counts(mc, experiment_id, jobs), cpus, gpus, arrivals))
         if args.address and not args.no_ray:
             print("  (resources: this machine's defaults; a run takes the cluster's nodes')")
         return 0
-    status, records = run(args, grid, chosen, uri, artifact_root, storage, cpus, gpus)
+    status, records = run(args, grid, chosen, uri, artifact_root, storage, cpus, gpus, arrivals)
     if records:
         print()
         print_summary(records)
     if status != 2 and not args.no_report:
         sweep = tracking.find_run(mc, experiment_id, **{tracking.LEVEL: tracking.SWEEP})
-        report = write_report(uri, args.experiment, sweep.info.run_id if sweep else None,
-                              storage.scratch() / "analysis" / f"{args.experiment}-speed")
-        for name in ("speed.png", "report.html"):
+        folder = storage.scratch() / "analysis" / f"{args.experiment}-speed"
+        report = write_report(uri, args.experiment, sweep.info.run_id if sweep else None, folder)
+        if arrivals is not None:
+            report.update(write_arrivals(uri, args.experiment, folder))
+        for name in ("speed.png", "arrivals.csv", "arrivals.png", "report.html"):
             if name in report:
                 print(f"{name}: {report[name]}")
     return status
 
 
-def run(args, grid: SpeedGrid, chosen, uri: str, artifact_root: str, storage, cpus: float, gpus: float):
+def write_arrivals(uri: str, experiment: str, folder) -> dict:
+    """arrivals.csv and arrivals.png (analysis/speed.py) beside the report: the report
+    (analysis/report.py) has no arrivals section yet. Like the report, a problem here is
+    said, never raised: the measurements are in the store."""
+    try:
+        from analysis.load import load_runs
+        from analysis.plots import render_png
+        from analysis.speed import arrivals_chart, arrivals_table
+
+        table = arrivals_table(load_runs(uri, [experiment]))
+        if table is None:
+            return {}
+        folder.mkdir(parents=True, exist_ok=True)
+        table.write_csv(folder / "arrivals.csv")
+        written = {"arrivals.csv": folder / "arrivals.csv"}
+        spec = arrivals_chart(table)
+        if spec is not None:
+            written["arrivals.png"] = render_png(spec, folder / "arrivals.png")
+        return written
+    except Exception as e:  # noqa: BLE001 - the sweep finished; a report problem is reported, not raised
+        print(f"arrivals analysis failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return {}
+
+
+def run(args, grid: SpeedGrid, chosen, uri: str, artifact_root: str, storage, cpus: float, gpus: float,
+        arrivals: ArrivalGrid | None = None):
     """Every job (in this process with --no-ray, else as Ray tasks), with a progress line
     per checkpoint. Returns (exit status: 0, 1 when a job failed, 2 when the cluster
     cannot hold a job; the records, in the plan's order)."""
@@ -392,9 +564,10 @@ def run(args, grid: SpeedGrid, chosen, uri: str, artifact_root: str, storage, cp
                 return 2, []
         board = "" if inline else board_name(f"speed-{args.experiment}")
         jobs = jobs_for(grid, chosen, threads=max(1, round(cpus)), uri=uri, experiment=args.experiment,
-                        artifact_root=artifact_root, board=board)
+                        artifact_root=artifact_root, board=board, arrivals=arrivals)
         where = "in this process" if inline else f"{cpus:g} CPU" + (f", {gpus:g} GPU" if gpus else "") + " each"
-        print(f"timing {len(grid.points())} point(s) on each of {len(jobs)} checkpoint(s), one job per checkpoint "
+        per_job = f"{len(grid.points())}" + (f" + {len(jobs[0].arrivals.points)} arrivals" if arrivals and jobs else "")
+        print(f"timing {per_job} point(s) on each of {len(jobs)} checkpoint(s), one job per checkpoint "
               f"({where})", file=sys.stderr, flush=True)
         records, failed = [], 0
         with Printer(board) if board else contextlib.nullcontext() as printer:

@@ -2,7 +2,9 @@
 FLOP bound by hand, the paper's grids in the dry run, bad flags as one line, and the
 sweep end to end in this process on tiny checkpoints of a logged pipeline: one run per
 point with the machine, a re-run that measures nothing, and the report's join of speed
-to the stage's validation perplexity."""
+to the stage's validation perplexity; with --arrivals, decoding under continuous arrivals:
+one run per (checkpoint, slots, schedule, policy, stream), its FLOP bound the library's
+for the measured d̄, nothing re-measured on a re-run, and arrivals.csv beside speed.csv."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ pytest.importorskip("polars")
 import analysis_fixture as fx  # noqa: E402
 import looplab  # noqa: E402
 from looplab import tracking  # noqa: E402
-from looplab.checkpoint import experiment_metadata  # noqa: E402
+from looplab.checkpoint import experiment_metadata, read_model_config, save_model  # noqa: E402
 from looplab.policy import ExitPolicy  # noqa: E402
 from looplab.resources import flop_bound, prefill_flops  # noqa: E402
 from sweeps import speed  # noqa: E402
@@ -70,7 +72,7 @@ def store(tmp_path_factory):
                                                               generator=torch.Generator().manual_seed(1)))
                 model.exit_gate.bias.fill_(1.0)
             path = root / "stages" / f"{cfg.stage}-{cfg.stage_key()}" / "checkpoint"
-            model.save(path)
+            save_model(model, path)
             saved[cfg.stage_key()] = cfg
     finals = {arm: configs[-1] for (arm, _, _), configs in logged["configs"].items()}
     return {"root": root, "uri": uri, "finals": finals}
@@ -165,6 +167,13 @@ def test_dry_run_lists_the_paper_grids(store, capsys):
     (["--stages", "pretrain", "--policies", "skip:0.4"], "--policies='skip:0.4' is invalid; allowed: policies that "
                                                          "apply to stage pretrain"),
     (["--experiment", "nope"], "--experiment='nope' is invalid"),
+    (["--slots", "2"], "--slots='2' is invalid; allowed: --slots together with --arrivals"),
+    (["--arrivals", "--slots", "0"], "--slots='0' is invalid"),
+    (["--arrivals", "--requests", "x"], "--requests='x' is invalid; allowed: an integer >= 1"),
+    (["--arrivals", "--prompt-len", "8-4"], "--prompt-len='8-4' is invalid; allowed: LOW-HIGH or N"),
+    (["--arrivals", "--new-tokens", "0"], "--new-tokens='0' is invalid; allowed: LOW-HIGH or N"),
+    (["--arrivals", "--schedules", "eager"], "--schedules='eager' is invalid; allowed: comma-separated: lockstep | "
+                                             "depth"),
 ])
 def test_bad_flags_are_one_line(store, extra, expected, capsys):
     import ray
@@ -176,3 +185,97 @@ def test_bad_flags_are_one_line(store, extra, expected, capsys):
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and err.startswith(f"error: {expected}"), err
     assert not ray.is_initialized()
+
+
+# ---- decoding under continuous arrivals (--arrivals) --------------------------------------------------
+ARRIVALS = ["--arrivals", "--slots", "2", "--requests", "3", "--prompt-len", "4-8", "--new-tokens", "2-4",
+            "--schedules", "lockstep,depth"]
+
+
+def arrival_runs(uri: str) -> list:
+    return [r for r in speed_runs(uri) if tracking.SPEED_PARAM + "slots" in r.data.params]
+
+
+def test_arrivals_sweep_end_to_end_inline(store, capsys, monkeypatch):
+    """Per checkpoint, full and each policy under each schedule: one FINISHED run per
+    point with the machine, its FLOP bound flop_bound(prefill_flops(..., readout all)) at
+    the stream's mean context for the logged d̄; the same command again measures nothing
+    and leaves the runs as they were; the report folder gets arrivals.csv, and speed.csv
+    keeps the prefill points only."""
+    from looplab.arrivals import RequestStream
+    from trainables.speed import ARRIVAL_METRICS, DECODE_TOKENS_PER_S
+
+    argv = ["--experiment", EXPERIMENT, "--storage-path", str(store["root"]), "--no-ray", *TINY, *ARRIVALS]
+    assert speed.main(argv + ["--no-report"]) == 0
+    out = capsys.readouterr().out
+    runs = arrival_runs(store["uri"])
+    finals = {cfg.stage_key(): arm for arm, cfg in store["finals"].items()}
+    assert len(runs) == 2 * 2 * 3  # checkpoints × schedules × (full, skip:0.2, skip:0.6)
+    assert len({r.data.tags[tracking.SPEED_KEY] for r in runs}) == len(runs)
+    points = {(r.data.tags[tracking.STAGE_KEY], r.data.params[tracking.SPEED_PARAM + "schedule"],
+               r.data.tags[tracking.POLICY_TAG]) for r in runs}
+    assert points == {(k, schedule, p) for k in finals for schedule in ("lockstep", "depth")
+                      for p in ("full", "skip:0.2", "skip:0.6")}
+    stream = RequestStream(3, (4, 8), (2, 4))
+    for r in runs:
+        assert r.info.status == "FINISHED" and r.data.tags[tracking.LEVEL] == tracking.BENCH
+        assert r.data.tags[tracking.METHOD] == finals[r.data.tags[tracking.STAGE_KEY]]
+        params = r.data.params
+        assert params[tracking.MACHINE_PARAM + "device"] == "cpu" and params[tracking.MACHINE_PARAM + "threads"] == "1"
+        assert (params[tracking.SPEED_PARAM + "slots"], params[tracking.SPEED_PARAM + "prompt_len"],
+                params[tracking.SPEED_PARAM + "new_tokens"]) == ("2", "4-8", "2-4")
+        m = r.data.metrics
+        assert set(ARRIVAL_METRICS) <= set(m) and m[DECODE_TOKENS_PER_S] > 0
+        policy = ExitPolicy.parse(r.data.tags[tracking.POLICY_TAG])
+        cfg = read_model_config(r.data.tags[tracking.CHECKPOINT])
+        f0, fr = prefill_flops(cfg, round(stream.mean_context), policy, readout="all")
+        assert m[tracking.FLOP_BOUND] == pytest.approx(flop_bound(f0, fr, cfg.n_loops, m[tracking.MEAN_LOOPS]))
+        assert m[tracking.LOOP_BOUND] == pytest.approx(cfg.n_loops / m[tracking.MEAN_LOOPS])
+        if policy.spec == "full":  # the baseline: every loop, its own speedup
+            assert m[tracking.MEAN_LOOPS] == cfg.n_loops and m[tracking.SPEEDUP] == 1.0
+    arrivals_summary = out.split("decoding under continuous arrivals")[1]
+    assert arrivals_summary.count(" no\n") == 12 and "speedup / FLOP bound" in arrivals_summary
+    dry = ["--experiment", EXPERIMENT, "--storage-path", str(store["root"]), "--dry-run", *TINY, *ARRIVALS]
+    assert speed.main(dry) == 0
+    plan = capsys.readouterr().out
+    assert "2 checkpoint(s) × 8 point(s) = 16 measurement(s); 16 in the store" in plan and "to measure now: 0" in plan
+
+    # again: nothing is measured (the benchmark is never called) and the runs are untouched
+    def not_again(*args, **kwargs):
+        raise AssertionError("an arrivals point was measured again")
+
+    monkeypatch.setattr("looplab.arrivals.bench_arrivals", not_again)
+    ends = {r.info.run_id: r.info.end_time for r in runs}
+    assert speed.main(argv) == 0
+    captured = capsys.readouterr()
+    assert captured.err.count("0 measured, 8 reused") == 2 and captured.out.count(" yes\n") == 4 + 12, captured.err
+    assert {r.info.run_id: r.info.end_time for r in arrival_runs(store["uri"])} == ends
+
+    import polars as pl
+
+    folder = store["root"] / "analysis" / f"{EXPERIMENT}-speed"
+    assert (folder / "arrivals.csv").is_file(), captured.err
+    table = pl.read_csv(folder / "arrivals.csv")
+    assert table.height == 12 and (folder / "arrivals.png").is_file()
+    assert pl.read_csv(folder / "speed.csv").height == 4  # the prefill points alone
+    by_run = {(r.data.tags[tracking.STAGE_KEY], r.data.params[tracking.SPEED_PARAM + "schedule"],
+               r.data.tags[tracking.POLICY_TAG]): r.data.metrics for r in runs}
+    for row in table.iter_rows(named=True):
+        m = by_run[row["stage_key"], row["schedule"], row["policy"]]
+        assert row["flop_bound"] == pytest.approx(m[tracking.FLOP_BOUND])
+        assert row["of_flop_bound"] == pytest.approx(m[tracking.SPEEDUP] / m[tracking.FLOP_BOUND])
+        assert row[DECODE_TOKENS_PER_S] == pytest.approx(m[DECODE_TOKENS_PER_S])
+
+
+def test_an_arrivals_key_is_its_own():
+    """An arrivals point never shares a prefill point's key, and the machine and the
+    timing settings enter it."""
+    from trainables.speed import ArrivalPoint, SpeedPoint, arrival_key, machine, speed_key
+
+    point = ArrivalPoint(2, "depth", "skip:0.4", 3, (4, 8), (2, 4))
+    host = machine("cpu", 1)
+    key = arrival_key("abc", point, host, 1, 1)
+    assert key != speed_key("abc", SpeedPoint(2, 8, "skip:0.4"), host, 1)
+    assert key != arrival_key("abc", point, machine("cpu", 2), 1, 1)
+    assert key != arrival_key("abc", point, host, 0, 1) != arrival_key("abc", point, host, 1, 3)
+    assert key == arrival_key("abc", ArrivalPoint(2, "depth", "skip:0.4", 3, (4, 8), (2, 4)), host, 1, 1)

@@ -10,6 +10,15 @@ params speed.* and machine.*; metrics tracking.SPEED_METRICS: the benchmark's fi
 and the FLOP bound of the speedup, looplab/resources.py); a FINISHED run with the key is
 never measured again.
 
+Decoding under continuous arrivals (looplab/arrivals.py; issue 27, item 6a) is the same
+step for decoding: an `ArrivalPoint` is (checkpoint, slots, schedule, policy, request
+stream), keyed the same way (`arrival_key`: the stage key, the point, the machine, the
+warm-ups and repeats), one MLflow run each (level bench, the same tags; params speed.*
+and machine.*; metrics `arrival_metrics`: tokens/s, decode tokens/s, d̄, the loop and
+FLOP bounds and the speedup over full in the same schedule and slots). Full execution is
+a point of its own (the baseline every speedup divides by), measured beside whichever
+policies are missing, so a policy's speedup always comes from one invocation.
+
 Timing wants the machine to itself: sweeps/paper_mini.py runs this step in the driver
 after every trial has finished; sweeps/speed.py runs one job per checkpoint, each with
 the whole machine (or one GPU) to itself.
@@ -17,6 +26,7 @@ the whole machine (or one GPU) to itself.
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import sys
@@ -24,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from looplab import tracking
-from looplab.keys import digest
+from looplab.keys import digest, keyed_name
 from looplab.tracking import SPEED_KEY
 
 
@@ -43,8 +53,53 @@ def machine(device: str, threads: int) -> dict[str, Any]:
             "device": device}
 
 
+ARRIVALS = "arrivals"  # an arrivals point's kind (looplab/arrivals.py's ArrivalRecord.kind)
+
+
+@dataclass(frozen=True)
+class ArrivalPoint:
+    """One served configuration of the arrivals benchmark (looplab/arrivals.py): a
+    request stream (requests, prompt_len and new_tokens inclusive ranges, seed) served
+    by `slots` cache rows under one schedule and policy (full is a point too)."""
+
+    slots: int
+    schedule: str  # depth | lockstep
+    policy: str  # a policy spec; full is the baseline
+    requests: int
+    prompt_len: tuple[int, int]
+    new_tokens: tuple[int, int]
+    seed: int = 0
+    attention_fill: str = "hole"  # looplab.models.cache.HOLE (which brings torch)
+    kind: str = ARRIVALS  # in the key and the params: an arrivals point never shares a prefill point's key
+
+    def params(self) -> dict[str, str]:
+        """The point as run params (ranges as LOW-HIGH, as the command line writes them)."""
+        text = lambda v: f"{v[0]}-{v[1]}" if isinstance(v, tuple) else str(v)  # noqa: E731
+        return {tracking.SPEED_PARAM + k: text(v) for k, v in self.__dict__.items()}
+
+
+@dataclass(frozen=True)
+class ArrivalPlan:
+    """A checkpoint's arrivals points and how each is timed (warm-up and timed runs)."""
+
+    points: tuple[ArrivalPoint, ...]
+    warmup: int = 1
+    repeats: int = 3
+
+
 def speed_key(stage_key: str, point: SpeedPoint, host: dict[str, Any], repeats: int) -> str:
     return digest({"stage_key": stage_key, "point": point.__dict__, "machine": host, "repeats": repeats})
+
+
+def arrival_key(stage_key: str, point: ArrivalPoint, host: dict[str, Any], warmup: int, repeats: int) -> str:
+    """speed_key's payload for an arrivals point: the warm-ups join the repeats, since a
+    cold first run is part of what a median over few repeats measures."""
+    return digest({"stage_key": stage_key, "point": point.__dict__, "machine": host,
+                   "repeats": {"warmup": warmup, "repeats": repeats}})
+
+
+def plan_keys(stage_key: str, plan: ArrivalPlan, host: dict[str, Any]) -> dict[ArrivalPoint, str]:
+    return {p: arrival_key(stage_key, p, host, plan.warmup, plan.repeats) for p in plan.points}
 
 
 def finished_speed_keys(mc, experiment_id: str) -> set[str]:
@@ -70,6 +125,25 @@ def bound_of(model_cfg, point: SpeedPoint, executed_loops: float) -> float:
     return flop_bound(f0, fr, model_cfg.n_loops, executed_loops)
 
 
+def _model_and_task(checkpoint: str):
+    """The checkpoint's model in eval mode on the device the benchmarks time (CUDA when
+    there is one), and its task (for held-out text; None without an experiment)."""
+    import torch
+
+    from looplab.checkpoint import load_model
+    from looplab.tasks import make_task
+
+    model = load_model(checkpoint).eval()
+    model.to(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    cfg = model.metadata.get("experiment", {})
+    if not cfg:
+        return model, None
+    from looplab.config import ExperimentConfig
+
+    exp = ExperimentConfig.from_dict(cfg)
+    return model, make_task(exp.task, exp.train.seq_len)
+
+
 def _to_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -83,9 +157,7 @@ def measure(mc, experiment_id: str, parent_run_id: str, *, checkpoint: str, stag
     import torch
 
     from looplab.bench import bench_point, heldout_ids, measured_peaks, prefill_peaks
-    from looplab.checkpoint import load_model
     from looplab.policy import ExitPolicy
-    from looplab.tasks import make_task
 
     threads = threads or os.cpu_count() or 1
     host = host_of(threads)
@@ -110,16 +182,8 @@ def measure(mc, experiment_id: str, parent_run_id: str, *, checkpoint: str, stag
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        model = load_model(checkpoint).eval()
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        model.to(device)
-        cfg = model.metadata.get("experiment", {})
-        task = None
-        if cfg:
-            from looplab.config import ExperimentConfig
-
-            exp = ExperimentConfig.from_dict(cfg)
-            task = make_task(exp.task, exp.train.seq_len)
+        model, task = _model_and_task(checkpoint)
+        device = next(model.parameters()).device
         calls = [dict(model=model, ids=heldout_ids(model, task, p.batch, p.seq_len).to(device),
                      policy=ExitPolicy.parse(p.policy), packing=p.packing, dtype=p.dtype) for p in todo]
         # Every point's memory first, in one child process on a CPU (looplab/bench.py): one
@@ -148,6 +212,104 @@ def measure(mc, experiment_id: str, parent_run_id: str, *, checkpoint: str, stag
     return records
 
 
+# ---- decoding under continuous arrivals -----------------------------------------------------------
+# The decode benchmark's tokens/s (the wall less the prefills), named from the contract's parts.
+DECODE_TOKENS_PER_S = f"{tracking.DECODE}_{tracking.TOKENS_PER_S}"
+ARRIVAL_METRICS = (tracking.TOKENS_PER_S, DECODE_TOKENS_PER_S, tracking.MEAN_LOOPS, tracking.LOOP_BOUND,
+                   tracking.FLOP_BOUND, tracking.SPEEDUP)
+
+
+def arrival_metrics(record) -> dict[str, float]:
+    """An ArrivalRecord's logged figures (ARRIVAL_METRICS): its tokens/s, d̄, the loop
+    bound R/d̄, the FLOP bound of d̄ (as bench_arrivals computed it) and the speedup."""
+    d_bar = record.mean_executed_loops
+    return {tracking.TOKENS_PER_S: record.tokens_per_s, DECODE_TOKENS_PER_S: record.decode_tokens_per_s,
+            tracking.MEAN_LOOPS: d_bar, tracking.LOOP_BOUND: record.n_loops / d_bar if d_bar else float("nan"),
+            tracking.FLOP_BOUND: record.flop_bound, tracking.SPEEDUP: record.speedup}
+
+
+def _missing_bench(plan: ArrivalPlan, todo: list[ArrivalPoint]):
+    """The smallest ArrivalBench that measures every missing point: their slots,
+    schedules and policies (bench_arrivals adds full, the baseline, to each schedule).
+    Its cross product may time a stored point again; only the missing ones are logged."""
+    from looplab.arrivals import ArrivalBench, RequestStream
+    from looplab.policy import ExitPolicy
+
+    first = todo[0]  # one stream and fill per plan
+    policies = tuple(dict.fromkeys(ExitPolicy.parse(p.policy) for p in todo))  # full alone: full's run only
+    return ArrivalBench(RequestStream(first.requests, first.prompt_len, first.new_tokens, first.seed),
+                        slots=tuple(dict.fromkeys(p.slots for p in todo)), policies=policies,
+                        schedules=tuple(dict.fromkeys(p.schedule for p in todo)), warmup=plan.warmup,
+                        repeats=plan.repeats, attention_fill=first.attention_fill)
+
+
+def _stored_arrivals(mc, experiment_id: str,
+                     keys: dict[ArrivalPoint, str]) -> tuple[dict[ArrivalPoint, dict], list[ArrivalPoint]]:
+    """(the record of each point the store holds FINISHED, the points it lacks)."""
+    records, todo = {}, []
+    for p, key in keys.items():
+        run = tracking.find_run(mc, experiment_id, **{tracking.LEVEL: tracking.BENCH, SPEED_KEY: key})
+        if run is not None and run.info.status == "FINISHED":
+            values = {k: run.data.metrics[k] for k in ARRIVAL_METRICS if k in run.data.metrics}
+            records[p] = {**p.__dict__, **values, "reused": True}
+        else:
+            todo.append(p)
+    return records, todo
+
+
+def measure_arrivals(mc, experiment_id: str, parent_run_id: str, *, checkpoint: str, stage_key: str,
+                     config_hash: str, method: str, plan: ArrivalPlan, threads: int | None = None, label: str = "",
+                     progress: Callable[[str], None] | None = None) -> list[dict]:
+    """Every arrivals point of the plan on this checkpoint, as a dict of the point and
+    its ARRIVAL_METRICS: read from its FINISHED run when there is one, else measured
+    (looplab.arrivals.bench_arrivals, once for all missing points) and logged, a line
+    per measured point to `progress` (default: stderr)."""
+    import torch
+
+    from looplab.arrivals import bench_arrivals
+
+    threads = threads or os.cpu_count() or 1
+    host = host_of(threads)
+    keys = plan_keys(stage_key, plan, host)
+    records, todo = _stored_arrivals(mc, experiment_id, keys)
+    if not todo:
+        return [records[p] for p in keys]
+    wanted = {(p.slots, p.schedule, p.policy): p for p in todo}
+    say = progress or _to_stderr
+    tag = f" {label}" if label else ""
+
+    def log(record) -> None:
+        point = wanted.get((record.slots, record.schedule, record.policy))
+        if point is None:  # timed only as the cross product's by-product; its stored run stands
+            return
+        values = arrival_metrics(record)
+        run_id, _ = tracking.open_run(
+            mc, experiment_id,
+            name=keyed_name(f"arrivals-s{point.slots}-{point.schedule}-{point.policy}", keys[point][:6]),
+            tags={tracking.STAGE_KEY: stage_key, tracking.CONFIG_HASH: config_hash, tracking.METHOD: method,
+                  tracking.CHECKPOINT: checkpoint, tracking.GIT_SHA: tracking.git_sha(),
+                  tracking.POLICY_TAG: point.policy},
+            key={tracking.LEVEL: tracking.BENCH, SPEED_KEY: keys[point]}, parent_run_id=parent_run_id,
+            params={**point.params(), tracking.SPEED_PARAM + "warmup": str(plan.warmup),
+                    tracking.SPEED_PARAM + "repeats": str(plan.repeats),
+                    **{tracking.MACHINE_PARAM + k: str(v) for k, v in host.items()}})
+        with tracking.terminated_on_exit(mc, run_id):
+            tracking.log_metrics(mc, run_id, {k: v for k, v in values.items() if math.isfinite(v)})
+        say(f"arrivals{tag} slots {point.slots} {point.schedule} {point.policy}: {record.tokens_per_s:.0f} tok/s, "
+            f"decode {record.decode_tokens_per_s:.0f} tok/s, d̄ {record.mean_executed_loops:.2f}, "
+            f"{record.speedup:.2f}x (FLOPs {record.flop_bound:.2f}x)")
+        records[point] = {**point.__dict__, **values, "reused": False}
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        model, task = _model_and_task(checkpoint)
+        bench_arrivals(model, task, _missing_bench(plan, todo), on_record=log)
+    finally:
+        torch.set_num_threads(previous)
+    return [records[p] for p in keys]  # the plan's order, stored and measured alike
+
+
 # ---- jobs: one per checkpoint (sweeps/speed.py) ------------------------------------------------
 @dataclass(frozen=True)
 class SpeedJob:
@@ -162,6 +324,7 @@ class SpeedJob:
     experiment: str
     artifact_root: str
     board: str = ""  # the progress board the driver prints (trainables/progress.py); "": stderr
+    arrivals: ArrivalPlan | None = None  # the decode benchmark under continuous arrivals too (opt-in)
 
     @property
     def label(self) -> str:
@@ -189,6 +352,12 @@ def run_job(job: SpeedJob) -> list[dict]:
                       stage_key=ck.stage_key, config_hash=ck.config_hash, method=job.method, points=list(job.points),
                       repeats=job.repeats, threads=job.threads, label="" if board else job.label,
                       progress=(lambda line: board.post("speed", wait=True, line=line)) if board else None)
+    if job.arrivals is not None:
+        records += measure_arrivals(
+            mc, experiment_id, ck.run_id or None, checkpoint=str(local_checkpoint(ck.path)), stage_key=ck.stage_key,
+            config_hash=ck.config_hash, method=job.method, plan=job.arrivals, threads=job.threads,
+            label="" if board else job.label,
+            progress=(lambda line: board.post("speed", wait=True, line=line)) if board else None)
     return [{"checkpoint": job.label, "method": job.method, "n_loops": ck.n_loops, **r} for r in records]
 
 
