@@ -138,6 +138,7 @@ def build_report(tracking_uri: str, experiments, out_dir, *, sweep_run_id: str |
     sections += _beta_section(runs, out, paths, charts, notes)
     sections += _loops_section(runs, out, paths, charts, notes)
     sections += _speed_section(runs, points, out, paths, charts, notes)
+    sections += _arrivals_section(runs, out, paths, charts, notes)
     meta = _meta(runs, points, best_of_seeds, confidence)
     page = render_page(title=f"looplab analysis: {', '.join(runs.experiments.values())}", meta=meta,
                        notes=notes, sections=sections, charts=charts)
@@ -549,6 +550,28 @@ def _speed_section(runs: RunSet, points, out, paths, charts, notes) -> list[tupl
                "timed inputs, tokens/s of full and skip execution, the measured speedup, its loop bound R/d̄ and "
                "FLOP bound (F0 + R·Fr)/(F0 + d̄·Fr), the share of the FLOP bound reached, and the stage's validation "
                "perplexity at full depth and under the same policy. speed.csv has every column."))]
+
+
+def _arrivals_section(runs: RunSet, out, paths, charts, notes) -> list[tuple[str, str]]:
+    """Decoding under continuous arrivals (the speed sweep's --arrivals runs,
+    analysis/speed.py): arrivals.csv and arrivals.png; nothing when there are none."""
+    from analysis.speed import arrivals_chart, arrivals_table
+
+    table = arrivals_table(runs)
+    if table is None:
+        return []
+    paths.update(_write_csv(table, out / "arrivals.csv"))
+    slots = ""
+    spec = arrivals_chart(table)
+    if spec is not None:
+        paths["arrivals.png"] = render_png(spec, out / "arrivals.png")
+        charts.append(spec)
+        slots = chart_slot("arrivals", "Decode tokens/s of each checkpoint, schedule and policy against its executed "
+                                       "loops d̄; dashed: full's decode tokens/s times the FLOP bound at that d̄.")
+    return [("Decoding under continuous arrivals", slots + _html_table(
+        table, "Each point (sweeps/speed.py --arrivals; one MLflow run per point and machine): requests of drawn "
+               "lengths on a fixed number of cache rows, a freed row taking the next request; speedup is decode "
+               "tokens/s over full's in the same rows and schedule. arrivals.csv has every column."))]
 
 
 def _n_loops(runs: RunSet) -> int | None:

@@ -49,10 +49,9 @@ SPEED = (tracking.EXECUTED_LOOPS, "time_full_s", "time_skip_s", "tokens_per_s_fu
          "loop_bound", "flop_bound", "of_flop_bound")
 # The arrivals runs' decode tokens/s, composed as trainables/speed.py logs it (the contract
 # has no single name for it yet).
-DECODE_TOKENS_PER_S = f"{tracking.DECODE}_{tracking.TOKENS_PER_S}"
 ARRIVAL_IDENTITY = ("experiment", "checkpoint", "method", "stage", "stage_key", "device", "slots", "schedule", "policy",
                     "requests", "prompt_len", "new_tokens", "seed")
-ARRIVAL_SPEED = (tracking.EXECUTED_LOOPS, tracking.TOKENS_PER_S, DECODE_TOKENS_PER_S, "speedup", "loop_bound",
+ARRIVAL_SPEED = (tracking.EXECUTED_LOOPS, tracking.TOKENS_PER_S, tracking.DECODE_TOKENS_PER_S, "speedup", "loop_bound",
                  "flop_bound", "of_flop_bound")
 PPL_FULL = names.at_point(tracking.PPL, FULL)  # the stage's validation perplexity at full depth
 QUALITY = (PPL_FULL, tracking.PPL, names.SPEED_VALIDATION_LOOPS)
@@ -201,7 +200,7 @@ def arrivals_table(runs: RunSet) -> pl.DataFrame | None:
         param("new_tokens").alias("new_tokens"), param("seed", pl.Int64).alias("seed"),
         metric(tracking.MEAN_LOOPS).alias(tracking.EXECUTED_LOOPS),
         metric(tracking.TOKENS_PER_S).alias(tracking.TOKENS_PER_S),
-        metric(DECODE_TOKENS_PER_S).alias(DECODE_TOKENS_PER_S), metric(tracking.SPEEDUP).alias("speedup"),
+        metric(tracking.DECODE_TOKENS_PER_S).alias(tracking.DECODE_TOKENS_PER_S), metric(tracking.SPEEDUP).alias("speedup"),
         metric(tracking.LOOP_BOUND).alias("loop_bound"), metric(tracking.FLOP_BOUND).alias("flop_bound"))
     rows = rows.with_columns((pl.col("speedup") / pl.col("flop_bound")).alias("of_flop_bound"))
     point = ["experiment", "stage_key", "device", "slots", "schedule", "policy", "requests", "prompt_len",
@@ -216,7 +215,7 @@ def arrivals_chart(table: pl.DataFrame) -> ChartSpec | None:
     """Decode tokens/s against d̄: per checkpoint × slots × schedule the measured points
     (full at d̄ = R, then each policy), and dashed the tokens/s the FLOP bound allows
     (full's decode tokens/s × the bound of each point's d̄). None without a point."""
-    drawn = table.filter(pl.col(DECODE_TOKENS_PER_S).is_not_null() & pl.col(tracking.EXECUTED_LOOPS).is_not_null())
+    drawn = table.filter(pl.col(tracking.DECODE_TOKENS_PER_S).is_not_null() & pl.col(tracking.EXECUTED_LOOPS).is_not_null())
     if drawn.is_empty():
         return None
     by = ["checkpoint", "slots", "schedule"] + [c for c in ("device", "requests", "prompt_len", "new_tokens", "seed")
@@ -228,13 +227,13 @@ def arrivals_chart(table: pl.DataFrame) -> ChartSpec | None:
                            *(str(info[c]) for c in by[2:])])
         color = PALETTE[i % len(PALETTE)]
         rows = list(group.sort(tracking.EXECUTED_LOOPS, descending=True).iter_rows(named=True))
-        pts = [Point(r[tracking.EXECUTED_LOOPS], r[DECODE_TOKENS_PER_S],
+        pts = [Point(r[tracking.EXECUTED_LOOPS], r[tracking.DECODE_TOKENS_PER_S],
                      f"{r['policy']}: d̄ {r[tracking.EXECUTED_LOOPS]:.2f}, {r['speedup']:.2f}x"
                      + (f" of FLOP bound {r['flop_bound']:.2f}x" if r["flop_bound"] is not None else ""))
                  for r in rows]
         series.append(Series(name, color, pts, [(p.x, p.y) for p in pts], "linear"))
         ys += [p.y for p in pts]
-        full = [r[DECODE_TOKENS_PER_S] for r in rows if r["policy"] == FULL]
+        full = [r[tracking.DECODE_TOKENS_PER_S] for r in rows if r["policy"] == FULL]
         if full:  # the bound is a speedup over full: drawn from full's measured tokens/s
             bound = [Point(r[tracking.EXECUTED_LOOPS], full[0] * r["flop_bound"],
                            f"{r['policy']}: FLOP bound {r['flop_bound']:.2f}x") for r in rows

@@ -172,6 +172,10 @@ DECODE_BENCH_METRICS = (SPEEDUP, LOOP_BOUND, MEAN_LOOPS, TIME_FULL, TIME_SKIP,
                         "tokens_per_s_full", "tokens_per_s_skip", "loops_time_full_s", "loops_time_skip_s",
                         "loops_speedup", "peak_mem_full", "peak_mem_skip", "peak_mem_abs_full", "peak_mem_abs_skip",
                         "cache_bytes", "steps_skip")
+# Decoding under continuous arrivals (looplab/arrivals.py's ArrivalRecord; the speed
+# sweep's --arrivals runs): decode tokens/s beside the overall tokens/s and the bounds.
+DECODE_TOKENS_PER_S = f"{DECODE}_{TOKENS_PER_S}"
+ARRIVAL_METRICS = (TOKENS_PER_S, DECODE_TOKENS_PER_S, MEAN_LOOPS, LOOP_BOUND, FLOP_BOUND, SPEEDUP)
 
 _QUANTITY = "|".join(re.escape(q) for q in EVAL_QUANTITIES)
 _FAMILY = "|".join(re.escape(f) for f in LM_EVAL_FAMILIES)

@@ -427,7 +427,7 @@ def summary_rows(records: list[dict]) -> list[list[str]]:
 
 
 def arrivals_rows(records: list[dict]) -> list[list[str]]:
-    from trainables.speed import DECODE_TOKENS_PER_S
+    from looplab.tracking import DECODE_TOKENS_PER_S
 
     rows = []
     for r in records:
@@ -502,36 +502,10 @@ def main(argv: list[str] | None = None) -> int:
         sweep = tracking.find_run(mc, experiment_id, **{tracking.LEVEL: tracking.SWEEP})
         folder = storage.scratch() / "analysis" / f"{args.experiment}-speed"
         report = write_report(uri, args.experiment, sweep.info.run_id if sweep else None, folder)
-        if arrivals is not None:
-            report.update(write_arrivals(uri, args.experiment, folder))
         for name in ("speed.png", "arrivals.csv", "arrivals.png", "report.html"):
             if name in report:
                 print(f"{name}: {report[name]}")
     return status
-
-
-def write_arrivals(uri: str, experiment: str, folder) -> dict:
-    """arrivals.csv and arrivals.png (analysis/speed.py) beside the report: the report
-    (analysis/report.py) has no arrivals section yet. Like the report, a problem here is
-    said, never raised: the measurements are in the store."""
-    try:
-        from analysis.load import load_runs
-        from analysis.plots import render_png
-        from analysis.speed import arrivals_chart, arrivals_table
-
-        table = arrivals_table(load_runs(uri, [experiment]))
-        if table is None:
-            return {}
-        folder.mkdir(parents=True, exist_ok=True)
-        table.write_csv(folder / "arrivals.csv")
-        written = {"arrivals.csv": folder / "arrivals.csv"}
-        spec = arrivals_chart(table)
-        if spec is not None:
-            written["arrivals.png"] = render_png(spec, folder / "arrivals.png")
-        return written
-    except Exception as e:  # noqa: BLE001 - the sweep finished; a report problem is reported, not raised
-        print(f"arrivals analysis failed: {type(e).__name__}: {e}", file=sys.stderr)
-        return {}
 
 
 def run(args, grid: SpeedGrid, chosen, uri: str, artifact_root: str, storage, cpus: float, gpus: float,

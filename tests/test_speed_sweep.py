@@ -203,7 +203,7 @@ def test_arrivals_sweep_end_to_end_inline(store, capsys, monkeypatch):
     and leaves the runs as they were; the report folder gets arrivals.csv, and speed.csv
     keeps the prefill points only."""
     from looplab.arrivals import RequestStream
-    from trainables.speed import ARRIVAL_METRICS, DECODE_TOKENS_PER_S
+    from looplab.tracking import ARRIVAL_METRICS, DECODE_TOKENS_PER_S
 
     argv = ["--experiment", EXPERIMENT, "--storage-path", str(store["root"]), "--no-ray", *TINY, *ARRIVALS]
     assert speed.main(argv + ["--no-report"]) == 0

@@ -213,17 +213,13 @@ def measure(mc, experiment_id: str, parent_run_id: str, *, checkpoint: str, stag
 
 
 # ---- decoding under continuous arrivals -----------------------------------------------------------
-# The decode benchmark's tokens/s (the wall less the prefills), named from the contract's parts.
-DECODE_TOKENS_PER_S = f"{tracking.DECODE}_{tracking.TOKENS_PER_S}"
-ARRIVAL_METRICS = (tracking.TOKENS_PER_S, DECODE_TOKENS_PER_S, tracking.MEAN_LOOPS, tracking.LOOP_BOUND,
-                   tracking.FLOP_BOUND, tracking.SPEEDUP)
 
 
 def arrival_metrics(record) -> dict[str, float]:
-    """An ArrivalRecord's logged figures (ARRIVAL_METRICS): its tokens/s, d̄, the loop
+    """An ArrivalRecord's logged figures (tracking.ARRIVAL_METRICS): its tokens/s, d̄, the loop
     bound R/d̄, the FLOP bound of d̄ (as bench_arrivals computed it) and the speedup."""
     d_bar = record.mean_executed_loops
-    return {tracking.TOKENS_PER_S: record.tokens_per_s, DECODE_TOKENS_PER_S: record.decode_tokens_per_s,
+    return {tracking.TOKENS_PER_S: record.tokens_per_s, tracking.DECODE_TOKENS_PER_S: record.decode_tokens_per_s,
             tracking.MEAN_LOOPS: d_bar, tracking.LOOP_BOUND: record.n_loops / d_bar if d_bar else float("nan"),
             tracking.FLOP_BOUND: record.flop_bound, tracking.SPEEDUP: record.speedup}
 
@@ -250,7 +246,7 @@ def _stored_arrivals(mc, experiment_id: str,
     for p, key in keys.items():
         run = tracking.find_run(mc, experiment_id, **{tracking.LEVEL: tracking.BENCH, SPEED_KEY: key})
         if run is not None and run.info.status == "FINISHED":
-            values = {k: run.data.metrics[k] for k in ARRIVAL_METRICS if k in run.data.metrics}
+            values = {k: run.data.metrics[k] for k in tracking.ARRIVAL_METRICS if k in run.data.metrics}
             records[p] = {**p.__dict__, **values, "reused": True}
         else:
             todo.append(p)
@@ -261,7 +257,7 @@ def measure_arrivals(mc, experiment_id: str, parent_run_id: str, *, checkpoint: 
                      config_hash: str, method: str, plan: ArrivalPlan, threads: int | None = None, label: str = "",
                      progress: Callable[[str], None] | None = None) -> list[dict]:
     """Every arrivals point of the plan on this checkpoint, as a dict of the point and
-    its ARRIVAL_METRICS: read from its FINISHED run when there is one, else measured
+    its tracking.ARRIVAL_METRICS: read from its FINISHED run when there is one, else measured
     (looplab.arrivals.bench_arrivals, once for all missing points) and logged, a line
     per measured point to `progress` (default: stderr)."""
     import torch
