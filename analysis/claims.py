@@ -443,7 +443,7 @@ def _pct_of_log(i: Interval) -> Interval:
 
 
 def speed_claims(records: list[dict]) -> list[ClaimResult]:
-    """C4, C4-batch1 and C4-growth from prefill benchmark records (looplab/bench.py's,
+    """C4, C4-batch1 and C4-growth from prefill benchmark records (looplab/costs/timing.py's,
     one per seed's model and batch, with "seed"): the speedup at the largest batch
     measured, at batch 1, and the difference of the two per model."""
     if not records:

@@ -1,4 +1,4 @@
-"""The per-loop instruments (looplab/instruments.py) as a table and charts.
+"""The per-loop instruments (looplab/training/instruments.py) as a table and charts.
 
 Every stage logs, at each evaluation, per loop r: the hidden-state RMS norm and the
 gradient norm reaching the shared block from loop r (full depth), and under skip at each

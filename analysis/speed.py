@@ -9,7 +9,7 @@ the same checkpoint reached under that policy and at full compute.
       speed     executed_loops (d̄ on the timed inputs), time_full_s, time_skip_s,
                 tokens_per_s_full / tokens_per_s_skip (batch · L / median time),
                 speedup, loop_bound (R / d̄), flop_bound ((F0 + R·Fr)/(F0 + d̄·Fr),
-                looplab/resources.py), of_flop_bound (speedup / flop_bound)
+                looplab/costs/resources.py), of_flop_bound (speedup / flop_bound)
       quality   ppl_full (the stage's validation perplexity at full depth), ppl (under
                 the timed policy: the gate at the same q, or the same zoo rule and
                 threshold), val_executed_loops (the validation set's loops under it);
@@ -20,7 +20,7 @@ the same checkpoint reached under that policy and at full compute.
                 compute
 
     arrivals_table(runs)       one row per decoding-under-arrivals point (sweeps/speed.py --arrivals;
-                looplab/arrivals.py), the newest per point and machine:
+                looplab/inference/arrivals.py), the newest per point and machine:
       identity  experiment, checkpoint, method, stage, stage_key, device, slots, schedule,
                 policy (full is the baseline), requests, prompt_len, new_tokens, seed
       speed     executed_loops (d̄ of the decoded tokens), tokens_per_s (prefills

@@ -12,7 +12,7 @@ params, metrics, latest_metrics), row for row what MLflow's SQL store writes, be
 creating 5,000 runs through the client takes minutes. The rows are shaped like the
 platform's: one sweep run; per trial a trial run and four stage runs (pretrain →
 stage1 → chase → stage2) with looplab.tracking's params (config_params of real
-configs), tags (config_tags) and metric names (record_metrics of looplab.train's
+configs), tags (config_tags) and metric names (record_metrics of looplab.training.train's
 records: training histories, val_*, the threshold sweep at 5 q × dense/skip and forced
 depths 1..4). Before timing, MlflowClient reads a few runs back and must agree.
 
@@ -61,7 +61,7 @@ def pipeline(point: dict, seed: int):
 
 
 def records(stage: str, rng: random.Random, quality: float) -> list[dict]:
-    """looplab.train's records for one stage: training windows, the full eval, the threshold sweep."""
+    """looplab.training.train's records for one stage: training windows, the full eval, the threshold sweep."""
     out = []
     for step in range(LOG_EVERY, TRAIN_STEPS + 1, LOG_EVERY):
         rec = {"kind": "train", "step": step, "stage": stage, "loss": 3.0 - step / TRAIN_STEPS + rng.random() * 0.1,

@@ -1,4 +1,4 @@
-"""lm-eval's generate_until: cached decoding (the adapter, looplab/generate.py) against
+"""lm-eval's generate_until: cached decoding (the adapter, looplab/inference/generate.py) against
 the uncached implementation it replaced, which re-ran the whole right-padded batch
 for every new token. Same requests, same greedy outputs (checked), side by side in
 one process, alternating, after a warm-up; median of repeats.
@@ -71,7 +71,7 @@ def uncached_generate_until(lm, requests) -> list[str]:
 
 def trained_checkpoint(steps: int, out: str) -> str:
     from looplab.presets import get_preset, stage_config
-    from looplab.train import train
+    from looplab.training.train import train
 
     cfg = stage_config(get_preset("debug"), "pretrain", overrides={"train.steps": steps, "train.eval_every": 0})
     return str(train(cfg, out, quiet=True).out_dir / "checkpoint")
@@ -99,9 +99,9 @@ def main(argv=None) -> int:
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     from lm_eval.api.instance import Instance
 
-    from looplab.bench import heldout_ids
+    from looplab.costs.timing import heldout_ids
     from looplab.config import ExperimentConfig
-    from looplab.lm_eval import LoopLabLM
+    from looplab.evaluation.harness import LoopLabLM
     from looplab.tasks import make_task
 
     with tempfile.TemporaryDirectory() as tmp:

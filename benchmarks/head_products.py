@@ -18,7 +18,7 @@ import json
 
 import torch
 
-from looplab.bench import median_seconds
+from looplab.costs.timing import median_seconds
 from looplab.models.head import chunk_tokens_for
 from looplab.presets import get_preset
 

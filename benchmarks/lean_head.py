@@ -15,7 +15,7 @@ alike; medians are reported. On a CPU shared with other work, 2 threads suffer
 most (a descheduled thread stalls every parallel op): --threads 1 is the steadier
 measurement.
 
-Peak memory: looplab/measured_memory.py, in a child process whose resident set
+Peak memory: looplab/costs/measured_memory.py, in a child process whose resident set
 follows live tensors (the timing runs in this one, under the allocator's normal
 behaviour): the RSS above the RSS before the step, after a warm-up step of every
 point (the model, its gradients and AdamW's moments are already resident, so this is
@@ -25,7 +25,7 @@ MFU = model FLOP/s ÷ the matmul's FLOP/s of this run (same threads). Model FLOP
 per token = 3 × forward FLOPs (forward + backward ≈ 3 forwards):
     pre-training  R backbone steps + one head;
     Stage-1       R backbone steps + R heads (its loss reads every step) + R − 1 gates
-(looplab/resources.py's flops_per_token). Work a head implementation adds (a recomputation of logits) would be overhead, not
+(looplab/costs/resources.py's flops_per_token). Work a head implementation adds (a recomputation of logits) would be overhead, not
 model work, and is not counted; the trained stages use the head's weighted form,
 which does not recompute.
 
@@ -44,16 +44,16 @@ import time
 import torch
 
 from looplab.checkpoint import model_from_config, parent_ref
-from looplab.evaluate import autocast_context
-from looplab.measured_memory import in_rss_process, peak_memory
+from looplab.evaluation.validation import autocast_context
+from looplab.costs.measured_memory import in_rss_process, peak_memory
 from looplab.models import head as lean_head
-from looplab.objectives import masked_mean, stage1_loss, token_losses
+from looplab.training.objectives import masked_mean, stage1_loss, token_losses
 from looplab.policy import ExitPolicy
 from looplab.presets import get_preset, stage_config
-from looplab.resources import flops_per_token
+from looplab.costs.resources import flops_per_token
 from looplab.stages import get_stage
 from looplab.tasks.base import IGNORE_INDEX, Batch
-from looplab.train import make_optimizer
+from looplab.training.train import make_optimizer
 
 STAGES = ("pretrain", "stage1")
 # The chunked head's targets on `local` (after): Stage-1's memory above the model and its
@@ -170,7 +170,7 @@ def main() -> None:
     rows = []
     for s, a in points:
         t = statistics.median(times[(s, a)])
-        flops = flops_per_token(cfgs[s]) * tokens  # looplab/resources.py: the stage's model FLOPs
+        flops = flops_per_token(cfgs[s]) * tokens  # looplab/costs/resources.py: the stage's model FLOPs
         rows.append({"stage": s, "arm": a, "step_s": t, "step_s_all": times[(s, a)], "tokens_per_s": tokens / t,
                      "model_gflop": flops / 1e9, "mfu": flops / t / (peak_gflops * 1e9),
                      "peak_mem_above_model": mem[(s, a)], "peak_rss": absolute[(s, a)]})

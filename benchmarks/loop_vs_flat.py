@@ -19,7 +19,7 @@ import torch
 
 from looplab.config import apply_overrides, parse_value
 from looplab.presets import get_preset
-from looplab.train import train
+from looplab.training.train import train
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""Peak memory of training steps, measured beside looplab/memory.py's model: what
+"""Peak memory of training steps, measured beside looplab/costs/memory.py's model: what
 micro-batching and activation checkpointing save, and how close the model is.
 
     python benchmarks/train_memory.py [--preset local] [--batch 8] [--seq-len 512]
@@ -8,10 +8,10 @@ micro-batching and activation checkpointing save, and how close the model is.
 A point is STAGE:MICRO:CKPT (MICRO 0: the whole batch in one forward; CKPT 1: train.
 activation_checkpointing). For each, one optimizer step (every micro-batch's forward
 and backward, AdamW) of the preset's model on random tokens, after a warm-up step,
-through the trainer's own accumulation (looplab.train); continued stages start from
+through the trainer's own accumulation (looplab.training.train); continued stages start from
 the fresh model (a step's memory does not depend on the weights).
 
-Measured: looplab/measured_memory.py on CPU, in a child process whose resident set
+Measured: looplab/costs/measured_memory.py on CPU, in a child process whose resident set
 follows live tensors: the RSS above the RSS before the step (weights and AdamW's
 moments are resident by then). The step's wall time is the median of --repeats steps
 in this process, under the allocator's normal behaviour. Model: StepMemory.peak −
@@ -27,13 +27,13 @@ import json
 
 import torch
 
-from looplab.bench import median_seconds
+from looplab.costs.timing import median_seconds
 from looplab.checkpoint import parent_ref
 from looplab.config import apply_overrides, parse_value
-from looplab.measured_memory import in_rss_process, peak_memory
-from looplab.memory import step_memory
+from looplab.costs.measured_memory import in_rss_process, peak_memory
+from looplab.costs.memory import step_memory
 from looplab.presets import get_preset, stage_config
-from looplab.train import optimizer_step
+from looplab.training.train import optimizer_step
 
 MiB = 2**20
 

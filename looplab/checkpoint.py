@@ -192,7 +192,7 @@ def parent_ref(directory: str | os.PathLike) -> ParentRef:
 
 def load_weights(model: LoopedLM, directory: str | os.PathLike) -> None:
     """Load the weights, refusing non-finite ones (a run that diverged before this
-    version wrote such checkpoints; looplab/train.py no longer does)."""
+    version wrote such checkpoints; looplab/training/train.py no longer does)."""
     from safetensors.torch import load_file
 
     state = load_file(str(Path(directory) / WEIGHTS))

@@ -107,7 +107,7 @@ def _policies(text: str):
 
 
 def _schedules(text: str) -> list[str]:
-    from looplab.depth_batching import SCHEDULES
+    from looplab.inference.depth_batching import SCHEDULES
 
     names = [t.strip() for t in text.split(",") if t.strip()]
     bad = [n for n in names if n not in SCHEDULES]
@@ -179,7 +179,7 @@ def _destinations(args) -> None:
 
 
 def cmd_train(args) -> int:
-    from looplab.train import train
+    from looplab.training.train import train
 
     cfg = _experiment(args)
     result = train(cfg, args.out, resume=not args.no_resume, stop_at=args.stop_at)
@@ -192,10 +192,10 @@ def cmd_train(args) -> int:
 def cmd_eval(args) -> int:
     from looplab.checkpoint import load_model
     from looplab.config import ExperimentConfig
-    from looplab.evaluate import evaluate_policies, format_table
+    from looplab.evaluation.validation import evaluate_policies, format_table
     from looplab.stages import get_stage
     from looplab.tasks import make_task
-    from looplab.train import resolve_device
+    from looplab.training.train import resolve_device
 
     _checkpoint(args.checkpoint)
     model = load_model(args.checkpoint)
@@ -259,7 +259,7 @@ def cmd_lm_eval(args) -> int:
     if args.tokenizer:  # for checkpoints that do not record theirs (the adapter says so otherwise)
         model_args["tokenizer"] = report["tokenizer"] = args.tokenizer
     if args.suite:
-        from looplab.lm_eval_suite import run_suite
+        from looplab.evaluation.suite import run_suite
 
         if args.include_path:
             raise ConfigError("--include-path does not apply to --suite paper (it runs lm-eval's built-in tasks); "
@@ -270,7 +270,7 @@ def cmd_lm_eval(args) -> int:
         report["tasks"] = summary["tasks"]  # per task: metric, accuracy, executed_loops, shots, lm-eval row
         report["average"] = summary["average"]
     else:
-        from looplab.lm_eval import evaluate_tasks
+        from looplab.evaluation.harness import evaluate_tasks
 
         if not tasks:
             raise ConfigError("--tasks is empty; allowed: comma-separated lm-eval task names, or --suite paper")
@@ -298,7 +298,7 @@ def cmd_lm_eval(args) -> int:
 def check_task_names(tasks: list[str], include_path: str | None) -> None:
     """Every --tasks name is in lm-eval's task index (and --include-path's): checked
     before a model is loaded, so a typo costs seconds, not a model load."""
-    from looplab.lm_eval import make_task_manager
+    from looplab.evaluation.harness import make_task_manager
 
     manager = make_task_manager(include_path, tasks)
     unknown = [t for t in tasks if t not in manager.all_tasks]
@@ -322,11 +322,11 @@ def _limit(value: str) -> int | float:
 
 
 def cmd_bench(args) -> int:
-    from looplab.bench import HEADER, format_record, records_as_dicts, run_grid
+    from looplab.costs.timing import HEADER, format_record, records_as_dicts, run_grid
     from looplab.checkpoint import load_model
     from looplab.config import ExperimentConfig
     from looplab.tasks import make_task
-    from looplab.train import resolve_device
+    from looplab.training.train import resolve_device
 
     if bool(args.checkpoint) == bool(args.preset):
         raise ConfigError("bench needs exactly one of --checkpoint PATH or --preset NAME")
@@ -363,11 +363,11 @@ def cmd_bench(args) -> int:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
     if device.type == "cpu":
-        print("measuring every point's peak memory first, in a separate process (looplab/measured_memory.py); "
+        print("measuring every point's peak memory first, in a separate process (looplab/costs/measured_memory.py); "
               "then the timing", file=sys.stderr, flush=True)
     try:
         if args.decode:
-            from looplab.bench import DECODE_HEADER, context_scaling, format_decode_record, run_decode_grid
+            from looplab.costs.timing import DECODE_HEADER, context_scaling, format_decode_record, run_decode_grid
 
             print(DECODE_HEADER, file=sys.stderr)
             records = run_decode_grid(model, task, batches=args.batch, seq_lens=args.seq_len,
@@ -404,9 +404,9 @@ def cmd_bench(args) -> int:
 
 
 def _token_range(name: str):
-    """An argparse type: LOW-HIGH or N, token counts (looplab/arrivals.py)."""
+    """An argparse type: LOW-HIGH or N, token counts (looplab/inference/arrivals.py)."""
     def parse(text: str) -> tuple[int, int]:
-        from looplab.arrivals import parse_range
+        from looplab.inference.arrivals import parse_range
 
         try:
             return parse_range(name, text)
@@ -440,10 +440,10 @@ def _model_and_task(args):
 
 
 def cmd_bench_arrivals(args) -> int:
-    """Decoding under continuous arrivals (looplab/arrivals.py): tokens/s of each
+    """Decoding under continuous arrivals (looplab/inference/arrivals.py): tokens/s of each
     schedule × policy against full's and against the FLOP bound."""
-    from looplab.arrivals import HEADER, ArrivalBench, RequestStream, bench_arrivals, format_record, records_as_dicts
-    from looplab.train import resolve_device
+    from looplab.inference.arrivals import HEADER, ArrivalBench, RequestStream, bench_arrivals, format_record, records_as_dicts
+    from looplab.training.train import resolve_device
 
     model, task = _model_and_task(args)
     for policy in args.policies:  # (given exits cannot be written on a command line)
@@ -506,9 +506,9 @@ def cmd_generate(args) -> int:
     import torch
 
     from looplab.checkpoint import load_model
-    from looplab.generate import generate
-    from looplab.tokenizer import load_tokenizer
-    from looplab.train import resolve_device
+    from looplab.inference.generate import generate
+    from looplab.tasks.tokenizer import load_tokenizer
+    from looplab.training.train import resolve_device
 
     _checkpoint(args.checkpoint)
     model = load_model(args.checkpoint)
@@ -572,6 +572,15 @@ def cmd_info(args) -> int:
     return 0
 
 
+
+def _timing_flags(p, *, warmup: int, repeats: int) -> None:
+    """The flags every timing command shares: threads, warm-ups, repeats, device, JSON out."""
+    p.add_argument("--threads", type=at_least(0), default=0, help="torch threads (default: torch's)")
+    p.add_argument("--warmup", type=at_least(0), default=warmup)
+    p.add_argument("--repeats", type=at_least(1), default=repeats)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--json", help="write the records (a JSON list) here")
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="looplab", description="Looped language models: single runs and data.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
@@ -625,7 +634,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "(25), arc_easy (8), and their average accuracy")
     le.add_argument("--include-path", default=None, help="directory of extra task YAMLs")
     le.add_argument("--local-data", default=None,
-                    help="suite datasets from DIR/<task>/<split>.parquet (python -m looplab.lm_eval_suite export)")
+                    help="suite datasets from DIR/<task>/<split>.parquet (python -m looplab.evaluation.suite export)")
     le.add_argument("--policy", type=_policy, default="full",
                     help="exit policy: full | forced:D | dense:Q | skip:Q (the gate's threshold rule) | "
                          "dense-entropy:T | skip-entropy:T | dense-kl:T | skip-kl:T | dense-stable:K | "
@@ -661,12 +670,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--decode: what exited tokens leave in deeper attention layers")
     b.add_argument("--schedule", type=_schedules, default="lockstep",
                    help="--decode: skip's schedules, comma-separated: lockstep | depth (rows at different loops "
-                        "share a step; looplab/depth_batching.py) (default lockstep)")
-    b.add_argument("--threads", type=at_least(0), default=0, help="torch threads (default: torch's)")
-    b.add_argument("--warmup", type=at_least(0), default=2)
-    b.add_argument("--repeats", type=at_least(1), default=5)
-    b.add_argument("--device", default="auto")
-    b.add_argument("--json", help="write the records (a JSON list) here")
+                        "share a step; looplab/inference/depth_batching.py) (default lockstep)")
+    _timing_flags(b, warmup=2, repeats=5)
     b.add_argument("--tracking-uri", default="", help="also log the records to MLflow")
     b.add_argument("overrides", nargs="*", help="model overrides for --preset, e.g. n_loops=4")
     b.set_defaults(fn=cmd_bench)
@@ -689,11 +694,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--seed", type=at_least(0), default=0, help="the stream's seed")
     a.add_argument("--attention-fill", choices=("hole", "exit_state"), default="hole",
                    help="what exited tokens leave in deeper attention layers (hybrid/transformer)")
-    a.add_argument("--threads", type=at_least(0), default=0, help="torch threads (default: torch's)")
-    a.add_argument("--warmup", type=at_least(0), default=1)
-    a.add_argument("--repeats", type=at_least(1), default=3)
-    a.add_argument("--device", default="auto")
-    a.add_argument("--json", help="write the records (a JSON list) here")
+    _timing_flags(a, warmup=1, repeats=3)
     a.add_argument("overrides", nargs="*", help="model overrides for --preset, e.g. n_loops=4")
     a.set_defaults(fn=cmd_bench_arrivals)
 

@@ -22,7 +22,7 @@ fails):
                 prompt prefilled then decoded token by token against the full forward
   training      K steps of a preset (paper-140m on a GPU, local on a CPU) in its
                 production dtype with the resource plan's micro-batching: tokens/s, MFU
-                against the measured peak, and peak memory against looplab/memory.py's
+                against the measured peak, and peak memory against looplab/costs/memory.py's
                 prediction for the same plan (the ratio must lie in MEMORY_RATIO)
   ray           the CPUs and GPUs Ray sees, and one Ray Train worker's step on them
 
@@ -121,7 +121,7 @@ def gemm_flops(device, dtype, n: int) -> float:
     """FLOP/s of an n×n×n matmul on the device (the median of three after a warm-up)."""
     import torch
 
-    from looplab.bench import median_seconds
+    from looplab.costs.timing import median_seconds
 
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
@@ -132,7 +132,7 @@ def bandwidth(device, nbytes: int) -> float:
     """Bytes/s of a device-to-device copy (read + write counted)."""
     import torch
 
-    from looplab.bench import median_seconds
+    from looplab.costs.timing import median_seconds
 
     src = torch.empty(nbytes // 4, device=device, dtype=torch.float32).fill_(1.0)
     dst = torch.empty_like(src)
@@ -280,7 +280,7 @@ def generation_check(device) -> list[Check]:
     import torch
 
     from looplab.checkpoint import load_model
-    from looplab.generate import decode_step, prefill
+    from looplab.inference.generate import decode_step, prefill
     from looplab.policy import ExitPolicy
 
     dtype = torch.float32
@@ -315,7 +315,7 @@ def training_probe(device, preset: str, steps: int, peak_flops: float) -> list[C
 
     from looplab.config import apply_overrides
     from looplab.presets import get_preset
-    from looplab.resources import flops_per_token, plan_stage
+    from looplab.costs.resources import flops_per_token, plan_stage
 
     cfg = get_preset(preset)
     gpu = device.type == "cuda"
@@ -349,17 +349,17 @@ def memory_check(name: str, measured: int, predicted: int) -> Check:
     figure = f"measured {measured / 2**20:,.0f} MiB, predicted {predicted / 2**20:,.0f} MiB (ratio {ratio:.2f})"
     if lo <= ratio <= hi:
         return passed(name, figure, ratio, "ratio")
-    return failed(name, f"the ratio {ratio:.2f} is outside [{lo}, {hi}]: looplab/memory.py's model does not hold here",
+    return failed(name, f"the ratio {ratio:.2f} is outside [{lo}, {hi}]: looplab/costs/memory.py's model does not hold here",
                   figure, ratio, "ratio")
 
 
 def measure_steps(cfg, steps: int, device) -> tuple[int, float]:
     """(peak bytes of one optimizer step above the level before it, seconds per step: the
     median of `steps` after a warm-up). On a CPU the resident set follows live tensors only
-    in a child process (looplab/measured_memory.py), where the peak is measured."""
-    from looplab.bench import median_seconds
-    from looplab.measured_memory import in_rss_process
-    from looplab.train import optimizer_step
+    in a child process (looplab/costs/measured_memory.py), where the peak is measured."""
+    from looplab.costs.timing import median_seconds
+    from looplab.costs.measured_memory import in_rss_process
+    from looplab.training.train import optimizer_step
 
     step, _ = optimizer_step(cfg, device)
     seconds = median_seconds(step, steps, warmup=1, device=device)
@@ -375,8 +375,8 @@ def measure_steps(cfg, steps: int, device) -> tuple[int, float]:
 def step_peak(cfg, device) -> int:
     """One optimizer step's peak above the memory in use before it (after a warm-up step,
     so AdamW's moments already exist)."""
-    from looplab.measured_memory import peak_memory
-    from looplab.train import optimizer_step
+    from looplab.costs.measured_memory import peak_memory
+    from looplab.training.train import optimizer_step
 
     step, _ = optimizer_step(cfg, device)
     step()
@@ -433,7 +433,7 @@ def _ray_worker_step(config=None) -> None:
     from looplab.presets import get_preset
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    from looplab.train import optimizer_step
+    from looplab.training.train import optimizer_step
 
     cfg = apply_overrides(get_preset("debug"), {"train.batch_size": 2, "train.seq_len": 32})
     loss = optimizer_step(cfg, device)[0]()
@@ -447,7 +447,7 @@ def run(*, quick: bool = False, preset: str | None = None, steps: int = 3, devic
         ray: bool = True, progress: Callable[[Check], None] | None = None) -> list[Check]:
     import torch
 
-    from looplab.train import resolve_device
+    from looplab.training.train import resolve_device
 
     dev = resolve_device(device)
     checks: list[Check] = []

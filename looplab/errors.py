@@ -35,7 +35,7 @@ def check(ok: bool, name: str, value: Any, allowed: str) -> None:
 class TrainingDiverged(FloatingPointError):
     """Training produced a non-finite loss, gradient or weight. The message is one line:
     the step, the tensor, the checkpoint that stays current, and the way out. The run
-    never writes a non-finite checkpoint (looplab/train.py)."""
+    never writes a non-finite checkpoint (looplab/training/train.py)."""
 
 
 class CheckpointNotWritten(OSError):

@@ -335,9 +335,9 @@ class ExitRule(ABC):
     statistic, the state the next step needs), with state None at a token's first
     step; decide(statistic) -> bool. update() is the two in sequence on the state it
     keeps for one batch; one dense pass can serve a whole threshold grid (the
-    statistic once per step, one decision per threshold: looplab/evaluate.py), and
+    statistic once per step, one decision per threshold: looplab/evaluation/validation.py), and
     depth batching keeps each row's state itself, as its tokens start and advance at
-    their own pace (looplab/depth_batching.py)."""
+    their own pace (looplab/inference/depth_batching.py)."""
 
     reads: str
 

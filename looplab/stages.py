@@ -18,7 +18,7 @@ never a stage's name.
 Adding a stage is one entry plus its loss: `register(Stage(...))` (or a line in
 STAGES below) and a function decorated `@stage_loss(name)`, taking (model, batch, cfg,
 step, rows) and returning (loss, diagnostics). The built-in losses live in
-looplab/objectives.py and register themselves when it is imported (train.py and
+looplab/training/objectives.py and register themselves when it is imported (train.py and
 evaluate.py import it), so this module stays below the configs and torch.
 
 A stage's config derives from a preset by one precedence rule (presets.stage_config):
@@ -140,13 +140,13 @@ class Stage:
         if self.name not in _LOSSES:
             raise LookupError(f"stage {self.name!r} has no loss registered; decorate one with "
                               f"@looplab.stages.stage_loss({self.name!r}) (the built-in stages' losses register "
-                              "when looplab.objectives is imported)")
+                              "when looplab.training.objectives is imported)")
         return _LOSSES[self.name]
 
     def minibatch_loss(self, model, batch, cfg, step: int, rows=None):
         """The stage's training loss of one minibatch and its diagnostics. rows: which
         rows of the step's global batch `batch` is (default: all of it)."""
-        from looplab.distributed import Rows  # torch: imported by the first loss, not by this registry
+        from looplab.training.distributed import Rows  # torch: imported by the first loss, not by this registry
 
         return self.loss(model, batch, cfg, step, rows or Rows.whole(len(batch)))
 

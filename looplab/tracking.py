@@ -9,7 +9,7 @@ a model-training experiment so MLflow's dashboard opens on its runs, not its Gen
 overview; one parent run per sweep, keyed by the sweep's content (tag `sweep_key`);
 one child run per trial, named by its final stage's key; one nested run per stage,
 keyed by its `stage_key`; one nested run per downstream evaluation (level eval), keyed by
-its `eval_key` (trainables/evaluation.py) and nested under the run that trained its stage.
+its `eval_key` (trainables/downstream.py) and nested under the run that trained its stage.
 Run levels are in the tag `level`.
 
 Metrics:
@@ -31,7 +31,7 @@ Metrics:
               analysis computes from the runs of one checkpoint and policy
   timing      STAGE_SECONDS (the stage's training, once per stage), MLFLOW_SECONDS and
               REPORT_SECONDS (time the stage spent in MLflow and Ray reports)
-  per loop    loop<r>_<quantity> at each evaluation (looplab/instruments.py: hidden_norm,
+  per loop    loop<r>_<quantity> at each evaluation (looplab/training/instruments.py: hidden_norm,
               grad_norm), and under a skip policy's prefix (skip_q0.4_loop2_active,
               skip_q0.4_loop2_state_gap): loop_metric / parse_loop_metric
 
@@ -156,23 +156,23 @@ EVALS_RAN, EVALS_REUSED, EVALS_FAILED = "evaluations_ran", "evaluations_reused",
 STAGE_SECONDS = "stage_seconds"
 MLFLOW_SECONDS = "mlflow_seconds"
 REPORT_SECONDS = "report_seconds"
-# The prefill benchmark's figures (looplab/bench.py's BenchRecord fields), those analysis
+# The prefill benchmark's figures (looplab/costs/timing.py's BenchRecord fields), those analysis
 # reads by name first: the measured speedup, the loop bound R/d̄, d̄, the two times.
 SPEEDUP, LOOP_BOUND, MEAN_LOOPS = "speedup", "ideal_speedup", "mean_executed_loops"
 TIME_FULL, TIME_SKIP = "time_full_s", "time_skip_s"
 BENCH_METRICS = (SPEEDUP, LOOP_BOUND, MEAN_LOOPS, "batch_max_survivor_ratio", TIME_FULL, TIME_SKIP,
                  "peak_mem_full", "peak_mem_skip", "peak_mem_abs_full", "peak_mem_abs_skip")
 # A speed point's run (trainables/speed.py) logs BENCH_METRICS and the FLOP bound of its
-# speedup, (F0 + R·Fr)/(F0 + d̄·Fr) (looplab/resources.py: flop_bound).
+# speedup, (F0 + R·Fr)/(F0 + d̄·Fr) (looplab/costs/resources.py: flop_bound).
 FLOP_BOUND = "flop_bound_speedup"
 SPEED_METRICS = (*BENCH_METRICS, FLOP_BOUND)
-# The decode benchmark's figures (looplab/bench.py's DecodeRecord, records with kind "decode").
+# The decode benchmark's figures (looplab/costs/timing.py's DecodeRecord, records with kind "decode").
 DECODE = "decode"
 DECODE_BENCH_METRICS = (SPEEDUP, LOOP_BOUND, MEAN_LOOPS, TIME_FULL, TIME_SKIP,
                         "tokens_per_s_full", "tokens_per_s_skip", "loops_time_full_s", "loops_time_skip_s",
                         "loops_speedup", "peak_mem_full", "peak_mem_skip", "peak_mem_abs_full", "peak_mem_abs_skip",
                         "cache_bytes", "steps_skip")
-# Decoding under continuous arrivals (looplab/arrivals.py's ArrivalRecord; the speed
+# Decoding under continuous arrivals (looplab/inference/arrivals.py's ArrivalRecord; the speed
 # sweep's --arrivals runs): decode tokens/s beside the overall tokens/s and the bounds.
 DECODE_TOKENS_PER_S = f"{DECODE}_{TOKENS_PER_S}"
 ARRIVAL_METRICS = (TOKENS_PER_S, DECODE_TOKENS_PER_S, MEAN_LOOPS, LOOP_BOUND, FLOP_BOUND, SPEEDUP)
@@ -224,8 +224,8 @@ def parse_metric(name: str) -> tuple[ExitPolicy, str] | None:
     return None if policy is None else (policy, m["quantity"])
 
 
-LOOP = "loops"  # the kind of looplab/train.py's per-loop instrument records
-# The per-loop instruments' quantities (looplab/instruments.py says what each measures).
+LOOP = "loops"  # the kind of looplab/training/train.py's per-loop instrument records
+# The per-loop instruments' quantities (looplab/training/instruments.py says what each measures).
 HIDDEN_NORM, ACTIVE, STATE_GAP = "hidden_norm", "active", "state_gap"
 LOOP_QUANTITIES = (HIDDEN_NORM, GRAD_NORM, ACTIVE, STATE_GAP)
 LOOP_PATTERN = re.compile(rf"^(?P<prefix>{PREFIX_PATTERN.pattern})?loop(?P<loop>[1-9][0-9]*)_"
@@ -255,7 +255,7 @@ def parse_loop_metric(name: str) -> tuple[ExitPolicy | None, int, str] | None:
 
 
 def record_metrics(record: dict[str, Any]) -> dict[str, float]:
-    """MLflow metrics of one looplab training record (looplab/train.py): a training
+    """MLflow metrics of one looplab training record (looplab/training/train.py): a training
     record's quantities, or an evaluation record's per-policy quantities."""
     kind = record.get("kind")
     if kind == "train":

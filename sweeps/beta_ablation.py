@@ -18,7 +18,7 @@ from sweeps.evaluate import add_eval_flags, grid_from_args, with_evaluation
 from sweeps.flags import Common, fail, parse_list
 from sweeps.launch import main
 from sweeps.plan import Sweep
-from trainables.evaluation import EvalGrid
+from trainables.downstream import EvalGrid
 from trainables.pipeline import PipelineSpec
 
 BETAS = "0.05,0.1,0.25,0.5,1.0"

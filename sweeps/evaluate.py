@@ -5,11 +5,11 @@ evaluates the finished checkpoints of an existing sweep:
     python -m sweeps.evaluate --experiment adaptive_pipeline-debug --storage-path runs/table4 \\
         --eval-tasks paper --eval-data /data/lm_eval --eval-policies "dense:0.2,0.4;skip:0.2,0.4;forced:1-4"
 
-The grid (trainables/evaluation.py) is tasks × policies × the sweep's checkpoints; every
+The grid (trainables/downstream.py) is tasks × policies × the sweep's checkpoints; every
 evaluation is keyed by content, so running the same command (or the sweep) again with
 one more q, task, policy or stage evaluates only what is new, and trains nothing.
 
-Tasks (--eval-tasks): `paper` is the paper's seven (looplab.lm_eval_suite: lm-eval's own
+Tasks (--eval-tasks): `paper` is the paper's seven (looplab.evaluation.suite: lm-eval's own
 YAMLs at the paper's shots), read from --eval-data DIR/<task>/<split>.parquet when given,
 else from the hub; other names are tasks of --eval-include DIR (task YAMLs whose data
 files may be relative to the YAML's folder), else lm-eval's built-in tasks (their hub
@@ -31,7 +31,7 @@ from looplab.policy import GATE, parse_policies
 from looplab.stages import STAGE_NAMES, get_stage
 from sweeps.flags import add_store_flags, fail
 from sweeps.runtime import console_to_log, local_gpus, write_report
-from trainables.evaluation import (EvalGrid, EvalSummary, applies, builtin_task, default_policies, describe_plan,
+from trainables.downstream import (EvalGrid, EvalSummary, applies, builtin_task, default_policies, describe_plan,
                                    evaluate, include_task, paper_task, pipeline_checkpoints, store_checkpoints)
 from trainables.storage import Storage
 
@@ -48,7 +48,7 @@ def add_eval_flags(p: argparse.ArgumentParser) -> None:
                         "App. E; dense and skip at q 0.2..1.0 on gated stages, App. F); gate policies go to gated "
                         "stages, the others to every stage")
     g.add_argument("--eval-data", default="", metavar="DIR",
-                   help="the paper tasks' data from DIR/<task>/<split>.parquet (python -m looplab.lm_eval_suite "
+                   help="the paper tasks' data from DIR/<task>/<split>.parquet (python -m looplab.evaluation.suite "
                         "export DIR), offline; default: the hub")
     g.add_argument("--eval-include", default="", metavar="DIR", help="a folder of custom task YAMLs")
     g.add_argument("--eval-limit", default="", metavar="N", help="documents per task (default: all)")
@@ -111,7 +111,7 @@ def resolve_tasks(text: str, include: str, data: str) -> tuple:
     """--eval-tasks as EvalTasks, in order, each once: checked against --eval-include's
     index, the paper's seven, then lm-eval's own index (built only when a name is
     neither: it takes seconds)."""
-    from looplab.lm_eval_suite import PAPER_TASKS
+    from looplab.evaluation.suite import PAPER_TASKS
 
     names = []
     for name in (n.strip() for n in text.split(",") if n.strip()):
@@ -120,7 +120,7 @@ def resolve_tasks(text: str, include: str, data: str) -> tuple:
     if not names:
         fail("--eval-tasks", text, "paper | comma-separated lm-eval task names")
     if data and not Path(data).is_dir():
-        fail("--eval-data", data, "a folder with <task>/<split>.parquet files (python -m looplab.lm_eval_suite export)")
+        fail("--eval-data", data, "a folder with <task>/<split>.parquet files (python -m looplab.evaluation.suite export)")
     local = {}
     if include:
         if not Path(include).is_dir():
@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     if args.dry_run:
-        from trainables.evaluation import finished_keys, plan
+        from trainables.downstream import finished_keys, plan
 
         done = finished_keys(mc, experiment_id)
         todo = [ev for ev in plan(grid, checkpoints) if ev.key not in done]

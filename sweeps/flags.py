@@ -16,7 +16,7 @@ from typing import Any
 from looplab.cli import Parser
 from looplab.config import invalid, parse_value
 from looplab.presets import PRESETS
-from looplab.resources import DEFAULT_MEMORY_MARGIN_GIB, DEFAULT_MFU, DEFAULT_PEAK_TFLOPS
+from looplab.costs.resources import DEFAULT_MEMORY_MARGIN_GIB, DEFAULT_MFU, DEFAULT_PEAK_TFLOPS
 from looplab.stages import STAGE_NAMES
 
 DEFAULT_PRESET = "debug" if "debug" in PRESETS else "phop-debug"
@@ -70,7 +70,7 @@ class Launch:
     seeds: tuple[int, ...] = (0,)
     dry_run: bool = False
     doctor: bool = False  # with --dry-run: the quick health check on every GPU node (sweeps/nodes.py)
-    # The resource plan (looplab/resources.py): device memory to fit (0: the configs'
+    # The resource plan (looplab/costs/resources.py): device memory to fit (0: the configs'
     # own micro-batching), and the utilisation and peak its GPU-hours assume.
     gpu_memory: float = 0.0
     memory_margin: float = DEFAULT_MEMORY_MARGIN_GIB  # GiB of the device the plan leaves to CUDA, NCCL, fragmentation
@@ -121,7 +121,7 @@ def parser(description: str) -> argparse.ArgumentParser:
                         "(or on this machine) and report each node; a failing node makes the exit status 1")
     p.add_argument("--gpu-memory", type=float, default=0.0, metavar="GB",
                    help="GiB per GPU: each stage trains with the largest micro-batch that fits (the memory model "
-                        "of looplab/memory.py), with activation checkpointing only if nothing fits without; "
+                        "of looplab/costs/memory.py), with activation checkpointing only if nothing fits without; "
                         "a stage that cannot fit is an error before Ray starts")
     p.add_argument("--memory-margin", type=float, default=DEFAULT_MEMORY_MARGIN_GIB, metavar="GB",
                    help="with --gpu-memory: GiB of each device the plan leaves free for the CUDA context, NCCL's "

@@ -18,7 +18,7 @@ from sweeps.evaluate import add_eval_flags, grid_from_args, with_evaluation
 from sweeps.flags import Common, fail, parse_list, parse_ranges
 from sweeps.launch import main
 from sweeps.plan import SKIP_COLUMNS, Sweep
-from trainables.evaluation import EvalGrid
+from trainables.downstream import EvalGrid
 from trainables.pipeline import PipelineSpec
 
 HOLE_PARAMS = {"hp": "hole.hp", "lo": "hole.lo", "hi": "hole.hi", "rho": "hole.rho",

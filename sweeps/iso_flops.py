@@ -20,7 +20,7 @@ from sweeps.evaluate import add_eval_flags, grid_from_args, with_evaluation
 from sweeps.flags import Common, fail
 from sweeps.launch import main
 from sweeps.plan import Sweep
-from trainables.evaluation import EvalGrid
+from trainables.downstream import EvalGrid
 
 TASKS = {  # task -> (default preset, small pairs, paper pairs, metric, mode, summary columns)
     "text": ("debug", "1x1,1x4,4x1", "6x1,6x4,12x1,12x2,24x1", VAL_PPL, "min", (VAL_PPL, VAL_ACCURACY)),

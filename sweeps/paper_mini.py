@@ -149,7 +149,7 @@ def speed_seconds(sweep: Sweep, launch: Launch) -> float:
 
     import torch
 
-    from looplab.bench import bench_point, heldout_ids, measured_peaks, prefill_peaks
+    from looplab.costs.timing import bench_point, heldout_ids, measured_peaks, prefill_peaks
     from looplab.checkpoint import model_from_config
     from looplab.policy import ExitPolicy
 

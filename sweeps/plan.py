@@ -15,7 +15,7 @@ from typing import Any
 from looplab.config import ConfigError, config_key, is_keyed
 from looplab.keys import LENIENT, SWEEP_KEY_LENGTH, TRIAL_NAME_KEY_LENGTH, digest, keyed_name, stage_folder
 from looplab.policy import DEFAULT_QS, ExitPolicy
-from looplab.resources import StagePlan, plan_stage
+from looplab.costs.resources import StagePlan, plan_stage
 from looplab.tracking import EXECUTED_LOOPS, PPL, VAL_ACCURACY, VAL_PPL, parse_metric, policy_metric
 from sweeps.flags import Launch, check_preset, fail
 from sweeps.runtime import local_gpus
@@ -55,7 +55,7 @@ class Sweep:
     # scan's hole range, derive from them). Recorded on the sweep run (tag scan_axes);
     # analysis/scan.py draws each effect along each axis. Not part of sweep_key.
     axes: tuple[str, ...] = ()
-    # Downstream evaluation after training (trainables/evaluation.EvalGrid, sweeps/evaluate.py).
+    # Downstream evaluation after training (trainables/downstream.EvalGrid, sweeps/evaluate.py).
     # Not part of sweep_key: evaluations are keyed on their own, so a grown grid reuses the sweep.
     evaluation: Any = None
 
@@ -190,7 +190,7 @@ def validate(sweep: Sweep, launch: Launch) -> tuple[list[dict[str, Any]], Resour
 # ---- devices: micro-batches and the per-stage plan --------------------------------------
 
 def fit_devices(sweep: Sweep, launch: Launch, points: list[dict[str, Any]]) -> tuple[Sweep, dict[str, StagePlan]]:
-    """Each distinct stage's plan (looplab/resources.py) on the sweep's devices, keyed
+    """Each distinct stage's plan (looplab/costs/resources.py) on the sweep's devices, keyed
     "stage-key". With --gpu-memory, every stage trains with the largest micro-batch
     that fits (the smallest any of its trials needs, so one setting per stage name),
     written into the sweep's per-stage overrides: those fields are unkeyed, so stage
@@ -306,9 +306,9 @@ def describe(sweep: Sweep, launch: Launch, points: list[dict[str, Any]], res: Re
         lines.append(f"  {name}: {plan.line(launch.mfu, launch.gpu_tflops)}")
     device = "GPU" if launch.gpus_per_worker > 0 or launch.gpu_memory > 0 else "device (CPU run: GPU figures for scale)"
     lines += ["", f"compute: {total_tokens:,.0f} training tokens, ≈ {total_flops:.2e} FLOPs (looplab's FLOP count, "
-                  f"looplab/resources.py), ≈ {hours:,.1f} GPU-hours at {launch.mfu:.0%} MFU of "
+                  f"looplab/costs/resources.py), ≈ {hours:,.1f} GPU-hours at {launch.mfu:.0%} MFU of "
                   f"{launch.gpu_tflops:g} TFLOP/s",
-              f"memory: peak per {device} from looplab/memory.py's model" + (
+              f"memory: peak per {device} from looplab/costs/memory.py's model" + (
                   f", micro-batches fitted to --gpu-memory {launch.gpu_memory:g} GiB less a "
                   f"{launch.memory_margin:g} GiB margin (--memory-margin)" if launch.gpu_memory else ""),
               "resources: " + (f"local Ray, {res.cpus:g} CPUs, {res.gpus} GPUs" if not launch.address
@@ -335,7 +335,7 @@ def describe(sweep: Sweep, launch: Launch, points: list[dict[str, Any]], res: Re
 def describe_evaluation(sweep: Sweep, points: list[dict[str, Any]], storage_path: str) -> list[str]:
     """The dry run's evaluation lines: the grid over every stage the trials would train
     (no store is read: reuse is decided when it runs)."""
-    from trainables.evaluation import Checkpoint, describe_plan
+    from trainables.downstream import Checkpoint, describe_plan
 
     checkpoints = []
     for params in points:

@@ -16,15 +16,15 @@ any of their settings):
     table6       batch 16 at L 256 ... 3584        skip:0.2, 0.4, 0.6   bf16, padded    (Table 6)
     debug        batch 1, 4 at L 128               skip:0.2, 0.4, 0.6   fp32, auto      (a CPU, minutes)
 
-"padded" is the paper's ragged-halting layout (looplab/bench.py). The checkpoints
+"padded" is the paper's ragged-halting layout (looplab/costs/timing.py). The checkpoints
 (--stages; default: the gated final stages, the models the paper times) come from the
-experiment's FINISHED stage runs (trainables/evaluation.py's store_checkpoints). Each
+experiment's FINISHED stage runs (trainables/downstream.py's store_checkpoints). Each
 point is one MLflow run keyed by content and by the machine that times it
 (trainables/speed.py): a re-run measures only what the store lacks on this hardware.
 Each run records, beside the measured speedup, the loop bound R/d̄ and the FLOP bound
-(F0 + R·Fr)/(F0 + d̄·Fr) (looplab/resources.py).
+(F0 + R·Fr)/(F0 + d̄·Fr) (looplab/costs/resources.py).
 
---arrivals adds decoding under continuous arrivals (looplab/arrivals.py, issue 27 item
+--arrivals adds decoding under continuous arrivals (looplab/inference/arrivals.py, issue 27 item
 6a): per checkpoint, a seeded request stream served by --slots cache rows under each
 --schedules and each policy (and full, the baseline), one MLflow run per (checkpoint,
 slots, schedule, policy, stream) keyed the same way; each logs tokens/s, decode tokens/s,
@@ -102,7 +102,7 @@ class ArrivalGrid:
     requests: int = 64
     prompt_len: tuple[int, int] = (16, 128)
     new_tokens: tuple[int, int] = (8, 64)
-    schedules: tuple[str, ...] = ("lockstep", "depth")  # looplab.depth_batching.SCHEDULES (which brings torch)
+    schedules: tuple[str, ...] = ("lockstep", "depth")  # looplab.inference.depth_batching.SCHEDULES (which brings torch)
     warmup: int = 1
     repeats: int = 3
 
@@ -149,7 +149,7 @@ def parser() -> argparse.ArgumentParser:
                         "CPUs per GPU)")
     p.add_argument("--gpus", default="", metavar="N", help="GPUs per job (default: 1 where there are GPUs, else 0)")
     p.add_argument("--arrivals", action="store_true",
-                   help="also benchmark decoding under continuous arrivals (looplab/arrivals.py), one run per "
+                   help="also benchmark decoding under continuous arrivals (looplab/inference/arrivals.py), one run per "
                         "(checkpoint, slots, schedule, policy, stream)")
     p.add_argument("--slots", default="", metavar="S,...", help="with --arrivals: cache rows served at once")
     p.add_argument("--requests", default="", metavar="N", help="with --arrivals: requests in the stream")
@@ -244,7 +244,7 @@ def arrival_grid_from_args(args: argparse.Namespace) -> ArrivalGrid | None:
 
 
 def _token_range(flag: str, text: str) -> tuple[int, int]:
-    from looplab.arrivals import parse_range
+    from looplab.inference.arrivals import parse_range
 
     try:
         return parse_range(flag, text)
@@ -253,7 +253,7 @@ def _token_range(flag: str, text: str) -> tuple[int, int]:
 
 
 def _schedules(text: str) -> tuple[str, ...]:
-    from looplab.depth_batching import SCHEDULES
+    from looplab.inference.depth_batching import SCHEDULES
 
     schedules = tuple(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
     if not schedules or any(s not in SCHEDULES for s in schedules):
@@ -262,7 +262,7 @@ def _schedules(text: str) -> tuple[str, ...]:
 
 
 def check_policies(text: str) -> None:
-    """Skip policies only: each is timed against its dense twin (looplab/bench.py)."""
+    """Skip policies only: each is timed against its dense twin (looplab/costs/timing.py)."""
     try:
         policies = parse_policies(text)
     except ConfigError as e:
@@ -330,7 +330,7 @@ def select_checkpoints(checkpoints, stages: tuple[str, ...]) -> list:
 def check_points(grid: SpeedGrid, checkpoints) -> None:
     """Every policy applies to every chosen checkpoint (a gate threshold needs a gated
     stage), and varlen packing to their architecture (Mamba-2 only)."""
-    from trainables.evaluation import applies
+    from trainables.downstream import applies
 
     for policy in parse_policies(grid.policies):
         for ck in checkpoints:
@@ -462,7 +462,7 @@ def _print_table(header: tuple[str, ...], rows: list[list[str]], out) -> None:
 
 # ---- python -m sweeps.speed ---------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    from trainables.evaluation import store_checkpoints
+    from trainables.downstream import store_checkpoints
     from trainables.storage import Storage
 
     args = parser().parse_args(argv)

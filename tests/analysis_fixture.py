@@ -4,8 +4,8 @@ final stage's config, search.* values, content tags) and one nested run per stag
 shared upstream stages trained once and reused (reused=true, reused_from, the
 original's final metrics logged again); training records, the full-model eval and
 the threshold sweep (dense / skip at q, forced depths 1..R) logged as
-looplab.train's records through tracking.log_record. log_evaluations adds downstream
-evaluation runs (level eval) with the platform's writer (trainables/evaluation.py);
+looplab.training.train's records through tracking.log_record. log_evaluations adds downstream
+evaluation runs (level eval) with the platform's writer (trainables/downstream.py);
 log_zoo_rules adds zero-shot exit-rule metrics under the zoo's prefixes.
 
 The values are simple closed forms (VALUES below) so tests can state expected
@@ -19,7 +19,7 @@ from collections import Counter
 from pathlib import Path
 
 from looplab import tracking
-from looplab.lm_eval_suite import PAPER_TASKS
+from looplab.evaluation.suite import PAPER_TASKS
 from looplab.policy import DENSE, FORCED, FULL, SKIP, ExitPolicy
 from looplab.stages import get_stage
 from trainables.pipeline import PipelineSpec
@@ -54,7 +54,7 @@ def point_values(arm: str, stage: str, seed: int, mode: str, q: float | None, de
 
 
 def eval_records(arm: str, stage: str, seed: int, step: int) -> list[dict]:
-    """looplab.train's evaluation record: one entry per policy the stage evaluates
+    """looplab.training.train's evaluation record: one entry per policy the stage evaluates
     (looplab.stages: full depth; gate stages add dense and skip at each q and forced
     depths 1..R-1)."""
     def entry(policy: ExitPolicy, v: dict) -> dict:
@@ -71,7 +71,7 @@ def eval_records(arm: str, stage: str, seed: int, step: int) -> list[dict]:
 
 
 def loop_values(arm: str, stage: str, seed: int) -> dict[str, float]:
-    """The per-loop instruments of looplab/instruments.py, as closed forms: hidden norm
+    """The per-loop instruments of looplab/training/instruments.py, as closed forms: hidden norm
     r + 0.1·seed, gradient 1/r (stages that train the backbone), and under skip at q
     (gated stages) the active fraction 1 at loop 1 and q after, the state gap 0 at loop 1
     and (0.5 for Ouro, 0.1 for CHASE's stages) · (1 − q) after."""
@@ -289,7 +289,7 @@ def log_evaluations(uri: str, root: Path, experiment: str, logged: dict, *, task
     tracking.downstream_metrics, nested under the run that trained the stage): the
     pre-trained model at forced depths 1..R (R as full), each trial's final stage under
     dense and skip at each q. Returns how many runs it wrote."""
-    from trainables.evaluation import Checkpoint, EvalTask, Evaluation, open_eval_run
+    from trainables.downstream import Checkpoint, EvalTask, Evaluation, open_eval_run
 
     mc = tracking.client(uri)
     exp_id = tracking.ensure_experiment(mc, experiment, root / "mlflow")

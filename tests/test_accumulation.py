@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from looplab.config import apply_overrides
-from looplab.distributed import Shard
+from looplab.training.distributed import Shard
 from looplab.stages import get_stage
 from looplab.tasks import make_task
 from looplab.tasks.base import IGNORE_INDEX, Batch
-from looplab.train import _accumulate_gradients, train
+from looplab.training.train import _accumulate_gradients, train
 from test_stages import model_vocab, stage_cfg
 from test_adaptive import gated_model
 from test_train import tiny_run

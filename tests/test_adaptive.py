@@ -7,7 +7,7 @@ import torch
 
 from looplab.models.looped import LoopedLM
 from looplab.config import ConfigError
-from looplab.objectives import (exit_cdf, exit_distribution, exit_entropy, expected_exit_step, stage1_loss,
+from looplab.training.objectives import (exit_cdf, exit_distribution, exit_entropy, expected_exit_step, stage1_loss,
                                 stage2_loss, stage2_targets)
 from looplab.policy import ExitPolicy, parse_policies, threshold_exit_steps
 from test_models import ARCHS, tiny
@@ -241,7 +241,7 @@ def test_policy_grid_parses_groups_and_ranges():
 def test_readouts_of_one_dense_pass_match_each_policy_run_on_its_own(arch):
     """evaluate_readouts (one dense pass, every step kept) against evaluate_policy,
     which runs dense at each q and forced at each depth through its own forward."""
-    from looplab.evaluate import evaluate_policy, evaluate_readouts
+    from looplab.evaluation.validation import evaluate_policy, evaluate_readouts
     from looplab.tasks.base import Batch
 
     model = gated_model(arch)  # its gate sends tokens out at different steps

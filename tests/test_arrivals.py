@@ -1,4 +1,4 @@
-"""Decoding under continuous arrivals (looplab/arrivals.py): requests joining rows as
+"""Decoding under continuous arrivals (looplab/inference/arrivals.py): requests joining rows as
 others finish still get, token for token, what generate gives each one alone."""
 
 import json
@@ -6,13 +6,13 @@ import json
 import pytest
 import torch
 
-from looplab.arrivals import ArrivalBench, RequestStream, bench_arrivals, make_requests, serve
+from looplab.inference.arrivals import ArrivalBench, RequestStream, bench_arrivals, make_requests, serve
 from looplab.cli import main
 from looplab.config import ConfigError
-from looplab.depth_batching import DepthBatch
-from looplab.generate import generate, prefill
+from looplab.inference.depth_batching import DepthBatch
+from looplab.inference.generate import generate, prefill
 from looplab.policy import ExitPolicy
-from looplab.resources import flop_bound, prefill_flops
+from looplab.costs.resources import flop_bound, prefill_flops
 from test_adaptive import gated_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")

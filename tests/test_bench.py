@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from looplab import load_model
-from looplab.bench import bench_decode_point, bench_point, oracle_exit_steps, run_grid, survivor_ratio, under_dtype
+from looplab.costs.timing import bench_decode_point, bench_point, oracle_exit_steps, run_grid, survivor_ratio, under_dtype
 from looplab.config import ConfigError
-from looplab.measured_memory import UNKNOWN_PEAK, in_rss_process, peak_memory
+from looplab.costs.measured_memory import UNKNOWN_PEAK, in_rss_process, peak_memory
 from looplab.models.looped import LoopedLM
 from looplab.policy import ExitPolicy
 from test_models import ARCHS, tiny
@@ -172,7 +172,7 @@ def test_bench_command_writes_records_and_logs_to_mlflow(tmp_path, capsys):
 
 
 def test_decode_point_reports_consistent_figures():
-    from looplab.bench import bench_decode_point
+    from looplab.costs.timing import bench_decode_point
 
     model = load_model("phop-debug", n_loops=4, d_model=32, chunk_size=16)
     ids = torch.randint(0, model.cfg.vocab_size, (3, 40))

@@ -9,7 +9,7 @@ import torch
 
 from looplab.checkpoint import save_model
 from looplab.config import ConfigError
-from looplab.generate import decode_step, generate, prefill, sample
+from looplab.inference.generate import decode_step, generate, prefill, sample
 from looplab.models.attention import CausalSelfAttention, apply_rope, rope_angles
 from looplab.models.cache import InferenceCache
 from looplab.models.ops.reference import ssm_scan_ref

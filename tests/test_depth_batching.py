@@ -1,12 +1,12 @@
-"""Depth batching (looplab/depth_batching.py): rows at different loops share backbone
+"""Depth batching (looplab/inference/depth_batching.py): rows at different loops share backbone
 steps, and every token still gets the full forward's logits and exit step."""
 
 import pytest
 import torch
 
 from looplab.config import ConfigError
-from looplab.depth_batching import DepthBatch, decode_given_tokens
-from looplab.generate import generate, prefill
+from looplab.inference.depth_batching import DepthBatch, decode_given_tokens
+from looplab.inference.generate import generate, prefill
 from looplab.policy import ExitPolicy
 from test_decode import BACKBONES, R, batch, full_forward, model_for, policies
 from test_adaptive import gated_model

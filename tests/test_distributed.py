@@ -16,11 +16,11 @@ import torch.multiprocessing as mp
 
 from looplab.checkpoint import load_model
 from looplab.config import ConfigError
-from looplab.distributed import Shard
+from looplab.training.distributed import Shard
 from looplab.checkpoint import parent_ref
 from looplab.presets import get_preset
 from looplab.presets import stage_config
-from looplab.train import train
+from looplab.training.train import train
 
 STEPS = 4
 

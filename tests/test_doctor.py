@@ -66,7 +66,7 @@ def test_the_step_check_fails_a_wrong_step_kernel(monkeypatch):
 
 def test_generation_must_match_the_full_forward(monkeypatch):
     assert all(c.status == doctor.PASS for c in doctor.generation_check(CPU))
-    import looplab.generate as generate
+    import looplab.inference.generate as generate
 
     original = generate.decode_step
 

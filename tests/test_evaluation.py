@@ -1,4 +1,4 @@
-"""Downstream evaluation as a sweep axis (trainables/evaluation.py, sweeps/evaluate.py):
+"""Downstream evaluation as a sweep axis (trainables/downstream.py, sweeps/evaluate.py):
 the eval key is content, an evaluation in the store is never recomputed, a grown grid
 evaluates only what is new, the MLflow names follow the contract, bad input is one line
 before any model loads or Ray starts; and (marked ray, slow) a debug adaptive pipeline
@@ -30,7 +30,7 @@ from looplab.checkpoint import experiment_metadata, save_model  # noqa: E402
 from looplab.policy import ExitPolicy  # noqa: E402
 from looplab.presets import get_preset  # noqa: E402
 from looplab.presets import stage_config  # noqa: E402
-from trainables import evaluation as ev  # noqa: E402
+from trainables import downstream as ev  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "lm_eval"
 TASKS = ("looplab_toy_mc", "looplab_toy_cloze")
@@ -157,7 +157,7 @@ def test_evaluation_step_reuses_what_the_store_has(trained):
     """One run per (checkpoint, policy, task) under the run that trained the stage, with
     the contract's names and the values lm-eval gives directly; a grown grid evaluates
     only what is new; a task that cannot be read fails alone."""
-    from looplab.lm_eval import evaluate_tasks
+    from looplab.evaluation.harness import evaluate_tasks
 
     mc, exp, (pre, s1) = trained["mc"], trained["exp"], trained["checkpoints"]
     tasks = toy_tasks()

@@ -196,7 +196,7 @@ def test_skip_runs_fewer_loops_as_the_threshold_loosens(arch):
 def test_one_dense_pass_serves_zoo_policies_like_their_own_runs(arch):
     """evaluate_readouts (one dense pass; each zoo statistic once per step, one
     decision per threshold) against evaluate_policy (each policy's own dense run)."""
-    from looplab.evaluate import evaluate_policy, evaluate_readouts
+    from looplab.evaluation.validation import evaluate_policy, evaluate_readouts
     from looplab.tasks.base import Batch
 
     model = zoo_model(arch)
@@ -220,7 +220,7 @@ def test_one_dense_pass_serves_zoo_policies_like_their_own_runs(arch):
 
 
 def test_evaluate_policies_runs_skip_zoo_policies_on_their_own():
-    from looplab.evaluate import evaluate_policies, evaluate_policy
+    from looplab.evaluation.validation import evaluate_policies, evaluate_policy
     from looplab.tasks.base import Batch
 
     model = zoo_model("mamba2")
@@ -309,7 +309,7 @@ def test_bad_zoo_policies_are_one_line_errors(make, message):
 
 def test_bench_times_a_zoo_rule_against_its_dense_twin():
     import looplab
-    from looplab.bench import bench_point
+    from looplab.costs.timing import bench_point
     from looplab.tracking import bench_point_name
     from test_bench import UNMEASURED
 
@@ -360,7 +360,7 @@ def test_eval_command_evaluates_zoo_policies(tmp_path, capsys):
 def test_lm_eval_adapter_takes_a_zoo_policy():
     pytest.importorskip("lm_eval")
     import looplab
-    from looplab.lm_eval import LoopLabLM
+    from looplab.evaluation.harness import LoopLabLM
 
     model = looplab.load_model("phop-debug", vocab_size=259, n_loops=R, seed=0)
     with torch.no_grad():

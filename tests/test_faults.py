@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
-import looplab.train as train_module
+import looplab.training.train as train_module
 from looplab import tracking
 from looplab.checkpoint import load_model
 from looplab.config import ConfigError, apply_overrides
 from looplab.errors import CheckpointNotWritten, TrainingDiverged
 from looplab.presets import get_preset
-from looplab.train import DIVERGED, METRICS_FILE, train
+from looplab.training.train import DIVERGED, METRICS_FILE, train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

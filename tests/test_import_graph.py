@@ -121,16 +121,16 @@ def upward_arrows(graph: dict[str, set[str]]) -> list[str]:
 def test_the_checks_find_a_circle_and_an_upward_arrow():
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert circles({"a": {"b"}, "b": set()}) == []
-    assert upward_arrows({"looplab.train": {"sweeps.plan"}, "analysis.load": {"trainables.trial"},
+    assert upward_arrows({"looplab.training.train": {"sweeps.plan"}, "analysis.load": {"trainables.trial"},
                           "looplab.models.looped": {"looplab.checkpoint", "looplab.config"},
                           "sweeps.plan": {"looplab.config"}}) == [
         "analysis.load -> trainables.trial", "looplab.models.looped -> looplab.checkpoint",
-        "looplab.train -> sweeps.plan"]
+        "looplab.training.train -> sweeps.plan"]
 
 
 def test_the_graph_is_real():
     graph = import_graph()
-    assert "looplab.objectives" in graph["looplab.train"] and "sweeps.plan" in graph["sweeps.launch"]
+    assert "looplab.training.objectives" in graph["looplab.training.train"] and "sweeps.plan" in graph["sweeps.launch"]
 
 
 def test_no_circle_anywhere():

@@ -1,4 +1,4 @@
-"""Per-loop instruments (looplab/instruments.py) against independent references: the
+"""Per-loop instruments (looplab/training/instruments.py) against independent references: the
 per-application gradient terms add up to the ordinary backward pass; the active
 fraction under given exits is the share of exits at or beyond each loop; the state gap
 is zero where nobody left and positive where holes are; the first loop's norm is the
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from looplab.config import apply_overrides
-from looplab.instruments import (hidden_norms, loop_gradient_norms, loop_instruments, per_application_parameters,
+from looplab.training.instruments import (hidden_norms, loop_gradient_norms, loop_instruments, per_application_parameters,
                                  skip_profile)
 from looplab.models.looped import LoopedLM
 from looplab.policy import ExitPolicy
@@ -103,7 +103,7 @@ def test_metric_names_round_trip():
 
 
 def test_every_stage_logs_its_instruments(tmp_path):
-    from looplab.train import train
+    from looplab.training.train import train
 
     over = {"model.d_model": 32, "train.steps": 2, "train.seq_len": 32, "train.batch_size": 2,
             "task.val_blocks": 2, "train.eval_every": 0, "train.eval_qs": [0.5, 1.0]}

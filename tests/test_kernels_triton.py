@@ -203,12 +203,12 @@ def test_cuda_decode_step_matches_torch_step(triton_state_update, monkeypatch, s
 
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_cuda_path_saves_what_the_memory_model_counts(triton_chunk_scan, monkeypatch, shape):
-    """looplab/memory.py's per-token count for a Mamba-2 block on the fused path (fp32
+    """looplab/costs/memory.py's per-token count for a Mamba-2 block on the fused path (fp32
     here, so no autocast copies) against the tensors autograd actually keeps when the
     block runs through mamba-ssm's scan and the causal-conv1d stand-in (which saves
     what the library saves)."""
     from looplab.config import ModelConfig
-    from looplab.memory import mamba2_block
+    from looplab.costs.memory import mamba2_block
     from looplab.models.layers import Residual
     from test_memory import saved_bytes
 

@@ -1,7 +1,7 @@
 """looplab/keys.py: one digest and one output-path rule, and keys that stay what they were.
 
 Every value pinned below was computed on the code before looplab/keys.py existed (the
-separate helpers of config.py, sweeps/plan.py, trainables/evaluation.py, checkpoint.py
+separate helpers of config.py, sweeps/plan.py, trainables/downstream.py, checkpoint.py
 and storage.py). A store written then names its stages, sweeps, trials, evaluations and
 speed points by these values, so equal values mean such a store is found and reused,
 not trained or evaluated again. A test that fails here means stored results would be
@@ -79,7 +79,7 @@ def test_stage_folders_are_unchanged():
 def test_a_store_written_before_is_reused(tmp_path):
     """Stage folders named as the old code named them (literal names, done markers as
     trial.py writes them) are found as trained stages by the new code."""
-    from trainables.evaluation import pipeline_checkpoints
+    from trainables.downstream import pipeline_checkpoints
     from trainables.shared_stage import write_done
     from trainables.storage import Storage
 
@@ -136,7 +136,7 @@ def test_sweep_lock_files_keep_their_names(tmp_path):
 
 # ---- evaluation and speed keys -------------------------------------------------------------
 def test_evaluation_keys_are_unchanged():
-    from trainables.evaluation import EvalTask, eval_key
+    from trainables.downstream import EvalTask, eval_key
 
     task = EvalTask("golden", "include", 2, "acc", "sha256:0123456789abcdef", "cfg-0123456789ab", "/x.yaml")
     assert eval_key(PRETRAIN_KEY, "full", task, None) == "197eb80e77b4"
@@ -161,7 +161,7 @@ def test_task_data_digest_is_unchanged(tmp_path):
 
 def test_task_config_version_is_unchanged(tmp_path):
     pytest.importorskip("lm_eval")
-    from trainables.evaluation import config_version
+    from trainables.downstream import config_version
 
     assert config_version(_task_files(tmp_path)) == "cfg-43c8d2d4a2ea"
 
@@ -187,7 +187,7 @@ def test_scratch_folders_are_unchanged(monkeypatch):
 # ---- one home for keys ------------------------------------------------------------------------
 # hashlib outside looplab/keys.py, each a content check that never names a stored result:
 CONTENT_HASHES = {
-    "looplab/tokenizer.py": "checks a downloaded tokenizer file against its published SHA-256",
+    "looplab/tasks/tokenizer.py": "checks a downloaded tokenizer file against its published SHA-256",
     "looplab/tasks/text.py": "holds validation documents out of training by their text's digest (a set, never a name)",
 }
 SCANNED = ("looplab", "trainables", "sweeps", "analysis")

@@ -8,7 +8,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from looplab.models.head import (attach_gradient, chunk_tokens_for, head_token_losses, head_weighted_loss,
                                  linear_cross_entropy, step_token_losses, weighted_linear_cross_entropy)
 from looplab.models.looped import LoopedLM
-from looplab.objectives import (exit_distribution, final_loop_loss, final_loop_weights, stage1_loss, stage1_weights,
+from looplab.training.objectives import (exit_distribution, final_loop_loss, final_loop_weights, stage1_loss, stage1_weights,
                                 stage2_loss, token_losses)
 from looplab.policy import ExitPolicy
 from looplab.stages import get_stage

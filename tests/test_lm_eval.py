@@ -1,4 +1,4 @@
-"""The lm-eval adapter (looplab/lm_eval.py) and the paper suite (looplab/lm_eval_suite.py),
+"""The lm-eval adapter (looplab/evaluation/harness.py) and the paper suite (looplab/evaluation/suite.py),
 offline: a tiny freshly initialised byte-level LoopedLM, a toy multiple-choice task
 over tests/data/lm_eval, and stand-in parquet files for the seven suite tasks."""
 
@@ -73,7 +73,7 @@ def toy_tasks(tmp_path_factory) -> Path:
 
 
 def make_lm(checkpoint, **kw):
-    from looplab.lm_eval import LoopLabLM
+    from looplab.evaluation.harness import LoopLabLM
 
     kw.setdefault("device", "cpu")
     return LoopLabLM(checkpoint=str(checkpoint), **kw)
@@ -95,7 +95,7 @@ def test_import_looplab_does_not_import_lm_eval():
 def test_registered_under_looplab_without_hiding_builtin_models():
     from lm_eval.api.registry import get_model, model_registry
 
-    from looplab.lm_eval import LoopLabLM
+    from looplab.evaluation.harness import LoopLabLM
 
     assert get_model("looplab") is LoopLabLM
     assert "hf" in model_registry  # lm-eval's own names were registered first
@@ -187,7 +187,7 @@ def test_loglikelihood_rolling_scores_each_token_once(checkpoint):
 def test_generate_until_is_greedy_and_stops():
     from lm_eval.api.instance import Instance
 
-    from looplab.lm_eval import LoopLabLM
+    from looplab.evaluation.harness import LoopLabLM
 
     model = looplab.load_model("phop-debug", vocab_size=259, n_loops=R, seed=0)
     with torch.no_grad():  # only printable ASCII can win the argmax: readable text, exact stops
@@ -269,7 +269,7 @@ def test_argument_errors_are_one_line(checkpoint, tmp_path):
 
 
 def test_toy_task_end_to_end_skip_runs_fewer_loops_than_dense(checkpoint, toy_tasks):
-    from looplab.lm_eval import evaluate_tasks
+    from looplab.evaluation.harness import evaluate_tasks
 
     runs = {mode: evaluate_tasks(checkpoint, [TOY_TASK], include_path=toy_tasks, policy=f"{mode}:0.4", batch_size=4,
                                  device="cpu")
@@ -288,7 +288,7 @@ def test_simple_evaluate_by_model_name(checkpoint, toy_tasks):
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    import looplab.lm_eval  # noqa: F401  (registers the model name)
+    import looplab.evaluation.harness  # noqa: F401  (registers the model name)
 
     results = lm_eval.simple_evaluate(
         model="looplab", model_args=f"checkpoint={checkpoint},policy=skip:0.4,batch_size=8,device=cpu",
@@ -344,7 +344,7 @@ def suite_data(tmp_path_factory) -> Path:
     training rows so arc_challenge's 25 shots can be drawn."""
     import pandas as pd
 
-    from looplab.lm_eval_suite import PAPER_TASKS, builtin_config, builtin_yaml_paths, required_splits
+    from looplab.evaluation.suite import PAPER_TASKS, builtin_config, builtin_yaml_paths, required_splits
 
     root = tmp_path_factory.mktemp("suite_data")
     for task, path in builtin_yaml_paths(PAPER_TASKS).items():
@@ -356,7 +356,7 @@ def suite_data(tmp_path_factory) -> Path:
 
 
 def test_paper_suite_offline_uses_builtin_configs_and_paper_shots(checkpoint, suite_data):
-    from looplab.lm_eval_suite import PAPER_SHOTS, SUITE_METRICS, builtin_config, run_suite
+    from looplab.evaluation.suite import PAPER_SHOTS, SUITE_METRICS, builtin_config, run_suite
 
     summary = run_suite(checkpoint, policy="skip:0.4", limit=2, local_data_dir=suite_data, batch_size=8,
                         device="cpu")
@@ -383,7 +383,7 @@ def test_paper_suite_offline_uses_builtin_configs_and_paper_shots(checkpoint, su
 
 
 def test_suite_reports_missing_local_files(tmp_path):
-    from looplab.lm_eval_suite import suite_configs
+    from looplab.evaluation.suite import suite_configs
 
     with pytest.raises(ConfigError, match="local data for piqa is missing"):
         suite_configs(["piqa"], local_data_dir=tmp_path)
@@ -396,7 +396,7 @@ def test_export_writes_the_splits_each_task_reads(monkeypatch, tmp_path):
     each built-in YAML names and writes files that suite_configs accepts."""
     import datasets
 
-    from looplab.lm_eval_suite import export_suite_data, suite_configs
+    from looplab.evaluation.suite import export_suite_data, suite_configs
 
     asked = []
 

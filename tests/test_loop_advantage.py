@@ -6,7 +6,7 @@ import torch
 
 from looplab.config import apply_overrides
 from looplab.presets import get_preset
-from looplab.train import train
+from looplab.training.train import train
 
 
 def test_looped_model_beats_its_iso_parameter_one_loop_baseline(tmp_path):

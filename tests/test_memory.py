@@ -1,4 +1,4 @@
-"""The memory model (looplab/memory.py) and the resource plan (looplab/resources.py,
+"""The memory model (looplab/costs/memory.py) and the resource plan (looplab/costs/resources.py,
 the sweeps' dry run): per-block counts against the tensors autograd really keeps, the
 whole step against the peak measured on this CPU, and the plan's choices."""
 
@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
-import looplab.objectives  # noqa: F401 - the stages' losses register themselves (minibatch_loss below)
+import looplab.training.objectives  # noqa: F401 - the stages' losses register themselves (minibatch_loss below)
 from looplab.checkpoint import model_from_config, parent_ref
 from looplab.config import ConfigError, ModelConfig
-from looplab.memory import FP32, GiB, loop_activations, mamba2_block, readout_activations, step_memory
+from looplab.costs.memory import FP32, GiB, loop_activations, mamba2_block, readout_activations, step_memory
 from looplab.models.layers import make_layer
 from looplab.presets import get_preset, stage_config
-from looplab.resources import flops_per_token, plan_stage
+from looplab.costs.resources import flops_per_token, plan_stage
 from looplab.stages import get_stage
 from looplab.tasks.base import Batch
 
@@ -93,7 +93,7 @@ def test_a_training_forward_saves_R_loops_and_the_readout(stage):
 
 def test_the_model_is_within_a_quarter_of_the_measured_peak():
     """benchmarks/train_memory.py (memory measured in a child process whose resident
-    set follows live tensors: looplab/measured_memory.py): one
+    set follows live tensors: looplab/costs/measured_memory.py): one
     optimizer step per point of the `local` preset (vocab 32,000) at small sizes,
     whole-batch and micro-batched, with and without activation checkpointing."""
     points = "pretrain:0:0,pretrain:0:1,stage1:2:0,stage1:0:1,stage2:0:0"
@@ -166,7 +166,7 @@ def test_a_plan_leaves_its_margin_free():
     default) the plan picks the micro-batch whose peak fits the rest."""
     from looplab.config import ParentRef
     from looplab.presets import get_preset, stage_config
-    from looplab.resources import DEFAULT_MEMORY_MARGIN_GIB
+    from looplab.costs.resources import DEFAULT_MEMORY_MARGIN_GIB
 
     stage1 = stage_config(get_preset("paper-140m-hybrid"), "stage1", parent=ParentRef("pretrain", "k", "g"))
     tight = plan_stage(stage1, ranks=8, device_memory_gib=80, margin_gib=0)

@@ -85,7 +85,7 @@ def test_the_estimate_replays_the_schedule(tmp_path, monkeypatch):
     at two seeds is the hand-computed schedule: the two shared chains (pre-training 5
     steps + Stage-1 200) side by side, then the ten trials in Tune's seed-major order on
     two slots, each trial adding TRIAL_S."""
-    monkeypatch.setattr("looplab.train.probe_seconds", lambda cfg, steps: (1.0, 0.0))
+    monkeypatch.setattr("looplab.training.train.probe_seconds", lambda cfg, steps: (1.0, 0.0))
     common = Common("debug", {"train.steps": 5})
     sweep = paper_mini.lm_sweep(common)
     launch = Launch(storage_path=str(tmp_path), seeds=(0, 1))

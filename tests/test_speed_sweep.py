@@ -19,7 +19,7 @@ import looplab  # noqa: E402
 from looplab import tracking  # noqa: E402
 from looplab.checkpoint import experiment_metadata, read_model_config, save_model  # noqa: E402
 from looplab.policy import ExitPolicy  # noqa: E402
-from looplab.resources import flop_bound, prefill_flops  # noqa: E402
+from looplab.costs.resources import flop_bound, prefill_flops  # noqa: E402
 from sweeps import speed  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -202,7 +202,7 @@ def test_arrivals_sweep_end_to_end_inline(store, capsys, monkeypatch):
     the stream's mean context for the logged d̄; the same command again measures nothing
     and leaves the runs as they were; the report folder gets arrivals.csv, and speed.csv
     keeps the prefill points only."""
-    from looplab.arrivals import RequestStream
+    from looplab.inference.arrivals import RequestStream
     from looplab.tracking import ARRIVAL_METRICS, DECODE_TOKENS_PER_S
 
     argv = ["--experiment", EXPERIMENT, "--storage-path", str(store["root"]), "--no-ray", *TINY, *ARRIVALS]
@@ -244,7 +244,7 @@ def test_arrivals_sweep_end_to_end_inline(store, capsys, monkeypatch):
     def not_again(*args, **kwargs):
         raise AssertionError("an arrivals point was measured again")
 
-    monkeypatch.setattr("looplab.arrivals.bench_arrivals", not_again)
+    monkeypatch.setattr("looplab.inference.arrivals.bench_arrivals", not_again)
     ends = {r.info.run_id: r.info.end_time for r in runs}
     assert speed.main(argv) == 0
     captured = capsys.readouterr()

@@ -6,14 +6,14 @@ import torch
 
 from looplab.checkpoint import parent_ref
 from looplab.config import ConfigError, ExperimentConfig, HoleConfig, apply_overrides
-from looplab.evaluate import evaluate_policies
-from looplab.holes import round_depth, sample_depth_holes, target_depths
+from looplab.evaluation.validation import evaluate_policies
+from looplab.training.holes import round_depth, sample_depth_holes, target_depths
 from looplab.policy import ExitPolicy
 from looplab.presets import get_preset
 from looplab.presets import stage_config
 from looplab.stages import get_stage
 from looplab.tasks import make_task
-from looplab.train import train
+from looplab.training.train import train
 from test_adaptive import gated_model
 
 

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-from looplab import tokenizer as tokmod
+from looplab.tasks import tokenizer as tokmod
 from looplab.config import ConfigError, TextConfig
 from looplab.presets import get_preset
 from looplab.tasks import make_task
 from looplab.tasks.text import TextTask, embedded_documents, unigram_perplexity
-from looplab.tokenizer import ByteTokenizer, load_tokenizer
+from looplab.tasks.tokenizer import ByteTokenizer, load_tokenizer
 
 BOS, EOS = 256, 257  # the byte tokenizer's specials
 

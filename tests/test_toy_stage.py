@@ -1,6 +1,6 @@
 """Adding a stage is one registry entry plus one loss function (looplab/stages.py):
 a toy stage registered here alone is validated, keyed, planned by the sweeps' dry run
-(memory, FLOPs, micro-batches) and trained through looplab.train, with nothing else
+(memory, FLOPs, micro-batches) and trained through looplab.training.train, with nothing else
 edited. Its facts match pre-training's (it trains everything and its loss reads the
 final loop), so its plan must equal pre-training's at the same settings: the plan
 reads the facts, not the name."""
@@ -12,13 +12,13 @@ import pytest
 from looplab.checkpoint import read_config
 from looplab.config import ConfigError, apply_overrides
 from looplab.keys import stage_folder
-from looplab.memory import step_memory
-from looplab.objectives import final_loop_loss, token_losses
+from looplab.costs.memory import step_memory
+from looplab.training.objectives import final_loop_loss, token_losses
 from looplab.presets import get_preset, stage_config
-from looplab.resources import flops_per_token
+from looplab.costs.resources import flops_per_token
 from looplab.stages import (FINAL_LOOP, STAGE_NAMES, TRAINS_ALL, Recipe, Stage, get_stage, method_of, register,
                             stage_loss, unregister)
-from looplab.train import train
+from looplab.training.train import train
 from sweeps.flags import Launch
 from sweeps.plan import Sweep, describe, fit_devices, validate
 from trainables.pipeline import PipelineSpec, stage_configs, stage_dir
@@ -110,7 +110,7 @@ def test_a_toy_stage_trains_through_looplab_train_on_its_parent(toy_stage, tmp_p
     result = train(toy, stage_dir(tmp_path, toy), quiet=True)
     assert result.step == 2 and all(math.isfinite(loss) for loss in result.losses)
     # Two training steps, then the final evaluation's per-loop instruments (the gradient
-    # each loop's application gets from the stage's loss, looplab/instruments.py).
+    # each loop's application gets from the stage's loss, looplab/training/instruments.py).
     assert CALLS == [(TOY, 0), (TOY, 1), (TOY, 2)]
     meta = read_config(result.out_dir / "checkpoint")["metadata"]
     assert meta["lineage"] == ["pretrain", TOY] and meta["method"] == method_of(["pretrain", TOY]) == "toy"

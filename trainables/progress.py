@@ -10,7 +10,7 @@ board (a driver that died) never fails a trial.
 
 Records: {"trial": label, "event": "start" | "step" | "end" | "reused" | "resumed_done" |
 "trial_end" | "eval" | "eval_failed" | "speed", "stage", "step", "steps", "loss", "tokens_per_s", "eta_s", "summary", "policy",
-"task", "error", "line"}; evaluation jobs (trainables/evaluation.py) post eval and eval_failed,
+"task", "error", "line"}; evaluation jobs (trainables/downstream.py) post eval and eval_failed,
 speed jobs (trainables/speed.py) a speed record with its line per measured point.
 """
 
@@ -105,7 +105,7 @@ def format_record(r: dict[str, Any]) -> str:
     if event == "step":
         return (f"{head} {r['stage']}  step {r['step']}/{r['steps']}  loss {r['loss']:.4f}  "
                 f"{r['tokens_per_s']:,.0f} tok/s  eta {_clock(r['eta_s'])}")
-    if event == "eval":  # a downstream evaluation (trainables/evaluation.py) finished
+    if event == "eval":  # a downstream evaluation (trainables/downstream.py) finished
         summary = "  ".join(f"{k} {v:.4g}" for k, v in (r.get("summary") or {}).items())
         return f"{head} {r['policy']} {r['task']}" + (f": {summary}" if summary else "")
     if event == "speed":  # a timed prefill point (trainables/speed.py) was measured

@@ -1,5 +1,5 @@
 """Prefill speed as a step keyed by content: full against skip execution on a trained
-checkpoint (paper §5.4; looplab/bench.py measures).
+checkpoint (paper §5.4; looplab/costs/timing.py measures).
 
 A point is (checkpoint, batch, seq_len, skip policy, dtype, packing). Its key,
 `speed_key`, hashes the checkpoint's stage key, the point, the repeats and the machine
@@ -7,10 +7,10 @@ that times it (processor, CPU count, threads, device): a wall-clock figure belon
 hardware, so another machine measures again while a re-run here reuses. Each point is
 one MLflow run (level bench, tags stage_key, config_hash, method, policy and speed_key;
 params speed.* and machine.*; metrics tracking.SPEED_METRICS: the benchmark's figures
-and the FLOP bound of the speedup, looplab/resources.py); a FINISHED run with the key is
+and the FLOP bound of the speedup, looplab/costs/resources.py); a FINISHED run with the key is
 never measured again.
 
-Decoding under continuous arrivals (looplab/arrivals.py; issue 27, item 6a) is the same
+Decoding under continuous arrivals (looplab/inference/arrivals.py; issue 27, item 6a) is the same
 step for decoding: an `ArrivalPoint` is (checkpoint, slots, schedule, policy, request
 stream), keyed the same way (`arrival_key`: the stage key, the point, the machine, the
 warm-ups and repeats), one MLflow run each (level bench, the same tags; params speed.*
@@ -53,12 +53,12 @@ def machine(device: str, threads: int) -> dict[str, Any]:
             "device": device}
 
 
-ARRIVALS = "arrivals"  # an arrivals point's kind (looplab/arrivals.py's ArrivalRecord.kind)
+ARRIVALS = "arrivals"  # an arrivals point's kind (looplab/inference/arrivals.py's ArrivalRecord.kind)
 
 
 @dataclass(frozen=True)
 class ArrivalPoint:
-    """One served configuration of the arrivals benchmark (looplab/arrivals.py): a
+    """One served configuration of the arrivals benchmark (looplab/inference/arrivals.py): a
     request stream (requests, prompt_len and new_tokens inclusive ranges, seed) served
     by `slots` cache rows under one schedule and policy (full is a point too)."""
 
@@ -116,10 +116,10 @@ def host_of(threads: int) -> dict[str, Any]:
 
 
 def bound_of(model_cfg, point: SpeedPoint, executed_loops: float) -> float:
-    """The point's FLOP bound (looplab/resources.py) at its measured executed loops: a
+    """The point's FLOP bound (looplab/costs/resources.py) at its measured executed loops: a
     prefill reads out at the last position only."""
     from looplab.policy import ExitPolicy
-    from looplab.resources import flop_bound, prefill_flops
+    from looplab.costs.resources import flop_bound, prefill_flops
 
     f0, fr = prefill_flops(model_cfg, point.seq_len, ExitPolicy.parse(point.policy), readout="last")
     return flop_bound(f0, fr, model_cfg.n_loops, executed_loops)
@@ -151,12 +151,12 @@ def _to_stderr(line: str) -> None:
 def measure(mc, experiment_id: str, parent_run_id: str, *, checkpoint: str, stage_key: str, config_hash: str,
             method: str, points: list[SpeedPoint], repeats: int = 5, threads: int | None = None,
             label: str = "", progress: Callable[[str], None] | None = None) -> list[dict]:
-    """The benchmark record (looplab/bench.py's BenchRecord as a dict) of every point on
+    """The benchmark record (looplab/costs/timing.py's BenchRecord as a dict) of every point on
     this checkpoint: read from its FINISHED run when there is one, else measured here and
     logged. A line per measured point goes to `progress` (default: stderr)."""
     import torch
 
-    from looplab.bench import bench_point, heldout_ids, measured_peaks, prefill_peaks
+    from looplab.costs.timing import bench_point, heldout_ids, measured_peaks, prefill_peaks
     from looplab.policy import ExitPolicy
 
     threads = threads or os.cpu_count() or 1
@@ -186,7 +186,7 @@ def measure(mc, experiment_id: str, parent_run_id: str, *, checkpoint: str, stag
         device = next(model.parameters()).device
         calls = [dict(model=model, ids=heldout_ids(model, task, p.batch, p.seq_len).to(device),
                      policy=ExitPolicy.parse(p.policy), packing=p.packing, dtype=p.dtype) for p in todo]
-        # Every point's memory first, in one child process on a CPU (looplab/bench.py): one
+        # Every point's memory first, in one child process on a CPU (looplab/costs/timing.py): one
         # process start per checkpoint, not per point; then the timing, here.
         for p, call, peaks in zip(todo, calls, measured_peaks(prefill_peaks, calls)):
             ids, policy = call["ids"], call["policy"]
@@ -228,7 +228,7 @@ def _missing_bench(plan: ArrivalPlan, todo: list[ArrivalPoint]):
     """The smallest ArrivalBench that measures every missing point: their slots,
     schedules and policies (bench_arrivals adds full, the baseline, to each schedule).
     Its cross product may time a stored point again; only the missing ones are logged."""
-    from looplab.arrivals import ArrivalBench, RequestStream
+    from looplab.inference.arrivals import ArrivalBench, RequestStream
     from looplab.policy import ExitPolicy
 
     first = todo[0]  # one stream and fill per plan
@@ -258,11 +258,11 @@ def measure_arrivals(mc, experiment_id: str, parent_run_id: str, *, checkpoint: 
                      progress: Callable[[str], None] | None = None) -> list[dict]:
     """Every arrivals point of the plan on this checkpoint, as a dict of the point and
     its tracking.ARRIVAL_METRICS: read from its FINISHED run when there is one, else measured
-    (looplab.arrivals.bench_arrivals, once for all missing points) and logged, a line
+    (looplab.inference.arrivals.bench_arrivals, once for all missing points) and logged, a line
     per measured point to `progress` (default: stderr)."""
     import torch
 
-    from looplab.arrivals import bench_arrivals
+    from looplab.inference.arrivals import bench_arrivals
 
     threads = threads or os.cpu_count() or 1
     host = host_of(threads)
@@ -312,7 +312,7 @@ class SpeedJob:
     """One checkpoint's points and where to record them; threads: the CPUs the job holds
     (they enter the speed key through the machine)."""
 
-    checkpoint: Any  # trainables/evaluation.py's Checkpoint
+    checkpoint: Any  # trainables/downstream.py's Checkpoint
     points: tuple[SpeedPoint, ...]
     repeats: int
     threads: int

@@ -5,7 +5,7 @@ and resumes from it, so when Ray Train restarts the worker group (FailureConfig)
 the relaunched loop continues from the last checkpoint. The folder lives in the
 sweep's storage path, which a cluster must share between nodes.
 
-Several workers train data-parallel (looplab/distributed.py: each rank its rows of
+Several workers train data-parallel (looplab/training/distributed.py: each rank its rows of
 every global batch, gradients averaged over the gloo/NCCL group Ray Train set up).
 Only rank 0 logs to MLflow; every rank reports the same records to Ray Train,
 whose report is a barrier all workers must reach equally often.
@@ -111,7 +111,7 @@ def train_stage(cfg, storage: Storage, folder: str, **train_kwargs):
     uploaded as it is written, so a restart on any node resumes from the store."""
     from looplab.checkpoint import TRAINER
     from looplab.config import ConfigError
-    from looplab.train import CHECKPOINT_DIR, METRICS_FILE, train
+    from looplab.training.train import CHECKPOINT_DIR, METRICS_FILE, train
 
     location = storage.path(STAGES_DIR, folder)
     if not storage.remote:

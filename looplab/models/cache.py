@@ -16,7 +16,7 @@ its cache by layer alone, which would let loop 2 overwrite loop 1's state.
 Each block's states of all loops live in one storage (loop r's row b at slot
 (r − 1)·batch + b); loop r's states are views of it. A backbone step reads and writes
 the states through a `StepCache` (one loop's views, or the storage addressed by slots
-so that rows at different loops share a step: looplab/depth_batching.py, and a
+so that rows at different loops share a step: looplab/inference/depth_batching.py, and a
 `Layout`), whose `block(j)` hands each mixer its own state; mixers take it as the
 `cache` argument of forward (models/mamba2.py, models/attention.py). The Layout says
 where each cache row's tokens sit in the tensor the step runs on: a prefill layout
@@ -151,7 +151,7 @@ class StepCache:
     """One backbone step's view of the cache: each mixer's state and the layout. Either
     one loop's states (the layout's rows are that loop's cache rows), or the storage of
     every loop (`slots`: the layout's rows are slots (loop − 1)·batch + row, so one step
-    can run rows at different loops: looplab/depth_batching.py)."""
+    can run rows at different loops: looplab/inference/depth_batching.py)."""
 
     def __init__(self, states: list, layout: Layout):
         self.states, self.layout = states, layout
@@ -236,7 +236,7 @@ class InferenceCache:
     def write_row(self, row: int, source: "InferenceCache", source_row: int = 0) -> None:
         """Row `row` takes over row `source_row` of another cache of the same model:
         every loop's states and the row's length (a request prefilled alone joins a
-        running batch: looplab/arrivals.py). The row's former states are replaced
+        running batch: looplab/inference/arrivals.py). The row's former states are replaced
         whole; attention entries past the copied lengths are never read."""
         if source.n_loops != self.n_loops or len(source.storage) != len(self.storage):
             raise ConfigError("source is invalid; allowed: a cache of the same model")

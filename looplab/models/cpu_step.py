@@ -3,7 +3,7 @@
 Decoding a small model on a CPU is bound by per-operation overhead, not arithmetic:
 the torch step (Mamba2._step_torch) is ~25 tensor operations per block, and rows
 that run a loop alone (skip decoding's running tokens, or depth batching's rows at
-different loops, looplab/depth_batching.py) have their states gathered and written
+different loops, looplab/inference/depth_batching.py) have their states gathered and written
 back. The kernel (cpu_step.cpp) does the conv step, the SSM step and the gated norm
 in one call, updating each row's conv and SSM states in place at its cache slot, as
 mamba-ssm's selective_state_update does on CUDA with state_batch_indices.

@@ -120,7 +120,7 @@ def execute(model, ids: torch.Tensor, policy: ExitPolicy = FULL_DEPTH, *, positi
     readout    all: logits at every position; last: only at the last one (prefill,
                which needs the next-token distribution of the prompt's end only);
                none: no logits (losses read the hidden states through a lean head).
-    cache      an empty InferenceCache to prefill (looplab/generate.py): it receives
+    cache      an empty InferenceCache to prefill (looplab/inference/generate.py): it receives
                each loop's states of the real tokens that ran it; mask must be right
                padding (each row's real tokens first).
     attention_fill  hole | exit_state: what an exited token leaves in the deeper loops'

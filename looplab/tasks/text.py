@@ -62,7 +62,7 @@ import numpy as np
 from looplab.errors import ConfigError, check
 from looplab.fields import check_choice, check_ints, keyed
 from looplab.tasks.base import Batch, batch_from_numpy
-from looplab.tokenizer import Tokenizer, hub_reachable, known_vocab_size, load_tokenizer
+from looplab.tasks.tokenizer import Tokenizer, hub_reachable, known_vocab_size, load_tokenizer
 
 if TYPE_CHECKING:  # tensors are made by tasks/base.py: config.py reads this module's config without torch
     import torch

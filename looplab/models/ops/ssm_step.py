@@ -53,7 +53,7 @@ def ssm_step(ssm: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tens
         if out_rows is not None:
             y = y.index_select(0, out_rows)
     else:
-        # A few rows run (or rows of different loops: looplab/depth_batching.py): their
+        # A few rows run (or rows of different loops: looplab/inference/depth_batching.py): their
         # states are gathered, stepped, and the change S_new − S added back with
         # index_add_ (its per-row fast path beats index_copy_'s several times on CPU).
         old = ssm.index_select(0, rows).view(n * g, -1, dstate)

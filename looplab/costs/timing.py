@@ -22,7 +22,7 @@ its slowest row: this reproduces the paper's ragged-halting measurement. "varlen
 (looplab's; Mamba-2 backbones only, the default there) puts the batch's survivors
 in one row, so work follows the real survivor count.
 
-Peak memory, two numbers per run (looplab/measured_memory.py; -1 where they cannot
+Peak memory, two numbers per run (looplab/costs/measured_memory.py; -1 where they cannot
 be measured):
     peak_mem_full / _skip          the peak above what was in use before the call:
                                    what the call itself needed
@@ -41,7 +41,7 @@ interval centred on M and stochastically rounded, so the cost model is measured
 without training.
 
 Decode (`--decode`, DecodeRecord): after a prompt of seq_len tokens is prefilled
-into the per-(loop, layer) cache (looplab/generate.py), new_tokens held-out tokens
+into the per-(loop, layer) cache (looplab/inference/generate.py), new_tokens held-out tokens
 are decoded one at a time for every row (teacher-forced, so full and skip see the
 same inputs), from copies of the same prefilled caches, alternating, after
 warm-ups. Reported: the median time per decode step and tokens/s (with the readout,
@@ -54,7 +54,7 @@ only the rows whose token is still active.
 
 Skip decodes in a schedule (`--schedule`, a column; full always runs in lockstep):
 lockstep (each new token of every row runs its loops together: the batch takes its
-deepest token's loops in backbone steps) or depth (looplab/depth_batching.py: a row
+deepest token's loops in backbone steps) or depth (looplab/inference/depth_batching.py: a row
 feeds its next token as soon as its last one is done, rows at different loops share
 a step). `steps` is the backbone steps per new token; with the readout, depth reads
 out whichever rows finish at each step, so it runs the head more often on fewer rows.
@@ -74,11 +74,11 @@ import numpy as np
 import torch
 
 from looplab.config import ConfigError
-from looplab.depth_batching import DEPTH, LOCKSTEP, check_schedule
+from looplab.inference.depth_batching import DEPTH, LOCKSTEP, check_schedule
 from looplab.errors import check, invalid
-from looplab.evaluate import autocast_context
-from looplab.holes import round_depth
-from looplab.measured_memory import Peak, in_rss_process, peak_memory
+from looplab.evaluation.validation import autocast_context
+from looplab.training.holes import round_depth
+from looplab.costs.measured_memory import Peak, in_rss_process, peak_memory
 from looplab.models.mamba2 import Mamba2
 from looplab.models.ops.dispatch import step_implementation
 from looplab.policy import DENSE, SKIP, ExitPolicy
@@ -367,8 +367,8 @@ def _decode_runs(model, ids: torch.Tensor, seq_len: int, policy: ExitPolicy, att
     probe) -> a call that decodes ids[:, seq_len:] from a copy of p's cache (the dense
     twin in lockstep, `policy` under `schedule`); a Probe receives the new tokens'
     loops and the backbone steps they took."""
-    from looplab.depth_batching import decode_given_tokens
-    from looplab.generate import decode_step, prefill
+    from looplab.inference.depth_batching import decode_given_tokens
+    from looplab.inference.generate import decode_step, prefill
 
     device, dense = ids.device, replace(policy, execution=DENSE)
 

@@ -2,7 +2,7 @@
 
 Importing this module registers the model name `looplab` with lm-eval, so
 
-    import looplab.lm_eval
+    import looplab.evaluation.harness
     lm_eval.simple_evaluate(model="looplab",
                             model_args="checkpoint=PATH,policy=skip:0.4,batch_size=8,device=cpu",
                             tasks=["piqa"])
@@ -52,7 +52,7 @@ from tqdm import tqdm
 
 from looplab.config import ConfigError
 from looplab.policy import ExitPolicy
-from looplab.train import resolve_device
+from looplab.training.train import resolve_device
 
 MODEL_NAME = "looplab"
 DEFAULT_MAX_LENGTH = 2048
@@ -141,7 +141,7 @@ class LoopLabLM(TemplateLM):
                               "the tokenizer it was trained with (looplab lm-eval --tokenizer NAME; model arg "
                               "tokenizer=NAME): mistral | bytes | an HF tokenizer name")
         if isinstance(spec, str):
-            from looplab.tokenizer import load_tokenizer
+            from looplab.tasks.tokenizer import load_tokenizer
 
             spec = load_tokenizer(spec)
         if spec.vocab_size > self.model.cfg.vocab_size:
@@ -230,7 +230,7 @@ class LoopLabLM(TemplateLM):
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         """Greedy decoding until a stop string, <eos> or max_gen_toks, a batch of
         contexts at a time: prefilled once into the per-(loop, layer) cache, then
-        continued token by token under the adapter's policy (looplab/generate.py)."""
+        continued token by token under the adapter's policy (looplab/inference/generate.py)."""
         items = []
         for request in requests:
             context, gen_kwargs = request.args
@@ -275,7 +275,7 @@ class LoopLabLM(TemplateLM):
         """Logits (B, L, V) of a right-padded batch. Right padding leaves the real
         positions untouched (the models are causal) and `mask` keeps the padding
         out of the executed-loops means."""
-        from looplab.evaluate import autocast_context
+        from looplab.evaluation.validation import autocast_context
 
         width = max(len(r) for r in rows)
         ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
@@ -355,8 +355,8 @@ class LoopLabLM(TemplateLM):
     def _generate_batch(self, batch) -> list[str]:
         """Continuations of (context ids, stop strings, max new tokens, task) items;
         every position the model ran counts towards the executed loops."""
-        from looplab.evaluate import autocast_context
-        from looplab.generate import generate
+        from looplab.evaluation.validation import autocast_context
+        from looplab.inference.generate import generate
 
         with torch.no_grad(), autocast_context(self._device, self.precision):
             out = generate(self.model, [item[0] for item in batch], [item[2] for item in batch], self.policy,

@@ -18,7 +18,7 @@ import torch
 from looplab.policy import DENSE, EXIT_RULES, GATE, SKIP, ZOO_RULES, ExitPolicy, exit_rule
 from looplab.tasks.base import IGNORE_INDEX, Batch
 from looplab.models.head import head_token_losses
-from looplab.objectives import token_losses
+from looplab.training.objectives import token_losses
 
 
 def autocast_context(device: torch.device, precision: str):

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from looplab.holes import sample_depth_holes, sample_threshold, take_hole_branch
+from looplab.training.holes import sample_depth_holes, sample_threshold, take_hole_branch
 from looplab.models.head import attach_gradient, head_weighted_loss, step_token_losses
 from looplab.policy import ExitPolicy
 from looplab.stages import stage_loss

@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 import torch
 
 from looplab.config import ConfigError
-from looplab.depth_batching import DEPTH, LOCKSTEP, DepthBatch, check_schedule
+from looplab.inference.depth_batching import DEPTH, LOCKSTEP, DepthBatch, check_schedule
 from looplab.models.cache import HOLE, InferenceCache, Layout
 from looplab.models.execution import FULL_DEPTH
 from looplab.policy import DENSE, EXIT_RULES, GATE_LOGITS, GIVEN, ExitPolicy, exit_rule
@@ -275,7 +275,7 @@ def generate(model, ids, max_new_tokens, policy: ExitPolicy = FULL_DEPTH, *, len
     attention_fill: what exited tokens leave in deeper attention layers (hole |
     exit_state, models/cache.py). Finished rows leave the batch: only the rows still
     generating run. schedule: lockstep (decode_step: each new token of every row runs
-    its loops together, a step per loop) or depth (looplab/depth_batching.py: a row
+    its loops together, a step per loop) or depth (looplab/inference/depth_batching.py: a row
     starts its next token as soon as its last one is done, rows at different loops
     share a step). Greedy outputs are the same; sampled draws come in another order."""
     _check_policy(model, policy)

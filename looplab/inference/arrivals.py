@@ -2,7 +2,7 @@
 served by a fixed number of cache rows ("slots"), each finished request's row taken
 at once by the next waiting one, so rows at different points of different requests
 decode together (issue 27, item 6a). Measured as tokens/s against the FLOP bound of
-the policy's mean executed loops (looplab/resources.py).
+the policy's mean executed loops (looplab/costs/resources.py).
 
     requests = make_requests(model, task, RequestStream(requests=64, prompt_len=(16, 128),
                                                          new_tokens=(8, 64), seed=0))
@@ -22,7 +22,7 @@ so the row's next token continues the new request. The first new token comes fro
 the prefill's logits, each later one from decoding the one before (greedy: argmax),
 until the request has its new tokens (no <eos>: a request's length is its draw).
 Two schedules:
-    depth     depth batching (looplab/depth_batching.py): one backbone step advances
+    depth     depth batching (looplab/inference/depth_batching.py): one backbone step advances
               every running token by one loop; a finished token's row starts its next
               token (or the next request's) in the next step.
     lockstep  generate.decode_step over the running rows: each step's tokens run
@@ -53,7 +53,7 @@ import numpy as np
 import torch
 
 from looplab.config import ConfigError
-from looplab.depth_batching import DEPTH, SCHEDULES, DepthBatch, check_schedule
+from looplab.inference.depth_batching import DEPTH, SCHEDULES, DepthBatch, check_schedule
 from looplab.errors import check
 from looplab.models.cache import HOLE, InferenceCache, check_fill
 from looplab.policy import FULL, GIVEN, ExitPolicy
@@ -112,7 +112,7 @@ class Request:
 
 def make_requests(model, task, stream: RequestStream) -> list[Request]:
     """The stream's requests (module docstring): the same for the same seed."""
-    from looplab.bench import heldout_ids
+    from looplab.costs.timing import heldout_ids
 
     rng = np.random.default_rng([stream.seed, 27])
     lengths = rng.integers(stream.prompt_len[0], stream.prompt_len[1] + 1, size=stream.requests).tolist()
@@ -195,7 +195,7 @@ class _Server:
         written into the row. Returns its first new token, to be fed next; None when
         no request is left (the row stays idle). A request wanting one token is done
         by its prefill, and the next one is taken."""
-        from looplab.generate import prefill
+        from looplab.inference.generate import prefill
 
         while self.waiting:
             request = self.waiting.popleft()
@@ -251,7 +251,7 @@ def _serve_depth(server: _Server) -> int:
 def _serve_lockstep(server: _Server) -> int:
     """decode_step over the running rows: returns the backbone steps (per call, the
     loops of its deepest token)."""
-    from looplab.generate import decode_step
+    from looplab.inference.generate import decode_step
 
     steps, slots = 0, server.cache.batch
     going = server.admit_all()
@@ -341,7 +341,7 @@ class ArrivalRecord:
 
 
 def _bound(model, stream: RequestStream, policy: ExitPolicy, executed_loops: float) -> float:
-    from looplab.resources import flop_bound, prefill_flops
+    from looplab.costs.resources import flop_bound, prefill_flops
 
     f0, fr = prefill_flops(model.cfg, max(1, round(stream.mean_context)), policy, readout="all")
     return flop_bound(f0, fr, model.cfg.n_loops, executed_loops)

@@ -1,4 +1,4 @@
-"""Measured peak memory of a call (looplab/memory.py is the model it is checked against).
+"""Measured peak memory of a call (looplab/costs/memory.py is the model it is checked against).
 
 Two numbers per call (-1 where they cannot be measured):
     delta      the peak above what was in use before the call: what the call needed

@@ -1,5 +1,5 @@
 """What one training stage needs before it is launched: its FLOPs, the micro-batch that
-fits a device (looplab/memory.py's model), and GPU-hours at a stated utilisation. The
+fits a device (looplab/costs/memory.py's model), and GPU-hours at a stated utilisation. The
 sweeps' dry run prints it per stage (sweeps/plan.py); `--gpu-memory GB` picks the
 micro-batch.
 
@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from looplab.config import ConfigError, ExperimentConfig
-from looplab.memory import GiB, StepMemory, gib, step_memory
+from looplab.costs.memory import GiB, StepMemory, gib, step_memory
 from looplab.stages import get_stage
 
 DEFAULT_MFU = 0.4  # a planning figure: model FLOP/s over the device's dense peak

@@ -1,5 +1,5 @@
 """One training run of one stage (one process, or data-parallel ranks: see
-looplab/distributed.py): AdamW, linear warmup then
+looplab/training/distributed.py): AdamW, linear warmup then
 cosine decay to a floor, gradient clipping, the stage's loss and trained parameters
 (its entry in looplab/stages.py), periodic evaluation, and resumable checkpoints.
 
@@ -24,10 +24,10 @@ from looplab.checkpoint import (TRAINER, experiment_metadata, load_training_stat
                                 read_model_config, save_training_state, settle_checkpoint, verify_checkpoint)
 from looplab.config import ConfigError, ExperimentConfig, TrainConfig
 from looplab.errors import CheckpointNotWritten, TrainingDiverged
-from looplab.distributed import Shard
-from looplab.evaluate import autocast_context, evaluate_policies
-from looplab.instruments import diagnostic_batch, loop_instruments
-from looplab import objectives  # noqa: F401 - the built-in stages' losses register themselves on import
+from looplab.training.distributed import Shard
+from looplab.evaluation.validation import autocast_context, evaluate_policies
+from looplab.training.instruments import diagnostic_batch, loop_instruments
+from looplab.training import objectives  # noqa: F401 - the built-in stages' losses register themselves on import
 from looplab.stages import get_stage
 from looplab.tasks import make_task
 from looplab.tasks.base import IGNORE_INDEX, Batch
@@ -93,7 +93,7 @@ def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, st
           on_checkpoint: Callable[[int, Path], None] | None = None, parent_dir: str | Path | None = None,
           quiet: bool = False) -> TrainResult:
     """Train cfg's model on cfg's task with the objective of cfg.stage (the stage
-    registry, looplab/stages.py; the losses in looplab/objectives.py).
+    registry, looplab/stages.py; the losses in looplab/training/objectives.py).
 
     Resumes from out_dir/checkpoint when it holds a checkpoint of the same config.
     stop_at ends the run after that many optimizer steps (checkpointing first) while
@@ -187,7 +187,7 @@ def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, st
         lines += [f"  {r['policy']:10s} loops {r['executed_loops']:.2f}  exit {r['mean_exit_step']:.2f}  "
                   f"acc {r['accuracy']:.4f}  loss {r['loss']:.4f}" for r in records[1:]]
         log.record({"kind": "eval", "step": step, "policies": records}, "\n".join(lines))
-        if shard.main:  # per-loop instruments (looplab/instruments.py) on rank 0's diagnostic batch
+        if shard.main:  # per-loop instruments (looplab/training/instruments.py) on rank 0's diagnostic batch
             loops = loop_instruments(model, stage, diagnostic_batch(task.eval_batch()), cfg, step, device)
             log.record({"kind": LOOP, "step": step, "metrics": loops}, _loops_line(loops, cfg.model.n_loops),
                        say=True)
@@ -288,7 +288,7 @@ def probe_seconds(cfg: ExperimentConfig, *, steps: int = 2) -> tuple[float, floa
     the threads torch has: the median of `steps` optimizer steps after a warm-up, and
     one evaluation as train() runs it (the stage's policies and the per-loop
     instruments). A sweep's dry run turns these into its time estimate (sweeps/estimate.py)."""
-    from looplab.bench import median_seconds
+    from looplab.costs.timing import median_seconds
 
     device = resolve_device(cfg.train.device)
     task = make_task(cfg.task, cfg.train.seq_len)

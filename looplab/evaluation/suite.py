@@ -8,7 +8,7 @@ with only these fields replaced: num_fewshot, and with local_data_dir the datase
 which then comes from local parquet files DIR/<task>/<split>.parquet. Write those
 once on a machine that reaches the HuggingFace hub:
 
-    python -m looplab.lm_eval_suite export DIR
+    python -m looplab.evaluation.suite export DIR
 
 The suite's score is the mean over the seven tasks of one accuracy each
 (SUITE_METRICS). The paper does not say which of lm-eval's two accuracies it
@@ -123,7 +123,7 @@ def _local_dataset(task: str, config: dict[str, Any], root: Path) -> dict[str, A
     missing = [str(p) for p in files.values() if not p.is_file()]
     if missing:
         raise ConfigError(f"local data for {task} is missing {missing}; allowed: a directory written by "
-                          "`python -m looplab.lm_eval_suite export DIR`")
+                          "`python -m looplab.evaluation.suite export DIR`")
     return {"dataset_path": "parquet", "dataset_name": None,
             "dataset_kwargs": {"data_files": {split: str(p) for split, p in files.items()}}}
 
@@ -137,7 +137,7 @@ def run_suite(checkpoint_or_model, policy=None, limit: int | float | None = None
     Returns {"tasks": {task: {"metric", "accuracy", "executed_loops", "num_fewshot",
     "n_samples", "results"}}, "average", "executed_loops", "config", "lm_eval"}, where
     "lm_eval" is simple_evaluate's whole results dict (configs, n-shot, ...)."""
-    from looplab.lm_eval import evaluate_tasks, make_task_manager
+    from looplab.evaluation.harness import evaluate_tasks, make_task_manager
 
     tasks = _check_tasks(tasks)
     metrics = {**SUITE_METRICS, **(metrics or {})}
@@ -193,7 +193,7 @@ def export_suite_data(out_dir: str | os.PathLike, tasks=None) -> dict[str, dict[
 def _main(argv: list[str] | None = None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m looplab.lm_eval_suite",
+    parser = argparse.ArgumentParser(prog="python -m looplab.evaluation.suite",
                                      description="Write the paper suite's datasets as local parquet files.")
     sub = parser.add_subparsers(dest="command", required=True)
     export = sub.add_parser("export", help="download the datasets (needs the hub) into DIR/<task>/<split>.parquet")

@@ -73,7 +73,7 @@ class EvalTask:
 
     def config(self) -> dict[str, Any]:
         """The config dict lm-eval's simple_evaluate takes (no task index needed)."""
-        from looplab.lm_eval_suite import builtin_config, suite_configs
+        from looplab.evaluation.suite import builtin_config, suite_configs
 
         if self.source == PAPER:
             return suite_configs([self.name], self.location or None)[0]
@@ -87,9 +87,9 @@ class EvalTask:
 
 
 def paper_task(name: str, data_dir: str | None) -> EvalTask:
-    """One of the paper's seven at its shots (looplab.lm_eval_suite), from DIR/<task>/<split>.parquet
+    """One of the paper's seven at its shots (looplab.evaluation.suite), from DIR/<task>/<split>.parquet
     or the hub. Raises ConfigError when a local file is missing."""
-    from looplab.lm_eval_suite import SUITE_METRICS, builtin_yaml_paths, suite_configs
+    from looplab.evaluation.suite import SUITE_METRICS, builtin_yaml_paths, suite_configs
 
     (config,) = suite_configs([name], None)
     data = hub_source(config)
@@ -138,7 +138,7 @@ def config_version(path: Path) -> str:
 
 def builtin_task(name: str, yaml_path: str | os.PathLike) -> EvalTask:
     """A task of lm-eval's own index, with its YAML's shots and the hub's data."""
-    from looplab.lm_eval_suite import builtin_config
+    from looplab.evaluation.suite import builtin_config
 
     config = builtin_config(name, Path(yaml_path))
     return EvalTask(name, BUILTIN, config.get("num_fewshot"), accuracy_metric(config), hub_source(config),
@@ -340,7 +340,7 @@ def task_metrics(ev: Evaluation, results: dict[str, Any]) -> dict[str, float]:
             raise ConfigError(f"task {ev.task.name} reports no {ev.task.metric}; it reports "
                               f"{sorted(k.split(',')[0] for k in row if ',' in k)}")
     ppl = next((row[f"{m},none"] for m in PPL_METRICS if isinstance(row.get(f"{m},none"), (int, float))), None)
-    # The adapter (looplab/lm_eval.py) reports its loops and FLOPs under the contract's quantity names.
+    # The adapter (looplab/evaluation/harness.py) reports its loops and FLOPs under the contract's quantity names.
     return tracking.downstream_metrics(ExitPolicy.parse(ev.policy), ev.task.name, accuracy=accuracy,
                                        loops=row.get(tracking.EXECUTED_LOOPS), flops=row.get(tracking.BACKBONE_FLOPS),
                                        seconds=row.get("model_seconds"), ppl=ppl)
@@ -385,7 +385,7 @@ def run_job(job: Job) -> dict[str, int]:
     import torch
 
     from looplab.checkpoint import load_model
-    from looplab.lm_eval import LoopLabLM, evaluate_tasks, make_task_manager
+    from looplab.evaluation.harness import LoopLabLM, evaluate_tasks, make_task_manager
     from trainables.progress import Reporter
     from trainables.storage import local_checkpoint
 
@@ -545,7 +545,7 @@ def store_checkpoints(mc, experiment_id: str,
     copies), at the checkpoint their tag names, else at STORAGE/stages/<stage>-<key>/checkpoint
     (a store moved with its folder). Returns them and one note per stage run skipped."""
     from looplab.checkpoint import is_checkpoint, read_config, read_model_config
-    from looplab.train import CHECKPOINT_DIR
+    from looplab.training.train import CHECKPOINT_DIR
     from trainables.storage import Storage, local_checkpoint
 
     runs, token = [], None

@@ -35,7 +35,7 @@ from looplab.config import ConfigError
 from looplab.models.cache import HOLE, InferenceCache
 from looplab.policy import DENSE, EXIT_RULES, GATE_LOGITS, GIVEN, ExitPolicy, exit_rule
 
-LOCKSTEP, DEPTH = "lockstep", "depth"  # generation's schedules (looplab/generate.py)
+LOCKSTEP, DEPTH = "lockstep", "depth"  # generation's schedules (looplab/inference/generate.py)
 SCHEDULES = (LOCKSTEP, DEPTH)
 IDLE = -1  # a row's depth (loop − 1) when it runs no token
 
@@ -157,7 +157,7 @@ class DepthBatch:
 
     def load_row(self, row: int, source: InferenceCache) -> None:
         """An idle row takes over a prefilled one-row cache (a new request joining the
-        running batch as another finishes: looplab/arrivals.py); its next start()
+        running batch as another finishes: looplab/inference/arrivals.py); its next start()
         continues that request's prompt."""
         if self.depth[row] != IDLE:
             raise ConfigError(f"row={row} is invalid; allowed: a row whose previous token is done")

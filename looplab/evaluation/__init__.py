@@ -1,0 +1,3 @@
+"""Evaluation: validation under exit policies (validation.py), the lm-eval adapter
+(harness.py) and the paper's task suite (suite.py).
+"""
