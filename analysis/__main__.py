@@ -19,7 +19,7 @@ import sys
 
 from analysis.errors import AnalysisError
 from analysis.tables import REPRESENTATIVE_Q
-from looplab.cli import Parser
+from looplab.arguments import Parser
 from looplab.tracking import EXECUTED_LOOPS
 
 

@@ -25,67 +25,10 @@ import argparse
 import json
 import sys
 
+from looplab.arguments import Parser, at_least, ints_at_least, number_in, one_of
 from looplab.config import ConfigError, parse_value
 from looplab.errors import CheckpointNotWritten, TrainingDiverged
 from looplab.stages import STAGE_NAMES
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse with one-line errors: `<prog>: error: <what>` and exit status 2, like
-    every other bad input of looplab's commands (argparse prints the usage first)."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def at_least(minimum: int):
-    """An argparse type: an integer >= minimum (a one-line error otherwise)."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < minimum:
-            raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: an integer >= {minimum}")
-        return value
-    return parse
-
-
-def one_of(*choices: str):
-    """An argparse type: one of `choices`, with the one-line "is invalid; allowed:"
-    error of every other flag (argparse's own choices= words it differently)."""
-    def parse(text: str) -> str:
-        if text not in choices:
-            raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: {' | '.join(choices)}")
-        return text
-    return parse
-
-
-def number_in(low: float, high: float = float("inf"), *, low_open: bool = False):
-    """An argparse type: a number in [low, high] (or (low, high] with low_open)."""
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = None
-        if value is None or not (value > low if low_open else value >= low) or value > high:
-            span = f"({low:g}, {high:g}]" if low_open else f"[{low:g}, {high:g}]"
-            raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: a number in {span.replace('inf', '∞')}")
-        return value
-    return parse
-
-
-def ints_at_least(minimum: int):
-    """An argparse type: comma-separated integers >= minimum, e.g. 1,8,16."""
-    def parse(text: str) -> list[int]:
-        try:
-            values = [int(x) for x in text.split(",") if x.strip()]
-        except ValueError:
-            values = []
-        if not values or min(values) < minimum:
-            raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: comma-separated integers >= {minimum}")
-        return values
-    return parse
 
 
 def _policy(text: str):

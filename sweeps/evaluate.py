@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from looplab import tracking
-from looplab.cli import Parser
+from looplab.arguments import Parser
 from looplab.config import ConfigError
 from looplab.policy import GATE, parse_policies
 from looplab.stages import STAGE_NAMES, get_stage

@@ -13,7 +13,7 @@ import argparse
 from dataclasses import dataclass, field
 from typing import Any
 
-from looplab.cli import Parser
+from looplab.arguments import Parser
 from looplab.config import invalid, parse_value
 from looplab.presets import PRESETS
 from looplab.costs.resources import DEFAULT_MEMORY_MARGIN_GIB, DEFAULT_MFU, DEFAULT_PEAK_TFLOPS

@@ -51,7 +51,7 @@ import sys
 from dataclasses import dataclass, replace
 
 from looplab import tracking
-from looplab.cli import Parser
+from looplab.arguments import Parser
 from looplab.config import ConfigError
 from looplab.policy import SKIP, parse_policies
 from looplab.stages import STAGE_NAMES, get_stage

@@ -154,3 +154,11 @@ def test_no_private_name_is_imported_across_modules():
 def test_the_vocabulary_imports_no_torch(module):
     code = f"import sys, {module}; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
+
+
+def test_the_platform_reads_argument_types_not_the_library_command_line():
+    """sweeps/, trainables/ and analysis/ take Parser and the argument types from
+    looplab/arguments.py; looplab/cli.py is the `looplab` command alone."""
+    graph = import_graph()
+    reaching = sorted(m for m, targets in graph.items() if not m.startswith("looplab") and "looplab.cli" in targets)
+    assert reaching == [] and "looplab.arguments" in graph["sweeps.flags"]
