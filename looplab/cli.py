@@ -443,6 +443,24 @@ def depth_display(pieces: list[str], loops: list[int], width: int = 96) -> str:
     return "\n".join(lines + [line])
 
 
+def untrained_gate_note(model, policy) -> str | None:
+    """Why a gate-driven policy's exits may mean nothing: no stage of the checkpoint's
+    lineage trained its exit gate (a pre-trained model's gate is its initialisation).
+    None when the policy does not read the gate or a gated stage trained it."""
+    from looplab.policy import EXIT_RULES, GATE_LOGITS
+    from looplab.stages import DEFAULT_STAGE, STAGES
+
+    if policy.rule not in EXIT_RULES or EXIT_RULES[policy.rule].reads != GATE_LOGITS:
+        return None
+    lineage = model.metadata.get("lineage") or [model.metadata.get("stage", DEFAULT_STAGE)]
+    if any(stage in STAGES and STAGES[stage].gated for stage in lineage):
+        return None
+    return (f"note: --policy {policy.spec} exits where the exit gate says, and no stage of this checkpoint trained "
+            f"the gate (lineage: {' -> '.join(lineage)}): its exits follow the gate's initial weights, not the "
+            "tokens; train Stage-1 on it (looplab train --stage stage1 --init CHECKPOINT), or choose forced:D or a "
+            "rule that reads the logits (skip-entropy:T)")
+
+
 def cmd_generate(args) -> int:
     """Continue a prompt from a checkpoint under an exit policy; print the text and the
     loops behind every new token."""
@@ -468,6 +486,9 @@ def cmd_generate(args) -> int:
     prompt = ([tok.bos_id] if tok.bos_id is not None and not args.no_bos else []) + tok.encode(args.prompt)
     if not prompt:
         raise ConfigError("--prompt is empty; allowed: some text (or drop --no-bos)")
+    note = untrained_gate_note(model, policy)
+    if note:
+        print(note, file=sys.stderr)
     model = model.to(resolve_device(args.device)).eval()
     with torch.no_grad():
         out = generate(model, [prompt], args.max_new_tokens, policy, temperature=args.temperature, top_k=args.top_k,
@@ -479,7 +500,7 @@ def cmd_generate(args) -> int:
               "attention_fill": args.attention_fill, "n_loops": model.cfg.n_loops, "text": out.texts[0],
               "tokens": tokens, "pieces": pieces, "loops": loops, "exit_step": out.exit_step[0],
               "finish": out.finish[0], "mean_loops": out.executed_loops,
-              "prompt_executed_loops": out.prompt_executed_loops}
+              "prompt_executed_loops": out.prompt_executed_loops, "note": note}
     if args.json:
         print(json.dumps(record))
         return 0

@@ -395,3 +395,16 @@ def test_generate_command_prints_the_continuation_and_its_loops(tmp_path, capsys
     with pytest.raises(SystemExit) as bad:  # a malformed flag value: argparse's one line, exit 2
         main(["generate", "--checkpoint", str(tmp_path / "ckpt"), "--prompt", "x", "--policy", "skip"])
     assert bad.value.code == 2
+
+
+def test_generation_says_when_the_gate_it_reads_was_never_trained():
+    import looplab
+    from looplab.cli import untrained_gate_note
+
+    model = looplab.load_model("phop-debug", n_loops=R, seed=0)  # a preset's model: lineage pretrain
+    note = untrained_gate_note(model, ExitPolicy.skip(0.35))
+    assert note is not None and "no stage of this checkpoint trained the gate (lineage: pretrain)" in note
+    assert untrained_gate_note(model, ExitPolicy.parse("forced:2")) is None  # reads no gate
+    assert untrained_gate_note(model, ExitPolicy.parse("skip-entropy:1.0")) is None  # reads the logits
+    model.metadata["lineage"] = ["pretrain", "stage1"]
+    assert untrained_gate_note(model, ExitPolicy.skip(0.35)) is None
