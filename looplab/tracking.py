@@ -90,6 +90,10 @@ def speed_run_name(batch: int, seq_len: int, policy: str, speed_key: str) -> str
     return keyed_name(f"speed-b{batch}-L{seq_len}-{policy}", speed_key[:6])
 
 
+def arrivals_run_name(slots: int, schedule: str, policy: str, arrival_key: str) -> str:
+    return keyed_name(f"arrivals-s{slots}-{schedule}-{policy}", arrival_key[:6])
+
+
 # ---- tags ------------------------------------------------------------------------------
 LEVEL = "level"
 STAGE_KEY = "stage_key"  # the stage's key; a trial carries its final stage's

@@ -381,23 +381,23 @@ def describe(grid: SpeedGrid, jobs, stored: dict[str, int], cpus: float, gpus: f
              arrivals: ArrivalGrid | None = None) -> str:
     from trainables.speed import host_of
 
-    n = len(grid.points()) + (len(arrivals.plan(grid.policies).points) if arrivals else 0)
+    plan = arrivals.plan(grid.policies) if arrivals else None
+    n = len(grid.points()) + (len(plan.points) if plan else 0)
     total, have = n * len(jobs), sum(stored.values())
     host = host_of(jobs[0].threads) if jobs else {}
     lines = [f"speed sweep: {len(jobs)} checkpoint(s) × {n} point(s) = {total} measurement(s); {have} in the store "
              f"(FINISHED with the same speed_key on this machine: {', '.join(f'{k} {v}' for k, v in host.items())})",
              f"  grid: {grid.describe()}",
-             *([f"  arrivals: {arrivals.describe()}; {len(arrivals.plan(grid.policies).points)} point(s) per "
-                "checkpoint (full is each schedule's baseline)"] if arrivals else []),
+             *([f"  arrivals: {arrivals.describe()}; {len(plan.points)} point(s) per "
+                "checkpoint (full is each schedule's baseline)"] if plan else []),
              f"  jobs: one per checkpoint, {cpus:g} CPU" + (f", {gpus:g} GPU" if gpus else "") + " each"]
     for job in jobs:
         ck = job.checkpoint
         lines.append(f"  {job.label} ({job.method}, R={ck.n_loops}, {'+'.join(ck.lineage)}): {n} point(s), "
                      f"{stored[job.label]} in the store")
     lines.append("  points: " + ", ".join(f"b{p.batch} L{p.seq_len} {p.policy}" for p in grid.points()))
-    if arrivals:
-        lines.append("  arrivals points: " + ", ".join(f"s{p.slots} {p.schedule} {p.policy}"
-                                                       for p in arrivals.plan(grid.policies).points))
+    if plan:
+        lines.append("  arrivals points: " + ", ".join(f"s{p.slots} {p.schedule} {p.policy}" for p in plan.points))
     lines.append(f"  to measure now: {total - have}")
     return "\n".join(lines)
 

@@ -34,9 +34,6 @@ METRIC_SHAPES = tuple(re.compile(p) for p in (
 SAME_SPELLING = {
     "val_executed_loops": "speed.csv's column (any timed policy's validation loops), named before the contract",
 }
-# Literals in files another change owns (issue 26 splits the work by file); each entry is
-# checked to be still needed, so the list can only shrink.
-NOT_YET_MOVED: dict[str, set[str]] = {}  # a file's literals awaiting their move, each listed until it is gone
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
@@ -73,18 +70,10 @@ def test_no_metric_name_is_spelled_outside_the_tracking_contract():
         rel = path.relative_to(REPO).as_posix()
         if rel == ANALYSIS_OWN:
             continue
-        allowed = NOT_YET_MOVED.get(rel, set())
-        found += [f"{rel}:{line}: {text!r}" for line, text in string_constants(path)
-                  if metric_shaped(text) and text not in allowed]
+        found += [f"{rel}:{line}: {text!r}" for line, text in string_constants(path) if metric_shaped(text)]
     assert not found, ("metric names spelled outside looplab/tracking.py (compose them with tracking.policy_metric "
                        "and the quantity constants; analysis' own columns go to analysis/names.py):\n"
                        + "\n".join(found))
-
-
-def test_the_exemptions_are_still_needed():
-    for rel, literals in NOT_YET_MOVED.items():
-        present = {text for _, text in string_constants(REPO / rel)}
-        assert literals <= present, f"{rel} no longer spells {sorted(literals - present)}: drop it from NOT_YET_MOVED"
 
 
 def _tracking_names() -> set[str]:

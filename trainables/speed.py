@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from looplab import tracking
-from looplab.keys import digest, keyed_name
+from looplab.keys import digest
 from looplab.tracking import SPEED_KEY
 
 
@@ -144,6 +144,12 @@ def _model_and_task(checkpoint: str):
     return model, make_task(exp.task, exp.train.seq_len)
 
 
+def _finished_point(mc, experiment_id: str, key: str):
+    """The FINISHED bench run of a point's key (a speed or an arrivals point), else None."""
+    run = tracking.find_run(mc, experiment_id, **{tracking.LEVEL: tracking.BENCH, SPEED_KEY: key})
+    return run if run is not None and run.info.status == "FINISHED" else None
+
+
 def _to_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -164,8 +170,8 @@ def measure(mc, experiment_id: str, parent_run_id: str, *, checkpoint: str, stag
     keys = {p: speed_key(stage_key, p, host, repeats) for p in points}
     records, todo = [], []
     for p in points:
-        run = tracking.find_run(mc, experiment_id, **{tracking.LEVEL: tracking.BENCH, SPEED_KEY: keys[p]})
-        if run is not None and run.info.status == "FINISHED":
+        run = _finished_point(mc, experiment_id, keys[p])
+        if run is not None:
             values = {k: run.data.metrics[k] for k in tracking.SPEED_METRICS if k in run.data.metrics}
             if tracking.FLOP_BOUND not in values and tracking.MEAN_LOOPS in values:
                 # a run logged before the bound was: computed from the model's config, no timing
@@ -244,8 +250,8 @@ def _stored_arrivals(mc, experiment_id: str,
     """(the record of each point the store holds FINISHED, the points it lacks)."""
     records, todo = {}, []
     for p, key in keys.items():
-        run = tracking.find_run(mc, experiment_id, **{tracking.LEVEL: tracking.BENCH, SPEED_KEY: key})
-        if run is not None and run.info.status == "FINISHED":
+        run = _finished_point(mc, experiment_id, key)
+        if run is not None:
             values = {k: run.data.metrics[k] for k in tracking.ARRIVAL_METRICS if k in run.data.metrics}
             records[p] = {**p.__dict__, **values, "reused": True}
         else:
@@ -281,7 +287,7 @@ def measure_arrivals(mc, experiment_id: str, parent_run_id: str, *, checkpoint: 
         values = arrival_metrics(record)
         run_id, _ = tracking.open_run(
             mc, experiment_id,
-            name=keyed_name(f"arrivals-s{point.slots}-{point.schedule}-{point.policy}", keys[point][:6]),
+            name=tracking.arrivals_run_name(point.slots, point.schedule, point.policy, keys[point]),
             tags={tracking.STAGE_KEY: stage_key, tracking.CONFIG_HASH: config_hash, tracking.METHOD: method,
                   tracking.CHECKPOINT: checkpoint, tracking.GIT_SHA: tracking.git_sha(),
                   tracking.POLICY_TAG: point.policy},
@@ -344,16 +350,13 @@ def run_job(job: SpeedJob) -> list[dict]:
     experiment_id = tracking.ensure_experiment(mc, job.experiment, job.artifact_root)
     # A Ray task's stderr reaches the driver late or not at all: its lines go to the board.
     board = Reporter(job.board, job.label, min_seconds=0.0) if job.board else None
-    records = measure(mc, experiment_id, ck.run_id or None, checkpoint=str(local_checkpoint(ck.path)),
-                      stage_key=ck.stage_key, config_hash=ck.config_hash, method=job.method, points=list(job.points),
-                      repeats=job.repeats, threads=job.threads, label="" if board else job.label,
-                      progress=(lambda line: board.post("speed", wait=True, line=line)) if board else None)
+    # One local copy of the checkpoint and one progress sink for both benchmarks.
+    common = dict(checkpoint=str(local_checkpoint(ck.path)), stage_key=ck.stage_key, config_hash=ck.config_hash,
+                  method=job.method, threads=job.threads, label="" if board else job.label,
+                  progress=(lambda line: board.post("speed", wait=True, line=line)) if board else None)
+    records = measure(mc, experiment_id, ck.run_id or None, points=list(job.points), repeats=job.repeats, **common)
     if job.arrivals is not None:
-        records += measure_arrivals(
-            mc, experiment_id, ck.run_id or None, checkpoint=str(local_checkpoint(ck.path)), stage_key=ck.stage_key,
-            config_hash=ck.config_hash, method=job.method, plan=job.arrivals, threads=job.threads,
-            label="" if board else job.label,
-            progress=(lambda line: board.post("speed", wait=True, line=line)) if board else None)
+        records += measure_arrivals(mc, experiment_id, ck.run_id or None, plan=job.arrivals, **common)
     return [{"checkpoint": job.label, "method": job.method, "n_loops": ck.n_loops, **r} for r in records]
 
 

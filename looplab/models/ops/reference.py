@@ -53,8 +53,11 @@ def mamba_chunk_scan_combined_ref(x, dt, A, B, C, chunk_size, D=None, z=None, dt
     """mamba-ssm's `mamba_chunk_scan_combined`, as looplab calls it, from its definition:
     dt = softplus(dt + dt_bias), the recurrence token by token within each sequence of
     seq_idx (b, l), plus D·x. chunk_size changes nothing here (the kernel's tiling)."""
+    # The oracle's scope is looplab's call (models/mamba2.py's _scan_cuda): no z gating
+    # (the gated norm comes after), no initial states, no returned states.
     if z is not None or initial_states is not None or unused:
-        raise NotImplementedError("the reference models no z, initial_states or returned states")
+        raise ValueError(f"mamba_chunk_scan_combined_ref covers looplab's call only; got z={z is not None}, "
+                         f"initial_states={initial_states is not None}, extra={sorted(unused)}")
     if dt_bias is not None:
         dt = dt + dt_bias
     dt = F.softplus(dt) if dt_softplus else dt
