@@ -55,6 +55,7 @@ import torch
 from looplab.config import ConfigError
 from looplab.inference.depth_batching import DEPTH, SCHEDULES, DepthBatch, check_schedule
 from looplab.errors import check
+from looplab.fields import is_int
 from looplab.models.cache import HOLE, InferenceCache, check_fill
 from looplab.policy import FULL, GIVEN, ExitPolicy
 
@@ -63,7 +64,7 @@ from looplab.policy import FULL, GIVEN, ExitPolicy
 
 def _check_range(name: str, value) -> tuple[int, int]:
     ok = (isinstance(value, (tuple, list)) and len(value) == 2
-          and all(isinstance(v, int) and not isinstance(v, bool) for v in value) and 1 <= value[0] <= value[1])
+          and all(is_int(v) for v in value) and 1 <= value[0] <= value[1])
     check(ok, name, value, "(low, high) integers with 1 <= low <= high")
     return int(value[0]), int(value[1])
 
@@ -90,11 +91,11 @@ class RequestStream:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        check(isinstance(self.requests, int) and not isinstance(self.requests, bool) and self.requests >= 1,
+        check(is_int(self.requests) and self.requests >= 1,
               "requests", self.requests, "an integer >= 1")
         object.__setattr__(self, "prompt_len", _check_range("prompt_len", self.prompt_len))
         object.__setattr__(self, "new_tokens", _check_range("new_tokens", self.new_tokens))
-        check(isinstance(self.seed, int) and not isinstance(self.seed, bool) and self.seed >= 0,
+        check(is_int(self.seed) and self.seed >= 0,
               "seed", self.seed, "an integer >= 0")
 
     @property
@@ -165,7 +166,7 @@ def _check_serving(model, requests: list[Request], policy: ExitPolicy, slots: in
     check(policy.rule != GIVEN, "policy", policy.spec, "full | forced:D | dense:Q | skip:Q | a zoo rule "
           "(skip-entropy:T, ...); given exits need a fixed batch")
     policy.check(model.cfg.n_loops)
-    check(isinstance(slots, int) and not isinstance(slots, bool) and slots >= 1, "slots", slots, "an integer >= 1")
+    check(is_int(slots) and slots >= 1, "slots", slots, "an integer >= 1")
     check_schedule(schedule)
     check_fill(attention_fill)
     check(bool(requests) and all(isinstance(r, Request) and r.new_tokens >= 1 and r.prompt.numel() >= 1
@@ -296,14 +297,14 @@ class ArrivalBench:
 
     def __post_init__(self) -> None:
         check(isinstance(self.stream, RequestStream), "stream", self.stream, "a RequestStream")
-        check(bool(self.slots) and all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in self.slots),
+        check(bool(self.slots) and all(is_int(s) and s >= 1 for s in self.slots),
               "slots", self.slots, "integers >= 1")
         check(bool(self.policies) and all(isinstance(p, ExitPolicy) and p.rule != GIVEN for p in self.policies),
               "policies", self.policies, "ExitPolicy values other than given exits (e.g. skip:0.4)")
         check(bool(self.schedules) and all(s in SCHEDULES for s in self.schedules), "schedules", self.schedules,
               " | ".join(SCHEDULES))
-        check(isinstance(self.warmup, int) and self.warmup >= 0, "warmup", self.warmup, "an integer >= 0")
-        check(isinstance(self.repeats, int) and self.repeats >= 1, "repeats", self.repeats, "an integer >= 1")
+        check(is_int(self.warmup) and self.warmup >= 0, "warmup", self.warmup, "an integer >= 0")
+        check(is_int(self.repeats) and self.repeats >= 1, "repeats", self.repeats, "an integer >= 1")
         check_fill(self.attention_fill)
 
     @property
