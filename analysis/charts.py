@@ -13,6 +13,8 @@
   skip_chart      perplexity under skip against executed loops per method, full
                   compute as a dashed line (Fig. 2).
   (analysis/speed.py draws perplexity against measured prefill tokens/s with the same spec.)
+  axis_chart      the report's first chart: the final stage's quality against the
+                  sweep's searched axis (analysis/axis.py), at full depth and under skip.
   beta_charts     exit entropy and expected exit step over training, one curve per β
                   (mean over seeds at each step, cut to the steps every curve has:
                   App. D, Figs. 4–5).
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from analysis import names
+from analysis.axis import Axis
 from analysis.frontier import frontier_mask
 from looplab import tracking
 from looplab.policy import DENSE, FORCED, FULL, SKIP, number_name
@@ -54,6 +57,7 @@ class Series:
     line: list[tuple[float, float]] = field(default_factory=list)
     shape: str = "step"  # step | linear
     dashed: bool = False
+    dotted: bool = False  # a third line style beside solid and dashed
 
 
 @dataclass
@@ -66,6 +70,8 @@ class ChartSpec:
     log_y: bool = False
     hlines: list[tuple[float, str]] = field(default_factory=list)
     log_x: bool = False
+    legend_title: str = ""  # what the series vary in, e.g. "β · policy"
+    x_ticks: list[tuple[float, str]] = field(default_factory=list)  # a categorical x: (position, label)
 
 
 def log_scale(values) -> bool:
@@ -75,18 +81,30 @@ def log_scale(values) -> bool:
 
 
 def frontier_chart(frontier: pl.DataFrame, compute: str, quality: str, *, compute_label: str,
-                   quality_label: str, title: str, name: str = "frontier") -> ChartSpec:
-    """frontier: rows with series, compute, quality, quality_ci_low/high, on_frontier, label, point."""
-    series = []
+                   quality_label: str, title: str, name: str = "frontier", legend_title: str = "",
+                   colour_by: str | None = None) -> ChartSpec:
+    """frontier: rows with series, compute, quality, quality_ci_low/high, on_frontier, label, point.
+    colour_by: a column whose value picks the colour (series sharing it share a colour,
+    e.g. one β drawn under dense and skip); the series' policies then differ by dash
+    (solid, dashed, dotted in the order the policies come)."""
+    series, colours, policies = [], {}, {}
     for i, (key, group) in enumerate(frontier.group_by("series", maintain_order=True)):
         key = key[0] if isinstance(key, tuple) else key
         pts = [Point(r["compute"], r["quality"], f"{r['label']} · {r['point']} ({r['stage']})",
                      r.get("quality_ci_low"), r.get("quality_ci_high"), bool(r["on_frontier"]))
                for r in group.sort("compute").iter_rows(named=True)]
         line = [(p.x, p.y) for p in pts if p.on_frontier]
-        series.append(Series(str(key), PALETTE[i % len(PALETTE)], pts, line, "step"))
+        colour, style = PALETTE[i % len(PALETTE)], 0
+        if colour_by is not None:
+            shade = group[colour_by][0]
+            colour = colours.setdefault(shade, PALETTE[len(colours) % len(PALETTE)])
+            seen = policies.setdefault(shade, [])
+            seen.append(group["policy"][0])
+            style = len(seen) - 1
+        series.append(Series(str(key), colour, pts, line, "step", dashed=style == 1, dotted=style >= 2))
     return ChartSpec(name, title, compute_label, quality_label, series,
-                     log_y=log_scale(frontier["quality"].to_list()) and names.higher_is_better(quality) is False)
+                     log_y=log_scale(frontier["quality"].to_list()) and names.higher_is_better(quality) is False,
+                     legend_title=legend_title)
 
 
 def downstream_rows(agg: pl.DataFrame) -> pl.DataFrame | None:
@@ -182,5 +200,49 @@ def beta_charts(histories: pl.DataFrame, *, n_loops: int | None = None) -> list[
             series.append(Series(name, PALETTE[i % len(PALETTE)], pts, [(p.x, p.y) for p in pts], "linear"))
         title, label = titles[key]
         hlines = [(math.log(n_loops), f"max entropy log {n_loops}")] if key == tracking.EXIT_ENTROPY and n_loops else []
-        charts.append(ChartSpec(f"beta_{key}", title, "training step", label, series, hlines=hlines))
+        charts.append(ChartSpec(f"beta_{key}", title, "training step", label, series, hlines=hlines,
+                                legend_title="β"))
     return charts
+
+
+def axis_chart(table: pl.DataFrame, axes: list[Axis], keys: list[str], quality: str, qlabel: str,
+               skip_label: str | None) -> ChartSpec:
+    """The quality against the first axis, one line per method and value of the other
+    axes (and one dashed per skip point); a numeric axis on its own scale (log when its
+    values span more than 10×), any other at positions 0..k-1 labelled by its values."""
+    first = axes[0]
+    numeric = "_order0" in table.columns and table["_order0"].is_not_null().all()
+    if numeric:
+        xs = table["_order0"].to_list()
+        x_ticks = [(x, label) for x, label in dict(zip(xs, table[first.name].to_list())).items()]
+    else:
+        values = list(dict.fromkeys(table[first.name].to_list()))
+        positions = {v: float(i) for i, v in enumerate(values)}
+        xs = [positions[v] for v in table[first.name].to_list()]
+        x_ticks = list(zip(positions.values(), values))
+    table = table.with_columns(pl.Series("_x", xs, pl.Float64))
+    rest = keys[1:]
+    low, high = f"{qlabel} low", f"{qlabel} high"
+    series = []
+    groups = table.group_by(rest, maintain_order=True) if rest else [((), table)]
+    for i, (key, group) in enumerate(groups):
+        key = key if isinstance(key, tuple) else (key,)
+        name = " · ".join(f"{k}={v}" if k != "method" else str(v) for k, v in zip(rest, key))
+        group = group.sort("_x")
+        colour = PALETTE[i % len(PALETTE)]
+        pts = [Point(r["_x"], r[qlabel], f"{first.name}={r[first.name]} (seeds: {r['seeds']})", r[low], r[high])
+               for r in group.iter_rows(named=True) if r[qlabel] is not None]
+        series.append(Series(" · ".join(filter(None, (name, "full depth"))), colour, pts, [(p.x, p.y) for p in pts],
+                             "linear"))
+        if skip_label:
+            pts = [Point(r["_x"], r[f"{skip_label} {qlabel}"], f"{first.name}={r[first.name]} · {skip_label}",
+                         r["_skip_low"], r["_skip_high"])
+                   for r in group.iter_rows(named=True) if r[f"{skip_label} {qlabel}"] is not None]
+            series.append(Series(" · ".join(filter(None, (name, skip_label))), colour, pts,
+                                 [(p.x, p.y) for p in pts], "linear", dashed=True))
+    ys = [p.y for s in series for p in s.points]
+    xs_pos = [x for x in xs if x is not None]
+    log_x = numeric and bool(xs_pos) and min(xs_pos) > 0 and max(xs_pos) / min(xs_pos) > 10
+    return ChartSpec("axis", f"{qlabel} against {first.name} (final stage)", first.name, qlabel, series,
+                     log_y=log_scale(ys) and names.higher_is_better(quality) is False, log_x=log_x,
+                     legend_title=" · ".join(rest), x_ticks=x_ticks)

@@ -111,7 +111,7 @@ def _series_traces(spec: ChartSpec, s: Series, group: str) -> list[dict]:
         traces.append({"type": "scatter", "mode": "lines", "name": name, "legendgroup": group,
                        "showlegend": not pts, "hoverinfo": "skip", "x": [x for x, _ in line], "y": [y for _, y in line],
                        "line": {"color": s.color, "width": 2, "shape": "hv" if s.shape == "step" else "linear",
-                                "dash": "dash" if s.dashed else "solid"}})
+                                "dash": "dot" if s.dotted else "dash" if s.dashed else "solid"}})
     if pts:
         marker = {"color": s.color, "size": [10 if p.on_frontier else 7 for p in pts],
                   "opacity": [1.0 if p.on_frontier else 0.6 for p in pts],
@@ -149,6 +149,11 @@ def figure(spec: ChartSpec):
                         "zeroline": False},
               "legend": {"orientation": "h", "yanchor": "top", "y": -0.14, "xanchor": "left", "x": 0,
                          "font": {"size": 11}}}
+    if spec.legend_title:
+        layout["legend"]["title"] = {"text": html.escape(spec.legend_title) + "  "}
+    if spec.x_ticks:  # a categorical axis drawn at positions 0..k-1, labelled by its values
+        layout["xaxis"].update(tickmode="array", tickvals=[x for x, _ in spec.x_ticks],
+                               ticktext=[html.escape(label) for _, label in spec.x_ticks])
     return go.Figure(data=traces, layout=layout)
 
 
@@ -174,12 +179,12 @@ def render_page(*, title: str, meta: list[str], notes: list[str], sections: list
     data = {"charts": [{"name": spec.name, "figure": figure(spec).to_plotly_json(), "config": _config(spec)}
                        for spec in charts]}
     meta_html = "".join(f"<div>{html.escape(m)}</div>" for m in meta)
-    notes_html = ("<h2>Notes</h2><ul class=\"notes\">" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) +
+    notes_html = ("<h2>Notes: what was left out and why</h2><ul class=\"notes\">" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) +
                   "</ul>") if notes else ""
     body = "".join(f"<h2>{html.escape(h)}</h2>{inner}" for h, inner in sections)
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
             f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1><div class=\"meta\">{meta_html}</div>"
-            f"<div id=\"report-status\">the charts need JavaScript</div>{notes_html}{body}"
+            f"<div id=\"report-status\">the charts need JavaScript</div>{body}{notes_html}"
             f"<script type=\"application/json\" id=\"report-data\">{_embed(data)}</script>"
             f"<script>{GUARD}</script><script>{get_plotlyjs()}</script><script>{DRAW}</script></body></html>\n")
 

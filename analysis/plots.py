@@ -41,7 +41,7 @@ def _draw(ax, spec: ChartSpec) -> None:
         if s.line:
             lx, ly = zip(*s.line)
             ax.plot(lx, ly, drawstyle="steps-post" if s.shape == "step" else "default", color=s.color,
-                    linestyle="--" if s.dashed else "-", linewidth=1.6, label=s.name)
+                    linestyle=":" if s.dotted else "--" if s.dashed else "-", linewidth=1.6, label=s.name)
         low = [p.y - p.lo if p.lo is not None else 0.0 for p in s.points]
         high = [p.hi - p.y if p.hi is not None else 0.0 for p in s.points]
         if any(low) or any(high):
@@ -60,5 +60,7 @@ def _draw(ax, spec: ChartSpec) -> None:
     ax.set_ylabel(spec.y_label)
     ax.set_title(spec.title, fontsize=10)
     ax.grid(True, alpha=0.3)
+    if spec.x_ticks:
+        ax.set_xticks([x for x, _ in spec.x_ticks], [label for _, label in spec.x_ticks])
     if 0 < len(spec.series) <= MAX_LEGEND:
-        ax.legend(fontsize=7, loc="best")
+        ax.legend(fontsize=7, loc="best", title=spec.legend_title or None, title_fontsize=7)

@@ -46,6 +46,7 @@ from __future__ import annotations
 import polars as pl
 
 from analysis import names
+from analysis.axis import format_value, param_name
 from analysis.errors import AnalysisError
 from analysis.load import PARAM, RunSet
 from looplab import tracking
@@ -250,7 +251,8 @@ def _trial_identity(trials: pl.DataFrame) -> pl.DataFrame:
     cols = ["run_id", "experiment", "stage_key", "config_hash", "status", "preset", *params]
     t = trials.select(cols).rename({"run_id": "trial_run_id", "config_hash": "trial_config_hash",
                                     "stage_key": "trial_key"})
-    # _searched: "beta=0.25 hp=0.5", the sampled values (seed aside) that _label shows
+    # _searched: "β=0.25 hole probability=0.5", the sampled values (seed aside) that _label shows,
+    # named and written as the report writes an axis (analysis/axis.py)
     n_layers, n_loops = _param(t, "model.n_layers"), _param(t, "model.n_loops")
     search = PARAM + tracking.SEARCH_PARAM
     searched = [c for c in params if c.startswith(search) and c != search + "seed"]
@@ -258,7 +260,8 @@ def _trial_identity(trials: pl.DataFrame) -> pl.DataFrame:
         _param(t, "train.seed").cast(pl.Int64, strict=False).alias("seed"),
         pl.concat_str(n_layers.cast(pl.String), pl.lit("⊗"), n_loops.cast(pl.String)).alias("model"),
         n_loops.cast(pl.Int64, strict=False).alias("n_loops"),
-        pl.concat_str([pl.lit(c[len(search):] + "=") + pl.col(c).cast(pl.String) for c in searched],
+        pl.concat_str([pl.lit(param_name(c[len(search):]) + "=")
+                       + pl.col(c).map_elements(format_value, return_dtype=pl.String) for c in searched],
                       separator=" ", ignore_nulls=True).alias("_searched") if searched else pl.lit("").alias("_searched"))
 
 

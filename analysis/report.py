@@ -4,6 +4,9 @@
     paths = build_report(uri, ["beta_ablation-debug"], "runs/beta/analysis", sweep_run_id=run_id)
 
 writes into out_dir:
+  axis.csv               the sweep's searched axis first (analysis/axis.py): per value, the final stage's
+                         quality at full depth with its seed interval, β diagnostics, skip at the
+                         representative q; absent when the runs vary nothing but the seed
   points.csv             the evaluation-points table (one row per trial × stage × point)
   aggregated.csv         the same, seeds pooled per configuration (mean, std, t-interval, n)
   frontier.csv           the frontier's input points (seeds pooled) with on_frontier flags
@@ -17,7 +20,7 @@ writes into out_dir:
   depth_fit.csv          a loop's worth in layers, γ of loss ≈ a + b·log(N·R^γ) with its interval, per
                          experiment and arch (analysis/depth_fit.py; pre-training at ≥ 2 N and ≥ 2 R)
   scan.csv, scan.md      a scan's effects along its axes (analysis/scan.py; scan.png, scan_<axis>.png)
-  *.png                  frontier.png, downstream.png (Fig. 3), zoo.png, skip_ppl.png,
+  *.png                  axis.png, frontier.png, downstream.png (Fig. 3), zoo.png, skip_ppl.png,
                          beta_exit_entropy.png, beta_expected_exit_step.png, loops_*.png, speed.png,
                          depth_fit.png
   report.html            one self-contained interactive page with all of it
@@ -45,7 +48,8 @@ import polars as pl
 
 from analysis import names
 from analysis.aggregate import aggregate_seeds, choose_best_seeds
-from analysis.charts import ChartSpec, beta_charts, downstream_rows, frontier_chart, skip_chart, zoo_rows
+from analysis.axis import Axis, format_value, searched_axes, series_name, with_axis_values
+from analysis.charts import ChartSpec, axis_chart, beta_charts, downstream_rows, frontier_chart, skip_chart, zoo_rows
 from analysis.errors import AnalysisError
 from analysis.frontier import best_under_budget, frontier_gap, pareto_frontier
 from analysis.load import PARAM, RunSet, beta_histories, load_runs
@@ -56,6 +60,7 @@ from analysis.plots import render_png
 from analysis.points import BEST_COLUMNS, QUANTITIES, evaluation_points, full_as_forced_depth
 from analysis.tables import REPRESENTATIVE_Q, all_tables
 from looplab import tracking
+from looplab.policy import FULL, SKIP
 
 # Compute axes by their CLI names: (points column, axis label).
 COMPUTE_AXES = {tracking.EXECUTED_LOOPS: (tracking.EXECUTED_LOOPS, "executed loops per token"),
@@ -67,6 +72,7 @@ QUALITY_LABELS = {tracking.ACCURACY: "accuracy", tracking.PPL: "validation perpl
 BASE_VALUES = (*QUANTITIES, *BEST_COLUMNS, tracking.LM_EVAL_AVG, *names.SUITE_MEANS, *names.BETA_DIAGNOSTICS,
                names.TRAIN_LOSS, tracking.STAGE_SECONDS, "pipeline_seconds")
 ARTIFACT_DIR = "analysis"
+AXIS_VALUES = "axis_values"  # the frontier rows' "β=0.25" column: a series' colour when the axis splits them
 MAX_AREA_SERIES = 12  # pairs grow quadratically; beyond this the areas table is left out
 
 
@@ -107,7 +113,10 @@ def build_report(tracking_uri: str, experiments, out_dir, *, sweep_run_id: str |
         notes.append(str(e))
         points = None
 
-    sections: list[tuple[str, str]] = list(lead or [])
+    # The page opens with the sweep's own question (a scan's effects, the caller's lead,
+    # the searched axis, β's diagnostics); the generic frontiers and tables follow.
+    head: list[tuple[str, str]] = list(lead or [])
+    sections: list[tuple[str, str]] = []
     charts: list[ChartSpec] = []
     if points is not None:
         paths.update(_write_csv(points, out / "points.csv"))
@@ -127,15 +136,18 @@ def build_report(tracking_uri: str, experiments, out_dir, *, sweep_run_id: str |
         values = [v for v in (*BASE_VALUES, *_task_columns(points)) if v in points.columns]
         agg = aggregate_seeds(points, values, confidence=confidence)
         paths.update(_write_csv(agg, out / "aggregated.csv"))
+        scan = _scan_section(runs, points, out, paths, charts, notes)
+        axes = [] if scan else searched_axes(agg)  # a scan's section is its axes'
+        head = scan + head + _axis_section(agg, axes, quality, representative_q, out, paths, charts, notes)
         sections += _frontier_section(agg, compute, compute_col, quality, stage, series_by, budget, out, paths,
-                                      charts, notes, strict)
+                                      charts, notes, strict, axes)
         sections += _downstream_section(agg, out, paths, charts, notes)
         sections += _zoo_section(agg, quality, out, paths, charts, notes)
         sections += _skip_section(agg, out, paths, charts)
         sections += _tables_section(agg, out, paths, notes, representative_q)
         sections += _depth_section(points, out, paths, charts, notes)
-        sections = _scan_section(runs, points, out, paths, charts, notes) + sections
-    sections += _beta_section(runs, out, paths, charts, notes)
+    head += _beta_section(runs, out, paths, charts, notes)
+    sections = head + sections
     sections += _loops_section(runs, out, paths, charts, notes)
     sections += _speed_section(runs, points, out, paths, charts, notes)
     sections += _arrivals_section(runs, out, paths, charts, notes)
@@ -215,7 +227,8 @@ def _available(points: pl.DataFrame) -> list[str]:
     return [c for c in candidates if points[c].is_not_null().any()] or ["none"]
 
 
-def _frontier_rows(agg: pl.DataFrame, stage: str | None, series_by, quality: str) -> pl.DataFrame:
+def _frontier_rows(agg: pl.DataFrame, stage: str | None, series_by, quality: str,
+                   axes: list[Axis] = ()) -> pl.DataFrame:
     if stage is None:
         rows = agg.filter(pl.col("is_final_stage"))
     elif stage == "all":
@@ -227,6 +240,12 @@ def _frontier_rows(agg: pl.DataFrame, stage: str | None, series_by, quality: str
             raise AnalysisError(f"no evaluations of stage {stage!r}; stages evaluated: {', '.join(present) or 'none'}"
                                 " (or all)")
     rows = full_as_forced_depth(rows)
+    if axes and not series_by:  # the sweep's values split the series: "β=0.25 · skip" (method first when several)
+        parts = [*(["method"] if rows["method"].drop_nulls().n_unique() > 1 else []),
+                 *(["stage"] if stage == "all" else [])]
+        return rows.with_columns(series_name(axes).alias(AXIS_VALUES)).with_columns(
+            pl.concat_str([*(pl.col(p).cast(pl.String).fill_null("?") for p in parts), pl.col(AXIS_VALUES),
+                           pl.col("policy")], separator=" · ").alias("series"))
     parts = list(series_by) if series_by else ["method", *(["stage"] if stage == "all" else []), "policy"]
     missing = [p for p in parts if p not in rows.columns]
     if missing:
@@ -237,10 +256,10 @@ def _frontier_rows(agg: pl.DataFrame, stage: str | None, series_by, quality: str
 
 
 def _frontier_section(agg, compute, compute_col, quality, stage, series_by, budget, out, paths, charts, notes,
-                      strict) -> list[tuple[str, str]]:
+                      strict, axes: list[Axis] = ()) -> list[tuple[str, str]]:
     maximize = _maximize(quality)
     try:
-        rows = _frontier_rows(agg, stage, series_by, quality)
+        rows = _frontier_rows(agg, stage, series_by, quality, axes)
         if series_by:
             _check_series_columns(rows, series_by, strict, notes)
         flagged = pareto_frontier(rows, compute_col, quality, maximize=maximize, by="series")
@@ -263,8 +282,14 @@ def _frontier_section(agg, compute, compute_col, quality, stage, series_by, budg
     compute_label = COMPUTE_AXES.get(compute, (compute, compute))[1]
     quality_label = QUALITY_LABELS.get(quality, quality) + (" (best of seeds)" if "chosen_seed" in agg.columns else "")
     which = "final stage" if stage is None else ("every stage" if stage == "all" else f"stage {stage}")
+    by_axis = bool(axes) and not series_by
+    several = frontier["method"].drop_nulls().n_unique() > 1
+    legend = (" · ".join(series_by) if series_by else " · ".join(
+        [*(["method"] if several or not by_axis else []), *(["stage"] if stage == "all" else []),
+         *(a.name for a in axes if by_axis), "policy"]))
     spec = frontier_chart(frontier, compute_col, quality, compute_label=compute_label, quality_label=quality_label,
-                          title=f"{quality_label} against {compute_label} ({which})")
+                          title=f"{quality_label} against {compute_label} ({which})", legend_title=legend,
+                          colour_by=AXIS_VALUES if by_axis else None)
     paths["frontier.png"] = render_png(spec, out / "frontier.png")
     charts.append(spec)
     html_parts = [chart_slot("frontier", "Each series' Pareto frontier as a step line (outlined points are on it); "
@@ -283,6 +308,66 @@ def _frontier_section(agg, compute, compute_col, quality, stage, series_by, budg
             paths.update(_write_csv(chosen, out / "budget.csv"))
             html_parts.append(_html_table(chosen, f"Best point with {compute_col} <= {budget:g}, overall and per series."))
     return [("Compute–quality frontier", "".join(html_parts))]
+
+
+def _axis_section(agg, axes: list[Axis], quality, representative_q, out, paths, charts, notes) -> list[tuple[str, str]]:
+    """The sweep's question first: per value of the searched axis, the final stage's
+    quality at full depth (mean over seeds, its interval), the β diagnostics and the
+    skip point at the representative q where the stage has them; axis.csv and axis.png."""
+    if not axes:
+        return []
+    final = with_axis_values(agg.filter(pl.col("is_final_stage")), axes)
+    full = final.filter(pl.col("policy") == FULL)
+    title = " × ".join(a.name for a in axes)
+    if full.is_empty() or quality not in full.columns or full[quality].is_null().all():
+        notes.append(f"searched axis ({title}): skipped, no final stage has a full-depth {quality}")
+        return []
+    qlabel = QUALITY_LABELS.get(quality, quality)
+    several = full["method"].drop_nulls().n_unique() > 1
+    keys = [a.name for a in axes] + (["method"] if several else [])
+    low, high = names.interval_of(quality)
+    columns = [*keys, pl.col("n_seeds").alias("seeds"), pl.col(quality).alias(qlabel),
+               pl.col(low).alias(f"{qlabel} low"), pl.col(high).alias(f"{qlabel} high")]
+    extras = {tracking.EXIT_ENTROPY: "exit entropy", tracking.EXPECTED_EXIT_STEP: "expected exit step"}
+    columns += [pl.col(c).alias(label) for c, label in extras.items()
+                if c in full.columns and full[c].is_not_null().any()]
+    order = [e.alias(f"_order{i}") for i, a in enumerate(axes) if (e := a.number_expr()) is not None]
+    table = full.with_columns(order).select(*columns, "trial_config_hash", *(o.meta.output_name() for o in order))
+    skip_label = None
+    if representative_q is not None:
+        skip = final.filter((pl.col("policy") == SKIP) & ((pl.col("q") - representative_q).abs() < 1e-9))
+        if skip.height and skip[quality].is_not_null().any():
+            skip_label = f"skip q={format_value(representative_q)}"
+            table = table.join(skip.select("trial_config_hash", pl.col(tracking.EXECUTED_LOOPS).alias(
+                f"{skip_label} loops"), pl.col(quality).alias(f"{skip_label} {qlabel}"),
+                pl.col(low).alias("_skip_low"), pl.col(high).alias("_skip_high")), on="trial_config_hash", how="left")
+    sort = [c for c in table.columns if c.startswith("_order")] + keys
+    table = table.sort(sort, nulls_last=True)
+    shown = table.select([c for c in table.columns if not c.startswith("_") and c != "trial_config_hash"
+                          and not (c in (f"{qlabel} low", f"{qlabel} high") and table[c].is_null().all())])
+    paths.update(_write_csv(shown, out / "axis.csv"))
+
+    spec = axis_chart(table, axes, keys, quality, qlabel, skip_label)
+    paths["axis.png"] = render_png(spec, out / "axis.png")
+    charts.append(spec)
+    seeds = sorted({int(s) for ss in full["seeds"].to_list() for s in (ss or [])}) if "seeds" in full.columns else []
+    caption = (f"What the sweep varied: {title}. Per value, the final stage at full depth: {qlabel}, mean over "
+               f"{_seed_phrase(seeds)} with its 95 % Student-t interval (low–high; none with one seed)"
+               + (", the training's last exit entropy and expected exit step" if len(columns) > len(keys) + 4 else "")
+               + (f", and skip execution at q={format_value(representative_q)}: executed loops and {qlabel}"
+                  if skip_label else "") + ". axis.csv has the same rows; the frontier below splits its series "
+               f"by {title} too.")
+    return [(f"The searched axis: {title}", chart_slot("axis", f"{qlabel} against {title}; bars: the seed "
+                                                       "interval" + ("; dashed: skip at the representative q"
+                                                                     if skip_label else "") + ".")
+             + _html_table(shown, caption))]
+
+
+def _seed_phrase(seeds: list[int]) -> str:
+    """'3 seeds (0, 1, 2)', '1 seed (0)': a count, never a bare list that reads '0 seeds'."""
+    if not seeds:
+        return "the seeds"
+    return f"{len(seeds)} seed{'s' if len(seeds) != 1 else ''} ({', '.join(map(str, seeds))})"
 
 
 def _check_series_columns(rows: pl.DataFrame, series_by, strict: bool, notes: list[str]) -> None:
@@ -600,7 +685,7 @@ def _meta(runs: RunSet, points, best_of_seeds: bool, confidence: float) -> list[
     lines = [f"tracking URI: {runs.tracking_uri}", f"runs: {runs.runs.height} ({counted})"]
     if points is not None:
         seeds = sorted(set(points["seed"].drop_nulls().to_list()))
-        lines.append(f"evaluation points: {points.height}; seeds: {', '.join(map(str, seeds)) or '?'}; "
+        lines.append(f"evaluation points: {points.height}; {_seed_phrase(seeds)}; "
                      + ("best of seeds per configuration" if best_of_seeds else
                         f"mean over seeds, {confidence:.0%} Student-t interval"))
     lines.append(f"written {_dt.datetime.now().isoformat(timespec='seconds')}")

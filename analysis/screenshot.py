@@ -19,6 +19,7 @@ with every host name unresolvable, so a page that needed the network would show 
 from __future__ import annotations
 
 import argparse
+import html
 import os
 import re
 import shutil
@@ -84,6 +85,11 @@ def check_report(html_path, screenshot: Path | None = None, *, browser: str | No
         # source text, also in the dump, matches neither pattern).
         found["plots"] = len(re.findall(r'<div [^>]*class="[^"]*\bjs-plotly-plot\b', dom.stdout))
         found["markers"] = len(re.findall(r'<path class="point" transform="translate\([0-9.-]', dom.stdout))
+        # What a reader meets first: the section headings in page order, and the legend
+        # titles Plotly drew (each chart's "what the series vary in").
+        found["headings"] = [html.unescape(h) for h in re.findall(r"<h2>(.*?)</h2>", dom.stdout)]
+        found["legend_titles"] = [html.unescape(t).strip() for t in
+                                  re.findall(r'<text class="legendtitletext"[^>]*>(.*?)</text>', dom.stdout)]
         found["screenshot"] = str(shot) if screenshot else None
         found.update(_png_stats(shot) if shot.is_file() else {"distinct_colors": 0, "inked_fraction": 0.0})
     problems = []

@@ -9,7 +9,9 @@ Fig. 3, Table 4, the downstream columns of Table 3 and App. E/F, the policy zoo.
 from __future__ import annotations
 
 import csv
+import html
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -681,3 +683,82 @@ def test_downstream_report_renders_in_headless_chromium(downstream, tmp_path):
     assert found["problems"] == [], found
     # frontier, Fig. 3, skip, two β charts and the four per-loop instruments
     assert found["charts"] == 9 and found["plots"] == 9
+
+
+# ---- the searched axis first (issue 28) ---------------------------------------------------------
+@pytest.fixture(scope="module")
+def beta_sweep(tmp_path_factory):
+    """A β ablation's store: one arm, β ∈ {0.5, 0.1} (logged in that order), seeds 0 and 1."""
+    from analysis.report import build_report
+
+    root = tmp_path_factory.mktemp("beta")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    fx.log_sweep(uri, root, "beta-debug", arms=("Ouro",), seeds=(0, 1), betas=(0.5, 0.1))
+    paths = build_report(uri, ["beta-debug"], root / "report", log_artifacts=False, quality="accuracy")
+    return {"root": root, "paths": paths}
+
+
+def test_the_report_opens_with_the_searched_axis_by_hand(beta_sweep):
+    paths = beta_sweep["paths"]
+    rows = read_csv(paths["axis.csv"])
+    # One row per β, in numeric order (not the order logged), written as the report writes β.
+    assert [r["β"] for r in rows] == ["0.1", "0.5"]
+    t = 12.7062047  # Student's t, 97.5 %, one degree of freedom
+    for row in rows:
+        # The fixture's full depth is forced depth R = 4: accuracy 0.1 · 4 + 0.02 · seed → 0.40, 0.42.
+        assert int(row["seeds"]) == 2
+        assert float(row["accuracy"]) == pytest.approx(0.41)
+        half = t * math.sqrt(0.0002) / math.sqrt(2)  # sample std of {0.40, 0.42} is √0.0002
+        assert float(row["accuracy low"]) == pytest.approx(0.41 - half)
+        assert float(row["accuracy high"]) == pytest.approx(0.41 + half)
+        # Skip at q = 0.8 on the Ouro gate: 1.5 + 2.5 q loops, accuracy 0.05 + 0.4 q + 0.02 · seed.
+        assert float(row["skip q=0.8 loops"]) == pytest.approx(3.5)
+        assert float(row["skip q=0.8 accuracy"]) == pytest.approx(0.38)
+    # The final stage's last training record: expected exit step 4 − β_stage (its own config's β).
+    for row, beta in zip(rows, (0.1, 0.5)):
+        final = fx.stage_configs("Ouro", 0, beta, beta_sweep["root"])[-1]
+        assert float(row["expected exit step"]) == pytest.approx(4.0 - final.exit.beta)
+
+    page = paths["report.html"].read_text()
+    headings = re.findall(r"<h2>(.*?)</h2>", page)
+    assert html.unescape(headings[0]) == "The searched axis: β"
+    assert headings.index("Compute–quality frontier") > headings.index("β diagnostics")
+    assert "2 seeds (0, 1)" in page  # never a bare "seeds: 0, 1"
+
+
+def test_the_frontier_splits_its_series_by_the_searched_axis(beta_sweep):
+    rows = read_csv(beta_sweep["paths"]["frontier.csv"])
+    series = {r["series"] for r in rows}
+    assert {"β=0.1 · dense", "β=0.1 · skip", "β=0.5 · dense", "β=0.5 · skip"} <= series
+    assert not any("beta" in s for s in series)
+    # the points' labels name β as the report does
+    labels = {r["label"] for r in read_csv(beta_sweep["paths"]["points.csv"])}
+    assert labels and all("β=" in label and "beta=" not in label for label in labels if "Ouro" in label)
+
+
+def test_a_sweep_without_a_varied_axis_has_no_axis_section(report):
+    out, _ = report
+    assert not (out / "axis.csv").exists()  # one β: nothing varied, so no such section
+
+
+def test_searched_axes_join_pairs_and_skip_the_seed():
+    from analysis.axis import SEARCH, searched_axes
+
+    table = pl.DataFrame({SEARCH + "n_layers": ["1", "2"], SEARCH + "n_loops": ["4", "2"],
+                          SEARCH + "seed": ["0", "1"], SEARCH + "beta": ["0.25", "0.25"],
+                          SEARCH + "hp": ["0.5", "1.0"]})
+    axes = searched_axes(table)
+    assert [a.name for a in axes] == ["N⊗R", "hole probability"]
+    values = table.select([a.value_expr().alias(a.name) for a in axes])
+    assert values.rows() == [("1⊗4", "0.5"), ("2⊗2", "1")]
+
+
+def test_beta_report_renders_the_axis_first_in_headless_chromium(beta_sweep, tmp_path):
+    from analysis.screenshot import check_report, find_browser
+
+    if find_browser() is None:
+        pytest.skip("no Chromium (apt-get install -y chromium, or set LOOPLAB_CHROMIUM)")
+    found = check_report(beta_sweep["paths"]["report.html"], tmp_path / "shot.png")
+    assert found["problems"] == [], found
+    assert found["headings"][0] == "The searched axis: β"
+    assert "β · policy" in found["legend_titles"]  # the frontier's legend says what its series vary in
