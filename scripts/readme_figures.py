@@ -1,0 +1,207 @@
+"""The README's quoted figures and sample outputs, kept true by measurement.
+
+Every timing the README quotes is written `<!--fig:NAME-->3 min 8 s<!--/fig-->` (the
+comment is invisible on the rendered page) and registered in docs/readme_figures.json
+with the command that produced it, how it was measured and when. Every sample output is
+a block between `<!--sample:NAME-->` and `<!--/sample-->` whose lines are the command's
+output, filtered to the lines the README shows. tests/test_readme.py checks the two
+agree and regenerates the fast samples; .ci/run checks the main job's table against the
+run it just made. This script re-measures and rewrites:
+
+    python scripts/readme_figures.py measure main_job debug_sweep   # run, time, rewrite README + registry
+    python scripts/readme_figures.py sample dry_run_140m            # run, rewrite the README block
+    python scripts/readme_figures.py check-sample beta_debug OUTPUT # compare a block with a saved output
+    python scripts/readme_figures.py check                          # figures and registry agree
+
+Measure on a quiet machine: on these 2 cores one other busy process doubles a step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+REGISTRY = ROOT / "docs" / "readme_figures.json"
+FIGURE = re.compile(r"<!--fig:([a-z0-9_]+)-->(.*?)<!--/fig-->")
+SAMPLE = re.compile(r"<!--sample:([a-z0-9_]+)-->\n```text\n(.*?)```\n<!--/sample-->", re.S)
+NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?(?:e[+-]?\d+)?")
+
+
+def load_registry() -> dict:
+    return json.loads(REGISTRY.read_text())
+
+
+def duration(seconds: float) -> str:
+    """How the README writes a wall time: 49 s, 3 min 8 s, 1 h 2 min."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60} s"
+    return f"{s // 3600} h {round((s % 3600) / 60)} min"
+
+
+def quoted_figures(text: str) -> list[tuple[str, str]]:
+    """(name, value) of every marked figure, in README order."""
+    return FIGURE.findall(text)
+
+
+def sample_blocks(text: str) -> dict[str, str]:
+    return dict(SAMPLE.findall(text))
+
+
+def problems(text: str, registry: dict) -> list[str]:
+    """Where the README and the registry disagree (empty when they agree)."""
+    found, figures = [], registry["figures"]
+    quoted = quoted_figures(text)
+    for name, value in quoted:
+        if name not in figures:
+            found.append(f"README quotes figure {name!r}, which docs/readme_figures.json does not register")
+        elif figures[name]["value"] != value:
+            found.append(f"README quotes {name} as {value!r}; the registry's measurement is "
+                         f"{figures[name]['value']!r}")
+    for name in figures:
+        if name not in {n for n, _ in quoted}:
+            found.append(f"registered figure {name!r} is quoted nowhere in the README")
+    blocks = sample_blocks(text)
+    for name in registry["samples"]:
+        if name not in blocks:
+            found.append(f"registered sample {name!r} has no <!--sample:{name}--> block in the README")
+    for name in blocks:
+        if name not in registry["samples"]:
+            found.append(f"README block <!--sample:{name}--> is not registered")
+    return found
+
+
+def kept_lines(output: str, keep: str) -> list[str]:
+    """The lines of a command's output the README shows: those matching `keep`, right-stripped."""
+    pattern = re.compile(keep)
+    return [line.rstrip() for line in output.splitlines() if pattern.search(line)]
+
+
+def same_with_tolerance(shown: list[str], produced: list[str], rel: float) -> list[str]:
+    """Line-by-line differences, numbers compared to a relative tolerance (another CPU
+    may round the last digit of a perplexity differently), everything else exactly."""
+    diffs = []
+    if len(shown) != len(produced):
+        return [f"{len(shown)} line(s) in the README, {len(produced)} produced"]
+    for a, b in zip(shown, produced):
+        if NUMBER.sub("#", a).split() != NUMBER.sub("#", b).split():
+            diffs.append(f"README: {a!r}\n   run: {b!r}")
+            continue
+        for x, y in zip(NUMBER.findall(a), NUMBER.findall(b)):
+            fx, fy = float(x.replace(",", "")), float(y.replace(",", ""))
+            if not math.isclose(fx, fy, rel_tol=rel, abs_tol=0.0):
+                diffs.append(f"README: {a!r}\n   run: {b!r}  ({x} vs {y})")
+                break
+    return diffs
+
+
+def run(command: str, cwd: Path = ROOT) -> tuple[float, str]:
+    start = time.perf_counter()
+    done = subprocess.run(command, shell=True, cwd=cwd, capture_output=True, text=True, check=False)
+    seconds = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(f"{command!r} failed with status {done.returncode}:\n{done.stderr[-2000:]}")
+    return seconds, done.stdout + done.stderr
+
+
+def rewrite_figure(text: str, name: str, value: str) -> str:
+    return re.sub(rf"<!--fig:{name}-->.*?<!--/fig-->", f"<!--fig:{name}-->{value}<!--/fig-->", text)
+
+
+def rewrite_sample(text: str, name: str, lines: list[str]) -> str:
+    body = "".join(line + "\n" for line in lines)
+    return re.sub(rf"<!--sample:{name}-->\n```text\n.*?```\n<!--/sample-->",
+                  lambda _: f"<!--sample:{name}-->\n```text\n{body}```\n<!--/sample-->", text, flags=re.S)
+
+
+def cmd_measure(names: list[str]) -> int:
+    registry, text = load_registry(), README.read_text()
+    for name in names:
+        entry = registry["figures"].get(name)
+        if entry is None:
+            raise SystemExit(f"figure {name!r} is not registered; registered: {', '.join(registry['figures'])}")
+        if "command" not in entry:
+            raise SystemExit(f"figure {name!r} has no command to re-run ({entry.get('source', '')})")
+        for path in entry.get("fresh", []):  # a wall time from an empty store, not a re-run that reuses
+            shutil.rmtree(ROOT / path, ignore_errors=True)
+        print(f"measuring {name}: {entry['command']}", file=sys.stderr)
+        seconds, output = run(entry["command"])
+        entry.update(value=duration(seconds), measured=time.strftime("%Y-%m-%d"), cores=os.cpu_count())
+        text = rewrite_figure(text, name, entry["value"])
+        print(f"{name}: {entry['value']}", file=sys.stderr)
+        sample = entry.get("sample")
+        if sample:
+            text = rewrite_sample(text, sample, kept_lines(output, registry["samples"][sample]["keep"]))
+    REGISTRY.write_text(json.dumps(registry, indent=2, ensure_ascii=False) + "\n")
+    README.write_text(text)
+    return 0
+
+
+def cmd_sample(names: list[str]) -> int:
+    registry, text = load_registry(), README.read_text()
+    for name in names:
+        entry = registry["samples"][name]
+        _, output = run(entry["command"])
+        text = rewrite_sample(text, name, kept_lines(output, entry["keep"]))
+    README.write_text(text)
+    return 0
+
+
+def cmd_check_sample(name: str, output_file: Path) -> int:
+    registry, text = load_registry(), README.read_text()
+    entry = registry["samples"][name]
+    shown = sample_blocks(text)[name].splitlines()
+    produced = kept_lines(output_file.read_text(), entry["keep"])
+    diffs = same_with_tolerance(shown, produced, entry.get("rel_tol", 0.0))
+    for d in diffs:
+        print(d, file=sys.stderr)
+    if diffs:
+        print(f"README sample {name!r} differs from {output_file}: run `python scripts/readme_figures.py sample "
+              f"{name}` (or measure) and commit", file=sys.stderr)
+        return 1
+    print(f"README sample {name!r} matches {output_file}")
+    return 0
+
+
+def cmd_check() -> int:
+    found = problems(README.read_text(), load_registry())
+    for p in found:
+        print(p, file=sys.stderr)
+    return 1 if found else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    m = sub.add_parser("measure", help="run and time figures, rewrite the README and the registry")
+    m.add_argument("names", nargs="+")
+    s = sub.add_parser("sample", help="run a sample's command, rewrite its README block")
+    s.add_argument("names", nargs="+")
+    c = sub.add_parser("check-sample", help="compare a README block with a saved output")
+    c.add_argument("name")
+    c.add_argument("output", type=Path)
+    sub.add_parser("check", help="the README's figures and the registry agree")
+    args = parser.parse_args(argv)
+    if args.command == "measure":
+        return cmd_measure(args.names)
+    if args.command == "sample":
+        return cmd_sample(args.names)
+    if args.command == "check-sample":
+        return cmd_check_sample(args.name, args.output)
+    return cmd_check()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
