@@ -158,6 +158,15 @@ class TrainConfig:
     precision: str = keyed("auto")  # auto: bf16 autocast on CUDA, fp32 on CPU
     eval_limit: int = keyed(0)  # evaluate on the first K eval samples; 0 = all (changes the logged result)
     seed: int = keyed(0)
+    # Where a pre-training run's weights start (looplab/huggingface/retrofit.py): "" a
+    # fresh initialisation, "hf:PATH" a Hugging Face Mamba2ForCausalLM or
+    # LlamaForCausalLM folder (its embeddings, head and N of its layers as the shared
+    # block; the checkpoint fixes the model's shape, apply_overrides sets it). A continued
+    # stage starts from its parent and ignores it. init_layers picks the N layers: "" the
+    # first N, "even" evenly spaced (first and last included), or "0,5". Added after keys
+    # were stored: at their defaults neither enters a key (fields.keyed's added).
+    init_from: str = keyed("", added=True)
+    init_layers: str = keyed("", added=True)
     # How the run is carried out and watched: never in a key.
     eval_every: int = 100  # 0: evaluate only at the end
     eval_batch_size: int = 64
@@ -197,6 +206,19 @@ class TrainConfig:
               and len(set(qs)) == len(qs), "TrainConfig.eval_qs", qs,
               "a non-empty list of distinct thresholds in (0, 1], e.g. [0.2, 0.4, 0.6, 0.8, 1.0]")
         object.__setattr__(self, "eval_qs", tuple(float(q) for q in sorted(qs)))
+        check(isinstance(self.init_from, str) and (self.init_from == "" or (
+            self.init_from.startswith("hf:") and len(self.init_from) > 3)), "TrainConfig.init_from", self.init_from,
+            '"" (from scratch) | hf:PATH (a Hugging Face Mamba2ForCausalLM / LlamaForCausalLM folder)')
+        layers = self.init_layers
+        # A command line's init_layers=3 arrives as JSON's 3, and [0, 5] as a list: one spelling, "0,5".
+        if is_int(layers) or (isinstance(layers, (list, tuple)) and layers and all(is_int(i) for i in layers)):
+            layers = ",".join(str(i) for i in ([layers] if is_int(layers) else layers))
+        check(isinstance(layers, str) and (layers in ("", "even") or all(
+            part.isdigit() for part in layers.split(","))), "TrainConfig.init_layers", self.init_layers,
+            '"" (the first N) | even | comma-separated layer indices, e.g. 0,5')
+        object.__setattr__(self, "init_layers", layers)
+        check(self.init_from or not layers, "TrainConfig.init_layers", layers,
+              '"" unless train.init_from names a checkpoint')
 
 
 @dataclass(frozen=True)
@@ -295,6 +317,12 @@ class ExperimentConfig:
             check(self.parent is None, "ExperimentConfig.parent", self.parent,
                   f"None for stage={self.stage!r} (it starts from a fresh initialisation)")
         stage.check(self)
+        if self.train.init_from:
+            check(self.model.arch != "hybrid", "ModelConfig.arch", self.model.arch,
+                  "mamba2 | transformer with train.init_from (the checkpoint's architecture)")
+            chosen = self.train.init_layers
+            check(chosen in ("", "even") or len(chosen.split(",")) == self.model.n_layers, "TrainConfig.init_layers",
+                  chosen, f"{self.model.n_layers} (model.n_layers) comma-separated layer indices")
         need = self.task.vocab_size
         check(self.model.vocab_size >= need, "ModelConfig.vocab_size", self.model.vocab_size,
               f"an integer >= {need}, the {self.task.kind} task's vocabulary")
@@ -446,4 +474,33 @@ def apply_overrides(cfg: ExperimentConfig, overrides: dict[str, Any]) -> Experim
     if vocab_follows_task:
         task = _build(TASK_KINDS[d["task"].get("kind", "phop")], d["task"], "task")
         d["model"]["vocab_size"] = task.vocab_size
-    return ExperimentConfig.from_dict(d)
+    if d["train"].get("init_from"):
+        _follow_checkpoint(d, overrides)
+    cfg = ExperimentConfig.from_dict(d)
+    if cfg.train.init_from:  # the layers it names exist, before anything starts
+        from looplab.huggingface.retrofit import checkpoint_layers, select_layers
+
+        select_layers(cfg.train.init_layers, cfg.model.n_layers, checkpoint_layers(cfg.train.init_from))
+    return cfg
+
+
+def _follow_checkpoint(d: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """train.init_from names a Hugging Face checkpoint: the model takes its shape (width,
+    vocabulary, mixer sizes, norm epsilon, RoPE) from it, while N, R and the rest stay
+    the preset's and the overrides'. An override that contradicts the checkpoint is
+    refused rather than silently replaced."""
+    from looplab.huggingface.retrofit import checkpoint_model_fields
+
+    init_from = d["train"]["init_from"]
+    check(isinstance(init_from, str), "TrainConfig.init_from", init_from, '"" | hf:PATH')
+    given = {k.rpartition(".")[2]: v for k, v in overrides.items() if k.rpartition(".")[0] in ("", "model")}
+    for name, value in checkpoint_model_fields(init_from).items():
+        if name in given and name in d["model"] and given[name] != value and not (
+                name == "attn_layer_idx" and tuple(given[name]) == tuple(value)):
+            raise invalid(f"ModelConfig.{name}", given[name], f"{value!r}, the checkpoint's in train.init_from="
+                          f"{init_from!r} (leave it unset: the checkpoint sets it)")
+        d["model"][name] = value
+    task = _build(TASK_KINDS[d["task"].get("kind", "phop")], d["task"], "task")
+    check(d["model"]["vocab_size"] >= task.vocab_size, "TrainConfig.init_from", init_from,
+          f"a checkpoint whose vocabulary ({d['model']['vocab_size']}) holds the {task.kind} task's "
+          f"({task.vocab_size} ids)")

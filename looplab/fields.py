@@ -19,19 +19,28 @@ from typing import Any
 from looplab.errors import check
 
 KEY = "key"  # field metadata: the field can change a run's result, so it enters the run's key
+ADDED = "added"  # field metadata: keyed, but added after keys were stored (keyed(..., added=True))
 
 
-def keyed(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING) -> Any:
-    """A dataclass field that enters the keys of the runs it configures."""
-    return field(default=default, default_factory=default_factory, metadata={KEY: True})
+def keyed(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING,
+          added: bool = False) -> Any:
+    """A dataclass field that enters the keys of the runs it configures.
+
+    added=True: a field added after keys were stored. It enters a key only when set
+    away from its default, so every key made before the field existed (and every run
+    that leaves it at its default) stays what it was (tests/test_keys.py pins them)."""
+    return field(default=default, default_factory=default_factory, metadata={KEY: True, ADDED: added})
 
 
 def key_values(obj: Any) -> dict[str, Any]:
-    """The keyed fields of a config dataclass, as JSON-able data."""
+    """The keyed fields of a config dataclass, as JSON-able data (an added field only
+    when it is away from its default)."""
     out = {}
     for f in dataclasses.fields(obj):
         if f.metadata.get(KEY):
             value = getattr(obj, f.name)
+            if f.metadata.get(ADDED) and value == f.default:
+                continue
             out[f.name] = list(value) if isinstance(value, tuple) else value
     return out
 

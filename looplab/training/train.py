@@ -24,6 +24,7 @@ from looplab.checkpoint import (TRAINER, experiment_metadata, load_training_stat
                                 read_model_config, save_training_state, settle_checkpoint, verify_checkpoint)
 from looplab.config import ConfigError, ExperimentConfig, TrainConfig
 from looplab.errors import CheckpointNotWritten, TrainingDiverged
+from looplab.huggingface.retrofit import initialise
 from looplab.training.distributed import Shard
 from looplab.evaluation.validation import autocast_context, evaluate_policies
 from looplab.training.instruments import diagnostic_batch, loop_instruments
@@ -113,12 +114,17 @@ def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, st
     device = resolve_device(tc.device)
     task = make_task(cfg.task, tc.seq_len)
     model = model_from_config(cfg.model, tc.seed)
+    retrofitted = None
     if cfg.parent is not None:
         load_parent(model, cfg, parent_dir)
+    elif tc.init_from:  # pre-training from a Hugging Face checkpoint's weights (a continued stage has its parent's)
+        retrofitted = initialise(model, cfg.model, tc.init_from, tc.init_layers)
     out.mkdir(parents=True, exist_ok=True)  # only once the task, the model and its parent are fine
     model.to(device)
     model.checkpoint_steps = tc.activation_checkpointing
     model.metadata = experiment_metadata(cfg)
+    if retrofitted is not None:  # the source's layers and files' digest: a changed source shows afterwards
+        model.metadata["retrofit"] = retrofitted
     stage = get_stage(cfg.stage)
     for name, p in model.named_parameters():  # e.g. Stage-2 trains the gate alone
         p.requires_grad_(stage.trainable(name))
