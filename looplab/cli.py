@@ -14,6 +14,7 @@
     looplab bench-arrivals --checkpoint runs/s1/checkpoint --slots 8,32 --policies skip:0.4 [--requests 64]
                   [--prompt-len 16-128] [--new-tokens 8-64] [--schedule lockstep,depth] [--json out.json]
     looplab generate --checkpoint runs/lm/checkpoint --prompt "Once upon a time" [--policy skip:0.4] [--json]
+    looplab export --checkpoint runs/lm/checkpoint --format hf exports/lm [--policy skip:0.4] [--force]
     looplab presets
     looplab info --preset paper-140m [arch=hybrid ...]
     looplab doctor [--quick] [--json report.json]      does this node work? (looplab/doctor.py)
@@ -513,6 +514,28 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    """Write a checkpoint as a folder another ecosystem loads (--format hf: transformers,
+    with trust_remote_code; looplab/huggingface/export.py)."""
+    from looplab import destinations
+    from looplab.checkpoint import read_model_config
+    from looplab.huggingface.export import FORMATS, check_out_dir, export_hf
+
+    if args.format not in FORMATS:
+        raise ConfigError(f"--format={args.format!r} is invalid; allowed: {' | '.join(FORMATS)}")
+    _checkpoint(args.checkpoint)
+    try:
+        args.policy.check(read_model_config(args.checkpoint).n_loops)
+    except ConfigError as e:
+        raise e.renamed("--policy", args.policy.spec) from None
+    destinations.output_dir("OUT_DIR", args.out_dir)
+    check_out_dir(args.out_dir, args.force, name="OUT_DIR")
+    out = export_hf(args.checkpoint, args.out_dir, args.policy, force=args.force)
+    print(f"exported {args.checkpoint} to {out} (format {args.format}, exit policy {args.policy.spec}); load it "
+          f"with AutoModelForCausalLM.from_pretrained({str(out)!r}, trust_remote_code=True)")
+    return 0
+
+
 def cmd_presets(args) -> int:
     from looplab.presets import PRESETS, get_preset
 
@@ -680,6 +703,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--device", default="auto")
     g.add_argument("--json", action="store_true", help="print one JSON record instead")
     g.set_defaults(fn=cmd_generate)
+
+    x = sub.add_parser("export", help="write a checkpoint as a Hugging Face folder (transformers, lm-eval's hf)")
+    x.add_argument("--checkpoint", required=True)
+    x.add_argument("--format", default="hf", help="hf: AutoModelForCausalLM.from_pretrained(OUT_DIR, "
+                                                  "trust_remote_code=True) (default hf)")
+    x.add_argument("--policy", type=_policy, default="full",
+                   help="the exit policy the export runs by default (config exit_policy; overridable at load time)")
+    x.add_argument("--force", action="store_true", help="replace a previous export in OUT_DIR (nothing else)")
+    x.add_argument("out_dir", metavar="OUT_DIR")
+    x.set_defaults(fn=cmd_export)
 
     sub.add_parser("presets", help="list the presets").set_defaults(fn=cmd_presets)
     i = sub.add_parser("info", help="parameters and FLOPs of a preset")
