@@ -31,11 +31,17 @@ PAIRS = ((("n_layers", "n_loops"), "N⊗R", "{}⊗{}"),
          (("lo", "hi"), "depth range", "[{}, {}]"))
 
 
-def format_value(value) -> str:
+def format_value(value, param: str | None = None) -> str:
     """A searched value as the report writes it: numbers in their shortest form (1.0 → 1,
-    0.25 → 0.25), anything else as it is. MLflow params arrive as strings."""
+    0.25 → 0.25), an initialisation as the arm it is ("retrofit NAME" for hf:PATH,
+    "scratch NAME" for its shape freshly initialised, "scratch" for the preset's),
+    anything else as it is. MLflow params arrive as strings."""
     if value is None:
         return "?"
+    if param == "init_from":
+        kind, _, path = str(value).partition(":")
+        name = path.rstrip("/").rpartition("/")[2]
+        return {"hf": f"retrofit {name}", "hf-shape": f"scratch {name}"}.get(kind, "scratch")
     try:
         number = float(value)
     except (TypeError, ValueError):
@@ -59,7 +65,8 @@ class Axis:
 
     def value_expr(self) -> pl.Expr:
         """The axis' value per row as the report writes it (a string column)."""
-        parts = [pl.col(c).map_elements(format_value, return_dtype=pl.String) for c in self.columns]
+        parts = [pl.col(c).map_elements(lambda v, p=p: format_value(v, p), return_dtype=pl.String)
+                 for c, p in zip(self.columns, self.params)]
         return pl.format(self.template, *parts) if len(parts) > 1 else parts[0]
 
     def number_expr(self) -> pl.Expr | None:

@@ -261,7 +261,8 @@ def _trial_identity(trials: pl.DataFrame) -> pl.DataFrame:
         pl.concat_str(n_layers.cast(pl.String), pl.lit("⊗"), n_loops.cast(pl.String)).alias("model"),
         n_loops.cast(pl.Int64, strict=False).alias("n_loops"),
         pl.concat_str([pl.lit(param_name(c[len(search):]) + "=")
-                       + pl.col(c).map_elements(format_value, return_dtype=pl.String) for c in searched],
+                       + pl.col(c).map_elements(lambda v, p=c[len(search):]: format_value(v, p), return_dtype=pl.String)
+                       for c in searched],
                       separator=" ", ignore_nulls=True).alias("_searched") if searched else pl.lit("").alias("_searched"))
 
 

@@ -161,7 +161,8 @@ class TrainConfig:
     # Where a pre-training run's weights start (looplab/huggingface/retrofit.py): "" a
     # fresh initialisation, "hf:PATH" a Hugging Face Mamba2ForCausalLM or
     # LlamaForCausalLM folder (its embeddings, head and N of its layers as the shared
-    # block; the checkpoint fixes the model's shape, apply_overrides sets it). A continued
+    # block; the checkpoint fixes the model's shape, apply_overrides sets it),
+    # "hf-shape:PATH" that shape freshly initialised (the from-scratch arm). A continued
     # stage starts from its parent and ignores it. init_layers picks the N layers: "" the
     # first N, "even" evenly spaced (first and last included), or "0,5". Added after keys
     # were stored: at their defaults neither enters a key (fields.keyed's added).
@@ -206,9 +207,10 @@ class TrainConfig:
               and len(set(qs)) == len(qs), "TrainConfig.eval_qs", qs,
               "a non-empty list of distinct thresholds in (0, 1], e.g. [0.2, 0.4, 0.6, 0.8, 1.0]")
         object.__setattr__(self, "eval_qs", tuple(float(q) for q in sorted(qs)))
-        check(isinstance(self.init_from, str) and (self.init_from == "" or (
-            self.init_from.startswith("hf:") and len(self.init_from) > 3)), "TrainConfig.init_from", self.init_from,
-            '"" (from scratch) | hf:PATH (a Hugging Face Mamba2ForCausalLM / LlamaForCausalLM folder)')
+        if self.init_from != "":  # the forms are retrofit's (torch-free, imported only when one is given)
+            from looplab.huggingface.retrofit import ALLOWED, well_formed
+
+            check(well_formed(self.init_from), "TrainConfig.init_from", self.init_from, ALLOWED)
         layers = self.init_layers
         # A command line's init_layers=3 arrives as JSON's 3, and [0, 5] as a list: one spelling, "0,5".
         if is_int(layers) or (isinstance(layers, (list, tuple)) and layers and all(is_int(i) for i in layers)):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from looplab.arguments import Parser
@@ -33,6 +34,7 @@ class Common:
     preset: str
     overrides: dict[str, Any] = field(default_factory=dict)  # --set: every stage, over its recipe
     stage_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)  # --stage-set / --stage-steps
+    init_from: tuple[str, ...] = ()  # --init-from: Hugging Face checkpoints to compare retrofitting with scratch
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "Common":
@@ -42,7 +44,7 @@ class Common:
             stage_overrides.setdefault(stage, {})["train.steps"] = steps
         for stage, values in parse_stage_sets(args.stage_set).items():
             stage_overrides.setdefault(stage, {}).update(values)
-        return cls(args.preset, parse_sets(args.set), stage_overrides)
+        return cls(args.preset, parse_sets(args.set), stage_overrides, parse_checkpoints(args.init_from))
 
     def stage_overrides_over(self, declared: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         """A declaration's own per-stage settings, with the user's per-stage overrides on top."""
@@ -113,6 +115,10 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--search", choices=("grid", "optuna"), default="grid")
     p.add_argument("--num-samples", type=int, default=8, help="Optuna trials (grid runs each point once)")
     p.add_argument("--scheduler", choices=("none", "asha"), default="none")
+    p.add_argument("--init-from", default="", metavar="HF_DIR,...",
+                   help="compare initialisations: for each Hugging Face Mamba-2 / Llama checkpoint folder, "
+                        "pre-training from its weights (retrofit) beside its shape freshly initialised (scratch); "
+                        "train.init_layers picks the layers (looplab/huggingface/retrofit.py)")
     p.add_argument("--seeds", default="", help="comma-separated training seeds, e.g. 0,1,2 (default: the preset's "
                                                "own, 3407 for the paper's language models)")
     p.add_argument("--dry-run", action="store_true", help="print trials, resources and compute; start no Ray")
@@ -161,6 +167,15 @@ def seeds_of(text: str, preset: str) -> list[int]:
 
         return [get_preset(preset).train.seed]
     return parse_seeds(text)
+
+
+def parse_checkpoints(text: str) -> tuple[str, ...]:
+    """--init-from: comma-separated Hugging Face checkpoint folders (config.json inside)."""
+    folders = tuple(part.strip() for part in text.split(",") if part.strip())
+    for folder in folders:
+        if not (Path(folder).expanduser() / "config.json").is_file():
+            fail("--init-from", folder, "Hugging Face checkpoint folders holding config.json, comma-separated")
+    return tuple(str(Path(folder).expanduser().resolve()) for folder in folders)
 
 
 def parse_seeds(text: str) -> list[int]:

@@ -9,6 +9,7 @@ import itertools
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,6 +71,25 @@ class Sweep:
             if parsed and parsed[0].q is not None and parsed[0].q not in DEFAULT_QS:
                 raise ConfigError(f"Sweep.columns={column!r} names q={parsed[0].q}, which the stages' evaluation "
                                   f"does not run; allowed q: {', '.join(map(str, DEFAULT_QS))}")
+
+
+INIT_FROM = "init_from"  # the searched param of --init-from: train.init_from, in the pre-training only
+
+
+def compare_initialisations(sweep: Sweep, checkpoints: tuple[str, ...]) -> Sweep:
+    """The sweep with one more axis, how pre-training starts: for each Hugging Face
+    checkpoint folder, its shape freshly initialised (hf-shape:PATH, "scratch") and its
+    weights (hf:PATH, "retrofit"), so the two arms differ in the initial weights alone.
+    Continued stages follow their parent; only the pre-training reads the param."""
+    if not checkpoints:
+        return sweep
+    if INIT_FROM in sweep.spec.searched:
+        raise ConfigError(f"--init-from is invalid for {sweep.name}: it already searches {INIT_FROM}")
+    values = [f"{kind}:{path}" for path in checkpoints for kind in ("hf-shape", "hf")]
+    spec = dataclasses.replace(sweep.spec, searched={**sweep.spec.searched, INIT_FROM: "train." + INIT_FROM},
+                               scopes={**sweep.spec.scopes, INIT_FROM: ("pretrain",)})
+    return dataclasses.replace(sweep, spec=spec, grid={**sweep.grid, INIT_FROM: values},
+                               flags={**sweep.flags, INIT_FROM: "--init-from"})
 
 
 def grid_points(sweep: Sweep) -> list[dict[str, Any]]:
@@ -276,6 +296,8 @@ def trial_name(params: dict[str, Any]) -> str:
     """A trial's name and Ray Tune folder: its params, readable (cut at 80 characters),
     then their digest, which tells apart trials the cut leaves alike."""
     readable = "trial-" + "-".join(f"{k}{v}" for k, v in sorted(params.items()))[:80]
+    # A value may be a path (--init-from): the name is also a folder, so no separators.
+    readable = re.sub(r"[^A-Za-z0-9._=+-]", "_", readable)
     return keyed_name(readable, digest(params, TRIAL_NAME_KEY_LENGTH, LENIENT))
 
 

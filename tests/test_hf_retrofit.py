@@ -294,3 +294,53 @@ def test_sharded_and_pickled_weights_load_the_same(tmp_path, layout):
         torch.save(hf.state_dict(), tmp_path / "pytorch_model.bin")
     looped, _ = retrofitted(f"hf:{tmp_path}", 1, 1, init_layers="1")
     assert_same_logits(looped, hf_reference(hf, [1]))
+
+
+# ---- the from-scratch arm at the checkpoint's shape, and a sweep comparing the two --------
+def test_hf_shape_takes_the_shape_and_not_the_weights(tmp_path):
+    """hf-shape:PATH trains the checkpoint's architecture from a fresh initialisation:
+    the same model fields as hf:PATH, the same initial weights as a plain model of that
+    shape and seed, and a different stage key from the retrofitted arm."""
+    folder = tmp_path / "hf"
+    hf = hf_model(mamba2_config(2))
+    save(hf, folder)
+    base = {"model.n_loops": 2, "model.n_layers": 1, "train.steps": 1, "train.warmup_steps": 0,
+            "train.batch_size": 2, "train.eval_every": 0, "task.eval_count": 8}
+    shape = apply_overrides(get_preset("phop-debug"), {**base, "train.init_from": f"hf-shape:{folder}"})
+    weights = apply_overrides(get_preset("phop-debug"), {**base, "train.init_from": f"hf:{folder}"})
+    assert shape.model == weights.model and shape.model.d_model == 16
+    assert shape.stage_key() != weights.stage_key()
+    # Training the hf-shape arm starts from exactly a fresh model of that shape and seed.
+    train(shape, tmp_path / "scratch", quiet=True)
+    trained = load_model(tmp_path / "scratch" / "checkpoint")
+    assert "retrofit" not in trained.metadata
+    fresh = model_from_config(shape.model, shape.train.seed)
+    retro, _ = retrofitted(f"hf:{folder}", 1, 2)
+    name = "embedding.weight"  # what one step at lr 1e-3 barely moves: compare it to both starts
+    ours = dict(trained.named_parameters())[name]
+    assert (ours - dict(fresh.named_parameters())[name]).abs().max() < 0.01
+    assert (ours - dict(retro.named_parameters())[name]).abs().max() > 0.05
+
+
+def test_a_sweep_compares_retrofitted_with_scratch_at_one_shape(tmp_path, capsys):
+    """--init-from PATH adds an axis: per trial point, hf-shape:PATH (scratch) and
+    hf:PATH (retrofit), read by the pre-training alone; trial names stay folder-safe."""
+    from sweeps import phop
+    from sweeps.launch import main
+    from sweeps.plan import grid_points, trial_name
+
+    folder = tmp_path / "ckpt"
+    save(hf_model(mamba2_config(2)), folder)
+    argv = ["--init-from", str(folder), "--seeds", "0", "--pairs", "1x2", "--dry-run"]
+    assert main("t", phop.add_flags, phop.from_args, argv) == 0
+    out = capsys.readouterr().out
+    trials = [json.loads(line.split("}")[0] + "}") for line in out.splitlines() if line.startswith("  {")]
+    assert sorted(t["init_from"] for t in trials) == [f"hf-shape:{folder}", f"hf:{folder}"]
+    keys = [line.rsplit("pretrain:", 1)[1] for line in out.splitlines() if line.startswith("  {")]
+    assert len(set(keys)) == 2  # two pre-trainings, nothing shared between the arms
+    for t in trials:
+        name = trial_name(t)
+        assert "/" not in name and ":" not in name
+    # an unknown folder is one line naming the flag
+    assert main("t", phop.add_flags, phop.from_args, ["--init-from", str(tmp_path / "nope"), "--dry-run"]) == 2
+    assert "--init-from" in capsys.readouterr().err

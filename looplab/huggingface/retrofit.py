@@ -51,7 +51,12 @@ from typing import Any
 from looplab.errors import ConfigError, check
 from looplab.keys import files_digest
 
-PREFIX = "hf:"
+PREFIX = "hf:"  # the checkpoint's shape and weights: a retrofitted model
+# The checkpoint's shape only, freshly initialised: the from-scratch arm a retrofitted one
+# is compared with at equal architecture (a sweep's --init-from runs both).
+SHAPE_PREFIX = "hf-shape:"
+ALLOWED = '"" (from scratch, the preset\'s shape) | hf:PATH (a Hugging Face checkpoint folder: its shape and ' \
+          'weights) | hf-shape:PATH (its shape, fresh weights)'
 FIELD = "train.init_from"
 LAYERS_FIELD = "train.init_layers"
 ARCHITECTURES = {"Mamba2ForCausalLM": "mamba2", "LlamaForCausalLM": "transformer"}
@@ -59,11 +64,21 @@ EVEN = "even"  # init_layers: N layers evenly spaced over the checkpoint's depth
 
 
 # ---- the source folder and its config --------------------------------------------------
+def well_formed(init_from: Any) -> bool:
+    """"" or hf:PATH or hf-shape:PATH (the path not empty); torch-free, for config checks."""
+    return isinstance(init_from, str) and (init_from == "" or any(
+        init_from.startswith(prefix) and len(init_from) > len(prefix) for prefix in (PREFIX, SHAPE_PREFIX)))
+
+
+def loads_weights(init_from: str) -> bool:
+    """hf:PATH starts from the checkpoint's weights; hf-shape:PATH takes its shape alone."""
+    return init_from.startswith(PREFIX)
+
+
 def source_dir(init_from: str) -> Path:
-    """The folder an "hf:PATH" value names; it must hold config.json."""
-    check(isinstance(init_from, str) and init_from.startswith(PREFIX) and len(init_from) > len(PREFIX),
-          FIELD, init_from, '"" (from scratch) | hf:PATH (a Hugging Face checkpoint folder)')
-    folder = Path(init_from[len(PREFIX):]).expanduser()
+    """The folder an "hf:PATH" (or "hf-shape:PATH") value names; it must hold config.json."""
+    check(well_formed(init_from) and init_from != "", FIELD, init_from, ALLOWED)
+    folder = Path(init_from.split(":", 1)[1]).expanduser()
     check((folder / "config.json").is_file(), FIELD, init_from,
           f"hf:PATH of a folder with config.json and weights ({folder / 'config.json'} does not exist)")
     return folder

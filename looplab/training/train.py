@@ -24,7 +24,7 @@ from looplab.checkpoint import (TRAINER, experiment_metadata, load_training_stat
                                 read_model_config, save_training_state, settle_checkpoint, verify_checkpoint)
 from looplab.config import ConfigError, ExperimentConfig, TrainConfig
 from looplab.errors import CheckpointNotWritten, TrainingDiverged
-from looplab.huggingface.retrofit import initialise
+from looplab.huggingface.retrofit import initialise, loads_weights
 from looplab.training.distributed import Shard
 from looplab.evaluation.validation import autocast_context, evaluate_policies
 from looplab.training.instruments import diagnostic_batch, loop_instruments
@@ -117,8 +117,8 @@ def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, st
     retrofitted = None
     if cfg.parent is not None:
         load_parent(model, cfg, parent_dir)
-    elif tc.init_from:  # pre-training from a Hugging Face checkpoint's weights (a continued stage has its parent's)
-        retrofitted = initialise(model, cfg.model, tc.init_from, tc.init_layers)
+    elif tc.init_from and loads_weights(tc.init_from):  # pre-training from a Hugging Face checkpoint's weights
+        retrofitted = initialise(model, cfg.model, tc.init_from, tc.init_layers)  # (a continued stage has its parent's)
     out.mkdir(parents=True, exist_ok=True)  # only once the task, the model and its parent are fine
     model.to(device)
     model.checkpoint_steps = tc.activation_checkpointing
