@@ -73,6 +73,9 @@ def problems(text: str, registry: dict) -> list[str]:
     for name in figures:
         if name not in {n for n, _ in quoted}:
             found.append(f"registered figure {name!r} is quoted nowhere in the README")
+    for fence in re.findall(r"```.*?```", text, flags=re.S):  # a comment in a code block shows as text
+        for name, _ in quoted_figures(fence):
+            found.append(f"figure {name!r} is marked inside a code block, where the marker would show")
     blocks = sample_blocks(text)
     for name in registry["samples"]:
         if name not in blocks:
