@@ -39,11 +39,17 @@ def find_browser() -> str | None:
     return next((path for path in map(shutil.which, BROWSERS) if path), None)
 
 
-def _run(browser: str, args: list[str], profile: str) -> subprocess.CompletedProcess:
+def run_browser(browser: str, args: list[str], profile: str, budget_ms: int = 10000,
+                local: str | None = None) -> subprocess.CompletedProcess:
+    """Headless Chromium on args (a URL and --dump-dom, --screenshot=...), every host
+    unresolvable but `local` (e.g. 127.0.0.1, a local server), the page's scripts given
+    budget_ms of virtual time."""
+    rules = "MAP * ~NOTFOUND" + (f", EXCLUDE {local}" if local else "")
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--hide-scrollbars",
              "--no-first-run", "--mute-audio", f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0",
-             "--host-resolver-rules=MAP * ~NOTFOUND", "--virtual-time-budget=10000"]
+             f"--host-resolver-rules={rules}", f"--virtual-time-budget={budget_ms}"]
     return subprocess.run([browser, *flags, *args], capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+
 
 
 def _console_errors(stderr: str) -> list[str]:
@@ -71,9 +77,9 @@ def check_report(html_path, screenshot: Path | None = None, *, browser: str | No
     page = Path(html_path).resolve()
     url = page.as_uri()
     with tempfile.TemporaryDirectory(prefix="looplab-chromium-") as profile:
-        dom = _run(browser, ["--dump-dom", url], profile)
+        dom = run_browser(browser, ["--dump-dom", url], profile)
         shot = Path(screenshot) if screenshot else Path(profile) / "shot.png"
-        pic = _run(browser, [f"--screenshot={shot}", "--window-size=1280,1800", url], profile)
+        pic = run_browser(browser, [f"--screenshot={shot}", "--window-size=1280,1800", url], profile)
         found = {"dom_bytes": len(dom.stdout), "console_errors": _console_errors(dom.stderr + pic.stderr)}
         body = re.search(r"<body([^>]*)>", dom.stdout)
         attrs = dict(re.findall(r'(data-[a-z-]+)="([^"]*)"', body.group(1))) if body else {}

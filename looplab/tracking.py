@@ -5,11 +5,14 @@ import the names from here; no experiment, run, tag or metric name is spelled
 anywhere else. Below the names, the thin MLflow helpers the writers use.
 
 The tree: one experiment per sweep (`experiment_name`: sweep and preset), marked as
-a model-training experiment so MLflow's dashboard opens on its runs, not its GenAI
-overview; one parent run per sweep, keyed by the sweep's content (tag `sweep_key`);
-one child run per trial, named by its final stage's key; one nested run per stage,
-keyed by its `stage_key`; one nested run per downstream evaluation (level eval), keyed by
-its `eval_key` (trainables/downstream.py) and nested under the run that trained its stage.
+a model-training experiment (MLflow 3.17's UI opens its runs rather than its GenAI
+overview only through the URL's mode, which looplab/dashboard.py's URLs carry; a saved
+view per sweep, SHARED_VIEW_TAG, shows its trials); one parent run per sweep, keyed by
+the sweep's content (tag `sweep_key`), with the sweep's params (sweep_params: the grid and
+the fixed settings) and its headline metrics (BEST: the best trial's summary columns); one
+child run per trial, named by its final stage's key; one nested run per stage, keyed by
+its `stage_key`; one nested run per downstream evaluation (level eval), keyed by its
+`eval_key` (trainables/downstream.py) and nested under the run that trained its stage.
 Run levels are in the tag `level`.
 
 Metrics:
@@ -61,7 +64,15 @@ PARENT_RUN_TAG = "mlflow.parentRunId"
 RUN_NAME_TAG = "mlflow.runName"
 NOTE_TAG = "mlflow.note.content"  # the run's description in the dashboard (Markdown)
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
-MODEL_TRAINING = "custom_model_development"  # MLflow 3's kind for training experiments
+# MLflow 3's kind for training experiments: the value its UI's kind selector writes for
+# "Machine learning" (the enum ExperimentKind in mlflow/server/js/build/static/js/main.*.js).
+# MLflow 3.17's UI does not choose its GenAI or Model-training mode by it: the dashboard's
+# URLs carry the mode (looplab/dashboard.py).
+MODEL_TRAINING = "custom_model_development"
+# The metric the UI's run charts lead with (an experiment tag the runs page reads).
+PRIMARY_METRIC_TAG = "mlflow.experiment.primaryMetric.name"
+# A saved view of the runs page: the experiment tag SHARED_VIEW_TAG + <id> (looplab/dashboard.py).
+SHARED_VIEW_TAG = "mlflow.sharedViewState."
 
 
 def experiment_name(sweep: str, preset: str) -> str:
@@ -128,6 +139,14 @@ CONTENT_TAGS = (LEVEL, CONFIG_HASH, STAGE_KEY, STAGE_TAG, METHOD, LINEAGE, PAREN
                 SWEEP_KEY, SWEEP_TAG, REUSED, REUSED_FROM, CHECKPOINT, COMMAND, TRIAL_RUN, EVAL_KEY, POLICY_TAG,
                 TASK_TAG, SCAN_AXES, SPEED_KEY)
 SEARCH_PARAM = "search."  # trial params: the searched values, e.g. search.beta, search.seed
+# A sweep run's params: what it searched and what it held fixed (sweep_params): grid.<axis>
+# (the axis' values, e.g. grid.beta = [0.05, 0.25]), points (paired values, e.g. N⊗R pairs),
+# range.<param> (--search optuna: [low, high, scale]) and sweep.<setting> (sweep.preset,
+# sweep.stages, sweep.seeds, sweep.search, sweep.searched.beta = exit.beta, sweep.set.<key>,
+# sweep.stage_set.<stage>.<key>: the keyed overrides).
+GRID_PARAM, POINTS_PARAM, RANGE_PARAM, SWEEP_PARAM = "grid.", "points", "range.", "sweep."
+BEST = "best."  # a sweep run's metrics: the best trial's summary columns, e.g. best.val_ppl
+BEST_TRIAL = "best_trial"  # on a sweep run: the run name of its best trial (by the sweep's metric)
 # A speed point's params (trainables/speed.py): the point (speed.batch, speed.seq_len,
 # speed.policy, speed.dtype, speed.packing, speed.repeats) and the machine that timed it
 # (machine.processor, machine.cpus, machine.threads, machine.device).
@@ -281,6 +300,7 @@ def record_metrics(record: dict[str, Any]) -> dict[str, float]:
 
 # ---- writing: the MLflow helpers ------------------------------------------------------------
 PARAM_BATCH = 100  # MLflow accepts at most 100 params per log_batch call
+PARAM_VALUE_LIMIT = 6000  # characters of a param's value (mlflow.utils.validation.MAX_PARAM_VAL_LENGTH)
 
 
 def client(tracking_uri: str):
@@ -299,8 +319,9 @@ def artifact_location(root: str | Path, experiment: str) -> str:
 
 def ensure_experiment(mlflow_client, name: str, artifact_root: str | Path) -> str:
     """The id of experiment `name`, created with an absolute artifact location and
-    marked as a model-training experiment (MLflow 3 opens an experiment without a
-    kind on its GenAI overview of traces)."""
+    marked as a model-training experiment (EXPERIMENT_KIND_TAG: MODEL_TRAINING, also on
+    an existing experiment without it). MLflow 3.17's UI opens an experiment on its
+    GenAI overview unless the URL asks for the model-training view (looplab/dashboard.py)."""
     found = mlflow_client.get_experiment_by_name(name)
     if found is not None:
         if found.lifecycle_stage == "deleted":
@@ -319,6 +340,11 @@ def ensure_experiment(mlflow_client, name: str, artifact_root: str | Path) -> st
     if found is not None and found.tags.get(EXPERIMENT_KIND_TAG) != MODEL_TRAINING:
         mlflow_client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING)
     return experiment_id
+
+
+def save_view(mlflow_client, experiment_id: str, view_id: str, value: str) -> None:
+    """A saved view of the experiment's runs page (looplab/dashboard.py makes its value)."""
+    mlflow_client.set_experiment_tag(experiment_id, SHARED_VIEW_TAG + view_id, value)
 
 
 def git_sha(repo: str | Path | None = None) -> str:
@@ -341,6 +367,35 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
         else:
             flat[name] = str(list(value) if isinstance(value, tuple) else value)
     return flat
+
+
+def sweep_params(grid: dict[str, list], points, ranges: dict[str, tuple], settings: dict[str, Any]) -> dict[str, str]:
+    """A sweep run's params (the names above): its grid axes with their values, its paired
+    points, its ranges (JSON) and its fixed settings (as config params are, `flatten`);
+    each cut at MLflow's 6,000 characters."""
+    def cut(text: str) -> str:
+        return text if len(text) <= PARAM_VALUE_LIMIT else text[:PARAM_VALUE_LIMIT - 1] + "…"
+
+    params = {GRID_PARAM + name: json.dumps(list(values)) for name, values in grid.items()}
+    if points:
+        params[POINTS_PARAM] = json.dumps([dict(p) for p in points], sort_keys=True)
+    params.update({RANGE_PARAM + name: json.dumps(list(bounds)) for name, bounds in ranges.items()})
+    params.update({SWEEP_PARAM + k: v for k, v in flatten(settings).items()})
+    return {k: cut(v) for k, v in params.items()}
+
+
+def best_metrics(rows: list[dict[str, Any]], metric: str, mode: str, columns) -> tuple[dict[str, float], int | None]:
+    """The sweep run's headline metrics: the summary columns of the best row (by `metric`,
+    min or max; rows without a finite value of it are left out) as best.<column>, and that
+    row's index (None when no row has the metric)."""
+    scored = [(float(r[metric]), i) for i, r in enumerate(rows)
+              if isinstance(r.get(metric), (int, float)) and math.isfinite(float(r[metric]))]
+    if not scored:
+        return {}, None
+    _, index = (min if mode == "min" else max)(scored)
+    row = rows[index]
+    return ({BEST + c: float(row[c]) for c in columns
+             if isinstance(row.get(c), (int, float)) and math.isfinite(float(row[c]))}, index)
 
 
 def config_params(cfg) -> dict[str, str]:
@@ -464,8 +519,13 @@ def close_run(mlflow_client, run_id: str, ok: bool) -> None:
     mlflow_client.set_terminated(run_id, status="FINISHED" if ok else "FAILED")
 
 
+TAG_VALUE_LIMIT = 8000  # characters of a run tag's value (mlflow.utils.validation.MAX_TAG_VAL_LENGTH)
+
+
 def set_description(mlflow_client, run_id: str, markdown: str) -> None:
-    """The run's description on its dashboard page."""
+    """The run's description on its dashboard page (cut at MLflow's limit on a tag's value)."""
+    if len(markdown) > TAG_VALUE_LIMIT:
+        markdown = markdown[:TAG_VALUE_LIMIT - 2] + "\n…"
     mlflow_client.set_tag(run_id, NOTE_TAG, markdown)
 
 

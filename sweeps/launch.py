@@ -25,12 +25,12 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from looplab import tracking
-from looplab.config import ConfigError, config_key
+from looplab import dashboard, tracking
+from looplab.config import ConfigError, config_key, is_keyed
 from sweeps.flags import Common, Launch, fail, parser
 from sweeps.lock import SweepBusy, sweep_lock
-from sweeps.plan import (Resources, Sweep, cpu_share, describe, fit_devices, grid_points, sweep_key, trial_name,
-                         validate, waiting_cpu)
+from sweeps.plan import (Resources, Sweep, compare_initialisations, cpu_share, describe, fit_devices, grid_points,
+                         sweep_key, trial_name, validate, waiting_cpu)
 from sweeps.runtime import console_to_log, write_report
 from trainables.pipeline import stage_configs
 
@@ -56,7 +56,7 @@ def main(description: str, add_flags: Callable[[argparse.ArgumentParser], None] 
     try:
         common, launch = Common.from_args(args), Launch.from_args(args)
         try:
-            sweep = build(common, args)
+            sweep = compare_initialisations(build(common, args), common.init_from)
         except ConfigError as e:  # an override the declaration applied: say it as the flag
             raise overrides_in_flag_terms(e, common) from None
         sweep, points, res, plans = prepare(sweep, launch)
@@ -134,11 +134,6 @@ def check_tracking_uri(uri: str, storage_path: str) -> None:
     destinations.tracking_uri("--tracking-uri", uri)
 
 
-def is_server(uri: str) -> bool:
-    """An MLflow tracking server, as opposed to a store this process opens itself."""
-    return uri.startswith(("http://", "https://"))
-
-
 # ---- the run ---------------------------------------------------------------------------
 
 def run_sweep(sweep: Sweep, launch: Launch, points: list[dict[str, Any]], res: Resources) -> list[dict[str, Any]]:
@@ -167,7 +162,9 @@ def _run_locked(sweep, launch, points, res, store, local, logs, uri, key, experi
     mc = tracking.client(uri)  # imports mlflow, which sets its loggers to INFO
     logging.getLogger("mlflow").setLevel(logging.WARNING)  # its schema-migration chatter
     experiment_id = tracking.ensure_experiment(mc, experiment, store.path("mlflow"))
-    sweep_run = open_sweep_run(mc, experiment_id, run_name, key, sweep.spec.preset, axes=sweep.axes)
+    sweep_run = open_sweep_run(mc, experiment_id, run_name, key, sweep.spec.preset, axes=sweep.axes,
+                               params=sweep_params(sweep, launch))
+    links = publish_dashboard(mc, experiment_id, sweep, launch, sweep_run, run_name, uri)
     platform = PlatformSettings(tracking_uri=uri, storage_path=store.root, experiment=experiment,
                                 sweep_run_id=sweep_run, num_workers=launch.num_workers,
                                 cpus_per_worker=res.cpus_per_worker, gpus_per_worker=launch.gpus_per_worker,
@@ -178,6 +175,7 @@ def _run_locked(sweep, launch, points, res, store, local, logs, uri, key, experi
     env.update({name: os.environ[name] for name in TEST_HOOKS if name in os.environ})
     print(f"sweep {sweep.name} [{key}]: {len(points)} trial point(s); Ray's own output goes to "
           f"{logs / 'ray.log'}", file=sys.stderr)
+    print(links, file=sys.stderr)
     with console_to_log(logs / "ray.log"):
         ray.init(address=launch.address or None, runtime_env={"env_vars": env}, include_dashboard=None,
                  log_to_driver=False, configure_logging=False)
@@ -204,8 +202,10 @@ def _run_locked(sweep, launch, points, res, store, local, logs, uri, key, experi
                          else ("reused" if metrics.get("skipped") else "done")})
         report = write_report(uri, experiment, sweep_run, local / "analysis" / run_name)
         table = summary_table(sweep, rows)
-        describe_sweep_run(mc, sweep_run, sweep, table, report)
-        print_summary(table, uri, experiment, sweep_run, store, local, run_name, report)
+        log_headline(mc, sweep_run, sweep, rows)
+        links = publish_summary_view(mc, experiment_id, sweep, launch, sweep_run, run_name, uri, rows) or links
+        describe_sweep_run(mc, sweep_run, sweep, table, report, experiment_id=experiment_id, view=run_name)
+        print_summary(table, uri, experiment, sweep_run, store, local, run_name, report, links)
         if evaluation is not None:  # how many evaluations ran, how many the store already had
             print(evaluation.line())
         return rows
@@ -214,16 +214,18 @@ def _run_locked(sweep, launch, points, res, store, local, logs, uri, key, experi
             ray.shutdown()
 
 
-def open_sweep_run(mc, experiment_id: str, run_name: str, key: str, preset: str, axes: tuple[str, ...] = ()) -> str:
+def open_sweep_run(mc, experiment_id: str, run_name: str, key: str, preset: str, axes: tuple[str, ...] = (),
+                   params: dict[str, str] | None = None) -> str:
     """The sweep's one parent run, keyed by the sweep's content: created once, adopted
-    by every later invocation of the same sweep (set RUNNING while it runs). Runs an
+    by every later invocation of the same sweep (set RUNNING while it runs), with the
+    sweep's params (sweep_params; a run an older invocation made gets them too). Runs an
     earlier invocation left RUNNING under it belong to processes that died: they are
     closed as KILLED, pointing to this invocation; the trials reopen them as they run."""
     sweep_run, status = tracking.open_run(
         mc, experiment_id, name=run_name, key={tracking.LEVEL: tracking.SWEEP, tracking.SWEEP_KEY: key},
         tags={tracking.PRESET: preset, tracking.GIT_SHA: tracking.git_sha(),
               tracking.COMMAND: " ".join(shlex.quote(a) for a in sys.argv),
-              **({tracking.SCAN_AXES: ",".join(axes)} if axes else {})})
+              **({tracking.SCAN_AXES: ",".join(axes)} if axes else {})}, params=params)
     if status == "FINISHED":
         mc.update_run(sweep_run, status="RUNNING")
     if axes and status != "NEW":  # a declaration's axes, also on a run an older invocation made
@@ -233,6 +235,68 @@ def open_sweep_run(mc, experiment_id: str, run_name: str, key: str, preset: str,
         if closed:
             print(f"closed {closed} run(s) an interrupted invocation of this sweep left RUNNING", file=sys.stderr)
     return sweep_run
+
+
+def searched_names(sweep: Sweep, launch: Launch) -> list[str]:
+    """The params the sweep varies, in declaration order: the grid's axes and the paired
+    points' keys (--search optuna: the ranges), and the seed when there are several."""
+    if launch.search == "grid":
+        names = [*sweep.grid, *(k for p in sweep.points for k in p)]
+    else:
+        names = list(sweep.ranges)
+    names += ["seed"] if len(launch.seeds) > 1 else []
+    return list(dict.fromkeys(names))
+
+
+def sweep_params(sweep: Sweep, launch: Launch) -> dict[str, str]:
+    """The sweep run's params (tracking.sweep_params): the grid (or the ranges) and the
+    fixed settings, those that enter the sweep key (sweeps/plan.sweep_key), so a run
+    adopted by a later invocation of the same sweep has the same values."""
+    spec = sweep.spec
+    settings = {"preset": spec.preset, "stages": ",".join(spec.stages), "seeds": list(launch.seeds),
+                "search": launch.search, "scheduler": launch.scheduler, "searched": dict(spec.searched),
+                "arms": {arm: ",".join(stages) for arm, stages in spec.arms.items()},
+                "set": {k: v for k, v in spec.overrides.items() if is_keyed(k)},
+                "stage_set": {stage: {k: v for k, v in o.items() if is_keyed(k)}
+                              for stage, o in spec.stage_overrides.items()}}
+    if launch.search != "grid":
+        settings["num_samples"] = launch.num_samples
+    grid = sweep.grid if launch.search == "grid" else {}
+    points = sweep.points if launch.search == "grid" else ()
+    ranges = sweep.ranges if launch.search != "grid" else {}
+    return tracking.sweep_params(grid, points, ranges, settings)
+
+
+def publish_dashboard(mc, experiment_id: str, sweep: Sweep, launch: Launch, sweep_run: str, run_name: str,
+                      uri: str, trial_runs: list[str] | None = None) -> str:
+    """The sweep's saved view of its trials (named by the sweep run's name: its searched
+    params and headline metrics as columns, looplab/dashboard.py) and the experiment's
+    primary metric; returns the lines that say where to look. The view shows the trials
+    under the sweep run, or `trial_runs` (the summary's rows, when some of them are
+    trials an earlier sweep ran: they stay under that sweep's run)."""
+    run_filter = dashboard.runs_filter(trial_runs) if trial_runs else dashboard.trials_filter(sweep_run)
+    state = dashboard.sweep_view(run_filter, searched_names(sweep, launch), sweep.columns)
+    created = mc.get_run(sweep_run).info.start_time or 0  # the run's: no timestamp of this invocation
+    tracking.save_view(mc, experiment_id, run_name, dashboard.view_tag_value(run_name, state, created))
+    mc.set_experiment_tag(experiment_id, tracking.PRIMARY_METRIC_TAG, sweep.metric)
+    return dashboard_text(uri, experiment_id, run_name, sweep_run)
+
+
+def publish_summary_view(mc, experiment_id: str, sweep: Sweep, launch: Launch, sweep_run: str, run_name: str,
+                         uri: str, rows: list[dict[str, Any]]) -> str | None:
+    """At the end: when some of the summary's trials are runs an earlier sweep started (reused,
+    so under that sweep's run), the view lists the summary's trial runs by id instead; returns
+    the new lines, or None when the view stays as it was."""
+    trial_runs = find_trial_runs(mc, experiment_id, [r[tracking.STAGE_KEY] for r in rows])
+    if not set(trial_runs.values()) - {sweep_run}:
+        return None
+    return publish_dashboard(mc, experiment_id, sweep, launch, sweep_run, run_name, uri, list(trial_runs))
+
+
+def dashboard_text(uri: str, experiment_id: str, view: str, sweep_run: str) -> str:
+    """dashboard: then, indented, the command that serves a local store and the URLs."""
+    lines = dashboard.dashboard_lines(uri, experiment_id, view, sweep_run)
+    return "\n".join(f"{'dashboard:' if i == 0 else '':13s}{line}" for i, line in enumerate(lines))
 
 
 def close_orphans(mc, experiment_id: str, sweep_run: str) -> int:
@@ -369,20 +433,54 @@ def summary_table(sweep: Sweep, rows: list[dict[str, Any]]) -> list[list[str]]:
     return [header, *body]
 
 
-def describe_sweep_run(mc, sweep_run: str, sweep: Sweep, table: list[list[str]], report: dict[str, Path]) -> None:
-    """The sweep run's description on the dashboard: the summary table and where the report is."""
+def find_trial_runs(mc, experiment_id: str, stage_keys: list[str]) -> dict[str, str | None]:
+    """The trial runs of these final stage keys, each with its parent run (the sweep run
+    that started it): one paged query over the experiment's trials."""
+    wanted, found, token = set(stage_keys), {}, None
+    while True:
+        page = mc.search_runs([experiment_id], filter_string=f"tags.{tracking.LEVEL} = '{tracking.TRIAL}'",
+                              max_results=5000, page_token=token)
+        found.update({r.info.run_id: r.data.tags.get(tracking.PARENT_RUN_TAG) for r in page
+                      if r.data.tags.get(tracking.STAGE_KEY) in wanted})
+        token = page.token
+        if not token:
+            return found
+
+
+def log_headline(mc, sweep_run: str, sweep: Sweep, rows: list[dict[str, Any]]) -> None:
+    """The sweep run's headline metrics: the best trial's summary columns (best.<column>,
+    by the sweep's metric and mode), and the best trial's run name as a tag."""
+    metrics, best = tracking.best_metrics(rows, sweep.metric, sweep.mode, sweep.columns)
+    if best is None:
+        return
+    tracking.log_metrics(mc, sweep_run, metrics)
+    mc.set_tag(sweep_run, tracking.BEST_TRIAL, tracking.trial_run_name(rows[best][tracking.STAGE_KEY]))
+
+
+def describe_sweep_run(mc, sweep_run: str, sweep: Sweep, table: list[list[str]], report: dict[str, Path],
+                       experiment_id: str | None = None, view: str | None = None) -> None:
+    """The sweep run's description on the dashboard: the summary table, a link to the
+    trials' view, and links to the report's files (artifacts of this run, under analysis/)."""
     header, *body = table
     lines = [f"**{sweep.name}** on preset `{sweep.spec.preset}`", "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header),
              *("| " + " | ".join(row) + " |" for row in body)]
+    if experiment_id is not None and view:
+        lines += ["", f"[The trials, one row each]({'#' + dashboard.runs_route(experiment_id, view)})"]
+    if report:  # the report, its headline figure and its tables; every file is in the run's artifacts
+        shown = [name for name in ("report.html", "frontier.png", "tables/tables.md") if name in report]
+        shown += ["tables"] if any(name.startswith("tables/") for name in report) else []
+        files = [f"[{name}]({'#' + dashboard.run_route(experiment_id, sweep_run, 'analysis/' + name)})"
+                 if experiment_id is not None else f"`analysis/{name}`" for name in shown]
+        lines += ["", f"Report: {' · '.join(files)} (all {len(report)} files: this run's artifacts, under "
+                      "`analysis/`)"]
     if "report.html" in report:
-        lines += ["", "Report: the run's artifact `analysis/report.html` (frontiers, tables, plots), "
-                      f"also at `{report['report.html']}`."]
+        lines += ["", f"On this machine: `{report['report.html']}`."]
     tracking.set_description(mc, sweep_run, "\n".join(lines))
 
 
 def print_summary(table: list[list[str]], uri: str, experiment: str, sweep_run: str, store, local: Path,
-                  run_name: str, report: dict[str, Path] | None = None) -> None:
+                  run_name: str, report: dict[str, Path] | None = None, links: str | None = None) -> None:
     header, *body = table
     widths = [max(len(h), *(len(row[i]) for row in body)) if body else len(h) for i, h in enumerate(header)]
     print("\n" + "  ".join(h.ljust(w) for h, w in zip(header, widths)))
@@ -390,7 +488,7 @@ def print_summary(table: list[list[str]], uri: str, experiment: str, sweep_run: 
     for row in body:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)))
     print(f"\nMLflow:      {uri}  experiment {experiment!r}, sweep run {sweep_run}")
-    print(f"dashboard:   {uri}" if is_server(uri) else f"dashboard:   mlflow ui --backend-store-uri {uri}")
+    print(links or f"dashboard:   {uri if dashboard.is_server(uri) else dashboard.server_command(uri)}")
     print(f"checkpoints: {store.path('stages')}")
     print(f"Ray results: {store.path('ray_tune', run_name)}  (Ray's log: {local / 'logs' / 'ray.log'})")
     if report:

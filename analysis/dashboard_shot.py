@@ -1,0 +1,157 @@
+"""Serve a store's MLflow dashboard and look at a sweep's view of it in headless Chromium:
+what a new user sees at the URL a sweep prints (looplab/dashboard.py). By hand:
+
+    python -m analysis.dashboard_shot --tracking-uri sqlite:///runs/beta/mlflow.db \
+        --experiment beta_ablation-debug --out docs/figures/dashboard.png
+
+It starts `mlflow server` on a free local port (a tracking server's URI is used as it
+is), opens the newest sweep run's view (or --sweep-run's), saves the screenshot and
+prints what the rendered page shows: the view (runs table or GenAI overview), the
+columns and the cells of the table. Exit status 0 when the runs table rendered with
+rows, 1 when not, 2 when there is no browser.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import html
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Iterator
+
+from analysis.screenshot import find_browser, run_browser
+from looplab import dashboard, tracking
+
+SERVER_START_S = 90  # `mlflow server` answers in ~9 s on a quiet machine
+BUDGET_MS = 15000  # virtual time for the single-page app's requests and rendering
+WINDOW = (1600, 820)
+# What the rendered DOM says about the page: the runs table's footer and its cells, or the
+# GenAI overview's charts.
+RUNS_MARKER = "matching runs"
+GENAI_MARKERS = ("Latency", "Overview")
+CELL = re.compile(r'role="gridcell" col-id="([^"]+)"[^>]*>(?:<[^>]*>)*?<span[^>]*class="ag-cell-value"[^>]*>([^<]*)<')
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serve(tracking_uri: str, port: int | None = None, log: Path | None = None) -> Iterator[str]:
+    """The dashboard's base URL: a tracking server's own, or a local `mlflow server` over
+    the store (one worker, stopped on exit)."""
+    if dashboard.is_server(tracking_uri):
+        yield tracking_uri.rstrip("/")
+        return
+    port = port or free_port()
+    mlflow = shutil.which("mlflow")
+    command = [mlflow] if mlflow else [sys.executable, "-m", "mlflow"]
+    command += ["server", "--backend-store-uri", tracking_uri, "--host", dashboard.LOCAL_HOST, "--port", str(port),
+                "--workers", "1"]
+    out = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115 - closed below
+    server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    base = dashboard.base_url(tracking_uri, port=port)
+    try:
+        deadline = time.monotonic() + SERVER_START_S
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base}/health", timeout=2) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                pass
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"mlflow server did not answer at {base} (status {server.poll()}; "
+                                   f"{'log: ' + str(log) if log else 'no log'})")
+            time.sleep(0.5)
+        yield base
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGTERM)  # the server and its uvicorn worker: its own session
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+        if log:
+            out.close()
+
+
+def sweep_route(tracking_uri: str, experiment: str, sweep_run: str | None = None) -> str:
+    """The route of a sweep's view (the newest sweep run of the experiment by default)."""
+    mc = tracking.client(tracking_uri)
+    found = mc.get_experiment_by_name(experiment)
+    if found is None:
+        raise LookupError(f"no experiment {experiment!r} in {tracking_uri}")
+    if sweep_run is None:
+        runs = mc.search_runs([found.experiment_id], filter_string=f"tags.{tracking.LEVEL} = '{tracking.SWEEP}'",
+                              order_by=["attributes.start_time DESC"], max_results=1)
+        if not runs:
+            raise LookupError(f"no sweep run in experiment {experiment!r}")
+        sweep_run = runs[0].info.run_id
+    name = mc.get_run(sweep_run).info.run_name  # the view's id (sweeps/launch.publish_dashboard)
+    return dashboard.runs_route(found.experiment_id, name)
+
+
+def cells(dom: str) -> dict[str, list[str]]:
+    """The runs table's cells by column id, e.g. {"params.`search.beta`": ["0.05", "0.25"]}."""
+    found: dict[str, list[str]] = {}
+    for column, value in CELL.findall(dom):
+        found.setdefault(html.unescape(column), []).append(html.unescape(value))
+    return found
+
+
+def render(url: str, screenshot: Path | None = None, *, browser: str | None = None,
+           window: tuple[int, int] = WINDOW) -> dict:
+    """The page at url after its scripts ran: "dom", "view" (runs | genai | unknown),
+    "cells" (the runs table's), "screenshot" (its path, when asked for). Raises
+    FileNotFoundError without a browser."""
+    browser = browser or find_browser()
+    if browser is None:
+        raise FileNotFoundError("no Chromium found (apt-get install -y chromium, or set LOOPLAB_CHROMIUM)")
+    with tempfile.TemporaryDirectory(prefix="looplab-chromium-") as profile:
+        args = ["--dump-dom", f"--window-size={window[0]},{window[1]}", url]
+        if screenshot is not None:
+            Path(screenshot).parent.mkdir(parents=True, exist_ok=True)
+            args.insert(0, f"--screenshot={Path(screenshot).resolve()}")
+        done = run_browser(browser, args, profile, budget_ms=BUDGET_MS, local=urllib.parse.urlsplit(url).hostname)
+    dom = done.stdout
+    view = ("runs" if RUNS_MARKER in dom else "genai" if all(m in dom for m in GENAI_MARKERS) else "unknown")
+    return {"dom": dom, "view": view, "cells": cells(dom), "status": done.returncode,
+            "screenshot": str(screenshot) if screenshot is not None else None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="Screenshot a sweep's MLflow dashboard view in headless Chromium.")
+    p.add_argument("--tracking-uri", required=True, help="sqlite:///PATH (served here) or http://HOST:PORT")
+    p.add_argument("--experiment", required=True, help="the sweep's experiment, e.g. beta_ablation-debug")
+    p.add_argument("--sweep-run", default=None, help="the sweep run's id (default: the newest sweep run)")
+    p.add_argument("--out", default="docs/figures/dashboard.png", help="where to save the screenshot (PNG)")
+    args = p.parse_args(argv)
+    if find_browser() is None:
+        print("error: no Chromium found (apt-get install -y chromium, or set LOOPLAB_CHROMIUM)", file=sys.stderr)
+        return 2
+    route = sweep_route(args.tracking_uri, args.experiment, args.sweep_run)
+    with serve(args.tracking_uri) as base:
+        found = render(dashboard.url(base, route), Path(args.out))
+    print(f"url: {dashboard.url(base, route)}\nview: {found['view']}\nscreenshot: {found['screenshot']}")
+    for column, values in found["cells"].items():
+        print(f"{column}: {', '.join(values)}")
+    return 0 if found["view"] == "runs" and found["cells"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
