@@ -141,7 +141,8 @@ def cmd_measure(names: list[str]) -> int:
             shutil.rmtree(ROOT / path, ignore_errors=True)
         print(f"measuring {name}: {entry['command']}", file=sys.stderr)
         seconds, output = run(entry["command"])
-        entry.update(value=duration(seconds), measured=time.strftime("%Y-%m-%d"), cores=os.cpu_count())
+        entry.update(value=duration(seconds), measured=time.strftime("%Y-%m-%d"), cores=os.cpu_count(),
+                     source=f"python scripts/readme_figures.py measure {name}")
         text = rewrite_figure(text, name, entry["value"])
         print(f"{name}: {entry['value']}", file=sys.stderr)
         sample = entry.get("sample")
