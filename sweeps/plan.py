@@ -296,8 +296,9 @@ def trial_name(params: dict[str, Any]) -> str:
     """A trial's name and Ray Tune folder: its params, readable (cut at 80 characters),
     then their digest, which tells apart trials the cut leaves alike."""
     readable = "trial-" + "-".join(f"{k}{v}" for k, v in sorted(params.items()))[:80]
-    # A value may be a path (--init-from): the name is also a folder, so no separators.
-    readable = re.sub(r"[^A-Za-z0-9._=+-]", "_", readable)
+    # A value may be a path (--init-from): the name is also a folder, so no path
+    # separators (names without one, every name before --init-from, stay as they were).
+    readable = re.sub(r"[/\\]", "_", readable)
     return keyed_name(readable, digest(params, TRIAL_NAME_KEY_LENGTH, LENIENT))
 
 
