@@ -19,7 +19,7 @@ import readme_figures as rf  # noqa: E402
 
 README = (ROOT / "README.md").read_text()
 REGISTRY = rf.load_registry()
-DURATION = re.compile(r"\b\d+(?:\.\d+)? ?(?:min|minutes?|s|seconds?|h|hours?)\b")
+DURATION = re.compile(r"\b\d+(?:[.–-]\d+)? ?(?:min|minutes?|s|seconds?|h|hours?)\b")
 
 
 def opening() -> str:
@@ -47,9 +47,15 @@ def test_every_quoted_figure_is_a_registered_measurement():
         assert entry.get("measured"), name
 
 
-def test_the_opening_quotes_no_timing_outside_the_registry():
-    unmarked = rf.FIGURE.sub("", opening())
+def test_the_readme_quotes_no_timing_outside_the_registry():
+    """Every duration in the README's prose is a registered figure or one of the
+    registry's settings (a progress interval, a budget): none is left to go stale."""
+    unmarked = rf.FIGURE.sub("", README)
     unmarked = re.sub(r"```.*?```", "", unmarked, flags=re.S)  # commands and samples
+    unmarked = re.sub(r"\s+", " ", unmarked)
+    for setting in REGISTRY["settings"]:
+        assert setting in unmarked, f"registered setting {setting!r} is no longer in the README"
+        unmarked = unmarked.replace(setting, "")
     assert DURATION.findall(unmarked) == []
 
 
