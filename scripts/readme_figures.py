@@ -1,10 +1,11 @@
 """The README's quoted figures and sample outputs, kept true by measurement.
 
-Every timing the README quotes is written `<!--fig:NAME-->3 min 8 s<!--/fig-->` (the
-comment is invisible on the rendered page) and registered in docs/readme_figures.json
-with the command that produced it, how it was measured and when. Every sample output is
-a block between `<!--sample:NAME-->` and `<!--/sample-->` whose lines are the command's
-output, filtered to the lines the README shows. tests/test_readme.py checks the two
+Every timing the README (and the docs it hands detail to, the registry's "documents")
+quotes is written `<!--fig:NAME-->3 min 8 s<!--/fig-->` (the comment is invisible on the
+rendered page) and registered in docs/readme_figures.json with the command that produced
+it, how it was measured and when. Every sample output is a block between
+`<!--sample:NAME-->` and `<!--/sample-->` whose lines are the command's output, filtered
+to the lines the README shows. tests/test_readme.py checks the two
 agree and regenerates the fast samples; .ci/run checks the main job's table against the
 run it just made. This script re-measures and rewrites:
 
@@ -41,6 +42,12 @@ def load_registry() -> dict:
     return json.loads(REGISTRY.read_text())
 
 
+def load_documents(registry: dict | None = None) -> dict[str, str]:
+    """Each document the registry covers (README.md first), by its path from the root."""
+    names = (registry or load_registry())["documents"]
+    return {name: (ROOT / name).read_text() for name in names}
+
+
 def duration(seconds: float) -> str:
     """How the README writes a wall time: 49 s, 3 min 8 s, 1 h 2 min."""
     s = int(round(seconds))
@@ -61,7 +68,8 @@ def sample_blocks(text: str) -> dict[str, str]:
 
 
 def problems(text: str, registry: dict) -> list[str]:
-    """Where the README and the registry disagree (empty when they agree)."""
+    """Where the documents (their texts joined) and the registry disagree (empty when
+    they agree)."""
     found, figures = [], registry["figures"]
     quoted = quoted_figures(text)
     for name, value in quoted:
@@ -129,8 +137,15 @@ def rewrite_sample(text: str, name: str, lines: list[str]) -> str:
                   lambda _: f"<!--sample:{name}-->\n```text\n{body}```\n<!--/sample-->", text, flags=re.S)
 
 
+def write_documents(texts: dict[str, str]) -> None:
+    for name, text in texts.items():
+        if (ROOT / name).read_text() != text:
+            (ROOT / name).write_text(text)
+
+
 def cmd_measure(names: list[str]) -> int:
-    registry, text = load_registry(), README.read_text()
+    registry = load_registry()
+    texts = load_documents(registry)
     for name in names:
         entry = registry["figures"].get(name)
         if entry is None:
@@ -143,28 +158,32 @@ def cmd_measure(names: list[str]) -> int:
         seconds, output = run(entry["command"])
         entry.update(value=duration(seconds), measured=time.strftime("%Y-%m-%d"), cores=os.cpu_count(),
                      source=f"python scripts/readme_figures.py measure {name}")
-        text = rewrite_figure(text, name, entry["value"])
+        texts = {doc: rewrite_figure(text, name, entry["value"]) for doc, text in texts.items()}
         print(f"{name}: {entry['value']}", file=sys.stderr)
         sample = entry.get("sample")
         if sample:
-            text = rewrite_sample(text, sample, kept_lines(output, registry["samples"][sample]["keep"]))
+            lines = kept_lines(output, registry["samples"][sample]["keep"])
+            texts = {doc: rewrite_sample(text, sample, lines) for doc, text in texts.items()}
     REGISTRY.write_text(json.dumps(registry, indent=2, ensure_ascii=False) + "\n")
-    README.write_text(text)
+    write_documents(texts)
     return 0
 
 
 def cmd_sample(names: list[str]) -> int:
-    registry, text = load_registry(), README.read_text()
+    registry = load_registry()
+    texts = load_documents(registry)
     for name in names:
         entry = registry["samples"][name]
         _, output = run(entry["command"])
-        text = rewrite_sample(text, name, kept_lines(output, entry["keep"]))
-    README.write_text(text)
+        lines = kept_lines(output, entry["keep"])
+        texts = {doc: rewrite_sample(text, name, lines) for doc, text in texts.items()}
+    write_documents(texts)
     return 0
 
 
 def cmd_check_sample(name: str, output_file: Path) -> int:
-    registry, text = load_registry(), README.read_text()
+    registry = load_registry()
+    text = "\n".join(load_documents(registry).values())
     entry = registry["samples"][name]
     shown = sample_blocks(text)[name].splitlines()
     produced = kept_lines(output_file.read_text(), entry["keep"])
@@ -180,7 +199,8 @@ def cmd_check_sample(name: str, output_file: Path) -> int:
 
 
 def cmd_check() -> int:
-    found = problems(README.read_text(), load_registry())
+    registry = load_registry()
+    found = problems("\n".join(load_documents(registry).values()), registry)
     for p in found:
         print(p, file=sys.stderr)
     return 1 if found else 0

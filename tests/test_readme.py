@@ -17,8 +17,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 import readme_figures as rf  # noqa: E402
 
-README = (ROOT / "README.md").read_text()
 REGISTRY = rf.load_registry()
+DOCUMENTS = rf.load_documents(REGISTRY)  # the README and the docs it hands detail to
+README = DOCUMENTS["README.md"]
+ALL = "\n".join(DOCUMENTS.values())
 DURATION = re.compile(r"\b\d+(?:[.–-]\d+)? ?(?:min|minutes?|s|seconds?|h|hours?)\b")
 
 
@@ -41,16 +43,17 @@ def test_the_readme_opens_with_the_two_commands_ci_runs():
 
 
 def test_every_quoted_figure_is_a_registered_measurement():
-    assert rf.problems(README, REGISTRY) == []
+    assert rf.problems(ALL, REGISTRY) == []
     for name, entry in REGISTRY["figures"].items():
         assert entry.get("command") or entry.get("source"), f"{name}: where does it come from?"
         assert entry.get("measured"), name
 
 
 def test_the_readme_quotes_no_timing_outside_the_registry():
-    """Every duration in the README's prose is a registered figure or one of the
-    registry's settings (a progress interval, a budget): none is left to go stale."""
-    unmarked = rf.FIGURE.sub("", README)
+    """Every duration in the prose of the README (and of the docs it hands detail to) is
+    a registered figure or one of the registry's settings (a progress interval, a
+    budget): none is left to go stale."""
+    unmarked = rf.FIGURE.sub("", ALL)
     unmarked = re.sub(r"```.*?```", "", unmarked, flags=re.S)  # commands and samples
     unmarked = re.sub(r"\s+", " ", unmarked)
     for setting in REGISTRY["settings"]:
@@ -61,8 +64,8 @@ def test_the_readme_quotes_no_timing_outside_the_registry():
 
 def test_a_figure_the_readme_quotes_differently_is_caught():
     name, value = rf.quoted_figures(README)[0]
-    wrong = README.replace(f"<!--fig:{name}-->{value}<", f"<!--fig:{name}-->about 2.5 minutes<", 1)
-    assert wrong != README
+    wrong = ALL.replace(f"<!--fig:{name}-->{value}<", f"<!--fig:{name}-->about 2.5 minutes<", 1)
+    assert wrong != ALL
     assert any(name in p for p in rf.problems(wrong, REGISTRY))
 
 
@@ -72,12 +75,12 @@ def test_dry_run_samples_are_what_the_command_prints(name):
     done = subprocess.run(entry["command"], shell=True, cwd=ROOT, capture_output=True, text=True, timeout=300)
     produced = rf.kept_lines(done.stdout + done.stderr, entry["keep"])
     assert produced, done.stderr[-2000:]
-    assert rf.sample_blocks(README)[name].splitlines() == produced
+    assert rf.sample_blocks(ALL)[name].splitlines() == produced
 
 
 def test_the_main_jobs_tables_have_a_row_per_beta():
     for name in ("beta_debug", "main_job"):
-        lines = rf.sample_blocks(README)[name].splitlines()
+        lines = rf.sample_blocks(ALL)[name].splitlines()
         assert lines[0].split()[:3] == ["beta", "seed", "val_ppl"], name
         assert [line.split()[0] for line in lines[2:]] == ["0.05", "0.1", "0.25", "0.5", "1"], name
 
