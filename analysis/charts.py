@@ -232,14 +232,15 @@ def axis_chart(table: pl.DataFrame, axes: list[Axis], keys: list[str], quality: 
         colour = PALETTE[i % len(PALETTE)]
         pts = [Point(r["_x"], r[qlabel], f"{first.name}={r[first.name]} (seeds: {r['seeds']})", r[low], r[high])
                for r in group.iter_rows(named=True) if r[qlabel] is not None]
-        series.append(Series(" · ".join(filter(None, (name, "full depth"))), colour, pts, [(p.x, p.y) for p in pts],
-                             "linear"))
+        # A line joins the values of a numeric axis; categories (N⊗R, arms) are points only.
+        series.append(Series(" · ".join(filter(None, (name, "full depth"))), colour, pts,
+                             [(p.x, p.y) for p in pts] if numeric else [], "linear"))
         if skip_label:
             pts = [Point(r["_x"], r[f"{skip_label} {qlabel}"], f"{first.name}={r[first.name]} · {skip_label}",
                          r["_skip_low"], r["_skip_high"])
                    for r in group.iter_rows(named=True) if r[f"{skip_label} {qlabel}"] is not None]
             series.append(Series(" · ".join(filter(None, (name, skip_label))), colour, pts,
-                                 [(p.x, p.y) for p in pts], "linear", dashed=True))
+                                 [(p.x, p.y) for p in pts] if numeric else [], "linear", dashed=True))
     ys = [p.y for s in series for p in s.points]
     xs_pos = [x for x in xs if x is not None]
     log_x = numeric and bool(xs_pos) and min(xs_pos) > 0 and max(xs_pos) / min(xs_pos) > 10

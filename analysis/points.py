@@ -255,7 +255,8 @@ def _trial_identity(trials: pl.DataFrame) -> pl.DataFrame:
     # named and written as the report writes an axis (analysis/axis.py)
     n_layers, n_loops = _param(t, "model.n_layers"), _param(t, "model.n_loops")
     search = PARAM + tracking.SEARCH_PARAM
-    searched = [c for c in params if c.startswith(search) and c != search + "seed"]
+    # (N and R are the label's N⊗R already.)
+    searched = [c for c in params if c.startswith(search) and c[len(search):] not in ("seed", "n_layers", "n_loops")]
     return t.with_columns(
         _param(t, "train.seed").cast(pl.Int64, strict=False).alias("seed"),
         pl.concat_str(n_layers.cast(pl.String), pl.lit("⊗"), n_loops.cast(pl.String)).alias("model"),
