@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from looplab import dashboard, tracking
-from looplab.config import ConfigError, config_key, is_keyed
+from looplab.config import ConfigError, config_key
 from sweeps.flags import Common, Launch, fail, parser
 from sweeps.lock import SweepBusy, sweep_lock
 from sweeps.plan import (Resources, Sweep, compare_initialisations, cpu_share, describe, fit_devices, grid_points,
-                         sweep_key, trial_name, validate, waiting_cpu)
+                         keyed_declaration, sweep_key, trial_name, validate, waiting_cpu)
 from sweeps.runtime import console_to_log, write_report
 from trainables.pipeline import stage_configs
 
@@ -250,21 +250,19 @@ def searched_names(sweep: Sweep, launch: Launch) -> list[str]:
 
 def sweep_params(sweep: Sweep, launch: Launch) -> dict[str, str]:
     """The sweep run's params (tracking.sweep_params): the grid (or the ranges) and the
-    fixed settings, those that enter the sweep key (sweeps/plan.sweep_key), so a run
-    adopted by a later invocation of the same sweep has the same values."""
-    spec = sweep.spec
-    settings = {"preset": spec.preset, "stages": ",".join(spec.stages), "seeds": list(launch.seeds),
-                "search": launch.search, "scheduler": launch.scheduler, "searched": dict(spec.searched),
-                "arms": {arm: ",".join(stages) for arm, stages in spec.arms.items()},
-                "set": {k: v for k, v in spec.overrides.items() if is_keyed(k)},
-                "stage_set": {stage: {k: v for k, v in o.items() if is_keyed(k)}
-                              for stage, o in spec.stage_overrides.items()}}
-    if launch.search != "grid":
-        settings["num_samples"] = launch.num_samples
-    grid = sweep.grid if launch.search == "grid" else {}
-    points = sweep.points if launch.search == "grid" else ()
-    ranges = sweep.ranges if launch.search != "grid" else {}
-    return tracking.sweep_params(grid, points, ranges, settings)
+    fixed settings, read from what the sweep key hashes (sweeps/plan.keyed_declaration),
+    so a run adopted by a later invocation of the same sweep has the same values."""
+    declared = keyed_declaration(sweep, launch)
+    spec = declared["spec"]
+    settings = {"preset": spec["preset"], "stages": ",".join(spec["stages"]), "seeds": list(declared["seeds"]),
+                "search": declared["search"], "scheduler": declared["scheduler"], "searched": spec["searched"],
+                "arms": {arm: ",".join(stages) for arm, stages in spec["arms"].items()},
+                "set": spec["overrides"], "stage_set": spec["stage_overrides"]}
+    grid_search = launch.search == "grid"
+    if not grid_search:
+        settings["num_samples"] = declared["num_samples"]
+    return tracking.sweep_params(declared["grid"] if grid_search else {}, declared["points"] if grid_search else (),
+                                 {} if grid_search else declared["ranges"], settings)
 
 
 def publish_dashboard(mc, experiment_id: str, sweep: Sweep, launch: Launch, sweep_run: str, run_name: str,

@@ -279,17 +279,23 @@ def in_flag_terms(error: ConfigError, sweep: Sweep, point: dict[str, Any]) -> Co
 
 # ---- naming --------------------------------------------------------------------------
 
-def sweep_key(sweep: Sweep, launch: Launch) -> str:
-    """Names the sweep's Ray Tune run: its declaration, never a timestamp. LENIENT: the
-    JSON form stored sweep keys were made in (looplab/keys.py)."""
-    spec = sweep.spec.to_dict()  # unkeyed overrides (micro-batching, cadence) name the same sweep
+def keyed_declaration(sweep: Sweep, launch: Launch) -> dict[str, Any]:
+    """What names a sweep: its declaration with the keyed overrides only (micro-batching
+    and cadence name the same sweep), the search and the seeds. sweep_key hashes it; the
+    sweep run's params show it (sweeps/launch.sweep_params)."""
+    spec = sweep.spec.to_dict()
     spec["overrides"] = {k: v for k, v in spec["overrides"].items() if is_keyed(k)}
     spec["stage_overrides"] = {s: {k: v for k, v in o.items() if is_keyed(k)} for s, o in spec["stage_overrides"].items()}
     spec["stage_overrides"] = {s: o for s, o in spec["stage_overrides"].items() if o}
-    return digest({"spec": spec, "grid": sweep.grid, "points": sweep.points,
-                   "ranges": sweep.ranges,
-                   "search": launch.search, "num_samples": launch.num_samples, "seeds": launch.seeds,
-                   "scheduler": launch.scheduler}, SWEEP_KEY_LENGTH, LENIENT)
+    return {"spec": spec, "grid": sweep.grid, "points": sweep.points, "ranges": sweep.ranges,
+            "search": launch.search, "num_samples": launch.num_samples, "seeds": launch.seeds,
+            "scheduler": launch.scheduler}
+
+
+def sweep_key(sweep: Sweep, launch: Launch) -> str:
+    """Names the sweep's Ray Tune run: its declaration, never a timestamp. LENIENT: the
+    JSON form stored sweep keys were made in (looplab/keys.py)."""
+    return digest(keyed_declaration(sweep, launch), SWEEP_KEY_LENGTH, LENIENT)
 
 
 def trial_name(params: dict[str, Any]) -> str:
