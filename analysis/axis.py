@@ -53,6 +53,20 @@ def param_name(param: str) -> str:
     return NAMES.get(param, param)
 
 
+def formatted(param: str) -> pl.Expr:
+    """A searched param's column (search.<param>) as the report writes its values."""
+    return pl.col(SEARCH + param).map_elements(lambda v: format_value(v, param), return_dtype=pl.String)
+
+
+def searched_label(params: list[str]) -> pl.Expr:
+    """"β=0.25 hole probability=0.5": these searched params named and written as the
+    report writes them (a configuration's label); "" for none."""
+    if not params:
+        return pl.lit("")
+    return pl.concat_str([pl.lit(param_name(p) + "=") + formatted(p) for p in params], separator=" ",
+                         ignore_nulls=True)
+
+
 @dataclass(frozen=True)
 class Axis:
     name: str  # what the report calls it: β, N⊗R, depth range
@@ -65,8 +79,7 @@ class Axis:
 
     def value_expr(self) -> pl.Expr:
         """The axis' value per row as the report writes it (a string column)."""
-        parts = [pl.col(c).map_elements(lambda v, p=p: format_value(v, p), return_dtype=pl.String)
-                 for c, p in zip(self.columns, self.params)]
+        parts = [formatted(p) for p in self.params]
         return pl.format(self.template, *parts) if len(parts) > 1 else parts[0]
 
     def number_expr(self) -> pl.Expr | None:

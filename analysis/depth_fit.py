@@ -36,7 +36,7 @@ import polars as pl
 
 from analysis.charts import PALETTE, ChartSpec, Point, Series
 from analysis.aggregate import student_t_quantile
-from analysis.axis import format_value, param_name
+from analysis.axis import searched_label
 from analysis.claims import CONFIDENCE
 from analysis.load import PARAM
 from looplab import tracking
@@ -112,11 +112,7 @@ def _setting(points: pl.DataFrame) -> pl.Expr:
     fit's own axes are matched by leaf too."""
     leaves = {axis.rsplit(".", 1)[-1] for axis in FIT_AXES}
     others = [c for c in points.columns if c.startswith(SEARCH) and c[len(SEARCH):].rsplit(".", 1)[-1] not in leaves]
-    if not others:
-        return pl.lit("")
-    return pl.concat_str([pl.lit(param_name(c[len(SEARCH):]) + "=")
-                          + pl.col(c).map_elements(format_value, return_dtype=pl.String) for c in others],
-                         separator=" ", ignore_nulls=True)
+    return searched_label([c[len(SEARCH):] for c in others])
 
 
 def pretrain_points(points: pl.DataFrame) -> pl.DataFrame:

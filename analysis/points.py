@@ -46,7 +46,7 @@ from __future__ import annotations
 import polars as pl
 
 from analysis import names
-from analysis.axis import format_value, param_name
+from analysis.axis import searched_label
 from analysis.errors import AnalysisError
 from analysis.load import PARAM, RunSet
 from looplab import tracking
@@ -256,15 +256,12 @@ def _trial_identity(trials: pl.DataFrame) -> pl.DataFrame:
     n_layers, n_loops = _param(t, "model.n_layers"), _param(t, "model.n_loops")
     search = PARAM + tracking.SEARCH_PARAM
     # (N and R are the label's N⊗R already.)
-    searched = [c for c in params if c.startswith(search) and c[len(search):] not in ("seed", "n_layers", "n_loops")]
+    searched = [c[len(search):] for c in params if c.startswith(search)]
     return t.with_columns(
         _param(t, "train.seed").cast(pl.Int64, strict=False).alias("seed"),
         pl.concat_str(n_layers.cast(pl.String), pl.lit("⊗"), n_loops.cast(pl.String)).alias("model"),
         n_loops.cast(pl.Int64, strict=False).alias("n_loops"),
-        pl.concat_str([pl.lit(param_name(c[len(search):]) + "=")
-                       + pl.col(c).map_elements(lambda v, p=c[len(search):]: format_value(v, p), return_dtype=pl.String)
-                       for c in searched],
-                      separator=" ", ignore_nulls=True).alias("_searched") if searched else pl.lit("").alias("_searched"))
+        searched_label([p for p in searched if p not in ("seed", "n_layers", "n_loops")]).alias("_searched"))
 
 
 def _param(t: pl.DataFrame, name: str) -> pl.Expr:

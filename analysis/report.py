@@ -138,7 +138,8 @@ def build_report(tracking_uri: str, experiments, out_dir, *, sweep_run_id: str |
         paths.update(_write_csv(agg, out / "aggregated.csv"))
         scan = _scan_section(runs, points, out, paths, charts, notes)
         axes = [] if scan else searched_axes(agg)  # a scan's section is its axes'
-        head = scan + head + _axis_section(agg, axes, quality, representative_q, out, paths, charts, notes)
+        head = scan + head + _axis_section(agg, axes, quality, representative_q, confidence, out, paths, charts,
+                                                  notes)
         sections += _frontier_section(agg, compute, compute_col, quality, stage, series_by, budget, out, paths,
                                       charts, notes, strict, axes)
         sections += _downstream_section(agg, out, paths, charts, notes)
@@ -310,7 +311,8 @@ def _frontier_section(agg, compute, compute_col, quality, stage, series_by, budg
     return [("Compute–quality frontier", "".join(html_parts))]
 
 
-def _axis_section(agg, axes: list[Axis], quality, representative_q, out, paths, charts, notes) -> list[tuple[str, str]]:
+def _axis_section(agg, axes: list[Axis], quality, representative_q, confidence, out, paths, charts,
+                  notes) -> list[tuple[str, str]]:
     """The sweep's question first: per value of the searched axis, the final stage's
     quality at full depth (mean over seeds, its interval), the β diagnostics and the
     skip point at the representative q where the stage has them; axis.csv and axis.png."""
@@ -329,8 +331,9 @@ def _axis_section(agg, axes: list[Axis], quality, representative_q, out, paths, 
     columns = [*keys, pl.col("n_seeds").alias("seeds"), pl.col(quality).alias(qlabel),
                pl.col(low).alias(f"{qlabel} low"), pl.col(high).alias(f"{qlabel} high")]
     extras = {tracking.EXIT_ENTROPY: "exit entropy", tracking.EXPECTED_EXIT_STEP: "expected exit step"}
-    columns += [pl.col(c).alias(label) for c, label in extras.items()
-                if c in full.columns and full[c].is_not_null().any()]
+    diagnostics = [pl.col(c).alias(label) for c, label in extras.items()
+                   if c in full.columns and full[c].is_not_null().any()]
+    columns += diagnostics
     order = [e.alias(f"_order{i}") for i, a in enumerate(axes) if (e := a.number_expr()) is not None]
     table = full.with_columns(order).select(*columns, "trial_config_hash", *(o.meta.output_name() for o in order))
     skip_label = None
@@ -352,8 +355,8 @@ def _axis_section(agg, axes: list[Axis], quality, representative_q, out, paths, 
     charts.append(spec)
     seeds = sorted({int(s) for ss in full["seeds"].to_list() for s in (ss or [])}) if "seeds" in full.columns else []
     caption = (f"What the sweep varied: {title}. Per value, the final stage at full depth: {qlabel}, mean over "
-               f"{_seed_phrase(seeds)} with its 95 % Student-t interval (low–high; none with one seed)"
-               + (", the training's last exit entropy and expected exit step" if len(columns) > len(keys) + 4 else "")
+               f"{_seed_phrase(seeds)} with its {confidence:.0%} Student-t interval (low–high; none with one seed)"
+               + (", the training's last exit entropy and expected exit step" if diagnostics else "")
                + (f", and skip execution at q={format_value(representative_q)}: executed loops and {qlabel}"
                   if skip_label else "") + ". axis.csv has the same rows; the frontier below splits its series "
                f"by {title} too.")
