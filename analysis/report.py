@@ -138,8 +138,8 @@ def build_report(tracking_uri: str, experiments, out_dir, *, sweep_run_id: str |
         paths.update(_write_csv(agg, out / "aggregated.csv"))
         scan = _scan_section(runs, points, out, paths, charts, notes)
         axes = [] if scan else searched_axes(agg)  # a scan's section is its axes'
-        head = scan + head + _axis_section(agg, axes, quality, representative_q, confidence, out, paths, charts,
-                                                  notes)
+        question = _axis_section(agg, axes, quality, representative_q, confidence, out, paths, charts, notes)
+        head = scan + head + question
         sections += _frontier_section(agg, compute, compute_col, quality, stage, series_by, budget, out, paths,
                                       charts, notes, strict, axes)
         sections += _downstream_section(agg, out, paths, charts, notes)
