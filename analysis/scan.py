@@ -23,7 +23,7 @@ import polars as pl
 
 from analysis import names
 from analysis.charts import PALETTE, ChartSpec, Point, Series
-from analysis.claims import (CLAIMS, SEARCHED, Interval, difference, mean_interval, trial_measures, verdict)
+from analysis.claims import CLAIMS, SEARCHED, Interval, difference, mean_interval, trial_measures
 from analysis.errors import AnalysisError
 from looplab import tracking
 
@@ -61,7 +61,7 @@ def hole_effects(trials: pl.DataFrame, axes: list[str]) -> pl.DataFrame:
         for name, interval in ((OURO, mean_interval(ouro.values())), (CHASE, mean_interval(chase.values())),
                                (GAP, gap)):
             rows.append({**common, **_interval_columns(name, interval),
-                         "verdict": verdict(gap, CLAIMS["C3"].direction) if name == GAP else None})
+                         "verdict": CLAIMS["C3"].verdict(gap) if name == GAP else None})
     return pl.DataFrame(rows, infer_schema_length=None)
 
 
@@ -86,7 +86,7 @@ def loop_effects(trials: pl.DataFrame, axes: list[str]) -> pl.DataFrame:
                 if other in acc:
                     gain = difference(looped, acc[other], paired=False)
                     rows.append({**_axis_values(by, axes), "model": f"{n}⊗{r}", **_interval_columns(name, gain),
-                                 "verdict": verdict(gain, CLAIMS["C1"].direction) if name == LOOPED_GAIN else None})
+                                 "verdict": CLAIMS["C1"].verdict(gain) if name == LOOPED_GAIN else None})
     if not rows:
         raise AnalysisError("no looped pair N⊗R (R > 1) with its N⊗1 or NR⊗1 in these trials")
     return pl.DataFrame(rows, infer_schema_length=None)

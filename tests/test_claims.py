@@ -13,9 +13,9 @@ import polars as pl
 import pytest
 
 import analysis_fixture as fx
-from analysis.claims import (INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Interval, difference, hole_claims,
-                             increase_pct, interpolate, loop_claims, mean_difference, mean_interval, speed_claims,
-                             target_loops, trial_measures, verdict, verdict_markdown)
+from analysis.claims import (CLAIMS, INCONCLUSIVE, NO_SPREAD, NOT_REPRODUCED, REPRODUCED, ClaimResult, Interval,
+                             difference, hole_claims, holm, increase_pct, interpolate, loop_claims, mean_difference,
+                             mean_interval, speed_claims, target_loops, trial_measures, verdict, verdict_markdown)
 from analysis.load import load_runs
 from analysis.points import evaluation_points
 
@@ -173,3 +173,58 @@ def test_speed_claims():
     assert growth.verdict == REPRODUCED
     assert "1.72x [" in c4.claim.text(c4.interval)  # a ratio shows no sign
     assert speed_claims([]) == []
+
+
+# ---- degenerate spread and the family-wise correction ------------------------------------------------
+
+def test_zero_spread_is_no_evidence():
+    """Saturated accuracies, {100, 100, 100} against {99.8, 99.8, 99.8}: Welch's interval
+    has zero width, and the 0.2-point gap is one example of 500, the metric's resolution."""
+    gap = difference({0: 100.0, 1: 100.0, 2: 100.0}, {0: 99.8, 1: 99.8, 2: 99.8}, paired=False)
+    assert gap.low == gap.high == pytest.approx(0.2)  # the zero-width interval that used to read as a verdict
+    c1 = CLAIMS["C1"]
+    assert c1.resolution == pytest.approx(0.2)
+    assert c1.verdict(gap) == NO_SPREAD and verdict(gap, +1, resolution=0.2) == NO_SPREAD
+    # near-zero spread (below one example) and a gap of one example: still no evidence
+    near = difference({0: 100.0, 1: 99.8, 2: 100.0}, {0: 99.8, 1: 99.8, 2: 99.6}, paired=False)
+    assert near.sd < 0.2 and c1.verdict(near) == NO_SPREAD
+    # a gap the metric resolves many times over decides even without spread
+    assert c1.verdict(difference({0: 100.0, 1: 100.0, 2: 100.0}, {0: 50.0, 1: 50.0, 2: 50.0}, paired=False)) \
+        == REPRODUCED
+    # end to end: loop_claims on saturated p-hop accuracies
+    rows = [{"n_layers": n, "n_loops": r, "seed": s, "full_accuracy": acc, "full_ppl": 1.0}
+            for s in range(3) for (n, r), acc in (((1, 4), 1.0), ((1, 1), 0.998))]
+    (result,) = loop_claims(pl.DataFrame(rows), quality="accuracy", looped=(1, 4), base=(1, 1), deep=None)
+    assert result.verdict == NO_SPREAD and result.p == 1.0
+
+
+def test_holm_against_a_hand_computed_case():
+    """p = 0.01, 0.04, 0.03, 0.005 (m = 4, α = 0.05): sorted 0.005, 0.01, 0.03, 0.04 are
+    compared with 0.05/4, 0.05/3, 0.05/2, 0.05/1: the first two are rejected, the third
+    fails (0.03 > 0.025) and stops the step-down, so the fourth (0.04 ≤ 0.05) is not
+    rejected either. Adjusted: 4·0.005 = 0.02, 3·0.01 = 0.03, 2·0.03 = 0.06, max(0.06, 0.04)."""
+    from scipy.stats import t
+
+    def result(p):
+        return ClaimResult(CLAIMS["C3"], Interval(10.0, 5.0, 15.0, 5, sd=2.0, se=1.0, df=4), REPRODUCED, p=p)
+
+    out = holm([result(0.01), result(0.04), result(0.03), result(0.005), ClaimResult(
+        CLAIMS["C4"], Interval(1.0, None, None, 1), INCONCLUSIVE)])
+    assert [r.p_adjusted for r in out[:4]] == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert [r.verdict for r in out[:4]] == [REPRODUCED, INCONCLUSIVE, INCONCLUSIVE, REPRODUCED]
+    assert [r.raw_verdict for r in out[:4]] == [REPRODUCED] * 4
+    assert out[4].p_adjusted is None and out[4].verdict == INCONCLUSIVE  # no test: not in the family
+    # the interval at the level of each step: p = 0.04 was tested last, at 1 - 0.05/1 = 95 %
+    assert out[1].adjusted.high == pytest.approx(10.0 + t.ppf(0.975, 4))
+    assert out[3].adjusted.high == pytest.approx(10.0 + t.ppf(1 - 0.05 / 4 / 2, 4))  # first step: 98.75 %
+    assert "Holm-corrected" in verdict_markdown(out) and "(uncorrected: reproduced (direction))" in verdict_markdown(out)
+
+
+def test_p_values_match_the_interval():
+    """The t test's two-sided p is 0.05 exactly where the 95 % interval touches the null."""
+    i = mean_interval([1.0, 2.0, 3.0])
+    shifted = i.low  # the null at the interval's lower end
+    from analysis.claims import p_value
+
+    assert p_value(i, shifted) == pytest.approx(0.05)
+    assert p_value(i, 2.0) == pytest.approx(1.0)
