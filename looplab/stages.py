@@ -4,6 +4,7 @@
     stage1    Ouro Stage-1: Σ_r π^(r) ℓ^(r) − β H(π), backbone and gate    method "Ouro"
     chase     cache-hole adaptation (the hole branch with probability ρ)   method "CHASE"
     stage2    Ouro Stage-2: only the gate trains, on continuation targets  keeps its parent's method
+    pretrain_more, stage1_more   their parent's loss for more steps: compute-matched controls
 
 A `Stage` owns everything that makes it what it is: its name and order, whether it
 continues a parent checkpoint, the config sections beyond model/task/train that
@@ -167,6 +168,16 @@ STAGES: dict[str, Stage] = {s.name: s for s in (
     Stage("stage2", None, continues=True, gated=True, trains=TRAINS_GATE, loss_reads=EVERY_LOOP, reads=("exit",),
           recipe=Recipe(lr=1.5e-4, min_lr=1.5e-5, warmup_fraction=0.01, grad_clip=1.0),
           doc="Ouro Stage-2: only the gate trains, BCE to σ(κ(max(0, ℓ^(r) − ℓ^(r+1)) − γ))"),
+    # Compute-matched controls: a method's effect is only its own when the compared arm
+    # trained its weights as long. Each repeats its parent's loss with the continued
+    # recipe, so the extra steps are the only difference.
+    Stage("pretrain_more", None, continues=True, gated=False, trains=TRAINS_ALL, loss_reads=FINAL_LOOP,
+          recipe=_CONTINUED,
+          doc="fixed-loop pre-training continued (its loss, the continued recipe): the fixed-depth comparator "
+              "trained as many weight steps as a gated arm"),
+    Stage("stage1_more", None, continues=True, gated=True, trains=TRAINS_ALL, loss_reads=EVERY_LOOP,
+          reads=("exit",), recipe=_CONTINUED,
+          doc="Stage-1 continued without holes: stock Ouro trained as many weight steps as CHASE's stage"),
 )}
 _LOSSES: dict[str, Callable] = {}  # stage name -> its minibatch loss (stage_loss fills it)
 # The stage of a config, or a checkpoint, that names none: the first that starts from fresh weights.
@@ -176,6 +187,10 @@ DEFAULT_STAGE: str = next(name for name, stage in STAGES.items() if not stage.co
 OURO_ARM = ("pretrain", "stage1", "stage2")
 CHASE_ARM = ("pretrain", "stage1", "chase", "stage2")
 ARMS: dict[str, tuple[str, ...]] = {"ouro": OURO_ARM, "chase": CHASE_ARM}
+# Their compute-matched controls: Ouro given CHASE's extra weight steps without holes, and
+# (a fixed-loop arm) pre-training continued for as many steps as Stage-1 and CHASE.
+OURO_MATCHED_ARM = ("pretrain", "stage1", "stage1_more", "stage2")
+FIXED_MATCHED_ARM = ("pretrain", "pretrain_more")
 
 
 class _StageNames(Sequence):

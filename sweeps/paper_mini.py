@@ -1,29 +1,31 @@
-"""The paper's headline claims in miniature: one command, several seeds, a computed verdict per claim.
+"""The paper's headline claims in miniature: one command, five fresh seeds, a computed verdict per claim.
 
-    python sweeps/paper_mini.py                                 # seeds 100,101,102 on 2 CPU cores
-    python sweeps/paper_mini.py --dry-run                       # the plan and its time, measured here
-    python sweeps/paper_mini.py --seeds 100,101,102,103         # one more seed: only it trains
+    python sweeps/paper_mini.py                      # the protocol's seeds (200-204) on 2 CPU cores
+    python sweeps/paper_mini.py --dry-run            # the protocol, the plan, each seed's status, the time
+    python sweeps/paper_mini.py --seeds 200,...,205  # one more seed: only it trains
 
-Two sweeps on the platform (Ray Tune trials, MLflow, the analysis layer), a timed step,
-then the verdicts, at the regime the scale scan found (sweeps/scale_scan.py; the
-README's scan table):
+Everything it runs and every rule that judges it is one frozen declaration,
+sweeps/protocol.PROTOCOL, whose digest goes with every verdict (verdicts.md, the LM
+sweep's MLflow run). Two sweeps on the platform (Ray Tune trials, MLflow, the analysis
+layer), a timed step, then the verdicts:
 
-  lm     the `debug` byte-level 1⊗4 Mamba-2 at LM_REGIME: pre-training → Stage-1, then the
-         loop4-Ouro arm (→ Stage-2) and the loop4-CHASE arm (→ CHASE → Stage-2), which
-         share Stage-1 (claims C2, C3); beside the 1⊗4, the pre-trained 1⊗1 and 4⊗1
-         (C1-LM, C1-depth)
-  phop   1⊗4, 1⊗1 and 4⊗1 on p-hop at PHOP_REGIME (C1)
-         (--set reaches both sweeps, --stage-set the LM's continued stages)
-  speed  every seed's CHASE model, prefill full against skip at batch 1 and SPEED_BATCH
-         (C4): a step keyed by content (trainables/speed.py), alone on the machine
+  lm     the `debug` byte-level 1⊗4 Mamba-2: pre-training → Stage-1, then the Ouro arm
+         (→ Stage-2) and the CHASE arm (→ CHASE → Stage-2) on that Stage-1, and their
+         compute-matched controls: Ouro continued without holes as long as CHASE's stage
+         (ouro-matched) and the fixed-loop model continued as long as Stage-1 and CHASE
+         (fixed-matched); beside them the pre-trained 1⊗1 and 4⊗1 (C1-LM, C1-depth)
+  phop   1⊗4, 1⊗1 and 4⊗1 on p-hop (C1)
+  speed  every seed's CHASE model, prefill full against skip at batch 1 and 64 (C4): a
+         step keyed by content (trainables/speed.py), alone on the machine
 
-Each claim's figure is computed over the seeds with a 95 % interval and a verdict
-(analysis/claims.py): "reproduced (direction)", "not reproduced" or "inconclusive".
-The default seeds are not the scan's (0, 1, 2): no verdict is read off the data its
-regime was chosen on. Everything is keyed by content: a re-run trains nothing, and a
-new seed trains only that seed. The verdicts, with the paper's figure beside each, go
-to STORAGE/analysis/paper_mini/ (verdicts.md, verdicts.csv, report.html) and to the LM
-sweep's MLflow run.
+Each claim's figure is computed over the seeds with a 95 % interval, its p-value and
+Holm's correction over the claims family (analysis/claims.py); the verdict reads the
+corrected test and, for C2 and C3, the compute-matched arm (the unmatched figure is
+shown beside). The store's ledger (sweeps/protocol.Ledger) says which seeds were first
+scored under this protocol; the headline verdicts read those alone. Everything is keyed
+by content: a re-run trains nothing, and a new seed trains only that seed. The verdicts
+go to STORAGE/analysis/paper_mini/ (verdicts.md, verdicts.csv, report.html) and to the
+LM sweep's MLflow run. --set / --stage-set make another protocol (another digest).
 """
 
 from __future__ import annotations
@@ -34,52 +36,54 @@ from pathlib import Path
 from typing import Any
 
 from looplab.config import ConfigError
-from looplab.stages import ARMS as GATED_ARMS
-from looplab.stages import DEFAULT_STAGE
 from looplab.tracking import ACCURACY, PPL, VAL_ACCURACY, VAL_LOSS, VAL_PPL
 from sweeps.depth_grid import depth_grid
 from sweeps.flags import Common, Launch, parser
 from sweeps.plan import SKIP_COLUMNS, Sweep, describe, sweep_key
+from sweeps.protocol import PROTOCOL, Ledger, Protocol
 from trainables.pipeline import PipelineSpec, stage_configs
 
-ARMS = {**GATED_ARMS, "fixed": (DEFAULT_STAGE,)}
-SEEDS = "100,101,102"
-LM_PRESET, PHOP_PRESET = "debug", "phop-debug"
-# The regime the scale scan found for the cache-hole effect (README: the scan's table, seeds
-# 0-2): at context 128 the Ouro - CHASE gap (+9.3 [+5.3, +13.2] points) is the centre's
-# (512: +10.5 [+6.6, +14.4]) at about a quarter of the step's cost, which is what fits the
-# whole command in 30 minutes on 2 cores; 800 pre-training steps, each continued stage 200.
-LM_REGIME = {"train.seq_len": 128, "train.batch_size": 8, "train.steps": 800, "task.val_blocks": 64,
-             "train.eval_every": 400, "model.n_loops": 4, "hole.sampler": "depth", "hole.hp": 0.5,
-             "train.eval_qs": [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]}
-STAGE_STEPS = 200
+SEEDS = ",".join(map(str, PROTOCOL.seeds))
 LOOPED, BASE, DEEP = (1, 4), (1, 1), (4, 1)  # N⊗R, its iso-parameter N⊗1, its iso-depth NR⊗1
-# The loop advantage's regime from the scan's loops effect: phop-debug's Mamba-2 at d 64,
-# 2,000 steps on 16-token sequences.
-PHOP_REGIME = {"task.n": 16, "model.d_model": 64, "train.steps": 2000}
-PHOP_HOPS = [2]
-SPEED_BATCH, SPEED_POLICY = 64, "skip:0.2"  # the paper's headline speedup: batch 64, q 0.2 (Table 5)
+PROTOCOL_TAG = "paper_mini.protocol"  # the LM sweep run's tag: the digest its verdicts were judged under
 
 
-def lm_sweep(common: Common) -> Sweep:
-    """The gated arms at 1⊗4 and the pre-trained 1⊗1, 4⊗1 (and 1⊗4, shared) beside them."""
-    spec = PipelineSpec(preset=LM_PRESET, stages=ARMS["chase"], arms=ARMS, overrides={**LM_REGIME, **common.overrides},
-                        stage_overrides=common.stage_overrides_over({s: {"train.steps": STAGE_STEPS}
-                                                                     for s in ("stage1", "chase", "stage2")}),
-                        searched={"n_layers": "model.n_layers", "n_loops": "model.n_loops"},
-                        searched_stages=ARMS["chase"])
-    pair = lambda nr: {"n_layers": nr[0], "n_loops": nr[1]}  # noqa: E731
-    points = ({"arm": "ouro", **pair(LOOPED)}, {"arm": "chase", **pair(LOOPED)},
-              *({"arm": "fixed", **pair(nr)} for nr in (LOOPED, BASE, DEEP)))
+def lm_sweep(protocol: Protocol = PROTOCOL) -> Sweep:
+    """The gated arms at 1⊗4, their compute-matched controls, and the pre-trained 1⊗1,
+    4⊗1 (and 1⊗4, shared) beside them."""
+    every = tuple(dict.fromkeys(s for stages in protocol.arms.values() for s in stages))
+    declared = {s: {"train.steps": n} for s, n in protocol.stage_steps.items()}
+    for stage, values in protocol.stage_overrides.items():
+        declared.setdefault(stage, {}).update(values)
+    spec = PipelineSpec(preset=protocol.lm_preset, stages=protocol.arms["chase"], arms=dict(protocol.arms),
+                        overrides={**protocol.lm_regime, **protocol.overrides}, stage_overrides=declared,
+                        searched={"n_layers": "model.n_layers", "n_loops": "model.n_loops"}, searched_stages=every)
+    points = tuple({"arm": arm, "n_layers": n, "n_loops": r} for arm, n, r in protocol.lm_points)
     return Sweep(name="paper_mini_lm", spec=spec, points=points, metric=VAL_PPL, mode="min",
                  columns=(VAL_PPL, *SKIP_COLUMNS), flags={"n_layers": "--set", "n_loops": "--set"})
 
 
-def phop_sweep(common: Common) -> Sweep:
-    pairs = tuple({"n_layers": n, "n_loops": r} for n, r in (LOOPED, BASE, DEEP))
-    return depth_grid("paper_mini_phop", Common(PHOP_PRESET, {**PHOP_REGIME, **common.overrides}), pairs,
-                      level=("p", PHOP_HOPS), level_flag="--hops", metric=VAL_ACCURACY, mode="max",
-                      columns=(VAL_ACCURACY, VAL_LOSS))
+def phop_sweep(protocol: Protocol = PROTOCOL) -> Sweep:
+    pairs = tuple({"n_layers": n, "n_loops": r} for n, r in protocol.phop_pairs)
+    return depth_grid("paper_mini_phop", Common(protocol.phop_preset, {**protocol.phop_regime, **protocol.overrides}),
+                      pairs, level=("p", list(protocol.phop_hops)), level_flag="--hops", metric=VAL_ACCURACY,
+                      mode="max", columns=(VAL_ACCURACY, VAL_LOSS))
+
+
+def describe_protocol(protocol: Protocol, launch: Launch) -> str:
+    """The dry run's first lines: the protocol, the arms' weight-training steps, and
+    each seed's standing in the store's ledger."""
+    lines = [f"protocol {protocol.name}", f"  digest {protocol.digest()} (sweeps/protocol.py); confidence "
+             f"{protocol.confidence:g}, correction {protocol.correction}; C2 and C3 read the compute-matched arms "
+             f"({', '.join(f'{c}: {a}' for c, a in protocol.matched.items())})", "  arms:"]
+    lines += [f"    {line}" for line in protocol.arm_steps_text()]
+    lines.append("  seeds:")
+    for row in Ledger(launch.storage_path).status(launch.seeds, protocol):
+        lines.append(f"    {row['seed']}: " + ("fresh (first scored under this protocol, or not yet scored)"
+                                             if row["fresh"] else
+                                             f"first scored under {row['first_scored_under']} "
+                                             f"({row['first_protocol']}): left out of the headline verdicts"))
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,21 +94,24 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     started = time.monotonic()
     try:
-        if args.preset != LM_PRESET:
-            raise ConfigError(f"--preset={args.preset!r} is invalid; allowed: {LM_PRESET} (the regime is the "
-                              "scan's; --set changes both sweeps' settings, --stage-set the LM's stages)")
+        if args.preset != PROTOCOL.lm_preset:
+            raise ConfigError(f"--preset={args.preset!r} is invalid; allowed: {PROTOCOL.lm_preset} (the regime is "
+                              "the protocol's, sweeps/protocol.py; --set changes both sweeps' settings, --stage-set "
+                              "the LM's stages, and either makes another protocol)")
         common, launch = Common.from_args(args), Launch.from_args(args)
-        prepared = [prepare(sweep, launch) for sweep in (lm_sweep(common), phop_sweep(common))]
+        protocol = PROTOCOL.with_overrides(common.overrides, common.stage_overrides)
+        prepared = [prepare(sweep, launch) for sweep in (lm_sweep(protocol), phop_sweep(protocol))]
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if launch.dry_run:
         from sweeps.estimate import estimate
 
+        print(describe_protocol(protocol, launch) + "\n")
         for sweep, points, res, plans in prepared:
             print(describe(sweep, launch, points, res, plans) + "\n")
         print(estimate([(sweep, points) for sweep, points, _, _ in prepared], launch,
-                       extra_seconds=speed_seconds(prepared[0][0], launch)).text())
+                       extra_seconds=speed_seconds(prepared[0][0], launch, protocol)).text())
         return 0
     from sweeps.launch import run_sweep
     from sweeps.lock import SweepBusy
@@ -120,8 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     if status:
         print("a trial failed: no verdicts (re-run the same command to resume)", file=sys.stderr)
         return status
-    speed = measure_speed(prepared[0][0], launch)
-    report = write_verdicts(prepared[0][0], prepared[1][0], launch, speed)
+    speed = measure_speed(prepared[0][0], launch, protocol)
+    report = write_verdicts(prepared[0][0], prepared[1][0], launch, speed, protocol)
     minutes, seconds = divmod(round(time.monotonic() - started), 60)
     print(f"\npaper_mini: {minutes} min {seconds:02d} s on this machine; verdicts: {report['verdicts.md']}")
     return 0
@@ -129,17 +136,17 @@ def main(argv: list[str] | None = None) -> int:
 
 # ---- the timed step ---------------------------------------------------------------------------------
 
-def speed_points(seq_len: int):
-    """Prefill at the models' own context, batch 1 and SPEED_BATCH."""
+def speed_points(seq_len: int, protocol: Protocol = PROTOCOL):
+    """Prefill at the models' own context, at each of the protocol's batches."""
     from trainables.speed import SpeedPoint
 
-    return [SpeedPoint(batch, seq_len, SPEED_POLICY) for batch in (1, SPEED_BATCH)]
+    return [SpeedPoint(batch, seq_len, protocol.speed_policy) for batch in protocol.speed_batches]
 
 
 REPORT_S = 15.0  # the verdicts, their report and the MLflow writes (measured on 2 cores)
 
 
-def speed_seconds(sweep: Sweep, launch: Launch) -> float:
+def speed_seconds(sweep: Sweep, launch: Launch, protocol: Protocol = PROTOCOL) -> float:
     """The speed step's time and the verdicts', for the dry run's estimate: one seed's
     timing (the memory probe's child process, then warm-ups and repeats of full and skip
     prefill at each speed point) run here on the CHASE model's shape with fresh weights,
@@ -161,7 +168,7 @@ def speed_seconds(sweep: Sweep, launch: Launch) -> float:
     try:
         t0 = time.perf_counter()
         calls = [dict(model=model, ids=heldout_ids(model, None, p.batch, p.seq_len), policy=ExitPolicy.parse(p.policy))
-                 for p in speed_points(final.train.seq_len)]
+                 for p in speed_points(final.train.seq_len, protocol)]
         for call, peaks in zip(calls, measured_peaks(prefill_peaks, calls)):  # as trainables/speed.measure does
             bench_point(**call, peaks=peaks)
         one_seed = time.perf_counter() - t0
@@ -170,7 +177,7 @@ def speed_seconds(sweep: Sweep, launch: Launch) -> float:
     return len(launch.seeds) * one_seed + REPORT_S
 
 
-def measure_speed(sweep: Sweep, launch: Launch) -> list[dict]:
+def measure_speed(sweep: Sweep, launch: Launch, protocol: Protocol = PROTOCOL) -> list[dict]:
     """C4's records: each seed's CHASE model (its final stage) timed at the speed points."""
     from looplab import tracking
     from trainables.pipeline import checkpoint_of
@@ -190,7 +197,8 @@ def measure_speed(sweep: Sweep, launch: Launch) -> list[dict]:
                                            "seed": seed}, store.root)[-1]
         for r in measure(mc, experiment_id, sweep_run.info.run_id if sweep_run else None,
                          checkpoint=checkpoint_of(store.root, final), stage_key=final.stage_key(),
-                         config_hash=final.config_hash(), method="CHASE", points=speed_points(final.train.seq_len),
+                         config_hash=final.config_hash(), method="CHASE",
+                         points=speed_points(final.train.seq_len, protocol),
                          label=f"seed {seed}"):
             records.append({**r, "seed": seed})
     return records
@@ -198,29 +206,70 @@ def measure_speed(sweep: Sweep, launch: Launch) -> list[dict]:
 
 # ---- the verdicts ---------------------------------------------------------------------------------------
 
-def claim_results(uri: str, lm_experiment: str, phop_experiment: str, seeds) -> tuple[list, dict[str, Any]]:
-    """Every claim's result, from the two experiments' runs of these seeds, and the
-    tables they were read from."""
+def claim_results(uri: str, lm_experiment: str, phop_experiment: str, seeds, protocol: Protocol = PROTOCOL,
+                  speed: list[dict] | None = None) -> tuple[list, dict[str, Any]]:
+    """Every claim's result over these seeds, from the two experiments' runs (and the
+    speed records), corrected as the protocol says; and the tables they were read from."""
     import polars as pl
 
-    from analysis.claims import hole_claims, loop_claims, trial_measures
+    from analysis.claims import CLAIMS, hole_claims, holm, loop_claims, speed_claims, trial_measures
     from analysis.load import load_runs
     from analysis.points import evaluation_points
 
     seeds = list(seeds)
     lm = trial_measures(evaluation_points(load_runs(uri, [lm_experiment]))).filter(pl.col("seed").is_in(seeds))
     phop = trial_measures(evaluation_points(load_runs(uri, [phop_experiment]))).filter(pl.col("seed").is_in(seeds))
+    arm = pl.col("params.search.arm") if "params.search.arm" in lm.columns else pl.lit(None)
+
+    def of(name):
+        return lm.filter(arm == name) if name else None
+
     results = loop_claims(phop, quality=ACCURACY, looped=LOOPED, base=BASE, deep=None)
-    results += loop_claims(lm.filter(pl.col("method") == "fixed"), quality=PPL, looped=LOOPED, base=BASE, deep=DEEP)
-    results += hole_claims(lm)
+    results += loop_claims(lm.filter(arm == "fixed"), quality=PPL, looped=LOOPED, base=BASE, deep=DEEP)
+    results += hole_claims(lm.filter(arm.is_in(["ouro", "chase"])), matched_ouro=of(protocol.matched.get("C3")),
+                           matched_fixed=of(protocol.matched.get("C2")))
+    results += speed_claims([r for r in speed or [] if r["seed"] in seeds])
+    order = list(CLAIMS)
+    results = sorted((r for r in results if r.claim.id in protocol.claim_rules), key=lambda r: order.index(r.claim.id))
+    if protocol.correction == "holm":
+        results = holm(results, protocol.confidence)
     return results, {"lm_trials": lm, "phop_trials": phop}
 
 
-def write_verdicts(lm: Sweep, phop: Sweep, launch: Launch, speed: list[dict]) -> dict[str, Path]:
+def verdicts_text(protocol: Protocol, status: list[dict], results: list, all_results: list | None) -> str:
+    """verdicts.md: the protocol, each seed's standing, the headline verdicts on fresh
+    seeds, and (when some seeds are not fresh) the same over every seed, marked."""
+    from analysis.claims import verdict_markdown
+
+    fresh = [r["seed"] for r in status if r["fresh"]]
+    lines = [f"Protocol **{protocol.name}**, digest `{protocol.digest()}` (sweeps/protocol.py). "
+             f"{protocol.confidence:.0%} Student-t intervals over seeds (paired where arms share a parent, else "
+             f"Welch); " + ("Holm's correction over the claims family decides each verdict (the uncorrected "
+                           "interval beside it); " if protocol.correction == "holm" else "no correction; ")
+             + "C2 and C3 read the compute-matched arms; an interval narrower than the metric's resolution is "
+               "'inconclusive (no spread)'.", "", "Arms (weight-training steps):", ""]
+    lines += [f"    {line}" for line in protocol.arm_steps_text()]
+    lines += ["", "| seed | first scored under | in the headline |", "|---|---|---|"]
+    lines += [f"| {r['seed']} | `{r['first_scored_under']}` ({r['first_protocol']}) | {'yes' if r['fresh'] else 'no'} |"
+              for r in status]
+    lines += ["", f"**Headline: the seeds first scored under this protocol ({', '.join(map(str, fresh)) or 'none'}).**",
+              "", verdict_markdown(results)]
+    if all_results is not None:
+        lines += ["", f"Every seed, those scored under an earlier protocol included "
+                      f"({', '.join(str(r['seed']) for r in status)}): not a verdict on this protocol.", "",
+                  verdict_markdown(all_results)]
+    return "\n".join(lines)
+
+
+def write_verdicts(lm: Sweep, phop: Sweep, launch: Launch, speed: list[dict], protocol: Protocol = PROTOCOL
+                   ) -> dict[str, Path]:
     """verdicts.md / .csv, the trial measures and report.html (the LM sweep's report with
-    the verdicts first) in STORAGE/analysis/paper_mini; the verdicts are printed and set
-    as the LM sweep run's description."""
-    from analysis.claims import CLAIMS, speed_claims, verdict_markdown, verdict_table
+    the verdicts first) in STORAGE/analysis/paper_mini; the verdicts are printed, set as
+    the LM sweep run's description with the protocol's digest as a tag, and the seeds
+    entered in the store's ledger."""
+    import polars as pl
+
+    from analysis.claims import verdict_table
     from analysis.report import build_report
     from looplab import tracking
     from trainables.storage import Storage
@@ -231,45 +280,79 @@ def write_verdicts(lm: Sweep, phop: Sweep, launch: Launch, speed: list[dict]) ->
     out.mkdir(parents=True, exist_ok=True)
     lm_experiment = tracking.experiment_name(lm.name, lm.spec.preset)
     phop_experiment = tracking.experiment_name(phop.name, phop.spec.preset)
-    results, tables = claim_results(uri, lm_experiment, phop_experiment, launch.seeds)
-    results += speed_claims(speed)
-    order = list(CLAIMS)
-    results.sort(key=lambda r: order.index(r.claim.id))
-    markdown = (f"Seeds {', '.join(map(str, launch.seeds))}; 95 % Student-t intervals over seeds.\n\n"
-                + verdict_markdown(results))
+    ledger = Ledger(store.scratch())
+    status = ledger.status(launch.seeds, protocol)
+    fresh = [r["seed"] for r in status if r["fresh"]]
+    results, tables = claim_results(uri, lm_experiment, phop_experiment, fresh, protocol, speed)
+    everyone = None
+    if len(fresh) < len(status):
+        everyone, _ = claim_results(uri, lm_experiment, phop_experiment, launch.seeds, protocol, speed)
+    markdown = verdicts_text(protocol, status, results, everyone)
     paths = {"verdicts.md": out / "verdicts.md", "verdicts.csv": out / "verdicts.csv"}
     paths["verdicts.md"].write_text(markdown + "\n")
-    verdict_table(results).write_csv(paths["verdicts.csv"])
+    verdict_table(results).with_columns(pl.lit(protocol.digest()).alias("protocol")).write_csv(paths["verdicts.csv"])
     for name, table in tables.items():
-        table.write_csv(out / f"{name}.csv")
-    import polars as pl
-
+        table.drop([c for c in table.columns if table[c].dtype == pl.List(pl.Float64)]).write_csv(out / f"{name}.csv")
     pl.DataFrame(speed).write_csv(out / "speed.csv")
+    ledger.record(launch.seeds, protocol)
     print("\n" + markdown)
     mc = tracking.client(uri)
     experiment_id = mc.get_experiment_by_name(lm_experiment).experiment_id
     sweep_run = tracking.find_run(mc, experiment_id, **{tracking.LEVEL: tracking.SWEEP,
                                                         tracking.SWEEP_KEY: sweep_key(lm, launch)})
     report = build_report(uri, [lm_experiment], out, sweep_run_id=sweep_run.info.run_id if sweep_run else None,
-                          lead=[("Claims: the paper's against ours", _claims_html(results, launch.seeds))])
+                          lead=[("Claims: the paper's against ours", _claims_html(markdown)),
+                                ("The miniature's protocols", _protocols_html(results))])
     if sweep_run is not None:  # the verdicts beside the report's files, and on the run's dashboard page
         for name in ("verdicts.md", "verdicts.csv"):
             mc.log_artifact(sweep_run.info.run_id, str(paths[name]), artifact_path="analysis")
+        mc.set_tag(sweep_run.info.run_id, PROTOCOL_TAG, protocol.digest())
         tracking.set_description(mc, sweep_run.info.run_id, "**paper_mini**\n\n" + markdown)
     return {**paths, **report}
 
 
-def _claims_html(results, seeds) -> str:
-    import html
+def current_verdicts(results) -> dict[str, str]:
+    """claim -> "figure: verdict", the history table's entry for today's protocol."""
+    return {r.claim.id: f"{r.claim.text(r.tested).split(' (n=')[0]}: {r.verdict}" for r in results}
 
-    rows = "".join(
-        f"<tr><td><b>{html.escape(r.claim.id)}</b> {html.escape(r.claim.statement)}</td>"
-        f"<td>{html.escape(r.claim.paper)}</td><td>{html.escape(r.claim.text(r.interval))}<br>"
-        f"<small>{html.escape(r.claim.measure)}{'; ' + html.escape(r.detail) if r.detail else ''}</small></td>"
-        f"<td class='verdict'>{html.escape(r.verdict)}</td></tr>" for r in results)
-    return (f"<p>Seeds {', '.join(map(str, seeds))}; 95 % Student-t intervals over seeds; verdicts computed by "
-            "analysis/claims.py (an interval that includes the null value is inconclusive).</p>"
-            "<table><tr><th>claim</th><th>the paper</th><th>ours</th><th>verdict</th></tr>" + rows + "</table>")
+
+def _claims_html(markdown: str) -> str:
+    return _markdown_html(markdown)
+
+
+def _protocols_html(results) -> str:
+    from sweeps.protocol import history_markdown
+
+    return _markdown_html(history_markdown(current_verdicts(results)))
+
+
+def _markdown_html(text: str) -> str:
+    """The verdicts' markdown (tables, bullets, paragraphs, **bold**, `code`) as HTML."""
+    import html
+    import re
+
+    def inline(t: str) -> str:
+        t = html.escape(t)
+        return re.sub(r"`([^`]+)`", r"<code>\1</code>", re.sub(r"\*\*([^*]+)\*\*", r"<b>\1</b>", t))
+
+    out, table = [], []
+    for line in text.splitlines() + [""]:
+        if line.startswith("|"):
+            table.append([c.strip() for c in line.strip("|").split("|")])
+            continue
+        if table:
+            head, *body = [r for r in table if not all(set(c) <= {"-"} for c in r)]
+            out.append("<table><tr>" + "".join(f"<th>{inline(c)}</th>" for c in head) + "</tr>"
+                       + "".join("<tr>" + "".join(f"<td>{inline(c)}</td>" for c in r) + "</tr>" for r in body)
+                       + "</table>")
+            table = []
+        if line.startswith("- "):
+            out.append(f"<li>{inline(line[2:])}</li>")
+        elif line.startswith("    "):
+            out.append(f"<pre>{html.escape(line.strip())}</pre>")
+        elif line.strip():
+            out.append(f"<p>{inline(line)}</p>")
+    return "\n".join(out)
 
 
 if __name__ == "__main__":

@@ -13,27 +13,70 @@ import pytest
 from looplab import tracking
 from sweeps import paper_mini, scale_scan
 from sweeps.estimate import RAY_START_S, TRIAL_S, estimate, evaluations, makespan
-from sweeps.flags import Common, Launch, parse_seeds
+from sweeps.flags import Launch, parse_seeds
 from sweeps.plan import grid_points
+from sweeps.protocol import V2
 from trainables.pipeline import stage_configs
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_arms_share_their_pretraining_and_the_seeds_are_not_the_scans(tmp_path):
-    sweep = paper_mini.lm_sweep(Common("debug"))
-    configs = {(p["arm"], p["n_layers"], p["n_loops"]): stage_configs(sweep.spec, {**p, "seed": 100}, tmp_path)
+    sweep = paper_mini.lm_sweep()
+    configs = {(p["arm"], p["n_layers"], p["n_loops"]): stage_configs(sweep.spec, {**p, "seed": 200}, tmp_path)
                for p in grid_points(sweep)}
     pretrain = {key: c[0].stage_key() for key, c in configs.items()}
-    # The gated arms and the fixed 1⊗4 are one pre-training; 1⊗1 and 4⊗1 are their own.
-    assert pretrain[("ouro", 1, 4)] == pretrain[("chase", 1, 4)] == pretrain[("fixed", 1, 4)]
+    # The gated arms, their controls and the fixed 1⊗4 are one pre-training; 1⊗1 and 4⊗1 are their own.
+    assert pretrain[("ouro", 1, 4)] == pretrain[("chase", 1, 4)] == pretrain[("fixed", 1, 4)] \
+        == pretrain[("ouro-matched", 1, 4)] == pretrain[("fixed-matched", 1, 4)]
     assert len(set(pretrain.values())) == 3
-    ouro, chase = configs[("ouro", 1, 4)], configs[("chase", 1, 4)]
-    assert ouro[1].stage_key() == chase[1].stage_key()  # one Stage-1 for both arms
+    ouro, chase, matched = configs[("ouro", 1, 4)], configs[("chase", 1, 4)], configs[("ouro-matched", 1, 4)]
+    assert ouro[1].stage_key() == chase[1].stage_key() == matched[1].stage_key()  # one Stage-1 for all three
     assert [c.stage for c in chase] == ["pretrain", "stage1", "chase", "stage2"]
-    assert chase[0].train.steps == 800 and all(c.train.steps == paper_mini.STAGE_STEPS for c in chase[1:])
+    assert chase[0].train.steps == 800 and all(c.train.steps == 200 for c in chase[1:])
     assert chase[2].hole.sampler == "depth" and (chase[2].hole.lo, chase[2].hole.hi) == (1.85, 3.45)
     assert not set(parse_seeds(scale_scan.SEEDS)) & set(parse_seeds(paper_mini.SEEDS))
+
+
+def test_the_compared_arms_train_their_weights_equally_long(tmp_path):
+    """Compute matching, read from the configs the trials train (not the protocol's own
+    arithmetic): CHASE, its Ouro control and the fixed-depth control all train their
+    backbone for the same number of steps; the stock arms are shown short of it."""
+    sweep = paper_mini.lm_sweep()
+    weight_steps = {}
+    for p in grid_points(sweep):
+        configs = stage_configs(sweep.spec, {**p, "seed": 200}, tmp_path)
+        weight_steps[p["arm"], p["n_layers"], p["n_loops"]] = sum(
+            c.train.steps for c in configs if c.stage != "stage2")  # Stage-2 trains the gate alone
+    assert weight_steps["chase", 1, 4] == weight_steps["ouro-matched", 1, 4] == weight_steps["fixed-matched", 1, 4] \
+        == 1200
+    assert weight_steps["ouro", 1, 4] == 1000 and weight_steps["fixed", 1, 4] == 800
+    matched = stage_configs(sweep.spec, {"arm": "ouro-matched", "n_layers": 1, "n_loops": 4, "seed": 200}, tmp_path)
+    chase = stage_configs(sweep.spec, {"arm": "chase", "n_layers": 1, "n_loops": 4, "seed": 200}, tmp_path)
+    # The Ouro control is CHASE's stage without its holes: same steps, same recipe.
+    assert (matched[2].train.steps, matched[2].train.lr, matched[2].train.warmup_steps) == \
+        (chase[2].train.steps, chase[2].train.lr, chase[2].train.warmup_steps)
+    assert matched[2].stage == "stage1_more" and chase[2].hole.hp == 0.5
+
+
+def test_the_dry_run_shows_the_protocol_and_the_matched_plan(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(paper_mini, "speed_seconds", lambda *a, **k: 1.0)
+    monkeypatch.setattr("sweeps.estimate.estimate", lambda *a, **k: type("E", (), {"text": lambda self: "est"})())
+    assert paper_mini.main(["--dry-run", "--storage-path", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"digest {paper_mini.PROTOCOL.digest()}" in out and "correction holm" in out
+    assert "ouro-matched   pretrain 800 → stage1 200 → stage1_more 200 → stage2 200 (gate only): 1200 " \
+           "weight-training steps" in out
+    assert "fixed-matched  pretrain 800 → pretrain_more 400: 1200 weight-training steps" in out
+    assert "stage1_more:" in out and "pretrain_more:" in out  # the plan's trials train them
+    for seed in paper_mini.PROTOCOL.seeds:
+        assert f"    {seed}: fresh" in out
+    # a seed an earlier protocol scored is marked, and --set makes another protocol
+    assert paper_mini.main(["--dry-run", "--storage-path", str(tmp_path), "--seeds", "100,200",
+                            "--set", "train.steps=10"]) == 0
+    out = capsys.readouterr().out
+    assert "modified by --set/--stage-set" in out and f"digest {paper_mini.PROTOCOL.digest()}" not in out
+    assert "    100: first scored under" in out and "left out of the headline verdicts" in out
 
 
 def test_a_bad_preset_is_one_line(capsys):
@@ -62,13 +105,14 @@ def test_the_speed_step_is_keyed_by_content(tmp_path):
 
 
 def test_the_estimate_probes_each_stage_shape_once(tmp_path):
-    common = Common("debug", {"train.steps": 5, "train.seq_len": 16, "task.val_blocks": 2, "train.eval_every": 0,
-                              "train.eval_qs": [0.5, 1.0], "model.d_model": 32})
-    sweep = paper_mini.lm_sweep(common)
+    protocol = paper_mini.PROTOCOL.with_overrides(
+        {"train.steps": 5, "train.seq_len": 16, "task.val_blocks": 2, "train.eval_every": 0,
+         "train.eval_qs": [0.5, 1.0], "model.d_model": 32}, {})
+    sweep = paper_mini.lm_sweep(protocol)
     launch = Launch(storage_path=str(tmp_path), seeds=(0, 1))
     points = [{**p, "seed": s} for p in grid_points(sweep) for s in launch.seeds]
     est = estimate([(sweep, points)], launch, concurrency=2)
-    assert est.seconds > 0 and "paper_mini_lm: 14 of 14 stages to train" in est.text()
+    assert est.seconds > 0 and "paper_mini_lm: 20 of 20 stages to train" in est.text()
     cfg = stage_configs(sweep.spec, points[0], tmp_path)[0]
     assert evaluations(cfg) == 1
 
@@ -86,8 +130,7 @@ def test_the_estimate_replays_the_schedule(tmp_path, monkeypatch):
     steps + Stage-1 200) side by side, then the ten trials in Tune's seed-major order on
     two slots, each trial adding TRIAL_S."""
     monkeypatch.setattr("looplab.training.train.probe_seconds", lambda cfg, steps: (1.0, 0.0))
-    common = Common("debug", {"train.steps": 5})
-    sweep = paper_mini.lm_sweep(common)
+    sweep = paper_mini.lm_sweep(V2.with_overrides({"train.steps": 5}, {}))  # v2's arms: the schedule by hand
     launch = Launch(storage_path=str(tmp_path), seeds=(0, 1))
     points = [{**p, "seed": s} for p in grid_points(sweep) for s in launch.seeds]  # point-major, as planned
     est = estimate([(sweep, points)], launch, concurrency=2)
@@ -106,7 +149,7 @@ def test_paper_mini_at_toy_size(tmp_path):
     """The whole command on tiny settings: both sweeps, the speed step, the verdicts and
     the report; then the same command trains nothing, and one more seed trains only it."""
     toy = ["--set", "train.steps=6", "--set", "train.seq_len=32", "--set", "model.d_model=32",
-           "--stage-steps", "stage1=3,chase=3,stage2=3", "--storage-path", str(tmp_path)]
+           "--stage-steps", "stage1=3,chase=3,stage2=3,stage1_more=3,pretrain_more=6", "--storage-path", str(tmp_path)]
 
     def run(seeds: str) -> str:
         done = subprocess.run([sys.executable, "sweeps/paper_mini.py", *toy, "--seeds", seeds], cwd=ROOT,
@@ -126,5 +169,13 @@ def test_paper_mini_at_toy_size(tmp_path):
     assert set((tmp_path / "stages").iterdir()) == stages  # a re-run trains nothing
     run("0,1,2")
     new = set((tmp_path / "stages").iterdir()) - stages
-    # seed 2 alone: LM pre-trainings 1⊗4, 1⊗1, 4⊗1, Stage-1, CHASE, two Stage-2; p-hop's three
-    assert len(new) == 7 + 3
+    # seed 2 alone: LM pre-trainings 1⊗4, 1⊗1, 4⊗1, Stage-1, CHASE, Stage-1 continued, three
+    # Stage-2, pre-training continued; p-hop's three
+    assert len(new) == 10 + 3
+    # The ledger: seeds 0 and 1 were scored first, so the third run's headline has seed 2
+    # alone, and the table says so; the digest is the modified protocol's, not the declared one.
+    verdicts = (folder / "verdicts.md").read_text()
+    assert "| 0 | `" in verdicts and "| 2 | `" in verdicts and "Headline: the seeds first scored under this " \
+        "protocol (0, 1, 2)" in verdicts
+    assert paper_mini.PROTOCOL.digest() not in verdicts and "modified by --set/--stage-set" in verdicts
+    assert "Holm-corrected" in verdicts and "unmatched arm" in verdicts

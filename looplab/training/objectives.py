@@ -164,6 +164,9 @@ def pretrain_minibatch(model, batch, cfg, step, rows):
     return _final_step(model, model(batch.ids, readout="none"), batch.targets, final_loop_loss), {}
 
 
+stage_loss("pretrain_more")(pretrain_minibatch)  # the compute-matched control: the same loss, more steps
+
+
 def _stage1(model, batch, cfg, policy: ExitPolicy):
     out = model(batch.ids, policy, all_steps=True, readout="none")
     mask = batch.targets != IGNORE_INDEX
@@ -177,6 +180,9 @@ def _stage1(model, batch, cfg, policy: ExitPolicy):
 def stage1_minibatch(model, batch, cfg, step, rows):
     # The dense forward: every token runs all R steps, and the loss weighs every step by π.
     return _stage1(model, batch, cfg, ExitPolicy.full())
+
+
+stage_loss("stage1_more")(stage1_minibatch)  # Ouro's compute-matched control: Stage-1 without holes
 
 
 @stage_loss("chase")

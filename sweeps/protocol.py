@@ -1,0 +1,257 @@
+"""The miniature's protocol, frozen: what sweeps/paper_mini.py runs and how its verdicts
+are decided, declared once, hashed, and kept with a history and a ledger of seeds.
+
+A verdict is only as good as the order in which it was reached: the regime, the arms,
+the claims' nulls and resolutions, the confidence and the correction are fixed *before*
+the seeds that judge them are trained. So:
+
+  Protocol   the whole declaration (presets, regimes, stage steps, arms, points, the
+             timed step, claims and their rules, confidence, correction) with a content
+             digest over everything that decides a verdict. The seeds it declares are
+             its default judges, outside the digest: a seed added later must not turn
+             the earlier ones into seeds of another protocol.
+  HISTORY    every protocol the miniature has had, in order, with the seeds it scored
+             and what its verdicts were (the committed record: those seeds were seen
+             while the next protocol was chosen).
+  Ledger     STORAGE/protocol_ledger.jsonl: which seeds this store scored under which
+             digest, appended when verdicts are written. A seed is *fresh* for a
+             protocol when its first scoring (HISTORY first, then the ledger) was under
+             that protocol's digest; the headline verdicts read fresh seeds only.
+
+Changing PROTOCOL after its seeds were scored is allowed and shown, never hidden: add
+the old one to HISTORY with its verdicts (tests/test_protocol.py pins the digests, so a
+change cannot pass unnoticed) and judge the new one on seeds it has not seen.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from looplab.errors import ConfigError
+from looplab.stages import ARMS, DEFAULT_STAGE, FIXED_MATCHED_ARM, OURO_MATCHED_ARM, get_stage
+
+CORRECTIONS = ("holm", "none")
+LEDGER = "protocol_ledger.jsonl"
+
+
+@dataclass(frozen=True)
+class Protocol:
+    name: str  # a label for people ("v3: ..."); the digest is the identity
+    lm_preset: str
+    lm_regime: dict[str, Any]  # sweep-wide overrides of every LM stage
+    stage_steps: dict[str, int]  # each continued stage's steps
+    arms: dict[str, tuple[str, ...]]  # arm -> its stages
+    lm_points: tuple[tuple[str, int, int], ...]  # (arm, N, R)
+    phop_preset: str
+    phop_regime: dict[str, Any]
+    phop_hops: tuple[int, ...]
+    phop_pairs: tuple[tuple[int, int], ...]  # (N, R)
+    speed_batches: tuple[int, ...]
+    speed_policy: str
+    claim_rules: dict[str, dict[str, Any]]  # claim -> its rule (analysis.claims.Claim.rule())
+    matched: dict[str, str] = field(default_factory=dict)  # claim -> the compute-matched arm its verdict reads
+    confidence: float = 0.95
+    correction: str = "none"
+    seeds: tuple[int, ...] = ()  # the default judges (outside the digest)
+    # A run's --set (both sweeps) and --stage-set (the LM's stages): another protocol.
+    overrides: dict[str, Any] = field(default_factory=dict)
+    stage_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.correction not in CORRECTIONS:
+            raise ConfigError(f"Protocol.correction={self.correction!r} is invalid; allowed: {' | '.join(CORRECTIONS)}")
+        if not 0.5 < self.confidence < 1.0:
+            raise ConfigError(f"Protocol.confidence={self.confidence!r} is invalid; allowed: a float in (0.5, 1)")
+        for arm, _, _ in self.lm_points:
+            if arm not in self.arms:
+                raise ConfigError(f"Protocol.lm_points arm={arm!r} is invalid; allowed: {' | '.join(self.arms)}")
+        for claim, arm in self.matched.items():
+            if arm not in self.arms:
+                raise ConfigError(f"Protocol.matched[{claim!r}]={arm!r} is invalid; allowed: {' | '.join(self.arms)}")
+
+    def content(self) -> dict[str, Any]:
+        """What the digest covers: everything but the label and the default seeds."""
+        d = asdict(self)
+        d.pop("name")
+        d.pop("seeds")
+        return d
+
+    def digest(self) -> str:
+        text = json.dumps(self.content(), sort_keys=True, separators=(",", ":"), default=list)
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+    def with_overrides(self, overrides: dict[str, Any], stage_overrides: dict[str, dict[str, Any]]) -> "Protocol":
+        """The protocol a run with --set / --stage-set actually follows: another digest,
+        so its verdicts never pass for the declared protocol's."""
+        if not overrides and not stage_overrides:
+            return self
+        return replace(self, name=f"{self.name}, modified by --set/--stage-set", overrides=dict(overrides),
+                       stage_overrides={k: dict(v) for k, v in stage_overrides.items()})
+
+    def steps_of(self, stage: str) -> int:
+        """A stage's steps under this protocol, its overrides included."""
+        given = {**self.overrides, **self.stage_overrides.get(stage, {})}
+        if "train.steps" in given:
+            return given["train.steps"]
+        return self.lm_regime["train.steps"] if stage == DEFAULT_STAGE else self.stage_steps[stage]
+
+    def weight_steps(self, arm: str) -> int:
+        """The weight-training steps behind an arm's model: every stage that trains the
+        backbone (Stage-2 trains the gate alone and does not count)."""
+        return sum(self.steps_of(s) for s in self.arms[arm] if get_stage(s).trains_model)
+
+    def arm_steps_text(self) -> list[str]:
+        """One line per arm: its stages with their steps and its weight-training steps."""
+        lines = []
+        for arm, stages in self.arms.items():
+            parts = [f"{s} {self.steps_of(s)}"
+                     + ("" if get_stage(s).trains_model else " (gate only)") for s in stages]
+            lines.append(f"{arm:<14} {' → '.join(parts)}: {self.weight_steps(arm)} weight-training steps")
+        return lines
+
+
+# ---- the protocols, oldest first ------------------------------------------------------------------------
+
+_OLD_RULES = {  # v1 and v2: the rules of analysis/claims.py then (no resolution declared, no correction)
+    "C1": (1, 0.0), "C1-LM": (1, 0.0), "C1-depth": (1, 0.0), "C2": (1, 0.0), "C2-own": (1, 0.0), "C3": (1, 0.0),
+    "C3-few": (-1, 5.0), "C4": (1, 1.0), "C4-batch1": (-1, 1.0), "C4-growth": (1, 0.0)}
+_OLD_ARMS = {"ouro": ARMS["ouro"], "chase": ARMS["chase"], "fixed": (DEFAULT_STAGE,)}
+_OLD_POINTS = (("ouro", 1, 4), ("chase", 1, 4), ("fixed", 1, 4), ("fixed", 1, 1), ("fixed", 4, 1))
+_QS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
+
+
+def _lm_regime(seq_len: int) -> dict[str, Any]:
+    return {"train.seq_len": seq_len, "train.batch_size": 8, "train.steps": 800, "task.val_blocks": 64,
+            "train.eval_every": 400, "model.n_loops": 4, "hole.sampler": "depth", "hole.hp": 0.5, "train.eval_qs": _QS}
+
+
+def _old(name: str, seq_len: int) -> Protocol:
+    return Protocol(
+        name=name, lm_preset="debug", lm_regime=_lm_regime(seq_len),
+        stage_steps={"stage1": 200, "chase": 200, "stage2": 200}, arms=_OLD_ARMS, lm_points=_OLD_POINTS,
+        phop_preset="phop-debug", phop_regime={"task.n": 16, "model.d_model": 64, "train.steps": 2000},
+        phop_hops=(2,), phop_pairs=((1, 4), (1, 1), (4, 1)), speed_batches=(1, 64), speed_policy="skip:0.2",
+        claim_rules={c: {"direction": d, "null": n} for c, (d, n) in _OLD_RULES.items()},
+        confidence=0.95, correction="none", seeds=(100, 101, 102))
+
+
+def _current() -> Protocol:
+    from analysis.claims import CLAIMS  # the rules' home; the digest covers them as they stand
+
+    return Protocol(
+        name="v3: compute-matched arms, Holm over the claims, no-spread rule, five fresh seeds",
+        lm_preset="debug", lm_regime=_lm_regime(128),
+        stage_steps={"stage1": 200, "chase": 200, "stage2": 200, "stage1_more": 200, "pretrain_more": 400},
+        arms={**_OLD_ARMS, "ouro-matched": OURO_MATCHED_ARM, "fixed-matched": FIXED_MATCHED_ARM},
+        lm_points=(("ouro", 1, 4), ("ouro-matched", 1, 4), ("chase", 1, 4), ("fixed", 1, 4), ("fixed", 1, 1),
+                   ("fixed", 4, 1), ("fixed-matched", 1, 4)),
+        phop_preset="phop-debug", phop_regime={"task.n": 16, "model.d_model": 64, "train.steps": 2000},
+        phop_hops=(2,), phop_pairs=((1, 4), (1, 1), (4, 1)), speed_batches=(1, 64), speed_policy="skip:0.2",
+        claim_rules={c.id: c.rule() for c in CLAIMS.values()},
+        matched={"C2": "fixed-matched", "C3": "ouro-matched"},
+        confidence=0.95, correction="holm", seeds=(200, 201, 202, 203, 204))
+
+
+@dataclass(frozen=True)
+class Past:
+    """A protocol the miniature had, the seeds it scored and what they gave."""
+
+    protocol: Protocol
+    commit: str  # where its verdicts were recorded
+    verdicts: dict[str, str]  # claim -> "figure: verdict"
+    note: str = ""
+
+
+V1 = _old("v1: context 512 (the scan's centre)", 512)
+V2 = _old("v2: context 128 (a quarter of the step cost)", 128)
+HISTORY: tuple[Past, ...] = (
+    Past(V1, "4a5ed98", {
+        "C1": "+9.00 pt [+1.89, +16.11]: reproduced", "C1-LM": "+8.95 % [+7.47, +10.45]: reproduced",
+        "C1-depth": "+12.90 % [+11.39, +14.43]: reproduced", "C2": "+33.67 % [+22.45, +44.89]: reproduced",
+        "C2-own": "−1.34 % [−1.75, −0.93]: not reproduced", "C3": "+10.05 pt [+8.21, +11.88]: reproduced",
+        "C3-few": "+6.87 % [+6.24, +7.50]: not reproduced", "C4": "2.24x [1.72, 2.77]: reproduced",
+        "C4-batch1": "1.79x [1.71, 1.86]: not reproduced", "C4-growth": "+0.46x [−0.05, +0.96]: inconclusive"},
+        "the LM sweep took 43 min on 2 cores, over the 30-minute budget; the regime then moved to context 128 "
+        "with these seeds' verdicts in view"),
+    Past(V2, "ca86a73", {
+        "C1": "+11.40 pt [+5.27, +17.53]: reproduced", "C1-LM": "+4.56 % [+2.04, +7.13]: reproduced",
+        "C1-depth": "+10.82 % [+7.92, +13.79]: reproduced", "C2": "+24.15 % [+11.34, +36.97]: reproduced",
+        "C2-own": "−1.05 % [−1.69, −0.41]: not reproduced", "C3": "+7.55 pt [+6.62, +8.48]: reproduced",
+        "C3-few": "+2.65 % [−0.74, +6.05]: inconclusive", "C4": "1.99x [1.73, 2.24]: reproduced",
+        "C4-batch1": "1.64x [1.46, 1.82]: not reproduced", "C4-growth": "+0.35x [+0.20, +0.49]: reproduced"},
+        "the same seeds as v1, so not held out; arms not compute-matched (Ouro 200 weight steps behind CHASE, "
+        "C2's comparator 400); no correction for ten verdicts; C1 moved from v1's +9.00 with its p-hop regime "
+        "unchanged"),
+)
+PROTOCOL = _current()
+
+
+def history_markdown(current: dict[str, str] | None = None) -> str:
+    """Every protocol, oldest first, as a column: its digest, seeds and verdicts per
+    claim; today's last, with `current` (claim -> "figure: verdict") where given."""
+    columns = [(p.protocol, p.commit, p.verdicts) for p in HISTORY] + [(PROTOCOL, "today", current or {})]
+    claims = list(dict.fromkeys([c for _, _, v in columns for c in v] + list(PROTOCOL.claim_rules)))
+    lines = ["| claim | " + " | ".join(f"{p.name.split(':')[0]} `{p.digest()}` ({commit}; seeds "
+                                        f"{', '.join(map(str, p.seeds))})" for p, commit, _ in columns) + " |",
+             "|---|" + "---|" * len(columns)]
+    for c in claims:
+        lines.append(f"| {c} | " + " | ".join(v.get(c, "—") for _, _, v in columns) + " |")
+    notes = [f"- {p.protocol.name}: {p.note}." for p in HISTORY if p.note] + [f"- {PROTOCOL.name}."]
+    return "\n".join(lines + [""] + notes)
+
+
+# ---- the ledger ---------------------------------------------------------------------------------------------
+
+class Ledger:
+    """Which seeds were scored under which protocol digest: HISTORY's, then this store's
+    STORAGE/protocol_ledger.jsonl (one JSON object a line, appended, never rewritten)."""
+
+    def __init__(self, storage: str | Path, history: tuple[Past, ...] = HISTORY):
+        self.path = Path(storage) / LEDGER
+        self.history = history
+
+    def entries(self) -> list[tuple[int, str, str]]:
+        """(seed, digest, protocol name) in the order they were first scored."""
+        out = [(seed, past.protocol.digest(), past.protocol.name) for past in self.history
+               for seed in past.protocol.seeds]
+        if self.path.is_file():
+            for number, line in enumerate(self.path.read_text().splitlines(), 1):
+                if not line.strip():
+                    continue
+                try:
+                    d = json.loads(line)
+                    out.append((int(d["seed"]), str(d["protocol"]), str(d.get("name", ""))))
+                except (ValueError, KeyError, TypeError) as e:
+                    raise ConfigError(f"{self.path}:{number} is not a ledger line ({e}); allowed: "
+                                      '{"seed": INT, "protocol": DIGEST, "name": TEXT}') from None
+        return out
+
+    def first_scored(self, seed: int) -> tuple[str, str] | None:
+        """(digest, name) of the protocol this seed was first scored under; None if never."""
+        return next(((d, n) for s, d, n in self.entries() if s == seed), None)
+
+    def record(self, seeds, protocol: Protocol) -> None:
+        """Note that these seeds were scored under this protocol (once per pair)."""
+        digest = protocol.digest()
+        seen = {(s, d) for s, d, _ in self.entries()}
+        new = [s for s in seeds if (s, digest) not in seen]
+        if new:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("a") as f:
+                for s in new:
+                    f.write(json.dumps({"seed": s, "protocol": digest, "name": protocol.name}) + "\n")
+
+    def status(self, seeds, protocol: Protocol) -> list[dict[str, Any]]:
+        """Per seed: fresh (first scored under this protocol, or not yet scored) or the
+        earlier protocol it was first scored under."""
+        digest, rows = protocol.digest(), []
+        for s in seeds:
+            first = self.first_scored(s)
+            fresh = first is None or first[0] == digest
+            rows.append({"seed": s, "fresh": fresh, "first_scored_under": digest if first is None else first[0],
+                         "first_protocol": protocol.name if first is None else first[1]})
+        return rows
