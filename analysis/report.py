@@ -631,12 +631,12 @@ def _speed_section(runs: RunSet, points, out, paths, charts, notes) -> list[tupl
                                     "skip policy against the prefill throughput measured at that batch and length "
                                     "(batch · L / median time); the label has the executed loops and the speedup.")
     shown = table.select("checkpoint", "method", "device", "batch", "seq_len", "policy", tracking.EXECUTED_LOOPS,
-                         "tokens_per_s_full", "tokens_per_s_skip", "speedup", "loop_bound", "flop_bound",
-                         "of_flop_bound", PPL_FULL, tracking.PPL)
+                         "tokens_per_s_full", "tokens_per_s_skip", "speedup", "loop_bound", "flop_ratio",
+                         "of_flop_ratio", PPL_FULL, tracking.PPL)
     return [("Prefill speed against quality", slots + _html_table(
         shown, "Each timed point (sweeps/speed.py; one MLflow run per point and machine): executed loops d̄ on the "
                "timed inputs, tokens/s of full and skip execution, the measured speedup, its loop bound R/d̄ and "
-               "FLOP bound (F0 + R·Fr)/(F0 + d̄·Fr), the share of the FLOP bound reached, and the stage's validation "
+               "FLOP ratio (F0 + R·Fr)/(F0 + d̄·Fr), the share of the FLOP ratio reached, and the stage's validation "
                "perplexity at full depth and under the same policy. speed.csv has every column."))]
 
 
@@ -655,7 +655,7 @@ def _arrivals_section(runs: RunSet, out, paths, charts, notes) -> list[tuple[str
         paths["arrivals.png"] = render_png(spec, out / "arrivals.png")
         charts.append(spec)
         slots = chart_slot("arrivals", "Decode tokens/s of each checkpoint, schedule and policy against its executed "
-                                       "loops d̄; dashed: full's decode tokens/s times the FLOP bound at that d̄.")
+                                       "loops d̄; dashed: full's decode tokens/s times the FLOP ratio at that d̄.")
     return [("Decoding under continuous arrivals", slots + _html_table(
         table, "Each point (sweeps/speed.py --arrivals; one MLflow run per point and machine): requests of drawn "
                "lengths on a fixed number of cache rows, a freed row taking the next request; speedup is decode "

@@ -8,8 +8,8 @@ the same checkpoint reached under that policy and at full compute.
                 device, batch, seq_len, policy (its spec), dtype, packing
       speed     executed_loops (d̄ on the timed inputs), time_full_s, time_skip_s,
                 tokens_per_s_full / tokens_per_s_skip (batch · L / median time),
-                speedup, loop_bound (R / d̄), flop_bound ((F0 + R·Fr)/(F0 + d̄·Fr),
-                looplab/costs/resources.py), of_flop_bound (speedup / flop_bound)
+                speedup, loop_bound (R / d̄), flop_ratio ((F0 + R·Fr)/(F0 + d̄·Fr),
+                looplab/costs/resources.py), of_flop_ratio (speedup / flop_ratio)
       quality   ppl_full (the stage's validation perplexity at full depth), ppl (under
                 the timed policy: the gate at the same q, or the same zoo rule and
                 threshold), val_executed_loops (the validation set's loops under it);
@@ -25,10 +25,10 @@ the same checkpoint reached under that policy and at full compute.
                 policy (full is the baseline), requests, prompt_len, new_tokens, seed
       speed     executed_loops (d̄ of the decoded tokens), tokens_per_s (prefills
                 included), decode_tokens_per_s, speedup (decode tokens/s over full's in
-                the same slots and schedule), loop_bound, flop_bound (of d̄, the LM head
-                read out per token), of_flop_bound
+                the same slots and schedule), loop_bound, flop_ratio (of d̄, the LM head
+                read out per token), of_flop_ratio
     arrivals_chart(table)      decode tokens/s against d̄ per checkpoint × slots × schedule,
-                with the FLOP bound's tokens/s (full's × the bound of each d̄) dashed
+                with the FLOP ratio's tokens/s (full's × the bound of each d̄) dashed
 
 The metric and param names are the tracking contract's (looplab/tracking.py).
 """
@@ -46,13 +46,13 @@ from looplab.policy import FULL
 IDENTITY = ("experiment", "checkpoint", "method", "stage", "stage_key", "device", "batch", "seq_len", "policy",
             "dtype", "packing")
 SPEED = (tracking.EXECUTED_LOOPS, "time_full_s", "time_skip_s", "tokens_per_s_full", "tokens_per_s_skip", "speedup",
-         "loop_bound", "flop_bound", "of_flop_bound")
+         "loop_bound", "flop_ratio", "of_flop_ratio")
 # The arrivals runs' decode tokens/s, composed as trainables/speed.py logs it (the contract
 # has no single name for it yet).
 ARRIVAL_IDENTITY = ("experiment", "checkpoint", "method", "stage", "stage_key", "device", "slots", "schedule", "policy",
                     "requests", "prompt_len", "new_tokens", "seed")
 ARRIVAL_SPEED = (tracking.EXECUTED_LOOPS, tracking.TOKENS_PER_S, tracking.DECODE_TOKENS_PER_S, "speedup", "loop_bound",
-                 "flop_bound", "of_flop_bound")
+                 "flop_ratio", "of_flop_ratio")
 PPL_FULL = names.at_point(tracking.PPL, FULL)  # the stage's validation perplexity at full depth
 QUALITY = (PPL_FULL, tracking.PPL, names.SPEED_VALIDATION_LOOPS)
 
@@ -97,11 +97,11 @@ def speed_runs(runs: RunSet) -> pl.DataFrame | None:
         param(tracking.MACHINE_PARAM + "device").alias("device"),
         metric(tracking.MEAN_LOOPS).alias(tracking.EXECUTED_LOOPS), metric(tracking.TIME_FULL).alias("time_full_s"),
         metric(tracking.TIME_SKIP).alias("time_skip_s"), metric(tracking.SPEEDUP).alias("speedup"),
-        metric(tracking.LOOP_BOUND).alias("loop_bound"), metric(tracking.FLOP_BOUND).alias("flop_bound"))
+        metric(tracking.LOOP_BOUND).alias("loop_bound"), metric(tracking.FLOP_RATIO).alias("flop_ratio"))
     tokens = (pl.col("batch") * pl.col("seq_len")).cast(pl.Float64)
     rows = rows.with_columns((tokens / pl.col("time_full_s")).alias("tokens_per_s_full"),
                              (tokens / pl.col("time_skip_s")).alias("tokens_per_s_skip"),
-                             (pl.col("speedup") / pl.col("flop_bound")).alias("of_flop_bound"))
+                             (pl.col("speedup") / pl.col("flop_ratio")).alias("of_flop_ratio"))
     # One measurement per point and machine: the newest (another --repeats or threads count
     # is another key, timed again).
     point = ["experiment", "stage_key", "device", "batch", "seq_len", "policy", "dtype", "packing"]
@@ -172,7 +172,7 @@ def speed_chart(table: pl.DataFrame) -> ChartSpec | None:
         # executed loops), not the x order: timing noise would zigzag it.
         for r in group.filter(pl.col("ppl").is_not_null()).sort(tracking.EXECUTED_LOOPS, descending=True).iter_rows(
                 named=True):
-            bound = f" (FLOP bound {r['flop_bound']:.2f}x)" if r["flop_bound"] is not None else ""
+            bound = f" (FLOP ratio {r['flop_ratio']:.2f}x)" if r["flop_ratio"] is not None else ""
             pts.append(Point(r["tokens_per_s_skip"], r["ppl"],
                              f"{r['policy']}: {r[tracking.EXECUTED_LOOPS]:.2f} loops, {r['speedup']:.2f}x{bound}"))
         xs += [p.x for p in pts]
@@ -201,8 +201,8 @@ def arrivals_table(runs: RunSet) -> pl.DataFrame | None:
         metric(tracking.MEAN_LOOPS).alias(tracking.EXECUTED_LOOPS),
         metric(tracking.TOKENS_PER_S).alias(tracking.TOKENS_PER_S),
         metric(tracking.DECODE_TOKENS_PER_S).alias(tracking.DECODE_TOKENS_PER_S), metric(tracking.SPEEDUP).alias("speedup"),
-        metric(tracking.LOOP_BOUND).alias("loop_bound"), metric(tracking.FLOP_BOUND).alias("flop_bound"))
-    rows = rows.with_columns((pl.col("speedup") / pl.col("flop_bound")).alias("of_flop_bound"))
+        metric(tracking.LOOP_BOUND).alias("loop_bound"), metric(tracking.FLOP_RATIO).alias("flop_ratio"))
+    rows = rows.with_columns((pl.col("speedup") / pl.col("flop_ratio")).alias("of_flop_ratio"))
     point = ["experiment", "stage_key", "device", "slots", "schedule", "policy", "requests", "prompt_len",
              "new_tokens", "seed"]
     rows = rows.sort("start_time").unique(point, keep="last", maintain_order=True).drop("start_time")
@@ -213,7 +213,7 @@ def arrivals_table(runs: RunSet) -> pl.DataFrame | None:
 
 def arrivals_chart(table: pl.DataFrame) -> ChartSpec | None:
     """Decode tokens/s against d̄: per checkpoint × slots × schedule the measured points
-    (full at d̄ = R, then each policy), and dashed the tokens/s the FLOP bound allows
+    (full at d̄ = R, then each policy), and dashed the tokens/s the FLOP ratio allows
     (full's decode tokens/s × the bound of each point's d̄). None without a point."""
     drawn = table.filter(pl.col(tracking.DECODE_TOKENS_PER_S).is_not_null() & pl.col(tracking.EXECUTED_LOOPS).is_not_null())
     if drawn.is_empty():
@@ -229,16 +229,16 @@ def arrivals_chart(table: pl.DataFrame) -> ChartSpec | None:
         rows = list(group.sort(tracking.EXECUTED_LOOPS, descending=True).iter_rows(named=True))
         pts = [Point(r[tracking.EXECUTED_LOOPS], r[tracking.DECODE_TOKENS_PER_S],
                      f"{r['policy']}: d̄ {r[tracking.EXECUTED_LOOPS]:.2f}, {r['speedup']:.2f}x"
-                     + (f" of FLOP bound {r['flop_bound']:.2f}x" if r["flop_bound"] is not None else ""))
+                     + (f" of FLOP ratio {r['flop_ratio']:.2f}x" if r["flop_ratio"] is not None else ""))
                  for r in rows]
         series.append(Series(name, color, pts, [(p.x, p.y) for p in pts], "linear"))
         ys += [p.y for p in pts]
         full = [r[tracking.DECODE_TOKENS_PER_S] for r in rows if r["policy"] == FULL]
         if full:  # the bound is a speedup over full: drawn from full's measured tokens/s
-            bound = [Point(r[tracking.EXECUTED_LOOPS], full[0] * r["flop_bound"],
-                           f"{r['policy']}: FLOP bound {r['flop_bound']:.2f}x") for r in rows
-                     if r["flop_bound"] is not None]
-            series.append(Series(f"{name} · FLOP bound", color, bound, [(p.x, p.y) for p in bound], "linear",
+            bound = [Point(r[tracking.EXECUTED_LOOPS], full[0] * r["flop_ratio"],
+                           f"{r['policy']}: FLOP ratio {r['flop_ratio']:.2f}x") for r in rows
+                     if r["flop_ratio"] is not None]
+            series.append(Series(f"{name} · FLOP ratio", color, bound, [(p.x, p.y) for p in bound], "linear",
                                  dashed=True))
             ys += [p.y for p in bound]
     return ChartSpec("arrivals", "Decode tokens/s under continuous arrivals against executed loops d̄",

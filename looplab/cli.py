@@ -385,7 +385,7 @@ def _model_and_task(args):
 
 def cmd_bench_arrivals(args) -> int:
     """Decoding under continuous arrivals (looplab/inference/arrivals.py): tokens/s of each
-    schedule × policy against full's and against the FLOP bound."""
+    schedule × policy against full's and against the FLOP ratio."""
     from looplab.inference.arrivals import HEADER, ArrivalBench, RequestStream, bench_arrivals, format_record, records_as_dicts
     from looplab.training.train import resolve_device
 
@@ -665,7 +665,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     a = sub.add_parser("bench-arrivals", help="decode tokens/s under continuous arrivals (requests of different "
                                               "lengths joining as others finish), schedule × policy, against the "
-                                              "FLOP bound")
+                                              "FLOP ratio")
     a.add_argument("--checkpoint", default="", help="a trained checkpoint (gate-driven exits need one)")
     a.add_argument("--preset", default="", help="or a preset, freshly initialised")
     a.add_argument("--slots", type=ints_at_least(1), default="8,32", help="comma-separated cache rows served at once")

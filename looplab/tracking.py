@@ -185,10 +185,10 @@ SPEEDUP, LOOP_BOUND, MEAN_LOOPS = "speedup", "ideal_speedup", "mean_executed_loo
 TIME_FULL, TIME_SKIP = "time_full_s", "time_skip_s"
 BENCH_METRICS = (SPEEDUP, LOOP_BOUND, MEAN_LOOPS, "batch_max_survivor_ratio", TIME_FULL, TIME_SKIP,
                  "peak_mem_full", "peak_mem_skip", "peak_mem_abs_full", "peak_mem_abs_skip")
-# A speed point's run (trainables/speed.py) logs BENCH_METRICS and the FLOP bound of its
-# speedup, (F0 + R·Fr)/(F0 + d̄·Fr) (looplab/costs/resources.py: flop_bound).
-FLOP_BOUND = "flop_bound_speedup"
-SPEED_METRICS = (*BENCH_METRICS, FLOP_BOUND)
+# A speed point's run (trainables/speed.py) logs BENCH_METRICS and the FLOP ratio of its
+# speedup, (F0 + R·Fr)/(F0 + d̄·Fr) (looplab/costs/resources.py: flop_ratio).
+FLOP_RATIO = "flop_ratio"
+SPEED_METRICS = (*BENCH_METRICS, FLOP_RATIO)
 # The decode benchmark's figures (looplab/costs/timing.py's DecodeRecord, records with kind "decode").
 DECODE = "decode"
 DECODE_BENCH_METRICS = (SPEEDUP, LOOP_BOUND, MEAN_LOOPS, TIME_FULL, TIME_SKIP,
@@ -198,7 +198,7 @@ DECODE_BENCH_METRICS = (SPEEDUP, LOOP_BOUND, MEAN_LOOPS, TIME_FULL, TIME_SKIP,
 # Decoding under continuous arrivals (looplab/inference/arrivals.py's ArrivalRecord; the speed
 # sweep's --arrivals runs): decode tokens/s beside the overall tokens/s and the bounds.
 DECODE_TOKENS_PER_S = f"{DECODE}_{TOKENS_PER_S}"
-ARRIVAL_METRICS = (TOKENS_PER_S, DECODE_TOKENS_PER_S, MEAN_LOOPS, LOOP_BOUND, FLOP_BOUND, SPEEDUP)
+ARRIVAL_METRICS = (TOKENS_PER_S, DECODE_TOKENS_PER_S, MEAN_LOOPS, LOOP_BOUND, FLOP_RATIO, SPEEDUP)
 
 _QUANTITY = "|".join(re.escape(q) for q in EVAL_QUANTITIES)
 _FAMILY = "|".join(re.escape(f) for f in LM_EVAL_FAMILIES)

@@ -21,14 +21,14 @@ any of their settings):
 experiment's FINISHED stage runs (trainables/downstream.py's store_checkpoints). Each
 point is one MLflow run keyed by content and by the machine that times it
 (trainables/speed.py): a re-run measures only what the store lacks on this hardware.
-Each run records, beside the measured speedup, the loop bound R/d̄ and the FLOP bound
+Each run records, beside the measured speedup, the loop bound R/d̄ and the FLOP ratio
 (F0 + R·Fr)/(F0 + d̄·Fr) (looplab/costs/resources.py).
 
 --arrivals adds decoding under continuous arrivals (looplab/inference/arrivals.py, issue 27 item
 6a): per checkpoint, a seeded request stream served by --slots cache rows under each
 --schedules and each policy (and full, the baseline), one MLflow run per (checkpoint,
 slots, schedule, policy, stream) keyed the same way; each logs tokens/s, decode tokens/s,
-d̄, the FLOP bound of d̄ and the speedup over full. --requests, --prompt-len, --new-tokens
+d̄, the FLOP ratio of d̄ and the speedup over full. --requests, --prompt-len, --new-tokens
 set the stream (defaults: the grid's arrivals settings; debug is a CPU's seconds):
 
     python sweeps/speed.py --experiment adaptive_pipeline-debug --grid debug --no-ray --arrivals
@@ -403,12 +403,12 @@ def describe(grid: SpeedGrid, jobs, stored: dict[str, int], cpus: float, gpus: f
 
 
 # ---- the summary ------------------------------------------------------------------------------
-SUMMARY = ("checkpoint", "method", "batch", "L", "policy", "loops", "speedup", "loop bound R/d̄", "FLOP bound",
-           "speedup / FLOP bound", "reused")
+SUMMARY = ("checkpoint", "method", "batch", "L", "policy", "loops", "speedup", "loop bound R/d̄", "FLOP ratio",
+           "speedup / FLOP ratio", "reused")
 
 
 ARRIVALS_SUMMARY = ("checkpoint", "method", "slots", "schedule", "policy", "d̄", "tok/s", "decode tok/s", "speedup",
-                    "FLOP bound", "speedup / FLOP bound", "reused")
+                    "FLOP ratio", "speedup / FLOP ratio", "reused")
 
 
 def is_arrivals(record: dict) -> bool:
@@ -418,7 +418,7 @@ def is_arrivals(record: dict) -> bool:
 def summary_rows(records: list[dict]) -> list[list[str]]:
     rows = []
     for r in records:
-        bound = r.get(tracking.FLOP_BOUND)
+        bound = r.get(tracking.FLOP_RATIO)
         rows.append([r["checkpoint"], r["method"], str(r["batch"]), str(r["seq_len"]), r["policy"],
                      f"{r[tracking.MEAN_LOOPS]:.2f}", f"{r[tracking.SPEEDUP]:.2f}x", f"{r[tracking.LOOP_BOUND]:.2f}x",
                      f"{bound:.2f}x" if bound else "?", f"{r[tracking.SPEEDUP] / bound:.0%}" if bound else "?",
@@ -431,7 +431,7 @@ def arrivals_rows(records: list[dict]) -> list[list[str]]:
 
     rows = []
     for r in records:
-        bound, speedup = r.get(tracking.FLOP_BOUND), r.get(tracking.SPEEDUP)
+        bound, speedup = r.get(tracking.FLOP_RATIO), r.get(tracking.SPEEDUP)
         rows.append([r["checkpoint"], r["method"], str(r["slots"]), r["schedule"], r["policy"],
                      f"{r[tracking.MEAN_LOOPS]:.2f}", f"{r[tracking.TOKENS_PER_S]:.0f}",
                      f"{r[DECODE_TOKENS_PER_S]:.0f}", f"{speedup:.2f}x", f"{bound:.2f}x" if bound else "?",

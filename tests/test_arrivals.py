@@ -12,7 +12,7 @@ from looplab.config import ConfigError
 from looplab.inference.depth_batching import DepthBatch
 from looplab.inference.generate import generate, prefill
 from looplab.policy import ExitPolicy
-from looplab.costs.resources import flop_bound, prefill_flops
+from looplab.costs.resources import flop_ratio, prefill_flops
 from test_adaptive import gated_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -97,7 +97,7 @@ def test_a_bad_argument_is_one_line_naming_it(call, message):
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
-def test_the_benchmark_reports_each_run_against_full_and_the_flop_bound():
+def test_the_benchmark_reports_each_run_against_full_and_the_flop_ratio():
     model = gated_model("mamba2", seed=1)
     settings = ArrivalBench(STREAM, slots=(3,), policies=(ExitPolicy.skip(0.5),), warmup=0, repeats=1)
     lines = []
@@ -110,11 +110,11 @@ def test_the_benchmark_reports_each_run_against_full_and_the_flop_bound():
         assert r.generated_tokens == sum(q.new_tokens for q in make_requests(model, None, STREAM))
         assert r.decode_s == pytest.approx(r.wall_s - r.prefill_s)
         if r.policy == "full":
-            assert (r.mean_executed_loops, r.flop_bound, r.speedup) == (4.0, 1.0, 1.0)
+            assert (r.mean_executed_loops, r.flop_ratio, r.speedup) == (4.0, 1.0, 1.0)
         else:
             assert 1 <= r.mean_executed_loops < 4
-            assert r.flop_bound == pytest.approx(flop_bound(f0, fr, 4, r.mean_executed_loops))
-            assert r.of_bound == pytest.approx(r.speedup / r.flop_bound)
+            assert r.flop_ratio == pytest.approx(flop_ratio(f0, fr, 4, r.mean_executed_loops))
+            assert r.of_flop_ratio == pytest.approx(r.speedup / r.flop_ratio)
     depth_skip, lockstep_skip = records[3], records[1]
     assert depth_skip.paid_loops < lockstep_skip.paid_loops
 

@@ -1,9 +1,9 @@
 """The prefill speed sweep (sweeps/speed.py, trainables/speed.py, analysis/speed.py): the
-FLOP bound by hand, the paper's grids in the dry run, bad flags as one line, and the
+FLOP ratio by hand, the paper's grids in the dry run, bad flags as one line, and the
 sweep end to end in this process on tiny checkpoints of a logged pipeline: one run per
 point with the machine, a re-run that measures nothing, and the report's join of speed
 to the stage's validation perplexity; with --arrivals, decoding under continuous arrivals:
-one run per (checkpoint, slots, schedule, policy, stream), its FLOP bound the library's
+one run per (checkpoint, slots, schedule, policy, stream), its FLOP ratio the library's
 for the measured d̄, nothing re-measured on a re-run, and arrivals.csv beside speed.csv."""
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ import looplab  # noqa: E402
 from looplab import tracking  # noqa: E402
 from looplab.checkpoint import experiment_metadata, read_model_config, save_model  # noqa: E402
 from looplab.policy import ExitPolicy  # noqa: E402
-from looplab.costs.resources import flop_bound, prefill_flops  # noqa: E402
+from looplab.costs.resources import flop_ratio, prefill_flops  # noqa: E402
 from sweeps import speed  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-# ---- the FLOP bound ------------------------------------------------------------------------------
-def test_flop_bound_by_hand():
+# ---- the FLOP ratio ------------------------------------------------------------------------------
+def test_flop_ratio_by_hand():
     from looplab.models.looped import LoopedLM
     from looplab.presets import get_preset
 
@@ -43,8 +43,8 @@ def test_flop_bound_by_hand():
     assert prefill_flops(cfg, L, ExitPolicy.parse("skip-entropy:2.0"))[0] == pytest.approx(2 * d * V / L
                                                                                           + (R - 1) * 2 * d * V)
     # (F0 + R·Fr)/(F0 + d̄·Fr), hand-computed: (100 + 4·50)/(100 + 2·50) = 1.5, below the loop bound 4/2
-    assert flop_bound(100.0, 50.0, 4, 2.0) == 1.5
-    assert flop_bound(0.0, 50.0, 4, 2.0) == 2.0 and flop_bound(100.0, 50.0, 4, 4.0) == 1.0
+    assert flop_ratio(100.0, 50.0, 4, 2.0) == 1.5
+    assert flop_ratio(0.0, 50.0, 4, 2.0) == 2.0 and flop_ratio(100.0, 50.0, 4, 4.0) == 1.0
 
 
 # ---- a logged pipeline with tiny checkpoints ---------------------------------------------------------
@@ -106,9 +106,9 @@ def test_speed_sweep_end_to_end_inline(store, capsys):
         assert params[tracking.SPEED_PARAM + "batch"] == "2" and params[tracking.SPEED_PARAM + "seq_len"] == "32"
         m = r.data.metrics
         assert set(tracking.SPEED_METRICS) <= set(m)
-        # the FLOP bound sits just below the loop bound (the head is read once per sequence)
-        assert 1.0 <= m[tracking.FLOP_BOUND] <= m[tracking.LOOP_BOUND] + 1e-9
-    assert "speedup / FLOP bound" in out and out.count(" no\n") == 4
+        # the FLOP ratio sits just below the loop bound (the head is read once per sequence)
+        assert 1.0 <= m[tracking.FLOP_RATIO] <= m[tracking.LOOP_BOUND] + 1e-9
+    assert "speedup / FLOP ratio" in out and out.count(" no\n") == 4
 
     # again: everything is in the store; nothing is measured, and the runs are untouched
     ends = {r.info.run_id: r.info.end_time for r in runs}
@@ -198,7 +198,7 @@ def arrival_runs(uri: str) -> list:
 
 def test_arrivals_sweep_end_to_end_inline(store, capsys, monkeypatch):
     """Per checkpoint, full and each policy under each schedule: one FINISHED run per
-    point with the machine, its FLOP bound flop_bound(prefill_flops(..., readout all)) at
+    point with the machine, its FLOP ratio flop_ratio(prefill_flops(..., readout all)) at
     the stream's mean context for the logged d̄; the same command again measures nothing
     and leaves the runs as they were; the report folder gets arrivals.csv, and speed.csv
     keeps the prefill points only."""
@@ -229,12 +229,12 @@ def test_arrivals_sweep_end_to_end_inline(store, capsys, monkeypatch):
         policy = ExitPolicy.parse(r.data.tags[tracking.POLICY_TAG])
         cfg = read_model_config(r.data.tags[tracking.CHECKPOINT])
         f0, fr = prefill_flops(cfg, round(stream.mean_context), policy, readout="all")
-        assert m[tracking.FLOP_BOUND] == pytest.approx(flop_bound(f0, fr, cfg.n_loops, m[tracking.MEAN_LOOPS]))
+        assert m[tracking.FLOP_RATIO] == pytest.approx(flop_ratio(f0, fr, cfg.n_loops, m[tracking.MEAN_LOOPS]))
         assert m[tracking.LOOP_BOUND] == pytest.approx(cfg.n_loops / m[tracking.MEAN_LOOPS])
         if policy.spec == "full":  # the baseline: every loop, its own speedup
             assert m[tracking.MEAN_LOOPS] == cfg.n_loops and m[tracking.SPEEDUP] == 1.0
     arrivals_summary = out.split("decoding under continuous arrivals")[1]
-    assert arrivals_summary.count(" no\n") == 12 and "speedup / FLOP bound" in arrivals_summary
+    assert arrivals_summary.count(" no\n") == 12 and "speedup / FLOP ratio" in arrivals_summary
     dry = ["--experiment", EXPERIMENT, "--storage-path", str(store["root"]), "--dry-run", *TINY, *ARRIVALS]
     assert speed.main(dry) == 0
     plan = capsys.readouterr().out
@@ -262,8 +262,8 @@ def test_arrivals_sweep_end_to_end_inline(store, capsys, monkeypatch):
                r.data.tags[tracking.POLICY_TAG]): r.data.metrics for r in runs}
     for row in table.iter_rows(named=True):
         m = by_run[row["stage_key"], row["schedule"], row["policy"]]
-        assert row["flop_bound"] == pytest.approx(m[tracking.FLOP_BOUND])
-        assert row["of_flop_bound"] == pytest.approx(m[tracking.SPEEDUP] / m[tracking.FLOP_BOUND])
+        assert row["flop_ratio"] == pytest.approx(m[tracking.FLOP_RATIO])
+        assert row["of_flop_ratio"] == pytest.approx(m[tracking.SPEEDUP] / m[tracking.FLOP_RATIO])
         assert row[DECODE_TOKENS_PER_S] == pytest.approx(m[DECODE_TOKENS_PER_S])
 
 

@@ -7,7 +7,7 @@ that times it (processor, CPU count, threads, device): a wall-clock figure belon
 hardware, so another machine measures again while a re-run here reuses. Each point is
 one MLflow run (level bench, tags stage_key, config_hash, method, policy and speed_key;
 params speed.* and machine.*; metrics tracking.SPEED_METRICS: the benchmark's figures
-and the FLOP bound of the speedup, looplab/costs/resources.py); a FINISHED run with the key is
+and the FLOP ratio of the speedup, looplab/costs/resources.py); a FINISHED run with the key is
 never measured again.
 
 Decoding under continuous arrivals (looplab/inference/arrivals.py; issue 27, item 6a) is the same
@@ -15,7 +15,7 @@ step for decoding: an `ArrivalPoint` is (checkpoint, slots, schedule, policy, re
 stream), keyed the same way (`arrival_key`: the stage key, the point, the machine, the
 warm-ups and repeats), one MLflow run each (level bench, the same tags; params speed.*
 and machine.*; metrics `arrival_metrics`: tokens/s, decode tokens/s, d̄, the loop and
-FLOP bounds and the speedup over full in the same schedule and slots). Full execution is
+FLOP ratios and the speedup over full in the same schedule and slots). Full execution is
 a point of its own (the baseline every speedup divides by), measured beside whichever
 policies are missing, so a policy's speedup always comes from one invocation.
 
@@ -116,13 +116,13 @@ def host_of(threads: int) -> dict[str, Any]:
 
 
 def bound_of(model_cfg, point: SpeedPoint, executed_loops: float) -> float:
-    """The point's FLOP bound (looplab/costs/resources.py) at its measured executed loops: a
+    """The point's FLOP ratio (looplab/costs/resources.py) at its measured executed loops: a
     prefill reads out at the last position only."""
     from looplab.policy import ExitPolicy
-    from looplab.costs.resources import flop_bound, prefill_flops
+    from looplab.costs.resources import flop_ratio, prefill_flops
 
     f0, fr = prefill_flops(model_cfg, point.seq_len, ExitPolicy.parse(point.policy), readout="last")
-    return flop_bound(f0, fr, model_cfg.n_loops, executed_loops)
+    return flop_ratio(f0, fr, model_cfg.n_loops, executed_loops)
 
 
 def _model_and_task(checkpoint: str):
@@ -173,13 +173,13 @@ def measure(mc, experiment_id: str, parent_run_id: str, *, checkpoint: str, stag
         run = _finished_point(mc, experiment_id, keys[p])
         if run is not None:
             values = {k: run.data.metrics[k] for k in tracking.SPEED_METRICS if k in run.data.metrics}
-            if tracking.FLOP_BOUND not in values and tracking.MEAN_LOOPS in values:
+            if tracking.FLOP_RATIO not in values and tracking.MEAN_LOOPS in values:
                 # a run logged before the bound was: computed from the model's config, no timing
                 from looplab.checkpoint import read_model_config
 
-                values[tracking.FLOP_BOUND] = bound_of(read_model_config(checkpoint), p,
+                values[tracking.FLOP_RATIO] = bound_of(read_model_config(checkpoint), p,
                                                        values[tracking.MEAN_LOOPS])
-                tracking.log_metrics(mc, run.info.run_id, {tracking.FLOP_BOUND: values[tracking.FLOP_BOUND]})
+                tracking.log_metrics(mc, run.info.run_id, {tracking.FLOP_RATIO: values[tracking.FLOP_RATIO]})
             records.append({**p.__dict__, **values, "reused": True})
         else:
             todo.append(p)
@@ -197,7 +197,7 @@ def measure(mc, experiment_id: str, parent_run_id: str, *, checkpoint: str, stag
         for p, call, peaks in zip(todo, calls, measured_peaks(prefill_peaks, calls)):
             ids, policy = call["ids"], call["policy"]
             record = bench_point(model, ids, policy, repeats=repeats, packing=p.packing, dtype=p.dtype, peaks=peaks)
-            values = {**record.__dict__, tracking.FLOP_BOUND: bound_of(model.cfg, p, record.mean_executed_loops)}
+            values = {**record.__dict__, tracking.FLOP_RATIO: bound_of(model.cfg, p, record.mean_executed_loops)}
             run_id, _ = tracking.open_run(
                 mc, experiment_id, name=tracking.speed_run_name(p.batch, p.seq_len, p.policy, keys[p]),
                 tags={tracking.STAGE_KEY: stage_key, tracking.CONFIG_HASH: config_hash, tracking.METHOD: method,
@@ -211,7 +211,7 @@ def measure(mc, experiment_id: str, parent_run_id: str, *, checkpoint: str, stag
             (progress or _to_stderr)(
                 f"speed{' ' + label if label else ''} batch {p.batch} × {p.seq_len} {p.policy}: full {record.time_full_s:.4f} s, "
                 f"skip {record.time_skip_s:.4f} s, {record.speedup:.2f}x (loops {record.ideal_speedup:.2f}x, "
-                f"FLOPs {values[tracking.FLOP_BOUND]:.2f}x)")
+                f"FLOPs {values[tracking.FLOP_RATIO]:.2f}x)")
             records.append({**p.__dict__, **{k: values[k] for k in tracking.SPEED_METRICS}, "reused": False})
     finally:
         torch.set_num_threads(previous)
@@ -223,11 +223,11 @@ def measure(mc, experiment_id: str, parent_run_id: str, *, checkpoint: str, stag
 
 def arrival_metrics(record) -> dict[str, float]:
     """An ArrivalRecord's logged figures (tracking.ARRIVAL_METRICS): its tokens/s, d̄, the loop
-    bound R/d̄, the FLOP bound of d̄ (as bench_arrivals computed it) and the speedup."""
+    bound R/d̄, the FLOP ratio of d̄ (as bench_arrivals computed it) and the speedup."""
     d_bar = record.mean_executed_loops
     return {tracking.TOKENS_PER_S: record.tokens_per_s, tracking.DECODE_TOKENS_PER_S: record.decode_tokens_per_s,
             tracking.MEAN_LOOPS: d_bar, tracking.LOOP_BOUND: record.n_loops / d_bar if d_bar else float("nan"),
-            tracking.FLOP_BOUND: record.flop_bound, tracking.SPEEDUP: record.speedup}
+            tracking.FLOP_RATIO: record.flop_ratio, tracking.SPEEDUP: record.speedup}
 
 
 def _missing_bench(plan: ArrivalPlan, todo: list[ArrivalPoint]):
@@ -299,7 +299,7 @@ def measure_arrivals(mc, experiment_id: str, parent_run_id: str, *, checkpoint: 
             tracking.log_metrics(mc, run_id, {k: v for k, v in values.items() if math.isfinite(v)})
         say(f"arrivals{tag} slots {point.slots} {point.schedule} {point.policy}: {record.tokens_per_s:.0f} tok/s, "
             f"decode {record.decode_tokens_per_s:.0f} tok/s, d̄ {record.mean_executed_loops:.2f}, "
-            f"{record.speedup:.2f}x (FLOPs {record.flop_bound:.2f}x)")
+            f"{record.speedup:.2f}x (FLOPs {record.flop_ratio:.2f}x)")
         records[point] = {**point.__dict__, **values, "reused": False}
 
     previous = torch.get_num_threads()

@@ -18,10 +18,13 @@ steps (the FLOPs the hardware does; MFU counts only the model's), where there is
 graph to recompute.
 
 Inference: `prefill_flops` splits a prefill's forward FLOPs per token into F0, the work
-outside the loops, and Fr, one loop application; `flop_bound` is the speedup skip
-execution can reach at d̄ mean executed loops if time followed FLOPs,
-(F0 + R·Fr)/(F0 + d̄·Fr) (the speed sweep logs it beside the measured speedup:
-trainables/speed.py).
+outside the loops, and Fr, one loop application; `flop_ratio` is full's FLOPs over
+skip's at d̄ mean executed loops, (F0 + R·Fr)/(F0 + d̄·Fr) (the speed sweep logs it
+beside the measured speedup: trainables/speed.py). It is a ratio of FLOPs, not a bound
+on time: a measured speedup exceeds it wherever the work outside the loops takes a
+smaller share of the time than of the FLOPs (the LM head's GEMM runs nearer peak than a
+small mixer). R/d̄, the loop bound, does bound the speedup when a loop costs the same
+time in full and skip execution (then the speedup is (T0 + R·t)/(T0 + d̄·t) ≤ R/d̄).
 """
 
 from __future__ import annotations
@@ -97,9 +100,10 @@ def prefill_flops(model_cfg, seq_len: int, policy=None, readout: str = "last") -
     return float(f0), float(counts["backbone_step"])
 
 
-def flop_bound(f0: float, fr: float, n_loops: int, executed_loops: float) -> float:
-    """The speedup of skip over full if time followed FLOPs: (F0 + R·Fr)/(F0 + d̄·Fr),
-    d̄ the mean executed loops. Below the loop bound R/d̄ by F0's share."""
+def flop_ratio(f0: float, fr: float, n_loops: int, executed_loops: float) -> float:
+    """Full's FLOPs over skip's, (F0 + R·Fr)/(F0 + d̄·Fr), d̄ the mean executed loops:
+    the speedup if time followed FLOPs. A ratio, not a bound (module docstring); below
+    the loop bound R/d̄ by F0's share."""
     return (f0 + n_loops * fr) / (f0 + executed_loops * fr)
 
 

@@ -1,7 +1,7 @@
 """Decoding under continuous arrivals: a stream of requests of different lengths
 served by a fixed number of cache rows ("slots"), each finished request's row taken
 at once by the next waiting one, so rows at different points of different requests
-decode together (issue 27, item 6a). Measured as tokens/s against the FLOP bound of
+decode together (issue 27, item 6a). Measured as tokens/s against the FLOP ratio of
 the policy's mean executed loops (looplab/costs/resources.py).
 
     requests = make_requests(model, task, RequestStream(requests=64, prompt_len=(16, 128),
@@ -34,7 +34,7 @@ The benchmark (`bench_arrivals`, `looplab bench-arrivals`): the same stream unde
 policy and schedule, full execution always among them (the baseline), alternating
 runs after warm-ups, median times. Per run: tokens generated, wall seconds (prefills
 included) and tokens/s, the decode seconds (the wall less the prefills) and decode
-tokens/s, backbone steps, d̄ (mean loops of the decoded tokens), the FLOP bound
+tokens/s, backbone steps, d̄ (mean loops of the decoded tokens), the FLOP ratio
 (F0 + R·Fr)/(F0 + d̄·Fr) with F0 the LM head per token plus what the exit rule reads
 (resources.prefill_flops, readout "all": decoding reads out every token) at the
 stream's mean context, and the realised speedup: decode tokens/s over full's in the
@@ -333,19 +333,19 @@ class ArrivalRecord:
     # stream's tail runs with idle rows.
     paid_loops: float
     mean_executed_loops: float  # d̄ of the decoded tokens
-    flop_bound: float  # (F0 + R·Fr)/(F0 + d̄·Fr)
+    flop_ratio: float  # (F0 + R·Fr)/(F0 + d̄·Fr)
     speedup: float  # decode tokens/s over full's (same slots and schedule)
-    of_bound: float  # speedup / flop_bound
+    of_flop_ratio: float  # speedup / flop_ratio
     n_loops: int
     device: str
     kind: str = "arrivals"
 
 
 def _bound(model, stream: RequestStream, policy: ExitPolicy, executed_loops: float) -> float:
-    from looplab.costs.resources import flop_bound, prefill_flops
+    from looplab.costs.resources import flop_ratio, prefill_flops
 
     f0, fr = prefill_flops(model.cfg, max(1, round(stream.mean_context)), policy, readout="all")
-    return flop_bound(f0, fr, model.cfg.n_loops, executed_loops)
+    return flop_ratio(f0, fr, model.cfg.n_loops, executed_loops)
 
 
 def _timed_runs(model, requests: list[Request], slots: int, settings: ArrivalBench,
@@ -380,8 +380,8 @@ def _record(model, settings: ArrivalBench, slots: int, schedule: str, policy: Ex
         slots=slots, schedule=schedule, policy=policy.spec, requests=len(s.tokens),
         generated_tokens=s.generated_tokens, decoded_tokens=s.decoded_tokens, wall_s=wall, prefill_s=prefill_s,
         decode_s=decode_s, tokens_per_s=s.generated_tokens / wall, decode_tokens_per_s=decode_tps, steps=s.steps,
-        paid_loops=s.steps * slots / max(s.decoded_tokens, 1), mean_executed_loops=d_bar, flop_bound=bound,
-        speedup=speedup, of_bound=speedup / bound, n_loops=model.cfg.n_loops,
+        paid_loops=s.steps * slots / max(s.decoded_tokens, 1), mean_executed_loops=d_bar, flop_ratio=bound,
+        speedup=speedup, of_flop_ratio=speedup / bound, n_loops=model.cfg.n_loops,
         device=str(next(model.parameters()).device))
 
 
@@ -418,7 +418,7 @@ HEADER = ("slots  schedule  policy          d̄     paid  steps   tok/s  decode 
 def format_record(r: ArrivalRecord) -> str:
     return (f"{r.slots:5d}  {r.schedule:8s}  {r.policy:14s}  {r.mean_executed_loops:4.2f}  {r.paid_loops:4.2f}  "
             f"{r.steps:5d}  {r.tokens_per_s:6.0f}  {r.decode_tokens_per_s:12.0f}  {r.speedup:6.2f}x  "
-            f"{r.flop_bound:5.2f}  {r.of_bound:8.1%}  {r.prefill_s:9.3f}  {r.wall_s:6.3f}")
+            f"{r.flop_ratio:5.2f}  {r.of_flop_ratio:8.1%}  {r.prefill_s:9.3f}  {r.wall_s:6.3f}")
 
 
 def records_as_dicts(records: list[ArrivalRecord]) -> list[dict]:
