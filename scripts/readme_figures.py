@@ -13,6 +13,10 @@ run it just made. This script re-measures and rewrites:
     python scripts/readme_figures.py sample dry_run_140m            # run, rewrite the README block
     python scripts/readme_figures.py check-sample beta_debug OUTPUT # compare a block with a saved output
     python scripts/readme_figures.py check                          # figures and registry agree
+    python scripts/readme_figures.py paste paper_mini FILE          # a run's generated section into its block
+
+A generated section (`<!--generated:NAME-->` … `<!--/generated-->`) is text a command
+wrote from its own results (sweeps/paper_mini.py's readme_block.md): pasted, never edited.
 
 Measure on a quiet machine: on these 2 cores one other busy process doubles a step.
 """
@@ -35,6 +39,7 @@ README = ROOT / "README.md"
 REGISTRY = ROOT / "docs" / "readme_figures.json"
 FIGURE = re.compile(r"<!--fig:([a-z0-9_]+)-->(.*?)<!--/fig-->")
 SAMPLE = re.compile(r"<!--sample:([a-z0-9_]+)-->\n```text\n(.*?)```\n<!--/sample-->", re.S)
+GENERATED = re.compile(r"(<!--generated:([a-z0-9_]+)-->\n)(.*?)(<!--/generated-->)", re.S)
 NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?(?:e[+-]?\d+)?")
 
 
@@ -206,6 +211,23 @@ def cmd_check() -> int:
     return 1 if found else 0
 
 
+def generated_blocks(text: str) -> dict[str, str]:
+    return {m.group(2): m.group(3) for m in GENERATED.finditer(text)}
+
+
+def cmd_paste(name: str, source: Path) -> int:
+    """Replace the generated block NAME in whichever document has it with SOURCE's text."""
+    body = source.read_text()
+    for doc, text in load_documents().items():
+        if f"<!--generated:{name}-->" in text:
+            new = GENERATED.sub(lambda m: m.group(1) + body + m.group(4) if m.group(2) == name else m.group(0), text)
+            (ROOT / doc).write_text(new)
+            print(f"{doc}: generated block {name!r} now holds {source}")
+            return 0
+    print(f"no document has a generated block {name!r}", file=sys.stderr)
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -217,7 +239,12 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("name")
     c.add_argument("output", type=Path)
     sub.add_parser("check", help="the README's figures and the registry agree")
+    g = sub.add_parser("paste", help="put a command's generated text into its README block")
+    g.add_argument("name")
+    g.add_argument("source", type=Path)
     args = parser.parse_args(argv)
+    if args.command == "paste":
+        return cmd_paste(args.name, args.source)
     if args.command == "measure":
         return cmd_measure(args.names)
     if args.command == "sample":

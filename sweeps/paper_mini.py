@@ -140,7 +140,8 @@ def speed_points(seq_len: int, protocol: Protocol = PROTOCOL):
     """Prefill at the models' own context, at each of the protocol's batches."""
     from trainables.speed import SpeedPoint
 
-    return [SpeedPoint(batch, seq_len, protocol.speed_policy) for batch in protocol.speed_batches]
+    return [SpeedPoint(batch, seq_len, protocol.speed_policy, dtype, packing)
+            for batch, packing, dtype in protocol.speed_points]
 
 
 REPORT_S = 15.0  # the verdicts, their report and the MLflow writes (measured on 2 cores)
@@ -167,8 +168,8 @@ def speed_seconds(sweep: Sweep, launch: Launch, protocol: Protocol = PROTOCOL) -
     torch.set_num_threads(os.cpu_count() or 1)
     try:
         t0 = time.perf_counter()
-        calls = [dict(model=model, ids=heldout_ids(model, None, p.batch, p.seq_len), policy=ExitPolicy.parse(p.policy))
-                 for p in speed_points(final.train.seq_len, protocol)]
+        calls = [dict(model=model, ids=heldout_ids(model, None, p.batch, p.seq_len), policy=ExitPolicy.parse(p.policy),
+                      packing=p.packing, dtype=p.dtype) for p in speed_points(final.train.seq_len, protocol)]
         for call, peaks in zip(calls, measured_peaks(prefill_peaks, calls)):  # as trainables/speed.measure does
             bench_point(**call, peaks=peaks)
         one_seed = time.perf_counter() - t0
@@ -288,11 +289,15 @@ def write_verdicts(lm: Sweep, phop: Sweep, launch: Launch, speed: list[dict], pr
     if len(fresh) < len(status):
         everyone, _ = claim_results(uri, lm_experiment, phop_experiment, launch.seeds, protocol, speed)
     markdown = verdicts_text(protocol, status, results, everyone)
-    paths = {"verdicts.md": out / "verdicts.md", "verdicts.csv": out / "verdicts.csv"}
+    paths = {"verdicts.md": out / "verdicts.md", "verdicts.csv": out / "verdicts.csv",
+             "readme_block.md": out / "readme_block.md"}
     paths["verdicts.md"].write_text(markdown + "\n")
+    paths["readme_block.md"].write_text(readme_block(protocol, status, results) + "\n")
     verdict_table(results).with_columns(pl.lit(protocol.digest()).alias("protocol")).write_csv(paths["verdicts.csv"])
     for name, table in tables.items():
-        table.drop([c for c in table.columns if table[c].dtype == pl.List(pl.Float64)]).write_csv(out / f"{name}.csv")
+        lists = [c for c, dtype in table.schema.items() if isinstance(dtype, pl.List)]  # a trial's curves
+        table.with_columns([pl.col(c).cast(pl.List(pl.String)).list.join(";") for c in lists]).write_csv(
+            out / f"{name}.csv")
     pl.DataFrame(speed).write_csv(out / "speed.csv")
     ledger.record(launch.seeds, protocol)
     print("\n" + markdown)
@@ -302,13 +307,42 @@ def write_verdicts(lm: Sweep, phop: Sweep, launch: Launch, speed: list[dict], pr
                                                         tracking.SWEEP_KEY: sweep_key(lm, launch)})
     report = build_report(uri, [lm_experiment], out, sweep_run_id=sweep_run.info.run_id if sweep_run else None,
                           lead=[("Claims: the paper's against ours", _claims_html(markdown)),
-                                ("The miniature's protocols", _protocols_html(results))])
+                                ("The miniature's protocols", _protocols_html(results, protocol))])
     if sweep_run is not None:  # the verdicts beside the report's files, and on the run's dashboard page
         for name in ("verdicts.md", "verdicts.csv"):
             mc.log_artifact(sweep_run.info.run_id, str(paths[name]), artifact_path="analysis")
         mc.set_tag(sweep_run.info.run_id, PROTOCOL_TAG, protocol.digest())
         tracking.set_description(mc, sweep_run.info.run_id, "**paper_mini**\n\n" + markdown)
     return {**paths, **report}
+
+
+def readme_block(protocol: Protocol, status: list[dict], results: list) -> str:
+    """The README's generated section (scripts/readme_figures.py paste paper_mini): the
+    headline verdicts, a reading generated from them, and the protocols' history."""
+    from analysis.claims import NO_SPREAD, NOT_REPRODUCED, REPRODUCED, verdict_markdown
+    from sweeps.protocol import history_markdown
+
+    fresh = [r["seed"] for r in status if r["fresh"]]
+    groups = {REPRODUCED: [], NOT_REPRODUCED: [], NO_SPREAD: []}
+    inconclusive = []
+    for r in results:
+        groups.get(r.verdict, inconclusive).append(r.claim.id)
+    corrected = "after Holm's correction over the " + str(sum(r.p is not None for r in results)) + " claims"
+    reading = (f"Reading ({corrected}): reproduced in direction: {', '.join(groups[REPRODUCED]) or 'none'}; "
+               f"not reproduced: {', '.join(groups[NOT_REPRODUCED]) or 'none'}; inconclusive: "
+               f"{', '.join(inconclusive + groups[NO_SPREAD]) or 'none'}.")
+    changed = [f"{r.claim.id} ({r.raw_verdict} uncorrected)" for r in results
+               if r.raw_verdict is not None and r.raw_verdict != r.verdict]
+    if changed:
+        reading += " The correction changed " + ", ".join(changed) + "."
+    return "\n".join([
+        f"Protocol **{protocol.name}**, digest `{protocol.digest()}`; seeds {', '.join(map(str, fresh))}, each first "
+        "scored under it. Weight-training steps per arm:", "",
+        *(f"    {line}" for line in protocol.arm_steps_text()), "",
+        verdict_markdown(results), "", reading, "",
+        "**Every protocol the miniature has had** (the verdicts as each printed them; v1 and v2 judged the same "
+        "seeds, and v3 was declared before its seeds were trained):", "",
+        history_markdown(current_verdicts(results), protocol)])
 
 
 def current_verdicts(results) -> dict[str, str]:
@@ -320,10 +354,10 @@ def _claims_html(markdown: str) -> str:
     return _markdown_html(markdown)
 
 
-def _protocols_html(results) -> str:
+def _protocols_html(results, protocol: Protocol) -> str:
     from sweeps.protocol import history_markdown
 
-    return _markdown_html(history_markdown(current_verdicts(results)))
+    return _markdown_html(history_markdown(current_verdicts(results), protocol))
 
 
 def _markdown_html(text: str) -> str:

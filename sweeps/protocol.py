@@ -50,7 +50,7 @@ class Protocol:
     phop_regime: dict[str, Any]
     phop_hops: tuple[int, ...]
     phop_pairs: tuple[tuple[int, int], ...]  # (N, R)
-    speed_batches: tuple[int, ...]
+    speed_points: tuple[tuple[int, str, str], ...]  # (batch, packing, dtype) of the timed prefills
     speed_policy: str
     claim_rules: dict[str, dict[str, Any]]  # claim -> its rule (analysis.claims.Claim.rule())
     matched: dict[str, str] = field(default_factory=dict)  # claim -> the compute-matched arm its verdict reads
@@ -134,8 +134,8 @@ def _old(name: str, seq_len: int) -> Protocol:
         name=name, lm_preset="debug", lm_regime=_lm_regime(seq_len),
         stage_steps={"stage1": 200, "chase": 200, "stage2": 200}, arms=_OLD_ARMS, lm_points=_OLD_POINTS,
         phop_preset="phop-debug", phop_regime={"task.n": 16, "model.d_model": 64, "train.steps": 2000},
-        phop_hops=(2,), phop_pairs=((1, 4), (1, 1), (4, 1)), speed_batches=(1, 64), speed_policy="skip:0.2",
-        claim_rules={c: {"direction": d, "null": n} for c, (d, n) in _OLD_RULES.items()},
+        phop_hops=(2,), phop_pairs=((1, 4), (1, 1), (4, 1)), speed_points=((1, "auto", "fp32"), (64, "auto", "fp32")),
+        speed_policy="skip:0.2", claim_rules={c: {"direction": d, "null": n} for c, (d, n) in _OLD_RULES.items()},
         confidence=0.95, correction="none", seeds=(100, 101, 102))
 
 
@@ -150,7 +150,10 @@ def _current() -> Protocol:
         lm_points=(("ouro", 1, 4), ("ouro-matched", 1, 4), ("chase", 1, 4), ("fixed", 1, 4), ("fixed", 1, 1),
                    ("fixed", 4, 1), ("fixed-matched", 1, 4)),
         phop_preset="phop-debug", phop_regime={"task.n": 16, "model.d_model": 64, "train.steps": 2000},
-        phop_hops=(2,), phop_pairs=((1, 4), (1, 1), (4, 1)), speed_batches=(1, 64), speed_policy="skip:0.2",
+        phop_hops=(2,), phop_pairs=((1, 4), (1, 1), (4, 1)),
+        # looplab's layout (varlen survivors, fp32) at batch 1 and 64, and the paper's (padded
+        # survivors, bf16 autocast) at its headline batch 64 (C4-padded)
+        speed_points=((1, "auto", "fp32"), (64, "auto", "fp32"), (64, "padded", "bf16")), speed_policy="skip:0.2",
         claim_rules={c.id: c.rule() for c in CLAIMS.values()},
         matched={"C2": "fixed-matched", "C3": "ouro-matched"},
         confidence=0.95, correction="holm", seeds=(200, 201, 202, 203, 204))
@@ -190,17 +193,19 @@ HISTORY: tuple[Past, ...] = (
 PROTOCOL = _current()
 
 
-def history_markdown(current: dict[str, str] | None = None) -> str:
+def history_markdown(current: dict[str, str] | None = None, protocol: Protocol | None = None) -> str:
     """Every protocol, oldest first, as a column: its digest, seeds and verdicts per
-    claim; today's last, with `current` (claim -> "figure: verdict") where given."""
-    columns = [(p.protocol, p.commit, p.verdicts) for p in HISTORY] + [(PROTOCOL, "today", current or {})]
+    claim; last the one being run (default PROTOCOL), with `current` (claim ->
+    "figure: verdict") where given."""
+    protocol = protocol or PROTOCOL
+    columns = [(p.protocol, p.commit, p.verdicts) for p in HISTORY] + [(protocol, "today", current or {})]
     claims = list(dict.fromkeys([c for _, _, v in columns for c in v] + list(PROTOCOL.claim_rules)))
     lines = ["| claim | " + " | ".join(f"{p.name.split(':')[0]} `{p.digest()}` ({commit}; seeds "
                                         f"{', '.join(map(str, p.seeds))})" for p, commit, _ in columns) + " |",
              "|---|" + "---|" * len(columns)]
     for c in claims:
         lines.append(f"| {c} | " + " | ".join(v.get(c, "—") for _, _, v in columns) + " |")
-    notes = [f"- {p.protocol.name}: {p.note}." for p in HISTORY if p.note] + [f"- {PROTOCOL.name}."]
+    notes = [f"- {p.protocol.name}: {p.note}." for p in HISTORY if p.note] + [f"- {protocol.name}."]
     return "\n".join(lines + [""] + notes)
 
 

@@ -171,8 +171,13 @@ def test_speed_claims():
     assert batch1.verdict == REPRODUCED  # below 1 at batch 1, as the paper's 0.95-0.97x
     assert growth.interval.paired and growth.interval.mean == pytest.approx((0.74 + 0.78 + 0.77) / 3)
     assert growth.verdict == REPRODUCED
-    assert "1.72x [" in c4.claim.text(c4.interval)  # a ratio shows no sign
+    assert "1.72x [" in c4.claim.text(c4.tested)  # a ratio shows no sign
     assert speed_claims([]) == []
+    # the paper's layout is judged apart and never mixed into looplab's
+    padded = [{**r, "packing": "padded", "speedup": r["speedup"] - 0.5} for r in records if r["batch"] == 64]
+    by_id = {r.claim.id: r for r in speed_claims(records + padded)}
+    assert by_id["C4"].interval.mean == pytest.approx(1.7233333)
+    assert by_id["C4-padded"].interval.mean == pytest.approx(1.2233333) and by_id["C4-padded"].verdict == REPRODUCED
 
 
 # ---- degenerate spread and the family-wise correction ------------------------------------------------

@@ -158,7 +158,8 @@ def test_paper_mini_at_toy_size(tmp_path):
         return done.stdout
 
     out = run("0,1")
-    for claim in ("C1", "C1-LM", "C1-depth", "C2", "C2-own", "C3", "C3-few", "C4", "C4-batch1", "C4-growth"):
+    for claim in ("C1", "C1-LM", "C1-depth", "C2", "C2-own", "C3", "C3-few", "C4", "C4-batch1", "C4-padded",
+                  "C4-growth"):
         assert f"| **{claim}**" in out
     folder = tmp_path / "analysis" / "paper_mini"
     for name in ("verdicts.md", "verdicts.csv", "report.html", "lm_trials.csv", "speed.csv", "loops.csv"):
