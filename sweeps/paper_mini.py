@@ -14,7 +14,7 @@ layer), a timed step, then the verdicts:
          compute-matched controls: Ouro continued without holes as long as CHASE's stage
          (ouro-matched) and the fixed-loop model continued as long as Stage-1 and CHASE
          (fixed-matched); beside them the pre-trained 1⊗1 and 4⊗1 (C1-LM, C1-depth)
-  phop   1⊗4, 1⊗1 and 4⊗1 on p-hop (C1)
+  phop   1⊗4 against 1⊗1 on p-hop (C1)
   speed  every seed's CHASE model, prefill full against skip at batch 1 and 64 (C4): a
          step keyed by content (trainables/speed.py), alone on the machine
 

@@ -150,7 +150,8 @@ def _current() -> Protocol:
         lm_points=(("ouro", 1, 4), ("ouro-matched", 1, 4), ("chase", 1, 4), ("fixed", 1, 4), ("fixed", 1, 1),
                    ("fixed", 4, 1), ("fixed-matched", 1, 4)),
         phop_preset="phop-debug", phop_regime={"task.n": 16, "model.d_model": 64, "train.steps": 2000},
-        phop_hops=(2,), phop_pairs=((1, 4), (1, 1), (4, 1)),
+        # C1 reads 1⊗4 against 1⊗1 on p-hop; its 4⊗1 carried no claim and cost 40 % of the sweep
+        phop_hops=(2,), phop_pairs=((1, 4), (1, 1)),
         # looplab's layout (varlen survivors, fp32) at batch 1 and 64, and the paper's (padded
         # survivors, bf16 autocast) at its headline batch 64 (C4-padded)
         speed_points=((1, "auto", "fp32"), (64, "auto", "fp32"), (64, "padded", "bf16")), speed_policy="skip:0.2",

@@ -171,8 +171,8 @@ def test_paper_mini_at_toy_size(tmp_path):
     run("0,1,2")
     new = set((tmp_path / "stages").iterdir()) - stages
     # seed 2 alone: LM pre-trainings 1⊗4, 1⊗1, 4⊗1, Stage-1, CHASE, Stage-1 continued, three
-    # Stage-2, pre-training continued; p-hop's three
-    assert len(new) == 10 + 3
+    # Stage-2, pre-training continued; p-hop's two (1⊗4, 1⊗1)
+    assert len(new) == 10 + 2
     # The ledger: seeds 0 and 1 were scored first, so the third run's headline has seed 2
     # alone, and the table says so; the digest is the modified protocol's, not the declared one.
     verdicts = (folder / "verdicts.md").read_text()
