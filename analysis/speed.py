@@ -46,13 +46,14 @@ from looplab.policy import FULL
 IDENTITY = ("experiment", "checkpoint", "method", "stage", "stage_key", "device", "batch", "seq_len", "policy",
             "dtype", "packing")
 SPEED = (tracking.EXECUTED_LOOPS, "time_full_s", "time_skip_s", "tokens_per_s_full", "tokens_per_s_skip", "speedup",
-         "loop_bound", "flop_ratio", "of_flop_ratio")
+         tracking.SPEEDUP_MIN, tracking.SPEEDUP_MAX, "loop_bound", "flop_ratio", "of_flop_ratio")
 # The arrivals runs' decode tokens/s, composed as trainables/speed.py logs it (the contract
 # has no single name for it yet).
 ARRIVAL_IDENTITY = ("experiment", "checkpoint", "method", "stage", "stage_key", "device", "slots", "schedule", "policy",
                     "requests", "prompt_len", "new_tokens", "seed")
-ARRIVAL_SPEED = (tracking.EXECUTED_LOOPS, tracking.TOKENS_PER_S, tracking.DECODE_TOKENS_PER_S, "speedup", "loop_bound",
-                 "flop_ratio", "of_flop_ratio")
+ARRIVAL_SPEED = (tracking.EXECUTED_LOOPS, tracking.TOKENS_PER_S, tracking.DECODE_TOKENS_PER_S,
+                 tracking.DECODE_TOKENS_PER_S_MIN, tracking.DECODE_TOKENS_PER_S_MAX, "speedup", tracking.SPEEDUP_MIN,
+                 tracking.SPEEDUP_MAX, "loop_bound", "flop_ratio", "of_flop_ratio")
 PPL_FULL = names.at_point(tracking.PPL, FULL)  # the stage's validation perplexity at full depth
 QUALITY = (PPL_FULL, tracking.PPL, names.SPEED_VALIDATION_LOOPS)
 
@@ -97,6 +98,7 @@ def speed_runs(runs: RunSet) -> pl.DataFrame | None:
         param(tracking.MACHINE_PARAM + "device").alias("device"),
         metric(tracking.MEAN_LOOPS).alias(tracking.EXECUTED_LOOPS), metric(tracking.TIME_FULL).alias("time_full_s"),
         metric(tracking.TIME_SKIP).alias("time_skip_s"), metric(tracking.SPEEDUP).alias("speedup"),
+        metric(tracking.SPEEDUP_MIN).alias(tracking.SPEEDUP_MIN), metric(tracking.SPEEDUP_MAX).alias(tracking.SPEEDUP_MAX),
         metric(tracking.LOOP_BOUND).alias("loop_bound"), metric(tracking.FLOP_RATIO).alias("flop_ratio"))
     tokens = (pl.col("batch") * pl.col("seq_len")).cast(pl.Float64)
     rows = rows.with_columns((tokens / pl.col("time_full_s")).alias("tokens_per_s_full"),
@@ -200,7 +202,10 @@ def arrivals_table(runs: RunSet) -> pl.DataFrame | None:
         param("new_tokens").alias("new_tokens"), param("seed", pl.Int64).alias("seed"),
         metric(tracking.MEAN_LOOPS).alias(tracking.EXECUTED_LOOPS),
         metric(tracking.TOKENS_PER_S).alias(tracking.TOKENS_PER_S),
-        metric(tracking.DECODE_TOKENS_PER_S).alias(tracking.DECODE_TOKENS_PER_S), metric(tracking.SPEEDUP).alias("speedup"),
+        metric(tracking.DECODE_TOKENS_PER_S).alias(tracking.DECODE_TOKENS_PER_S),
+        *(metric(name).alias(name) for name in (tracking.DECODE_TOKENS_PER_S_MIN, tracking.DECODE_TOKENS_PER_S_MAX,
+                                                tracking.SPEEDUP_MIN, tracking.SPEEDUP_MAX)),
+        metric(tracking.SPEEDUP).alias("speedup"),
         metric(tracking.LOOP_BOUND).alias("loop_bound"), metric(tracking.FLOP_RATIO).alias("flop_ratio"))
     rows = rows.with_columns((pl.col("speedup") / pl.col("flop_ratio")).alias("of_flop_ratio"))
     point = ["experiment", "stage_key", "device", "slots", "schedule", "policy", "requests", "prompt_len",
@@ -209,6 +214,12 @@ def arrivals_table(runs: RunSet) -> pl.DataFrame | None:
     return (_with_checkpoint(runs, rows).select(*ARRIVAL_IDENTITY, *ARRIVAL_SPEED)
             .sort("experiment", "checkpoint", "device", "slots", "schedule", tracking.EXECUTED_LOOPS,
                   descending=[False, False, False, False, False, True]))
+
+
+def _spread(row: dict) -> str:
+    """' [1.10, 1.30] over repeats' when the run logged its spread (runs before it did not)."""
+    lo, hi = row.get(tracking.SPEEDUP_MIN), row.get(tracking.SPEEDUP_MAX)
+    return "" if lo is None or hi is None else f" [{lo:.2f}, {hi:.2f}] over repeats"
 
 
 def arrivals_chart(table: pl.DataFrame) -> ChartSpec | None:
@@ -228,8 +239,9 @@ def arrivals_chart(table: pl.DataFrame) -> ChartSpec | None:
         color = PALETTE[i % len(PALETTE)]
         rows = list(group.sort(tracking.EXECUTED_LOOPS, descending=True).iter_rows(named=True))
         pts = [Point(r[tracking.EXECUTED_LOOPS], r[tracking.DECODE_TOKENS_PER_S],
-                     f"{r['policy']}: d̄ {r[tracking.EXECUTED_LOOPS]:.2f}, {r['speedup']:.2f}x"
-                     + (f" of FLOP ratio {r['flop_ratio']:.2f}x" if r["flop_ratio"] is not None else ""))
+                     f"{r['policy']}: d̄ {r[tracking.EXECUTED_LOOPS]:.2f}, {r['speedup']:.2f}x{_spread(r)}"
+                     + (f" of FLOP ratio {r['flop_ratio']:.2f}x" if r["flop_ratio"] is not None else ""),
+                     lo=r[tracking.DECODE_TOKENS_PER_S_MIN], hi=r[tracking.DECODE_TOKENS_PER_S_MAX])
                  for r in rows]
         series.append(Series(name, color, pts, [(p.x, p.y) for p in pts], "linear"))
         ys += [p.y for p in pts]

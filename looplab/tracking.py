@@ -115,6 +115,9 @@ LINEAGE = "lineage"  # the stages the model went through, e.g. pretrain+stage1+c
 PARENT_CHECKPOINT = "parent_checkpoint"
 PRESET = "preset"
 GIT_SHA = "git_sha"
+# Where a stage trained: the CPU and torch's kernel path (another machine's kernels round
+# differently, which moves a trained model's figures like another seed: issue 33, C1).
+HARDWARE = "hardware"
 SWEEP_KEY = "sweep_key"
 SWEEP_TAG = "sweep"  # the experiment a trial belongs to
 COMMAND = "command"
@@ -183,8 +186,11 @@ REPORT_SECONDS = "report_seconds"
 # reads by name first: the measured speedup, the loop bound R/d̄, d̄, the two times.
 SPEEDUP, LOOP_BOUND, MEAN_LOOPS = "speedup", "ideal_speedup", "mean_executed_loops"
 TIME_FULL, TIME_SKIP = "time_full_s", "time_skip_s"
+# A timed figure's spread over its repeats (the figure itself is their median): each
+# repeat's skip against the same repeat's full (the runs alternate).
+SPEEDUP_MIN, SPEEDUP_MAX = "speedup_min", "speedup_max"
 BENCH_METRICS = (SPEEDUP, LOOP_BOUND, MEAN_LOOPS, "batch_max_survivor_ratio", TIME_FULL, TIME_SKIP,
-                 "peak_mem_full", "peak_mem_skip", "peak_mem_abs_full", "peak_mem_abs_skip")
+                 "peak_mem_full", "peak_mem_skip", "peak_mem_abs_full", "peak_mem_abs_skip", SPEEDUP_MIN, SPEEDUP_MAX)
 # A speed point's run (trainables/speed.py) logs BENCH_METRICS and the FLOP ratio of its
 # speedup, (F0 + R·Fr)/(F0 + d̄·Fr) (looplab/costs/resources.py: flop_ratio).
 FLOP_RATIO = "flop_ratio"
@@ -198,7 +204,9 @@ DECODE_BENCH_METRICS = (SPEEDUP, LOOP_BOUND, MEAN_LOOPS, TIME_FULL, TIME_SKIP,
 # Decoding under continuous arrivals (looplab/inference/arrivals.py's ArrivalRecord; the speed
 # sweep's --arrivals runs): decode tokens/s beside the overall tokens/s and the bounds.
 DECODE_TOKENS_PER_S = f"{DECODE}_{TOKENS_PER_S}"
-ARRIVAL_METRICS = (TOKENS_PER_S, DECODE_TOKENS_PER_S, MEAN_LOOPS, LOOP_BOUND, FLOP_RATIO, SPEEDUP)
+DECODE_TOKENS_PER_S_MIN, DECODE_TOKENS_PER_S_MAX = f"{DECODE_TOKENS_PER_S}_min", f"{DECODE_TOKENS_PER_S}_max"
+ARRIVAL_METRICS = (TOKENS_PER_S, DECODE_TOKENS_PER_S, MEAN_LOOPS, LOOP_BOUND, FLOP_RATIO, SPEEDUP,
+                   DECODE_TOKENS_PER_S_MIN, DECODE_TOKENS_PER_S_MAX, SPEEDUP_MIN, SPEEDUP_MAX)
 
 _QUANTITY = "|".join(re.escape(q) for q in EVAL_QUANTITIES)
 _FAMILY = "|".join(re.escape(f) for f in LM_EVAL_FAMILIES)
@@ -357,6 +365,27 @@ def git_sha(repo: str | Path | None = None) -> str:
     return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
 
 
+def hardware() -> str:
+    """'AMD EPYC 7B13 · cpu AVX2 · torch 2.13.0' (and the GPU when there is one): what
+    decides the bits a training run produces, beside its code and config."""
+    import platform
+
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    parts = [cpu, f"cpu {torch.backends.cpu.get_cpu_capability()}", f"torch {torch.__version__}"]
+    if torch.cuda.is_available():
+        parts.append(f"gpu {torch.cuda.get_device_name(0)}")
+    return " · ".join(parts)
+
+
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
     """Nested dicts as dotted names: {"model": {"n_loops": 4}} -> {"model.n_loops": "4"}."""
     flat: dict[str, str] = {}
@@ -416,7 +445,7 @@ def config_tags(cfg, *, level: str, git: str | None = None, lineage=None, **extr
     lineage = list(lineage or [cfg.stage])
     tags = {LEVEL: level, CONFIG_HASH: cfg.config_hash(), STAGE_KEY: cfg.stage_key(), STAGE_TAG: cfg.stage,
             METHOD: method_of(lineage), LINEAGE: "+".join(lineage), PARENT_CHECKPOINT: cfg.init_from,
-            PRESET: cfg.preset, GIT_SHA: git or git_sha()}
+            PRESET: cfg.preset, GIT_SHA: git or git_sha(), HARDWARE: hardware()}
     tags.update({k: str(v) for k, v in extra.items()})
     return tags
 

@@ -188,8 +188,11 @@ HISTORY: tuple[Past, ...] = (
         "C3-few": "+2.65 % [−0.74, +6.05]: inconclusive", "C4": "1.99x [1.73, 2.24]: reproduced",
         "C4-batch1": "1.64x [1.46, 1.82]: not reproduced", "C4-growth": "+0.35x [+0.20, +0.49]: reproduced"},
         "the same seeds as v1, so not held out; arms not compute-matched (Ouro 200 weight steps behind CHASE, "
-        "C2's comparator 400); no correction for ten verdicts; C1 moved from v1's +9.00 with its p-hop regime "
-        "unchanged"),
+        "C2's comparator 400); no correction for ten verdicts. C1 moved from v1's +9.00 with its p-hop regime, "
+        "code paths and stage keys unchanged: the two runs trained on CPUs whose kernels round differently, "
+        "which 2,000 steps amplify into points (one machine reproduces its own runs bit for bit and gives "
+        "+10.20 [+3.00, +17.40] on these seeds; forcing torch's generic kernels there gives +7.67 "
+        "[−6.11, +21.44]); stage runs now carry the tag `hardware`"),
 )
 PROTOCOL = _current()
 

@@ -126,11 +126,14 @@ def test_the_command_prints_a_table_and_writes_json(tmp_path, capsys):
             "--json", str(out)]
     assert main(argv) == 0
     captured = capsys.readouterr()
-    assert "decode tok/s" in captured.err and "of bound" in captured.err
+    assert "decode tok/s" in captured.err and "FLOP ratio" in captured.err and "speedup [min, max]" in captured.err
     records = json.loads(out.read_text())
     assert [r["policy"] for r in records] == ["full", "skip:0.3"]
     assert [json.loads(line) for line in captured.out.splitlines()] == records
     assert all(r["generated_tokens"] == 9 for r in records)
+    # one repeat: its spread is the median itself; full's speedup over itself is 1
+    assert all(r["speedup_min"] == r["speedup_max"] == pytest.approx(r["speedup"]) for r in records)
+    assert records[0]["speedup"] == 1.0
 
 
 def exit_status(argv) -> int:

@@ -55,6 +55,7 @@ def test_the_readme_quotes_no_timing_outside_the_registry():
     budget): none is left to go stale."""
     unmarked = rf.FIGURE.sub("", ALL)
     unmarked = re.sub(r"```.*?```", "", unmarked, flags=re.S)  # commands and samples
+    unmarked = rf.GENERATED.sub("", unmarked)  # a command's own output, pasted (scripts/readme_figures.py paste)
     unmarked = re.sub(r"\s+", " ", unmarked)
     for setting in REGISTRY["settings"]:
         assert setting in unmarked, f"registered setting {setting!r} is no longer in the README"
@@ -95,3 +96,12 @@ def test_sample_comparison_tolerates_rounding_and_nothing_else():
 
 def test_durations_are_written_as_the_readme_writes_them():
     assert [rf.duration(s) for s in (49.4, 188.0, 3605.0)] == ["49 s", "3 min 8 s", "1 h 0 min"]
+
+
+def test_generated_blocks_are_the_current_protocols():
+    """The miniature's section is pasted from a run: it names today's protocol digest, so
+    a changed protocol cannot leave an old run's verdicts in the README."""
+    from sweeps.protocol import PROTOCOL
+
+    block = rf.generated_blocks(ALL)["paper_mini"]
+    assert f"digest `{PROTOCOL.digest()}`" in block and "| **C3**" in block and "Every protocol" in block

@@ -227,7 +227,10 @@ def arrival_metrics(record) -> dict[str, float]:
     d_bar = record.mean_executed_loops
     return {tracking.TOKENS_PER_S: record.tokens_per_s, tracking.DECODE_TOKENS_PER_S: record.decode_tokens_per_s,
             tracking.MEAN_LOOPS: d_bar, tracking.LOOP_BOUND: record.n_loops / d_bar if d_bar else float("nan"),
-            tracking.FLOP_RATIO: record.flop_ratio, tracking.SPEEDUP: record.speedup}
+            tracking.FLOP_RATIO: record.flop_ratio, tracking.SPEEDUP: record.speedup,
+            tracking.DECODE_TOKENS_PER_S_MIN: record.decode_tokens_per_s_min,
+            tracking.DECODE_TOKENS_PER_S_MAX: record.decode_tokens_per_s_max,
+            tracking.SPEEDUP_MIN: record.speedup_min, tracking.SPEEDUP_MAX: record.speedup_max}
 
 
 def _missing_bench(plan: ArrivalPlan, todo: list[ArrivalPoint]):

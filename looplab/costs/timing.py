@@ -103,6 +103,10 @@ class BenchRecord:
     peak_mem_abs_full: int  # absolute peak bytes during the call
     peak_mem_abs_skip: int
     device: str
+    # The speedup of each repeat's skip over the same repeat's full (they alternate): the
+    # spread of the median above.
+    speedup_min: float = float("nan")
+    speedup_max: float = float("nan")
 
 
 DTYPES = ("fp32", "bf16")
@@ -243,7 +247,8 @@ def bench_point(model, ids: torch.Tensor, policy: ExitPolicy, *, warmup: int = 2
         oracle_mean=oracle_mean, packing=resolved, dtype=dtype,
         mean_executed_loops=mean_loops, ideal_speedup=R / mean_loops,
         batch_max_survivor_ratio=survivor_ratio(probe.exit_step, R), time_full_s=tf, time_skip_s=ts,
-        speedup=tf / ts, peak_mem_full=mem_full.delta, peak_mem_skip=mem_skip.delta,
+        speedup=tf / ts, speedup_min=min(f / s for f, s in zip(t_full, t_skip)),
+        speedup_max=max(f / s for f, s in zip(t_full, t_skip)), peak_mem_full=mem_full.delta, peak_mem_skip=mem_skip.delta,
         peak_mem_abs_full=mem_full.absolute, peak_mem_abs_skip=mem_skip.absolute, device=str(device))
 
 

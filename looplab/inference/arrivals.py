@@ -43,6 +43,7 @@ same schedule and slots, and its share of the bound.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections import deque
@@ -338,6 +339,13 @@ class ArrivalRecord:
     of_flop_ratio: float  # speedup / flop_ratio
     n_loops: int
     device: str
+    # The spread over repeats (min, max): decode tokens/s of each repeat, and the speedup of
+    # each repeat over full's same repeat (the runs alternate, so a repeat's pair shares
+    # the machine's load).
+    decode_tokens_per_s_min: float = math.nan
+    decode_tokens_per_s_max: float = math.nan
+    speedup_min: float = math.nan
+    speedup_max: float = math.nan
     kind: str = "arrivals"
 
 
@@ -368,13 +376,23 @@ def _timed_runs(model, requests: list[Request], slots: int, settings: ArrivalBen
 
 
 def _record(model, settings: ArrivalBench, slots: int, schedule: str, policy: ExitPolicy, s: Served,
-            timed: list[tuple[float, float]], full_decode_tps: float | None) -> ArrivalRecord:
+            timed: list[tuple[float, float]], full: tuple[Served, list[tuple[float, float]]] | None
+            ) -> ArrivalRecord:
+    """One run's record from its timed repeats; full: full's run and repeats in the same
+    slots and schedule (None for full itself)."""
     wall = statistics.median(w for w, _ in timed)
     prefill_s = statistics.median(p for _, p in timed)
     decode_s = statistics.median(w - p for w, p in timed)
     d_bar = s.mean_executed_loops
     decode_tps = s.decoded_tokens / decode_s
-    speedup = decode_tps / full_decode_tps if full_decode_tps else 1.0
+    each = [s.decoded_tokens / (w - p) for w, p in timed]
+    if full is None:
+        speedup, ratios = 1.0, [1.0]
+    else:
+        full_served, full_timed = full
+        full_each = [full_served.decoded_tokens / (w - p) for w, p in full_timed]
+        speedup = decode_tps / (full_served.decoded_tokens / statistics.median(w - p for w, p in full_timed))
+        ratios = [mine / theirs for mine, theirs in zip(each, full_each)]
     bound = _bound(model, settings.stream, policy, d_bar)
     return ArrivalRecord(
         slots=slots, schedule=schedule, policy=policy.spec, requests=len(s.tokens),
@@ -382,11 +400,8 @@ def _record(model, settings: ArrivalBench, slots: int, schedule: str, policy: Ex
         decode_s=decode_s, tokens_per_s=s.generated_tokens / wall, decode_tokens_per_s=decode_tps, steps=s.steps,
         paid_loops=s.steps * slots / max(s.decoded_tokens, 1), mean_executed_loops=d_bar, flop_ratio=bound,
         speedup=speedup, of_flop_ratio=speedup / bound, n_loops=model.cfg.n_loops,
-        device=str(next(model.parameters()).device))
-
-
-def records_by(records: list[ArrivalRecord], slots: int, schedule: str, policy: str) -> ArrivalRecord | None:
-    return next((r for r in records if (r.slots, r.schedule, r.policy) == (slots, schedule, policy)), None)
+        device=str(next(model.parameters()).device), decode_tokens_per_s_min=min(each),
+        decode_tokens_per_s_max=max(each), speedup_min=min(ratios), speedup_max=max(ratios))
 
 
 def bench_arrivals(model, task, settings: ArrivalBench = ArrivalBench(), *,
@@ -402,23 +417,25 @@ def bench_arrivals(model, task, settings: ArrivalBench = ArrivalBench(), *,
     for slots in dict.fromkeys(settings.slots):
         served, times = _timed_runs(model, requests, slots, settings, progress or (lambda _: None))
         for schedule, policy in settings.runs:
-            full = None if policy.execution == FULL else records_by(records, slots, schedule, FULL)
+            baseline = (schedule, ExitPolicy.full())  # full runs first in each schedule (ArrivalBench.runs)
+            full = None if policy.execution == FULL else (served[baseline], times[baseline])
             record = _record(model, settings, slots, schedule, policy, served[schedule, policy],
-                             times[schedule, policy], full.decode_tokens_per_s if full else None)
+                             times[schedule, policy], full)
             records.append(record)
             if on_record:
                 on_record(record)
     return records
 
 
-HEADER = ("slots  schedule  policy          d̄     paid  steps   tok/s  decode tok/s  speedup  bound  of bound  "
-          "prefill s  wall s")
+HEADER = ("slots  schedule  policy          d̄     paid  steps   tok/s  decode tok/s  speedup [min, max]     "
+          "FLOP ratio  of it  prefill s  wall s")
 
 
 def format_record(r: ArrivalRecord) -> str:
     return (f"{r.slots:5d}  {r.schedule:8s}  {r.policy:14s}  {r.mean_executed_loops:4.2f}  {r.paid_loops:4.2f}  "
-            f"{r.steps:5d}  {r.tokens_per_s:6.0f}  {r.decode_tokens_per_s:12.0f}  {r.speedup:6.2f}x  "
-            f"{r.flop_ratio:5.2f}  {r.of_flop_ratio:8.1%}  {r.prefill_s:9.3f}  {r.wall_s:6.3f}")
+            f"{r.steps:5d}  {r.tokens_per_s:6.0f}  {r.decode_tokens_per_s:12.0f}  {r.speedup:6.2f}x "
+            f"[{r.speedup_min:4.2f}, {r.speedup_max:4.2f}]  {r.flop_ratio:10.2f}  {r.of_flop_ratio:6.1%}  "
+            f"{r.prefill_s:9.3f}  {r.wall_s:6.3f}")
 
 
 def records_as_dicts(records: list[ArrivalRecord]) -> list[dict]:
