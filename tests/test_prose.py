@@ -217,7 +217,9 @@ def test_a_figure_quoted_from_the_verdicts_must_be_the_tables(docs):
     pattern = r"\s+".join(map(re.escape, "C2 barely moves (+28.99 %".split()))
     assert re.search(pattern, docs["README.md"])
     changed = {**docs, "README.md": re.sub(pattern, "C2 barely moves (+26.99 %", docs["README.md"], count=1)}
-    assert any("C2's unmatched arm is +28.99" in p for p in audit(changed))
+    assert any("C2 barely moves" in p for p in audit(changed))  # the registered sentence is gone: caught
+    wrong = figures(("C2", "unmatched arm", "+26.99"))  # and a wrong figure, registered, fails its check
+    assert "C2's unmatched arm is +28.99" in wrong(docs, "C2 barely moves (+26.99 % unmatched")
 
 
 def test_trend_and_equivalence_by_hand():
