@@ -655,7 +655,8 @@ def _arrivals_section(runs: RunSet, out, paths, charts, notes) -> list[tuple[str
         paths["arrivals.png"] = render_png(spec, out / "arrivals.png")
         charts.append(spec)
         slots = chart_slot("arrivals", "Decode tokens/s of each checkpoint, schedule and policy against its executed "
-                                       "loops d̄; dashed: full's decode tokens/s times the FLOP ratio at that d̄.")
+                                       "loops d̄; dashed: full's decode tokens/s times the FLOP ratio at that d̄; bars: "
+                                       "the range over the timed repeats (the point is their median).")
     return [("Decoding under continuous arrivals", slots + _html_table(
         table, "Each point (sweeps/speed.py --arrivals; one MLflow run per point and machine): requests of drawn "
                "lengths on a fixed number of cache rows, a freed row taking the next request; speedup is decode "

@@ -353,8 +353,11 @@ def test_eval_command_evaluates_zoo_policies(tmp_path, capsys):
     # earliest; a window of k = R steps never closes before R
     assert got == [("dense-entropy:1000.0", 1.0, 4.0), ("skip-entropy:1000.0", 1.0, 1.0),
                    ("skip-kl:1000.0", 2.0, 2.0), ("skip-stable:4", 4.0, 4.0), ("forced:1", 1.0, 1.0)]
-    # reading every token out at step 1 is forced depth 1, whatever runs after it
-    assert records[0]["ppl"] == records[1]["ppl"] == records[4]["ppl"]
+    # reading every token out at step 1 is forced depth 1, whatever runs after it: the
+    # same numbers through three code paths, equal up to float rounding (which kernels
+    # round how depends on the CPU: exact equality held on some machines, not on others)
+    assert records[0]["ppl"] == pytest.approx(records[1]["ppl"], rel=1e-6)
+    assert records[4]["ppl"] == pytest.approx(records[1]["ppl"], rel=1e-6)
 
 
 def test_lm_eval_adapter_takes_a_zoo_policy():
