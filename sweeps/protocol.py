@@ -25,16 +25,17 @@ change cannot pass unnoticed) and judge the new one on seeds it has not seen.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from looplab.errors import ConfigError
+from looplab.keys import digest
 from looplab.stages import ARMS, DEFAULT_STAGE, FIXED_MATCHED_ARM, OURO_MATCHED_ARM, get_stage
 
 CORRECTIONS = ("holm", "none")
+DIGEST_LENGTH = 12
 LEDGER = "protocol_ledger.jsonl"
 
 
@@ -81,8 +82,8 @@ class Protocol:
         return d
 
     def digest(self) -> str:
-        text = json.dumps(self.content(), sort_keys=True, separators=(",", ":"), default=list)
-        return hashlib.sha256(text.encode()).hexdigest()[:12]
+        """The content key (looplab/keys.py) of what decides a verdict."""
+        return digest(self.content(), DIGEST_LENGTH)
 
     def with_overrides(self, overrides: dict[str, Any], stage_overrides: dict[str, dict[str, Any]]) -> "Protocol":
         """The protocol a run with --set / --stage-set actually follows: another digest,

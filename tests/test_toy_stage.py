@@ -67,7 +67,8 @@ def test_an_unregistered_stage_leaves_no_trace():
     register(toy_entry())
     stage_loss(TOY)(toy_minibatch)
     unregister(TOY)
-    assert TOY not in STAGE_NAMES and list(STAGE_NAMES) == ["pretrain", "stage1", "chase", "stage2"]
+    assert TOY not in STAGE_NAMES and list(STAGE_NAMES) == ["pretrain", "stage1", "chase", "stage2", "pretrain_more",
+                                                            "stage1_more"]
     with pytest.raises(ConfigError, match="stage='toy' is invalid"):
         apply_overrides(get_preset("phop-debug"), {"stage": TOY})
     with pytest.raises(ConfigError, match="stage='toy' is invalid"):
