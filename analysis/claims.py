@@ -508,12 +508,17 @@ def holm(results: list[ClaimResult], confidence: float = CONFIDENCE) -> list[Cla
     return out
 
 
+def rows_by_seed(rows: pl.DataFrame) -> dict:
+    """{seed: row} of one arm's rows (a seed's row once; the first when repeated)."""
+    out: dict = {}
+    for row in rows.iter_rows(named=True):
+        out.setdefault(row["seed"], row)
+    return out
+
+
 def by_seed(rows: pl.DataFrame, column: str) -> dict:
     """{seed: value} of one arm's rows (a seed's value once; the first when repeated)."""
-    out: dict = {}
-    for seed, value in rows.select("seed", column).iter_rows():
-        out.setdefault(seed, value)
-    return out
+    return {seed: row[column] for seed, row in rows_by_seed(rows).items()}
 
 
 def hole_claims(trials: pl.DataFrame, *, ouro: str = "Ouro", chase: str = "CHASE",
@@ -538,10 +543,10 @@ def hole_claims(trials: pl.DataFrame, *, ouro: str = "Ouro", chase: str = "CHASE
     if matched_fixed is None:
         out.append(judge("C2", c2_unmatched, c2_unmatched_text))
     else:
+        skips = rows_by_seed(c)
         gaps = {seed: _pct(mean_difference((row[names.FORCED_X], row[names.FORCED_Y]),
-                                           (skip[names.SKIP_X], skip[names.SKIP_Y])))
-                for seed, row in _rows_by_seed(matched_fixed).items()
-                for skip in [_rows_by_seed(c).get(seed)] if skip is not None}
+                                           (skips[seed][names.SKIP_X], skips[seed][names.SKIP_Y])))
+                for seed, row in rows_by_seed(matched_fixed).items() if seed in skips}
         out.append(judge("C2", mean_interval(gaps.values()),
                          "CHASE skip against the fixed-loop model trained as many weight steps as CHASE "
                          "(compute-matched), forced to each depth, paired by seed, averaged over the executed "
@@ -562,13 +567,6 @@ def hole_claims(trials: pl.DataFrame, *, ouro: str = "Ouro", chase: str = "CHASE
                          f"minus CHASE, paired over seeds (both continue one Stage-1), at {loops}" + reach,
                          unmatched=c3_unmatched, unmatched_detail="stock Ouro (fewer weight steps) minus CHASE"))
     out.append(judge("C3-few", mean_interval(c[increase].to_list()), f"CHASE at {loops}"))
-    return out
-
-
-def _rows_by_seed(rows: pl.DataFrame) -> dict:
-    out: dict = {}
-    for row in rows.iter_rows(named=True):
-        out.setdefault(row["seed"], row)
     return out
 
 
@@ -637,17 +635,17 @@ def speed_claims(records: list[dict]) -> list[ClaimResult]:
                                                    f"{bound:.2f}x, of it {statistics.fmean(big) / bound:.0%}"))
         if one and largest != 1:
             out.append(judge("C4-batch1", mean_interval(one), f"batch 1, seq_len {ours[0]['seq_len']}"))
+
+            def by_model(batch):
+                return {r.get("seed", i): r["speedup"] for i, r in enumerate(x for x in ours if x["batch"] == batch)}
+
+            out.append(judge("C4-growth", difference(by_model(largest), by_model(1), paired=True),
+                             f"batch {largest} minus batch 1, paired by seed (one model)"))
     if paper:
         largest_padded = max(r["batch"] for r in paper)
         out.append(judge("C4-padded", mean_interval([r["speedup"] for r in paper if r["batch"] == largest_padded]),
                          f"batch {largest_padded}, seq_len {paper[0]['seq_len']}, {paper[0]['policy']}, padded "
                          "bf16 on this machine (the paper: a GPU at L 2048)"))
-    if ours and one and largest != 1:
-        def by_model(batch):
-            return {r.get("seed", i): r["speedup"] for i, r in enumerate(x for x in ours if x["batch"] == batch)}
-
-        out.append(judge("C4-growth", difference(by_model(largest), by_model(1), paired=True),
-                         f"batch {largest} minus batch 1, paired by seed (one model)"))
     return out
 
 

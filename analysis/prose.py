@@ -29,6 +29,7 @@ from analysis.claims import CONFIDENCE, Interval, t_quantile
 # Phrases that state a statistical summary: each occurrence in the documents needs a check.
 PHRASES = (r"grows with", r"grow with", r"level with", r"every paired interval", r"excludes zero",
            r"[+−-]\d+(?:\.\d+)? to [+−-]\d+(?:\.\d+)? points")
+SUMMARY = re.compile("|".join(PHRASES))
 _NUMBER = r"[+−-]?\d+(?:\.\d+)?"
 CELL = re.compile(rf"({_NUMBER})[^\[\]0-9]*?\[({_NUMBER}),\s*({_NUMBER})\]")  # words may sit between
 
@@ -118,9 +119,3 @@ def equivalent(interval: Interval | Cell, margin: float) -> bool:
 
 def grows(interval: Interval) -> bool:
     return interval.low is not None and interval.low > 0
-
-
-def occurrences(text: str) -> list[tuple[int, str]]:
-    """(line number, line) of every line with a summary phrase."""
-    pattern = re.compile("|".join(PHRASES))
-    return [(i, line) for i, line in enumerate(text.splitlines(), 1) if pattern.search(line)]

@@ -119,7 +119,7 @@ def build_report(tracking_uri: str, experiments, out_dir, *, sweep_run_id: str |
     sections: list[tuple[str, str]] = []
     charts: list[ChartSpec] = []
     if points is not None:
-        paths.update(_write_csv(points, out / "points.csv"))
+        paths.update(write_csv(points, out / "points.csv"))
         quality = _resolve_quality(points, quality, notes)
         if (compute == tracking.EXECUTED_LOOPS and quality.startswith(("lm_eval", tracking.LM_EVAL_AVG))
                 and points[tracking.LM_EVAL_LOOPS].is_not_null().any()):
@@ -135,7 +135,7 @@ def build_report(tracking_uri: str, experiments, out_dir, *, sweep_run_id: str |
             best_of_seeds = False
         values = [v for v in (*BASE_VALUES, *_task_columns(points)) if v in points.columns]
         agg = aggregate_seeds(points, values, confidence=confidence)
-        paths.update(_write_csv(agg, out / "aggregated.csv"))
+        paths.update(write_csv(agg, out / "aggregated.csv"))
         scan = _scan_section(runs, points, out, paths, charts, notes)
         axes = [] if scan else searched_axes(agg)  # a scan's section is its axes'
         question = _axis_section(agg, axes, quality, representative_q, confidence, out, paths, charts, notes)
@@ -165,7 +165,8 @@ def build_report(tracking_uri: str, experiments, out_dir, *, sweep_run_id: str |
     return paths
 
 
-def _write_csv(df: pl.DataFrame, path: Path) -> dict[str, Path]:
+def write_csv(df: pl.DataFrame, path: Path) -> dict[str, Path]:
+    """df as CSV, list columns (a trial's curves, a point's seeds) joined with ';'."""
     lists = [c for c, t in df.schema.items() if isinstance(t, pl.List)]
     df.with_columns([pl.col(c).cast(pl.List(pl.String)).list.join(";") for c in lists]).write_csv(path)
     return {path.name: path}
@@ -278,7 +279,7 @@ def _frontier_section(agg, compute, compute_col, quality, stage, series_by, budg
             "quality_ci_high", "n_seeds", "on_frontier", "experiment", "method", "label", "stage", "policy", "q",
             "depth", "point", "trial_config_hash"]
     frontier = frontier.select(lead + [c for c in frontier.columns if c not in lead])
-    paths.update(_write_csv(frontier, out / "frontier.csv"))
+    paths.update(write_csv(frontier, out / "frontier.csv"))
 
     compute_label = COMPUTE_AXES.get(compute, (compute, compute))[1]
     quality_label = QUALITY_LABELS.get(quality, quality) + (" (best of seeds)" if "chosen_seed" in agg.columns else "")
@@ -299,14 +300,14 @@ def _frontier_section(agg, compute, compute_col, quality, stage, series_by, budg
 
     areas = _areas(frontier, maximize, notes)
     if areas is not None:
-        paths.update(_write_csv(areas, out / "frontier_areas.csv"))
+        paths.update(write_csv(areas, out / "frontier_areas.csv"))
         html_parts.append(_html_table(
             areas, "Area between frontiers (step functions over the shared compute range; positive: the first series "
             "is better). Mean gap = area / range width."))
     if budget is not None:
         chosen = _budget(frontier, compute_col, quality, budget, maximize, notes)
         if chosen is not None:
-            paths.update(_write_csv(chosen, out / "budget.csv"))
+            paths.update(write_csv(chosen, out / "budget.csv"))
             html_parts.append(_html_table(chosen, f"Best point with {compute_col} <= {budget:g}, overall and per series."))
     return [("Compute–quality frontier", "".join(html_parts))]
 
@@ -348,7 +349,7 @@ def _axis_section(agg, axes: list[Axis], quality, representative_q, confidence, 
     table = table.sort(sort, nulls_last=True)
     shown = table.select([c for c in table.columns if not c.startswith("_") and c != "trial_config_hash"
                           and not (c in (f"{qlabel} low", f"{qlabel} high") and table[c].is_null().all())])
-    paths.update(_write_csv(shown, out / "axis.csv"))
+    paths.update(write_csv(shown, out / "axis.csv"))
 
     spec = axis_chart(table, axes, keys, quality, qlabel, skip_label)
     paths["axis.png"] = render_png(spec, out / "axis.png")
@@ -443,7 +444,7 @@ def _downstream_section(agg, out, paths, charts, notes) -> list[tuple[str, str]]
     flagged = _flagged(rows, tracking.LM_EVAL_LOOPS, tracking.LM_EVAL_AVG)
     lead = ["series", "compute", "quality", "quality_ci_low", "quality_ci_high", "n_seeds", "on_frontier",
             "experiment", "method", "label", "stage", "policy", "q", "depth", "point"]
-    paths.update(_write_csv(flagged.select([c for c in lead if c in flagged.columns]), out / "downstream.csv"))
+    paths.update(write_csv(flagged.select([c for c in lead if c in flagged.columns]), out / "downstream.csv"))
     spec = frontier_chart(flagged, tracking.LM_EVAL_LOOPS, tracking.LM_EVAL_AVG, name="downstream",
                           compute_label="executed loops per token on the tasks",
                           quality_label="downstream average accuracy",
@@ -499,7 +500,7 @@ def _zoo_section(agg, quality, out, paths, charts, notes) -> list[tuple[str, str
     table = pl.DataFrame(gaps, schema={"method": pl.String, "rule": pl.String, "gate": pl.String, "area": pl.Float64,
                                        "mean_gap": pl.Float64, "compute_from": pl.Float64, "compute_to": pl.Float64,
                                        "note": pl.String})
-    paths.update(_write_csv(table, out / "zoo.csv"))
+    paths.update(write_csv(table, out / "zoo.csv"))
     label = QUALITY_LABELS.get(zoo_quality, zoo_quality)
     compute_label = COMPUTE_AXES["downstream_loops" if downstream else tracking.EXECUTED_LOOPS][1]
     spec = frontier_chart(flagged, compute_col, zoo_quality, name="zoo", compute_label=compute_label,
@@ -598,7 +599,7 @@ def _loops_section(runs: RunSet, out, paths, charts, notes) -> list[tuple[str, s
     if table is None:
         notes.append("per-loop instruments: skipped, no stage logged loop<r>_* metrics")
         return []
-    paths.update(_write_csv(table, out / "loops.csv"))
+    paths.update(write_csv(table, out / "loops.csv"))
     slots = []
     for spec in loop_charts(table):
         paths[f"{spec.name}.png"] = render_png(spec, out / f"{spec.name}.png")
@@ -619,7 +620,7 @@ def _speed_section(runs: RunSet, points, out, paths, charts, notes) -> list[tupl
     table = speed_table(runs, points)
     if table is None:
         return []
-    paths.update(_write_csv(table, out / "speed.csv"))
+    paths.update(write_csv(table, out / "speed.csv"))
     slots = ""
     spec = speed_chart(table)
     if spec is None:
@@ -648,7 +649,7 @@ def _arrivals_section(runs: RunSet, out, paths, charts, notes) -> list[tuple[str
     table = arrivals_table(runs)
     if table is None:
         return []
-    paths.update(_write_csv(table, out / "arrivals.csv"))
+    paths.update(write_csv(table, out / "arrivals.csv"))
     slots = ""
     spec = arrivals_chart(table)
     if spec is not None:

@@ -44,6 +44,7 @@ mlflow is imported inside the functions: the library runs without it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import re
@@ -365,6 +366,7 @@ def git_sha(repo: str | Path | None = None) -> str:
     return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
 
 
+@functools.cache
 def hardware() -> str:
     """'AMD EPYC 7B13 · cpu AVX2 · torch 2.13.0' (and the GPU when there is one): what
     decides the bits a training run produces, beside its code and config."""

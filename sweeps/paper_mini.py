@@ -40,7 +40,7 @@ from looplab.tracking import ACCURACY, PPL, VAL_ACCURACY, VAL_LOSS, VAL_PPL
 from sweeps.depth_grid import depth_grid
 from sweeps.flags import Common, Launch, parser
 from sweeps.plan import SKIP_COLUMNS, Sweep, describe, sweep_key
-from sweeps.protocol import PROTOCOL, Ledger, Protocol
+from sweeps.protocol import PROTOCOL, Ledger, Protocol, fresh_seeds
 from trainables.pipeline import PipelineSpec, stage_configs
 
 SEEDS = ",".join(map(str, PROTOCOL.seeds))
@@ -207,20 +207,27 @@ def measure_speed(sweep: Sweep, launch: Launch, protocol: Protocol = PROTOCOL) -
 
 # ---- the verdicts ---------------------------------------------------------------------------------------
 
-def claim_results(uri: str, lm_experiment: str, phop_experiment: str, seeds, protocol: Protocol = PROTOCOL,
-                  speed: list[dict] | None = None) -> tuple[list, dict[str, Any]]:
-    """Every claim's result over these seeds, from the two experiments' runs (and the
-    speed records), corrected as the protocol says; and the tables they were read from."""
-    import polars as pl
-
-    from analysis.claims import CLAIMS, hole_claims, holm, loop_claims, speed_claims, trial_measures
+def claim_tables(uri: str, lm_experiment: str, phop_experiment: str) -> dict[str, Any]:
+    """The two experiments' trial measures (analysis.claims.trial_measures), every seed."""
+    from analysis.claims import trial_measures
     from analysis.load import load_runs
     from analysis.points import evaluation_points
 
+    return {name: trial_measures(evaluation_points(load_runs(uri, [experiment])))
+            for name, experiment in (("lm_trials", lm_experiment), ("phop_trials", phop_experiment))}
+
+
+def claim_results(tables: dict[str, Any], seeds, protocol: Protocol = PROTOCOL,
+                  speed: list[dict] | None = None) -> list:
+    """Every claim's result over these seeds, from claim_tables (and the speed records),
+    corrected as the protocol says."""
+    import polars as pl
+
+    from analysis.claims import CLAIMS, SEARCHED, hole_claims, holm, loop_claims, speed_claims
+
     seeds = list(seeds)
-    lm = trial_measures(evaluation_points(load_runs(uri, [lm_experiment]))).filter(pl.col("seed").is_in(seeds))
-    phop = trial_measures(evaluation_points(load_runs(uri, [phop_experiment]))).filter(pl.col("seed").is_in(seeds))
-    arm = pl.col("params.search.arm") if "params.search.arm" in lm.columns else pl.lit(None)
+    lm, phop = (tables[name].filter(pl.col("seed").is_in(seeds)) for name in ("lm_trials", "phop_trials"))
+    arm = pl.col(SEARCHED + "arm") if SEARCHED + "arm" in lm.columns else pl.lit(None)
 
     def of(name):
         return lm.filter(arm == name) if name else None
@@ -234,7 +241,7 @@ def claim_results(uri: str, lm_experiment: str, phop_experiment: str, seeds, pro
     results = sorted((r for r in results if r.claim.id in protocol.claim_rules), key=lambda r: order.index(r.claim.id))
     if protocol.correction == "holm":
         results = holm(results, protocol.confidence)
-    return results, {"lm_trials": lm, "phop_trials": phop}
+    return results
 
 
 def verdicts_text(protocol: Protocol, status: list[dict], results: list, all_results: list | None) -> str:
@@ -242,7 +249,6 @@ def verdicts_text(protocol: Protocol, status: list[dict], results: list, all_res
     seeds, and (when some seeds are not fresh) the same over every seed, marked."""
     from analysis.claims import verdict_markdown
 
-    fresh = [r["seed"] for r in status if r["fresh"]]
     lines = [f"Protocol **{protocol.name}**, digest `{protocol.digest()}` (sweeps/protocol.py). "
              f"{protocol.confidence:.0%} Student-t intervals over seeds (paired where arms share a parent, else "
              f"Welch); " + ("Holm's correction over the claims family decides each verdict (the uncorrected "
@@ -253,7 +259,8 @@ def verdicts_text(protocol: Protocol, status: list[dict], results: list, all_res
     lines += ["", "| seed | first scored under | in the headline |", "|---|---|---|"]
     lines += [f"| {r['seed']} | `{r['first_scored_under']}` ({r['first_protocol']}) | {'yes' if r['fresh'] else 'no'} |"
               for r in status]
-    lines += ["", f"**Headline: the seeds first scored under this protocol ({', '.join(map(str, fresh)) or 'none'}).**",
+    lines += ["", f"**Headline: the seeds first scored under this protocol "
+                  f"({', '.join(map(str, fresh_seeds(status))) or 'none'}).**",
               "", verdict_markdown(results)]
     if all_results is not None:
         lines += ["", f"Every seed, those scored under an earlier protocol included "
@@ -271,7 +278,7 @@ def write_verdicts(lm: Sweep, phop: Sweep, launch: Launch, speed: list[dict], pr
     import polars as pl
 
     from analysis.claims import verdict_table
-    from analysis.report import build_report
+    from analysis.report import build_report, write_csv
     from looplab import tracking
     from trainables.storage import Storage
 
@@ -283,11 +290,10 @@ def write_verdicts(lm: Sweep, phop: Sweep, launch: Launch, speed: list[dict], pr
     phop_experiment = tracking.experiment_name(phop.name, phop.spec.preset)
     ledger = Ledger(store.scratch())
     status = ledger.status(launch.seeds, protocol)
-    fresh = [r["seed"] for r in status if r["fresh"]]
-    results, tables = claim_results(uri, lm_experiment, phop_experiment, fresh, protocol, speed)
-    everyone = None
-    if len(fresh) < len(status):
-        everyone, _ = claim_results(uri, lm_experiment, phop_experiment, launch.seeds, protocol, speed)
+    fresh = fresh_seeds(status)
+    tables = claim_tables(uri, lm_experiment, phop_experiment)
+    results = claim_results(tables, fresh, protocol, speed)
+    everyone = claim_results(tables, launch.seeds, protocol, speed) if len(fresh) < len(status) else None
     markdown = verdicts_text(protocol, status, results, everyone)
     paths = {"verdicts.md": out / "verdicts.md", "verdicts.csv": out / "verdicts.csv",
              "readme_block.md": out / "readme_block.md"}
@@ -295,9 +301,7 @@ def write_verdicts(lm: Sweep, phop: Sweep, launch: Launch, speed: list[dict], pr
     paths["readme_block.md"].write_text(readme_block(protocol, status, results) + "\n")
     verdict_table(results).with_columns(pl.lit(protocol.digest()).alias("protocol")).write_csv(paths["verdicts.csv"])
     for name, table in tables.items():
-        lists = [c for c, dtype in table.schema.items() if isinstance(dtype, pl.List)]  # a trial's curves
-        table.with_columns([pl.col(c).cast(pl.List(pl.String)).list.join(";") for c in lists]).write_csv(
-            out / f"{name}.csv")
+        write_csv(table.filter(pl.col("seed").is_in(fresh)), out / f"{name}.csv")  # the headline's trials
     pl.DataFrame(speed).write_csv(out / "speed.csv")
     ledger.record(launch.seeds, protocol)
     print("\n" + markdown)
@@ -322,7 +326,7 @@ def readme_block(protocol: Protocol, status: list[dict], results: list) -> str:
     from analysis.claims import NO_SPREAD, NOT_REPRODUCED, REPRODUCED, verdict_markdown
     from sweeps.protocol import history_markdown
 
-    fresh = [r["seed"] for r in status if r["fresh"]]
+    fresh = fresh_seeds(status)
     groups = {REPRODUCED: [], NOT_REPRODUCED: [], NO_SPREAD: []}
     inconclusive = []
     for r in results:

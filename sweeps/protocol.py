@@ -240,9 +240,12 @@ class Ledger:
                                       '{"seed": INT, "protocol": DIGEST, "name": TEXT}') from None
         return out
 
-    def first_scored(self, seed: int) -> tuple[str, str] | None:
-        """(digest, name) of the protocol this seed was first scored under; None if never."""
-        return next(((d, n) for s, d, n in self.entries() if s == seed), None)
+    def first_scored(self) -> dict[int, tuple[str, str]]:
+        """seed -> (digest, name) of the protocol it was first scored under."""
+        first: dict[int, tuple[str, str]] = {}
+        for seed, scored_under, name in self.entries():
+            first.setdefault(seed, (scored_under, name))
+        return first
 
     def record(self, seeds, protocol: Protocol) -> None:
         """Note that these seeds were scored under this protocol (once per pair)."""
@@ -258,10 +261,15 @@ class Ledger:
     def status(self, seeds, protocol: Protocol) -> list[dict[str, Any]]:
         """Per seed: fresh (first scored under this protocol, or not yet scored) or the
         earlier protocol it was first scored under."""
-        digest, rows = protocol.digest(), []
+        mine, rows, scored = protocol.digest(), [], self.first_scored()
         for s in seeds:
-            first = self.first_scored(s)
-            fresh = first is None or first[0] == digest
-            rows.append({"seed": s, "fresh": fresh, "first_scored_under": digest if first is None else first[0],
+            first = scored.get(s)
+            fresh = first is None or first[0] == mine
+            rows.append({"seed": s, "fresh": fresh, "first_scored_under": mine if first is None else first[0],
                          "first_protocol": protocol.name if first is None else first[1]})
         return rows
+
+
+def fresh_seeds(status: list[dict[str, Any]]) -> list[int]:
+    """The seeds of Ledger.status that are fresh for its protocol: the headline's."""
+    return [row["seed"] for row in status if row["fresh"]]

@@ -167,7 +167,7 @@ def audit(docs: dict[str, str]) -> list[str]:
         text = flat(re.sub(r"<!--generated:.*?<!--/generated-->", "", raw, flags=re.S))
         covered = [(text.find(s.text), text.find(s.text) + len(s.text)) for s in SENTENCES
                    if s.document == name and s.text in text]
-        for m in re.finditer("|".join(prose.PHRASES), text):
+        for m in prose.SUMMARY.finditer(text):
             if not any(a <= m.start() and m.end() <= b for a, b in covered):
                 found.append(f"{name}: an unchecked summary: …{text[max(0, m.start() - 80):m.end() + 40]}…")
     return found

@@ -71,7 +71,7 @@ def test_the_ledger_marks_a_seed_scored_under_an_earlier_protocol(tmp_path):
     assert status[0]["fresh"] is False and status[0]["first_scored_under"] == a.digest()
     assert status[1]["fresh"] is True
     ledger.record([200, 202], b)
-    assert ledger.first_scored(200)[0] == a.digest() and ledger.first_scored(202)[0] == b.digest()
+    assert ledger.first_scored()[200][0] == a.digest() and ledger.first_scored()[202][0] == b.digest()
     # the committed history counts for every store: 100-102 were v1's
     assert ledger.status([100], a)[0]["first_scored_under"] == V1.digest()
     lines = [json.loads(line) for line in (tmp_path / "protocol_ledger.jsonl").read_text().splitlines()]
