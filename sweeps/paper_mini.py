@@ -24,7 +24,8 @@ corrected test and, for C2 and C3, the compute-matched arm (the unmatched figure
 shown beside). The store's ledger (sweeps/protocol.Ledger) says which seeds were first
 scored under this protocol; the headline verdicts read those alone. Everything is keyed
 by content: a re-run trains nothing, and a new seed trains only that seed. The verdicts
-go to STORAGE/analysis/paper_mini/ (verdicts.md, verdicts.csv, report.html) and to the
+go to STORAGE/analysis/paper_mini/ (verdicts.md, verdicts.csv, speed_records.csv: each
+seed's timed prefills, report.html) and to the
 LM sweep's MLflow run. --set / --stage-set make another protocol (another digest).
 """
 
@@ -302,7 +303,9 @@ def write_verdicts(lm: Sweep, phop: Sweep, launch: Launch, speed: list[dict], pr
     verdict_table(results).with_columns(pl.lit(protocol.digest()).alias("protocol")).write_csv(paths["verdicts.csv"])
     for name, table in tables.items():
         write_csv(table.filter(pl.col("seed").is_in(fresh)), out / f"{name}.csv")  # the headline's trials
-    pl.DataFrame(speed).write_csv(out / "speed.csv")
+    # speed.csv is the report's table (analysis/speed.py), written below into this folder:
+    # the per-seed records go beside it, not under it
+    pl.DataFrame(speed).write_csv(out / "speed_records.csv")
     ledger.record(launch.seeds, protocol)
     print("\n" + markdown)
     mc = tracking.client(uri)

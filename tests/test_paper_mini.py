@@ -162,7 +162,8 @@ def test_paper_mini_at_toy_size(tmp_path):
                   "C4-growth"):
         assert f"| **{claim}**" in out
     folder = tmp_path / "analysis" / "paper_mini"
-    for name in ("verdicts.md", "verdicts.csv", "report.html", "lm_trials.csv", "speed.csv", "loops.csv"):
+    for name in ("verdicts.md", "verdicts.csv", "report.html", "lm_trials.csv", "speed.csv", "speed_records.csv",
+                 "loops.csv"):
         assert (folder / name).is_file(), name
     assert "Claims: the paper" in (folder / "report.html").read_text()
     stages = set((tmp_path / "stages").iterdir())
