@@ -39,6 +39,7 @@ __all__ = ["ConfigError", "ExperimentConfig", "ManoConfig", "ParentRef", "PhopCo
 
 
 ARCHS = ("mamba2", "transformer", "hybrid")
+COMPILE_CHOICES = ("auto", "on", "off")  # train.compile
 MODEL_BOUNDS = {"vocab_size": 1 << 20, "d_model": 1 << 16, "n_layers": 1024, "n_loops": 128, "d_state": 4096,
                 "headdim": 4096, "attn_head_dim": 4096, "chunk_size": 1 << 16, "expand": 16, "d_conv": 64,
                 "ngroups": 1024}
@@ -181,6 +182,10 @@ class TrainConfig:
     # Memory, not maths: a step's gradient is the same (to float rounding) either way.
     micro_batch_size: int = 0  # rows per forward/backward, gradients accumulated; 0: a rank's whole share
     activation_checkpointing: bool = False  # keep each loop's input only, recompute the loop in backward
+    # Speed, not maths: the training step's backbone under torch.compile (Inductor), the
+    # same losses to float rounding (looplab/models/compiled.py). auto: on for CUDA, off on
+    # a CPU, where it was measured not to pay back its compile time (docs/benchmarks.md).
+    compile: str = "auto"
 
     def __post_init__(self) -> None:
         check_ints(self, "steps", "batch_size", "seq_len", "eval_batch_size", "log_every")
@@ -201,6 +206,7 @@ class TrainConfig:
               and self.ckpt_minutes >= 0, "TrainConfig.ckpt_minutes", self.ckpt_minutes, "a number >= 0 (0: off)")
         check_choice(self, "precision", ("auto", "fp32", "bf16"))
         check_choice(self, "device", ("auto", "cpu", "cuda"))
+        check_choice(self, "compile", COMPILE_CHOICES)
         qs = self.eval_qs
         check(isinstance(qs, (list, tuple)) and len(qs) > 0
               and all(isinstance(q, (int, float)) and not isinstance(q, bool) and 0 < q <= 1 for q in qs)

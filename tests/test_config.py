@@ -69,7 +69,7 @@ def test_keys_are_opt_in_and_every_field_is_classified():
         assert unkeyed_fields(cls) == [], cls
     assert set(unkeyed_fields(TrainConfig)) == {"eval_every", "eval_batch_size", "log_every", "ckpt_every",
                                                 "ckpt_minutes", "device", "micro_batch_size",
-                                                "activation_checkpointing", "eval_qs"}
+                                                "activation_checkpointing", "eval_qs", "compile"}
     cfg = get_preset("debug")
     fields = cfg.key_fields()
     assert "train.lr" in fields and "train.seed" in fields and "model.n_loops" in fields

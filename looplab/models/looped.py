@@ -37,6 +37,7 @@ class LoopedLM(nn.Module):
         self.exit_gate = nn.Linear(cfg.d_model, 1)
         self.metadata: dict = {}  # carried into checkpoints (task, tokenizer, ...)
         self.checkpoint_steps = False  # recompute each loop in backward (step())
+        self.compiled_backbone = None  # the training step's backbone under torch.compile (models/compiled.py)
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -74,11 +75,15 @@ class LoopedLM(nn.Module):
 
         With checkpoint_steps set (train.activation_checkpointing), a training step
         keeps only each loop's input and recomputes the loop's activations in backward:
-        activation memory of one loop instead of R, for one more forward per loop."""
-        if self.checkpoint_steps and cache is None and torch.is_grad_enabled():
-            from torch.utils.checkpoint import checkpoint
+        activation memory of one loop instead of R, for one more forward per loop.
+        With a compiled_backbone (train.compile), a training step runs that instead."""
+        if cache is None and torch.is_grad_enabled():
+            backbone = self.compiled_backbone or self.backbone
+            if self.checkpoint_steps:
+                from torch.utils.checkpoint import checkpoint
 
-            return checkpoint(self.backbone, h, positions, seq_idx, None, use_reentrant=False)
+                return checkpoint(backbone, h, positions, seq_idx, None, use_reentrant=False)
+            return backbone(h, positions, seq_idx, None)
         return self.backbone(h, positions, seq_idx, cache)
 
     def exit_logit(self, h: torch.Tensor) -> torch.Tensor:
