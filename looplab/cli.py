@@ -301,10 +301,6 @@ def cmd_bench(args) -> int:
     experiment = model.metadata.get("experiment")
     cfg = ExperimentConfig.from_dict(experiment) if experiment else None
     task = make_task(cfg.task, cfg.train.seq_len) if cfg is not None else None
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
     if device.type == "cpu":
         print("measuring every point's peak memory first, in a separate process (looplab/costs/measured_memory.py); "
@@ -399,10 +395,6 @@ def cmd_bench_arrivals(args) -> int:
     settings = ArrivalBench(RequestStream(args.requests, args.prompt_len, args.new_tokens, args.seed),
                             slots=tuple(args.slots), policies=tuple(args.policies), schedules=tuple(args.schedule),
                             warmup=args.warmup, repeats=args.repeats, attention_fill=args.attention_fill)
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
     model = model.to(resolve_device(args.device))
     print(f"{args.requests} requests (prompt {args.prompt_len[0]}-{args.prompt_len[1]}, new "
           f"{args.new_tokens[0]}-{args.new_tokens[1]} tokens, seed {args.seed}); R={model.cfg.n_loops}; "
@@ -560,9 +552,16 @@ def cmd_info(args) -> int:
 
 
 
+def _threads_flag(p) -> None:
+    """--threads, on every command that computes: main() sets torch's threads from it
+    (looplab/threads.py), and from the CPUs the process was given without it."""
+    p.add_argument("--threads", type=at_least(0), default=0,
+                   help="torch threads (default: Ray's allocation inside Ray, else the machine's free cores)")
+
+
 def _timing_flags(p, *, warmup: int, repeats: int) -> None:
     """The flags every timing command shares: threads, warm-ups, repeats, device, JSON out."""
-    p.add_argument("--threads", type=at_least(0), default=0, help="torch threads (default: torch's)")
+    _threads_flag(p)
     p.add_argument("--warmup", type=at_least(0), default=warmup)
     p.add_argument("--repeats", type=at_least(1), default=repeats)
     p.add_argument("--device", default="auto")
@@ -582,6 +581,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "looplab/stages.py (App. D's optimiser settings), overrides still win")
     t.add_argument("--init", default=None, help="parent checkpoint a continued stage starts from")
     t.add_argument("overrides", nargs="*", help="KEY=VALUE, e.g. model.n_loops=1 train.steps=500")
+    _threads_flag(t)
     t.set_defaults(fn=cmd_train)
 
     d = sub.add_parser("data", help="print task samples as JSON lines")
@@ -611,6 +611,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--batch-size", type=at_least(1), default=64)
     e.add_argument("--device", default="auto")
     e.add_argument("--json", help="also write the records as a JSON list here")
+    _threads_flag(e)
     e.set_defaults(fn=cmd_eval)
 
     le = sub.add_parser("lm-eval", help="lm-eval tasks or the paper's seven-task suite on a checkpoint (JSON)")
@@ -633,6 +634,7 @@ def build_parser() -> argparse.ArgumentParser:
     le.add_argument("--batch-size", type=at_least(1), default=8)
     le.add_argument("--device", default="auto")
     le.add_argument("--output", default=None, help="also write the JSON here")
+    _threads_flag(le)
     le.set_defaults(fn=cmd_lm_eval)
 
     b = sub.add_parser("bench", help="prefill (or --decode) time and memory, full vs skip, over batch × length × "
@@ -702,6 +704,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-bos", action="store_true", help="do not start the prompt with <bos>")
     g.add_argument("--device", default="auto")
     g.add_argument("--json", action="store_true", help="print one JSON record instead")
+    _threads_flag(g)
     g.set_defaults(fn=cmd_generate)
 
     x = sub.add_parser("export", help="write a checkpoint as a Hugging Face folder (transformers, lm-eval's hf)")
@@ -730,6 +733,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--steps", type=at_least(1), default=3, help="the training probe's timed steps (default 3)")
     d.add_argument("--device", default="auto")
     d.add_argument("--no-ray", action="store_true", help="skip the Ray check")
+    _threads_flag(d)
     d.set_defaults(fn=cmd_doctor)
     return parser
 
@@ -751,6 +755,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         _destinations(args)  # before any command's work: a bad --json costs seconds, not the evaluation
+        if hasattr(args, "threads"):  # a command that computes: threads chosen, never torch's default
+            from looplab import threads
+
+            threads.use(args.threads)
         return args.fn(args)
     except ConfigError as e:
         print(f"looplab: error: {e}", file=sys.stderr)

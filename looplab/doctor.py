@@ -145,11 +145,14 @@ def peaks(device, quick: bool) -> tuple[list[Check], float]:
 
     gpu = device.type == "cuda"
     n = (4096 if quick else 8192) if gpu else (1024 if quick else 2048)
+    # On a CPU, with the threads this process trains with (set by looplab/threads.py):
+    # a peak measured with more threads than training uses overstates what MFU divides by.
+    threads = "" if gpu else f" with {torch.get_num_threads()} threads, as training here"
     out, peak = [], 0.0
     for dtype in ((torch.bfloat16, torch.float32) if gpu else (torch.float32,)):
         f = gemm_flops(device, dtype, n)
         name = str(dtype).removeprefix("torch.")
-        out.append(passed(f"gemm {name} {n}³", f"{f / 1e12:.2f} TFLOP/s", f / 1e12, "TFLOP/s"))
+        out.append(passed(f"gemm {name} {n}³", f"{f / 1e12:.2f} TFLOP/s{threads}", f / 1e12, "TFLOP/s"))
         peak = peak or f
     b = bandwidth(device, (1 << 30 if gpu else 1 << 28) // (4 if quick else 1))
     out.append(passed("memory bandwidth (copy)", f"{b / 1e9:.1f} GB/s", b / 1e9, "GB/s"))

@@ -22,6 +22,7 @@ import torch
 
 from looplab.checkpoint import (TRAINER, experiment_metadata, load_training_state, load_weights, model_from_config,
                                 read_model_config, save_training_state, settle_checkpoint, verify_checkpoint)
+from looplab import threads
 from looplab.config import ConfigError, ExperimentConfig, TrainConfig
 from looplab.errors import CheckpointNotWritten, TrainingDiverged
 from looplab.huggingface.retrofit import initialise, loads_weights
@@ -206,6 +207,8 @@ def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, st
     n_params = model.num_parameters()
     log.say(f"{cfg.preset or 'custom'} {cfg.stage} [{cfg.stage_key()}]: {cfg.model.arch} {cfg.model.n_layers}⊗"
             f"{cfg.model.n_loops}, {n_params:,} params, {tc.steps} steps on {device}")
+    if device.type == "cpu":
+        log.say(threads.current().line())
     model.train()
     train_time, tokens, window = 0.0, 0, []
     for step in range(start, end):

@@ -1,0 +1,47 @@
+"""Threads are chosen from the CPUs a process was given (looplab/threads.py), never
+torch's default of every core: asked for, else Ray's allocation, else the free cores."""
+
+import pytest
+import torch
+
+from looplab import threads
+from looplab.cli import main
+
+
+@pytest.fixture
+def restore_threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def four_cpus(monkeypatch):
+    monkeypatch.setattr(threads, "usable_cpus", lambda: 4)
+    monkeypatch.setattr(threads, "ray_cpus", lambda: None)
+
+
+def test_free_cores_leave_room_for_the_load(four_cpus):
+    assert threads.choose(load=0.0).count == 4
+    assert threads.choose(load=1.2).count == 3  # another process busy on one core
+    assert threads.choose(load=2.6).count == 1
+    assert threads.choose(load=9.0).count == 1  # a loaded machine still gets one thread
+    assert "4 CPUs, load 2.6" in threads.choose(load=2.6).why
+
+
+def test_asked_for_wins_over_ray_and_the_load(monkeypatch, four_cpus):
+    monkeypatch.setattr(threads, "ray_cpus", lambda: 2)
+    assert threads.choose(load=3.5) == threads.Threads(2, "Ray's allocation")
+    assert threads.choose(3, load=3.5) == threads.Threads(3, "asked for")
+
+
+def test_outside_ray_there_is_no_allocation():
+    assert threads.ray_cpus() is None  # this process is no Ray worker
+
+
+def test_every_computing_command_sets_threads(tmp_path, capsys, restore_threads):
+    torch.set_num_threads(2)
+    assert main(["train", "--preset", "phop-debug", "--out", str(tmp_path / "run"), "--threads", "1",
+                 "train.steps=1", "train.eval_every=0", "task.eval_count=8"]) == 0
+    assert torch.get_num_threads() == 1
+    assert "torch threads: 1 (asked for)" in capsys.readouterr().err
