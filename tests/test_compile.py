@@ -1,6 +1,10 @@
-"""train.compile: the compiled backbone trains along eager's trajectory (losses and
-weights to float rounding) for every backbone, on the dense forward and on skip's
-packed survivors (CHASE's depth holes), and the compiled function really ran."""
+"""Compiled backbones (looplab/models/compiled.py) against eager ones.
+
+train.compile: training follows eager's trajectory (losses and weights to float
+rounding) for every backbone, on the dense forward and on skip's packed survivors
+(CHASE's depth holes), and the compiled function really ran.
+compile_decoding: generation gives eager's tokens and loops for every backbone, every
+kind of policy, both schedules, at batch 1 and batched."""
 
 import re
 
@@ -8,8 +12,12 @@ import pytest
 import torch
 
 from looplab.config import ConfigError, TrainConfig, apply_overrides
-from looplab.models.compiled import compiles
+from looplab.inference.generate import generate
+from looplab.models import compiled
+from looplab.models.compiled import compile_decoding, compiles
+from looplab.policy import ExitPolicy
 from looplab.training.train import optimizer_step
+from test_hf_export import tiny_model
 from test_stages import stage_cfg
 
 STEPS = 3
@@ -28,13 +36,25 @@ def trajectory(cfg):
     return losses, {n: p.detach().clone() for n, p in model.named_parameters()}, model
 
 
-# Compiling costs 30-60 s a case on 2 cores: the suite keeps one, the slow tier (.ci/run) all.
-MATRIX = [pytest.param(arch, case, marks=[] if (arch, case) == ("mamba2", "skip") else [pytest.mark.slow])
-          for arch in ARCHS for case in CASES]
+# Inductor builds C++ for 1-2 minutes a case on 2 cores (from a cold cache): the suite
+# traces one case with the aot_eager backend (dynamo's graph and AOT autograd, which is
+# where this code's own mistakes would show) and the slow tier (.ci/run) builds them all.
+QUICK = "aot_eager"
+MATRIX = [pytest.param("mamba2", "skip", QUICK, id="mamba2-skip-traced")] + [
+    pytest.param(arch, case, "inductor", id=f"{arch}-{case}", marks=pytest.mark.slow) for arch in ARCHS
+    for case in CASES]
 
 
-@pytest.mark.parametrize("arch,case", MATRIX)
-def test_compiled_training_follows_eager(arch, case):
+@pytest.fixture
+def backend(monkeypatch, request):
+    monkeypatch.setattr(compiled, "BACKEND", request.param)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()  # the graphs counted below are this test's
+    return request.param
+
+
+@pytest.mark.parametrize("arch,case,backend", MATRIX, indirect=["backend"])
+def test_compiled_training_follows_eager(arch, case, backend):
     stage, overrides = CASES[case]
     cfg = stage_cfg(stage, **ARCHS[arch], **overrides, **{"train.batch_size": 4})
     eager_losses, eager_weights, _ = trajectory(apply_overrides(cfg, {"train.compile": "off"}))
@@ -53,3 +73,30 @@ def test_compile_setting():
     assert compiles("on", torch.device("cpu")) and not compiles("off", torch.device("cuda"))
     with pytest.raises(ConfigError, match=re.escape("TrainConfig.compile='yes' is invalid; allowed: auto | on | off")):
         TrainConfig(compile="yes")
+
+
+DECODE_POLICIES = ["full", "forced:2", "dense:0.5", "skip:0.5", "skip-entropy:5.0"]
+
+
+# Every backbone × policy × batch × schedule compiles for minutes: the suite keeps the
+# hybrid backbone (both mixers) batched under full and skip; the slow tier runs them all.
+DECODE_MATRIX = [pytest.param("hybrid", ("full", "skip:0.5"), (3,), QUICK, id="hybrid-traced")] + [
+    pytest.param(arch, tuple(DECODE_POLICIES), (1, 3), "inductor", id=arch, marks=pytest.mark.slow)
+    for arch in ("mamba2", "transformer", "hybrid")]
+
+
+@pytest.mark.parametrize("arch,specs,batches,backend", DECODE_MATRIX, indirect=["backend"])
+def test_compiled_decoding_gives_eager_tokens_and_loops(arch, specs, batches, backend):
+    model = tiny_model(arch, seed=1)
+    prompts = [[5, 9, 2, 7, 1, 3], [4, 4, 8], [6, 2, 9, 9, 1, 0, 3, 5]]
+    cases = [(spec, rows, schedule) for spec in specs for rows in batches for schedule in ("lockstep", "depth")]
+    eager = {case: generate(model, prompts[:case[1]], 6, ExitPolicy.parse(case[0]), schedule=case[2])
+             for case in cases}
+    torch._dynamo.reset()
+    compile_decoding(model)
+    for case in cases:
+        got = generate(model, prompts[:case[1]], 6, ExitPolicy.parse(case[0]), schedule=case[2])
+        assert (got.tokens, got.loops, got.exit_step) == (eager[case].tokens, eager[case].loops,
+                                                          eager[case].exit_step), case
+    assert model.compiled_decode.shapes  # it ran compiled
+    assert any(loops != [model.cfg.n_loops] * 6 for case in cases for loops in eager[case].loops)  # exits happened

@@ -38,6 +38,7 @@ class LoopedLM(nn.Module):
         self.metadata: dict = {}  # carried into checkpoints (task, tokenizer, ...)
         self.checkpoint_steps = False  # recompute each loop in backward (step())
         self.compiled_backbone = None  # the training step's backbone under torch.compile (models/compiled.py)
+        self.compiled_decode = None  # the one-token decode step under torch.compile (models/compiled.py)
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -76,7 +77,8 @@ class LoopedLM(nn.Module):
         With checkpoint_steps set (train.activation_checkpointing), a training step
         keeps only each loop's input and recomputes the loop's activations in backward:
         activation memory of one loop instead of R, for one more forward per loop.
-        With a compiled_backbone (train.compile), a training step runs that instead."""
+        With a compiled_backbone (train.compile), a training step runs that instead; with
+        a compiled_decode (models/compiled.compile_decoding), a one-token decode step."""
         if cache is None and torch.is_grad_enabled():
             backbone = self.compiled_backbone or self.backbone
             if self.checkpoint_steps:
@@ -84,6 +86,9 @@ class LoopedLM(nn.Module):
 
                 return checkpoint(backbone, h, positions, seq_idx, None, use_reentrant=False)
             return backbone(h, positions, seq_idx, None)
+        if self.compiled_decode is not None and cache is not None and h.shape[1] == 1 \
+                and not torch.is_grad_enabled():
+            return self.compiled_decode(h, positions, seq_idx, cache)
         return self.backbone(h, positions, seq_idx, cache)
 
     def exit_logit(self, h: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,342 @@
+"""The performance suite: every speed figure looplab claims, measured side by side in
+one run on this machine, each with its repeats' median, min and max, and marked noisy
+(not a result) when its repeats spread wider than the bound or other work loaded the
+machine (looplab/costs/spread.py).
+
+    python benchmarks/suite.py                         # the whole suite (~8 min on 2 cores)
+    python benchmarks/suite.py --only train,decode     # some sections
+    python benchmarks/suite.py --markdown suite.md --json suite.json
+
+Sections (a comparison's arms alternate within each repeat, so drifting load hits
+them alike; every time is one direct measurement, never a difference):
+  machine   fp32 GEMM peak (2048³) and a 1 GiB copy's bandwidth, with the suite's threads
+  train     `debug`'s optimizer step eager vs compiled (train.compile; the compile time
+            apart); `local`'s step and its MFU against the GEMM peak; a 4-layer d 256
+            Mamba-2 stack forward+backward, looplab's against transformers' Mamba2
+            (benchmarks/mamba2_vs_hf.py's stacks)
+  decode    ms per token at batch 1 and 16 on a d 256, 4-layer Mamba-2 (6.9 MiB of
+            weights, 1 loop): looplab's decode step (the step dispatch picks: torch ops,
+            or the compiled CPU step with LOOPLAB_CPU_STEP_KERNEL=1) against the
+            weight-read bound (weights ÷ the copy bandwidth) and transformers' Mamba2
+  arrivals  decode tokens/s under continuous arrivals, depth batching over lockstep at
+            skip:0.4 on `debug`'s shape (fresh weights, the gate spread so that exits
+            vary), 8 and 32 slots
+  mini      `python sweeps/paper_mini.py --dry-run`'s estimated wall time of a clean run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from looplab import threads  # noqa: E402
+from looplab.costs.spread import SPREAD_BOUND, Figure, Load, Timing, load_now  # noqa: E402
+
+SECTIONS = ("machine", "train", "decode", "arrivals", "mini")
+
+
+def timed(fn, *args) -> float:
+    t = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - t
+
+
+def alternate(arms: dict, repeats: int, warmup: int = 1) -> dict[str, Timing]:
+    """Each arm's Timing over `repeats`, the arms run in turn within every repeat. An arm
+    is a call, or (setup, run): setup() untimed, then run(what setup returned) timed."""
+    arms = {name: arm if isinstance(arm, tuple) else (lambda: None, lambda _, fn=arm: fn())
+            for name, arm in arms.items()}
+    for _ in range(warmup):
+        for setup, run in arms.values():
+            run(setup())
+    seconds = {name: [] for name in arms}
+    for _ in range(repeats):
+        for name, (setup, run) in arms.items():
+            seconds[name].append(timed(run, setup()))
+    return {name: Timing(tuple(s)) for name, s in seconds.items()}
+
+
+class Measuring:
+    """Records the machine's load around a section (with Measuring() as m: ...; m.load())."""
+
+    def __enter__(self):
+        self.before = load_now()
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def load(self) -> Load:
+        return Load(self.before, load_now(), threads.usable_cpus(), torch.get_num_threads())
+
+
+class Suite:
+    def __init__(self, repeats: int, bound: float):
+        self.repeats, self.bound = repeats, bound
+        self.figures: list[Figure] = []
+        self.peak_flops = 0.0
+        self.bandwidth = 0.0
+
+    def add(self, name: str, value: float, unit: str, timings, load: Load, note: str = "") -> Figure:
+        figure = Figure(name, value, unit, tuple(timings), load, self.bound, note)
+        self.figures.append(figure)
+        flag = f"   NOISY: {figure.noisy_because}" if figure.noisy else ""
+        print(f"  {name:66s} {figure.value:10.4g} {unit:9s} spread {figure.spread:4.0%}{flag}", flush=True)
+        return figure
+
+
+# ---- machine ------------------------------------------------------------------------------
+
+def machine(suite: Suite) -> None:
+    with Measuring() as m:
+        n = 2048
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        src = torch.ones(1 << 28)  # 1 GiB of float32
+        dst = torch.empty_like(src)
+        t = alternate({"gemm": lambda: a @ b, "copy": lambda: dst.copy_(src)}, suite.repeats)
+        load = m.load()
+    suite.peak_flops = 2 * n ** 3 / t["gemm"].median
+    suite.bandwidth = 2 * src.numel() * 4 / t["copy"].median  # read + write
+    suite.add(f"fp32 GEMM {n}³ ({torch.get_num_threads()} threads)", suite.peak_flops / 1e9, "GFLOP/s",
+              [t["gemm"]], load)
+    suite.add("copy bandwidth, 1 GiB (read + write)", suite.bandwidth / 1e9, "GB/s", [t["copy"]], load)
+
+
+# ---- train --------------------------------------------------------------------------------
+
+def train(suite: Suite) -> None:
+    from looplab.config import apply_overrides
+    from looplab.costs.resources import flops_per_token
+    from looplab.presets import get_preset
+    from looplab.training.train import optimizer_step
+
+    debug = get_preset("debug")
+    eager, _ = optimizer_step(apply_overrides(debug, {"train.compile": "off"}), "cpu")
+    compiled, _ = optimizer_step(apply_overrides(debug, {"train.compile": "on"}), "cpu")
+    compile_s = timed(compiled)  # the first call compiles (Inductor's on-disk cache may hold it)
+    tokens = debug.train.batch_size * debug.train.seq_len
+    with Measuring() as m:
+        t = alternate({"eager": eager, "compiled": compiled}, suite.repeats)
+        load = m.load()
+    suite.add("debug step: eager", tokens / t["eager"].median, "tokens/s", [t["eager"]], load)
+    suite.add("debug step: compiled", tokens / t["compiled"].median, "tokens/s", [t["compiled"]], load,
+              f"first step (compilation) {compile_s:.1f} s")
+    suite.add("debug step: compiled ÷ eager (time; target ≤ 0.5)", t["compiled"].median / t["eager"].median,
+              "ratio", [t["eager"], t["compiled"]], load)
+
+    local = get_preset("local")
+    step, _ = optimizer_step(local, "cpu")
+    tokens = local.train.batch_size * local.train.seq_len
+    with Measuring() as m:
+        t = alternate({"local": step}, max(3, suite.repeats // 2))
+        load = m.load()
+    mfu = flops_per_token(local) * tokens / t["local"].median / suite.peak_flops if suite.peak_flops else math.nan
+    suite.add("local step: eager", tokens / t["local"].median, "tokens/s", [t["local"]], load)
+    if suite.peak_flops:
+        suite.add("local step: MFU against the GEMM peak (target ≥ 65 %)", 100 * mfu, "%", [t["local"]], load)
+
+    import mamba2_vs_hf  # the two same-shaped stacks
+
+    shape = argparse.Namespace(d_model=256, layers=4, expand=2, headdim=64, d_state=64, chunk_size=64)
+    torch.manual_seed(0)
+    x = torch.randn(4, 256, shape.d_model)
+    stacks = {"looplab": mamba2_vs_hf.looplab_stack(shape).train(), "hf": mamba2_vs_hf.hf_stack(shape).train()}
+    with Measuring() as m:
+        t = alternate({k: (lambda s=s: mamba2_vs_hf.time_fwd_bwd(s, x)) for k, s in stacks.items()}, suite.repeats)
+        load = m.load()
+    tokens = x.shape[0] * x.shape[1]
+    suite.add("Mamba-2 stack fwd+bwd (d 256, 4 layers): looplab", tokens / t["looplab"].median, "tokens/s",
+              [t["looplab"]], load)
+    suite.add("Mamba-2 stack fwd+bwd: transformers", tokens / t["hf"].median, "tokens/s", [t["hf"]], load)
+    suite.add("Mamba-2 stack fwd+bwd: looplab ÷ transformers (speed)", t["hf"].median / t["looplab"].median, "x",
+              [t["looplab"], t["hf"]], load)
+
+
+# ---- decode -------------------------------------------------------------------------------
+
+DECODE_SHAPE = dict(vocab_size=259, d_model=256, n_layers=4, n_loops=1, d_state=64, headdim=64, chunk_size=64)
+PROMPT, NEW = 32, 32
+
+
+def looplab_decoder(batch: int):
+    """(setup, run) decoding NEW tokens after a PROMPT-token prefill (setup: a copy of
+    the prefilled cache), and the model's weight bytes."""
+    from looplab.config import ModelConfig
+    from looplab.inference.generate import decode_step, prefill
+    from looplab.models.looped import LoopedLM
+
+    torch.manual_seed(0)
+    model = LoopedLM(ModelConfig(arch="mamba2", **DECODE_SHAPE)).eval()
+    ids = torch.randint(0, DECODE_SHAPE["vocab_size"], (batch, PROMPT + NEW))
+    cache = prefill(model, ids[:, :PROMPT], capacity=PROMPT + NEW).cache
+
+    def run(c):
+        for t in range(PROMPT, PROMPT + NEW):
+            decode_step(model, c, ids[:, t])
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    return (cache.clone, run), weights
+
+
+def hf_decoder(batch: int):
+    """transformers' Mamba2ForCausalLM at the same shape: (setup, run), setup its
+    prefill (a fresh cache), run the NEW one-token steps on it."""
+    from transformers import Mamba2Config, Mamba2ForCausalLM
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()  # its note that mamba-ssm's kernels are absent: they are, on a CPU
+    s = DECODE_SHAPE
+    cfg = Mamba2Config(hidden_size=s["d_model"], num_hidden_layers=s["n_layers"], expand=2, head_dim=s["headdim"],
+                       num_heads=2 * s["d_model"] // s["headdim"], state_size=s["d_state"], n_groups=1,
+                       chunk_size=s["chunk_size"], conv_kernel=4, vocab_size=s["vocab_size"], use_cache=True)
+    torch.manual_seed(0)
+    model = Mamba2ForCausalLM(cfg).eval()
+    ids = torch.randint(0, s["vocab_size"], (batch, PROMPT + NEW))
+
+    def run(cache):
+        for t in range(PROMPT, PROMPT + NEW):
+            cache = model(ids[:, t:t + 1], cache=cache, use_cache=True).cache
+    return lambda: model(ids[:, :PROMPT], use_cache=True).cache, run
+
+
+@torch.no_grad()
+def decode(suite: Suite) -> None:
+    from looplab.models.ops.dispatch import step_implementation
+
+    step = step_implementation(torch.zeros(1))
+    for batch in (1, 16):
+        ours, weights = looplab_decoder(batch)
+        with Measuring() as m:
+            t = alternate({"looplab": ours, "hf": hf_decoder(batch)}, suite.repeats)
+            load = m.load()
+        ms = t["looplab"].median / NEW * 1e3
+        suite.add(f"decode batch {batch}: looplab ({step} step)", ms, "ms/token", [t["looplab"]], load)
+        suite.add(f"decode batch {batch}: transformers", t["hf"].median / NEW * 1e3, "ms/token", [t["hf"]], load)
+        if suite.bandwidth:
+            bound_ms = weights / suite.bandwidth * 1e3
+            suite.add(f"decode batch {batch}: looplab ÷ weight-read bound (target ≤ 1.3)", ms / bound_ms, "x",
+                      [t["looplab"]], load, f"{weights / 2**20:.1f} MiB of weights: {bound_ms:.3f} ms")
+        suite.add(f"decode batch {batch}: looplab ÷ transformers (speed; target ≥ 3)",
+                  t["hf"].median / t["looplab"].median, "x", [t["looplab"], t["hf"]], load)
+
+
+# ---- arrivals -----------------------------------------------------------------------------
+
+@torch.no_grad()
+def arrivals(suite: Suite) -> None:
+    from looplab.inference.arrivals import ArrivalBench, RequestStream, bench_arrivals
+    from looplab.models.looped import LoopedLM
+    from looplab.policy import ExitPolicy
+    from looplab.presets import get_preset
+    from looplab.tasks import make_task
+
+    cfg = get_preset("debug")
+    torch.manual_seed(0)
+    model = LoopedLM(cfg.model).eval()
+    model.exit_gate.weight.normal_(0, 5.0)  # a fresh gate exits almost never: spread it so exits vary
+    model.exit_gate.bias.fill_(0.0)
+    task = make_task(cfg.task, cfg.train.seq_len)
+    settings = ArrivalBench(RequestStream(requests=32, prompt_len=(16, 64), new_tokens=(8, 32), seed=0),
+                            slots=(8, 32), policies=(ExitPolicy.parse("skip:0.4"),), warmup=1,
+                            repeats=max(3, suite.repeats // 2))
+    with Measuring() as m:
+        records = bench_arrivals(model, task, settings)
+        load = m.load()
+
+    def timing(r) -> Timing:  # the repeats' decode seconds at their median, min and max rate
+        return Timing(tuple(r.decoded_tokens / rate for rate in
+                            (r.decode_tokens_per_s_max, r.decode_tokens_per_s, r.decode_tokens_per_s_min)))
+    by = {(r.slots, r.schedule, r.policy): r for r in records}
+    for slots in settings.slots:
+        depth, lock = by[slots, "depth", "skip:0.4"], by[slots, "lockstep", "skip:0.4"]
+        suite.add(f"arrivals {slots} slots, skip:0.4 (d̄ {depth.mean_executed_loops:.2f}): depth ÷ lockstep",
+                  depth.decode_tokens_per_s / lock.decode_tokens_per_s, "x", [timing(depth), timing(lock)], load,
+                  f"decode tok/s depth {depth.decode_tokens_per_s:,.0f}, lockstep {lock.decode_tokens_per_s:,.0f}")
+
+
+# ---- the miniature ------------------------------------------------------------------------
+
+def mini(suite: Suite) -> None:
+    with Measuring() as m:
+        t = time.perf_counter()
+        with tempfile.TemporaryDirectory() as empty:  # a clean run's estimate: nothing trained yet
+            out = subprocess.run([sys.executable, "sweeps/paper_mini.py", "--dry-run", "--storage-path", empty],
+                                 cwd=REPO, capture_output=True, text=True, check=True)
+        took = time.perf_counter() - t
+        load = m.load()
+    text = out.stdout + out.stderr
+    line = next((ln for ln in text.splitlines() if ln.strip().startswith("total ≈")), "")
+    minutes = _minutes(line)
+    if minutes is None:
+        print(f"  paper_mini --dry-run printed no estimate:\n{text[-2000:]}", file=sys.stderr)
+        return
+    suite.add("paper_mini estimated wall time (target ≤ 30 min)", minutes, "min", [Timing((took,))], load,
+              line.strip())
+
+
+def _minutes(line: str) -> float | None:
+    import re
+
+    found = re.search(r"(\d+) min (\d+) s", line) or re.search(r"(\d+) min", line)
+    if not found:
+        return None
+    return int(found.group(1)) + (int(found.group(2)) / 60 if found.lastindex == 2 else 0.0)
+
+
+# ---- the report ---------------------------------------------------------------------------
+
+def markdown(figures: list[Figure]) -> str:
+    rows = ["| figure | value | unit | spread (bound) | note |", "|---|---|---|---|---|"]
+    for f in figures:
+        value = f"noisy: {f.noisy_because}" if f.noisy else f"{f.value:.3g}"
+        rows.append(f"| {f.name} | {value} | {f.unit} | {f.spread:.0%} ({f.bound:.0%}) | {f.note} |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--only", default=",".join(SECTIONS), help=f"sections, comma-separated: {', '.join(SECTIONS)}")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--bound", type=float, default=SPREAD_BOUND, help="the largest (max − min) / median accepted")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (default: the machine's free cores)")
+    p.add_argument("--markdown", help="write the table here")
+    p.add_argument("--json", help="write every figure here")
+    args = p.parse_args(argv)
+    only = [s.strip() for s in args.only.split(",") if s.strip()]
+    bad = [s for s in only if s not in SECTIONS]
+    if bad or args.repeats < 1 or not 0 < args.bound:
+        print(f"suite: --only={bad[0] if bad else ''!r} --repeats={args.repeats} --bound={args.bound}: allowed "
+              f"sections {', '.join(SECTIONS)}, repeats >= 1, bound > 0", file=sys.stderr)
+        return 2
+    chosen = threads.use(args.threads)
+    before = load_now()
+    print(f"suite: {chosen.line()}; {args.repeats} repeats; spread bound {args.bound:.0%}; load {before:.2f}",
+          flush=True)
+    suite = Suite(args.repeats, args.bound)
+    for section in SECTIONS:
+        if section in only or (section == "machine" and only):  # the peaks every other figure divides by
+            print(f"[{section}]", flush=True)
+            globals()[section](suite)
+    after = load_now()
+    noisy = sum(f.noisy for f in suite.figures)
+    print(f"suite: {len(suite.figures)} figures, {noisy} noisy; load {before:.2f} before, {after:.2f} after")
+    if args.markdown:
+        Path(args.markdown).write_text(markdown(suite.figures) + "\n")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"threads": chosen.count, "load_before": before, "load_after": after,
+                                               "figures": [f.row() for f in suite.figures]}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
