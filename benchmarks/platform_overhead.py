@@ -123,19 +123,25 @@ def measure(uri: str, wall: float) -> dict:
             "outside_trials_s": wall - busy if len(trials) == 1 and not shared else None}
 
 
+def difference(seconds: float, width: int = 0) -> str:
+    """A time that is a difference of two timings (a span less what ran inside it): never
+    shown negative, which says only that the two clocks disagree (load, or skew)."""
+    return f"{seconds:{width}.1f}" if seconds >= 0 else f"{'n/a (<0: clocks disagree)':>{width}s}"
+
+
 def report(f: dict) -> None:
     print(f"\nplatform overhead, preset {f['preset']}: {f['command']}")
     print(f"{'trial':36s} {'wall s':>8s} {'compute s':>10s} {'overhead s':>11s} {'overhead':>9s}")
     for t in f["trials"]:
-        print(f"{t['trial']:36s} {t['wall_s']:8.1f} {t['compute_s']:10.1f} {t['overhead_s']:11.1f} "
-              f"{100 * t['overhead_frac']:8.1f}%")
+        share = f"{100 * t['overhead_frac']:8.1f}%" if t["overhead_s"] >= 0 else ""
+        print(f"{t['trial']:36s} {t['wall_s']:8.1f} {t['compute_s']:10.1f} {difference(t['overhead_s'], 11)} {share}")
     if f["shared_stages_wall_s"]:
         print(f"shared stages (trained before the trials): wall {f['shared_stages_wall_s']:.1f} s, "
               f"compute {f['shared_stages_compute_s']:.1f} s")
     print(f"sweep wall {f['sweep_wall_s']:.1f} s; compute of every stage trained, summed: "
           f"{f['total_compute_s']:.1f} s (concurrent trials overlap, so the sum may exceed the wall)")
     if f["outside_trials_s"] is not None:
-        print(f"outside the trial (Ray start, Tune, shutdown, summary): {f['outside_trials_s']:.1f} s")
+        print(f"outside the trial (Ray start, Tune, shutdown, summary): {difference(f['outside_trials_s'])} s")
     print(f"CPU utilisation during the sweep: {100 * f['cpu_utilisation']:.0f}% of all CPUs "
           f"({f['cpu_samples']} samples)")
 

@@ -15,9 +15,10 @@ them alike; every time is one direct measurement, never a difference):
             Mamba-2 stack forward+backward, looplab's against transformers' Mamba2
             (benchmarks/mamba2_vs_hf.py's stacks)
   decode    ms per token at batch 1 and 16 on a d 256, 4-layer Mamba-2 (6.9 MiB of
-            weights, 1 loop): looplab's decode step (the step dispatch picks: torch ops,
-            or the compiled CPU step with LOOPLAB_CPU_STEP_KERNEL=1) against the
-            weight-read bound (weights ÷ the copy bandwidth) and transformers' Mamba2
+            weights, 1 loop): looplab's decode step eager (the step dispatch picks: torch
+            ops, or the C++ CPU step with LOOPLAB_CPU_STEP_KERNEL=1) and compiled
+            (compile_decoding), against the weight-read bound (weights ÷ the copy
+            bandwidth) and transformers' Mamba2
   arrivals  decode tokens/s under continuous arrivals, depth batching over lockstep at
             skip:0.4 on `debug`'s shape (fresh weights, the gate spread so that exits
             vary), 8 and 32 slots
@@ -169,15 +170,16 @@ DECODE_SHAPE = dict(vocab_size=259, d_model=256, n_layers=4, n_loops=1, d_state=
 PROMPT, NEW = 32, 32
 
 
-def looplab_decoder(batch: int):
+def looplab_decoder(batch: int, compiled: bool):
     """(setup, run) decoding NEW tokens after a PROMPT-token prefill (setup: a copy of
-    the prefilled cache), and the model's weight bytes."""
+    the prefilled cache), eager or with the compiled step, and the model's weight bytes."""
     from looplab.config import ModelConfig
     from looplab.inference.generate import decode_step, prefill
+    from looplab.models.compiled import compile_decoding
     from looplab.models.looped import LoopedLM
 
     torch.manual_seed(0)
-    model = LoopedLM(ModelConfig(arch="mamba2", **DECODE_SHAPE)).eval()
+    model = compile_decoding(LoopedLM(ModelConfig(arch="mamba2", **DECODE_SHAPE)).eval(), compiled)
     ids = torch.randint(0, DECODE_SHAPE["vocab_size"], (batch, PROMPT + NEW))
     cache = prefill(model, ids[:, :PROMPT], capacity=PROMPT + NEW).cache
 
@@ -215,19 +217,25 @@ def decode(suite: Suite) -> None:
 
     step = step_implementation(torch.zeros(1))
     for batch in (1, 16):
-        ours, weights = looplab_decoder(batch)
+        eager, weights = looplab_decoder(batch, compiled=False)
+        compiled, _ = looplab_decoder(batch, compiled=True)
+        compile_s = timed(compiled[1], compiled[0]())  # the first steps compile
         with Measuring() as m:
-            t = alternate({"looplab": ours, "hf": hf_decoder(batch)}, suite.repeats)
+            t = alternate({"eager": eager, "compiled": compiled, "hf": hf_decoder(batch)}, suite.repeats)
             load = m.load()
-        ms = t["looplab"].median / NEW * 1e3
-        suite.add(f"decode batch {batch}: looplab ({step} step)", ms, "ms/token", [t["looplab"]], load)
-        suite.add(f"decode batch {batch}: transformers", t["hf"].median / NEW * 1e3, "ms/token", [t["hf"]], load)
+        ms = {k: t[k].median / NEW * 1e3 for k in t}
+        suite.add(f"decode batch {batch}: looplab eager ({step} step)", ms["eager"], "ms/token", [t["eager"]], load)
+        suite.add(f"decode batch {batch}: looplab compiled (the default of bench)", ms["compiled"], "ms/token",
+                  [t["compiled"]], load, f"first {NEW} tokens (compilation) {compile_s:.1f} s")
+        suite.add(f"decode batch {batch}: transformers", ms["hf"], "ms/token", [t["hf"]], load)
         if suite.bandwidth:
             bound_ms = weights / suite.bandwidth * 1e3
-            suite.add(f"decode batch {batch}: looplab ÷ weight-read bound (target ≤ 1.3)", ms / bound_ms, "x",
-                      [t["looplab"]], load, f"{weights / 2**20:.1f} MiB of weights: {bound_ms:.3f} ms")
-        suite.add(f"decode batch {batch}: looplab ÷ transformers (speed; target ≥ 3)",
-                  t["hf"].median / t["looplab"].median, "x", [t["looplab"], t["hf"]], load)
+            for arm in ("eager", "compiled"):
+                suite.add(f"decode batch {batch}: looplab {arm} ÷ weight-read bound (target ≤ 1.3)",
+                          ms[arm] / bound_ms, "x", [t[arm]], load,
+                          f"{weights / 2**20:.1f} MiB of weights: {bound_ms:.3f} ms")
+        suite.add(f"decode batch {batch}: looplab compiled ÷ transformers (speed; target ≥ 3)",
+                  t["hf"].median / t["compiled"].median, "x", [t["compiled"], t["hf"]], load)
 
 
 # ---- arrivals -----------------------------------------------------------------------------

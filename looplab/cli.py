@@ -288,6 +288,8 @@ def cmd_bench(args) -> int:
                           "--oracle-mean 2.0")
     overrides = {} if args.checkpoint else _overrides(args.overrides)  # a checkpoint fixes the model
     model = load_model(args.checkpoint or args.preset, **overrides)
+    if args.decode:
+        _compile_decoding(model, args.compile)
     R = model.cfg.n_loops
     if getattr(args, "packing", "auto") == "varlen" and model.cfg.arch != "mamba2":
         raise ConfigError(f"--packing='varlen' is invalid for a {model.cfg.arch} model; allowed: auto | padded "
@@ -395,7 +397,7 @@ def cmd_bench_arrivals(args) -> int:
     settings = ArrivalBench(RequestStream(args.requests, args.prompt_len, args.new_tokens, args.seed),
                             slots=tuple(args.slots), policies=tuple(args.policies), schedules=tuple(args.schedule),
                             warmup=args.warmup, repeats=args.repeats, attention_fill=args.attention_fill)
-    model = model.to(resolve_device(args.device))
+    model = _compile_decoding(model.to(resolve_device(args.device)), args.compile)
     print(f"{args.requests} requests (prompt {args.prompt_len[0]}-{args.prompt_len[1]}, new "
           f"{args.new_tokens[0]}-{args.new_tokens[1]} tokens, seed {args.seed}); R={model.cfg.n_loops}; "
           f"{len(settings.runs)} runs per slots × {args.warmup + args.repeats}", file=sys.stderr, flush=True)
@@ -482,7 +484,7 @@ def cmd_generate(args) -> int:
     note = untrained_gate_note(model, policy)
     if note:
         print(note, file=sys.stderr)
-    model = model.to(resolve_device(args.device)).eval()
+    model = _compile_decoding(model.to(resolve_device(args.device)).eval(), args.compile)
     with torch.no_grad():
         out = generate(model, [prompt], args.max_new_tokens, policy, temperature=args.temperature, top_k=args.top_k,
                        top_p=args.top_p, seed=args.seed, eos_id=tok.eos_id, stop=args.stop or None,
@@ -557,6 +559,18 @@ def _threads_flag(p) -> None:
     (looplab/threads.py), and from the CPUs the process was given without it."""
     p.add_argument("--threads", type=at_least(0), default=0,
                    help="torch threads (default: Ray's allocation inside Ray, else the machine's free cores)")
+
+
+def _compile_flag(p, default: str) -> None:
+    p.add_argument("--compile", choices=("on", "off"), default=default,
+                   help=f"decode with the compiled one-token step (looplab/models/compiled.py; the first steps "
+                        f"compile for seconds) or the eager one (default {default})")
+
+
+def _compile_decoding(model, setting: str):
+    from looplab.models.compiled import compile_decoding
+
+    return compile_decoding(model, setting == "on")
 
 
 def _timing_flags(p, *, warmup: int, repeats: int) -> None:
@@ -663,6 +677,7 @@ def build_parser() -> argparse.ArgumentParser:
     _timing_flags(b, warmup=2, repeats=5)
     b.add_argument("--tracking-uri", default="", help="also log the records to MLflow")
     b.add_argument("overrides", nargs="*", help="model overrides for --preset, e.g. n_loops=4")
+    _compile_flag(b, "on")
     b.set_defaults(fn=cmd_bench)
 
     a = sub.add_parser("bench-arrivals", help="decode tokens/s under continuous arrivals (requests of different "
@@ -685,6 +700,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what exited tokens leave in deeper attention layers (hybrid/transformer)")
     _timing_flags(a, warmup=1, repeats=3)
     a.add_argument("overrides", nargs="*", help="model overrides for --preset, e.g. n_loops=4")
+    _compile_flag(a, "on")
     a.set_defaults(fn=cmd_bench_arrivals)
 
     g = sub.add_parser("generate", help="continue a prompt from a checkpoint; print the loops behind each token")
@@ -705,6 +721,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--device", default="auto")
     g.add_argument("--json", action="store_true", help="print one JSON record instead")
     _threads_flag(g)
+    _compile_flag(g, "off")
     g.set_defaults(fn=cmd_generate)
 
     x = sub.add_parser("export", help="write a checkpoint as a Hugging Face folder (transformers, lm-eval's hf)")

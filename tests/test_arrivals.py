@@ -119,7 +119,10 @@ def test_the_benchmark_reports_each_run_against_full_and_the_flop_ratio():
     assert depth_skip.paid_loops < lockstep_skip.paid_loops
 
 
-def test_the_command_prints_a_table_and_writes_json(tmp_path, capsys):
+def test_the_command_prints_a_table_and_writes_json(tmp_path, capsys, monkeypatch):
+    from looplab.models import compiled
+
+    monkeypatch.setattr(compiled, "BACKEND", "aot_eager")  # the default compiled step, traced (no C++ build)
     out = tmp_path / "arrivals.json"
     argv = ["bench-arrivals", "--preset", "debug", "--slots", "2", "--policies", "skip:0.3", "--schedule", "depth",
             "--requests", "3", "--prompt-len", "4-8", "--new-tokens", "3", "--warmup", "0", "--repeats", "1",

@@ -205,7 +205,8 @@ def test_bench_decode_command_writes_records_and_logs_to_mlflow(tmp_path, capsys
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     assert main(["bench", "--decode", "--preset", "phop-debug", "--batch", "2", "--seq-len", "16,48",
                  "--new-tokens", "4", "--oracle-mean", "2.0", "--repeats", "1", "--warmup", "0", "--dtype", "bf16",
-                 "--schedule", "lockstep,depth", "--json", str(tmp_path / "d.json"), "--tracking-uri", uri,
+                 "--schedule", "lockstep,depth", "--compile", "off", "--json", str(tmp_path / "d.json"),
+                 "--tracking-uri", uri,
                  "n_loops=4"]) == 0
     records = json.loads((tmp_path / "d.json").read_text())
     assert [(r["seq_len"], r["schedule"], r["kind"]) for r in records] == [

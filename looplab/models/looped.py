@@ -61,6 +61,13 @@ class LoopedLM(nn.Module):
                     if module.bias is not None:
                         nn.init.zeros_(module.bias)
 
+    def __getstate__(self):
+        """Compiled functions stay in the process that compiled them: a pickled model
+        (a process pool's argument) carries the eager modules alone."""
+        state = self.__dict__.copy()
+        state["compiled_backbone"] = state["compiled_decode"] = None
+        return state
+
     # ---- step API ---------------------------------------------------------
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """h^(0) = emb(ids): (B, L) → (B, L, d)."""
