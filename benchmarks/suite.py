@@ -243,6 +243,7 @@ def decode(suite: Suite) -> None:
 @torch.no_grad()
 def arrivals(suite: Suite) -> None:
     from looplab.inference.arrivals import ArrivalBench, RequestStream, bench_arrivals
+    from looplab.models.compiled import compile_decoding
     from looplab.models.looped import LoopedLM
     from looplab.policy import ExitPolicy
     from looplab.presets import get_preset
@@ -257,19 +258,22 @@ def arrivals(suite: Suite) -> None:
     settings = ArrivalBench(RequestStream(requests=32, prompt_len=(16, 64), new_tokens=(8, 32), seed=0),
                             slots=(8, 32), policies=(ExitPolicy.parse("skip:0.4"),), warmup=1,
                             repeats=max(3, suite.repeats // 2))
-    with Measuring() as m:
-        records = bench_arrivals(model, task, settings)
-        load = m.load()
 
     def timing(r) -> Timing:  # the repeats' decode seconds at their median, min and max rate
         return Timing(tuple(r.decoded_tokens / rate for rate in
                             (r.decode_tokens_per_s_max, r.decode_tokens_per_s, r.decode_tokens_per_s_min)))
-    by = {(r.slots, r.schedule, r.policy): r for r in records}
-    for slots in settings.slots:
-        depth, lock = by[slots, "depth", "skip:0.4"], by[slots, "lockstep", "skip:0.4"]
-        suite.add(f"arrivals {slots} slots, skip:0.4 (d̄ {depth.mean_executed_loops:.2f}): depth ÷ lockstep",
-                  depth.decode_tokens_per_s / lock.decode_tokens_per_s, "x", [timing(depth), timing(lock)], load,
-                  f"decode tok/s depth {depth.decode_tokens_per_s:,.0f}, lockstep {lock.decode_tokens_per_s:,.0f}")
+    for step in ("eager", "compiled"):  # bench-arrivals decodes compiled by default
+        compile_decoding(model, step == "compiled")
+        with Measuring() as m:
+            records = bench_arrivals(model, task, settings)
+            load = m.load()
+        by = {(r.slots, r.schedule, r.policy): r for r in records}
+        for slots in settings.slots:
+            depth, lock = by[slots, "depth", "skip:0.4"], by[slots, "lockstep", "skip:0.4"]
+            suite.add(f"arrivals {slots} slots, skip:0.4 (d̄ {depth.mean_executed_loops:.2f}), {step}: depth ÷ "
+                      "lockstep", depth.decode_tokens_per_s / lock.decode_tokens_per_s, "x",
+                      [timing(depth), timing(lock)], load, f"decode tok/s depth {depth.decode_tokens_per_s:,.0f}, "
+                      f"lockstep {lock.decode_tokens_per_s:,.0f}")
 
 
 # ---- the miniature ------------------------------------------------------------------------

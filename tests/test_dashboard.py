@@ -167,6 +167,7 @@ def _printed(text: str, label: str) -> str:
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # a sweep and an MLflow server, 90 s on 2 cores: .ci/run runs it after the suite
 def test_printed_url_shows_the_trials_in_the_model_training_view(tiny_sweep, tmp_path):
     from analysis.dashboard_shot import render, serve
     from analysis.screenshot import _png_stats, find_browser

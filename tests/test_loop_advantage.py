@@ -2,6 +2,7 @@
 model looped twice clearly beats the same layer applied once (benchmarks/
 loop_vs_flat.py reports the figures over several seeds and the Mamba-2 setting)."""
 
+import pytest
 import torch
 
 from looplab.config import apply_overrides
@@ -9,6 +10,7 @@ from looplab.presets import get_preset
 from looplab.training.train import train
 
 
+@pytest.mark.slow  # a minute of training on 2 cores: .ci/run runs it after the suite
 def test_looped_model_beats_its_iso_parameter_one_loop_baseline(tmp_path):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny models: one thread is faster and steadier

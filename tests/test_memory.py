@@ -91,6 +91,7 @@ def test_a_training_forward_saves_R_loops_and_the_readout(stage):
     assert expected == pytest.approx(counted, rel=0.02)
 
 
+@pytest.mark.slow  # 90 s of measured steps on 2 cores: .ci/run runs it after the suite
 def test_the_model_is_within_a_quarter_of_the_measured_peak():
     """benchmarks/train_memory.py (memory measured in a child process whose resident
     set follows live tensors: looplab/costs/measured_memory.py): one

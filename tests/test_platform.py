@@ -230,6 +230,7 @@ def test_resource_plan_adds_up_to_the_machine(monkeypatch, workers, concurrent, 
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # three minutes on 2 cores: .ci/run runs it after the suite
 def test_tiny_beta_sweep_end_to_end(tmp_path, capsys):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     argv = TINY + ["--tracking-uri", uri, "--storage-path", str(tmp_path / "store")]
