@@ -179,6 +179,7 @@ def looplab_decoder(batch: int, compiled: bool):
     from looplab.models.looped import LoopedLM
 
     torch.manual_seed(0)
+    torch._dynamo.reset()  # one model's compilations at a time: a serving process holds one
     model = compile_decoding(LoopedLM(ModelConfig(arch="mamba2", **DECODE_SHAPE)).eval(), compiled)
     ids = torch.randint(0, DECODE_SHAPE["vocab_size"], (batch, PROMPT + NEW))
     cache = prefill(model, ids[:, :PROMPT], capacity=PROMPT + NEW).cache
@@ -263,6 +264,7 @@ def arrivals(suite: Suite) -> None:
         return Timing(tuple(r.decoded_tokens / rate for rate in
                             (r.decode_tokens_per_s_max, r.decode_tokens_per_s, r.decode_tokens_per_s_min)))
     for step in ("eager", "compiled"):  # bench-arrivals decodes compiled by default
+        torch._dynamo.reset()
         compile_decoding(model, step == "compiled")
         with Measuring() as m:
             records = bench_arrivals(model, task, settings)

@@ -58,6 +58,11 @@ class CompiledBackbone:
 
     def __init__(self, backbone: torch.nn.Module, max_shapes: int = MAX_SHAPES):
         self.backbone, self.max_shapes = backbone, max_shapes
+        # Dynamo keeps its compilations per code object, so every backbone of a process
+        # (each model, its training and decoding) shares Backbone.forward's limit: room
+        # for this one's shapes beside another's, before dynamo falls back to eager.
+        config = torch._dynamo.config
+        config.recompile_limit = max(config.recompile_limit, 4 * DECODE_SHAPES)
         self.compiled = torch.compile(backbone.forward, dynamic=False, backend=BACKEND)
         self.shapes: set[tuple] = set()
 
