@@ -18,8 +18,9 @@ fails):
   correctness   on this node's device, the kernel path against the torch path with a
                 tolerance per dtype: the Mamba-2 scan (forward and every gradient, with
                 and without seq_idx), the decode step (conv + SSM, states included), the
-                compiled CPU step when it is asked for; and for every exit policy, a
-                prompt prefilled then decoded token by token against the full forward
+                compiled CPU step when it is asked for; for every exit policy, a
+                prompt prefilled then decoded token by token against the full forward;
+                on a GPU, the compiled decode step's tokens against the eager step's
   training      K steps of a preset (paper-140m on a GPU, local on a CPU) in its
                 production dtype with the resource plan's micro-batching: tokens/s, MFU
                 against the measured peak, and peak memory against looplab/costs/memory.py's
@@ -308,6 +309,39 @@ def generation_check(device) -> list[Check]:
     return out
 
 
+def compiled_decoding_check(device) -> list[Check]:
+    """The compiled one-token step (looplab/models/compiled.py) generates the eager step's
+    tokens and loops, lockstep and depth-batched, on this node's device. On a CPU it is
+    skipped: compiling costs tens of seconds there and tests/test_compile.py checks it."""
+    import torch
+
+    from looplab.checkpoint import load_model
+    from looplab.inference.generate import generate
+    from looplab.models.compiled import compile_decoding
+    from looplab.policy import ExitPolicy
+
+    if device.type != "cuda":
+        return [skipped("compiled decoding vs eager", "CPU: tests/test_compile.py checks it (compiling takes "
+                                                      "tens of seconds here)")]
+    model = load_model("debug", seed=0).to(device).eval()
+    with torch.no_grad():  # a gate that exits
+        model.exit_gate.bias.fill_(0.0)
+    torch.manual_seed(0)
+    prompts = torch.randint(0, model.cfg.vocab_size, (4, 16)).tolist()
+    out = []
+    for spec in ("full", "skip:0.5"):
+        for schedule in ("lockstep", "depth"):
+            policy = ExitPolicy.parse(spec)
+            eager = generate(compile_decoding(model, False), prompts, 8, policy, schedule=schedule)
+            compiled = generate(compile_decoding(model), prompts, 8, policy, schedule=schedule)
+            name = f"compiled decoding {spec} {schedule}"
+            same = (compiled.tokens, compiled.loops) == (eager.tokens, eager.loops)
+            out.append(passed(name, "tokens and loops equal eager's") if same else
+                       failed(name, "tokens or loops differ from the eager step's"))
+    compile_decoding(model, False)
+    return out
+
+
 # ---- training --------------------------------------------------------------------------------
 
 def training_probe(device, preset: str, steps: int, peak_flops: float) -> list[Check]:
@@ -476,6 +510,7 @@ def run(*, quick: bool = False, preset: str | None = None, steps: int = 3, devic
         add(guarded("decode step cuda vs torch", lambda: step_check(dev, dtype, kernel="cuda")))
     add(guarded("decode step cpu vs torch", lambda: step_check(dev, torch.float32, kernel="cpu")))
     add(guarded("generation vs full forward", lambda: generation_check(dev)))
+    add(guarded("compiled decoding vs eager", lambda: compiled_decoding_check(dev)))
     if quick:
         add([skipped("training probe", "--quick"), skipped("ray", "--quick")])
         return checks

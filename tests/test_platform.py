@@ -270,6 +270,7 @@ def test_tiny_beta_sweep_end_to_end(tmp_path, capsys):
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # a sweep of 30 s on 2 cores: .ci/run runs it after the suite
 def test_sweep_prints_live_progress_per_trial(tmp_path, capsys):
     """While trials train, the driver prints a line per trial at every stage boundary
     and while it trains (at least every 30 s: PROGRESS_SECONDS), then a final line

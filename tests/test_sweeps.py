@@ -96,6 +96,7 @@ def test_the_platform_edits_no_import_path():
     assert found.stdout == "", found.stdout
 
 
+@pytest.mark.slow  # 20 s of dry runs on 2 cores: .ci/run runs it after the suite
 def test_gpu_memory_fits_micro_batches_without_changing_any_key(capsys):
     """The acceptance dry run: paper-140m on 8 × 80 GiB plans each stage with a printed
     micro-batch × accumulation × ranks and a peak under 80 GiB; the fitted micro-batches

@@ -35,9 +35,10 @@ AUTO, ON, OFF = "auto", "on", "off"
 
 def compiles(setting: str, device: torch.device) -> bool:
     """Whether a run with train.compile=`setting` compiles its backbone on `device`.
-    auto: on CUDA only. On a 2-core CPU compiling `debug`'s backbone took 48 s cold (6 s
-    from Inductor's on-disk cache) for a step 0.77x eager's with 1 thread and 0.93x with
-    2, which a preset's few hundred steps do not pay back (docs/benchmarks.md)."""
+    auto: on CUDA only. On a 2-core CPU compiling `debug`'s backbone took 48 s cold (6-7 s
+    from Inductor's on-disk cache) for a step 0.77-0.84x eager's time with 1 thread and
+    0.93x with 2, which a preset's few hundred steps do not pay back (docs/benchmarks.md).
+    On CUDA, where a small model's step is kernel launches, it has not run yet."""
     if setting == AUTO:
         return device.type == "cuda"
     if setting in (ON, OFF):
