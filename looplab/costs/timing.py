@@ -463,11 +463,14 @@ def bench_decode_point(model, ids: torch.Tensor, seq_len: int, policy: ExitPolic
 
 def _mamba_step(model, device: torch.device, dtype: str) -> str:
     """Which Mamba-2 step decoding runs (models/mamba2.py), "-" for a model without
-    Mamba-2 mixers. Under bf16 autocast the step's inputs are bf16."""
+    Mamba-2 mixers, with "+compiled" where the one-token step runs under torch.compile
+    (models/compiled.py). Under bf16 autocast the step's inputs are bf16."""
+    compiled = "+compiled" if getattr(model, "compiled_decode", None) is not None else ""
     if not any(isinstance(m, Mamba2) for m in model.modules()):
-        return "-"
+        return "-" + compiled
     param = next(model.parameters())
-    return step_implementation(torch.empty(0, device=device, dtype=torch.bfloat16 if dtype == "bf16" else param.dtype))
+    dtype_ = torch.bfloat16 if dtype == "bf16" else param.dtype
+    return step_implementation(torch.empty(0, device=device, dtype=dtype_)) + compiled
 
 
 def run_decode_grid(model, task, *, batches, seq_lens, new_tokens: int = 32, policies=(),
