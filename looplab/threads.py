@@ -7,14 +7,17 @@ In order of precedence, a process's threads are:
   1. what it was told (--threads N, a trial's `threads`);
   2. the CPUs Ray assigned it, inside a Ray task or actor (fractional shares round down
      to at least 1: Ray does not set torch's threads for them);
-  3. the machine's free cores: the CPUs this process may run on, less the load of
-     everything else (the 1-minute load average), at least 1.
+  3. the machine's free cores: the CPUs this process may run on, less the cores busy
+     right now (CPU time over a quarter second, from /proc/stat; the 1-minute load
+     average where there is none, which lags: a job that ended a minute ago still
+     counts), at least 1.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 from dataclasses import dataclass
 
 
@@ -35,8 +38,21 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def machine_load() -> float:
-    """The 1-minute load average (0 where the system does not say)."""
+def machine_load(window: float = 0.25) -> float:
+    """How many cores are busy now: the busy share of all CPUs' time over `window`
+    seconds times the CPU count (/proc/stat); elsewhere the 1-minute load average."""
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+        return sum(fields), fields[3] + fields[4]  # all, idle + iowait
+    try:
+        total0, idle0 = sample()
+        time.sleep(window)
+        total1, idle1 = sample()
+        if total1 > total0:
+            return (os.cpu_count() or 1) * (1 - (idle1 - idle0) / (total1 - total0))
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         return os.getloadavg()[0]
     except (AttributeError, OSError):
@@ -69,7 +85,7 @@ def choose(requested: int = 0, load: float | None = None) -> Threads:
     cpus = usable_cpus()
     load = machine_load() if load is None else load
     free = max(1, min(cpus, int(cpus - load + 0.5)))
-    return Threads(free, f"free cores: {cpus} CPUs, load {load:.1f}")
+    return Threads(free, f"free cores: {cpus} CPUs, {load:.1f} busy")
 
 
 _chosen: Threads | None = None  # what use() set in this process

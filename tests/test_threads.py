@@ -26,7 +26,7 @@ def test_free_cores_leave_room_for_the_load(four_cpus):
     assert threads.choose(load=1.2).count == 3  # another process busy on one core
     assert threads.choose(load=2.6).count == 1
     assert threads.choose(load=9.0).count == 1  # a loaded machine still gets one thread
-    assert "4 CPUs, load 2.6" in threads.choose(load=2.6).why
+    assert "4 CPUs, 2.6 busy" in threads.choose(load=2.6).why
 
 
 def test_asked_for_wins_over_ray_and_the_load(monkeypatch, four_cpus):
@@ -45,3 +45,8 @@ def test_every_computing_command_sets_threads(tmp_path, capsys, restore_threads)
                  "train.steps=1", "train.eval_every=0", "task.eval_count=8"]) == 0
     assert torch.get_num_threads() == 1
     assert "torch threads: 1 (asked for)" in capsys.readouterr().err
+
+
+def test_busy_cores_are_measured_now():
+    busy = threads.machine_load(window=0.05)
+    assert 0.0 <= busy <= threads.usable_cpus() + 0.5  # a share of the CPUs, not a lagging average
