@@ -98,5 +98,5 @@ def test_compiled_decoding_gives_eager_tokens_and_loops(arch, specs, batches, ba
         got = generate(model, prompts[:case[1]], 6, ExitPolicy.parse(case[0]), schedule=case[2])
         assert (got.tokens, got.loops, got.exit_step) == (eager[case].tokens, eager[case].loops,
                                                           eager[case].exit_step), case
-    assert model.compiled_decode.shapes  # it ran compiled
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0  # it ran compiled
     assert any(loops != [model.cfg.n_loops] * 6 for case in cases for loops in eager[case].loops)  # exits happened

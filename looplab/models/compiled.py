@@ -2,7 +2,7 @@
 
 Training (train.compile): one application of the backbone with gradients on.
 Decoding (compile_decoding): one application to one new token per row, with the
-cache; every policy and schedule goes through it (generate.decode_step and depth
+cache, its number of rows dynamic; every policy and schedule goes through it (generate.decode_step and depth
 batching call model.step), so tokens and loops are eager's (tests/test_compile.py).
 On a 2-core CPU a decode step of a d 256, 4-layer Mamba-2 at batch 1 ran 2.4x faster
 compiled (its ~100 small operations per layer fused); the first step compiles (5-15 s).
@@ -48,26 +48,30 @@ def compiles(setting: str, device: torch.device) -> bool:
 
 BACKEND = "inductor"  # the suite's quick tests trace with "aot_eager" (Inductor's C++ builds take minutes)
 MAX_SHAPES = 2  # static compilations per training run: the dense batch and a last micro-batch
-# Decoding: a skip policy's running rows vary from step to step (1..batch); beyond these
-# many row counts the eager step runs (each costs a compilation of about a second).
-DECODE_SHAPES = 8
 
 
 class CompiledBackbone:
     """One application of the backbone, compiled for the first `max_shapes` input
-    signatures it meets and eager for any other (see the module's docstring)."""
+    signatures it meets and eager for any other (see the module's docstring); with
+    dynamic_rows, compiled for any number of rows instead (decoding: a skip policy's
+    and depth batching's running rows change from step to step), the rest static."""
 
-    def __init__(self, backbone: torch.nn.Module, max_shapes: int = MAX_SHAPES):
-        self.backbone, self.max_shapes = backbone, max_shapes
+    def __init__(self, backbone: torch.nn.Module, max_shapes: int = MAX_SHAPES, dynamic_rows: bool = False):
+        self.backbone, self.max_shapes, self.dynamic_rows = backbone, max_shapes, dynamic_rows
         # Dynamo keeps its compilations per code object, so every backbone of a process
         # (each model, its training and decoding) shares Backbone.forward's limit: room
         # for this one's shapes beside another's, before dynamo falls back to eager.
         config = torch._dynamo.config
-        config.recompile_limit = max(config.recompile_limit, 4 * DECODE_SHAPES)
-        self.compiled = torch.compile(backbone.forward, dynamic=False, backend=BACKEND)
+        config.recompile_limit = max(config.recompile_limit, 32)
+        self.compiled = torch.compile(backbone.forward, dynamic=None if dynamic_rows else False, backend=BACKEND)
         self.shapes: set[tuple] = set()
 
     def __call__(self, h, positions=None, seq_idx=None, cache=None):
+        if self.dynamic_rows:  # one graph for every row count from 2 up (1 is its own)
+            for t in (h, positions):
+                if t is not None:
+                    torch._dynamo.maybe_mark_dynamic(t, 0)
+            return self.compiled(h, positions, seq_idx, cache)
         signature = (tuple(h.shape), h.dtype, positions is None, seq_idx is None)
         if signature not in self.shapes and len(self.shapes) < self.max_shapes:
             self.shapes.add(signature)
@@ -84,7 +88,8 @@ def compile_backbone(model) -> None:
 
 def compile_decoding(model, enabled: bool = True):
     """Give `model` (a LoopedLM) a compiled one-token step: LoopedLM.step runs it for a
-    (n, 1, d) input with a cache and no gradients (decode_step, depth batching). With
-    enabled=False, remove it (the eager step). Returns the model."""
-    model.compiled_decode = CompiledBackbone(model.backbone, DECODE_SHAPES) if enabled else None
+    (n, 1, d) input with a cache and no gradients (decode_step, depth batching), one
+    graph for one row and one for any other count. With enabled=False, remove it (the
+    eager step). Returns the model."""
+    model.compiled_decode = CompiledBackbone(model.backbone, dynamic_rows=True) if enabled else None
     return model
