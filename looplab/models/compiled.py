@@ -1,19 +1,21 @@
 """The backbone under torch.compile: one home for what compiles, when, and how.
 
-Training (train.compile): one application of the backbone with gradients on.
-Decoding (compile_decoding): one application to one new token per row, with the
-cache, its number of rows dynamic; every policy and schedule goes through it (generate.decode_step and depth
-batching call model.step), so tokens and loops are eager's (tests/test_compile.py).
-On a 2-core CPU a decode step of a d 256, 4-layer Mamba-2 at batch 1 ran 2.4x faster
-compiled (its ~100 small operations per layer fused); the first step compiles (5-15 s).
-
-What compiles in training is one application of the shared backbone M_θ with gradients on (the R
-loops of a training forward all call it), not the whole loss: the loss's Python
-(exit policies, sampled holes, the chunked head) would break the graph at every
+Training (train.compile): one application of the shared backbone M_θ with gradients
+on (the R loops of a training forward all call it), not the whole loss: the loss's
+Python (exit policies, sampled holes, the chunked head) would break the graph at every
 data-dependent branch, and the backbone is where the elementwise work that Inductor
-fuses lives (the SSD's decay masks, the conv, SiLU, the norms). Evaluation, decoding
-and anything under torch.no_grad run the eager backbone: their shapes vary from call to
-call (policies, batch tails, caches) and each new shape would cost a compilation.
+fuses lives (the SSD's decay masks, the conv, SiLU, the norms).
+
+Decoding (compile_decoding): one application to one new token per row, with the
+cache, its number of rows dynamic; every policy and schedule goes through it
+(generate.decode_step and depth batching call model.step), so tokens and loops are
+eager's (tests/test_compile.py). On a 2-core CPU a decode step of a d 256, 4-layer
+Mamba-2 at batch 1 ran 2.1-2.4x faster compiled (its ~100 small operations per layer
+fused); the first steps compile (seconds).
+
+Evaluation and prefill (the rest of what runs under torch.no_grad) stay eager: their
+shapes vary from call to call (policies, batch tails, prompt lengths) and each new
+shape would cost a compilation.
 
 Shapes: each new input shape costs a compilation (10-30 s on a 2-core CPU; a dynamic-
 shape graph of the hybrid backbone took 110 s there), so the compiled function serves
