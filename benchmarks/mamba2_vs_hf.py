@@ -42,14 +42,20 @@ def looplab_stack(args) -> nn.Module:
     return Stack()
 
 
-def hf_stack(args) -> nn.Module:
-    from transformers import Mamba2Config, Mamba2Model
+def hf_config(args, vocab_size: int = 16, use_cache: bool = False):
+    """transformers' Mamba2Config at looplab's shape (one group, conv width 4)."""
+    from transformers import Mamba2Config
 
-    cfg = Mamba2Config(hidden_size=args.d_model, num_hidden_layers=args.layers, expand=args.expand,
-                       head_dim=args.headdim, num_heads=args.expand * args.d_model // args.headdim,
-                       state_size=args.d_state, n_groups=1, chunk_size=args.chunk_size, conv_kernel=4,
-                       vocab_size=16, use_cache=False)
-    model = Mamba2Model(cfg)
+    return Mamba2Config(hidden_size=args.d_model, num_hidden_layers=args.layers, expand=args.expand,
+                        head_dim=args.headdim, num_heads=args.expand * args.d_model // args.headdim,
+                        state_size=args.d_state, n_groups=1, chunk_size=args.chunk_size, conv_kernel=4,
+                        vocab_size=vocab_size, use_cache=use_cache)
+
+
+def hf_stack(args) -> nn.Module:
+    from transformers import Mamba2Model
+
+    model = Mamba2Model(hf_config(args))
 
     class Stack(nn.Module):
         def __init__(self):

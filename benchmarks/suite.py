@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import subprocess
 import sys
 import tempfile
@@ -42,7 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from looplab import threads  # noqa: E402
-from looplab.costs.spread import SPREAD_BOUND, Figure, Load, Timing, load_now  # noqa: E402
+from looplab.costs.spread import SPREAD_BOUND, Figure, Load, Timing  # noqa: E402
 
 SECTIONS = ("machine", "train", "decode", "arrivals", "mini")
 
@@ -72,14 +71,14 @@ class Measuring:
     """Records the machine's load around a section (with Measuring() as m: ...; m.load())."""
 
     def __enter__(self):
-        self.before = load_now()
+        self.before = threads.load_average()
         return self
 
     def __exit__(self, *exc):
         return False
 
     def load(self) -> Load:
-        return Load(self.before, load_now(), threads.usable_cpus(), torch.get_num_threads())
+        return Load(self.before, threads.load_average(), threads.usable_cpus(), torch.get_num_threads())
 
 
 class Suite:
@@ -142,9 +141,9 @@ def train(suite: Suite) -> None:
     with Measuring() as m:
         t = alternate({"local": step}, max(3, suite.repeats // 2))
         load = m.load()
-    mfu = flops_per_token(local) * tokens / t["local"].median / suite.peak_flops if suite.peak_flops else math.nan
     suite.add("local step: eager", tokens / t["local"].median, "tokens/s", [t["local"]], load)
     if suite.peak_flops:
+        mfu = flops_per_token(local) * tokens / t["local"].median / suite.peak_flops
         suite.add("local step: MFU against the GEMM peak (target ≥ 65 %)", 100 * mfu, "%", [t["local"]], load)
 
     import mamba2_vs_hf  # the two same-shaped stacks
@@ -194,16 +193,17 @@ def looplab_decoder(batch: int, compiled: bool):
 def hf_decoder(batch: int):
     """transformers' Mamba2ForCausalLM at the same shape: (setup, run), setup its
     prefill (a fresh cache), run the NEW one-token steps on it."""
-    from transformers import Mamba2Config, Mamba2ForCausalLM
+    from transformers import Mamba2ForCausalLM
     from transformers.utils import logging
+
+    import mamba2_vs_hf
 
     logging.set_verbosity_error()  # its note that mamba-ssm's kernels are absent: they are, on a CPU
     s = DECODE_SHAPE
-    cfg = Mamba2Config(hidden_size=s["d_model"], num_hidden_layers=s["n_layers"], expand=2, head_dim=s["headdim"],
-                       num_heads=2 * s["d_model"] // s["headdim"], state_size=s["d_state"], n_groups=1,
-                       chunk_size=s["chunk_size"], conv_kernel=4, vocab_size=s["vocab_size"], use_cache=True)
+    shape = argparse.Namespace(d_model=s["d_model"], layers=s["n_layers"], expand=2, headdim=s["headdim"],
+                               d_state=s["d_state"], chunk_size=s["chunk_size"])
     torch.manual_seed(0)
-    model = Mamba2ForCausalLM(cfg).eval()
+    model = Mamba2ForCausalLM(mamba2_vs_hf.hf_config(shape, vocab_size=s["vocab_size"], use_cache=True)).eval()
     ids = torch.randint(0, s["vocab_size"], (batch, PROMPT + NEW))
 
     def run(cache):
@@ -333,15 +333,15 @@ def main(argv: list[str] | None = None) -> int:
               f"sections {', '.join(SECTIONS)}, repeats >= 1, bound > 0", file=sys.stderr)
         return 2
     chosen = threads.use(args.threads)
-    before = load_now()
+    before = threads.load_average()
     print(f"suite: {chosen.line()}; {args.repeats} repeats; spread bound {args.bound:.0%}; load {before:.2f}",
           flush=True)
     suite = Suite(args.repeats, args.bound)
     for section in SECTIONS:
-        if section in only or (section == "machine" and only):  # the peaks every other figure divides by
+        if section in only or section == "machine":  # the peaks every other figure divides by
             print(f"[{section}]", flush=True)
             globals()[section](suite)
-    after = load_now()
+    after = threads.load_average()
     noisy = sum(f.noisy for f in suite.figures)
     print(f"suite: {len(suite.figures)} figures, {noisy} noisy; load {before:.2f} before, {after:.2f} after")
     if args.markdown:

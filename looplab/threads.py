@@ -53,6 +53,11 @@ def machine_load(window: float = 0.25) -> float:
             return (os.cpu_count() or 1) * (1 - (idle1 - idle0) / (total1 - total0))
     except (OSError, ValueError, IndexError):
         pass
+    return load_average()
+
+
+def load_average() -> float:
+    """The 1-minute load average (0 where the system does not say)."""
     try:
         return os.getloadavg()[0]
     except (AttributeError, OSError):

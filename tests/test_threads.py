@@ -50,3 +50,19 @@ def test_every_computing_command_sets_threads(tmp_path, capsys, restore_threads)
 def test_busy_cores_are_measured_now():
     busy = threads.machine_load(window=0.05)
     assert 0.0 <= busy <= threads.usable_cpus() + 0.5  # a share of the CPUs, not a lagging average
+    # A thread spinning while it measures: at least half a core is busy (one core is, unless
+    # other work takes it, which is busy too); the load average would lag it by a minute.
+    import threading
+
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            pass
+    spinner = threading.Thread(target=spin)
+    spinner.start()
+    try:
+        assert threads.machine_load(window=0.3) >= 0.5
+    finally:
+        stop.set()
+        spinner.join()

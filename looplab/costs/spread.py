@@ -11,7 +11,6 @@ spread it was judged against.
 from __future__ import annotations
 
 import math
-import os
 import statistics
 from dataclasses import dataclass
 
@@ -72,13 +71,6 @@ class Load:
 
     def text(self) -> str:
         return f"load {self.before:.2f} → {self.after:.2f} on {self.cpus} CPUs, {self.threads} threads"
-
-
-def load_now() -> float:
-    try:
-        return os.getloadavg()[0]
-    except (AttributeError, OSError):
-        return 0.0
 
 
 @dataclass(frozen=True)

@@ -30,9 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from looplab.config import COMPILE_CHOICES, ConfigError
-
-AUTO, ON, OFF = "auto", "on", "off"
+AUTO, ON = "auto", "on"  # train.compile's values (looplab/config.py validates them)
 
 
 def compiles(setting: str, device: torch.device) -> bool:
@@ -41,57 +39,65 @@ def compiles(setting: str, device: torch.device) -> bool:
     from Inductor's on-disk cache) for a step 0.77-0.84x eager's time with 1 thread and
     0.93x with 2, which a preset's few hundred steps do not pay back (docs/benchmarks.md).
     On CUDA, where a small model's step is kernel launches, it has not run yet."""
-    if setting == AUTO:
-        return device.type == "cuda"
-    if setting in (ON, OFF):
-        return setting == ON
-    raise ConfigError(f"TrainConfig.compile={setting!r} is invalid; allowed: {' | '.join(COMPILE_CHOICES)}")
+    return device.type == "cuda" if setting == AUTO else setting == ON
 
 
 BACKEND = "inductor"  # the suite's quick tests trace with "aot_eager" (Inductor's C++ builds take minutes)
 MAX_SHAPES = 2  # static compilations per training run: the dense batch and a last micro-batch
 
 
-class CompiledBackbone:
-    """One application of the backbone, compiled for the first `max_shapes` input
-    signatures it meets and eager for any other (see the module's docstring); with
-    dynamic_rows, compiled for any number of rows instead (decoding: a skip policy's
-    and depth batching's running rows change from step to step), the rest static."""
+def _compiled(backbone: torch.nn.Module, dynamic: bool | None):
+    # Dynamo keeps its compilations per code object, so every backbone of a process
+    # (each model, its training and decoding) shares Backbone.forward's recompile limit:
+    # room for one's shapes beside another's, before dynamo falls back to eager.
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, 32)
+    return torch.compile(backbone.forward, dynamic=dynamic, backend=BACKEND)
 
-    def __init__(self, backbone: torch.nn.Module, max_shapes: int = MAX_SHAPES, dynamic_rows: bool = False):
-        self.backbone, self.max_shapes, self.dynamic_rows = backbone, max_shapes, dynamic_rows
-        # Dynamo keeps its compilations per code object, so every backbone of a process
-        # (each model, its training and decoding) shares Backbone.forward's limit: room
-        # for this one's shapes beside another's, before dynamo falls back to eager.
-        config = torch._dynamo.config
-        config.recompile_limit = max(config.recompile_limit, 32)
-        self.compiled = torch.compile(backbone.forward, dynamic=None if dynamic_rows else False, backend=BACKEND)
+
+class CompiledBackbone:
+    """Training's backbone: compiled static for the first MAX_SHAPES input signatures
+    it meets, eager for any other (see the module's docstring)."""
+
+    def __init__(self, backbone: torch.nn.Module):
+        self.backbone, self.compiled = backbone, _compiled(backbone, dynamic=False)
         self.shapes: set[tuple] = set()
 
     def __call__(self, h, positions=None, seq_idx=None, cache=None):
-        if self.dynamic_rows:  # one graph for every row count from 2 up (1 is its own)
-            for t in (h, positions):
-                if t is not None:
-                    torch._dynamo.maybe_mark_dynamic(t, 0)
-            return self.compiled(h, positions, seq_idx, cache)
         signature = (tuple(h.shape), h.dtype, positions is None, seq_idx is None)
-        if signature not in self.shapes and len(self.shapes) < self.max_shapes:
+        if signature not in self.shapes and len(self.shapes) < MAX_SHAPES:
             self.shapes.add(signature)
         fn = self.compiled if signature in self.shapes else self.backbone
         return fn(h, positions, seq_idx, cache)
 
 
-def compile_backbone(model) -> None:
-    """Give `model` (a LoopedLM) a compiled training backbone: LoopedLM.step calls it
-    with gradients on and no cache. The eager module keeps its parameters (the compiled
-    function reads the same ones), so state_dict keys and checkpoints do not change."""
-    model.compiled_backbone = CompiledBackbone(model.backbone)
+class CompiledDecodeStep:
+    """Decoding's one-token step: compiled with its number of rows dynamic (a skip
+    policy's and depth batching's running rows change from step to step), one graph for
+    one row and one for any other count; every other dimension static."""
+
+    def __init__(self, backbone: torch.nn.Module):
+        self.compiled = _compiled(backbone, dynamic=None)
+
+    def __call__(self, h, positions=None, seq_idx=None, cache=None):
+        for t in (h, positions):
+            if t is not None:
+                torch._dynamo.maybe_mark_dynamic(t, 0)
+        return self.compiled(h, positions, seq_idx, cache)
+
+
+def compile_backbone(model, setting: str, device: torch.device) -> bool:
+    """Give `model` (a LoopedLM) a compiled training backbone where train.compile=
+    `setting` says so on `device` (compiles); LoopedLM.step calls it with gradients on
+    and no cache. The eager module keeps its parameters (the compiled function reads the
+    same ones), so state_dict keys and checkpoints do not change. Returns whether it did."""
+    model.compiled_backbone = CompiledBackbone(model.backbone) if compiles(setting, device) else None
+    return model.compiled_backbone is not None
 
 
 def compile_decoding(model, enabled: bool = True):
     """Give `model` (a LoopedLM) a compiled one-token step: LoopedLM.step runs it for a
-    (n, 1, d) input with a cache and no gradients (decode_step, depth batching), one
-    graph for one row and one for any other count. With enabled=False, remove it (the
-    eager step). Returns the model."""
-    model.compiled_decode = CompiledBackbone(model.backbone, dynamic_rows=True) if enabled else None
+    (n, 1, d) input with a cache and no gradients (decode_step, depth batching). With
+    enabled=False, remove it (the eager step). Returns the model."""
+    model.compiled_decode = CompiledDecodeStep(model.backbone) if enabled else None
     return model

@@ -26,7 +26,7 @@ from looplab import threads
 from looplab.config import ConfigError, ExperimentConfig, TrainConfig
 from looplab.errors import CheckpointNotWritten, TrainingDiverged
 from looplab.huggingface.retrofit import initialise, loads_weights
-from looplab.models.compiled import compile_backbone, compiles
+from looplab.models.compiled import compile_backbone
 from looplab.training.distributed import Shard
 from looplab.evaluation.validation import autocast_context, evaluate_policies
 from looplab.training.instruments import diagnostic_batch, loop_instruments
@@ -124,8 +124,7 @@ def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, st
     out.mkdir(parents=True, exist_ok=True)  # only once the task, the model and its parent are fine
     model.to(device)
     model.checkpoint_steps = tc.activation_checkpointing
-    if compiles(tc.compile, device):
-        compile_backbone(model)
+    compile_backbone(model, tc.compile, device)
     model.metadata = experiment_metadata(cfg)
     if retrofitted is not None:  # the source's layers and files' digest: a changed source shows afterwards
         model.metadata["retrofit"] = retrofitted
@@ -276,8 +275,7 @@ def optimizer_step(cfg: ExperimentConfig, device, batch: Batch | None = None) ->
     device = torch.device(device)
     model = model_from_config(cfg.model, cfg.train.seed).to(device)
     model.checkpoint_steps = cfg.train.activation_checkpointing
-    if compiles(cfg.train.compile, device):
-        compile_backbone(model)
+    compile_backbone(model, cfg.train.compile, device)
     stage = get_stage(cfg.stage)
     for name, p in model.named_parameters():
         p.requires_grad_(stage.trainable(name))
