@@ -39,6 +39,11 @@ PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e
 MAX_SERIES = len(PALETTE)  # beyond this a chart's series are grouped coarser (one colour each must stay readable)
 
 
+def finite(v) -> bool:
+    """A number to draw (not None, NaN or infinite)."""
+    return v is not None and isinstance(v, (int, float)) and math.isfinite(v)
+
+
 @dataclass
 class Point:
     x: float
@@ -47,6 +52,8 @@ class Point:
     lo: float | None = None  # the seed interval of y, when there is one
     hi: float | None = None
     on_frontier: bool = False
+    x_lo: float | None = None  # the spread of x, when it is measured (a timing's repeats)
+    x_hi: float | None = None
 
 
 @dataclass

@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import html
 import json
-import math
 
-from analysis.charts import ChartSpec, Series
+from analysis.charts import ChartSpec, Series, finite as _finite
 
 WIDTH, HEIGHT = 680, 470
 HLINE_COLOR = "#888"
@@ -86,10 +85,6 @@ DRAW = r"""
 """
 
 
-def _finite(v) -> bool:
-    return v is not None and isinstance(v, (int, float)) and math.isfinite(v)
-
-
 def _fmt(v) -> str:
     return f"{v:.5g}" if _finite(v) else "–"
 
@@ -124,6 +119,11 @@ def _series_traces(spec: ChartSpec, s: Series, group: str) -> list[dict]:
             trace["error_y"] = {"type": "data", "symmetric": False, "color": s.color, "thickness": 1, "width": 3,
                                 "array": [p.hi - p.y if ok else None for p, ok in zip(pts, has)],
                                 "arrayminus": [p.y - p.lo if ok else None for p, ok in zip(pts, has)]}
+        has_x = [_finite(p.x_lo) and _finite(p.x_hi) for p in pts]
+        if any(has_x):
+            trace["error_x"] = {"type": "data", "symmetric": False, "color": s.color, "thickness": 1, "width": 3,
+                                "array": [p.x_hi - p.x if ok else None for p, ok in zip(pts, has_x)],
+                                "arrayminus": [p.x - p.x_lo if ok else None for p, ok in zip(pts, has_x)]}
         traces.append(trace)
     return traces
 

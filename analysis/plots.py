@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from analysis.charts import ChartSpec
+from analysis.charts import ChartSpec, finite
 
 DPI = 150
 MAX_LEGEND = 16  # a longer legend covers the axes; the HTML report lists every series
@@ -46,6 +46,10 @@ def _draw(ax, spec: ChartSpec) -> None:
         high = [p.hi - p.y if p.hi is not None else 0.0 for p in s.points]
         if any(low) or any(high):
             ax.errorbar(xs, ys, yerr=[low, high], fmt="none", ecolor=s.color, alpha=0.5, capsize=2, linewidth=0.8)
+        left = [p.x - p.x_lo if finite(p.x_lo) else 0.0 for p in s.points]
+        right = [p.x_hi - p.x if finite(p.x_hi) else 0.0 for p in s.points]
+        if any(left) or any(right):
+            ax.errorbar(xs, ys, xerr=[left, right], fmt="none", ecolor=s.color, alpha=0.5, capsize=2, linewidth=0.8)
         ax.scatter(xs, ys, s=18, color=s.color, alpha=0.85, label=None if s.line else s.name, zorder=3,
                    edgecolors=["black" if p.on_frontier else "none" for p in s.points], linewidths=0.6)
     for y, text in spec.hlines:

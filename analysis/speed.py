@@ -7,7 +7,9 @@ the same checkpoint reached under that policy and at full compute.
       identity  experiment, checkpoint (<stage>-<stage_key>), method, stage, stage_key,
                 device, batch, seq_len, policy (its spec), dtype, packing
       speed     executed_loops (d̄ on the timed inputs), time_full_s, time_skip_s,
-                tokens_per_s_full / tokens_per_s_skip (batch · L / median time),
+                tokens_per_s_full / tokens_per_s_skip (batch · L / median time), each
+                with its _min/_max over the repeats (batch · L / the slowest and the
+                fastest repeat; null for runs logged before repeats kept their times),
                 speedup, loop_bound (R / d̄), flop_ratio ((F0 + R·Fr)/(F0 + d̄·Fr),
                 looplab/costs/resources.py), of_flop_ratio (speedup / flop_ratio)
       quality   ppl_full (the stage's validation perplexity at full depth), ppl (under
@@ -45,8 +47,9 @@ from looplab.policy import FULL
 
 IDENTITY = ("experiment", "checkpoint", "method", "stage", "stage_key", "device", "batch", "seq_len", "policy",
             "dtype", "packing")
-SPEED = (tracking.EXECUTED_LOOPS, "time_full_s", "time_skip_s", "tokens_per_s_full", "tokens_per_s_skip", "speedup",
-         tracking.SPEEDUP_MIN, tracking.SPEEDUP_MAX, "loop_bound", "flop_ratio", "of_flop_ratio")
+SPEED_SPREAD = ("tokens_per_s_full_min", "tokens_per_s_full_max", "tokens_per_s_skip_min", "tokens_per_s_skip_max")
+SPEED = (tracking.EXECUTED_LOOPS, "time_full_s", "time_skip_s", "tokens_per_s_full", "tokens_per_s_skip",
+         *SPEED_SPREAD, "speedup", tracking.SPEEDUP_MIN, tracking.SPEEDUP_MAX, "loop_bound", "flop_ratio", "of_flop_ratio")
 # The arrivals runs' decode tokens/s, composed as trainables/speed.py logs it (the contract
 # has no single name for it yet).
 ARRIVAL_IDENTITY = ("experiment", "checkpoint", "method", "stage", "stage_key", "device", "slots", "schedule", "policy",
@@ -98,11 +101,18 @@ def speed_runs(runs: RunSet) -> pl.DataFrame | None:
         param(tracking.MACHINE_PARAM + "device").alias("device"),
         metric(tracking.MEAN_LOOPS).alias(tracking.EXECUTED_LOOPS), metric(tracking.TIME_FULL).alias("time_full_s"),
         metric(tracking.TIME_SKIP).alias("time_skip_s"), metric(tracking.SPEEDUP).alias("speedup"),
+        *(metric(name).alias(name) for name in (tracking.TIME_FULL_MIN, tracking.TIME_FULL_MAX, tracking.TIME_SKIP_MIN,
+                                                tracking.TIME_SKIP_MAX)),
         metric(tracking.SPEEDUP_MIN).alias(tracking.SPEEDUP_MIN), metric(tracking.SPEEDUP_MAX).alias(tracking.SPEEDUP_MAX),
         metric(tracking.LOOP_BOUND).alias("loop_bound"), metric(tracking.FLOP_RATIO).alias("flop_ratio"))
     tokens = (pl.col("batch") * pl.col("seq_len")).cast(pl.Float64)
     rows = rows.with_columns((tokens / pl.col("time_full_s")).alias("tokens_per_s_full"),
                              (tokens / pl.col("time_skip_s")).alias("tokens_per_s_skip"),
+                             # the slowest repeat is the fewest tokens/s
+                             (tokens / pl.col(tracking.TIME_FULL_MAX)).alias("tokens_per_s_full_min"),
+                             (tokens / pl.col(tracking.TIME_FULL_MIN)).alias("tokens_per_s_full_max"),
+                             (tokens / pl.col(tracking.TIME_SKIP_MAX)).alias("tokens_per_s_skip_min"),
+                             (tokens / pl.col(tracking.TIME_SKIP_MIN)).alias("tokens_per_s_skip_max"),
                              (pl.col("speedup") / pl.col("flop_ratio")).alias("of_flop_ratio"))
     # One measurement per point and machine: the newest (another --repeats or threads count
     # is another key, timed again).
@@ -167,21 +177,23 @@ def speed_chart(table: pl.DataFrame) -> ChartSpec | None:
                            *(str(info[c]) for c in by[3:])])
         pts = []
         full = group.filter(pl.col(PPL_FULL).is_not_null())
-        if full.height:  # each timed policy ran its own full twin: their mean
+        if full.height:  # each timed policy ran its own full twin: their mean, the bar over all their repeats
             pts.append(Point(float(full["tokens_per_s_full"].mean()), float(full[PPL_FULL][0]),
-                             f"full: all R loops ({full.height} timing(s))"))
+                             f"full: all R loops ({full.height} timing(s))",
+                             x_lo=full["tokens_per_s_full_min"].min(), x_hi=full["tokens_per_s_full_max"].max()))
         # The line follows the compute as it falls (full, then the policies by fewer
         # executed loops), not the x order: timing noise would zigzag it.
         for r in group.filter(pl.col("ppl").is_not_null()).sort(tracking.EXECUTED_LOOPS, descending=True).iter_rows(
                 named=True):
             bound = f" (FLOP ratio {r['flop_ratio']:.2f}x)" if r["flop_ratio"] is not None else ""
             pts.append(Point(r["tokens_per_s_skip"], r["ppl"],
-                             f"{r['policy']}: {r[tracking.EXECUTED_LOOPS]:.2f} loops, {r['speedup']:.2f}x{bound}"))
+                             f"{r['policy']}: {r[tracking.EXECUTED_LOOPS]:.2f} loops, {r['speedup']:.2f}x{_spread(r)}"
+                             f"{bound}", x_lo=r["tokens_per_s_skip_min"], x_hi=r["tokens_per_s_skip_max"]))
         xs += [p.x for p in pts]
         ys += [p.y for p in pts]
         series.append(Series(name, PALETTE[i % len(PALETTE)], pts, [(p.x, p.y) for p in pts], "linear"))
     return ChartSpec("speed", "Validation perplexity against measured prefill tokens/s",
-                     "prefill tokens/s (batch · L / median time)", "validation perplexity", series,
+                     "prefill tokens/s (batch · L / median time; bars: fastest to slowest repeat)", "validation perplexity", series,
                      log_y=log_scale(ys), log_x=log_scale(xs))
 
 

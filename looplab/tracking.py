@@ -190,8 +190,12 @@ TIME_FULL, TIME_SKIP = "time_full_s", "time_skip_s"
 # A timed figure's spread over its repeats (the figure itself is their median): each
 # repeat's skip against the same repeat's full (the runs alternate).
 SPEEDUP_MIN, SPEEDUP_MAX = "speedup_min", "speedup_max"
+# Each time's fastest and slowest repeat (the tokens/s bars of the speed chart).
+TIME_FULL_MIN, TIME_FULL_MAX = "time_full_min_s", "time_full_max_s"
+TIME_SKIP_MIN, TIME_SKIP_MAX = "time_skip_min_s", "time_skip_max_s"
 BENCH_METRICS = (SPEEDUP, LOOP_BOUND, MEAN_LOOPS, "batch_max_survivor_ratio", TIME_FULL, TIME_SKIP,
-                 "peak_mem_full", "peak_mem_skip", "peak_mem_abs_full", "peak_mem_abs_skip", SPEEDUP_MIN, SPEEDUP_MAX)
+                 "peak_mem_full", "peak_mem_skip", "peak_mem_abs_full", "peak_mem_abs_skip", SPEEDUP_MIN, SPEEDUP_MAX,
+                 TIME_FULL_MIN, TIME_FULL_MAX, TIME_SKIP_MIN, TIME_SKIP_MAX)
 # A speed point's run (trainables/speed.py) logs BENCH_METRICS and the FLOP ratio of its
 # speedup, (F0 + R·Fr)/(F0 + d̄·Fr) (looplab/costs/resources.py: flop_ratio).
 FLOP_RATIO = "flop_ratio"

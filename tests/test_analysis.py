@@ -390,6 +390,41 @@ def test_plotly_figure_from_a_chart_spec():
     assert fig["layout"]["yaxis"]["type"] == "log" and fig["layout"]["xaxis"]["title"]["text"] == "loops"
 
 
+def test_speed_chart_draws_each_timings_spread_over_repeats(tmp_path):
+    """The prefill chart's x is tokens/s = batch · L / median time; its bar runs from the
+    slowest repeat to the fastest (batch · L / max time, / min time), in both renderers;
+    a run logged before repeats kept their times has no bar."""
+    import polars as pl
+
+    from analysis.page import figure
+    from analysis.plots import render_png
+    from analysis.speed import QUALITY, SPEED, IDENTITY, PPL_FULL, speed_chart
+
+    tokens = 2 * 64
+    rows = []
+    for policy, ts, lo, hi, ppl in (("skip:0.2", 0.5, 0.4, 0.8, 12.0), ("skip:0.6", 0.25, None, None, 15.0)):
+        rows.append({"experiment": "e", "checkpoint": "stage2-k", "method": "CHASE", "stage": "stage2",
+                     "stage_key": "k", "device": "cpu", "batch": 2, "seq_len": 64, "policy": policy, "dtype": "fp32",
+                     "packing": "varlen", "executed_loops": 3.0 if policy == "skip:0.2" else 2.0, "time_full_s": 1.0,
+                     "time_skip_s": ts, "tokens_per_s_full": tokens / 1.0, "tokens_per_s_skip": tokens / ts,
+                     "tokens_per_s_full_min": tokens / 2.0, "tokens_per_s_full_max": tokens / 0.9,
+                     "tokens_per_s_skip_min": None if hi is None else tokens / hi,
+                     "tokens_per_s_skip_max": None if lo is None else tokens / lo,
+                     "speedup": 1.0 / ts, "speedup_min": None, "speedup_max": None, "loop_bound": 1.5,
+                     "flop_ratio": 1.4, "of_flop_ratio": 1.0, PPL_FULL: 10.0, "ppl": ppl, "val_executed_loops": 3.0})
+    table = pl.DataFrame(rows).select(*IDENTITY, *SPEED, *QUALITY)
+    (series,) = speed_chart(table).series
+    full, slow, fast = series.points
+    assert (full.x, full.x_lo, full.x_hi) == (128.0, 64.0, pytest.approx(128 / 0.9))
+    assert (slow.x, slow.x_lo, slow.x_hi) == (256.0, 160.0, 320.0)
+    assert fast.x == 512.0 and fast.x_lo is None and fast.x_hi is None
+    marks = figure(speed_chart(table)).to_plotly_json()["data"][-1]
+    err = marks["error_x"]
+    assert list(err["array"]) == [pytest.approx(128 / 0.9 - 128), 64.0, None]
+    assert list(err["arrayminus"]) == [64.0, 96.0, None] and "error_y" not in marks
+    assert render_png(speed_chart(table), tmp_path / "speed.png").is_file()
+
+
 def test_artifacts_on_the_sweep_run(report, store):
     from mlflow.tracking import MlflowClient
 

@@ -107,6 +107,11 @@ class BenchRecord:
     # spread of the median above.
     speedup_min: float = float("nan")
     speedup_max: float = float("nan")
+    # Each time's fastest and slowest repeat.
+    time_full_min_s: float = float("nan")
+    time_full_max_s: float = float("nan")
+    time_skip_min_s: float = float("nan")
+    time_skip_max_s: float = float("nan")
 
 
 DTYPES = ("fp32", "bf16")
@@ -248,7 +253,8 @@ def bench_point(model, ids: torch.Tensor, policy: ExitPolicy, *, warmup: int = 2
         mean_executed_loops=mean_loops, ideal_speedup=R / mean_loops,
         batch_max_survivor_ratio=survivor_ratio(probe.exit_step, R), time_full_s=tf, time_skip_s=ts,
         speedup=tf / ts, speedup_min=min(f / s for f, s in zip(t_full, t_skip)),
-        speedup_max=max(f / s for f, s in zip(t_full, t_skip)), peak_mem_full=mem_full.delta, peak_mem_skip=mem_skip.delta,
+        speedup_max=max(f / s for f, s in zip(t_full, t_skip)), time_full_min_s=min(t_full), time_full_max_s=max(t_full),
+        time_skip_min_s=min(t_skip), time_skip_max_s=max(t_skip), peak_mem_full=mem_full.delta, peak_mem_skip=mem_skip.delta,
         peak_mem_abs_full=mem_full.absolute, peak_mem_abs_skip=mem_skip.absolute, device=str(device))
 
 
