@@ -5,14 +5,18 @@ library's command line (and so without reaching up into it).
 
     Parser          argparse with `<prog>: error: <what> (see --help)` and exit status 2
     at_least(n)     an integer >= n
+    int_in(a, b)    an integer in [a, b] (a count the machine bounds, e.g. --threads)
     one_of(*c)      one of the choices, worded like every other bad value
-    number_in(a, b) a number in [a, b] (or (a, b])
+    number_in(a, b) a finite number in [a, b] (or (a, b])
     ints_at_least(n) comma-separated integers >= n
+    given(allowed)  any text but an empty one, for flags where "" would quietly mean the
+                    default or the current folder (an unset shell variable, usually)
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 
 
 class Parser(argparse.ArgumentParser):
@@ -36,6 +40,20 @@ def at_least(minimum: int):
     return parse
 
 
+def int_in(low: int, high: int, why: str = ""):
+    """An argparse type: an integer in [low, high]; `why` says where high comes from."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: an integer in [{low}, {high}]"
+                                             + (f" ({why})" if why else ""))
+        return value
+    return parse
+
+
 def one_of(*choices: str):
     """An argparse type: one of `choices`, with the one-line "is invalid; allowed:"
     error of every other flag (argparse's own choices= words it differently)."""
@@ -53,8 +71,10 @@ def number_in(low: float, high: float = float("inf"), *, low_open: bool = False)
             value = float(text)
         except ValueError:
             value = None
-        if value is None or not (value > low if low_open else value >= low) or value > high:
-            span = f"({low:g}, {high:g}]" if low_open else f"[{low:g}, {high:g}]"
+        # inf is no setting (NaN fails every comparison below, inf passes "<= ∞")
+        if value is None or not math.isfinite(value) or not (value > low if low_open else value >= low) \
+                or value > high:
+            span = f"{'(' if low_open else '['}{low:g}, {high:g}{']' if math.isfinite(high) else ')'}"
             raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: a number in {span.replace('inf', '∞')}")
         return value
     return parse
@@ -70,4 +90,16 @@ def ints_at_least(minimum: int):
         if not values or min(values) < minimum:
             raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: comma-separated integers >= {minimum}")
         return values
+    return parse
+
+
+def given(allowed: str):
+    """An argparse type: the text as given, unless empty (or blank). Its flag's default
+    must not be "" (argparse passes a string default through the type): None, and the
+    flag's reader supplies the default."""
+    def parse(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: {allowed} (leave the flag out for "
+                                             "its default)")
+        return text
     return parse

@@ -12,7 +12,8 @@ one is written complete into `<dir>.next` (trainer.json last), then swapped in
 (`<dir>` → `<dir>.prev`, `<dir>.next` → `<dir>`, `<dir>.prev` removed); a crash in
 between is settled on the next load (`settle_checkpoint`). Every reader checks a
 checkpoint before use (`verify_checkpoint`): files present and complete, config
-matching the weights' shapes; a damaged one is a one-line error naming the file and
+matching the weights' shapes, and trainer.json agreeing with the weights and config
+beside it (`training_state`); a damaged one is a one-line error naming the file and
 the way out.
 """
 
@@ -30,11 +31,13 @@ from typing import Any
 import torch
 
 from looplab.config import ConfigError, ModelConfig, ParentRef, apply_overrides
-from looplab.keys import file_digest, keyed_name, text_digest
+from looplab.fields import is_int
+from looplab.keys import KEY_LENGTH, file_digest, keyed_name, text_digest
 from looplab.models.looped import LoopedLM
 from looplab.stages import DEFAULT_STAGE, method_of
 
-WEIGHTS_DIGEST = "weights_sha256"  # config.json: the digest of model.safetensors as saved
+WEIGHTS_DIGEST = "weights_sha256"  # config.json and trainer.json: the digest of model.safetensors as saved
+PARENT_WEIGHTS = "parent_weights_sha256"  # trainer.json and metadata of a continued stage: the weights it started from
 WEIGHT_DTYPES = ("F32", "BF16", "F16", "F64")  # what a checkpoint's tensors may hold
 FORMAT = "looplab/1"
 WEIGHTS, CONFIG = "model.safetensors", "config.json"
@@ -125,11 +128,6 @@ def verify_checkpoint(directory: str | os.PathLike, *, training: bool = False, a
         model_cfg = read_model_config(d)
     except (ValueError, KeyError, TypeError) as e:
         raise ConfigError(f"{d / CONFIG} is damaged ({str(e).splitlines()[0]}); {recover}") from None
-    if training:
-        try:
-            int(json.loads((d / TRAINER).read_text())["step"])
-        except (ValueError, KeyError, TypeError) as e:
-            raise ConfigError(f"{d / TRAINER} is damaged ({str(e).splitlines()[0]}); {recover}") from None
     table = safetensors_header(d / WEIGHTS, recover)
     odd = next(((k, v.get("dtype")) for k, v in table.items() if v.get("dtype") not in WEIGHT_DTYPES), None)
     if odd is not None:
@@ -153,6 +151,48 @@ def verify_checkpoint(directory: str | os.PathLike, *, training: bool = False, a
         raise ConfigError(f"{d / WEIGHTS} disagrees with {d / CONFIG}: {detail}; {recover}")
     if training:
         safetensors_header(d / OPTIMIZER, recover)
+        training_state(d, recover)
+
+
+def weights_digest(directory: str | os.PathLike) -> str:
+    """The digest of a checkpoint's weights: the one its config.json records (which
+    verify_checkpoint checks against the bytes), or, for a checkpoint from before
+    config.json recorded it, computed."""
+    d = Path(directory)
+    return read_config(d).get(WEIGHTS_DIGEST) or file_digest(d / WEIGHTS)
+
+
+def training_state(directory: str | os.PathLike, recover: str = "restore it, or train it again") -> dict | None:
+    """A checkpoint's trainer.json (None when it has none), refused in one line when it
+    contradicts what lies beside it: a step that is no count or beyond the run's
+    train.steps, weights other than the ones it was saved with (their digest, which
+    save_training_state records), or another stage key than config.json's. Which
+    file is right cannot be told, so none is used: a resumed run, or a child keyed on
+    a finished parent, would silently continue from weights of another step."""
+    d = Path(directory)
+    if not (d / TRAINER).is_file():
+        return None
+    try:
+        state = json.loads((d / TRAINER).read_text())
+        step = state["step"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"{d / TRAINER} is damaged ({str(e).splitlines()[0]}); {recover}") from None
+    if not is_int(step) or step < 0:
+        raise ConfigError(f"{d / TRAINER} is damaged (step={step!r} is not a count of steps); {recover}")
+    meta = read_config(d).get("metadata", {})
+    steps = meta.get("experiment", {}).get("train", {}).get("steps")
+    if is_int(steps) and step > steps:
+        raise ConfigError(f"{d / TRAINER} claims step {step} of a run of train.steps={steps} ({d / CONFIG}); "
+                          f"{recover}")
+    if state.get("stage_key") and meta.get("stage_key") and state["stage_key"] != meta["stage_key"]:
+        raise ConfigError(f"{d / TRAINER} disagrees with {d / CONFIG}: stage key {state['stage_key']!r} in one, "
+                          f"{meta['stage_key']!r} in the other; {recover}")
+    saved, weights = state.get(WEIGHTS_DIGEST), weights_digest(d)
+    if saved is not None and saved != weights:
+        raise ConfigError(f"{d / TRAINER} disagrees with {d / WEIGHTS}: step {step} was saved with weights "
+                          f"{str(saved)[:19]}..., these are {weights[:19]}... (weights of another step or run); "
+                          f"{recover}")
+    return state
 
 
 def read_config(directory: str | os.PathLike) -> dict[str, Any]:
@@ -170,24 +210,39 @@ def read_model_config(directory: str | os.PathLike) -> ModelConfig:
 
 
 def parent_ref(directory: str | os.PathLike) -> ParentRef:
-    """A checkpoint as the parent of a continued stage: named by the stage key and
-    config hash its training recorded, or, for a checkpoint that records none (made
-    by hand), by a digest of its resolved path."""
+    """A checkpoint as the parent of a continued stage, named by what it holds: the
+    stage key and config hash its training recorded when its trainer.json says which
+    step its weights are of (a step before the end enters the key); otherwise (weights
+    without their trainer.json, copied or made by hand) by the digest of the weights,
+    so that they are never taken for a finished stage and other weights at the same
+    path are another parent. A path that holds no checkpoint is named by its digest."""
     path = Path(directory).expanduser().resolve()
-    meta = read_config(path).get("metadata", {}) if is_checkpoint(path) else {}
-    if meta.get("stage_key") and meta.get("config_hash"):
+    if not is_checkpoint(path):
+        digest = keyed_name("path", text_digest(str(path)))
+        return ParentRef(stage=DEFAULT_STAGE, key=digest, group=digest, checkpoint=str(path))
+    meta = read_config(path).get("metadata", {})
+    state = training_state(path, recover="pass the checkpoint folder its training wrote, or train the parent again")
+    if state is not None and meta.get("stage_key") and meta.get("config_hash"):
         # A parent stopped before its last step (--stop-at) is another model than the
         # finished one: its step enters the key. A finished parent keeps its own key.
-        stopped = ""
-        if (path / TRAINER).is_file():
-            step = int(json.loads((path / TRAINER).read_text()).get("step", 0))
-            steps = meta.get("experiment", {}).get("train", {}).get("steps")
-            if steps is not None and step < steps:
-                stopped = f"@step{step}"
+        steps = meta.get("experiment", {}).get("train", {}).get("steps")
+        stopped = f"@step{state['step']}" if steps is not None and state["step"] < steps else ""
         return ParentRef(stage=meta.get("stage", DEFAULT_STAGE), key=meta["stage_key"] + stopped,
                          group=meta["config_hash"] + stopped, checkpoint=str(path))
-    digest = keyed_name("path", text_digest(str(path)))
+    digest = keyed_name(WEIGHTS_KEY, weights_digest(path).removeprefix("sha256:")[:KEY_LENGTH])
     return ParentRef(stage=meta.get("stage", DEFAULT_STAGE), key=digest, group=digest, checkpoint=str(path))
+
+
+WEIGHTS_KEY = "weights"  # parent_ref's name of weights whose step is unknown: weights-<digest>
+
+
+def describe_parent(ref: ParentRef) -> str:
+    """What a parent's key says it is, for a refusal."""
+    if ref.key.startswith(WEIGHTS_KEY + "-"):
+        return f"weights without a {TRAINER} (the step they were saved at is unknown)"
+    if "@step" in ref.key:
+        return f"a parent stopped at step {ref.key.rpartition('@step')[2]} (key {ref.key})"
+    return f"the parent of key {ref.key}"
 
 
 def load_weights(model: LoopedLM, directory: str | os.PathLike) -> None:
@@ -280,6 +335,9 @@ def save_training_state(directory: Path, model: LoopedLM, optimizer: torch.optim
     if staging.exists():
         shutil.rmtree(staging)
     save_model(model, staging)
+    # trainer.json names the weights it was saved with: weights of another step or run
+    # put beside it are refused (training_state), not resumed from or taken as finished.
+    trainer_state = {**trainer_state, WEIGHTS_DIGEST: read_config(staging)[WEIGHTS_DIGEST]}
     names = {id(p): n for n, p in model.named_parameters()}
     tensors = {}
     for group in optimizer.param_groups:
@@ -320,14 +378,38 @@ def settle_checkpoint(directory: str | os.PathLike) -> None:
             shutil.rmtree(leftover)
 
 
-def load_training_state(directory: Path, model: LoopedLM, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+ADAM_STATE = ("exp_avg", "exp_avg_sq", "step")  # what AdamW keeps per parameter
+
+
+def load_training_state(directory: Path, model: LoopedLM, optimizer: torch.optim.Optimizer,
+                        recover: str = "restore it, or train it again") -> dict[str, Any]:
+    """Weights, AdamW moments and trainer.json of a checkpoint into model and optimizer.
+    Every moment is checked first: a parameter this optimizer trains, its shape, finite
+    values; anything else is a damaged file, said in one line (a wrong shape would
+    fail inside the optimizer's step, a NaN moment would look like a divergence)."""
     from safetensors.torch import load_file
 
+    directory = Path(directory)
+    state = training_state(directory, recover)
     load_weights(model, directory)
     saved = load_file(str(directory / OPTIMIZER))
-    params = dict(model.named_parameters())
+    names = {id(p): n for n, p in model.named_parameters()}
+    trained = {names[id(p)]: p for group in optimizer.param_groups for p in group["params"]}
+    where = directory / OPTIMIZER
     for key, value in saved.items():
         name, _, field = key.rpartition("::")
-        p = params[name]
+        p = trained.get(name)
+        if p is None or field not in ADAM_STATE:
+            raise ConfigError(f"{where} is damaged: {key} is no moment of a parameter this stage trains; {recover}")
+        shape = [] if field == "step" else list(p.shape)
+        if list(value.shape) != shape or not value.is_floating_point():
+            raise ConfigError(f"{where} is damaged: {key} is a {value.dtype} tensor of shape {list(value.shape)}, "
+                              f"not a float tensor of its parameter's shape {shape}; {recover}")
+        if not bool(torch.isfinite(value).all()):
+            raise ConfigError(f"{where} is damaged: {key} holds non-finite values, which no step can continue "
+                              f"from; {recover}")
+    for key, value in saved.items():
+        name, _, field = key.rpartition("::")
+        p = trained[name]
         optimizer.state[p][field] = value.to(p.device) if field != "step" else value
-    return json.loads((directory / TRAINER).read_text())
+    return state

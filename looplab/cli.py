@@ -26,7 +26,7 @@ import argparse
 import json
 import sys
 
-from looplab.arguments import Parser, at_least, ints_at_least, number_in, one_of
+from looplab.arguments import Parser, at_least, int_in, ints_at_least, number_in, one_of
 from looplab.config import ConfigError, parse_value
 from looplab.errors import CheckpointNotWritten, TrainingDiverged
 from looplab.stages import STAGE_NAMES
@@ -110,21 +110,24 @@ def _destinations(args) -> None:
     """Every place a command writes to, and its device, checked before its work."""
     from looplab import destinations
 
-    for flag in ("json", "output"):
+    for flag in ("json", "output", "markdown"):  # None: not given ("" is refused: it is no file)
         value = getattr(args, flag, None)
-        if isinstance(value, str) and value:
+        if isinstance(value, str):
             destinations.output_file(f"--{flag}", value)
-    if getattr(args, "out", None):
+    if getattr(args, "out", None) is not None:
         destinations.output_dir("--out", args.out)
-    if getattr(args, "tracking_uri", None):
+    if getattr(args, "tracking_uri", None) is not None:
         destinations.tracking_uri("--tracking-uri", args.tracking_uri)
     if getattr(args, "device", None):
         destinations.device("--device", args.device)
 
 
 def cmd_train(args) -> int:
-    from looplab.training.train import train
+    from looplab import destinations
+    from looplab.training.train import CHECKPOINT_DIR, DIVERGED, METRICS_FILE, train
 
+    # What the run writes in --out, each of its kind (a metrics.jsonl that is a folder), before the model is built
+    destinations.output_dir("--out", args.out, files=(METRICS_FILE, DIVERGED), folders=(CHECKPOINT_DIR,))
     cfg = _experiment(args)
     result = train(cfg, args.out, resume=not args.no_resume, stop_at=args.stop_at)
     summary = {"out_dir": str(result.out_dir), "step": result.step, "stage_key": cfg.stage_key(), **{
@@ -136,6 +139,7 @@ def cmd_train(args) -> int:
 def cmd_eval(args) -> int:
     from looplab.checkpoint import load_model
     from looplab.config import ExperimentConfig
+    from looplab.costs.machine import check_forward
     from looplab.evaluation.validation import evaluate_policies, format_table
     from looplab.stages import get_stage
     from looplab.tasks import make_task
@@ -158,6 +162,8 @@ def cmd_eval(args) -> int:
     if args.limit:
         batch = batch.slice(0, args.limit)
     device = resolve_device(args.device)
+    check_forward(cfg.model, min(args.batch_size, len(batch)), batch.ids.shape[1], "--batch-size", args.batch_size,
+                  device, steps_kept=cfg.model.n_loops)
     records = evaluate_policies(model.to(device), batch, policies, batch_size=args.batch_size, device=device,
                                 precision=cfg.train.precision)
     print(format_table(records), file=sys.stderr)
@@ -266,6 +272,7 @@ def _limit(value: str) -> int | float:
 
 
 def cmd_bench(args) -> int:
+    from looplab.costs.machine import check_grid
     from looplab.costs.timing import HEADER, format_record, records_as_dicts, run_grid
     from looplab.checkpoint import load_model
     from looplab.config import ExperimentConfig
@@ -304,6 +311,7 @@ def cmd_bench(args) -> int:
     cfg = ExperimentConfig.from_dict(experiment) if experiment else None
     task = make_task(cfg.task, cfg.train.seq_len) if cfg is not None else None
     device = resolve_device(args.device)
+    check_grid(model.cfg, args.batch, args.seq_len, args.new_tokens if args.decode else 0, device)
     if device.type == "cpu":
         print("measuring every point's peak memory first, in a separate process (looplab/costs/measured_memory.py); "
               "then the timing", file=sys.stderr, flush=True)
@@ -385,6 +393,7 @@ def cmd_bench_arrivals(args) -> int:
     """Decoding under continuous arrivals (looplab/inference/arrivals.py): tokens/s of each
     schedule × policy against full's and against the FLOP ratio."""
     from looplab.inference.arrivals import HEADER, ArrivalBench, RequestStream, bench_arrivals, format_record, records_as_dicts
+    from looplab.costs.machine import check_stream
     from looplab.training.train import resolve_device
 
     model, task = _model_and_task(args)
@@ -397,7 +406,9 @@ def cmd_bench_arrivals(args) -> int:
     settings = ArrivalBench(RequestStream(args.requests, args.prompt_len, args.new_tokens, args.seed),
                             slots=tuple(args.slots), policies=tuple(args.policies), schedules=tuple(args.schedule),
                             warmup=args.warmup, repeats=args.repeats, attention_fill=args.attention_fill)
-    model = _compile_decoding(model.to(resolve_device(args.device)), args.compile)
+    device = resolve_device(args.device)
+    check_stream(model.cfg, max(args.slots), args.requests, args.prompt_len, args.new_tokens, device)
+    model = _compile_decoding(model.to(device), args.compile)
     print(f"{args.requests} requests (prompt {args.prompt_len[0]}-{args.prompt_len[1]}, new "
           f"{args.new_tokens[0]}-{args.new_tokens[1]} tokens, seed {args.seed}); R={model.cfg.n_loops}; "
           f"{len(settings.runs)} runs per slots × {args.warmup + args.repeats}", file=sys.stderr, flush=True)
@@ -462,10 +473,12 @@ def cmd_generate(args) -> int:
     import torch
 
     from looplab.checkpoint import load_model
+    from looplab.costs.machine import check_decoding, check_new_tokens
     from looplab.inference.generate import generate
     from looplab.tasks.tokenizer import load_tokenizer
     from looplab.training.train import resolve_device
 
+    check_new_tokens("--max-new-tokens", args.max_new_tokens)  # a count no model makes sensible: before loading one
     _checkpoint(args.checkpoint)
     model = load_model(args.checkpoint)
     policy = args.policy
@@ -481,10 +494,12 @@ def cmd_generate(args) -> int:
     prompt = ([tok.bos_id] if tok.bos_id is not None and not args.no_bos else []) + tok.encode(args.prompt)
     if not prompt:
         raise ConfigError("--prompt is empty; allowed: some text (or drop --no-bos)")
+    device = resolve_device(args.device)
+    check_decoding(model.cfg, 1, len(prompt), args.max_new_tokens, "--max-new-tokens", args.max_new_tokens, device)
     note = untrained_gate_note(model, policy)
     if note:
         print(note, file=sys.stderr)
-    model = _compile_decoding(model.to(resolve_device(args.device)).eval(), args.compile)
+    model = _compile_decoding(model.to(device).eval(), args.compile)
     with torch.no_grad():
         out = generate(model, [prompt], args.max_new_tokens, policy, temperature=args.temperature, top_k=args.top_k,
                        top_p=args.top_p, seed=args.seed, eos_id=tok.eos_id, stop=args.stop or None,
@@ -556,9 +571,14 @@ def cmd_info(args) -> int:
 
 def _threads_flag(p) -> None:
     """--threads, on every command that computes: main() sets torch's threads from it
-    (looplab/threads.py), and from the CPUs the process was given without it."""
-    p.add_argument("--threads", type=at_least(0), default=0,
-                   help="torch threads (default: Ray's allocation inside Ray, else the machine's free cores)")
+    (looplab/threads.py), and from the CPUs the process was given without it (the default,
+    0, is not a value to give). More threads than CPUs only wait on each other, and
+    torch crashes at some 10⁵."""
+    from looplab.threads import usable_cpus
+
+    p.add_argument("--threads", type=int_in(1, usable_cpus(), "the CPUs this process may use"), default=0,
+                   help="torch threads, at most this process's CPUs (default: Ray's allocation inside Ray, else the "
+                        "machine's free cores)")
 
 
 def _compile_flag(p, default: str) -> None:
@@ -675,7 +695,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--decode: skip's schedules, comma-separated: lockstep | depth (rows at different loops "
                         "share a step; looplab/inference/depth_batching.py) (default lockstep)")
     _timing_flags(b, warmup=2, repeats=5)
-    b.add_argument("--tracking-uri", default="", help="also log the records to MLflow")
+    b.add_argument("--tracking-uri", default=None, help="also log the records to MLflow")
     b.add_argument("overrides", nargs="*", help="model overrides for --preset, e.g. n_loops=4")
     _compile_flag(b, "on")
     b.set_defaults(fn=cmd_bench)

@@ -40,6 +40,11 @@ __all__ = ["ConfigError", "ExperimentConfig", "ManoConfig", "ParentRef", "PhopCo
 
 ARCHS = ("mamba2", "transformer", "hybrid")
 COMPILE_CHOICES = ("auto", "on", "off")  # train.compile
+MAX_LR = 1.0  # train.lr (TrainConfig.__post_init__ says why)
+MIN_ADAM_EPS = 1.1754943508222875e-38  # train.adam_eps: float32's smallest normal number
+# Optimizer steps one stage may ask for: a thousand times the longest published language-model
+# runs (about 10⁶ steps), and 12 days at a millisecond a step. No run means more; a typo does.
+MAX_STEPS = 10**9
 MODEL_BOUNDS = {"vocab_size": 1 << 20, "d_model": 1 << 16, "n_layers": 1024, "n_loops": 128, "d_state": 4096,
                 "headdim": 4096, "attn_head_dim": 4096, "chunk_size": 1 << 16, "expand": 16, "d_conv": 64,
                 "ngroups": 1024}
@@ -189,18 +194,24 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_ints(self, "steps", "batch_size", "seq_len", "eval_batch_size", "log_every")
+        check(self.steps <= MAX_STEPS, "TrainConfig.steps", self.steps, f"an integer in [1, {MAX_STEPS:,}]")
         check_ints(self, "warmup_steps", "eval_every", "eval_limit", "ckpt_every", "seed", "micro_batch_size",
                  minimum=0)
         check(isinstance(self.activation_checkpointing, bool), "TrainConfig.activation_checkpointing",
               self.activation_checkpointing, "true or false")
         check_finite(self, "lr", "min_lr_ratio", "weight_decay", "beta1", "beta2", "adam_eps", "grad_clip",
                      "ckpt_minutes")
-        check(self.lr > 0, "TrainConfig.lr", self.lr, "a float > 0")
+        # An AdamW step moves each weight by about lr: above 1 it moves every weight past its
+        # scale at once, and past float32's range (3.4e38) the optimizer itself overflows.
+        check(0 < self.lr <= MAX_LR, "TrainConfig.lr", self.lr, f"a float in (0, {MAX_LR:g}]")
         check(0 <= self.min_lr_ratio <= 1, "TrainConfig.min_lr_ratio", self.min_lr_ratio, "a float in [0, 1]")
         check(self.weight_decay >= 0, "TrainConfig.weight_decay", self.weight_decay, "a float >= 0")
         check(0 <= self.beta1 < 1, "TrainConfig.beta1", self.beta1, "a float in [0, 1)")
         check(0 <= self.beta2 < 1, "TrainConfig.beta2", self.beta2, "a float in [0, 1)")
-        check(self.adam_eps > 0, "TrainConfig.adam_eps", self.adam_eps, "a float > 0")
+        # Below float32's smallest normal number eps rounds to (or flushes to) 0, and AdamW
+        # divides 0 by 0 for a weight whose gradient is 0: a NaN that is no divergence.
+        check(self.adam_eps >= MIN_ADAM_EPS, "TrainConfig.adam_eps", self.adam_eps,
+              f"a float >= {MIN_ADAM_EPS:.3g} (float32's smallest normal number)")
         check(self.grad_clip >= 0, "TrainConfig.grad_clip", self.grad_clip, "a float >= 0 (0 disables)")
         check(isinstance(self.ckpt_minutes, (int, float)) and not isinstance(self.ckpt_minutes, bool)
               and self.ckpt_minutes >= 0, "TrainConfig.ckpt_minutes", self.ckpt_minutes, "a number >= 0 (0: off)")
@@ -366,10 +377,14 @@ class ExperimentConfig:
     # ---- keys --------------------------------------------------------------------------
     def key_payload(self, *, seed: bool = True) -> dict[str, Any]:
         """Exactly what can change this stage's result: its stage, the keyed fields of
-        model, task and train and of the sections its stage reads, and its parent's
-        key (its group hash when the seed is left out)."""
+        model, task and train and of the sections its stage reads (local data files
+        by their content: TextConfig.data_digest), and its parent's key (its group
+        hash when the seed is left out)."""
         payload: dict[str, Any] = {"stage": self.stage, "model": key_values(self.model),
                                    "task": key_values(self.task), "train": key_values(self.train)}
+        data = getattr(self.task, "data_digest", None)  # only a text task reads files a user names
+        if data is not None:  # local files: keyed by their content, not by where they lie
+            payload["task"]["dataset"] = data
         for section in get_stage(self.stage).reads:
             payload[section] = key_values(getattr(self, section))
         if not seed:

@@ -1,7 +1,8 @@
 """The errors a user acts on, each a single line: ConfigError (a bad input, naming the
-argument and what is allowed, raised before anything expensive starts), and the two
+argument and what is allowed, raised before anything expensive starts), and the three
 ways a run can stop that lose nothing: TrainingDiverged (its loss, gradient or weights
-stopped being finite) and CheckpointNotWritten (a full disk, say)."""
+stopped being finite), CheckpointNotWritten (a full disk, say) and Interrupted (the
+user asked it to stop: Ctrl-C or SIGTERM to a sweep)."""
 
 from __future__ import annotations
 
@@ -41,3 +42,9 @@ class TrainingDiverged(FloatingPointError):
 class CheckpointNotWritten(OSError):
     """A checkpoint could not be written (a full disk): the previous one stays current,
     and the message (one line) says which step that is and how to go on."""
+
+
+class Interrupted(Exception):
+    """A stop the user asked for (Ctrl-C or SIGTERM to a sweep): the stage that was
+    training saved a checkpoint first, so running the same command again resumes.
+    The message is one line: what stopped where, and why."""

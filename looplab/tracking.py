@@ -53,7 +53,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from looplab.errors import ConfigError
+from looplab.errors import ConfigError, Interrupted
 from looplab.keys import keyed_name, stage_folder
 from looplab.policy import PREFIX_PATTERN, ExitPolicy
 
@@ -128,7 +128,7 @@ TRIAL_RUN = "trial_run"  # a stage run's trial (part of its lookup key)
 REUSED = "reused"  # "true" when a stage run reports a stage trained by another trial
 REUSED_FROM = "reused_from"  # the run that trained it
 CHECKPOINT = "checkpoint"
-KILLED_BY = "killed_by"  # on a run closed as KILLED: the invocation that found its process gone
+KILLED_BY = "killed_by"  # on a run closed as KILLED: why (its process gone, or the user stopped the sweep)
 RAY_NODE = "ray_node_id"
 HOSTNAME = "hostname"
 # An evaluation run's own tags (beside its checkpoint's stage_key, config_hash, stage, method,
@@ -569,11 +569,17 @@ def terminated_on_exit(mlflow_client, run_id: str) -> Iterator[str]:
     """FINISHED when the block completes, FAILED when it raises (the exception's first
     line in the tag `error`; then re-raise),
     KILLED when it exits through sys.exit(0): a deliberate stop, which is how Ray
-    Tune ends a trial its scheduler (ASHA) stops while the trial reports."""
+    Tune ends a trial its scheduler (ASHA) stops while the trial reports; KILLED too
+    when the user stopped it (looplab.errors.Interrupted, KeyboardInterrupt), with the
+    reason in the tag `killed_by`."""
     try:
         yield run_id
     except SystemExit as stop:
         mlflow_client.set_terminated(run_id, status="KILLED" if stop.code in (None, 0) else "FAILED")
+        raise
+    except (Interrupted, KeyboardInterrupt) as stop:  # the user stopped it: KILLED, and why
+        mlflow_client.set_tag(run_id, KILLED_BY, str(stop) or "a second Ctrl-C (exit at once)")
+        mlflow_client.set_terminated(run_id, status="KILLED")
         raise
     except BaseException as error:
         reason = (str(error).strip().splitlines() or [""])[0]

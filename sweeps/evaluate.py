@@ -24,13 +24,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from looplab import tracking
+from looplab import destinations, tracking
 from looplab.arguments import Parser
 from looplab.config import ConfigError
 from looplab.policy import GATE, parse_policies
 from looplab.stages import STAGE_NAMES, get_stage
-from sweeps.flags import add_store_flags, fail
-from sweeps.runtime import console_to_log, local_gpus, write_report
+from sweeps.flags import add_store_flags, distinct, fail
+from sweeps.runtime import check_ray_address, console_to_log, local_gpus, write_report
 from trainables.downstream import (EvalGrid, EvalSummary, applies, builtin_task, default_policies, describe_plan,
                                    evaluate, include_task, paper_task, pipeline_checkpoints, store_checkpoints)
 from trainables.storage import Storage
@@ -83,7 +83,8 @@ def grid_from_args(args: argparse.Namespace) -> EvalGrid | None:
         fail("--eval-device", args.eval_device, "auto | cpu | cuda | cuda:N")
     return EvalGrid(tasks=resolve_tasks(args.eval_tasks, args.eval_include, args.eval_data),
                     policies=args.eval_policies, limit=parse_limit(args.eval_limit),
-                    stages=tuple(s for s in args.eval_stages.split(",") if s.strip()),
+                    stages=tuple(distinct("--eval-stages", args.eval_stages,
+                                          [s.strip() for s in args.eval_stages.split(",") if s.strip()])),
                     cpus=args.eval_cpus, gpus=args.eval_gpus, batch_size=args.eval_batch_size, device=args.eval_device)
 
 
@@ -114,8 +115,8 @@ def resolve_tasks(text: str, include: str, data: str) -> tuple:
     from looplab.evaluation.suite import PAPER_TASKS
 
     names = []
-    for name in (n.strip() for n in text.split(",") if n.strip()):
-        names += list(PAPER_TASKS) if name == "paper" else [name]
+    for name in distinct("--eval-tasks", text, [n.strip() for n in text.split(",") if n.strip()]):
+        names += list(PAPER_TASKS) if name == "paper" else [name]  # paper,piqa: piqa once
     names = list(dict.fromkeys(names))
     if not names:
         fail("--eval-tasks", text, "paper | comma-separated lm-eval task names")
@@ -246,7 +247,10 @@ def main(argv: list[str] | None = None) -> int:
         grid = grid_from_args(args)
         if grid is None:
             fail("--eval-tasks", "", "paper | TASK,... (what to evaluate the checkpoints on)")
-        mc, experiment_id = open_experiment(uri, args.experiment)
+        mc, experiment_id = open_experiment(uri, args.experiment, write=not args.dry_run)
+        if not args.dry_run:  # Ray's log and the report go there
+            destinations.output_dir("--storage-path", storage.scratch())
+            check_ray_address("--address", args.address)
         checkpoints, notes = store_checkpoints(mc, experiment_id, storage.root)
         if not checkpoints:
             fail("--experiment", args.experiment, "an experiment with FINISHED stage runs whose checkpoints exist"
@@ -274,12 +278,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if not summary.failed else 1
 
 
-def open_experiment(uri: str, name: str):
+def open_experiment(uri: str, name: str, write: bool = True):
     """The MLflow client and the experiment's id; a store that does not exist is not
-    created (MLflow would make an empty one)."""
-    from looplab import destinations
-
-    destinations.existing_store("--tracking-uri", uri)
+    created (MLflow would make an empty one), one to write is written now (a probe)."""
+    destinations.existing_store("--tracking-uri", uri, write=write)
     mc = tracking.client(uri)
     found = mc.get_experiment_by_name(name)
     if found is None or found.lifecycle_stage != "active":

@@ -14,13 +14,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from looplab.arguments import Parser
+from looplab.arguments import Parser, given, number_in
 from looplab.config import invalid, parse_value
 from looplab.presets import PRESETS
 from looplab.costs.resources import DEFAULT_MEMORY_MARGIN_GIB, DEFAULT_MFU, DEFAULT_PEAK_TFLOPS
 from looplab.stages import STAGE_NAMES
 
 DEFAULT_PRESET = "debug" if "debug" in PRESETS else "phop-debug"
+# What the flags that name a place or a default allow (an empty value is refused: looplab/arguments.py given)
+TRACKING_URIS = "sqlite:///PATH, http(s)://HOST:PORT or a database URI"
+STORAGE_PATHS = "a folder, or an object-store prefix such as s3://BUCKET/PREFIX"
+SEEDS = "comma-separated integers >= 0, e.g. 0,1,2"
 
 
 def fail(name: str, value: Any, allowed: str) -> None:
@@ -81,7 +85,7 @@ class Launch:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "Launch":
-        return cls(storage_path=args.storage_path, tracking_uri=args.tracking_uri, address=args.address,
+        return cls(storage_path=args.storage_path, tracking_uri=args.tracking_uri or "", address=args.address,
                    resume=args.resume, max_concurrent_trials=args.max_concurrent_trials,
                    num_workers=args.num_workers, cpus_per_worker=args.cpus_per_worker,
                    gpus_per_worker=args.gpus_per_worker, search=args.search, num_samples=args.num_samples,
@@ -100,8 +104,10 @@ def parser(description: str) -> argparse.ArgumentParser:
                    help="config override for one stage, over --set, e.g. stage1:train.lr=0.001 (repeatable)")
     p.add_argument("--stage-steps", default="", metavar="STAGE=N,...",
                    help="steps of some stages, e.g. stage1=2500,chase=800 (others keep theirs)")
-    p.add_argument("--tracking-uri", default="", help="MLflow URI (default sqlite:///STORAGE/mlflow.db)")
-    p.add_argument("--storage-path", default="looplab-runs", help="stage checkpoints, Ray results, artifacts")
+    p.add_argument("--tracking-uri", type=given(TRACKING_URIS), default=None,
+                   help="MLflow URI (default sqlite:///STORAGE/mlflow.db)")
+    p.add_argument("--storage-path", type=given(STORAGE_PATHS), default="looplab-runs",
+                   help="stage checkpoints, Ray results, artifacts")
     p.add_argument("--address", default="", help="Ray cluster address (default: start a local Ray)")
     p.add_argument("--resume", action="store_true",
                    help="continue an interrupted sweep: the same as running the same command again (finished "
@@ -110,8 +116,9 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--num-workers", type=int, default=0,
                    help="Ray Train workers per stage; 0 (default): Ray Train's local mode, the stage trains "
                         "in the trial's own process (no worker group to start); K: K data-parallel worker actors")
-    p.add_argument("--cpus-per-worker", type=float, default=0.0, help="default: the CPUs left, shared evenly")
-    p.add_argument("--gpus-per-worker", type=float, default=0.0)
+    p.add_argument("--cpus-per-worker", type=number_in(0.0, low_open=True), default=0.0,
+                   help="CPUs per worker, > 0 (default: the CPUs left, shared evenly)")
+    p.add_argument("--gpus-per-worker", type=number_in(0.0), default=0.0)
     p.add_argument("--search", choices=("grid", "optuna"), default="grid")
     p.add_argument("--num-samples", type=int, default=8, help="Optuna trials (grid runs each point once)")
     p.add_argument("--scheduler", choices=("none", "asha"), default="none")
@@ -119,8 +126,9 @@ def parser(description: str) -> argparse.ArgumentParser:
                    help="compare initialisations: for each Hugging Face Mamba-2 / Llama checkpoint folder, "
                         "pre-training from its weights (retrofit) beside its shape freshly initialised (scratch); "
                         "train.init_layers picks the layers (looplab/huggingface/retrofit.py)")
-    p.add_argument("--seeds", default="", help="comma-separated training seeds, e.g. 0,1,2 (default: the preset's "
-                                               "own, 3407 for the paper's language models)")
+    p.add_argument("--seeds", type=given(SEEDS), default=None,
+                   help="comma-separated training seeds, e.g. 0,1,2 (default: the preset's own, 3407 for the "
+                        "paper's language models)")
     p.add_argument("--dry-run", action="store_true", help="print trials, resources and compute; start no Ray")
     p.add_argument("--doctor", action="store_true",
                    help="with --dry-run: run `looplab doctor --quick` on every GPU node of the cluster at --address "
@@ -146,10 +154,11 @@ def add_store_flags(p: argparse.ArgumentParser, dry_run_help: str) -> None:
     """The flags of a command over an existing sweep's checkpoints (sweeps/evaluate.py,
     sweeps/speed.py): which experiment, where its store is, which Ray, and --dry-run."""
     p.add_argument("--experiment", required=True, help="the sweep's MLflow experiment, e.g. adaptive_pipeline-debug")
-    p.add_argument("--storage-path", default="looplab-runs",
+    p.add_argument("--storage-path", type=given(STORAGE_PATHS), default="looplab-runs",
                    help="the sweep's storage (default looplab-runs): its MLflow store, and its stages/ when the "
                         "checkpoints moved with it")
-    p.add_argument("--tracking-uri", default="", help="MLflow URI (default sqlite:///STORAGE/mlflow.db)")
+    p.add_argument("--tracking-uri", type=given(TRACKING_URIS), default=None,
+                   help="MLflow URI (default sqlite:///STORAGE/mlflow.db)")
     p.add_argument("--address", default="", help="Ray cluster address (default: start a local Ray)")
     p.add_argument("--dry-run", action="store_true", help=dry_run_help)
 
@@ -159,10 +168,10 @@ def check_preset(name: str) -> None:
         fail("--preset", name, " | ".join(sorted(PRESETS)))
 
 
-def seeds_of(text: str, preset: str) -> list[int]:
-    """--seeds, or by default the preset's own seed (train.seed: 3407 for the paper's
-    language models, as App. D trains them)."""
-    if not text.strip():
+def seeds_of(text: str | None, preset: str) -> list[int]:
+    """--seeds, or by default (None: not given) the preset's own seed (train.seed: 3407
+    for the paper's language models, as App. D trains them)."""
+    if text is None:
         from looplab.presets import get_preset
 
         return [get_preset(preset).train.seed]
@@ -184,8 +193,19 @@ def parse_seeds(text: str) -> list[int]:
     except ValueError:
         seeds = []
     if not seeds or any(s < 0 for s in seeds):
-        fail("--seeds", text, "comma-separated integers >= 0, e.g. 0,1,2")
-    return seeds
+        fail("--seeds", text, SEEDS)
+    return distinct("--seeds", text, seeds)
+
+
+def distinct(flag: str, text: str, values: list) -> list:
+    """A list flag's values, each once: a repeated one would plan the same trial (or the
+    same point) twice, and is more likely a typo than a wish."""
+    pieces = [p.strip() for p in text.split(",") if p.strip()]  # as typed, for the line
+    for i, value in enumerate(values):
+        if value in values[:i]:
+            fail(flag, text, f"distinct values ({pieces[i] if len(pieces) == len(values) else value} is given "
+                             "twice)")
+    return values
 
 
 def parse_list(flag: str, text: str, kind: type = float, example: str = "0.1,0.5") -> list[Any]:
@@ -196,7 +216,7 @@ def parse_list(flag: str, text: str, kind: type = float, example: str = "0.1,0.5
         values = []
     if not values:
         fail(flag, text, f"comma-separated {kind.__name__}s, e.g. {example}")
-    return values
+    return distinct(flag, text, values)
 
 
 def parse_pairs(flag: str, text: str) -> tuple[dict[str, int], ...]:
@@ -207,7 +227,7 @@ def parse_pairs(flag: str, text: str) -> tuple[dict[str, int], ...]:
         if not (x and n.isdigit() and r.isdigit() and int(n) >= 1 and int(r) >= 1):
             fail(flag, text, "comma-separated NxR pairs with N, R >= 1, e.g. 4x1,4x6,24x1")
         pairs.append({"n_layers": int(n), "n_loops": int(r)})
-    return tuple(pairs)
+    return tuple(distinct(flag, text, pairs))
 
 
 def parse_ranges(flag: str, text: str, low: str, high: str) -> tuple[dict[str, float], ...]:
@@ -224,7 +244,7 @@ def parse_ranges(flag: str, text: str, low: str, high: str) -> tuple[dict[str, f
         if lo > hi:
             fail(flag, text, f"ranges LO-HI with LO <= HI ({item.strip()} is reversed)")
         out.append({low: lo, high: hi})
-    return tuple(out)
+    return tuple(distinct(flag, text, out))
 
 
 def parse_sets(items: list[str], flag: str = "--set") -> dict[str, Any]:

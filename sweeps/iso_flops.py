@@ -51,7 +51,7 @@ def flags_for(task: str):
         p.add_argument("--task", default="text", help="text | mano | phop (default text)")
         add_pair_flags(p, preset=preset, small_pairs=small, paper_pairs=paper, level=None)
         add_eval_flags(p)
-        p.set_defaults(seeds="")  # the preset's own seed (3407 for the paper's language models)
+        p.set_defaults(seeds=None)  # the preset's own seed (3407 for the paper's language models)
     return add_flags
 
 

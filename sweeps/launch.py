@@ -13,6 +13,9 @@ RUNNING) are closed as KILLED, with a pointer to the invocation that reopened th
 before the trials run (and reopen them). One invocation of a sweep runs at a time
 (sweeps/lock.py): a second is refused before it touches MLflow, so the runs it would
 close as orphans are provably the dead invocation's.
+
+Ctrl-C or SIGTERM stops it (sweeps/stop.py): the first lets training stages checkpoint
+and closes every run as KILLED, the second exits at once; the same command resumes.
 """
 
 from __future__ import annotations
@@ -27,11 +30,13 @@ from typing import Any, Callable
 
 from looplab import dashboard, tracking
 from looplab.config import ConfigError, config_key
+from looplab.costs.machine import MEMORY_CHECK_ENV
 from sweeps.flags import Common, Launch, fail, parser
 from sweeps.lock import SweepBusy, sweep_lock
-from sweeps.plan import (Resources, Sweep, compare_initialisations, cpu_share, describe, fit_devices, grid_points,
-                         keyed_declaration, sweep_key, trial_name, validate, waiting_cpu)
-from sweeps.runtime import console_to_log, write_report
+from sweeps.plan import (Resources, Sweep, check_machine, compare_initialisations, cpu_share, describe, fit_devices,
+                         grid_points, keyed_declaration, sweep_key, trial_name, validate, waiting_cpu)
+from sweeps.runtime import check_ray_address, console_to_log, write_report
+from sweeps.stop import StopOnSignal, SweepStopped, resume_line
 from trainables.pipeline import stage_configs
 
 RAY_TRAIN_ENV = {  # Ray Train settings for every stage (an environment value of the same name wins)
@@ -77,6 +82,12 @@ def main(description: str, add_flags: Callable[[argparse.ArgumentParser], None] 
     except SweepBusy as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except SweepStopped as e:  # the first Ctrl-C or SIGTERM (sweeps/stop.py)
+        print(resume_line(e.reason), file=sys.stderr)
+        return e.exit_status
+    except KeyboardInterrupt:  # the second: out at once
+        print(resume_line("exited at once on a second signal"), file=sys.stderr)
+        return 130
     return 0 if rows and all(r["status"] != "error" for r in rows) else 1
 
 
@@ -87,6 +98,9 @@ def prepare(sweep: Sweep, launch: Launch):
     (sweep, points, resources, plans); raises ConfigError."""
     points, res = validate(sweep, launch)
     sweep, plans = fit_devices(sweep, launch, points)
+    check_machine(sweep, launch, points)  # each stage's time, and its memory where it trains here
+    if not launch.dry_run or launch.doctor:  # the cluster answers (--dry-run --doctor asks its nodes)
+        check_ray_address("--address", launch.address)
     if not launch.dry_run:  # the tracking store first: its check creates nothing, the storage's does
         check_tracking_uri(launch.tracking_uri, launch.storage_path)
         check_storage_path(launch.storage_path)
@@ -108,16 +122,21 @@ def check_storage_path(path: str) -> None:
     from trainables.storage import Storage
 
     storage = Storage(path)
+    if not storage.remote:  # a folder: made and written, then removed again (looplab/destinations.py)
+        from looplab import destinations
+
+        try:
+            destinations.output_dir("--storage-path", storage.root)
+        except ConfigError as e:
+            raise e.renamed("--storage-path", path) from None
+        return
     probe = storage.path(".looplab-write-test")
     try:
-        if not storage.remote:
-            Path(storage.root).mkdir(parents=True, exist_ok=True)
         storage.write_text(probe, "")
         storage.delete_file(probe)
     except (OSError, ValueError) as e:
-        what = "an object-store prefix this process can write (credentials, bucket)" if storage.remote else \
-            "a folder this process can create and write"
-        fail("--storage-path", path, f"{what} ({getattr(e, 'strerror', None) or e})")
+        fail("--storage-path", path, f"an object-store prefix this process can write (credentials, bucket) "
+                                     f"({getattr(e, 'strerror', None) or e})")
 
 
 def check_tracking_uri(uri: str, storage_path: str) -> None:
@@ -131,7 +150,8 @@ def check_tracking_uri(uri: str, storage_path: str) -> None:
     if not uri and Storage(storage_path).remote:
         fail("--tracking-uri", uri, "an MLflow server (http://HOST:PORT) or sqlite:///PATH when --storage-path is "
                                     "an object store")
-    destinations.tracking_uri("--tracking-uri", uri)
+    if uri:  # else the default, sqlite:///STORAGE/mlflow.db: the storage's check writes its folder
+        destinations.tracking_uri("--tracking-uri", uri)
 
 
 # ---- the run ---------------------------------------------------------------------------
@@ -173,22 +193,29 @@ def _run_locked(sweep, launch, points, res, store, local, logs, uri, key, experi
     env = {name: os.environ.get(name, default) for name, default in RAY_TRAIN_ENV.items()}
     os.environ.update(env)
     env.update({name: os.environ[name] for name in TEST_HOOKS if name in os.environ})
+    if MEMORY_CHECK_ENV in os.environ:  # the memory check's override reaches every trial's train()
+        env[MEMORY_CHECK_ENV] = os.environ[MEMORY_CHECK_ENV]
     print(f"sweep {sweep.name} [{key}]: {len(points)} trial point(s); Ray's own output goes to "
           f"{logs / 'ray.log'}", file=sys.stderr)
     print(links, file=sys.stderr)
     with console_to_log(logs / "ray.log"):
         ray.init(address=launch.address or None, runtime_env={"env_vars": env}, include_dashboard=None,
                  log_to_driver=False, configure_logging=False)
+    at_once = False
     try:
-        with tracking.terminated_on_exit(mc, sweep_run), Printer(platform.progress_board):
+        with tracking.terminated_on_exit(mc, sweep_run), Printer(platform.progress_board) as printer, \
+                StopOnSignal(printer.request_stop) as stop:
             if launch.search == "grid":
                 _fit_shared_prefixes(sweep, launch, platform, points, res, store.path("ray_tune"), run_name, logs)
+            stop.check()  # a stop during the shared stages: the trials never start
             results = _fit(sweep, launch, platform, res, store.path("ray_tune"), run_name, logs)
+            stop.check()
             # Downstream evaluation of the trained checkpoints, what the store lacks (sweeps/evaluate.py;
             # imported here: lm-eval's machinery is needed only after training).
             from sweeps.evaluate import evaluate_trials
 
             evaluation = evaluate_trials(sweep, platform, [trial_params(r.config) for r in results])
+            stop.check()
         rows = []
         for result in results:
             params = trial_params(result.config)
@@ -209,9 +236,14 @@ def _run_locked(sweep, launch, points, res, store, local, logs, uri, key, experi
         if evaluation is not None:  # how many evaluations ran, how many the store already had
             print(evaluation.line())
         return rows
+    except KeyboardInterrupt:
+        at_once = True
+        raise
     finally:
         with console_to_log(logs / "ray.log"):
             ray.shutdown()
+        if at_once:  # the trials' processes are gone now: their runs end KILLED, not RUNNING
+            close_orphans(mc, experiment_id, sweep_run, reason="a second signal: the sweep exited at once")
 
 
 def open_sweep_run(mc, experiment_id: str, run_name: str, key: str, preset: str, axes: tuple[str, ...] = (),
@@ -297,9 +329,10 @@ def dashboard_text(uri: str, experiment_id: str, view: str, sweep_run: str) -> s
     return "\n".join(f"{'dashboard:' if i == 0 else '':13s}{line}" for i, line in enumerate(lines))
 
 
-def close_orphans(mc, experiment_id: str, sweep_run: str) -> int:
+def close_orphans(mc, experiment_id: str, sweep_run: str,
+                  reason: str | None = None) -> int:
     """KILLED for every RUNNING run below the sweep run (its trials, their stages, the
-    shared stages): the invocation that started them is gone."""
+    shared stages): the invocation that started them is gone (or the user stopped it)."""
     # MLflow's filter strings have no OR (nor IN on tags): read the experiment's parent
     # links once and walk the tree here.
     below: dict[str, list] = {}
@@ -317,7 +350,8 @@ def close_orphans(mc, experiment_id: str, sweep_run: str) -> int:
         children = [r.info.run_id for r in found]
         for run in found:
             if run.info.status == "RUNNING":
-                mc.set_tag(run.info.run_id, tracking.KILLED_BY, f"sweep run {sweep_run} reopened by a new invocation")
+                mc.set_tag(run.info.run_id, tracking.KILLED_BY,
+                           reason or f"sweep run {sweep_run} reopened by a new invocation")
                 mc.set_terminated(run.info.run_id, status="KILLED")
                 closed += 1
     return closed

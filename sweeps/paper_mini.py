@@ -111,8 +111,12 @@ def main(argv: list[str] | None = None) -> int:
         print(describe_protocol(protocol, launch) + "\n")
         for sweep, points, res, plans in prepared:
             print(describe(sweep, launch, points, res, plans) + "\n")
-        print(estimate([(sweep, points) for sweep, points, _, _ in prepared], launch,
-                       extra_seconds=speed_seconds(prepared[0][0], launch, protocol)).text())
+        try:  # it probes every stage here: one this machine cannot hold is refused first (looplab/costs/machine.py)
+            print(estimate([(sweep, points) for sweep, points, _, _ in prepared], launch,
+                           extra_seconds=speed_seconds(prepared[0][0], launch, protocol)).text())
+        except ConfigError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         return 0
     from sweeps.launch import run_sweep
     from sweeps.lock import SweepBusy

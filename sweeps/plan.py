@@ -127,6 +127,8 @@ def plan_resources(launch: Launch, local: bool, n_trials: int) -> Resources:
         fail("--max-concurrent-trials", launch.max_concurrent_trials, "an integer >= 1 (0: what fits)")
     if launch.cpus_per_worker < 0:
         fail("--cpus-per-worker", launch.cpus_per_worker, "a number > 0 (0: the CPUs left, shared evenly)")
+    if local and launch.cpus_per_worker > cpus:  # Ray would wait for a node that never comes
+        fail("--cpus-per-worker", launch.cpus_per_worker, f"a number in (0, {cpus:g}] (CPUs on this machine)")
     if not local:  # a cluster's resources are Ray's (and its autoscaler's) to place
         return Resources(cpus, gpus, launch.max_concurrent_trials, launch.cpus_per_worker or 1.0)
     workers, waiting = max(1, launch.num_workers), waiting_cpu(launch)
@@ -246,6 +248,27 @@ def _unique_stages(sweep: Sweep, launch: Launch, points: list[dict[str, Any]]) -
 
 def _plan_or_fail(cfg, ranks: int, path: str, budget: float | None, margin: float) -> StagePlan:
     return plan_stage(cfg, ranks=ranks, path=path, device_memory_gib=budget, margin_gib=margin)
+
+
+def check_machine(sweep: Sweep, launch: Launch, points: list[dict[str, Any]]) -> None:
+    """Each distinct stage against the machine (looplab/costs/machine.py), said about the
+    flag that set the value: its time on its devices always; its memory when its trials
+    train here on CPUs (a local sweep that runs, no --gpu-memory planning another device;
+    a GPU trial checks its own device when it starts, as every train() does). Each stage
+    alone: trials that run at once and do not fit together are refused as they start."""
+    from looplab.costs.machine import check_training
+
+    here = not launch.address and not launch.dry_run and not launch.gpu_memory and not launch.gpus_per_worker
+    seen: set[str] = set()
+    for point in points:
+        for cfg in stage_configs(sweep.spec, point, launch.storage_path):
+            folder = stage_folder(cfg.stage, cfg.stage_key())
+            if folder not in seen:
+                seen.add(folder)
+                try:
+                    check_training(cfg, "cpu", ranks=max(1, launch.num_workers), memory=here)
+                except ConfigError as e:
+                    raise in_flag_terms(e, sweep, point) from None
 
 def in_flag_terms(error: ConfigError, sweep: Sweep, point: dict[str, Any]) -> ConfigError:
     """A config error raised by one trial point, said about the flag that set the

@@ -1,6 +1,7 @@
 """What every sweep command does on the machine it runs on, around its own work: count
-this machine's GPUs (the checks before Ray), send Ray's console output to a log file
-(the commands print their own progress), and write the analysis report at the end.
+this machine's GPUs (the checks before Ray), check that a Ray --address answers,
+send Ray's console output to a log file (the commands print their own progress), and
+write the analysis report at the end.
 
 The driver (launch.py), the evaluation command (evaluate.py) and the speed command
 (speed.py) share these; keeping them here, below all three, is what lets plan.py,
@@ -11,9 +12,15 @@ evaluate.py and launch.py import each other in one direction only
 from __future__ import annotations
 
 import contextlib
+import socket
 import sys
 from pathlib import Path
 from typing import Iterator
+
+from looplab.errors import invalid
+
+RAY_GCS_PORT, RAY_CLIENT_PORT = 6379, 10001  # Ray's defaults when an address names no port
+RAY_CONNECT_SECONDS = 5.0
 
 
 def local_gpus() -> int:
@@ -25,6 +32,26 @@ def local_gpus() -> int:
         return torch.cuda.device_count() if torch.cuda.is_available() else 0
     except Exception:  # noqa: BLE001 - a broken CUDA setup counts as no GPU here; the node checks say why
         return 0
+
+
+def check_ray_address(flag: str, address: str) -> None:
+    """A Ray --address answers now: "" (start a local Ray) and "auto" (the cluster this
+    machine joined, which Ray finds itself) pass; HOST:PORT and ray://HOST:PORT must
+    accept a TCP connection within seconds. ray.init would otherwise retry a dead
+    address for about 95 s and end in a traceback, with the sweep's run left open."""
+    if address in ("", "auto", "local"):
+        return
+    rest = address.removeprefix("ray://")
+    host, colon, port = rest.rpartition(":")
+    if not colon:
+        host, port = rest, str(RAY_CLIENT_PORT if address.startswith("ray://") else RAY_GCS_PORT)
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise invalid(flag, address, "auto, HOST:PORT (the head's GCS, port 6379) or ray://HOST:PORT (Ray Client)")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_CONNECT_SECONDS).close()
+    except OSError as e:
+        raise invalid(flag, address, f"the address of a running Ray cluster (connecting to {host}:{port}: "
+                                     f"{e.strerror or e})") from None
 
 
 @contextlib.contextmanager

@@ -50,14 +50,14 @@ import os
 import sys
 from dataclasses import dataclass, replace
 
-from looplab import tracking
+from looplab import destinations, tracking
 from looplab.arguments import Parser
 from looplab.config import ConfigError
 from looplab.policy import SKIP, parse_policies
 from looplab.stages import STAGE_NAMES, get_stage
 from sweeps.evaluate import open_experiment
-from sweeps.flags import add_store_flags, fail
-from sweeps.runtime import console_to_log, local_gpus, write_report
+from sweeps.flags import add_store_flags, distinct, fail
+from sweeps.runtime import check_ray_address, console_to_log, local_gpus, write_report
 from trainables.speed import ARRIVALS, ArrivalPlan, ArrivalPoint, SpeedPoint
 
 PACKINGS = ("auto", "padded", "varlen")
@@ -174,7 +174,12 @@ def _ints(flag: str, text: str, allowed: str = "comma-separated integers >= 1, e
         if value < 1:
             fail(flag, text, allowed)
         values.append(value)
-    return tuple(dict.fromkeys(values))
+    return tuple(values)
+
+
+def _distinct_ints(flag: str, text: str) -> tuple[int, ...]:
+    """A list of integers >= 1, each once (a repeated batch size would be timed twice)."""
+    return tuple(distinct(flag, text, list(_ints(flag, text))))
 
 
 def _number(flag: str, text: str, minimum: float, what: str) -> float:
@@ -193,9 +198,9 @@ def grid_from_args(args: argparse.Namespace) -> SpeedGrid:
         fail("--grid", args.grid, " | ".join(GRIDS))
     grid = GRIDS[args.grid]
     if args.batches:
-        grid = replace(grid, batches=_ints("--batches", args.batches))
+        grid = replace(grid, batches=_distinct_ints("--batches", args.batches))
     if args.seq_lens:
-        grid = replace(grid, seq_lens=_ints("--seq-lens", args.seq_lens))
+        grid = replace(grid, seq_lens=_distinct_ints("--seq-lens", args.seq_lens))
     if args.policies:
         check_policies(args.policies)
         grid = replace(grid, policies=args.policies)
@@ -229,7 +234,7 @@ def arrival_grid_from_args(args: argparse.Namespace) -> ArrivalGrid | None:
         return None
     grid = ARRIVAL_GRIDS.get(args.grid, ArrivalGrid())
     if given["--slots"]:
-        grid = replace(grid, slots=_ints("--slots", given["--slots"]))
+        grid = replace(grid, slots=_distinct_ints("--slots", given["--slots"]))
     if given["--requests"]:
         requests = _ints("--requests", given["--requests"], "an integer >= 1")
         if len(requests) != 1:
@@ -255,10 +260,10 @@ def _token_range(flag: str, text: str) -> tuple[int, int]:
 def _schedules(text: str) -> tuple[str, ...]:
     from looplab.inference.depth_batching import SCHEDULES
 
-    schedules = tuple(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
+    schedules = [s.strip() for s in text.split(",") if s.strip()]
     if not schedules or any(s not in SCHEDULES for s in schedules):
         fail("--schedules", text, f"comma-separated: {' | '.join(SCHEDULES)}")
-    return schedules
+    return tuple(distinct("--schedules", text, schedules))
 
 
 def check_policies(text: str) -> None:
@@ -274,11 +279,11 @@ def check_policies(text: str) -> None:
 
 
 def parse_stages(text: str) -> tuple[str, ...]:
-    stages = tuple(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
+    stages = [s.strip() for s in text.split(",") if s.strip()]
     for stage in stages:
         if stage not in STAGE_NAMES:
             fail("--stages", text, f"comma-separated stages: {' | '.join(STAGE_NAMES)}")
-    return stages
+    return tuple(distinct("--stages", text, stages))
 
 
 def this_machine() -> list[tuple[float, float]]:
@@ -474,7 +479,11 @@ def main(argv: list[str] | None = None) -> int:
         stages = parse_stages(args.stages)
         # On a cluster (--address) the jobs' resources are checked against its nodes once Ray is up.
         cpus, gpus = resources_from_args(args, this_machine(), check_fit=not args.address or args.no_ray)
-        mc, experiment_id = open_experiment(uri, args.experiment)
+        mc, experiment_id = open_experiment(uri, args.experiment, write=not args.dry_run)
+        if not args.dry_run:  # Ray's log and the report go there
+            destinations.output_dir("--storage-path", storage.scratch())
+            if not args.no_ray:
+                check_ray_address("--address", args.address)
         found, notes = store_checkpoints(mc, experiment_id, storage.root)
         if not found:
             fail("--experiment", args.experiment, "an experiment with FINISHED stage runs whose checkpoints exist"

@@ -68,7 +68,10 @@ def checkpoints(tmp_path_factory):
     shutil.copytree(root / "run", resumable)
     w = resumable / "checkpoint" / "model.safetensors"
     w.write_bytes(w.read_bytes()[:100])
-    return {"good": good, "truncated": truncated, "mismatched": mismatched, "resumable": resumable, **damaged}
+    metrics_folder = root / "metrics-folder"  # a run folder whose metrics.jsonl is a folder
+    (metrics_folder / "metrics.jsonl").mkdir(parents=True)
+    return {"good": good, "truncated": truncated, "mismatched": mismatched, "resumable": resumable,
+            "metrics_folder": metrics_folder, **damaged}
 
 
 LOOPLAB_CASES = [
@@ -88,7 +91,7 @@ LOOPLAB_CASES = [
     (["train", "--preset", "phop-debug", "--out", "{tmp}/t", "model.attn_layer_idx=5"],
      "override='model.attn_layer_idx=5' is invalid"),
     (["train", "--preset", "debug", "--out", "{tmp}/t", "train.seq_len=100000000"],
-     "TrainConfig.seq_len=100000000 is invalid"),
+     "train.seq_len=100000000 is invalid; allowed: a plan that fits this machine's available memory"),
     (["lm-eval", "--checkpoint", "{good}", "--tasks", "piqa", "--limit", "inf"], "argument --limit"),
     (["bench", "--preset", "phop-debug", "--oracle-mean", "2", "--tracking-uri", "foo://x"],
      "--tracking-uri='foo://x' is invalid"),
@@ -103,6 +106,9 @@ LOOPLAB_CASES = [
     (["train", "--preset", "phop-debug", "--out", "{tmp}/t", "train.lr=Infinity"], "override='train.lr=inf' is invalid"),
     (["train", "--preset", "phop-debug", "--out", "{tmp}/t", "train.lr=abc"], "override='train.lr=abc' is invalid"),
     (["train", "--preset", "phop-debug", "--out", "{tmp}/t", "train.lr=nan"], "override='train.lr=nan' is invalid"),
+    (["train", "--preset", "phop-debug", "--out", "{tmp}/t", "train.lr=1e39"], "override='train.lr=1e+39' is invalid"),
+    (["train", "--preset", "phop-debug", "--out", "{tmp}/t", "train.adam_eps=1e-50"],
+     "override='train.adam_eps=1e-50' is invalid"),
     (["train", "--preset", "phop-debug", "--out", "{tmp}/t", "exit.beta=NaN"], "override='exit.beta=nan' is invalid"),
     (["train", "--preset", "phop-debug", "--stage", "stage1", "--out", "{tmp}/t"], "--stage stage1 needs --init"),
     (["train", "--preset", "phop-debug", "--stage", "stage1", "--init", "/nope", "--out", "{tmp}/t"],
@@ -140,6 +146,55 @@ LOOPLAB_CASES = [
      "argument --dtype: 'fp16' is invalid; allowed: fp32 | bf16"),
     (["bench", "--decode", "--preset", "phop-debug", "--dtype", "auto", "--oracle-mean", "2"],
      "argument --dtype: 'auto' is invalid; allowed: fp32 | bf16"),
+    # Resources against this machine (looplab/costs/machine.py), before anything is allocated: a
+    # batch no machine holds (it hung), steps (accepted), a run that cannot end, tokens (hung), threads.
+    (["train", "--preset", "debug", "--out", "{tmp}/t", "train.batch_size=1000000000"],
+     "train.batch_size=1000000000 is invalid; allowed: a plan that fits this machine's available"),
+    (["train", "--preset", "debug", "--out", "{tmp}/t", "train.steps=100000000000000000000"],
+     "override='train.steps=100000000000000000000' is invalid; allowed: an integer in [1, 1,000,000,000]"),
+    (["train", "--preset", "paper-140m", "--out", "{tmp}/t", "train.steps=1000000000"],
+     "train.steps=1000000000 is invalid; allowed: a run that can end"),
+    (["generate", "--checkpoint", "{good}", "--prompt", "hi", "--max-new-tokens", "1000000000000"],
+     "--max-new-tokens=1000000000000 is invalid; allowed: at most 1,048,576 new tokens"),
+    (["bench", "--preset", "phop-debug", "--oracle-mean", "2", "--threads", "0"], "argument --threads: '0' is invalid"),
+    (["bench", "--preset", "phop-debug", "--oracle-mean", "2", "--threads", "100000"],
+     "argument --threads: '100000' is invalid; allowed: an integer in [1, "),
+    (["bench", "--preset", "debug", "--oracle-mean", "2", "--batch", "1000000", "--seq-len", "1000000"],
+     "--seq-len=1000000 is invalid; allowed: a plan that fits this machine's available"),
+    (["bench", "--decode", "--preset", "debug", "--oracle-mean", "2", "--batch", "1", "--seq-len", "8",
+      "--new-tokens", "2000000"], "--new-tokens=2000000 is invalid"),
+    (["bench-arrivals", "--preset", "debug", "--requests", "100000000000"], "--requests=100000000000 is invalid"),
+    # Destinations, checked by creating and writing them (root ignores permission bits), before the work:
+    (["eval", "--checkpoint", "{good}", "--json", "/proc/looplab.json"], "--json='/proc/looplab.json' is invalid"),
+    (["eval", "--checkpoint", "{good}", "--json", "/sys/looplab.json"], "--json='/sys/looplab.json' is invalid"),
+    (["eval", "--checkpoint", "{good}", "--json", "/proc/version"], "--json='/proc/version' is invalid"),
+    (["eval", "--checkpoint", "{good}", "--json", "{tmp}/" + "j" * 300], "File name too long"),
+    (["eval", "--checkpoint", "{good}", "--json", ""], "--json='' is invalid"),
+    (["bench", "--preset", "phop-debug", "--oracle-mean", "2", "--batch", "1", "--seq-len", "8", "--json",
+      "/proc/looplab.json"], "--json='/proc/looplab.json' is invalid"),
+    (["bench-arrivals", "--preset", "phop-debug", "--requests", "2", "--slots", "1", "--warmup", "0", "--repeats", "1",
+      "--json", "/sys/looplab.json"], "--json='/sys/looplab.json' is invalid"),
+    (["lm-eval", "--checkpoint", "{good}", "--tasks", "piqa", "--output", "/proc/looplab.json"],
+     "--output='/proc/looplab.json' is invalid"),
+    (["doctor", "--quick", "--no-ray", "--markdown", "/proc/looplab.md"], "--markdown='/proc/looplab.md' is invalid"),
+    (["train", "--preset", "phop-debug", "--out", "/proc/looplab-run", *TINY], "--out='/proc/looplab-run' is invalid"),
+    (["train", "--preset", "phop-debug", "--out", "/sys/looplab-run", *TINY], "--out='/sys/looplab-run' is invalid"),
+    (["train", "--preset", "phop-debug", "--out", "{tmp}/" + "r" * 300, *TINY], "File name too long"),
+    (["train", "--preset", "phop-debug", "--out", "", *TINY], "--out='' is invalid"),
+    (["train", "--preset", "phop-debug", "--out", "{metrics_folder}", *TINY], "metrics.jsonl is a folder"),
+    (["export", "--checkpoint", "{good}", "/proc/looplab-export"], "OUT_DIR='/proc/looplab-export' is invalid"),
+    (["export", "--checkpoint", "{good}", ""], "OUT_DIR='' is invalid"),
+    (["bench", "--preset", "phop-debug", "--oracle-mean", "2", "--tracking-uri", "file:///proc/looplab-mlruns"],
+     "--tracking-uri='file:///proc/looplab-mlruns' is invalid; allowed: sqlite:///"),
+    (["bench", "--preset", "phop-debug", "--oracle-mean", "2", "--tracking-uri", "garbage"],
+     "--tracking-uri='garbage' is invalid; allowed: sqlite:///"),
+    (["bench", "--preset", "phop-debug", "--oracle-mean", "2", "--tracking-uri", "{tmp}"],
+     "is invalid; allowed: sqlite:///"),
+    (["bench", "--preset", "phop-debug", "--oracle-mean", "2", "--tracking-uri", "sqlite:////proc/looplab/m.db"],
+     "--tracking-uri='sqlite:////proc/looplab/m.db' is invalid"),
+    (["bench", "--preset", "phop-debug", "--oracle-mean", "2", "--tracking-uri", "sqlite:///{good}/config.json"],
+     "is invalid; allowed: an SQLite database file"),
+    (["bench", "--preset", "phop-debug", "--oracle-mean", "2", "--tracking-uri", ""], "--tracking-uri='' is invalid"),
 ]
 
 
@@ -171,6 +226,12 @@ SWEEP_CASES = [
     ("beta_ablation", ["--stage-set", "stage1:train.lr=-1"], "--stage-set='stage1:train.lr=-1' is invalid"),
     ("beta_ablation", ["--stage-steps", "stage1=0"], "--stage-steps='stage1=0' is invalid"),
     ("beta_ablation", ["--num-workers", "-1"], "--num-workers=-1 is invalid"),
+    ("beta_ablation", ["--cpus-per-worker", "0"], "argument --cpus-per-worker: '0' is invalid"),
+    ("beta_ablation", ["--cpus-per-worker", "100000"], "--cpus-per-worker=100000.0 is invalid"),
+    ("beta_ablation", ["--set", "train.batch_size=1000000000"],
+     "--set='train.batch_size=1000000000' is invalid; allowed: a plan that fits this machine's available memory"),
+    ("beta_ablation", ["--preset", "paper-140m", "--stage-set", "stage1:train.steps=1000000000", "--dry-run"],
+     "--stage-set='stage1:train.steps=1000000000' is invalid; allowed: a run that can end"),
     ("beta_ablation", ["--max-concurrent-trials", "x"], "argument --max-concurrent-trials"),
     ("beta_ablation", ["--gpu-memory", "-1"], "--gpu-memory=-1.0 is invalid"),
     ("beta_ablation", ["--gpu-memory", "0.001", "--memory-margin", "0"], "--gpu-memory=0.001 is invalid for pretrain"),
@@ -194,6 +255,21 @@ SWEEP_CASES = [
      "ModelConfig.attn_layer_idx=(5, 10, 15, 20) is invalid; allowed: distinct integers in [0, n_layers=6) "
      "(at the grid point --archs arch=hybrid, --pairs n_layers=6, --pairs n_loops=4; set it with --set "
      "model.attn_layer_idx=...)"),
+    # Empty strings would mean the current folder or the default; repeated values, the same trial twice:
+    ("beta_ablation", ["--storage-path", ""], "argument --storage-path: '' is invalid"),
+    ("beta_ablation", ["--tracking-uri", ""], "argument --tracking-uri: '' is invalid"),
+    ("beta_ablation", ["--seeds", ""], "argument --seeds: '' is invalid"),
+    ("beta_ablation", ["--seeds", "0,1,0"], "--seeds='0,1,0' is invalid; allowed: distinct"),
+    ("beta_ablation", ["--betas", "0.1,0.1"], "--betas='0.1,0.1' is invalid; allowed: distinct"),
+    ("hole_sweep", ["--ranges", "1-2,1.0-2.0"], "--ranges='1-2,1.0-2.0' is invalid; allowed: distinct"),
+    ("iso_flops", ["--pairs", "4x1,4X1"], "--pairs='4x1,4X1' is invalid; allowed: distinct"),
+    # Tracking stores MLflow cannot write, refused before the work, each in one line:
+    ("beta_ablation", ["--tracking-uri", "garbage"], "--tracking-uri='garbage' is invalid; allowed: sqlite:///"),
+    ("beta_ablation", ["--tracking-uri", "file:///proc/looplab-mlruns"],
+     "--tracking-uri='file:///proc/looplab-mlruns' is invalid; allowed: sqlite:///"),
+    ("beta_ablation", ["--tracking-uri", "sqlite:////proc/looplab/m.db"],
+     "--tracking-uri='sqlite:////proc/looplab/m.db' is invalid"),
+    ("beta_ablation", ["--storage-path", "/sys/looplab-cannot-create"], "--storage-path='/sys/looplab-cannot-create'"),
     ("mano", ["--pairs", "1x0"], "--pairs='1x0' is invalid"),
     ("mano", ["--levels", "0"], "--levels=0 is invalid"),
     ("phop", ["--hops", "x"], "--hops='x' is invalid"),
@@ -250,6 +326,45 @@ def test_speed_sweep_bad_input_is_one_line(argv, expected, tmp_path, capsys):
     assert not ray.is_initialized() and not (tmp_path / "store").exists()
 
 
+@pytest.mark.parametrize("command", ["sweeps.speed", "sweeps.evaluate"])
+@pytest.mark.parametrize("argv, expected", [
+    (["--storage-path", ""], "argument --storage-path: '' is invalid"),  # not the current folder's store
+    (["--tracking-uri", ""], "argument --tracking-uri: '' is invalid"),  # not the storage's default store
+])
+def test_store_commands_refuse_empty_paths(command, argv, expected, tmp_path, capsys):
+    import importlib
+
+    with pytest.raises(SystemExit) as exit_:
+        importlib.import_module(command).main(["--experiment", "x", *argv])
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and err.count("\n") == 0 and expected in err and "allowed" in err, err
+
+
+def test_speed_sweep_refuses_repeated_values(tmp_path, capsys):
+    from sweeps.speed import main
+
+    assert main(["--experiment", "x", "--storage-path", str(tmp_path / "store"), "--batches", "1,4,1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("error: --batches='1,4,1' is invalid; allowed: distinct"), err
+
+
+@pytest.mark.parametrize("out, expected", [
+    ("", "--out='' is invalid"),
+    ("/proc/looplab-analysis", "--out='/proc/looplab-analysis' is invalid"),
+    ("{tmp}/" + "a" * 300, "File name too long"),
+])
+def test_analysis_out_is_checked_before_reading(out, expected, tmp_path, capsys):
+    from analysis.__main__ import main
+
+    store = tmp_path / "mlflow.db"
+    store.write_bytes(b"")  # an (empty) store: the --out check comes next
+    assert main(["--tracking-uri", f"sqlite:///{store}", "--experiment", "x",
+                 "--out", out.format(tmp=tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and expected in err and "allowed" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mlflow.db"]
+
+
 def test_speed_sweep_has_a_working_help():
     for command in ([sys.executable, str(REPO / "sweeps" / "speed.py"), "--help"],
                     [sys.executable, "-m", "sweeps.speed", "--help"]):
@@ -259,8 +374,11 @@ def test_speed_sweep_has_a_working_help():
 
 @pytest.mark.parametrize("sweep", SWEEPS)
 def test_every_sweep_script_has_a_working_help(sweep):
-    for command in ([sys.executable, str(REPO / "sweeps" / f"{sweep}.py"), "--help"],
-                    [sys.executable, "-m", f"sweeps.{sweep}", "--help"]):
+    # Run as a file from anywhere; run as a module (one sweep: the mechanism is the package's, not the script's).
+    commands = [[sys.executable, str(REPO / "sweeps" / f"{sweep}.py"), "--help"]]
+    if sweep == SWEEPS[0]:
+        commands.append([sys.executable, "-m", f"sweeps.{sweep}", "--help"])
+    for command in commands:
         done = subprocess.run(command, capture_output=True, text=True, cwd="/", timeout=120)
         assert done.returncode == 0 and "--preset" in done.stdout, done.stderr[-500:]
 

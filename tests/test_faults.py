@@ -5,8 +5,10 @@ current; a failed run says why on the dashboard."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,10 +18,10 @@ import torch
 
 import looplab.training.train as train_module
 from looplab import tracking
-from looplab.checkpoint import load_model
+from looplab.checkpoint import load_model, parent_ref
 from looplab.config import ConfigError, apply_overrides
 from looplab.errors import CheckpointNotWritten, TrainingDiverged
-from looplab.presets import get_preset
+from looplab.presets import get_preset, stage_config
 from looplab.training.train import DIVERGED, METRICS_FILE, train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -228,3 +230,155 @@ def test_the_command_line_says_a_divergence_in_one_line(tmp_path, monkeypatch, c
                  "train.ckpt_every=2", "train.eval_every=0", "task.eval_count=20"])
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert code == 1 and err.startswith("looplab: training diverged at step 3") and "step 2 stays current" in err
+
+
+# ---- checkpoints that claim more than they hold -----------------------------------------------
+def one_line(error) -> str:
+    message = str(error.value)
+    assert "\n" not in message, message
+    return message
+
+
+def _copy_weights(source: Path, target: Path) -> None:
+    """model.safetensors and config.json (a config.json records its weights' digest) from one
+    checkpoint folder into another, trainer.json left as it was: weights copied by hand."""
+    target.mkdir(parents=True, exist_ok=True)
+    for name in ("model.safetensors", "config.json"):
+        shutil.copy(source / name, target / name)
+
+
+def test_a_trainer_json_claiming_more_steps_than_the_run_has_is_refused(tmp_path):
+    train(tiny(), tmp_path, quiet=True, stop_at=4)
+    state_file = tmp_path / "checkpoint" / "trainer.json"
+    state_file.write_text(json.dumps({**json.loads(state_file.read_text()), "step": 1000}))
+    with pytest.raises(ConfigError) as error:  # before: step-4 weights taken as finished, rc 0
+        train(tiny(), tmp_path, quiet=True)
+    message = one_line(error)
+    assert str(state_file) in message and "step 1000" in message and "train.steps=8" in message
+
+
+def test_weights_of_another_step_under_a_trainer_json_are_refused(tmp_path):
+    train(tiny(), tmp_path / "early", quiet=True, stop_at=4)
+    train(tiny(), tmp_path / "run", quiet=True, stop_at=6)
+    _copy_weights(tmp_path / "early" / "checkpoint", tmp_path / "run" / "checkpoint")  # step-4 weights, step-6 state
+    with pytest.raises(ConfigError) as error:
+        train(tiny(), tmp_path / "run", quiet=True)
+    message = one_line(error)
+    assert "trainer.json disagrees with" in message and "model.safetensors" in message and "step 6" in message
+    with pytest.raises(ConfigError, match="trainer.json disagrees with"):  # nor is it anyone's parent
+        parent_ref(tmp_path / "run" / "checkpoint")
+
+
+def test_weights_without_their_trainer_json_are_not_the_finished_parent(tmp_path):
+    cfg = tiny()
+    train(cfg, tmp_path / "run", quiet=True, stop_at=3)
+    copied = tmp_path / "copied"
+    _copy_weights(tmp_path / "run" / "checkpoint", copied)  # step-3 weights, no trainer.json
+    ref = parent_ref(copied)
+    assert ref.key != cfg.stage_key() and ref.key.startswith("weights-")  # before: the finished parent's key
+    # A child planned on the finished parent (as a sweep plans its stages) never starts from them.
+    child = stage_config(get_preset("phop-debug"), "stage1", parent=cfg.as_parent(str(copied)),
+                         overrides={"train.steps": 2, "train.batch_size": 4, "train.eval_every": 0,
+                                    "task.eval_count": 20})
+    with pytest.raises(ConfigError) as error:
+        train(child, tmp_path / "child", quiet=True)
+    message = one_line(error)
+    assert str(copied) in message and "trainer.json" in message and cfg.stage_key() in message
+    # nor from a parent stopped before its end
+    stopped = dataclasses.replace(child.parent, checkpoint=str(tmp_path / "run" / "checkpoint"))
+    with pytest.raises(ConfigError, match="a parent stopped at step 3"):
+        train(apply_overrides(child, {"parent": stopped}), tmp_path / "child", quiet=True)
+    assert not (tmp_path / "child" / "checkpoint").exists()
+
+
+def _parent_and_child(tmp_path, **parent_extra):
+    """A finished parent in tmp_path/parent and its stage-1 child stopped at step 2 in tmp_path/child."""
+    parent = tiny(**parent_extra)
+    train(parent, tmp_path / "parent", quiet=True, resume=False)
+    child = stage_config(get_preset("phop-debug"), "stage1", parent=parent_ref(tmp_path / "parent" / "checkpoint"),
+                         overrides={"train.steps": 4, "train.batch_size": 4, "train.eval_every": 0,
+                                    "task.eval_count": 20})
+    return parent, child
+
+
+def test_a_child_resumes_only_from_the_parent_weights_it_started_from(tmp_path):
+    parent, child = _parent_and_child(tmp_path)
+    train(child, tmp_path / "child", quiet=True, stop_at=2)
+    state = json.loads((tmp_path / "child" / "checkpoint" / "trainer.json").read_text())
+    recorded = json.loads((tmp_path / "parent" / "checkpoint" / "config.json").read_text())["weights_sha256"]
+    assert state["parent_weights_sha256"] == recorded
+    # The parent trained again under the same key: micro-batches change its float rounding only
+    train(tiny(**{"train.micro_batch_size": 2}), tmp_path / "parent", quiet=True, resume=False)
+    assert parent_ref(tmp_path / "parent" / "checkpoint").key == child.parent.key
+    with pytest.raises(ConfigError) as error:  # before: resumed onto weights of another parent
+        train(child, tmp_path / "child", quiet=True)
+    message = one_line(error)
+    assert "parent" in message and recorded[:19] in message and "--no-resume" in message
+    assert train(child, tmp_path / "child", quiet=True, resume=False).step == 4
+
+
+def test_a_finished_child_of_a_changed_parent_is_not_reused(tmp_path):
+    from trainables.shared_stage import check_parent_unchanged
+    from trainables.storage import Storage
+
+    parent, child = _parent_and_child(tmp_path)
+    train(child, tmp_path / "child", quiet=True)
+    storage = Storage(tmp_path)
+    check_parent_unchanged(storage, child, str(tmp_path / "child" / "checkpoint"))  # the parent it started from
+    train(tiny(**{"train.micro_batch_size": 2}), tmp_path / "parent", quiet=True, resume=False)
+    with pytest.raises(ConfigError) as error:
+        check_parent_unchanged(storage, child, str(tmp_path / "child" / "checkpoint"))
+    message = one_line(error)
+    assert str(tmp_path / "child") in message and str(tmp_path / "parent" / "checkpoint") in message
+
+
+@pytest.mark.parametrize("damage, expected", [
+    ("shape", "of shape [3, 3], not a float tensor of its parameter's shape"),
+    ("extra", "nope::exp_avg"),
+    ("nan", "non-finite"),
+])
+def test_a_damaged_optimizer_state_is_one_line(tmp_path, monkeypatch, damage, expected):
+    from safetensors.torch import load_file, save_file
+
+    train(tiny(), tmp_path, quiet=True, stop_at=4)
+    path = tmp_path / "checkpoint" / "optimizer.safetensors"
+    state = load_file(str(path))
+    moment = next(k for k in state if k.endswith("::exp_avg"))
+    if damage == "shape":
+        state[moment] = torch.zeros(3, 3)
+    elif damage == "extra":
+        state["nope::exp_avg"] = torch.zeros(1)
+    else:
+        state[moment] = torch.full_like(state[moment], float("nan"))
+    save_file(state, str(path))
+    monkeypatch.setattr(train_module, "_accumulate_gradients", lambda *a: pytest.fail("trained on it"))
+    with pytest.raises(ConfigError) as error:  # before: RuntimeError, KeyError, "lower train.lr"
+        train(tiny(), tmp_path, quiet=True)
+    message = one_line(error)
+    assert str(path) in message and expected in message and "lower train.lr" not in message
+    assert not (tmp_path / DIVERGED).exists()
+
+
+def test_a_torn_record_the_checkpoint_already_holds_is_said_lost(tmp_path, capsys):
+    train(tiny(), tmp_path, quiet=True, stop_at=4)
+    path = tmp_path / METRICS_FILE
+    lines = path.read_text().splitlines()
+    assert json.loads(lines[-1]) == {**json.loads(lines[-1]), "kind": "train", "step": 4}
+    path.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:30])  # step 4's record torn, its checkpoint whole
+    assert train(tiny(), tmp_path, quiet=True).step == 8
+    warning = capsys.readouterr().err
+    assert "the train record of step 4 is lost" in warning and "checkpoint of step 4" in warning
+    steps = [json.loads(line)["step"] for line in path.read_text().splitlines()
+             if json.loads(line)["kind"] == "train"]
+    assert steps == [1, 2, 3, 5, 6, 7, 8]
+
+
+def test_a_torn_final_evaluation_is_written_again(tmp_path, capsys):
+    train(tiny(), tmp_path, quiet=True)
+    path = tmp_path / METRICS_FILE
+    lines = path.read_text().splitlines()
+    assert json.loads(lines[-1])["kind"] == "loops" and json.loads(lines[-1])["step"] == 8
+    path.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:40])
+    train(tiny(), tmp_path, quiet=True)  # a finished run evaluates again
+    assert "the loops record of step 8, which the resumed run writes again" in capsys.readouterr().err
+    assert json.loads(path.read_text().splitlines()[-1])["kind"] == "loops"

@@ -42,3 +42,19 @@ def test_a_bf16_training_step_is_finite():
 
     loss = optimizer_step(cfg, DEVICE)[0]()
     assert torch.isfinite(torch.tensor(loss)), loss
+
+
+def test_a_plan_is_held_to_this_gpus_free_memory():
+    """looplab/costs/machine.py on a GPU: the free bytes CUDA reports, the step's peak on
+    the kernels' path against them, a batch no GPU holds refused in one line."""
+    from looplab.config import ConfigError
+    from looplab.costs import machine
+    from looplab.presets import get_preset, stage_config
+
+    free, total = torch.cuda.mem_get_info(DEVICE)
+    assert 0 < machine.available_memory(DEVICE) <= total
+    machine.check_training(stage_config(get_preset("debug"), "pretrain"), DEVICE)
+    with pytest.raises(ConfigError, match="train.batch_size=1000000000 is invalid; allowed: a plan that fits this "
+                                          "machine's available GPU memory"):
+        machine.check_training(stage_config(get_preset("debug"), "pretrain",
+                                            overrides={"train.batch_size": 10**9}), DEVICE)

@@ -216,3 +216,45 @@ def test_keys_imports_only_the_standard_library():
                 for alias in node.names}
     imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert imported <= {"__future__", "collections", "dataclasses", "hashlib", "json", "pathlib", "typing"}
+
+
+# ---- keys that follow the data ------------------------------------------------------------------
+def _text_chain(dataset: str) -> tuple[str, str]:
+    """(pretrain key, stage1 key) of the debug preset reading `dataset`."""
+    pretrain = stage_config(get_preset("debug"), "pretrain", overrides={"task.dataset": dataset})
+    stage1 = stage_config(get_preset("debug"), "stage1", parent=pretrain.as_parent("/anywhere"),
+                          overrides={"task.dataset": dataset})
+    return pretrain.stage_key(), stage1.stage_key()
+
+
+def test_local_data_enters_the_key_by_content(tmp_path):
+    """A file changed under the same path makes new keys down the chain (a sweep never
+    reuses a child of the old data); the same bytes under another path make the same keys."""
+    data = tmp_path / "a" / "corpus.jsonl"
+    data.parent.mkdir()
+    data.write_text('{"text": "to be or not to be"}\n')
+    before = _text_chain(str(data))
+    data.write_text('{"text": "that is the question, whether"}\n')
+    after = _text_chain(str(data))
+    assert before[0] != after[0] and before[1] != after[1]
+    moved = tmp_path / "b" / "renamed.jsonl"
+    moved.parent.mkdir()
+    moved.write_bytes(data.read_bytes())
+    assert _text_chain(str(moved)) == after
+    # read as JSON rows or as one text document: another corpus from the same bytes
+    as_text = tmp_path / "b" / "renamed.txt"
+    as_text.write_bytes(data.read_bytes())
+    assert _text_chain(str(as_text))[0] != after[0]
+
+
+def test_the_data_digest_is_read_once_per_config(tmp_path, monkeypatch):
+    from looplab.tasks import text
+
+    data = tmp_path / "corpus.txt"
+    data.write_text("some text\n")
+    cfg = stage_config(get_preset("debug"), "pretrain", overrides={"task.dataset": str(data)})
+    reads = []
+    monkeypatch.setattr(text, "file_digest", lambda path: reads.append(path) or "sha256:0")
+    for _ in range(3):
+        cfg.stage_key(), cfg.config_hash()
+    assert len(reads) == 1

@@ -188,3 +188,22 @@ def test_a_phop_row_is_one_sample_whatever_train_seq_len_says():
     assert plans[0].tokens == t.steps * t.batch_size * (16 + 4)
     assert plans[0].flops == plans[1].flops and plans[0].memory.peak == plans[1].memory.peak
     assert f"× {t.batch_size} × 20 tokens" in plans[0].line()
+
+
+@pytest.mark.parametrize("preset, arch", [("debug", "mamba2"), ("phop-induction-debug", "transformer"),
+                                          ("debug", "hybrid")])
+def test_the_decoding_cache_is_what_the_cache_allocates(preset, arch):
+    """decode_cache_bytes (the machine's check of generate and bench --decode) against a
+    real InferenceCache's tensors; attention's grow with the positions, Mamba-2's do not."""
+    from looplab.costs.memory import decode_cache_bytes
+    from looplab.models.cache import InferenceCache
+
+    overrides = {"arch": arch, **({"attn_layer_idx": (0,)} if arch == "hybrid" else {})}
+    cfg = ModelConfig(**{**get_preset(preset).model.__dict__, **overrides})
+    model = model_from_config(cfg)
+    for rows, capacity in ((1, 8), (3, 40)):
+        cache = InferenceCache(model, rows, capacity)
+        real = sum(t.numel() * t.element_size() for s in cache.storage if s is not None for t in vars(s).values())
+        assert decode_cache_bytes(cfg, rows, capacity) == real
+    grows = decode_cache_bytes(cfg, 1, 1000) > decode_cache_bytes(cfg, 1, 10)
+    assert grows == (arch != "mamba2")

@@ -83,6 +83,44 @@ def test_unreachable_tracking_server_is_one_line_before_ray(tmp_path, capsys):
     assert not ray.is_initialized() and time.monotonic() - start < 60  # not MLflow's minutes of retries
 
 
+def test_ray_address_answers_or_is_refused():
+    """HOST:PORT and ray://HOST:PORT pass while something listens there, and not after;
+    "" (a local Ray) and "auto" (Ray finds the cluster) are left to Ray."""
+    from looplab.errors import ConfigError
+    from sweeps.runtime import check_ray_address
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}", "", "auto"):
+            check_ray_address("--address", address)
+    with pytest.raises(ConfigError, match="connecting to 127.0.0.1"):
+        check_ray_address("--address", f"127.0.0.1:{port}")
+    with pytest.raises(ConfigError, match="HOST:PORT"):
+        check_ray_address("--address", "ray://:10001")
+
+
+@pytest.mark.parametrize("address, allowed", [
+    ("ray://127.0.0.1:{port}", "the address of a running Ray cluster (connecting to 127.0.0.1:{port}:"),
+    ("127.0.0.1:http", "auto, HOST:PORT"),
+])
+def test_dead_ray_address_is_one_line_before_ray(tmp_path, capsys, address, allowed):
+    """A Ray --address nothing answers at: one line before any run is opened (ray.init
+    retried it for about 95 s, then a traceback, with the sweep's run left RUNNING)."""
+    import ray
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    address, allowed = address.format(port=port), allowed.format(port=port)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert run_beta(TINY + ["--address", address, "--storage-path", str(tmp_path), "--tracking-uri", uri]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith(f"error: --address={address!r} is invalid; allowed: {allowed}"), err
+    assert not ray.is_initialized() and not (tmp_path / "mlflow.db").exists()  # no sweep run opened
+
+
 @pytest.mark.parametrize("argv, field", [
     (["--hps", "1.5"], "--hps=1.5"),
     (["--ranges", "1.0-5.0"], "--ranges='1.0-5.0'"),  # deeper than R = 4
@@ -393,6 +431,64 @@ def test_killed_driver_then_rerun_completes_without_orphans_or_duplicates(tmp_pa
     # Stages finished before the kill were not trained again.
     assert all(p.stat().st_mtime_ns == t for p, t in done_before.items())
     assert len(list((store / "stages").glob("*/done.json"))) == 4  # 1 pretrain + 3 stage1
+
+
+def _stage_runs(uri: str, experiment: str, stage: str) -> list:
+    mc = tracking.client(uri)
+    exp = mc.get_experiment_by_name(experiment)
+    if exp is None:
+        return []
+    return mc.search_runs([exp.experiment_id], filter_string=f"tags.level = 'stage' and tags.stage = '{stage}'")
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_ctrl_c_stops_the_sweep_saving_the_shared_stage_and_a_rerun_resumes(tmp_path):
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) while the β
+    sweep pre-trains its shared stage: the pre-training checkpoints and stops, no trial
+    starts, every run ends KILLED (none RUNNING, the sweep not FINISHED), and the driver
+    exits 130 saying how to resume; the same command resumes the pre-training from its
+    checkpoint and finishes the sweep."""
+    store, uri = tmp_path / "store", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    experiment, steps = "beta_ablation-phop-debug", 1000  # ~40 s of pre-training on 2 cores
+    argv = [sys.executable, str(REPO / "sweeps" / "beta_ablation.py"), *TINY, "--betas", "0.1,0.5",
+            "--stage-steps", f"pretrain={steps}", "--tracking-uri", uri, "--storage-path", str(store)]
+    driver = subprocess.Popen(argv, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True)
+    try:
+        deadline = time.time() + 600
+        while not any(tracking.LOSS in r.data.metrics for r in _stage_runs(uri, experiment, "pretrain")):
+            assert driver.poll() is None and time.time() < deadline, "the pre-training never logged a step"
+            time.sleep(0.5)
+        os.killpg(driver.pid, signal.SIGINT)
+        out, _ = driver.communicate(timeout=180)  # within a step, then Ray's shutdown
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait()
+        subprocess.run(["ray", "stop", "--force"], capture_output=True)
+    assert driver.returncode == 130, out
+    assert "SIGINT: stopping the sweep" in out and "to resume, run the same command again" in out, out
+    assert "Traceback" not in out, out
+    mc = tracking.client(uri)
+    exp = mc.get_experiment_by_name(experiment).experiment_id
+    (sweep,) = mc.search_runs([exp], filter_string="tags.level = 'sweep'")
+    assert sweep.info.status == "KILLED"
+    assert not mc.search_runs([exp], filter_string="attributes.status = 'RUNNING'")
+    (pretrain,) = _stage_runs(uri, experiment, "pretrain")
+    assert pretrain.info.status == "KILLED" and "stopped at step" in pretrain.data.tags[tracking.KILLED_BY]
+    assert not _stage_runs(uri, experiment, "stage1")  # no trial started its own stages
+    (folder,) = (store / "stages").glob("pretrain-*")
+    saved = json.loads((folder / "checkpoint" / "trainer.json").read_text())["step"]
+    assert 0 < saved < steps and not (folder / "done.json").exists()
+
+    again = subprocess.run(argv, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr[-3000:]
+    records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["kind"] == "resume"] == [saved]  # resumed, not restarted
+    (sweep,) = mc.search_runs([exp], filter_string="tags.level = 'sweep'")
+    assert sweep.info.status == "FINISHED"
+    assert all(r.info.status == "FINISHED" for r in mc.search_runs([exp], filter_string="tags.level != 'sweep'"))
 
 
 @pytest.mark.ray

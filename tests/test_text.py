@@ -201,6 +201,33 @@ def test_jsonl_and_parquet_files_load(tmp_path):
         TextTask(byte_cfg(str(tmp_path / "nothing*.txt")), 31)
 
 
+@pytest.mark.parametrize("streaming", ["off", "on"])
+@pytest.mark.parametrize("name, content, expected", [
+    ("empty.jsonl", b"", "holds no document"),
+    ("blank.jsonl", b" \n\n", "holds no document"),
+    ("corrupt.jsonl", b'{"text": "abc"\n{"bad\n', "JSON parse error"),
+    ("corrupt.parquet", b"garbage", "Parquet"),
+    ("binary.txt", b"\xff\xfe\xfa not utf-8", "utf-8"),
+])
+def test_an_empty_or_corrupt_data_file_is_one_line(tmp_path, capfd, streaming, name, content, expected):
+    bad = tmp_path / name
+    bad.write_bytes(content)
+    with pytest.raises(ConfigError) as e:
+        TextTask(byte_cfg(str(bad), streaming=streaming, val_blocks=1), 15)
+    message = str(e.value)
+    assert "\n" not in message and message.startswith(f"TextConfig.dataset={str(bad)!r} is invalid"), message
+    assert expected in message, message
+    err = capfd.readouterr().err
+    assert not any(noise in err for noise in ("Traceback", "Failed to", "Generating"))  # nor datasets' own lines
+
+
+def test_an_empty_file_beside_others_adds_no_document(tmp_path):
+    write_docs(tmp_path, DOCS)
+    (tmp_path / "empty.jsonl").write_bytes(b"")
+    task = TextTask(byte_cfg(str(tmp_path), val_blocks=1), 15)
+    assert len(task.corpus.train_documents) + len(task.corpus.val_documents) == len(DOCS)
+
+
 def test_local_streaming_replays_to_resume_and_excludes_validation(tmp_path):
     jsonl = tmp_path / "docs.jsonl"
     jsonl.write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCS), encoding="utf-8")

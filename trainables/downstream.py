@@ -400,6 +400,8 @@ def run_job(job: Job) -> dict[str, int]:
     for ev in job.evaluations:
         groups.setdefault((ev.policy, ev.limit), []).append(ev)
     for (policy, limit), evaluations in groups.items():
+        if progress.stop_requested():  # the sweep was stopped (Ctrl-C): no new evaluation starts
+            break
         runs: dict[Evaluation, str] = {}
         for ev in evaluations:
             run_id, status = open_eval_run(mc, experiment_id, ev, git=sha)

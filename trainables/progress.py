@@ -8,7 +8,11 @@ researcher can tell a slow sweep from a hung one. The board is a named Ray actor
 mode or worker actors) without shared storage. Posting is fire-and-forget: a missing
 board (a driver that died) never fails a trial.
 
-Records: {"trial": label, "event": "start" | "step" | "end" | "reused" | "resumed_done" |
+The board also carries the driver's one message the other way: a stop request (the
+user pressed Ctrl-C or sent SIGTERM, sweeps/stop.py). Trials ask it between steps
+(Reporter.stop_requested, at most every STOP_POLL_SECONDS), checkpoint and end.
+
+Records: {"trial": label, "event": "start" | "step" | "end" | "stopped" | "reused" | "resumed_done" |
 "trial_end" | "eval" | "eval_failed" | "speed", "stage", "step", "steps", "loss", "tokens_per_s", "eta_s", "summary", "policy",
 "task", "error", "line"}; evaluation jobs (trainables/downstream.py) post eval and eval_failed,
 speed jobs (trainables/speed.py) a speed record with its line per measured point.
@@ -22,6 +26,7 @@ import time
 from typing import Any, Callable
 
 PROGRESS_SECONDS = 10.0  # a trial posts at least this often while it trains (the issue asks <= 30 s)
+STOP_POLL_SECONDS = 1.0  # a training trial asks the board whether to stop at most this often
 NAMESPACE = "looplab"
 
 
@@ -38,6 +43,13 @@ def _board_class():
 
         def __init__(self):
             self.records: list[dict[str, Any]] = []
+            self.stop: str | None = None
+
+        def request_stop(self, reason: str) -> None:
+            self.stop = self.stop or reason
+
+        def stop_reason(self) -> str | None:
+            return self.stop
 
         def post(self, record: dict[str, Any]) -> None:
             self.records.append(record)
@@ -56,6 +68,8 @@ class Reporter:
         self.trial, self.min_seconds = trial, min_seconds
         self._handle = None
         self._last = -float("inf")
+        self._stop: str | None = None
+        self._asked = -float("inf")
         if board:
             try:
                 import ray
@@ -76,6 +90,22 @@ class Reporter:
                     ray.get(ref, timeout=30)
             except Exception:  # noqa: BLE001 - progress must never fail a trial
                 self._handle = None
+
+    def stop_requested(self) -> str | None:
+        """Why the driver asked the sweep to stop (e.g. "SIGINT"), or None: asked of the
+        board at most every STOP_POLL_SECONDS; a request, once seen, stands."""
+        if self._stop is not None or self._handle is None:
+            return self._stop
+        now = time.monotonic()
+        if now - self._asked >= STOP_POLL_SECONDS:
+            self._asked = now
+            try:
+                import ray
+
+                self._stop = ray.get(self._handle.stop_reason.remote(), timeout=10)
+            except Exception:  # noqa: BLE001 - a board that is gone cannot ask for a stop
+                pass
+        return self._stop
 
     def training(self, stage: str) -> Callable[[dict[str, Any]], None]:
         """A train(on_progress=...) callback that posts at most every min_seconds."""
@@ -102,6 +132,8 @@ def format_record(r: dict[str, Any]) -> str:
         return f"{head} {r['stage']}: already trained by this trial before its restart"
     if event == "end":
         return f"{head} {r['stage']}: done in {_clock(r.get('seconds', 0))}"
+    if event == "stopped":
+        return f"{head} {r['stage']}: stopped at step {r['step']}/{r['steps']}, checkpoint saved"
     if event == "step":
         return (f"{head} {r['stage']}  step {r['step']}/{r['steps']}  loss {r['loss']:.4f}  "
                 f"{r['tokens_per_s']:,.0f} tok/s  eta {_clock(r['eta_s'])}")
@@ -142,6 +174,10 @@ class Printer:
         self._stop.set()
         self._thread.join(timeout=10)
         self._print_pending()  # the last trials' final lines
+
+    def request_stop(self, reason: str) -> None:
+        """Ask every trial to stop (fire and forget: called from a signal handler)."""
+        self._handle.request_stop.remote(reason)
 
     def flush(self) -> None:
         """Print what is posted now (e.g. a finished job's lines before the driver's own)."""

@@ -84,8 +84,11 @@ def stage_worker_loop(config: dict[str, Any]) -> None:
 
     start = time.perf_counter()
     progress.post("start", stage=cfg.stage, steps=cfg.train.steps)
-    train_stage(cfg, storage, folder, on_metrics=on_metrics, on_progress=progress.training(cfg.stage),
-                quiet=config.get("quiet", True))
+    result = train_stage(cfg, storage, folder, on_metrics=on_metrics, on_progress=progress.training(cfg.stage),
+                         should_stop=progress.stop_requested, quiet=config.get("quiet", True))
+    if result.stopped:  # the sweep was asked to stop: the checkpoint holds this step (trial.py closes the run)
+        progress.post("stopped", stage=cfg.stage, step=result.step, steps=cfg.train.steps)
+        return
     seconds = time.perf_counter() - start
     progress.post("end", stage=cfg.stage, seconds=seconds)
     if mlflow_client is not None:

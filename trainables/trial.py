@@ -25,15 +25,17 @@ from typing import Any
 
 from looplab import tracking
 from looplab.config import ExperimentConfig
+from looplab.errors import Interrupted
 from looplab.keys import stage_folder
 from trainables.pipeline import PipelineSpec, checkpoint_of, stage_configs, stage_dir
 from trainables.progress import Reporter
-from trainables.shared_stage import read_done, stage_lock, write_done
+from trainables.shared_stage import check_parent_unchanged, read_done, stage_lock, write_done
 from trainables.stage_worker import stage_worker_loop
 from trainables.storage import Storage
 
 
 WAITING_TRIAL_CPU = 0.01  # a trial that only waits on its worker group; {"cpu": 0} is rejected
+INTERRUPTED = "interrupted"  # what a trial the user's stop ended reports to Tune instead of its figures
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,9 @@ def run_trial(config: dict[str, Any]) -> None:
     final = stages[-1]
     lineage = [c.stage for c in stages]
     progress = Reporter(platform.progress_board, trial_label(params))
+    if progress.stop_requested():  # the sweep was stopped before this trial started: no run for it
+        tune.report({INTERRUPTED: 1, tracking.STAGE_KEY: final.stage_key()})
+        return
     trial_run, status = tracking.open_run(
         mc, experiment_id, name=tracking.trial_run_name(final.stage_key()),
         tags=tracking.config_tags(final, level=tracking.TRIAL, git=sha, lineage=lineage,
@@ -95,11 +100,16 @@ def run_trial(config: dict[str, Any]) -> None:
         tune.report({**summary, tracking.STAGE_KEY: final.stage_key(), "skipped": 1})
         return
 
-    with tracking.terminated_on_exit(mc, trial_run):
-        for index, cfg in enumerate(stages):
-            _run_stage(cfg, platform, mc, experiment_id, trial_run, sha, lineage[:index + 1], progress,
-                       last=index == len(stages) - 1)
-        summary = _summary(mc, trial_run)
+    try:
+        with tracking.terminated_on_exit(mc, trial_run):
+            for index, cfg in enumerate(stages):
+                _run_stage(cfg, platform, mc, experiment_id, trial_run, sha, lineage[:index + 1], progress,
+                           last=index == len(stages) - 1)
+            summary = _summary(mc, trial_run)
+    except Interrupted:  # its runs are KILLED, the stage that trained has its checkpoint
+        progress.post("trial_end", status="stopped")
+        tune.report({INTERRUPTED: 1, tracking.STAGE_KEY: final.stage_key()})
+        return
     progress.post("trial_end", status="done", summary=_headline(summary))
     tune.report({**summary, tracking.STAGE_KEY: final.stage_key(), "skipped": 0})
 
@@ -138,9 +148,13 @@ def run_shared_prefix(config: dict[str, Any]) -> None:
     job = config["job"]
     stages = stage_configs(spec, job["params"], platform.storage_path)[:job["n"]]
     progress = Reporter(platform.progress_board, "shared " + "+".join(c.stage for c in stages))
-    for index, cfg in enumerate(stages):
-        _run_stage(cfg, platform, mc, experiment_id, platform.sweep_run_id, sha, [c.stage for c in stages[:index + 1]],
-                   progress, last=False)
+    try:
+        for index, cfg in enumerate(stages):
+            _run_stage(cfg, platform, mc, experiment_id, platform.sweep_run_id, sha,
+                       [c.stage for c in stages[:index + 1]], progress, last=False)
+    except Interrupted:
+        tune.report({INTERRUPTED: 1})
+        return
     tune.report({"stages": len(stages)})
 
 
@@ -162,6 +176,9 @@ def _summary(mc, run_id: str) -> dict[str, float]:
 
 def _run_stage(cfg: ExperimentConfig, platform: PlatformSettings, mc, experiment_id: str, trial_run: str,
                sha: str, lineage: list[str], progress: Reporter, *, last: bool) -> None:
+    stop = progress.stop_requested()
+    if stop:  # the sweep is stopping: no stage starts
+        raise Interrupted(f"{cfg.stage} not started: the sweep was stopped ({stop})")
     storage = Storage(platform.storage_path)
     directory = stage_dir(platform.storage_path, cfg)
     name = tracking.stage_run_name(cfg.stage, cfg.stage_key())
@@ -169,6 +186,8 @@ def _run_stage(cfg: ExperimentConfig, platform: PlatformSettings, mc, experiment
     checkpoint = checkpoint_of(platform.storage_path, cfg)
     with stage_lock(storage, directory):
         done = read_done(storage, directory)
+        if done is not None:  # reused only while its parent holds the weights it started from
+            check_parent_unchanged(storage, cfg, checkpoint)
         own = tracking.find_run(mc, experiment_id, **key) if done is not None else None
         if own is not None and own.info.run_id == done["run_id"]:
             # This trial trained it before a crash restarted the trial: its run already
@@ -196,8 +215,24 @@ def _run_stage(cfg: ExperimentConfig, platform: PlatformSettings, mc, experiment
         with tracking.terminated_on_exit(mc, run_id):
             _fit_stage(cfg, platform, [run_id] + ([trial_run] if last else []), progress.trial,
                        report_to_tune=last)
+            step = _checkpoint_step(storage, cfg)
+            if step < cfg.train.steps:  # it stopped on the sweep's request (stage_worker.py)
+                raise Interrupted(f"{cfg.stage} stopped at step {step}/{cfg.train.steps} "
+                                  f"({progress.stop_requested() or 'stop requested'}); its checkpoint resumes it")
         write_done(storage, directory, {"run_id": run_id, tracking.STAGE_KEY: cfg.stage_key(), "stage": cfg.stage,
                                "metrics": tracking.latest_metrics(mc, run_id)})
+
+
+def _checkpoint_step(storage: Storage, cfg: ExperimentConfig) -> int:
+    """The step of the stage's current checkpoint (its trainer.json), 0 without one."""
+    import json
+
+    from looplab.checkpoint import TRAINER
+    from looplab.keys import stage_path
+    from looplab.training.train import CHECKPOINT_DIR
+
+    text = storage.read_text(storage.path(*stage_path(cfg.stage, cfg.stage_key(), CHECKPOINT_DIR, TRAINER)))
+    return int(json.loads(text).get("step", 0)) if text else 0
 
 
 def _fit_stage(cfg: ExperimentConfig, platform: PlatformSettings, run_ids: list[str],

@@ -257,3 +257,37 @@ def step_memory(cfg: ExperimentConfig, micro_batch: int, *, ranks: int = 1, path
         optimizer_step=FP32 * trainable if path == "cuda" else 0,
         embedding_gradient=0 if frozen else FP32 * embedding_params,
         accumulating=micro_batch < cfg.train.batch_size // ranks)
+
+
+# ---- inference ---------------------------------------------------------------------------
+
+def forward_memory(c: ModelConfig, rows: int, tokens: int, path: str = "torch") -> int:
+    """Bytes of a forward without a graph (inference: a prefill, an evaluation batch) over
+    rows × tokens, beside the weights: the int64 ids, the fp32 residual stream into and
+    out of a block, and one block's tensors at a time, counted as the largest block's
+    saved activations (the figure step_memory gives a frozen model's forward). Measured
+    on CPU (fp32, the torch path, debug and local shapes): a Mamba-2 forward's peak was
+    0.51-0.53 of it, a transformer's 0.95; an estimate that leans high, for refusing what
+    cannot fit (costs/machine.py)."""
+    block = largest_block(c, tokens, path, FP32)
+    return int(rows * tokens * (8 + 2 * FP32 * c.d_model + block))
+
+
+def decode_cache_bytes(c: ModelConfig, rows: int, capacity: int) -> int:
+    """The decoding cache of `rows` rows (models/cache.py, fp32): every loop's state of
+    every stateful block, as the blocks allocate it (built on the meta device: exact, no
+    memory). Attention keeps keys and values for `capacity` positions, growing with the
+    tokens; a Mamba-2 block's conv and SSM states do not depend on it."""
+    import torch
+
+    from looplab.models.looped import LoopedLM
+
+    meta = torch.device("meta")
+    with meta:
+        model = LoopedLM(c)
+    total = 0
+    for block in model.backbone.residual_blocks():
+        if getattr(block.inner, "cache_kind", None) is not None:
+            state = block.inner.new_state(c.n_loops * rows, capacity, meta, torch.float32)
+            total += sum(t.numel() * t.element_size() for t in vars(state).values())
+    return total

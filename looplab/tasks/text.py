@@ -11,7 +11,9 @@ Sources (TextConfig.dataset)
               between Python versions.
   local files comma-separated paths, directories or globs: .txt / .md (one document
               per file), .jsonl / .json / .parquet (one document per row, column
-              `text_field`, read with HF `datasets`).
+              `text_field`, read with HF `datasets`). An empty file holds no
+              document; one that cannot be read is one line naming it. Stage
+              keys hash their content, not their paths (TextConfig.data_digest).
   hub         "climbmix" is an alias of OptimalScale/ClimbMix, the raw-text release
               (nvidia/ClimbMix stores GPT-2 token ids, which our tokenizer cannot
               use); its layout is unverified here (no network). Any other name is
@@ -52,6 +54,7 @@ import functools
 import glob
 import hashlib
 import importlib.util
+import itertools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,8 +62,9 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from looplab.errors import ConfigError, check
+from looplab.errors import ConfigError, check, invalid
 from looplab.fields import check_choice, check_ints, keyed
+from looplab.keys import FILES_KEY_LENGTH, digest, file_digest
 from looplab.tasks.base import Batch, batch_from_numpy
 from looplab.tasks.tokenizer import Tokenizer, hub_reachable, known_vocab_size, load_tokenizer
 
@@ -105,6 +109,17 @@ class TextConfig:
         check(not (self.dataset == "embedded" and self.streaming == "on"), "TextConfig.streaming",
               self.streaming, "auto | off for dataset='embedded' (it is held in memory)")
         check_ints(self, "val_blocks", "shuffle_buffer")
+
+    @functools.cached_property
+    def data_digest(self) -> str | None:
+        """What the stage key hashes for `dataset` when it names local files: their
+        content (local_data_digest), so a file changed under the same path makes a new
+        key, and the same files under another path the same one. None for "embedded"
+        (data inside installed packages) and hub names, which are keyed by name. Read
+        once per config: keys are asked for often, and a corpus can be large."""
+        if self.dataset == "embedded" or not looks_local(self.dataset):
+            return None
+        return local_data_digest(local_files(self.dataset))
 
     @property
     def vocab_size(self) -> int:
@@ -208,39 +223,126 @@ def local_files(dataset: str) -> list[Path]:
     return files
 
 
+def _reader(f: Path) -> str:
+    """How a local file is read: one document (text), or rows (json, parquet)."""
+    return "text" if f.suffix.lower() in TEXT_SUFFIXES else TABLE_SUFFIXES[f.suffix.lower()]
+
+
+def local_data_digest(files: Sequence[Path]) -> str:
+    """The content of local data files as sha256:<hex>: each file's reader and bytes, in
+    order (a stream reads them in order). Paths and names do not enter: a corpus moved
+    or renamed keeps its digest."""
+    return "sha256:" + digest([[_reader(f), _file_content(f)] for f in files], FILES_KEY_LENGTH)
+
+
+def _file_content(f: Path) -> str:
+    st = f.stat()
+    return _content_digest(str(f.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+@functools.lru_cache(maxsize=1024)
+def _content_digest(path: str, size: int, mtime_ns: int, inode: int) -> str:
+    """A file's digest, read again only when its size, modification time or inode
+    changed (git's index does the same): a sweep builds a config per stage and trial,
+    and each would otherwise re-read the corpus."""
+    return file_digest(Path(path))
+
+
 def _check_column(columns: Iterable[str], field: str, where: str) -> None:
     columns = list(columns)
     check(field in columns, "TextConfig.text_field", field, f"a column of {where}: {' | '.join(columns)}")
+
+
+READERS = {"text": "UTF-8 text", "json": "JSON Lines or JSON", "parquet": "Parquet"}
+NO_DOCUMENT = "this one holds no document"
+
+
+def _blank(f: Path) -> bool:
+    """An empty (or whitespace-only) file: no document, as an empty shard of a corpus
+    holds none. datasets' readers fail on one (StopIteration, "no data")."""
+    size = f.stat().st_size
+    return size == 0 or (size <= 4096 and not f.read_bytes().strip())
+
+
+def unreadable(name: str, e: BaseException) -> ConfigError:
+    """A data file (or stream) its reader failed on, as one line naming it and the
+    reader's own reason (datasets wraps it: the innermost cause says what is wrong)."""
+    while e.__cause__ is not None:
+        e = e.__cause__
+    reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    known = Path(name).suffix.lower() in TEXT_SUFFIXES + tuple(TABLE_SUFFIXES)
+    what = f"{READERS[_reader(Path(name))]} files" if known else "a dataset that reads whole"
+    return invalid("TextConfig.dataset", name, f"{what} (reading it failed: {type(e).__name__}: {reason})")
+
+
+@contextlib.contextmanager
+def _datasets_silent():
+    """datasets logs a reader's failure before raising it, and draws a progress bar over
+    a local file's few rows; looplab says a failure in one line instead."""
+    import logging
+
+    from datasets.utils import logging as datasets_logging
+
+    logger = logging.getLogger("datasets")
+    before, bars = logger.level, datasets_logging.is_progress_bar_enabled()
+    logger.setLevel(logging.CRITICAL)
+    datasets_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        logger.setLevel(before)
+        if bars:
+            datasets_logging.enable_progress_bar()
 
 
 def local_documents(files: Sequence[Path], text_field: str) -> list[Document]:
     """Documents of local files, files in the given order, rows in file order."""
     docs: list[Document] = []
     for f in files:
+        if _blank(f):
+            continue
         if f.suffix.lower() in TEXT_SUFFIXES:
-            docs.append(Document(str(f), f.read_text(encoding="utf-8")))
+            try:
+                docs.append(Document(str(f), f.read_text(encoding="utf-8")))
+            except UnicodeDecodeError as e:
+                raise unreadable(str(f), e) from None
             continue
         from datasets import load_dataset
 
-        table = load_dataset(TABLE_SUFFIXES[f.suffix.lower()], data_files=[str(f)], split="train")
+        try:
+            with _datasets_silent():
+                table = load_dataset(TABLE_SUFFIXES[f.suffix.lower()], data_files=[str(f)], split="train")
+        except Exception as e:  # a parse error, a truncated file: one line naming the file
+            raise unreadable(str(f), e) from None
         _check_column(table.column_names, text_field, str(f))
         docs.extend(Document(f"{f}#{i}", t) for i, t in enumerate(table[text_field]) if isinstance(t, str))
     return docs
 
 
-def local_stream(files: Sequence[Path], text_field: str):
-    """Local files as one streaming dataset with a single column `text_field`."""
+def local_stream(files: Sequence[Path], text_field: str, dataset: str):
+    """Local files as one streaming dataset with a single column `text_field`. A file
+    that cannot be read fails here or when the stream reaches it (StreamingCorpus)."""
     from datasets import concatenate_datasets, load_dataset
 
     parts = []
     for f in files:
-        if f.suffix.lower() in TEXT_SUFFIXES:
-            part = load_dataset("text", data_files=[str(f)], sample_by="document", split="train", streaming=True)
-            part = part.rename_column("text", text_field) if text_field != "text" else part
-        else:
-            part = load_dataset(TABLE_SUFFIXES[f.suffix.lower()], data_files=[str(f)], split="train", streaming=True)
+        if _blank(f):
+            continue
+        try:
+            with _datasets_silent():
+                if f.suffix.lower() in TEXT_SUFFIXES:
+                    part = load_dataset("text", data_files=[str(f)], sample_by="document", split="train",
+                                        streaming=True)
+                    part = part.rename_column("text", text_field) if text_field != "text" else part
+                else:
+                    part = load_dataset(TABLE_SUFFIXES[f.suffix.lower()], data_files=[str(f)], split="train",
+                                        streaming=True)
+        except Exception as e:
+            raise unreadable(str(f), e) from None
         parts.append(part.select_columns([text_field]))
+    check(bool(parts), "TextConfig.dataset", dataset, f"files holding at least one document ({NO_DOCUMENT})")
     return parts[0] if len(parts) == 1 else concatenate_datasets(parts)
+
 
 
 # ---- the hub ------------------------------------------------------------------------
@@ -375,8 +477,9 @@ class StreamingCorpus:
     with streaming='on')."""
 
     def __init__(self, dataset, text_field: str, tokenizer: Tokenizer, block_len: int, val_blocks: int,
-                 shuffle_buffer: int, rank: int, world_size: int, where: str):
+                 shuffle_buffer: int, rank: int, world_size: int, where: str, name: str = ""):
         self.dataset, self.text_field, self.tokenizer = dataset, text_field, tokenizer
+        self.name = name or where  # TextConfig.dataset as given, for the one line of a failed read
         self.block_len, self.shuffle_buffer = block_len, shuffle_buffer
         self.rank, self.world_size, self.where = rank, world_size, where
         # Validation: the head of the unsharded stream, identical on every rank.
@@ -384,19 +487,27 @@ class StreamingCorpus:
         val_tokens: list[np.ndarray] = []
         self.val_digests: set[str] = set()
         have = 0
-        for text in self._texts(dataset):
-            self.val_digests.add(text_digest(text))
-            val_tokens.append(frame(tokenizer, tokenizer.encode(text)))
-            have += len(val_tokens[-1])
-            if have >= need:
-                break
+        with _datasets_silent():  # a file that fails at the stream's head fails here, in one line
+            for text in self._texts(dataset):
+                self.val_digests.add(text_digest(text))
+                val_tokens.append(frame(tokenizer, tokenizer.encode(text)))
+                have += len(val_tokens[-1])
+                if have >= need:
+                    break
         check(have >= need, "TextConfig.val_blocks", val_blocks,
               f"fewer blocks: the stream {where} holds only {have} tokens")
         self.val_blocks = pack_blocks(np.concatenate(val_tokens), block_len)[:val_blocks]
         self._state: tuple | None = None  # (seed, batch_size, blocks consumed, iterator)
 
     def _texts(self, dataset) -> Iterator[str]:
-        for i, row in enumerate(dataset):
+        rows = iter(dataset)
+        for i in itertools.count():
+            try:
+                row = next(rows)
+            except StopIteration:
+                return
+            except Exception as e:  # a row the reader cannot parse, met as the stream reaches it
+                raise unreadable(self.name, e) from None
             if i == 0:
                 _check_column(row.keys(), self.text_field, self.where)
             text = row[self.text_field]
@@ -481,12 +592,17 @@ class TextTask:
         hub = cfg.dataset != "embedded" and not local
         streaming = cfg.streaming == "on" or (cfg.streaming == "auto" and hub)
         if streaming:
-            dataset = hub_dataset(cfg, True) if hub else local_stream(local_files(cfg.dataset), cfg.text_field)
+            dataset = (hub_dataset(cfg, True) if hub else
+                       local_stream(local_files(cfg.dataset), cfg.text_field, cfg.dataset))
             self.corpus = StreamingCorpus(dataset, cfg.text_field, self.tokenizer, block_len, cfg.val_blocks,
-                                          cfg.shuffle_buffer, rank, world_size, where=repr(cfg.dataset))
+                                          cfg.shuffle_buffer, rank, world_size, where=repr(cfg.dataset),
+                                          name=cfg.dataset)
         else:
-            self.corpus = InMemoryCorpus(self._documents(local, hub), self.tokenizer, block_len,
-                                         cfg.val_blocks, rank, world_size, where=repr(cfg.dataset))
+            docs = self._documents(local, hub)
+            check(any(d.text.strip() for d in docs), "TextConfig.dataset", cfg.dataset,
+                  f"a corpus of at least one non-empty document ({NO_DOCUMENT})")
+            self.corpus = InMemoryCorpus(docs, self.tokenizer, block_len, cfg.val_blocks, rank, world_size,
+                                         where=repr(cfg.dataset))
         self.streaming = streaming
 
     def _documents(self, local: bool, hub: bool) -> list[Document]:

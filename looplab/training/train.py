@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -20,10 +21,12 @@ from typing import Any, Callable
 
 import torch
 
-from looplab.checkpoint import (TRAINER, experiment_metadata, load_training_state, load_weights, model_from_config,
-                                read_model_config, save_training_state, settle_checkpoint, verify_checkpoint)
+from looplab.checkpoint import (PARENT_WEIGHTS, TRAINER, describe_parent, experiment_metadata, load_training_state,
+                                load_weights, model_from_config, parent_ref, read_model_config, save_training_state,
+                                settle_checkpoint, verify_checkpoint, weights_digest)
 from looplab import threads
 from looplab.config import ConfigError, ExperimentConfig, TrainConfig
+from looplab.costs.machine import check_training
 from looplab.errors import CheckpointNotWritten, TrainingDiverged
 from looplab.huggingface.retrofit import initialise, loads_weights
 from looplab.models.compiled import compile_backbone
@@ -80,6 +83,7 @@ class TrainResult:
     step: int  # optimizer steps completed
     losses: list[float] = field(default_factory=list)  # training loss of each step run in this call
     eval: dict[str, float] = field(default_factory=dict)  # the last evaluation
+    stopped: bool = False  # should_stop asked for it before the last step (a checkpoint holds `step`)
 
 
 def _fmt_time(seconds: float) -> str:
@@ -94,7 +98,7 @@ def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, st
           on_metrics: Callable[[dict[str, Any]], None] | None = None,
           on_progress: Callable[[dict[str, Any]], None] | None = None,
           on_checkpoint: Callable[[int, Path], None] | None = None, parent_dir: str | Path | None = None,
-          quiet: bool = False) -> TrainResult:
+          should_stop: Callable[[], bool] | None = None, quiet: bool = False) -> TrainResult:
     """Train cfg's model on cfg's task with the objective of cfg.stage (the stage
     registry, looplab/stages.py; the losses in looplab/training/objectives.py).
 
@@ -105,6 +109,9 @@ def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, st
     on_progress receives {step, steps, loss, tokens_per_s, eta_s} after every step
     (the sweep's live progress throttles it); on_checkpoint(step, directory) runs after
     each checkpoint is written (rank 0; a sweep uploads it to object storage).
+    should_stop is asked after every step (rank 0's answer holds for every rank): when
+    it says so, the run checkpoints and returns with result.stopped (a sweep stopped
+    by Ctrl-C); running it again resumes from that step.
     parent_dir: where the parent's weights are when not at cfg.parent.checkpoint (a
     local copy of a checkpoint in object storage). Under an initialised torch.distributed process group each rank trains its share
     of every batch; rank 0 alone evaluates and writes files.
@@ -114,11 +121,12 @@ def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, st
     shard.check_batch_size(tc.batch_size)
     out = Path(out_dir)
     device = resolve_device(tc.device)
+    check_training(cfg, device, ranks=shard.world)  # its time and memory against this machine, before allocating
     task = make_task(cfg.task, tc.seq_len)
     model = model_from_config(cfg.model, tc.seed)
-    retrofitted = None
+    retrofitted, parent_weights = None, None
     if cfg.parent is not None:
-        load_parent(model, cfg, parent_dir)
+        parent_weights = load_parent(model, cfg, parent_dir)
     elif tc.init_from and loads_weights(tc.init_from):  # pre-training from a Hugging Face checkpoint's weights
         retrofitted = initialise(model, cfg.model, tc.init_from, tc.init_layers)  # (a continued stage has its parent's)
     out.mkdir(parents=True, exist_ok=True)  # only once the task, the model and its parent are fine
@@ -128,6 +136,8 @@ def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, st
     model.metadata = experiment_metadata(cfg)
     if retrofitted is not None:  # the source's layers and files' digest: a changed source shows afterwards
         model.metadata["retrofit"] = retrofitted
+    if parent_weights is not None:  # which weights it continued: a parent trained again later is told apart
+        model.metadata[PARENT_WEIGHTS] = parent_weights
     stage = get_stage(cfg.stage)
     for name, p in model.named_parameters():  # e.g. Stage-2 trains the gate alone
         p.requires_grad_(stage.trainable(name))
@@ -148,14 +158,20 @@ def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, st
     if resume and shard.main:
         settle_checkpoint(ckpt)  # a crash mid-save leaves the newest complete checkpoint in place
     if resume and (ckpt / TRAINER).is_file():
-        verify_checkpoint(ckpt, training=True, recover=f"start the run over (looplab train --no-resume, or "
-                                                       f"delete {ckpt})")
+        recover = f"start the run over (looplab train --no-resume, or delete {ckpt})"
+        verify_checkpoint(ckpt, training=True, recover=recover)
         state = json.loads((ckpt / TRAINER).read_text())
         if state.get("stage_key") != cfg.stage_key():
             raise ConfigError(f"{ckpt} holds a checkpoint of stage key {state.get('stage_key')!r}, not "
                               f"{cfg.stage_key()!r}; allowed: another --out, or --no-resume to start over")
-        start = load_training_state(ckpt, model, optimizer)["step"]
-        log.resumed(start)
+        started_from = state.get(PARENT_WEIGHTS, parent_weights)  # (none recorded before this was)
+        if cfg.parent is not None and started_from != parent_weights:  # the parent trained again, or replaced
+            raise ConfigError(f"{ckpt} continues the parent weights {str(started_from)[:19]}..., but the parent "
+                              f"checkpoint {cfg.parent.checkpoint} now holds {parent_weights[:19]}... (trained "
+                              f"again or replaced); allowed: {recover} to train this stage from the parent as it "
+                              "is, or the parent's checkpoint as it was")
+        start = load_training_state(ckpt, model, optimizer, recover)["step"]
+        log.resumed(start, evaluates_again=start == tc.steps and (stop_at is None or stop_at >= tc.steps))
         log.say(f"resumed from {ckpt} at step {start}")
     elif shard.main:
         log.start_over()
@@ -170,7 +186,8 @@ def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, st
             diverged(step, f"the weight {bad} is not finite")
         if shard.main:
             try:
-                save_training_state(ckpt, model, optimizer, {"step": step, "stage_key": cfg.stage_key()})
+                save_training_state(ckpt, model, optimizer, {"step": step, "stage_key": cfg.stage_key(), **(
+                    {PARENT_WEIGHTS: parent_weights} if parent_weights is not None else {})})
             except OSError as e:  # a full disk: the previous checkpoint stays current (written aside first)
                 raise CheckpointNotWritten(e.errno, f"could not write the checkpoint of step {step} into {ckpt} "
                                        f"({e.strerror or e}); the checkpoint of step {saved_step} stays current: "
@@ -257,6 +274,12 @@ def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, st
         if due and done != end:
             checkpoint(done)
         result.step = done
+        if should_stop is not None and done != end and shard.broadcast(bool(should_stop())):
+            if saved_step != done:
+                checkpoint(done)
+            log.say(f"stopped at step {done}/{tc.steps} on request; checkpoint: {ckpt} (running again resumes here)")
+            result.stopped = True
+            return result
 
     if end == tc.steps:
         result.eval = evaluate(tc.steps)
@@ -303,6 +326,7 @@ def probe_seconds(cfg: ExperimentConfig, *, steps: int = 2) -> tuple[float, floa
     from looplab.costs.timing import median_seconds
 
     device = resolve_device(cfg.train.device)
+    check_training(cfg, device)  # the probe allocates what a step of the run does
     task = make_task(cfg.task, cfg.train.seq_len)
     step, model = optimizer_step(cfg, device, task.train_batch(0, cfg.train.batch_size, cfg.train.seq_len,
                                                                cfg.train.seed))
@@ -381,21 +405,31 @@ def _evaluation_records(model, task, cfg: ExperimentConfig, device) -> list[dict
                              precision=tc.precision)
 
 
-def load_parent(model: torch.nn.Module, cfg: ExperimentConfig, directory: str | Path | None = None) -> None:
+def load_parent(model: torch.nn.Module, cfg: ExperimentConfig, directory: str | Path | None = None) -> str:
     """Start from the parent stage's weights (at `directory`, default cfg.parent's
-    checkpoint); the architecture must match."""
+    checkpoint) and return their digest (the stage records it: PARENT_WEIGHTS). The
+    architecture must match, and the checkpoint must be the parent the stage's key
+    names (cfg.parent.key): a sweep keys a stage on its parent finished, so a parent
+    stopped early, or weights copied without their trainer.json, are refused rather
+    than continued under the finished parent's key."""
     directory = directory or cfg.init_from
     verify_checkpoint(directory, argument="parent checkpoint", recover="train the parent stage again")
     if read_model_config(directory) != cfg.model:
         raise ConfigError(f"parent checkpoint {str(directory)!r} holds a different architecture than model=...; "
                           "allowed: a checkpoint of the same model config")
+    found = parent_ref(directory)
+    if found.key != cfg.parent.key:
+        raise ConfigError(f"parent checkpoint {str(directory)!r} holds {describe_parent(found)}, not the parent this "
+                          f"stage is keyed on ({cfg.parent.key}); allowed: that parent's checkpoint as its training "
+                          "wrote it (train the parent stage to its end again)")
     load_weights(model, directory)
+    return weights_digest(directory)
 
 
-def read_records(path: Path, warn: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+def read_records(path: Path, torn: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """The records of a metrics.jsonl. A last line that is not whole JSON is what an append
-    cut short leaves (a full disk, a kill mid-write): it is dropped, with a warning naming
-    the file, and the resumed run writes that step again. A bad line before the last is
+    cut short leaves (a full disk, a kill mid-write): it is dropped and handed to `torn`
+    (a resumed run says what that loses: _torn_warning). A bad line before the last is
     damage of another kind: one line naming the file and the line."""
     lines = path.read_text().splitlines()
     records = []
@@ -408,9 +442,28 @@ def read_records(path: Path, warn: Callable[[str], None] | None = None) -> list[
             if i < len(lines):
                 raise ConfigError(f"{path} line {i} is not a JSON record; allowed: a metrics.jsonl this run wrote "
                                   f"(start over with --no-resume, or remove the line)") from None
-            if warn is not None:
-                warn(f"warning: {path}: dropped a torn last line ({len(line)} characters; a write cut short)")
+            if torn is not None:
+                torn(line)
     return records
+
+
+def _torn_warning(path: Path, line: str, step: int, evaluates_again: bool) -> str:
+    """What dropping a torn last line loses, for a run resumed at `step`. A record of a
+    later step is written again by the resumed run (batches and holes are functions of
+    (seed, step)). One of `step` or before cannot be: a training record averages the
+    losses of weights the checkpoint no longer holds and times steps not run again. The
+    exception is the final evaluation, which a finished run repeats (evaluates_again)."""
+    kind, at = re.search(r'"kind":\s*"(\w+)"', line), re.search(r'"step":\s*(\d+)', line)
+    what = f"the {kind.group(1)} record of step {at.group(1)}" if kind and at else "a record of an unknown step"
+    if at is None:
+        fate = f"{what}: written again if it was after step {step}, else lost"
+    elif int(at.group(1)) > step or (evaluates_again and int(at.group(1)) == step and kind
+                                     and kind.group(1) in ("eval", LOOP)):
+        fate = f"{what}, which the resumed run writes again"
+    else:
+        fate = (f"{what} is lost (the run resumes after it, from the checkpoint of step {step}, and cannot "
+                "compute it again)")
+    return f"warning: {path}: dropped a torn last line ({len(line)} characters; a write cut short): {fate}"
 
 
 class _Logger:
@@ -419,7 +472,8 @@ class _Logger:
     A resumed run continues metrics.jsonl from its checkpoint's step: the records an
     interrupted run wrote after that step are dropped (the resumed run writes them
     again, with the same values: batches and holes are functions of (seed, step)), so
-    every step appears once."""
+    every step appears once. A torn last line of the checkpoint's step or before is
+    lost, and the warning says so (_torn_warning)."""
 
     def __init__(self, path: Path, callback, quiet: bool, write: bool = True):
         self.path, self.callback, self.quiet, self.write = path, callback, quiet, write
@@ -429,9 +483,10 @@ class _Logger:
         if self.write and self.path.exists():
             self.path.unlink()
 
-    def resumed(self, step: int) -> None:
+    def resumed(self, step: int, evaluates_again: bool = False) -> None:
         if self.write and self.path.exists():
-            records = read_records(self.path, warn=self.say_always)
+            records = read_records(self.path, torn=lambda line: self.say_always(
+                _torn_warning(self.path, line, step, evaluates_again)))
             kept = [json.dumps(r) for r in records if r.get("step", 0) <= step]
             self.path.write_text("".join(line + "\n" for line in kept))
         self.record({"kind": "resume", "step": step}, f"resume at step {step}", say=False)
