@@ -196,9 +196,21 @@ def training_state(directory: str | os.PathLike, recover: str = "restore it, or 
 
 
 def read_config(directory: str | os.PathLike) -> dict[str, Any]:
-    blob = json.loads((Path(directory) / CONFIG).read_text())
+    """A checkpoint's config.json, its shape checked: every reader indexes into it, so a
+    hand-edited or damaged value is one line here, not a TypeError wherever it is read."""
+    path = Path(directory) / CONFIG
+    blob = json.loads(path.read_text())
+    if not isinstance(blob, dict):
+        raise ConfigError(f"{path} is damaged: a JSON {type(blob).__name__}, not an object")
     if blob.get("format") != FORMAT:
         raise ConfigError(f"checkpoint format={blob.get('format')!r} in {directory} is unknown; allowed: {FORMAT}")
+    for key, kind in (("model", dict), ("metadata", dict), (WEIGHTS_DIGEST, str)):
+        if key in blob and not isinstance(blob[key], kind) or key == "model" and key not in blob:
+            raise ConfigError(f"{path} is damaged: {key}={blob.get(key)!r}, not a JSON "
+                              f"{'object' if kind is dict else 'string'}")
+    digest = blob.get(WEIGHTS_DIGEST)
+    if digest is not None and not digest.startswith("sha256:"):
+        raise ConfigError(f"{path} is damaged: {WEIGHTS_DIGEST}={digest!r}, not sha256:<hex>")
     return blob
 
 
