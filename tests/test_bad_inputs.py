@@ -68,9 +68,14 @@ def checkpoints(tmp_path_factory):
     shutil.copytree(root / "run", resumable)
     w = resumable / "checkpoint" / "model.safetensors"
     w.write_bytes(w.read_bytes()[:100])
+    digest = root / "digest"  # what the fuzzer found (tests/test_fuzz.py): a recorded digest that is no digest
+    shutil.copytree(good, digest)
+    config = json.loads((digest / "config.json").read_text())
+    config["weights_sha256"] = -1
+    (digest / "config.json").write_text(json.dumps(config))
     metrics_folder = root / "metrics-folder"  # a run folder whose metrics.jsonl is a folder
     (metrics_folder / "metrics.jsonl").mkdir(parents=True)
-    return {"good": good, "truncated": truncated, "mismatched": mismatched, "resumable": resumable,
+    return {"good": good, "truncated": truncated, "mismatched": mismatched, "resumable": resumable, "digest": digest,
             "metrics_folder": metrics_folder, **damaged}
 
 
@@ -84,6 +89,7 @@ LOOPLAB_CASES = [
     (["eval", "--checkpoint", "{integer}"], "model.safetensors is damaged: norm_f.weight is I32"),
     (["eval", "--checkpoint", "{layers}"], "ModelConfig.n_layers=1000000000 is invalid"),
     (["eval", "--checkpoint", "{header}"], "header's entry"),
+    (["eval", "--checkpoint", "{digest}"], "config.json is damaged: weights_sha256=-1, not a JSON string"),
     (["eval", "--checkpoint", "{good}", "--json", "{tmp}"], "allowed: a file path (this is a folder)"),
     (["eval", "--checkpoint", "{good}", "--device", "tpu"], "--device='tpu' is invalid"),
     (["train", "--preset", "phop-debug", "--out", "{good}/config.json"], "allowed: a folder (this is a file)"),
