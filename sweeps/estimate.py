@@ -22,7 +22,6 @@ paper_mini timing).
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 

@@ -8,7 +8,7 @@ import polars as pl
 import pytest
 
 import analysis_fixture as fx
-from analysis.claims import REPRODUCED, trial_measures
+from analysis.claims import REPRODUCED
 from analysis.load import load_runs
 from analysis.points import evaluation_points
 from analysis.scan import GAP, LOOPED_GAIN, effects, lines, loop_effects, scan_axes, scan_charts, scan_markdown, write_scan
