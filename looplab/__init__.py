@@ -16,5 +16,13 @@ def load_model(name_or_path, **overrides):
     return _load(name_or_path, **overrides)
 
 
+def save_model(model, directory):
+    """Write a LoopedLM as a looplab checkpoint (config.json, model.safetensors with its
+    digest) that load_model reads back; returns the directory."""
+    from looplab.checkpoint import save_model as _save
+
+    return _save(model, directory)
+
+
 __all__ = ["ConfigError", "ExperimentConfig", "ManoConfig", "ModelConfig", "PhopConfig", "TrainConfig",
-           "load_model"]
+           "load_model", "save_model"]

@@ -19,8 +19,9 @@ never a stage's name.
 Adding a stage is one entry plus its loss: `register(Stage(...))` (or a line in
 STAGES below) and a function decorated `@stage_loss(name)`, taking (model, batch, cfg,
 step, rows) and returning (loss, diagnostics). The built-in losses live in
-looplab/training/objectives.py and register themselves when it is imported (train.py and
-evaluate.py import it), so this module stays below the configs and torch.
+looplab/training/objectives.py and register themselves when it is imported
+(training/train.py and evaluation/validation.py import it), so this module stays below
+the configs and torch.
 
 A stage's config derives from a preset by one precedence rule (presets.stage_config):
     preset < stage recipe (and the preset's budget for the stage) < sweep-wide overrides

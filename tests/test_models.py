@@ -158,3 +158,18 @@ def test_hybrid_places_attention_at_the_given_indices():
     kinds = [isinstance(layer[0].inner, CausalSelfAttention) for layer in m.backbone.layers]
     assert kinds == [True, False, True, False]
     assert all(len(layer) == 1 for layer in m.backbone.layers)  # no MLP in the hybrid
+
+
+def test_the_package_saves_what_it_loads(tmp_path):
+    """looplab.save_model and looplab.load_model are a pair: the same weights and
+    architecture come back, and a changed weight would not."""
+    import looplab
+
+    model = looplab.load_model("debug", arch="hybrid", n_layers=2, attn_layer_idx=[1], seed=3)
+    looplab.save_model(model, tmp_path / "ckpt")
+    back = looplab.load_model(tmp_path / "ckpt")
+    assert back.cfg == model.cfg
+    saved, loaded = model.state_dict(), back.state_dict()
+    assert saved.keys() == loaded.keys() and all(torch.equal(saved[k], loaded[k]) for k in saved)
+    other = looplab.load_model("debug", arch="hybrid", n_layers=2, attn_layer_idx=[1], seed=4)
+    assert not all(torch.equal(saved[k], other.state_dict()[k]) for k in saved)

@@ -5,6 +5,9 @@ pipeline.py      the trial's stage configs, derived from a declaration + sampled
 shared_stage.py  a stage's deterministic folder, its lock and its "done" marker
 stage_worker.py  the Ray Train worker loop that trains one stage (rank 0 logs to MLflow)
 trial.py         the Tune function trainable: stages in order, MLflow runs, Tune reports
-progress.py      live progress: trials post to a board (a named Ray actor) the driver prints
-evaluation.py    downstream evaluation keyed by content (eval_key): plan, reuse, one job per checkpoint
+progress.py      live progress: trials post to a board (a named Ray actor) the driver prints,
+                 and the driver's stop request (Ctrl-C) goes back the same way
+downstream.py    downstream evaluation keyed by content (eval_key): plan, reuse, one job per checkpoint
+speed.py         the speed sweep's timed points (prefill, decoding under arrivals), keyed by content
+storage.py       a storage path on a file system or an object store: read, write, upload, download
 """

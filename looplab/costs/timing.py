@@ -13,7 +13,7 @@ means no ragged-halting loss) and peak memory of each. Every record names its
 dtype and (prefill) its packing.
 
 Dtype (--dtype): fp32 runs as stored; bf16 runs every timed call under bfloat16
-autocast (evaluate.autocast_context: CUDA's, as training on CUDA runs, or CPU's on
+autocast (evaluation/validation.autocast_context: CUDA's, as training on CUDA runs, or CPU's on
 a CPU).
 
 Packing (prefill): the layout skip's survivors are packed in (models/execution.py).
@@ -123,7 +123,7 @@ def check_dtype(dtype: str) -> None:
 
 
 def under_dtype(fn: Callable[[], T], device: torch.device, dtype: str) -> Callable[[], T]:
-    """`fn` under the benchmark's dtype (evaluate.autocast_context). A bf16 kernel
+    """`fn` under the benchmark's dtype (evaluation/validation.autocast_context). A bf16 kernel
     the device lacks becomes a one-line ConfigError naming the dtype, not a traceback
     from deep inside the model."""
     def run() -> T:
