@@ -209,6 +209,7 @@ def group_alive(pgid: int) -> bool:
         return False
 
 
+@pytest.mark.slow  # starts and stops an MLflow server, 14 s on 2 cores: .ci/run runs it after the suite
 def test_server_lifecycle_by_pid_file(script_env):
     pytest.importorskip("mlflow")
     url = f"http://127.0.0.1:{script_env['MLFLOW_PORT']}"

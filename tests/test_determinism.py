@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from looplab import tracking
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,6 +33,7 @@ def numbers(out: Path) -> list[dict]:
     return [{k: v for k, v in r.items() if not any(t in k for t in TIMING)} for r in records]
 
 
+@pytest.mark.slow  # two p-hop runs, 14 s on 2 cores: .ci/run runs it after the suite
 def test_two_identical_phop_runs_give_the_same_numbers(tmp_path):
     runs = []
     for name in ("a", "b"):  # separate processes, as two sweeps would run them

@@ -153,6 +153,7 @@ def eval_runs(mc, exp) -> list:
     return mc.search_runs([exp], filter_string=f"tags.level = '{tracking.EVAL}'", max_results=1000)
 
 
+@pytest.mark.slow  # 14 s on 2 cores: .ci/run runs it after the suite
 def test_evaluation_step_reuses_what_the_store_has(trained):
     """One run per (checkpoint, policy, task) under the run that trained the stage, with
     the contract's names and the values lm-eval gives directly; a grown grid evaluates

@@ -15,6 +15,7 @@ from trainables.pipeline import stage_configs
 GPUS = ["--num-workers", "8", "--gpus-per-worker", "1", "--gpu-memory", "80", "--address", "auto", "--dry-run"]
 
 
+@pytest.mark.slow  # 16 s of paper-scale planning on 2 cores: .ci/run runs it after the suite
 def test_baselines_dry_run_lists_the_ungated_rows_with_gpu_hours(capsys):
     from sweeps.launch import main
 
