@@ -70,6 +70,7 @@ def test_a_figure_the_readme_quotes_differently_is_caught():
     assert any(name in p for p in rf.problems(wrong, REGISTRY))
 
 
+@pytest.mark.slow  # two paper-scale dry runs, 11-13 s each on 2 cores: .ci/run runs them after the suite
 @pytest.mark.parametrize("name", ["dry_run_140m", "dry_run_too_small"])
 def test_dry_run_samples_are_what_the_command_prints(name):
     entry = REGISTRY["samples"][name]
