@@ -61,8 +61,8 @@ def check_parent_unchanged(storage: Storage, cfg, checkpoint: str) -> None:
 
     if cfg.parent is None:
         return
-    started_from = _stored_json(storage, f"{checkpoint}/{TRAINER}").get(PARENT_WEIGHTS)
-    now = _stored_json(storage, f"{cfg.parent.checkpoint}/{CONFIG}").get(WEIGHTS_DIGEST)
+    started_from = stored_json(storage, f"{checkpoint}/{TRAINER}").get(PARENT_WEIGHTS)
+    now = stored_json(storage, f"{cfg.parent.checkpoint}/{CONFIG}").get(WEIGHTS_DIGEST)
     if started_from is not None and now is not None and started_from != now:
         folder = checkpoint.rstrip("/").rsplit("/", 1)[0]
         raise ConfigError(f"{folder} was trained from the parent weights {str(started_from)[:19]}..., but "
@@ -71,7 +71,7 @@ def check_parent_unchanged(storage: Storage, cfg, checkpoint: str) -> None:
                           "the parent's checkpoint as it was")
 
 
-def _stored_json(storage: Storage, location: str) -> dict[str, Any]:
+def stored_json(storage: Storage, location: str) -> dict[str, Any]:  # also trial.py: a checkpoint's step
     """A stored JSON object ({} when there is none), a damaged one said in one line."""
     from looplab.errors import ConfigError
 

@@ -24,12 +24,13 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from looplab import tracking
+from looplab.checkpoint import TRAINER
 from looplab.config import ExperimentConfig
 from looplab.errors import Interrupted
 from looplab.keys import stage_folder
 from trainables.pipeline import PipelineSpec, checkpoint_of, stage_configs, stage_dir
 from trainables.progress import Reporter
-from trainables.shared_stage import check_parent_unchanged, read_done, stage_lock, write_done
+from trainables.shared_stage import check_parent_unchanged, read_done, stage_lock, stored_json, write_done
 from trainables.stage_worker import stage_worker_loop
 from trainables.storage import Storage
 
@@ -215,24 +216,12 @@ def _run_stage(cfg: ExperimentConfig, platform: PlatformSettings, mc, experiment
         with tracking.terminated_on_exit(mc, run_id):
             _fit_stage(cfg, platform, [run_id] + ([trial_run] if last else []), progress.trial,
                        report_to_tune=last)
-            step = _checkpoint_step(storage, cfg)
+            step = stored_json(storage, f"{checkpoint}/{TRAINER}").get("step", 0)  # the checkpoint it left
             if step < cfg.train.steps:  # it stopped on the sweep's request (stage_worker.py)
                 raise Interrupted(f"{cfg.stage} stopped at step {step}/{cfg.train.steps} "
                                   f"({progress.stop_requested() or 'stop requested'}); its checkpoint resumes it")
         write_done(storage, directory, {"run_id": run_id, tracking.STAGE_KEY: cfg.stage_key(), "stage": cfg.stage,
                                "metrics": tracking.latest_metrics(mc, run_id)})
-
-
-def _checkpoint_step(storage: Storage, cfg: ExperimentConfig) -> int:
-    """The step of the stage's current checkpoint (its trainer.json), 0 without one."""
-    import json
-
-    from looplab.checkpoint import TRAINER
-    from looplab.keys import stage_path
-    from looplab.training.train import CHECKPOINT_DIR
-
-    text = storage.read_text(storage.path(*stage_path(cfg.stage, cfg.stage_key(), CHECKPOINT_DIR, TRAINER)))
-    return int(json.loads(text).get("step", 0)) if text else 0
 
 
 def _fit_stage(cfg: ExperimentConfig, platform: PlatformSettings, run_ids: list[str],
