@@ -3,6 +3,7 @@ downstream evaluations of the trained checkpoints (Ray tasks of their own).
 
 pipeline.py      the trial's stage configs, derived from a declaration + sampled params
 shared_stage.py  a stage's deterministic folder, its lock and its "done" marker
+lease.py         the one lease mechanism behind the shared stages' and the sweeps' locks
 stage_worker.py  the Ray Train worker loop that trains one stage (rank 0 logs to MLflow)
 trial.py         the Tune function trainable: stages in order, MLflow runs, Tune reports
 progress.py      live progress: trials post to a board (a named Ray actor) the driver prints,

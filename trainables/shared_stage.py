@@ -2,46 +2,35 @@
 stage's lock trains it and writes a "done" marker; the others wait on the lock,
 find the marker and reuse the checkpoint.
 
-The lock is an flock on a file in the stage folder when the storage is a file system
-(local disk, or NFS/EFS on a cluster: flock is released when its holder dies). On an
-object store there are no locks, so a named Ray actor of the sweep holds them as
-leases: the holder renews its lease every few seconds, and a lease its holder stopped
-renewing (a dead process) expires and passes to the next waiter.
+The lock is trainables/lease.py's: an flock on a file in the stage folder when the
+storage is a file system (local disk, or NFS/EFS on a cluster: flock is released when
+its holder dies). On an object store there are no locks, so the cluster's Ray actor of
+leases holds it: the holder renews its lease while it trains, and a lease its holder
+stopped renewing (a dead process) expires after LEASE_SECONDS and passes to the next waiter.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
-import threading
-import time
-import uuid
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, ContextManager
 
+from trainables import lease
 from trainables.storage import Storage
 
 DONE = "done.json"
 LOCK = ".lock"
-LOCKS_ACTOR, NAMESPACE = "looplab-stage-locks", "looplab"
+# How long a trial that stopped renewing is taken for alive: the trials waiting on its
+# stage sit idle this long after it died. Half a sweep's lease: the cluster's actor
+# answers at once, so a live trial's renewals do not come late.
 LEASE_SECONDS = 60.0
 
 
-@contextlib.contextmanager
-def stage_lock(storage: Storage, location: str) -> Iterator[None]:
+def stage_lock(storage: Storage, location: str) -> ContextManager[Any]:
+    """Hold the stage's lock for the block, waiting while another trial trains the stage."""
     if not storage.remote:
-        directory = Path(location)
-        directory.mkdir(parents=True, exist_ok=True)
-        with open(directory / LOCK, "w") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)  # blocks while another trial trains this stage
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
-        return
-    with _lease(location):
-        yield
+        return lease.flocked(Path(location) / LOCK, wait=True)
+    return lease.held(lease.ActorTable(), location, LEASE_SECONDS, wait=True)
 
 
 def read_done(storage: Storage, location: str) -> dict[str, Any] | None:
@@ -86,55 +75,3 @@ def write_done(storage: Storage, location: str, info: dict[str, Any]) -> None:
     # One whole file (a temporary file renamed locally, one object on a store): a crash
     # never leaves half a marker.
     storage.write_text(f"{location}/{DONE}", json.dumps(info, indent=2, sort_keys=True) + "\n")
-
-
-# ---- leases for object stores ---------------------------------------------------------------
-
-def _locks():
-    import ray
-
-    @ray.remote(num_cpus=0)
-    class StageLocks:
-        """name -> (owner, expiry): the lease table."""
-
-        def __init__(self):
-            self.leases: dict[str, tuple[str, float]] = {}
-
-        def acquire(self, name: str, owner: str, seconds: float) -> bool:
-            now = time.time()
-            holder = self.leases.get(name)
-            if holder is None or holder[0] == owner or holder[1] < now:
-                self.leases[name] = (owner, now + seconds)
-                return True
-            return False
-
-        def release(self, name: str, owner: str) -> None:
-            if self.leases.get(name, ("",))[0] == owner:
-                del self.leases[name]
-
-    # Detached: the table outlives the process that happened to create it.
-    return StageLocks.options(name=LOCKS_ACTOR, namespace=NAMESPACE, get_if_exists=True,
-                              lifetime="detached").remote()
-
-
-@contextlib.contextmanager
-def _lease(name: str) -> Iterator[None]:
-    import ray
-
-    locks, owner = _locks(), uuid.uuid4().hex
-    while not ray.get(locks.acquire.remote(name, owner, LEASE_SECONDS)):
-        time.sleep(2.0)
-    stop = threading.Event()
-
-    def renew() -> None:
-        while not stop.wait(LEASE_SECONDS / 4):
-            ray.get(locks.acquire.remote(name, owner, LEASE_SECONDS))
-
-    keeper = threading.Thread(target=renew, daemon=True)
-    keeper.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        keeper.join()
-        ray.get(locks.release.remote(name, owner))
