@@ -16,11 +16,12 @@ import polars as pl
 
 from analysis import names
 from analysis.errors import AnalysisError
+from looplab import tracking
 from looplab.policy import FULL
 
 # Columns that describe a configuration (equal across its seeds), carried through by default.
 DESCRIPTIVE = ("experiment", "method", "label", "model", "pipeline", "stage", "is_final_stage", "policy", "q", "depth",
-               "point", "n_loops", "preset", "trial_config_hash", "config_hash")
+               "point", "n_loops", "preset", "trial_config_hash", tracking.CONFIG_HASH)
 PER_SEED = ("params.train.seed", "params.search.seed")
 
 

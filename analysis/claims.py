@@ -629,7 +629,7 @@ def speed_claims(records: list[dict]) -> list[ClaimResult]:
         largest = max(r["batch"] for r in ours)
         big = [r["speedup"] for r in ours if r["batch"] == largest]
         one = [r["speedup"] for r in ours if r["batch"] == 1]
-        bound = statistics.fmean(r["ideal_speedup"] for r in ours if r["batch"] == largest)
+        bound = statistics.fmean(r[tracking.LOOP_BOUND] for r in ours if r["batch"] == largest)
         out.append(judge("C4", mean_interval(big), f"batch {largest}, seq_len {ours[0]['seq_len']}, "
                                                    f"{ours[0]['policy']}, varlen fp32; loop bound R/loops "
                                                    f"{bound:.2f}x, of it {statistics.fmean(big) / bound:.0%}"))

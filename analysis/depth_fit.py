@@ -122,7 +122,7 @@ def pretrain_points(points: pl.DataFrame) -> pl.DataFrame:
         return points.clear().select([])
     arch = pl.col(ARCH).cast(pl.String) if ARCH in points.columns else pl.lit(None, pl.String)
     # a trained model is its stage key; points logged by hand without one count once per N, R and seed
-    model = pl.col("stage_key") if "stage_key" in points.columns else pl.concat_str(
+    model = pl.col(tracking.STAGE_KEY) if tracking.STAGE_KEY in points.columns else pl.concat_str(
         pl.col(N_LAYERS).cast(pl.String), pl.col("n_loops").cast(pl.String), pl.col("seed").cast(pl.String),
         separator="/")
     return (points.filter((pl.col("stage") == PRETRAIN) & (pl.col("policy") == FULL)

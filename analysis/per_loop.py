@@ -21,7 +21,7 @@ from analysis.charts import PALETTE, ChartSpec, Point, Series
 from analysis.load import PARAM, RunSet
 from looplab.policy import FULL, SKIP
 from looplab.stages import STAGE_NAMES
-from looplab.tracking import ACTIVE, GRAD_NORM, HIDDEN_NORM, STAGE, STATE_GAP, parse_loop_metric
+from looplab.tracking import ACTIVE, GRAD_NORM, HIDDEN_NORM, STAGE, STAGE_KEY, STATE_GAP, parse_loop_metric
 
 CHART_QS = (0.2, 0.4)  # the skip thresholds the charts draw (the table has every q)
 LABELS = {HIDDEN_NORM: "hidden-state RMS norm", GRAD_NORM: "gradient norm from the loop",
@@ -40,9 +40,9 @@ def loop_table(runs: RunSet) -> pl.DataFrame | None:
                         schema_overrides={"q": pl.Float64})
     seed = PARAM + "train.seed"
     stages = runs.runs.filter(pl.col("level") == STAGE)
-    stages = stages.select("run_id", "stage", "method", "stage_key",
+    stages = stages.select("run_id", "stage", "method", STAGE_KEY,
                            (pl.col(seed) if seed in stages.columns else pl.lit(None)).alias("seed"))
-    stages = stages.unique("stage_key", keep="first", maintain_order=True)  # a reused stage counts once
+    stages = stages.unique(STAGE_KEY, keep="first", maintain_order=True)  # a reused stage counts once
     values = (runs.metrics.join(keys, on="key").join(stages, on="run_id")
               .select("method", "stage", "policy", "q", "loop", "quantity", "seed", pl.col("last").alias("value")))
     if values.is_empty():

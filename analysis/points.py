@@ -111,10 +111,10 @@ def _trials(runs: RunSet, statuses) -> pl.DataFrame:
         trials = kept
     # One run per (experiment, stage_key): the platform reuses runs by their final stage's
     # key, so a duplicate comes from a race or a hand-made run; the newest wins.
-    if trials["stage_key"].drop_nulls().len():
+    if trials[tracking.STAGE_KEY].drop_nulls().len():
         before = trials.height
         trials = (trials.sort("start_time")
-                  .unique(["experiment", pl.coalesce("stage_key", "run_id")], keep="last", maintain_order=True))
+                  .unique(["experiment", pl.coalesce(tracking.STAGE_KEY, "run_id")], keep="last", maintain_order=True))
         if trials.height < before:
             runs.notes.append(f"{before - trials.height} duplicate trial runs (same stage_key): the newest kept")
     return trials
@@ -126,11 +126,11 @@ def _sources(table: pl.DataFrame, trials: pl.DataFrame) -> pl.DataFrame:
     reused_from, pipeline, method, is_final_stage."""
     trial_ids = trials["run_id"].implode()
     stage_rows = table.filter((pl.col("level") == tracking.STAGE) & pl.col("parent_run_id").is_in(trial_ids))
-    stage_rows = stage_rows.select("run_id", pl.col("parent_run_id").alias("trial_run_id"), "stage", "config_hash",
-                                   "stage_key", "reused_from", "method")
+    stage_rows = stage_rows.select("run_id", pl.col("parent_run_id").alias("trial_run_id"), "stage",
+                                   tracking.CONFIG_HASH, tracking.STAGE_KEY, tracking.REUSED_FROM, "method")
     lone = trials.filter(~pl.col("run_id").is_in(stage_rows["trial_run_id"].implode())).select(
-        "run_id", pl.col("run_id").alias("trial_run_id"), "stage", "config_hash", "stage_key", "reused_from",
-        "method")
+        "run_id", pl.col("run_id").alias("trial_run_id"), "stage", tracking.CONFIG_HASH, tracking.STAGE_KEY,
+        tracking.REUSED_FROM, "method")
     sources = pl.concat([stage_rows, lone]).with_columns(
         pl.col("stage").replace_strict({s: i for i, s in enumerate(STAGE_NAMES)}, default=len(STAGE_NAMES),
                                        return_dtype=pl.Int64).alias("stage_order"))
@@ -157,10 +157,10 @@ def _source_metrics(runs: RunSet, sources: pl.DataFrame) -> pl.DataFrame:
     stage keys. A reused stage run logged only its original's final values, so its
     best/min/max come from that original when it was loaded (the same training, with its
     whole history)."""
-    metrics = runs.metrics.join(sources.select("run_id", "reused_from"), on="run_id", how="inner")
-    original = runs.metrics.select(pl.col("run_id").alias("reused_from"), "key",
+    metrics = runs.metrics.join(sources.select("run_id", tracking.REUSED_FROM), on="run_id", how="inner")
+    original = runs.metrics.select(pl.col("run_id").alias(tracking.REUSED_FROM), "key",
                                    pl.col("best").alias("orig_best"))
-    own = (metrics.join(original, on=["reused_from", "key"], how="left")
+    own = (metrics.join(original, on=[tracking.REUSED_FROM, "key"], how="left")
            .with_columns(pl.coalesce("orig_best", "best").alias("best"))
            .select("run_id", "key", "last", "best"))
     downstream = _evaluation_metrics(runs, sources)
@@ -179,16 +179,16 @@ def _evaluation_metrics(runs: RunSet, sources: pl.DataFrame) -> pl.DataFrame | N
     evals = table.filter((pl.col("level") == tracking.EVAL) & (pl.col("status") == "FINISHED"))
     if evals.is_empty():
         return None
-    values = runs.metrics.join(evals.select("run_id", "experiment", "stage_key", "end_time"), on="run_id",
+    values = runs.metrics.join(evals.select("run_id", "experiment", tracking.STAGE_KEY, "end_time"), on="run_id",
                                how="inner")
-    newest = values.sort("end_time", nulls_last=False).unique(["experiment", "stage_key", "key"], keep="last")
+    newest = values.sort("end_time", nulls_last=False).unique(["experiment", tracking.STAGE_KEY, "key"], keep="last")
     if newest.height < values.height:
         runs.notes.append(f"{values.height - newest.height} downstream metric value(s) superseded by a newer "
                           "evaluation of the same stage, task and policy under other settings")
-    targets = sources.select("run_id", "stage_key").join(table.select("run_id", "experiment"), on="run_id",
+    targets = sources.select("run_id", tracking.STAGE_KEY).join(table.select("run_id", "experiment"), on="run_id",
                                                          how="left")
-    return (newest.select("experiment", "stage_key", "key", "last", "best")
-            .join(targets, on=["experiment", "stage_key"], how="inner").select("run_id", "key", "last", "best"))
+    return (newest.select("experiment", tracking.STAGE_KEY, "key", "last", "best")
+            .join(targets, on=["experiment", tracking.STAGE_KEY], how="inner").select("run_id", "key", "last", "best"))
 
 
 def _parse(metrics: pl.DataFrame) -> pl.DataFrame:
@@ -248,9 +248,9 @@ def _pivot(parsed: pl.DataFrame) -> pl.DataFrame:
 
 def _trial_identity(trials: pl.DataFrame) -> pl.DataFrame:
     params = [c for c in trials.columns if c.startswith(PARAM)]
-    cols = ["run_id", "experiment", "stage_key", "config_hash", "status", "preset", *params]
-    t = trials.select(cols).rename({"run_id": "trial_run_id", "config_hash": "trial_config_hash",
-                                    "stage_key": "trial_key"})
+    cols = ["run_id", "experiment", tracking.STAGE_KEY, tracking.CONFIG_HASH, "status", "preset", *params]
+    t = trials.select(cols).rename({"run_id": "trial_run_id", tracking.CONFIG_HASH: "trial_config_hash",
+                                    tracking.STAGE_KEY: "trial_key"})
     # _searched: "β=0.25 hole probability=0.5", the sampled values (seed aside) that _label shows,
     # named and written as the report writes an axis (analysis/axis.py)
     n_layers, n_loops = _param(t, "model.n_layers"), _param(t, "model.n_loops")
@@ -336,8 +336,9 @@ def _order(table: pl.DataFrame) -> pl.DataFrame:
     for family in tracking.LM_EVAL_FAMILIES:
         lead += names.task_columns(table.columns, family)
     lead += [*names.BETA_DIAGNOSTICS, names.TRAIN_LOSS, tracking.STAGE_SECONDS, "pipeline_seconds", "trial_config_hash",
-             "config_hash", "trial_key", "stage_key", "trial_run_id", "run_id", "status", "preset", "n_loops"]
-    rest = sorted(c for c in table.columns if c not in lead and c not in ("reused_from", "stage_order"))
+             tracking.CONFIG_HASH, "trial_key", tracking.STAGE_KEY, "trial_run_id", "run_id", "status", "preset",
+             "n_loops"]
+    rest = sorted(c for c in table.columns if c not in lead and c not in (tracking.REUSED_FROM, "stage_order"))
     policy_rank = pl.col("policy").replace_strict({p: i for i, p in enumerate(names.POLICY_ORDER)}, default=9,
                                                   return_dtype=pl.Int64)
     return (table.with_columns(policy_rank.alias("_policy_rank"))
@@ -367,7 +368,7 @@ def shared_once(rows: pl.DataFrame) -> pl.DataFrame:
     model, though each trial configuration carries a copy. A row that stands for several
     trial configurations is labelled by its method and N⊗R alone (the trials' searched
     values, e.g. arm=chase, do not describe it)."""
-    key = [c for c in ("experiment", "config_hash", "stage", "policy", "q", "depth") if c in rows.columns]
+    key = [c for c in ("experiment", tracking.CONFIG_HASH, "stage", "policy", "q", "depth") if c in rows.columns]
     if "label" not in rows.columns or "trial_config_hash" not in rows.columns:
         return rows.unique(key, keep="first", maintain_order=True)
     shared = pl.col("trial_config_hash").n_unique().over(key) > 1

@@ -632,8 +632,8 @@ def _speed_section(runs: RunSet, points, out, paths, charts, notes) -> list[tupl
                                     "skip policy against the prefill throughput measured at that batch and length "
                                     "(batch · L / median time); the label has the executed loops and the speedup.")
     shown = table.select("checkpoint", "method", "device", "batch", "seq_len", "policy", tracking.EXECUTED_LOOPS,
-                         "tokens_per_s_full", "tokens_per_s_skip", "speedup", "loop_bound", "flop_ratio",
-                         "of_flop_ratio", PPL_FULL, tracking.PPL)
+                         tracking.TOKENS_PER_S_FULL, tracking.TOKENS_PER_S_SKIP, "speedup", "loop_bound",
+                         tracking.FLOP_RATIO, "of_flop_ratio", PPL_FULL, tracking.PPL)
     return [("Prefill speed against quality", slots + _html_table(
         shown, "Each timed point (sweeps/speed.py; one MLflow run per point and machine): executed loops d̄ on the "
                "timed inputs, tokens/s of full and skip execution, the measured speedup, its loop bound R/d̄ and "

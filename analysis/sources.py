@@ -30,6 +30,7 @@ from pathlib import Path
 import polars as pl
 
 from analysis.errors import AnalysisError
+from looplab import tracking
 
 SQL_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
 INF_SENTINEL = 1.7976931348623157e308  # how MLflow's SQL store writes ±inf
@@ -44,8 +45,8 @@ EXPERIMENT_SCHEMA = {"experiment_id": pl.String, "name": pl.String}
 
 # Metrics whose best value is kept (names.higher_is_better says which way): the
 # extrema query reads only these, so training noise (lr, grad_norm) costs nothing.
-BEST_SUFFIXES = ("ppl", "loss", "accuracy")
-BEST_INFIXES = ("lm_eval.",)
+BEST_SUFFIXES = (tracking.PPL, tracking.LOSS, tracking.ACCURACY)
+BEST_INFIXES = (tracking.LM_EVAL,)
 
 
 def _scheme(uri: str) -> str:

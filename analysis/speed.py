@@ -45,18 +45,19 @@ from analysis.load import METRIC, PARAM, RunSet
 from looplab import tracking
 from looplab.policy import FULL
 
-IDENTITY = ("experiment", "checkpoint", "method", "stage", "stage_key", "device", "batch", "seq_len", "policy",
-            "dtype", "packing")
+IDENTITY = ("experiment", "checkpoint", "method", "stage", tracking.STAGE_KEY, "device", "batch", "seq_len",
+            "policy", "dtype", "packing")
 SPEED_SPREAD = ("tokens_per_s_full_min", "tokens_per_s_full_max", "tokens_per_s_skip_min", "tokens_per_s_skip_max")
-SPEED = (tracking.EXECUTED_LOOPS, "time_full_s", "time_skip_s", "tokens_per_s_full", "tokens_per_s_skip",
-         *SPEED_SPREAD, "speedup", tracking.SPEEDUP_MIN, tracking.SPEEDUP_MAX, "loop_bound", "flop_ratio", "of_flop_ratio")
+SPEED = (tracking.EXECUTED_LOOPS, tracking.TIME_FULL, tracking.TIME_SKIP, tracking.TOKENS_PER_S_FULL,
+         tracking.TOKENS_PER_S_SKIP, *SPEED_SPREAD, "speedup", tracking.SPEEDUP_MIN, tracking.SPEEDUP_MAX, "loop_bound",
+         tracking.FLOP_RATIO, "of_flop_ratio")
 # The arrivals runs' decode tokens/s, composed as trainables/speed.py logs it (the contract
 # has no single name for it yet).
-ARRIVAL_IDENTITY = ("experiment", "checkpoint", "method", "stage", "stage_key", "device", "slots", "schedule", "policy",
-                    "requests", "prompt_len", "new_tokens", "seed")
+ARRIVAL_IDENTITY = ("experiment", "checkpoint", "method", "stage", tracking.STAGE_KEY, "device", "slots", "schedule",
+                    "policy", "requests", "prompt_len", "new_tokens", "seed")
 ARRIVAL_SPEED = (tracking.EXECUTED_LOOPS, tracking.TOKENS_PER_S, tracking.DECODE_TOKENS_PER_S,
                  tracking.DECODE_TOKENS_PER_S_MIN, tracking.DECODE_TOKENS_PER_S_MAX, "speedup", tracking.SPEEDUP_MIN,
-                 tracking.SPEEDUP_MAX, "loop_bound", "flop_ratio", "of_flop_ratio")
+                 tracking.SPEEDUP_MAX, "loop_bound", tracking.FLOP_RATIO, "of_flop_ratio")
 PPL_FULL = names.at_point(tracking.PPL, FULL)  # the stage's validation perplexity at full depth
 QUALITY = (PPL_FULL, tracking.PPL, names.SPEED_VALIDATION_LOOPS)
 
@@ -79,10 +80,10 @@ def _finished_bench(runs: RunSet, point_param: str) -> pl.DataFrame | None:
 
 def _with_checkpoint(runs: RunSet, rows: pl.DataFrame) -> pl.DataFrame:
     """The timed stage's name beside its key, and checkpoint = <stage>-<stage_key>."""
-    stages = (runs.runs.filter(pl.col("level") == tracking.STAGE).select("experiment", "stage_key", "stage")
-              .unique(["experiment", "stage_key"]))
-    return rows.join(stages, on=["experiment", "stage_key"], how="left").with_columns(
-        pl.concat_str([pl.col("stage").fill_null("?"), pl.col("stage_key")], separator="-").alias("checkpoint"))
+    stages = (runs.runs.filter(pl.col("level") == tracking.STAGE).select("experiment", tracking.STAGE_KEY, "stage")
+              .unique(["experiment", tracking.STAGE_KEY]))
+    return rows.join(stages, on=["experiment", tracking.STAGE_KEY], how="left").with_columns(
+        pl.concat_str([pl.col("stage").fill_null("?"), pl.col(tracking.STAGE_KEY)], separator="-").alias("checkpoint"))
 
 
 def speed_runs(runs: RunSet) -> pl.DataFrame | None:
@@ -93,30 +94,31 @@ def speed_runs(runs: RunSet) -> pl.DataFrame | None:
     metric = lambda name: _column(bench, METRIC + name, pl.Float64)  # noqa: E731
     param = lambda name, dtype=pl.String: _column(bench, PARAM + name, dtype)  # noqa: E731
     rows = bench.select(
-        "experiment", "stage_key", "method", "start_time",
+        "experiment", tracking.STAGE_KEY, "method", "start_time",
         param(tracking.SPEED_PARAM + "batch", pl.Int64).alias("batch"),
         param(tracking.SPEED_PARAM + "seq_len", pl.Int64).alias("seq_len"),
         pl.coalesce(pl.col(tracking.POLICY_TAG), param(tracking.SPEED_PARAM + "policy")).alias("policy"),
         param(tracking.SPEED_PARAM + "dtype").alias("dtype"), param(tracking.SPEED_PARAM + "packing").alias("packing"),
         param(tracking.MACHINE_PARAM + "device").alias("device"),
-        metric(tracking.MEAN_LOOPS).alias(tracking.EXECUTED_LOOPS), metric(tracking.TIME_FULL).alias("time_full_s"),
-        metric(tracking.TIME_SKIP).alias("time_skip_s"), metric(tracking.SPEEDUP).alias("speedup"),
+        metric(tracking.MEAN_LOOPS).alias(tracking.EXECUTED_LOOPS),
+        metric(tracking.TIME_FULL).alias(tracking.TIME_FULL), metric(tracking.TIME_SKIP).alias(tracking.TIME_SKIP),
+        metric(tracking.SPEEDUP).alias("speedup"),
         *(metric(name).alias(name) for name in (tracking.TIME_FULL_MIN, tracking.TIME_FULL_MAX, tracking.TIME_SKIP_MIN,
                                                 tracking.TIME_SKIP_MAX)),
         metric(tracking.SPEEDUP_MIN).alias(tracking.SPEEDUP_MIN), metric(tracking.SPEEDUP_MAX).alias(tracking.SPEEDUP_MAX),
-        metric(tracking.LOOP_BOUND).alias("loop_bound"), metric(tracking.FLOP_RATIO).alias("flop_ratio"))
+        metric(tracking.LOOP_BOUND).alias("loop_bound"), metric(tracking.FLOP_RATIO).alias(tracking.FLOP_RATIO))
     tokens = (pl.col("batch") * pl.col("seq_len")).cast(pl.Float64)
-    rows = rows.with_columns((tokens / pl.col("time_full_s")).alias("tokens_per_s_full"),
-                             (tokens / pl.col("time_skip_s")).alias("tokens_per_s_skip"),
+    rows = rows.with_columns((tokens / pl.col(tracking.TIME_FULL)).alias(tracking.TOKENS_PER_S_FULL),
+                             (tokens / pl.col(tracking.TIME_SKIP)).alias(tracking.TOKENS_PER_S_SKIP),
                              # the slowest repeat is the fewest tokens/s
                              (tokens / pl.col(tracking.TIME_FULL_MAX)).alias("tokens_per_s_full_min"),
                              (tokens / pl.col(tracking.TIME_FULL_MIN)).alias("tokens_per_s_full_max"),
                              (tokens / pl.col(tracking.TIME_SKIP_MAX)).alias("tokens_per_s_skip_min"),
                              (tokens / pl.col(tracking.TIME_SKIP_MIN)).alias("tokens_per_s_skip_max"),
-                             (pl.col("speedup") / pl.col("flop_ratio")).alias("of_flop_ratio"))
+                             (pl.col("speedup") / pl.col(tracking.FLOP_RATIO)).alias("of_flop_ratio"))
     # One measurement per point and machine: the newest (another --repeats or threads count
     # is another key, timed again).
-    point = ["experiment", "stage_key", "device", "batch", "seq_len", "policy", "dtype", "packing"]
+    point = ["experiment", tracking.STAGE_KEY, "device", "batch", "seq_len", "policy", "dtype", "packing"]
     return rows.sort("start_time").unique(point, keep="last", maintain_order=True).drop("start_time")
 
 
@@ -143,15 +145,15 @@ def speed_table(runs: RunSet, points: pl.DataFrame | None) -> pl.DataFrame | Non
     rows = rows.join(_policy_points(rows["policy"].unique().to_list()), on="policy", how="left")
     if points is not None and points.height:
         # A shared stage is a copy per trial (same key, same values): one value per point.
-        quality = (points.group_by("experiment", "stage_key", "policy", pl.col("q").round(6))
+        quality = (points.group_by("experiment", tracking.STAGE_KEY, "policy", pl.col("q").round(6))
                    .agg(pl.col("ppl").mean(), pl.col(tracking.EXECUTED_LOOPS).mean()))
         full = (quality.filter(pl.col("policy") == FULL)
-                .select("experiment", "stage_key", pl.col("ppl").alias(PPL_FULL)))
-        timed = quality.select("experiment", "stage_key", pl.col("policy").alias("_kind"), pl.col("q").alias("_q"),
-                               "ppl", pl.col(tracking.EXECUTED_LOOPS).alias(names.SPEED_VALIDATION_LOOPS))
+                .select("experiment", tracking.STAGE_KEY, pl.col("ppl").alias(PPL_FULL)))
+        timed = quality.select("experiment", tracking.STAGE_KEY, pl.col("policy").alias("_kind"),
+                               pl.col("q").alias("_q"), "ppl", pl.col(tracking.EXECUTED_LOOPS).alias(names.SPEED_VALIDATION_LOOPS))
         rows = (rows.with_columns(pl.col("_q").round(6))
-                .join(full, on=["experiment", "stage_key"], how="left")
-                .join(timed, on=["experiment", "stage_key", "_kind", "_q"], how="left"))
+                .join(full, on=["experiment", tracking.STAGE_KEY], how="left")
+                .join(timed, on=["experiment", tracking.STAGE_KEY, "_kind", "_q"], how="left"))
     else:
         rows = rows.with_columns(*(pl.lit(None, pl.Float64).alias(c) for c in QUALITY))
     return (rows.select(*IDENTITY, *SPEED, *QUALITY)
@@ -178,15 +180,15 @@ def speed_chart(table: pl.DataFrame) -> ChartSpec | None:
         pts = []
         full = group.filter(pl.col(PPL_FULL).is_not_null())
         if full.height:  # each timed policy ran its own full twin: their mean, the bar over all their repeats
-            pts.append(Point(float(full["tokens_per_s_full"].mean()), float(full[PPL_FULL][0]),
+            pts.append(Point(float(full[tracking.TOKENS_PER_S_FULL].mean()), float(full[PPL_FULL][0]),
                              f"full: all R loops ({full.height} timing(s))",
                              x_lo=full["tokens_per_s_full_min"].min(), x_hi=full["tokens_per_s_full_max"].max()))
         # The line follows the compute as it falls (full, then the policies by fewer
         # executed loops), not the x order: timing noise would zigzag it.
         for r in group.filter(pl.col("ppl").is_not_null()).sort(tracking.EXECUTED_LOOPS, descending=True).iter_rows(
                 named=True):
-            bound = f" (FLOP ratio {r['flop_ratio']:.2f}x)" if r["flop_ratio"] is not None else ""
-            pts.append(Point(r["tokens_per_s_skip"], r["ppl"],
+            bound = f" (FLOP ratio {r[tracking.FLOP_RATIO]:.2f}x)" if r[tracking.FLOP_RATIO] is not None else ""
+            pts.append(Point(r[tracking.TOKENS_PER_S_SKIP], r["ppl"],
                              f"{r['policy']}: {r[tracking.EXECUTED_LOOPS]:.2f} loops, {r['speedup']:.2f}x{_spread(r)}"
                              f"{bound}", x_lo=r["tokens_per_s_skip_min"], x_hi=r["tokens_per_s_skip_max"]))
         xs += [p.x for p in pts]
@@ -206,7 +208,7 @@ def arrivals_table(runs: RunSet) -> pl.DataFrame | None:
     metric = lambda name: _column(bench, METRIC + name, pl.Float64)  # noqa: E731
     param = lambda name, dtype=pl.String: _column(bench, PARAM + tracking.SPEED_PARAM + name, dtype)  # noqa: E731
     rows = bench.select(
-        "experiment", "stage_key", "method", "start_time",
+        "experiment", tracking.STAGE_KEY, "method", "start_time",
         _column(bench, PARAM + tracking.MACHINE_PARAM + "device", pl.String).alias("device"),
         param("slots", pl.Int64).alias("slots"), param("schedule").alias("schedule"),
         pl.coalesce(pl.col(tracking.POLICY_TAG), param("policy")).alias("policy"),
@@ -218,9 +220,9 @@ def arrivals_table(runs: RunSet) -> pl.DataFrame | None:
         *(metric(name).alias(name) for name in (tracking.DECODE_TOKENS_PER_S_MIN, tracking.DECODE_TOKENS_PER_S_MAX,
                                                 tracking.SPEEDUP_MIN, tracking.SPEEDUP_MAX)),
         metric(tracking.SPEEDUP).alias("speedup"),
-        metric(tracking.LOOP_BOUND).alias("loop_bound"), metric(tracking.FLOP_RATIO).alias("flop_ratio"))
-    rows = rows.with_columns((pl.col("speedup") / pl.col("flop_ratio")).alias("of_flop_ratio"))
-    point = ["experiment", "stage_key", "device", "slots", "schedule", "policy", "requests", "prompt_len",
+        metric(tracking.LOOP_BOUND).alias("loop_bound"), metric(tracking.FLOP_RATIO).alias(tracking.FLOP_RATIO))
+    rows = rows.with_columns((pl.col("speedup") / pl.col(tracking.FLOP_RATIO)).alias("of_flop_ratio"))
+    point = ["experiment", tracking.STAGE_KEY, "device", "slots", "schedule", "policy", "requests", "prompt_len",
              "new_tokens", "seed"]
     rows = rows.sort("start_time").unique(point, keep="last", maintain_order=True).drop("start_time")
     return (_with_checkpoint(runs, rows).select(*ARRIVAL_IDENTITY, *ARRIVAL_SPEED)
@@ -252,16 +254,16 @@ def arrivals_chart(table: pl.DataFrame) -> ChartSpec | None:
         rows = list(group.sort(tracking.EXECUTED_LOOPS, descending=True).iter_rows(named=True))
         pts = [Point(r[tracking.EXECUTED_LOOPS], r[tracking.DECODE_TOKENS_PER_S],
                      f"{r['policy']}: d̄ {r[tracking.EXECUTED_LOOPS]:.2f}, {r['speedup']:.2f}x{_spread(r)}"
-                     + (f" of FLOP ratio {r['flop_ratio']:.2f}x" if r["flop_ratio"] is not None else ""),
+                     + (f" of FLOP ratio {r[tracking.FLOP_RATIO]:.2f}x" if r[tracking.FLOP_RATIO] is not None else ""),
                      lo=r[tracking.DECODE_TOKENS_PER_S_MIN], hi=r[tracking.DECODE_TOKENS_PER_S_MAX])
                  for r in rows]
         series.append(Series(name, color, pts, [(p.x, p.y) for p in pts], "linear"))
         ys += [p.y for p in pts]
         full = [r[tracking.DECODE_TOKENS_PER_S] for r in rows if r["policy"] == FULL]
         if full:  # the bound is a speedup over full: drawn from full's measured tokens/s
-            bound = [Point(r[tracking.EXECUTED_LOOPS], full[0] * r["flop_ratio"],
-                           f"{r['policy']}: FLOP ratio {r['flop_ratio']:.2f}x") for r in rows
-                     if r["flop_ratio"] is not None]
+            bound = [Point(r[tracking.EXECUTED_LOOPS], full[0] * r[tracking.FLOP_RATIO],
+                           f"{r['policy']}: FLOP ratio {r[tracking.FLOP_RATIO]:.2f}x") for r in rows
+                     if r[tracking.FLOP_RATIO] is not None]
             series.append(Series(f"{name} · FLOP ratio", color, bound, [(p.x, p.y) for p in bound], "linear",
                                  dashed=True))
             ys += [p.y for p in bound]

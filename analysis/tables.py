@@ -133,7 +133,7 @@ def _data(rows: pl.DataFrame, lead: list[str], quality: list[tuple[str, str, str
     value_cols = []
     for _, c, _ in quality:
         value_cols += [c, f"{c}_std"]
-    keep = [c for c in [*lead, *value_cols, "n_seeds", "seeds", "trial_config_hash", "config_hash"]
+    keep = [c for c in [*lead, *value_cols, "n_seeds", "seeds", "trial_config_hash", tracking.CONFIG_HASH]
             if c in rows.columns]
     return rows.select(list(dict.fromkeys(keep)))
 
@@ -150,7 +150,7 @@ def iso_table(agg: pl.DataFrame) -> Table | None:
         return None
     pre = full.filter(pl.col("stage") == DEFAULT_STAGE)
     rows = (pre if pre.height else full.filter(pl.col("is_final_stage"))).unique(
-        ["experiment", "config_hash"], keep="first", maintain_order=True)
+        ["experiment", tracking.CONFIG_HASH], keep="first", maintain_order=True)
     rows = rows.with_columns(_col(rows, "params.model.n_layers").alias("n_layers"),
                              _col(rows, "params.model.n_loops").alias("n_loops"),
                              _col(rows, "params.model.arch").alias("arch"))
@@ -199,8 +199,8 @@ def threshold_table(agg: pl.DataFrame) -> Table | None:
               *([_cell(r, tracking.LM_EVAL_LOOPS)] if downstream else []),
               *(_cell(r, c, k) for _, c, k in quality), str(r["n_seeds"])] for r in rows.iter_rows(named=True)]
     header, cells = _with_model_column(rows, header, cells)
-    data = _data(rows, ["experiment", "label", "stage", "policy", "q", "mean_exit_step", "mean_exit_step_std",
-                        tracking.EXECUTED_LOOPS, names.std_of(tracking.EXECUTED_LOOPS),
+    data = _data(rows, ["experiment", "label", "stage", "policy", "q", tracking.MEAN_EXIT_STEP,
+                        names.std_of(tracking.MEAN_EXIT_STEP), tracking.EXECUTED_LOOPS, names.std_of(tracking.EXECUTED_LOOPS),
                         *([tracking.LM_EVAL_LOOPS, f"{tracking.LM_EVAL_LOOPS}_std"] if downstream else [])], quality)
     return Table("threshold_sweep", "Exit-gate threshold sweep",
                  "Iter: mean exit step the gate selects; Exec.: loops executed per token (R under dense, fewer "
@@ -387,7 +387,7 @@ def skip_table(agg: pl.DataFrame) -> Table | None:
     dense = final.filter(pl.col("policy") == DENSE).select(*key, "q", pl.col(ppl).alias(ppl_dense),
                                                            pl.col(accuracy).alias(accuracy_dense))
     rows = (skip.join(full, on=key, how="left").join(dense, on=[*key, "q"], how="left")
-            .with_columns((pl.col("n_loops").cast(pl.Float64) / pl.col(loops)).alias("ideal_speedup"),
+            .with_columns((pl.col("n_loops").cast(pl.Float64) / pl.col(loops)).alias(tracking.LOOP_BOUND),
                           ((pl.col(ppl) / pl.col(ppl_full) - 1.0) * 100.0).alias("delta_ppl_pct"),
                           ((pl.col(accuracy) - pl.col(accuracy_full)) * 100.0).alias("delta_accuracy_pts"))
             .sort(["label", "q"], descending=[False, True]))
@@ -397,13 +397,13 @@ def skip_table(agg: pl.DataFrame) -> Table | None:
     def num(v, fmt="{:.2f}"):
         return "" if v is None else fmt.format(v)
 
-    cells = [[f"{r['q']:.2f}", _cell(r, loops), num(r["ideal_speedup"], "{:.2f}×"), num(r[ppl_full]),
+    cells = [[f"{r['q']:.2f}", _cell(r, loops), num(r[tracking.LOOP_BOUND], "{:.2f}×"), num(r[ppl_full]),
               num(r[ppl_dense]), _cell(r, ppl), num(r["delta_ppl_pct"], "{:+.1f}"),
               num(None if r[accuracy_full] is None else 100 * r[accuracy_full]), _cell(r, accuracy, PCT),
               num(r["delta_accuracy_pts"], "{:+.2f}"), str(r["n_seeds"])] for r in rows.iter_rows(named=True)]
     header, cells = _with_model_column(rows, header, cells)
     data = rows.select([c for c in ["experiment", "label", "stage", "q", loops, names.std_of(loops),
-                                    "ideal_speedup", ppl_full, ppl_dense, ppl, names.std_of(ppl), "delta_ppl_pct",
+                                    tracking.LOOP_BOUND, ppl_full, ppl_dense, ppl, names.std_of(ppl), "delta_ppl_pct",
                                     accuracy_full, accuracy_dense, accuracy, names.std_of(accuracy),
                                     "delta_accuracy_pts", "n_seeds", "trial_config_hash"] if c in rows.columns])
     return Table(names.SKIP_VS_FULL, "Skip against full compute",
@@ -413,7 +413,7 @@ def skip_table(agg: pl.DataFrame) -> Table | None:
 
 def beta_table(agg: pl.DataFrame) -> Table | None:
     rows = agg.filter(pl.col("is_final_stage") & (pl.col("policy") == FULL))
-    if "exit_entropy" not in rows.columns or rows["exit_entropy"].is_null().all():
+    if tracking.EXIT_ENTROPY not in rows.columns or rows[tracking.EXIT_ENTROPY].is_null().all():
         return None
     beta = next((c for c in ("params.exit.beta", "params.beta") if c in rows.columns), None)
     rows = rows.with_columns((pl.col(beta) if beta else pl.lit(None)).cast(pl.Float64).alias("beta")).sort(
@@ -421,11 +421,12 @@ def beta_table(agg: pl.DataFrame) -> Table | None:
     text = "params.task.kind" not in rows.columns or (rows["params.task.kind"] == "text").any()
     header = ["β", "Exit entropy", "Expected exit step", "Val PPL" if text else "Val loss", "Val acc. (%)", "n"]
     quality = "ppl" if text else "loss"
-    cells = [["" if r["beta"] is None else f"{r['beta']:g}", _cell(r, "exit_entropy"), _cell(r, "expected_exit_step"),
-              _cell(r, quality), _cell(r, "accuracy", PCT), str(r["n_seeds"])] for r in rows.iter_rows(named=True)]
+    cells = [["" if r["beta"] is None else f"{r['beta']:g}", _cell(r, tracking.EXIT_ENTROPY),
+              _cell(r, tracking.EXPECTED_EXIT_STEP), _cell(r, quality), _cell(r, "accuracy", PCT), str(r["n_seeds"])] for r in rows.iter_rows(named=True)]
     header, cells = _with_model_column(rows, header, cells)
-    data = rows.select([c for c in ["experiment", "label", "stage", "beta", "exit_entropy", "exit_entropy_std",
-                                    "expected_exit_step", "expected_exit_step_std", "ppl", names.std_of(tracking.PPL),
+    data = rows.select([c for c in ["experiment", "label", "stage", "beta", tracking.EXIT_ENTROPY,
+                                    names.std_of(tracking.EXIT_ENTROPY), tracking.EXPECTED_EXIT_STEP,
+                                    names.std_of(tracking.EXPECTED_EXIT_STEP), "ppl", names.std_of(tracking.PPL),
                                     "loss", "accuracy", "accuracy_std", "n_seeds", "trial_config_hash"]
                         if c in rows.columns])
     return Table("beta_ablation", "Entropy coefficient β",

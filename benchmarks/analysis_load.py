@@ -35,6 +35,7 @@ import uuid
 from pathlib import Path
 
 from looplab import tracking
+from looplab.policy import ExitPolicy
 from looplab.presets import get_preset
 from looplab.presets import stage_config
 from looplab.stages import STAGE_NAMES
@@ -64,29 +65,34 @@ def records(stage: str, rng: random.Random, quality: float) -> list[dict]:
     """looplab.training.train's records for one stage: training windows, the full eval, the threshold sweep."""
     out = []
     for step in range(LOG_EVERY, TRAIN_STEPS + 1, LOG_EVERY):
-        rec = {"kind": "train", "step": step, "stage": stage, "loss": 3.0 - step / TRAIN_STEPS + rng.random() * 0.1,
-               "lr": 1e-3, "grad_norm": 1.0 + rng.random(), "tokens_per_s": 15000.0 + rng.random() * 1000}
+        rec = {"kind": tracking.TRAIN_RECORD, "step": step, "stage": stage,
+               tracking.LOSS: 3.0 - step / TRAIN_STEPS + rng.random() * 0.1, tracking.LR: 1e-3,
+               tracking.GRAD_NORM: 1.0 + rng.random(), tracking.TOKENS_PER_S: 15000.0 + rng.random() * 1000}
         if stage != "pretrain":
-            rec.update(exit_entropy=math.log(R) * (1 - 0.3 * step / TRAIN_STEPS), expected_exit_step=3.5 - step / 400)
+            rec.update({tracking.EXIT_ENTROPY: math.log(R) * (1 - 0.3 * step / TRAIN_STEPS),
+                        tracking.EXPECTED_EXIT_STEP: 3.5 - step / 400})
         out.append(rec)
     ppl = 8.0 / quality
-    policies = [{"policy": "full", "ppl": ppl, "accuracy": 0.4 * quality, "loss": math.log(ppl),
-                 "executed_loops": float(R), "mean_exit_step": float(R), "backbone_flops_per_token": 9000.0 * R}]
+    policies = [evaluation("full", ppl, 0.4 * quality, loops=float(R), exit_step=float(R))]
     if stage != "pretrain":
         for mode in ("dense", "skip"):
             for q in QS:
                 loops = R if mode == "dense" else 1.5 + 2.5 * q
                 p = ppl * (1 + (1 - q) * (0.05 if mode == "dense" else 0.2 + rng.random() * 0.1))
-                policies.append({"policy": f"{mode}:{q}", "executed_loops": loops, "mean_exit_step": 1.5 + 2.5 * q,
-                                 "accuracy": 0.4 * quality * q ** 0.1, "ppl": p, "loss": math.log(p),
-                                 "backbone_flops_per_token": 9000.0 * loops})
+                policies.append(evaluation(f"{mode}:{q}", p, 0.4 * quality * q ** 0.1, loops=loops,
+                                           exit_step=1.5 + 2.5 * q))
         for depth in range(1, R):  # depth R is full depth, logged once
             p = ppl * (R / depth) ** 2
-            policies.append({"policy": f"forced:{depth}", "executed_loops": float(depth),
-                             "mean_exit_step": float(depth), "accuracy": 0.1 * depth * quality, "ppl": p,
-                             "loss": math.log(p), "backbone_flops_per_token": 9000.0 * depth})
-    out.append({"kind": "eval", "step": TRAIN_STEPS, "policies": policies})
+            policies.append(evaluation(f"forced:{depth}", p, 0.1 * depth * quality, loops=float(depth),
+                                       exit_step=float(depth)))
+    out.append({"kind": tracking.EVAL_RECORD, "step": TRAIN_STEPS, "policies": policies})
     return out
+
+
+def evaluation(policy: str, ppl: float, accuracy: float, *, loops: float, exit_step: float) -> dict:
+    """One policy's record of an evaluation (looplab.evaluation.validation's fields)."""
+    return {"policy": policy, tracking.PPL: ppl, tracking.ACCURACY: accuracy, tracking.LOSS: math.log(ppl),
+            tracking.EXECUTED_LOOPS: loops, tracking.MEAN_EXIT_STEP: exit_step, tracking.BACKBONE_FLOPS: 9000.0 * loops}
 
 
 def metric_rows(run_id: str, recs: list[dict], t0: int) -> list[tuple]:
@@ -129,7 +135,7 @@ def build_store(store: Path, n_runs: int, seed: int = 0) -> tuple[str, int]:
         start = t0 + len(runs) * 1000
         runs.append((run_id, name, "LOCAL", "", "", "bench", "FINISHED", start, start + 500, None, "", "active",
                      f"{artifact_root}/{run_id}/artifacts", exp_id))
-        tags.extend((k, str(v), run_id) for k, v in {**run_tags, "mlflow.runName": name}.items())
+        tags.extend((k, str(v), run_id) for k, v in {**run_tags, tracking.RUN_NAME_TAG: name}.items())
         params.extend((k, v, run_id) for k, v in run_params.items())
         rows = metric_rows(run_id, list(recs), start) + [(k, v, start + 999, run_id, TRAIN_STEPS, 0) for k, v in extra]
         metrics.extend(rows)
@@ -192,8 +198,9 @@ def _check_with_mlflow(mc, exp_id: int, expected: int) -> None:
     """MLflow itself reads the bulk-written runs back: the count, and a trial's metrics."""
     found = mc.search_runs([str(exp_id)], max_results=1, filter_string="tags.level = 'trial'")
     run = mc.get_run(found[0].info.run_id)
-    assert run.data.params["model.n_loops"] == str(R) and "skip_q0.4_ppl" in run.data.metrics, run.data
-    history = mc.get_metric_history(run.info.run_id, "loss")
+    skip_ppl = tracking.policy_metric(ExitPolicy.skip(0.4), tracking.PPL)
+    assert run.data.params["model.n_loops"] == str(R) and skip_ppl in run.data.metrics, run.data
+    history = mc.get_metric_history(run.info.run_id, tracking.LOSS)
     assert len(history) == TRAIN_STEPS // LOG_EVERY, len(history)
     total, token = 0, None
     while True:
@@ -257,9 +264,9 @@ def main(argv=None) -> int:
         def frontiers():
             final = full_as_forced_depth(agg.filter("is_final_stage")).with_columns(
                 pl.concat_str("method", "policy", separator=" · ").alias("series"))
-            flagged = pareto_frontier(final, "executed_loops", "ppl", maximize=False, by="series")
+            flagged = pareto_frontier(final, tracking.EXECUTED_LOOPS, tracking.PPL, maximize=False, by="series")
             groups = {k[0]: g for k, g in flagged.group_by("series")}
-            areas = [frontier_gap(groups[a], groups[b], "executed_loops", "ppl", maximize=False)
+            areas = [frontier_gap(groups[a], groups[b], tracking.EXECUTED_LOOPS, tracking.PPL, maximize=False)
                      for a in groups for b in groups if a < b]
             return flagged, areas
 

