@@ -18,6 +18,9 @@
     looplab presets
     looplab info --preset paper-140m [arch=hybrid ...]
     looplab doctor [--quick] [--json report.json]      does this node work? (looplab/doctor.py)
+
+Each command is a pair side by side: add_<command> declares its arguments, cmd_<command>
+runs with them; build_parser lists the pairs.
 """
 
 from __future__ import annotations
@@ -58,6 +61,39 @@ def _schedules(text: str) -> list[str]:
     if not names or bad:
         raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: comma-separated {' | '.join(SCHEDULES)}")
     return list(dict.fromkeys(names))
+
+
+def _threads_flag(p) -> None:
+    """--threads, on every command that computes: main() sets torch's threads from it
+    (looplab/threads.py), and from the CPUs the process was given without it (the default,
+    0, is not a value to give). More threads than CPUs only wait on each other, and
+    torch crashes at some 10⁵."""
+    from looplab.threads import usable_cpus
+
+    p.add_argument("--threads", type=int_in(1, usable_cpus(), "the CPUs this process may use"), default=0,
+                   help="torch threads, at most this process's CPUs (default: Ray's allocation inside Ray, else the "
+                        "machine's free cores)")
+
+
+def _compile_flag(p, default: str) -> None:
+    p.add_argument("--compile", choices=("on", "off"), default=default,
+                   help=f"decode with the compiled one-token step (looplab/models/compiled.py; the first steps "
+                        f"compile for seconds) or the eager one (default {default})")
+
+
+def _compile_decoding(model, setting: str):
+    from looplab.models.compiled import compile_decoding
+
+    return compile_decoding(model, setting == "on")
+
+
+def _timing_flags(p, *, warmup: int, repeats: int) -> None:
+    """The flags every timing command shares: threads, warm-ups, repeats, device, JSON out."""
+    _threads_flag(p)
+    p.add_argument("--warmup", type=at_least(0), default=warmup)
+    p.add_argument("--repeats", type=at_least(1), default=repeats)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--json", help="write the records (a JSON list) here")
 
 
 def _checkpoint(path: str, argument: str = "--checkpoint") -> None:
@@ -122,9 +158,25 @@ def _destinations(args) -> None:
         destinations.device("--device", args.device)
 
 
+def add_train(sub) -> None:
+    t = sub.add_parser("train", help="train one run of a preset (resumes from OUT/checkpoint)")
+    t.add_argument("--preset", required=True)
+    t.add_argument("--out", required=True, help="run directory: metrics.jsonl and checkpoint/")
+    t.add_argument("--stop-at", type=at_least(1), default=None, help="stop (with a checkpoint) after this many steps")
+    t.add_argument("--no-resume", action="store_true", help="ignore an existing checkpoint in OUT")
+    t.add_argument("--stage", choices=STAGE_NAMES, default=None,
+                   help="training stage (default pretrain); continued stages use their recipe from "
+                        "looplab/stages.py (App. D's optimiser settings), overrides still win")
+    t.add_argument("--init", default=None, help="parent checkpoint a continued stage starts from")
+    t.add_argument("overrides", nargs="*", help="KEY=VALUE, e.g. model.n_loops=1 train.steps=500")
+    _threads_flag(t)
+    t.set_defaults(fn=cmd_train)
+
+
 def cmd_train(args) -> int:
     from looplab import destinations
-    from looplab.training.train import CHECKPOINT_DIR, DIVERGED, METRICS_FILE, train
+    from looplab.training.run_folder import CHECKPOINT_DIR, DIVERGED, METRICS_FILE
+    from looplab.training.train import train
 
     # What the run writes in --out, each of its kind (a metrics.jsonl that is a folder), before the model is built
     destinations.output_dir("--out", args.out, files=(METRICS_FILE, DIVERGED), folders=(CHECKPOINT_DIR,))
@@ -136,6 +188,24 @@ def cmd_train(args) -> int:
     return 0
 
 
+def add_eval(sub) -> None:
+    e = sub.add_parser("eval", help="evaluate exit policies (full, forced, dense, skip, the zoo's zero-shot rules) "
+                                    "on the task's eval set")
+    e.add_argument("--checkpoint", required=True)
+    e.add_argument("--policies", type=_policies, default=None,
+                   help="exit policies, e.g. 'full;dense:0.2,0.4;skip:0.2,0.4;forced:1-3'; the zoo's zero-shot "
+                        "rules, in dense or skip execution: entropy below T nats (skip-entropy:1.0,2.0), KL between "
+                        "consecutive steps below T (dense-kl:0.01), argmax stable for K steps (skip-stable:2-3) "
+                        "(default: what the checkpoint's stage evaluates: full depth, dense and skip at q in "
+                        "0.2..1.0, forced 1..R-1)")
+    e.add_argument("--limit", type=at_least(0), default=0, help="first N eval samples only (0: all)")
+    e.add_argument("--batch-size", type=at_least(1), default=64)
+    e.add_argument("--device", default="auto")
+    e.add_argument("--json", help="also write the records as a JSON list here")
+    _threads_flag(e)
+    e.set_defaults(fn=cmd_eval)
+
+
 def cmd_eval(args) -> int:
     from looplab.checkpoint import load_model
     from looplab.config import ExperimentConfig
@@ -143,7 +213,7 @@ def cmd_eval(args) -> int:
     from looplab.evaluation.validation import evaluate_policies, format_table
     from looplab.stages import get_stage
     from looplab.tasks import make_task
-    from looplab.training.train import resolve_device
+    from looplab.devices import resolve_device
 
     _checkpoint(args.checkpoint)
     model = load_model(args.checkpoint)
@@ -176,6 +246,22 @@ def cmd_eval(args) -> int:
     return 0
 
 
+def add_data(sub) -> None:
+    d = sub.add_parser("data", help="print task samples as JSON lines")
+    dsub = d.add_subparsers(dest="task", required=True)
+    m = dsub.add_parser("mano")
+    m.add_argument("--L", type=at_least(1), default=10, help="maximum number of operations")
+    m.add_argument("--eval", action="store_true", help="draw from the evaluation distribution (length = L)")
+    p = dsub.add_parser("phop")
+    p.add_argument("--n", type=at_least(3), default=256)
+    p.add_argument("--p", type=at_least(1), default=16)
+    p.add_argument("--alphabet", type=at_least(2), default=4)
+    for sp in (m, p):
+        sp.add_argument("--count", type=at_least(1), default=10)
+        sp.add_argument("--seed", type=at_least(0), default=0)
+    d.set_defaults(fn=cmd_data)
+
+
 def cmd_data(args) -> int:
     if args.task == "mano":
         from looplab.config import ManoConfig
@@ -190,6 +276,43 @@ def cmd_data(args) -> int:
     for r in records:
         sys.stdout.write(json.dumps(r) + "\n")
     return 0
+
+
+def _limit(value: str) -> int | float:
+    """lm-eval's --limit: N documents per task, or a fraction below 1."""
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if not 0 < number < float("inf"):
+        raise argparse.ArgumentTypeError(f"--limit {value!r} is invalid; allowed: a count >= 1 or a fraction "
+                                         "in (0, 1)")
+    return number if number < 1 else int(number)
+
+
+def add_lm_eval(sub) -> None:
+    le = sub.add_parser("lm-eval", help="lm-eval tasks or the paper's seven-task suite on a checkpoint (JSON)")
+    le.add_argument("--checkpoint", required=True)
+    le.add_argument("--tasks", default="", help="comma-separated lm-eval task names (with --suite: a subset)")
+    le.add_argument("--suite", choices=("paper",), default=None,
+                    help="paper: piqa, boolq, winogrande, openbookqa (5 shots), hellaswag (10), arc_challenge "
+                         "(25), arc_easy (8), and their average accuracy")
+    le.add_argument("--include-path", default=None, help="directory of extra task YAMLs")
+    le.add_argument("--local-data", default=None,
+                    help="suite datasets from DIR/<task>/<split>.parquet (python -m looplab.evaluation.suite export)")
+    le.add_argument("--policy", type=_policy, default="full",
+                    help="exit policy: full | forced:D | dense:Q | skip:Q (the gate's threshold rule) | "
+                         "dense-entropy:T | skip-entropy:T | dense-kl:T | skip-kl:T | dense-stable:K | "
+                         "skip-stable:K (zero-shot rules, no gate needed) (default full)")
+    le.add_argument("--tokenizer", default=None,
+                    help="the tokenizer the model was trained with, for checkpoints that do not record one: "
+                         "mistral | bytes | an HF tokenizer name (default: the checkpoint's)")
+    le.add_argument("--limit", type=_limit, default=None, help="documents per task (or a fraction < 1)")
+    le.add_argument("--batch-size", type=at_least(1), default=8)
+    le.add_argument("--device", default="auto")
+    le.add_argument("--output", default=None, help="also write the JSON here")
+    _threads_flag(le)
+    le.set_defaults(fn=cmd_lm_eval)
 
 
 def cmd_lm_eval(args) -> int:
@@ -232,8 +355,11 @@ def cmd_lm_eval(args) -> int:
                                  **model_args)
         report["tasks"] = {name: {"num_fewshot": results.get("n-shot", {}).get(name), "results": row}
                            for name, row in results["results"].items()}
-    report["executed_loops"] = results.get("executed_loops")
     from lm_eval.utils import make_table
+
+    from looplab.tracking import EXECUTED_LOOPS
+
+    report[EXECUTED_LOOPS] = results.get(EXECUTED_LOOPS)
 
     print(make_table(results), file=sys.stderr)
     text = json.dumps(report, indent=2, default=str)
@@ -259,25 +385,44 @@ def check_task_names(tasks: list[str], include_path: str | None) -> None:
                           + (", or tasks under --include-path" if not include_path else ""))
 
 
-def _limit(value: str) -> int | float:
-    """lm-eval's --limit: N documents per task, or a fraction below 1."""
-    try:
-        number = float(value)
-    except ValueError:
-        number = -1.0
-    if not 0 < number < float("inf"):
-        raise argparse.ArgumentTypeError(f"--limit {value!r} is invalid; allowed: a count >= 1 or a fraction "
-                                         "in (0, 1)")
-    return number if number < 1 else int(number)
+def add_bench(sub) -> None:
+    b = sub.add_parser("bench", help="prefill (or --decode) time and memory, full vs skip, over batch × length × "
+                                     "exit policy")
+    b.add_argument("--checkpoint", default="", help="a trained checkpoint (gate-driven exits need one)")
+    b.add_argument("--preset", default="", help="or a preset, freshly initialised (use --oracle-mean)")
+    b.add_argument("--batch", type=ints_at_least(1), default="1,8,16", help="comma-separated batch sizes")
+    b.add_argument("--seq-len", type=ints_at_least(1), default="512,1024", help="comma-separated sequence lengths")
+    b.add_argument("--policies", type=_policies, default=[],
+                   help="skip policies to compare with full, e.g. skip:0.2,0.4 (the gate) or skip-entropy:2.0, "
+                        "skip-kl:0.01, skip-stable:2 (zero-shot rules, any checkpoint)")
+    b.add_argument("--oracle-mean", type=float, default=None, help="oracle exits with this mean executed loops")
+    b.add_argument("--packing", choices=("auto", "padded", "varlen"), default="auto",
+                   help="skip's survivor layout: padded (the paper's ragged-halting measurement) or varlen "
+                        "(looplab's, Mamba-2 only); auto: varlen where it applies")
+    b.add_argument("--dtype", type=one_of("fp32", "bf16"), default="fp32", metavar="{fp32,bf16}",
+                   help="bf16: every timed call under bfloat16 autocast (CUDA's, or CPU's on a CPU) (default fp32)")
+    b.add_argument("--decode", action="store_true",
+                   help="time token-by-token decoding after a prompt of --seq-len tokens instead of the prefill")
+    b.add_argument("--new-tokens", type=at_least(1), default=32, help="--decode: tokens decoded per row")
+    b.add_argument("--attention-fill", choices=("hole", "exit_state"), default="hole",
+                   help="--decode: what exited tokens leave in deeper attention layers")
+    b.add_argument("--schedule", type=_schedules, default="lockstep",
+                   help="--decode: skip's schedules, comma-separated: lockstep | depth (rows at different loops "
+                        "share a step; looplab/inference/depth_batching.py) (default lockstep)")
+    _timing_flags(b, warmup=2, repeats=5)
+    b.add_argument("--tracking-uri", default=None, help="also log the records to MLflow")
+    b.add_argument("overrides", nargs="*", help="model overrides for --preset, e.g. n_loops=4")
+    _compile_flag(b, "on")
+    b.set_defaults(fn=cmd_bench)
 
 
 def cmd_bench(args) -> int:
     from looplab.costs.machine import check_grid
-    from looplab.costs.timing import HEADER, format_record, records_as_dicts, run_grid
+    from looplab.costs.timing import HEADER, BenchRecord, DecodeRecord, format_record, records_as_dicts, run_grid
     from looplab.checkpoint import load_model
     from looplab.config import ExperimentConfig
     from looplab.tasks import make_task
-    from looplab.training.train import resolve_device
+    from looplab.devices import resolve_device
 
     if bool(args.checkpoint) == bool(args.preset):
         raise ConfigError("bench needs exactly one of --checkpoint PATH or --preset NAME")
@@ -315,6 +460,7 @@ def cmd_bench(args) -> int:
     if device.type == "cpu":
         print("measuring every point's peak memory first, in a separate process (looplab/costs/measured_memory.py); "
               "then the timing", file=sys.stderr, flush=True)
+    records: list[BenchRecord] | list[DecodeRecord]
     try:
         if args.decode:
             from looplab.costs.timing import DECODE_HEADER, context_scaling, format_decode_record, run_decode_grid
@@ -389,12 +535,39 @@ def _model_and_task(args):
     return model, make_task(cfg.task, cfg.train.seq_len) if cfg is not None else None
 
 
+def add_bench_arrivals(sub) -> None:
+    a = sub.add_parser("bench-arrivals", help="decode tokens/s under continuous arrivals (requests of different "
+                                              "lengths joining as others finish), schedule × policy, against the "
+                                              "FLOP ratio")
+    a.add_argument("--checkpoint", default="", help="a trained checkpoint (gate-driven exits need one)")
+    a.add_argument("--preset", default="", help="or a preset, freshly initialised")
+    a.add_argument("--slots", type=ints_at_least(1), default="8,32", help="comma-separated cache rows served at once")
+    a.add_argument("--policies", type=_policies, default="skip:0.4",
+                   help="policies to compare with full (always run), e.g. skip:0.4 or 'skip:0.2,0.4;dense:0.4'")
+    a.add_argument("--schedule", type=_schedules, default="lockstep,depth",
+                   help="comma-separated: lockstep | depth (default both)")
+    a.add_argument("--requests", type=at_least(1), default=64, help="requests in the stream (default 64)")
+    a.add_argument("--prompt-len", type=_token_range("--prompt-len"), default="16-128",
+                   help="each request's prompt length, drawn uniformly: LOW-HIGH or N (default 16-128)")
+    a.add_argument("--new-tokens", type=_token_range("--new-tokens"), default="8-64",
+                   help="each request's new tokens, drawn uniformly: LOW-HIGH or N (default 8-64)")
+    a.add_argument("--seed", type=at_least(0), default=0, help="the stream's seed")
+    a.add_argument("--attention-fill", choices=("hole", "exit_state"), default="hole",
+                   help="what exited tokens leave in deeper attention layers (hybrid/transformer)")
+    _timing_flags(a, warmup=1, repeats=3)
+    a.add_argument("overrides", nargs="*", help="model overrides for --preset, e.g. n_loops=4")
+    _compile_flag(a, "on")
+    a.set_defaults(fn=cmd_bench_arrivals)
+
+
 def cmd_bench_arrivals(args) -> int:
     """Decoding under continuous arrivals (looplab/inference/arrivals.py): tokens/s of each
     schedule × policy against full's and against the FLOP ratio."""
-    from looplab.inference.arrivals import HEADER, ArrivalBench, RequestStream, bench_arrivals, format_record, records_as_dicts
+    from looplab.costs.arrival_bench import (HEADER, ArrivalBench, ArrivalRecord, bench_arrivals, format_record,
+                                             records_as_dicts)
+    from looplab.inference.arrivals import RequestStream
     from looplab.costs.machine import check_stream
-    from looplab.training.train import resolve_device
+    from looplab.devices import resolve_device
 
     model, task = _model_and_task(args)
     for policy in args.policies:  # (given exits cannot be written on a command line)
@@ -412,9 +585,9 @@ def cmd_bench_arrivals(args) -> int:
     print(f"{args.requests} requests (prompt {args.prompt_len[0]}-{args.prompt_len[1]}, new "
           f"{args.new_tokens[0]}-{args.new_tokens[1]} tokens, seed {args.seed}); R={model.cfg.n_loops}; "
           f"{len(settings.runs)} runs per slots × {args.warmup + args.repeats}", file=sys.stderr, flush=True)
-    records = []
+    records: list[ArrivalRecord] = []
 
-    def show(record) -> None:
+    def show(record: ArrivalRecord) -> None:
         if not records:
             print(HEADER, file=sys.stderr)
         records.append(record)
@@ -467,6 +640,29 @@ def untrained_gate_note(model, policy) -> str | None:
             "rule that reads the logits (skip-entropy:T)")
 
 
+def add_generate(sub) -> None:
+    g = sub.add_parser("generate", help="continue a prompt from a checkpoint; print the loops behind each token")
+    g.add_argument("--checkpoint", required=True)
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--policy", type=_policy, default="full",
+                   help="exit policy: full | forced:D | dense:Q | skip:Q | the zoo's skip-entropy:T, ... (default full)")
+    g.add_argument("--max-new-tokens", type=at_least(1), default=64)
+    g.add_argument("--temperature", type=number_in(0.0), default=0.0, help="0: greedy (default)")
+    g.add_argument("--top-k", type=at_least(0), default=0, help="0: no limit")
+    g.add_argument("--top-p", type=number_in(0.0, 1.0, low_open=True), default=1.0)
+    g.add_argument("--seed", type=at_least(0), default=None)
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument("--attention-fill", choices=("hole", "exit_state"), default="hole",
+                   help="what exited tokens leave in deeper attention layers (hybrid/transformer)")
+    g.add_argument("--tokenizer", default="", help="default: the checkpoint's")
+    g.add_argument("--no-bos", action="store_true", help="do not start the prompt with <bos>")
+    g.add_argument("--device", default="auto")
+    g.add_argument("--json", action="store_true", help="print one JSON record instead")
+    _threads_flag(g)
+    _compile_flag(g, "off")
+    g.set_defaults(fn=cmd_generate)
+
+
 def cmd_generate(args) -> int:
     """Continue a prompt from a checkpoint under an exit policy; print the text and the
     loops behind every new token."""
@@ -476,7 +672,7 @@ def cmd_generate(args) -> int:
     from looplab.costs.machine import check_decoding, check_new_tokens
     from looplab.inference.generate import generate
     from looplab.tasks.tokenizer import load_tokenizer
-    from looplab.training.train import resolve_device
+    from looplab.devices import resolve_device
 
     check_new_tokens("--max-new-tokens", args.max_new_tokens)  # a count no model makes sensible: before loading one
     _checkpoint(args.checkpoint)
@@ -504,17 +700,18 @@ def cmd_generate(args) -> int:
         out = generate(model, [prompt], args.max_new_tokens, policy, temperature=args.temperature, top_k=args.top_k,
                        top_p=args.top_p, seed=args.seed, eos_id=tok.eos_id, stop=args.stop or None,
                        decode=tok.decode, attention_fill=args.attention_fill)
-    tokens, loops = out.tokens[0], out.loops[0]
+    assert out.texts is not None  # generate returns the texts when given decode=
+    tokens, loops, text = out.tokens[0], out.loops[0], out.texts[0]
     pieces = [tok.decode([t]) for t in tokens]
     record = {"checkpoint": str(args.checkpoint), "prompt": args.prompt, "policy": policy.spec,
-              "attention_fill": args.attention_fill, "n_loops": model.cfg.n_loops, "text": out.texts[0],
+              "attention_fill": args.attention_fill, "n_loops": model.cfg.n_loops, "text": text,
               "tokens": tokens, "pieces": pieces, "loops": loops, "exit_step": out.exit_step[0],
               "finish": out.finish[0], "mean_loops": out.executed_loops,
               "prompt_executed_loops": out.prompt_executed_loops, "note": note}
     if args.json:
         print(json.dumps(record))
         return 0
-    print(args.prompt + out.texts[0])
+    print(args.prompt + text)
     mean = f"{out.executed_loops:.2f}" if out.executed_loops is not None else "-"
     counts = " ".join(f"{r}:{loops.count(r)}" for r in range(1, model.cfg.n_loops + 1))
     print(f"\nloops per new token ({policy.label}, R={model.cfg.n_loops}; mean {mean}, tokens per depth {counts}; "
@@ -523,12 +720,24 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def add_export(sub) -> None:
+    x = sub.add_parser("export", help="write a checkpoint as a Hugging Face folder (transformers, lm-eval's hf)")
+    x.add_argument("--checkpoint", required=True)
+    x.add_argument("--format", default="hf", help="hf: AutoModelForCausalLM.from_pretrained(OUT_DIR, "
+                                                  "trust_remote_code=True) (default hf)")
+    x.add_argument("--policy", type=_policy, default="full",
+                   help="the exit policy the export runs by default (config exit_policy; overridable at load time)")
+    x.add_argument("--force", action="store_true", help="replace a previous export in OUT_DIR (nothing else)")
+    x.add_argument("out_dir", metavar="OUT_DIR")
+    x.set_defaults(fn=cmd_export)
+
+
 def cmd_export(args) -> int:
     """Write a checkpoint as a folder another ecosystem loads (--format hf: transformers,
-    with trust_remote_code; looplab/huggingface/export.py)."""
+    with trust_remote_code; looplab/export.py)."""
     from looplab import destinations
     from looplab.checkpoint import read_model_config
-    from looplab.huggingface.export import FORMATS, check_out_dir, export_hf
+    from looplab.export import FORMATS, check_out_dir, export_hf
 
     if args.format not in FORMATS:
         raise ConfigError(f"--format={args.format!r} is invalid; allowed: {' | '.join(FORMATS)}")
@@ -545,6 +754,10 @@ def cmd_export(args) -> int:
     return 0
 
 
+def add_presets(sub) -> None:
+    sub.add_parser("presets", help="list the presets").set_defaults(fn=cmd_presets)
+
+
 def cmd_presets(args) -> int:
     from looplab.presets import PRESETS, get_preset
 
@@ -554,6 +767,13 @@ def cmd_presets(args) -> int:
         print(f"{name:24s} {c.task.kind:5s} {m.arch:11s} {m.n_layers}⊗{m.n_loops}  d={m.d_model}  "
               f"steps={c.train.steps}  hash={c.config_hash()}")
     return 0
+
+
+def add_info(sub) -> None:
+    i = sub.add_parser("info", help="parameters and FLOPs of a preset")
+    i.add_argument("--preset", required=True)
+    i.add_argument("overrides", nargs="*")
+    i.set_defaults(fn=cmd_info)
 
 
 def cmd_info(args) -> int:
@@ -568,197 +788,7 @@ def cmd_info(args) -> int:
     return 0
 
 
-
-def _threads_flag(p) -> None:
-    """--threads, on every command that computes: main() sets torch's threads from it
-    (looplab/threads.py), and from the CPUs the process was given without it (the default,
-    0, is not a value to give). More threads than CPUs only wait on each other, and
-    torch crashes at some 10⁵."""
-    from looplab.threads import usable_cpus
-
-    p.add_argument("--threads", type=int_in(1, usable_cpus(), "the CPUs this process may use"), default=0,
-                   help="torch threads, at most this process's CPUs (default: Ray's allocation inside Ray, else the "
-                        "machine's free cores)")
-
-
-def _compile_flag(p, default: str) -> None:
-    p.add_argument("--compile", choices=("on", "off"), default=default,
-                   help=f"decode with the compiled one-token step (looplab/models/compiled.py; the first steps "
-                        f"compile for seconds) or the eager one (default {default})")
-
-
-def _compile_decoding(model, setting: str):
-    from looplab.models.compiled import compile_decoding
-
-    return compile_decoding(model, setting == "on")
-
-
-def _timing_flags(p, *, warmup: int, repeats: int) -> None:
-    """The flags every timing command shares: threads, warm-ups, repeats, device, JSON out."""
-    _threads_flag(p)
-    p.add_argument("--warmup", type=at_least(0), default=warmup)
-    p.add_argument("--repeats", type=at_least(1), default=repeats)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--json", help="write the records (a JSON list) here")
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="looplab", description="Looped language models: single runs and data.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-
-    t = sub.add_parser("train", help="train one run of a preset (resumes from OUT/checkpoint)")
-    t.add_argument("--preset", required=True)
-    t.add_argument("--out", required=True, help="run directory: metrics.jsonl and checkpoint/")
-    t.add_argument("--stop-at", type=at_least(1), default=None, help="stop (with a checkpoint) after this many steps")
-    t.add_argument("--no-resume", action="store_true", help="ignore an existing checkpoint in OUT")
-    t.add_argument("--stage", choices=STAGE_NAMES, default=None,
-                   help="training stage (default pretrain); continued stages use their recipe from "
-                        "looplab/stages.py (App. D's optimiser settings), overrides still win")
-    t.add_argument("--init", default=None, help="parent checkpoint a continued stage starts from")
-    t.add_argument("overrides", nargs="*", help="KEY=VALUE, e.g. model.n_loops=1 train.steps=500")
-    _threads_flag(t)
-    t.set_defaults(fn=cmd_train)
-
-    d = sub.add_parser("data", help="print task samples as JSON lines")
-    dsub = d.add_subparsers(dest="task", required=True)
-    m = dsub.add_parser("mano")
-    m.add_argument("--L", type=at_least(1), default=10, help="maximum number of operations")
-    m.add_argument("--eval", action="store_true", help="draw from the evaluation distribution (length = L)")
-    p = dsub.add_parser("phop")
-    p.add_argument("--n", type=at_least(3), default=256)
-    p.add_argument("--p", type=at_least(1), default=16)
-    p.add_argument("--alphabet", type=at_least(2), default=4)
-    for sp in (m, p):
-        sp.add_argument("--count", type=at_least(1), default=10)
-        sp.add_argument("--seed", type=at_least(0), default=0)
-    d.set_defaults(fn=cmd_data)
-
-    e = sub.add_parser("eval", help="evaluate exit policies (full, forced, dense, skip, the zoo's zero-shot rules) "
-                                    "on the task's eval set")
-    e.add_argument("--checkpoint", required=True)
-    e.add_argument("--policies", type=_policies, default=None,
-                   help="exit policies, e.g. 'full;dense:0.2,0.4;skip:0.2,0.4;forced:1-3'; the zoo's zero-shot "
-                        "rules, in dense or skip execution: entropy below T nats (skip-entropy:1.0,2.0), KL between "
-                        "consecutive steps below T (dense-kl:0.01), argmax stable for K steps (skip-stable:2-3) "
-                        "(default: what the checkpoint's stage evaluates: full depth, dense and skip at q in "
-                        "0.2..1.0, forced 1..R-1)")
-    e.add_argument("--limit", type=at_least(0), default=0, help="first N eval samples only (0: all)")
-    e.add_argument("--batch-size", type=at_least(1), default=64)
-    e.add_argument("--device", default="auto")
-    e.add_argument("--json", help="also write the records as a JSON list here")
-    _threads_flag(e)
-    e.set_defaults(fn=cmd_eval)
-
-    le = sub.add_parser("lm-eval", help="lm-eval tasks or the paper's seven-task suite on a checkpoint (JSON)")
-    le.add_argument("--checkpoint", required=True)
-    le.add_argument("--tasks", default="", help="comma-separated lm-eval task names (with --suite: a subset)")
-    le.add_argument("--suite", choices=("paper",), default=None,
-                    help="paper: piqa, boolq, winogrande, openbookqa (5 shots), hellaswag (10), arc_challenge "
-                         "(25), arc_easy (8), and their average accuracy")
-    le.add_argument("--include-path", default=None, help="directory of extra task YAMLs")
-    le.add_argument("--local-data", default=None,
-                    help="suite datasets from DIR/<task>/<split>.parquet (python -m looplab.evaluation.suite export)")
-    le.add_argument("--policy", type=_policy, default="full",
-                    help="exit policy: full | forced:D | dense:Q | skip:Q (the gate's threshold rule) | "
-                         "dense-entropy:T | skip-entropy:T | dense-kl:T | skip-kl:T | dense-stable:K | "
-                         "skip-stable:K (zero-shot rules, no gate needed) (default full)")
-    le.add_argument("--tokenizer", default=None,
-                    help="the tokenizer the model was trained with, for checkpoints that do not record one: "
-                         "mistral | bytes | an HF tokenizer name (default: the checkpoint's)")
-    le.add_argument("--limit", type=_limit, default=None, help="documents per task (or a fraction < 1)")
-    le.add_argument("--batch-size", type=at_least(1), default=8)
-    le.add_argument("--device", default="auto")
-    le.add_argument("--output", default=None, help="also write the JSON here")
-    _threads_flag(le)
-    le.set_defaults(fn=cmd_lm_eval)
-
-    b = sub.add_parser("bench", help="prefill (or --decode) time and memory, full vs skip, over batch × length × "
-                                     "exit policy")
-    b.add_argument("--checkpoint", default="", help="a trained checkpoint (gate-driven exits need one)")
-    b.add_argument("--preset", default="", help="or a preset, freshly initialised (use --oracle-mean)")
-    b.add_argument("--batch", type=ints_at_least(1), default="1,8,16", help="comma-separated batch sizes")
-    b.add_argument("--seq-len", type=ints_at_least(1), default="512,1024", help="comma-separated sequence lengths")
-    b.add_argument("--policies", type=_policies, default=[],
-                   help="skip policies to compare with full, e.g. skip:0.2,0.4 (the gate) or skip-entropy:2.0, "
-                        "skip-kl:0.01, skip-stable:2 (zero-shot rules, any checkpoint)")
-    b.add_argument("--oracle-mean", type=float, default=None, help="oracle exits with this mean executed loops")
-    b.add_argument("--packing", choices=("auto", "padded", "varlen"), default="auto",
-                   help="skip's survivor layout: padded (the paper's ragged-halting measurement) or varlen "
-                        "(looplab's, Mamba-2 only); auto: varlen where it applies")
-    b.add_argument("--dtype", type=one_of("fp32", "bf16"), default="fp32", metavar="{fp32,bf16}",
-                   help="bf16: every timed call under bfloat16 autocast (CUDA's, or CPU's on a CPU) (default fp32)")
-    b.add_argument("--decode", action="store_true",
-                   help="time token-by-token decoding after a prompt of --seq-len tokens instead of the prefill")
-    b.add_argument("--new-tokens", type=at_least(1), default=32, help="--decode: tokens decoded per row")
-    b.add_argument("--attention-fill", choices=("hole", "exit_state"), default="hole",
-                   help="--decode: what exited tokens leave in deeper attention layers")
-    b.add_argument("--schedule", type=_schedules, default="lockstep",
-                   help="--decode: skip's schedules, comma-separated: lockstep | depth (rows at different loops "
-                        "share a step; looplab/inference/depth_batching.py) (default lockstep)")
-    _timing_flags(b, warmup=2, repeats=5)
-    b.add_argument("--tracking-uri", default=None, help="also log the records to MLflow")
-    b.add_argument("overrides", nargs="*", help="model overrides for --preset, e.g. n_loops=4")
-    _compile_flag(b, "on")
-    b.set_defaults(fn=cmd_bench)
-
-    a = sub.add_parser("bench-arrivals", help="decode tokens/s under continuous arrivals (requests of different "
-                                              "lengths joining as others finish), schedule × policy, against the "
-                                              "FLOP ratio")
-    a.add_argument("--checkpoint", default="", help="a trained checkpoint (gate-driven exits need one)")
-    a.add_argument("--preset", default="", help="or a preset, freshly initialised")
-    a.add_argument("--slots", type=ints_at_least(1), default="8,32", help="comma-separated cache rows served at once")
-    a.add_argument("--policies", type=_policies, default="skip:0.4",
-                   help="policies to compare with full (always run), e.g. skip:0.4 or 'skip:0.2,0.4;dense:0.4'")
-    a.add_argument("--schedule", type=_schedules, default="lockstep,depth",
-                   help="comma-separated: lockstep | depth (default both)")
-    a.add_argument("--requests", type=at_least(1), default=64, help="requests in the stream (default 64)")
-    a.add_argument("--prompt-len", type=_token_range("--prompt-len"), default="16-128",
-                   help="each request's prompt length, drawn uniformly: LOW-HIGH or N (default 16-128)")
-    a.add_argument("--new-tokens", type=_token_range("--new-tokens"), default="8-64",
-                   help="each request's new tokens, drawn uniformly: LOW-HIGH or N (default 8-64)")
-    a.add_argument("--seed", type=at_least(0), default=0, help="the stream's seed")
-    a.add_argument("--attention-fill", choices=("hole", "exit_state"), default="hole",
-                   help="what exited tokens leave in deeper attention layers (hybrid/transformer)")
-    _timing_flags(a, warmup=1, repeats=3)
-    a.add_argument("overrides", nargs="*", help="model overrides for --preset, e.g. n_loops=4")
-    _compile_flag(a, "on")
-    a.set_defaults(fn=cmd_bench_arrivals)
-
-    g = sub.add_parser("generate", help="continue a prompt from a checkpoint; print the loops behind each token")
-    g.add_argument("--checkpoint", required=True)
-    g.add_argument("--prompt", required=True)
-    g.add_argument("--policy", type=_policy, default="full",
-                   help="exit policy: full | forced:D | dense:Q | skip:Q | the zoo's skip-entropy:T, ... (default full)")
-    g.add_argument("--max-new-tokens", type=at_least(1), default=64)
-    g.add_argument("--temperature", type=number_in(0.0), default=0.0, help="0: greedy (default)")
-    g.add_argument("--top-k", type=at_least(0), default=0, help="0: no limit")
-    g.add_argument("--top-p", type=number_in(0.0, 1.0, low_open=True), default=1.0)
-    g.add_argument("--seed", type=at_least(0), default=None)
-    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    g.add_argument("--attention-fill", choices=("hole", "exit_state"), default="hole",
-                   help="what exited tokens leave in deeper attention layers (hybrid/transformer)")
-    g.add_argument("--tokenizer", default="", help="default: the checkpoint's")
-    g.add_argument("--no-bos", action="store_true", help="do not start the prompt with <bos>")
-    g.add_argument("--device", default="auto")
-    g.add_argument("--json", action="store_true", help="print one JSON record instead")
-    _threads_flag(g)
-    _compile_flag(g, "off")
-    g.set_defaults(fn=cmd_generate)
-
-    x = sub.add_parser("export", help="write a checkpoint as a Hugging Face folder (transformers, lm-eval's hf)")
-    x.add_argument("--checkpoint", required=True)
-    x.add_argument("--format", default="hf", help="hf: AutoModelForCausalLM.from_pretrained(OUT_DIR, "
-                                                  "trust_remote_code=True) (default hf)")
-    x.add_argument("--policy", type=_policy, default="full",
-                   help="the exit policy the export runs by default (config exit_policy; overridable at load time)")
-    x.add_argument("--force", action="store_true", help="replace a previous export in OUT_DIR (nothing else)")
-    x.add_argument("out_dir", metavar="OUT_DIR")
-    x.set_defaults(fn=cmd_export)
-
-    sub.add_parser("presets", help="list the presets").set_defaults(fn=cmd_presets)
-    i = sub.add_parser("info", help="parameters and FLOPs of a preset")
-    i.add_argument("--preset", required=True)
-    i.add_argument("overrides", nargs="*")
-    i.set_defaults(fn=cmd_info)
+def add_doctor(sub) -> None:
     d = sub.add_parser("doctor", help="check this node: environment, peaks, kernel correctness, a training probe, "
                                       "Ray (looplab/doctor.py)")
     d.add_argument("--quick", action="store_true", help="environment, peaks and correctness only (seconds): what "
@@ -772,7 +802,6 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--no-ray", action="store_true", help="skip the Ray check")
     _threads_flag(d)
     d.set_defaults(fn=cmd_doctor)
-    return parser
 
 
 def cmd_doctor(args) -> int:
@@ -786,6 +815,15 @@ def cmd_doctor(args) -> int:
         except ConfigError as e:
             raise e.renamed("--preset", args.preset) from None
     return doctor(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="looplab", description="Looped language models: single runs and data.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    for add in (add_train, add_data, add_eval, add_lm_eval, add_bench, add_bench_arrivals, add_generate, add_export,
+                add_presets, add_info, add_doctor):  # --help lists the commands in this order
+        add(sub)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
