@@ -99,7 +99,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     from lm_eval.api.instance import Instance
 
-    from looplab.costs.timing import heldout_ids
+    from looplab.tasks.base import heldout_ids
     from looplab.config import ExperimentConfig
     from looplab.evaluation.harness import LoopLabLM
     from looplab.tasks import make_task

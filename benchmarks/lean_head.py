@@ -44,16 +44,17 @@ import time
 import torch
 
 from looplab.checkpoint import model_from_config, parent_ref
-from looplab.evaluation.validation import autocast_context
+from looplab.devices import autocast_context
 from looplab.costs.measured_memory import in_rss_process, peak_memory
 from looplab.models import head as lean_head
-from looplab.training.objectives import masked_mean, stage1_loss, token_losses
+from looplab.models.head import token_losses
+from looplab.training.objectives import masked_mean, stage1_loss
 from looplab.policy import ExitPolicy
 from looplab.presets import get_preset, stage_config
 from looplab.costs.resources import flops_per_token
 from looplab.stages import get_stage
 from looplab.tasks.base import IGNORE_INDEX, Batch
-from looplab.training.train import make_optimizer
+from looplab.training.steps import make_optimizer
 
 STAGES = ("pretrain", "stage1")
 # The chunked head's targets on `local` (after): Stage-1's memory above the model and its

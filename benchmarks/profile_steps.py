@@ -24,7 +24,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 def training_step(compiled: bool):
     from looplab.config import apply_overrides
     from looplab.presets import get_preset
-    from looplab.training.train import optimizer_step
+    from looplab.training.steps import optimizer_step
 
     cfg = apply_overrides(get_preset("debug"), {"train.compile": "on" if compiled else "off"})
     step, _ = optimizer_step(cfg, "cpu")

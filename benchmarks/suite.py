@@ -119,7 +119,7 @@ def train(suite: Suite) -> None:
     from looplab.config import apply_overrides
     from looplab.costs.resources import flops_per_token
     from looplab.presets import get_preset
-    from looplab.training.train import optimizer_step
+    from looplab.training.steps import optimizer_step
 
     debug = get_preset("debug")
     eager, _ = optimizer_step(apply_overrides(debug, {"train.compile": "off"}), "cpu")
@@ -243,7 +243,8 @@ def decode(suite: Suite) -> None:
 
 @torch.no_grad()
 def arrivals(suite: Suite) -> None:
-    from looplab.inference.arrivals import ArrivalBench, RequestStream, bench_arrivals
+    from looplab.costs.arrival_bench import ArrivalBench, bench_arrivals
+    from looplab.inference.arrivals import RequestStream
     from looplab.models.compiled import compile_decoding
     from looplab.models.looped import LoopedLM
     from looplab.policy import ExitPolicy

@@ -33,7 +33,7 @@ from looplab.config import apply_overrides, parse_value
 from looplab.costs.measured_memory import in_rss_process, peak_memory
 from looplab.costs.memory import step_memory
 from looplab.presets import get_preset, stage_config
-from looplab.training.train import optimizer_step
+from looplab.training.steps import optimizer_step
 
 MiB = 2**20
 

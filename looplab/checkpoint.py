@@ -32,7 +32,7 @@ import torch
 
 from looplab.config import ConfigError, ModelConfig, ParentRef, apply_overrides
 from looplab.fields import is_int
-from looplab.keys import KEY_LENGTH, file_digest, keyed_name, text_digest
+from looplab.keys import KEY_LENGTH, SHA256, file_digest, keyed_name, text_digest
 from looplab.models.looped import LoopedLM
 from looplab.stages import DEFAULT_STAGE, method_of
 
@@ -209,8 +209,8 @@ def read_config(directory: str | os.PathLike) -> dict[str, Any]:
             raise ConfigError(f"{path} is damaged: {key}={blob.get(key)!r}, not a JSON "
                               f"{'object' if kind is dict else 'string'}")
     digest = blob.get(WEIGHTS_DIGEST)
-    if digest is not None and not digest.startswith("sha256:"):
-        raise ConfigError(f"{path} is damaged: {WEIGHTS_DIGEST}={digest!r}, not sha256:<hex>")
+    if digest is not None and not digest.startswith(SHA256):
+        raise ConfigError(f"{path} is damaged: {WEIGHTS_DIGEST}={digest!r}, not {SHA256}<hex>")
     return blob
 
 
@@ -241,7 +241,7 @@ def parent_ref(directory: str | os.PathLike) -> ParentRef:
         stopped = f"@step{state['step']}" if steps is not None and state["step"] < steps else ""
         return ParentRef(stage=meta.get("stage", DEFAULT_STAGE), key=meta["stage_key"] + stopped,
                          group=meta["config_hash"] + stopped, checkpoint=str(path))
-    digest = keyed_name(WEIGHTS_KEY, weights_digest(path).removeprefix("sha256:")[:KEY_LENGTH])
+    digest = keyed_name(WEIGHTS_KEY, weights_digest(path).removeprefix(SHA256)[:KEY_LENGTH])
     return ParentRef(stage=meta.get("stage", DEFAULT_STAGE), key=digest, group=digest, checkpoint=str(path))
 
 
@@ -403,6 +403,8 @@ def load_training_state(directory: Path, model: LoopedLM, optimizer: torch.optim
 
     directory = Path(directory)
     state = training_state(directory, recover)
+    if state is None:  # weights without their counters: no checkpoint to resume from
+        raise ConfigError(f"{directory / TRAINER} is missing: {directory} is no training checkpoint; {recover}")
     load_weights(model, directory)
     saved = load_file(str(directory / OPTIMIZER))
     names = {id(p): n for n, p in model.named_parameters()}

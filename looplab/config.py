@@ -27,7 +27,7 @@ from typing import Any, Union
 from looplab.errors import ConfigError, check, invalid
 from looplab.fields import KEY, check_choice, check_finite, check_ints, is_int, key_values, keyed, unkeyed_fields
 from looplab.keys import digest
-from looplab.policy import DEFAULT_QS
+from looplab.policy import DEFAULT_QS, ROUNDINGS
 from looplab.stages import DEFAULT_STAGE, STAGE_NAMES, get_stage
 # Each task's config lives beside its task; this module gathers them into TaskConfig.
 from looplab.tasks.mano import ManoConfig
@@ -97,14 +97,15 @@ class ModelConfig:
         check(isinstance(self.attn_layer_idx, (list, tuple)), f"{name}.attn_layer_idx", self.attn_layer_idx,
               "a list of layer indices, e.g. [1, 3]")
         object.__setattr__(self, "attn_layer_idx", tuple(self.attn_layer_idx))
-        if self.d_intermediate is None:
-            default = -(-8 * self.d_model // 3 // 64) * 64 if self.arch == "transformer" else 0
-            object.__setattr__(self, "d_intermediate", default)
+        d_intermediate = self.d_intermediate
+        if d_intermediate is None:
+            d_intermediate = -(-8 * self.d_model // 3 // 64) * 64 if self.arch == "transformer" else 0
+            object.__setattr__(self, "d_intermediate", d_intermediate)
         check_ints(self, "d_intermediate", minimum=0)
-        check(self.d_intermediate <= 1 << 20, f"{name}.d_intermediate", self.d_intermediate,
+        check(d_intermediate <= 1 << 20, f"{name}.d_intermediate", d_intermediate,
               f"an integer in [0, {1 << 20}]")
         if self.arch == "transformer":
-            check(self.d_intermediate > 0, f"{name}.d_intermediate", self.d_intermediate,
+            check(d_intermediate > 0, f"{name}.d_intermediate", d_intermediate,
                   "an integer >= 1 for arch='transformer' (LLaMA layers have a gated MLP)")
         check_finite(self, "norm_eps", "init_std", "rope_theta")
         check(self.norm_eps > 0, f"{name}.norm_eps", self.norm_eps, "a float > 0")
@@ -164,7 +165,7 @@ class TrainConfig:
     precision: str = keyed("auto")  # auto: bf16 autocast on CUDA, fp32 on CPU
     eval_limit: int = keyed(0)  # evaluate on the first K eval samples; 0 = all (changes the logged result)
     seed: int = keyed(0)
-    # Where a pre-training run's weights start (looplab/huggingface/retrofit.py): "" a
+    # Where a pre-training run's weights start (looplab/retrofit.py): "" a
     # fresh initialisation, "hf:PATH" a Hugging Face Mamba2ForCausalLM or
     # LlamaForCausalLM folder (its embeddings, head and N of its layers as the shared
     # block; the checkpoint fixes the model's shape, apply_overrides sets it),
@@ -225,7 +226,7 @@ class TrainConfig:
               "a non-empty list of distinct thresholds in (0, 1], e.g. [0.2, 0.4, 0.6, 0.8, 1.0]")
         object.__setattr__(self, "eval_qs", tuple(float(q) for q in sorted(qs)))
         if self.init_from != "":  # the forms are retrofit's (torch-free, imported only when one is given)
-            from looplab.huggingface.retrofit import ALLOWED, well_formed
+            from looplab.retrofit import ALLOWED, well_formed
 
             check(well_formed(self.init_from), "TrainConfig.init_from", self.init_from, ALLOWED)
         layers = self.init_layers
@@ -236,7 +237,7 @@ class TrainConfig:
             part.isdigit() for part in layers.split(","))), "TrainConfig.init_layers", self.init_layers,
             '"" (the first N) | even | comma-separated layer indices, e.g. 0,5')
         object.__setattr__(self, "init_layers", layers)
-        check(self.init_from or not layers, "TrainConfig.init_layers", layers,
+        check(self.init_from != "" or not layers, "TrainConfig.init_layers", layers,
               '"" unless train.init_from names a checkpoint')
 
 
@@ -283,7 +284,7 @@ class HoleConfig:
 
     def __post_init__(self) -> None:
         check_choice(self, "sampler", ("depth", "threshold"))
-        check_choice(self, "rounding", ("stochastic", "nearest", "floor", "ceil"))
+        check_choice(self, "rounding", ROUNDINGS)
         check_finite(self, "rho", "hp", "lo", "hi", "q_low", "q_high")
         for name in ("rho", "hp", "q_low", "q_high"):
             v = getattr(self, name)
@@ -501,7 +502,7 @@ def apply_overrides(cfg: ExperimentConfig, overrides: dict[str, Any]) -> Experim
         _follow_checkpoint(d, overrides)
     cfg = ExperimentConfig.from_dict(d)
     if cfg.train.init_from:  # the layers it names exist, before anything starts
-        from looplab.huggingface.retrofit import checkpoint_layers, select_layers
+        from looplab.retrofit import checkpoint_layers, select_layers
 
         select_layers(cfg.train.init_layers, cfg.model.n_layers, checkpoint_layers(cfg.train.init_from))
     return cfg
@@ -512,7 +513,7 @@ def _follow_checkpoint(d: dict[str, Any], overrides: dict[str, Any]) -> None:
     vocabulary, mixer sizes, norm epsilon, RoPE) from it, while N, R and the rest stay
     the preset's and the overrides'. An override that contradicts the checkpoint is
     refused rather than silently replaced."""
-    from looplab.huggingface.retrofit import checkpoint_model_fields
+    from looplab.retrofit import checkpoint_model_fields
 
     init_from = d["train"]["init_from"]
     check(isinstance(init_from, str), "TrainConfig.init_from", init_from, '"" | hf:PATH')

@@ -170,7 +170,7 @@ def max_error(a, b) -> float:
 
 def _within(name: str, errors: dict[str, float], dtype) -> Check:
     tol = TOLERANCE[str(dtype).removeprefix("torch.")]
-    worst = max(errors, key=errors.get)
+    worst = max(errors, key=lambda name: errors[name])
     figure = f"max error {errors[worst]:.1e} ({worst}) against {tol:.0e}"
     return (passed(name, figure, errors[worst]) if errors[worst] <= tol
             else failed(name, f"{worst} is off by {errors[worst]:.1e} > {tol:.0e}", figure, errors[worst]))
@@ -302,7 +302,9 @@ def generation_check(device) -> list[Check]:
             state = prefill(model, ids[:, :prompt], policy, capacity=ids.shape[1])
             logits = [state.logits]
             for k in range(new - 1):
-                logits.append(decode_step(model, state.cache, ids[:, prompt + k], policy).logits)
+                step = decode_step(model, state.cache, ids[:, prompt + k], policy).logits
+                assert step is not None  # decode_step reads out unless told readout=False
+                logits.append(step)
         decoded = torch.stack(logits, 1)
         out.append(_within(f"generation {spec} vs full forward", {"logits": max_error(decoded, full[:, :new])},
                            dtype))
@@ -397,7 +399,7 @@ def measure_steps(cfg, steps: int, device) -> tuple[int, float]:
     in a child process (looplab/costs/measured_memory.py), where the peak is measured."""
     from looplab.costs.timing import median_seconds
     from looplab.costs.measured_memory import in_rss_process
-    from looplab.training.train import optimizer_step
+    from looplab.training.steps import optimizer_step
 
     step, _ = optimizer_step(cfg, device)
     seconds = median_seconds(step, steps, warmup=1, device=device)
@@ -414,7 +416,7 @@ def step_peak(cfg, device) -> int:
     """One optimizer step's peak above the memory in use before it (after a warm-up step,
     so AdamW's moments already exist)."""
     from looplab.costs.measured_memory import peak_memory
-    from looplab.training.train import optimizer_step
+    from looplab.training.steps import optimizer_step
 
     step, _ = optimizer_step(cfg, device)
     step()
@@ -471,7 +473,7 @@ def _ray_worker_step(config=None) -> None:
     from looplab.presets import get_preset
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    from looplab.training.train import optimizer_step
+    from looplab.training.steps import optimizer_step
 
     cfg = apply_overrides(get_preset("debug"), {"train.batch_size": 2, "train.seq_len": 32})
     loss = optimizer_step(cfg, device)[0]()
@@ -485,7 +487,7 @@ def run(*, quick: bool = False, preset: str | None = None, steps: int = 3, devic
         ray: bool = True, progress: Callable[[Check], None] | None = None) -> list[Check]:
     import torch
 
-    from looplab.training.train import resolve_device
+    from looplab.devices import resolve_device
 
     dev = resolve_device(device)
     checks: list[Check] = []

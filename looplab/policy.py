@@ -40,6 +40,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from looplab.errors import ConfigError
 
 if TYPE_CHECKING:  # torch is imported where tensors are used: analysis reads policy names without it
@@ -186,7 +188,7 @@ class ExitPolicy:
             return f"{FORCED}:{self.depth}"
         if self.rule in ZOO_RULES:
             return f"{self.kind}:{_value_name(self.rule, self.threshold)}"
-        return f"{self.execution}:{GIVEN if self.rule == GIVEN else number_name(self.q)}"
+        return f"{self.execution}:{GIVEN if self.rule == GIVEN else number_name(self._gate_q())}"
 
     @property
     def label(self) -> str:
@@ -198,7 +200,7 @@ class ExitPolicy:
             return f"forced d={self.depth}"
         if self.rule in ZOO_RULES:
             return f"{self.execution} " + ZOO_LABELS[self.rule].format(_value_name(self.rule, self.threshold))
-        return f"{self.execution} " + ("given exits" if self.rule == GIVEN else f"q={number_name(self.q)}")
+        return f"{self.execution} " + ("given exits" if self.rule == GIVEN else f"q={number_name(self._gate_q())}")
 
     @property
     def metric_prefix(self) -> str:
@@ -212,7 +214,12 @@ class ExitPolicy:
             raise ConfigError("a policy with given exit steps has no metric name (it is never logged)")
         if self.rule in ZOO_RULES:
             return f"{self.execution}_{self.rule}{_value_name(self.rule, self.threshold)}_"
-        return f"{self.execution}_q{number_name(self.q)}_"
+        return f"{self.execution}_q{number_name(self._gate_q())}_"
+
+    def _gate_q(self) -> float:
+        """q of a gate rule (__post_init__ made it a float; the names above reach here for gate rules only)."""
+        assert self.q is not None, self.rule
+        return self.q
 
     def __str__(self) -> str:
         return self.spec
@@ -236,7 +243,7 @@ class ExitPolicy:
         except ValueError:
             number = None
         if number is not None and kind == FORCED:
-            return cls.forced(number)
+            return cls.forced(int(number))  # parsed with int() above
         if number is not None and kind in (DENSE, SKIP):
             return cls(execution, GATE, q=number)
         if number is not None and zoo:
@@ -277,7 +284,7 @@ class ExitPolicy:
 
     def check(self, n_loops: int, shape: tuple[int, ...] | None = None) -> None:
         """Checks that need the model: forced depth and given steps within 1..R."""
-        if self.execution == FORCED and self.depth > n_loops:
+        if self.execution == FORCED and self.depth is not None and self.depth > n_loops:  # forced: a depth
             raise ConfigError(f"policy depth={self.depth} is invalid; allowed: an integer in [1, R={n_loops}]")
         if self.rule == GIVEN:
             at = self.exit_at
@@ -474,12 +481,34 @@ class StableArgmax(StepLogitsRule):
         return statistic >= self.value
 
 
-EXIT_RULES = {GATE: GateThreshold, ENTROPY: EntropyBelow, KL: KLBelow, STABLE: StableArgmax}
+EXIT_RULES: dict[str, type[ExitRule]] = {  # the classes: callers read their reads and statistic
+    GATE: GateThreshold, ENTROPY: EntropyBelow, KL: KLBelow, STABLE: StableArgmax}
 
 
-def exit_rule(policy: ExitPolicy):
+def exit_rule(policy: ExitPolicy) -> ExitRule:
     """The rule object deciding `policy`'s exits step by step (gate or zoo rule), fresh
     for one forward (its state takes the shape of the values it reads)."""
     if policy.rule not in EXIT_RULES:
         raise ConfigError(f"policy {policy.spec!r} has no exit rule; allowed: rules {' | '.join(EXIT_RULES)}")
-    return EXIT_RULES[policy.rule](policy.q if policy.rule == GATE else policy.threshold)
+    value = policy.q if policy.rule == GATE else policy.threshold
+    assert value is not None  # __post_init__: a gate rule has its q, a zoo rule its threshold
+    return EXIT_RULES[policy.rule](value)
+
+
+ROUNDINGS = ("stochastic", "nearest", "floor", "ceil")  # HoleConfig.rounding's choices (round_depth)
+
+
+def round_depth(depth: np.ndarray, rule: str, rng: np.random.Generator) -> np.ndarray:
+    """Fractional target depths to integer exit steps (CHASE's depth holes, and the
+    speed benchmark's oracle exits). stochastic: floor(d) + Bernoulli(d − floor(d)),
+    so E[step] = d (the default); nearest / floor / ceil: deterministic."""
+    if rule == "stochastic":
+        base = np.floor(depth)
+        return (base + (rng.random(depth.shape) < depth - base)).astype(np.int64)
+    if rule == "nearest":
+        return np.floor(depth + 0.5).astype(np.int64)
+    if rule == "floor":
+        return np.floor(depth).astype(np.int64)
+    if rule == "ceil":
+        return np.ceil(depth).astype(np.int64)
+    raise ConfigError(f"rounding={rule!r} is invalid; allowed: {' | '.join(ROUNDINGS)}")

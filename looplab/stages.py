@@ -143,14 +143,18 @@ class Stage:
             raise LookupError(f"stage {self.name!r} has no loss registered; decorate one with "
                               f"@looplab.stages.stage_loss({self.name!r}) (the built-in stages' losses register "
                               "when looplab.training.objectives is imported)")
-        return _LOSSES[self.name]
+        return _LOSSES[self.name][0]
+
+    @property
+    def shows(self) -> tuple[str, ...]:
+        """The loss's diagnostics that a progress line prints (stage_loss(shows=...))."""
+        return _LOSSES[self.name][1] if self.name in _LOSSES else ()
 
     def minibatch_loss(self, model, batch, cfg, step: int, rows=None):
         """The stage's training loss of one minibatch and its diagnostics. rows: which
-        rows of the step's global batch `batch` is (default: all of it)."""
-        from looplab.training.distributed import Rows  # torch: imported by the first loss, not by this registry
-
-        return self.loss(model, batch, cfg, step, rows or Rows.whole(len(batch)))
+        rows of the step's global batch `batch` is (training/distributed.Rows; None: all
+        of it, which a loss that reads rows takes as Rows.whole)."""
+        return self.loss(model, batch, cfg, step, rows)
 
 
 _CONTINUED = Recipe(lr=1.5e-4, min_lr=8e-5, warmup_fraction=0.002, grad_clip=0.6)  # App. D: Stage-1 and CHASE
@@ -180,7 +184,8 @@ STAGES: dict[str, Stage] = {s.name: s for s in (
           reads=("exit",), recipe=_CONTINUED,
           doc="Stage-1 continued without holes: stock Ouro trained as many weight steps as CHASE's stage"),
 )}
-_LOSSES: dict[str, Callable] = {}  # stage name -> its minibatch loss (stage_loss fills it)
+# stage name -> its minibatch loss and the diagnostics its progress line shows (stage_loss fills it)
+_LOSSES: dict[str, tuple[Callable, tuple[str, ...]]] = {}
 # The stage of a config, or a checkpoint, that names none: the first that starts from fresh weights.
 DEFAULT_STAGE: str = next(name for name, stage in STAGES.items() if not stage.continues)
 # The paper's two gated arms, which share pre-training and Stage-1: stock Ouro (Stage-2
@@ -239,12 +244,14 @@ def unregister(name: str) -> None:
     _LOSSES.pop(name, None)
 
 
-def stage_loss(name: str) -> Callable[[Callable], Callable]:
-    """Decorator: the function becomes the loss of the registered stage `name`."""
+def stage_loss(name: str, shows: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
+    """Decorator: the function becomes the loss of the registered stage `name`. shows:
+    the diagnostics of its own (keys of the dict it returns) that the training loop's
+    progress line prints beside the loss, in this order (Stage.shows)."""
     get_stage(name)  # a loss for no stage is a typo
 
     def register_loss(loss: Callable) -> Callable:
-        _LOSSES[name] = loss
+        _LOSSES[name] = (loss, tuple(shows))
         return loss
     return register_loss
 

@@ -2,7 +2,7 @@
 
 Every distinct stage the sweeps would train (by stage key; a stage several trials share
 counts once, a stage the storage already holds counts nothing) is probed here:
-looplab.training.train.probe_seconds times a few training steps and one evaluation with the
+looplab.training.probe.probe_seconds times a few training steps and one evaluation with the
 threads a trial gets. A stage's time is steps × step time + evaluations × evaluation
 time. The estimate then replays the sweep's schedule rather than dividing the work by
 the concurrency, because the work does not pack evenly:
@@ -67,7 +67,7 @@ def estimate(sweeps: list[tuple[Sweep, list[dict[str, Any]]]], launch: Launch, *
 
     import torch
 
-    from looplab.training.train import probe_seconds
+    from looplab.training.probe import probe_seconds
     from trainables.pipeline import stage_configs, stage_dir
     from trainables.shared_stage import read_done
     from trainables.storage import Storage

@@ -125,7 +125,7 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--init-from", default="", metavar="HF_DIR,...",
                    help="compare initialisations: for each Hugging Face Mamba-2 / Llama checkpoint folder, "
                         "pre-training from its weights (retrofit) beside its shape freshly initialised (scratch); "
-                        "train.init_layers picks the layers (looplab/huggingface/retrofit.py)")
+                        "train.init_layers picks the layers (looplab/retrofit.py)")
     p.add_argument("--seeds", type=given(SEEDS), default=None,
                    help="comma-separated training seeds, e.g. 0,1,2 (default: the preset's own, 3407 for the "
                         "paper's language models)")

@@ -162,7 +162,8 @@ def speed_seconds(sweep: Sweep, launch: Launch, protocol: Protocol = PROTOCOL) -
 
     import torch
 
-    from looplab.costs.timing import bench_point, heldout_ids, measured_peaks, prefill_peaks
+    from looplab.costs.timing import bench_point, measured_peaks, prefill_peaks
+    from looplab.tasks.base import heldout_ids
     from looplab.checkpoint import model_from_config
     from looplab.policy import ExitPolicy
 

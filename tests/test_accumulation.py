@@ -12,7 +12,8 @@ from looplab.training.distributed import Shard
 from looplab.stages import get_stage
 from looplab.tasks import make_task
 from looplab.tasks.base import IGNORE_INDEX, Batch
-from looplab.training.train import _accumulate_gradients, train
+from looplab.training.steps import accumulate_gradients
+from looplab.training.train import train
 from test_stages import model_vocab, stage_cfg
 from test_adaptive import gated_model
 from test_train import tiny_run
@@ -62,7 +63,7 @@ def split_grads(model, batch, cfg, world, micro, step=3):
     a time; the sum over ranks divided by world is what the all-reduce leaves."""
     cfg = apply_overrides(cfg, {"train.micro_batch_size": micro})
     model.zero_grad(set_to_none=True)
-    losses = [_accumulate_gradients(model, get_stage(cfg.stage), batch, cfg, step, Shard(r, world),
+    losses = [accumulate_gradients(model, get_stage(cfg.stage), batch, cfg, step, Shard(r, world),
                                     torch.device("cpu"))[0]
               for r in range(world)]
     return sum(losses) / world, {n: g / world for n, g in grads(model).items()}

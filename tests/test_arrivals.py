@@ -1,4 +1,4 @@
-"""Decoding under continuous arrivals (looplab/inference/arrivals.py): requests joining rows as
+"""Decoding under continuous arrivals (looplab/inference/arrivals.py, timed by looplab/costs/arrival_bench.py): requests joining rows as
 others finish still get, token for token, what generate gives each one alone."""
 
 import json
@@ -6,7 +6,8 @@ import json
 import pytest
 import torch
 
-from looplab.inference.arrivals import ArrivalBench, RequestStream, bench_arrivals, make_requests, serve
+from looplab.costs.arrival_bench import ArrivalBench, bench_arrivals
+from looplab.inference.arrivals import RequestStream, make_requests, serve
 from looplab.cli import main
 from looplab.config import ConfigError
 from looplab.inference.depth_batching import DepthBatch

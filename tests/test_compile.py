@@ -16,7 +16,7 @@ from looplab.inference.generate import generate
 from looplab.models import compiled
 from looplab.models.compiled import compile_decoding, compiles
 from looplab.policy import ExitPolicy
-from looplab.training.train import optimizer_step
+from looplab.training.steps import optimizer_step
 from test_hf_export import tiny_model
 from test_stages import stage_cfg
 

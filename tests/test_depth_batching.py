@@ -95,6 +95,22 @@ def test_a_step_runs_rows_at_different_loops_on_their_own_states():
         db.start(torch.tensor([1]), ids[1:2, 5])  # row 1's token is still running
 
 
+@pytest.mark.parametrize("started", [False, True])
+def test_a_step_with_no_running_token_is_a_one_line_error(started):
+    """advance() before any start(), or after every token is done, has nothing to run:
+    one ConfigError line (it was a TypeError on the unset states, or a reshape error
+    inside the backbone on an empty step)."""
+    m = gated_model("mamba2", seed=0)
+    ids = torch.randint(0, 37, (2, 6), generator=torch.Generator().manual_seed(0))
+    db = DepthBatch(m, prefill(m, ids[:, :4], ExitPolicy.full(), capacity=6).cache, ExitPolicy.full())
+    if started:
+        db.start(torch.arange(2), ids[:, 4])
+        while db.running:
+            db.advance()
+    with pytest.raises(ConfigError, match=r"^advance is invalid with no running token; allowed: "):
+        db.advance()
+
+
 @pytest.mark.parametrize("arch,spec", [("mamba2", "skip:0.5"), ("hybrid", "skip:0.5"), ("transformer", "dense:0.5"),
                                        ("hybrid", "forced:3")])
 def test_depth_scheduled_generation_equals_the_uncached_loop(arch, spec):

@@ -16,13 +16,15 @@ from pathlib import Path
 import pytest
 import torch
 
+import looplab.training.run_folder as run_folder
 import looplab.training.train as train_module
 from looplab import tracking
 from looplab.checkpoint import load_model, parent_ref
 from looplab.config import ConfigError, apply_overrides
 from looplab.errors import CheckpointNotWritten, TrainingDiverged
 from looplab.presets import get_preset, stage_config
-from looplab.training.train import DIVERGED, METRICS_FILE, train
+from looplab.training.run_folder import DIVERGED, METRICS_FILE
+from looplab.training.train import train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -35,7 +37,7 @@ def tiny(**extra):
 
 def nan_at(monkeypatch, step: int, where: str) -> None:
     """From `step` on, make the loss (where="loss") or one gradient (where="grad") NaN."""
-    original = train_module._accumulate_gradients
+    original = train_module.accumulate_gradients
 
     def accumulate(model, stage, batch, cfg, k, shard, device):
         loss, diag = original(model, stage, batch, cfg, k, shard, device)
@@ -44,7 +46,7 @@ def nan_at(monkeypatch, step: int, where: str) -> None:
         if k >= step and where == "grad":
             model.lm_head.weight.grad[0, 0] = float("inf")
         return loss, diag
-    monkeypatch.setattr(train_module, "_accumulate_gradients", accumulate)
+    monkeypatch.setattr(train_module, "accumulate_gradients", accumulate)
 
 
 @pytest.mark.parametrize("where, what", [("loss", "the loss is nan"),
@@ -61,7 +63,7 @@ def test_divergence_keeps_the_last_finite_checkpoint(tmp_path, monkeypatch, wher
     model = load_model(tmp_path / "checkpoint")
     assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
     # A restart (a sweep retries a failed trial) stops at once, naming the marker.
-    monkeypatch.setattr(train_module, "_accumulate_gradients", lambda *a: pytest.fail("trained again"))
+    monkeypatch.setattr(train_module, "accumulate_gradients", lambda *a: pytest.fail("trained again"))
     with pytest.raises(TrainingDiverged, match=f"before this run: .*{DIVERGED}"):
         train(tiny(), tmp_path, quiet=True)
 
@@ -97,13 +99,13 @@ def test_a_damaged_line_before_the_last_is_one_line(tmp_path):
 
 
 def test_a_full_disk_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
-    original = train_module.save_training_state
+    original = run_folder.save_training_state
 
     def save(directory, model, optimizer, state):
         if state["step"] == 6:
             raise OSError(28, "No space left on device")
         return original(directory, model, optimizer, state)
-    monkeypatch.setattr(train_module, "save_training_state", save)
+    monkeypatch.setattr(run_folder, "save_training_state", save)
     with pytest.raises(CheckpointNotWritten) as error:
         train(tiny(), tmp_path, quiet=True)
     assert "the checkpoint of step 4 stays current" in str(error.value) and "No space left" in str(error.value)
@@ -193,7 +195,7 @@ def test_a_lease_on_an_object_store_expires(monkeypatch):
         with lock.sweep_lock(bucket, "k", "s"):
             pass
     bucket.write_text(lease, json.dumps({"host": "other", "pid": 7, "since": "then",
-                                         "renewed": time.time() - lock.STALE_SECONDS - 1}))
+                                         "renewed": time.time() - lock.LEASE_SECONDS - 1}))
     with lock.sweep_lock(bucket, "k", "s"):  # a lease nobody renewed: its driver is gone
         assert json.loads(bucket.read_text(lease))["pid"] == os.getpid()
     assert lease not in bucket.objects
@@ -351,12 +353,28 @@ def test_a_damaged_optimizer_state_is_one_line(tmp_path, monkeypatch, damage, ex
     else:
         state[moment] = torch.full_like(state[moment], float("nan"))
     save_file(state, str(path))
-    monkeypatch.setattr(train_module, "_accumulate_gradients", lambda *a: pytest.fail("trained on it"))
+    monkeypatch.setattr(train_module, "accumulate_gradients", lambda *a: pytest.fail("trained on it"))
     with pytest.raises(ConfigError) as error:  # before: RuntimeError, KeyError, "lower train.lr"
         train(tiny(), tmp_path, quiet=True)
     message = one_line(error)
     assert str(path) in message and expected in message and "lower train.lr" not in message
     assert not (tmp_path / DIVERGED).exists()
+
+
+def test_a_checkpoint_without_its_trainer_json_is_no_training_state(tmp_path):
+    """load_training_state of a folder holding weights and moments but no trainer.json
+    (what it was given is no training checkpoint): one line naming the missing file,
+    before any weight is loaded (it returned None, which its caller indexes)."""
+    from looplab.checkpoint import TRAINER, load_training_state, save_training_state
+    from looplab.models.looped import LoopedLM
+
+    model = LoopedLM(tiny().model)
+    optimizer = torch.optim.AdamW(model.parameters())
+    save_training_state(tmp_path / "ckpt", model, optimizer, {"step": 0})
+    (tmp_path / "ckpt" / TRAINER).unlink()
+    with pytest.raises(ConfigError) as error:
+        load_training_state(tmp_path / "ckpt", model, optimizer)
+    assert str(tmp_path / "ckpt" / TRAINER) in one_line(error)
 
 
 def test_a_torn_record_the_checkpoint_already_holds_is_said_lost(tmp_path, capsys):

@@ -38,7 +38,7 @@ def test_a_bf16_training_step_is_finite():
 
     cfg = apply_overrides(get_preset("paper-140m"), {"model.n_layers": 2, "train.batch_size": 2,
                                                      "train.seq_len": 512})
-    from looplab.training.train import optimizer_step
+    from looplab.training.steps import optimizer_step
 
     loss = optimizer_step(cfg, DEVICE)[0]()
     assert torch.isfinite(torch.tensor(loss)), loss

@@ -1,4 +1,4 @@
-"""`looplab export --format hf` (looplab/huggingface/export.py): the exported folder, loaded by
+"""`looplab export --format hf` (looplab/export.py): the exported folder, loaded by
 transformers with trust_remote_code, against looplab's own model, generate and lm-eval
 adapter, for tiny Mamba-2, Transformer and hybrid checkpoints with a byte tokenizer."""
 
@@ -24,7 +24,7 @@ pytest.importorskip("safetensors")
 from looplab.checkpoint import save_model  # noqa: E402
 from looplab.cli import main  # noqa: E402
 from looplab.config import ConfigError, ModelConfig  # noqa: E402
-from looplab.huggingface.export import export_hf  # noqa: E402
+from looplab.export import export_hf  # noqa: E402
 from looplab.inference.generate import generate  # noqa: E402
 from looplab.models.looped import LoopedLM  # noqa: E402
 from looplab.policy import ExitPolicy  # noqa: E402

@@ -1,4 +1,4 @@
-"""Retrofitting (looplab/huggingface/retrofit.py): a looped model initialised from a
+"""Retrofitting (looplab/retrofit.py): a looped model initialised from a
 Hugging Face Mamba2ForCausalLM or LlamaForCausalLM checkpoint.
 
 Every reference is transformers' own model: tiny ones built from their config classes,
@@ -19,11 +19,12 @@ transformers = pytest.importorskip("transformers")
 
 from looplab.checkpoint import load_model, model_from_config  # noqa: E402
 from looplab.config import ConfigError, ExperimentConfig, ModelConfig, apply_overrides  # noqa: E402
-from looplab.huggingface import retrofit  # noqa: E402
+from looplab import retrofit  # noqa: E402
 from looplab.presets import get_preset  # noqa: E402
 from looplab.tasks import make_task  # noqa: E402
 from looplab.tasks.base import IGNORE_INDEX  # noqa: E402
-from looplab.training.train import METRICS_FILE, train  # noqa: E402
+from looplab.training.run_folder import METRICS_FILE  # noqa: E402
+from looplab.training.train import train  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 transformers.logging.set_verbosity_error()  # the CPU fallbacks' "install mamba_ssm" notices

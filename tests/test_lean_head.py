@@ -8,8 +8,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from looplab.models.head import (attach_gradient, chunk_tokens_for, head_token_losses, head_weighted_loss,
                                  linear_cross_entropy, step_token_losses, weighted_linear_cross_entropy)
 from looplab.models.looped import LoopedLM
+from looplab.models.head import token_losses
 from looplab.training.objectives import (exit_distribution, final_loop_loss, final_loop_weights, stage1_loss, stage1_weights,
-                                stage2_loss, token_losses)
+                                         stage2_loss)
 from looplab.policy import ExitPolicy
 from looplab.stages import get_stage
 from looplab.tasks.base import IGNORE_INDEX, Batch
@@ -261,7 +262,7 @@ def test_default_chunk_bounds_the_logits_bytes():
 
 
 def full_ce(logits, targets):
-    """The replaced code's per-token CE (objectives.token_losses) without its
+    """The replaced code's per-token CE (head.token_losses) without its
     float32 cast, so that a float64 model is compared in float64."""
     ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten().clamp(min=0), reduction="none")
     return ce.view(targets.shape) * (targets != IGNORE_INDEX)

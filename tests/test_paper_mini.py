@@ -129,7 +129,7 @@ def test_the_estimate_replays_the_schedule(tmp_path, monkeypatch):
     at two seeds is the hand-computed schedule: the two shared chains (pre-training 5
     steps + Stage-1 200) side by side, then the ten trials in Tune's seed-major order on
     two slots, each trial adding TRIAL_S."""
-    monkeypatch.setattr("looplab.training.train.probe_seconds", lambda cfg, steps: (1.0, 0.0))
+    monkeypatch.setattr("looplab.training.probe.probe_seconds", lambda cfg, steps: (1.0, 0.0))
     sweep = paper_mini.lm_sweep(V2.with_overrides({"train.steps": 5}, {}))  # v2's arms: the schedule by hand
     launch = Launch(storage_path=str(tmp_path), seeds=(0, 1))
     points = [{**p, "seed": s} for p in grid_points(sweep) for s in launch.seeds]  # point-major, as planned

@@ -244,7 +244,7 @@ def test_arrivals_sweep_end_to_end_inline(store, capsys, monkeypatch):
     def not_again(*args, **kwargs):
         raise AssertionError("an arrivals point was measured again")
 
-    monkeypatch.setattr("looplab.inference.arrivals.bench_arrivals", not_again)
+    monkeypatch.setattr("looplab.costs.arrival_bench.bench_arrivals", not_again)
     ends = {r.info.run_id: r.info.end_time for r in runs}
     assert speed.main(argv) == 0
     captured = capsys.readouterr()

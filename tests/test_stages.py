@@ -7,7 +7,8 @@ import torch
 from looplab.checkpoint import parent_ref
 from looplab.config import ConfigError, ExperimentConfig, HoleConfig, apply_overrides
 from looplab.evaluation.validation import evaluate_policies
-from looplab.training.holes import round_depth, sample_depth_holes, target_depths
+from looplab.policy import round_depth
+from looplab.training.holes import sample_depth_holes, target_depths
 from looplab.policy import ExitPolicy
 from looplab.presets import get_preset
 from looplab.presets import stage_config

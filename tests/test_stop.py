@@ -15,7 +15,8 @@ from looplab.checkpoint import TRAINER
 from looplab.config import ExperimentConfig
 from looplab.errors import Interrupted
 from looplab.presets import get_preset
-from looplab.training.train import CHECKPOINT_DIR, METRICS_FILE, train
+from looplab.training.run_folder import CHECKPOINT_DIR, METRICS_FILE
+from looplab.training.train import train
 
 TINY = {"steps": 8, "batch_size": 4, "eval_every": 0, "log_every": 1}
 

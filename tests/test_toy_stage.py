@@ -13,7 +13,8 @@ from looplab.checkpoint import read_config
 from looplab.config import ConfigError, apply_overrides
 from looplab.keys import stage_folder
 from looplab.costs.memory import step_memory
-from looplab.training.objectives import final_loop_loss, token_losses
+from looplab.models.head import token_losses
+from looplab.training.objectives import final_loop_loss
 from looplab.presets import get_preset, stage_config
 from looplab.costs.resources import flops_per_token
 from looplab.stages import (FINAL_LOOP, STAGE_NAMES, TRAINS_ALL, Recipe, Stage, get_stage, method_of, register,

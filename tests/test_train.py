@@ -10,7 +10,8 @@ from looplab import load_model
 from looplab.checkpoint import save_model
 from looplab.config import ConfigError, TrainConfig, apply_overrides
 from looplab.presets import get_preset
-from looplab.training.train import lr_at, train
+from looplab.training.steps import lr_at
+from looplab.training.train import train
 
 
 def tiny_run(steps=12, **extra):

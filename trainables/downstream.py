@@ -547,7 +547,7 @@ def store_checkpoints(mc, experiment_id: str,
     copies), at the checkpoint their tag names, else at STORAGE/stages/<stage>-<key>/checkpoint
     (a store moved with its folder). Returns them and one note per stage run skipped."""
     from looplab.checkpoint import is_checkpoint, read_config, read_model_config
-    from looplab.training.train import CHECKPOINT_DIR
+    from looplab.training.run_folder import CHECKPOINT_DIR
     from trainables.storage import Storage, local_checkpoint
 
     runs, token = [], None

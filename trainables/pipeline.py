@@ -17,7 +17,7 @@ from looplab.config import ConfigError, ExperimentConfig
 from looplab.keys import stage_path
 from looplab.presets import get_preset, stage_config
 from looplab.stages import STAGE_NAMES, get_stage
-from looplab.training.train import CHECKPOINT_DIR
+from looplab.training.run_folder import CHECKPOINT_DIR
 from trainables.storage import Storage
 
 

@@ -53,12 +53,12 @@ def machine(device: str, threads: int) -> dict[str, Any]:
             "device": device}
 
 
-ARRIVALS = "arrivals"  # an arrivals point's kind (looplab/inference/arrivals.py's ArrivalRecord.kind)
+ARRIVALS = "arrivals"  # an arrivals point's kind (looplab/costs/arrival_bench.py's ArrivalRecord.kind)
 
 
 @dataclass(frozen=True)
 class ArrivalPoint:
-    """One served configuration of the arrivals benchmark (looplab/inference/arrivals.py): a
+    """One served configuration of the arrivals benchmark (looplab/costs/arrival_bench.py): a
     request stream (requests, prompt_len and new_tokens inclusive ranges, seed) served
     by `slots` cache rows under one schedule and policy (full is a point too)."""
 
@@ -162,7 +162,8 @@ def measure(mc, experiment_id: str, parent_run_id: str, *, checkpoint: str, stag
     logged. A line per measured point goes to `progress` (default: stderr)."""
     import torch
 
-    from looplab.costs.timing import bench_point, heldout_ids, measured_peaks, prefill_peaks
+    from looplab.costs.timing import bench_point, measured_peaks, prefill_peaks
+    from looplab.tasks.base import heldout_ids
     from looplab.policy import ExitPolicy
 
     threads = threads or os.cpu_count() or 1
@@ -237,7 +238,8 @@ def _missing_bench(plan: ArrivalPlan, todo: list[ArrivalPoint]):
     """The smallest ArrivalBench that measures every missing point: their slots,
     schedules and policies (bench_arrivals adds full, the baseline, to each schedule).
     Its cross product may time a stored point again; only the missing ones are logged."""
-    from looplab.inference.arrivals import ArrivalBench, RequestStream
+    from looplab.costs.arrival_bench import ArrivalBench
+    from looplab.inference.arrivals import RequestStream
     from looplab.policy import ExitPolicy
 
     first = todo[0]  # one stream and fill per plan
@@ -267,11 +269,11 @@ def measure_arrivals(mc, experiment_id: str, parent_run_id: str, *, checkpoint: 
                      progress: Callable[[str], None] | None = None) -> list[dict]:
     """Every arrivals point of the plan on this checkpoint, as a dict of the point and
     its tracking.ARRIVAL_METRICS: read from its FINISHED run when there is one, else measured
-    (looplab.inference.arrivals.bench_arrivals, once for all missing points) and logged, a line
+    (looplab.costs.arrival_bench.bench_arrivals, once for all missing points) and logged, a line
     per measured point to `progress` (default: stderr)."""
     import torch
 
-    from looplab.inference.arrivals import bench_arrivals
+    from looplab.costs.arrival_bench import bench_arrivals
 
     threads = threads or os.cpu_count() or 1
     host = host_of(threads)

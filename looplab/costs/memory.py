@@ -118,6 +118,7 @@ def mlp_block(c: ModelConfig, path: str, a: int) -> float:
     """One pre-norm residual SwiGLU block: norm, fc1's input and output, SiLU(gate),
     fc2's input."""
     d, f = c.d_model, c.d_intermediate
+    assert f is not None  # ModelConfig resolved None (auto) to an int
     if path == "torch":
         return FP32 * (3 * d + 1 + 4 * f)
     return FP32 * (2 * d + 1) + a * (d + 2 * f + 2 * f)
@@ -131,7 +132,7 @@ def loop_activations(c: ModelConfig, seq_len: int, path: str, a: int) -> float:
             total += c.mixers_per_layer * mamba2_block(c, seq_len, path, a)
         else:
             total += attention_block(c, seq_len, path, a)
-            if c.arch == "transformer" and c.d_intermediate > 0:
+            if c.arch == "transformer" and c.d_intermediate:  # resolved: an int, 0 = no MLP
                 total += mlp_block(c, path, a)
     return total
 
@@ -141,7 +142,7 @@ def largest_block(c: ModelConfig, seq_len: int, path: str, a: int) -> float:
     sizes = [mamba2_block(c, seq_len, path, a)] if "mamba2" in kinds else []
     if "attention" in kinds:
         sizes.append(attention_block(c, seq_len, path, a))
-        if c.arch == "transformer" and c.d_intermediate > 0:
+        if c.arch == "transformer" and c.d_intermediate:  # resolved: an int, 0 = no MLP
             sizes.append(mlp_block(c, path, a))
     return max(sizes)
 
@@ -237,7 +238,7 @@ def step_memory(cfg: ExperimentConfig, micro_batch: int, *, ranks: int = 1, path
     trainable = gate_params if frozen else params
     loop, block = loop_activations(c, L, path, a), largest_block(c, L, path, a)
     R, recompute = c.n_loops, 0.0
-    working = 0.0
+    working, activations = 0.0, 0.0
     if frozen:  # no graph through the backbone: the R states the gate reads, stacked and
         activations = 3 * FP32 * R * c.d_model  # normalised again for the head
     elif ckpt:  # every loop's input (the fp32 residual stream); one loop at a time in backward, its
@@ -246,7 +247,7 @@ def step_memory(cfg: ExperimentConfig, micro_batch: int, *, ranks: int = 1, path
     else:
         activations, working = R * loop + readout_activations(c, stage), block
     chunk = min(chunk_tokens_for(c.vocab_size), tokens * stage.loops_read(R))
-    head_buffers = chunk * c.vocab_size * (a + FP32) + (head_params * a if a != FP32 else 0)
+    head_buffers: float = chunk * c.vocab_size * (a + FP32) + (head_params * a if a != FP32 else 0)
     if frozen:  # the backbone's forward without a graph: one block's tensors at a time
         head_buffers = max(head_buffers, tokens * block)
     return StepMemory(
@@ -280,6 +281,7 @@ def decode_cache_bytes(c: ModelConfig, rows: int, capacity: int) -> int:
     tokens; a Mamba-2 block's conv and SSM states do not depend on it."""
     import torch
 
+    from looplab.models.layers import GatedMLP
     from looplab.models.looped import LoopedLM
 
     meta = torch.device("meta")
@@ -287,7 +289,7 @@ def decode_cache_bytes(c: ModelConfig, rows: int, capacity: int) -> int:
         model = LoopedLM(c)
     total = 0
     for block in model.backbone.residual_blocks():
-        if getattr(block.inner, "cache_kind", None) is not None:
+        if not isinstance(block.inner, GatedMLP):  # the stateful mixers (a cache_kind, new_state)
             state = block.inner.new_state(c.n_loops * rows, capacity, meta, torch.float32)
             total += sum(t.numel() * t.element_size() for t in vars(state).values())
     return total

@@ -13,7 +13,7 @@ means no ragged-halting loss) and peak memory of each. Every record names its
 dtype and (prefill) its packing.
 
 Dtype (--dtype): fp32 runs as stored; bf16 runs every timed call under bfloat16
-autocast (evaluation/validation.autocast_context: CUDA's, as training on CUDA runs, or CPU's on
+autocast (looplab/devices.autocast_context: CUDA's, as training on CUDA runs, or CPU's on
 a CPU).
 
 Packing (prefill): the layout skip's survivors are packed in (models/execution.py).
@@ -76,12 +76,12 @@ import torch
 from looplab.config import ConfigError
 from looplab.inference.depth_batching import DEPTH, LOCKSTEP, check_schedule
 from looplab.errors import check, invalid
-from looplab.evaluation.validation import autocast_context
-from looplab.training.holes import round_depth
+from looplab.devices import autocast_context
 from looplab.costs.measured_memory import Peak, in_rss_process, peak_memory
 from looplab.models.mamba2 import Mamba2
 from looplab.models.ops.dispatch import step_implementation
-from looplab.policy import DENSE, SKIP, ExitPolicy
+from looplab.policy import DENSE, SKIP, ExitPolicy, round_depth
+from looplab.tasks.base import heldout_ids
 
 
 @dataclass
@@ -123,7 +123,7 @@ def check_dtype(dtype: str) -> None:
 
 
 def under_dtype(fn: Callable[[], T], device: torch.device, dtype: str) -> Callable[[], T]:
-    """`fn` under the benchmark's dtype (evaluation/validation.autocast_context). A bf16 kernel
+    """`fn` under the benchmark's dtype (looplab/devices.autocast_context). A bf16 kernel
     the device lacks becomes a one-line ConfigError naming the dtype, not a traceback
     from deep inside the model."""
     def run() -> T:
@@ -146,17 +146,6 @@ def oracle_exit_steps(rng: np.random.Generator, shape: tuple[int, int], mean: fl
     half = min(mean - 1.0, n_loops - mean)
     depth = rng.uniform(mean - half, mean + half, size=shape)
     return torch.from_numpy(np.clip(round_depth(depth, "stochastic", rng), 1, n_loops))
-
-
-def heldout_ids(model, task, batch: int, seq_len: int, seed: int = 0) -> torch.Tensor:
-    """(batch, seq_len) token ids from the task's held-out set, read as one stream
-    and cut into rows (repeated if short); random ids when there is no task."""
-    if task is not None:
-        stream = task.eval_batch().ids.flatten()
-        reps = -(-batch * seq_len // stream.numel())
-        return stream.repeat(reps)[: batch * seq_len].view(batch, seq_len).clone()
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(0, model.cfg.vocab_size, (batch, seq_len), generator=gen)
 
 
 def _timed(fn, device: torch.device) -> float:
@@ -268,7 +257,8 @@ def _grid_points(model, task, batches, seq_lens, policies, oracle_mean: float | 
             ids = heldout_ids(model, task, batch, seq_len + new_tokens, seed).to(device)
             if oracle_mean is not None:
                 rng = np.random.default_rng([seed, batch, seq_len] + ([new_tokens] if new_tokens else []))
-                exit_at = oracle_exit_steps(rng, tuple(ids.shape), oracle_mean, model.cfg.n_loops).to(device)
+                exit_at = oracle_exit_steps(rng, (ids.shape[0], ids.shape[1]), oracle_mean,
+                                            model.cfg.n_loops).to(device)
                 point_policies = [ExitPolicy.given(exit_at)]
             else:
                 point_policies = policies
@@ -328,7 +318,7 @@ def format_record(r: BenchRecord) -> str:
             f"{_memory_columns(r)}")
 
 
-def records_as_dicts(records: list[BenchRecord]) -> list[dict]:
+def records_as_dicts(records: list[BenchRecord] | list[DecodeRecord]) -> list[dict]:  # prefill's or decode's
     return [asdict(r) for r in records]
 
 
@@ -445,7 +435,8 @@ def bench_decode_point(model, ids: torch.Tensor, seq_len: int, policy: ExitPolic
     decoding(policy, False, probe)()  # the probe: executed loops of the new tokens, and the steps they took
     mean_loops = float(torch.cat(probe.loops).float().mean())
     steps = probe.steps / n_new
-    variants = {(p, readout): [] for readout in (True, False) for p in (dense, policy)}
+    variants: dict[tuple[ExitPolicy, bool], list[float]] = {
+        (p, readout): [] for readout in (True, False) for p in (dense, policy)}
     for repeat in range(warmup + repeats):
         for (p, readout), times in variants.items():  # alternate: drifting background load hits all alike
             run = decoding(p, readout)

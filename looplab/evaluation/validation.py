@@ -10,23 +10,15 @@ backbone_flops_per_token (the backbone work actually run), n (target positions).
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import torch
 
+from looplab.devices import autocast_context
 from looplab.policy import DENSE, EXIT_RULES, GATE, SKIP, ZOO_RULES, ExitPolicy, exit_rule
 from looplab.tasks.base import IGNORE_INDEX, Batch
-from looplab.models.head import head_token_losses
-from looplab.training.objectives import token_losses
-
-
-def autocast_context(device: torch.device, precision: str):
-    """bf16 autocast on CUDA by default ('auto'), plain fp32 on CPU; 'bf16' forces it
-    on either (CPU autocast on a CPU: the benchmark's --dtype bf16), 'fp32' never."""
-    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+from looplab.models.head import head_token_losses, token_losses
+from looplab.tracking import ACCURACY, BACKBONE_FLOPS, EXECUTED_LOOPS, LOSS, MEAN_EXIT_STEP, PPL
 
 
 def _record(policy: ExitPolicy, correct: int, loss_sum: float, exit_sum: float, loops: float, flops: float,
@@ -34,8 +26,8 @@ def _record(policy: ExitPolicy, correct: int, loss_sum: float, exit_sum: float, 
     if total == 0:
         raise ValueError("evaluation set has no target positions")
     loss = loss_sum / total
-    return {"policy": policy.spec, "accuracy": correct / total, "loss": loss, "ppl": math.exp(min(loss, 50.0)),
-            "mean_exit_step": exit_sum / total, "executed_loops": loops, "backbone_flops_per_token": flops, "n": total}
+    return {"policy": policy.spec, ACCURACY: correct / total, LOSS: loss, PPL: math.exp(min(loss, 50.0)),
+            MEAN_EXIT_STEP: exit_sum / total, EXECUTED_LOOPS: loops, BACKBONE_FLOPS: flops, "n": total}
 
 
 @torch.no_grad()
@@ -153,7 +145,7 @@ def evaluate_readouts(model, batch: Batch, policies, *, batch_size: int = 64, de
     records = []
     for policy, acc in sums.items():
         loops = policy.loops_run(R)
-        records.append(_record(policy, acc["correct"], acc["loss"], acc["exit"], float(loops),
+        records.append(_record(policy, int(acc["correct"]), acc["loss"], acc["exit"], float(loops),
                                float(loops * step_flops), total))
     return records
 
@@ -161,6 +153,6 @@ def evaluate_readouts(model, batch: Batch, policies, *, batch_size: int = 64, de
 def format_table(records: list[dict]) -> str:
     rows = ["policy       exit   loops  ppl        acc", "-" * 44]
     for r in records:
-        rows.append(f"{r['policy']:11s}  {r['mean_exit_step']:5.2f}  {r['executed_loops']:5.2f}  "
-                    f"{r['ppl']:9.4f}  {r['accuracy']:.4f}")
+        rows.append(f"{r['policy']:11s}  {r[MEAN_EXIT_STEP]:5.2f}  {r[EXECUTED_LOOPS]:5.2f}  "
+                    f"{r[PPL]:9.4f}  {r[ACCURACY]:.4f}")
     return "\n".join(rows)

@@ -106,8 +106,8 @@ class DepthBatch:
         self.exit_step = np.full(B, self.R, dtype=np.int64)
         # Exit steps known when a token starts (given, or fixed by full / forced), as depths.
         self.exit_depth = np.full(B, (policy.loops_run(self.R) or self.R) - 1, dtype=np.int64)
-        self.h = None  # (B, d) each running token's state
-        self.readout_h = None  # dense: the state at each token's exit step
+        self.h: torch.Tensor | None = None  # (B, d) each running token's state (from the first start)
+        self.readout_h: torch.Tensor | None = None  # dense: the state at each token's exit step
         self.steps = 0  # backbone steps run
         self.n_running = 0  # rows with a running token
         self._on_host = self.device.type == "cpu"
@@ -139,7 +139,7 @@ class DepthBatch:
         rows_t = self._tensor(at)
         positions = self.length[at]
         self.length[at] += 1
-        if not self._on_host:
+        if self._ones is not None:  # on a device (on the host, self.length is cache.length's memory)
             self.cache.length.index_add_(0, rows_t, self._ones[:at.shape[0]])
         self.n_running += at.shape[0]
         if self._attention:
@@ -171,16 +171,18 @@ class DepthBatch:
         if torch.is_grad_enabled():
             with torch.no_grad():
                 return self.advance()
+        if self.h is None or self.readout_h is None or not self.running:  # h: set by the first start()
+            raise ConfigError("advance is invalid with no running token; allowed: after start() of an idle row")
         R, B, model = self.R, self.cache.batch, self.model
         rows = (self.depth != IDLE).nonzero()[0]
         every = rows.shape[0] == B  # every row runs: nothing of the rows' own to gather
         rows_t = None if every else self._tensor(rows)
         depth = self.depth[rows]
         slots = self._tensor(rows + depth * B)  # (loop − 1)·batch + row
-        h_in = self.h if every else self.h[rows_t]
+        h_in = self.h if rows_t is None else self.h[rows_t]
         positions = self._tensor(self.position[rows])[:, None] if self._attention else None
         h = model.step(h_in[:, None], positions, cache=self.cache.at_slots(slots))[:, 0]
-        if every:
+        if rows_t is None:  # every row
             self.h = h
         else:
             self.h.index_copy_(0, rows_t, h)
@@ -197,9 +199,9 @@ class DepthBatch:
                 self._fill(rows[leaving], h[self._tensor(leaving.nonzero()[0])], depth[leaving] + 1)
             out_h = h
         else:  # dense: every loop runs; the readout state is the one at the exit step
-            old = self.readout_h if every else self.readout_h[rows_t]
+            old = self.readout_h if rows_t is None else self.readout_h[rows_t]
             readout_h = torch.where(self._tensor(leaving)[:, None], h, old)
-            if every:
+            if rows_t is None:
                 self.readout_h = readout_h
             else:
                 self.readout_h.index_copy_(0, rows_t, readout_h)

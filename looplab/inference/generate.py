@@ -151,7 +151,7 @@ def decode_step(model, cache: InferenceCache, tokens: torch.Tensor, policy: Exit
     all_rows = rows is None
     if all_rows and n != cache.batch:
         raise ConfigError(f"tokens of shape {tuple(tokens.shape)} is invalid; allowed: ({cache.batch},) or rows=")
-    row_ids = torch.arange(n, device=tokens.device) if all_rows else rows
+    row_ids = torch.arange(n, device=tokens.device) if rows is None else rows
     positions = cache.length.clone() if all_rows else cache.length[rows]  # each row's next position
     if cache.has_keys:
         cache.reserve(int(positions.max()) + 1)
@@ -161,7 +161,9 @@ def decode_step(model, cache: InferenceCache, tokens: torch.Tensor, policy: Exit
     elif policy.rule == GIVEN:
         steps = policy.exit_at.to(tokens.device)[row_ids, positions]
     else:
-        steps = torch.full_like(positions, policy.loops_run(R))
+        loops = policy.loops_run(R)
+        assert loops is not None  # no rule, none given: full or forced, which fix every token's loops
+        steps = torch.full_like(positions, loops)
     skip = policy.execution != DENSE  # exited tokens stop running (under full nobody exits before R)
     fill = skip and cache.attention_fill != HOLE
 
@@ -324,7 +326,7 @@ def generate(model, ids, max_new_tokens, policy: ExitPolicy = FULL_DEPTH, *, len
         tokens[b].append(token)
         loops[b].append(loops_b)
         exits[b].append(exit_b)
-        if texts is not None:
+        if texts is not None and decode is not None:  # texts: kept when there is a decode
             texts[b], stopped = _cut_at_stop(decode(tokens[b]), stops[b])
             if stopped:
                 finish[b] = "stop"
@@ -334,9 +336,11 @@ def generate(model, ids, max_new_tokens, policy: ExitPolicy = FULL_DEPTH, *, len
             return False
         return True
 
-    def draw(rows: list[int], logits: torch.Tensor, loops_of: list[int], exits_of: list[int]) -> list[tuple[int, int]]:
+    def draw(rows: list[int], logits: torch.Tensor | None, loops_of: list[int],
+             exits_of: list[int]) -> list[tuple[int, int]]:
         """Sample the rows' next tokens (the model runs batched; bookkeeping per row):
         (row, token) for the rows that go on."""
+        assert logits is not None  # the readout is on: every finished token has its logits
         drawn = sample(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator).tolist()
         return [(b, t) for b, t, n, e in zip(rows, drawn, loops_of, exits_of) if accept(b, t, n, e)]
 

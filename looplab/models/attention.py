@@ -49,7 +49,7 @@ class CausalSelfAttention(nn.Module):
         self.out_proj = nn.Linear(d_model, d_model, bias=False)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None,
-                seq_idx: torch.Tensor | None = None, cache: BlockCache | None = None) -> torch.Tensor:
+                seq_idx: torch.Tensor | None = None, cache: BlockCache[KVState] | None = None) -> torch.Tensor:
         """x (B, L, d) → (B, L, d), causal over the row's order; positions (B, L) are
         the tokens' true positions for RoPE (default 0..L-1). cache: also attend to the
         stored keys at earlier positions, then store the real tokens' keys and values."""
@@ -85,7 +85,7 @@ class CausalSelfAttention(nn.Module):
         cos, sin = rope_angles(positions[None], self.rope_dim, self.rope_theta)
         return apply_rope(k[None], cos, sin)[0], v
 
-    def _attend_decode(self, q, k, v, positions, cache: BlockCache) -> torch.Tensor:
+    def _attend_decode(self, q, k, v, positions, cache: BlockCache[KVState]) -> torch.Tensor:
         """One query per row over its stored entries and itself: store first, then
         attend to every entry (all of them are at earlier positions)."""
         state, rows = cache.state, cache.layout.rows
@@ -98,12 +98,12 @@ class CausalSelfAttention(nn.Module):
         return F.scaled_dot_product_attention(q.transpose(1, 2), keys.to(q.dtype).transpose(1, 2),
                                               values.to(q.dtype).transpose(1, 2), attn_mask=seen)
 
-    def _attend_prefill(self, q, k, v, positions, cache: BlockCache) -> torch.Tensor:
+    def _attend_prefill(self, q, k, v, positions, cache: BlockCache[KVState]) -> torch.Tensor:
         """A padded layout (row b is cache row b): causal attention over the row, plus
         the entries already stored at earlier positions (under attention_fill=
         "exit_state", the frozen states of tokens that left before this loop); then
         the row's real tokens are stored."""
-        state, lay = cache.state, cache.layout
+        state, (_, start, end) = cache.state, cache.layout.segments()
         bsz, seqlen = q.shape[:2]
         stored = int(state.length.max())
         if stored == 0:
@@ -120,7 +120,7 @@ class CausalSelfAttention(nn.Module):
             y = F.scaled_dot_product_attention(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
                                                attn_mask=mask)
         slots = torch.arange(seqlen, device=q.device)
-        rows, cols = ((slots >= lay.start[:, None]) & (slots < lay.end[:, None])).nonzero(as_tuple=True)
+        rows, cols = ((slots >= start[:, None]) & (slots < end[:, None])).nonzero(as_tuple=True)
         state.append(rows, k[rows, cols], v[rows, cols], positions[rows, cols])
         return y
 

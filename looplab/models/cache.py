@@ -33,6 +33,7 @@ What an exited token leaves in the deeper loops' attention (`attention_fill`):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 import torch
 
@@ -138,12 +139,21 @@ class Layout:
     def one_token(cls, rows: torch.Tensor | None) -> "Layout":
         return cls(rows, True)
 
+    def segments(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(seq, start, end) of a prefill layout (a decode layout has none)."""
+        if self.seq is None or self.start is None or self.end is None:
+            raise ValueError("a decode layout has no prefill segments")
+        return self.seq, self.start, self.end
+
+
+State = TypeVar("State", MambaState, KVState)
+
 
 @dataclass
-class BlockCache:
-    """What one mixer sees: its own state and the step's layout."""
+class BlockCache(Generic[State]):
+    """What one mixer sees: its own state (the kind its cache_kind names) and the step's layout."""
 
-    state: MambaState | KVState
+    state: State
     layout: Layout
 
 
@@ -156,7 +166,7 @@ class StepCache:
     def __init__(self, states: list, layout: Layout):
         self.states, self.layout = states, layout
 
-    def block(self, j: int) -> BlockCache | None:
+    def block(self, j: int) -> BlockCache[Any] | None:  # block j's mixer knows its state's kind
         state = self.states[j]
         return None if state is None else BlockCache(state, self.layout)
 
@@ -231,7 +241,9 @@ class InferenceCache:
             if isinstance(self.states[loop][j], KVState):
                 k, v = block.inner.key_value(block.norm(h), positions)  # the same at every deeper loop
                 for r in range(loop, self.n_loops):
-                    self.states[r][j].append(rows, k, v, positions)
+                    deeper = self.states[r][j]
+                    assert isinstance(deeper, KVState)  # block j holds one kind of state at every loop
+                    deeper.append(rows, k, v, positions)
 
     def write_row(self, row: int, source: "InferenceCache", source_row: int = 0) -> None:
         """Row `row` takes over row `source_row` of another cache of the same model:

@@ -59,20 +59,25 @@ class _Exits:
     def __init__(self, policy: ExitPolicy, like: torch.Tensor, n_loops: int, model=None):
         self._rule = exit_rule(policy) if policy.rule in EXIT_RULES else None
         self.needs_gate = self._rule is not None and self._rule.reads == GATE_LOGITS
-        self._head = None
+        self._head: Callable[[torch.Tensor], torch.Tensor] | None = None
         if self._rule is not None and self._rule.reads == STEP_LOGITS:
             if model is None:
                 raise ConfigError(f"policy {policy.spec!r} reads each step's logits, which needs the model")
             self._head = model.logits
-        if self._rule is None:
-            steps = policy.exit_at if policy.rule == GIVEN else torch.full_like(like, policy.loops_run(n_loops))
-            self._steps = steps.to(like.device)
+        if self._rule is None and policy.rule == GIVEN:
+            self._steps = policy.exit_at.to(like.device)
+        elif self._rule is None:
+            loops = policy.loops_run(n_loops)
+            assert loops is not None  # no rule, none given: full or forced, which fix every token's loops
+            self._steps = torch.full_like(like, loops)
 
-    def reached(self, r: int, gate_logit: torch.Tensor | None, h: torch.Tensor | None = None) -> torch.Tensor:
+    def reached(self, r: int, gate_logit: torch.Tensor | None, h: torch.Tensor) -> torch.Tensor:
         if self._rule is None:
             return self._steps == r
         if self.needs_gate:
+            assert gate_logit is not None  # the callers compute the gate whenever a rule reads it
             return self._rule.update(gate_logit)
+        assert self._head is not None  # a rule that reads no gate reads the step's logits (__init__)
         with torch.no_grad():  # a decision, not a loss: no graph through the head
             return self._rule.update(self._head(h))
 
@@ -184,7 +189,7 @@ def _dense(model, h, positions, mask, exits: _Exits, keep_steps, gate_grad, cach
             steps.append(h)
         if r < R:
             a = _gate(model, h, gate_grad) if (exits.needs_gate or keep_steps) else None
-            if keep_steps:
+            if a is not None and keep_steps:
                 gates.append(a)
             undecided = exit_step == R  # a token's first step reaching its exit is its exit
             exit_step = torch.where(exits.reached(r, a, h) & undecided, r, exit_step)

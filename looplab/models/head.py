@@ -41,6 +41,8 @@ coefficients for the weighted form).
 
 from __future__ import annotations
 
+from typing import Literal, overload
+
 import torch
 
 from looplab.tasks.base import IGNORE_INDEX
@@ -147,13 +149,13 @@ class _TokenCE(torch.autograd.Function):
         with torch.autocast(x.device.type, enabled=False):  # dtypes are chosen here, explicitly
             for s, e in _spans(n_tok, chunk):
                 z = bufs.logits(x[s:e])
-                if want_correct:
+                if correct is not None:
                     correct[s:e] = z.argmax(dim=1) == targets[s:e]
                 logp = bufs.log_softmax(z)
                 losses[s:e] = logp.gather(1, targets[s:e, None])[:, 0].neg_()
         ctx.save_for_backward(x, weight, targets)
         ctx.chunk, ctx.compute_dtype = chunk, compute_dtype
-        if want_correct:
+        if correct is not None:
             ctx.mark_non_differentiable(correct)
         return losses, correct
 
@@ -170,8 +172,8 @@ class _TokenCE(torch.autograd.Function):
         with torch.autocast(x.device.type, enabled=False):
             for s, e in _spans(n_tok, chunk):
                 bufs.add_grads(bufs.softmax(bufs.logits(x[s:e])), x[s:e], targets[s:e], scale[s:e],
-                               grad_x[s:e] if need_x else None, grad_w)
-        return (grad_x.to(x.dtype) if need_x else None, grad_w.to(weight.dtype) if need_w else None,
+                               None if grad_x is None else grad_x[s:e], grad_w)
+        return (None if grad_x is None else grad_x.to(x.dtype), None if grad_w is None else grad_w.to(weight.dtype),
                 None, None, None, None)
 
 
@@ -197,7 +199,8 @@ class _WeightedCE(torch.autograd.Function):
                 p = bufs.softmax(z)  # the gradient needs P: one pass fewer than log_softmax, then exp
                 losses[s:e] = bufs.losses_from_softmax(p, z, targets[s:e])
                 if need_x or need_w:
-                    bufs.add_grads(p, x[s:e], targets[s:e], scale[s:e], grad_x[s:e] if need_x else None, grad_w)
+                    bufs.add_grads(p, x[s:e], targets[s:e], scale[s:e], None if grad_x is None else grad_x[s:e],
+                                   grad_w)
         ctx.save_for_backward(grad_x if need_x else None, grad_w if need_w else None)
         ctx.dtypes = x.dtype, weight.dtype
         ctx.mark_non_differentiable(losses)
@@ -271,6 +274,14 @@ def weighted_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets
     return total, (losses if rows is None else _scatter(losses, rows, n))
 
 
+def token_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Per-token CE (B, L) from logits already made; 0 where there is no target. The
+    reference the chunked head below is held to (head_token_losses)."""
+    ce = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), targets.flatten().clamp(min=0),
+                                           reduction="none")
+    return ce.view(targets.shape) * (targets != IGNORE_INDEX)
+
+
 def _readout_input(model, hidden: torch.Tensor, targets: torch.Tensor):
     """norm_f(hidden) flattened to (N, d) and the targets repeated over hidden's
     leading dims (every step predicts the same tokens)."""
@@ -279,6 +290,15 @@ def _readout_input(model, hidden: torch.Tensor, targets: torch.Tensor):
     return y.reshape(-1, y.shape[-1]), targets.expand(*lead, *targets.shape).reshape(-1)
 
 
+@overload
+def head_token_losses(model, hidden: torch.Tensor, targets: torch.Tensor, *, chunk_tokens: int | None = None,
+                      correct: Literal[False] = False) -> torch.Tensor: ...
+@overload
+def head_token_losses(model, hidden: torch.Tensor, targets: torch.Tensor, *, chunk_tokens: int | None = None,
+                      correct: Literal[True]) -> tuple[torch.Tensor, torch.Tensor]: ...
+@overload
+def head_token_losses(model, hidden: torch.Tensor, targets: torch.Tensor, *, chunk_tokens: int | None = None,
+                      correct: bool) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
 def head_token_losses(model, hidden: torch.Tensor, targets: torch.Tensor, *, chunk_tokens: int | None = None,
                       correct: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """CE of model's readout (norm_f → lm_head) per token: hidden (..., B, L, d),
@@ -288,9 +308,19 @@ def head_token_losses(model, hidden: torch.Tensor, targets: torch.Tensor, *, chu
     y, flat_targets = _readout_input(model, hidden, targets)
     out = linear_cross_entropy(y, model.lm_head.weight, flat_targets, chunk_tokens=chunk_tokens, correct=correct)
     shape = hidden.shape[:-1]
-    return (out[0].view(shape), out[1].view(shape)) if correct else out.view(shape)
+    return (out[0].view(shape), out[1].view(shape)) if isinstance(out, tuple) else out.view(shape)
 
 
+@overload
+def step_token_losses(model, hidden_steps: list[torch.Tensor] | torch.Tensor, targets: torch.Tensor, *,
+                      chunk_tokens: int | None = None, correct: Literal[False] = False) -> torch.Tensor: ...
+@overload
+def step_token_losses(model, hidden_steps: list[torch.Tensor] | torch.Tensor, targets: torch.Tensor, *,
+                      chunk_tokens: int | None = None, correct: Literal[True]) -> tuple[torch.Tensor, torch.Tensor]: ...
+@overload
+def step_token_losses(model, hidden_steps: list[torch.Tensor] | torch.Tensor, targets: torch.Tensor, *,
+                      chunk_tokens: int | None = None, correct: bool
+                      ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
 def step_token_losses(model, hidden_steps: list[torch.Tensor] | torch.Tensor, targets: torch.Tensor, *,
                       chunk_tokens: int | None = None, correct: bool = False
                       ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:

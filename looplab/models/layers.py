@@ -3,6 +3,8 @@ residual blocks, and the N-layer stack that a looped model applies R times."""
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -47,7 +49,7 @@ class Residual(nn.Module):
     seq_idx=None, cache=None) and flops(seq_len); each uses what it needs. Stateful
     mixers also have cache_kind and new_state (models/cache.py)."""
 
-    def __init__(self, d_model: int, inner: nn.Module, eps: float):
+    def __init__(self, d_model: int, inner: Mamba2 | CausalSelfAttention | GatedMLP, eps: float):
         super().__init__()
         self.norm = RMSNorm(d_model, eps)
         self.inner = inner
@@ -69,7 +71,7 @@ def make_layer(cfg: ModelConfig, kind: str, layer_idx: int) -> nn.ModuleList:
                                norm_eps=eps, layer_idx=layer_idx), eps)
             for _ in range(cfg.mixers_per_layer))
     blocks = [Residual(d, CausalSelfAttention(d, cfg.attn_head_dim, cfg.rope_dim, cfg.rope_theta), eps)]
-    if cfg.arch == "transformer" and cfg.d_intermediate > 0:
+    if cfg.arch == "transformer" and cfg.d_intermediate:  # resolved by ModelConfig: an int, 0 = no MLP
         blocks.append(Residual(d, GatedMLP(d, cfg.d_intermediate), eps))
     return nn.ModuleList(blocks)
 
@@ -82,15 +84,13 @@ class Backbone(nn.Module):
         self.layers = nn.ModuleList(make_layer(cfg, kind, i) for i, kind in enumerate(cfg.layer_kinds()))
 
     def residual_blocks(self) -> list[Residual]:
-        return [block for layer in self.layers for block in layer]
+        # Each layer is make_layer's ModuleList of Residual blocks (ModuleList's items are typed Module).
+        return [cast(Residual, block) for layer in self.layers for block in cast(nn.ModuleList, layer)]
 
     def forward(self, h: torch.Tensor, positions: torch.Tensor | None = None,
                 seq_idx: torch.Tensor | None = None, cache=None) -> torch.Tensor:
         """cache: one loop's StepCache (models/cache.py); block j reads and writes its
         own state, cache.block(j), in the order of residual_blocks()."""
-        j = 0
-        for layer in self.layers:
-            for block in layer:
-                h = block(h, positions, seq_idx, None if cache is None else cache.block(j))
-                j += 1
+        for j, block in enumerate(self.residual_blocks()):
+            h = block(h, positions, seq_idx, None if cache is None else cache.block(j))
         return h

@@ -121,7 +121,7 @@ class LoopedLM(nn.Module):
         keywords go to models/execution.execute (packing, gate_grad, on_step)."""
         out = execute(self, ids, policy, positions=positions, mask=mask, keep_steps=all_steps, readout=readout,
                       **execution)
-        if all_steps and readout != "none":
+        if out.step_hidden is not None and readout != "none":  # step_hidden: kept when all_steps
             out.step_logits = [self.logits(h) for h in out.step_hidden]
         return out
 

@@ -101,12 +101,12 @@ class Mamba2(nn.Module):
         self.A_log = nn.Parameter(torch.log(A))
         self.D = nn.Parameter(torch.ones(self.nheads))
         for p in (self.dt_bias, self.A_log, self.D):
-            p._no_weight_decay = True
+            setattr(p, "_no_weight_decay", True)  # mamba-ssm's marker (training/train.py reads it); no Parameter field
         self.norm = RMSNormGated(self.d_inner, group_size=self.d_inner // ngroups, eps=norm_eps)
         self.out_proj = nn.Linear(self.d_inner, d_model, bias=bias)
 
     def forward(self, u: torch.Tensor, positions: torch.Tensor | None = None,
-                seq_idx: torch.Tensor | None = None, cache: BlockCache | None = None) -> torch.Tensor:
+                seq_idx: torch.Tensor | None = None, cache: BlockCache[MambaState] | None = None) -> torch.Tensor:
         """u (B, L, d_model) → (B, L, d_model). positions are not needed (the scan's
         order is the positions' order). seq_idx (B, L), non-decreasing along L, packs
         several sequences into one row with no information flowing between them
@@ -125,29 +125,30 @@ class Mamba2(nn.Module):
         return self.out_proj(self.norm(y.reshape(bsz, seqlen, self.d_inner), z))
 
     # ---- a sequence: the torch ops (models/ops/) or the CUDA kernels ----------------
-    def _scan_torch(self, xBC, dt, A, seq_idx, cache: BlockCache | None = None) -> torch.Tensor:
+    def _scan_torch(self, xBC, dt, A, seq_idx, cache: BlockCache[MambaState] | None = None) -> torch.Tensor:
         if cache is not None:
             self._store_conv_state(xBC, cache)
         xBC = F.silu(causal_depthwise_conv(xBC, self.conv1d.weight, self.conv1d.bias, seq_idx))
         x, B, C = self._split_xbc(xBC)
         dt = F.softplus(upcast(dt) + upcast(self.dt_bias))
-        lay = None if cache is None else cache.layout
+        segments = None if cache is None else cache.layout.segments()
         # A prefill reads the state after each cache row's last real token.
-        state_at = None if lay is None else (lay.seq, (lay.end - 1).clamp(min=0))
+        state_at = None if segments is None else (segments[0], (segments[2] - 1).clamp(min=0))
         y, states = ssd_chunked(upcast(x), dt, A, upcast(B), upcast(C), self.chunk_size, seq_idx=seq_idx,
                                 state_at=state_at)
-        if cache is not None:  # a row without real tokens in this layout keeps the empty state
-            cache.state.ssm.copy_(torch.where((lay.end > lay.start)[:, None, None, None], states, 0.0))
+        if cache is not None and segments is not None:  # a row without real tokens keeps the empty state
+            _, start, end = segments
+            cache.state.ssm.copy_(torch.where((end > start)[:, None, None, None], states, 0.0))
         y = y + upcast(x) * upcast(self.D)[:, None]
         return y.to(xBC.dtype)
 
-    def _store_conv_state(self, xBC: torch.Tensor, cache: BlockCache) -> None:
+    def _store_conv_state(self, xBC: torch.Tensor, cache: BlockCache[MambaState]) -> None:
         """The conv's last d_conv − 1 inputs of each cache row's real tokens, zeros
         before the row's first token (as the causal conv reads them)."""
-        lay, k = cache.layout, self.d_conv - 1
-        at = lay.end[:, None] - k + torch.arange(k, device=xBC.device)  # (rows, k), oldest first
-        inputs = xBC[lay.seq[:, None], at.clamp(min=0)]  # (rows, k, conv_dim)
-        cache.state.conv.copy_(torch.where((at >= lay.start[:, None])[..., None], inputs, 0.0))
+        (seq, start, end), k = cache.layout.segments(), self.d_conv - 1
+        at = end[:, None] - k + torch.arange(k, device=xBC.device)  # (rows, k), oldest first
+        inputs = xBC[seq[:, None], at.clamp(min=0)]  # (rows, k, conv_dim)
+        cache.state.conv.copy_(torch.where((at >= start[:, None])[..., None], inputs, 0.0))
 
     def _scan_cuda(self, xBC, dt, A, seq_idx) -> torch.Tensor:
         causal_conv1d_fn, mamba_chunk_scan_combined = dispatch.cuda_scan_kernels()
@@ -179,7 +180,7 @@ class Mamba2(nn.Module):
                           ssm=torch.zeros(batch, self.nheads, self.headdim, self.d_state, device=device,
                                           dtype=ssm_dtype))
 
-    def step(self, u: torch.Tensor, cache: BlockCache) -> torch.Tensor:
+    def step(self, u: torch.Tensor, cache: BlockCache[MambaState]) -> torch.Tensor:
         """One new token for each of the layout's cache rows: u (n, 1, d_model). The
         conv reads the stored last d_conv − 1 inputs; the SSM advances one step,
         S ← exp(dt A) S + dt x Bᵀ, y = S C + D x. Both states are updated in place."""
@@ -228,7 +229,7 @@ class Mamba2(nn.Module):
         figure matches the work done, not the minimum."""
         Q, h, p, n, g = self.chunk_size, self.nheads, self.headdim, self.d_state, self.ngroups
         nc = -(-seq_len // Q)  # chunks
-        ssd = 2 * Q * n * g  # C·B within a chunk, shared by the heads of a group
+        ssd: float = 2 * Q * n * g  # C·B within a chunk, shared by the heads of a group
         ssd += 2 * Q * h * p  # masked scores @ x
         ssd += 2 * h * p * n  # chunk-end states
         ssd += 2 * h * p * n  # state readout C·S

@@ -24,11 +24,12 @@ def make_task(cfg, seq_len: int | None = None, *, rank: int = 0, world_size: int
 
         return PhopTask(cfg)
     if cfg.kind == "text":
-        from looplab.errors import check
+        from looplab.errors import invalid
         from looplab.tasks.text import TextTask
 
-        check(seq_len is not None, "make_task(seq_len)", seq_len,
-              "the context length (TrainConfig.seq_len) for task.kind='text'")
+        if seq_len is None:
+            raise invalid("make_task(seq_len)", seq_len,
+                          "the context length (TrainConfig.seq_len) for task.kind='text'")
         return TextTask(cfg, seq_len, rank=rank, world_size=world_size)
     raise ValueError(f"task.kind={cfg.kind!r} is invalid; allowed: mano | phop | text")
 

@@ -53,3 +53,18 @@ def exact_match_counts(logits: torch.Tensor, targets: torch.Tensor) -> tuple[int
     mask = targets != IGNORE_INDEX
     pred = logits.argmax(dim=-1)
     return int((pred[mask] == targets[mask]).sum()), int(mask.sum())
+
+
+def heldout_ids(model, task, batch: int, seq_len: int, seed: int = 0) -> torch.Tensor:
+    """(batch, seq_len) token ids from the task's held-out set, read as one stream
+    and cut into rows (repeated if short): the prompts the speed benchmarks and the
+    arrivals stream decode from. Without a task, seeded random ids of the model's
+    vocabulary (model.cfg.vocab_size)."""
+    import torch
+
+    if task is not None:
+        stream = task.eval_batch().ids.flatten()
+        reps = -(-batch * seq_len // stream.numel())
+        return stream.repeat(reps)[: batch * seq_len].view(batch, seq_len).clone()
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, model.cfg.vocab_size, (batch, seq_len), generator=gen)

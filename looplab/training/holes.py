@@ -9,10 +9,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # the configs import the tasks and this module stays below them
-    from looplab.config import HoleConfig
+from looplab.config import HoleConfig
+from looplab.policy import round_depth
 
 
 def take_hole_branch(rng: np.random.Generator, cfg: HoleConfig) -> bool:
@@ -23,22 +21,6 @@ def take_hole_branch(rng: np.random.Generator, cfg: HoleConfig) -> bool:
 def sample_threshold(rng: np.random.Generator, cfg: HoleConfig) -> float:
     """q ~ D_hole = U[q_low, q_high] for one minibatch."""
     return float(rng.uniform(cfg.q_low, cfg.q_high))
-
-
-def round_depth(depth: np.ndarray, rule: str, rng: np.random.Generator) -> np.ndarray:
-    """Map fractional target depths to integer exit steps.
-    stochastic: floor(d) + Bernoulli(d − floor(d)), so E[step] = d (the default);
-    nearest / floor / ceil: deterministic."""
-    if rule == "stochastic":
-        base = np.floor(depth)
-        return (base + (rng.random(depth.shape) < depth - base)).astype(np.int64)
-    if rule == "nearest":
-        return np.floor(depth + 0.5).astype(np.int64)
-    if rule == "floor":
-        return np.floor(depth).astype(np.int64)
-    if rule == "ceil":
-        return np.ceil(depth).astype(np.int64)
-    raise ValueError(f"rounding={rule!r} is invalid; allowed: stochastic | nearest | floor | ceil")
 
 
 def target_depths(cfg: HoleConfig) -> np.ndarray:

@@ -31,7 +31,7 @@ from typing import Iterator
 
 import torch
 
-from looplab.evaluation.validation import autocast_context
+from looplab.devices import autocast_context
 from looplab.policy import ExitPolicy
 from looplab.tasks.base import Batch
 from looplab.tracking import ACTIVE, GRAD_NORM, HIDDEN_NORM, STATE_GAP, loop_metric

@@ -24,11 +24,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from looplab.training.distributed import Rows
 from looplab.training.holes import sample_depth_holes, sample_threshold, take_hole_branch
 from looplab.models.head import attach_gradient, head_weighted_loss, step_token_losses
 from looplab.policy import ExitPolicy
 from looplab.stages import stage_loss
 from looplab.tasks.base import IGNORE_INDEX
+from looplab.tracking import EXECUTED_LOOPS, EXIT_ENTROPY, EXIT_PROB, EXPECTED_EXIT_STEP, HOLE_BRANCH, HOLE_Q
 
 
 # ---- exit distribution -------------------------------------------------------------
@@ -64,12 +66,6 @@ def expected_exit_step(pi: torch.Tensor) -> torch.Tensor:
 
 # ---- losses ------------------------------------------------------------------------
 
-def token_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Per-token CE (B, L); 0 where there is no target."""
-    ce = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten().clamp(min=0), reduction="none")
-    return ce.view(targets.shape) * (targets != IGNORE_INDEX)
-
-
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean of x (…, B, L) over masked positions (0 with a graph when none)."""
     return (x * mask).sum() / mask.sum().clamp(min=1)
@@ -77,7 +73,7 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 def final_loop_loss(losses: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Pre-training: mean next-token CE at step R only, from that step's per-token
-    losses (B, L) (token_losses of its logits, or models/head.py's chunked head)."""
+    losses (B, L) (models/head.py: token_losses of its logits, or the chunked head)."""
     return masked_mean(losses, targets != IGNORE_INDEX)
 
 
@@ -103,8 +99,8 @@ def stage1_loss(step_losses: torch.Tensor, lam: torch.Tensor, mask: torch.Tensor
     entropy = exit_entropy(pi, eps)
     expected = (pi * step_losses).sum(dim=0)
     loss = masked_mean(expected - beta * entropy, mask)
-    return loss, {"exit_entropy": masked_mean(entropy, mask).detach(),
-                  "expected_exit_step": masked_mean(expected_exit_step(pi), mask).detach()}
+    return loss, {EXIT_ENTROPY: masked_mean(entropy, mask).detach(),
+                  EXPECTED_EXIT_STEP: masked_mean(expected_exit_step(pi), mask).detach()}
 
 
 def stage2_targets(step_losses: torch.Tensor, kappa: float = 50.0, gamma: float = 0.005) -> torch.Tensor:
@@ -137,7 +133,8 @@ def hole_loss(losses: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 # the mean over the minibatch's target tokens. Deterministic in (cfg.train.seed, step).
 # `batch` is rows [start, stop) of the step's global batch (distributed.Rows: a rank's
 # share under data parallelism, a micro-batch of it with accumulation): every part draws
-# the same hole branch and the global batch's depth holes, then keeps its rows.
+# the same hole branch and the global batch's depth holes, then keeps its rows (rows None:
+# the minibatch is the whole global batch).
 #
 # Every loss reads hidden states through models/head.py's chunked head (readout="none":
 # the execution computes no logits), so no stage holds full (B, L, V) logits, let alone
@@ -176,30 +173,35 @@ def _stage1(model, batch, cfg, policy: ExitPolicy):
     return attach_gradient(loss, weighted), diag
 
 
-@stage_loss("stage1")
+# What a progress line of the losses that train the gate under Stage-1 prints beside the loss.
+EXIT_SHOWN = (EXIT_ENTROPY, EXPECTED_EXIT_STEP)
+
+
+@stage_loss("stage1", shows=EXIT_SHOWN)
 def stage1_minibatch(model, batch, cfg, step, rows):
     # The dense forward: every token runs all R steps, and the loss weighs every step by π.
     return _stage1(model, batch, cfg, ExitPolicy.full())
 
 
-stage_loss("stage1_more")(stage1_minibatch)  # Ouro's compute-matched control: Stage-1 without holes
+stage_loss("stage1_more", shows=EXIT_SHOWN)(stage1_minibatch)  # Ouro's compute-matched control: Stage-1 without holes
 
 
-@stage_loss("chase")
+@stage_loss("chase", shows=EXIT_SHOWN)
 def chase_minibatch(model, batch, cfg, step, rows):
     rng = np.random.default_rng([cfg.train.seed, step, 1])
     if not take_hole_branch(rng, cfg.hole):
         loss, diag = stage1_minibatch(model, batch, cfg, step, rows)
-        return loss, {**diag, "hole_branch": 0.0}
+        return loss, {**diag, HOLE_BRANCH: 0.0}
     if cfg.hole.sampler == "threshold":
         q = sample_threshold(rng, cfg.hole)
         out = model(batch.ids, ExitPolicy.skip(q), gate_grad=False, readout="none")
         loss = _final_step(model, out, batch.targets, hole_loss)
-        return loss, {"hole_branch": 1.0, "hole_q": q, "executed_loops": out.executed_loops}
+        return loss, {HOLE_BRANCH: 1.0, HOLE_Q: q, EXECUTED_LOOPS: out.executed_loops}
+    rows = rows or Rows.whole(len(batch))
     exit_at = sample_depth_holes(rng, cfg.hole, (rows.total, batch.ids.shape[1]), cfg.model.n_loops)
     exit_at = exit_at[rows.start:rows.stop].to(batch.ids.device)
     loss, diag = _stage1(model, batch, cfg, ExitPolicy.given(exit_at))
-    return loss, {**diag, "hole_branch": 1.0, "executed_loops": float(exit_at.float().mean())}
+    return loss, {**diag, HOLE_BRANCH: 1.0, EXECUTED_LOOPS: float(exit_at.float().mean())}
 
 
 @stage_loss("stage2")
@@ -210,4 +212,4 @@ def stage2_minibatch(model, batch, cfg, step, rows):
     gate_logits = torch.stack([model.exit_logit(h) for h in out.step_hidden[:-1]])
     mask = batch.targets != IGNORE_INDEX
     loss = stage2_loss(losses, gate_logits, mask, cfg.exit.kappa, cfg.exit.gamma)
-    return loss, {"exit_prob": float(torch.sigmoid(gate_logits.detach())[:, mask].mean())}
+    return loss, {EXIT_PROB: float(torch.sigmoid(gate_logits.detach())[:, mask].mean())}

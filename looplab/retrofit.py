@@ -120,6 +120,7 @@ def _refuse(ok: bool, name: str, value: Any, allowed: str) -> None:
 def _int(hf: dict[str, Any], name: str) -> int:
     value = hf.get(name)
     _refuse(isinstance(value, int) and not isinstance(value, bool) and value > 0, name, value, "a positive integer")
+    assert isinstance(value, int)  # _refuse raised otherwise
     return value
 
 

@@ -53,7 +53,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from looplab.config import ConfigError
+from looplab.errors import ConfigError
 
 FORMATS = ("hf",)
 ROOT_PACKAGE = "looplab"
@@ -71,9 +71,7 @@ def flat_name(module: str) -> str:
 
 
 def _package_dir() -> Path:
-    import looplab
-
-    return Path(looplab.__file__).resolve().parent
+    return Path(__file__).resolve().parent  # this module sits at the package's top
 
 
 def _module_file(module: str) -> Path | None:
@@ -89,7 +87,7 @@ def _imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
 
 
 def _is_ours(name: str | None) -> bool:
-    return bool(name) and (name == ROOT_PACKAGE or name.startswith(ROOT_PACKAGE + "."))
+    return name is not None and (name == ROOT_PACKAGE or name.startswith(ROOT_PACKAGE + "."))
 
 
 def _targets(node: ast.Import | ast.ImportFrom) -> list[tuple[str, str | None]]:
@@ -98,12 +96,13 @@ def _targets(node: ast.Import | ast.ImportFrom) -> list[tuple[str, str | None]]:
     ("looplab.models.cpu_step", None))."""
     if isinstance(node, ast.Import):
         return [(a.name, None) for a in node.names if _is_ours(a.name)]
-    if node.level or not _is_ours(node.module):
+    module = node.module
+    if node.level or module is None or not _is_ours(module):
         return []
-    out = []
+    out: list[tuple[str, str | None]] = []
     for alias in node.names:
-        sub = f"{node.module}.{alias.name}"
-        out.append((sub, None) if _module_file(sub) is not None else (node.module, alias.name))
+        sub = f"{module}.{alias.name}"
+        out.append((sub, None) if _module_file(sub) is not None else (module, alias.name))
     return out
 
 
@@ -134,14 +133,17 @@ def flatten_source(module: str) -> str:
     modules: `from looplab.a import x as y` -> `from .looplab_a import x as y`, a module
     imported whole -> `from . import looplab_a_b as b`."""
     path = _module_file(module)
+    assert path is not None  # a module of source_closure, which refuses one without a source file
     text = path.read_text(encoding="utf-8")
     lines = text.splitlines(keepends=True)
     edits = []
     for node in _imports(ast.parse(text)):
         if not _targets(node):
             continue
+        end = node.end_lineno
+        assert end is not None  # ast.parse sets every statement's end
         indent = lines[node.lineno - 1][:node.col_offset]
-        comment = lines[node.end_lineno - 1][node.end_col_offset:].strip()
+        comment = lines[end - 1][node.end_col_offset:].strip()
         if indent.strip() or (comment and not comment.startswith("#")):
             raise ConfigError(f"{path}:{node.lineno}: an import sharing its line with other code; the export "
                               "rewrites import statements on lines of their own")
@@ -159,10 +161,11 @@ def flatten_source(module: str) -> str:
             else:
                 names.append(alias.name + (f" as {alias.asname}" if alias.asname else ""))
         if names:
+            assert isinstance(node, ast.ImportFrom) and node.module is not None  # names: `from looplab.x import`
             statements.insert(0, f"from .{flat_name(node.module)} import {', '.join(names)}")
         if comment:
             statements[-1] += "  " + comment
-        edits.append((node.lineno, node.end_lineno, "".join(indent + s + "\n" for s in statements)))
+        edits.append((node.lineno, end, "".join(indent + s + "\n" for s in statements)))
     for start, end, replacement in sorted(edits, reverse=True):
         lines[start - 1:end] = [replacement]
     header = (f"# looplab's {module} ({path.name}), copied by `looplab export --format hf` with its looplab imports\n"
