@@ -20,8 +20,23 @@ from looplab import tracking
 from looplab.policy import FULL
 
 # Columns that describe a configuration (equal across its seeds), carried through by default.
-DESCRIPTIVE = ("experiment", "method", "label", "model", "pipeline", "stage", "is_final_stage", "policy", "q", "depth",
-               "point", "n_loops", "preset", "trial_config_hash", tracking.CONFIG_HASH)
+DESCRIPTIVE = (
+    "experiment",
+    "method",
+    "label",
+    "model",
+    "pipeline",
+    "stage",
+    "is_final_stage",
+    "policy",
+    "q",
+    "depth",
+    "point",
+    "n_loops",
+    "preset",
+    "trial_config_hash",
+    tracking.CONFIG_HASH,
+)
 PER_SEED = ("params.train.seed", "params.search.seed")
 
 
@@ -38,10 +53,17 @@ def student_t_quantile(p: float, df: int) -> float:
     return float(t.ppf(p, df))
 
 
-def aggregate_seeds(df: pl.DataFrame, values, *, by=("experiment", "trial_config_hash", "stage", "policy", "q",
-                                                    "depth"),
-                    seed: str = "seed", confidence: float = 0.95, best_of_seeds: str | None = None,
-                    maximize: bool | None = None, carry=None) -> pl.DataFrame:
+def aggregate_seeds(
+    df: pl.DataFrame,
+    values,
+    *,
+    by=("experiment", "trial_config_hash", "stage", "policy", "q", "depth"),
+    seed: str = "seed",
+    confidence: float = 0.95,
+    best_of_seeds: str | None = None,
+    maximize: bool | None = None,
+    carry=None,
+) -> pl.DataFrame:
     """One row per group of `by` (default: one configuration's evaluation point, seeds
     pooled). For each column v in `values`: v (the mean), v_std, v_ci_low, v_ci_high;
     and n_seeds, seeds (sorted list).
@@ -59,26 +81,38 @@ def aggregate_seeds(df: pl.DataFrame, values, *, by=("experiment", "trial_config
         raise AnalysisError(f"confidence={confidence} is invalid; allowed: a fraction in (0, 1), e.g. 0.95")
     missing = [v for v in values + ([best_of_seeds] if best_of_seeds else []) if v not in df.columns]
     if missing:
-        raise AnalysisError(f"cannot aggregate {', '.join(missing)}: no such column; columns: "
-                            f"{', '.join(c for c in df.columns if not c.startswith('params.'))}")
+        raise AnalysisError(
+            f"cannot aggregate {', '.join(missing)}: no such column; columns: "
+            f"{', '.join(c for c in df.columns if not c.startswith('params.'))}"
+        )
     if carry is None:
         carry = [c for c in df.columns if (c in DESCRIPTIVE or (c.startswith("params.") and c not in PER_SEED))]
     carry = [c for c in carry if c not in by and c not in values and c != seed]
 
-    stats = [pl.len().alias("n_seeds"), pl.col(seed).sort().alias("seeds")] if seed in df.columns else [
-        pl.len().alias("n_seeds")]
+    stats = (
+        [pl.len().alias("n_seeds"), pl.col(seed).sort().alias("seeds")]
+        if seed in df.columns
+        else [pl.len().alias("n_seeds")]
+    )
     stats += [pl.col(c).first() for c in carry]
     for v in values:
-        stats += [pl.col(v).mean().alias(f"{v}_mean"), pl.col(v).std(ddof=1).alias(f"{v}_std"),
-                  pl.col(v).count().alias(f"{v}_n")]
+        stats += [
+            pl.col(v).mean().alias(f"{v}_mean"),
+            pl.col(v).std(ddof=1).alias(f"{v}_std"),
+            pl.col(v).count().alias(f"{v}_n"),
+        ]
     if best_of_seeds:
         up = names.higher_is_better(best_of_seeds) if maximize is None else maximize
         if up is None:
             raise AnalysisError(f"best_of_seeds={best_of_seeds!r}: say maximize=True or False (no known direction)")
         ranked = pl.col(best_of_seeds).fill_null(-math.inf if up else math.inf)
         order = [ranked, pl.col(seed)] if seed in df.columns else [ranked]
-        pick = pl.struct([*values, *([seed] if seed in df.columns else [])]).sort_by(
-            order, descending=[up, False][:len(order)]).first().alias("_best")
+        pick = (
+            pl.struct([*values, *([seed] if seed in df.columns else [])])
+            .sort_by(order, descending=[up, False][: len(order)])
+            .first()
+            .alias("_best")
+        )
         stats.append(pick)
     grouped = df.group_by(by, maintain_order=True).agg(stats) if by else df.select(stats)
 
@@ -86,22 +120,39 @@ def aggregate_seeds(df: pl.DataFrame, values, *, by=("experiment", "trial_config
     t = {n: student_t_quantile(0.5 + confidence / 2.0, n - 1) for n in counts}
     out = []
     for v in values:
-        half = (pl.col(f"{v}_n").replace_strict(t, default=None, return_dtype=pl.Float64)
-                * pl.col(f"{v}_std") / pl.col(f"{v}_n").cast(pl.Float64).sqrt())
+        half = (
+            pl.col(f"{v}_n").replace_strict(t, default=None, return_dtype=pl.Float64)
+            * pl.col(f"{v}_std")
+            / pl.col(f"{v}_n").cast(pl.Float64).sqrt()
+        )
         if best_of_seeds:
-            out += [pl.col("_best").struct.field(v).alias(v), pl.col(f"{v}_std"),
-                    pl.lit(None, pl.Float64).alias(f"{v}_ci_low"), pl.lit(None, pl.Float64).alias(f"{v}_ci_high")]
+            out += [
+                pl.col("_best").struct.field(v).alias(v),
+                pl.col(f"{v}_std"),
+                pl.lit(None, pl.Float64).alias(f"{v}_ci_low"),
+                pl.lit(None, pl.Float64).alias(f"{v}_ci_high"),
+            ]
         else:
-            out += [pl.col(f"{v}_mean").alias(v), pl.col(f"{v}_std"), (pl.col(f"{v}_mean") - half).alias(f"{v}_ci_low"),
-                    (pl.col(f"{v}_mean") + half).alias(f"{v}_ci_high")]
+            out += [
+                pl.col(f"{v}_mean").alias(v),
+                pl.col(f"{v}_std"),
+                (pl.col(f"{v}_mean") - half).alias(f"{v}_ci_low"),
+                (pl.col(f"{v}_mean") + half).alias(f"{v}_ci_high"),
+            ]
     lead = [*by, *carry, "n_seeds", *(["seeds"] if seed in df.columns else [])]
     if best_of_seeds and seed in df.columns:
         out.append(pl.col("_best").struct.field(seed).alias("chosen_seed"))
     return grouped.select([*lead, *out])
 
 
-def choose_best_seeds(points: pl.DataFrame, quality: str, *, maximize: bool | None = None,
-                      per=("experiment", "trial_config_hash"), on_point: str = FULL) -> pl.DataFrame:
+def choose_best_seeds(
+    points: pl.DataFrame,
+    quality: str,
+    *,
+    maximize: bool | None = None,
+    per=("experiment", "trial_config_hash"),
+    on_point: str = FULL,
+) -> pl.DataFrame:
     """The paper's best-of-seeds, per configuration: keep every point of the seed whose
     final-stage `on_point` evaluation (default: full) is best on `quality`. Points of
     one configuration then come from one seed, so a frontier never mixes seeds.
@@ -109,7 +160,10 @@ def choose_best_seeds(points: pl.DataFrame, quality: str, *, maximize: bool | No
     up = names.higher_is_better(quality) if maximize is None else maximize
     final = points.filter(pl.col("is_final_stage") & (pl.col("policy") == on_point) & pl.col(quality).is_not_null())
     ranked = final.with_columns(pl.col(quality).alias("_score"))
-    chosen = (ranked.sort(["_score", "seed"], descending=[bool(up), False], nulls_last=True)
-              .group_by(list(per), maintain_order=True).agg(pl.col("seed").first().alias("_chosen")))
+    chosen = (
+        ranked.sort(["_score", "seed"], descending=[bool(up), False], nulls_last=True)
+        .group_by(list(per), maintain_order=True)
+        .agg(pl.col("seed").first().alias("_chosen"))
+    )
     merged = points.join(chosen, on=list(per), how="left")
     return merged.filter(pl.col("_chosen").is_null() | (pl.col("seed") == pl.col("_chosen"))).drop("_chosen")

@@ -24,11 +24,20 @@ SEARCH = "params." + tracking.SEARCH_PARAM  # the points' column prefix of a sea
 SEED = "seed"
 
 # A searched param's name for readers; params not listed keep their own name.
-NAMES = {"beta": "β", "hp": "hole probability", "rho": "ρ", "p": "hops p", "q": "q", "arm": "arm",
-         "n_layers": "N", "n_loops": "R", "lr": "learning rate", "init_from": "initialisation"}
+NAMES = {
+    "beta": "β",
+    "hp": "hole probability",
+    "rho": "ρ",
+    "p": "hops p",
+    "q": "q",
+    "arm": "arm",
+    "n_layers": "N",
+    "n_loops": "R",
+    "lr": "learning rate",
+    "init_from": "initialisation",
+}
 # Params that form one axis when both vary: (params, the axis' name, how a value reads).
-PAIRS = ((("n_layers", "n_loops"), "N⊗R", "{}⊗{}"),
-         (("lo", "hi"), "depth range", "[{}, {}]"))
+PAIRS = ((("n_layers", "n_loops"), "N⊗R", "{}⊗{}"), (("lo", "hi"), "depth range", "[{}, {}]"))
 
 
 def format_value(value, param: str | None = None) -> str:
@@ -59,12 +68,11 @@ def formatted(param: str) -> pl.Expr:
 
 
 def searched_label(params: list[str]) -> pl.Expr:
-    """"β=0.25 hole probability=0.5": these searched params named and written as the
+    """ "β=0.25 hole probability=0.5": these searched params named and written as the
     report writes them (a configuration's label); "" for none."""
     if not params:
         return pl.lit("")
-    return pl.concat_str([pl.lit(param_name(p) + "=") + formatted(p) for p in params], separator=" ",
-                         ignore_nulls=True)
+    return pl.concat_str([pl.lit(param_name(p) + "=") + formatted(p) for p in params], separator=" ", ignore_nulls=True)
 
 
 @dataclass(frozen=True)
@@ -95,8 +103,11 @@ def searched_axes(table: pl.DataFrame) -> list[Axis]:
     """The axes of the runs in `table` (points or aggregated points): every searched
     param but the seed with more than one distinct value, pairs joined, in the order
     the params were recorded."""
-    varying = [c[len(SEARCH):] for c in table.columns
-               if c.startswith(SEARCH) and c != SEARCH + SEED and table[c].drop_nulls().n_unique() > 1]
+    varying = [
+        c[len(SEARCH) :]
+        for c in table.columns
+        if c.startswith(SEARCH) and c != SEARCH + SEED and table[c].drop_nulls().n_unique() > 1
+    ]
     axes, used = [], set()
     for params, name, template in PAIRS:
         if all(p in varying for p in params):
@@ -112,5 +123,5 @@ def with_axis_values(table: pl.DataFrame, axes: list[Axis]) -> pl.DataFrame:
 
 
 def series_name(axes: list[Axis]) -> pl.Expr:
-    """"β=0.25 · N⊗R=2⊗4": a configuration's values along the axes, for chart series."""
+    """ "β=0.25 · N⊗R=2⊗4": a configuration's values along the axes, for chart series."""
     return pl.concat_str([pl.lit(f"{axis.name}=") + axis.value_expr() for axis in axes], separator=" · ")

@@ -34,8 +34,7 @@ from looplab import tracking
 from looplab.policy import DENSE, FORCED, FULL, SKIP, number_name
 from looplab.stages import STAGE_NAMES
 
-PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
-           "#17becf")
+PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 MAX_SERIES = len(PALETTE)  # beyond this a chart's series are grouped coarser (one colour each must stay readable)
 
 
@@ -87,9 +86,18 @@ def log_scale(values) -> bool:
     return bool(values) and min(values) > 0 and max(values) / min(values) > 20
 
 
-def frontier_chart(frontier: pl.DataFrame, compute: str, quality: str, *, compute_label: str,
-                   quality_label: str, title: str, name: str = "frontier", legend_title: str = "",
-                   colour_by: str | None = None) -> ChartSpec:
+def frontier_chart(
+    frontier: pl.DataFrame,
+    compute: str,
+    quality: str,
+    *,
+    compute_label: str,
+    quality_label: str,
+    title: str,
+    name: str = "frontier",
+    legend_title: str = "",
+    colour_by: str | None = None,
+) -> ChartSpec:
     """frontier: rows with series, compute, quality, quality_ci_low/high, on_frontier, label, point.
     colour_by: a column whose value picks the colour (series sharing it share a colour,
     e.g. one β drawn under dense and skip); the series' policies then differ by dash
@@ -97,9 +105,17 @@ def frontier_chart(frontier: pl.DataFrame, compute: str, quality: str, *, comput
     series, colours, policies = [], {}, {}
     for i, (key, group) in enumerate(frontier.group_by("series", maintain_order=True)):
         key = key[0] if isinstance(key, tuple) else key
-        pts = [Point(r["compute"], r["quality"], f"{r['label']} · {r['point']} ({r['stage']})",
-                     r.get("quality_ci_low"), r.get("quality_ci_high"), bool(r["on_frontier"]))
-               for r in group.sort("compute").iter_rows(named=True)]
+        pts = [
+            Point(
+                r["compute"],
+                r["quality"],
+                f"{r['label']} · {r['point']} ({r['stage']})",
+                r.get("quality_ci_low"),
+                r.get("quality_ci_high"),
+                bool(r["on_frontier"]),
+            )
+            for r in group.sort("compute").iter_rows(named=True)
+        ]
         line = [(p.x, p.y) for p in pts if p.on_frontier]
         colour, style = PALETTE[i % len(PALETTE)], 0
         if colour_by is not None:
@@ -109,9 +125,15 @@ def frontier_chart(frontier: pl.DataFrame, compute: str, quality: str, *, comput
             seen.append(group["policy"][0])
             style = len(seen) - 1
         series.append(Series(str(key), colour, pts, line, "step", dashed=style == 1, dotted=style >= 2))
-    return ChartSpec(name, title, compute_label, quality_label, series,
-                     log_y=log_scale(frontier["quality"].to_list()) and names.higher_is_better(quality) is False,
-                     legend_title=legend_title)
+    return ChartSpec(
+        name,
+        title,
+        compute_label,
+        quality_label,
+        series,
+        log_y=log_scale(frontier["quality"].to_list()) and names.higher_is_better(quality) is False,
+        legend_title=legend_title,
+    )
 
 
 def downstream_rows(agg: pl.DataFrame) -> pl.DataFrame | None:
@@ -127,13 +149,18 @@ def downstream_rows(agg: pl.DataFrame) -> pl.DataFrame | None:
     if rows.is_empty():
         return None
     gateless = [s for s in STAGE_NAMES if not get_stage(s).gated]
-    fixed = shared_once(full_as_forced_depth(rows.filter(pl.col("stage").is_in(gateless)))
-                         .filter(pl.col("policy") == FORCED))
-    fixed = fixed.with_columns((pl.lit("forced depth (") + pl.col("model").fill_null("?") + pl.lit(")")).alias("series"))
-    gated = rows.filter(pl.col("is_final_stage") & pl.col("policy").is_in([DENSE, SKIP])
-                        & ~pl.col("stage").is_in(gateless))
-    gated = gated.with_columns(pl.concat_str([pl.col("method").fill_null("?"), pl.col("policy")], separator=" · ")
-                               .alias("series"))
+    fixed = shared_once(
+        full_as_forced_depth(rows.filter(pl.col("stage").is_in(gateless))).filter(pl.col("policy") == FORCED)
+    )
+    fixed = fixed.with_columns(
+        (pl.lit("forced depth (") + pl.col("model").fill_null("?") + pl.lit(")")).alias("series")
+    )
+    gated = rows.filter(
+        pl.col("is_final_stage") & pl.col("policy").is_in([DENSE, SKIP]) & ~pl.col("stage").is_in(gateless)
+    )
+    gated = gated.with_columns(
+        pl.concat_str([pl.col("method").fill_null("?"), pl.col("policy")], separator=" · ").alias("series")
+    )
     out = pl.concat([fixed, gated], how="diagonal_relaxed")
     return None if out.is_empty() else out
 
@@ -147,8 +174,9 @@ def zoo_rows(agg: pl.DataFrame, compute: str, quality: str) -> pl.DataFrame | No
     if final.filter(rule).is_empty():
         return None
     rows = final.filter(rule | pl.col("policy").is_in([DENSE, SKIP]))
-    return rows.with_columns(pl.concat_str([pl.col("method").fill_null("?"), pl.col("policy")], separator=" · ")
-                             .alias("series"))
+    return rows.with_columns(
+        pl.concat_str([pl.col("method").fill_null("?"), pl.col("policy")], separator=" · ").alias("series")
+    )
 
 
 def skip_chart(agg: pl.DataFrame) -> ChartSpec | None:
@@ -165,16 +193,27 @@ def skip_chart(agg: pl.DataFrame) -> ChartSpec | None:
         name = key[0] if isinstance(key, tuple) else key
         group = group.sort(tracking.EXECUTED_LOOPS, "ppl")
         low, high = names.interval_of(tracking.PPL)
-        pts = [Point(r[tracking.EXECUTED_LOOPS], r["ppl"], f"{r['label']} · q={number_name(r['q'])}", r.get(low),
-                     r.get(high)) for r in group.iter_rows(named=True)]
+        pts = [
+            Point(
+                r[tracking.EXECUTED_LOOPS], r["ppl"], f"{r['label']} · q={number_name(r['q'])}", r.get(low), r.get(high)
+            )
+            for r in group.iter_rows(named=True)
+        ]
         line = [(p.x, p.y) for p in pts] if by == "label" else _lower_envelope(pts)  # pts sorted by x, y
         series.append(Series(f"{name} skip", PALETTE[i % len(PALETTE)], pts, line, "linear"))
         full = final.filter((pl.col("policy") == FULL) & (pl.col(by) == name))["ppl"].drop_nulls()
         if full.len():
             hlines.append((float(full.min()), f"{name} full compute" + (" (best)" if by == "method" else "")))
     values = skip["ppl"].to_list() + [y for y, _ in hlines]
-    return ChartSpec(names.SKIP_PPL_CHART, "Perplexity under skip as compute falls", "executed loops",
-                     "validation perplexity", series, log_y=log_scale(values), hlines=hlines)
+    return ChartSpec(
+        names.SKIP_PPL_CHART,
+        "Perplexity under skip as compute falls",
+        "executed loops",
+        "validation perplexity",
+        series,
+        log_y=log_scale(values),
+        hlines=hlines,
+    )
 
 
 def _lower_envelope(pts: list[Point]) -> list[tuple[float, float]]:
@@ -187,8 +226,10 @@ def beta_charts(histories: pl.DataFrame, *, n_loops: int | None = None) -> list[
     """histories: run_id, key, step, value, beta (one training run per seed and β).
     With n_loops R, the entropy chart marks its maximum log R."""
     charts = []
-    titles = {tracking.EXIT_ENTROPY: ("Exit entropy during training", "exit entropy"),
-              tracking.EXPECTED_EXIT_STEP: ("Expected exit step during training", "expected exit step")}
+    titles = {
+        tracking.EXIT_ENTROPY: ("Exit entropy during training", "exit entropy"),
+        tracking.EXPECTED_EXIT_STEP: ("Expected exit step during training", "expected exit step"),
+    }
     for key in names.BETA_DIAGNOSTICS:
         rows = histories.filter((pl.col("key") == key) & pl.col("value").is_not_null())
         if rows.is_empty():
@@ -196,24 +237,29 @@ def beta_charts(histories: pl.DataFrame, *, n_loops: int | None = None) -> list[
         # The common training range: every curve reaches it (App. D truncates the same way).
         last_step = rows.group_by("run_id").agg(pl.col("step").max())["step"].min()
         rows = rows.filter(pl.col("step") <= last_step)
-        mean = (rows.group_by("beta", "step").agg(pl.col("value").mean(), pl.col("run_id").n_unique().alias("n"))
-                .sort("beta", "step", nulls_last=True))
+        mean = (
+            rows.group_by("beta", "step")
+            .agg(pl.col("value").mean(), pl.col("run_id").n_unique().alias("n"))
+            .sort("beta", "step", nulls_last=True)
+        )
         series = []
         for i, (beta, group) in enumerate(mean.group_by("beta", maintain_order=True)):
             beta = beta[0] if isinstance(beta, tuple) else beta
             name = f"β={beta:g}" if beta is not None else "β=?"
-            pts = [Point(float(r["step"]), r["value"], f"{name} step {r['step']} (n={r['n']})")
-                   for r in group.iter_rows(named=True)]
+            pts = [
+                Point(float(r["step"]), r["value"], f"{name} step {r['step']} (n={r['n']})")
+                for r in group.iter_rows(named=True)
+            ]
             series.append(Series(name, PALETTE[i % len(PALETTE)], pts, [(p.x, p.y) for p in pts], "linear"))
         title, label = titles[key]
         hlines = [(math.log(n_loops), f"max entropy log {n_loops}")] if key == tracking.EXIT_ENTROPY and n_loops else []
-        charts.append(ChartSpec(f"beta_{key}", title, "training step", label, series, hlines=hlines,
-                                legend_title="β"))
+        charts.append(ChartSpec(f"beta_{key}", title, "training step", label, series, hlines=hlines, legend_title="β"))
     return charts
 
 
-def axis_chart(table: pl.DataFrame, axes: list[Axis], keys: list[str], quality: str, qlabel: str,
-               skip_label: str | None) -> ChartSpec:
+def axis_chart(
+    table: pl.DataFrame, axes: list[Axis], keys: list[str], quality: str, qlabel: str, skip_label: str | None
+) -> ChartSpec:
     """The quality against the first axis, one line per method and value of the other
     axes (and one dashed per skip point); a numeric axis on its own scale (log when its
     values span more than 10×), any other at positions 0..k-1 labelled by its values."""
@@ -237,20 +283,54 @@ def axis_chart(table: pl.DataFrame, axes: list[Axis], keys: list[str], quality: 
         name = " · ".join(f"{k}={v}" if k != "method" else str(v) for k, v in zip(rest, key))
         group = group.sort("_x")
         colour = PALETTE[i % len(PALETTE)]
-        pts = [Point(r["_x"], r[qlabel], f"{first.name}={r[first.name]} (seeds: {r['seeds']})", r[low], r[high])
-               for r in group.iter_rows(named=True) if r[qlabel] is not None]
+        pts = [
+            Point(r["_x"], r[qlabel], f"{first.name}={r[first.name]} (seeds: {r['seeds']})", r[low], r[high])
+            for r in group.iter_rows(named=True)
+            if r[qlabel] is not None
+        ]
         # A line joins the values of a numeric axis; categories (N⊗R, arms) are points only.
-        series.append(Series(" · ".join(filter(None, (name, "full depth"))), colour, pts,
-                             [(p.x, p.y) for p in pts] if numeric else [], "linear"))
+        series.append(
+            Series(
+                " · ".join(filter(None, (name, "full depth"))),
+                colour,
+                pts,
+                [(p.x, p.y) for p in pts] if numeric else [],
+                "linear",
+            )
+        )
         if skip_label:
-            pts = [Point(r["_x"], r[f"{skip_label} {qlabel}"], f"{first.name}={r[first.name]} · {skip_label}",
-                         r["_skip_low"], r["_skip_high"])
-                   for r in group.iter_rows(named=True) if r[f"{skip_label} {qlabel}"] is not None]
-            series.append(Series(" · ".join(filter(None, (name, skip_label))), colour, pts,
-                                 [(p.x, p.y) for p in pts] if numeric else [], "linear", dashed=True))
+            pts = [
+                Point(
+                    r["_x"],
+                    r[f"{skip_label} {qlabel}"],
+                    f"{first.name}={r[first.name]} · {skip_label}",
+                    r["_skip_low"],
+                    r["_skip_high"],
+                )
+                for r in group.iter_rows(named=True)
+                if r[f"{skip_label} {qlabel}"] is not None
+            ]
+            series.append(
+                Series(
+                    " · ".join(filter(None, (name, skip_label))),
+                    colour,
+                    pts,
+                    [(p.x, p.y) for p in pts] if numeric else [],
+                    "linear",
+                    dashed=True,
+                )
+            )
     ys = [p.y for s in series for p in s.points]
     xs_pos = [x for x in xs if x is not None]
     log_x = numeric and bool(xs_pos) and min(xs_pos) > 0 and max(xs_pos) / min(xs_pos) > 10
-    return ChartSpec("axis", f"{qlabel} against {first.name} (final stage)", first.name, qlabel, series,
-                     log_y=log_scale(ys) and names.higher_is_better(quality) is False, log_x=log_x,
-                     legend_title=" · ".join(rest), x_ticks=x_ticks)
+    return ChartSpec(
+        "axis",
+        f"{qlabel} against {first.name} (final stage)",
+        first.name,
+        qlabel,
+        series,
+        log_y=log_scale(ys) and names.higher_is_better(quality) is False,
+        log_x=log_x,
+        legend_title=" · ".join(rest),
+        x_ticks=x_ticks,
+    )

@@ -53,6 +53,7 @@ FEW_PERCENT = 5.0
 
 # ---- the numbers -------------------------------------------------------------------------
 
+
 def interpolate(xs: Sequence[float], ys: Sequence[float], x: float) -> float | None:
     """The piecewise-linear curve through (xs, ys) at x; None when x lies outside
     [min xs, max xs] or there are no points. Points at the same x are averaged first."""
@@ -71,15 +72,22 @@ def interpolate(xs: Sequence[float], ys: Sequence[float], x: float) -> float | N
     return curve[0][1] if abs(x - curve[0][0]) <= 1e-9 else curve[-1][1]
 
 
-def mean_difference(a: tuple[Sequence[float], Sequence[float]], b: tuple[Sequence[float], Sequence[float]]
-                    ) -> float | None:
+def mean_difference(
+    a: tuple[Sequence[float], Sequence[float]], b: tuple[Sequence[float], Sequence[float]]
+) -> float | None:
     """The mean of curve a minus curve b (each piecewise-linear through its (xs, ys)) over
     the x range both cover; exact: the difference is linear between the union of the
     two curves' breakpoints, so the trapezoid rule over them is its integral. None when
     the ranges do not overlap or meet in a point."""
+
     def points(xs, ys):
-        return sorted({float(x) for x, y in zip(xs, ys) if x is not None and y is not None
-                       and math.isfinite(x) and math.isfinite(y)})
+        return sorted(
+            {
+                float(x)
+                for x, y in zip(xs, ys)
+                if x is not None and y is not None and math.isfinite(x) and math.isfinite(y)
+            }
+        )
 
     pa, pb = points(*a), points(*b)
     if not pa or not pb:
@@ -130,8 +138,10 @@ class Interval:
     def mapped(self, f) -> "Interval":
         """The interval on another scale, a monotone increasing f applied to mean and
         endpoints (the test statistics stay on the tested scale)."""
+
         def g(v):
             return None if v is None else f(v)
+
         return replace(self, mean=g(self.mean), low=g(self.low), high=g(self.high))
 
 
@@ -174,7 +184,7 @@ def difference(a: dict, b: dict, *, paired: bool, confidence: float = CONFIDENCE
     sd = math.sqrt(max(statistics.variance(xa), statistics.variance(xb)))
     if se == 0:  # no spread at all: a zero-width interval, which verdict() never reads as evidence
         return Interval(mean, mean, mean, n, paired=False, sd=0.0, se=0.0, df=float(len(xa) + len(xb) - 2))
-    df = (va + vb) ** 2 / (va ** 2 / (len(xa) - 1) + vb ** 2 / (len(xb) - 1))
+    df = (va + vb) ** 2 / (va**2 / (len(xa) - 1) + vb**2 / (len(xb) - 1))
     half = t_quantile(0.5 + confidence / 2, df) * se
     return Interval(mean, mean - half, mean + half, n, paired=False, sd=sd, se=se, df=df)
 
@@ -241,6 +251,7 @@ def increase_pct(loss: float | None, reference: float | None) -> float | None:
 
 # ---- the claims ----------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Claim:
     """One of the paper's claims and the rule that judges ours: its direction against a
@@ -267,8 +278,12 @@ class Claim:
 
     def rule(self) -> dict:
         """What decides this claim's verdict (a protocol's content hash covers it)."""
-        return {"direction": self.direction, "null": self.null, "resolution": self.resolution,
-                "log_ratio": self.log_ratio}
+        return {
+            "direction": self.direction,
+            "null": self.null,
+            "resolution": self.resolution,
+            "log_ratio": self.log_ratio,
+        }
 
     def _tested(self, v: float) -> float:
         return math.log1p(v / 100.0) if self.log_ratio else v
@@ -291,56 +306,129 @@ PPL_RESOLUTION = 0.01  # %: a mean CE over 8,192 held-out tokens, logged to floa
 SPEED_RESOLUTION = 0.01  # x: a timing ratio's last digit worth reading
 PHOP_RESOLUTION = 100 / 500  # points: one example of phop-debug's 500 held-out examples
 
-CLAIMS: dict[str, Claim] = {c.id: c for c in (
-    Claim("C1", "looping helps at equal parameters (N⊗R beats N⊗1)",
-          "p-hop exact match of N⊗R minus N⊗1, points",
-          "p-hop p=16: 1⊗6 99.51 % vs 1⊗1 38.32 % (+61.2 points, Table 2)", +1, PHOP_RESOLUTION, unit=" pt"),
-    Claim("C1-LM", "looping helps at equal parameters, language modelling",
-          "perplexity of N⊗1 over N⊗R, % (positive: the looped model is better)",
-          "140M Mamba-2: loop4 14.68 vs baseline 15.80 (+7.6 %, Table 4); 6⊗4 19.98 vs 6⊗1 21.96 (+9.9 %, "
-          "Table 3)", +1, PPL_RESOLUTION, unit=" %", log_ratio=True),
-    Claim("C1-depth", "where NR⊗1 stands: the iso-depth (iso-FLOPs) non-looped model stays ahead",
-          "perplexity of N⊗R over NR⊗1, % (positive: the deeper non-looped model is better)",
-          "24⊗1 16.15 vs 6⊗4 19.98 (+23.7 %, Table 3)", +1, PPL_RESOLUTION, unit=" %", log_ratio=True),
-    Claim("C2", "adaptive exits beat forced fixed depth at equal executed loops",
-          "perplexity of the fixed-loop model forced to d loops over CHASE skip at the same executed loops, mean "
-          "over the loops both cover, %",
-          "140M at ~2 loops: forced 2 loops PPL 12,907 vs CHASE skip 16.45 at 2.15 loops (Fig. 3, App. E)", +1,
-          PPL_RESOLUTION, unit=" %"),
-    Claim("C2-own", "(stronger) adaptive exits beat the same gated model at a forced depth",
-          "perplexity of CHASE's own model forced to d loops over its skip at the same executed loops, mean over "
-          "the loops both cover, %",
-          "not reported: the paper forces the fixed-loop model", +1, PPL_RESOLUTION, unit=" %"),
-    Claim("C3", "cache holes: stock Ouro skip degrades far more than CHASE skip at about half the loops",
-          "Ouro's perplexity increase over its full compute minus CHASE's, at R/2 executed loops, points of %",
-          "370M: Ouro up to +4788 %, CHASE +3-4 % (Fig. 2)", +1, PPL_RESOLUTION, unit=" pt"),
-    Claim("C3-few", "CHASE skip stays within a few percent of full compute",
-          f"CHASE's perplexity increase over its full compute at R/2 executed loops, % (bound {FEW_PERCENT:g} %)",
-          "+3-4 % across the range (Fig. 2)", -1, PPL_RESOLUTION, null=FEW_PERCENT, unit=" %"),
-    Claim("C4", "skip turns saved loops into prefill speedup where compute binds",
-          "prefill speedup of skip over full at the largest batch, × (null 1)",
-          "1.73x (140M) / 1.83x (370M) at batch 64, q=0.2 (Table 5)", +1, SPEED_RESOLUTION, null=1.0, unit="x"),
-    Claim("C4-batch1", "and not at batch 1, where the prefill is latency-bound",
-          "prefill speedup at batch 1, × (the paper: no faster than full, i.e. below 1)",
-          "0.95-0.97x at batch 1 (140M, Table 5)", -1, SPEED_RESOLUTION, null=1.0, unit="x"),
-    Claim("C4-padded", "the same speedup in the paper's layout (padded survivors, bf16 autocast)",
-          "prefill speedup of skip over full at the largest batch with survivors padded to each batch's largest "
-          "count under bf16 autocast, × (null 1)",
-          "1.73x (140M) at batch 64, q=0.2, padded bf16 on a GPU at L 2048 (Table 5)", +1, SPEED_RESOLUTION,
-          null=1.0, unit="x"),
-    Claim("C4-growth", "the speedup grows as the batch makes the prefill compute-bound",
-          "speedup at the largest batch minus at batch 1, paired by model",
-          "1.73x - 0.96x = +0.77 (140M, batch 64 vs 1, q=0.2, Table 5)", +1, SPEED_RESOLUTION, unit="x"),
-)}
+CLAIMS: dict[str, Claim] = {
+    c.id: c
+    for c in (
+        Claim(
+            "C1",
+            "looping helps at equal parameters (N⊗R beats N⊗1)",
+            "p-hop exact match of N⊗R minus N⊗1, points",
+            "p-hop p=16: 1⊗6 99.51 % vs 1⊗1 38.32 % (+61.2 points, Table 2)",
+            +1,
+            PHOP_RESOLUTION,
+            unit=" pt",
+        ),
+        Claim(
+            "C1-LM",
+            "looping helps at equal parameters, language modelling",
+            "perplexity of N⊗1 over N⊗R, % (positive: the looped model is better)",
+            "140M Mamba-2: loop4 14.68 vs baseline 15.80 (+7.6 %, Table 4); 6⊗4 19.98 vs 6⊗1 21.96 (+9.9 %, Table 3)",
+            +1,
+            PPL_RESOLUTION,
+            unit=" %",
+            log_ratio=True,
+        ),
+        Claim(
+            "C1-depth",
+            "where NR⊗1 stands: the iso-depth (iso-FLOPs) non-looped model stays ahead",
+            "perplexity of N⊗R over NR⊗1, % (positive: the deeper non-looped model is better)",
+            "24⊗1 16.15 vs 6⊗4 19.98 (+23.7 %, Table 3)",
+            +1,
+            PPL_RESOLUTION,
+            unit=" %",
+            log_ratio=True,
+        ),
+        Claim(
+            "C2",
+            "adaptive exits beat forced fixed depth at equal executed loops",
+            "perplexity of the fixed-loop model forced to d loops over CHASE skip at the same executed loops, mean "
+            "over the loops both cover, %",
+            "140M at ~2 loops: forced 2 loops PPL 12,907 vs CHASE skip 16.45 at 2.15 loops (Fig. 3, App. E)",
+            +1,
+            PPL_RESOLUTION,
+            unit=" %",
+        ),
+        Claim(
+            "C2-own",
+            "(stronger) adaptive exits beat the same gated model at a forced depth",
+            "perplexity of CHASE's own model forced to d loops over its skip at the same executed loops, mean over "
+            "the loops both cover, %",
+            "not reported: the paper forces the fixed-loop model",
+            +1,
+            PPL_RESOLUTION,
+            unit=" %",
+        ),
+        Claim(
+            "C3",
+            "cache holes: stock Ouro skip degrades far more than CHASE skip at about half the loops",
+            "Ouro's perplexity increase over its full compute minus CHASE's, at R/2 executed loops, points of %",
+            "370M: Ouro up to +4788 %, CHASE +3-4 % (Fig. 2)",
+            +1,
+            PPL_RESOLUTION,
+            unit=" pt",
+        ),
+        Claim(
+            "C3-few",
+            "CHASE skip stays within a few percent of full compute",
+            f"CHASE's perplexity increase over its full compute at R/2 executed loops, % (bound {FEW_PERCENT:g} %)",
+            "+3-4 % across the range (Fig. 2)",
+            -1,
+            PPL_RESOLUTION,
+            null=FEW_PERCENT,
+            unit=" %",
+        ),
+        Claim(
+            "C4",
+            "skip turns saved loops into prefill speedup where compute binds",
+            "prefill speedup of skip over full at the largest batch, × (null 1)",
+            "1.73x (140M) / 1.83x (370M) at batch 64, q=0.2 (Table 5)",
+            +1,
+            SPEED_RESOLUTION,
+            null=1.0,
+            unit="x",
+        ),
+        Claim(
+            "C4-batch1",
+            "and not at batch 1, where the prefill is latency-bound",
+            "prefill speedup at batch 1, × (the paper: no faster than full, i.e. below 1)",
+            "0.95-0.97x at batch 1 (140M, Table 5)",
+            -1,
+            SPEED_RESOLUTION,
+            null=1.0,
+            unit="x",
+        ),
+        Claim(
+            "C4-padded",
+            "the same speedup in the paper's layout (padded survivors, bf16 autocast)",
+            "prefill speedup of skip over full at the largest batch with survivors padded to each batch's largest "
+            "count under bf16 autocast, × (null 1)",
+            "1.73x (140M) at batch 64, q=0.2, padded bf16 on a GPU at L 2048 (Table 5)",
+            +1,
+            SPEED_RESOLUTION,
+            null=1.0,
+            unit="x",
+        ),
+        Claim(
+            "C4-growth",
+            "the speedup grows as the batch makes the prefill compute-bound",
+            "speedup at the largest batch minus at batch 1, paired by model",
+            "1.73x - 0.96x = +0.77 (140M, batch 64 vs 1, q=0.2, Table 5)",
+            +1,
+            SPEED_RESOLUTION,
+            unit="x",
+        ),
+    )
+}
 
 
 def target_loops(n_loops: int) -> float:
-    """"About half the loops": R/2, and 1.5 at R = 2 (whose half, 1 loop, is the floor of
+    """ "About half the loops": R/2, and 1.5 at R = 2 (whose half, 1 loop, is the floor of
     every curve: every token exits after its first loop)."""
     return max(n_loops / 2.0, 1.5)
 
 
 # ---- per trial ---------------------------------------------------------------------------------
+
 
 def trial_measures(points: pl.DataFrame, *, loops_at=target_loops) -> pl.DataFrame:
     """One row per trial: experiment, trial_run_id, trial_key (its final stage's key), seed,
@@ -378,27 +466,42 @@ def trial_measures(points: pl.DataFrame, *, loops_at=target_loops) -> pl.DataFra
         skip_x = skip[tracking.EXECUTED_LOOPS].to_list() + ([n_loops] if full_loss is not None else [])
         skip_y = skip["loss"].to_list() + ([full_loss] if full_loss is not None else [])
         pretrain = part.filter(pl.col("stage") == DEFAULT_STAGE)
-        skip_curve, forced_curve, fixed_curve = (skip_x, skip_y), _fixed_curve(final, n_loops), _fixed_curve(pretrain,
-                                                                                                           n_loops)
-        row = {"experiment": first.get("experiment"), "trial_run_id": trial, "trial_key": first.get("trial_key"),
-               "seed": first.get("seed"),
-               "method": first.get("method"), "stage": first.get("stage"),
-               **{c: first.get(c) for c in searched},
-               "n_layers": _first(part, "params.model.n_layers"), "n_loops": n_loops, "loops": loops,
-               names.FULL_LOSS: full_loss, names.FULL_PPL: full.get(tracking.PPL),
-               names.FULL_ACCURACY: full.get(tracking.ACCURACY),
-               names.SKIP_LOSS: _at(skip_x, skip_y, loops) if not skip.is_empty() else None,
-               names.FORCED_LOSS: _at(*forced_curve, loops),
-               names.FIXED_LOSS: _at(*fixed_curve, loops),
-               names.SKIP_MIN_LOOPS: min(skip[tracking.EXECUTED_LOOPS].drop_nulls().to_list(), default=None)}
+        skip_curve, forced_curve, fixed_curve = (
+            (skip_x, skip_y),
+            _fixed_curve(final, n_loops),
+            _fixed_curve(pretrain, n_loops),
+        )
+        row = {
+            "experiment": first.get("experiment"),
+            "trial_run_id": trial,
+            "trial_key": first.get("trial_key"),
+            "seed": first.get("seed"),
+            "method": first.get("method"),
+            "stage": first.get("stage"),
+            **{c: first.get(c) for c in searched},
+            "n_layers": _first(part, "params.model.n_layers"),
+            "n_loops": n_loops,
+            "loops": loops,
+            names.FULL_LOSS: full_loss,
+            names.FULL_PPL: full.get(tracking.PPL),
+            names.FULL_ACCURACY: full.get(tracking.ACCURACY),
+            names.SKIP_LOSS: _at(skip_x, skip_y, loops) if not skip.is_empty() else None,
+            names.FORCED_LOSS: _at(*forced_curve, loops),
+            names.FIXED_LOSS: _at(*fixed_curve, loops),
+            names.SKIP_MIN_LOOPS: min(skip[tracking.EXECUTED_LOOPS].drop_nulls().to_list(), default=None),
+        }
         row[names.SKIP_INCREASE] = increase_pct(row[names.SKIP_LOSS], full_loss)
         has_skip = not skip.is_empty()
         row[names.FIXED_OVER_SKIP] = _pct(mean_difference(fixed_curve, skip_curve)) if has_skip else None
         row[names.FORCED_OVER_SKIP] = _pct(mean_difference(forced_curve, skip_curve)) if has_skip else None
-        row.update({names.SKIP_X: [float(x) for x in skip_x] if has_skip else [],
-                    names.SKIP_Y: [float(y) for y in skip_y] if has_skip else [],
-                    names.FORCED_X: [float(x) for x in forced_curve[0]],
-                    names.FORCED_Y: [float(y) for y in forced_curve[1]]})
+        row.update(
+            {
+                names.SKIP_X: [float(x) for x in skip_x] if has_skip else [],
+                names.SKIP_Y: [float(y) for y in skip_y] if has_skip else [],
+                names.FORCED_X: [float(x) for x in forced_curve[0]],
+                names.FORCED_Y: [float(y) for y in forced_curve[1]],
+            }
+        )
         rows.append(row)
     if not rows:
         raise AnalysisError("no finished trial with a final stage among these points")
@@ -439,6 +542,7 @@ def _at(xs, ys, x):
 
 # ---- the verdicts ----------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class ClaimResult:
     """A claim's figure over seeds and its verdict. tested: the interval on the scale the
@@ -468,21 +572,41 @@ class ClaimResult:
         c, shown = self.claim, self.interval
         adjusted = c.shown(self.adjusted) if self.adjusted is not None else None
         unmatched = c.shown(self.unmatched) if self.unmatched is not None else None
-        return {"claim": c.id, "statement": c.statement, "paper": c.paper, "measure": c.measure,
-                "ours": c.text(self.tested), "mean": shown.mean, "low": shown.low, "high": shown.high,
-                "n": shown.n, "p": self.p, "p_holm": self.p_adjusted,
-                "holm_low": adjusted.low if adjusted else None, "holm_high": adjusted.high if adjusted else None,
-                "unmatched": c.text(self.unmatched) if self.unmatched is not None else None,
-                "unmatched_mean": unmatched.mean if unmatched else None,
-                "verdict": self.verdict, "verdict_unadjusted": self.raw_verdict or self.verdict,
-                "detail": self.detail, "unmatched_detail": self.unmatched_detail}
+        return {
+            "claim": c.id,
+            "statement": c.statement,
+            "paper": c.paper,
+            "measure": c.measure,
+            "ours": c.text(self.tested),
+            "mean": shown.mean,
+            "low": shown.low,
+            "high": shown.high,
+            "n": shown.n,
+            "p": self.p,
+            "p_holm": self.p_adjusted,
+            "holm_low": adjusted.low if adjusted else None,
+            "holm_high": adjusted.high if adjusted else None,
+            "unmatched": c.text(self.unmatched) if self.unmatched is not None else None,
+            "unmatched_mean": unmatched.mean if unmatched else None,
+            "verdict": self.verdict,
+            "verdict_unadjusted": self.raw_verdict or self.verdict,
+            "detail": self.detail,
+            "unmatched_detail": self.unmatched_detail,
+        }
 
 
-def judge(claim_id: str, interval: Interval, detail: str = "", *, unmatched: Interval | None = None,
-          unmatched_detail: str = "") -> ClaimResult:
+def judge(
+    claim_id: str,
+    interval: Interval,
+    detail: str = "",
+    *,
+    unmatched: Interval | None = None,
+    unmatched_detail: str = "",
+) -> ClaimResult:
     claim = CLAIMS[claim_id]
-    return ClaimResult(claim, interval, claim.verdict(interval), detail, unmatched, unmatched_detail,
-                       p=claim.p_value(interval))
+    return ClaimResult(
+        claim, interval, claim.verdict(interval), detail, unmatched, unmatched_detail, p=claim.p_value(interval)
+    )
 
 
 def holm(results: list[ClaimResult], confidence: float = CONFIDENCE) -> list[ClaimResult]:
@@ -503,8 +627,7 @@ def holm(results: list[ClaimResult], confidence: float = CONFIDENCE) -> list[Cla
         r = results[i]
         level = 1.0 - alpha / (m - k)
         corrected = r.verdict if running <= alpha or r.verdict == NO_SPREAD else INCONCLUSIVE
-        out[i] = replace(r, p_adjusted=running, adjusted=r.tested.at(level), verdict=corrected,
-                         raw_verdict=r.verdict)
+        out[i] = replace(r, p_adjusted=running, adjusted=r.tested.at(level), verdict=corrected, raw_verdict=r.verdict)
     return out
 
 
@@ -521,9 +644,14 @@ def by_seed(rows: pl.DataFrame, column: str) -> dict:
     return {seed: row[column] for seed, row in rows_by_seed(rows).items()}
 
 
-def hole_claims(trials: pl.DataFrame, *, ouro: str = "Ouro", chase: str = "CHASE",
-                matched_ouro: pl.DataFrame | None = None, matched_fixed: pl.DataFrame | None = None
-                ) -> list[ClaimResult]:
+def hole_claims(
+    trials: pl.DataFrame,
+    *,
+    ouro: str = "Ouro",
+    chase: str = "CHASE",
+    matched_ouro: pl.DataFrame | None = None,
+    matched_fixed: pl.DataFrame | None = None,
+) -> list[ClaimResult]:
     """C2, C2-own, C3 and C3-few from the gated trials of one configuration
     (trial_measures' rows, seeds apart): the Ouro and CHASE arms continue one Stage-1, so
     C3 pairs them by seed; C2 compares CHASE's skip with a fixed depth, one value per seed.
@@ -538,34 +666,64 @@ def hole_claims(trials: pl.DataFrame, *, ouro: str = "Ouro", chase: str = "CHASE
     loops = _loops_text(gated)
     out = []
     c2_unmatched = mean_interval(c[names.FIXED_OVER_SKIP].to_list())
-    c2_unmatched_text = ("CHASE skip against the pre-trained model forced to each depth, averaged over the executed "
-                         "loops both curves cover")
+    c2_unmatched_text = (
+        "CHASE skip against the pre-trained model forced to each depth, averaged over the executed "
+        "loops both curves cover"
+    )
     if matched_fixed is None:
         out.append(judge("C2", c2_unmatched, c2_unmatched_text))
     else:
         skips = rows_by_seed(c)
-        gaps = {seed: _pct(mean_difference((row[names.FORCED_X], row[names.FORCED_Y]),
-                                           (skips[seed][names.SKIP_X], skips[seed][names.SKIP_Y])))
-                for seed, row in rows_by_seed(matched_fixed).items() if seed in skips}
-        out.append(judge("C2", mean_interval(gaps.values()),
-                         "CHASE skip against the fixed-loop model trained as many weight steps as CHASE "
-                         "(compute-matched), forced to each depth, paired by seed, averaged over the executed "
-                         "loops both curves cover",
-                         unmatched=c2_unmatched, unmatched_detail="against the pre-trained model: " + c2_unmatched_text))
-    out.append(judge("C2-own", mean_interval(c[names.FORCED_OVER_SKIP].to_list()),
-                     "CHASE skip against its own model forced to each depth (one model: matched by construction), "
-                     "averaged over the executed loops both curves cover"))
+        gaps = {
+            seed: _pct(
+                mean_difference(
+                    (row[names.FORCED_X], row[names.FORCED_Y]), (skips[seed][names.SKIP_X], skips[seed][names.SKIP_Y])
+                )
+            )
+            for seed, row in rows_by_seed(matched_fixed).items()
+            if seed in skips
+        }
+        out.append(
+            judge(
+                "C2",
+                mean_interval(gaps.values()),
+                "CHASE skip against the fixed-loop model trained as many weight steps as CHASE "
+                "(compute-matched), forced to each depth, paired by seed, averaged over the executed "
+                "loops both curves cover",
+                unmatched=c2_unmatched,
+                unmatched_detail="against the pre-trained model: " + c2_unmatched_text,
+            )
+        )
+    out.append(
+        judge(
+            "C2-own",
+            mean_interval(c[names.FORCED_OVER_SKIP].to_list()),
+            "CHASE skip against its own model forced to each depth (one model: matched by construction), "
+            "averaged over the executed loops both curves cover",
+        )
+    )
     increase = names.SKIP_INCREASE
     c3_unmatched = difference(by_seed(o, increase), by_seed(c, increase), paired=True)
     reach = _reach_note(gated if matched_ouro is None else pl.concat([gated, matched_ouro], how="diagonal_relaxed"))
     if matched_ouro is None:
-        out.append(judge("C3", c3_unmatched, f"Ouro minus CHASE, paired over seeds (both continue one Stage-1), "
-                                             f"at {loops}" + reach))
+        out.append(
+            judge(
+                "C3",
+                c3_unmatched,
+                f"Ouro minus CHASE, paired over seeds (both continue one Stage-1), at {loops}" + reach,
+            )
+        )
     else:
-        out.append(judge("C3", difference(by_seed(matched_ouro, increase), by_seed(c, increase), paired=True),
-                         f"Ouro continued without holes as many weight steps as CHASE's stage (compute-matched) "
-                         f"minus CHASE, paired over seeds (both continue one Stage-1), at {loops}" + reach,
-                         unmatched=c3_unmatched, unmatched_detail="stock Ouro (fewer weight steps) minus CHASE"))
+        out.append(
+            judge(
+                "C3",
+                difference(by_seed(matched_ouro, increase), by_seed(c, increase), paired=True),
+                f"Ouro continued without holes as many weight steps as CHASE's stage (compute-matched) "
+                f"minus CHASE, paired over seeds (both continue one Stage-1), at {loops}" + reach,
+                unmatched=c3_unmatched,
+                unmatched_detail="stock Ouro (fewer weight steps) minus CHASE",
+            )
+        )
     out.append(judge("C3-few", mean_interval(c[increase].to_list()), f"CHASE at {loops}"))
     return out
 
@@ -580,15 +738,19 @@ def _reach_note(trials: pl.DataFrame) -> str:
     if short.is_empty():
         return ""
     fewest = short[names.SKIP_MIN_LOOPS].drop_nulls().to_list()
-    return (f"; {short.height} arm(s) whose skip sweep does not reach those loops left out "
-            f"(fewest loops: {', '.join(f'{v:.2f}' for v in fewest)})")
+    return (
+        f"; {short.height} arm(s) whose skip sweep does not reach those loops left out "
+        f"(fewest loops: {', '.join(f'{v:.2f}' for v in fewest)})"
+    )
 
 
-def loop_claims(fixed: pl.DataFrame, *, quality: str, looped: tuple[int, int], base: tuple[int, int],
-                deep: tuple[int, int] | None) -> list[ClaimResult]:
+def loop_claims(
+    fixed: pl.DataFrame, *, quality: str, looped: tuple[int, int], base: tuple[int, int], deep: tuple[int, int] | None
+) -> list[ClaimResult]:
     """C1 (quality accuracy: exact match in points) or C1-LM and C1-depth (quality ppl):
     N⊗R against N⊗1 and NR⊗1, from one row per pre-trained model and seed (columns
     n_layers, n_loops, seed, full_accuracy / full_ppl). Independent pre-trainings: Welch."""
+
     def arm(pair):
         rows = fixed.filter((pl.col("n_layers") == pair[0]) & (pl.col("n_loops") == pair[1]))
         return rows.unique(["seed"], keep="first", maintain_order=True)
@@ -598,17 +760,28 @@ def loop_claims(fixed: pl.DataFrame, *, quality: str, looped: tuple[int, int], b
 
     a, b = arm(looped), arm(base)
     if quality == tracking.ACCURACY:
+
         def percent(rows):
             return {s: 100 * v for s, v in by_seed(rows, names.FULL_ACCURACY).items() if v is not None}
 
         gain = difference(percent(a), percent(b), paired=False)
         return [judge("C1", gain, f"{name(looped)} minus {name(base)}, Welch (independent pre-trainings)")]
     ratio_looped = _log_ppl(a)
-    out = [judge("C1-LM", difference(_log_ppl(b), ratio_looped, paired=False),
-                 f"{name(base)} over {name(looped)}, Welch on log perplexity")]
+    out = [
+        judge(
+            "C1-LM",
+            difference(_log_ppl(b), ratio_looped, paired=False),
+            f"{name(base)} over {name(looped)}, Welch on log perplexity",
+        )
+    ]
     if deep is not None:
-        out.append(judge("C1-depth", difference(ratio_looped, _log_ppl(arm(deep)), paired=False),
-                         f"{name(looped)} over {name(deep)}, Welch on log perplexity"))
+        out.append(
+            judge(
+                "C1-depth",
+                difference(ratio_looped, _log_ppl(arm(deep)), paired=False),
+                f"{name(looped)} over {name(deep)}, Welch on log perplexity",
+            )
+        )
     return out
 
 
@@ -630,26 +803,43 @@ def speed_claims(records: list[dict]) -> list[ClaimResult]:
         big = [r["speedup"] for r in ours if r["batch"] == largest]
         one = [r["speedup"] for r in ours if r["batch"] == 1]
         bound = statistics.fmean(r[tracking.LOOP_BOUND] for r in ours if r["batch"] == largest)
-        out.append(judge("C4", mean_interval(big), f"batch {largest}, seq_len {ours[0]['seq_len']}, "
-                                                   f"{ours[0]['policy']}, varlen fp32; loop bound R/loops "
-                                                   f"{bound:.2f}x, of it {statistics.fmean(big) / bound:.0%}"))
+        out.append(
+            judge(
+                "C4",
+                mean_interval(big),
+                f"batch {largest}, seq_len {ours[0]['seq_len']}, "
+                f"{ours[0]['policy']}, varlen fp32; loop bound R/loops "
+                f"{bound:.2f}x, of it {statistics.fmean(big) / bound:.0%}",
+            )
+        )
         if one and largest != 1:
             out.append(judge("C4-batch1", mean_interval(one), f"batch 1, seq_len {ours[0]['seq_len']}"))
 
             def by_model(batch):
                 return {r.get("seed", i): r["speedup"] for i, r in enumerate(x for x in ours if x["batch"] == batch)}
 
-            out.append(judge("C4-growth", difference(by_model(largest), by_model(1), paired=True),
-                             f"batch {largest} minus batch 1, paired by seed (one model)"))
+            out.append(
+                judge(
+                    "C4-growth",
+                    difference(by_model(largest), by_model(1), paired=True),
+                    f"batch {largest} minus batch 1, paired by seed (one model)",
+                )
+            )
     if paper:
         largest_padded = max(r["batch"] for r in paper)
-        out.append(judge("C4-padded", mean_interval([r["speedup"] for r in paper if r["batch"] == largest_padded]),
-                         f"batch {largest_padded}, seq_len {paper[0]['seq_len']}, {paper[0]['policy']}, padded "
-                         "bf16 on this machine (the paper: a GPU at L 2048)"))
+        out.append(
+            judge(
+                "C4-padded",
+                mean_interval([r["speedup"] for r in paper if r["batch"] == largest_padded]),
+                f"batch {largest_padded}, seq_len {paper[0]['seq_len']}, {paper[0]['policy']}, padded "
+                "bf16 on this machine (the paper: a GPU at L 2048)",
+            )
+        )
     return out
 
 
 # ---- the table ---------------------------------------------------------------------------------------
+
 
 def verdict_table(results: list[ClaimResult]) -> pl.DataFrame:
     return pl.DataFrame([r.row() for r in results], infer_schema_length=None)
@@ -669,7 +859,7 @@ def verdict_markdown(results: list[ClaimResult]) -> str:
         c = r.claim
         row = f"| **{c.id}** {c.statement} | {c.paper} | {c.text(r.tested)} |"
         if corrected:
-            row += (f" {c.text(r.adjusted)}, p {r.p_adjusted:.3g} |" if r.adjusted is not None else " n/a |")
+            row += f" {c.text(r.adjusted)}, p {r.p_adjusted:.3g} |" if r.adjusted is not None else " n/a |"
         row += f" {c.text(r.unmatched) if r.unmatched is not None else '—'} |"
         verdict_text = r.verdict
         if r.raw_verdict is not None and r.raw_verdict != r.verdict:
@@ -678,6 +868,8 @@ def verdict_markdown(results: list[ClaimResult]) -> str:
     lines.append("")
     for r in results:
         c = r.claim
-        lines.append(f"- **{c.id}**: {c.measure}{'; ' + r.detail if r.detail else ''}"
-                     + (f"; unmatched: {r.unmatched_detail}" if r.unmatched is not None else ""))
+        lines.append(
+            f"- **{c.id}**: {c.measure}{'; ' + r.detail if r.detail else ''}"
+            + (f"; unmatched: {r.unmatched_detail}" if r.unmatched is not None else "")
+        )
     return "\n".join(lines)

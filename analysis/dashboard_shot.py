@@ -59,8 +59,17 @@ def serve(tracking_uri: str, port: int | None = None, log: Path | None = None) -
     port = port or free_port()
     mlflow = shutil.which("mlflow")
     command = [mlflow] if mlflow else [sys.executable, "-m", "mlflow"]
-    command += ["server", "--backend-store-uri", tracking_uri, "--host", dashboard.LOCAL_HOST, "--port", str(port),
-                "--workers", "1"]
+    command += [
+        "server",
+        "--backend-store-uri",
+        tracking_uri,
+        "--host",
+        dashboard.LOCAL_HOST,
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
     out = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115 - closed below
     server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     base = dashboard.base_url(tracking_uri, port=port)
@@ -74,8 +83,10 @@ def serve(tracking_uri: str, port: int | None = None, log: Path | None = None) -
             except OSError:
                 pass
             if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"mlflow server did not answer at {base} (status {server.poll()}; "
-                                   f"{'log: ' + str(log) if log else 'no log'})")
+                raise RuntimeError(
+                    f"mlflow server did not answer at {base} (status {server.poll()}; "
+                    f"{'log: ' + str(log) if log else 'no log'})"
+                )
             time.sleep(0.5)
         yield base
     finally:
@@ -97,8 +108,12 @@ def sweep_route(tracking_uri: str, experiment: str, sweep_run: str | None = None
     if found is None:
         raise LookupError(f"no experiment {experiment!r} in {tracking_uri}")
     if sweep_run is None:
-        runs = mc.search_runs([found.experiment_id], filter_string=f"tags.{tracking.LEVEL} = '{tracking.SWEEP}'",
-                              order_by=["attributes.start_time DESC"], max_results=1)
+        runs = mc.search_runs(
+            [found.experiment_id],
+            filter_string=f"tags.{tracking.LEVEL} = '{tracking.SWEEP}'",
+            order_by=["attributes.start_time DESC"],
+            max_results=1,
+        )
         if not runs:
             raise LookupError(f"no sweep run in experiment {experiment!r}")
         sweep_run = runs[0].info.run_id
@@ -114,8 +129,9 @@ def cells(dom: str) -> dict[str, list[str]]:
     return found
 
 
-def render(url: str, screenshot: Path | None = None, *, browser: str | None = None,
-           window: tuple[int, int] = WINDOW) -> dict:
+def render(
+    url: str, screenshot: Path | None = None, *, browser: str | None = None, window: tuple[int, int] = WINDOW
+) -> dict:
     """The page at url after its scripts ran: "dom", "view" (runs | genai | unknown),
     "cells" (the runs table's), "screenshot" (its path, when asked for). Raises
     FileNotFoundError without a browser."""
@@ -129,9 +145,14 @@ def render(url: str, screenshot: Path | None = None, *, browser: str | None = No
             args.insert(0, f"--screenshot={Path(screenshot).resolve()}")
         done = run_browser(browser, args, profile, budget_ms=BUDGET_MS, local=urllib.parse.urlsplit(url).hostname)
     dom = done.stdout
-    view = ("runs" if RUNS_MARKER in dom else "genai" if all(m in dom for m in GENAI_MARKERS) else "unknown")
-    return {"dom": dom, "view": view, "cells": cells(dom), "status": done.returncode,
-            "screenshot": str(screenshot) if screenshot is not None else None}
+    view = "runs" if RUNS_MARKER in dom else "genai" if all(m in dom for m in GENAI_MARKERS) else "unknown"
+    return {
+        "dom": dom,
+        "view": view,
+        "cells": cells(dom),
+        "status": done.returncode,
+        "screenshot": str(screenshot) if screenshot is not None else None,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

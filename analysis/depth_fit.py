@@ -101,8 +101,17 @@ def fit_depth(n_layers, n_loops, loss, *, confidence: float = CONFIDENCE) -> Dep
     inside = GAMMA_GRID[sse <= sse[i] * (1 + student_t_quantile(0.5 + confidence / 2, df) ** 2 / df)]
     low, high = float(inside.min()), float(inside.max())
     edges = (float(GAMMA_GRID[0]), float(GAMMA_GRID[-1]))
-    return DepthFit(float(GAMMA_GRID[i]), low, high, float(a[i]), float(b[i]), float(math.sqrt(sse[i] / len(y))),
-                    len(y), confidence, at_bound=any(v in edges for v in (float(GAMMA_GRID[i]), low, high)))
+    return DepthFit(
+        float(GAMMA_GRID[i]),
+        low,
+        high,
+        float(a[i]),
+        float(b[i]),
+        float(math.sqrt(sse[i] / len(y))),
+        len(y),
+        confidence,
+        at_bound=any(v in edges for v in (float(GAMMA_GRID[i]), low, high)),
+    )
 
 
 def _setting(points: pl.DataFrame) -> pl.Expr:
@@ -111,8 +120,8 @@ def _setting(points: pl.DataFrame) -> pl.Expr:
     across tasks. The searched columns are named by their leaf (search.n_layers), so the
     fit's own axes are matched by leaf too."""
     leaves = {axis.rsplit(".", 1)[-1] for axis in FIT_AXES}
-    others = [c for c in points.columns if c.startswith(SEARCH) and c[len(SEARCH):].rsplit(".", 1)[-1] not in leaves]
-    return searched_label([c[len(SEARCH):] for c in others])
+    others = [c for c in points.columns if c.startswith(SEARCH) and c[len(SEARCH) :].rsplit(".", 1)[-1] not in leaves]
+    return searched_label([c[len(SEARCH) :] for c in others])
 
 
 def pretrain_points(points: pl.DataFrame) -> pl.DataFrame:
@@ -122,15 +131,31 @@ def pretrain_points(points: pl.DataFrame) -> pl.DataFrame:
         return points.clear().select([])
     arch = pl.col(ARCH).cast(pl.String) if ARCH in points.columns else pl.lit(None, pl.String)
     # a trained model is its stage key; points logged by hand without one count once per N, R and seed
-    model = pl.col(tracking.STAGE_KEY) if tracking.STAGE_KEY in points.columns else pl.concat_str(
-        pl.col(N_LAYERS).cast(pl.String), pl.col("n_loops").cast(pl.String), pl.col("seed").cast(pl.String),
-        separator="/")
-    return (points.filter((pl.col("stage") == PRETRAIN) & (pl.col("policy") == FULL)
-                          & pl.col("loss").is_not_null())
-            .select("experiment", arch.alias("arch"), _setting(points).alias("setting"),
-                    pl.col(N_LAYERS).cast(pl.Float64).alias("n_layers"), pl.col("n_loops").cast(pl.Float64), "seed",
-                    "loss", model.alias("_model"))
-            .unique(["experiment", "_model"], keep="last", maintain_order=True).drop("_model"))
+    model = (
+        pl.col(tracking.STAGE_KEY)
+        if tracking.STAGE_KEY in points.columns
+        else pl.concat_str(
+            pl.col(N_LAYERS).cast(pl.String),
+            pl.col("n_loops").cast(pl.String),
+            pl.col("seed").cast(pl.String),
+            separator="/",
+        )
+    )
+    return (
+        points.filter((pl.col("stage") == PRETRAIN) & (pl.col("policy") == FULL) & pl.col("loss").is_not_null())
+        .select(
+            "experiment",
+            arch.alias("arch"),
+            _setting(points).alias("setting"),
+            pl.col(N_LAYERS).cast(pl.Float64).alias("n_layers"),
+            pl.col("n_loops").cast(pl.Float64),
+            "seed",
+            "loss",
+            model.alias("_model"),
+        )
+        .unique(["experiment", "_model"], keep="last", maintain_order=True)
+        .drop("_model")
+    )
 
 
 def fit_groups(points: pl.DataFrame) -> tuple[pl.DataFrame | None, pl.DataFrame | None, list[str]]:
@@ -147,8 +172,11 @@ def fit_groups(points: pl.DataFrame) -> tuple[pl.DataFrame | None, pl.DataFrame 
             continue
         fit = fit_depth(part["n_layers"], part["n_loops"], part["loss"])
         rows.append({"experiment": experiment, "arch": arch, "setting": setting, **asdict(fit)})
-        fitted.append(part.with_columns((pl.col("n_layers") * pl.col("n_loops") ** fit.gamma).alias("n_eff"),
-                                        pl.lit(fit.gamma).alias("gamma")))
+        fitted.append(
+            part.with_columns(
+                (pl.col("n_layers") * pl.col("n_loops") ** fit.gamma).alias("n_eff"), pl.lit(fit.gamma).alias("gamma")
+            )
+        )
     if not rows:
         return None, None, notes
     return pl.DataFrame(rows), pl.concat(fitted), notes
@@ -159,23 +187,42 @@ def depth_chart(table: pl.DataFrame, fitted: pl.DataFrame) -> ChartSpec:
     series = []
     groups = table.iter_rows(named=True)
     for fit in groups:
-        part = fitted.filter((pl.col("experiment") == fit["experiment"]) & pl.col("arch").eq_missing(fit["arch"])
-                             & (pl.col("setting") == fit["setting"]))
+        part = fitted.filter(
+            (pl.col("experiment") == fit["experiment"])
+            & pl.col("arch").eq_missing(fit["arch"])
+            & (pl.col("setting") == fit["setting"])
+        )
         tag = "".join(f"{v} " for v in (fit["arch"], fit["setting"]) if v)
         for loops, by_r in part.sort("n_loops").group_by("n_loops", maintain_order=True):
-            pts = [Point(p["n_eff"], p["loss"], f"{p['n_layers']:g}⊗{p['n_loops']:g} seed {p['seed']}")
-                   for p in by_r.iter_rows(named=True)]
+            pts = [
+                Point(p["n_eff"], p["loss"], f"{p['n_layers']:g}⊗{p['n_loops']:g} seed {p['seed']}")
+                for p in by_r.iter_rows(named=True)
+            ]
             series.append(Series(f"{tag}R={loops[0]:g}", PALETTE[len(series) % len(PALETTE)], pts))
         xs = np.geomspace(part["n_eff"].min(), part["n_eff"].max(), 50)
-        series.append(Series(f"{tag}fit γ={fit['gamma']:.2f}", "#000000", [],
-                             [(float(x), fit["a"] + fit["b"] * math.log(x)) for x in xs], shape="linear",
-                             dashed=True))
-    return ChartSpec("depth_fit", "Effective depth: loss against N·R^γ", "N_eff = N·R^γ (log scale)",
-                     "validation loss (pre-training, full depth)", series, log_x=True)
+        series.append(
+            Series(
+                f"{tag}fit γ={fit['gamma']:.2f}",
+                "#000000",
+                [],
+                [(float(x), fit["a"] + fit["b"] * math.log(x)) for x in xs],
+                shape="linear",
+                dashed=True,
+            )
+        )
+    return ChartSpec(
+        "depth_fit",
+        "Effective depth: loss against N·R^γ",
+        "N_eff = N·R^γ (log scale)",
+        "validation loss (pre-training, full depth)",
+        series,
+        log_x=True,
+    )
 
 
-def write_depth_fit(points: pl.DataFrame, out_dir: str | Path) -> tuple[dict[str, Path], pl.DataFrame | None,
-                                                                         ChartSpec | None, list[str]]:
+def write_depth_fit(
+    points: pl.DataFrame, out_dir: str | Path
+) -> tuple[dict[str, Path], pl.DataFrame | None, ChartSpec | None, list[str]]:
     """depth_fit.csv (one row per group) and the chart's spec; the report renders the PNG."""
     table, fitted, notes = fit_groups(points)
     if table is None:

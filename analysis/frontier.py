@@ -40,8 +40,9 @@ def _clean(df: pl.DataFrame, x: str, y: str) -> pl.DataFrame:
     for c in (x, y):
         if c not in df.columns:
             raise AnalysisError(f"no column {c!r} to build a frontier from; columns: {', '.join(df.columns)}")
-    return df.filter(pl.col(x).is_not_null() & pl.col(y).is_not_null() & pl.col(x).is_not_nan()
-                     & pl.col(y).is_not_nan())
+    return df.filter(
+        pl.col(x).is_not_null() & pl.col(y).is_not_null() & pl.col(x).is_not_nan() & pl.col(y).is_not_nan()
+    )
 
 
 def frontier_mask(xs: list[float], ys: list[float], keys: list[tuple], maximize: bool) -> list[bool]:
@@ -57,8 +58,9 @@ def frontier_mask(xs: list[float], ys: list[float], keys: list[tuple], maximize:
     return on
 
 
-def pareto_frontier(df: pl.DataFrame, x: str, y: str, *, maximize: bool = True, by=None,
-                    tie_break=DEFAULT_TIE_BREAK) -> pl.DataFrame:
+def pareto_frontier(
+    df: pl.DataFrame, x: str, y: str, *, maximize: bool = True, by=None, tie_break=DEFAULT_TIE_BREAK
+) -> pl.DataFrame:
     """df (rows with null/NaN x or y dropped) with a boolean column `on_frontier`,
     computed within each group of `by` (e.g. the series: method and policy).
 
@@ -72,7 +74,11 @@ def pareto_frontier(df: pl.DataFrame, x: str, y: str, *, maximize: bool = True, 
     flags = {}
     groups = clean.partition_by(by, as_dict=False, maintain_order=True) if by else [clean]
     for group in groups:
-        keys = list(zip(*(group[c].cast(pl.String).fill_null("").to_list() for c in ties))) if ties else [()] * group.height
+        keys = (
+            list(zip(*(group[c].cast(pl.String).fill_null("").to_list() for c in ties)))
+            if ties
+            else [()] * group.height
+        )
         mask = frontier_mask(group[x].cast(pl.Float64).to_list(), group[y].cast(pl.Float64).to_list(), keys, maximize)
         flags.update(zip(group["_row"].to_list(), mask))
     on = pl.Series("on_frontier", [flags[i] for i in clean["_row"].to_list()], dtype=pl.Boolean)
@@ -119,8 +125,10 @@ def frontier_gap(a, b, x: str = "x", y: str = "y", *, maximize: bool = True, int
     pa, pb = _points(a, x, y, maximize), _points(b, x, y, maximize)
     lo, hi = max(pa[0][0], pb[0][0]), min(pa[-1][0], pb[-1][0])
     if lo > hi:
-        raise AnalysisError(f"the frontiers share no compute range: one covers [{pa[0][0]:g}, {pa[-1][0]:g}], "
-                            f"the other [{pb[0][0]:g}, {pb[-1][0]:g}]")
+        raise AnalysisError(
+            f"the frontiers share no compute range: one covers [{pa[0][0]:g}, {pa[-1][0]:g}], "
+            f"the other [{pb[0][0]:g}, {pb[-1][0]:g}]"
+        )
     cuts = sorted({lo, hi, *(p[0] for p in pa + pb if lo < p[0] < hi)})
     area = 0.0
     for c0, c1 in itertools.pairwise(cuts):
@@ -138,8 +146,9 @@ def frontier_area(a, b, x: str = "x", y: str = "y", *, maximize: bool = True, in
     return frontier_gap(a, b, x, y, maximize=maximize, interpolation=interpolation)["area"]
 
 
-def best_under_budget(df: pl.DataFrame, x: str, y: str, budget: float, *, maximize: bool = True,
-                      tie_break=DEFAULT_TIE_BREAK) -> dict:
+def best_under_budget(
+    df: pl.DataFrame, x: str, y: str, budget: float, *, maximize: bool = True, tie_break=DEFAULT_TIE_BREAK
+) -> dict:
     """The row with the best quality among those with compute <= budget (ties: less
     compute, then the tie-break columns). Raises AnalysisError when none fits."""
     clean = _clean(df, x, y)
@@ -147,8 +156,9 @@ def best_under_budget(df: pl.DataFrame, x: str, y: str, budget: float, *, maximi
         raise AnalysisError(f"no points with both {x} and {y}")
     fits = clean.filter(pl.col(x) <= budget)
     if fits.is_empty():
-        raise AnalysisError(f"no configuration within the budget {x} <= {budget:g}; the cheapest needs "
-                            f"{clean[x].min():g}")
+        raise AnalysisError(
+            f"no configuration within the budget {x} <= {budget:g}; the cheapest needs {clean[x].min():g}"
+        )
     ties = [c for c in tie_break if c in fits.columns]
     ranked = fits.sort([y, x, *ties], descending=[maximize, False, *([False] * len(ties))], nulls_last=True)
     return ranked.row(0, named=True)

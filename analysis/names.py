@@ -25,8 +25,20 @@ from __future__ import annotations
 from looplab.evaluation.suite import PAPER_TASKS
 from looplab.policy import DENSE, FORCED, FULL, SKIP, ZOO_KINDS
 from looplab.stages import STAGE_NAMES
-from looplab.tracking import (ACCURACY, EXIT_ENTROPY, EXPECTED_EXIT_STEP, LM_EVAL, LM_EVAL_AVG, LM_EVAL_FAMILIES,
-                              LM_EVAL_FLOPS, LM_EVAL_LOOPS, LM_EVAL_PPL, LM_EVAL_SECONDS, LOSS, PPL)
+from looplab.tracking import (
+    ACCURACY,
+    EXIT_ENTROPY,
+    EXPECTED_EXIT_STEP,
+    LM_EVAL,
+    LM_EVAL_AVG,
+    LM_EVAL_FAMILIES,
+    LM_EVAL_FLOPS,
+    LM_EVAL_LOOPS,
+    LM_EVAL_PPL,
+    LM_EVAL_SECONDS,
+    LOSS,
+    PPL,
+)
 
 # The suite means over tasks analysis computes beside lm_eval_avg (the paper's Avg.):
 # downstream executed loops, backbone FLOPs and model seconds per token; a mean of task
@@ -34,8 +46,15 @@ from looplab.tracking import (ACCURACY, EXIT_ENTROPY, EXPECTED_EXIT_STEP, LM_EVA
 SUITE_MEANS = (LM_EVAL_LOOPS, LM_EVAL_FLOPS, LM_EVAL_SECONDS)
 
 # Column headers of the paper's tables (Table 3, App. E/F), by lm-eval task name.
-TASK_HEADERS = {"piqa": "PIQA", "boolq": "BoolQ", "winogrande": "WG", "openbookqa": "OBQA",
-                "hellaswag": "HS", "arc_challenge": "ARC-C", "arc_easy": "ARC-E"}
+TASK_HEADERS = {
+    "piqa": "PIQA",
+    "boolq": "BoolQ",
+    "winogrande": "WG",
+    "openbookqa": "OBQA",
+    "hellaswag": "HS",
+    "arc_challenge": "ARC-C",
+    "arc_easy": "ARC-E",
+}
 POLICY_ORDER = (FULL, FORCED, DENSE, SKIP, *ZOO_KINDS)  # zoo kinds: dense-entropy, skip-entropy, ...
 
 # Training histories the β diagnostics draw (App. D, Figs. 4 and 5).
@@ -116,14 +135,13 @@ def task_columns(columns, family: str | None = None) -> list[str]:
     """The per-task columns of one downstream family (None: accuracy, lm_eval.<task>), in
     the paper's task order."""
     head = LM_EVAL if family is None else family + "."
-    tasks = [c[len(head):] for c in columns
-             if c.startswith(head) and not c.endswith(("_std", "_ci_low", "_ci_high"))]
+    tasks = [c[len(head) :] for c in columns if c.startswith(head) and not c.endswith(("_std", "_ci_low", "_ci_high"))]
     return [head + t for t in ordered_tasks(tasks)]
 
 
 def task_of(quantity: str) -> str | None:
     """'lm_eval.piqa' -> 'piqa'; anything else -> None."""
-    return quantity[len(LM_EVAL):] if quantity.startswith(LM_EVAL) else None
+    return quantity[len(LM_EVAL) :] if quantity.startswith(LM_EVAL) else None
 
 
 def ordered_tasks(tasks) -> list[str]:

@@ -92,8 +92,12 @@ def _fmt(v) -> str:
 def _hover(spec: ChartSpec, s: Series, p) -> str:
     """Plotly hover text is pseudo-HTML (<b>, <br>, entities): the values are escaped."""
     interval = f" [{_fmt(p.lo)}, {_fmt(p.hi)}]" if _finite(p.lo) and _finite(p.hi) else ""
-    lines = [f"<b>{html.escape(s.name)}</b>", html.escape(p.label), f"{html.escape(spec.x_label)}: {_fmt(p.x)}",
-             f"{html.escape(spec.y_label)}: {_fmt(p.y)}{interval}"]
+    lines = [
+        f"<b>{html.escape(s.name)}</b>",
+        html.escape(p.label),
+        f"{html.escape(spec.x_label)}: {_fmt(p.x)}",
+        f"{html.escape(spec.y_label)}: {_fmt(p.y)}{interval}",
+    ]
     return "<br>".join(lines + (["on the frontier"] if p.on_frontier else []))
 
 
@@ -103,27 +107,64 @@ def _series_traces(spec: ChartSpec, s: Series, group: str) -> list[dict]:
     line = [(x, y) for x, y in s.line if _finite(x) and _finite(y)]
     traces = []
     if line:
-        traces.append({"type": "scatter", "mode": "lines", "name": name, "legendgroup": group,
-                       "showlegend": not pts, "hoverinfo": "skip", "x": [x for x, _ in line], "y": [y for _, y in line],
-                       "line": {"color": s.color, "width": 2, "shape": "hv" if s.shape == "step" else "linear",
-                                "dash": "dot" if s.dotted else "dash" if s.dashed else "solid"}})
+        traces.append(
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "name": name,
+                "legendgroup": group,
+                "showlegend": not pts,
+                "hoverinfo": "skip",
+                "x": [x for x, _ in line],
+                "y": [y for _, y in line],
+                "line": {
+                    "color": s.color,
+                    "width": 2,
+                    "shape": "hv" if s.shape == "step" else "linear",
+                    "dash": "dot" if s.dotted else "dash" if s.dashed else "solid",
+                },
+            }
+        )
     if pts:
-        marker = {"color": s.color, "size": [10 if p.on_frontier else 7 for p in pts],
-                  "opacity": [1.0 if p.on_frontier else 0.6 for p in pts],
-                  "line": {"color": "#000", "width": [1.2 if p.on_frontier else 0 for p in pts]}}
-        trace = {"type": "scatter", "mode": "markers", "name": name, "legendgroup": group, "marker": marker,
-                 "x": [p.x for p in pts], "y": [p.y for p in pts], "hovertext": [_hover(spec, s, p) for p in pts],
-                 "hovertemplate": "%{hovertext}<extra></extra>"}
+        marker = {
+            "color": s.color,
+            "size": [10 if p.on_frontier else 7 for p in pts],
+            "opacity": [1.0 if p.on_frontier else 0.6 for p in pts],
+            "line": {"color": "#000", "width": [1.2 if p.on_frontier else 0 for p in pts]},
+        }
+        trace = {
+            "type": "scatter",
+            "mode": "markers",
+            "name": name,
+            "legendgroup": group,
+            "marker": marker,
+            "x": [p.x for p in pts],
+            "y": [p.y for p in pts],
+            "hovertext": [_hover(spec, s, p) for p in pts],
+            "hovertemplate": "%{hovertext}<extra></extra>",
+        }
         has = [_finite(p.lo) and _finite(p.hi) for p in pts]
         if any(has):  # null where a point has no interval: plotly.js draws no bar for a non-numeric error
-            trace["error_y"] = {"type": "data", "symmetric": False, "color": s.color, "thickness": 1, "width": 3,
-                                "array": [p.hi - p.y if ok else None for p, ok in zip(pts, has)],
-                                "arrayminus": [p.y - p.lo if ok else None for p, ok in zip(pts, has)]}
+            trace["error_y"] = {
+                "type": "data",
+                "symmetric": False,
+                "color": s.color,
+                "thickness": 1,
+                "width": 3,
+                "array": [p.hi - p.y if ok else None for p, ok in zip(pts, has)],
+                "arrayminus": [p.y - p.lo if ok else None for p, ok in zip(pts, has)],
+            }
         has_x = [_finite(p.x_lo) and _finite(p.x_hi) for p in pts]
         if any(has_x):
-            trace["error_x"] = {"type": "data", "symmetric": False, "color": s.color, "thickness": 1, "width": 3,
-                                "array": [p.x_hi - p.x if ok else None for p, ok in zip(pts, has_x)],
-                                "arrayminus": [p.x - p.x_lo if ok else None for p, ok in zip(pts, has_x)]}
+            trace["error_x"] = {
+                "type": "data",
+                "symmetric": False,
+                "color": s.color,
+                "thickness": 1,
+                "width": 3,
+                "array": [p.x_hi - p.x if ok else None for p, ok in zip(pts, has_x)],
+                "arrayminus": [p.x - p.x_lo if ok else None for p, ok in zip(pts, has_x)],
+            }
         traces.append(trace)
     return traces
 
@@ -138,22 +179,44 @@ def figure(spec: ChartSpec):
     xs = [x for t in traces for x in t["x"]]
     for y, label in spec.hlines:
         if _finite(y) and xs:  # a trace across the drawn x range: it has a legend entry and works on log axes
-            traces.append({"type": "scatter", "mode": "lines", "name": html.escape(f"{label} ({_fmt(y)})"),
-                           "x": [min(xs), max(xs)], "y": [y, y], "hoverinfo": "name",
-                           "line": {"color": HLINE_COLOR, "width": 1.5, "dash": "dash"}})
-    layout = {"title": {"text": html.escape(spec.title), "font": {"size": 15}}, "template": "plotly_white",
-              "width": WIDTH, "height": HEIGHT, "hovermode": "closest", "margin": {"l": 70, "r": 20, "t": 50, "b": 40},
-              "xaxis": {"title": {"text": html.escape(spec.x_label)}, "type": "log" if spec.log_x else "linear",
-                        "zeroline": False},
-              "yaxis": {"title": {"text": html.escape(spec.y_label)}, "type": "log" if spec.log_y else "linear",
-                        "zeroline": False},
-              "legend": {"orientation": "h", "yanchor": "top", "y": -0.14, "xanchor": "left", "x": 0,
-                         "font": {"size": 11}}}
+            traces.append(
+                {
+                    "type": "scatter",
+                    "mode": "lines",
+                    "name": html.escape(f"{label} ({_fmt(y)})"),
+                    "x": [min(xs), max(xs)],
+                    "y": [y, y],
+                    "hoverinfo": "name",
+                    "line": {"color": HLINE_COLOR, "width": 1.5, "dash": "dash"},
+                }
+            )
+    layout = {
+        "title": {"text": html.escape(spec.title), "font": {"size": 15}},
+        "template": "plotly_white",
+        "width": WIDTH,
+        "height": HEIGHT,
+        "hovermode": "closest",
+        "margin": {"l": 70, "r": 20, "t": 50, "b": 40},
+        "xaxis": {
+            "title": {"text": html.escape(spec.x_label)},
+            "type": "log" if spec.log_x else "linear",
+            "zeroline": False,
+        },
+        "yaxis": {
+            "title": {"text": html.escape(spec.y_label)},
+            "type": "log" if spec.log_y else "linear",
+            "zeroline": False,
+        },
+        "legend": {"orientation": "h", "yanchor": "top", "y": -0.14, "xanchor": "left", "x": 0, "font": {"size": 11}},
+    }
     if spec.legend_title:
         layout["legend"]["title"] = {"text": html.escape(spec.legend_title) + "  "}
     if spec.x_ticks:  # a categorical axis drawn at positions 0..k-1, labelled by its values
-        layout["xaxis"].update(tickmode="array", tickvals=[x for x, _ in spec.x_ticks],
-                               ticktext=[html.escape(label) for _, label in spec.x_ticks])
+        layout["xaxis"].update(
+            tickmode="array",
+            tickvals=[x for x, _ in spec.x_ticks],
+            ticktext=[html.escape(label) for _, label in spec.x_ticks],
+        )
     return go.Figure(data=traces, layout=layout)
 
 
@@ -161,8 +224,11 @@ def _config(spec: ChartSpec) -> dict:
     # No Plotly logo (a link out of an offline page) and no "Share chart" button
     # (plotly.js offers by default to upload the chart to Plotly Cloud); PNG export
     # named after the chart.
-    return {"displaylogo": False, "showSendToCloud": False,
-            "toImageButtonOptions": {"format": "png", "filename": spec.name, "scale": 2}}
+    return {
+        "displaylogo": False,
+        "showSendToCloud": False,
+        "toImageButtonOptions": {"format": "png", "filename": spec.name, "scale": 2},
+    }
 
 
 def _embed(data: dict) -> str:
@@ -170,23 +236,36 @@ def _embed(data: dict) -> str:
     return json.dumps(data, ensure_ascii=False, allow_nan=False).replace("</", "<\\/")
 
 
-def render_page(*, title: str, meta: list[str], notes: list[str], sections: list[tuple[str, str]],
-                charts: list[ChartSpec]) -> str:
+def render_page(
+    *, title: str, meta: list[str], notes: list[str], sections: list[tuple[str, str]], charts: list[ChartSpec]
+) -> str:
     """sections: (heading, inner HTML) in order; a chart's place is <div id="chart-NAME">
     inside some section's HTML (see chart_slot)."""
     from plotly.offline import get_plotlyjs  # the bundle include_plotlyjs=True inlines
 
-    data = {"charts": [{"name": spec.name, "figure": figure(spec).to_plotly_json(), "config": _config(spec)}
-                       for spec in charts]}
+    data = {
+        "charts": [
+            {"name": spec.name, "figure": figure(spec).to_plotly_json(), "config": _config(spec)} for spec in charts
+        ]
+    }
     meta_html = "".join(f"<div>{html.escape(m)}</div>" for m in meta)
-    notes_html = ("<h2>Notes: what was left out and why</h2><ul class=\"notes\">" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) +
-                  "</ul>") if notes else ""
+    notes_html = (
+        (
+            '<h2>Notes: what was left out and why</h2><ul class="notes">'
+            + "".join(f"<li>{html.escape(n)}</li>" for n in notes)
+            + "</ul>"
+        )
+        if notes
+        else ""
+    )
     body = "".join(f"<h2>{html.escape(h)}</h2>{inner}" for h, inner in sections)
-    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
-            f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1><div class=\"meta\">{meta_html}</div>"
-            f"<div id=\"report-status\">the charts need JavaScript</div>{body}{notes_html}"
-            f"<script type=\"application/json\" id=\"report-data\">{_embed(data)}</script>"
-            f"<script>{GUARD}</script><script>{get_plotlyjs()}</script><script>{DRAW}</script></body></html>\n")
+    return (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+        f'<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1><div class="meta">{meta_html}</div>'
+        f'<div id="report-status">the charts need JavaScript</div>{body}{notes_html}'
+        f'<script type="application/json" id="report-data">{_embed(data)}</script>'
+        f"<script>{GUARD}</script><script>{get_plotlyjs()}</script><script>{DRAW}</script></body></html>\n"
+    )
 
 
 def chart_slot(name: str, caption: str = "") -> str:

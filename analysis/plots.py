@@ -40,8 +40,15 @@ def _draw(ax, spec: ChartSpec) -> None:
         ys = [p.y for p in s.points]
         if s.line:
             lx, ly = zip(*s.line)
-            ax.plot(lx, ly, drawstyle="steps-post" if s.shape == "step" else "default", color=s.color,
-                    linestyle=":" if s.dotted else "--" if s.dashed else "-", linewidth=1.6, label=s.name)
+            ax.plot(
+                lx,
+                ly,
+                drawstyle="steps-post" if s.shape == "step" else "default",
+                color=s.color,
+                linestyle=":" if s.dotted else "--" if s.dashed else "-",
+                linewidth=1.6,
+                label=s.name,
+            )
         low = [p.y - p.lo if p.lo is not None else 0.0 for p in s.points]
         high = [p.hi - p.y if p.hi is not None else 0.0 for p in s.points]
         if any(low) or any(high):
@@ -50,12 +57,20 @@ def _draw(ax, spec: ChartSpec) -> None:
         right = [p.x_hi - p.x if finite(p.x_hi) else 0.0 for p in s.points]
         if any(left) or any(right):
             ax.errorbar(xs, ys, xerr=[left, right], fmt="none", ecolor=s.color, alpha=0.5, capsize=2, linewidth=0.8)
-        ax.scatter(xs, ys, s=18, color=s.color, alpha=0.85, label=None if s.line else s.name, zorder=3,
-                   edgecolors=["black" if p.on_frontier else "none" for p in s.points], linewidths=0.6)
+        ax.scatter(
+            xs,
+            ys,
+            s=18,
+            color=s.color,
+            alpha=0.85,
+            label=None if s.line else s.name,
+            zorder=3,
+            edgecolors=["black" if p.on_frontier else "none" for p in s.points],
+            linewidths=0.6,
+        )
     for y, text in spec.hlines:
         ax.axhline(y, color="grey", linestyle="--", linewidth=1.0)
-        ax.annotate(text, (0.01, y), xycoords=("axes fraction", "data"), fontsize=7, color="grey",
-                    va="bottom")
+        ax.annotate(text, (0.01, y), xycoords=("axes fraction", "data"), fontsize=7, color="grey", va="bottom")
     if spec.log_y:
         ax.set_yscale("log")
     if spec.log_x:

@@ -27,8 +27,14 @@ from dataclasses import dataclass
 from analysis.claims import CONFIDENCE, Interval, t_quantile
 
 # Phrases that state a statistical summary: each occurrence in the documents needs a check.
-PHRASES = (r"grows with", r"grow with", r"level with", r"every paired interval", r"excludes zero",
-           r"[+−-]\d+(?:\.\d+)? to [+−-]\d+(?:\.\d+)? points")
+PHRASES = (
+    r"grows with",
+    r"grow with",
+    r"level with",
+    r"every paired interval",
+    r"excludes zero",
+    r"[+−-]\d+(?:\.\d+)? to [+−-]\d+(?:\.\d+)? points",
+)
 SUMMARY = re.compile("|".join(PHRASES))
 _NUMBER = r"[+−-]?\d+(?:\.\d+)?"
 CELL = re.compile(rf"({_NUMBER})[^\[\]0-9]*?\[({_NUMBER}),\s*({_NUMBER})\]")  # words may sit between
@@ -94,17 +100,17 @@ def trend(xs: list[float], cells: list[Cell], *, log2: bool = True, confidence: 
     sxx = sum((v - mean_x) ** 2 for v in x)
     weights = [(v - mean_x) / sxx for v in x]
     slope = sum(w * c.mean for w, c in zip(weights, cells))
-    parts = [w ** 2 * c.se ** 2 for w, c in zip(weights, cells)]
+    parts = [w**2 * c.se**2 for w, c in zip(weights, cells)]
     var = sum(parts)
-    df = var ** 2 / sum(p ** 2 / (c.n - 1) for p, c in zip(parts, cells))
+    df = var**2 / sum(p**2 / (c.n - 1) for p, c in zip(parts, cells))
     half = t_quantile(0.5 + confidence / 2, df) * math.sqrt(var)
     return Interval(slope, slope - half, slope + half, min(c.n for c in cells), se=math.sqrt(var), df=df)
 
 
 def apart(a: Cell, b: Cell, confidence: float = CONFIDENCE) -> Interval:
     """a − b for two independent trainings' cells, Welch."""
-    va, vb = a.se ** 2, b.se ** 2
-    df = (va + vb) ** 2 / (va ** 2 / (a.n - 1) + vb ** 2 / (b.n - 1))
+    va, vb = a.se**2, b.se**2
+    df = (va + vb) ** 2 / (va**2 / (a.n - 1) + vb**2 / (b.n - 1))
     se = math.sqrt(va + vb)
     half = t_quantile(0.5 + confidence / 2, df) * se
     d = a.mean - b.mean

@@ -63,25 +63,53 @@ from looplab import tracking
 from looplab.policy import FULL, SKIP
 
 # Compute axes by their CLI names: (points column, axis label).
-COMPUTE_AXES = {tracking.EXECUTED_LOOPS: (tracking.EXECUTED_LOOPS, "executed loops per token"),
-                "downstream_loops": (tracking.LM_EVAL_LOOPS, "executed loops per token on the tasks"),
-                "flops": (tracking.BACKBONE_FLOPS, "backbone FLOPs per token"),
-                "time": ("pipeline_seconds", "training seconds up to the stage")}
-QUALITY_LABELS = {tracking.ACCURACY: "accuracy", tracking.PPL: "validation perplexity",
-                  tracking.LOSS: "validation loss", tracking.LM_EVAL_AVG: "lm-eval average accuracy"}
-BASE_VALUES = (*QUANTITIES, *BEST_COLUMNS, tracking.LM_EVAL_AVG, *names.SUITE_MEANS, *names.BETA_DIAGNOSTICS,
-               names.TRAIN_LOSS, tracking.STAGE_SECONDS, "pipeline_seconds")
+COMPUTE_AXES = {
+    tracking.EXECUTED_LOOPS: (tracking.EXECUTED_LOOPS, "executed loops per token"),
+    "downstream_loops": (tracking.LM_EVAL_LOOPS, "executed loops per token on the tasks"),
+    "flops": (tracking.BACKBONE_FLOPS, "backbone FLOPs per token"),
+    "time": ("pipeline_seconds", "training seconds up to the stage"),
+}
+QUALITY_LABELS = {
+    tracking.ACCURACY: "accuracy",
+    tracking.PPL: "validation perplexity",
+    tracking.LOSS: "validation loss",
+    tracking.LM_EVAL_AVG: "lm-eval average accuracy",
+}
+BASE_VALUES = (
+    *QUANTITIES,
+    *BEST_COLUMNS,
+    tracking.LM_EVAL_AVG,
+    *names.SUITE_MEANS,
+    *names.BETA_DIAGNOSTICS,
+    names.TRAIN_LOSS,
+    tracking.STAGE_SECONDS,
+    "pipeline_seconds",
+)
 ARTIFACT_DIR = "analysis"
 AXIS_VALUES = "axis_values"  # the frontier rows' "β=0.25" column: a series' colour when the axis splits them
 MAX_AREA_SERIES = 12  # pairs grow quadratically; beyond this the areas table is left out
 
 
-def build_report(tracking_uri: str, experiments, out_dir, *, sweep_run_id: str | None = None,
-                 log_artifacts: bool = True, compute: str = tracking.EXECUTED_LOOPS, quality: str = "auto",
-                 stage: str | None = None, series_by=None, best_of_seeds: bool = False, confidence: float = 0.95,
-                 budget: float | None = None, scope: str = "experiment", statuses=("FINISHED",),
-                 strict: bool = False, lead: list[tuple[str, str]] | None = None,
-                 representative_q: float | None = REPRESENTATIVE_Q) -> dict[str, Path]:
+def build_report(
+    tracking_uri: str,
+    experiments,
+    out_dir,
+    *,
+    sweep_run_id: str | None = None,
+    log_artifacts: bool = True,
+    compute: str = tracking.EXECUTED_LOOPS,
+    quality: str = "auto",
+    stage: str | None = None,
+    series_by=None,
+    best_of_seeds: bool = False,
+    confidence: float = 0.95,
+    budget: float | None = None,
+    scope: str = "experiment",
+    statuses=("FINISHED",),
+    strict: bool = False,
+    lead: list[tuple[str, str]] | None = None,
+    representative_q: float | None = REPRESENTATIVE_Q,
+) -> dict[str, Path]:
     """Write the analysis of `experiments` into out_dir (see the module docstring).
 
     compute: executed_loops | flops | time | a points column. quality: auto (lm-eval
@@ -121,8 +149,11 @@ def build_report(tracking_uri: str, experiments, out_dir, *, sweep_run_id: str |
     if points is not None:
         paths.update(write_csv(points, out / "points.csv"))
         quality = _resolve_quality(points, quality, notes)
-        if (compute == tracking.EXECUTED_LOOPS and quality.startswith(("lm_eval", tracking.LM_EVAL_AVG))
-                and points[tracking.LM_EVAL_LOOPS].is_not_null().any()):
+        if (
+            compute == tracking.EXECUTED_LOOPS
+            and quality.startswith(("lm_eval", tracking.LM_EVAL_AVG))
+            and points[tracking.LM_EVAL_LOOPS].is_not_null().any()
+        ):
             # A downstream quality against the loops run on the same tasks, not the validation set's.
             compute = "downstream_loops"
             notes.append("frontier: downstream quality against the loops executed on the tasks (lm_eval_loops)")
@@ -140,8 +171,9 @@ def build_report(tracking_uri: str, experiments, out_dir, *, sweep_run_id: str |
         axes = [] if scan else searched_axes(agg)  # a scan's section is its axes'
         question = _axis_section(agg, axes, quality, representative_q, confidence, out, paths, charts, notes)
         head = scan + head + question
-        sections += _frontier_section(agg, compute, compute_col, quality, stage, series_by, budget, out, paths,
-                                      charts, notes, strict, axes)
+        sections += _frontier_section(
+            agg, compute, compute_col, quality, stage, series_by, budget, out, paths, charts, notes, strict, axes
+        )
         sections += _downstream_section(agg, out, paths, charts, notes)
         sections += _zoo_section(agg, quality, out, paths, charts, notes)
         sections += _skip_section(agg, out, paths, charts)
@@ -153,8 +185,13 @@ def build_report(tracking_uri: str, experiments, out_dir, *, sweep_run_id: str |
     sections += _speed_section(runs, points, out, paths, charts, notes)
     sections += _arrivals_section(runs, out, paths, charts, notes)
     meta = _meta(runs, points, best_of_seeds, confidence)
-    page = render_page(title=f"looplab analysis: {', '.join(runs.experiments.values())}", meta=meta,
-                       notes=notes, sections=sections, charts=charts)
+    page = render_page(
+        title=f"looplab analysis: {', '.join(runs.experiments.values())}",
+        meta=meta,
+        notes=notes,
+        sections=sections,
+        charts=charts,
+    )
     (out / "report.html").write_text(page)
     paths["report.html"] = out / "report.html"
     (out / "notes.txt").write_text("\n".join(notes) + ("\n" if notes else ""))
@@ -180,8 +217,10 @@ def _task_columns(points: pl.DataFrame) -> list[str]:
 def _maximize(quality: str) -> bool:
     up = names.higher_is_better(quality.removesuffix("_best"))
     if up is None:
-        raise AnalysisError(f"quality {quality!r} has no known direction; allowed: accuracy | ppl | loss | "
-                            f"{tracking.LM_EVAL_AVG} | lm_eval.<task> (or one of them with _best)")
+        raise AnalysisError(
+            f"quality {quality!r} has no known direction; allowed: accuracy | ppl | loss | "
+            f"{tracking.LM_EVAL_AVG} | lm_eval.<task> (or one of them with _best)"
+        )
     return up
 
 
@@ -190,16 +229,20 @@ def _resolve_quality(points: pl.DataFrame, quality: str, notes: list[str]) -> st
         _maximize(quality)
         return quality
     final = points.filter(pl.col("is_final_stage"))
-    per_exp = final.group_by("experiment").agg(pl.col(tracking.LM_EVAL_AVG).is_not_null().any().alias("lm"),
-                                               (pl.col(PARAM + "task.kind") == "text").any().alias("text")
-                                               if PARAM + "task.kind" in final.columns else pl.lit(False).alias("text"))
+    per_exp = final.group_by("experiment").agg(
+        pl.col(tracking.LM_EVAL_AVG).is_not_null().any().alias("lm"),
+        (pl.col(PARAM + "task.kind") == "text").any().alias("text")
+        if PARAM + "task.kind" in final.columns
+        else pl.lit(False).alias("text"),
+    )
     if per_exp.height and per_exp["lm"].all():
         return tracking.LM_EVAL_AVG
     if per_exp.height and per_exp["text"].all():
         return "ppl"
     if per_exp.height and per_exp["text"].any():
-        notes.append("text and synthetic tasks mixed: the frontier uses accuracy (next-token for text, exact match "
-                     "otherwise)")
+        notes.append(
+            "text and synthetic tasks mixed: the frontier uses accuracy (next-token for text, exact match otherwise)"
+        )
     return "accuracy"
 
 
@@ -207,8 +250,10 @@ def _check_columns(points: pl.DataFrame, columns: list[str], strict: bool, notes
     """A compute or quality column that no run has, or that some experiment lacks."""
     for column in columns:
         if column not in points.columns or points[column].is_null().all():
-            message = (f"no run logged {column!r} in {', '.join(sorted(set(points['experiment'].to_list())))}; "
-                       f"columns with values: {', '.join(_available(points))}")
+            message = (
+                f"no run logged {column!r} in {', '.join(sorted(set(points['experiment'].to_list())))}; "
+                f"columns with values: {', '.join(_available(points))}"
+            )
             if strict:
                 raise AnalysisError(message)
             notes.append(message)
@@ -216,21 +261,35 @@ def _check_columns(points: pl.DataFrame, columns: list[str], strict: bool, notes
         have = points.group_by("experiment").agg(pl.col(column).is_not_null().any().alias("has"))
         lacking = have.filter(~pl.col("has"))["experiment"].to_list()
         if lacking:
-            message = (f"mixed schemas: experiment {', '.join(map(repr, sorted(lacking)))} has no {column!r} "
-                       "(the other experiments do); analyse them separately or pick another column")
+            message = (
+                f"mixed schemas: experiment {', '.join(map(repr, sorted(lacking)))} has no {column!r} "
+                "(the other experiments do); analyse them separately or pick another column"
+            )
             if strict:
                 raise AnalysisError(message)
             notes.append(message)
 
 
 def _available(points: pl.DataFrame) -> list[str]:
-    candidates = [c for c in (tracking.EXECUTED_LOOPS, tracking.BACKBONE_FLOPS, "pipeline_seconds", tracking.ACCURACY,
-                              tracking.PPL, tracking.LOSS, tracking.LM_EVAL_AVG) if c in points.columns]
+    candidates = [
+        c
+        for c in (
+            tracking.EXECUTED_LOOPS,
+            tracking.BACKBONE_FLOPS,
+            "pipeline_seconds",
+            tracking.ACCURACY,
+            tracking.PPL,
+            tracking.LOSS,
+            tracking.LM_EVAL_AVG,
+        )
+        if c in points.columns
+    ]
     return [c for c in candidates if points[c].is_not_null().any()] or ["none"]
 
 
-def _frontier_rows(agg: pl.DataFrame, stage: str | None, series_by, quality: str,
-                   axes: list[Axis] = ()) -> pl.DataFrame:
+def _frontier_rows(
+    agg: pl.DataFrame, stage: str | None, series_by, quality: str, axes: list[Axis] = ()
+) -> pl.DataFrame:
     if stage is None:
         rows = agg.filter(pl.col("is_final_stage"))
     elif stage == "all":
@@ -239,26 +298,48 @@ def _frontier_rows(agg: pl.DataFrame, stage: str | None, series_by, quality: str
         rows = agg.filter(pl.col("stage") == stage)
         if rows.is_empty():
             present = names.ordered_stages(agg["stage"].to_list())
-            raise AnalysisError(f"no evaluations of stage {stage!r}; stages evaluated: {', '.join(present) or 'none'}"
-                                " (or all)")
+            raise AnalysisError(
+                f"no evaluations of stage {stage!r}; stages evaluated: {', '.join(present) or 'none'} (or all)"
+            )
     rows = full_as_forced_depth(rows)
     if axes and not series_by:  # the sweep's values split the series: "β=0.25 · skip" (method first when several)
-        parts = [*(["method"] if rows["method"].drop_nulls().n_unique() > 1 else []),
-                 *(["stage"] if stage == "all" else [])]
+        parts = [
+            *(["method"] if rows["method"].drop_nulls().n_unique() > 1 else []),
+            *(["stage"] if stage == "all" else []),
+        ]
         return rows.with_columns(series_name(axes).alias(AXIS_VALUES)).with_columns(
-            pl.concat_str([*(pl.col(p).cast(pl.String).fill_null("?") for p in parts), pl.col(AXIS_VALUES),
-                           pl.col("policy")], separator=" · ").alias("series"))
+            pl.concat_str(
+                [*(pl.col(p).cast(pl.String).fill_null("?") for p in parts), pl.col(AXIS_VALUES), pl.col("policy")],
+                separator=" · ",
+            ).alias("series")
+        )
     parts = list(series_by) if series_by else ["method", *(["stage"] if stage == "all" else []), "policy"]
     missing = [p for p in parts if p not in rows.columns]
     if missing:
-        raise AnalysisError(f"cannot split series by {', '.join(missing)}: no such column (params are "
-                            f"params.<name>, e.g. params.exit.beta)")
-    return rows.with_columns(pl.concat_str([pl.col(p).cast(pl.String).fill_null("?") for p in parts],
-                                           separator=" · ").alias("series"))
+        raise AnalysisError(
+            f"cannot split series by {', '.join(missing)}: no such column (params are "
+            f"params.<name>, e.g. params.exit.beta)"
+        )
+    return rows.with_columns(
+        pl.concat_str([pl.col(p).cast(pl.String).fill_null("?") for p in parts], separator=" · ").alias("series")
+    )
 
 
-def _frontier_section(agg, compute, compute_col, quality, stage, series_by, budget, out, paths, charts, notes,
-                      strict, axes: list[Axis] = ()) -> list[tuple[str, str]]:
+def _frontier_section(
+    agg,
+    compute,
+    compute_col,
+    quality,
+    stage,
+    series_by,
+    budget,
+    out,
+    paths,
+    charts,
+    notes,
+    strict,
+    axes: list[Axis] = (),
+) -> list[tuple[str, str]]:
     maximize = _maximize(quality)
     try:
         rows = _frontier_rows(agg, stage, series_by, quality, axes)
@@ -271,13 +352,35 @@ def _frontier_section(agg, compute, compute_col, quality, stage, series_by, budg
         notes.append(f"frontier: skipped, {e}")
         return []
     frontier = flagged.with_columns(
-        pl.lit(compute_col).alias("compute_metric"), pl.lit(quality).alias("quality_metric"),
-        pl.col(compute_col).alias("compute"), pl.col(quality).alias("quality"),
-        pl.col(f"{quality}_std").alias("quality_std"), pl.col(f"{quality}_ci_low").alias("quality_ci_low"),
-        pl.col(f"{quality}_ci_high").alias("quality_ci_high")).sort("series", "compute", "quality")
-    lead = ["series", "compute_metric", "compute", "quality_metric", "quality", "quality_std", "quality_ci_low",
-            "quality_ci_high", "n_seeds", "on_frontier", "experiment", "method", "label", "stage", "policy", "q",
-            "depth", "point", "trial_config_hash"]
+        pl.lit(compute_col).alias("compute_metric"),
+        pl.lit(quality).alias("quality_metric"),
+        pl.col(compute_col).alias("compute"),
+        pl.col(quality).alias("quality"),
+        pl.col(f"{quality}_std").alias("quality_std"),
+        pl.col(f"{quality}_ci_low").alias("quality_ci_low"),
+        pl.col(f"{quality}_ci_high").alias("quality_ci_high"),
+    ).sort("series", "compute", "quality")
+    lead = [
+        "series",
+        "compute_metric",
+        "compute",
+        "quality_metric",
+        "quality",
+        "quality_std",
+        "quality_ci_low",
+        "quality_ci_high",
+        "n_seeds",
+        "on_frontier",
+        "experiment",
+        "method",
+        "label",
+        "stage",
+        "policy",
+        "q",
+        "depth",
+        "point",
+        "trial_config_hash",
+    ]
     frontier = frontier.select(lead + [c for c in frontier.columns if c not in lead])
     paths.update(write_csv(frontier, out / "frontier.csv"))
 
@@ -286,34 +389,62 @@ def _frontier_section(agg, compute, compute_col, quality, stage, series_by, budg
     which = "final stage" if stage is None else ("every stage" if stage == "all" else f"stage {stage}")
     by_axis = bool(axes) and not series_by
     several = frontier["method"].drop_nulls().n_unique() > 1
-    legend = (" · ".join(series_by) if series_by else " · ".join(
-        [*(["method"] if several or not by_axis else []), *(["stage"] if stage == "all" else []),
-         *(a.name for a in axes if by_axis), "policy"]))
-    spec = frontier_chart(frontier, compute_col, quality, compute_label=compute_label, quality_label=quality_label,
-                          title=f"{quality_label} against {compute_label} ({which})", legend_title=legend,
-                          colour_by=AXIS_VALUES if by_axis else None)
+    legend = (
+        " · ".join(series_by)
+        if series_by
+        else " · ".join(
+            [
+                *(["method"] if several or not by_axis else []),
+                *(["stage"] if stage == "all" else []),
+                *(a.name for a in axes if by_axis),
+                "policy",
+            ]
+        )
+    )
+    spec = frontier_chart(
+        frontier,
+        compute_col,
+        quality,
+        compute_label=compute_label,
+        quality_label=quality_label,
+        title=f"{quality_label} against {compute_label} ({which})",
+        legend_title=legend,
+        colour_by=AXIS_VALUES if by_axis else None,
+    )
     paths["frontier.png"] = render_png(spec, out / "frontier.png")
     charts.append(spec)
-    html_parts = [chart_slot("frontier", "Each series' Pareto frontier as a step line (outlined points are on it); "
-                             "bars: the seed interval. Click a legend entry to hide a series; drag to zoom, "
-                             "double-click to reset.")]
+    html_parts = [
+        chart_slot(
+            "frontier",
+            "Each series' Pareto frontier as a step line (outlined points are on it); "
+            "bars: the seed interval. Click a legend entry to hide a series; drag to zoom, "
+            "double-click to reset.",
+        )
+    ]
 
     areas = _areas(frontier, maximize, notes)
     if areas is not None:
         paths.update(write_csv(areas, out / "frontier_areas.csv"))
-        html_parts.append(_html_table(
-            areas, "Area between frontiers (step functions over the shared compute range; positive: the first series "
-            "is better). Mean gap = area / range width."))
+        html_parts.append(
+            _html_table(
+                areas,
+                "Area between frontiers (step functions over the shared compute range; positive: the first series "
+                "is better). Mean gap = area / range width.",
+            )
+        )
     if budget is not None:
         chosen = _budget(frontier, compute_col, quality, budget, maximize, notes)
         if chosen is not None:
             paths.update(write_csv(chosen, out / "budget.csv"))
-            html_parts.append(_html_table(chosen, f"Best point with {compute_col} <= {budget:g}, overall and per series."))
+            html_parts.append(
+                _html_table(chosen, f"Best point with {compute_col} <= {budget:g}, overall and per series.")
+            )
     return [("Compute–quality frontier", "".join(html_parts))]
 
 
-def _axis_section(agg, axes: list[Axis], quality, representative_q, confidence, out, paths, charts,
-                  notes) -> list[tuple[str, str]]:
+def _axis_section(
+    agg, axes: list[Axis], quality, representative_q, confidence, out, paths, charts, notes
+) -> list[tuple[str, str]]:
     """The sweep's question first: per value of the searched axis, the final stage's
     quality at full depth (mean over seeds, its interval), the β diagnostics and the
     skip point at the representative q where the stage has them; axis.csv and axis.png."""
@@ -329,11 +460,17 @@ def _axis_section(agg, axes: list[Axis], quality, representative_q, confidence, 
     several = full["method"].drop_nulls().n_unique() > 1
     keys = [a.name for a in axes] + (["method"] if several else [])
     low, high = names.interval_of(quality)
-    columns = [*keys, pl.col("n_seeds").alias("seeds"), pl.col(quality).alias(qlabel),
-               pl.col(low).alias(f"{qlabel} low"), pl.col(high).alias(f"{qlabel} high")]
+    columns = [
+        *keys,
+        pl.col("n_seeds").alias("seeds"),
+        pl.col(quality).alias(qlabel),
+        pl.col(low).alias(f"{qlabel} low"),
+        pl.col(high).alias(f"{qlabel} high"),
+    ]
     extras = {tracking.EXIT_ENTROPY: "exit entropy", tracking.EXPECTED_EXIT_STEP: "expected exit step"}
-    diagnostics = [pl.col(c).alias(label) for c, label in extras.items()
-                   if c in full.columns and full[c].is_not_null().any()]
+    diagnostics = [
+        pl.col(c).alias(label) for c, label in extras.items() if c in full.columns and full[c].is_not_null().any()
+    ]
     columns += diagnostics
     order = [e.alias(f"_order{i}") for i, a in enumerate(axes) if (e := a.number_expr()) is not None]
     table = full.with_columns(order).select(*columns, "trial_config_hash", *(o.meta.output_name() for o in order))
@@ -342,29 +479,57 @@ def _axis_section(agg, axes: list[Axis], quality, representative_q, confidence, 
         skip = final.filter((pl.col("policy") == SKIP) & ((pl.col("q") - representative_q).abs() < 1e-9))
         if skip.height and skip[quality].is_not_null().any():
             skip_label = f"skip q={format_value(representative_q)}"
-            table = table.join(skip.select("trial_config_hash", pl.col(tracking.EXECUTED_LOOPS).alias(
-                f"{skip_label} loops"), pl.col(quality).alias(f"{skip_label} {qlabel}"),
-                pl.col(low).alias("_skip_low"), pl.col(high).alias("_skip_high")), on="trial_config_hash", how="left")
+            table = table.join(
+                skip.select(
+                    "trial_config_hash",
+                    pl.col(tracking.EXECUTED_LOOPS).alias(f"{skip_label} loops"),
+                    pl.col(quality).alias(f"{skip_label} {qlabel}"),
+                    pl.col(low).alias("_skip_low"),
+                    pl.col(high).alias("_skip_high"),
+                ),
+                on="trial_config_hash",
+                how="left",
+            )
     sort = [c for c in table.columns if c.startswith("_order")] + keys
     table = table.sort(sort, nulls_last=True)
-    shown = table.select([c for c in table.columns if not c.startswith("_") and c != "trial_config_hash"
-                          and not (c in (f"{qlabel} low", f"{qlabel} high") and table[c].is_null().all())])
+    shown = table.select(
+        [
+            c
+            for c in table.columns
+            if not c.startswith("_")
+            and c != "trial_config_hash"
+            and not (c in (f"{qlabel} low", f"{qlabel} high") and table[c].is_null().all())
+        ]
+    )
     paths.update(write_csv(shown, out / "axis.csv"))
 
     spec = axis_chart(table, axes, keys, quality, qlabel, skip_label)
     paths["axis.png"] = render_png(spec, out / "axis.png")
     charts.append(spec)
     seeds = sorted({int(s) for ss in full["seeds"].to_list() for s in (ss or [])}) if "seeds" in full.columns else []
-    caption = (f"What the sweep varied: {title}. Per value, the final stage at full depth: {qlabel}, mean over "
-               f"{_seed_phrase(seeds)} with its {confidence:.0%} Student-t interval (low–high; none with one seed)"
-               + (", the training's last exit entropy and expected exit step" if diagnostics else "")
-               + (f", and skip execution at q={format_value(representative_q)}: executed loops and {qlabel}"
-                  if skip_label else "") + ". axis.csv has the same rows; the frontier below splits its series "
-               f"by {title} too.")
-    return [(f"The searched axis: {title}", chart_slot("axis", f"{qlabel} against {title}; bars: the seed "
-                                                       "interval" + ("; dashed: skip at the representative q"
-                                                                     if skip_label else "") + ".")
-             + _html_table(shown, caption))]
+    caption = (
+        f"What the sweep varied: {title}. Per value, the final stage at full depth: {qlabel}, mean over "
+        f"{_seed_phrase(seeds)} with its {confidence:.0%} Student-t interval (low–high; none with one seed)"
+        + (", the training's last exit entropy and expected exit step" if diagnostics else "")
+        + (
+            f", and skip execution at q={format_value(representative_q)}: executed loops and {qlabel}"
+            if skip_label
+            else ""
+        )
+        + ". axis.csv has the same rows; the frontier below splits its series "
+        f"by {title} too."
+    )
+    return [
+        (
+            f"The searched axis: {title}",
+            chart_slot(
+                "axis",
+                f"{qlabel} against {title}; bars: the seed "
+                "interval" + ("; dashed: skip at the representative q" if skip_label else "") + ".",
+            )
+            + _html_table(shown, caption),
+        )
+    ]
 
 
 def _seed_phrase(seeds: list[int]) -> str:
@@ -379,8 +544,10 @@ def _check_series_columns(rows: pl.DataFrame, series_by, strict: bool, notes: li
         have = rows.group_by("experiment").agg(pl.col(column).is_not_null().any().alias("has"))
         lacking = have.filter(~pl.col("has"))["experiment"].to_list()
         if lacking and have.height > 1:
-            message = (f"mixed schemas: experiment {', '.join(map(repr, sorted(lacking)))} has no {column!r}; "
-                       "its series are labelled '?'")
+            message = (
+                f"mixed schemas: experiment {', '.join(map(repr, sorted(lacking)))} has no {column!r}; "
+                "its series are labelled '?'"
+            )
             if strict:
                 raise AnalysisError(message)
             notes.append(message)
@@ -398,14 +565,41 @@ def _areas(frontier: pl.DataFrame, maximize: bool, notes: list[str]) -> pl.DataF
         try:
             gap = frontier_gap(groups[a], groups[b], "compute", "quality", maximize=maximize)
         except AnalysisError as e:
-            rows.append({"series_a": a, "series_b": b, "area": None, "mean_gap": None, "compute_from": None,
-                         "compute_to": None, "note": str(e)})
+            rows.append(
+                {
+                    "series_a": a,
+                    "series_b": b,
+                    "area": None,
+                    "mean_gap": None,
+                    "compute_from": None,
+                    "compute_to": None,
+                    "note": str(e),
+                }
+            )
             continue
-        rows.append({"series_a": a, "series_b": b, "area": gap["area"], "mean_gap": gap["mean_gap"],
-                     "compute_from": gap["lo"], "compute_to": gap["hi"], "note": ""})
-    return pl.DataFrame(rows, schema={"series_a": pl.String, "series_b": pl.String, "area": pl.Float64,
-                                      "mean_gap": pl.Float64, "compute_from": pl.Float64, "compute_to": pl.Float64,
-                                      "note": pl.String})
+        rows.append(
+            {
+                "series_a": a,
+                "series_b": b,
+                "area": gap["area"],
+                "mean_gap": gap["mean_gap"],
+                "compute_from": gap["lo"],
+                "compute_to": gap["hi"],
+                "note": "",
+            }
+        )
+    return pl.DataFrame(
+        rows,
+        schema={
+            "series_a": pl.String,
+            "series_b": pl.String,
+            "area": pl.Float64,
+            "mean_gap": pl.Float64,
+            "compute_from": pl.Float64,
+            "compute_to": pl.Float64,
+            "note": pl.String,
+        },
+    )
 
 
 def _budget(frontier, compute_col, quality, budget, maximize, notes) -> pl.DataFrame | None:
@@ -417,9 +611,18 @@ def _budget(frontier, compute_col, quality, budget, maximize, notes) -> pl.DataF
         except AnalysisError as e:
             notes.append(f"budget {budget:g} ({scope}): {e}")
             continue
-        picks.append({"scope": scope, "series": best["series"], "label": best["label"], "point": best["point"],
-                      "stage": best["stage"], compute_col: best["compute"], quality: best["quality"],
-                      "n_seeds": best["n_seeds"]})
+        picks.append(
+            {
+                "scope": scope,
+                "series": best["series"],
+                "label": best["label"],
+                "point": best["point"],
+                "stage": best["stage"],
+                compute_col: best["compute"],
+                quality: best["quality"],
+                "n_seeds": best["n_seeds"],
+            }
+        )
     return pl.DataFrame(picks) if picks else None
 
 
@@ -429,8 +632,10 @@ def _flagged(rows: pl.DataFrame, compute_col: str, quality: str) -> pl.DataFrame
     maximize = _maximize(quality)
     flagged = pareto_frontier(rows, compute_col, quality, maximize=maximize, by="series")
     return flagged.with_columns(
-        pl.col(compute_col).alias("compute"), pl.col(quality).alias("quality"),
-        pl.col(f"{quality}_ci_low").alias("quality_ci_low"), pl.col(f"{quality}_ci_high").alias("quality_ci_high"),
+        pl.col(compute_col).alias("compute"),
+        pl.col(quality).alias("quality"),
+        pl.col(f"{quality}_ci_low").alias("quality_ci_low"),
+        pl.col(f"{quality}_ci_high").alias("quality_ci_high"),
     ).sort("series", "compute", "quality")
 
 
@@ -438,23 +643,52 @@ def _downstream_section(agg, out, paths, charts, notes) -> list[tuple[str, str]]
     """Fig. 3: downstream average accuracy against the loops executed on the tasks."""
     rows = downstream_rows(agg)
     if rows is None:
-        notes.append("downstream accuracy (Fig. 3): skipped, no downstream evaluations with executed loops "
-                     "(lm_eval.* and lm_eval_loops.*: --eval-tasks, or python -m sweeps.evaluate)")
+        notes.append(
+            "downstream accuracy (Fig. 3): skipped, no downstream evaluations with executed loops "
+            "(lm_eval.* and lm_eval_loops.*: --eval-tasks, or python -m sweeps.evaluate)"
+        )
         return []
     flagged = _flagged(rows, tracking.LM_EVAL_LOOPS, tracking.LM_EVAL_AVG)
-    lead = ["series", "compute", "quality", "quality_ci_low", "quality_ci_high", "n_seeds", "on_frontier",
-            "experiment", "method", "label", "stage", "policy", "q", "depth", "point"]
+    lead = [
+        "series",
+        "compute",
+        "quality",
+        "quality_ci_low",
+        "quality_ci_high",
+        "n_seeds",
+        "on_frontier",
+        "experiment",
+        "method",
+        "label",
+        "stage",
+        "policy",
+        "q",
+        "depth",
+        "point",
+    ]
     paths.update(write_csv(flagged.select([c for c in lead if c in flagged.columns]), out / "downstream.csv"))
-    spec = frontier_chart(flagged, tracking.LM_EVAL_LOOPS, tracking.LM_EVAL_AVG, name="downstream",
-                          compute_label="executed loops per token on the tasks",
-                          quality_label="downstream average accuracy",
-                          title="Downstream accuracy against executed loops (Fig. 3)")
+    spec = frontier_chart(
+        flagged,
+        tracking.LM_EVAL_LOOPS,
+        tracking.LM_EVAL_AVG,
+        name="downstream",
+        compute_label="executed loops per token on the tasks",
+        quality_label="downstream average accuracy",
+        title="Downstream accuracy against executed loops (Fig. 3)",
+    )
     paths["downstream.png"] = render_png(spec, out / "downstream.png")
     charts.append(spec)
-    return [("Downstream accuracy against compute", chart_slot(
-        "downstream", "Average accuracy over the evaluated tasks against the loops executed per token on them: the "
-                      "pre-trained model forced to each depth (App. E), and each gated method's final stage under "
-                      "dense and skip over q (App. F); bars: seed intervals; step lines: each series' frontier."))]
+    return [
+        (
+            "Downstream accuracy against compute",
+            chart_slot(
+                "downstream",
+                "Average accuracy over the evaluated tasks against the loops executed per token on them: the "
+                "pre-trained model forced to each depth (App. E), and each gated method's final stage under "
+                "dense and skip over q (App. F); bars: seed intervals; step lines: each series' frontier.",
+            ),
+        )
+    ]
 
 
 def _zoo_section(agg, quality, out, paths, charts, notes) -> list[tuple[str, str]]:
@@ -463,17 +697,29 @@ def _zoo_section(agg, quality, out, paths, charts, notes) -> list[tuple[str, str
     # else the validation set's, in the report's quality when they have it.
     rules = agg.filter(pl.col("is_final_stage") & pl.col("policy").str.contains("-", literal=True))
     axes = [(tracking.LM_EVAL_LOOPS, tracking.LM_EVAL_AVG)] + [
-        (tracking.EXECUTED_LOOPS, q) for q in dict.fromkeys((quality, tracking.ACCURACY, tracking.PPL, tracking.LOSS))
-        if q in QUALITY_LABELS and q != tracking.LM_EVAL_AVG]
-    found = next(((c, q) for c, q in axes if c in rules.columns and q in rules.columns
-                  and rules.filter(pl.col(c).is_not_null() & pl.col(q).is_not_null()).height), None)
+        (tracking.EXECUTED_LOOPS, q)
+        for q in dict.fromkeys((quality, tracking.ACCURACY, tracking.PPL, tracking.LOSS))
+        if q in QUALITY_LABELS and q != tracking.LM_EVAL_AVG
+    ]
+    found = next(
+        (
+            (c, q)
+            for c, q in axes
+            if c in rules.columns
+            and q in rules.columns
+            and rules.filter(pl.col(c).is_not_null() & pl.col(q).is_not_null()).height
+        ),
+        None,
+    )
     rows = zoo_rows(agg, *found) if found else None
     if rows is not None:
         compute_col, zoo_quality = found
         downstream = compute_col == tracking.LM_EVAL_LOOPS
     if rows is None:
-        notes.append("policy zoo: skipped, no zero-shot exit rule evaluated on a final stage "
-                     "(metrics like skip_entropy2.5_*, dense_kl0.01_*)")
+        notes.append(
+            "policy zoo: skipped, no zero-shot exit rule evaluated on a final stage "
+            "(metrics like skip_entropy2.5_*, dense_kl0.01_*)"
+        )
         return []
     maximize = _maximize(zoo_quality)
     flagged = _flagged(rows, compute_col, zoo_quality)
@@ -484,34 +730,77 @@ def _zoo_section(agg, quality, out, paths, charts, notes) -> list[tuple[str, str
         if not names.is_rule_policy(policy):
             continue
         gate = f"{method} · {policy.split('-', 1)[0]}"
-        row = {"method": method, "rule": policy, "gate": gate, "area": None, "mean_gap": None, "compute_from": None,
-               "compute_to": None, "note": ""}
+        row = {
+            "method": method,
+            "rule": policy,
+            "gate": gate,
+            "area": None,
+            "mean_gap": None,
+            "compute_from": None,
+            "compute_to": None,
+            "note": "",
+        }
         if gate not in groups:
             row["note"] = f"no learned gate under {policy.split('-', 1)[0]} in {method}"
         else:
             try:
                 gap = frontier_gap(groups[gate], group, "compute", "quality", maximize=maximize)
-                row.update(area=gap["area"], mean_gap=gap["mean_gap"], compute_from=gap["lo"], compute_to=gap["hi"],
-                           note="the gate is better" if gap["area"] > 0 else
-                           "the rule is better" if gap["area"] < 0 else "a tie")
+                row.update(
+                    area=gap["area"],
+                    mean_gap=gap["mean_gap"],
+                    compute_from=gap["lo"],
+                    compute_to=gap["hi"],
+                    note="the gate is better"
+                    if gap["area"] > 0
+                    else "the rule is better"
+                    if gap["area"] < 0
+                    else "a tie",
+                )
             except AnalysisError as e:
                 row["note"] = str(e)
         gaps.append(row)
-    table = pl.DataFrame(gaps, schema={"method": pl.String, "rule": pl.String, "gate": pl.String, "area": pl.Float64,
-                                       "mean_gap": pl.Float64, "compute_from": pl.Float64, "compute_to": pl.Float64,
-                                       "note": pl.String})
+    table = pl.DataFrame(
+        gaps,
+        schema={
+            "method": pl.String,
+            "rule": pl.String,
+            "gate": pl.String,
+            "area": pl.Float64,
+            "mean_gap": pl.Float64,
+            "compute_from": pl.Float64,
+            "compute_to": pl.Float64,
+            "note": pl.String,
+        },
+    )
     paths.update(write_csv(table, out / "zoo.csv"))
     label = QUALITY_LABELS.get(zoo_quality, zoo_quality)
     compute_label = COMPUTE_AXES["downstream_loops" if downstream else tracking.EXECUTED_LOOPS][1]
-    spec = frontier_chart(flagged, compute_col, zoo_quality, name="zoo", compute_label=compute_label,
-                          quality_label=label, title=f"Exit rules against the learned gate ({label})")
+    spec = frontier_chart(
+        flagged,
+        compute_col,
+        zoo_quality,
+        name="zoo",
+        compute_label=compute_label,
+        quality_label=label,
+        title=f"Exit rules against the learned gate ({label})",
+    )
     paths["zoo.png"] = render_png(spec, out / "zoo.png")
     charts.append(spec)
-    return [("Policy zoo: zero-shot exit rules against the learned gate", chart_slot(
-        "zoo", "Final stage of each trial: each zero-shot exit rule (execution-rule, over its threshold) beside the "
-               "learned gate (over q) of the same method and execution.") + _html_table(
-        table, "Area between the gate's frontier and each rule's over their shared compute range (step functions; "
-               "positive: the learned gate is better, so it earns its training). Mean gap = area / range width."))]
+    return [
+        (
+            "Policy zoo: zero-shot exit rules against the learned gate",
+            chart_slot(
+                "zoo",
+                "Final stage of each trial: each zero-shot exit rule (execution-rule, over its threshold) beside the "
+                "learned gate (over q) of the same method and execution.",
+            )
+            + _html_table(
+                table,
+                "Area between the gate's frontier and each rule's over their shared compute range (step functions; "
+                "positive: the learned gate is better, so it earns its training). Mean gap = area / range width.",
+            ),
+        )
+    ]
 
 
 def _skip_section(agg, out, paths, charts) -> list[tuple[str, str]]:
@@ -521,8 +810,12 @@ def _skip_section(agg, out, paths, charts) -> list[tuple[str, str]]:
     png = f"{spec.name}.png"
     paths[png] = render_png(spec, out / png)
     charts.append(spec)
-    return [("Perplexity under skip", chart_slot(spec.name, "Final stage, skip execution at each q; dashed: all R "
-                                                            "loops (Fig. 2)."))]
+    return [
+        (
+            "Perplexity under skip",
+            chart_slot(spec.name, "Final stage, skip execution at each q; dashed: all R loops (Fig. 2)."),
+        )
+    ]
 
 
 def _tables_section(agg, out, paths, notes, representative_q=REPRESENTATIVE_Q) -> list[tuple[str, str]]:
@@ -549,13 +842,26 @@ def _depth_section(points, out, paths, charts, notes) -> list[tuple[str, str]]:
     paths.update(written)
     paths["depth_fit.png"] = render_png(spec, out / "depth_fit.png")
     charts.append(spec)
-    shown = table.select("experiment", "arch", "setting", "gamma", "low", "high", "a", "b", "rmse", "n_points", "at_bound")
-    return [("Effective depth of a loop", chart_slot("depth_fit", "Pre-training validation loss at full depth "
-                                                     "against N·R^γ, points coloured by R, the fitted "
-                                                     "a + b·log(N·R^γ) dashed.") + _html_table(
-        shown, "γ: what one loop is worth in unshared layers (1: a layer, 0: nothing), fitted per experiment and "
-               "architecture by least squares over γ ∈ [0, 1.5]; low–high: its profile-likelihood "
-               "interval; at_bound: the estimate or interval touches the search range's edge."))]
+    shown = table.select(
+        "experiment", "arch", "setting", "gamma", "low", "high", "a", "b", "rmse", "n_points", "at_bound"
+    )
+    return [
+        (
+            "Effective depth of a loop",
+            chart_slot(
+                "depth_fit",
+                "Pre-training validation loss at full depth "
+                "against N·R^γ, points coloured by R, the fitted "
+                "a + b·log(N·R^γ) dashed.",
+            )
+            + _html_table(
+                shown,
+                "γ: what one loop is worth in unshared layers (1: a layer, 0: nothing), fitted per experiment and "
+                "architecture by least squares over γ ∈ [0, 1.5]; low–high: its profile-likelihood "
+                "interval; at_bound: the estimate or interval touches the search range's edge.",
+            ),
+        )
+    ]
 
 
 def _beta_section(runs: RunSet, out, paths, charts, notes) -> list[tuple[str, str]]:
@@ -570,8 +876,13 @@ def _beta_section(runs: RunSet, out, paths, charts, notes) -> list[tuple[str, st
         charts.append(spec)
         slots.append(chart_slot(spec.name))
     stage = histories["stage"][0]
-    return [("β diagnostics", "".join(slots) + f'<p class="caption">Stage {html.escape(str(stage))} training, one '
-             "curve per β (mean over seeds), cut to the steps every run reached (App. D).</p>")]
+    return [
+        (
+            "β diagnostics",
+            "".join(slots) + f'<p class="caption">Stage {html.escape(str(stage))} training, one '
+            "curve per β (mean over seeds), cut to the steps every run reached (App. D).</p>",
+        )
+    ]
 
 
 def _scan_section(runs: RunSet, points, out, paths, charts, notes) -> list[tuple[str, str]]:
@@ -587,10 +898,16 @@ def _scan_section(runs: RunSet, points, out, paths, charts, notes) -> list[tuple
     paths.update(written)
     charts.extend(specs)
     slots = "".join(chart_slot(spec.name) for spec in specs)
-    return [("Effect against scale", slots + '<p class="caption">Each line varies one axis of the scan ('
-             + html.escape(", ".join(axes)) + "); bars: 95 % intervals over seeds (analysis/claims.py). "
-             "scan.md and scan.csv hold every configuration.</p>"
-             + _html_table(table, "every configuration and effect"))]
+    return [
+        (
+            "Effect against scale",
+            slots
+            + '<p class="caption">Each line varies one axis of the scan ('
+            + html.escape(", ".join(axes))
+            + "); bars: 95 % intervals over seeds (analysis/claims.py). "
+            "scan.md and scan.csv hold every configuration.</p>" + _html_table(table, "every configuration and effect"),
+        )
+    ]
 
 
 def _loops_section(runs: RunSet, out, paths, charts, notes) -> list[tuple[str, str]]:
@@ -605,11 +922,16 @@ def _loops_section(runs: RunSet, out, paths, charts, notes) -> list[tuple[str, s
         paths[f"{spec.name}.png"] = render_png(spec, out / f"{spec.name}.png")
         charts.append(spec)
         slots.append(chart_slot(spec.name))
-    return [("Per-loop instruments", "".join(slots) + '<p class="caption">Each stage\'s last evaluation, mean '
-             "over seeds: the hidden-state RMS norm and the gradient norm reaching the shared block from each loop "
-             "(full depth); under skip on the final gated stage, the fraction of tokens still running each loop and "
-             "the relative distance of their states from the dense run's (the cache holes' footprint). "
-             "loops.csv has every stage and q.</p>")]
+    return [
+        (
+            "Per-loop instruments",
+            "".join(slots) + '<p class="caption">Each stage\'s last evaluation, mean '
+            "over seeds: the hidden-state RMS norm and the gradient norm reaching the shared block from each loop "
+            "(full depth); under skip on the final gated stage, the fraction of tokens still running each loop and "
+            "the relative distance of their states from the dense run's (the cache holes' footprint). "
+            "loops.csv has every stage and q.</p>",
+        )
+    ]
 
 
 def _speed_section(runs: RunSet, points, out, paths, charts, notes) -> list[tuple[str, str]]:
@@ -628,17 +950,42 @@ def _speed_section(runs: RunSet, points, out, paths, charts, notes) -> list[tupl
     else:
         paths["speed.png"] = render_png(spec, out / "speed.png")
         charts.append(spec)
-        slots = chart_slot("speed", "Each checkpoint's validation perplexity at full compute and under each timed "
-                                    "skip policy against the prefill throughput measured at that batch and length "
-                                    "(batch · L / median time); the label has the executed loops and the speedup.")
-    shown = table.select("checkpoint", "method", "device", "batch", "seq_len", "policy", tracking.EXECUTED_LOOPS,
-                         tracking.TOKENS_PER_S_FULL, tracking.TOKENS_PER_S_SKIP, "speedup", "loop_bound",
-                         tracking.FLOP_RATIO, "of_flop_ratio", PPL_FULL, tracking.PPL)
-    return [("Prefill speed against quality", slots + _html_table(
-        shown, "Each timed point (sweeps/speed.py; one MLflow run per point and machine): executed loops d̄ on the "
-               "timed inputs, tokens/s of full and skip execution, the measured speedup, its loop bound R/d̄ and "
-               "FLOP ratio (F0 + R·Fr)/(F0 + d̄·Fr), the share of the FLOP ratio reached, and the stage's validation "
-               "perplexity at full depth and under the same policy. speed.csv has every column."))]
+        slots = chart_slot(
+            "speed",
+            "Each checkpoint's validation perplexity at full compute and under each timed "
+            "skip policy against the prefill throughput measured at that batch and length "
+            "(batch · L / median time); the label has the executed loops and the speedup.",
+        )
+    shown = table.select(
+        "checkpoint",
+        "method",
+        "device",
+        "batch",
+        "seq_len",
+        "policy",
+        tracking.EXECUTED_LOOPS,
+        tracking.TOKENS_PER_S_FULL,
+        tracking.TOKENS_PER_S_SKIP,
+        "speedup",
+        "loop_bound",
+        tracking.FLOP_RATIO,
+        "of_flop_ratio",
+        PPL_FULL,
+        tracking.PPL,
+    )
+    return [
+        (
+            "Prefill speed against quality",
+            slots
+            + _html_table(
+                shown,
+                "Each timed point (sweeps/speed.py; one MLflow run per point and machine): executed loops d̄ on the "
+                "timed inputs, tokens/s of full and skip execution, the measured speedup, its loop bound R/d̄ and "
+                "FLOP ratio (F0 + R·Fr)/(F0 + d̄·Fr), the share of the FLOP ratio reached, and the stage's validation "
+                "perplexity at full depth and under the same policy. speed.csv has every column.",
+            ),
+        )
+    ]
 
 
 def _arrivals_section(runs: RunSet, out, paths, charts, notes) -> list[tuple[str, str]]:
@@ -655,13 +1002,24 @@ def _arrivals_section(runs: RunSet, out, paths, charts, notes) -> list[tuple[str
     if spec is not None:
         paths["arrivals.png"] = render_png(spec, out / "arrivals.png")
         charts.append(spec)
-        slots = chart_slot("arrivals", "Decode tokens/s of each checkpoint, schedule and policy against its executed "
-                                       "loops d̄; dashed: full's decode tokens/s times the FLOP ratio at that d̄; bars: "
-                                       "the range over the timed repeats (the point is their median).")
-    return [("Decoding under continuous arrivals", slots + _html_table(
-        table, "Each point (sweeps/speed.py --arrivals; one MLflow run per point and machine): requests of drawn "
-               "lengths on a fixed number of cache rows, a freed row taking the next request; speedup is decode "
-               "tokens/s over full's in the same rows and schedule. arrivals.csv has every column."))]
+        slots = chart_slot(
+            "arrivals",
+            "Decode tokens/s of each checkpoint, schedule and policy against its executed "
+            "loops d̄; dashed: full's decode tokens/s times the FLOP ratio at that d̄; bars: "
+            "the range over the timed repeats (the point is their median).",
+        )
+    return [
+        (
+            "Decoding under continuous arrivals",
+            slots
+            + _html_table(
+                table,
+                "Each point (sweeps/speed.py --arrivals; one MLflow run per point and machine): requests of drawn "
+                "lengths on a fixed number of cache rows, a freed row taking the next request; speedup is decode "
+                "tokens/s over full's in the same rows and schedule. arrivals.csv has every column.",
+            ),
+        )
+    ]
 
 
 def _n_loops(runs: RunSet) -> int | None:
@@ -679,9 +1037,13 @@ def _html_table(df: pl.DataFrame, caption: str) -> str:
         return f"{v:.4g}" if isinstance(v, float) else str(v)
 
     head = "".join(f"<th>{html.escape(c)}</th>" for c in df.columns)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(cell(v))}</td>" for v in row) + "</tr>" for row in df.iter_rows())
-    return (f'<p class="caption">{html.escape(caption)}</p><table class="paper"><thead><tr>{head}</tr></thead>'
-            f"<tbody>{body}</tbody></table>")
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(cell(v))}</td>" for v in row) + "</tr>" for row in df.iter_rows()
+    )
+    return (
+        f'<p class="caption">{html.escape(caption)}</p><table class="paper"><thead><tr>{head}</tr></thead>'
+        f"<tbody>{body}</tbody></table>"
+    )
 
 
 def _meta(runs: RunSet, points, best_of_seeds: bool, confidence: float) -> list[str]:
@@ -690,9 +1052,14 @@ def _meta(runs: RunSet, points, best_of_seeds: bool, confidence: float) -> list[
     lines = [f"tracking URI: {runs.tracking_uri}", f"runs: {runs.runs.height} ({counted})"]
     if points is not None:
         seeds = sorted(set(points["seed"].drop_nulls().to_list()))
-        lines.append(f"evaluation points: {points.height}; {_seed_phrase(seeds)}; "
-                     + ("best of seeds per configuration" if best_of_seeds else
-                        f"mean over seeds, {confidence:.0%} Student-t interval"))
+        lines.append(
+            f"evaluation points: {points.height}; {_seed_phrase(seeds)}; "
+            + (
+                "best of seeds per configuration"
+                if best_of_seeds
+                else f"mean over seeds, {confidence:.0%} Student-t interval"
+            )
+        )
     lines.append(f"written {_dt.datetime.now().isoformat(timespec='seconds')}")
     return lines
 
@@ -718,8 +1085,9 @@ def newest_sweep_run(runs: RunSet) -> str | None:
     return sweeps["run_id"][0] if sweeps.height else None
 
 
-def _log_artifacts(runs: RunSet, sweep_run_id: str | None, paths: dict[str, Path], notes: list[str],
-                   strict: bool) -> None:
+def _log_artifacts(
+    runs: RunSet, sweep_run_id: str | None, paths: dict[str, Path], notes: list[str], strict: bool
+) -> None:
     """The files this report wrote (not whatever else lies in out_dir), under analysis/."""
     target = sweep_run_id or newest_sweep_run(runs)
     if target is None:
@@ -738,8 +1106,9 @@ def _log_artifacts(runs: RunSet, sweep_run_id: str | None, paths: dict[str, Path
             client = MlflowClient(tracking_uri=runs.tracking_uri)
             for name, path in paths.items():
                 folder = Path(name).parent.as_posix()
-                client.log_artifact(target, str(path), artifact_path=ARTIFACT_DIR if folder == "." else
-                                    f"{ARTIFACT_DIR}/{folder}")
+                client.log_artifact(
+                    target, str(path), artifact_path=ARTIFACT_DIR if folder == "." else f"{ARTIFACT_DIR}/{folder}"
+                )
     except Exception as e:  # noqa: BLE001 -- any store failure (permissions, server) must not cost the written files
         message = f"artifacts: logging to run {target} failed ({type(e).__name__}: {str(e).splitlines()[0]})"
         if strict:

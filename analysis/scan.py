@@ -58,10 +58,18 @@ def hole_effects(trials: pl.DataFrame, axes: list[str]) -> pl.DataFrame:
         ouro = dict(o.select("seed", names.SKIP_INCREASE).iter_rows())
         chase = dict(c.select("seed", names.SKIP_INCREASE).iter_rows())
         gap = difference(ouro, chase, paired=True)
-        for name, interval in ((OURO, mean_interval(ouro.values())), (CHASE, mean_interval(chase.values())),
-                               (GAP, gap)):
-            rows.append({**common, **_interval_columns(name, interval),
-                         "verdict": CLAIMS["C3"].verdict(gap) if name == GAP else None})
+        for name, interval in (
+            (OURO, mean_interval(ouro.values())),
+            (CHASE, mean_interval(chase.values())),
+            (GAP, gap),
+        ):
+            rows.append(
+                {
+                    **common,
+                    **_interval_columns(name, interval),
+                    "verdict": CLAIMS["C3"].verdict(gap) if name == GAP else None,
+                }
+            )
     return pl.DataFrame(rows, infer_schema_length=None)
 
 
@@ -77,16 +85,24 @@ def loop_effects(trials: pl.DataFrame, axes: list[str]) -> pl.DataFrame:
     groups = fixed.group_by(config, maintain_order=True) if config else [((), fixed)]
     for values, part in groups:
         by = dict(zip(config, values))
-        acc = {(n, r): {s: 100 * a for s, a in seeds.items() if a is not None}
-               for (n, r), seeds in _accuracy_by_pair(part).items()}
+        acc = {
+            (n, r): {s: 100 * a for s, a in seeds.items() if a is not None}
+            for (n, r), seeds in _accuracy_by_pair(part).items()
+        }
         for (n, r), looped in acc.items():
             if r == 1:
                 continue
             for name, other in ((LOOPED_GAIN, (n, 1)), (DEPTH_GAIN, (n * r, 1))):
                 if other in acc:
                     gain = difference(looped, acc[other], paired=False)
-                    rows.append({**_axis_values(by, axes), "model": f"{n}⊗{r}", **_interval_columns(name, gain),
-                                 "verdict": CLAIMS["C1"].verdict(gain) if name == LOOPED_GAIN else None})
+                    rows.append(
+                        {
+                            **_axis_values(by, axes),
+                            "model": f"{n}⊗{r}",
+                            **_interval_columns(name, gain),
+                            "verdict": CLAIMS["C1"].verdict(gain) if name == LOOPED_GAIN else None,
+                        }
+                    )
     if not rows:
         raise AnalysisError("no looped pair N⊗R (R > 1) with its N⊗1 or NR⊗1 in these trials")
     return pl.DataFrame(rows, infer_schema_length=None)
@@ -101,12 +117,12 @@ def _accuracy_by_pair(part: pl.DataFrame) -> dict:
 
 def _config_columns(trials: pl.DataFrame, exclude) -> list[str]:
     """The searched params that tell configurations apart (the seed and `exclude` aside)."""
-    return [c for c in trials.columns if c.startswith(SEARCHED) and c[len(SEARCHED):] not in exclude]
+    return [c for c in trials.columns if c.startswith(SEARCHED) and c[len(SEARCHED) :] not in exclude]
 
 
 def _axis_values(by: dict, axes: list[str]) -> dict:
     """A configuration's searched values by their short names (axes first)."""
-    short = {k[len(SEARCHED):]: v for k, v in by.items()}
+    short = {k[len(SEARCHED) :]: v for k, v in by.items()}
     return {**{a: short.get(a) for a in axes}, **{k: v for k, v in short.items() if k not in axes}}
 
 
@@ -122,6 +138,7 @@ def effects(points: pl.DataFrame, axes: list[str]) -> pl.DataFrame:
 
 
 # ---- lines along the axes ------------------------------------------------------------------------
+
 
 def lines(table: pl.DataFrame, axes: list[str]) -> list[tuple[str, dict, pl.DataFrame]]:
     """(axis, the other axes' values, the line's rows) for every line with ≥ 2 values of
@@ -149,16 +166,26 @@ def scan_charts(table: pl.DataFrame, axes: list[str]) -> list[ChartSpec]:
         series = []
         for i, (effect,) in enumerate(part.select("effect").unique(maintain_order=True).iter_rows()):
             rows = part.filter(pl.col("effect") == effect).sort("_x")
-            pts = [Point(x, m, f"{effect} at {axis}={v}", lo, hi)
-                   for x, v, m, lo, hi in rows.select("_x", axis, "mean", "low", "high").iter_rows()
-                   if m is not None]
-            series.append(Series(effect, PALETTE[i % len(PALETTE)], pts, line=[(p.x, p.y) for p in pts],
-                                 shape="linear"))
+            pts = [
+                Point(x, m, f"{effect} at {axis}={v}", lo, hi)
+                for x, v, m, lo, hi in rows.select("_x", axis, "mean", "low", "high").iter_rows()
+                if m is not None
+            ]
+            series.append(
+                Series(effect, PALETTE[i % len(PALETTE)], pts, line=[(p.x, p.y) for p in pts], shape="linear")
+            )
         unit = "points of %" if GAP in part["effect"].to_list() else "points"
         kept = ", ".join(f"{k}={v}" for k, v in fixed.items() if v is not None)
-        charts.append(ChartSpec(name=f"scan_{axis}", title=f"effect against {axis} ({kept})", x_label=label,
-                                y_label=f"effect ({unit}; 95 % interval over seeds)", series=series,
-                                hlines=[(0.0, "no effect")]))
+        charts.append(
+            ChartSpec(
+                name=f"scan_{axis}",
+                title=f"effect against {axis} ({kept})",
+                x_label=label,
+                y_label=f"effect ({unit}; 95 % interval over seeds)",
+                series=series,
+                hlines=[(0.0, "no effect")],
+            )
+        )
     return charts
 
 
@@ -167,7 +194,9 @@ def _numeric(values: list, axis: str) -> tuple[list[float], str]:
     if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
         return [float(v) for v in values], axis
     order = sorted(set(map(str, values)))
-    return [float(order.index(str(v))) for v in values], f"{axis} ({', '.join(f'{i}: {v}' for i, v in enumerate(order))})"
+    return [
+        float(order.index(str(v))) for v in values
+    ], f"{axis} ({', '.join(f'{i}: {v}' for i, v in enumerate(order))})"
 
 
 def scan_markdown(table: pl.DataFrame, axes: list[str]) -> str:
@@ -209,8 +238,9 @@ def _interval_text(row: dict) -> str:
     return f"{row['mean']:+.1f} [{row['low']:+.1f}, {row['high']:+.1f}]"
 
 
-def write_scan(points: pl.DataFrame, axes: list[str], out_dir: str | Path) -> tuple[dict[str, Path], pl.DataFrame,
-                                                                             list[ChartSpec]]:
+def write_scan(
+    points: pl.DataFrame, axes: list[str], out_dir: str | Path
+) -> tuple[dict[str, Path], pl.DataFrame, list[ChartSpec]]:
     """scan.csv, scan.md, scan_<axis>.png per line and scan.png with every line's panel;
     returns the paths, the effect table and the charts."""
     from analysis.plots import render_panels, render_png

@@ -39,17 +39,28 @@ def find_browser() -> str | None:
     return next((path for path in map(shutil.which, BROWSERS) if path), None)
 
 
-def run_browser(browser: str, args: list[str], profile: str, budget_ms: int = 10000,
-                local: str | None = None) -> subprocess.CompletedProcess:
+def run_browser(
+    browser: str, args: list[str], profile: str, budget_ms: int = 10000, local: str | None = None
+) -> subprocess.CompletedProcess:
     """Headless Chromium on args (a URL and --dump-dom, --screenshot=...), every host
     unresolvable but `local` (e.g. 127.0.0.1, a local server), the page's scripts given
     budget_ms of virtual time."""
     rules = "MAP * ~NOTFOUND" + (f", EXCLUDE {local}" if local else "")
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--hide-scrollbars",
-             "--no-first-run", "--mute-audio", f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0",
-             f"--host-resolver-rules={rules}", f"--virtual-time-budget={budget_ms}"]
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--hide-scrollbars",
+        "--no-first-run",
+        "--mute-audio",
+        f"--user-data-dir={profile}",
+        "--enable-logging=stderr",
+        "--v=0",
+        f"--host-resolver-rules={rules}",
+        f"--virtual-time-budget={budget_ms}",
+    ]
     return subprocess.run([browser, *flags, *args], capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
-
 
 
 def _console_errors(stderr: str) -> list[str]:
@@ -63,7 +74,7 @@ def _png_stats(path: Path) -> dict:
         rgb = image.convert("RGB")
         width, height = rgb.size
         raw = rgb.resize((max(1, width // 4), max(1, height // 4))).tobytes()
-    pixels = [raw[i:i + 3] for i in range(0, len(raw), 3)]
+    pixels = [raw[i : i + 3] for i in range(0, len(raw), 3)]
     inked = sum(1 for r, g, b in pixels if r + g + b < 600) / len(pixels)  # text, axes, points: not background
     return {"width": width, "height": height, "distinct_colors": len(set(pixels)), "inked_fraction": inked}
 
@@ -94,8 +105,9 @@ def check_report(html_path, screenshot: Path | None = None, *, browser: str | No
         # What a reader meets first: the section headings in page order, and the legend
         # titles Plotly drew (each chart's "what the series vary in").
         found["headings"] = [html.unescape(h) for h in re.findall(r"<h2>(.*?)</h2>", dom.stdout)]
-        found["legend_titles"] = [html.unescape(t).strip() for t in
-                                  re.findall(r'<text class="legendtitletext"[^>]*>(.*?)</text>', dom.stdout)]
+        found["legend_titles"] = [
+            html.unescape(t).strip() for t in re.findall(r'<text class="legendtitletext"[^>]*>(.*?)</text>', dom.stdout)
+        ]
         found["screenshot"] = str(shot) if screenshot else None
         found.update(_png_stats(shot) if shot.is_file() else {"distinct_colors": 0, "inked_fraction": 0.0})
     problems = []
@@ -112,8 +124,9 @@ def check_report(html_path, screenshot: Path | None = None, *, browser: str | No
     if found["points"] < 1 or found["markers"] < found["points"]:
         problems.append(f"points reported: {found['points']}, placed markers in the DOM: {found['markers']}")
     if found["distinct_colors"] < 16 or found["inked_fraction"] < 0.01:
-        problems.append(f"screenshot looks blank ({found['distinct_colors']} colours, "
-                        f"{found['inked_fraction']:.2%} inked pixels)")
+        problems.append(
+            f"screenshot looks blank ({found['distinct_colors']} colours, {found['inked_fraction']:.2%} inked pixels)"
+        )
     found["problems"] = problems
     return found
 

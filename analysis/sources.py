@@ -35,8 +35,15 @@ from looplab import tracking
 SQL_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
 INF_SENTINEL = 1.7976931348623157e308  # how MLflow's SQL store writes ±inf
 
-RUN_SCHEMA = {"run_id": pl.String, "experiment_id": pl.String, "run_name": pl.String, "status": pl.String,
-              "start_ms": pl.Int64, "end_ms": pl.Int64, "artifact_uri": pl.String}
+RUN_SCHEMA = {
+    "run_id": pl.String,
+    "experiment_id": pl.String,
+    "run_name": pl.String,
+    "status": pl.String,
+    "start_ms": pl.Int64,
+    "end_ms": pl.Int64,
+    "artifact_uri": pl.String,
+}
 KV_SCHEMA = {"run_id": pl.String, "key": pl.String, "value": pl.String}
 LATEST_SCHEMA = {"run_id": pl.String, "key": pl.String, "value": pl.Float64, "step": pl.Int64}
 EXTREMA_SCHEMA = {"run_id": pl.String, "key": pl.String, "min": pl.Float64, "max": pl.Float64, "count": pl.Int64}
@@ -86,8 +93,9 @@ def wants_best(key: str) -> bool:
 
 def _finite(expr: pl.Expr) -> pl.Expr:
     """MLflow's ±inf sentinels back to ±inf."""
-    return (pl.when(expr >= INF_SENTINEL).then(float("inf"))
-            .when(expr <= -INF_SENTINEL).then(float("-inf")).otherwise(expr))
+    return (
+        pl.when(expr >= INF_SENTINEL).then(float("inf")).when(expr <= -INF_SENTINEL).then(float("-inf")).otherwise(expr)
+    )
 
 
 class SqlSource:
@@ -108,8 +116,9 @@ class SqlSource:
         try:
             self._frame("SELECT run_uuid FROM runs WHERE 1 = 0", {"run_uuid": pl.String})
         except Exception as e:  # noqa: BLE001 -- sqlite3, SQLAlchemy or polars errors alike: say so in one line
-            raise AnalysisError(f"{uri} is not a readable MLflow tracking store ({type(e).__name__}: "
-                                f"{str(e).splitlines()[0]})") from None
+            raise AnalysisError(
+                f"{uri} is not a readable MLflow tracking store ({type(e).__name__}: {str(e).splitlines()[0]})"
+            ) from None
 
     def _frame(self, query: str, schema: dict) -> pl.DataFrame:
         df = pl.read_database(query, self._conn, schema_overrides=schema, infer_schema_length=None)
@@ -123,12 +132,15 @@ class SqlSource:
         return ", ".join(str(int(e)) for e in experiment_ids) or "NULL"
 
     def _of_runs(self, experiment_ids: list[str]) -> str:
-        return (f"SELECT run_uuid FROM runs WHERE experiment_id IN ({self._ids(experiment_ids)}) "
-                "AND lifecycle_stage = 'active'")
+        return (
+            f"SELECT run_uuid FROM runs WHERE experiment_id IN ({self._ids(experiment_ids)}) "
+            "AND lifecycle_stage = 'active'"
+        )
 
     def experiments(self) -> pl.DataFrame:
-        return self._frame("SELECT experiment_id, name FROM experiments WHERE lifecycle_stage = 'active'",
-                           EXPERIMENT_SCHEMA)
+        return self._frame(
+            "SELECT experiment_id, name FROM experiments WHERE lifecycle_stage = 'active'", EXPERIMENT_SCHEMA
+        )
 
     def experiment_of_run(self, run_id: str) -> str | None:
         safe = "".join(c for c in run_id if c.isalnum())  # run ids are hex: nothing else may reach the SQL
@@ -139,20 +151,28 @@ class SqlSource:
         return self._frame(
             "SELECT run_uuid AS run_id, experiment_id, name AS run_name, status, start_time AS start_ms, "
             "end_time AS end_ms, artifact_uri FROM runs "
-            f"WHERE experiment_id IN ({self._ids(experiment_ids)}) AND lifecycle_stage = 'active'", RUN_SCHEMA)
+            f"WHERE experiment_id IN ({self._ids(experiment_ids)}) AND lifecycle_stage = 'active'",
+            RUN_SCHEMA,
+        )
 
     def tags(self, experiment_ids: list[str]) -> pl.DataFrame:
-        return self._frame(f"SELECT run_uuid AS run_id, key, value FROM tags "
-                           f"WHERE run_uuid IN ({self._of_runs(experiment_ids)})", KV_SCHEMA)
+        return self._frame(
+            f"SELECT run_uuid AS run_id, key, value FROM tags WHERE run_uuid IN ({self._of_runs(experiment_ids)})",
+            KV_SCHEMA,
+        )
 
     def params(self, experiment_ids: list[str]) -> pl.DataFrame:
-        return self._frame(f"SELECT run_uuid AS run_id, key, value FROM params "
-                           f"WHERE run_uuid IN ({self._of_runs(experiment_ids)})", KV_SCHEMA)
+        return self._frame(
+            f"SELECT run_uuid AS run_id, key, value FROM params WHERE run_uuid IN ({self._of_runs(experiment_ids)})",
+            KV_SCHEMA,
+        )
 
     def latest(self, experiment_ids: list[str]) -> pl.DataFrame:
         df = self._frame(
             "SELECT run_uuid AS run_id, key, CASE WHEN is_nan THEN NULL ELSE value END AS value, step "
-            f"FROM latest_metrics WHERE run_uuid IN ({self._of_runs(experiment_ids)})", LATEST_SCHEMA)
+            f"FROM latest_metrics WHERE run_uuid IN ({self._of_runs(experiment_ids)})",
+            LATEST_SCHEMA,
+        )
         return df.with_columns(_finite(pl.col("value")).alias("value"))
 
     def extrema(self, experiment_ids: list[str]) -> pl.DataFrame:
@@ -160,7 +180,9 @@ class SqlSource:
         df = self._frame(
             "SELECT run_uuid AS run_id, key, MIN(value) AS min, MAX(value) AS max, COUNT(*) AS count FROM metrics "
             f"WHERE run_uuid IN ({self._of_runs(experiment_ids)}) AND NOT is_nan AND ({wanted}) "
-            "GROUP BY run_uuid, key", EXTREMA_SCHEMA)
+            "GROUP BY run_uuid, key",
+            EXTREMA_SCHEMA,
+        )
         return df.with_columns(_finite(pl.col("min")).alias("min"), _finite(pl.col("max")).alias("max"))
 
     def history(self, experiment_ids: list[str], keys: list[str]) -> pl.DataFrame:
@@ -171,10 +193,14 @@ class SqlSource:
         df = self._frame(
             "SELECT run_uuid AS run_id, key, step, CASE WHEN is_nan THEN NULL ELSE value END AS value, timestamp "
             f"FROM metrics WHERE key IN ({names}) AND run_uuid IN ({self._of_runs(experiment_ids)})",
-            {**HISTORY_SCHEMA, "timestamp": pl.Int64})
-        return (df.sort("timestamp").unique(["run_id", "key", "step"], keep="last")
-                .select("run_id", "key", "step", _finite(pl.col("value")).alias("value"))
-                .sort("run_id", "key", "step"))
+            {**HISTORY_SCHEMA, "timestamp": pl.Int64},
+        )
+        return (
+            df.sort("timestamp")
+            .unique(["run_id", "key", "step"], keep="last")
+            .select("run_id", "key", "step", _finite(pl.col("value")).alias("value"))
+            .sort("run_id", "key", "step")
+        )
 
 
 class ClientSource:
@@ -194,12 +220,19 @@ class ClientSource:
         try:
             self._experiments = self._client.search_experiments()
         except Exception as e:  # noqa: BLE001 -- MlflowException, connection errors, bad URIs: one line
-            raise AnalysisError(f"cannot read the MLflow tracking server at {uri} ({type(e).__name__}: "
-                                f"{str(e).splitlines()[0] if str(e) else ''})") from None
+            raise AnalysisError(
+                f"cannot read the MLflow tracking server at {uri} ({type(e).__name__}: "
+                f"{str(e).splitlines()[0] if str(e) else ''})"
+            ) from None
 
     def experiments(self) -> pl.DataFrame:
-        return pl.DataFrame({"experiment_id": [e.experiment_id for e in self._experiments],
-                             "name": [e.name for e in self._experiments]}, schema=EXPERIMENT_SCHEMA)
+        return pl.DataFrame(
+            {
+                "experiment_id": [e.experiment_id for e in self._experiments],
+                "name": [e.name for e in self._experiments],
+            },
+            schema=EXPERIMENT_SCHEMA,
+        )
 
     def experiment_of_run(self, run_id: str) -> str | None:
         try:
@@ -221,9 +254,18 @@ class ClientSource:
         return self._runs[key]
 
     def runs(self, experiment_ids: list[str]) -> pl.DataFrame:
-        rows = [{"run_id": r.info.run_id, "experiment_id": r.info.experiment_id, "run_name": r.info.run_name,
-                 "status": r.info.status, "start_ms": r.info.start_time, "end_ms": r.info.end_time,
-                 "artifact_uri": r.info.artifact_uri} for r in self._search(experiment_ids)]
+        rows = [
+            {
+                "run_id": r.info.run_id,
+                "experiment_id": r.info.experiment_id,
+                "run_name": r.info.run_name,
+                "status": r.info.status,
+                "start_ms": r.info.start_time,
+                "end_ms": r.info.end_time,
+                "artifact_uri": r.info.artifact_uri,
+            }
+            for r in self._search(experiment_ids)
+        ]
         return pl.DataFrame(rows, schema=RUN_SCHEMA)
 
     def _kv(self, experiment_ids: list[str], field: str) -> pl.DataFrame:
@@ -247,9 +289,16 @@ class ClientSource:
         if not keys:
             return pl.DataFrame(schema=EXTREMA_SCHEMA)
         hist = self.history(experiment_ids, keys)
-        return (hist.drop_nulls("value").group_by("run_id", "key")
-                .agg(pl.col("value").min().alias("min"), pl.col("value").max().alias("max"),
-                     pl.len().cast(pl.Int64).alias("count")).select(list(EXTREMA_SCHEMA)))
+        return (
+            hist.drop_nulls("value")
+            .group_by("run_id", "key")
+            .agg(
+                pl.col("value").min().alias("min"),
+                pl.col("value").max().alias("max"),
+                pl.len().cast(pl.Int64).alias("count"),
+            )
+            .select(list(EXTREMA_SCHEMA))
+        )
 
     def history(self, experiment_ids: list[str], keys: list[str]) -> pl.DataFrame:
         pairs = [(r.info.run_id, k) for r in self._search(experiment_ids) for k in keys if k in r.data.metrics]
@@ -263,6 +312,10 @@ class ClientSource:
         with ThreadPoolExecutor(self.THREADS) as pool:
             rows = [row for chunk in pool.map(fetch, pairs) for row in chunk]
         df = pl.DataFrame(rows, schema={**HISTORY_SCHEMA, "timestamp": pl.Int64}, orient="row")
-        return (df.sort("timestamp").unique(["run_id", "key", "step"], keep="last").drop("timestamp")
-                .with_columns(pl.when(pl.col("value").is_nan()).then(None).otherwise(pl.col("value")).alias("value"))
-                .sort("run_id", "key", "step"))
+        return (
+            df.sort("timestamp")
+            .unique(["run_id", "key", "step"], keep="last")
+            .drop("timestamp")
+            .with_columns(pl.when(pl.col("value").is_nan()).then(None).otherwise(pl.col("value")).alias("value"))
+            .sort("run_id", "key", "step")
+        )

@@ -45,19 +45,64 @@ from analysis.load import METRIC, PARAM, RunSet
 from looplab import tracking
 from looplab.policy import FULL
 
-IDENTITY = ("experiment", "checkpoint", "method", "stage", tracking.STAGE_KEY, "device", "batch", "seq_len",
-            "policy", "dtype", "packing")
+IDENTITY = (
+    "experiment",
+    "checkpoint",
+    "method",
+    "stage",
+    tracking.STAGE_KEY,
+    "device",
+    "batch",
+    "seq_len",
+    "policy",
+    "dtype",
+    "packing",
+)
 SPEED_SPREAD = ("tokens_per_s_full_min", "tokens_per_s_full_max", "tokens_per_s_skip_min", "tokens_per_s_skip_max")
-SPEED = (tracking.EXECUTED_LOOPS, tracking.TIME_FULL, tracking.TIME_SKIP, tracking.TOKENS_PER_S_FULL,
-         tracking.TOKENS_PER_S_SKIP, *SPEED_SPREAD, "speedup", tracking.SPEEDUP_MIN, tracking.SPEEDUP_MAX, "loop_bound",
-         tracking.FLOP_RATIO, "of_flop_ratio")
+SPEED = (
+    tracking.EXECUTED_LOOPS,
+    tracking.TIME_FULL,
+    tracking.TIME_SKIP,
+    tracking.TOKENS_PER_S_FULL,
+    tracking.TOKENS_PER_S_SKIP,
+    *SPEED_SPREAD,
+    "speedup",
+    tracking.SPEEDUP_MIN,
+    tracking.SPEEDUP_MAX,
+    "loop_bound",
+    tracking.FLOP_RATIO,
+    "of_flop_ratio",
+)
 # The arrivals runs' decode tokens/s, composed as trainables/speed.py logs it (the contract
 # has no single name for it yet).
-ARRIVAL_IDENTITY = ("experiment", "checkpoint", "method", "stage", tracking.STAGE_KEY, "device", "slots", "schedule",
-                    "policy", "requests", "prompt_len", "new_tokens", "seed")
-ARRIVAL_SPEED = (tracking.EXECUTED_LOOPS, tracking.TOKENS_PER_S, tracking.DECODE_TOKENS_PER_S,
-                 tracking.DECODE_TOKENS_PER_S_MIN, tracking.DECODE_TOKENS_PER_S_MAX, "speedup", tracking.SPEEDUP_MIN,
-                 tracking.SPEEDUP_MAX, "loop_bound", tracking.FLOP_RATIO, "of_flop_ratio")
+ARRIVAL_IDENTITY = (
+    "experiment",
+    "checkpoint",
+    "method",
+    "stage",
+    tracking.STAGE_KEY,
+    "device",
+    "slots",
+    "schedule",
+    "policy",
+    "requests",
+    "prompt_len",
+    "new_tokens",
+    "seed",
+)
+ARRIVAL_SPEED = (
+    tracking.EXECUTED_LOOPS,
+    tracking.TOKENS_PER_S,
+    tracking.DECODE_TOKENS_PER_S,
+    tracking.DECODE_TOKENS_PER_S_MIN,
+    tracking.DECODE_TOKENS_PER_S_MAX,
+    "speedup",
+    tracking.SPEEDUP_MIN,
+    tracking.SPEEDUP_MAX,
+    "loop_bound",
+    tracking.FLOP_RATIO,
+    "of_flop_ratio",
+)
 PPL_FULL = names.at_point(tracking.PPL, FULL)  # the stage's validation perplexity at full depth
 QUALITY = (PPL_FULL, tracking.PPL, names.SPEED_VALIDATION_LOOPS)
 
@@ -73,17 +118,25 @@ def _finished_bench(runs: RunSet, point_param: str) -> pl.DataFrame | None:
     column = PARAM + tracking.SPEED_PARAM + point_param
     if tracking.SPEED_KEY not in table.columns or column not in table.columns:
         return None
-    bench = table.filter((pl.col("level") == tracking.BENCH) & pl.col(tracking.SPEED_KEY).is_not_null()
-                         & (pl.col("status") == "FINISHED") & pl.col(column).is_not_null())
+    bench = table.filter(
+        (pl.col("level") == tracking.BENCH)
+        & pl.col(tracking.SPEED_KEY).is_not_null()
+        & (pl.col("status") == "FINISHED")
+        & pl.col(column).is_not_null()
+    )
     return None if bench.is_empty() else bench
 
 
 def _with_checkpoint(runs: RunSet, rows: pl.DataFrame) -> pl.DataFrame:
     """The timed stage's name beside its key, and checkpoint = <stage>-<stage_key>."""
-    stages = (runs.runs.filter(pl.col("level") == tracking.STAGE).select("experiment", tracking.STAGE_KEY, "stage")
-              .unique(["experiment", tracking.STAGE_KEY]))
+    stages = (
+        runs.runs.filter(pl.col("level") == tracking.STAGE)
+        .select("experiment", tracking.STAGE_KEY, "stage")
+        .unique(["experiment", tracking.STAGE_KEY])
+    )
     return rows.join(stages, on=["experiment", tracking.STAGE_KEY], how="left").with_columns(
-        pl.concat_str([pl.col("stage").fill_null("?"), pl.col(tracking.STAGE_KEY)], separator="-").alias("checkpoint"))
+        pl.concat_str([pl.col("stage").fill_null("?"), pl.col(tracking.STAGE_KEY)], separator="-").alias("checkpoint")
+    )
 
 
 def speed_runs(runs: RunSet) -> pl.DataFrame | None:
@@ -94,28 +147,40 @@ def speed_runs(runs: RunSet) -> pl.DataFrame | None:
     metric = lambda name: _column(bench, METRIC + name, pl.Float64)  # noqa: E731
     param = lambda name, dtype=pl.String: _column(bench, PARAM + name, dtype)  # noqa: E731
     rows = bench.select(
-        "experiment", tracking.STAGE_KEY, "method", "start_time",
+        "experiment",
+        tracking.STAGE_KEY,
+        "method",
+        "start_time",
         param(tracking.SPEED_PARAM + "batch", pl.Int64).alias("batch"),
         param(tracking.SPEED_PARAM + "seq_len", pl.Int64).alias("seq_len"),
         pl.coalesce(pl.col(tracking.POLICY_TAG), param(tracking.SPEED_PARAM + "policy")).alias("policy"),
-        param(tracking.SPEED_PARAM + "dtype").alias("dtype"), param(tracking.SPEED_PARAM + "packing").alias("packing"),
+        param(tracking.SPEED_PARAM + "dtype").alias("dtype"),
+        param(tracking.SPEED_PARAM + "packing").alias("packing"),
         param(tracking.MACHINE_PARAM + "device").alias("device"),
         metric(tracking.MEAN_LOOPS).alias(tracking.EXECUTED_LOOPS),
-        metric(tracking.TIME_FULL).alias(tracking.TIME_FULL), metric(tracking.TIME_SKIP).alias(tracking.TIME_SKIP),
+        metric(tracking.TIME_FULL).alias(tracking.TIME_FULL),
+        metric(tracking.TIME_SKIP).alias(tracking.TIME_SKIP),
         metric(tracking.SPEEDUP).alias("speedup"),
-        *(metric(name).alias(name) for name in (tracking.TIME_FULL_MIN, tracking.TIME_FULL_MAX, tracking.TIME_SKIP_MIN,
-                                                tracking.TIME_SKIP_MAX)),
-        metric(tracking.SPEEDUP_MIN).alias(tracking.SPEEDUP_MIN), metric(tracking.SPEEDUP_MAX).alias(tracking.SPEEDUP_MAX),
-        metric(tracking.LOOP_BOUND).alias("loop_bound"), metric(tracking.FLOP_RATIO).alias(tracking.FLOP_RATIO))
+        *(
+            metric(name).alias(name)
+            for name in (tracking.TIME_FULL_MIN, tracking.TIME_FULL_MAX, tracking.TIME_SKIP_MIN, tracking.TIME_SKIP_MAX)
+        ),
+        metric(tracking.SPEEDUP_MIN).alias(tracking.SPEEDUP_MIN),
+        metric(tracking.SPEEDUP_MAX).alias(tracking.SPEEDUP_MAX),
+        metric(tracking.LOOP_BOUND).alias("loop_bound"),
+        metric(tracking.FLOP_RATIO).alias(tracking.FLOP_RATIO),
+    )
     tokens = (pl.col("batch") * pl.col("seq_len")).cast(pl.Float64)
-    rows = rows.with_columns((tokens / pl.col(tracking.TIME_FULL)).alias(tracking.TOKENS_PER_S_FULL),
-                             (tokens / pl.col(tracking.TIME_SKIP)).alias(tracking.TOKENS_PER_S_SKIP),
-                             # the slowest repeat is the fewest tokens/s
-                             (tokens / pl.col(tracking.TIME_FULL_MAX)).alias("tokens_per_s_full_min"),
-                             (tokens / pl.col(tracking.TIME_FULL_MIN)).alias("tokens_per_s_full_max"),
-                             (tokens / pl.col(tracking.TIME_SKIP_MAX)).alias("tokens_per_s_skip_min"),
-                             (tokens / pl.col(tracking.TIME_SKIP_MIN)).alias("tokens_per_s_skip_max"),
-                             (pl.col("speedup") / pl.col(tracking.FLOP_RATIO)).alias("of_flop_ratio"))
+    rows = rows.with_columns(
+        (tokens / pl.col(tracking.TIME_FULL)).alias(tracking.TOKENS_PER_S_FULL),
+        (tokens / pl.col(tracking.TIME_SKIP)).alias(tracking.TOKENS_PER_S_SKIP),
+        # the slowest repeat is the fewest tokens/s
+        (tokens / pl.col(tracking.TIME_FULL_MAX)).alias("tokens_per_s_full_min"),
+        (tokens / pl.col(tracking.TIME_FULL_MIN)).alias("tokens_per_s_full_max"),
+        (tokens / pl.col(tracking.TIME_SKIP_MAX)).alias("tokens_per_s_skip_min"),
+        (tokens / pl.col(tracking.TIME_SKIP_MIN)).alias("tokens_per_s_skip_max"),
+        (pl.col("speedup") / pl.col(tracking.FLOP_RATIO)).alias("of_flop_ratio"),
+    )
     # One measurement per point and machine: the newest (another --repeats or threads count
     # is another key, timed again).
     point = ["experiment", tracking.STAGE_KEY, "device", "batch", "seq_len", "policy", "dtype", "packing"]
@@ -130,8 +195,9 @@ def _policy_points(specs) -> pl.DataFrame:
     rows = []
     for spec in specs:
         policy = ExitPolicy.parse(spec)
-        rows.append({"policy": spec, "_kind": policy.kind,
-                     "_q": float(policy.q if policy.rule == GATE else policy.threshold)})
+        rows.append(
+            {"policy": spec, "_kind": policy.kind, "_q": float(policy.q if policy.rule == GATE else policy.threshold)}
+        )
     return pl.DataFrame(rows, schema={"policy": pl.String, "_kind": pl.String, "_q": pl.Float64})
 
 
@@ -145,19 +211,30 @@ def speed_table(runs: RunSet, points: pl.DataFrame | None) -> pl.DataFrame | Non
     rows = rows.join(_policy_points(rows["policy"].unique().to_list()), on="policy", how="left")
     if points is not None and points.height:
         # A shared stage is a copy per trial (same key, same values): one value per point.
-        quality = (points.group_by("experiment", tracking.STAGE_KEY, "policy", pl.col("q").round(6))
-                   .agg(pl.col("ppl").mean(), pl.col(tracking.EXECUTED_LOOPS).mean()))
-        full = (quality.filter(pl.col("policy") == FULL)
-                .select("experiment", tracking.STAGE_KEY, pl.col("ppl").alias(PPL_FULL)))
-        timed = quality.select("experiment", tracking.STAGE_KEY, pl.col("policy").alias("_kind"),
-                               pl.col("q").alias("_q"), "ppl", pl.col(tracking.EXECUTED_LOOPS).alias(names.SPEED_VALIDATION_LOOPS))
-        rows = (rows.with_columns(pl.col("_q").round(6))
-                .join(full, on=["experiment", tracking.STAGE_KEY], how="left")
-                .join(timed, on=["experiment", tracking.STAGE_KEY, "_kind", "_q"], how="left"))
+        quality = points.group_by("experiment", tracking.STAGE_KEY, "policy", pl.col("q").round(6)).agg(
+            pl.col("ppl").mean(), pl.col(tracking.EXECUTED_LOOPS).mean()
+        )
+        full = quality.filter(pl.col("policy") == FULL).select(
+            "experiment", tracking.STAGE_KEY, pl.col("ppl").alias(PPL_FULL)
+        )
+        timed = quality.select(
+            "experiment",
+            tracking.STAGE_KEY,
+            pl.col("policy").alias("_kind"),
+            pl.col("q").alias("_q"),
+            "ppl",
+            pl.col(tracking.EXECUTED_LOOPS).alias(names.SPEED_VALIDATION_LOOPS),
+        )
+        rows = (
+            rows.with_columns(pl.col("_q").round(6))
+            .join(full, on=["experiment", tracking.STAGE_KEY], how="left")
+            .join(timed, on=["experiment", tracking.STAGE_KEY, "_kind", "_q"], how="left")
+        )
     else:
         rows = rows.with_columns(*(pl.lit(None, pl.Float64).alias(c) for c in QUALITY))
-    return (rows.select(*IDENTITY, *SPEED, *QUALITY)
-            .sort("experiment", "checkpoint", "device", "seq_len", "batch", "policy"))
+    return rows.select(*IDENTITY, *SPEED, *QUALITY).sort(
+        "experiment", "checkpoint", "device", "seq_len", "batch", "policy"
+    )
 
 
 def speed_chart(table: pl.DataFrame) -> ChartSpec | None:
@@ -170,33 +247,57 @@ def speed_chart(table: pl.DataFrame) -> ChartSpec | None:
     # and packing only where the table mixes them.
     by = ["checkpoint", "batch", "seq_len"] + [c for c in ("device", "dtype", "packing") if drawn[c].n_unique() > 1]
     methods = drawn.select("checkpoint", "method").unique()
-    short = {c: (f"{m} {c.split('-')[0]}" if methods.filter(pl.col("method") == m).height == 1 else f"{m} {c}")
-             for c, m in methods.iter_rows()}
+    short = {
+        c: (f"{m} {c.split('-')[0]}" if methods.filter(pl.col("method") == m).height == 1 else f"{m} {c}")
+        for c, m in methods.iter_rows()
+    }
     series, xs, ys = [], [], []
     for i, (key, group) in enumerate(drawn.sort(*by).group_by(by, maintain_order=True)):
         info = dict(zip(by, key))
-        name = " · ".join([short[info["checkpoint"]], f"b{info['batch']} L{info['seq_len']}",
-                           *(str(info[c]) for c in by[3:])])
+        name = " · ".join(
+            [short[info["checkpoint"]], f"b{info['batch']} L{info['seq_len']}", *(str(info[c]) for c in by[3:])]
+        )
         pts = []
         full = group.filter(pl.col(PPL_FULL).is_not_null())
         if full.height:  # each timed policy ran its own full twin: their mean, the bar over all their repeats
-            pts.append(Point(float(full[tracking.TOKENS_PER_S_FULL].mean()), float(full[PPL_FULL][0]),
-                             f"full: all R loops ({full.height} timing(s))",
-                             x_lo=full["tokens_per_s_full_min"].min(), x_hi=full["tokens_per_s_full_max"].max()))
+            pts.append(
+                Point(
+                    float(full[tracking.TOKENS_PER_S_FULL].mean()),
+                    float(full[PPL_FULL][0]),
+                    f"full: all R loops ({full.height} timing(s))",
+                    x_lo=full["tokens_per_s_full_min"].min(),
+                    x_hi=full["tokens_per_s_full_max"].max(),
+                )
+            )
         # The line follows the compute as it falls (full, then the policies by fewer
         # executed loops), not the x order: timing noise would zigzag it.
-        for r in group.filter(pl.col("ppl").is_not_null()).sort(tracking.EXECUTED_LOOPS, descending=True).iter_rows(
-                named=True):
+        for r in (
+            group.filter(pl.col("ppl").is_not_null())
+            .sort(tracking.EXECUTED_LOOPS, descending=True)
+            .iter_rows(named=True)
+        ):
             bound = f" (FLOP ratio {r[tracking.FLOP_RATIO]:.2f}x)" if r[tracking.FLOP_RATIO] is not None else ""
-            pts.append(Point(r[tracking.TOKENS_PER_S_SKIP], r["ppl"],
-                             f"{r['policy']}: {r[tracking.EXECUTED_LOOPS]:.2f} loops, {r['speedup']:.2f}x{_spread(r)}"
-                             f"{bound}", x_lo=r["tokens_per_s_skip_min"], x_hi=r["tokens_per_s_skip_max"]))
+            pts.append(
+                Point(
+                    r[tracking.TOKENS_PER_S_SKIP],
+                    r["ppl"],
+                    f"{r['policy']}: {r[tracking.EXECUTED_LOOPS]:.2f} loops, {r['speedup']:.2f}x{_spread(r)}{bound}",
+                    x_lo=r["tokens_per_s_skip_min"],
+                    x_hi=r["tokens_per_s_skip_max"],
+                )
+            )
         xs += [p.x for p in pts]
         ys += [p.y for p in pts]
         series.append(Series(name, PALETTE[i % len(PALETTE)], pts, [(p.x, p.y) for p in pts], "linear"))
-    return ChartSpec("speed", "Validation perplexity against measured prefill tokens/s",
-                     "prefill tokens/s (batch · L / median time; bars: fastest to slowest repeat)", "validation perplexity", series,
-                     log_y=log_scale(ys), log_x=log_scale(xs))
+    return ChartSpec(
+        "speed",
+        "Validation perplexity against measured prefill tokens/s",
+        "prefill tokens/s (batch · L / median time; bars: fastest to slowest repeat)",
+        "validation perplexity",
+        series,
+        log_y=log_scale(ys),
+        log_x=log_scale(xs),
+    )
 
 
 # ---- decoding under continuous arrivals -------------------------------------------------------------
@@ -208,26 +309,61 @@ def arrivals_table(runs: RunSet) -> pl.DataFrame | None:
     metric = lambda name: _column(bench, METRIC + name, pl.Float64)  # noqa: E731
     param = lambda name, dtype=pl.String: _column(bench, PARAM + tracking.SPEED_PARAM + name, dtype)  # noqa: E731
     rows = bench.select(
-        "experiment", tracking.STAGE_KEY, "method", "start_time",
+        "experiment",
+        tracking.STAGE_KEY,
+        "method",
+        "start_time",
         _column(bench, PARAM + tracking.MACHINE_PARAM + "device", pl.String).alias("device"),
-        param("slots", pl.Int64).alias("slots"), param("schedule").alias("schedule"),
+        param("slots", pl.Int64).alias("slots"),
+        param("schedule").alias("schedule"),
         pl.coalesce(pl.col(tracking.POLICY_TAG), param("policy")).alias("policy"),
-        param("requests", pl.Int64).alias("requests"), param("prompt_len").alias("prompt_len"),
-        param("new_tokens").alias("new_tokens"), param("seed", pl.Int64).alias("seed"),
+        param("requests", pl.Int64).alias("requests"),
+        param("prompt_len").alias("prompt_len"),
+        param("new_tokens").alias("new_tokens"),
+        param("seed", pl.Int64).alias("seed"),
         metric(tracking.MEAN_LOOPS).alias(tracking.EXECUTED_LOOPS),
         metric(tracking.TOKENS_PER_S).alias(tracking.TOKENS_PER_S),
         metric(tracking.DECODE_TOKENS_PER_S).alias(tracking.DECODE_TOKENS_PER_S),
-        *(metric(name).alias(name) for name in (tracking.DECODE_TOKENS_PER_S_MIN, tracking.DECODE_TOKENS_PER_S_MAX,
-                                                tracking.SPEEDUP_MIN, tracking.SPEEDUP_MAX)),
+        *(
+            metric(name).alias(name)
+            for name in (
+                tracking.DECODE_TOKENS_PER_S_MIN,
+                tracking.DECODE_TOKENS_PER_S_MAX,
+                tracking.SPEEDUP_MIN,
+                tracking.SPEEDUP_MAX,
+            )
+        ),
         metric(tracking.SPEEDUP).alias("speedup"),
-        metric(tracking.LOOP_BOUND).alias("loop_bound"), metric(tracking.FLOP_RATIO).alias(tracking.FLOP_RATIO))
+        metric(tracking.LOOP_BOUND).alias("loop_bound"),
+        metric(tracking.FLOP_RATIO).alias(tracking.FLOP_RATIO),
+    )
     rows = rows.with_columns((pl.col("speedup") / pl.col(tracking.FLOP_RATIO)).alias("of_flop_ratio"))
-    point = ["experiment", tracking.STAGE_KEY, "device", "slots", "schedule", "policy", "requests", "prompt_len",
-             "new_tokens", "seed"]
+    point = [
+        "experiment",
+        tracking.STAGE_KEY,
+        "device",
+        "slots",
+        "schedule",
+        "policy",
+        "requests",
+        "prompt_len",
+        "new_tokens",
+        "seed",
+    ]
     rows = rows.sort("start_time").unique(point, keep="last", maintain_order=True).drop("start_time")
-    return (_with_checkpoint(runs, rows).select(*ARRIVAL_IDENTITY, *ARRIVAL_SPEED)
-            .sort("experiment", "checkpoint", "device", "slots", "schedule", tracking.EXECUTED_LOOPS,
-                  descending=[False, False, False, False, False, True]))
+    return (
+        _with_checkpoint(runs, rows)
+        .select(*ARRIVAL_IDENTITY, *ARRIVAL_SPEED)
+        .sort(
+            "experiment",
+            "checkpoint",
+            "device",
+            "slots",
+            "schedule",
+            tracking.EXECUTED_LOOPS,
+            descending=[False, False, False, False, False, True],
+        )
+    )
 
 
 def _spread(row: dict) -> str:
@@ -240,33 +376,59 @@ def arrivals_chart(table: pl.DataFrame) -> ChartSpec | None:
     """Decode tokens/s against d̄: per checkpoint × slots × schedule the measured points
     (full at d̄ = R, then each policy), and dashed the tokens/s the FLOP ratio allows
     (full's decode tokens/s × the bound of each point's d̄). None without a point."""
-    drawn = table.filter(pl.col(tracking.DECODE_TOKENS_PER_S).is_not_null() & pl.col(tracking.EXECUTED_LOOPS).is_not_null())
+    drawn = table.filter(
+        pl.col(tracking.DECODE_TOKENS_PER_S).is_not_null() & pl.col(tracking.EXECUTED_LOOPS).is_not_null()
+    )
     if drawn.is_empty():
         return None
-    by = ["checkpoint", "slots", "schedule"] + [c for c in ("device", "requests", "prompt_len", "new_tokens", "seed")
-                                               if drawn[c].n_unique() > 1]
+    by = ["checkpoint", "slots", "schedule"] + [
+        c for c in ("device", "requests", "prompt_len", "new_tokens", "seed") if drawn[c].n_unique() > 1
+    ]
     series, ys = [], []
     for i, (key, group) in enumerate(drawn.sort(*by).group_by(by, maintain_order=True)):
         info = dict(zip(by, key))
-        name = " · ".join([f"{group['method'][0]} {info['checkpoint'].split('-')[0]}", f"{info['slots']} slots",
-                           *(str(info[c]) for c in by[2:])])
+        name = " · ".join(
+            [
+                f"{group['method'][0]} {info['checkpoint'].split('-')[0]}",
+                f"{info['slots']} slots",
+                *(str(info[c]) for c in by[2:]),
+            ]
+        )
         color = PALETTE[i % len(PALETTE)]
         rows = list(group.sort(tracking.EXECUTED_LOOPS, descending=True).iter_rows(named=True))
-        pts = [Point(r[tracking.EXECUTED_LOOPS], r[tracking.DECODE_TOKENS_PER_S],
-                     f"{r['policy']}: d̄ {r[tracking.EXECUTED_LOOPS]:.2f}, {r['speedup']:.2f}x{_spread(r)}"
-                     + (f" of FLOP ratio {r[tracking.FLOP_RATIO]:.2f}x" if r[tracking.FLOP_RATIO] is not None else ""),
-                     lo=r[tracking.DECODE_TOKENS_PER_S_MIN], hi=r[tracking.DECODE_TOKENS_PER_S_MAX])
-                 for r in rows]
+        pts = [
+            Point(
+                r[tracking.EXECUTED_LOOPS],
+                r[tracking.DECODE_TOKENS_PER_S],
+                f"{r['policy']}: d̄ {r[tracking.EXECUTED_LOOPS]:.2f}, {r['speedup']:.2f}x{_spread(r)}"
+                + (f" of FLOP ratio {r[tracking.FLOP_RATIO]:.2f}x" if r[tracking.FLOP_RATIO] is not None else ""),
+                lo=r[tracking.DECODE_TOKENS_PER_S_MIN],
+                hi=r[tracking.DECODE_TOKENS_PER_S_MAX],
+            )
+            for r in rows
+        ]
         series.append(Series(name, color, pts, [(p.x, p.y) for p in pts], "linear"))
         ys += [p.y for p in pts]
         full = [r[tracking.DECODE_TOKENS_PER_S] for r in rows if r["policy"] == FULL]
         if full:  # the bound is a speedup over full: drawn from full's measured tokens/s
-            bound = [Point(r[tracking.EXECUTED_LOOPS], full[0] * r[tracking.FLOP_RATIO],
-                           f"{r['policy']}: FLOP ratio {r[tracking.FLOP_RATIO]:.2f}x") for r in rows
-                     if r[tracking.FLOP_RATIO] is not None]
-            series.append(Series(f"{name} · FLOP ratio", color, bound, [(p.x, p.y) for p in bound], "linear",
-                                 dashed=True))
+            bound = [
+                Point(
+                    r[tracking.EXECUTED_LOOPS],
+                    full[0] * r[tracking.FLOP_RATIO],
+                    f"{r['policy']}: FLOP ratio {r[tracking.FLOP_RATIO]:.2f}x",
+                )
+                for r in rows
+                if r[tracking.FLOP_RATIO] is not None
+            ]
+            series.append(
+                Series(f"{name} · FLOP ratio", color, bound, [(p.x, p.y) for p in bound], "linear", dashed=True)
+            )
             ys += [p.y for p in bound]
-    return ChartSpec("arrivals", "Decode tokens/s under continuous arrivals against executed loops d̄",
-                     "executed loops d̄ (decoded tokens)", "decode tokens/s (the wall less the prefills)", series,
-                     log_y=log_scale(ys))
+    return ChartSpec(
+        "arrivals",
+        "Decode tokens/s under continuous arrivals against executed loops d̄",
+        "executed loops d̄ (decoded tokens)",
+        "decode tokens/s (the wall less the prefills)",
+        series,
+        log_y=log_scale(ys),
+    )

@@ -50,14 +50,25 @@ LOG_EVERY = 20
 def pipeline(point: dict, seed: int):
     """The chain pretrain → stage1 → chase → stage2 as the platform derives it; the hole
     and β values reach the stages that read them."""
-    overrides = {"model.n_loops": R, "train.steps": TRAIN_STEPS, "train.seed": seed,
-                 **{f"hole.{k}": v for k, v in point.items() if k != "beta"}}
+    overrides = {
+        "model.n_loops": R,
+        "train.steps": TRAIN_STEPS,
+        "train.seed": seed,
+        **{f"hole.{k}": v for k, v in point.items() if k != "beta"},
+    }
     configs = []
     for stage in STAGE_NAMES:
         parent = configs[-1] if configs else None
         ref = parent.as_parent(f"/storage/stages/{parent.stage}-{parent.stage_key()}/checkpoint") if parent else None
-        configs.append(stage_config(get_preset("debug"), stage, parent=ref, overrides=overrides,
-                                    stage_overrides={} if stage == "pretrain" else {"exit.beta": point["beta"]}))
+        configs.append(
+            stage_config(
+                get_preset("debug"),
+                stage,
+                parent=ref,
+                overrides=overrides,
+                stage_overrides={} if stage == "pretrain" else {"exit.beta": point["beta"]},
+            )
+        )
     return configs
 
 
@@ -65,12 +76,22 @@ def records(stage: str, rng: random.Random, quality: float) -> list[dict]:
     """looplab.training.train's records for one stage: training windows, the full eval, the threshold sweep."""
     out = []
     for step in range(LOG_EVERY, TRAIN_STEPS + 1, LOG_EVERY):
-        rec = {"kind": tracking.TRAIN_RECORD, "step": step, "stage": stage,
-               tracking.LOSS: 3.0 - step / TRAIN_STEPS + rng.random() * 0.1, tracking.LR: 1e-3,
-               tracking.GRAD_NORM: 1.0 + rng.random(), tracking.TOKENS_PER_S: 15000.0 + rng.random() * 1000}
+        rec = {
+            "kind": tracking.TRAIN_RECORD,
+            "step": step,
+            "stage": stage,
+            tracking.LOSS: 3.0 - step / TRAIN_STEPS + rng.random() * 0.1,
+            tracking.LR: 1e-3,
+            tracking.GRAD_NORM: 1.0 + rng.random(),
+            tracking.TOKENS_PER_S: 15000.0 + rng.random() * 1000,
+        }
         if stage != "pretrain":
-            rec.update({tracking.EXIT_ENTROPY: math.log(R) * (1 - 0.3 * step / TRAIN_STEPS),
-                        tracking.EXPECTED_EXIT_STEP: 3.5 - step / 400})
+            rec.update(
+                {
+                    tracking.EXIT_ENTROPY: math.log(R) * (1 - 0.3 * step / TRAIN_STEPS),
+                    tracking.EXPECTED_EXIT_STEP: 3.5 - step / 400,
+                }
+            )
         out.append(rec)
     ppl = 8.0 / quality
     policies = [evaluation("full", ppl, 0.4 * quality, loops=float(R), exit_step=float(R))]
@@ -79,20 +100,29 @@ def records(stage: str, rng: random.Random, quality: float) -> list[dict]:
             for q in QS:
                 loops = R if mode == "dense" else 1.5 + 2.5 * q
                 p = ppl * (1 + (1 - q) * (0.05 if mode == "dense" else 0.2 + rng.random() * 0.1))
-                policies.append(evaluation(f"{mode}:{q}", p, 0.4 * quality * q ** 0.1, loops=loops,
-                                           exit_step=1.5 + 2.5 * q))
+                policies.append(
+                    evaluation(f"{mode}:{q}", p, 0.4 * quality * q**0.1, loops=loops, exit_step=1.5 + 2.5 * q)
+                )
         for depth in range(1, R):  # depth R is full depth, logged once
             p = ppl * (R / depth) ** 2
-            policies.append(evaluation(f"forced:{depth}", p, 0.1 * depth * quality, loops=float(depth),
-                                       exit_step=float(depth)))
+            policies.append(
+                evaluation(f"forced:{depth}", p, 0.1 * depth * quality, loops=float(depth), exit_step=float(depth))
+            )
     out.append({"kind": tracking.EVAL_RECORD, "step": TRAIN_STEPS, "policies": policies})
     return out
 
 
 def evaluation(policy: str, ppl: float, accuracy: float, *, loops: float, exit_step: float) -> dict:
     """One policy's record of an evaluation (looplab.evaluation.validation's fields)."""
-    return {"policy": policy, tracking.PPL: ppl, tracking.ACCURACY: accuracy, tracking.LOSS: math.log(ppl),
-            tracking.EXECUTED_LOOPS: loops, tracking.MEAN_EXIT_STEP: exit_step, tracking.BACKBONE_FLOPS: 9000.0 * loops}
+    return {
+        "policy": policy,
+        tracking.PPL: ppl,
+        tracking.ACCURACY: accuracy,
+        tracking.LOSS: math.log(ppl),
+        tracking.EXECUTED_LOOPS: loops,
+        tracking.MEAN_EXIT_STEP: exit_step,
+        tracking.BACKBONE_FLOPS: 9000.0 * loops,
+    }
 
 
 def metric_rows(run_id: str, recs: list[dict], t0: int) -> list[tuple]:
@@ -125,25 +155,55 @@ def build_store(store: Path, n_runs: int, seed: int = 0) -> tuple[str, int]:
     rng = random.Random(seed)
     n_trials = -(-(n_runs - 1) // (1 + len(STAGE_NAMES)))  # at least n_runs runs
     seeds = 4  # 250 configurations × 4 seeds = 1,000 trials = 5,001 runs
-    grid = [{"beta": beta, "hp": hp, "lo": lo, "rho": rho} for beta in (0.05, 0.1, 0.25, 0.5, 1.0)
-            for hp in (0.1, 0.25, 0.5, 0.75, 0.9) for lo in (1.0, 1.5, 1.85, 2.25, 2.75) for rho in (0.5, 1.0)]
+    grid = [
+        {"beta": beta, "hp": hp, "lo": lo, "rho": rho}
+        for beta in (0.05, 0.1, 0.25, 0.5, 1.0)
+        for hp in (0.1, 0.25, 0.5, 0.75, 0.9)
+        for lo in (1.0, 1.5, 1.85, 2.25, 2.75)
+        for rho in (0.5, 1.0)
+    ]
     runs, tags, params, metrics, latest = [], [], [], [], []
     t0 = 1_700_000_000_000
     sweep = uuid.uuid4().hex
 
     def add_run(run_id, name, run_tags, run_params, recs=(), extra=()):
         start = t0 + len(runs) * 1000
-        runs.append((run_id, name, "LOCAL", "", "", "bench", "FINISHED", start, start + 500, None, "", "active",
-                     f"{artifact_root}/{run_id}/artifacts", exp_id))
+        runs.append(
+            (
+                run_id,
+                name,
+                "LOCAL",
+                "",
+                "",
+                "bench",
+                "FINISHED",
+                start,
+                start + 500,
+                None,
+                "",
+                "active",
+                f"{artifact_root}/{run_id}/artifacts",
+                exp_id,
+            )
+        )
         tags.extend((k, str(v), run_id) for k, v in {**run_tags, tracking.RUN_NAME_TAG: name}.items())
         params.extend((k, v, run_id) for k, v in run_params.items())
         rows = metric_rows(run_id, list(recs), start) + [(k, v, start + 999, run_id, TRAIN_STEPS, 0) for k, v in extra]
         metrics.extend(rows)
         latest.extend(latest_rows(rows))
 
-    add_run(sweep, "bench_sweep", {tracking.LEVEL: tracking.SWEEP, tracking.SWEEP_KEY: "bench",
-                                   tracking.PRESET: "debug", tracking.GIT_SHA: "bench",
-                                   tracking.COMMAND: "benchmarks/analysis_load.py"}, {})
+    add_run(
+        sweep,
+        "bench_sweep",
+        {
+            tracking.LEVEL: tracking.SWEEP,
+            tracking.SWEEP_KEY: "bench",
+            tracking.PRESET: "debug",
+            tracking.GIT_SHA: "bench",
+            tracking.COMMAND: "benchmarks/analysis_load.py",
+        },
+        {},
+    )
     shared: dict[str, str] = {}  # stage_key -> the run that trained it
     for t in range(n_trials):
         point = grid[(t // seeds) % len(grid)]
@@ -153,44 +213,80 @@ def build_store(store: Path, n_runs: int, seed: int = 0) -> tuple[str, int]:
         quality = 0.8 + 0.2 * rng.random()
         final_recs = records("stage2", rng, quality)
         lineage = [c.stage for c in configs]
-        add_run(trial, tracking.trial_run_name(final.stage_key()),
-                {**tracking.config_tags(final, level=tracking.TRIAL, git="bench", lineage=lineage,
-                                        **{tracking.SWEEP_TAG: EXPERIMENT}), tracking.PARENT_RUN_TAG: sweep},
-                {**tracking.config_params(final), **tracking.search_params(point)},
-                final_recs, [(tracking.STAGE_SECONDS, 30.0)])
+        add_run(
+            trial,
+            tracking.trial_run_name(final.stage_key()),
+            {
+                **tracking.config_tags(
+                    final, level=tracking.TRIAL, git="bench", lineage=lineage, **{tracking.SWEEP_TAG: EXPERIMENT}
+                ),
+                tracking.PARENT_RUN_TAG: sweep,
+            },
+            {**tracking.config_params(final), **tracking.search_params(point)},
+            final_recs,
+            [(tracking.STAGE_SECONDS, 30.0)],
+        )
         for i, cfg in enumerate(configs):
             run = uuid.uuid4().hex
             reused = shared.get(cfg.stage_key())
-            stage_tags = tracking.config_tags(cfg, level=tracking.STAGE, git="bench", lineage=lineage[:i + 1],
-                                              **{tracking.REUSED: "true" if reused else "false",
-                                                 tracking.CHECKPOINT: "ckpt", tracking.TRIAL_RUN: trial},
-                                              **({tracking.REUSED_FROM: reused} if reused else {}))
+            stage_tags = tracking.config_tags(
+                cfg,
+                level=tracking.STAGE,
+                git="bench",
+                lineage=lineage[: i + 1],
+                **{
+                    tracking.REUSED: "true" if reused else "false",
+                    tracking.CHECKPOINT: "ckpt",
+                    tracking.TRIAL_RUN: trial,
+                },
+                **({tracking.REUSED_FROM: reused} if reused else {}),
+            )
             recs = final_recs if cfg.stage == "stage2" else records(cfg.stage, rng, quality)
             timing = [(tracking.STAGE_SECONDS, 10.0 * (i + 1))]
             if reused:  # the original's final values only, as trainables/trial.py logs them
                 last = {}
                 for rec in recs:
                     last.update(tracking.record_metrics(rec))
-                add_run(run, tracking.stage_run_name(cfg.stage, cfg.stage_key()),
-                        {**stage_tags, tracking.PARENT_RUN_TAG: trial}, {}, (), [*last.items(), *timing])
+                add_run(
+                    run,
+                    tracking.stage_run_name(cfg.stage, cfg.stage_key()),
+                    {**stage_tags, tracking.PARENT_RUN_TAG: trial},
+                    {},
+                    (),
+                    [*last.items(), *timing],
+                )
             else:
                 shared[cfg.stage_key()] = run
-                add_run(run, tracking.stage_run_name(cfg.stage, cfg.stage_key()),
-                        {**stage_tags, tracking.PARENT_RUN_TAG: trial}, tracking.config_params(cfg), recs, timing)
+                add_run(
+                    run,
+                    tracking.stage_run_name(cfg.stage, cfg.stage_key()),
+                    {**stage_tags, tracking.PARENT_RUN_TAG: trial},
+                    tracking.config_params(cfg),
+                    recs,
+                    timing,
+                )
 
     with sqlite3.connect(db) as con:
-        con.executemany("INSERT INTO runs (run_uuid, name, source_type, source_name, entry_point_name, user_id, status, "
-                        "start_time, end_time, deleted_time, source_version, lifecycle_stage, artifact_uri, "
-                        "experiment_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", runs)
+        con.executemany(
+            "INSERT INTO runs (run_uuid, name, source_type, source_name, entry_point_name, user_id, status, "
+            "start_time, end_time, deleted_time, source_version, lifecycle_stage, artifact_uri, "
+            "experiment_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            runs,
+        )
         con.executemany("INSERT INTO tags (key, value, run_uuid) VALUES (?, ?, ?)", tags)
         con.executemany("INSERT INTO params (key, value, run_uuid) VALUES (?, ?, ?)", params)
-        con.executemany("INSERT INTO metrics (key, value, timestamp, run_uuid, step, is_nan) VALUES (?, ?, ?, ?, ?, ?)",
-                        metrics)
-        con.executemany("INSERT INTO latest_metrics (key, value, timestamp, step, is_nan, run_uuid) "
-                        "VALUES (?, ?, ?, ?, ?, ?)", latest)
+        con.executemany(
+            "INSERT INTO metrics (key, value, timestamp, run_uuid, step, is_nan) VALUES (?, ?, ?, ?, ?, ?)", metrics
+        )
+        con.executemany(
+            "INSERT INTO latest_metrics (key, value, timestamp, step, is_nan, run_uuid) VALUES (?, ?, ?, ?, ?, ?)",
+            latest,
+        )
     _check_with_mlflow(mc, exp_id, len(runs))
-    print(f"store: {db} ({db.stat().st_size / 2**20:.0f} MiB): {len(runs):,} runs, {len(tags):,} tags, "
-          f"{len(params):,} params, {len(metrics):,} metric values")
+    print(
+        f"store: {db} ({db.stat().st_size / 2**20:.0f} MiB): {len(runs):,} runs, {len(tags):,} tags, "
+        f"{len(params):,} params, {len(metrics):,} metric values"
+    )
     return uri, len(runs)
 
 
@@ -263,16 +359,26 @@ def main(argv=None) -> int:
 
         def frontiers():
             final = full_as_forced_depth(agg.filter("is_final_stage")).with_columns(
-                pl.concat_str("method", "policy", separator=" · ").alias("series"))
+                pl.concat_str("method", "policy", separator=" · ").alias("series")
+            )
             flagged = pareto_frontier(final, tracking.EXECUTED_LOOPS, tracking.PPL, maximize=False, by="series")
             groups = {k[0]: g for k, g in flagged.group_by("series")}
-            areas = [frontier_gap(groups[a], groups[b], tracking.EXECUTED_LOOPS, tracking.PPL, maximize=False)
-                     for a in groups for b in groups if a < b]
+            areas = [
+                frontier_gap(groups[a], groups[b], tracking.EXECUTED_LOOPS, tracking.PPL, maximize=False)
+                for a in groups
+                for b in groups
+                if a < b
+            ]
             return flagged, areas
 
         t_front, (flagged, areas) = timed(frontiers, args.repeat)
-        rows.append(("frontiers per series + pairwise areas", t_front,
-                     f"{int(flagged['on_frontier'].sum())} frontier points, {len(areas)} areas"))
+        rows.append(
+            (
+                "frontiers per series + pairwise areas",
+                t_front,
+                f"{int(flagged['on_frontier'].sum())} frontier points, {len(areas)} areas",
+            )
+        )
         t_tables, (tables, _) = timed(lambda: all_tables(agg), args.repeat)
         rows.append(("tables (Markdown + CSV data)", t_tables, f"{len(tables)} tables"))
         t_hist, hist = timed(lambda: runs.histories(list(names.BETA_DIAGNOSTICS)), args.repeat)

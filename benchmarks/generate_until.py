@@ -33,7 +33,7 @@ def uncached_generate_batch(lm, batch) -> list[str]:
         live = [i for i in range(len(batch)) if not done[i]]
         if not live:
             break
-        rows = [(sequences[i] + generated[i])[-lm.max_length:] for i in live]
+        rows = [(sequences[i] + generated[i])[-lm.max_length :] for i in live]
         logits = lm._forward(rows, [batch[i][3] for i in live])
         for slot, i in enumerate(live):
             token = int(logits[slot, len(rows[slot]) - 1].argmax())
@@ -48,7 +48,7 @@ def uncached_generate_batch(lm, batch) -> list[str]:
     cut = []
     for text, item in zip(texts, batch):
         stops = [text.index(s) for s in item[1] if s and s in text]
-        cut.append(text[:min(stops)] if stops else text)
+        cut.append(text[: min(stops)] if stops else text)
     return cut
 
 
@@ -106,20 +106,29 @@ def main(argv=None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = args.checkpoint or trained_checkpoint(args.train_steps, tmp)
-        lm = LoopLabLM(checkpoint=checkpoint, policy=args.policy, batch_size=args.batch_size, device="cpu",
-                       max_length=args.prompt_len + args.new_tokens + 1)
+        lm = LoopLabLM(
+            checkpoint=checkpoint,
+            policy=args.policy,
+            batch_size=args.batch_size,
+            device="cpu",
+            max_length=args.prompt_len + args.new_tokens + 1,
+        )
     experiment = lm.model.metadata.get("experiment")
     task = make_task(ExperimentConfig.from_dict(experiment).task, args.prompt_len) if experiment else None
     ids = heldout_ids(lm.model, task, args.requests, 4 * args.prompt_len)
     contexts = []
     for row in ids.tolist():  # text that encodes to at least prompt_len tokens, cut to exactly that
-        tokens = lm.tok_encode(lm.tok_decode(row), add_special_tokens=False)[:args.prompt_len - 1]
+        tokens = lm.tok_encode(lm.tok_decode(row), add_special_tokens=False)[: args.prompt_len - 1]
         contexts.append(lm.tok_decode(tokens))
-    requests = [Instance("generate_until", doc={}, arguments=(c, {"until": [], "max_gen_toks": args.new_tokens}),
-                         idx=i) for i, c in enumerate(contexts)]
+    requests = [
+        Instance("generate_until", doc={}, arguments=(c, {"until": [], "max_gen_toks": args.new_tokens}), idx=i)
+        for i, c in enumerate(contexts)
+    ]
 
-    runs = {"cached": lambda: lm.generate_until(requests, disable_tqdm=True),
-            "uncached": lambda: uncached_generate_until(lm, requests)}
+    runs = {
+        "cached": lambda: lm.generate_until(requests, disable_tqdm=True),
+        "uncached": lambda: uncached_generate_until(lm, requests),
+    }
     outputs = {name: fn() for name, fn in runs.items()}  # warm-up, and the outputs to compare
     same = outputs["cached"] == outputs["uncached"]
     times: dict[str, list[float]] = {name: [] for name in runs}
@@ -130,16 +139,28 @@ def main(argv=None) -> int:
             times[name].append(time.perf_counter() - start)
     median = {name: statistics.median(t) for name, t in times.items()}
     prompt_tokens = [len(lm.tok_encode(c)) for c in contexts]
-    record = {"checkpoint": checkpoint if args.checkpoint else f"debug, {args.train_steps} steps",
-              "policy": args.policy, "requests": args.requests, "batch_size": args.batch_size,
-              "prompt_tokens": statistics.mean(prompt_tokens), "new_tokens": args.new_tokens,
-              "generated_tokens": sum(len(lm.tok_encode(t, add_special_tokens=False)) for t in outputs["cached"]),
-              "same_outputs": same, "time_cached_s": median["cached"], "time_uncached_s": median["uncached"],
-              "speedup": median["uncached"] / median["cached"], "threads": torch.get_num_threads()}
-    print(f"generate_until, {args.requests} requests of {record['prompt_tokens']:.0f} prompt tokens, "
-          f"{args.new_tokens} new tokens, batch {args.batch_size}, policy {args.policy}:")
-    print(f"  uncached {median['uncached']:.2f} s   cached {median['cached']:.2f} s   speedup {record['speedup']:.1f}x"
-          f"   same greedy outputs: {same}")
+    record = {
+        "checkpoint": checkpoint if args.checkpoint else f"debug, {args.train_steps} steps",
+        "policy": args.policy,
+        "requests": args.requests,
+        "batch_size": args.batch_size,
+        "prompt_tokens": statistics.mean(prompt_tokens),
+        "new_tokens": args.new_tokens,
+        "generated_tokens": sum(len(lm.tok_encode(t, add_special_tokens=False)) for t in outputs["cached"]),
+        "same_outputs": same,
+        "time_cached_s": median["cached"],
+        "time_uncached_s": median["uncached"],
+        "speedup": median["uncached"] / median["cached"],
+        "threads": torch.get_num_threads(),
+    }
+    print(
+        f"generate_until, {args.requests} requests of {record['prompt_tokens']:.0f} prompt tokens, "
+        f"{args.new_tokens} new tokens, batch {args.batch_size}, policy {args.policy}:"
+    )
+    print(
+        f"  uncached {median['uncached']:.2f} s   cached {median['cached']:.2f} s   speedup {record['speedup']:.1f}x"
+        f"   same greedy outputs: {same}"
+    )
     print(json.dumps(record))
     if args.json:
         with open(args.json, "w") as f:

@@ -37,7 +37,7 @@ def main() -> None:
     chunks = [int(c) for c in args.chunks.split(",") if c] or [chunk_tokens_for(V)]
     torch.manual_seed(0)
     a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
-    peak = 2 * 2048 ** 3 / median_seconds(lambda: a @ b, args.repeats, warmup=1)
+    peak = 2 * 2048**3 / median_seconds(lambda: a @ b, args.repeats, warmup=1)
     print(f"{args.preset}: d {d}, vocab {V}, {args.threads} threads; fp32 GEMM 2048³: {peak / 1e9:.1f} GFLOP/s")
     print("chunk  logits x Wᵀ  grad_x P̃ W  grad_W += P̃ᵀ x  softmax (of the three products' time at peak)")
     w = torch.randn(V, d)
@@ -50,8 +50,15 @@ def main() -> None:
         grad_x = median_seconds(lambda: p @ w, args.repeats, warmup=1)
         grad_w_s = median_seconds(lambda: grad_w.addmm_(p.t(), x), args.repeats, warmup=1)
         softmax = median_seconds(lambda: torch.softmax(z, dim=1, out=p), args.repeats, warmup=1)
-        rows.append(dict(chunk=n, logits=ideal / logits, grad_x=ideal / grad_x, grad_w=ideal / grad_w_s,
-                         softmax=softmax / (3 * ideal)))
+        rows.append(
+            dict(
+                chunk=n,
+                logits=ideal / logits,
+                grad_x=ideal / grad_x,
+                grad_w=ideal / grad_w_s,
+                softmax=softmax / (3 * ideal),
+            )
+        )
         r = rows[-1]
         print(f"{n:5d}  {r['logits']:11.0%}  {r['grad_x']:11.0%}  {r['grad_w']:15.0%}  {r['softmax']:7.0%}")
     if args.json:

@@ -94,16 +94,19 @@ class Steps:
         # Stage-1 from the fresh model: the step's cost does not depend on the weights
         # (init_from names no checkpoint; nothing is loaded).
         shape = {"train.batch_size": args.batch, "train.seq_len": args.seq_len}  # what the FLOP count reads
-        self.cfgs = {s: stage_config(base, s, parent=None if s == "pretrain" else parent_ref("(fresh)"),
-                                     overrides=shape) for s in STAGES}
+        self.cfgs = {
+            s: stage_config(base, s, parent=None if s == "pretrain" else parent_ref("(fresh)"), overrides=shape)
+            for s in STAGES
+        }
         self.base, self.precision = base, args.precision
         self.model = model_from_config(base.model, 0)
         self.model.train()
         self.optimizer = make_optimizer(self.model, base.train)
         self.gen = torch.Generator().manual_seed(0)
         V, B, L = base.model.vocab_size, args.batch, args.seq_len
-        self.batch = Batch(torch.randint(0, V, (B, L), generator=self.gen),
-                           torch.randint(0, V, (B, L), generator=self.gen))
+        self.batch = Batch(
+            torch.randint(0, V, (B, L), generator=self.gen), torch.randint(0, V, (B, L), generator=self.gen)
+        )
 
     def step(self, stage: str, arm: str):
         loss_fn = {"before": before_loss, "after": after_loss}[arm]
@@ -114,6 +117,7 @@ class Steps:
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             self.optimizer.step()
+
         return run
 
 
@@ -132,12 +136,20 @@ def main() -> None:
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--repeats", type=int, default=3, help="timed steps per (stage, arm), after one warm-up")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--chunk-mib", type=float, default=None,
-                   help=f"logits MiB per chunk of the head (default {lean_head.DEFAULT_CHUNK_BYTES / 2**20:g})")
+    p.add_argument(
+        "--chunk-mib",
+        type=float,
+        default=None,
+        help=f"logits MiB per chunk of the head (default {lean_head.DEFAULT_CHUNK_BYTES / 2**20:g})",
+    )
     p.add_argument("--arms", default=",".join(ARMS), help="before,after or one of them")
     p.add_argument("--stages", default=",".join(STAGES), help="pretrain,stage1 or one of them")
-    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
-                   help="bf16: autocast (as train.precision=bf16), MFU against a bf16 matmul")
+    p.add_argument(
+        "--precision",
+        choices=("fp32", "bf16"),
+        default="fp32",
+        help="bf16: autocast (as train.precision=bf16), MFU against a bf16 matmul",
+    )
     p.add_argument("--json", help="write the results here")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -172,46 +184,82 @@ def main() -> None:
     for s, a in points:
         t = statistics.median(times[(s, a)])
         flops = flops_per_token(cfgs[s]) * tokens  # looplab/costs/resources.py: the stage's model FLOPs
-        rows.append({"stage": s, "arm": a, "step_s": t, "step_s_all": times[(s, a)], "tokens_per_s": tokens / t,
-                     "model_gflop": flops / 1e9, "mfu": flops / t / (peak_gflops * 1e9),
-                     "peak_mem_above_model": mem[(s, a)], "peak_rss": absolute[(s, a)]})
+        rows.append(
+            {
+                "stage": s,
+                "arm": a,
+                "step_s": t,
+                "step_s_all": times[(s, a)],
+                "tokens_per_s": tokens / t,
+                "model_gflop": flops / 1e9,
+                "mfu": flops / t / (peak_gflops * 1e9),
+                "peak_mem_above_model": mem[(s, a)],
+                "peak_rss": absolute[(s, a)],
+            }
+        )
     ratios = {}
     for a in arms if len(stages) == 2 else ():
         pre, s1 = (next(r for r in rows if r["stage"] == s and r["arm"] == a) for s in STAGES)
         # Stage-1's loss reads out every step, so its model FLOPs are a fixed
         # multiple of pre-training's: its time ratio can only fall below that
         # multiple by running at a higher MFU than pre-training (the "mfu" ratio).
-        ratios[a] = {"time": s1["step_s"] / pre["step_s"], "flops": s1["model_gflop"] / pre["model_gflop"],
-                     "mfu": s1["mfu"] / pre["mfu"],
-                     "memory": s1["peak_mem_above_model"] / max(1, pre["peak_mem_above_model"])}
+        ratios[a] = {
+            "time": s1["step_s"] / pre["step_s"],
+            "flops": s1["model_gflop"] / pre["model_gflop"],
+            "mfu": s1["mfu"] / pre["mfu"],
+            "memory": s1["peak_mem_above_model"] / max(1, pre["peak_mem_above_model"]),
+        }
 
-    print(f"{args.preset}: B {B} × L {L}, vocab {V}, R {base.model.n_loops}, {args.threads} threads, "
-          f"head chunk {lean_head.chunk_tokens_for(V)} tokens; {args.precision} GEMM {GEMM_N}³: {peak_gflops:.1f} GFLOP/s "
-          f"(median of {len(gemm)})")
+    print(
+        f"{args.preset}: B {B} × L {L}, vocab {V}, R {base.model.n_loops}, {args.threads} threads, "
+        f"head chunk {lean_head.chunk_tokens_for(V)} tokens; {args.precision} GEMM {GEMM_N}³: {peak_gflops:.1f} GFLOP/s "
+        f"(median of {len(gemm)})"
+    )
     print("stage     arm      step s   tok/s   model GFLOP  MFU    mem above model  peak RSS")
     for r in rows:
-        print(f"{r['stage']:9s} {r['arm']:7s} {r['step_s']:7.2f}  {r['tokens_per_s']:6.0f}  {r['model_gflop']:11.1f}"
-              f"  {r['mfu']:5.1%}  {r['peak_mem_above_model'] / 1e9:12.2f} GB  {r['peak_rss'] / 1e9:5.2f} GB")
+        print(
+            f"{r['stage']:9s} {r['arm']:7s} {r['step_s']:7.2f}  {r['tokens_per_s']:6.0f}  {r['model_gflop']:11.1f}"
+            f"  {r['mfu']:5.1%}  {r['peak_mem_above_model'] / 1e9:12.2f} GB  {r['peak_rss'] / 1e9:5.2f} GB"
+        )
     for a, q in ratios.items():
-        print(f"Stage-1 ÷ pre-training ({a}): time {q['time']:.2f}× for {q['flops']:.2f}× the model FLOPs "
-              f"(MFU {q['mfu']:.2f}×), memory above model {q['memory']:.2f}×")
+        print(
+            f"Stage-1 ÷ pre-training ({a}): time {q['time']:.2f}× for {q['flops']:.2f}× the model FLOPs "
+            f"(MFU {q['mfu']:.2f}×), memory above model {q['memory']:.2f}×"
+        )
     if "after" in arms and len(stages) == 2:
         pre = next(r for r in rows if r["stage"] == "pretrain" and r["arm"] == "after")
         after = ratios["after"]
         met = {True: "met", False: "MISSED"}
-        print(f"targets (after): memory ≤ {MEMORY_RATIO_TARGET}× {met[after['memory'] <= MEMORY_RATIO_TARGET]}, "
-              f"time ≤ {TIME_RATIO_TARGET}× {met[after['time'] <= TIME_RATIO_TARGET]}, "
-              f"pre-training MFU ≥ {PRETRAIN_MFU_TARGET:.0%} {met[pre['mfu'] >= PRETRAIN_MFU_TARGET]}")
+        print(
+            f"targets (after): memory ≤ {MEMORY_RATIO_TARGET}× {met[after['memory'] <= MEMORY_RATIO_TARGET]}, "
+            f"time ≤ {TIME_RATIO_TARGET}× {met[after['time'] <= TIME_RATIO_TARGET]}, "
+            f"pre-training MFU ≥ {PRETRAIN_MFU_TARGET:.0%} {met[pre['mfu'] >= PRETRAIN_MFU_TARGET]}"
+        )
         need = after["flops"] / TIME_RATIO_TARGET
-        print(f"  (time ≤ {TIME_RATIO_TARGET}× needs Stage-1 at {need:.2f}× pre-training's MFU, "
-              f"{need * pre['mfu']:.0%} of the GEMM peak)")
+        print(
+            f"  (time ≤ {TIME_RATIO_TARGET}× needs Stage-1 at {need:.2f}× pre-training's MFU, "
+            f"{need * pre['mfu']:.0%} of the GEMM peak)"
+        )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"preset": args.preset, "batch": B, "seq_len": L, "threads": args.threads,
-                       "precision": args.precision,
-                       "chunk_tokens": lean_head.chunk_tokens_for(V), "gemm_gflops": peak_gflops,
-                       "gemm_s_all": gemm, "machine": platform.processor() or platform.machine(),
-                       "torch": torch.__version__, "rows": rows, "ratios": ratios}, f, indent=2)
+            json.dump(
+                {
+                    "preset": args.preset,
+                    "batch": B,
+                    "seq_len": L,
+                    "threads": args.threads,
+                    "precision": args.precision,
+                    "chunk_tokens": lean_head.chunk_tokens_for(V),
+                    "gemm_gflops": peak_gflops,
+                    "gemm_s_all": gemm,
+                    "machine": platform.processor() or platform.machine(),
+                    "torch": torch.__version__,
+                    "rows": rows,
+                    "ratios": ratios,
+                },
+                f,
+                indent=2,
+            )
 
 
 if __name__ == "__main__":

@@ -31,8 +31,9 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(1)
 
-    base = apply_overrides(get_preset(args.preset), {k: parse_value(v) for k, v in
-                                                     (o.split("=", 1) for o in args.overrides)})
+    base = apply_overrides(
+        get_preset(args.preset), {k: parse_value(v) for k, v in (o.split("=", 1) for o in args.overrides)}
+    )
     R = base.model.n_loops
     records = []
     print(f"{args.preset}: N={base.model.n_layers}, looped R={R} vs R=1, {base.train.steps} steps")
@@ -48,8 +49,11 @@ def main() -> None:
             row[f"{arm}_accuracy"] = result.eval["accuracy"]
         row["margin"] = row["looped_accuracy"] - row["flat_accuracy"]
         records.append(row)
-        print(f"{seed:<5d} {row['looped_accuracy']:.4f}  {row['flat_accuracy']:.4f}  {row['margin']:+.4f}  "
-              f"{row['looped_time_s']:.1f} s / {row['flat_time_s']:.1f} s", flush=True)
+        print(
+            f"{seed:<5d} {row['looped_accuracy']:.4f}  {row['flat_accuracy']:.4f}  {row['margin']:+.4f}  "
+            f"{row['looped_time_s']:.1f} s / {row['flat_time_s']:.1f} s",
+            flush=True,
+        )
     margins = [r["margin"] for r in records]
     spread = statistics.stdev(margins) if len(margins) > 1 else 0.0
     print(f"margin: mean {statistics.mean(margins):+.4f}, std {spread:.4f}, min {min(margins):+.4f}")

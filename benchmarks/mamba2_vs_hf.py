@@ -30,8 +30,13 @@ def looplab_stack(args) -> nn.Module:
         def __init__(self):
             super().__init__()
             self.blocks = nn.ModuleList(
-                Residual(args.d_model, Mamba2(args.d_model, args.d_state, 4, args.expand, args.headdim, 1,
-                                              args.chunk_size), 1e-5) for _ in range(args.layers))
+                Residual(
+                    args.d_model,
+                    Mamba2(args.d_model, args.d_state, 4, args.expand, args.headdim, 1, args.chunk_size),
+                    1e-5,
+                )
+                for _ in range(args.layers)
+            )
             self.norm_f = RMSNorm(args.d_model)
 
         def forward(self, x):
@@ -46,10 +51,19 @@ def hf_config(args, vocab_size: int = 16, use_cache: bool = False):
     """transformers' Mamba2Config at looplab's shape (one group, conv width 4)."""
     from transformers import Mamba2Config
 
-    return Mamba2Config(hidden_size=args.d_model, num_hidden_layers=args.layers, expand=args.expand,
-                        head_dim=args.headdim, num_heads=args.expand * args.d_model // args.headdim,
-                        state_size=args.d_state, n_groups=1, chunk_size=args.chunk_size, conv_kernel=4,
-                        vocab_size=vocab_size, use_cache=use_cache)
+    return Mamba2Config(
+        hidden_size=args.d_model,
+        num_hidden_layers=args.layers,
+        expand=args.expand,
+        head_dim=args.headdim,
+        num_heads=args.expand * args.d_model // args.headdim,
+        state_size=args.d_state,
+        n_groups=1,
+        chunk_size=args.chunk_size,
+        conv_kernel=4,
+        vocab_size=vocab_size,
+        use_cache=use_cache,
+    )
 
 
 def hf_stack(args) -> nn.Module:
@@ -107,15 +121,22 @@ def main() -> None:
             if i >= args.warmup:
                 times[k].append(dt)
     tokens = args.batch * args.seq_len
-    record = {"config": vars(args), "threads": torch.get_num_threads(), "torch": torch.__version__,
-              "machine": platform.machine(), "params": n_params}
+    record = {
+        "config": vars(args),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "machine": platform.machine(),
+        "params": n_params,
+    }
     for k in stacks:
         med = statistics.median(times[k])
         record[k] = {"median_s": med, "tokens_per_s": tokens / med, "all_s": times[k]}
     record["speedup"] = record["looplab"]["tokens_per_s"] / record["hf"]["tokens_per_s"]
     for k in stacks:
-        print(f"{k:8s} {record[k]['tokens_per_s']:9,.0f} tok/s fwd+bwd  (median {record[k]['median_s']:.3f} s, "
-              f"{n_params[k]:,} params)")
+        print(
+            f"{k:8s} {record[k]['tokens_per_s']:9,.0f} tok/s fwd+bwd  (median {record[k]['median_s']:.3f} s, "
+            f"{n_params[k]:,} params)"
+        )
     print(f"speedup looplab / hf: {record['speedup']:.2f}x")
     if args.json:
         with open(args.json, "w") as f:

@@ -55,8 +55,17 @@ def main() -> None:
     storage = Path(args.storage_path or tempfile.mkdtemp(prefix="looplab-overhead-"))
     uri = f"sqlite:///{storage / 'mlflow.db'}"
     sweep = args.sweep or ["sweeps/beta_ablation.py", "--betas", "0.1"]
-    cmd = [sys.executable, str(REPO / sweep[0]), *sweep[1:], "--preset", args.preset,
-           "--storage-path", str(storage), "--tracking-uri", uri]
+    cmd = [
+        sys.executable,
+        str(REPO / sweep[0]),
+        *sweep[1:],
+        "--preset",
+        args.preset,
+        "--storage-path",
+        str(storage),
+        "--tracking-uri",
+        uri,
+    ]
     print("running:", " ".join(cmd), file=sys.stderr)
 
     samples: list[float] = []
@@ -72,8 +81,12 @@ def main() -> None:
         sys.exit(f"the sweep failed ({done.returncode}):\n{done.stderr[-3000:]}")
 
     figures = measure(uri, wall)
-    figures.update(preset=args.preset, command=" ".join(cmd),
-                   cpu_utilisation=sum(samples) / max(1, len(samples)), cpu_samples=len(samples))
+    figures.update(
+        preset=args.preset,
+        command=" ".join(cmd),
+        cpu_utilisation=sum(samples) / max(1, len(samples)),
+        cpu_samples=len(samples),
+    )
     report(figures)
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
@@ -109,18 +122,29 @@ def measure(uri: str, wall: float) -> dict:
     trials = []
     for t in (r for r in runs if r.data.tags.get(tracking.LEVEL) == tracking.TRIAL):
         compute, calls = compute_of(by_parent.get(t.info.run_id, []))
-        trials.append({"trial": t.info.run_name, "wall_s": seconds(t), "compute_s": compute,
-                       "in_train_calls_s": calls, "overhead_s": seconds(t) - compute,
-                       "overhead_frac": (seconds(t) - compute) / seconds(t)})
+        trials.append(
+            {
+                "trial": t.info.run_name,
+                "wall_s": seconds(t),
+                "compute_s": compute,
+                "in_train_calls_s": calls,
+                "overhead_s": seconds(t) - compute,
+                "overhead_frac": (seconds(t) - compute) / seconds(t),
+            }
+        )
     sweep_runs = [r for r in runs if r.data.tags.get(tracking.LEVEL) == tracking.SWEEP]
     shared = [r for s in sweep_runs for r in by_parent.get(s.info.run_id, [])]  # stages trained before the trials
     shared_compute, _ = compute_of(shared)
     shared_wall = sum(seconds(r) for r in shared)
     busy = sum(t["wall_s"] for t in trials) + shared_wall
-    return {"sweep_wall_s": wall, "trials": trials, "shared_stages_wall_s": shared_wall,
-            "shared_stages_compute_s": shared_compute,
-            "total_compute_s": shared_compute + sum(t["compute_s"] for t in trials),
-            "outside_trials_s": wall - busy if len(trials) == 1 and not shared else None}
+    return {
+        "sweep_wall_s": wall,
+        "trials": trials,
+        "shared_stages_wall_s": shared_wall,
+        "shared_stages_compute_s": shared_compute,
+        "total_compute_s": shared_compute + sum(t["compute_s"] for t in trials),
+        "outside_trials_s": wall - busy if len(trials) == 1 and not shared else None,
+    }
 
 
 def difference(seconds: float, width: int = 0) -> str:
@@ -136,14 +160,19 @@ def report(f: dict) -> None:
         share = f"{100 * t['overhead_frac']:8.1f}%" if t["overhead_s"] >= 0 else ""
         print(f"{t['trial']:36s} {t['wall_s']:8.1f} {t['compute_s']:10.1f} {difference(t['overhead_s'], 11)} {share}")
     if f["shared_stages_wall_s"]:
-        print(f"shared stages (trained before the trials): wall {f['shared_stages_wall_s']:.1f} s, "
-              f"compute {f['shared_stages_compute_s']:.1f} s")
-    print(f"sweep wall {f['sweep_wall_s']:.1f} s; compute of every stage trained, summed: "
-          f"{f['total_compute_s']:.1f} s (concurrent trials overlap, so the sum may exceed the wall)")
+        print(
+            f"shared stages (trained before the trials): wall {f['shared_stages_wall_s']:.1f} s, "
+            f"compute {f['shared_stages_compute_s']:.1f} s"
+        )
+    print(
+        f"sweep wall {f['sweep_wall_s']:.1f} s; compute of every stage trained, summed: "
+        f"{f['total_compute_s']:.1f} s (concurrent trials overlap, so the sum may exceed the wall)"
+    )
     if f["outside_trials_s"] is not None:
         print(f"outside the trial (Ray start, Tune, shutdown, summary): {difference(f['outside_trials_s'])} s")
-    print(f"CPU utilisation during the sweep: {100 * f['cpu_utilisation']:.0f}% of all CPUs "
-          f"({f['cpu_samples']} samples)")
+    print(
+        f"CPU utilisation during the sweep: {100 * f['cpu_utilisation']:.0f}% of all CPUs ({f['cpu_samples']} samples)"
+    )
 
 
 if __name__ == "__main__":

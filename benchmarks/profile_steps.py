@@ -39,6 +39,7 @@ def decoding(compiled: bool):
     def decode():
         with torch.no_grad():
             run(setup())
+
     return decode
 
 
@@ -53,8 +54,10 @@ def table(fn, steps: int, rows: int) -> tuple[str, float]:
     total = sum(e.self_cpu_time_total for e in averages)  # µs
     lines = ["| operation | self ms per call | share | calls per call |", "|---|---|---|---|"]
     for e in averages[:rows]:
-        lines.append(f"| `{e.key}` | {e.self_cpu_time_total / steps / 1e3:.2f} | "
-                     f"{e.self_cpu_time_total / total:.0%} | {e.count / steps:g} |")
+        lines.append(
+            f"| `{e.key}` | {e.self_cpu_time_total / steps / 1e3:.2f} | "
+            f"{e.self_cpu_time_total / total:.0%} | {e.count / steps:g} |"
+        )
     return "\n".join(lines), total / steps / 1e3
 
 
@@ -66,14 +69,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--markdown", help="write the tables here (default: print them)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    parts = [f"Profiles with {args.threads} thread(s), {args.steps} calls each (torch {torch.__version__}); "
-             "the profiler's own overhead inflates small operations alike in both."]
-    for title, make, unit in (("`debug` training step (batch 16 × 128, pretrain)", training_step, "step"),
-                              ("decoding 32 tokens, d 256 4-layer Mamba-2, batch 1", decoding, "32 tokens")):
+    parts = [
+        f"Profiles with {args.threads} thread(s), {args.steps} calls each (torch {torch.__version__}); "
+        "the profiler's own overhead inflates small operations alike in both."
+    ]
+    for title, make, unit in (
+        ("`debug` training step (batch 16 × 128, pretrain)", training_step, "step"),
+        ("decoding 32 tokens, d 256 4-layer Mamba-2, batch 1", decoding, "32 tokens"),
+    ):
         for compiled in (False, True):
             text, ms = table(make(compiled), args.steps, args.rows)
-            parts.append(f"#### {title}, {'compiled' if compiled else 'eager'}: {ms:.1f} ms of self CPU time "
-                         f"per {unit}\n\n{text}")
+            parts.append(
+                f"#### {title}, {'compiled' if compiled else 'eager'}: {ms:.1f} ms of self CPU time "
+                f"per {unit}\n\n{text}"
+            )
             print(parts[-1].split("\n")[0], file=sys.stderr, flush=True)
     out = "\n\n".join(parts) + "\n"
     if args.markdown:

@@ -55,8 +55,9 @@ def timed(fn, *args) -> float:
 def alternate(arms: dict, repeats: int, warmup: int = 1) -> dict[str, Timing]:
     """Each arm's Timing over `repeats`, the arms run in turn within every repeat. An arm
     is a call, or (setup, run): setup() untimed, then run(what setup returned) timed."""
-    arms = {name: arm if isinstance(arm, tuple) else (lambda: None, lambda _, fn=arm: fn())
-            for name, arm in arms.items()}
+    arms = {
+        name: arm if isinstance(arm, tuple) else (lambda: None, lambda _, fn=arm: fn()) for name, arm in arms.items()
+    }
     for _ in range(warmup):
         for setup, run in arms.values():
             run(setup())
@@ -98,6 +99,7 @@ class Suite:
 
 # ---- machine ------------------------------------------------------------------------------
 
+
 def machine(suite: Suite) -> None:
     with Measuring() as m:
         n = 2048
@@ -106,14 +108,16 @@ def machine(suite: Suite) -> None:
         dst = torch.empty_like(src)
         t = alternate({"gemm": lambda: a @ b, "copy": lambda: dst.copy_(src)}, suite.repeats)
         load = m.load()
-    suite.peak_flops = 2 * n ** 3 / t["gemm"].median
+    suite.peak_flops = 2 * n**3 / t["gemm"].median
     suite.bandwidth = 2 * src.numel() * 4 / t["copy"].median  # read + write
-    suite.add(f"fp32 GEMM {n}³ ({torch.get_num_threads()} threads)", suite.peak_flops / 1e9, "GFLOP/s",
-              [t["gemm"]], load)
+    suite.add(
+        f"fp32 GEMM {n}³ ({torch.get_num_threads()} threads)", suite.peak_flops / 1e9, "GFLOP/s", [t["gemm"]], load
+    )
     suite.add("copy bandwidth, 1 GiB (read + write)", suite.bandwidth / 1e9, "GB/s", [t["copy"]], load)
 
 
 # ---- train --------------------------------------------------------------------------------
+
 
 def train(suite: Suite) -> None:
     from looplab.config import apply_overrides
@@ -130,10 +134,21 @@ def train(suite: Suite) -> None:
         t = alternate({"eager": eager, "compiled": compiled}, suite.repeats)
         load = m.load()
     suite.add("debug step: eager", tokens / t["eager"].median, "tokens/s", [t["eager"]], load)
-    suite.add("debug step: compiled", tokens / t["compiled"].median, "tokens/s", [t["compiled"]], load,
-              f"first step (compilation) {compile_s:.1f} s")
-    suite.add("debug step: compiled ÷ eager (time; target ≤ 0.5)", t["compiled"].median / t["eager"].median,
-              "ratio", [t["eager"], t["compiled"]], load)
+    suite.add(
+        "debug step: compiled",
+        tokens / t["compiled"].median,
+        "tokens/s",
+        [t["compiled"]],
+        load,
+        f"first step (compilation) {compile_s:.1f} s",
+    )
+    suite.add(
+        "debug step: compiled ÷ eager (time; target ≤ 0.5)",
+        t["compiled"].median / t["eager"].median,
+        "ratio",
+        [t["eager"], t["compiled"]],
+        load,
+    )
 
     local = get_preset("local")
     step, _ = optimizer_step(local, "cpu")
@@ -156,11 +171,21 @@ def train(suite: Suite) -> None:
         t = alternate({k: (lambda s=s: mamba2_vs_hf.time_fwd_bwd(s, x)) for k, s in stacks.items()}, suite.repeats)
         load = m.load()
     tokens = x.shape[0] * x.shape[1]
-    suite.add("Mamba-2 stack fwd+bwd (d 256, 4 layers): looplab", tokens / t["looplab"].median, "tokens/s",
-              [t["looplab"]], load)
+    suite.add(
+        "Mamba-2 stack fwd+bwd (d 256, 4 layers): looplab",
+        tokens / t["looplab"].median,
+        "tokens/s",
+        [t["looplab"]],
+        load,
+    )
     suite.add("Mamba-2 stack fwd+bwd: transformers", tokens / t["hf"].median, "tokens/s", [t["hf"]], load)
-    suite.add("Mamba-2 stack fwd+bwd: looplab ÷ transformers (speed)", t["hf"].median / t["looplab"].median, "x",
-              [t["looplab"], t["hf"]], load)
+    suite.add(
+        "Mamba-2 stack fwd+bwd: looplab ÷ transformers (speed)",
+        t["hf"].median / t["looplab"].median,
+        "x",
+        [t["looplab"], t["hf"]],
+        load,
+    )
 
 
 # ---- decode -------------------------------------------------------------------------------
@@ -186,6 +211,7 @@ def looplab_decoder(batch: int, compiled: bool):
     def run(c):
         for t in range(PROMPT, PROMPT + NEW):
             decode_step(model, c, ids[:, t])
+
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     return (cache.clone, run), weights
 
@@ -200,15 +226,22 @@ def hf_decoder(batch: int):
 
     logging.set_verbosity_error()  # its note that mamba-ssm's kernels are absent: they are, on a CPU
     s = DECODE_SHAPE
-    shape = argparse.Namespace(d_model=s["d_model"], layers=s["n_layers"], expand=2, headdim=s["headdim"],
-                               d_state=s["d_state"], chunk_size=s["chunk_size"])
+    shape = argparse.Namespace(
+        d_model=s["d_model"],
+        layers=s["n_layers"],
+        expand=2,
+        headdim=s["headdim"],
+        d_state=s["d_state"],
+        chunk_size=s["chunk_size"],
+    )
     torch.manual_seed(0)
     model = Mamba2ForCausalLM(mamba2_vs_hf.hf_config(shape, vocab_size=s["vocab_size"], use_cache=True)).eval()
     ids = torch.randint(0, s["vocab_size"], (batch, PROMPT + NEW))
 
     def run(cache):
         for t in range(PROMPT, PROMPT + NEW):
-            cache = model(ids[:, t:t + 1], cache=cache, use_cache=True).cache
+            cache = model(ids[:, t : t + 1], cache=cache, use_cache=True).cache
+
     return lambda: model(ids[:, :PROMPT], use_cache=True).cache, run
 
 
@@ -226,20 +259,37 @@ def decode(suite: Suite) -> None:
             load = m.load()
         ms = {k: t[k].median / NEW * 1e3 for k in t}
         suite.add(f"decode batch {batch}: looplab eager ({step} step)", ms["eager"], "ms/token", [t["eager"]], load)
-        suite.add(f"decode batch {batch}: looplab compiled (the default of bench)", ms["compiled"], "ms/token",
-                  [t["compiled"]], load, f"first {NEW} tokens (compilation) {compile_s:.1f} s")
+        suite.add(
+            f"decode batch {batch}: looplab compiled (the default of bench)",
+            ms["compiled"],
+            "ms/token",
+            [t["compiled"]],
+            load,
+            f"first {NEW} tokens (compilation) {compile_s:.1f} s",
+        )
         suite.add(f"decode batch {batch}: transformers", ms["hf"], "ms/token", [t["hf"]], load)
         if suite.bandwidth:
             bound_ms = weights / suite.bandwidth * 1e3
             for arm in ("eager", "compiled"):
-                suite.add(f"decode batch {batch}: looplab {arm} ÷ weight-read bound (target ≤ 1.3)",
-                          ms[arm] / bound_ms, "x", [t[arm]], load,
-                          f"{weights / 2**20:.1f} MiB of weights: {bound_ms:.3f} ms")
-        suite.add(f"decode batch {batch}: looplab compiled ÷ transformers (speed; target ≥ 3)",
-                  t["hf"].median / t["compiled"].median, "x", [t["compiled"], t["hf"]], load)
+                suite.add(
+                    f"decode batch {batch}: looplab {arm} ÷ weight-read bound (target ≤ 1.3)",
+                    ms[arm] / bound_ms,
+                    "x",
+                    [t[arm]],
+                    load,
+                    f"{weights / 2**20:.1f} MiB of weights: {bound_ms:.3f} ms",
+                )
+        suite.add(
+            f"decode batch {batch}: looplab compiled ÷ transformers (speed; target ≥ 3)",
+            t["hf"].median / t["compiled"].median,
+            "x",
+            [t["compiled"], t["hf"]],
+            load,
+        )
 
 
 # ---- arrivals -----------------------------------------------------------------------------
+
 
 @torch.no_grad()
 def arrivals(suite: Suite) -> None:
@@ -257,13 +307,22 @@ def arrivals(suite: Suite) -> None:
     model.exit_gate.weight.normal_(0, 5.0)  # a fresh gate exits almost never: spread it so exits vary
     model.exit_gate.bias.fill_(0.0)
     task = make_task(cfg.task, cfg.train.seq_len)
-    settings = ArrivalBench(RequestStream(requests=32, prompt_len=(16, 64), new_tokens=(8, 32), seed=0),
-                            slots=(8, 32), policies=(ExitPolicy.parse("skip:0.4"),), warmup=1,
-                            repeats=max(3, suite.repeats // 2))
+    settings = ArrivalBench(
+        RequestStream(requests=32, prompt_len=(16, 64), new_tokens=(8, 32), seed=0),
+        slots=(8, 32),
+        policies=(ExitPolicy.parse("skip:0.4"),),
+        warmup=1,
+        repeats=max(3, suite.repeats // 2),
+    )
 
     def timing(r) -> Timing:  # the repeats' decode seconds at their median, min and max rate
-        return Timing(tuple(r.decoded_tokens / rate for rate in
-                            (r.decode_tokens_per_s_max, r.decode_tokens_per_s, r.decode_tokens_per_s_min)))
+        return Timing(
+            tuple(
+                r.decoded_tokens / rate
+                for rate in (r.decode_tokens_per_s_max, r.decode_tokens_per_s, r.decode_tokens_per_s_min)
+            )
+        )
+
     for step in ("eager", "compiled"):  # bench-arrivals decodes compiled by default
         torch._dynamo.reset()
         compile_decoding(model, step == "compiled")
@@ -273,20 +332,30 @@ def arrivals(suite: Suite) -> None:
         by = {(r.slots, r.schedule, r.policy): r for r in records}
         for slots in settings.slots:
             depth, lock = by[slots, "depth", "skip:0.4"], by[slots, "lockstep", "skip:0.4"]
-            suite.add(f"arrivals {slots} slots, skip:0.4 (d̄ {depth.mean_executed_loops:.2f}), {step}: depth ÷ "
-                      "lockstep", depth.decode_tokens_per_s / lock.decode_tokens_per_s, "x",
-                      [timing(depth), timing(lock)], load, f"decode tok/s depth {depth.decode_tokens_per_s:,.0f}, "
-                      f"lockstep {lock.decode_tokens_per_s:,.0f}")
+            suite.add(
+                f"arrivals {slots} slots, skip:0.4 (d̄ {depth.mean_executed_loops:.2f}), {step}: depth ÷ lockstep",
+                depth.decode_tokens_per_s / lock.decode_tokens_per_s,
+                "x",
+                [timing(depth), timing(lock)],
+                load,
+                f"decode tok/s depth {depth.decode_tokens_per_s:,.0f}, lockstep {lock.decode_tokens_per_s:,.0f}",
+            )
 
 
 # ---- the miniature ------------------------------------------------------------------------
+
 
 def mini(suite: Suite) -> None:
     with Measuring() as m:
         t = time.perf_counter()
         with tempfile.TemporaryDirectory() as empty:  # a clean run's estimate: nothing trained yet
-            out = subprocess.run([sys.executable, "sweeps/paper_mini.py", "--dry-run", "--storage-path", empty],
-                                 cwd=REPO, capture_output=True, text=True, check=True)
+            out = subprocess.run(
+                [sys.executable, "sweeps/paper_mini.py", "--dry-run", "--storage-path", empty],
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                check=True,
+            )
         took = time.perf_counter() - t
         load = m.load()
     text = out.stdout + out.stderr
@@ -295,8 +364,7 @@ def mini(suite: Suite) -> None:
     if minutes is None:
         print(f"  paper_mini --dry-run printed no estimate:\n{text[-2000:]}", file=sys.stderr)
         return
-    suite.add("paper_mini estimated wall time (target ≤ 30 min)", minutes, "min", [Timing((took,))], load,
-              line.strip())
+    suite.add("paper_mini estimated wall time (target ≤ 30 min)", minutes, "min", [Timing((took,))], load, line.strip())
 
 
 def _minutes(line: str) -> float | None:
@@ -309,6 +377,7 @@ def _minutes(line: str) -> float | None:
 
 
 # ---- the report ---------------------------------------------------------------------------
+
 
 def markdown(figures: list[Figure]) -> str:
     rows = ["| figure | value | unit | spread (bound) | note |", "|---|---|---|---|---|"]
@@ -330,13 +399,17 @@ def main(argv: list[str] | None = None) -> int:
     only = [s.strip() for s in args.only.split(",") if s.strip()]
     bad = [s for s in only if s not in SECTIONS]
     if bad or args.repeats < 1 or not 0 < args.bound:
-        print(f"suite: --only={bad[0] if bad else ''!r} --repeats={args.repeats} --bound={args.bound}: allowed "
-              f"sections {', '.join(SECTIONS)}, repeats >= 1, bound > 0", file=sys.stderr)
+        print(
+            f"suite: --only={bad[0] if bad else ''!r} --repeats={args.repeats} --bound={args.bound}: allowed "
+            f"sections {', '.join(SECTIONS)}, repeats >= 1, bound > 0",
+            file=sys.stderr,
+        )
         return 2
     chosen = threads.use(args.threads)
     before = threads.load_average()
-    print(f"suite: {chosen.line()}; {args.repeats} repeats; spread bound {args.bound:.0%}; load {before:.2f}",
-          flush=True)
+    print(
+        f"suite: {chosen.line()}; {args.repeats} repeats; spread bound {args.bound:.0%}; load {before:.2f}", flush=True
+    )
     suite = Suite(args.repeats, args.bound)
     for section in SECTIONS:
         if section in only or section == "machine":  # the peaks every other figure divides by
@@ -348,8 +421,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.markdown:
         Path(args.markdown).write_text(markdown(suite.figures) + "\n")
     if args.json:
-        Path(args.json).write_text(json.dumps({"threads": chosen.count, "load_before": before, "load_after": after,
-                                               "figures": [f.row() for f in suite.figures]}, indent=2) + "\n")
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "threads": chosen.count,
+                    "load_before": before,
+                    "load_after": after,
+                    "figures": [f.row() for f in suite.figures],
+                },
+                indent=2,
+            )
+            + "\n"
+        )
     return 0
 
 

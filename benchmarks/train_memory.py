@@ -40,9 +40,17 @@ MiB = 2**20
 
 def point_config(base, stage: str, micro: int, ckpt: bool, batch: int, seq_len: int):
     parent = None if stage == "pretrain" else parent_ref("(fresh)")
-    return stage_config(base, stage, parent=parent, overrides={
-        "train.batch_size": batch, "train.seq_len": seq_len, "train.micro_batch_size": micro,
-        "train.activation_checkpointing": ckpt})
+    return stage_config(
+        base,
+        stage,
+        parent=parent,
+        overrides={
+            "train.batch_size": batch,
+            "train.seq_len": seq_len,
+            "train.micro_batch_size": micro,
+            "train.activation_checkpointing": ckpt,
+        },
+    )
 
 
 def training_step(cfg):
@@ -68,42 +76,68 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--points", default="pretrain:0:0,stage1:0:0,stage1:0:1,stage1:2:0,stage2:0:0")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=3,
-                   help="timed steps per point (median), after a warm-up; 0: memory only")
+    p.add_argument(
+        "--repeats", type=int, default=3, help="timed steps per point (median), after a warm-up; 0: memory only"
+    )
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
     p.add_argument("--json", help="write the rows here")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    base = apply_overrides(get_preset(args.preset),
-                           {k: parse_value(v) for k, _, v in (s.partition("=") for s in args.set)})
+    base = apply_overrides(
+        get_preset(args.preset), {k: parse_value(v) for k, _, v in (s.partition("=") for s in args.set)}
+    )
     rows = []
-    print(f"{args.preset} ({base.model.arch} {base.model.n_layers}⊗{base.model.n_loops}, d {base.model.d_model}, "
-          f"vocab {base.model.vocab_size}): batch {args.batch} × {args.seq_len}, {args.threads} threads, "
-          f"peak above the resident model")
+    print(
+        f"{args.preset} ({base.model.arch} {base.model.n_layers}⊗{base.model.n_loops}, d {base.model.d_model}, "
+        f"vocab {base.model.vocab_size}): batch {args.batch} × {args.seq_len}, {args.threads} threads, "
+        f"peak above the resident model"
+    )
     print("stage     micro ckpt   measured     model   model/measured  step s")
     for spec in args.points.split(","):
         stage, micro, ckpt = spec.split(":")
         cfg = point_config(base, stage, int(micro), ckpt == "1", args.batch, args.seq_len)
         est = step_memory(cfg, int(micro) or args.batch, path="torch")
         peak = in_rss_process(step_peak, cfg)
-        row = {"stage": stage, "micro": int(micro), "ckpt": ckpt == "1", "measured": peak.delta,
-               "absolute": peak.absolute, "step_s": step_seconds(cfg, args.repeats) if args.repeats else None,
-               "model": est.peak - est.persistent, "model_terms": est.breakdown()}
+        row = {
+            "stage": stage,
+            "micro": int(micro),
+            "ckpt": ckpt == "1",
+            "measured": peak.delta,
+            "absolute": peak.absolute,
+            "step_s": step_seconds(cfg, args.repeats) if args.repeats else None,
+            "model": est.peak - est.persistent,
+            "model_terms": est.breakdown(),
+        }
         rows.append(row)
-        print(f"{stage:9s} {int(micro) or args.batch:5d} {'yes' if row['ckpt'] else 'no':4s} "
-              f"{row['measured'] / MiB:8.0f} MiB {row['model'] / MiB:6.0f} MiB {row['model'] / row['measured']:8.2f}"
-              f"        {'-' if row['step_s'] is None else format(row['step_s'], '6.2f')}", flush=True)
+        print(
+            f"{stage:9s} {int(micro) or args.batch:5d} {'yes' if row['ckpt'] else 'no':4s} "
+            f"{row['measured'] / MiB:8.0f} MiB {row['model'] / MiB:6.0f} MiB {row['model'] / row['measured']:8.2f}"
+            f"        {'-' if row['step_s'] is None else format(row['step_s'], '6.2f')}",
+            flush=True,
+        )
     for r in rows:
         plain = next((q for q in rows if not q["ckpt"] and q["stage"] == r["stage"] and q["micro"] == r["micro"]), None)
         if r["ckpt"] and plain is not None:
-            print(f"activation checkpointing, {r['stage']} micro {r['micro'] or args.batch}: peak "
-                  f"{plain['measured'] / MiB:.0f} → {r['measured'] / MiB:.0f} MiB "
-                  f"({r['measured'] / plain['measured']:.0%})"
-                  + (f", step {plain['step_s']:.2f} → {r['step_s']:.2f} s" if args.repeats else ""))
+            print(
+                f"activation checkpointing, {r['stage']} micro {r['micro'] or args.batch}: peak "
+                f"{plain['measured'] / MiB:.0f} → {r['measured'] / MiB:.0f} MiB "
+                f"({r['measured'] / plain['measured']:.0%})"
+                + (f", step {plain['step_s']:.2f} → {r['step_s']:.2f} s" if args.repeats else "")
+            )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"preset": args.preset, "batch": args.batch, "seq_len": args.seq_len, "threads": args.threads,
-                       "overrides": args.set, "rows": rows}, f, indent=2)
+            json.dump(
+                {
+                    "preset": args.preset,
+                    "batch": args.batch,
+                    "seq_len": args.seq_len,
+                    "threads": args.threads,
+                    "overrides": args.set,
+                    "rows": rows,
+                },
+                f,
+                indent=2,
+            )
     return rows
 
 

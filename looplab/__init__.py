@@ -24,5 +24,13 @@ def save_model(model, directory):
     return _save(model, directory)
 
 
-__all__ = ["ConfigError", "ExperimentConfig", "ManoConfig", "ModelConfig", "PhopConfig", "TrainConfig",
-           "load_model", "save_model"]
+__all__ = [
+    "ConfigError",
+    "ExperimentConfig",
+    "ManoConfig",
+    "ModelConfig",
+    "PhopConfig",
+    "TrainConfig",
+    "load_model",
+    "save_model",
+]

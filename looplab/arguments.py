@@ -29,6 +29,7 @@ class Parser(argparse.ArgumentParser):
 
 def at_least(minimum: int):
     """An argparse type: an integer >= minimum (a one-line error otherwise)."""
+
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -37,51 +38,59 @@ def at_least(minimum: int):
         if value is None or value < minimum:
             raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: an integer >= {minimum}")
         return value
+
     return parse
 
 
 def int_in(low: int, high: int, why: str = ""):
     """An argparse type: an integer in [low, high]; `why` says where high comes from."""
+
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             value = None
         if value is None or not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: an integer in [{low}, {high}]"
-                                             + (f" ({why})" if why else ""))
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is invalid; allowed: an integer in [{low}, {high}]" + (f" ({why})" if why else "")
+            )
         return value
+
     return parse
 
 
 def one_of(*choices: str):
     """An argparse type: one of `choices`, with the one-line "is invalid; allowed:"
     error of every other flag (argparse's own choices= words it differently)."""
+
     def parse(text: str) -> str:
         if text not in choices:
             raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: {' | '.join(choices)}")
         return text
+
     return parse
 
 
 def number_in(low: float, high: float = float("inf"), *, low_open: bool = False):
     """An argparse type: a number in [low, high] (or (low, high] with low_open)."""
+
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
             value = None
         # inf is no setting (NaN fails every comparison below, inf passes "<= ∞")
-        if value is None or not math.isfinite(value) or not (value > low if low_open else value >= low) \
-                or value > high:
+        if value is None or not math.isfinite(value) or not (value > low if low_open else value >= low) or value > high:
             span = f"{'(' if low_open else '['}{low:g}, {high:g}{']' if math.isfinite(high) else ')'}"
             raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: a number in {span.replace('inf', '∞')}")
         return value
+
     return parse
 
 
 def ints_at_least(minimum: int):
     """An argparse type: comma-separated integers >= minimum, e.g. 1,8,16."""
+
     def parse(text: str) -> list[int]:
         try:
             values = [int(x) for x in text.split(",") if x.strip()]
@@ -90,6 +99,7 @@ def ints_at_least(minimum: int):
         if not values or min(values) < minimum:
             raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: comma-separated integers >= {minimum}")
         return values
+
     return parse
 
 
@@ -97,9 +107,12 @@ def given(allowed: str):
     """An argparse type: the text as given, unless empty (or blank). Its flag's default
     must not be "" (argparse passes a string default through the type): None, and the
     flag's reader supplies the default."""
+
     def parse(text: str) -> str:
         if not text.strip():
-            raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: {allowed} (leave the flag out for "
-                                             "its default)")
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is invalid; allowed: {allowed} (leave the flag out for its default)"
+            )
         return text
+
     return parse

@@ -58,8 +58,10 @@ def save_model(model: LoopedLM, directory: str | os.PathLike) -> Path:
     save_file(state, str(d / (WEIGHTS + ".tmp")), metadata={"format": FORMAT})
     digest = file_digest(d / (WEIGHTS + ".tmp"))
     os.replace(d / (WEIGHTS + ".tmp"), d / WEIGHTS)
-    _write_json(d / CONFIG, {"format": FORMAT, "model": _model_dict(model.cfg), "metadata": model.metadata,
-                             WEIGHTS_DIGEST: digest})
+    _write_json(
+        d / CONFIG,
+        {"format": FORMAT, "model": _model_dict(model.cfg), "metadata": model.metadata, WEIGHTS_DIGEST: digest},
+    )
     return d
 
 
@@ -75,6 +77,7 @@ def is_checkpoint(path: str | os.PathLike) -> bool:
 
 
 # ---- checking before use ------------------------------------------------------------
+
 
 def safetensors_header(path: Path, recover: str = "") -> dict[str, Any]:
     """The tensor table of a safetensors file ({name: {dtype, shape, data_offsets}}),
@@ -97,10 +100,16 @@ def safetensors_header(path: Path, recover: str = "") -> dict[str, Any]:
         raise ConfigError(f"{path} is damaged: its header is not a table of tensors{tail}")
     table.pop("__metadata__", None)
     for name, t in table.items():  # each entry: a dtype, a shape and two byte offsets in order
-        ok = (isinstance(t, dict) and isinstance(t.get("dtype"), str) and isinstance(t.get("shape"), list)
-              and all(isinstance(d, int) and d >= 0 for d in t["shape"]) and isinstance(t.get("data_offsets"), list)
-              and len(t["data_offsets"]) == 2 and all(isinstance(o, int) for o in t["data_offsets"])
-              and 0 <= t["data_offsets"][0] <= t["data_offsets"][1])
+        ok = (
+            isinstance(t, dict)
+            and isinstance(t.get("dtype"), str)
+            and isinstance(t.get("shape"), list)
+            and all(isinstance(d, int) and d >= 0 for d in t["shape"])
+            and isinstance(t.get("data_offsets"), list)
+            and len(t["data_offsets"]) == 2
+            and all(isinstance(o, int) for o in t["data_offsets"])
+            and 0 <= t["data_offsets"][0] <= t["data_offsets"][1]
+        )
         if not ok:
             raise ConfigError(f"{path} is damaged: its header's entry {name!r} is malformed{tail}")
     need = 8 + n + max((t["data_offsets"][1] for t in table.values()), default=0)
@@ -109,8 +118,13 @@ def safetensors_header(path: Path, recover: str = "") -> dict[str, Any]:
     return table
 
 
-def verify_checkpoint(directory: str | os.PathLike, *, training: bool = False, argument: str = "checkpoint",
-                      recover: str = "restore it, or train it again") -> None:
+def verify_checkpoint(
+    directory: str | os.PathLike,
+    *,
+    training: bool = False,
+    argument: str = "checkpoint",
+    recover: str = "restore it, or train it again",
+) -> None:
     """Check a checkpoint before anything uses it: its files are present and complete,
     config.json parses, and the weights have exactly the shapes config.json's model
     has (and, with training, the optimizer state and trainer.json are whole). Every
@@ -118,8 +132,12 @@ def verify_checkpoint(directory: str | os.PathLike, *, training: bool = False, a
     named the directory) and `recover`, the way out."""
     d = Path(directory)
     if not d.is_dir():
-        raise ConfigError(f"{argument}={str(directory)!r} is invalid; allowed: a looplab checkpoint directory "
-                          f"(with {CONFIG} and {WEIGHTS})", name=argument, value=str(directory))
+        raise ConfigError(
+            f"{argument}={str(directory)!r} is invalid; allowed: a looplab checkpoint directory "
+            f"(with {CONFIG} and {WEIGHTS})",
+            name=argument,
+            value=str(directory),
+        )
     needed = [CONFIG, WEIGHTS] + ([OPTIMIZER, TRAINER] if training else [])
     for name in needed:
         if not (d / name).is_file():
@@ -131,23 +149,32 @@ def verify_checkpoint(directory: str | os.PathLike, *, training: bool = False, a
     table = safetensors_header(d / WEIGHTS, recover)
     odd = next(((k, v.get("dtype")) for k, v in table.items() if v.get("dtype") not in WEIGHT_DTYPES), None)
     if odd is not None:
-        raise ConfigError(f"{d / WEIGHTS} is damaged: {odd[0]} is {odd[1]}, not a float tensor "
-                          f"({' | '.join(WEIGHT_DTYPES)}); {recover}")
+        raise ConfigError(
+            f"{d / WEIGHTS} is damaged: {odd[0]} is {odd[1]}, not a float tensor "
+            f"({' | '.join(WEIGHT_DTYPES)}); {recover}"
+        )
     layers = {k.split(".")[2] for k in table if k.startswith("backbone.layers.")}
     if len(layers) != model_cfg.n_layers:  # before building anything of n_layers' size
-        raise ConfigError(f"{d / WEIGHTS} disagrees with {d / CONFIG}: {len(layers)} backbone layers in the "
-                          f"weights, n_layers={model_cfg.n_layers} by the config; {recover}")
+        raise ConfigError(
+            f"{d / WEIGHTS} disagrees with {d / CONFIG}: {len(layers)} backbone layers in the "
+            f"weights, n_layers={model_cfg.n_layers} by the config; {recover}"
+        )
     recorded = read_config(d).get(WEIGHTS_DIGEST)
     if recorded is not None and file_digest(d / WEIGHTS) != recorded:
-        raise ConfigError(f"{d / WEIGHTS} is damaged: its bytes are not the ones saved ({CONFIG} records "
-                          f"{recorded[:19]}...); {recover}")
+        raise ConfigError(
+            f"{d / WEIGHTS} is damaged: its bytes are not the ones saved ({CONFIG} records "
+            f"{recorded[:19]}...); {recover}"
+        )
     with torch.device("meta"):
         expected = {k: list(v.shape) for k, v in LoopedLM(model_cfg).state_dict().items()}
     found = {k: v["shape"] for k, v in table.items()}
     if found != expected:
         differ = sorted(k for k in expected.keys() & found.keys() if expected[k] != found[k])
-        detail = (f"{differ[0]} is {found[differ[0]]} in {WEIGHTS}, {expected[differ[0]]} by {CONFIG}" if differ else
-                  f"tensors {sorted(expected.keys() ^ found.keys())[:3]} are in one file only")
+        detail = (
+            f"{differ[0]} is {found[differ[0]]} in {WEIGHTS}, {expected[differ[0]]} by {CONFIG}"
+            if differ
+            else f"tensors {sorted(expected.keys() ^ found.keys())[:3]} are in one file only"
+        )
         raise ConfigError(f"{d / WEIGHTS} disagrees with {d / CONFIG}: {detail}; {recover}")
     if training:
         safetensors_header(d / OPTIMIZER, recover)
@@ -182,16 +209,19 @@ def training_state(directory: str | os.PathLike, recover: str = "restore it, or 
     meta = read_config(d).get("metadata", {})
     steps = meta.get("experiment", {}).get("train", {}).get("steps")
     if is_int(steps) and step > steps:
-        raise ConfigError(f"{d / TRAINER} claims step {step} of a run of train.steps={steps} ({d / CONFIG}); "
-                          f"{recover}")
+        raise ConfigError(f"{d / TRAINER} claims step {step} of a run of train.steps={steps} ({d / CONFIG}); {recover}")
     if state.get("stage_key") and meta.get("stage_key") and state["stage_key"] != meta["stage_key"]:
-        raise ConfigError(f"{d / TRAINER} disagrees with {d / CONFIG}: stage key {state['stage_key']!r} in one, "
-                          f"{meta['stage_key']!r} in the other; {recover}")
+        raise ConfigError(
+            f"{d / TRAINER} disagrees with {d / CONFIG}: stage key {state['stage_key']!r} in one, "
+            f"{meta['stage_key']!r} in the other; {recover}"
+        )
     saved, weights = state.get(WEIGHTS_DIGEST), weights_digest(d)
     if saved is not None and saved != weights:
-        raise ConfigError(f"{d / TRAINER} disagrees with {d / WEIGHTS}: step {step} was saved with weights "
-                          f"{str(saved)[:19]}..., these are {weights[:19]}... (weights of another step or run); "
-                          f"{recover}")
+        raise ConfigError(
+            f"{d / TRAINER} disagrees with {d / WEIGHTS}: step {step} was saved with weights "
+            f"{str(saved)[:19]}..., these are {weights[:19]}... (weights of another step or run); "
+            f"{recover}"
+        )
     return state
 
 
@@ -206,8 +236,9 @@ def read_config(directory: str | os.PathLike) -> dict[str, Any]:
         raise ConfigError(f"checkpoint format={blob.get('format')!r} in {directory} is unknown; allowed: {FORMAT}")
     for key, kind in (("model", dict), ("metadata", dict), (WEIGHTS_DIGEST, str)):
         if key in blob and not isinstance(blob[key], kind) or key == "model" and key not in blob:
-            raise ConfigError(f"{path} is damaged: {key}={blob.get(key)!r}, not a JSON "
-                              f"{'object' if kind is dict else 'string'}")
+            raise ConfigError(
+                f"{path} is damaged: {key}={blob.get(key)!r}, not a JSON {'object' if kind is dict else 'string'}"
+            )
     digest = blob.get(WEIGHTS_DIGEST)
     if digest is not None and not digest.startswith(SHA256):
         raise ConfigError(f"{path} is damaged: {WEIGHTS_DIGEST}={digest!r}, not {SHA256}<hex>")
@@ -239,8 +270,12 @@ def parent_ref(directory: str | os.PathLike) -> ParentRef:
         # finished one: its step enters the key. A finished parent keeps its own key.
         steps = meta.get("experiment", {}).get("train", {}).get("steps")
         stopped = f"@step{state['step']}" if steps is not None and state["step"] < steps else ""
-        return ParentRef(stage=meta.get("stage", DEFAULT_STAGE), key=meta["stage_key"] + stopped,
-                         group=meta["config_hash"] + stopped, checkpoint=str(path))
+        return ParentRef(
+            stage=meta.get("stage", DEFAULT_STAGE),
+            key=meta["stage_key"] + stopped,
+            group=meta["config_hash"] + stopped,
+            checkpoint=str(path),
+        )
     digest = keyed_name(WEIGHTS_KEY, weights_digest(path).removeprefix(SHA256)[:KEY_LENGTH])
     return ParentRef(stage=meta.get("stage", DEFAULT_STAGE), key=digest, group=digest, checkpoint=str(path))
 
@@ -265,8 +300,10 @@ def load_weights(model: LoopedLM, directory: str | os.PathLike) -> None:
     state = load_file(str(Path(directory) / WEIGHTS))
     bad = next((k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())), None)
     if bad is not None:
-        raise ConfigError(f"{Path(directory) / WEIGHTS} holds non-finite weights ({bad}): the run that wrote it "
-                          "diverged; allowed: a checkpoint of finite weights (train it again with a lower train.lr)")
+        raise ConfigError(
+            f"{Path(directory) / WEIGHTS} holds non-finite weights ({bad}): the run that wrote it "
+            "diverged; allowed: a checkpoint of finite weights (train it again with a lower train.lr)"
+        )
     model.load_state_dict(state)
 
 
@@ -289,8 +326,10 @@ def load_model(name_or_path: str | os.PathLike, **overrides: Any) -> LoopedLM:
     overrides plus `seed` for the initialisation."""
     if is_checkpoint(name_or_path):
         if overrides:
-            raise ConfigError(f"overrides {sorted(overrides)} cannot change a checkpoint's architecture; "
-                              "load it as is, or start from a preset name")
+            raise ConfigError(
+                f"overrides {sorted(overrides)} cannot change a checkpoint's architecture; "
+                "load it as is, or start from a preset name"
+            )
         verify_checkpoint(name_or_path)
         model = LoopedLM(read_model_config(name_or_path))
         load_weights(model, name_or_path)
@@ -314,9 +353,17 @@ def experiment_metadata(cfg) -> dict[str, Any]:
     its keys and the fields they hash, its stage and lineage, and, for text, the
     tokenizer that reads its ids (lm-eval and generation need it)."""
     lineage = _parent_lineage(cfg) + [cfg.stage]
-    meta = {"experiment": cfg.to_dict(), "task": cfg.task.kind, "stage": cfg.stage, "stage_key": cfg.stage_key(),
-            "config_hash": cfg.config_hash(), "key_fields": cfg.key_fields(), "lineage": lineage,
-            "method": method_of(lineage), "parent_checkpoint": cfg.init_from}
+    meta = {
+        "experiment": cfg.to_dict(),
+        "task": cfg.task.kind,
+        "stage": cfg.stage,
+        "stage_key": cfg.stage_key(),
+        "config_hash": cfg.config_hash(),
+        "key_fields": cfg.key_fields(),
+        "lineage": lineage,
+        "method": method_of(lineage),
+        "parent_checkpoint": cfg.init_from,
+    }
     if cfg.task.kind == "text":
         meta["tokenizer"] = cfg.task.tokenizer
     return meta
@@ -336,8 +383,9 @@ def _parent_lineage(cfg) -> list[str]:
 OPTIMIZER, TRAINER = "optimizer.safetensors", "trainer.json"
 
 
-def save_training_state(directory: Path, model: LoopedLM, optimizer: torch.optim.Optimizer,
-                        trainer_state: dict[str, Any]) -> None:
+def save_training_state(
+    directory: Path, model: LoopedLM, optimizer: torch.optim.Optimizer, trainer_state: dict[str, Any]
+) -> None:
     """Model + AdamW moments (keyed by parameter name) + trainer counters, replacing
     the checkpoint in `directory` atomically (module docstring)."""
     from safetensors.torch import save_file
@@ -393,8 +441,9 @@ def settle_checkpoint(directory: str | os.PathLike) -> None:
 ADAM_STATE = ("exp_avg", "exp_avg_sq", "step")  # what AdamW keeps per parameter
 
 
-def load_training_state(directory: Path, model: LoopedLM, optimizer: torch.optim.Optimizer,
-                        recover: str = "restore it, or train it again") -> dict[str, Any]:
+def load_training_state(
+    directory: Path, model: LoopedLM, optimizer: torch.optim.Optimizer, recover: str = "restore it, or train it again"
+) -> dict[str, Any]:
     """Weights, AdamW moments and trainer.json of a checkpoint into model and optimizer.
     Every moment is checked first: a parameter this optimizer trains, its shape, finite
     values; anything else is a damaged file, said in one line (a wrong shape would
@@ -417,11 +466,14 @@ def load_training_state(directory: Path, model: LoopedLM, optimizer: torch.optim
             raise ConfigError(f"{where} is damaged: {key} is no moment of a parameter this stage trains; {recover}")
         shape = [] if field == "step" else list(p.shape)
         if list(value.shape) != shape or not value.is_floating_point():
-            raise ConfigError(f"{where} is damaged: {key} is a {value.dtype} tensor of shape {list(value.shape)}, "
-                              f"not a float tensor of its parameter's shape {shape}; {recover}")
+            raise ConfigError(
+                f"{where} is damaged: {key} is a {value.dtype} tensor of shape {list(value.shape)}, "
+                f"not a float tensor of its parameter's shape {shape}; {recover}"
+            )
         if not bool(torch.isfinite(value).all()):
-            raise ConfigError(f"{where} is damaged: {key} holds non-finite values, which no step can continue "
-                              f"from; {recover}")
+            raise ConfigError(
+                f"{where} is damaged: {key} holds non-finite values, which no step can continue from; {recover}"
+            )
     for key, value in saved.items():
         name, _, field = key.rpartition("::")
         p = trained[name]

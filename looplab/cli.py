@@ -70,15 +70,23 @@ def _threads_flag(p) -> None:
     torch crashes at some 10⁵."""
     from looplab.threads import usable_cpus
 
-    p.add_argument("--threads", type=int_in(1, usable_cpus(), "the CPUs this process may use"), default=0,
-                   help="torch threads, at most this process's CPUs (default: Ray's allocation inside Ray, else the "
-                        "machine's free cores)")
+    p.add_argument(
+        "--threads",
+        type=int_in(1, usable_cpus(), "the CPUs this process may use"),
+        default=0,
+        help="torch threads, at most this process's CPUs (default: Ray's allocation inside Ray, else the "
+        "machine's free cores)",
+    )
 
 
 def _compile_flag(p, default: str) -> None:
-    p.add_argument("--compile", choices=("on", "off"), default=default,
-                   help=f"decode with the compiled one-token step (looplab/models/compiled.py; the first steps "
-                        f"compile for seconds) or the eager one (default {default})")
+    p.add_argument(
+        "--compile",
+        choices=("on", "off"),
+        default=default,
+        help=f"decode with the compiled one-token step (looplab/models/compiled.py; the first steps "
+        f"compile for seconds) or the eager one (default {default})",
+    )
 
 
 def _compile_decoding(model, setting: str):
@@ -164,9 +172,13 @@ def add_train(sub) -> None:
     t.add_argument("--out", required=True, help="run directory: metrics.jsonl and checkpoint/")
     t.add_argument("--stop-at", type=at_least(1), default=None, help="stop (with a checkpoint) after this many steps")
     t.add_argument("--no-resume", action="store_true", help="ignore an existing checkpoint in OUT")
-    t.add_argument("--stage", choices=STAGE_NAMES, default=None,
-                   help="training stage (default pretrain); continued stages use their recipe from "
-                        "looplab/stages.py (App. D's optimiser settings), overrides still win")
+    t.add_argument(
+        "--stage",
+        choices=STAGE_NAMES,
+        default=None,
+        help="training stage (default pretrain); continued stages use their recipe from "
+        "looplab/stages.py (App. D's optimiser settings), overrides still win",
+    )
     t.add_argument("--init", default=None, help="parent checkpoint a continued stage starts from")
     t.add_argument("overrides", nargs="*", help="KEY=VALUE, e.g. model.n_loops=1 train.steps=500")
     _threads_flag(t)
@@ -182,22 +194,32 @@ def cmd_train(args) -> int:
     destinations.output_dir("--out", args.out, files=(METRICS_FILE, DIVERGED), folders=(CHECKPOINT_DIR,))
     cfg = _experiment(args)
     result = train(cfg, args.out, resume=not args.no_resume, stop_at=args.stop_at)
-    summary = {"out_dir": str(result.out_dir), "step": result.step, "stage_key": cfg.stage_key(), **{
-        f"eval_{k}": v for k, v in result.eval.items() if k in ("accuracy", "loss", "n")}}
+    summary = {
+        "out_dir": str(result.out_dir),
+        "step": result.step,
+        "stage_key": cfg.stage_key(),
+        **{f"eval_{k}": v for k, v in result.eval.items() if k in ("accuracy", "loss", "n")},
+    }
     print(json.dumps(summary))
     return 0
 
 
 def add_eval(sub) -> None:
-    e = sub.add_parser("eval", help="evaluate exit policies (full, forced, dense, skip, the zoo's zero-shot rules) "
-                                    "on the task's eval set")
+    e = sub.add_parser(
+        "eval",
+        help="evaluate exit policies (full, forced, dense, skip, the zoo's zero-shot rules) on the task's eval set",
+    )
     e.add_argument("--checkpoint", required=True)
-    e.add_argument("--policies", type=_policies, default=None,
-                   help="exit policies, e.g. 'full;dense:0.2,0.4;skip:0.2,0.4;forced:1-3'; the zoo's zero-shot "
-                        "rules, in dense or skip execution: entropy below T nats (skip-entropy:1.0,2.0), KL between "
-                        "consecutive steps below T (dense-kl:0.01), argmax stable for K steps (skip-stable:2-3) "
-                        "(default: what the checkpoint's stage evaluates: full depth, dense and skip at q in "
-                        "0.2..1.0, forced 1..R-1)")
+    e.add_argument(
+        "--policies",
+        type=_policies,
+        default=None,
+        help="exit policies, e.g. 'full;dense:0.2,0.4;skip:0.2,0.4;forced:1-3'; the zoo's zero-shot "
+        "rules, in dense or skip execution: entropy below T nats (skip-entropy:1.0,2.0), KL between "
+        "consecutive steps below T (dense-kl:0.01), argmax stable for K steps (skip-stable:2-3) "
+        "(default: what the checkpoint's stage evaluates: full depth, dense and skip at q in "
+        "0.2..1.0, forced 1..R-1)",
+    )
     e.add_argument("--limit", type=at_least(0), default=0, help="first N eval samples only (0: all)")
     e.add_argument("--batch-size", type=at_least(1), default=64)
     e.add_argument("--device", default="auto")
@@ -219,8 +241,10 @@ def cmd_eval(args) -> int:
     model = load_model(args.checkpoint)
     experiment = model.metadata.get("experiment")
     if not experiment:
-        raise ConfigError(f"--checkpoint={args.checkpoint!r} carries no experiment config; allowed: a checkpoint "
-                          "written by looplab train")
+        raise ConfigError(
+            f"--checkpoint={args.checkpoint!r} carries no experiment config; allowed: a checkpoint "
+            "written by looplab train"
+        )
     cfg = ExperimentConfig.from_dict(experiment)
     policies = args.policies or get_stage(cfg.stage).eval_policies(cfg.model.n_loops)
     for policy in policies:
@@ -232,10 +256,18 @@ def cmd_eval(args) -> int:
     if args.limit:
         batch = batch.slice(0, args.limit)
     device = resolve_device(args.device)
-    check_forward(cfg.model, min(args.batch_size, len(batch)), batch.ids.shape[1], "--batch-size", args.batch_size,
-                  device, steps_kept=cfg.model.n_loops)
-    records = evaluate_policies(model.to(device), batch, policies, batch_size=args.batch_size, device=device,
-                                precision=cfg.train.precision)
+    check_forward(
+        cfg.model,
+        min(args.batch_size, len(batch)),
+        batch.ids.shape[1],
+        "--batch-size",
+        args.batch_size,
+        device,
+        steps_kept=cfg.model.n_loops,
+    )
+    records = evaluate_policies(
+        model.to(device), batch, policies, batch_size=args.batch_size, device=device, precision=cfg.train.precision
+    )
     print(format_table(records), file=sys.stderr)
     for r in records:
         print(json.dumps({"checkpoint": str(args.checkpoint), "stage": model.metadata.get("stage", ""), **r}))
@@ -285,8 +317,7 @@ def _limit(value: str) -> int | float:
     except ValueError:
         number = -1.0
     if not 0 < number < float("inf"):
-        raise argparse.ArgumentTypeError(f"--limit {value!r} is invalid; allowed: a count >= 1 or a fraction "
-                                         "in (0, 1)")
+        raise argparse.ArgumentTypeError(f"--limit {value!r} is invalid; allowed: a count >= 1 or a fraction in (0, 1)")
     return number if number < 1 else int(number)
 
 
@@ -294,19 +325,33 @@ def add_lm_eval(sub) -> None:
     le = sub.add_parser("lm-eval", help="lm-eval tasks or the paper's seven-task suite on a checkpoint (JSON)")
     le.add_argument("--checkpoint", required=True)
     le.add_argument("--tasks", default="", help="comma-separated lm-eval task names (with --suite: a subset)")
-    le.add_argument("--suite", choices=("paper",), default=None,
-                    help="paper: piqa, boolq, winogrande, openbookqa (5 shots), hellaswag (10), arc_challenge "
-                         "(25), arc_easy (8), and their average accuracy")
+    le.add_argument(
+        "--suite",
+        choices=("paper",),
+        default=None,
+        help="paper: piqa, boolq, winogrande, openbookqa (5 shots), hellaswag (10), arc_challenge "
+        "(25), arc_easy (8), and their average accuracy",
+    )
     le.add_argument("--include-path", default=None, help="directory of extra task YAMLs")
-    le.add_argument("--local-data", default=None,
-                    help="suite datasets from DIR/<task>/<split>.parquet (python -m looplab.evaluation.suite export)")
-    le.add_argument("--policy", type=_policy, default="full",
-                    help="exit policy: full | forced:D | dense:Q | skip:Q (the gate's threshold rule) | "
-                         "dense-entropy:T | skip-entropy:T | dense-kl:T | skip-kl:T | dense-stable:K | "
-                         "skip-stable:K (zero-shot rules, no gate needed) (default full)")
-    le.add_argument("--tokenizer", default=None,
-                    help="the tokenizer the model was trained with, for checkpoints that do not record one: "
-                         "mistral | bytes | an HF tokenizer name (default: the checkpoint's)")
+    le.add_argument(
+        "--local-data",
+        default=None,
+        help="suite datasets from DIR/<task>/<split>.parquet (python -m looplab.evaluation.suite export)",
+    )
+    le.add_argument(
+        "--policy",
+        type=_policy,
+        default="full",
+        help="exit policy: full | forced:D | dense:Q | skip:Q (the gate's threshold rule) | "
+        "dense-entropy:T | skip-entropy:T | dense-kl:T | skip-kl:T | dense-stable:K | "
+        "skip-stable:K (zero-shot rules, no gate needed) (default full)",
+    )
+    le.add_argument(
+        "--tokenizer",
+        default=None,
+        help="the tokenizer the model was trained with, for checkpoints that do not record one: "
+        "mistral | bytes | an HF tokenizer name (default: the checkpoint's)",
+    )
     le.add_argument("--limit", type=_limit, default=None, help="documents per task (or a fraction < 1)")
     le.add_argument("--batch-size", type=at_least(1), default=8)
     le.add_argument("--device", default="auto")
@@ -327,18 +372,26 @@ def cmd_lm_eval(args) -> int:
     except ConfigError as e:
         raise e.renamed("--policy", args.policy.spec) from None
     model_args = {"policy": args.policy, "batch_size": args.batch_size, "device": args.device}
-    report = {"checkpoint": str(args.checkpoint), "suite": args.suite, **model_args, "policy": args.policy.spec,
-              "limit": args.limit}
+    report = {
+        "checkpoint": str(args.checkpoint),
+        "suite": args.suite,
+        **model_args,
+        "policy": args.policy.spec,
+        "limit": args.limit,
+    }
     if args.tokenizer:  # for checkpoints that do not record theirs (the adapter says so otherwise)
         model_args["tokenizer"] = report["tokenizer"] = args.tokenizer
     if args.suite:
         from looplab.evaluation.suite import run_suite
 
         if args.include_path:
-            raise ConfigError("--include-path does not apply to --suite paper (it runs lm-eval's built-in tasks); "
-                              "allowed: --local-data DIR")
-        summary = run_suite(args.checkpoint, limit=args.limit, local_data_dir=args.local_data, tasks=tasks or None,
-                            **model_args)
+            raise ConfigError(
+                "--include-path does not apply to --suite paper (it runs lm-eval's built-in tasks); "
+                "allowed: --local-data DIR"
+            )
+        summary = run_suite(
+            args.checkpoint, limit=args.limit, local_data_dir=args.local_data, tasks=tasks or None, **model_args
+        )
         results = summary["lm_eval"]
         report["tasks"] = summary["tasks"]  # per task: metric, accuracy, executed_loops, shots, lm-eval row
         report["average"] = summary["average"]
@@ -348,13 +401,16 @@ def cmd_lm_eval(args) -> int:
         if not tasks:
             raise ConfigError("--tasks is empty; allowed: comma-separated lm-eval task names, or --suite paper")
         if args.local_data:
-            raise ConfigError("--local-data applies to --suite paper only; allowed: --include-path DIR with task "
-                              "YAMLs that read local files")
+            raise ConfigError(
+                "--local-data applies to --suite paper only; allowed: --include-path DIR with task "
+                "YAMLs that read local files"
+            )
         check_task_names(tasks, args.include_path)  # before any model loads
-        results = evaluate_tasks(args.checkpoint, tasks, include_path=args.include_path, limit=args.limit,
-                                 **model_args)
-        report["tasks"] = {name: {"num_fewshot": results.get("n-shot", {}).get(name), "results": row}
-                           for name, row in results["results"].items()}
+        results = evaluate_tasks(args.checkpoint, tasks, include_path=args.include_path, limit=args.limit, **model_args)
+        report["tasks"] = {
+            name: {"num_fewshot": results.get("n-shot", {}).get(name), "results": row}
+            for name, row in results["results"].items()
+        }
     from lm_eval.utils import make_table
 
     from looplab.tracking import EXECUTED_LOOPS
@@ -380,35 +436,62 @@ def check_task_names(tasks: list[str], include_path: str | None) -> None:
     unknown = [t for t in tasks if t not in manager.all_tasks]
     if unknown:
         close = sorted(n for n in manager.all_tasks if unknown[0].split("_")[0] in n)[:5]
-        raise ConfigError(f"--tasks={','.join(unknown)!r} is invalid; allowed: lm-eval task names"
-                          + (f" (similar: {', '.join(close)})" if close else "")
-                          + (", or tasks under --include-path" if not include_path else ""))
+        raise ConfigError(
+            f"--tasks={','.join(unknown)!r} is invalid; allowed: lm-eval task names"
+            + (f" (similar: {', '.join(close)})" if close else "")
+            + (", or tasks under --include-path" if not include_path else "")
+        )
 
 
 def add_bench(sub) -> None:
-    b = sub.add_parser("bench", help="prefill (or --decode) time and memory, full vs skip, over batch × length × "
-                                     "exit policy")
+    b = sub.add_parser(
+        "bench", help="prefill (or --decode) time and memory, full vs skip, over batch × length × exit policy"
+    )
     b.add_argument("--checkpoint", default="", help="a trained checkpoint (gate-driven exits need one)")
     b.add_argument("--preset", default="", help="or a preset, freshly initialised (use --oracle-mean)")
     b.add_argument("--batch", type=ints_at_least(1), default="1,8,16", help="comma-separated batch sizes")
     b.add_argument("--seq-len", type=ints_at_least(1), default="512,1024", help="comma-separated sequence lengths")
-    b.add_argument("--policies", type=_policies, default=[],
-                   help="skip policies to compare with full, e.g. skip:0.2,0.4 (the gate) or skip-entropy:2.0, "
-                        "skip-kl:0.01, skip-stable:2 (zero-shot rules, any checkpoint)")
+    b.add_argument(
+        "--policies",
+        type=_policies,
+        default=[],
+        help="skip policies to compare with full, e.g. skip:0.2,0.4 (the gate) or skip-entropy:2.0, "
+        "skip-kl:0.01, skip-stable:2 (zero-shot rules, any checkpoint)",
+    )
     b.add_argument("--oracle-mean", type=float, default=None, help="oracle exits with this mean executed loops")
-    b.add_argument("--packing", choices=("auto", "padded", "varlen"), default="auto",
-                   help="skip's survivor layout: padded (the paper's ragged-halting measurement) or varlen "
-                        "(looplab's, Mamba-2 only); auto: varlen where it applies")
-    b.add_argument("--dtype", type=one_of("fp32", "bf16"), default="fp32", metavar="{fp32,bf16}",
-                   help="bf16: every timed call under bfloat16 autocast (CUDA's, or CPU's on a CPU) (default fp32)")
-    b.add_argument("--decode", action="store_true",
-                   help="time token-by-token decoding after a prompt of --seq-len tokens instead of the prefill")
+    b.add_argument(
+        "--packing",
+        choices=("auto", "padded", "varlen"),
+        default="auto",
+        help="skip's survivor layout: padded (the paper's ragged-halting measurement) or varlen "
+        "(looplab's, Mamba-2 only); auto: varlen where it applies",
+    )
+    b.add_argument(
+        "--dtype",
+        type=one_of("fp32", "bf16"),
+        default="fp32",
+        metavar="{fp32,bf16}",
+        help="bf16: every timed call under bfloat16 autocast (CUDA's, or CPU's on a CPU) (default fp32)",
+    )
+    b.add_argument(
+        "--decode",
+        action="store_true",
+        help="time token-by-token decoding after a prompt of --seq-len tokens instead of the prefill",
+    )
     b.add_argument("--new-tokens", type=at_least(1), default=32, help="--decode: tokens decoded per row")
-    b.add_argument("--attention-fill", choices=("hole", "exit_state"), default="hole",
-                   help="--decode: what exited tokens leave in deeper attention layers")
-    b.add_argument("--schedule", type=_schedules, default="lockstep",
-                   help="--decode: skip's schedules, comma-separated: lockstep | depth (rows at different loops "
-                        "share a step; looplab/inference/depth_batching.py) (default lockstep)")
+    b.add_argument(
+        "--attention-fill",
+        choices=("hole", "exit_state"),
+        default="hole",
+        help="--decode: what exited tokens leave in deeper attention layers",
+    )
+    b.add_argument(
+        "--schedule",
+        type=_schedules,
+        default="lockstep",
+        help="--decode: skip's schedules, comma-separated: lockstep | depth (rows at different loops "
+        "share a step; looplab/inference/depth_batching.py) (default lockstep)",
+    )
     _timing_flags(b, warmup=2, repeats=5)
     b.add_argument("--tracking-uri", default=None, help="also log the records to MLflow")
     b.add_argument("overrides", nargs="*", help="model overrides for --preset, e.g. n_loops=4")
@@ -436,50 +519,79 @@ def cmd_bench(args) -> int:
         except ConfigError as e:
             raise e.renamed("--preset", args.preset) from None
     if not args.policies and args.oracle_mean is None:
-        raise ConfigError("bench needs skip policies or an oracle mean; allowed: --policies skip:0.2,0.4 or "
-                          "--oracle-mean 2.0")
+        raise ConfigError(
+            "bench needs skip policies or an oracle mean; allowed: --policies skip:0.2,0.4 or --oracle-mean 2.0"
+        )
     overrides = {} if args.checkpoint else _overrides(args.overrides)  # a checkpoint fixes the model
     model = load_model(args.checkpoint or args.preset, **overrides)
     if args.decode:
         _compile_decoding(model, args.compile)
     R = model.cfg.n_loops
     if getattr(args, "packing", "auto") == "varlen" and model.cfg.arch != "mamba2":
-        raise ConfigError(f"--packing='varlen' is invalid for a {model.cfg.arch} model; allowed: auto | padded "
-                          "(varlen packs sequences into one row, which attention layers cannot)")
+        raise ConfigError(
+            f"--packing='varlen' is invalid for a {model.cfg.arch} model; allowed: auto | padded "
+            "(varlen packs sequences into one row, which attention layers cannot)"
+        )
     if args.oracle_mean is not None and not 1.0 <= args.oracle_mean <= R:
         raise ConfigError(f"--oracle-mean={args.oracle_mean!r} is invalid; allowed: a number in [1, R={R}]")
     for policy in args.policies:
         if policy.execution != "skip":
-            raise ConfigError(f"--policies={policy.spec!r} is invalid; allowed: skip policies (skip:Q, "
-                              "skip-entropy:T, skip-kl:T, skip-stable:K), which bench compares with full execution")
+            raise ConfigError(
+                f"--policies={policy.spec!r} is invalid; allowed: skip policies (skip:Q, "
+                "skip-entropy:T, skip-kl:T, skip-stable:K), which bench compares with full execution"
+            )
     experiment = model.metadata.get("experiment")
     cfg = ExperimentConfig.from_dict(experiment) if experiment else None
     task = make_task(cfg.task, cfg.train.seq_len) if cfg is not None else None
     device = resolve_device(args.device)
     check_grid(model.cfg, args.batch, args.seq_len, args.new_tokens if args.decode else 0, device)
     if device.type == "cpu":
-        print("measuring every point's peak memory first, in a separate process (looplab/costs/measured_memory.py); "
-              "then the timing", file=sys.stderr, flush=True)
+        print(
+            "measuring every point's peak memory first, in a separate process (looplab/costs/measured_memory.py); "
+            "then the timing",
+            file=sys.stderr,
+            flush=True,
+        )
     records: list[BenchRecord] | list[DecodeRecord]
     try:
         if args.decode:
             from looplab.costs.timing import DECODE_HEADER, context_scaling, format_decode_record, run_decode_grid
 
             print(DECODE_HEADER, file=sys.stderr)
-            records = run_decode_grid(model, task, batches=args.batch, seq_lens=args.seq_len,
-                                      new_tokens=args.new_tokens, policies=args.policies,
-                                      oracle_mean=args.oracle_mean, warmup=args.warmup, repeats=args.repeats,
-                                      attention_fill=args.attention_fill, dtype=args.dtype, device=device,
-                                      schedules=args.schedule,
-                                      on_record=lambda r: print(format_decode_record(r), file=sys.stderr, flush=True))
+            records = run_decode_grid(
+                model,
+                task,
+                batches=args.batch,
+                seq_lens=args.seq_len,
+                new_tokens=args.new_tokens,
+                policies=args.policies,
+                oracle_mean=args.oracle_mean,
+                warmup=args.warmup,
+                repeats=args.repeats,
+                attention_fill=args.attention_fill,
+                dtype=args.dtype,
+                device=device,
+                schedules=args.schedule,
+                on_record=lambda r: print(format_decode_record(r), file=sys.stderr, flush=True),
+            )
             for line in context_scaling(records):
                 print(line, file=sys.stderr)
         else:
             print(HEADER, file=sys.stderr)
-            records = run_grid(model, task, batches=args.batch, seq_lens=args.seq_len,
-                               policies=args.policies, oracle_mean=args.oracle_mean, warmup=args.warmup,
-                               repeats=args.repeats, packing=args.packing, dtype=args.dtype, device=device,
-                               on_record=lambda r: print(format_record(r), file=sys.stderr, flush=True))
+            records = run_grid(
+                model,
+                task,
+                batches=args.batch,
+                seq_lens=args.seq_len,
+                policies=args.policies,
+                oracle_mean=args.oracle_mean,
+                warmup=args.warmup,
+                repeats=args.repeats,
+                packing=args.packing,
+                dtype=args.dtype,
+                device=device,
+                on_record=lambda r: print(format_record(r), file=sys.stderr, flush=True),
+            )
     except ConfigError as e:  # a bf16 kernel the device lacks: say it about the flag
         if e.name != "dtype":
             raise
@@ -501,6 +613,7 @@ def cmd_bench(args) -> int:
 
 def _token_range(name: str):
     """An argparse type: LOW-HIGH or N, token counts (looplab/inference/arrivals.py)."""
+
     def parse(text: str) -> tuple[int, int]:
         from looplab.inference.arrivals import parse_range
 
@@ -508,6 +621,7 @@ def _token_range(name: str):
             return parse_range(name, text)
         except ConfigError as e:
             raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: {e.allowed}") from None
+
     return parse
 
 
@@ -536,24 +650,44 @@ def _model_and_task(args):
 
 
 def add_bench_arrivals(sub) -> None:
-    a = sub.add_parser("bench-arrivals", help="decode tokens/s under continuous arrivals (requests of different "
-                                              "lengths joining as others finish), schedule × policy, against the "
-                                              "FLOP ratio")
+    a = sub.add_parser(
+        "bench-arrivals",
+        help="decode tokens/s under continuous arrivals (requests of different "
+        "lengths joining as others finish), schedule × policy, against the "
+        "FLOP ratio",
+    )
     a.add_argument("--checkpoint", default="", help="a trained checkpoint (gate-driven exits need one)")
     a.add_argument("--preset", default="", help="or a preset, freshly initialised")
     a.add_argument("--slots", type=ints_at_least(1), default="8,32", help="comma-separated cache rows served at once")
-    a.add_argument("--policies", type=_policies, default="skip:0.4",
-                   help="policies to compare with full (always run), e.g. skip:0.4 or 'skip:0.2,0.4;dense:0.4'")
-    a.add_argument("--schedule", type=_schedules, default="lockstep,depth",
-                   help="comma-separated: lockstep | depth (default both)")
+    a.add_argument(
+        "--policies",
+        type=_policies,
+        default="skip:0.4",
+        help="policies to compare with full (always run), e.g. skip:0.4 or 'skip:0.2,0.4;dense:0.4'",
+    )
+    a.add_argument(
+        "--schedule", type=_schedules, default="lockstep,depth", help="comma-separated: lockstep | depth (default both)"
+    )
     a.add_argument("--requests", type=at_least(1), default=64, help="requests in the stream (default 64)")
-    a.add_argument("--prompt-len", type=_token_range("--prompt-len"), default="16-128",
-                   help="each request's prompt length, drawn uniformly: LOW-HIGH or N (default 16-128)")
-    a.add_argument("--new-tokens", type=_token_range("--new-tokens"), default="8-64",
-                   help="each request's new tokens, drawn uniformly: LOW-HIGH or N (default 8-64)")
+    a.add_argument(
+        "--prompt-len",
+        type=_token_range("--prompt-len"),
+        default="16-128",
+        help="each request's prompt length, drawn uniformly: LOW-HIGH or N (default 16-128)",
+    )
+    a.add_argument(
+        "--new-tokens",
+        type=_token_range("--new-tokens"),
+        default="8-64",
+        help="each request's new tokens, drawn uniformly: LOW-HIGH or N (default 8-64)",
+    )
     a.add_argument("--seed", type=at_least(0), default=0, help="the stream's seed")
-    a.add_argument("--attention-fill", choices=("hole", "exit_state"), default="hole",
-                   help="what exited tokens leave in deeper attention layers (hybrid/transformer)")
+    a.add_argument(
+        "--attention-fill",
+        choices=("hole", "exit_state"),
+        default="hole",
+        help="what exited tokens leave in deeper attention layers (hybrid/transformer)",
+    )
     _timing_flags(a, warmup=1, repeats=3)
     a.add_argument("overrides", nargs="*", help="model overrides for --preset, e.g. n_loops=4")
     _compile_flag(a, "on")
@@ -563,8 +697,14 @@ def add_bench_arrivals(sub) -> None:
 def cmd_bench_arrivals(args) -> int:
     """Decoding under continuous arrivals (looplab/inference/arrivals.py): tokens/s of each
     schedule × policy against full's and against the FLOP ratio."""
-    from looplab.costs.arrival_bench import (HEADER, ArrivalBench, ArrivalRecord, bench_arrivals, format_record,
-                                             records_as_dicts)
+    from looplab.costs.arrival_bench import (
+        HEADER,
+        ArrivalBench,
+        ArrivalRecord,
+        bench_arrivals,
+        format_record,
+        records_as_dicts,
+    )
     from looplab.inference.arrivals import RequestStream
     from looplab.costs.machine import check_stream
     from looplab.devices import resolve_device
@@ -576,15 +716,25 @@ def cmd_bench_arrivals(args) -> int:
         except ConfigError as e:  # forced:D deeper than the model's loops
             allowed = str(e).split("allowed: ")[-1]
             raise ConfigError(f"--policies={policy.spec!r} is invalid; allowed: {allowed}") from None
-    settings = ArrivalBench(RequestStream(args.requests, args.prompt_len, args.new_tokens, args.seed),
-                            slots=tuple(args.slots), policies=tuple(args.policies), schedules=tuple(args.schedule),
-                            warmup=args.warmup, repeats=args.repeats, attention_fill=args.attention_fill)
+    settings = ArrivalBench(
+        RequestStream(args.requests, args.prompt_len, args.new_tokens, args.seed),
+        slots=tuple(args.slots),
+        policies=tuple(args.policies),
+        schedules=tuple(args.schedule),
+        warmup=args.warmup,
+        repeats=args.repeats,
+        attention_fill=args.attention_fill,
+    )
     device = resolve_device(args.device)
     check_stream(model.cfg, max(args.slots), args.requests, args.prompt_len, args.new_tokens, device)
     model = _compile_decoding(model.to(device), args.compile)
-    print(f"{args.requests} requests (prompt {args.prompt_len[0]}-{args.prompt_len[1]}, new "
-          f"{args.new_tokens[0]}-{args.new_tokens[1]} tokens, seed {args.seed}); R={model.cfg.n_loops}; "
-          f"{len(settings.runs)} runs per slots × {args.warmup + args.repeats}", file=sys.stderr, flush=True)
+    print(
+        f"{args.requests} requests (prompt {args.prompt_len[0]}-{args.prompt_len[1]}, new "
+        f"{args.new_tokens[0]}-{args.new_tokens[1]} tokens, seed {args.seed}); R={model.cfg.n_loops}; "
+        f"{len(settings.runs)} runs per slots × {args.warmup + args.repeats}",
+        file=sys.stderr,
+        flush=True,
+    )
     records: list[ArrivalRecord] = []
 
     def show(record: ArrivalRecord) -> None:
@@ -592,8 +742,10 @@ def cmd_bench_arrivals(args) -> int:
             print(HEADER, file=sys.stderr)
         records.append(record)
         print(format_record(record), file=sys.stderr, flush=True)
-    bench_arrivals(model, task, settings, on_record=show, progress=lambda line: print(line, file=sys.stderr,
-                                                                                        flush=True))
+
+    bench_arrivals(
+        model, task, settings, on_record=show, progress=lambda line: print(line, file=sys.stderr, flush=True)
+    )
     dicts = records_as_dicts(records)
     if args.json:
         from looplab.destinations import write_text
@@ -634,26 +786,36 @@ def untrained_gate_note(model, policy) -> str | None:
     lineage = model.metadata.get("lineage") or [model.metadata.get("stage", DEFAULT_STAGE)]
     if any(stage in STAGES and STAGES[stage].gated for stage in lineage):
         return None
-    return (f"note: --policy {policy.spec} exits where the exit gate says, and no stage of this checkpoint trained "
-            f"the gate (lineage: {' -> '.join(lineage)}): its exits follow the gate's initial weights, not the "
-            "tokens; train Stage-1 on it (looplab train --stage stage1 --init CHECKPOINT), or choose forced:D or a "
-            "rule that reads the logits (skip-entropy:T)")
+    return (
+        f"note: --policy {policy.spec} exits where the exit gate says, and no stage of this checkpoint trained "
+        f"the gate (lineage: {' -> '.join(lineage)}): its exits follow the gate's initial weights, not the "
+        "tokens; train Stage-1 on it (looplab train --stage stage1 --init CHECKPOINT), or choose forced:D or a "
+        "rule that reads the logits (skip-entropy:T)"
+    )
 
 
 def add_generate(sub) -> None:
     g = sub.add_parser("generate", help="continue a prompt from a checkpoint; print the loops behind each token")
     g.add_argument("--checkpoint", required=True)
     g.add_argument("--prompt", required=True)
-    g.add_argument("--policy", type=_policy, default="full",
-                   help="exit policy: full | forced:D | dense:Q | skip:Q | the zoo's skip-entropy:T, ... (default full)")
+    g.add_argument(
+        "--policy",
+        type=_policy,
+        default="full",
+        help="exit policy: full | forced:D | dense:Q | skip:Q | the zoo's skip-entropy:T, ... (default full)",
+    )
     g.add_argument("--max-new-tokens", type=at_least(1), default=64)
     g.add_argument("--temperature", type=number_in(0.0), default=0.0, help="0: greedy (default)")
     g.add_argument("--top-k", type=at_least(0), default=0, help="0: no limit")
     g.add_argument("--top-p", type=number_in(0.0, 1.0, low_open=True), default=1.0)
     g.add_argument("--seed", type=at_least(0), default=None)
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    g.add_argument("--attention-fill", choices=("hole", "exit_state"), default="hole",
-                   help="what exited tokens leave in deeper attention layers (hybrid/transformer)")
+    g.add_argument(
+        "--attention-fill",
+        choices=("hole", "exit_state"),
+        default="hole",
+        help="what exited tokens leave in deeper attention layers (hybrid/transformer)",
+    )
     g.add_argument("--tokenizer", default="", help="default: the checkpoint's")
     g.add_argument("--no-bos", action="store_true", help="do not start the prompt with <bos>")
     g.add_argument("--device", default="auto")
@@ -684,8 +846,10 @@ def cmd_generate(args) -> int:
         raise e.renamed("--policy", policy.spec) from None
     spec = args.tokenizer or model.metadata.get("tokenizer")
     if not spec:
-        raise ConfigError(f"--checkpoint={args.checkpoint!r} carries no metadata['tokenizer']; allowed: "
-                          "--tokenizer mistral | bytes | an HF tokenizer name")
+        raise ConfigError(
+            f"--checkpoint={args.checkpoint!r} carries no metadata['tokenizer']; allowed: "
+            "--tokenizer mistral | bytes | an HF tokenizer name"
+        )
     tok = load_tokenizer(spec)
     prompt = ([tok.bos_id] if tok.bos_id is not None and not args.no_bos else []) + tok.encode(args.prompt)
     if not prompt:
@@ -697,25 +861,50 @@ def cmd_generate(args) -> int:
         print(note, file=sys.stderr)
     model = _compile_decoding(model.to(device).eval(), args.compile)
     with torch.no_grad():
-        out = generate(model, [prompt], args.max_new_tokens, policy, temperature=args.temperature, top_k=args.top_k,
-                       top_p=args.top_p, seed=args.seed, eos_id=tok.eos_id, stop=args.stop or None,
-                       decode=tok.decode, attention_fill=args.attention_fill)
+        out = generate(
+            model,
+            [prompt],
+            args.max_new_tokens,
+            policy,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            seed=args.seed,
+            eos_id=tok.eos_id,
+            stop=args.stop or None,
+            decode=tok.decode,
+            attention_fill=args.attention_fill,
+        )
     assert out.texts is not None  # generate returns the texts when given decode=
     tokens, loops, text = out.tokens[0], out.loops[0], out.texts[0]
     pieces = [tok.decode([t]) for t in tokens]
-    record = {"checkpoint": str(args.checkpoint), "prompt": args.prompt, "policy": policy.spec,
-              "attention_fill": args.attention_fill, "n_loops": model.cfg.n_loops, "text": text,
-              "tokens": tokens, "pieces": pieces, "loops": loops, "exit_step": out.exit_step[0],
-              "finish": out.finish[0], "mean_loops": out.executed_loops,
-              "prompt_executed_loops": out.prompt_executed_loops, "note": note}
+    record = {
+        "checkpoint": str(args.checkpoint),
+        "prompt": args.prompt,
+        "policy": policy.spec,
+        "attention_fill": args.attention_fill,
+        "n_loops": model.cfg.n_loops,
+        "text": text,
+        "tokens": tokens,
+        "pieces": pieces,
+        "loops": loops,
+        "exit_step": out.exit_step[0],
+        "finish": out.finish[0],
+        "mean_loops": out.executed_loops,
+        "prompt_executed_loops": out.prompt_executed_loops,
+        "note": note,
+    }
     if args.json:
         print(json.dumps(record))
         return 0
     print(args.prompt + text)
     mean = f"{out.executed_loops:.2f}" if out.executed_loops is not None else "-"
     counts = " ".join(f"{r}:{loops.count(r)}" for r in range(1, model.cfg.n_loops + 1))
-    print(f"\nloops per new token ({policy.label}, R={model.cfg.n_loops}; mean {mean}, tokens per depth {counts}; "
-          f"prompt {out.prompt_executed_loops:.2f}; stopped: {out.finish[0]}):", file=sys.stderr)
+    print(
+        f"\nloops per new token ({policy.label}, R={model.cfg.n_loops}; mean {mean}, tokens per depth {counts}; "
+        f"prompt {out.prompt_executed_loops:.2f}; stopped: {out.finish[0]}):",
+        file=sys.stderr,
+    )
     print(depth_display(pieces, loops), file=sys.stderr)
     return 0
 
@@ -723,10 +912,17 @@ def cmd_generate(args) -> int:
 def add_export(sub) -> None:
     x = sub.add_parser("export", help="write a checkpoint as a Hugging Face folder (transformers, lm-eval's hf)")
     x.add_argument("--checkpoint", required=True)
-    x.add_argument("--format", default="hf", help="hf: AutoModelForCausalLM.from_pretrained(OUT_DIR, "
-                                                  "trust_remote_code=True) (default hf)")
-    x.add_argument("--policy", type=_policy, default="full",
-                   help="the exit policy the export runs by default (config exit_policy; overridable at load time)")
+    x.add_argument(
+        "--format",
+        default="hf",
+        help="hf: AutoModelForCausalLM.from_pretrained(OUT_DIR, trust_remote_code=True) (default hf)",
+    )
+    x.add_argument(
+        "--policy",
+        type=_policy,
+        default="full",
+        help="the exit policy the export runs by default (config exit_policy; overridable at load time)",
+    )
     x.add_argument("--force", action="store_true", help="replace a previous export in OUT_DIR (nothing else)")
     x.add_argument("out_dir", metavar="OUT_DIR")
     x.set_defaults(fn=cmd_export)
@@ -749,8 +945,10 @@ def cmd_export(args) -> int:
     destinations.output_dir("OUT_DIR", args.out_dir)
     check_out_dir(args.out_dir, args.force, name="OUT_DIR")
     out = export_hf(args.checkpoint, args.out_dir, args.policy, force=args.force)
-    print(f"exported {args.checkpoint} to {out} (format {args.format}, exit policy {args.policy.spec}); load it "
-          f"with AutoModelForCausalLM.from_pretrained({str(out)!r}, trust_remote_code=True)")
+    print(
+        f"exported {args.checkpoint} to {out} (format {args.format}, exit policy {args.policy.spec}); load it "
+        f"with AutoModelForCausalLM.from_pretrained({str(out)!r}, trust_remote_code=True)"
+    )
     return 0
 
 
@@ -764,8 +962,10 @@ def cmd_presets(args) -> int:
     for name in sorted(PRESETS):
         c = get_preset(name)
         m = c.model
-        print(f"{name:24s} {c.task.kind:5s} {m.arch:11s} {m.n_layers}⊗{m.n_loops}  d={m.d_model}  "
-              f"steps={c.train.steps}  hash={c.config_hash()}")
+        print(
+            f"{name:24s} {c.task.kind:5s} {m.arch:11s} {m.n_layers}⊗{m.n_loops}  d={m.d_model}  "
+            f"steps={c.train.steps}  hash={c.config_hash()}"
+        )
     return 0
 
 
@@ -782,21 +982,38 @@ def cmd_info(args) -> int:
     cfg = _experiment(args)
     model = model_from_config(cfg.model, cfg.train.seed)
     flops = model.flops_per_token(cfg.train.seq_len)
-    print(json.dumps({"preset": args.preset, "config_hash": cfg.config_hash(), "params": model.num_parameters(),
-                      "params_non_embedding": model.num_parameters(exclude_embeddings=True),
-                      "seq_len": cfg.train.seq_len, "flops_per_token": flops, "config": cfg.to_dict()}, indent=2))
+    print(
+        json.dumps(
+            {
+                "preset": args.preset,
+                "config_hash": cfg.config_hash(),
+                "params": model.num_parameters(),
+                "params_non_embedding": model.num_parameters(exclude_embeddings=True),
+                "seq_len": cfg.train.seq_len,
+                "flops_per_token": flops,
+                "config": cfg.to_dict(),
+            },
+            indent=2,
+        )
+    )
     return 0
 
 
 def add_doctor(sub) -> None:
-    d = sub.add_parser("doctor", help="check this node: environment, peaks, kernel correctness, a training probe, "
-                                      "Ray (looplab/doctor.py)")
-    d.add_argument("--quick", action="store_true", help="environment, peaks and correctness only (seconds): what "
-                                                        "cluster.yaml runs on every node")
+    d = sub.add_parser(
+        "doctor",
+        help="check this node: environment, peaks, kernel correctness, a training probe, Ray (looplab/doctor.py)",
+    )
+    d.add_argument(
+        "--quick",
+        action="store_true",
+        help="environment, peaks and correctness only (seconds): what cluster.yaml runs on every node",
+    )
     d.add_argument("--json", help="also write every check (name, status, figure, value, reason) here")
     d.add_argument("--markdown", help="also write the checks as a markdown table here")
-    d.add_argument("--preset", default=None, help="the training probe's preset (default paper-140m on a GPU, "
-                                                  "local on a CPU)")
+    d.add_argument(
+        "--preset", default=None, help="the training probe's preset (default paper-140m on a GPU, local on a CPU)"
+    )
     d.add_argument("--steps", type=at_least(1), default=3, help="the training probe's timed steps (default 3)")
     d.add_argument("--device", default="auto")
     d.add_argument("--no-ray", action="store_true", help="skip the Ray check")
@@ -820,8 +1037,19 @@ def cmd_doctor(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="looplab", description="Looped language models: single runs and data.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    for add in (add_train, add_data, add_eval, add_lm_eval, add_bench, add_bench_arrivals, add_generate, add_export,
-                add_presets, add_info, add_doctor):  # --help lists the commands in this order
+    for add in (
+        add_train,
+        add_data,
+        add_eval,
+        add_lm_eval,
+        add_bench,
+        add_bench_arrivals,
+        add_generate,
+        add_export,
+        add_presets,
+        add_info,
+        add_doctor,
+    ):  # --help lists the commands in this order
         add(sub)
     return parser
 

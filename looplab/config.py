@@ -29,13 +29,26 @@ from looplab.fields import KEY, check_choice, check_finite, check_ints, is_int, 
 from looplab.keys import digest
 from looplab.policy import DEFAULT_QS, ROUNDINGS
 from looplab.stages import DEFAULT_STAGE, STAGE_NAMES, get_stage
+
 # Each task's config lives beside its task; this module gathers them into TaskConfig.
 from looplab.tasks.mano import ManoConfig
 from looplab.tasks.phop import PhopConfig
 from looplab.tasks.text import TextConfig
 
-__all__ = ["ConfigError", "ExperimentConfig", "ManoConfig", "ParentRef", "PhopConfig", "TextConfig",
-           "apply_overrides", "check", "invalid", "keyed", "key_values", "unkeyed_fields"]
+__all__ = [
+    "ConfigError",
+    "ExperimentConfig",
+    "ManoConfig",
+    "ParentRef",
+    "PhopConfig",
+    "TextConfig",
+    "apply_overrides",
+    "check",
+    "invalid",
+    "keyed",
+    "key_values",
+    "unkeyed_fields",
+]
 
 
 ARCHS = ("mamba2", "transformer", "hybrid")
@@ -45,9 +58,19 @@ MIN_ADAM_EPS = 1.1754943508222875e-38  # train.adam_eps: float32's smallest norm
 # Optimizer steps one stage may ask for: a thousand times the longest published language-model
 # runs (about 10⁶ steps), and 12 days at a millisecond a step. No run means more; a typo does.
 MAX_STEPS = 10**9
-MODEL_BOUNDS = {"vocab_size": 1 << 20, "d_model": 1 << 16, "n_layers": 1024, "n_loops": 128, "d_state": 4096,
-                "headdim": 4096, "attn_head_dim": 4096, "chunk_size": 1 << 16, "expand": 16, "d_conv": 64,
-                "ngroups": 1024}
+MODEL_BOUNDS = {
+    "vocab_size": 1 << 20,
+    "d_model": 1 << 16,
+    "n_layers": 1024,
+    "n_loops": 128,
+    "d_state": 4096,
+    "headdim": 4096,
+    "attn_head_dim": 4096,
+    "chunk_size": 1 << 16,
+    "expand": 16,
+    "d_conv": 64,
+    "ngroups": 1024,
+}
 
 
 @dataclass(frozen=True)
@@ -85,8 +108,18 @@ class ModelConfig:
         name = "ModelConfig"
         check_choice(self, "arch", ARCHS)
         check_ints(self, "vocab_size", minimum=2)
-        check_ints(self, "d_model", "n_layers", "n_loops", "d_state", "expand", "headdim",
-                 "ngroups", "chunk_size", "attn_head_dim")
+        check_ints(
+            self,
+            "d_model",
+            "n_layers",
+            "n_loops",
+            "d_state",
+            "expand",
+            "headdim",
+            "ngroups",
+            "chunk_size",
+            "attn_head_dim",
+        )
         check_ints(self, "d_conv", minimum=2)
         # Bounds far beyond any model of the paper (R ≤ 12, N ≤ 48, d ≤ 1024, 32k vocab), so a
         # config (a checkpoint's, say) can never make looplab build or allocate absurdly.
@@ -94,19 +127,26 @@ class ModelConfig:
             value = getattr(self, field_name)
             check(value <= most, f"{name}.{field_name}", value, f"an integer in [1, {most}]")
         check(self.mixers_per_layer in (1, 2), f"{name}.mixers_per_layer", self.mixers_per_layer, "1 | 2")
-        check(isinstance(self.attn_layer_idx, (list, tuple)), f"{name}.attn_layer_idx", self.attn_layer_idx,
-              "a list of layer indices, e.g. [1, 3]")
+        check(
+            isinstance(self.attn_layer_idx, (list, tuple)),
+            f"{name}.attn_layer_idx",
+            self.attn_layer_idx,
+            "a list of layer indices, e.g. [1, 3]",
+        )
         object.__setattr__(self, "attn_layer_idx", tuple(self.attn_layer_idx))
         d_intermediate = self.d_intermediate
         if d_intermediate is None:
             d_intermediate = -(-8 * self.d_model // 3 // 64) * 64 if self.arch == "transformer" else 0
             object.__setattr__(self, "d_intermediate", d_intermediate)
         check_ints(self, "d_intermediate", minimum=0)
-        check(d_intermediate <= 1 << 20, f"{name}.d_intermediate", d_intermediate,
-              f"an integer in [0, {1 << 20}]")
+        check(d_intermediate <= 1 << 20, f"{name}.d_intermediate", d_intermediate, f"an integer in [0, {1 << 20}]")
         if self.arch == "transformer":
-            check(d_intermediate > 0, f"{name}.d_intermediate", d_intermediate,
-                  "an integer >= 1 for arch='transformer' (LLaMA layers have a gated MLP)")
+            check(
+                d_intermediate > 0,
+                f"{name}.d_intermediate",
+                d_intermediate,
+                "an integer >= 1 for arch='transformer' (LLaMA layers have a gated MLP)",
+            )
         check_finite(self, "norm_eps", "init_std", "rope_theta")
         check(self.norm_eps > 0, f"{name}.norm_eps", self.norm_eps, "a float > 0")
         check(self.init_std > 0, f"{name}.init_std", self.init_std, "a float > 0")
@@ -114,24 +154,40 @@ class ModelConfig:
 
         if self.arch in ("mamba2", "hybrid"):
             d_inner = self.expand * self.d_model
-            check(d_inner % self.headdim == 0, f"{name}.headdim", self.headdim,
-                  f"a divisor of expand*d_model={d_inner}")
+            check(
+                d_inner % self.headdim == 0, f"{name}.headdim", self.headdim, f"a divisor of expand*d_model={d_inner}"
+            )
             nheads = d_inner // self.headdim
-            check(nheads % self.ngroups == 0, f"{name}.ngroups", self.ngroups,
-                  f"a divisor of the number of SSM heads ({nheads})")
+            check(
+                nheads % self.ngroups == 0,
+                f"{name}.ngroups",
+                self.ngroups,
+                f"a divisor of the number of SSM heads ({nheads})",
+            )
         if self.arch in ("transformer", "hybrid"):
-            check(self.d_model % self.attn_head_dim == 0, f"{name}.attn_head_dim", self.attn_head_dim,
-                  f"a divisor of d_model={self.d_model}")
-            check(is_int(self.rope_dim) and 0 < self.rope_dim <= self.attn_head_dim and self.rope_dim % 2 == 0,
-                  f"{name}.rope_dim", self.rope_dim, f"an even integer in [2, attn_head_dim={self.attn_head_dim}]")
+            check(
+                self.d_model % self.attn_head_dim == 0,
+                f"{name}.attn_head_dim",
+                self.attn_head_dim,
+                f"a divisor of d_model={self.d_model}",
+            )
+            check(
+                is_int(self.rope_dim) and 0 < self.rope_dim <= self.attn_head_dim and self.rope_dim % 2 == 0,
+                f"{name}.rope_dim",
+                self.rope_dim,
+                f"an even integer in [2, attn_head_dim={self.attn_head_dim}]",
+            )
         if self.arch == "hybrid":
             idx = self.attn_layer_idx
             check(len(idx) > 0, f"{name}.attn_layer_idx", idx, "a non-empty tuple of layer indices for arch='hybrid'")
-            check(all(is_int(i) and 0 <= i < self.n_layers for i in idx) and len(set(idx)) == len(idx),
-                  f"{name}.attn_layer_idx", idx, f"distinct integers in [0, n_layers={self.n_layers})")
+            check(
+                all(is_int(i) and 0 <= i < self.n_layers for i in idx) and len(set(idx)) == len(idx),
+                f"{name}.attn_layer_idx",
+                idx,
+                f"distinct integers in [0, n_layers={self.n_layers})",
+            )
         else:
-            check(not self.attn_layer_idx, f"{name}.attn_layer_idx", self.attn_layer_idx,
-                  "() unless arch='hybrid'")
+            check(not self.attn_layer_idx, f"{name}.attn_layer_idx", self.attn_layer_idx, "() unless arch='hybrid'")
 
     def layer_kinds(self) -> list[str]:
         """The mixer kind of each of the N layers: 'mamba2' or 'attention'."""
@@ -196,12 +252,18 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check_ints(self, "steps", "batch_size", "seq_len", "eval_batch_size", "log_every")
         check(self.steps <= MAX_STEPS, "TrainConfig.steps", self.steps, f"an integer in [1, {MAX_STEPS:,}]")
-        check_ints(self, "warmup_steps", "eval_every", "eval_limit", "ckpt_every", "seed", "micro_batch_size",
-                 minimum=0)
-        check(isinstance(self.activation_checkpointing, bool), "TrainConfig.activation_checkpointing",
-              self.activation_checkpointing, "true or false")
-        check_finite(self, "lr", "min_lr_ratio", "weight_decay", "beta1", "beta2", "adam_eps", "grad_clip",
-                     "ckpt_minutes")
+        check_ints(
+            self, "warmup_steps", "eval_every", "eval_limit", "ckpt_every", "seed", "micro_batch_size", minimum=0
+        )
+        check(
+            isinstance(self.activation_checkpointing, bool),
+            "TrainConfig.activation_checkpointing",
+            self.activation_checkpointing,
+            "true or false",
+        )
+        check_finite(
+            self, "lr", "min_lr_ratio", "weight_decay", "beta1", "beta2", "adam_eps", "grad_clip", "ckpt_minutes"
+        )
         # An AdamW step moves each weight by about lr: above 1 it moves every weight past its
         # scale at once, and past float32's range (3.4e38) the optimizer itself overflows.
         check(0 < self.lr <= MAX_LR, "TrainConfig.lr", self.lr, f"a float in (0, {MAX_LR:g}]")
@@ -211,19 +273,34 @@ class TrainConfig:
         check(0 <= self.beta2 < 1, "TrainConfig.beta2", self.beta2, "a float in [0, 1)")
         # Below float32's smallest normal number eps rounds to (or flushes to) 0, and AdamW
         # divides 0 by 0 for a weight whose gradient is 0: a NaN that is no divergence.
-        check(self.adam_eps >= MIN_ADAM_EPS, "TrainConfig.adam_eps", self.adam_eps,
-              f"a float >= {MIN_ADAM_EPS:.3g} (float32's smallest normal number)")
+        check(
+            self.adam_eps >= MIN_ADAM_EPS,
+            "TrainConfig.adam_eps",
+            self.adam_eps,
+            f"a float >= {MIN_ADAM_EPS:.3g} (float32's smallest normal number)",
+        )
         check(self.grad_clip >= 0, "TrainConfig.grad_clip", self.grad_clip, "a float >= 0 (0 disables)")
-        check(isinstance(self.ckpt_minutes, (int, float)) and not isinstance(self.ckpt_minutes, bool)
-              and self.ckpt_minutes >= 0, "TrainConfig.ckpt_minutes", self.ckpt_minutes, "a number >= 0 (0: off)")
+        check(
+            isinstance(self.ckpt_minutes, (int, float))
+            and not isinstance(self.ckpt_minutes, bool)
+            and self.ckpt_minutes >= 0,
+            "TrainConfig.ckpt_minutes",
+            self.ckpt_minutes,
+            "a number >= 0 (0: off)",
+        )
         check_choice(self, "precision", ("auto", "fp32", "bf16"))
         check_choice(self, "device", ("auto", "cpu", "cuda"))
         check_choice(self, "compile", COMPILE_CHOICES)
         qs = self.eval_qs
-        check(isinstance(qs, (list, tuple)) and len(qs) > 0
-              and all(isinstance(q, (int, float)) and not isinstance(q, bool) and 0 < q <= 1 for q in qs)
-              and len(set(qs)) == len(qs), "TrainConfig.eval_qs", qs,
-              "a non-empty list of distinct thresholds in (0, 1], e.g. [0.2, 0.4, 0.6, 0.8, 1.0]")
+        check(
+            isinstance(qs, (list, tuple))
+            and len(qs) > 0
+            and all(isinstance(q, (int, float)) and not isinstance(q, bool) and 0 < q <= 1 for q in qs)
+            and len(set(qs)) == len(qs),
+            "TrainConfig.eval_qs",
+            qs,
+            "a non-empty list of distinct thresholds in (0, 1], e.g. [0.2, 0.4, 0.6, 0.8, 1.0]",
+        )
         object.__setattr__(self, "eval_qs", tuple(float(q) for q in sorted(qs)))
         if self.init_from != "":  # the forms are retrofit's (torch-free, imported only when one is given)
             from looplab.retrofit import ALLOWED, well_formed
@@ -233,12 +310,19 @@ class TrainConfig:
         # A command line's init_layers=3 arrives as JSON's 3, and [0, 5] as a list: one spelling, "0,5".
         if is_int(layers) or (isinstance(layers, (list, tuple)) and layers and all(is_int(i) for i in layers)):
             layers = ",".join(str(i) for i in ([layers] if is_int(layers) else layers))
-        check(isinstance(layers, str) and (layers in ("", "even") or all(
-            part.isdigit() for part in layers.split(","))), "TrainConfig.init_layers", self.init_layers,
-            '"" (the first N) | even | comma-separated layer indices, e.g. 0,5')
+        check(
+            isinstance(layers, str) and (layers in ("", "even") or all(part.isdigit() for part in layers.split(","))),
+            "TrainConfig.init_layers",
+            self.init_layers,
+            '"" (the first N) | even | comma-separated layer indices, e.g. 0,5',
+        )
         object.__setattr__(self, "init_layers", layers)
-        check(self.init_from != "" or not layers, "TrainConfig.init_layers", layers,
-              '"" unless train.init_from names a checkpoint')
+        check(
+            self.init_from != "" or not layers,
+            "TrainConfig.init_layers",
+            layers,
+            '"" unless train.init_from names a checkpoint',
+        )
 
 
 @dataclass(frozen=True)
@@ -331,21 +415,41 @@ class ExperimentConfig:
         check_choice(self, "stage", STAGE_NAMES)
         stage = get_stage(self.stage)
         if stage.continues:
-            check(self.parent is not None, "ExperimentConfig.parent", self.parent,
-                  f"the checkpoint a {self.stage!r} stage continues (it starts from a trained model)")
+            check(
+                self.parent is not None,
+                "ExperimentConfig.parent",
+                self.parent,
+                f"the checkpoint a {self.stage!r} stage continues (it starts from a trained model)",
+            )
         else:
-            check(self.parent is None, "ExperimentConfig.parent", self.parent,
-                  f"None for stage={self.stage!r} (it starts from a fresh initialisation)")
+            check(
+                self.parent is None,
+                "ExperimentConfig.parent",
+                self.parent,
+                f"None for stage={self.stage!r} (it starts from a fresh initialisation)",
+            )
         stage.check(self)
         if self.train.init_from:
-            check(self.model.arch != "hybrid", "ModelConfig.arch", self.model.arch,
-                  "mamba2 | transformer with train.init_from (the checkpoint's architecture)")
+            check(
+                self.model.arch != "hybrid",
+                "ModelConfig.arch",
+                self.model.arch,
+                "mamba2 | transformer with train.init_from (the checkpoint's architecture)",
+            )
             chosen = self.train.init_layers
-            check(chosen in ("", "even") or len(chosen.split(",")) == self.model.n_layers, "TrainConfig.init_layers",
-                  chosen, f"{self.model.n_layers} (model.n_layers) comma-separated layer indices")
+            check(
+                chosen in ("", "even") or len(chosen.split(",")) == self.model.n_layers,
+                "TrainConfig.init_layers",
+                chosen,
+                f"{self.model.n_layers} (model.n_layers) comma-separated layer indices",
+            )
         need = self.task.vocab_size
-        check(self.model.vocab_size >= need, "ModelConfig.vocab_size", self.model.vocab_size,
-              f"an integer >= {need}, the {self.task.kind} task's vocabulary")
+        check(
+            self.model.vocab_size >= need,
+            "ModelConfig.vocab_size",
+            self.model.vocab_size,
+            f"an integer >= {need}, the {self.task.kind} task's vocabulary",
+        )
 
     @property
     def init_from(self) -> str:
@@ -381,8 +485,12 @@ class ExperimentConfig:
         model, task and train and of the sections its stage reads (local data files
         by their content: TextConfig.data_digest), and its parent's key (its group
         hash when the seed is left out)."""
-        payload: dict[str, Any] = {"stage": self.stage, "model": key_values(self.model),
-                                   "task": key_values(self.task), "train": key_values(self.train)}
+        payload: dict[str, Any] = {
+            "stage": self.stage,
+            "model": key_values(self.model),
+            "task": key_values(self.task),
+            "train": key_values(self.train),
+        }
         data = getattr(self.task, "data_digest", None)  # only a text task reads files a user names
         if data is not None:  # local files: keyed by their content, not by where they lie
             payload["task"]["dataset"] = data
@@ -397,9 +505,11 @@ class ExperimentConfig:
     def key_fields(self) -> list[str]:
         """The dotted names of the config fields the stage key hashes (checkpoints record them)."""
         payload = self.key_payload()
-        return sorted(f"{section}.{name}" if isinstance(values, dict) else section
-                      for section, values in payload.items()
-                      for name in (values if isinstance(values, dict) else [None]))
+        return sorted(
+            f"{section}.{name}" if isinstance(values, dict) else section
+            for section, values in payload.items()
+            for name in (values if isinstance(values, dict) else [None])
+        )
 
     def stage_key(self) -> str:
         """Names this stage by content (seed included): looplab.keys.digest of
@@ -426,8 +536,15 @@ def _build(cls: type, values: dict[str, Any], prefix: str) -> Any:
     return cls(**kwargs)
 
 
-SECTION_OF = {"ModelConfig": "model", "TrainConfig": "train", "ExitConfig": "exit", "HoleConfig": "hole",
-              "ManoConfig": "task", "PhopConfig": "task", "TextConfig": "task"}
+SECTION_OF = {
+    "ModelConfig": "model",
+    "TrainConfig": "train",
+    "ExitConfig": "exit",
+    "HoleConfig": "hole",
+    "ManoConfig": "task",
+    "PhopConfig": "task",
+    "TextConfig": "task",
+}
 
 
 def is_keyed(name: str) -> bool:
@@ -466,7 +583,8 @@ def apply_overrides(cfg: ExperimentConfig, overrides: dict[str, Any]) -> Experim
     # Presets size the vocabulary to their task; keep it following the task when an
     # override changes the task's vocabulary (e.g. task.L) unless it is set itself.
     vocab_follows_task = cfg.model.vocab_size == cfg.task.vocab_size and not any(
-        k in ("model.vocab_size", "vocab_size") for k in overrides)
+        k in ("model.vocab_size", "vocab_size") for k in overrides
+    )
     sections = ("model", "train", "task", "exit", "hole")
     original_arch = d["model"]["arch"]
     for key, value in overrides.items():
@@ -519,12 +637,24 @@ def _follow_checkpoint(d: dict[str, Any], overrides: dict[str, Any]) -> None:
     check(isinstance(init_from, str), "TrainConfig.init_from", init_from, '"" | hf:PATH')
     given = {k.rpartition(".")[2]: v for k, v in overrides.items() if k.rpartition(".")[0] in ("", "model")}
     for name, value in checkpoint_model_fields(init_from).items():
-        if name in given and name in d["model"] and given[name] != value and not (
-                name == "attn_layer_idx" and tuple(given[name]) == tuple(value)):
-            raise invalid(f"ModelConfig.{name}", given[name], f"{value!r}, the checkpoint's in train.init_from="
-                          f"{init_from!r} (leave it unset: the checkpoint sets it)")
+        if (
+            name in given
+            and name in d["model"]
+            and given[name] != value
+            and not (name == "attn_layer_idx" and tuple(given[name]) == tuple(value))
+        ):
+            raise invalid(
+                f"ModelConfig.{name}",
+                given[name],
+                f"{value!r}, the checkpoint's in train.init_from="
+                f"{init_from!r} (leave it unset: the checkpoint sets it)",
+            )
         d["model"][name] = value
     task = _build(TASK_KINDS[d["task"].get("kind", "phop")], d["task"], "task")
-    check(d["model"]["vocab_size"] >= task.vocab_size, "TrainConfig.init_from", init_from,
-          f"a checkpoint whose vocabulary ({d['model']['vocab_size']}) holds the {task.kind} task's "
-          f"({task.vocab_size} ids)")
+    check(
+        d["model"]["vocab_size"] >= task.vocab_size,
+        "TrainConfig.init_from",
+        init_from,
+        f"a checkpoint whose vocabulary ({d['model']['vocab_size']}) holds the {task.kind} task's "
+        f"({task.vocab_size} ids)",
+    )

@@ -83,8 +83,15 @@ def sweep_view(run_filter: str, searched: Iterable[str], metrics: Iterable[str])
 
 def view_tag_value(name: str, state: dict[str, Any], created_ms: int) -> str:
     """The value of a saved view's experiment tag (the UI's envelope)."""
-    return json.dumps({"name": name, "createdAt": int(created_ms), "updatedAt": int(created_ms),
-                       "state": json.dumps(state, sort_keys=True)}, sort_keys=True)
+    return json.dumps(
+        {
+            "name": name,
+            "createdAt": int(created_ms),
+            "updatedAt": int(created_ms),
+            "state": json.dumps(state, sort_keys=True),
+        },
+        sort_keys=True,
+    )
 
 
 def base_url(uri: str, host: str = LOCAL_HOST, port: int = LOCAL_PORT) -> str:
@@ -119,5 +126,8 @@ def dashboard_lines(uri: str, experiment_id: str, view: str, sweep_run_id: str) 
     the sweep run; on a local store, the command that serves it first."""
     base = base_url(uri)
     lines = [] if is_server(uri) else [f"serve it:  {server_command(uri)}"]
-    return [*lines, f"trials:    {url(base, runs_route(experiment_id, view))}",
-            f"sweep run: {url(base, run_route(experiment_id, sweep_run_id))}"]
+    return [
+        *lines,
+        f"trials:    {url(base, runs_route(experiment_id, view))}",
+        f"sweep run: {url(base, run_route(experiment_id, sweep_run_id))}",
+    ]

@@ -107,8 +107,7 @@ def output_file(flag: str, path: str | os.PathLike) -> None:
         _probe(flag, shown, p.parent, "a file")
 
 
-def output_dir(flag: str, path: str | os.PathLike, files: tuple[str, ...] = (),
-               folders: tuple[str, ...] = ()) -> None:
+def output_dir(flag: str, path: str | os.PathLike, files: tuple[str, ...] = (), folders: tuple[str, ...] = ()) -> None:
     """A folder to write into (made if missing); `files` and `folders`: the entries the
     work writes inside it, which must not exist as the other kind."""
     p, shown = _given(flag, path), str(path)
@@ -139,7 +138,7 @@ def _renamed(check, flag: str, uri: str, *args) -> None:
 
 def _sqlite_file(flag: str, uri: str) -> Path:
     """The database file of sqlite:///PATH (query parameters dropped)."""
-    path = uri[len("sqlite:///"):].split("?", 1)[0] if uri.startswith("sqlite:///") else ""
+    path = uri[len("sqlite:///") :].split("?", 1)[0] if uri.startswith("sqlite:///") else ""
     if not path.strip():
         raise invalid(flag, uri, "sqlite:///PATH (three slashes, then the database file)")
     return Path(path).expanduser()
@@ -175,16 +174,24 @@ def _folder_store(flag: str, uri: str, folder: str) -> None:
     unless MLflow still opens folder stores here."""
     if not folder_stores_allowed():
         target = (Path(folder or ".") / "mlflow.db").as_posix()
-        raise invalid(flag, uri, f"sqlite:///{target} (MLflow 3 no longer opens folder stores; `mlflow "
-                                 "migrate-filestore` moves an old one, MLFLOW_ALLOW_FILE_STORE=true keeps it), "
-                                 "http(s)://HOST:PORT, or a database URI")
+        raise invalid(
+            flag,
+            uri,
+            f"sqlite:///{target} (MLflow 3 no longer opens folder stores; `mlflow "
+            "migrate-filestore` moves an old one, MLFLOW_ALLOW_FILE_STORE=true keeps it), "
+            "http(s)://HOST:PORT, or a database URI",
+        )
 
 
 def tracking_uri(flag: str, uri: str) -> None:
     """An MLflow tracking URI this process can use (see the module docstring)."""
     if not uri.strip():
-        raise invalid(flag, uri, "an MLflow tracking URI: sqlite:///PATH, http(s)://HOST:PORT or a database URI "
-                                 "(an empty one would mean the default store)")
+        raise invalid(
+            flag,
+            uri,
+            "an MLflow tracking URI: sqlite:///PATH, http(s)://HOST:PORT or a database URI "
+            "(an empty one would mean the default store)",
+        )
     scheme = urlparse(uri).scheme
     if scheme in SERVER_SCHEMES:
         _server_answers(flag, uri)
@@ -200,11 +207,17 @@ def tracking_uri(flag: str, uri: str) -> None:
 
             MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
         except Exception as e:  # noqa: BLE001 - any failure to open the store is the answer
-            raise invalid(flag, uri, f"a store MLflow can open ({type(e).__name__}: "
-                                     f"{(str(e).strip().splitlines() or [''])[0][:160]})") from None
+            raise invalid(
+                flag,
+                uri,
+                f"a store MLflow can open ({type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:160]})",
+            ) from None
     else:
-        raise invalid(flag, uri, "an MLflow tracking URI: http(s)://HOST:PORT, sqlite:///PATH, "
-                                 f"or {' | '.join(DATABASE_SCHEMES)}://...")
+        raise invalid(
+            flag,
+            uri,
+            f"an MLflow tracking URI: http(s)://HOST:PORT, sqlite:///PATH, or {' | '.join(DATABASE_SCHEMES)}://...",
+        )
 
 
 def existing_store(flag: str, uri: str, write: bool = False) -> None:

@@ -84,14 +84,17 @@ def guarded(name: str, fn: Callable[[], list[Check]]) -> list[Check]:
 
 # ---- environment ---------------------------------------------------------------------------
 
+
 def environment(device) -> list[Check]:
     import torch
 
     from looplab.models import cpu_step
     from looplab.models.ops import dispatch
 
-    out = [passed("python", platform.python_version()),
-           passed("torch", f"{torch.__version__} (CUDA build {torch.version.cuda or 'none'})")]
+    out = [
+        passed("python", platform.python_version()),
+        passed("torch", f"{torch.__version__} (CUDA build {torch.version.cuda or 'none'})"),
+    ]
     for name in PACKAGES[1:]:
         try:
             out.append(passed(f"version {name}", metadata.version(name)))
@@ -100,23 +103,29 @@ def environment(device) -> list[Check]:
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
             p = torch.cuda.get_device_properties(i)
-            out.append(passed(f"cuda:{i}", f"{p.name}, {p.total_memory / 2**30:.1f} GiB", p.total_memory / 2**30,
-                              "GiB"))
+            out.append(
+                passed(f"cuda:{i}", f"{p.name}, {p.total_memory / 2**30:.1f} GiB", p.total_memory / 2**30, "GiB")
+            )
     else:
         out.append(skipped("cuda devices", "torch sees no CUDA device"))
     probe = torch.zeros(1, device=device)
     path, why = dispatch.kernel_path(probe)
     out.append(passed("mamba-2 scan path", f"{path}: {why}"))
     step = dispatch.step_implementation(probe)
-    reason = ("mamba-ssm's selective_state_update + causal_conv1d_update" if step == "cuda" else
-              "compiled (LOOPLAB_CPU_STEP_KERNEL=1)" if step == "cpu-kernel" else
-              "torch ops" + ("" if cpu_step.requested() or device.type == "cuda" else
-                             " (LOOPLAB_CPU_STEP_KERNEL=1 compiles a CPU step)"))
+    reason = (
+        "mamba-ssm's selective_state_update + causal_conv1d_update"
+        if step == "cuda"
+        else "compiled (LOOPLAB_CPU_STEP_KERNEL=1)"
+        if step == "cpu-kernel"
+        else "torch ops"
+        + ("" if cpu_step.requested() or device.type == "cuda" else " (LOOPLAB_CPU_STEP_KERNEL=1 compiles a CPU step)")
+    )
     out.append(passed("mamba-2 decode step", f"{step}: {reason}"))
     return out
 
 
 # ---- peaks -----------------------------------------------------------------------------------
+
 
 def gemm_flops(device, dtype, n: int) -> float:
     """FLOP/s of an n×n×n matmul on the device (the median of three after a warm-up)."""
@@ -126,7 +135,7 @@ def gemm_flops(device, dtype, n: int) -> float:
 
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
-    return 2 * n ** 3 / median_seconds(lambda: a @ b, 3, warmup=1, device=device)
+    return 2 * n**3 / median_seconds(lambda: a @ b, 3, warmup=1, device=device)
 
 
 def bandwidth(device, nbytes: int) -> float:
@@ -150,7 +159,7 @@ def peaks(device, quick: bool) -> tuple[list[Check], float]:
     # a peak measured with more threads than training uses overstates what MFU divides by.
     threads = "" if gpu else f" with {torch.get_num_threads()} threads, as training here"
     out, peak = [], 0.0
-    for dtype in ((torch.bfloat16, torch.float32) if gpu else (torch.float32,)):
+    for dtype in (torch.bfloat16, torch.float32) if gpu else (torch.float32,):
         f = gemm_flops(device, dtype, n)
         name = str(dtype).removeprefix("torch.")
         out.append(passed(f"gemm {name} {n}³", f"{f / 1e12:.2f} TFLOP/s{threads}", f / 1e12, "TFLOP/s"))
@@ -162,6 +171,7 @@ def peaks(device, quick: bool) -> tuple[list[Check], float]:
 
 # ---- correctness -------------------------------------------------------------------------------
 
+
 def max_error(a, b) -> float:
     """max |a − b| / max |b| (b the reference), in float64."""
     a, b = a.double(), b.double()
@@ -172,8 +182,11 @@ def _within(name: str, errors: dict[str, float], dtype) -> Check:
     tol = TOLERANCE[str(dtype).removeprefix("torch.")]
     worst = max(errors, key=lambda name: errors[name])
     figure = f"max error {errors[worst]:.1e} ({worst}) against {tol:.0e}"
-    return (passed(name, figure, errors[worst]) if errors[worst] <= tol
-            else failed(name, f"{worst} is off by {errors[worst]:.1e} > {tol:.0e}", figure, errors[worst]))
+    return (
+        passed(name, figure, errors[worst])
+        if errors[worst] <= tol
+        else failed(name, f"{worst} is off by {errors[worst]:.1e} > {tol:.0e}", figure, errors[worst])
+    )
 
 
 def _mixer(device, dtype, seed: int = 0):
@@ -203,6 +216,7 @@ def forced_torch():
                 os.environ.pop(FORCE_TORCH_ENV, None)
             else:
                 os.environ[FORCE_TORCH_ENV] = before
+
     return ctx()
 
 
@@ -232,8 +246,9 @@ def scan_check(device, dtype) -> list[Check]:
             else:
                 y = block(x, seq_idx=idx)
             y.float().pow(2).mean().backward()
-            results.append({"output": y.detach(), "d input": x.grad,
-                            **{f"d {n}": p.grad for n, p in block.named_parameters()}})
+            results.append(
+                {"output": y.detach(), "d input": x.grad, **{f"d {n}": p.grad for n, p in block.named_parameters()}}
+            )
         kernel, torch_path = results
         errors = {k: max_error(kernel[k], torch_path[k]) for k in torch_path if torch_path[k] is not None}
         out.append(_within(name + label, errors, dtype))
@@ -264,7 +279,7 @@ def step_check(device, dtype, *, kernel: str) -> list[Check]:
     for reference in (False, True):
         state = block.new_state(3, 3, device, dtype)
         lengths = torch.full((3,), 20, device=device)
-        with torch.no_grad(), (forced_torch() if reference else _nothing()):
+        with torch.no_grad(), forced_torch() if reference else _nothing():
             block(prompt, cache=BlockCache(state, Layout.padded(lengths)))
             outs = [block(tokens[:, k], cache=BlockCache(state, Layout.one_token(None))) for k in range(5)]
         results.append({"outputs": torch.cat(outs, 1), "conv state": state.conv, "ssm state": state.ssm})
@@ -298,7 +313,7 @@ def generation_check(device) -> list[Check]:
     for spec in ("full", "forced:2", "dense:0.5", "skip:0.5", "skip-entropy:2.0"):
         policy = ExitPolicy.parse(spec)
         with torch.no_grad():
-            full = model(ids, policy).logits[:, prompt - 1:]
+            full = model(ids, policy).logits[:, prompt - 1 :]
             state = prefill(model, ids[:, :prompt], policy, capacity=ids.shape[1])
             logits = [state.logits]
             for k in range(new - 1):
@@ -306,8 +321,7 @@ def generation_check(device) -> list[Check]:
                 assert step is not None  # decode_step reads out unless told readout=False
                 logits.append(step)
         decoded = torch.stack(logits, 1)
-        out.append(_within(f"generation {spec} vs full forward", {"logits": max_error(decoded, full[:, :new])},
-                           dtype))
+        out.append(_within(f"generation {spec} vs full forward", {"logits": max_error(decoded, full[:, :new])}, dtype))
     return out
 
 
@@ -323,8 +337,12 @@ def compiled_decoding_check(device) -> list[Check]:
     from looplab.policy import ExitPolicy
 
     if device.type != "cuda":
-        return [skipped("compiled decoding vs eager", "CPU: tests/test_compile.py checks it (compiling takes "
-                                                      "tens of seconds here)")]
+        return [
+            skipped(
+                "compiled decoding vs eager",
+                "CPU: tests/test_compile.py checks it (compiling takes tens of seconds here)",
+            )
+        ]
     model = load_model("debug", seed=0).to(device).eval()
     with torch.no_grad():  # a gate that exits
         model.exit_gate.bias.fill_(0.0)
@@ -334,18 +352,23 @@ def compiled_decoding_check(device) -> list[Check]:
 
     def generations():
         return [generate(model, prompts, 8, ExitPolicy.parse(spec), schedule=schedule) for spec, schedule in cases]
+
     eager = generations()
     compile_decoding(model)  # once: every case after it runs the same compiled step
     compiled = generations()
     out = []
     for (spec, schedule), e, c in zip(cases, eager, compiled):
         name = f"compiled decoding {spec} {schedule}"
-        out.append(passed(name, "tokens and loops equal eager's") if (c.tokens, c.loops) == (e.tokens, e.loops)
-                   else failed(name, "tokens or loops differ from the eager step's"))
+        out.append(
+            passed(name, "tokens and loops equal eager's")
+            if (c.tokens, c.loops) == (e.tokens, e.loops)
+            else failed(name, "tokens or loops differ from the eager step's")
+        )
     return out
 
 
 # ---- training --------------------------------------------------------------------------------
+
 
 def training_probe(device, preset: str, steps: int, peak_flops: float) -> list[Check]:
     """`steps` optimizer steps of the preset's pre-training in its production dtype, with the
@@ -361,9 +384,14 @@ def training_probe(device, preset: str, steps: int, peak_flops: float) -> list[C
     gpu = device.type == "cuda"
     budget = torch.cuda.get_device_properties(device).total_memory / 2**30 if gpu else None
     plan = plan_stage(cfg, path="cuda" if gpu else "torch", device_memory_gib=budget)
-    cfg = apply_overrides(cfg, {"train.micro_batch_size": plan.micro_batch,
-                                "train.activation_checkpointing": plan.checkpointing,
-                                "train.device": device.type})
+    cfg = apply_overrides(
+        cfg,
+        {
+            "train.micro_batch_size": plan.micro_batch,
+            "train.activation_checkpointing": plan.checkpointing,
+            "train.device": device.type,
+        },
+    )
     predicted = predicted_peak(plan)
     measured, seconds = measure_steps(cfg, steps, device)
     tokens = cfg.train.batch_size * cfg.train.seq_len
@@ -371,8 +399,10 @@ def training_probe(device, preset: str, steps: int, peak_flops: float) -> list[C
     mfu = flops_per_token(cfg, plan.checkpointing) * rate / peak_flops if peak_flops else float("nan")
     precision = "bf16" if gpu and cfg.train.precision == "auto" else cfg.train.precision
     head = f"{preset} pre-training, {precision}, micro-batch {plan.micro_batch}"
-    out = [passed(f"training {preset} tokens/s", f"{rate:,.0f} tokens/s ({head})", rate, "tokens/s"),
-           passed(f"training {preset} MFU", f"{mfu:.1%} of the measured GEMM peak", mfu, "fraction")]
+    out = [
+        passed(f"training {preset} tokens/s", f"{rate:,.0f} tokens/s ({head})", rate, "tokens/s"),
+        passed(f"training {preset} MFU", f"{mfu:.1%} of the measured GEMM peak", mfu, "fraction"),
+    ]
     out.append(memory_check(f"training {preset} memory vs plan", measured, predicted))
     return out
 
@@ -389,8 +419,13 @@ def memory_check(name: str, measured: int, predicted: int) -> Check:
     figure = f"measured {measured / 2**20:,.0f} MiB, predicted {predicted / 2**20:,.0f} MiB (ratio {ratio:.2f})"
     if lo <= ratio <= hi:
         return passed(name, figure, ratio, "ratio")
-    return failed(name, f"the ratio {ratio:.2f} is outside [{lo}, {hi}]: looplab/costs/memory.py's model does not hold here",
-                  figure, ratio, "ratio")
+    return failed(
+        name,
+        f"the ratio {ratio:.2f} is outside [{lo}, {hi}]: looplab/costs/memory.py's model does not hold here",
+        figure,
+        ratio,
+        "ratio",
+    )
 
 
 def measure_steps(cfg, steps: int, device) -> tuple[int, float]:
@@ -425,6 +460,7 @@ def step_peak(cfg, device) -> int:
 
 # ---- Ray ---------------------------------------------------------------------------------------
 
+
 def ray_check(device) -> list[Check]:
     """The resources a local Ray sees, and one Ray Train worker's training step on them."""
     import ray
@@ -437,8 +473,12 @@ def ray_check(device) -> list[Check]:
     started = not ray.is_initialized()
     if started:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):  # Ray's banners
-            ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False,
-                     runtime_env={"env_vars": {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "60"}})
+            ray.init(
+                include_dashboard=False,
+                log_to_driver=False,
+                configure_logging=False,
+                runtime_env={"env_vars": {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "60"}},
+            )
     try:
         resources = ray.cluster_resources()
         gpus = int(resources.get("GPU", 0))
@@ -449,16 +489,23 @@ def ray_check(device) -> list[Check]:
         t = time.perf_counter()
         # The worker raises when its step is not finite: the result's error is the verdict
         # (Ray Train V2 keeps no metrics reported without a checkpoint).
-        result = TorchTrainer(_ray_worker_step, scaling_config=ScalingConfig(
-            num_workers=1, use_gpu=use_gpu, resources_per_worker={"CPU": 1, **({"GPU": 1} if use_gpu else {})}),
-            ).fit()
+        result = TorchTrainer(
+            _ray_worker_step,
+            scaling_config=ScalingConfig(
+                num_workers=1, use_gpu=use_gpu, resources_per_worker={"CPU": 1, **({"GPU": 1} if use_gpu else {})}
+            ),
+        ).fit()
         where = "a GPU" if use_gpu else "a CPU"
         if result.error:
             reason = (str(result.error).strip().splitlines() or ["the step failed"])[-1][:300]
             out.append(failed("ray train worker step", reason))
         else:
-            out.append(passed("ray train worker step", f"one training step on {where}, "
-                                                       f"{time.perf_counter() - t:.1f} s with the worker group's start"))
+            out.append(
+                passed(
+                    "ray train worker step",
+                    f"one training step on {where}, {time.perf_counter() - t:.1f} s with the worker group's start",
+                )
+            )
         return out
     finally:
         if started:
@@ -483,8 +530,16 @@ def _ray_worker_step(config=None) -> None:
 
 # ---- the report ----------------------------------------------------------------------------------
 
-def run(*, quick: bool = False, preset: str | None = None, steps: int = 3, device: str = "auto",
-        ray: bool = True, progress: Callable[[Check], None] | None = None) -> list[Check]:
+
+def run(
+    *,
+    quick: bool = False,
+    preset: str | None = None,
+    steps: int = 3,
+    device: str = "auto",
+    ray: bool = True,
+    progress: Callable[[Check], None] | None = None,
+) -> list[Check]:
     import torch
 
     from looplab.devices import resolve_device
@@ -526,8 +581,18 @@ def run(*, quick: bool = False, preset: str | None = None, steps: int = 3, devic
 def report_json(checks: list[Check], path: str | os.PathLike) -> None:
     from looplab.destinations import write_text
 
-    write_text(path, json.dumps({"host": platform.node(), "checks": [asdict(c) for c in checks],
-                                 "failed": sum(c.status == FAIL for c in checks)}, indent=2) + "\n")
+    write_text(
+        path,
+        json.dumps(
+            {
+                "host": platform.node(),
+                "checks": [asdict(c) for c in checks],
+                "failed": sum(c.status == FAIL for c in checks),
+            },
+            indent=2,
+        )
+        + "\n",
+    )
 
 
 def report_markdown(checks: list[Check]) -> str:
@@ -539,8 +604,14 @@ def report_markdown(checks: list[Check]) -> str:
 def main(args) -> int:
     """The `looplab doctor` command: one line per check as it finishes, then the verdict."""
     started = time.perf_counter()
-    checks = run(quick=args.quick, preset=args.preset, steps=args.steps, device=args.device, ray=not args.no_ray,
-                 progress=lambda c: print(c.line(), flush=True))
+    checks = run(
+        quick=args.quick,
+        preset=args.preset,
+        steps=args.steps,
+        device=args.device,
+        ray=not args.no_ray,
+        progress=lambda c: print(c.line(), flush=True),
+    )
     if args.json:
         report_json(checks, args.json)
     if getattr(args, "markdown", None):
@@ -548,9 +619,12 @@ def main(args) -> int:
 
         write_text(args.markdown, report_markdown(checks) + "\n")
     bad = [c for c in checks if c.status == FAIL]
-    print(f"doctor: {len(checks) - len(bad)} of {len(checks)} checks passed or skipped, {len(bad)} failed "
-          f"({time.perf_counter() - started:.0f} s)" + (f"; first failure: {bad[0].name}: {bad[0].reason}" if bad else ""),
-          file=sys.stderr)
+    print(
+        f"doctor: {len(checks) - len(bad)} of {len(checks)} checks passed or skipped, {len(bad)} failed "
+        f"({time.perf_counter() - started:.0f} s)"
+        + (f"; first failure: {bad[0].name}: {bad[0].reason}" if bad else ""),
+        file=sys.stderr,
+    )
     return 1 if bad else 0
 
 

@@ -65,6 +65,7 @@ WEIGHT_PREFIX = "model."  # LoopLabForCausalLM.model is the LoopedLM
 
 # ---- the model's source, flattened into the folder ----------------------------------
 
+
 def flat_name(module: str) -> str:
     """looplab.models.ops.ssd -> looplab_models_ops_ssd (the file's stem in the folder)."""
     return module.replace(".", "_")
@@ -117,13 +118,16 @@ def source_closure(entry: str = ENTRY_MODULE) -> list[str]:
             continue
         path = _module_file(module)
         if path is None:
-            raise ConfigError(f"module {module!r} has no source file in {_package_dir()}; the export copies the "
-                              "model's source and needs looplab installed from source files")
+            raise ConfigError(
+                f"module {module!r} has no source file in {_package_dir()}; the export copies the "
+                "model's source and needs looplab installed from source files"
+            )
         seen.add(module)
         for node in _imports(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ImportFrom) and node.level:
-                raise ConfigError(f"{path}:{node.lineno}: a relative import; the export rewrites absolute "
-                                  "looplab imports only")
+                raise ConfigError(
+                    f"{path}:{node.lineno}: a relative import; the export rewrites absolute looplab imports only"
+                )
             todo += [m for m, _ in _targets(node)]
     return sorted(seen)
 
@@ -142,17 +146,21 @@ def flatten_source(module: str) -> str:
             continue
         end = node.end_lineno
         assert end is not None  # ast.parse sets every statement's end
-        indent = lines[node.lineno - 1][:node.col_offset]
-        comment = lines[end - 1][node.end_col_offset:].strip()
+        indent = lines[node.lineno - 1][: node.col_offset]
+        comment = lines[end - 1][node.end_col_offset :].strip()
         if indent.strip() or (comment and not comment.startswith("#")):
-            raise ConfigError(f"{path}:{node.lineno}: an import sharing its line with other code; the export "
-                              "rewrites import statements on lines of their own")
+            raise ConfigError(
+                f"{path}:{node.lineno}: an import sharing its line with other code; the export "
+                "rewrites import statements on lines of their own"
+            )
         statements, names = [], []
         for alias in node.names:
             if isinstance(node, ast.Import):
                 if alias.asname is None:
-                    raise ConfigError(f"{path}:{node.lineno}: `import {alias.name}`; the export rewrites "
-                                      "`from looplab... import` and `import looplab... as name` only")
+                    raise ConfigError(
+                        f"{path}:{node.lineno}: `import {alias.name}`; the export rewrites "
+                        "`from looplab... import` and `import looplab... as name` only"
+                    )
                 statements.append(f"from . import {flat_name(alias.name)} as {alias.asname}")
                 continue
             sub = f"{node.module}.{alias.name}"
@@ -167,9 +175,11 @@ def flatten_source(module: str) -> str:
             statements[-1] += "  " + comment
         edits.append((node.lineno, end, "".join(indent + s + "\n" for s in statements)))
     for start, end, replacement in sorted(edits, reverse=True):
-        lines[start - 1:end] = [replacement]
-    header = (f"# looplab's {module} ({path.name}), copied by `looplab export --format hf` with its looplab imports\n"
-              "# rewritten to this folder's flat modules. Edit the original, not this copy.\n")
+        lines[start - 1 : end] = [replacement]
+    header = (
+        f"# looplab's {module} ({path.name}), copied by `looplab export --format hf` with its looplab imports\n"
+        "# rewritten to this folder's flat modules. Edit the original, not this copy.\n"
+    )
     return header + "".join(lines)
 
 
@@ -300,12 +310,14 @@ class LoopLabForCausalLM(PreTrainedModel, GenerationMixin):
 
 
 def modeling_source(modules: list[str]) -> str:
-    manifest = "\n".join(f"from .{flat_name(m)} import __name__ as _source_{i}  # noqa: F401"
-                         for i, m in enumerate(modules))
+    manifest = "\n".join(
+        f"from .{flat_name(m)} import __name__ as _source_{i}  # noqa: F401" for i, m in enumerate(modules)
+    )
     return MODELING_SOURCE.replace("__MANIFEST__", manifest)
 
 
 # ---- config, weights, tokenizer ---------------------------------------------------------
+
 
 def hf_config(model, policy_spec: str) -> dict[str, Any]:
     """config.json's content: the looplab ModelConfig, the default exit policy, what the
@@ -329,13 +341,24 @@ def hf_config(model, policy_spec: str) -> dict[str, Any]:
         tok = _load_tokenizer(spec)
         special = {"bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id, "pad_token_id": tok.pad_id}
     out = {
-        "model_type": "looplab", "architectures": [MODEL_CLASS],
-        "auto_map": {"AutoConfig": f"{Path(CONFIG_FILE).stem}.{CONFIG_CLASS}",
-                     "AutoModelForCausalLM": f"{Path(MODELING_FILE).stem}.{MODEL_CLASS}"},
-        "looplab_model": looplab_model, "n_loops": cfg.n_loops, "exit_policy": ExitPolicy.parse(policy_spec).spec,
-        "exit_policies": evaluated, "stage": stage, "lineage": lineage,
-        "method": meta.get("method") or method_of(lineage), "looplab_tokenizer": spec,
-        "tie_word_embeddings": False, "use_cache": False, "dtype": "float32", **special,
+        "model_type": "looplab",
+        "architectures": [MODEL_CLASS],
+        "auto_map": {
+            "AutoConfig": f"{Path(CONFIG_FILE).stem}.{CONFIG_CLASS}",
+            "AutoModelForCausalLM": f"{Path(MODELING_FILE).stem}.{MODEL_CLASS}",
+        },
+        "looplab_model": looplab_model,
+        "n_loops": cfg.n_loops,
+        "exit_policy": ExitPolicy.parse(policy_spec).spec,
+        "exit_policies": evaluated,
+        "stage": stage,
+        "lineage": lineage,
+        "method": meta.get("method") or method_of(lineage),
+        "looplab_tokenizer": spec,
+        "tie_word_embeddings": False,
+        "use_cache": False,
+        "dtype": "float32",
+        **special,
     }
     if seq_len:
         out["max_position_embeddings"] = int(seq_len)
@@ -363,10 +386,18 @@ def byte_level_tokenizer():
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([AddedToken(t, special=True) for t in ("<bos>", "<eos>", "<pad>")])
-    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", pair="<bos> $A $B:1",
-                                                       special_tokens=[("<bos>", 256)])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
-                                   unk_token=None, clean_up_tokenization_spaces=False, model_max_length=int(1e30))
+    tok.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", pair="<bos> $A $B:1", special_tokens=[("<bos>", 256)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<bos>",
+        eos_token="<eos>",
+        pad_token="<pad>",
+        unk_token=None,
+        clean_up_tokenization_spaces=False,
+        model_max_length=int(1e30),
+    )
 
 
 TOKENIZATION_FILE, SP_TOKENIZER_CLASS = "tokenization_looplab.py", "LoopLabSentencePieceTokenizer"
@@ -398,18 +429,33 @@ def write_sentencepiece_tokenizer(model_file: Path, out: Path) -> None:
     sentencepiece, so the ids would not be looplab's; this class runs sentencepiece."""
     shutil.copyfile(model_file, out / "tokenizer.model")
     (out / TOKENIZATION_FILE).write_text(TOKENIZATION_SOURCE, encoding="utf-8")
-    config = {"tokenizer_class": SP_TOKENIZER_CLASS,
-              "auto_map": {"AutoTokenizer": [f"{Path(TOKENIZATION_FILE).stem}.{SP_TOKENIZER_CLASS}", None]},
-              "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<unk>",
-              "legacy": True, "special_tokens_pattern": "bos", "add_bos_token": True, "add_eos_token": False,
-              "clean_up_tokenization_spaces": False, "model_max_length": int(1e30), "backend": "sentencepiece"}
+    config = {
+        "tokenizer_class": SP_TOKENIZER_CLASS,
+        "auto_map": {"AutoTokenizer": [f"{Path(TOKENIZATION_FILE).stem}.{SP_TOKENIZER_CLASS}", None]},
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "unk_token": "<unk>",
+        "pad_token": "<unk>",
+        "legacy": True,
+        "special_tokens_pattern": "bos",
+        "add_bos_token": True,
+        "add_eos_token": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": int(1e30),
+        "backend": "sentencepiece",
+    }
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def write_tokenizer(spec: str, out: Path) -> None:
     """Write a transformers tokenizer equal to looplab's tokenizer `spec` into out."""
-    from looplab.tasks.tokenizer import (ByteTokenizer, HFTokenizer, SentencePieceTokenizer, hub_reachable,
-                                         mistral_model_path)
+    from looplab.tasks.tokenizer import (
+        ByteTokenizer,
+        HFTokenizer,
+        SentencePieceTokenizer,
+        hub_reachable,
+        mistral_model_path,
+    )
 
     tok = _load_tokenizer(spec)
     if isinstance(tok, ByteTokenizer):
@@ -422,11 +468,14 @@ def write_tokenizer(spec: str, out: Path) -> None:
         local = Path(spec).expanduser().exists() or not hub_reachable()
         AutoTokenizer.from_pretrained(spec, local_files_only=local).save_pretrained(str(out))
     else:
-        raise ConfigError(f"tokenizer={spec!r} has no Hugging Face export; allowed: bytes | mistral | a HuggingFace "
-                          "tokenizer name or path")
+        raise ConfigError(
+            f"tokenizer={spec!r} has no Hugging Face export; allowed: bytes | mistral | a HuggingFace "
+            "tokenizer name or path"
+        )
 
 
 # ---- the export ---------------------------------------------------------------------------
+
 
 def check_out_dir(out_dir: str | Path, force: bool = False, name: str = "out_dir") -> Path:
     """The folder to write: new or empty, or with force a previous export (its
@@ -437,11 +486,15 @@ def check_out_dir(out_dir: str | Path, force: bool = False, name: str = "out_dir
         raise ConfigError(f"{name}={str(out_dir)!r} is invalid; allowed: a folder (this is a file)")
     if out.is_dir() and any(out.iterdir()):
         if not force:
-            raise ConfigError(f"{name}={str(out_dir)!r} is not empty; allowed: an empty or new folder, or --force "
-                              "to replace a previous export")
+            raise ConfigError(
+                f"{name}={str(out_dir)!r} is not empty; allowed: an empty or new folder, or --force "
+                "to replace a previous export"
+            )
         if not _is_export(out):
-            raise ConfigError(f"{name}={str(out_dir)!r} is not empty and not a looplab export, so --force leaves it "
-                              "alone; allowed: an empty or new folder, or a previous export")
+            raise ConfigError(
+                f"{name}={str(out_dir)!r} is not empty and not a looplab export, so --force leaves it "
+                "alone; allowed: an empty or new folder, or a previous export"
+            )
     return out
 
 
@@ -487,8 +540,7 @@ def export_hf(checkpoint, out_dir: str | Path, policy: str = "full", *, force: b
         if key in config:
             generation[key] = config[key]
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n")
-    state = {WEIGHT_PREFIX + k: v.detach().to("cpu", torch.float32).contiguous()
-             for k, v in model.state_dict().items()}
+    state = {WEIGHT_PREFIX + k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.state_dict().items()}
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     if config["looplab_tokenizer"]:
         write_tokenizer(config["looplab_tokenizer"], out)

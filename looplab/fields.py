@@ -22,8 +22,9 @@ KEY = "key"  # field metadata: the field can change a run's result, so it enters
 ADDED = "added"  # field metadata: keyed, but added after keys were stored (keyed(..., added=True))
 
 
-def keyed(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING,
-          added: bool = False) -> Any:
+def keyed(
+    default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING, added: bool = False
+) -> Any:
     """A dataclass field that enters the keys of the runs it configures.
 
     added=True: a field added after keys were stored. It enters a key only when set
@@ -66,8 +67,12 @@ def check_finite(obj: Any, *names: str) -> None:
     here, before a range check compares it (NaN passes no comparison; inf passes > 0)."""
     for n in names:
         v = getattr(obj, n)
-        check(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
-              f"{type(obj).__name__}.{n}", v, "a finite number")
+        check(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
+            f"{type(obj).__name__}.{n}",
+            v,
+            "a finite number",
+        )
 
 
 def check_choice(obj: Any, name: str, options) -> None:

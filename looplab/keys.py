@@ -133,4 +133,3 @@ def stage_path(stage: str, stage_key: str, *inside: str) -> tuple[str, ...]:
     """The parts of a stage's location under a storage root, for Storage.path(*parts):
     stages/<stage>-<stage_key>[/inside...]."""
     return (STAGES_DIR, stage_folder(stage, stage_key), *inside)
-

@@ -64,9 +64,11 @@ def zoo_kind(execution: str, rule: str) -> str:
 ZOO_KINDS = tuple(zoo_kind(e, r) for r in ZOO_RULES for e in (DENSE, SKIP))
 # Default threshold grids a sweep can evaluate: entropy and KL in nats (loosest last:
 # larger τ exits earlier), stable's window k in steps (smaller k exits earlier).
-ZOO_GRIDS = {ENTROPY: (0.25, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0),
-             KL: (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1),
-             STABLE: (4, 3, 2)}
+ZOO_GRIDS = {
+    ENTROPY: (0.25, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0),
+    KL: (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1),
+    STABLE: (4, 3, 2),
+}
 # How a zoo policy's label reads, after its execution: skip entropy<2.5, dense KL<0.01,
 # skip stable k=2 (ExitPolicy.label; analysis reads the label, never these templates).
 ZOO_LABELS = {ENTROPY: "entropy<{}", KL: "KL<{}", STABLE: "stable k={}"}
@@ -86,10 +88,16 @@ def _zoo_value(rule: str, value):
         if isinstance(value, bool) or not isinstance(value, int) or value < 2:
             raise ConfigError(f"policy stable k={value!r} is invalid; allowed: an integer >= 2")
         return value
-    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0
-            or float(number_name(value)) != float(value)):
-        raise ConfigError(f"policy {rule} threshold={value!r} is invalid; allowed: a number >= 0 (nats) with at "
-                          "most 4 decimals")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 0
+        or float(number_name(value)) != float(value)
+    ):
+        raise ConfigError(
+            f"policy {rule} threshold={value!r} is invalid; allowed: a number >= 0 (nats) with at most 4 decimals"
+        )
     return float(value)
 
 
@@ -127,8 +135,9 @@ class ExitPolicy:
             elif self.rule in ZOO_RULES:
                 object.__setattr__(self, "threshold", _zoo_value(self.rule, self.threshold))
             else:
-                raise ConfigError(f"policy rule={self.rule!r} is invalid; allowed: "
-                                  f"{' | '.join((GATE, GIVEN, *ZOO_RULES))}")
+                raise ConfigError(
+                    f"policy rule={self.rule!r} is invalid; allowed: {' | '.join((GATE, GIVEN, *ZOO_RULES))}"
+                )
         elif self.execution == FORCED:
             d = self.depth
             if isinstance(d, bool) or not isinstance(d, int) or d < 1:
@@ -137,8 +146,10 @@ class ExitPolicy:
         if self.q is not None and self.rule != GATE:
             raise ConfigError(f"policy q={self.q!r} is invalid for rule {self.rule!r}; allowed: q with rule {GATE}")
         if self.threshold is not None and self.rule not in ZOO_RULES:
-            raise ConfigError(f"policy threshold={self.threshold!r} is invalid for rule {self.rule!r}; allowed: "
-                              f"threshold with rules {' | '.join(ZOO_RULES)}")
+            raise ConfigError(
+                f"policy threshold={self.threshold!r} is invalid for rule {self.rule!r}; allowed: "
+                f"threshold with rules {' | '.join(ZOO_RULES)}"
+            )
 
     # ---- constructors -------------------------------------------------------------
     @classmethod
@@ -248,9 +259,11 @@ class ExitPolicy:
             return cls(execution, GATE, q=number)
         if number is not None and zoo:
             return cls.zoo(rule, number, execution)
-        raise ConfigError(f"policy {text!r} is invalid; allowed: full | forced:D | dense:Q | skip:Q | "
-                          "dense-entropy:T | skip-entropy:T | dense-kl:T | skip-kl:T | dense-stable:K | "
-                          "skip-stable:K (e.g. skip:0.4, forced:2, skip-entropy:2.5, skip-stable:2)")
+        raise ConfigError(
+            f"policy {text!r} is invalid; allowed: full | forced:D | dense:Q | skip:Q | "
+            "dense-entropy:T | skip-entropy:T | dense-kl:T | skip-kl:T | dense-stable:K | "
+            "skip-stable:K (e.g. skip:0.4, forced:2, skip-entropy:2.5, skip-stable:2)"
+        )
 
     @classmethod
     def from_prefix(cls, prefix: str) -> "ExitPolicy | None":
@@ -289,8 +302,9 @@ class ExitPolicy:
         if self.rule == GIVEN:
             at = self.exit_at
             if (shape is not None and tuple(at.shape) != tuple(shape)) or int(at.min()) < 1 or int(at.max()) > n_loops:
-                raise ConfigError(f"policy exit_at must be (B, L) = {tuple(shape or at.shape)} with steps in "
-                                  f"[1, R={n_loops}]")
+                raise ConfigError(
+                    f"policy exit_at must be (B, L) = {tuple(shape or at.shape)} with steps in [1, R={n_loops}]"
+                )
 
 
 # The metric prefixes, as one regular expression with named groups (analysis parses
@@ -299,7 +313,8 @@ class ExitPolicy:
 # rule; empty for the gate) and q (the gate's q, or the zoo rule's τ or k).
 PREFIX_PATTERN = re.compile(
     r"(?:(?P<val>val_)|forced_d(?P<depth>[0-9]+)_|(?P<execution>dense|skip)_"
-    rf"(?:q|(?P<rule>{'|'.join(ZOO_RULES)}))(?P<q>[0-9]+(?:\.[0-9]+)?)_)")
+    rf"(?:q|(?P<rule>{'|'.join(ZOO_RULES)}))(?P<q>[0-9]+(?:\.[0-9]+)?)_)"
+)
 
 
 def parse_policies(text: str) -> list[ExitPolicy]:
@@ -321,8 +336,9 @@ def parse_policies(text: str) -> list[ExitPolicy]:
             else:
                 policies.append(ExitPolicy.parse(f"{kind}:{value}"))
     if not policies:
-        raise ConfigError(f"policies {text!r} is invalid; allowed: e.g. dense:0.2,0.4;skip:0.4;forced:1-4;"
-                          "skip-entropy:1.0,2.0")
+        raise ConfigError(
+            f"policies {text!r} is invalid; allowed: e.g. dense:0.2,0.4;skip:0.4;forced:1-4;skip-entropy:1.0,2.0"
+        )
     return list(dict.fromkeys(policies))  # in order, each once
 
 
@@ -482,7 +498,11 @@ class StableArgmax(StepLogitsRule):
 
 
 EXIT_RULES: dict[str, type[ExitRule]] = {  # the classes: callers read their reads and statistic
-    GATE: GateThreshold, ENTROPY: EntropyBelow, KL: KLBelow, STABLE: StableArgmax}
+    GATE: GateThreshold,
+    ENTROPY: EntropyBelow,
+    KL: KLBelow,
+    STABLE: StableArgmax,
+}
 
 
 def exit_rule(policy: ExitPolicy) -> ExitRule:

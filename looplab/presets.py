@@ -13,8 +13,17 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from looplab.config import (ExperimentConfig, ManoConfig, ModelConfig, ParentRef, PhopConfig, TextConfig, TrainConfig,
-                            apply_overrides, invalid)
+from looplab.config import (
+    ExperimentConfig,
+    ManoConfig,
+    ModelConfig,
+    ParentRef,
+    PhopConfig,
+    TextConfig,
+    TrainConfig,
+    apply_overrides,
+    invalid,
+)
 from looplab.stages import get_stage
 
 PRESETS: dict[str, Callable[[], ExperimentConfig]] = {}
@@ -35,6 +44,7 @@ def preset(name: str, stage_steps: dict[str, int] | None = None):
         if stage_steps:
             STAGE_BUDGETS[name] = dict(stage_steps)
         return fn
+
     return register
 
 
@@ -73,12 +83,24 @@ def _experiment(model: ModelConfig, task, train: TrainConfig) -> ExperimentConfi
 # gives lr 2e-4 → 2e-5, 2000 warmup steps, clip 1.0, wd 0.1, bf16, but not the batch
 # size or step count: 128 × 50k steps here is our choice.
 
+
 def _phop_paper(p: int) -> ExperimentConfig:
     return _experiment(
         ModelConfig(arch="mamba2", d_model=256, n_layers=1, n_loops=6, mixers_per_layer=2, chunk_size=64),
         PhopConfig(n=256, p=p, alphabet=4, eval_count=10_000),
-        TrainConfig(steps=50_000, batch_size=128, seq_len=272, lr=2e-4, min_lr_ratio=0.1, warmup_steps=2000,
-                    weight_decay=0.1, grad_clip=1.0, eval_every=2000, eval_limit=0, ckpt_every=5000),
+        TrainConfig(
+            steps=50_000,
+            batch_size=128,
+            seq_len=272,
+            lr=2e-4,
+            min_lr_ratio=0.1,
+            warmup_steps=2000,
+            weight_decay=0.1,
+            grad_clip=1.0,
+            eval_every=2000,
+            eval_limit=0,
+            ckpt_every=5000,
+        ),
     )
 
 
@@ -103,8 +125,9 @@ def phop_induction_debug() -> ExperimentConfig:
     # (it needs a previous-token head feeding an induction head); looping the
     # layer twice gives it the second application. The loop-advantage test uses it.
     return _experiment(
-        ModelConfig(arch="transformer", d_model=64, n_layers=1, n_loops=2, attn_head_dim=16, rope_dim=16,
-                    d_intermediate=128),
+        ModelConfig(
+            arch="transformer", d_model=64, n_layers=1, n_loops=2, attn_head_dim=16, rope_dim=16, d_intermediate=128
+        ),
         PhopConfig(n=16, p=1, alphabet=4, eval_count=500),
         TrainConfig(steps=1000, batch_size=32, lr=3e-3, warmup_steps=30, eval_every=250, log_every=50),
     )
@@ -113,8 +136,9 @@ def phop_induction_debug() -> ExperimentConfig:
 @preset("phop-local")
 def phop_local() -> ExperimentConfig:
     return _experiment(
-        ModelConfig(arch="mamba2", d_model=128, n_layers=1, n_loops=4, mixers_per_layer=2, d_state=32,
-                    headdim=32, chunk_size=32),
+        ModelConfig(
+            arch="mamba2", d_model=128, n_layers=1, n_loops=4, mixers_per_layer=2, d_state=32, headdim=32, chunk_size=32
+        ),
         PhopConfig(n=64, p=4, alphabet=4, eval_count=2000),
         TrainConfig(steps=2000, batch_size=32, lr=2e-3, warmup_steps=100, eval_every=250, log_every=50),
     )
@@ -125,13 +149,26 @@ def phop_local() -> ExperimentConfig:
 # 24), AdamW (0.9, 0.98), eps 1e-6, wd 0.1, 1000 warmup steps, cosine to 0.1×,
 # context 1024, batch 128; steps and peak lr per difficulty as in App. B.
 
+
 def _mano_paper(L: int, steps: int, lr: float) -> ExperimentConfig:
     return _experiment(
         ModelConfig(arch="mamba2", d_model=1024, n_layers=4, n_loops=6, mixers_per_layer=2, chunk_size=64),
         ManoConfig(L=L, eval_count=2000),
-        TrainConfig(steps=steps, batch_size=128, seq_len=1024, lr=lr, min_lr_ratio=0.1, warmup_steps=1000,
-                    beta1=0.9, beta2=0.98, adam_eps=1e-6, weight_decay=0.1, grad_clip=1.0,
-                    eval_every=2000, ckpt_every=5000),
+        TrainConfig(
+            steps=steps,
+            batch_size=128,
+            seq_len=1024,
+            lr=lr,
+            min_lr_ratio=0.1,
+            warmup_steps=1000,
+            beta1=0.9,
+            beta2=0.98,
+            adam_eps=1e-6,
+            weight_decay=0.1,
+            grad_clip=1.0,
+            eval_every=2000,
+            ckpt_every=5000,
+        ),
     )
 
 
@@ -145,19 +182,18 @@ def mano_debug() -> ExperimentConfig:
     return _experiment(
         ModelConfig(arch="mamba2", d_model=64, n_layers=1, n_loops=4, d_state=16, headdim=16, chunk_size=32),
         ManoConfig(L=3, eval_count=500),
-        TrainConfig(steps=300, batch_size=16, seq_len=128, lr=3e-3, warmup_steps=30, eval_every=100,
-                    log_every=20),
+        TrainConfig(steps=300, batch_size=16, seq_len=128, lr=3e-3, warmup_steps=30, eval_every=100, log_every=20),
     )
 
 
 @preset("mano-local")
 def mano_local() -> ExperimentConfig:
     return _experiment(
-        ModelConfig(arch="mamba2", d_model=128, n_layers=2, n_loops=4, mixers_per_layer=2, d_state=32,
-                    headdim=32, chunk_size=64),
+        ModelConfig(
+            arch="mamba2", d_model=128, n_layers=2, n_loops=4, mixers_per_layer=2, d_state=32, headdim=32, chunk_size=64
+        ),
         ManoConfig(L=5, eval_count=2000),
-        TrainConfig(steps=2000, batch_size=16, seq_len=256, lr=2e-3, warmup_steps=100, eval_every=250,
-                    log_every=50),
+        TrainConfig(steps=2000, batch_size=16, seq_len=256, lr=2e-3, warmup_steps=100, eval_every=250, log_every=50),
     )
 
 
@@ -166,17 +202,41 @@ def mano_local() -> ExperimentConfig:
 # AdamW (0.9, 0.95), wd 0.1, cosine 8e-4 → 8e-5, warmup 10%, clip 1.0, bf16, seed
 # 3407, global batch 1024 sequences, 75k steps (150B tokens) for the Table 4 models.
 
-def _paper_lm(d_model: int, n_layers: int, arch: str, attn_idx: tuple[int, ...], steps: int = 75_000
-              ) -> ExperimentConfig:
+
+def _paper_lm(
+    d_model: int, n_layers: int, arch: str, attn_idx: tuple[int, ...], steps: int = 75_000
+) -> ExperimentConfig:
     # App. D: the Transformer's gated MLP is 640 wide (parameter-matched to Mamba-2, not
     # LLaMA's 8/3 d); the hybrid puts attention (no MLP, RoPE 64) at attn_idx.
-    model = ModelConfig(arch=arch, d_model=d_model, n_layers=n_layers, n_loops=4, d_state=128, headdim=64,
-                        expand=2, chunk_size=256, attn_head_dim=64, rope_dim=64,
-                        d_intermediate=640 if arch == "transformer" else 0,
-                        attn_layer_idx=attn_idx if arch == "hybrid" else ())
-    train = TrainConfig(steps=steps, batch_size=1024, seq_len=2048, lr=8e-4, min_lr_ratio=0.1,
-                        warmup_steps=steps // 10, beta1=0.9, beta2=0.95, weight_decay=0.1, grad_clip=1.0,
-                        eval_every=2_500, ckpt_every=2_500, seed=3407)
+    model = ModelConfig(
+        arch=arch,
+        d_model=d_model,
+        n_layers=n_layers,
+        n_loops=4,
+        d_state=128,
+        headdim=64,
+        expand=2,
+        chunk_size=256,
+        attn_head_dim=64,
+        rope_dim=64,
+        d_intermediate=640 if arch == "transformer" else 0,
+        attn_layer_idx=attn_idx if arch == "hybrid" else (),
+    )
+    train = TrainConfig(
+        steps=steps,
+        batch_size=1024,
+        seq_len=2048,
+        lr=8e-4,
+        min_lr_ratio=0.1,
+        warmup_steps=steps // 10,
+        beta1=0.9,
+        beta2=0.95,
+        weight_decay=0.1,
+        grad_clip=1.0,
+        eval_every=2_500,
+        ckpt_every=2_500,
+        seed=3407,
+    )
     return _experiment(model, TextConfig(tokenizer="mistral", dataset="climbmix"), train)
 
 
@@ -185,15 +245,16 @@ def _paper_lm(d_model: int, n_layers: int, arch: str, attn_idx: tuple[int, ...],
 # (N ∈ {6, 12, 24} at d 768) pre-trains for 50k steps (100B tokens): paper-table3.
 for _arch, _suffix in (("mamba2", ""), ("transformer", "-transformer"), ("hybrid", "-hybrid")):
     preset(f"paper-140m{_suffix}", stage_steps={"stage1": 2500, "chase": 800, "stage2": 600})(
-        lambda a=_arch: _paper_lm(768, 24, a, (5, 10, 15, 20)))
+        lambda a=_arch: _paper_lm(768, 24, a, (5, 10, 15, 20))
+    )
     preset(f"paper-370m{_suffix}", stage_steps={"stage1": 2500, "chase": 2000, "stage2": 600})(
-        lambda a=_arch: _paper_lm(1024, 48, a, (6, 18, 30, 42)))
+        lambda a=_arch: _paper_lm(1024, 48, a, (6, 18, 30, 42))
+    )
     for _family in ("paper-140m", "paper-370m"):
         variant(_family, "model.arch", _arch, f"{_family}{_suffix}")
 for _arch, _suffix in (("mamba2", ""), ("transformer", "-transformer")):
     preset(f"paper-table3{_suffix}")(lambda a=_arch: _paper_lm(768, 24, a, (), steps=50_000))
     variant("paper-table3", "model.arch", _arch, f"paper-table3{_suffix}")
-
 
 
 @dataclass(frozen=True)
@@ -214,8 +275,9 @@ class Table4Group:
 TABLE4_GATED = {"loop4-Ouro": ("Ouro", "dense"), "loop4-CHASE": ("CHASE", "skip")}  # row -> (method, execution)
 TABLE4 = (
     Table4Group("140M LLaMA-2", "paper-140m-transformer", ("baseline", "loop4"), "paper-140m"),
-    Table4Group("140M Mamba-2", "paper-140m", ("baseline", "loop2", "loop4", "loop4-Ouro", "loop4-CHASE"),
-                "paper-140m"),
+    Table4Group(
+        "140M Mamba-2", "paper-140m", ("baseline", "loop2", "loop4", "loop4-Ouro", "loop4-CHASE"), "paper-140m"
+    ),
     Table4Group("140M Mamba-2 Hybrid", "paper-140m-hybrid", ("baseline", "loop4", "loop4-Ouro"), "paper-140m-hybrid"),
     Table4Group("370M Mamba-2", "paper-370m", ("baseline", "loop4", "loop4-Ouro", "loop4-CHASE"), "paper-370m"),
     Table4Group("370M Mamba-2 Hybrid", "paper-370m-hybrid", ("baseline", "loop4", "loop4-Ouro"), "paper-370m-hybrid"),
@@ -232,14 +294,14 @@ def table4_loops(row: str) -> int | None:
 # Offline language models on the embedded corpus (Shakespeare + CPython's pydoc
 # topics, ~1.8M Mistral tokens, 5.6M bytes): the whole text pipeline end to end.
 
+
 @preset("debug")
 def debug() -> ExperimentConfig:
     # Bytes: no tokenizer file, and a 259-row head costs nothing next to the mixer.
     return _experiment(
         ModelConfig(arch="mamba2", d_model=64, n_layers=1, n_loops=4, d_state=16, headdim=16, chunk_size=32),
         TextConfig(tokenizer="bytes", dataset="embedded", val_blocks=32),
-        TrainConfig(steps=200, batch_size=16, seq_len=128, lr=3e-3, warmup_steps=20, eval_every=100,
-                    log_every=20),
+        TrainConfig(steps=200, batch_size=16, seq_len=128, lr=3e-3, warmup_steps=20, eval_every=100, log_every=20),
     )
 
 
@@ -253,16 +315,30 @@ def local() -> ExperimentConfig:
     return _experiment(
         ModelConfig(arch="mamba2", d_model=128, n_layers=2, n_loops=4, d_state=32, headdim=32, chunk_size=64),
         TextConfig(tokenizer="mistral", dataset="embedded", val_blocks=32),
-        TrainConfig(steps=120, batch_size=8, seq_len=128, lr=3e-3, warmup_steps=10, eval_every=60,
-                    eval_batch_size=16, log_every=10),
+        TrainConfig(
+            steps=120,
+            batch_size=8,
+            seq_len=128,
+            lr=3e-3,
+            warmup_steps=10,
+            eval_every=60,
+            eval_batch_size=16,
+            log_every=10,
+        ),
     )
 
 
 # ---- a stage's config ----------------------------------------------------------------
 
-def stage_config(base: ExperimentConfig, stage: str, *, parent: ParentRef | None = None,
-                 overrides: dict[str, Any] | None = None,
-                 stage_overrides: dict[str, Any] | None = None) -> ExperimentConfig:
+
+def stage_config(
+    base: ExperimentConfig,
+    stage: str,
+    *,
+    parent: ParentRef | None = None,
+    overrides: dict[str, Any] | None = None,
+    stage_overrides: dict[str, Any] | None = None,
+) -> ExperimentConfig:
     """`base` (a preset's config) as `stage`, continuing `parent`, by the precedence
     rule of the module docstring: the stage's recipe and the preset's step budget for
     it (presets.STAGE_BUDGETS, when the preset has one), then the sweep-wide

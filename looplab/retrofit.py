@@ -55,8 +55,10 @@ PREFIX = "hf:"  # the checkpoint's shape and weights: a retrofitted model
 # The checkpoint's shape only, freshly initialised: the from-scratch arm a retrofitted one
 # is compared with at equal architecture (a sweep's --init-from runs both).
 SHAPE_PREFIX = "hf-shape:"
-ALLOWED = '"" (from scratch, the preset\'s shape) | hf:PATH (a Hugging Face checkpoint folder: its shape and ' \
-          'weights) | hf-shape:PATH (its shape, fresh weights)'
+ALLOWED = (
+    '"" (from scratch, the preset\'s shape) | hf:PATH (a Hugging Face checkpoint folder: its shape and '
+    "weights) | hf-shape:PATH (its shape, fresh weights)"
+)
 FIELD = "train.init_from"
 LAYERS_FIELD = "train.init_layers"
 ARCHITECTURES = {"Mamba2ForCausalLM": "mamba2", "LlamaForCausalLM": "transformer"}
@@ -65,9 +67,11 @@ EVEN = "even"  # init_layers: N layers evenly spaced over the checkpoint's depth
 
 # ---- the source folder and its config --------------------------------------------------
 def well_formed(init_from: Any) -> bool:
-    """"" or hf:PATH or hf-shape:PATH (the path not empty); torch-free, for config checks."""
-    return isinstance(init_from, str) and (init_from == "" or any(
-        init_from.startswith(prefix) and len(init_from) > len(prefix) for prefix in (PREFIX, SHAPE_PREFIX)))
+    """ "" or hf:PATH or hf-shape:PATH (the path not empty); torch-free, for config checks."""
+    return isinstance(init_from, str) and (
+        init_from == ""
+        or any(init_from.startswith(prefix) and len(init_from) > len(prefix) for prefix in (PREFIX, SHAPE_PREFIX))
+    )
 
 
 def loads_weights(init_from: str) -> bool:
@@ -79,8 +83,12 @@ def source_dir(init_from: str) -> Path:
     """The folder an "hf:PATH" (or "hf-shape:PATH") value names; it must hold config.json."""
     check(well_formed(init_from) and init_from != "", FIELD, init_from, ALLOWED)
     folder = Path(init_from.split(":", 1)[1]).expanduser()
-    check((folder / "config.json").is_file(), FIELD, init_from,
-          f"hf:PATH of a folder with config.json and weights ({folder / 'config.json'} does not exist)")
+    check(
+        (folder / "config.json").is_file(),
+        FIELD,
+        init_from,
+        f"hf:PATH of a folder with config.json and weights ({folder / 'config.json'} does not exist)",
+    )
     return folder
 
 
@@ -96,8 +104,9 @@ def read_hf_config(init_from: str) -> dict[str, Any]:
     try:
         return json.loads(path.read_text(), object_hook=special_floats)
     except (OSError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{FIELD}={init_from!r} is invalid; allowed: a folder whose config.json is JSON "
-                          f"({path}: {e})") from None
+        raise ConfigError(
+            f"{FIELD}={init_from!r} is invalid; allowed: a folder whose config.json is JSON ({path}: {e})"
+        ) from None
 
 
 def architecture(hf: dict[str, Any], init_from: str) -> str:
@@ -105,10 +114,17 @@ def architecture(hf: dict[str, Any], init_from: str) -> str:
     names = hf.get("architectures") or []
     found = [ARCHITECTURES[n] for n in names if n in ARCHITECTURES]
     if not found:  # a config saved without `architectures` still names its model_type
-        found = [{"mamba2": "mamba2", "llama": "transformer"}[hf["model_type"]]] if hf.get(
-            "model_type") in ("mamba2", "llama") else []
-    check(bool(found), f"{FIELD} architectures", names or hf.get("model_type"),
-          " | ".join(ARCHITECTURES) + f" (in {init_from})")
+        found = (
+            [{"mamba2": "mamba2", "llama": "transformer"}[hf["model_type"]]]
+            if hf.get("model_type") in ("mamba2", "llama")
+            else []
+        )
+    check(
+        bool(found),
+        f"{FIELD} architectures",
+        names or hf.get("model_type"),
+        " | ".join(ARCHITECTURES) + f" (in {init_from})",
+    )
     return found[0]
 
 
@@ -140,29 +156,52 @@ def checkpoint_layers(init_from: str) -> int:
 def _mamba2_fields(hf: dict[str, Any]) -> dict[str, Any]:
     d, heads, headdim = _int(hf, "hidden_size"), _int(hf, "num_heads"), _int(hf, "head_dim")
     expand = hf.get("expand", 2)
-    _refuse(isinstance(expand, int) and not isinstance(expand, bool) and expand > 0, "expand", expand,
-            "a positive integer (looplab's d_inner is expand·d_model)")
-    _refuse(heads * headdim == expand * d, "num_heads", heads,
-            f"expand·hidden_size/head_dim = {expand * d / headdim:g} (looplab derives the head count)")
+    _refuse(
+        isinstance(expand, int) and not isinstance(expand, bool) and expand > 0,
+        "expand",
+        expand,
+        "a positive integer (looplab's d_inner is expand·d_model)",
+    )
+    _refuse(
+        heads * headdim == expand * d,
+        "num_heads",
+        heads,
+        f"expand·hidden_size/head_dim = {expand * d / headdim:g} (looplab derives the head count)",
+    )
     _refuse(not hf.get("use_bias", False), "use_bias", hf.get("use_bias"), "false (looplab's in/out_proj have no bias)")
     _refuse(hf.get("hidden_act", "silu") == "silu", "hidden_act", hf.get("hidden_act"), "silu")
     _refuse(hf.get("rms_norm", True) is True, "rms_norm", hf.get("rms_norm"), "true (the gated RMSNorm)")
     limit = list(hf.get("time_step_limit", (0.0, math.inf)))
     _refuse(limit == [0.0, math.inf], "time_step_limit", limit, "[0.0, Infinity] (looplab never clamps dt)")
-    return {"arch": "mamba2", "vocab_size": _int(hf, "vocab_size"), "d_model": d, "mixers_per_layer": 1,
-            "d_state": _int(hf, "state_size"), "d_conv": _int(hf, "conv_kernel"), "expand": expand,
-            "headdim": headdim, "ngroups": _int(hf, "n_groups"), "d_intermediate": 0, "attn_layer_idx": (),
-            "norm_eps": float(hf.get("layer_norm_epsilon", 1e-5))}
+    return {
+        "arch": "mamba2",
+        "vocab_size": _int(hf, "vocab_size"),
+        "d_model": d,
+        "mixers_per_layer": 1,
+        "d_state": _int(hf, "state_size"),
+        "d_conv": _int(hf, "conv_kernel"),
+        "expand": expand,
+        "headdim": headdim,
+        "ngroups": _int(hf, "n_groups"),
+        "d_intermediate": 0,
+        "attn_layer_idx": (),
+        "norm_eps": float(hf.get("layer_norm_epsilon", 1e-5)),
+    }
 
 
 def _llama_fields(hf: dict[str, Any]) -> dict[str, Any]:
     d, heads = _int(hf, "hidden_size"), _int(hf, "num_attention_heads")
     kv = hf.get("num_key_value_heads") or heads
-    _refuse(isinstance(kv, int) and heads % kv == 0, "num_key_value_heads", kv,
-            f"a divisor of num_attention_heads={heads}")
+    _refuse(
+        isinstance(kv, int) and heads % kv == 0, "num_key_value_heads", kv, f"a divisor of num_attention_heads={heads}"
+    )
     head_dim = hf.get("head_dim") or d // heads
-    _refuse(head_dim * heads == d, "head_dim", head_dim,
-            f"hidden_size/num_attention_heads = {d / heads:g} (looplab's heads span d_model)")
+    _refuse(
+        head_dim * heads == d,
+        "head_dim",
+        head_dim,
+        f"hidden_size/num_attention_heads = {d / heads:g} (looplab's heads span d_model)",
+    )
     for name in ("attention_bias", "mlp_bias"):
         _refuse(not hf.get(name, False), name, hf.get(name), "false (looplab's projections have no bias)")
     _refuse(hf.get("hidden_act", "silu") == "silu", "hidden_act", hf.get("hidden_act"), "silu (SwiGLU)")
@@ -175,25 +214,40 @@ def _llama_fields(hf: dict[str, Any]) -> dict[str, Any]:
     partial = rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
     _refuse(partial == 1.0, "partial_rotary_factor", partial, "1.0 (Llama rotates whole heads)")
     theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
-    return {"arch": "transformer", "vocab_size": _int(hf, "vocab_size"), "d_model": d,
-            "attn_head_dim": head_dim, "rope_dim": head_dim, "rope_theta": float(theta),
-            "d_intermediate": _int(hf, "intermediate_size"), "attn_layer_idx": (),
-            "norm_eps": float(hf.get("rms_norm_eps", 1e-6))}
+    return {
+        "arch": "transformer",
+        "vocab_size": _int(hf, "vocab_size"),
+        "d_model": d,
+        "attn_head_dim": head_dim,
+        "rope_dim": head_dim,
+        "rope_theta": float(theta),
+        "d_intermediate": _int(hf, "intermediate_size"),
+        "attn_layer_idx": (),
+        "norm_eps": float(hf.get("rms_norm_eps", 1e-6)),
+    }
 
 
 # ---- which layers ------------------------------------------------------------------------
 def select_layers(init_layers: str, n_layers: int, available: int) -> list[int]:
     """The checkpoint's layers that become the N layers of the shared block, in order.
     "" the first N; "even" N evenly spaced, first and last included; "0,5" those."""
-    check(n_layers <= available, "ModelConfig.n_layers", n_layers,
-          f"an integer <= {available}, the layers of the checkpoint in {FIELD}")
+    check(
+        n_layers <= available,
+        "ModelConfig.n_layers",
+        n_layers,
+        f"an integer <= {available}, the layers of the checkpoint in {FIELD}",
+    )
     if init_layers == "":
         return list(range(n_layers))
     if init_layers == EVEN:
         return [0] if n_layers == 1 else [round(i * (available - 1) / (n_layers - 1)) for i in range(n_layers)]
     chosen = [int(i) for i in init_layers.split(",")]
-    check(len(chosen) == n_layers and all(0 <= i < available for i in chosen), LAYERS_FIELD, init_layers,
-          f"{n_layers} (model.n_layers) comma-separated layer indices in [0, {available})")
+    check(
+        len(chosen) == n_layers and all(0 <= i < available for i in chosen),
+        LAYERS_FIELD,
+        init_layers,
+        f"{n_layers} (model.n_layers) comma-separated layer indices in [0, {available})",
+    )
     return chosen
 
 
@@ -205,14 +259,22 @@ def check_matches(model_cfg: Any, init_from: str) -> dict[str, Any]:
         ours = getattr(model_cfg, name)
         if name == "attn_layer_idx":
             ours, value = tuple(ours), tuple(value)
-        check(ours == value, f"model.{name}", ours,
-              f"{value!r}, as the checkpoint in {FIELD}={init_from!r} has (apply_overrides sets it)")
+        check(
+            ours == value,
+            f"model.{name}",
+            ours,
+            f"{value!r}, as the checkpoint in {FIELD}={init_from!r} has (apply_overrides sets it)",
+        )
     return fields
 
 
 # ---- the weights -------------------------------------------------------------------------
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                "pytorch_model.bin.index.json")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 
 
 class _Weights:
@@ -274,8 +336,12 @@ class _Weights:
 
 
 def _copy(param, tensor, name: str) -> None:
-    check(tuple(param.shape) == tuple(tensor.shape), f"{FIELD} weight {name}", tuple(tensor.shape),
-          f"shape {tuple(param.shape)}")
+    check(
+        tuple(param.shape) == tuple(tensor.shape),
+        f"{FIELD} weight {name}",
+        tuple(tensor.shape),
+        f"shape {tuple(param.shape)}",
+    )
     param.data.copy_(tensor.to(param.dtype))
 
 
@@ -294,8 +360,9 @@ def initialise(model, model_cfg: Any, init_from: str, init_layers: str = "") -> 
     mamba = fields["arch"] == "mamba2"
     top = "backbone" if mamba else "model"
     with torch.no_grad():
-        embedding = weights.need(*((f"{top}.embeddings.weight", f"{top}.embedding.weight") if mamba
-                                   else (f"{top}.embed_tokens.weight",)))
+        embedding = weights.need(
+            *((f"{top}.embeddings.weight", f"{top}.embedding.weight") if mamba else (f"{top}.embed_tokens.weight",))
+        )
         _copy(model.embedding.weight, embedding, "embedding")
         _copy(model.norm_f.weight, weights.need(f"{top}.norm_f.weight" if mamba else f"{top}.norm.weight"), "norm")
         # Tied embeddings: the looped model's head is untied, so it starts as a copy.
@@ -303,8 +370,12 @@ def initialise(model, model_cfg: Any, init_from: str, init_layers: str = "") -> 
         _copy(model.lm_head.weight, head, "lm_head")
         for ours, theirs in zip(model.backbone.layers, layers):
             (_load_mamba2_layer if mamba else _load_llama_layer)(ours, weights, f"{top}.layers.{theirs}", hf)
-    return {"source": init_from, "architecture": fields["arch"], "layers": layers,
-            "files": files_digest({"config": [folder / "config.json"], "weights": weights.paths()}, length=64)}
+    return {
+        "source": init_from,
+        "architecture": fields["arch"],
+        "layers": layers,
+        "files": files_digest({"config": [folder / "config.json"], "weights": weights.paths()}, length=64),
+    }
 
 
 def _load_mamba2_layer(layer, weights: _Weights, prefix: str, hf: dict[str, Any]) -> None:
@@ -316,8 +387,9 @@ def _load_mamba2_layer(layer, weights: _Weights, prefix: str, hf: dict[str, Any]
     for name in ("in_proj.weight", "conv1d.weight", "dt_bias", "A_log", "D", "norm.weight", "out_proj.weight"):
         _copy(mixer.get_parameter(name), weights.need(f"{prefix}.mixer.{name}"), f"{prefix}.mixer.{name}")
     bias = weights.get(f"{prefix}.mixer.conv1d.bias")  # use_conv_bias=false: a zero bias is the same conv
-    _copy(mixer.conv1d.bias, torch.zeros_like(mixer.conv1d.bias) if bias is None else bias,
-          f"{prefix}.mixer.conv1d.bias")
+    _copy(
+        mixer.conv1d.bias, torch.zeros_like(mixer.conv1d.bias) if bias is None else bias, f"{prefix}.mixer.conv1d.bias"
+    )
 
 
 def _load_llama_layer(layer, weights: _Weights, prefix: str, hf: dict[str, Any]) -> None:
@@ -337,8 +409,9 @@ def _load_llama_layer(layer, weights: _Weights, prefix: str, hf: dict[str, Any])
     _copy(attention.norm.weight, weights.need(f"{prefix}.input_layernorm.weight"), f"{prefix}.input_layernorm")
     _copy(attention.inner.qkv.weight, torch.cat([q, repeated("k_proj"), repeated("v_proj")]), f"{prefix}.qkv")
     _copy(attention.inner.out_proj.weight, weights.need(f"{prefix}.self_attn.o_proj.weight"), f"{prefix}.o_proj")
-    _copy(mlp.norm.weight, weights.need(f"{prefix}.post_attention_layernorm.weight"),
-          f"{prefix}.post_attention_layernorm")
+    _copy(
+        mlp.norm.weight, weights.need(f"{prefix}.post_attention_layernorm.weight"), f"{prefix}.post_attention_layernorm"
+    )
     up, gate = weights.need(f"{prefix}.mlp.up_proj.weight"), weights.need(f"{prefix}.mlp.gate_proj.weight")
     _copy(mlp.inner.fc1.weight, torch.cat([up, gate]), f"{prefix}.mlp.up|gate")
     _copy(mlp.inner.fc2.weight, weights.need(f"{prefix}.mlp.down_proj.weight"), f"{prefix}.mlp.down_proj")

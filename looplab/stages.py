@@ -68,8 +68,14 @@ class Recipe:
 
     def overrides(self) -> dict[str, Any]:
         """The recipe as train.* overrides (the warmup follows the steps: warmup_steps)."""
-        return {"train.lr": self.lr, "train.min_lr_ratio": self.min_lr / self.lr, "train.grad_clip": self.grad_clip,
-                "train.beta1": self.beta1, "train.beta2": self.beta2, "train.weight_decay": self.weight_decay}
+        return {
+            "train.lr": self.lr,
+            "train.min_lr_ratio": self.min_lr / self.lr,
+            "train.grad_clip": self.grad_clip,
+            "train.beta1": self.beta1,
+            "train.beta2": self.beta2,
+            "train.weight_decay": self.weight_decay,
+        }
 
     def warmup_steps(self, steps: int) -> int:
         return max(1, round(self.warmup_fraction * steps))
@@ -89,8 +95,12 @@ class Stage:
 
     def __post_init__(self) -> None:
         check(self.trains in (TRAINS_ALL, TRAINS_GATE), "Stage.trains", self.trains, f"{TRAINS_ALL} | {TRAINS_GATE}")
-        check(self.loss_reads in (FINAL_LOOP, EVERY_LOOP), "Stage.loss_reads", self.loss_reads,
-              f"{FINAL_LOOP} | {EVERY_LOOP}")
+        check(
+            self.loss_reads in (FINAL_LOOP, EVERY_LOOP),
+            "Stage.loss_reads",
+            self.loss_reads,
+            f"{FINAL_LOOP} | {EVERY_LOOP}",
+        )
 
     @property
     def order(self) -> int:
@@ -118,11 +128,19 @@ class Stage:
     def check(self, cfg) -> None:
         """The stage's own demands on a config (ExperimentConfig validation calls it)."""
         if self.gated:
-            check(cfg.model.n_loops >= 2, "ModelConfig.n_loops", cfg.model.n_loops,
-                  f"an integer >= 2 for stage={self.name!r} (an exit gate needs a choice of steps)")
+            check(
+                cfg.model.n_loops >= 2,
+                "ModelConfig.n_loops",
+                cfg.model.n_loops,
+                f"an integer >= 2 for stage={self.name!r} (an exit gate needs a choice of steps)",
+            )
         if self.samples_holes and cfg.hole.sampler == "depth":
-            check(cfg.hole.hi <= cfg.model.n_loops, "HoleConfig.hi", cfg.hole.hi,
-                  f"a float in [lo={cfg.hole.lo}, R={cfg.model.n_loops}]")
+            check(
+                cfg.hole.hi <= cfg.model.n_loops,
+                "HoleConfig.hi",
+                cfg.hole.hi,
+                f"a float in [lo={cfg.hole.lo}, R={cfg.model.n_loops}]",
+            )
 
     def eval_policies(self, n_loops: int, qs=DEFAULT_QS) -> list[ExitPolicy]:
         """What a run of this stage evaluates: full depth and the forced depths 1..R-1
@@ -133,16 +151,17 @@ class Stage:
         forced = [ExitPolicy.forced(d) for d in range(1, n_loops)]
         if not self.gated:
             return [ExitPolicy.full()] + forced
-        return ([ExitPolicy.full()] + [ExitPolicy.dense(q) for q in qs]
-                + [ExitPolicy.skip(q) for q in qs] + forced)
+        return [ExitPolicy.full()] + [ExitPolicy.dense(q) for q in qs] + [ExitPolicy.skip(q) for q in qs] + forced
 
     @property
     def loss(self) -> Callable:
         """The function registered as this stage's loss (@stage_loss)."""
         if self.name not in _LOSSES:
-            raise LookupError(f"stage {self.name!r} has no loss registered; decorate one with "
-                              f"@looplab.stages.stage_loss({self.name!r}) (the built-in stages' losses register "
-                              "when looplab.training.objectives is imported)")
+            raise LookupError(
+                f"stage {self.name!r} has no loss registered; decorate one with "
+                f"@looplab.stages.stage_loss({self.name!r}) (the built-in stages' losses register "
+                "when looplab.training.objectives is imported)"
+            )
         return _LOSSES[self.name][0]
 
     @property
@@ -159,31 +178,80 @@ class Stage:
 
 _CONTINUED = Recipe(lr=1.5e-4, min_lr=8e-5, warmup_fraction=0.002, grad_clip=0.6)  # App. D: Stage-1 and CHASE
 
-STAGES: dict[str, Stage] = {s.name: s for s in (
-    Stage("pretrain", METHOD_FIXED, continues=False, gated=False, trains=TRAINS_ALL, loss_reads=FINAL_LOOP,
-          doc="fixed-loop pre-training: mean next-token CE at step R"),
-    Stage("stage1", METHOD_OURO, continues=True, gated=True, trains=TRAINS_ALL, loss_reads=EVERY_LOOP,
-          reads=("exit",), recipe=_CONTINUED,
-          doc="Ouro Stage-1: Σ_r π^(r) ℓ^(r) − β H(π) on the dense forward; trains backbone and gate"),
-    # Its loss reads every loop on the dense branch, which bounds its cost; the hole
-    # branches read each token at its exit.
-    Stage("chase", METHOD_CHASE, continues=True, gated=True, trains=TRAINS_ALL, loss_reads=EVERY_LOOP,
-          reads=("exit", "hole"), recipe=_CONTINUED,
-          doc="CHASE: with probability ρ the cache-hole branch (skip forward at sampled exits), else Stage-1"),
-    Stage("stage2", None, continues=True, gated=True, trains=TRAINS_GATE, loss_reads=EVERY_LOOP, reads=("exit",),
-          recipe=Recipe(lr=1.5e-4, min_lr=1.5e-5, warmup_fraction=0.01, grad_clip=1.0),
-          doc="Ouro Stage-2: only the gate trains, BCE to σ(κ(max(0, ℓ^(r) − ℓ^(r+1)) − γ))"),
-    # Compute-matched controls: a method's effect is only its own when the compared arm
-    # trained its weights as long. Each repeats its parent's loss with the continued
-    # recipe, so the extra steps are the only difference.
-    Stage("pretrain_more", None, continues=True, gated=False, trains=TRAINS_ALL, loss_reads=FINAL_LOOP,
-          recipe=_CONTINUED,
-          doc="fixed-loop pre-training continued (its loss, the continued recipe): the fixed-depth comparator "
-              "trained as many weight steps as a gated arm"),
-    Stage("stage1_more", None, continues=True, gated=True, trains=TRAINS_ALL, loss_reads=EVERY_LOOP,
-          reads=("exit",), recipe=_CONTINUED,
-          doc="Stage-1 continued without holes: stock Ouro trained as many weight steps as CHASE's stage"),
-)}
+STAGES: dict[str, Stage] = {
+    s.name: s
+    for s in (
+        Stage(
+            "pretrain",
+            METHOD_FIXED,
+            continues=False,
+            gated=False,
+            trains=TRAINS_ALL,
+            loss_reads=FINAL_LOOP,
+            doc="fixed-loop pre-training: mean next-token CE at step R",
+        ),
+        Stage(
+            "stage1",
+            METHOD_OURO,
+            continues=True,
+            gated=True,
+            trains=TRAINS_ALL,
+            loss_reads=EVERY_LOOP,
+            reads=("exit",),
+            recipe=_CONTINUED,
+            doc="Ouro Stage-1: Σ_r π^(r) ℓ^(r) − β H(π) on the dense forward; trains backbone and gate",
+        ),
+        # Its loss reads every loop on the dense branch, which bounds its cost; the hole
+        # branches read each token at its exit.
+        Stage(
+            "chase",
+            METHOD_CHASE,
+            continues=True,
+            gated=True,
+            trains=TRAINS_ALL,
+            loss_reads=EVERY_LOOP,
+            reads=("exit", "hole"),
+            recipe=_CONTINUED,
+            doc="CHASE: with probability ρ the cache-hole branch (skip forward at sampled exits), else Stage-1",
+        ),
+        Stage(
+            "stage2",
+            None,
+            continues=True,
+            gated=True,
+            trains=TRAINS_GATE,
+            loss_reads=EVERY_LOOP,
+            reads=("exit",),
+            recipe=Recipe(lr=1.5e-4, min_lr=1.5e-5, warmup_fraction=0.01, grad_clip=1.0),
+            doc="Ouro Stage-2: only the gate trains, BCE to σ(κ(max(0, ℓ^(r) − ℓ^(r+1)) − γ))",
+        ),
+        # Compute-matched controls: a method's effect is only its own when the compared arm
+        # trained its weights as long. Each repeats its parent's loss with the continued
+        # recipe, so the extra steps are the only difference.
+        Stage(
+            "pretrain_more",
+            None,
+            continues=True,
+            gated=False,
+            trains=TRAINS_ALL,
+            loss_reads=FINAL_LOOP,
+            recipe=_CONTINUED,
+            doc="fixed-loop pre-training continued (its loss, the continued recipe): the fixed-depth comparator "
+            "trained as many weight steps as a gated arm",
+        ),
+        Stage(
+            "stage1_more",
+            None,
+            continues=True,
+            gated=True,
+            trains=TRAINS_ALL,
+            loss_reads=EVERY_LOOP,
+            reads=("exit",),
+            recipe=_CONTINUED,
+            doc="Stage-1 continued without holes: stock Ouro trained as many weight steps as CHASE's stage",
+        ),
+    )
+}
 # stage name -> its minibatch loss and the diagnostics its progress line shows (stage_loss fills it)
 _LOSSES: dict[str, tuple[Callable, tuple[str, ...]]] = {}
 # The stage of a config, or a checkpoint, that names none: the first that starts from fresh weights.
@@ -253,6 +321,7 @@ def stage_loss(name: str, shows: tuple[str, ...] = ()) -> Callable[[Callable], C
     def register_loss(loss: Callable) -> Callable:
         _LOSSES[name] = (loss, tuple(shows))
         return loss
+
     return register_loss
 
 

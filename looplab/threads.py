@@ -41,10 +41,12 @@ def usable_cpus() -> int:
 def machine_load(window: float = 0.25) -> float:
     """How many cores are busy now: the busy share of all CPUs' time over `window`
     seconds times the CPU count (/proc/stat); elsewhere the 1-minute load average."""
+
     def sample() -> tuple[int, int]:
         with open("/proc/stat") as f:
             fields = [int(x) for x in f.readline().split()[1:]]
         return sum(fields), fields[3] + fields[4]  # all, idle + iowait
+
     try:
         total0, idle0 = sample()
         time.sleep(window)

@@ -139,9 +139,29 @@ TASK_TAG = "task"
 ERROR_TAG = "error"  # a FAILED run's exception, one line
 EVAL_PARAM = "eval."  # an evaluation's settings as params: eval.task, eval.policy, eval.limit, ...
 # Tags analysis turns into columns.
-CONTENT_TAGS = (LEVEL, CONFIG_HASH, STAGE_KEY, STAGE_TAG, METHOD, LINEAGE, PARENT_CHECKPOINT, PRESET, GIT_SHA,
-                SWEEP_KEY, SWEEP_TAG, REUSED, REUSED_FROM, CHECKPOINT, COMMAND, TRIAL_RUN, EVAL_KEY, POLICY_TAG,
-                TASK_TAG, SCAN_AXES, SPEED_KEY)
+CONTENT_TAGS = (
+    LEVEL,
+    CONFIG_HASH,
+    STAGE_KEY,
+    STAGE_TAG,
+    METHOD,
+    LINEAGE,
+    PARENT_CHECKPOINT,
+    PRESET,
+    GIT_SHA,
+    SWEEP_KEY,
+    SWEEP_TAG,
+    REUSED,
+    REUSED_FROM,
+    CHECKPOINT,
+    COMMAND,
+    TRIAL_RUN,
+    EVAL_KEY,
+    POLICY_TAG,
+    TASK_TAG,
+    SCAN_AXES,
+    SPEED_KEY,
+)
 SEARCH_PARAM = "search."  # trial params: the searched values, e.g. search.beta, search.seed
 # A sweep run's params: what it searched and what it held fixed (sweep_params): grid.<axis>
 # (the axis' values, e.g. grid.beta = [0.05, 0.25]), points (paired values, e.g. N⊗R pairs),
@@ -196,9 +216,24 @@ SPEEDUP_MIN, SPEEDUP_MAX = "speedup_min", "speedup_max"
 # Each time's fastest and slowest repeat (the tokens/s bars of the speed chart).
 TIME_FULL_MIN, TIME_FULL_MAX = "time_full_min_s", "time_full_max_s"
 TIME_SKIP_MIN, TIME_SKIP_MAX = "time_skip_min_s", "time_skip_max_s"
-BENCH_METRICS = (SPEEDUP, LOOP_BOUND, MEAN_LOOPS, "batch_max_survivor_ratio", TIME_FULL, TIME_SKIP,
-                 "peak_mem_full", "peak_mem_skip", "peak_mem_abs_full", "peak_mem_abs_skip", SPEEDUP_MIN, SPEEDUP_MAX,
-                 TIME_FULL_MIN, TIME_FULL_MAX, TIME_SKIP_MIN, TIME_SKIP_MAX)
+BENCH_METRICS = (
+    SPEEDUP,
+    LOOP_BOUND,
+    MEAN_LOOPS,
+    "batch_max_survivor_ratio",
+    TIME_FULL,
+    TIME_SKIP,
+    "peak_mem_full",
+    "peak_mem_skip",
+    "peak_mem_abs_full",
+    "peak_mem_abs_skip",
+    SPEEDUP_MIN,
+    SPEEDUP_MAX,
+    TIME_FULL_MIN,
+    TIME_FULL_MAX,
+    TIME_SKIP_MIN,
+    TIME_SKIP_MAX,
+)
 # A speed point's run (trainables/speed.py) logs BENCH_METRICS and the FLOP ratio of its
 # speedup, (F0 + R·Fr)/(F0 + d̄·Fr) (looplab/costs/resources.py: flop_ratio).
 FLOP_RATIO = "flop_ratio"
@@ -206,16 +241,40 @@ SPEED_METRICS = (*BENCH_METRICS, FLOP_RATIO)
 # The decode benchmark's figures (looplab/costs/timing.py's DecodeRecord, records with kind "decode").
 DECODE = "decode"
 TOKENS_PER_S_FULL, TOKENS_PER_S_SKIP = f"{TOKENS_PER_S}_full", f"{TOKENS_PER_S}_skip"  # also analysis' prefill rates
-DECODE_BENCH_METRICS = (SPEEDUP, LOOP_BOUND, MEAN_LOOPS, TIME_FULL, TIME_SKIP,
-                        TOKENS_PER_S_FULL, TOKENS_PER_S_SKIP, "loops_time_full_s", "loops_time_skip_s",
-                        "loops_speedup", "peak_mem_full", "peak_mem_skip", "peak_mem_abs_full", "peak_mem_abs_skip",
-                        "cache_bytes", "steps_skip")
+DECODE_BENCH_METRICS = (
+    SPEEDUP,
+    LOOP_BOUND,
+    MEAN_LOOPS,
+    TIME_FULL,
+    TIME_SKIP,
+    TOKENS_PER_S_FULL,
+    TOKENS_PER_S_SKIP,
+    "loops_time_full_s",
+    "loops_time_skip_s",
+    "loops_speedup",
+    "peak_mem_full",
+    "peak_mem_skip",
+    "peak_mem_abs_full",
+    "peak_mem_abs_skip",
+    "cache_bytes",
+    "steps_skip",
+)
 # Decoding under continuous arrivals (looplab/costs/arrival_bench.py's ArrivalRecord; the speed
 # sweep's --arrivals runs): decode tokens/s beside the overall tokens/s and the bounds.
 DECODE_TOKENS_PER_S = f"{DECODE}_{TOKENS_PER_S}"
 DECODE_TOKENS_PER_S_MIN, DECODE_TOKENS_PER_S_MAX = f"{DECODE_TOKENS_PER_S}_min", f"{DECODE_TOKENS_PER_S}_max"
-ARRIVAL_METRICS = (TOKENS_PER_S, DECODE_TOKENS_PER_S, MEAN_LOOPS, LOOP_BOUND, FLOP_RATIO, SPEEDUP,
-                   DECODE_TOKENS_PER_S_MIN, DECODE_TOKENS_PER_S_MAX, SPEEDUP_MIN, SPEEDUP_MAX)
+ARRIVAL_METRICS = (
+    TOKENS_PER_S,
+    DECODE_TOKENS_PER_S,
+    MEAN_LOOPS,
+    LOOP_BOUND,
+    FLOP_RATIO,
+    SPEEDUP,
+    DECODE_TOKENS_PER_S_MIN,
+    DECODE_TOKENS_PER_S_MAX,
+    SPEEDUP_MIN,
+    SPEEDUP_MAX,
+)
 
 _QUANTITY = "|".join(re.escape(q) for q in EVAL_QUANTITIES)
 _FAMILY = "|".join(re.escape(f) for f in LM_EVAL_FAMILIES)
@@ -223,7 +282,8 @@ _FAMILY = "|".join(re.escape(f) for f in LM_EVAL_FAMILIES)
 # too): the policy prefix's groups (val, depth, execution, rule, q) and the quantity.
 METRIC_PATTERN = re.compile(
     rf"^{PREFIX_PATTERN.pattern}(?P<quantity>{_QUANTITY}|{re.escape(LM_EVAL_AVG)}|{re.escape(LM_EVAL)}\S+"
-    rf"|(?:{_FAMILY})(?:\.\S+)?)$")
+    rf"|(?:{_FAMILY})(?:\.\S+)?)$"
+)
 
 
 def policy_metric(policy: ExitPolicy, quantity: str) -> str:
@@ -258,7 +318,7 @@ def parse_metric(name: str) -> tuple[ExitPolicy, str] | None:
     if m is None:
         return None
     try:
-        policy = ExitPolicy.from_prefix(name[:m.start("quantity")])
+        policy = ExitPolicy.from_prefix(name[: m.start("quantity")])
     except ConfigError:  # the shape of a prefix with a value no policy takes (skip_stable2.5_)
         return None
     return None if policy is None else (policy, m["quantity"])
@@ -269,8 +329,10 @@ TRAIN_RECORD, EVAL_RECORD, LOOP = "train", "eval", "loops"
 # The per-loop instruments' quantities (looplab/training/instruments.py says what each measures).
 HIDDEN_NORM, ACTIVE, STATE_GAP = "hidden_norm", "active", "state_gap"
 LOOP_QUANTITIES = (HIDDEN_NORM, GRAD_NORM, ACTIVE, STATE_GAP)
-LOOP_PATTERN = re.compile(rf"^(?P<prefix>{PREFIX_PATTERN.pattern})?loop(?P<loop>[1-9][0-9]*)_"
-                          rf"(?P<quantity>{'|'.join(LOOP_QUANTITIES)})$")
+LOOP_PATTERN = re.compile(
+    rf"^(?P<prefix>{PREFIX_PATTERN.pattern})?loop(?P<loop>[1-9][0-9]*)_"
+    rf"(?P<quantity>{'|'.join(LOOP_QUANTITIES)})$"
+)
 
 
 def loop_metric(quantity: str, loop: int, policy: ExitPolicy | None = None) -> str:
@@ -292,7 +354,7 @@ def parse_loop_metric(name: str) -> tuple[ExitPolicy | None, int, str] | None:
         policy = ExitPolicy.from_prefix(m["prefix"])
     except ConfigError:
         return None
-    return (None if policy is None else (policy, int(m["loop"]), m["quantity"]))
+    return None if policy is None else (policy, int(m["loop"]), m["quantity"])
 
 
 def record_metrics(record: dict[str, Any]) -> dict[str, float]:
@@ -302,8 +364,13 @@ def record_metrics(record: dict[str, Any]) -> dict[str, float]:
     if kind == TRAIN_RECORD:
         out = {k: record[k] for k in TRAIN_METRICS if k in record}
         # Hole-branch and other stage diagnostics keep their own names.
-        out.update({k: v for k, v in record.items()
-                    if k not in out and k not in ("kind", "step", "stage") and isinstance(v, (int, float))})
+        out.update(
+            {
+                k: v
+                for k, v in record.items()
+                if k not in out and k not in ("kind", "step", "stage") and isinstance(v, (int, float))
+            }
+        )
     elif kind == EVAL_RECORD:
         out = {}
         for rec in record["policies"]:
@@ -348,8 +415,10 @@ def ensure_experiment(mlflow_client, name: str, artifact_root: str | Path) -> st
     else:
         try:
             experiment_id = mlflow_client.create_experiment(
-                name, artifact_location=artifact_location(artifact_root, name),
-                tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING})
+                name,
+                artifact_location=artifact_location(artifact_root, name),
+                tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING},
+            )
         except Exception:  # another process created it between our lookup and create
             found = mlflow_client.get_experiment_by_name(name)
             if found is None:
@@ -413,8 +482,9 @@ def sweep_params(grid: dict[str, list], points, ranges: dict[str, tuple], settin
     """A sweep run's params (the names above): its grid axes with their values, its paired
     points, its ranges (JSON) and its fixed settings (as config params are, `flatten`);
     each cut at MLflow's 6,000 characters."""
+
     def cut(text: str) -> str:
-        return text if len(text) <= PARAM_VALUE_LIMIT else text[:PARAM_VALUE_LIMIT - 1] + "…"
+        return text if len(text) <= PARAM_VALUE_LIMIT else text[: PARAM_VALUE_LIMIT - 1] + "…"
 
     params = {GRID_PARAM + name: json.dumps(list(values)) for name, values in grid.items()}
     if points:
@@ -428,14 +498,23 @@ def best_metrics(rows: list[dict[str, Any]], metric: str, mode: str, columns) ->
     """The sweep run's headline metrics: the summary columns of the best row (by `metric`,
     min or max; rows without a finite value of it are left out) as best.<column>, and that
     row's index (None when no row has the metric)."""
-    scored = [(float(r[metric]), i) for i, r in enumerate(rows)
-              if isinstance(r.get(metric), (int, float)) and math.isfinite(float(r[metric]))]
+    scored = [
+        (float(r[metric]), i)
+        for i, r in enumerate(rows)
+        if isinstance(r.get(metric), (int, float)) and math.isfinite(float(r[metric]))
+    ]
     if not scored:
         return {}, None
     _, index = (min if mode == "min" else max)(scored)
     row = rows[index]
-    return ({BEST + c: float(row[c]) for c in columns
-             if isinstance(row.get(c), (int, float)) and math.isfinite(float(row[c]))}, index)
+    return (
+        {
+            BEST + c: float(row[c])
+            for c in columns
+            if isinstance(row.get(c), (int, float)) and math.isfinite(float(row[c]))
+        },
+        index,
+    )
 
 
 def config_params(cfg) -> dict[str, str]:
@@ -454,33 +533,74 @@ def config_tags(cfg, *, level: str, git: str | None = None, lineage=None, **extr
     from looplab.stages import method_of
 
     lineage = list(lineage or [cfg.stage])
-    tags = {LEVEL: level, CONFIG_HASH: cfg.config_hash(), STAGE_KEY: cfg.stage_key(), STAGE_TAG: cfg.stage,
-            METHOD: method_of(lineage), LINEAGE: "+".join(lineage), PARENT_CHECKPOINT: cfg.init_from,
-            PRESET: cfg.preset, GIT_SHA: git or git_sha(), HARDWARE: hardware()}
+    tags = {
+        LEVEL: level,
+        CONFIG_HASH: cfg.config_hash(),
+        STAGE_KEY: cfg.stage_key(),
+        STAGE_TAG: cfg.stage,
+        METHOD: method_of(lineage),
+        LINEAGE: "+".join(lineage),
+        PARENT_CHECKPOINT: cfg.init_from,
+        PRESET: cfg.preset,
+        GIT_SHA: git or git_sha(),
+        HARDWARE: hardware(),
+    }
     tags.update({k: str(v) for k, v in extra.items()})
     return tags
 
 
-def eval_tags(*, eval_key: str, stage_key: str, config_hash: str, stage: str, lineage, checkpoint: str,
-              policy: ExitPolicy, task: str, preset: str = "", git: str | None = None) -> dict[str, str]:
+def eval_tags(
+    *,
+    eval_key: str,
+    stage_key: str,
+    config_hash: str,
+    stage: str,
+    lineage,
+    checkpoint: str,
+    policy: ExitPolicy,
+    task: str,
+    preset: str = "",
+    git: str | None = None,
+) -> dict[str, str]:
     """The tags of an evaluation run: its key, what it evaluated (the checkpoint's stage key,
     config hash, stage, method and lineage, the policy and the task) and the code."""
     from looplab.stages import method_of
 
     lineage = list(lineage)
-    return {LEVEL: EVAL, EVAL_KEY: eval_key, STAGE_KEY: stage_key, CONFIG_HASH: config_hash, STAGE_TAG: stage,
-            METHOD: method_of(lineage), LINEAGE: "+".join(lineage), CHECKPOINT: checkpoint,
-            POLICY_TAG: policy.spec, TASK_TAG: task, PRESET: preset, GIT_SHA: git or git_sha()}
+    return {
+        LEVEL: EVAL,
+        EVAL_KEY: eval_key,
+        STAGE_KEY: stage_key,
+        CONFIG_HASH: config_hash,
+        STAGE_TAG: stage,
+        METHOD: method_of(lineage),
+        LINEAGE: "+".join(lineage),
+        CHECKPOINT: checkpoint,
+        POLICY_TAG: policy.spec,
+        TASK_TAG: task,
+        PRESET: preset,
+        GIT_SHA: git or git_sha(),
+    }
 
 
-def downstream_metrics(policy: ExitPolicy, task: str, *, accuracy: float | None, loops: float | None,
-                       flops: float | None = None, seconds: float | None = None,
-                       ppl: float | None = None) -> dict[str, float]:
+def downstream_metrics(
+    policy: ExitPolicy,
+    task: str,
+    *,
+    accuracy: float | None,
+    loops: float | None,
+    flops: float | None = None,
+    seconds: float | None = None,
+    ppl: float | None = None,
+) -> dict[str, float]:
     """The metrics of one downstream evaluation (one task under one policy), by the names
     of the module docstring; a value the task does not give is left out."""
     values = {None: accuracy, LM_EVAL_LOOPS: loops, LM_EVAL_FLOPS: flops, LM_EVAL_SECONDS: seconds, LM_EVAL_PPL: ppl}
-    return {policy_metric(policy, lm_eval_quantity(task, family)): float(v) for family, v in values.items()
-            if isinstance(v, (int, float)) and math.isfinite(float(v))}
+    return {
+        policy_metric(policy, lm_eval_quantity(task, family)): float(v)
+        for family, v in values.items()
+        if isinstance(v, (int, float)) and math.isfinite(float(v))
+    }
 
 
 def log_record(mlflow_client, run_id: str, record: dict[str, Any]) -> None:
@@ -499,7 +619,7 @@ def log_metrics(mlflow_client, run_id: str, metrics: dict[str, float], step: int
     now = int(time.time() * 1000)
     batch = [Metric(k, float(v), now, step) for k, v in metrics.items()]
     for i in range(0, len(batch), 1000):  # MLflow takes at most 1000 metrics per batch
-        mlflow_client.log_batch(run_id, metrics=batch[i:i + 1000])
+        mlflow_client.log_batch(run_id, metrics=batch[i : i + 1000])
 
 
 def log_params(mlflow_client, run_id: str, params: dict[str, str]) -> None:
@@ -510,7 +630,7 @@ def log_params(mlflow_client, run_id: str, params: dict[str, str]) -> None:
     have = mlflow_client.get_run(run_id).data.params
     todo = [Param(k, v) for k, v in params.items() if k not in have]
     for i in range(0, len(todo), PARAM_BATCH):
-        mlflow_client.log_batch(run_id, params=todo[i:i + PARAM_BATCH])
+        mlflow_client.log_batch(run_id, params=todo[i : i + PARAM_BATCH])
 
 
 def finished_tag_values(mlflow_client, experiment_id: str, level: str, tag: str) -> set[str]:
@@ -520,8 +640,12 @@ def finished_tag_values(mlflow_client, experiment_id: str, level: str, tag: str)
     values: set[str] = set()
     token = None
     while True:
-        page = mlflow_client.search_runs([experiment_id], max_results=5000, page_token=token,
-                                         filter_string=f"tags.{LEVEL} = '{level}' and attributes.status = 'FINISHED'")
+        page = mlflow_client.search_runs(
+            [experiment_id],
+            max_results=5000,
+            page_token=token,
+            filter_string=f"tags.{LEVEL} = '{level}' and attributes.status = 'FINISHED'",
+        )
         values.update(r.data.tags[tag] for r in page if tag in r.data.tags)
         token = page.token
         if not token:
@@ -531,13 +655,22 @@ def finished_tag_values(mlflow_client, experiment_id: str, level: str, tag: str)
 def find_run(mlflow_client, experiment_id: str, **tags: str):
     """The newest run of the experiment carrying all these tags, or None."""
     clauses = [f"tags.{k} = '{v}'" for k, v in tags.items()]
-    runs = mlflow_client.search_runs([experiment_id], filter_string=" and ".join(clauses), max_results=1,
-                                     order_by=["attributes.start_time DESC"])
+    runs = mlflow_client.search_runs(
+        [experiment_id], filter_string=" and ".join(clauses), max_results=1, order_by=["attributes.start_time DESC"]
+    )
     return runs[0] if runs else None
 
 
-def open_run(mlflow_client, experiment_id: str, *, name: str, tags: dict[str, str], key: dict[str, str],
-             parent_run_id: str | None = None, params: dict[str, str] | None = None) -> tuple[str, str]:
+def open_run(
+    mlflow_client,
+    experiment_id: str,
+    *,
+    name: str,
+    tags: dict[str, str],
+    key: dict[str, str],
+    parent_run_id: str | None = None,
+    params: dict[str, str] | None = None,
+) -> tuple[str, str]:
     """Reuse the run identified by the tags `key`, or create it. Returns (run_id,
     status before this call: FINISHED, FAILED, RUNNING, ... or NEW). A reopened
     unfinished run is set RUNNING again; a FINISHED one is left as it is."""
@@ -566,7 +699,7 @@ TAG_VALUE_LIMIT = 8000  # characters of a run tag's value (mlflow.utils.validati
 def set_description(mlflow_client, run_id: str, markdown: str) -> None:
     """The run's description on its dashboard page (cut at MLflow's limit on a tag's value)."""
     if len(markdown) > TAG_VALUE_LIMIT:
-        markdown = markdown[:TAG_VALUE_LIMIT - 2] + "\n…"
+        markdown = markdown[: TAG_VALUE_LIMIT - 2] + "\n…"
     mlflow_client.set_tag(run_id, NOTE_TAG, markdown)
 
 
@@ -605,8 +738,11 @@ def bench_point_name(record: dict[str, Any]) -> str:
     """A benchmark grid point's metric prefix, e.g. b8_L512_skip:0.4 -> b8_L512_skip_q0.4;
     decode points start with decode_ (decode_b8_L2048_oracle2.0), an exit_state
     attention fill ends with _fill, the depth schedule with _depth."""
-    policy = (f"oracle{record['oracle_mean']}" if record.get("oracle_mean") is not None
-              else ExitPolicy.parse(record["policy"]).metric_prefix.rstrip("_"))
+    policy = (
+        f"oracle{record['oracle_mean']}"
+        if record.get("oracle_mean") is not None
+        else ExitPolicy.parse(record["policy"]).metric_prefix.rstrip("_")
+    )
     name = f"b{record['batch']}_L{record['seq_len']}_{policy}"
     if record.get("kind") == DECODE:
         name = f"{DECODE}_{name}" + ("_fill" if record.get("attention_fill") == "exit_state" else "")
@@ -614,8 +750,14 @@ def bench_point_name(record: dict[str, Any]) -> str:
     return name
 
 
-def log_benchmark(tracking_uri: str, records: list[dict[str, Any]], *, name: str,
-                  experiment: str = BENCH_EXPERIMENT, artifact_root: str | Path = "looplab-runs/mlflow") -> str:
+def log_benchmark(
+    tracking_uri: str,
+    records: list[dict[str, Any]],
+    *,
+    name: str,
+    experiment: str = BENCH_EXPERIMENT,
+    artifact_root: str | Path = "looplab-runs/mlflow",
+) -> str:
     """One FINISHED run per benchmark invocation: each grid point's figures as
     metrics named by the point (e.g. `b8_L512_oracle2.0.speedup`,
     `decode_b8_L2048_oracle2.0.tokens_per_s_skip`) and the records as `bench.json`.

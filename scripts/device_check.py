@@ -72,15 +72,30 @@ def main() -> int:
 
     import pytest
 
-    code = pytest.main(["-q", "-rs", "-m", "cuda", "-p", "no:cacheprovider", f"--junitxml={out / 'cuda-tests.xml'}",
-                        str(REPO / "tests")])
+    code = pytest.main(
+        [
+            "-q",
+            "-rs",
+            "-m",
+            "cuda",
+            "-p",
+            "no:cacheprovider",
+            f"--junitxml={out / 'cuda-tests.xml'}",
+            str(REPO / "tests"),
+        ]
+    )
     tests = junit_counts(out / "cuda-tests.xml")
     failed = [c for c in checks if c.status == doctor.FAIL]
-    lines = [f"# Device check: {platform.node()}", "",
-             f"- mamba-ssm: {source}",
-             f"- doctor: {len(checks) - len(failed)} of {len(checks)} checks passed or skipped, {len(failed)} failed",
-             f"- CUDA tests (pytest -m cuda): {tests or 'no report'} (exit {int(code)})",
-             f"- {time.perf_counter() - started:.0f} s in all", "", doctor.report_markdown(checks)]
+    lines = [
+        f"# Device check: {platform.node()}",
+        "",
+        f"- mamba-ssm: {source}",
+        f"- doctor: {len(checks) - len(failed)} of {len(checks)} checks passed or skipped, {len(failed)} failed",
+        f"- CUDA tests (pytest -m cuda): {tests or 'no report'} (exit {int(code)})",
+        f"- {time.perf_counter() - started:.0f} s in all",
+        "",
+        doctor.report_markdown(checks),
+    ]
     (out / "report.md").write_text("\n".join(lines) + "\n")
     print(f"[device_check] report: {out / 'report.md'}", flush=True)
     return 0 if not failed and int(code) in (0, 5) else 1

@@ -81,8 +81,7 @@ def problems(text: str, registry: dict) -> list[str]:
         if name not in figures:
             found.append(f"README quotes figure {name!r}, which docs/readme_figures.json does not register")
         elif figures[name]["value"] != value:
-            found.append(f"README quotes {name} as {value!r}; the registry's measurement is "
-                         f"{figures[name]['value']!r}")
+            found.append(f"README quotes {name} as {value!r}; the registry's measurement is {figures[name]['value']!r}")
     for name in figures:
         if name not in {n for n, _ in quoted}:
             found.append(f"registered figure {name!r} is quoted nowhere in the README")
@@ -138,8 +137,12 @@ def rewrite_figure(text: str, name: str, value: str) -> str:
 
 def rewrite_sample(text: str, name: str, lines: list[str]) -> str:
     body = "".join(line + "\n" for line in lines)
-    return re.sub(rf"<!--sample:{name}-->\n```text\n.*?```\n<!--/sample-->",
-                  lambda _: f"<!--sample:{name}-->\n```text\n{body}```\n<!--/sample-->", text, flags=re.S)
+    return re.sub(
+        rf"<!--sample:{name}-->\n```text\n.*?```\n<!--/sample-->",
+        lambda _: f"<!--sample:{name}-->\n```text\n{body}```\n<!--/sample-->",
+        text,
+        flags=re.S,
+    )
 
 
 def write_documents(texts: dict[str, str]) -> None:
@@ -161,8 +164,12 @@ def cmd_measure(names: list[str]) -> int:
             shutil.rmtree(ROOT / path, ignore_errors=True)
         print(f"measuring {name}: {entry['command']}", file=sys.stderr)
         seconds, output = run(entry["command"])
-        entry.update(value=duration(seconds), measured=time.strftime("%Y-%m-%d"), cores=os.cpu_count(),
-                     source=f"python scripts/readme_figures.py measure {name}")
+        entry.update(
+            value=duration(seconds),
+            measured=time.strftime("%Y-%m-%d"),
+            cores=os.cpu_count(),
+            source=f"python scripts/readme_figures.py measure {name}",
+        )
         texts = {doc: rewrite_figure(text, name, entry["value"]) for doc, text in texts.items()}
         print(f"{name}: {entry['value']}", file=sys.stderr)
         sample = entry.get("sample")
@@ -196,8 +203,11 @@ def cmd_check_sample(name: str, output_file: Path) -> int:
     for d in diffs:
         print(d, file=sys.stderr)
     if diffs:
-        print(f"README sample {name!r} differs from {output_file}: run `python scripts/readme_figures.py sample "
-              f"{name}` (or measure) and commit", file=sys.stderr)
+        print(
+            f"README sample {name!r} differs from {output_file}: run `python scripts/readme_figures.py sample "
+            f"{name}` (or measure) and commit",
+            file=sys.stderr,
+        )
         return 1
     print(f"README sample {name!r} matches {output_file}")
     return 0

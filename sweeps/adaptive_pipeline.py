@@ -51,47 +51,84 @@ def baseline_points(preset: str) -> list[dict]:
         if group.trained_by != preset:
             continue
         model = get_preset(group.preset).model
-        points += [{"arm": BASELINE, "n_layers": model.n_layers, "n_loops": loops, "arch": model.arch}
-                   for loops in map(table4_loops, group.rows) if loops is not None]
+        points += [
+            {"arm": BASELINE, "n_layers": model.n_layers, "n_loops": loops, "arch": model.arch}
+            for loops in map(table4_loops, group.rows)
+            if loops is not None
+        ]
     return points
 
 
-def adaptive_pipeline(common: Common, arms: list[str], hp: float = 0.5, lo: float = 1.85, hi: float = 3.45,
-                      evaluation: EvalGrid | None = None, baselines: bool = False) -> Sweep:
+def adaptive_pipeline(
+    common: Common,
+    arms: list[str],
+    hp: float = 0.5,
+    lo: float = 1.85,
+    hi: float = 3.45,
+    evaluation: EvalGrid | None = None,
+    baselines: bool = False,
+) -> Sweep:
     """The arms (ouro, chase) sharing pretrain → Stage-1; CHASE with App. D's depth holes;
     evaluation: the downstream grid run on every trained checkpoint; baselines: also
     Table 4's ungated rows (module docstring)."""
     for arm in arms:
         if arm not in ARMS:
             fail("--arms", ",".join(arms), " | ".join(ARMS))
-    overrides = {"model.n_loops": 4, "hole.sampler": "depth", "hole.hp": hp, "hole.lo": lo, "hole.hi": hi,
-                 **common.overrides}
+    overrides = {
+        "model.n_loops": 4,
+        "hole.sampler": "depth",
+        "hole.hp": hp,
+        "hole.lo": lo,
+        "hole.hi": hi,
+        **common.overrides,
+    }
     extra = baseline_points(common.preset) if baselines else []
     if baselines and not extra:
         fail("--preset", common.preset, "with --baselines: " + " | ".join(sorted({g.trained_by for g in TABLE4})))
     # The baselines' params set the model in their one (pretrain) stage, over the sweep-wide
     # n_loops 4; the gated arms' points carry none, so their trials and keys stay as without.
     arms_of = {**ARMS, BASELINE: ("pretrain",)} if extra else ARMS
-    spec = PipelineSpec(preset=common.preset, stages=ARMS["chase"], arms=arms_of, overrides=overrides,
-                        stage_overrides=common.stage_overrides,
-                        searched=BASELINE_PARAMS if extra else {})
+    spec = PipelineSpec(
+        preset=common.preset,
+        stages=ARMS["chase"],
+        arms=arms_of,
+        overrides=overrides,
+        stage_overrides=common.stage_overrides,
+        searched=BASELINE_PARAMS if extra else {},
+    )
     grid = {} if extra else {"arm": list(arms)}
     points = tuple([{"arm": a} for a in arms] + extra) if extra else ()
-    return with_evaluation(Sweep(name="adaptive_pipeline", spec=spec, grid=grid, points=points, metric=VAL_PPL,
-                                 mode="min", columns=(VAL_PPL, VAL_ACCURACY, *SKIP_COLUMNS),
-                                 flags={"arm": "--arms", **dict.fromkeys(BASELINE_PARAMS, "--baselines"),
-                                        "hole.hp": "--hp", "hole.lo": "--depth-range",
-                                        "hole.hi": "--depth-range"}),
-                           evaluation)
+    return with_evaluation(
+        Sweep(
+            name="adaptive_pipeline",
+            spec=spec,
+            grid=grid,
+            points=points,
+            metric=VAL_PPL,
+            mode="min",
+            columns=(VAL_PPL, VAL_ACCURACY, *SKIP_COLUMNS),
+            flags={
+                "arm": "--arms",
+                **dict.fromkeys(BASELINE_PARAMS, "--baselines"),
+                "hole.hp": "--hp",
+                "hole.lo": "--depth-range",
+                "hole.hi": "--depth-range",
+            },
+        ),
+        evaluation,
+    )
 
 
 def add_flags(p) -> None:
     p.add_argument("--arms", default="ouro,chase", help="which arms (default ouro,chase)")
     p.add_argument("--hp", type=float, default=0.5, help="CHASE hole probability (App. D: 0.5)")
     p.add_argument("--depth-range", default="1.85-3.45", help="CHASE target depths lo-hi (App. D: 1.85-3.45)")
-    p.add_argument("--baselines", action="store_true",
-                   help="also pre-train Table 4's ungated rows of this preset's blocks (N⊗1, loop2, LLaMA-2 "
-                        "at 140M), with iso_flops.py's stage keys")
+    p.add_argument(
+        "--baselines",
+        action="store_true",
+        help="also pre-train Table 4's ungated rows of this preset's blocks (N⊗1, loop2, LLaMA-2 "
+        "at 140M), with iso_flops.py's stage keys",
+    )
     add_eval_flags(p)
 
 
@@ -99,8 +136,14 @@ def from_args(common: Common, args) -> Sweep:
     ranges = parse_ranges("--depth-range", args.depth_range, "lo", "hi")
     if len(ranges) != 1:
         fail("--depth-range", args.depth_range, "one LO-HI range, e.g. 1.85-3.45")
-    return adaptive_pipeline(common, parse_list("--arms", args.arms, str, "ouro,chase"), args.hp, **ranges[0],
-                             evaluation=grid_from_args(args), baselines=args.baselines)
+    return adaptive_pipeline(
+        common,
+        parse_list("--arms", args.arms, str, "ouro,chase"),
+        args.hp,
+        **ranges[0],
+        evaluation=grid_from_args(args),
+        baselines=args.baselines,
+    )
 
 
 if __name__ == "__main__":

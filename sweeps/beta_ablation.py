@@ -29,33 +29,53 @@ BETAS = "0.05,0.1,0.25,0.5,1.0"
 STAGE1_FRACTION = 0.2
 
 
-def beta_ablation(common: Common, betas: list[float], stage1_steps: int | None = None,
-                  evaluation: EvalGrid | None = None) -> Sweep:
+def beta_ablation(
+    common: Common, betas: list[float], stage1_steps: int | None = None, evaluation: EvalGrid | None = None
+) -> Sweep:
     """The sweep: pretrain → Stage-1 at each β (searched in Stage-1 only, so every
     trial continues the same pre-training). stage1_steps None: the preset's Stage-1
     budget, else 20% of its pre-training steps."""
     overrides = {"model.n_loops": 4, **common.overrides}  # loop-4, as in App. D
     declared = {}
     if stage1_steps is None and stage_budget(common.preset, "stage1") is None:
-        stage1_steps = max(20, round(STAGE1_FRACTION * apply_overrides(get_preset(common.preset), overrides).train.steps))
+        stage1_steps = max(
+            20, round(STAGE1_FRACTION * apply_overrides(get_preset(common.preset), overrides).train.steps)
+        )
     if stage1_steps is not None:
         declared["stage1"] = {"train.steps": stage1_steps}
-    spec = PipelineSpec(preset=common.preset, stages=("pretrain", "stage1"), overrides=overrides,
-                        stage_overrides=common.stage_overrides_over(declared),
-                        searched={"beta": "exit.beta"}, searched_stages=("stage1",))
-    return with_evaluation(Sweep(name="beta_ablation", spec=spec, grid={"beta": betas},
-                                 ranges={"beta": (0.01, 2.0, "log")}, metric=VAL_PPL, mode="min",
-                                 columns=(VAL_PPL, VAL_ACCURACY, EXIT_ENTROPY, EXPECTED_EXIT_STEP),
-                                 flags={"beta": "--betas", "stage1": "--stage1-steps"}),
-                           evaluation)
+    spec = PipelineSpec(
+        preset=common.preset,
+        stages=("pretrain", "stage1"),
+        overrides=overrides,
+        stage_overrides=common.stage_overrides_over(declared),
+        searched={"beta": "exit.beta"},
+        searched_stages=("stage1",),
+    )
+    return with_evaluation(
+        Sweep(
+            name="beta_ablation",
+            spec=spec,
+            grid={"beta": betas},
+            ranges={"beta": (0.01, 2.0, "log")},
+            metric=VAL_PPL,
+            mode="min",
+            columns=(VAL_PPL, VAL_ACCURACY, EXIT_ENTROPY, EXPECTED_EXIT_STEP),
+            flags={"beta": "--betas", "stage1": "--stage1-steps"},
+        ),
+        evaluation,
+    )
 
 
 def add_flags(p) -> None:
     p.add_argument("--betas", default=BETAS, help=f"β values (default {BETAS})")
     share = f"{STAGE1_FRACTION:.0%}".replace("%", "%%")  # argparse formats help strings with %
-    p.add_argument("--stage1-steps", type=int, default=None,
-                   help=f"Stage-1 steps (default: the preset's Stage-1 budget, else {share} of the pre-training "
-                        "steps, at least 20)")
+    p.add_argument(
+        "--stage1-steps",
+        type=int,
+        default=None,
+        help=f"Stage-1 steps (default: the preset's Stage-1 budget, else {share} of the pre-training "
+        "steps, at least 20)",
+    )
     add_eval_flags(p)
 
 

@@ -29,9 +29,18 @@ def is_paper_preset(name: str) -> bool:
     return get_preset(name).train.steps >= 10_000
 
 
-def depth_grid(name: str, common: Common, pairs: tuple[dict[str, int], ...], *, archs: list[str] | None = None,
-               level: tuple[str, list[int]] | None = None, level_flag: str = "", metric: str, mode: str,
-               columns: tuple[str, ...]) -> Sweep:
+def depth_grid(
+    name: str,
+    common: Common,
+    pairs: tuple[dict[str, int], ...],
+    *,
+    archs: list[str] | None = None,
+    level: tuple[str, list[int]] | None = None,
+    level_flag: str = "",
+    metric: str,
+    mode: str,
+    columns: tuple[str, ...],
+) -> Sweep:
     """Pre-training at each N⊗R pair, × each backbone in archs, × each value of the
     task field level = (field, values), e.g. ("L", [10, 16, 24])."""
     grid: dict[str, list[Any]] = {}
@@ -43,22 +52,28 @@ def depth_grid(name: str, common: Common, pairs: tuple[dict[str, int], ...], *, 
         field, values = level
         grid[field] = list(values)
         searched[field] = f"task.{field}"
-    spec = PipelineSpec(preset=common.preset, stages=("pretrain",), overrides=common.overrides,
-                        stage_overrides=common.stage_overrides, searched=searched)
+    spec = PipelineSpec(
+        preset=common.preset,
+        stages=("pretrain",),
+        overrides=common.overrides,
+        stage_overrides=common.stage_overrides,
+        searched=searched,
+    )
     flags = {"n_layers": "--pairs", "n_loops": "--pairs", "arch": "--archs"}
     if level is not None:
         flags[level[0]] = level_flag or f"--{level[0]}"
-    return Sweep(name=name, spec=spec, grid=grid, points=pairs, metric=metric, mode=mode, columns=columns,
-                 flags=flags)
+    return Sweep(name=name, spec=spec, grid=grid, points=pairs, metric=metric, mode=mode, columns=columns, flags=flags)
 
 
 def add_pair_flags(p, *, preset: str, small_pairs: str, paper_pairs: str, level: tuple[str, str] | None) -> None:
     """--pairs, --archs (and --<level flag> for the task's difficulty field), with this sweep's defaults."""
     p.set_defaults(preset=preset, seeds="0,1,2")  # several seeds: best-of-3 and mean ± std
-    p.add_argument("--pairs", default="",
-                   help=f"NxR pairs (default: {paper_pairs} on paper presets, {small_pairs} otherwise)")
-    p.add_argument("--archs", default="", help="backbones to cross with the pairs, e.g. mamba2,transformer "
-                                               "(default: the preset's)")
+    p.add_argument(
+        "--pairs", default="", help=f"NxR pairs (default: {paper_pairs} on paper presets, {small_pairs} otherwise)"
+    )
+    p.add_argument(
+        "--archs", default="", help="backbones to cross with the pairs, e.g. mamba2,transformer (default: the preset's)"
+    )
     if level is not None:
         flag, field = level
         p.add_argument(f"--{flag}", default="", help=f"values of task.{field} (default: the preset's)")
@@ -94,18 +109,41 @@ class DepthTask:
     mode: str = "max"
     columns: tuple[str, ...] = (VAL_ACCURACY, VAL_LOSS)
 
-    def sweep(self, common: Common, pairs: tuple[dict[str, int], ...], archs: list[str] | None = None,
-              levels: tuple[str, list[int]] | None = None) -> Sweep:
-        return depth_grid(self.name, common, pairs, archs=archs, level=levels, level_flag=f"--{self.level_flag}",
-                          metric=self.metric, mode=self.mode, columns=self.columns)
+    def sweep(
+        self,
+        common: Common,
+        pairs: tuple[dict[str, int], ...],
+        archs: list[str] | None = None,
+        levels: tuple[str, list[int]] | None = None,
+    ) -> Sweep:
+        return depth_grid(
+            self.name,
+            common,
+            pairs,
+            archs=archs,
+            level=levels,
+            level_flag=f"--{self.level_flag}",
+            metric=self.metric,
+            mode=self.mode,
+            columns=self.columns,
+        )
 
     def add_flags(self, p) -> None:
-        add_pair_flags(p, preset=self.preset, small_pairs=self.small_pairs, paper_pairs=self.paper_pairs,
-                       level=(self.level_flag, self.level_field))
+        add_pair_flags(
+            p,
+            preset=self.preset,
+            small_pairs=self.small_pairs,
+            paper_pairs=self.paper_pairs,
+            level=(self.level_flag, self.level_field),
+        )
 
     def from_args(self, common: Common, args) -> Sweep:
-        return self.sweep(common, pairs_from(args, common, self.small_pairs, self.paper_pairs), archs_from(args),
-                          level_from(args, self.level_flag, self.level_field))
+        return self.sweep(
+            common,
+            pairs_from(args, common, self.small_pairs, self.paper_pairs),
+            archs_from(args),
+            level_from(args, self.level_flag, self.level_field),
+        )
 
 
 def run(task: DepthTask, doc: str) -> int:

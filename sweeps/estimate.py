@@ -40,8 +40,9 @@ class Estimate:
 
     def text(self) -> str:
         minutes, seconds = divmod(round(self.seconds), 60)
-        return "\n".join(["time estimate (probed on this machine):", *self.lines,
-                          f"  total ≈ {minutes} min {seconds:02d} s"])
+        return "\n".join(
+            ["time estimate (probed on this machine):", *self.lines, f"  total ≈ {minutes} min {seconds:02d} s"]
+        )
 
 
 def evaluations(cfg) -> int:
@@ -60,8 +61,13 @@ def makespan(durations: Iterable[float], slots: int) -> float:
     return max(free)
 
 
-def estimate(sweeps: list[tuple[Sweep, list[dict[str, Any]]]], launch: Launch, *, concurrency: int | None = None,
-             extra_seconds: float = 0.0) -> Estimate:
+def estimate(
+    sweeps: list[tuple[Sweep, list[dict[str, Any]]]],
+    launch: Launch,
+    *,
+    concurrency: int | None = None,
+    extra_seconds: float = 0.0,
+) -> Estimate:
     """The time of running these (sweep, trial points) pairs one after the other."""
     import os
 
@@ -107,9 +113,14 @@ def estimate(sweeps: list[tuple[Sweep, list[dict[str, Any]]]], launch: Launch, *
             jobs = shared_prefixes(sweep.spec, points, launch.storage_path)
             job_slots = min(len(jobs), concurrency)
             job_threads = max(1, cpus // max(1, job_slots))
-            shared = [TRIAL_S + sum(stage_seconds(c, job_threads)
-                                    for c in todo(stage_configs(sweep.spec, j["params"], launch.storage_path)[:j["n"]]))
-                      for j in jobs]
+            shared = [
+                TRIAL_S
+                + sum(
+                    stage_seconds(c, job_threads)
+                    for c in todo(stage_configs(sweep.spec, j["params"], launch.storage_path)[: j["n"]])
+                )
+                for j in jobs
+            ]
             threads = max(1, cpus // concurrency)
             # Tune expands the grid with the point varying fastest: seed-major order.
             seeds = list(dict.fromkeys(p.get("seed") for p in points))
@@ -119,9 +130,11 @@ def estimate(sweeps: list[tuple[Sweep, list[dict[str, Any]]]], launch: Launch, *
             seconds = RAY_START_S + makespan(shared, job_slots) + makespan(trials, concurrency) if n_stages else 0.0
             total += seconds
             unique = {stage_dir(launch.storage_path, c) for cfgs in chains.values() for c in cfgs}
-            lines.append(f"  {sweep.name}: {n_stages} of {len(unique)} stages to train"
-                         + (f" ({len(jobs)} shared chain(s) first)" if jobs else "")
-                         + f", {concurrency} trial(s) at a time × {threads} thread(s): ≈ {seconds / 60:.1f} min")
+            lines.append(
+                f"  {sweep.name}: {n_stages} of {len(unique)} stages to train"
+                + (f" ({len(jobs)} shared chain(s) first)" if jobs else "")
+                + f", {concurrency} trial(s) at a time × {threads} thread(s): ≈ {seconds / 60:.1f} min"
+            )
     finally:
         torch.set_num_threads(previous)
     if extra_seconds:

@@ -31,8 +31,19 @@ from looplab.policy import GATE, parse_policies
 from looplab.stages import STAGE_NAMES, get_stage
 from sweeps.flags import add_store_flags, distinct, fail
 from sweeps.runtime import check_ray_address, console_to_log, local_gpus, write_report
-from trainables.downstream import (EvalGrid, EvalSummary, applies, builtin_task, default_policies, describe_plan,
-                                   evaluate, include_task, paper_task, pipeline_checkpoints, store_checkpoints)
+from trainables.downstream import (
+    EvalGrid,
+    EvalSummary,
+    applies,
+    builtin_task,
+    default_policies,
+    describe_plan,
+    evaluate,
+    include_task,
+    paper_task,
+    pipeline_checkpoints,
+    store_checkpoints,
+)
 from trainables.storage import Storage
 
 POLICY_EXAMPLE = "dense:0.2,0.4;skip:0.2,0.4;forced:1-4"
@@ -40,16 +51,28 @@ POLICY_EXAMPLE = "dense:0.2,0.4;skip:0.2,0.4;forced:1-4"
 
 def add_eval_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("downstream evaluation (after training; keyed by content, never recomputed)")
-    g.add_argument("--eval-tasks", default="", metavar="paper|TASK,...",
-                   help="lm-eval tasks to evaluate every trained checkpoint on: paper (the seven of Table 3) "
-                        "and/or task names (the paper's, those of --eval-include, or lm-eval's own)")
-    g.add_argument("--eval-policies", default="", metavar="GRID",
-                   help=f"exit policies, e.g. '{POLICY_EXAMPLE}' (default: forced 1..R on a stage without a gate, "
-                        "App. E; dense and skip at q 0.2..1.0 on gated stages, App. F); gate policies go to gated "
-                        "stages, the others to every stage")
-    g.add_argument("--eval-data", default="", metavar="DIR",
-                   help="the paper tasks' data from DIR/<task>/<split>.parquet (python -m looplab.evaluation.suite "
-                        "export DIR), offline; default: the hub")
+    g.add_argument(
+        "--eval-tasks",
+        default="",
+        metavar="paper|TASK,...",
+        help="lm-eval tasks to evaluate every trained checkpoint on: paper (the seven of Table 3) "
+        "and/or task names (the paper's, those of --eval-include, or lm-eval's own)",
+    )
+    g.add_argument(
+        "--eval-policies",
+        default="",
+        metavar="GRID",
+        help=f"exit policies, e.g. '{POLICY_EXAMPLE}' (default: forced 1..R on a stage without a gate, "
+        "App. E; dense and skip at q 0.2..1.0 on gated stages, App. F); gate policies go to gated "
+        "stages, the others to every stage",
+    )
+    g.add_argument(
+        "--eval-data",
+        default="",
+        metavar="DIR",
+        help="the paper tasks' data from DIR/<task>/<split>.parquet (python -m looplab.evaluation.suite "
+        "export DIR), offline; default: the hub",
+    )
     g.add_argument("--eval-include", default="", metavar="DIR", help="a folder of custom task YAMLs")
     g.add_argument("--eval-limit", default="", metavar="N", help="documents per task (default: all)")
     g.add_argument("--eval-stages", default="", metavar="STAGE,...", help="evaluate only these stages (default: all)")
@@ -62,8 +85,9 @@ def add_eval_flags(p: argparse.ArgumentParser) -> None:
 def grid_from_args(args: argparse.Namespace) -> EvalGrid | None:
     """The grid the flags declare, every task checked against its index; None without
     --eval-tasks. A bad value is a ConfigError naming its flag."""
-    given = [f for f in ("eval_policies", "eval_data", "eval_include", "eval_limit", "eval_stages")
-             if getattr(args, f, "")]
+    given = [
+        f for f in ("eval_policies", "eval_data", "eval_include", "eval_limit", "eval_stages") if getattr(args, f, "")
+    ]
     if not args.eval_tasks:
         if given:
             fail("--eval-tasks", "", f"paper | TASK,... (--{given[0].replace('_', '-')} needs tasks to evaluate)")
@@ -81,11 +105,18 @@ def grid_from_args(args: argparse.Namespace) -> EvalGrid | None:
         fail("--eval-batch-size", args.eval_batch_size, "an integer >= 1")
     if args.eval_device not in ("auto", "cpu", "cuda") and not args.eval_device.startswith("cuda:"):
         fail("--eval-device", args.eval_device, "auto | cpu | cuda | cuda:N")
-    return EvalGrid(tasks=resolve_tasks(args.eval_tasks, args.eval_include, args.eval_data),
-                    policies=args.eval_policies, limit=parse_limit(args.eval_limit),
-                    stages=tuple(distinct("--eval-stages", args.eval_stages,
-                                          [s.strip() for s in args.eval_stages.split(",") if s.strip()])),
-                    cpus=args.eval_cpus, gpus=args.eval_gpus, batch_size=args.eval_batch_size, device=args.eval_device)
+    return EvalGrid(
+        tasks=resolve_tasks(args.eval_tasks, args.eval_include, args.eval_data),
+        policies=args.eval_policies,
+        limit=parse_limit(args.eval_limit),
+        stages=tuple(
+            distinct("--eval-stages", args.eval_stages, [s.strip() for s in args.eval_stages.split(",") if s.strip()])
+        ),
+        cpus=args.eval_cpus,
+        gpus=args.eval_gpus,
+        batch_size=args.eval_batch_size,
+        device=args.eval_device,
+    )
 
 
 def check_policies(text: str) -> None:
@@ -121,7 +152,11 @@ def resolve_tasks(text: str, include: str, data: str) -> tuple:
     if not names:
         fail("--eval-tasks", text, "paper | comma-separated lm-eval task names")
     if data and not Path(data).is_dir():
-        fail("--eval-data", data, "a folder with <task>/<split>.parquet files (python -m looplab.evaluation.suite export)")
+        fail(
+            "--eval-data",
+            data,
+            "a folder with <task>/<split>.parquet files (python -m looplab.evaluation.suite export)",
+        )
     local = {}
     if include:
         if not Path(include).is_dir():
@@ -167,18 +202,28 @@ def check_grid(grid: EvalGrid, stages) -> None:
     chosen = [(s, r, kind) for s, r, kind in stages if grid.evaluates(s)]
     kinds = {kind for _, _, kind in chosen}
     if kinds - {"text"}:
-        fail("--eval-tasks", ",".join(t.name for t in grid.tasks),
-             f"none for a sweep of {'/'.join(sorted(kinds - {'text'}))} models (lm-eval needs language models: "
-             "task.kind=text)")
+        fail(
+            "--eval-tasks",
+            ",".join(t.name for t in grid.tasks),
+            f"none for a sweep of {'/'.join(sorted(kinds - {'text'}))} models (lm-eval needs language models: "
+            "task.kind=text)",
+        )
     if grid.policies:
         for policy in parse_policies(grid.policies):
             if not any(applies(policy, s, r) for s, r, _ in chosen):
                 gated = ", ".join(name for name in STAGE_NAMES if get_stage(name).gated)
-                why = (f"a gated stage ({gated}) to read its gate" if policy.rule == GATE else
-                       f"a depth <= R (at most {max(r for _, r, _ in chosen)} here)")
-                fail("--eval-policies", policy.spec, f"policies that apply to this sweep's stages "
-                                                     f"({', '.join(sorted({s for s, _, _ in chosen}))}); "
-                                                     f"{policy.spec} needs {why}")
+                why = (
+                    f"a gated stage ({gated}) to read its gate"
+                    if policy.rule == GATE
+                    else f"a depth <= R (at most {max(r for _, r, _ in chosen)} here)"
+                )
+                fail(
+                    "--eval-policies",
+                    policy.spec,
+                    f"policies that apply to this sweep's stages "
+                    f"({', '.join(sorted({s for s, _, _ in chosen}))}); "
+                    f"{policy.spec} needs {why}",
+                )
     elif not any(default_policies(s, r) for s, r, _ in chosen):
         fail("--eval-policies", "", "a policy grid (no stage has default policies)")
 
@@ -194,10 +239,13 @@ def sample_stages(sweep) -> list[tuple[str, int, str]]:
     if sweep.grid or sweep.points:
         points = grid_points(sweep)
     else:
-        points = [dict(zip(sweep.ranges, corner))
-                  for corner in itertools.product(*((lo, hi) for lo, hi, _ in sweep.ranges.values()))] or [{}]
-    return [(c.stage, c.model.n_loops, c.task.kind) for p in points
-            for c in stage_configs(sweep.spec, {**p, "seed": 0}, "")]
+        points = [
+            dict(zip(sweep.ranges, corner))
+            for corner in itertools.product(*((lo, hi) for lo, hi, _ in sweep.ranges.values()))
+        ] or [{}]
+    return [
+        (c.stage, c.model.n_loops, c.task.kind) for p in points for c in stage_configs(sweep.spec, {**p, "seed": 0}, "")
+    ]
 
 
 def with_evaluation(sweep, grid: EvalGrid | None):
@@ -216,24 +264,38 @@ def evaluate_trials(sweep, platform, trial_params: list[dict[str, Any]]) -> Eval
     if grid is None:
         return None
     checkpoints = pipeline_checkpoints(sweep.spec, trial_params, platform.storage_path)
-    summary = evaluate(grid, checkpoints, tracking_uri=platform.tracking_uri, experiment=platform.experiment,
-                       artifact_root=Storage(platform.storage_path).path("mlflow"), board=platform.progress_board)
+    summary = evaluate(
+        grid,
+        checkpoints,
+        tracking_uri=platform.tracking_uri,
+        experiment=platform.experiment,
+        artifact_root=Storage(platform.storage_path).path("mlflow"),
+        board=platform.progress_board,
+    )
     log_counts(platform.tracking_uri, platform.sweep_run_id, summary)
     return summary
 
 
 def log_counts(uri: str, run_id: str | None, summary: EvalSummary) -> None:
     if run_id:
-        tracking.log_metrics(tracking.client(uri), run_id, {tracking.EVALS_RAN: summary.ran,
-                                                            tracking.EVALS_REUSED: summary.reused,
-                                                            tracking.EVALS_FAILED: summary.failed})
+        tracking.log_metrics(
+            tracking.client(uri),
+            run_id,
+            {
+                tracking.EVALS_RAN: summary.ran,
+                tracking.EVALS_REUSED: summary.reused,
+                tracking.EVALS_FAILED: summary.failed,
+            },
+        )
 
 
 # ---- python -m sweeps.evaluate ------------------------------------------------------------------
 def parser() -> argparse.ArgumentParser:
-    p = Parser(prog="python -m sweeps.evaluate",
-                                description="Evaluate the finished checkpoints of an existing sweep on lm-eval tasks "
-                                            "(what the store lacks only).")
+    p = Parser(
+        prog="python -m sweeps.evaluate",
+        description="Evaluate the finished checkpoints of an existing sweep on lm-eval tasks "
+        "(what the store lacks only).",
+    )
     add_store_flags(p, "print what would be evaluated and what is reused")
     add_eval_flags(p)
     return p
@@ -253,8 +315,11 @@ def main(argv: list[str] | None = None) -> int:
             check_ray_address("--address", args.address)
         checkpoints, notes = store_checkpoints(mc, experiment_id, storage.root)
         if not checkpoints:
-            fail("--experiment", args.experiment, "an experiment with FINISHED stage runs whose checkpoints exist"
-                 + (f" ({notes[0]})" if notes else ""))
+            fail(
+                "--experiment",
+                args.experiment,
+                "an experiment with FINISHED stage runs whose checkpoints exist" + (f" ({notes[0]})" if notes else ""),
+            )
         check_grid(grid, [(c.stage, c.n_loops, c.task_kind) for c in checkpoints])
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -271,8 +336,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     summary, sweep_run = run(grid, checkpoints, uri, args.experiment, storage, args.address)
     print(summary.line())
-    report = write_report(uri, args.experiment, sweep_run,
-                          storage.scratch() / "analysis" / f"{args.experiment}-evaluation")
+    report = write_report(
+        uri, args.experiment, sweep_run, storage.scratch() / "analysis" / f"{args.experiment}-evaluation"
+    )
     if "report.html" in report:
         print(f"report.html: {report['report.html']}")
     return 0 if not summary.failed else 1
@@ -300,15 +366,22 @@ def run(grid: EvalGrid, checkpoints, uri: str, experiment: str, storage: Storage
     logs = storage.scratch() / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     mc = tracking.client(uri)
-    sweep = tracking.find_run(mc, mc.get_experiment_by_name(experiment).experiment_id,
-                              **{tracking.LEVEL: tracking.SWEEP})
+    sweep = tracking.find_run(
+        mc, mc.get_experiment_by_name(experiment).experiment_id, **{tracking.LEVEL: tracking.SWEEP}
+    )
     board = board_name(f"evaluate-{experiment}")
     with console_to_log(logs / "ray.log"):
         ray.init(address=address or None, include_dashboard=None, log_to_driver=False, configure_logging=False)
     try:
         with Printer(board):
-            summary = evaluate(grid, checkpoints, tracking_uri=uri, experiment=experiment,
-                               artifact_root=storage.path("mlflow"), board=board)
+            summary = evaluate(
+                grid,
+                checkpoints,
+                tracking_uri=uri,
+                experiment=experiment,
+                artifact_root=storage.path("mlflow"),
+                board=board,
+            )
     finally:
         with console_to_log(logs / "ray.log"):
             ray.shutdown()

@@ -85,80 +85,162 @@ class Launch:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "Launch":
-        return cls(storage_path=args.storage_path, tracking_uri=args.tracking_uri or "", address=args.address,
-                   resume=args.resume, max_concurrent_trials=args.max_concurrent_trials,
-                   num_workers=args.num_workers, cpus_per_worker=args.cpus_per_worker,
-                   gpus_per_worker=args.gpus_per_worker, search=args.search, num_samples=args.num_samples,
-                   scheduler=args.scheduler, seeds=tuple(seeds_of(args.seeds, args.preset)), dry_run=args.dry_run,
-                   doctor=args.doctor,
-                   gpu_memory=args.gpu_memory, memory_margin=args.memory_margin, mfu=args.mfu,
-                   gpu_tflops=args.gpu_tflops)
+        return cls(
+            storage_path=args.storage_path,
+            tracking_uri=args.tracking_uri or "",
+            address=args.address,
+            resume=args.resume,
+            max_concurrent_trials=args.max_concurrent_trials,
+            num_workers=args.num_workers,
+            cpus_per_worker=args.cpus_per_worker,
+            gpus_per_worker=args.gpus_per_worker,
+            search=args.search,
+            num_samples=args.num_samples,
+            scheduler=args.scheduler,
+            seeds=tuple(seeds_of(args.seeds, args.preset)),
+            dry_run=args.dry_run,
+            doctor=args.doctor,
+            gpu_memory=args.gpu_memory,
+            memory_margin=args.memory_margin,
+            mfu=args.mfu,
+            gpu_tflops=args.gpu_tflops,
+        )
 
 
 def parser(description: str) -> argparse.ArgumentParser:
     p = Parser(description=description)
     p.add_argument("--preset", default=DEFAULT_PRESET, help=f"base preset (default {DEFAULT_PRESET})")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="config override for every stage, over its recipe, e.g. train.lr=0.001 (repeatable)")
-    p.add_argument("--stage-set", action="append", default=[], metavar="STAGE:KEY=VALUE",
-                   help="config override for one stage, over --set, e.g. stage1:train.lr=0.001 (repeatable)")
-    p.add_argument("--stage-steps", default="", metavar="STAGE=N,...",
-                   help="steps of some stages, e.g. stage1=2500,chase=800 (others keep theirs)")
-    p.add_argument("--tracking-uri", type=given(TRACKING_URIS), default=None,
-                   help="MLflow URI (default sqlite:///STORAGE/mlflow.db)")
-    p.add_argument("--storage-path", type=given(STORAGE_PATHS), default="looplab-runs",
-                   help="stage checkpoints, Ray results, artifacts")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override for every stage, over its recipe, e.g. train.lr=0.001 (repeatable)",
+    )
+    p.add_argument(
+        "--stage-set",
+        action="append",
+        default=[],
+        metavar="STAGE:KEY=VALUE",
+        help="config override for one stage, over --set, e.g. stage1:train.lr=0.001 (repeatable)",
+    )
+    p.add_argument(
+        "--stage-steps",
+        default="",
+        metavar="STAGE=N,...",
+        help="steps of some stages, e.g. stage1=2500,chase=800 (others keep theirs)",
+    )
+    p.add_argument(
+        "--tracking-uri",
+        type=given(TRACKING_URIS),
+        default=None,
+        help="MLflow URI (default sqlite:///STORAGE/mlflow.db)",
+    )
+    p.add_argument(
+        "--storage-path",
+        type=given(STORAGE_PATHS),
+        default="looplab-runs",
+        help="stage checkpoints, Ray results, artifacts",
+    )
     p.add_argument("--address", default="", help="Ray cluster address (default: start a local Ray)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue an interrupted sweep: the same as running the same command again (finished "
-                        "stages and trials are found by content key; Tune's pickled state is never read)")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue an interrupted sweep: the same as running the same command again (finished "
+        "stages and trials are found by content key; Tune's pickled state is never read)",
+    )
     p.add_argument("--max-concurrent-trials", type=int, default=0, help="default: what the CPUs/GPUs fit")
-    p.add_argument("--num-workers", type=int, default=0,
-                   help="Ray Train workers per stage; 0 (default): Ray Train's local mode, the stage trains "
-                        "in the trial's own process (no worker group to start); K: K data-parallel worker actors")
-    p.add_argument("--cpus-per-worker", type=number_in(0.0, low_open=True), default=0.0,
-                   help="CPUs per worker, > 0 (default: the CPUs left, shared evenly)")
+    p.add_argument(
+        "--num-workers",
+        type=int,
+        default=0,
+        help="Ray Train workers per stage; 0 (default): Ray Train's local mode, the stage trains "
+        "in the trial's own process (no worker group to start); K: K data-parallel worker actors",
+    )
+    p.add_argument(
+        "--cpus-per-worker",
+        type=number_in(0.0, low_open=True),
+        default=0.0,
+        help="CPUs per worker, > 0 (default: the CPUs left, shared evenly)",
+    )
     p.add_argument("--gpus-per-worker", type=number_in(0.0), default=0.0)
     p.add_argument("--search", choices=("grid", "optuna"), default="grid")
     p.add_argument("--num-samples", type=int, default=8, help="Optuna trials (grid runs each point once)")
     p.add_argument("--scheduler", choices=("none", "asha"), default="none")
-    p.add_argument("--init-from", default="", metavar="HF_DIR,...",
-                   help="compare initialisations: for each Hugging Face Mamba-2 / Llama checkpoint folder, "
-                        "pre-training from its weights (retrofit) beside its shape freshly initialised (scratch); "
-                        "train.init_layers picks the layers (looplab/retrofit.py)")
-    p.add_argument("--seeds", type=given(SEEDS), default=None,
-                   help="comma-separated training seeds, e.g. 0,1,2 (default: the preset's own, 3407 for the "
-                        "paper's language models)")
+    p.add_argument(
+        "--init-from",
+        default="",
+        metavar="HF_DIR,...",
+        help="compare initialisations: for each Hugging Face Mamba-2 / Llama checkpoint folder, "
+        "pre-training from its weights (retrofit) beside its shape freshly initialised (scratch); "
+        "train.init_layers picks the layers (looplab/retrofit.py)",
+    )
+    p.add_argument(
+        "--seeds",
+        type=given(SEEDS),
+        default=None,
+        help="comma-separated training seeds, e.g. 0,1,2 (default: the preset's own, 3407 for the "
+        "paper's language models)",
+    )
     p.add_argument("--dry-run", action="store_true", help="print trials, resources and compute; start no Ray")
-    p.add_argument("--doctor", action="store_true",
-                   help="with --dry-run: run `looplab doctor --quick` on every GPU node of the cluster at --address "
-                        "(or on this machine) and report each node; a failing node makes the exit status 1")
-    p.add_argument("--gpu-memory", type=float, default=0.0, metavar="GB",
-                   help="GiB per GPU: each stage trains with the largest micro-batch that fits (the memory model "
-                        "of looplab/costs/memory.py), with activation checkpointing only if nothing fits without; "
-                        "a stage that cannot fit is an error before Ray starts")
-    p.add_argument("--memory-margin", type=float, default=DEFAULT_MEMORY_MARGIN_GIB, metavar="GB",
-                   help="with --gpu-memory: GiB of each device the plan leaves free for the CUDA context, NCCL's "
-                        f"buffers and fragmentation (default {DEFAULT_MEMORY_MARGIN_GIB:g})")
-    p.add_argument("--mfu", type=float, default=DEFAULT_MFU,
-                   help=f"model FLOP/s utilisation the plan's GPU-hours assume (default {DEFAULT_MFU})")
-    p.add_argument("--gpu-tflops", type=float, default=DEFAULT_PEAK_TFLOPS,
-                   help=f"a GPU's dense peak the plan's GPU-hours assume (default {DEFAULT_PEAK_TFLOPS:g}: "
-                        "H100 SXM bf16)")
+    p.add_argument(
+        "--doctor",
+        action="store_true",
+        help="with --dry-run: run `looplab doctor --quick` on every GPU node of the cluster at --address "
+        "(or on this machine) and report each node; a failing node makes the exit status 1",
+    )
+    p.add_argument(
+        "--gpu-memory",
+        type=float,
+        default=0.0,
+        metavar="GB",
+        help="GiB per GPU: each stage trains with the largest micro-batch that fits (the memory model "
+        "of looplab/costs/memory.py), with activation checkpointing only if nothing fits without; "
+        "a stage that cannot fit is an error before Ray starts",
+    )
+    p.add_argument(
+        "--memory-margin",
+        type=float,
+        default=DEFAULT_MEMORY_MARGIN_GIB,
+        metavar="GB",
+        help="with --gpu-memory: GiB of each device the plan leaves free for the CUDA context, NCCL's "
+        f"buffers and fragmentation (default {DEFAULT_MEMORY_MARGIN_GIB:g})",
+    )
+    p.add_argument(
+        "--mfu",
+        type=float,
+        default=DEFAULT_MFU,
+        help=f"model FLOP/s utilisation the plan's GPU-hours assume (default {DEFAULT_MFU})",
+    )
+    p.add_argument(
+        "--gpu-tflops",
+        type=float,
+        default=DEFAULT_PEAK_TFLOPS,
+        help=f"a GPU's dense peak the plan's GPU-hours assume (default {DEFAULT_PEAK_TFLOPS:g}: H100 SXM bf16)",
+    )
     return p
 
 
 # ---- value parsers --------------------------------------------------------------------
 
+
 def add_store_flags(p: argparse.ArgumentParser, dry_run_help: str) -> None:
     """The flags of a command over an existing sweep's checkpoints (sweeps/evaluate.py,
     sweeps/speed.py): which experiment, where its store is, which Ray, and --dry-run."""
     p.add_argument("--experiment", required=True, help="the sweep's MLflow experiment, e.g. adaptive_pipeline-debug")
-    p.add_argument("--storage-path", type=given(STORAGE_PATHS), default="looplab-runs",
-                   help="the sweep's storage (default looplab-runs): its MLflow store, and its stages/ when the "
-                        "checkpoints moved with it")
-    p.add_argument("--tracking-uri", type=given(TRACKING_URIS), default=None,
-                   help="MLflow URI (default sqlite:///STORAGE/mlflow.db)")
+    p.add_argument(
+        "--storage-path",
+        type=given(STORAGE_PATHS),
+        default="looplab-runs",
+        help="the sweep's storage (default looplab-runs): its MLflow store, and its stages/ when the "
+        "checkpoints moved with it",
+    )
+    p.add_argument(
+        "--tracking-uri",
+        type=given(TRACKING_URIS),
+        default=None,
+        help="MLflow URI (default sqlite:///STORAGE/mlflow.db)",
+    )
     p.add_argument("--address", default="", help="Ray cluster address (default: start a local Ray)")
     p.add_argument("--dry-run", action="store_true", help=dry_run_help)
 
@@ -203,8 +285,7 @@ def distinct(flag: str, text: str, values: list) -> list:
     pieces = [p.strip() for p in text.split(",") if p.strip()]  # as typed, for the line
     for i, value in enumerate(values):
         if value in values[:i]:
-            fail(flag, text, f"distinct values ({pieces[i] if len(pieces) == len(values) else value} is given "
-                             "twice)")
+            fail(flag, text, f"distinct values ({pieces[i] if len(pieces) == len(values) else value} is given twice)")
     return values
 
 
@@ -263,8 +344,11 @@ def parse_stage_sets(items: list[str]) -> dict[str, dict[str, Any]]:
     for item in items:
         stage, colon, rest = item.partition(":")
         if not colon or stage not in STAGE_NAMES:
-            fail("--stage-set", item, f"STAGE:KEY=VALUE with STAGE one of {' | '.join(STAGE_NAMES)}, "
-                                      "e.g. stage1:train.lr=0.001")
+            fail(
+                "--stage-set",
+                item,
+                f"STAGE:KEY=VALUE with STAGE one of {' | '.join(STAGE_NAMES)}, e.g. stage1:train.lr=0.001",
+            )
         out.setdefault(stage, {}).update(parse_sets([rest], "--stage-set"))
     return out
 
@@ -275,7 +359,10 @@ def parse_stage_steps(text: str) -> dict[str, int]:
     for item in (i.strip() for i in text.split(",") if i.strip()):
         stage, eq, steps = item.partition("=")
         if not eq or stage not in STAGE_NAMES or not steps.isdigit() or int(steps) < 1:
-            fail("--stage-steps", text, f"STAGE=N,... with STAGE one of {' | '.join(STAGE_NAMES)} and N >= 1, "
-                                        "e.g. stage1=2500,chase=800")
+            fail(
+                "--stage-steps",
+                text,
+                f"STAGE=N,... with STAGE one of {' | '.join(STAGE_NAMES)} and N >= 1, e.g. stage1=2500,chase=800",
+            )
         out[stage] = int(steps)
     return out

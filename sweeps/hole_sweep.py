@@ -21,30 +21,62 @@ from sweeps.plan import SKIP_COLUMNS, Sweep
 from trainables.downstream import EvalGrid
 from trainables.pipeline import PipelineSpec
 
-HOLE_PARAMS = {"hp": "hole.hp", "lo": "hole.lo", "hi": "hole.hi", "rho": "hole.rho",
-               "q_low": "hole.q_low", "q_high": "hole.q_high"}
+HOLE_PARAMS = {
+    "hp": "hole.hp",
+    "lo": "hole.lo",
+    "hi": "hole.hi",
+    "rho": "hole.rho",
+    "q_low": "hole.q_low",
+    "q_high": "hole.q_high",
+}
 SAMPLERS = ("depth", "threshold")
 
 
-def hole_sweep(common: Common, sampler: str, rhos: list[float], hps: list[float] | None = None,
-               ranges: tuple[dict[str, float], ...] = (), evaluation: EvalGrid | None = None) -> Sweep:
+def hole_sweep(
+    common: Common,
+    sampler: str,
+    rhos: list[float],
+    hps: list[float] | None = None,
+    ranges: tuple[dict[str, float], ...] = (),
+    evaluation: EvalGrid | None = None,
+) -> Sweep:
     """sampler depth: ρ × hp × the depth ranges ({lo, hi}); threshold: ρ × the q ranges ({q_low, q_high})."""
     if sampler not in SAMPLERS:
         fail("--sampler", sampler, " | ".join(SAMPLERS))
     overrides = {"model.n_loops": 4, "hole.sampler": sampler, **common.overrides}
-    spec = PipelineSpec(preset=common.preset, stages=("pretrain", "stage1", "chase", "stage2"),
-                        overrides=overrides, stage_overrides=common.stage_overrides, searched=HOLE_PARAMS,
-                        searched_stages=("chase",))
+    spec = PipelineSpec(
+        preset=common.preset,
+        stages=("pretrain", "stage1", "chase", "stage2"),
+        overrides=overrides,
+        stage_overrides=common.stage_overrides,
+        searched=HOLE_PARAMS,
+        searched_stages=("chase",),
+    )
     grid = {"rho": list(rhos)}
     if sampler == "depth":
         grid["hp"] = list(hps or [])
-    return with_evaluation(Sweep(
-        name=f"hole_sweep_{sampler}", spec=spec, grid=grid, points=ranges,
-        ranges={"hp": (0.05, 1.0, "linear"), "lo": (1.0, 2.5, "linear"), "hi": (2.5, 4.0, "linear")},
-        metric=VAL_PPL, mode="min", columns=(VAL_PPL, VAL_ACCURACY, *SKIP_COLUMNS),
-        flags={"rho": "--rhos", "hp": "--hps", "lo": "--ranges", "hi": "--ranges", "q_low": "--q-ranges",
-               "q_high": "--q-ranges", "hole.sampler": "--sampler"}),
-        evaluation)
+    return with_evaluation(
+        Sweep(
+            name=f"hole_sweep_{sampler}",
+            spec=spec,
+            grid=grid,
+            points=ranges,
+            ranges={"hp": (0.05, 1.0, "linear"), "lo": (1.0, 2.5, "linear"), "hi": (2.5, 4.0, "linear")},
+            metric=VAL_PPL,
+            mode="min",
+            columns=(VAL_PPL, VAL_ACCURACY, *SKIP_COLUMNS),
+            flags={
+                "rho": "--rhos",
+                "hp": "--hps",
+                "lo": "--ranges",
+                "hi": "--ranges",
+                "q_low": "--q-ranges",
+                "q_high": "--q-ranges",
+                "hole.sampler": "--sampler",
+            },
+        ),
+        evaluation,
+    )
 
 
 def add_flags(p) -> None:
@@ -59,10 +91,21 @@ def add_flags(p) -> None:
 def from_args(common: Common, args) -> Sweep:
     rhos = parse_list("--rhos", args.rhos)
     if args.sampler == "depth":
-        return hole_sweep(common, "depth", rhos, parse_list("--hps", args.hps),
-                          parse_ranges("--ranges", args.ranges, "lo", "hi"), evaluation=grid_from_args(args))
-    return hole_sweep(common, args.sampler, rhos, ranges=parse_ranges("--q-ranges", args.q_ranges, "q_low", "q_high"),
-                      evaluation=grid_from_args(args))
+        return hole_sweep(
+            common,
+            "depth",
+            rhos,
+            parse_list("--hps", args.hps),
+            parse_ranges("--ranges", args.ranges, "lo", "hi"),
+            evaluation=grid_from_args(args),
+        )
+    return hole_sweep(
+        common,
+        args.sampler,
+        rhos,
+        ranges=parse_ranges("--q-ranges", args.q_ranges, "q_low", "q_high"),
+        evaluation=grid_from_args(args),
+    )
 
 
 if __name__ == "__main__":

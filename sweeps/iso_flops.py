@@ -33,8 +33,10 @@ def iso_flops(common: Common, task: str, pairs, archs=None, evaluation: EvalGrid
     if task not in TASKS:
         fail("--task", task, " | ".join(TASKS))
     *_, metric, mode, columns = TASKS[task]
-    return with_evaluation(depth_grid(f"iso_flops_{task}", common, pairs, archs=archs, metric=metric, mode=mode,
-                                      columns=columns), evaluation)
+    return with_evaluation(
+        depth_grid(f"iso_flops_{task}", common, pairs, archs=archs, metric=metric, mode=mode, columns=columns),
+        evaluation,
+    )
 
 
 def task_of(argv: list[str]) -> str:
@@ -52,6 +54,7 @@ def flags_for(task: str):
         add_pair_flags(p, preset=preset, small_pairs=small, paper_pairs=paper, level=None)
         add_eval_flags(p)
         p.set_defaults(seeds=None)  # the preset's own seed (3407 for the paper's language models)
+
     return add_flags
 
 
@@ -59,8 +62,9 @@ def from_args(common: Common, args) -> Sweep:
     if args.task not in TASKS:
         fail("--task", args.task, " | ".join(TASKS))
     _, small, paper, *_ = TASKS[args.task]
-    return iso_flops(common, args.task, pairs_from(args, common, small, paper), archs_from(args),
-                     evaluation=grid_from_args(args))
+    return iso_flops(
+        common, args.task, pairs_from(args, common, small, paper), archs_from(args), evaluation=grid_from_args(args)
+    )
 
 
 if __name__ == "__main__":

@@ -33,8 +33,21 @@ from looplab.config import ConfigError, config_key
 from looplab.costs.machine import MEMORY_CHECK_ENV
 from sweeps.flags import Common, Launch, fail, parser
 from sweeps.lock import SweepBusy, sweep_lock
-from sweeps.plan import (Resources, Sweep, check_machine, compare_initialisations, cpu_share, describe, fit_devices,
-                         grid_points, keyed_declaration, sweep_key, trial_name, validate, waiting_cpu)
+from sweeps.plan import (
+    Resources,
+    Sweep,
+    check_machine,
+    compare_initialisations,
+    cpu_share,
+    describe,
+    fit_devices,
+    grid_points,
+    keyed_declaration,
+    sweep_key,
+    trial_name,
+    validate,
+    waiting_cpu,
+)
 from sweeps.runtime import check_ray_address, console_to_log, write_report
 from sweeps.stop import StopOnSignal, SweepStopped, resume_line
 from trainables.pipeline import stage_configs
@@ -50,8 +63,12 @@ TEST_HOOKS = ("LOOPLAB_TEST_KILL_WORKER_AT_STEP",)  # test hooks reach the trial
 Build = Callable[[Common, argparse.Namespace], Sweep]
 
 
-def main(description: str, add_flags: Callable[[argparse.ArgumentParser], None] | None, build: Build,
-         argv: list[str] | None = None) -> int:
+def main(
+    description: str,
+    add_flags: Callable[[argparse.ArgumentParser], None] | None,
+    build: Build,
+    argv: list[str] | None = None,
+) -> int:
     """Parse the common flags and the sweep's own (add_flags may also change the
     common defaults), build the sweep, check everything, then dry-run or run."""
     p = parser(description)
@@ -116,6 +133,7 @@ def overrides_in_flag_terms(error: ConfigError, common: Common) -> ConfigError:
 
 # ---- checks that need the outside world ------------------------------------------------
 
+
 def check_storage_path(path: str) -> None:
     """The storage (a folder, or an object-store prefix) exists or can be made, and is
     writable: one small object written and removed."""
@@ -135,8 +153,12 @@ def check_storage_path(path: str) -> None:
         storage.write_text(probe, "")
         storage.delete_file(probe)
     except (OSError, ValueError) as e:
-        fail("--storage-path", path, f"an object-store prefix this process can write (credentials, bucket) "
-                                     f"({getattr(e, 'strerror', None) or e})")
+        fail(
+            "--storage-path",
+            path,
+            f"an object-store prefix this process can write (credentials, bucket) "
+            f"({getattr(e, 'strerror', None) or e})",
+        )
 
 
 def check_tracking_uri(uri: str, storage_path: str) -> None:
@@ -148,13 +170,17 @@ def check_tracking_uri(uri: str, storage_path: str) -> None:
     from trainables.storage import Storage
 
     if not uri and Storage(storage_path).remote:
-        fail("--tracking-uri", uri, "an MLflow server (http://HOST:PORT) or sqlite:///PATH when --storage-path is "
-                                    "an object store")
+        fail(
+            "--tracking-uri",
+            uri,
+            "an MLflow server (http://HOST:PORT) or sqlite:///PATH when --storage-path is an object store",
+        )
     if uri:  # else the default, sqlite:///STORAGE/mlflow.db: the storage's check writes its folder
         destinations.tracking_uri("--tracking-uri", uri)
 
 
 # ---- the run ---------------------------------------------------------------------------
+
 
 def run_sweep(sweep: Sweep, launch: Launch, points: list[dict[str, Any]], res: Resources) -> list[dict[str, Any]]:
     """Start (or join) Ray, run the trials under Tune, return one row per trial."""
@@ -182,29 +208,46 @@ def _run_locked(sweep, launch, points, res, store, local, logs, uri, key, experi
     mc = tracking.client(uri)  # imports mlflow, which sets its loggers to INFO
     logging.getLogger("mlflow").setLevel(logging.WARNING)  # its schema-migration chatter
     experiment_id = tracking.ensure_experiment(mc, experiment, store.path("mlflow"))
-    sweep_run = open_sweep_run(mc, experiment_id, run_name, key, sweep.spec.preset, axes=sweep.axes,
-                               params=sweep_params(sweep, launch))
+    sweep_run = open_sweep_run(
+        mc, experiment_id, run_name, key, sweep.spec.preset, axes=sweep.axes, params=sweep_params(sweep, launch)
+    )
     links = publish_dashboard(mc, experiment_id, sweep, launch, sweep_run, run_name, uri)
-    platform = PlatformSettings(tracking_uri=uri, storage_path=store.root, experiment=experiment,
-                                sweep_run_id=sweep_run, num_workers=launch.num_workers,
-                                cpus_per_worker=res.cpus_per_worker, gpus_per_worker=launch.gpus_per_worker,
-                                progress_board=board_name(run_name))
+    platform = PlatformSettings(
+        tracking_uri=uri,
+        storage_path=store.root,
+        experiment=experiment,
+        sweep_run_id=sweep_run,
+        num_workers=launch.num_workers,
+        cpus_per_worker=res.cpus_per_worker,
+        gpus_per_worker=launch.gpus_per_worker,
+        progress_board=board_name(run_name),
+    )
 
     env = {name: os.environ.get(name, default) for name, default in RAY_TRAIN_ENV.items()}
     os.environ.update(env)
     env.update({name: os.environ[name] for name in TEST_HOOKS if name in os.environ})
     if MEMORY_CHECK_ENV in os.environ:  # the memory check's override reaches every trial's train()
         env[MEMORY_CHECK_ENV] = os.environ[MEMORY_CHECK_ENV]
-    print(f"sweep {sweep.name} [{key}]: {len(points)} trial point(s); Ray's own output goes to "
-          f"{logs / 'ray.log'}", file=sys.stderr)
+    print(
+        f"sweep {sweep.name} [{key}]: {len(points)} trial point(s); Ray's own output goes to {logs / 'ray.log'}",
+        file=sys.stderr,
+    )
     print(links, file=sys.stderr)
     with console_to_log(logs / "ray.log"):
-        ray.init(address=launch.address or None, runtime_env={"env_vars": env}, include_dashboard=None,
-                 log_to_driver=False, configure_logging=False)
+        ray.init(
+            address=launch.address or None,
+            runtime_env={"env_vars": env},
+            include_dashboard=None,
+            log_to_driver=False,
+            configure_logging=False,
+        )
     at_once = False
     try:
-        with tracking.terminated_on_exit(mc, sweep_run), Printer(platform.progress_board) as printer, \
-                StopOnSignal(printer.request_stop) as stop:
+        with (
+            tracking.terminated_on_exit(mc, sweep_run),
+            Printer(platform.progress_board) as printer,
+            StopOnSignal(printer.request_stop) as stop,
+        ):
             if launch.search == "grid":
                 _fit_shared_prefixes(sweep, launch, platform, points, res, store.path("ray_tune"), run_name, logs)
             stop.check()  # a stop during the shared stages: the trials never start
@@ -224,9 +267,18 @@ def _run_locked(sweep, launch, points, res, store, local, logs, uri, key, experi
             stopped = not result.error and tracking.STAGE_KEY not in metrics  # a scheduler (ASHA) ended it early
             if stopped:
                 close_stopped_trial(mc, experiment_id, final_key)
-            rows.append({**params, **{k: metrics.get(k) for k in sweep.columns}, tracking.STAGE_KEY: final_key,
-                         "status": "error" if result.error else "stopped" if stopped
-                         else ("reused" if metrics.get("skipped") else "done")})
+            rows.append(
+                {
+                    **params,
+                    **{k: metrics.get(k) for k in sweep.columns},
+                    tracking.STAGE_KEY: final_key,
+                    "status": "error"
+                    if result.error
+                    else "stopped"
+                    if stopped
+                    else ("reused" if metrics.get("skipped") else "done"),
+                }
+            )
         report = write_report(uri, experiment, sweep_run, local / "analysis" / run_name)
         table = summary_table(sweep, rows)
         log_headline(mc, sweep_run, sweep, rows)
@@ -246,18 +298,33 @@ def _run_locked(sweep, launch, points, res, store, local, logs, uri, key, experi
             close_orphans(mc, experiment_id, sweep_run, reason="a second signal: the sweep exited at once")
 
 
-def open_sweep_run(mc, experiment_id: str, run_name: str, key: str, preset: str, axes: tuple[str, ...] = (),
-                   params: dict[str, str] | None = None) -> str:
+def open_sweep_run(
+    mc,
+    experiment_id: str,
+    run_name: str,
+    key: str,
+    preset: str,
+    axes: tuple[str, ...] = (),
+    params: dict[str, str] | None = None,
+) -> str:
     """The sweep's one parent run, keyed by the sweep's content: created once, adopted
     by every later invocation of the same sweep (set RUNNING while it runs), with the
     sweep's params (sweep_params; a run an older invocation made gets them too). Runs an
     earlier invocation left RUNNING under it belong to processes that died: they are
     closed as KILLED, pointing to this invocation; the trials reopen them as they run."""
     sweep_run, status = tracking.open_run(
-        mc, experiment_id, name=run_name, key={tracking.LEVEL: tracking.SWEEP, tracking.SWEEP_KEY: key},
-        tags={tracking.PRESET: preset, tracking.GIT_SHA: tracking.git_sha(),
-              tracking.COMMAND: " ".join(shlex.quote(a) for a in sys.argv),
-              **({tracking.SCAN_AXES: ",".join(axes)} if axes else {})}, params=params)
+        mc,
+        experiment_id,
+        name=run_name,
+        key={tracking.LEVEL: tracking.SWEEP, tracking.SWEEP_KEY: key},
+        tags={
+            tracking.PRESET: preset,
+            tracking.GIT_SHA: tracking.git_sha(),
+            tracking.COMMAND: " ".join(shlex.quote(a) for a in sys.argv),
+            **({tracking.SCAN_AXES: ",".join(axes)} if axes else {}),
+        },
+        params=params,
+    )
     if status == "FINISHED":
         mc.update_run(sweep_run, status="RUNNING")
     if axes and status != "NEW":  # a declaration's axes, also on a run an older invocation made
@@ -286,19 +353,38 @@ def sweep_params(sweep: Sweep, launch: Launch) -> dict[str, str]:
     so a run adopted by a later invocation of the same sweep has the same values."""
     declared = keyed_declaration(sweep, launch)
     spec = declared["spec"]
-    settings = {"preset": spec["preset"], "stages": ",".join(spec["stages"]), "seeds": list(declared["seeds"]),
-                "search": declared["search"], "scheduler": declared["scheduler"], "searched": spec["searched"],
-                "arms": {arm: ",".join(stages) for arm, stages in spec["arms"].items()},
-                "set": spec["overrides"], "stage_set": spec["stage_overrides"]}
+    settings = {
+        "preset": spec["preset"],
+        "stages": ",".join(spec["stages"]),
+        "seeds": list(declared["seeds"]),
+        "search": declared["search"],
+        "scheduler": declared["scheduler"],
+        "searched": spec["searched"],
+        "arms": {arm: ",".join(stages) for arm, stages in spec["arms"].items()},
+        "set": spec["overrides"],
+        "stage_set": spec["stage_overrides"],
+    }
     grid_search = launch.search == "grid"
     if not grid_search:
         settings["num_samples"] = declared["num_samples"]
-    return tracking.sweep_params(declared["grid"] if grid_search else {}, declared["points"] if grid_search else (),
-                                 {} if grid_search else declared["ranges"], settings)
+    return tracking.sweep_params(
+        declared["grid"] if grid_search else {},
+        declared["points"] if grid_search else (),
+        {} if grid_search else declared["ranges"],
+        settings,
+    )
 
 
-def publish_dashboard(mc, experiment_id: str, sweep: Sweep, launch: Launch, sweep_run: str, run_name: str,
-                      uri: str, trial_runs: list[str] | None = None) -> str:
+def publish_dashboard(
+    mc,
+    experiment_id: str,
+    sweep: Sweep,
+    launch: Launch,
+    sweep_run: str,
+    run_name: str,
+    uri: str,
+    trial_runs: list[str] | None = None,
+) -> str:
     """The sweep's saved view of its trials (named by the sweep run's name: its searched
     params and headline metrics as columns, looplab/dashboard.py) and the experiment's
     primary metric; returns the lines that say where to look. The view shows the trials
@@ -312,8 +398,16 @@ def publish_dashboard(mc, experiment_id: str, sweep: Sweep, launch: Launch, swee
     return dashboard_text(uri, experiment_id, run_name, sweep_run)
 
 
-def publish_summary_view(mc, experiment_id: str, sweep: Sweep, launch: Launch, sweep_run: str, run_name: str,
-                         uri: str, rows: list[dict[str, Any]]) -> str | None:
+def publish_summary_view(
+    mc,
+    experiment_id: str,
+    sweep: Sweep,
+    launch: Launch,
+    sweep_run: str,
+    run_name: str,
+    uri: str,
+    rows: list[dict[str, Any]],
+) -> str | None:
     """At the end: when some of the summary's trials are runs an earlier sweep started (reused,
     so under that sweep's run), the view lists the summary's trial runs by id instead; returns
     the new lines, or None when the view stays as it was."""
@@ -329,8 +423,7 @@ def dashboard_text(uri: str, experiment_id: str, view: str, sweep_run: str) -> s
     return "\n".join(f"{'dashboard:' if i == 0 else '':13s}{line}" for i, line in enumerate(lines))
 
 
-def close_orphans(mc, experiment_id: str, sweep_run: str,
-                  reason: str | None = None) -> int:
+def close_orphans(mc, experiment_id: str, sweep_run: str, reason: str | None = None) -> int:
     """KILLED for every RUNNING run below the sweep run (its trials, their stages, the
     shared stages): the invocation that started them is gone (or the user stopped it)."""
     # MLflow's filter strings have no OR (nor IN on tags): read the experiment's parent
@@ -350,15 +443,17 @@ def close_orphans(mc, experiment_id: str, sweep_run: str,
         children = [r.info.run_id for r in found]
         for run in found:
             if run.info.status == "RUNNING":
-                mc.set_tag(run.info.run_id, tracking.KILLED_BY,
-                           reason or f"sweep run {sweep_run} reopened by a new invocation")
+                mc.set_tag(
+                    run.info.run_id, tracking.KILLED_BY, reason or f"sweep run {sweep_run} reopened by a new invocation"
+                )
                 mc.set_terminated(run.info.run_id, status="KILLED")
                 closed += 1
     return closed
 
 
-def _fit_shared_prefixes(sweep: Sweep, launch: Launch, platform, points, res: Resources, tune_path: str,
-                         run_name: str, logs: Path) -> None:
+def _fit_shared_prefixes(
+    sweep: Sweep, launch: Launch, platform, points, res: Resources, tune_path: str, run_name: str, logs: Path
+) -> None:
     """Train the stages several trials share (e.g. the β ablation's pre-training)
     before the trials, each job with an even share of the whole machine: otherwise
     one trial trains them on its share while the CPUs of the waiting trials idle."""
@@ -375,14 +470,19 @@ def _fit_shared_prefixes(sweep: Sweep, launch: Launch, platform, points, res: Re
     if not launch.address and not launch.cpus_per_worker:  # locally: the machine, split over the jobs
         share = cpu_share(res.cpus, concurrent, max(1, launch.num_workers), waiting_cpu(launch))
         platform = replace(platform, cpus_per_worker=max(share, res.cpus_per_worker))
-    print(f"training {len(jobs)} shared stage chain(s) first, {concurrent} at a time, "
-          f"{max(1, platform.num_workers)} worker(s) × {platform.cpus_per_worker} CPU each", file=sys.stderr)
+    print(
+        f"training {len(jobs)} shared stage chain(s) first, {concurrent} at a time, "
+        f"{max(1, platform.num_workers)} worker(s) × {platform.cpus_per_worker} CPU each",
+        file=sys.stderr,
+    )
     tuner = tune.Tuner(
         tune.with_resources(run_shared_prefix, platform.trial_resources()),
         param_space={"spec": sweep.spec.to_dict(), "platform": platform.to_dict(), "job": tune.grid_search(jobs)},
         tune_config=tune.TuneConfig(max_concurrent_trials=concurrent),
-        run_config=tune.RunConfig(name=f"{run_name}-shared", storage_path=tune_path,
-                                  failure_config=trial_failures(platform), verbose=0))
+        run_config=tune.RunConfig(
+            name=f"{run_name}-shared", storage_path=tune_path, failure_config=trial_failures(platform), verbose=0
+        ),
+    )
     with console_to_log(logs / "ray.log"):
         failed = [r for r in tuner.fit() if r.error]
     if failed:
@@ -422,12 +522,20 @@ def _fit(sweep: Sweep, launch: Launch, platform, res: Resources, tune_path: str,
         return trial_name(trial_params(trial.config))
 
     tuner = tune.Tuner(
-        trainable, param_space=space,
-        tune_config=tune.TuneConfig(num_samples=samples, search_alg=search_alg, scheduler=scheduler,
-                                    max_concurrent_trials=res.max_concurrent or None,
-                                    trial_name_creator=name_of, trial_dirname_creator=name_of),
-        run_config=tune.RunConfig(name=run_name, storage_path=tune_path,
-                                  failure_config=trial_failures(platform), verbose=0))
+        trainable,
+        param_space=space,
+        tune_config=tune.TuneConfig(
+            num_samples=samples,
+            search_alg=search_alg,
+            scheduler=scheduler,
+            max_concurrent_trials=res.max_concurrent or None,
+            trial_name_creator=name_of,
+            trial_dirname_creator=name_of,
+        ),
+        run_config=tune.RunConfig(
+            name=run_name, storage_path=tune_path, failure_config=trial_failures(platform), verbose=0
+        ),
+    )
     with console_to_log(logs / "ray.log"):
         return tuner.fit()
 
@@ -447,14 +555,16 @@ def close_stopped_trial(mc, experiment_id: str, stage_key: str) -> None:
     trial = tracking.find_run(mc, experiment_id, **{tracking.LEVEL: tracking.TRIAL, tracking.STAGE_KEY: stage_key})
     if trial is None or trial.info.status != "RUNNING":
         return
-    children = mc.search_runs([experiment_id],
-                              filter_string=f"tags.`{tracking.PARENT_RUN_TAG}` = '{trial.info.run_id}' "
-                                            "and attributes.status = 'RUNNING'")
+    children = mc.search_runs(
+        [experiment_id],
+        filter_string=f"tags.`{tracking.PARENT_RUN_TAG}` = '{trial.info.run_id}' and attributes.status = 'RUNNING'",
+    )
     for run in [*children, trial]:
         mc.set_terminated(run.info.run_id, status="KILLED")
 
 
 # ---- the end of a sweep ---------------------------------------------------------------------
+
 
 def summary_table(sweep: Sweep, rows: list[dict[str, Any]]) -> list[list[str]]:
     """The summary as rows of cells, header first: the searched values, the sweep's
@@ -470,10 +580,19 @@ def find_trial_runs(mc, experiment_id: str, stage_keys: list[str]) -> dict[str, 
     that started it): one paged query over the experiment's trials."""
     wanted, found, token = set(stage_keys), {}, None
     while True:
-        page = mc.search_runs([experiment_id], filter_string=f"tags.{tracking.LEVEL} = '{tracking.TRIAL}'",
-                              max_results=5000, page_token=token)
-        found.update({r.info.run_id: r.data.tags.get(tracking.PARENT_RUN_TAG) for r in page
-                      if r.data.tags.get(tracking.STAGE_KEY) in wanted})
+        page = mc.search_runs(
+            [experiment_id],
+            filter_string=f"tags.{tracking.LEVEL} = '{tracking.TRIAL}'",
+            max_results=5000,
+            page_token=token,
+        )
+        found.update(
+            {
+                r.info.run_id: r.data.tags.get(tracking.PARENT_RUN_TAG)
+                for r in page
+                if r.data.tags.get(tracking.STAGE_KEY) in wanted
+            }
+        )
         token = page.token
         if not token:
             return found
@@ -489,30 +608,53 @@ def log_headline(mc, sweep_run: str, sweep: Sweep, rows: list[dict[str, Any]]) -
     mc.set_tag(sweep_run, tracking.BEST_TRIAL, tracking.trial_run_name(rows[best][tracking.STAGE_KEY]))
 
 
-def describe_sweep_run(mc, sweep_run: str, sweep: Sweep, table: list[list[str]], report: dict[str, Path],
-                       experiment_id: str | None = None, view: str | None = None) -> None:
+def describe_sweep_run(
+    mc,
+    sweep_run: str,
+    sweep: Sweep,
+    table: list[list[str]],
+    report: dict[str, Path],
+    experiment_id: str | None = None,
+    view: str | None = None,
+) -> None:
     """The sweep run's description on the dashboard: the summary table, a link to the
     trials' view, and links to the report's files (artifacts of this run, under analysis/)."""
     header, *body = table
-    lines = [f"**{sweep.name}** on preset `{sweep.spec.preset}`", "",
-             "| " + " | ".join(header) + " |", "|" + "---|" * len(header),
-             *("| " + " | ".join(row) + " |" for row in body)]
+    lines = [
+        f"**{sweep.name}** on preset `{sweep.spec.preset}`",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        *("| " + " | ".join(row) + " |" for row in body),
+    ]
     if experiment_id is not None and view:
         lines += ["", f"[The trials, one row each]({'#' + dashboard.runs_route(experiment_id, view)})"]
     if report:  # the report, its headline figure and its tables; every file is in the run's artifacts
         shown = [name for name in ("report.html", "frontier.png", "tables/tables.md") if name in report]
         shown += ["tables"] if any(name.startswith("tables/") for name in report) else []
-        files = [f"[{name}]({'#' + dashboard.run_route(experiment_id, sweep_run, 'analysis/' + name)})"
-                 if experiment_id is not None else f"`analysis/{name}`" for name in shown]
-        lines += ["", f"Report: {' · '.join(files)} (all {len(report)} files: this run's artifacts, under "
-                      "`analysis/`)"]
+        files = [
+            f"[{name}]({'#' + dashboard.run_route(experiment_id, sweep_run, 'analysis/' + name)})"
+            if experiment_id is not None
+            else f"`analysis/{name}`"
+            for name in shown
+        ]
+        lines += ["", f"Report: {' · '.join(files)} (all {len(report)} files: this run's artifacts, under `analysis/`)"]
     if "report.html" in report:
         lines += ["", f"On this machine: `{report['report.html']}`."]
     tracking.set_description(mc, sweep_run, "\n".join(lines))
 
 
-def print_summary(table: list[list[str]], uri: str, experiment: str, sweep_run: str, store, local: Path,
-                  run_name: str, report: dict[str, Path] | None = None, links: str | None = None) -> None:
+def print_summary(
+    table: list[list[str]],
+    uri: str,
+    experiment: str,
+    sweep_run: str,
+    store,
+    local: Path,
+    run_name: str,
+    report: dict[str, Path] | None = None,
+    links: str | None = None,
+) -> None:
     header, *body = table
     widths = [max(len(h), *(len(row[i]) for row in body)) if body else len(h) for i, h in enumerate(header)]
     print("\n" + "  ".join(h.ljust(w) for h, w in zip(header, widths)))
@@ -527,8 +669,10 @@ def print_summary(table: list[list[str]], uri: str, experiment: str, sweep_run: 
         for name in ("frontier.png", "report.html"):
             if name in report:
                 print(f"{name + ':':13s}{report[name]}")
-    print(f"re-plot:     python -m analysis --tracking-uri {uri} --experiment {experiment} "
-          f"--out {local / 'analysis' / run_name}")
+    print(
+        f"re-plot:     python -m analysis --tracking-uri {uri} --experiment {experiment} "
+        f"--out {local / 'analysis' / run_name}"
+    )
 
 
 def _cell(v: Any) -> str:

@@ -33,8 +33,10 @@ class SweepBusy(RuntimeError):
 
 
 def _busy(name: str, key: str, busy: lease.Busy) -> SweepBusy:
-    return SweepBusy(f"sweep {name} [{key}] is already running on this storage ({lease.who(busy.holder)}; "
-                     f"lock {busy.where}): wait for it to finish, or give another --storage-path")
+    return SweepBusy(
+        f"sweep {name} [{key}] is already running on this storage ({lease.who(busy.holder)}; "
+        f"lock {busy.where}): wait for it to finish, or give another --storage-path"
+    )
 
 
 def _lock_name(key: str) -> str:

@@ -12,8 +12,14 @@ import sys
 
 from sweeps.depth_grid import DepthTask, run
 
-MANO = DepthTask(name="mano", preset="mano-debug", small_pairs="1x1,1x4,4x1",
-                 paper_pairs="24x1,4x1,4x6,6x1,6x4,12x1,12x2", level_flag="levels", level_field="L")
+MANO = DepthTask(
+    name="mano",
+    preset="mano-debug",
+    small_pairs="1x1,1x4,4x1",
+    paper_pairs="24x1,4x1,4x6,6x1,6x4,12x1,12x2",
+    level_flag="levels",
+    level_field="L",
+)
 
 # What other modules read: iso_flops.py's --task mano the pairs, the tests the flags and factory.
 SMALL_PAIRS, PAPER_PAIRS = MANO.small_pairs, MANO.paper_pairs

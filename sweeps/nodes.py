@@ -31,9 +31,15 @@ def check_nodes(address: str) -> list[tuple[str, list[dict[str, Any]]]]:
     try:
         nodes = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("GPU", 0) > 0]
         task = ray.remote(_quick_checks)
-        pending = [(n["NodeManagerAddress"], task.options(
-            num_gpus=1, scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote())
-            for n in nodes]
+        pending = [
+            (
+                n["NodeManagerAddress"],
+                task.options(
+                    num_gpus=1, scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
+                ).remote(),
+            )
+            for n in nodes
+        ]
         return [(name, ray.get(ref)) for name, ref in pending]
     finally:
         ray.shutdown()
@@ -47,6 +53,7 @@ def report(results: list[tuple[str, list[dict[str, Any]]]]) -> tuple[str, bool]:
     for node, checks in results:
         bad = [c for c in checks if c["status"] == "fail"]
         ok &= not bad
-        lines.append(f"doctor {node}: " + (f"FAIL {bad[0]['name']}: {bad[0]['reason']}" if bad else
-                                           f"ok ({len(checks)} checks)"))
+        lines.append(
+            f"doctor {node}: " + (f"FAIL {bad[0]['name']}: {bad[0]['reason']}" if bad else f"ok ({len(checks)} checks)")
+        )
     return "\n".join(lines), ok

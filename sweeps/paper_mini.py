@@ -56,34 +56,63 @@ def lm_sweep(protocol: Protocol = PROTOCOL) -> Sweep:
     declared = {s: {"train.steps": n} for s, n in protocol.stage_steps.items()}
     for stage, values in protocol.stage_overrides.items():
         declared.setdefault(stage, {}).update(values)
-    spec = PipelineSpec(preset=protocol.lm_preset, stages=protocol.arms["chase"], arms=dict(protocol.arms),
-                        overrides={**protocol.lm_regime, **protocol.overrides}, stage_overrides=declared,
-                        searched={"n_layers": "model.n_layers", "n_loops": "model.n_loops"}, searched_stages=every)
+    spec = PipelineSpec(
+        preset=protocol.lm_preset,
+        stages=protocol.arms["chase"],
+        arms=dict(protocol.arms),
+        overrides={**protocol.lm_regime, **protocol.overrides},
+        stage_overrides=declared,
+        searched={"n_layers": "model.n_layers", "n_loops": "model.n_loops"},
+        searched_stages=every,
+    )
     points = tuple({"arm": arm, "n_layers": n, "n_loops": r} for arm, n, r in protocol.lm_points)
-    return Sweep(name="paper_mini_lm", spec=spec, points=points, metric=VAL_PPL, mode="min",
-                 columns=(VAL_PPL, *SKIP_COLUMNS), flags={"n_layers": "--set", "n_loops": "--set"})
+    return Sweep(
+        name="paper_mini_lm",
+        spec=spec,
+        points=points,
+        metric=VAL_PPL,
+        mode="min",
+        columns=(VAL_PPL, *SKIP_COLUMNS),
+        flags={"n_layers": "--set", "n_loops": "--set"},
+    )
 
 
 def phop_sweep(protocol: Protocol = PROTOCOL) -> Sweep:
     pairs = tuple({"n_layers": n, "n_loops": r} for n, r in protocol.phop_pairs)
-    return depth_grid("paper_mini_phop", Common(protocol.phop_preset, {**protocol.phop_regime, **protocol.overrides}),
-                      pairs, level=("p", list(protocol.phop_hops)), level_flag="--hops", metric=VAL_ACCURACY,
-                      mode="max", columns=(VAL_ACCURACY, VAL_LOSS))
+    return depth_grid(
+        "paper_mini_phop",
+        Common(protocol.phop_preset, {**protocol.phop_regime, **protocol.overrides}),
+        pairs,
+        level=("p", list(protocol.phop_hops)),
+        level_flag="--hops",
+        metric=VAL_ACCURACY,
+        mode="max",
+        columns=(VAL_ACCURACY, VAL_LOSS),
+    )
 
 
 def describe_protocol(protocol: Protocol, launch: Launch) -> str:
     """The dry run's first lines: the protocol, the arms' weight-training steps, and
     each seed's standing in the store's ledger."""
-    lines = [f"protocol {protocol.name}", f"  digest {protocol.digest()} (sweeps/protocol.py); confidence "
-             f"{protocol.confidence:g}, correction {protocol.correction}; C2 and C3 read the compute-matched arms "
-             f"({', '.join(f'{c}: {a}' for c, a in protocol.matched.items())})", "  arms:"]
+    lines = [
+        f"protocol {protocol.name}",
+        f"  digest {protocol.digest()} (sweeps/protocol.py); confidence "
+        f"{protocol.confidence:g}, correction {protocol.correction}; C2 and C3 read the compute-matched arms "
+        f"({', '.join(f'{c}: {a}' for c, a in protocol.matched.items())})",
+        "  arms:",
+    ]
     lines += [f"    {line}" for line in protocol.arm_steps_text()]
     lines.append("  seeds:")
     for row in Ledger(launch.storage_path).status(launch.seeds, protocol):
-        lines.append(f"    {row['seed']}: " + ("fresh (first scored under this protocol, or not yet scored)"
-                                             if row["fresh"] else
-                                             f"first scored under {row['first_scored_under']} "
-                                             f"({row['first_protocol']}): left out of the headline verdicts"))
+        lines.append(
+            f"    {row['seed']}: "
+            + (
+                "fresh (first scored under this protocol, or not yet scored)"
+                if row["fresh"]
+                else f"first scored under {row['first_scored_under']} "
+                f"({row['first_protocol']}): left out of the headline verdicts"
+            )
+        )
     return "\n".join(lines)
 
 
@@ -96,9 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     try:
         if args.preset != PROTOCOL.lm_preset:
-            raise ConfigError(f"--preset={args.preset!r} is invalid; allowed: {PROTOCOL.lm_preset} (the regime is "
-                              "the protocol's, sweeps/protocol.py; --set changes both sweeps' settings, --stage-set "
-                              "the LM's stages, and either makes another protocol)")
+            raise ConfigError(
+                f"--preset={args.preset!r} is invalid; allowed: {PROTOCOL.lm_preset} (the regime is "
+                "the protocol's, sweeps/protocol.py; --set changes both sweeps' settings, --stage-set "
+                "the LM's stages, and either makes another protocol)"
+            )
         common, launch = Common.from_args(args), Launch.from_args(args)
         protocol = PROTOCOL.with_overrides(common.overrides, common.stage_overrides)
         prepared = [prepare(sweep, launch) for sweep in (lm_sweep(protocol), phop_sweep(protocol))]
@@ -112,8 +143,13 @@ def main(argv: list[str] | None = None) -> int:
         for sweep, points, res, plans in prepared:
             print(describe(sweep, launch, points, res, plans) + "\n")
         try:  # it probes every stage here: one this machine cannot hold is refused first (looplab/costs/machine.py)
-            print(estimate([(sweep, points) for sweep, points, _, _ in prepared], launch,
-                           extra_seconds=speed_seconds(prepared[0][0], launch, protocol)).text())
+            print(
+                estimate(
+                    [(sweep, points) for sweep, points, _, _ in prepared],
+                    launch,
+                    extra_seconds=speed_seconds(prepared[0][0], launch, protocol),
+                ).text()
+            )
         except ConfigError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
@@ -141,12 +177,15 @@ def main(argv: list[str] | None = None) -> int:
 
 # ---- the timed step ---------------------------------------------------------------------------------
 
+
 def speed_points(seq_len: int, protocol: Protocol = PROTOCOL):
     """Prefill at the models' own context, at each of the protocol's batches."""
     from trainables.speed import SpeedPoint
 
-    return [SpeedPoint(batch, seq_len, protocol.speed_policy, dtype, packing)
-            for batch, packing, dtype in protocol.speed_points]
+    return [
+        SpeedPoint(batch, seq_len, protocol.speed_policy, dtype, packing)
+        for batch, packing, dtype in protocol.speed_points
+    ]
 
 
 REPORT_S = 15.0  # the verdicts, their report and the MLflow writes (measured on 2 cores)
@@ -167,15 +206,26 @@ def speed_seconds(sweep: Sweep, launch: Launch, protocol: Protocol = PROTOCOL) -
     from looplab.checkpoint import model_from_config
     from looplab.policy import ExitPolicy
 
-    final = stage_configs(sweep.spec, {"arm": "chase", "n_layers": LOOPED[0], "n_loops": LOOPED[1],
-                                       "seed": launch.seeds[0]}, launch.storage_path)[-1]
+    final = stage_configs(
+        sweep.spec,
+        {"arm": "chase", "n_layers": LOOPED[0], "n_loops": LOOPED[1], "seed": launch.seeds[0]},
+        launch.storage_path,
+    )[-1]
     model = model_from_config(final.model, final.train.seed).eval()
     previous = torch.get_num_threads()
     torch.set_num_threads(os.cpu_count() or 1)
     try:
         t0 = time.perf_counter()
-        calls = [dict(model=model, ids=heldout_ids(model, None, p.batch, p.seq_len), policy=ExitPolicy.parse(p.policy),
-                      packing=p.packing, dtype=p.dtype) for p in speed_points(final.train.seq_len, protocol)]
+        calls = [
+            dict(
+                model=model,
+                ids=heldout_ids(model, None, p.batch, p.seq_len),
+                policy=ExitPolicy.parse(p.policy),
+                packing=p.packing,
+                dtype=p.dtype,
+            )
+            for p in speed_points(final.train.seq_len, protocol)
+        ]
         for call, peaks in zip(calls, measured_peaks(prefill_peaks, calls)):  # as trainables/speed.measure does
             bench_point(**call, peaks=peaks)
         one_seed = time.perf_counter() - t0
@@ -196,22 +246,31 @@ def measure_speed(sweep: Sweep, launch: Launch, protocol: Protocol = PROTOCOL) -
     mc = tracking.client(uri)
     experiment = tracking.experiment_name(sweep.name, sweep.spec.preset)
     experiment_id = tracking.ensure_experiment(mc, experiment, store.path("mlflow"))
-    sweep_run = tracking.find_run(mc, experiment_id, **{tracking.LEVEL: tracking.SWEEP,
-                                                        tracking.SWEEP_KEY: sweep_key(sweep, launch)})
+    sweep_run = tracking.find_run(
+        mc, experiment_id, **{tracking.LEVEL: tracking.SWEEP, tracking.SWEEP_KEY: sweep_key(sweep, launch)}
+    )
     records = []
     for seed in launch.seeds:
-        final = stage_configs(sweep.spec, {"arm": "chase", "n_layers": LOOPED[0], "n_loops": LOOPED[1],
-                                           "seed": seed}, store.root)[-1]
-        for r in measure(mc, experiment_id, sweep_run.info.run_id if sweep_run else None,
-                         checkpoint=checkpoint_of(store.root, final), stage_key=final.stage_key(),
-                         config_hash=final.config_hash(), method="CHASE",
-                         points=speed_points(final.train.seq_len, protocol),
-                         label=f"seed {seed}"):
+        final = stage_configs(
+            sweep.spec, {"arm": "chase", "n_layers": LOOPED[0], "n_loops": LOOPED[1], "seed": seed}, store.root
+        )[-1]
+        for r in measure(
+            mc,
+            experiment_id,
+            sweep_run.info.run_id if sweep_run else None,
+            checkpoint=checkpoint_of(store.root, final),
+            stage_key=final.stage_key(),
+            config_hash=final.config_hash(),
+            method="CHASE",
+            points=speed_points(final.train.seq_len, protocol),
+            label=f"seed {seed}",
+        ):
             records.append({**r, "seed": seed})
     return records
 
 
 # ---- the verdicts ---------------------------------------------------------------------------------------
+
 
 def claim_tables(uri: str, lm_experiment: str, phop_experiment: str) -> dict[str, Any]:
     """The two experiments' trial measures (analysis.claims.trial_measures), every seed."""
@@ -219,12 +278,15 @@ def claim_tables(uri: str, lm_experiment: str, phop_experiment: str) -> dict[str
     from analysis.load import load_runs
     from analysis.points import evaluation_points
 
-    return {name: trial_measures(evaluation_points(load_runs(uri, [experiment])))
-            for name, experiment in (("lm_trials", lm_experiment), ("phop_trials", phop_experiment))}
+    return {
+        name: trial_measures(evaluation_points(load_runs(uri, [experiment])))
+        for name, experiment in (("lm_trials", lm_experiment), ("phop_trials", phop_experiment))
+    }
 
 
-def claim_results(tables: dict[str, Any], seeds, protocol: Protocol = PROTOCOL,
-                  speed: list[dict] | None = None) -> list:
+def claim_results(
+    tables: dict[str, Any], seeds, protocol: Protocol = PROTOCOL, speed: list[dict] | None = None
+) -> list:
     """Every claim's result over these seeds, from claim_tables (and the speed records),
     corrected as the protocol says."""
     import polars as pl
@@ -240,8 +302,11 @@ def claim_results(tables: dict[str, Any], seeds, protocol: Protocol = PROTOCOL,
 
     results = loop_claims(phop, quality=ACCURACY, looped=LOOPED, base=BASE, deep=None)
     results += loop_claims(lm.filter(arm == "fixed"), quality=PPL, looped=LOOPED, base=BASE, deep=DEEP)
-    results += hole_claims(lm.filter(arm.is_in(["ouro", "chase"])), matched_ouro=of(protocol.matched.get("C3")),
-                           matched_fixed=of(protocol.matched.get("C2")))
+    results += hole_claims(
+        lm.filter(arm.is_in(["ouro", "chase"])),
+        matched_ouro=of(protocol.matched.get("C3")),
+        matched_fixed=of(protocol.matched.get("C2")),
+    )
     results += speed_claims([r for r in speed or [] if r["seed"] in seeds])
     order = list(CLAIMS)
     results = sorted((r for r in results if r.claim.id in protocol.claim_rules), key=lambda r: order.index(r.claim.id))
@@ -255,28 +320,48 @@ def verdicts_text(protocol: Protocol, status: list[dict], results: list, all_res
     seeds, and (when some seeds are not fresh) the same over every seed, marked."""
     from analysis.claims import verdict_markdown
 
-    lines = [f"Protocol **{protocol.name}**, digest `{protocol.digest()}` (sweeps/protocol.py). "
-             f"{protocol.confidence:.0%} Student-t intervals over seeds (paired where arms share a parent, else "
-             f"Welch); " + ("Holm's correction over the claims family decides each verdict (the uncorrected "
-                           "interval beside it); " if protocol.correction == "holm" else "no correction; ")
-             + "C2 and C3 read the compute-matched arms; an interval narrower than the metric's resolution is "
-               "'inconclusive (no spread)'.", "", "Arms (weight-training steps):", ""]
+    lines = [
+        f"Protocol **{protocol.name}**, digest `{protocol.digest()}` (sweeps/protocol.py). "
+        f"{protocol.confidence:.0%} Student-t intervals over seeds (paired where arms share a parent, else "
+        f"Welch); "
+        + (
+            "Holm's correction over the claims family decides each verdict (the uncorrected interval beside it); "
+            if protocol.correction == "holm"
+            else "no correction; "
+        )
+        + "C2 and C3 read the compute-matched arms; an interval narrower than the metric's resolution is "
+        "'inconclusive (no spread)'.",
+        "",
+        "Arms (weight-training steps):",
+        "",
+    ]
     lines += [f"    {line}" for line in protocol.arm_steps_text()]
     lines += ["", "| seed | first scored under | in the headline |", "|---|---|---|"]
-    lines += [f"| {r['seed']} | `{r['first_scored_under']}` ({r['first_protocol']}) | {'yes' if r['fresh'] else 'no'} |"
-              for r in status]
-    lines += ["", f"**Headline: the seeds first scored under this protocol "
-                  f"({', '.join(map(str, fresh_seeds(status))) or 'none'}).**",
-              "", verdict_markdown(results)]
+    lines += [
+        f"| {r['seed']} | `{r['first_scored_under']}` ({r['first_protocol']}) | {'yes' if r['fresh'] else 'no'} |"
+        for r in status
+    ]
+    lines += [
+        "",
+        f"**Headline: the seeds first scored under this protocol "
+        f"({', '.join(map(str, fresh_seeds(status))) or 'none'}).**",
+        "",
+        verdict_markdown(results),
+    ]
     if all_results is not None:
-        lines += ["", f"Every seed, those scored under an earlier protocol included "
-                      f"({', '.join(str(r['seed']) for r in status)}): not a verdict on this protocol.", "",
-                  verdict_markdown(all_results)]
+        lines += [
+            "",
+            f"Every seed, those scored under an earlier protocol included "
+            f"({', '.join(str(r['seed']) for r in status)}): not a verdict on this protocol.",
+            "",
+            verdict_markdown(all_results),
+        ]
     return "\n".join(lines)
 
 
-def write_verdicts(lm: Sweep, phop: Sweep, launch: Launch, speed: list[dict], protocol: Protocol = PROTOCOL
-                   ) -> dict[str, Path]:
+def write_verdicts(
+    lm: Sweep, phop: Sweep, launch: Launch, speed: list[dict], protocol: Protocol = PROTOCOL
+) -> dict[str, Path]:
     """verdicts.md / .csv, the trial measures and report.html (the LM sweep's report with
     the verdicts first) in STORAGE/analysis/paper_mini; the verdicts are printed, set as
     the LM sweep run's description with the protocol's digest as a tag, and the seeds
@@ -301,8 +386,11 @@ def write_verdicts(lm: Sweep, phop: Sweep, launch: Launch, speed: list[dict], pr
     results = claim_results(tables, fresh, protocol, speed)
     everyone = claim_results(tables, launch.seeds, protocol, speed) if len(fresh) < len(status) else None
     markdown = verdicts_text(protocol, status, results, everyone)
-    paths = {"verdicts.md": out / "verdicts.md", "verdicts.csv": out / "verdicts.csv",
-             "readme_block.md": out / "readme_block.md"}
+    paths = {
+        "verdicts.md": out / "verdicts.md",
+        "verdicts.csv": out / "verdicts.csv",
+        "readme_block.md": out / "readme_block.md",
+    }
     paths["verdicts.md"].write_text(markdown + "\n")
     paths["readme_block.md"].write_text(readme_block(protocol, status, results) + "\n")
     verdict_table(results).with_columns(pl.lit(protocol.digest()).alias("protocol")).write_csv(paths["verdicts.csv"])
@@ -315,11 +403,19 @@ def write_verdicts(lm: Sweep, phop: Sweep, launch: Launch, speed: list[dict], pr
     print("\n" + markdown)
     mc = tracking.client(uri)
     experiment_id = mc.get_experiment_by_name(lm_experiment).experiment_id
-    sweep_run = tracking.find_run(mc, experiment_id, **{tracking.LEVEL: tracking.SWEEP,
-                                                        tracking.SWEEP_KEY: sweep_key(lm, launch)})
-    report = build_report(uri, [lm_experiment], out, sweep_run_id=sweep_run.info.run_id if sweep_run else None,
-                          lead=[("Claims: the paper's against ours", _claims_html(markdown)),
-                                ("The miniature's protocols", _protocols_html(results, protocol))])
+    sweep_run = tracking.find_run(
+        mc, experiment_id, **{tracking.LEVEL: tracking.SWEEP, tracking.SWEEP_KEY: sweep_key(lm, launch)}
+    )
+    report = build_report(
+        uri,
+        [lm_experiment],
+        out,
+        sweep_run_id=sweep_run.info.run_id if sweep_run else None,
+        lead=[
+            ("Claims: the paper's against ours", _claims_html(markdown)),
+            ("The miniature's protocols", _protocols_html(results, protocol)),
+        ],
+    )
     if sweep_run is not None:  # the verdicts beside the report's files, and on the run's dashboard page
         for name in ("verdicts.md", "verdicts.csv"):
             mc.log_artifact(sweep_run.info.run_id, str(paths[name]), artifact_path="analysis")
@@ -340,21 +436,35 @@ def readme_block(protocol: Protocol, status: list[dict], results: list) -> str:
     for r in results:
         groups.get(r.verdict, inconclusive).append(r.claim.id)
     corrected = "after Holm's correction over the " + str(sum(r.p is not None for r in results)) + " claims"
-    reading = (f"Reading ({corrected}): reproduced in direction: {', '.join(groups[REPRODUCED]) or 'none'}; "
-               f"not reproduced: {', '.join(groups[NOT_REPRODUCED]) or 'none'}; inconclusive: "
-               f"{', '.join(inconclusive + groups[NO_SPREAD]) or 'none'}.")
-    changed = [f"{r.claim.id} ({r.raw_verdict} uncorrected)" for r in results
-               if r.raw_verdict is not None and r.raw_verdict != r.verdict]
+    reading = (
+        f"Reading ({corrected}): reproduced in direction: {', '.join(groups[REPRODUCED]) or 'none'}; "
+        f"not reproduced: {', '.join(groups[NOT_REPRODUCED]) or 'none'}; inconclusive: "
+        f"{', '.join(inconclusive + groups[NO_SPREAD]) or 'none'}."
+    )
+    changed = [
+        f"{r.claim.id} ({r.raw_verdict} uncorrected)"
+        for r in results
+        if r.raw_verdict is not None and r.raw_verdict != r.verdict
+    ]
     if changed:
         reading += " The correction changed " + ", ".join(changed) + "."
-    return "\n".join([
-        f"Protocol **{protocol.name}**, digest `{protocol.digest()}`; seeds {', '.join(map(str, fresh))}, each first "
-        "scored under it. Weight-training steps per arm:", "",
-        *(f"    {line}" for line in protocol.arm_steps_text()), "",
-        verdict_markdown(results), "", reading, "",
-        "**Every protocol the miniature has had** (the verdicts as each printed them; v1 and v2 judged the same "
-        "seeds, and v3 was declared before its seeds were trained):", "",
-        history_markdown(current_verdicts(results), protocol)])
+    return "\n".join(
+        [
+            f"Protocol **{protocol.name}**, digest `{protocol.digest()}`; seeds {', '.join(map(str, fresh))}, each first "
+            "scored under it. Weight-training steps per arm:",
+            "",
+            *(f"    {line}" for line in protocol.arm_steps_text()),
+            "",
+            verdict_markdown(results),
+            "",
+            reading,
+            "",
+            "**Every protocol the miniature has had** (the verdicts as each printed them; v1 and v2 judged the same "
+            "seeds, and v3 was declared before its seeds were trained):",
+            "",
+            history_markdown(current_verdicts(results), protocol),
+        ]
+    )
 
 
 def current_verdicts(results) -> dict[str, str]:
@@ -388,9 +498,13 @@ def _markdown_html(text: str) -> str:
             continue
         if table:
             head, *body = [r for r in table if not all(set(c) <= {"-"} for c in r)]
-            out.append("<table><tr>" + "".join(f"<th>{inline(c)}</th>" for c in head) + "</tr>"
-                       + "".join("<tr>" + "".join(f"<td>{inline(c)}</td>" for c in r) + "</tr>" for r in body)
-                       + "</table>")
+            out.append(
+                "<table><tr>"
+                + "".join(f"<th>{inline(c)}</th>" for c in head)
+                + "</tr>"
+                + "".join("<tr>" + "".join(f"<td>{inline(c)}</td>" for c in r) + "</tr>" for r in body)
+                + "</table>"
+            )
             table = []
         if line.startswith("- "):
             out.append(f"<li>{inline(line[2:])}</li>")

@@ -63,14 +63,17 @@ class Sweep:
     def __post_init__(self) -> None:
         for axis in self.axes:
             if axis not in self.spec.searched:
-                raise ConfigError(f"Sweep.axes={axis!r} is invalid; allowed: searched params "
-                                  f"({' | '.join(self.spec.searched)})")
+                raise ConfigError(
+                    f"Sweep.axes={axis!r} is invalid; allowed: searched params ({' | '.join(self.spec.searched)})"
+                )
         # A threshold column must name a q the evaluation runs, or its cells stay empty.
         for column in self.columns:
             parsed = parse_metric(column)
             if parsed and parsed[0].q is not None and parsed[0].q not in DEFAULT_QS:
-                raise ConfigError(f"Sweep.columns={column!r} names q={parsed[0].q}, which the stages' evaluation "
-                                  f"does not run; allowed q: {', '.join(map(str, DEFAULT_QS))}")
+                raise ConfigError(
+                    f"Sweep.columns={column!r} names q={parsed[0].q}, which the stages' evaluation "
+                    f"does not run; allowed q: {', '.join(map(str, DEFAULT_QS))}"
+                )
 
 
 INIT_FROM = "init_from"  # the searched param of --init-from: train.init_from, in the pre-training only
@@ -86,10 +89,14 @@ def compare_initialisations(sweep: Sweep, checkpoints: tuple[str, ...]) -> Sweep
     if INIT_FROM in sweep.spec.searched:
         raise ConfigError(f"--init-from is invalid for {sweep.name}: it already searches {INIT_FROM}")
     values = [f"{kind}:{path}" for path in checkpoints for kind in ("hf-shape", "hf")]
-    spec = dataclasses.replace(sweep.spec, searched={**sweep.spec.searched, INIT_FROM: "train." + INIT_FROM},
-                               scopes={**sweep.spec.scopes, INIT_FROM: ("pretrain",)})
-    return dataclasses.replace(sweep, spec=spec, grid={**sweep.grid, INIT_FROM: values},
-                               flags={**sweep.flags, INIT_FROM: "--init-from"})
+    spec = dataclasses.replace(
+        sweep.spec,
+        searched={**sweep.spec.searched, INIT_FROM: "train." + INIT_FROM},
+        scopes={**sweep.spec.scopes, INIT_FROM: ("pretrain",)},
+    )
+    return dataclasses.replace(
+        sweep, spec=spec, grid={**sweep.grid, INIT_FROM: values}, flags={**sweep.flags, INIT_FROM: "--init-from"}
+    )
 
 
 def grid_points(sweep: Sweep) -> list[dict[str, Any]]:
@@ -140,9 +147,11 @@ def plan_resources(launch: Launch, local: bool, n_trials: int) -> Resources:
     worker_cpu = launch.cpus_per_worker or cpu_share(cpus, concurrent, workers, waiting)
     need = concurrent * (waiting + workers * worker_cpu)
     if worker_cpu <= 0 or need > cpus + 1e-9:
-        fail("--max-concurrent-trials", concurrent,
-             f"at most {fits} here: {concurrent} × ({waiting} + {workers} × {worker_cpu}) CPUs "
-             f"= {need:.2f} > {cpus:g}")
+        fail(
+            "--max-concurrent-trials",
+            concurrent,
+            f"at most {fits} here: {concurrent} × ({waiting} + {workers} × {worker_cpu}) CPUs = {need:.2f} > {cpus:g}",
+        )
     return Resources(cpus, gpus, concurrent, worker_cpu)
 
 
@@ -163,10 +172,15 @@ def validate(sweep: Sweep, launch: Launch) -> tuple[list[dict[str, Any]], Resour
     spec = sweep.spec
     for stage, values in spec.stage_overrides.items():
         for key in values:
-            if any(target == key and stage in spec.scopes.get(param, spec.searched_stages or (stage,))
-                   for param, target in spec.searched.items()):
-                fail("--stage-set", f"{stage}:{key}={values[key]}",
-                     f"keys the sweep does not search ({key} is one of its axes: set its values with its own flag)")
+            if any(
+                target == key and stage in spec.scopes.get(param, spec.searched_stages or (stage,))
+                for param, target in spec.searched.items()
+            ):
+                fail(
+                    "--stage-set",
+                    f"{stage}:{key}={values[key]}",
+                    f"keys the sweep does not search ({key} is one of its axes: set its values with its own flag)",
+                )
     seeds = list(launch.seeds)
     if launch.search == "grid":
         for name, values in sweep.grid.items():
@@ -184,8 +198,10 @@ def validate(sweep: Sweep, launch: Launch) -> tuple[list[dict[str, Any]], Resour
             if not low <= high or (scale == "log" and low <= 0):
                 fail(f"range.{name}", (low, high), "low <= high (and low > 0 on a log scale)")
         # The range's corners stand for every sample in the config checks below.
-        points = [dict(zip(sweep.ranges, corner), seed=seeds[0])
-                  for corner in itertools.product(*((lo, hi) for lo, hi, _ in sweep.ranges.values()))]
+        points = [
+            dict(zip(sweep.ranges, corner), seed=seeds[0])
+            for corner in itertools.product(*((lo, hi) for lo, hi, _ in sweep.ranges.values()))
+        ]
     if not points:
         fail("grid", {}, "at least one point")
     for point in points:  # each stage's config validates itself: β < 0, hp > 1, depth outside [1, R], ...
@@ -195,8 +211,12 @@ def validate(sweep: Sweep, launch: Launch) -> tuple[list[dict[str, Any]], Resour
             raise in_flag_terms(e, sweep, point) from None
         for cfg in configs:
             if launch.num_workers >= 1 and cfg.train.batch_size % launch.num_workers:
-                fail("--num-workers", launch.num_workers, f"a divisor of {cfg.stage}'s batch size "
-                     f"{cfg.train.batch_size} (every worker trains an equal share)")
+                fail(
+                    "--num-workers",
+                    launch.num_workers,
+                    f"a divisor of {cfg.stage}'s batch size "
+                    f"{cfg.train.batch_size} (every worker trains an equal share)",
+                )
     n_trials = len(points) if launch.search == "grid" else launch.num_samples
     if launch.gpu_memory < 0:
         fail("--gpu-memory", launch.gpu_memory, "GiB per GPU > 0 (0: each stage's own micro-batching)")
@@ -210,6 +230,7 @@ def validate(sweep: Sweep, launch: Launch) -> tuple[list[dict[str, Any]], Resour
 
 
 # ---- devices: micro-batches and the per-stage plan --------------------------------------
+
 
 def fit_devices(sweep: Sweep, launch: Launch, points: list[dict[str, Any]]) -> tuple[Sweep, dict[str, StagePlan]]:
     """Each distinct stage's plan (looplab/costs/resources.py) on the sweep's devices, keyed
@@ -226,8 +247,9 @@ def fit_devices(sweep: Sweep, launch: Launch, points: list[dict[str, Any]]) -> t
         return sweep, plans
     chosen: dict[str, dict[str, Any]] = {}
     for plan in plans.values():
-        mine = chosen.setdefault(plan.cfg.stage, {"train.micro_batch_size": plan.micro_batch,
-                                                  "train.activation_checkpointing": False})
+        mine = chosen.setdefault(
+            plan.cfg.stage, {"train.micro_batch_size": plan.micro_batch, "train.activation_checkpointing": False}
+        )
         mine["train.micro_batch_size"] = min(mine["train.micro_batch_size"], plan.micro_batch)
         mine["train.activation_checkpointing"] |= plan.checkpointing
     stage_overrides = {s: dict(v) for s, v in sweep.spec.stage_overrides.items()}
@@ -270,6 +292,7 @@ def check_machine(sweep: Sweep, launch: Launch, points: list[dict[str, Any]]) ->
                 except ConfigError as e:
                     raise in_flag_terms(e, sweep, point) from None
 
+
 def in_flag_terms(error: ConfigError, sweep: Sweep, point: dict[str, Any]) -> ConfigError:
     """A config error raised by one trial point, said about the flag that set the
     value: a searched param's flag, the sweep's own flag for a key it declared, or
@@ -296,11 +319,16 @@ def in_flag_terms(error: ConfigError, sweep: Sweep, point: dict[str, Any]) -> Co
     # A preset's own value that a grid point made invalid (the hybrid's attention layers
     # at a smaller N): say which point, and that --set can give the field a value.
     swept = ", ".join(f"{sweep.flags.get(k, '--' + k)} {k}={v}" for k, v in point.items() if k != "seed")
-    return ConfigError(f"{error} (at the grid point {swept}; set it with --set {key}=...)", name=error.name,
-                       value=error.value, allowed=error.allowed)
+    return ConfigError(
+        f"{error} (at the grid point {swept}; set it with --set {key}=...)",
+        name=error.name,
+        value=error.value,
+        allowed=error.allowed,
+    )
 
 
 # ---- naming --------------------------------------------------------------------------
+
 
 def keyed_declaration(sweep: Sweep, launch: Launch) -> dict[str, Any]:
     """What names a sweep: its declaration with the keyed overrides only (micro-batching
@@ -308,11 +336,20 @@ def keyed_declaration(sweep: Sweep, launch: Launch) -> dict[str, Any]:
     sweep run's params show it (sweeps/launch.sweep_params)."""
     spec = sweep.spec.to_dict()
     spec["overrides"] = {k: v for k, v in spec["overrides"].items() if is_keyed(k)}
-    spec["stage_overrides"] = {s: {k: v for k, v in o.items() if is_keyed(k)} for s, o in spec["stage_overrides"].items()}
+    spec["stage_overrides"] = {
+        s: {k: v for k, v in o.items() if is_keyed(k)} for s, o in spec["stage_overrides"].items()
+    }
     spec["stage_overrides"] = {s: o for s, o in spec["stage_overrides"].items() if o}
-    return {"spec": spec, "grid": sweep.grid, "points": sweep.points, "ranges": sweep.ranges,
-            "search": launch.search, "num_samples": launch.num_samples, "seeds": launch.seeds,
-            "scheduler": launch.scheduler}
+    return {
+        "spec": spec,
+        "grid": sweep.grid,
+        "points": sweep.points,
+        "ranges": sweep.ranges,
+        "search": launch.search,
+        "num_samples": launch.num_samples,
+        "seeds": launch.seeds,
+        "scheduler": launch.scheduler,
+    }
 
 
 def sweep_key(sweep: Sweep, launch: Launch) -> str:
@@ -333,8 +370,10 @@ def trial_name(params: dict[str, Any]) -> str:
 
 # ---- dry run -----------------------------------------------------------------------
 
-def describe(sweep: Sweep, launch: Launch, points: list[dict[str, Any]], res: Resources,
-             plans: dict[str, StagePlan]) -> str:
+
+def describe(
+    sweep: Sweep, launch: Launch, points: list[dict[str, Any]], res: Resources, plans: dict[str, StagePlan]
+) -> str:
     """The trial list, each stage's plan (steps, tokens, FLOPs, micro-batching, peak
     memory, GPU-hours) and the resources."""
     lines = [f"sweep {sweep.name} on preset {sweep.spec.preset} ({launch.search} search)", "", "trials:"]
@@ -357,28 +396,46 @@ def describe(sweep: Sweep, launch: Launch, points: list[dict[str, Any]], res: Re
         hours += plan.gpu_hours(launch.mfu, launch.gpu_tflops)
         lines.append(f"  {name}: {plan.line(launch.mfu, launch.gpu_tflops)}")
     device = "GPU" if launch.gpus_per_worker > 0 or launch.gpu_memory > 0 else "device (CPU run: GPU figures for scale)"
-    lines += ["", f"compute: {total_tokens:,.0f} training tokens, ≈ {total_flops:.2e} FLOPs (looplab's FLOP count, "
-                  f"looplab/costs/resources.py), ≈ {hours:,.1f} GPU-hours at {launch.mfu:.0%} MFU of "
-                  f"{launch.gpu_tflops:g} TFLOP/s",
-              f"memory: peak per {device} from looplab/costs/memory.py's model" + (
-                  f", micro-batches fitted to --gpu-memory {launch.gpu_memory:g} GiB less a "
-                  f"{launch.memory_margin:g} GiB margin (--memory-margin)" if launch.gpu_memory else ""),
-              "resources: " + (f"local Ray, {res.cpus:g} CPUs, {res.gpus} GPUs" if not launch.address
-                               else f"Ray cluster at {launch.address}"),
-              f"  {res.max_concurrent or 'as many'} concurrent trial(s) × " + (
-                  f"{res.cpus_per_worker} CPU{gpu} (Ray Train local mode: each trial trains in its own process)"
-                  if not launch.num_workers else
-                  f"({WAITING_TRIAL_CPU} CPU trial + {launch.num_workers} worker(s) × {res.cpus_per_worker} CPU{gpu})"),
-              "  plus Ray's own start per sweep, and per stage " + (
-                  "a few seconds of MLflow" if not launch.num_workers else
-                  "about 15-25 s on 2 cores to start its worker group")]
+    lines += [
+        "",
+        f"compute: {total_tokens:,.0f} training tokens, ≈ {total_flops:.2e} FLOPs (looplab's FLOP count, "
+        f"looplab/costs/resources.py), ≈ {hours:,.1f} GPU-hours at {launch.mfu:.0%} MFU of "
+        f"{launch.gpu_tflops:g} TFLOP/s",
+        f"memory: peak per {device} from looplab/costs/memory.py's model"
+        + (
+            f", micro-batches fitted to --gpu-memory {launch.gpu_memory:g} GiB less a "
+            f"{launch.memory_margin:g} GiB margin (--memory-margin)"
+            if launch.gpu_memory
+            else ""
+        ),
+        "resources: "
+        + (
+            f"local Ray, {res.cpus:g} CPUs, {res.gpus} GPUs"
+            if not launch.address
+            else f"Ray cluster at {launch.address}"
+        ),
+        f"  {res.max_concurrent or 'as many'} concurrent trial(s) × "
+        + (
+            f"{res.cpus_per_worker} CPU{gpu} (Ray Train local mode: each trial trains in its own process)"
+            if not launch.num_workers
+            else f"({WAITING_TRIAL_CPU} CPU trial + {launch.num_workers} worker(s) × {res.cpus_per_worker} CPU{gpu})"
+        ),
+        "  plus Ray's own start per sweep, and per stage "
+        + (
+            "a few seconds of MLflow"
+            if not launch.num_workers
+            else "about 15-25 s on 2 cores to start its worker group"
+        ),
+    ]
     if launch.search == "grid":
         from trainables.trial import shared_prefixes
 
         jobs = shared_prefixes(sweep.spec, points, launch.storage_path)
         if jobs:
-            lines.append(f"  first: {len(jobs)} shared stage chain(s) not yet trained, each with an even share "
-                         "of the machine, then the trials (which reuse them)")
+            lines.append(
+                f"  first: {len(jobs)} shared stage chain(s) not yet trained, each with an even share "
+                "of the machine, then the trials (which reuse them)"
+            )
     if sweep.evaluation is not None:  # the downstream grid (sweeps/evaluate.py)
         lines += describe_evaluation(sweep, points, launch.storage_path)
     return "\n".join(lines)
@@ -392,6 +449,16 @@ def describe_evaluation(sweep: Sweep, points: list[dict[str, Any]], storage_path
     checkpoints = []
     for params in points:
         configs = stage_configs(sweep.spec, params, storage_path)
-        checkpoints += [Checkpoint("", c.stage, c.stage_key(), c.config_hash(), tuple(x.stage for x in configs[:i + 1]),
-                                   c.model.n_loops, "") for i, c in enumerate(configs)]
+        checkpoints += [
+            Checkpoint(
+                "",
+                c.stage,
+                c.stage_key(),
+                c.config_hash(),
+                tuple(x.stage for x in configs[: i + 1]),
+                c.model.n_loops,
+                "",
+            )
+            for i, c in enumerate(configs)
+        ]
     return describe_plan(sweep.evaluation, checkpoints)

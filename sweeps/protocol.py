@@ -90,8 +90,12 @@ class Protocol:
         so its verdicts never pass for the declared protocol's."""
         if not overrides and not stage_overrides:
             return self
-        return replace(self, name=f"{self.name}, modified by --set/--stage-set", overrides=dict(overrides),
-                       stage_overrides={k: dict(v) for k, v in stage_overrides.items()})
+        return replace(
+            self,
+            name=f"{self.name}, modified by --set/--stage-set",
+            overrides=dict(overrides),
+            stage_overrides={k: dict(v) for k, v in stage_overrides.items()},
+        )
 
     def steps_of(self, stage: str) -> int:
         """A stage's steps under this protocol, its overrides included."""
@@ -109,8 +113,7 @@ class Protocol:
         """One line per arm: its stages with their steps and its weight-training steps."""
         lines = []
         for arm, stages in self.arms.items():
-            parts = [f"{s} {self.steps_of(s)}"
-                     + ("" if get_stage(s).trains_model else " (gate only)") for s in stages]
+            parts = [f"{s} {self.steps_of(s)}" + ("" if get_stage(s).trains_model else " (gate only)") for s in stages]
             lines.append(f"{arm:<14} {' → '.join(parts)}: {self.weight_steps(arm)} weight-training steps")
         return lines
 
@@ -118,26 +121,55 @@ class Protocol:
 # ---- the protocols, oldest first ------------------------------------------------------------------------
 
 _OLD_RULES = {  # v1 and v2: the rules of analysis/claims.py then (no resolution declared, no correction)
-    "C1": (1, 0.0), "C1-LM": (1, 0.0), "C1-depth": (1, 0.0), "C2": (1, 0.0), "C2-own": (1, 0.0), "C3": (1, 0.0),
-    "C3-few": (-1, 5.0), "C4": (1, 1.0), "C4-batch1": (-1, 1.0), "C4-growth": (1, 0.0)}
+    "C1": (1, 0.0),
+    "C1-LM": (1, 0.0),
+    "C1-depth": (1, 0.0),
+    "C2": (1, 0.0),
+    "C2-own": (1, 0.0),
+    "C3": (1, 0.0),
+    "C3-few": (-1, 5.0),
+    "C4": (1, 1.0),
+    "C4-batch1": (-1, 1.0),
+    "C4-growth": (1, 0.0),
+}
 _OLD_ARMS = {"ouro": ARMS["ouro"], "chase": ARMS["chase"], "fixed": (DEFAULT_STAGE,)}
 _OLD_POINTS = (("ouro", 1, 4), ("chase", 1, 4), ("fixed", 1, 4), ("fixed", 1, 1), ("fixed", 4, 1))
 _QS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
 
 
 def _lm_regime(seq_len: int) -> dict[str, Any]:
-    return {"train.seq_len": seq_len, "train.batch_size": 8, "train.steps": 800, "task.val_blocks": 64,
-            "train.eval_every": 400, "model.n_loops": 4, "hole.sampler": "depth", "hole.hp": 0.5, "train.eval_qs": _QS}
+    return {
+        "train.seq_len": seq_len,
+        "train.batch_size": 8,
+        "train.steps": 800,
+        "task.val_blocks": 64,
+        "train.eval_every": 400,
+        "model.n_loops": 4,
+        "hole.sampler": "depth",
+        "hole.hp": 0.5,
+        "train.eval_qs": _QS,
+    }
 
 
 def _old(name: str, seq_len: int) -> Protocol:
     return Protocol(
-        name=name, lm_preset="debug", lm_regime=_lm_regime(seq_len),
-        stage_steps={"stage1": 200, "chase": 200, "stage2": 200}, arms=_OLD_ARMS, lm_points=_OLD_POINTS,
-        phop_preset="phop-debug", phop_regime={"task.n": 16, "model.d_model": 64, "train.steps": 2000},
-        phop_hops=(2,), phop_pairs=((1, 4), (1, 1), (4, 1)), speed_points=((1, "auto", "fp32"), (64, "auto", "fp32")),
-        speed_policy="skip:0.2", claim_rules={c: {"direction": d, "null": n} for c, (d, n) in _OLD_RULES.items()},
-        confidence=0.95, correction="none", seeds=(100, 101, 102))
+        name=name,
+        lm_preset="debug",
+        lm_regime=_lm_regime(seq_len),
+        stage_steps={"stage1": 200, "chase": 200, "stage2": 200},
+        arms=_OLD_ARMS,
+        lm_points=_OLD_POINTS,
+        phop_preset="phop-debug",
+        phop_regime={"task.n": 16, "model.d_model": 64, "train.steps": 2000},
+        phop_hops=(2,),
+        phop_pairs=((1, 4), (1, 1), (4, 1)),
+        speed_points=((1, "auto", "fp32"), (64, "auto", "fp32")),
+        speed_policy="skip:0.2",
+        claim_rules={c: {"direction": d, "null": n} for c, (d, n) in _OLD_RULES.items()},
+        confidence=0.95,
+        correction="none",
+        seeds=(100, 101, 102),
+    )
 
 
 def _current() -> Protocol:
@@ -145,20 +177,34 @@ def _current() -> Protocol:
 
     return Protocol(
         name="v3: compute-matched arms, Holm over the claims, no-spread rule, five fresh seeds",
-        lm_preset="debug", lm_regime=_lm_regime(128),
+        lm_preset="debug",
+        lm_regime=_lm_regime(128),
         stage_steps={"stage1": 200, "chase": 200, "stage2": 200, "stage1_more": 200, "pretrain_more": 400},
         arms={**_OLD_ARMS, "ouro-matched": OURO_MATCHED_ARM, "fixed-matched": FIXED_MATCHED_ARM},
-        lm_points=(("ouro", 1, 4), ("ouro-matched", 1, 4), ("chase", 1, 4), ("fixed", 1, 4), ("fixed", 1, 1),
-                   ("fixed", 4, 1), ("fixed-matched", 1, 4)),
-        phop_preset="phop-debug", phop_regime={"task.n": 16, "model.d_model": 64, "train.steps": 2000},
+        lm_points=(
+            ("ouro", 1, 4),
+            ("ouro-matched", 1, 4),
+            ("chase", 1, 4),
+            ("fixed", 1, 4),
+            ("fixed", 1, 1),
+            ("fixed", 4, 1),
+            ("fixed-matched", 1, 4),
+        ),
+        phop_preset="phop-debug",
+        phop_regime={"task.n": 16, "model.d_model": 64, "train.steps": 2000},
         # C1 reads 1⊗4 against 1⊗1 on p-hop; its 4⊗1 carried no claim and cost 40 % of the sweep
-        phop_hops=(2,), phop_pairs=((1, 4), (1, 1)),
+        phop_hops=(2,),
+        phop_pairs=((1, 4), (1, 1)),
         # looplab's layout (varlen survivors, fp32) at batch 1 and 64, and the paper's (padded
         # survivors, bf16 autocast) at its headline batch 64 (C4-padded)
-        speed_points=((1, "auto", "fp32"), (64, "auto", "fp32"), (64, "padded", "bf16")), speed_policy="skip:0.2",
+        speed_points=((1, "auto", "fp32"), (64, "auto", "fp32"), (64, "padded", "bf16")),
+        speed_policy="skip:0.2",
         claim_rules={c.id: c.rule() for c in CLAIMS.values()},
         matched={"C2": "fixed-matched", "C3": "ouro-matched"},
-        confidence=0.95, correction="holm", seeds=(200, 201, 202, 203, 204))
+        confidence=0.95,
+        correction="holm",
+        seeds=(200, 201, 202, 203, 204),
+    )
 
 
 @dataclass(frozen=True)
@@ -174,26 +220,46 @@ class Past:
 V1 = _old("v1: context 512 (the scan's centre)", 512)
 V2 = _old("v2: context 128 (a quarter of the step cost)", 128)
 HISTORY: tuple[Past, ...] = (
-    Past(V1, "4a5ed98", {
-        "C1": "+9.00 pt [+1.89, +16.11]: reproduced", "C1-LM": "+8.95 % [+7.47, +10.45]: reproduced",
-        "C1-depth": "+12.90 % [+11.39, +14.43]: reproduced", "C2": "+33.67 % [+22.45, +44.89]: reproduced",
-        "C2-own": "−1.34 % [−1.75, −0.93]: not reproduced", "C3": "+10.05 pt [+8.21, +11.88]: reproduced",
-        "C3-few": "+6.87 % [+6.24, +7.50]: not reproduced", "C4": "2.24x [1.72, 2.77]: reproduced",
-        "C4-batch1": "1.79x [1.71, 1.86]: not reproduced", "C4-growth": "+0.46x [−0.05, +0.96]: inconclusive"},
+    Past(
+        V1,
+        "4a5ed98",
+        {
+            "C1": "+9.00 pt [+1.89, +16.11]: reproduced",
+            "C1-LM": "+8.95 % [+7.47, +10.45]: reproduced",
+            "C1-depth": "+12.90 % [+11.39, +14.43]: reproduced",
+            "C2": "+33.67 % [+22.45, +44.89]: reproduced",
+            "C2-own": "−1.34 % [−1.75, −0.93]: not reproduced",
+            "C3": "+10.05 pt [+8.21, +11.88]: reproduced",
+            "C3-few": "+6.87 % [+6.24, +7.50]: not reproduced",
+            "C4": "2.24x [1.72, 2.77]: reproduced",
+            "C4-batch1": "1.79x [1.71, 1.86]: not reproduced",
+            "C4-growth": "+0.46x [−0.05, +0.96]: inconclusive",
+        },
         "the LM sweep took 43 min on 2 cores, over the 30-minute budget; the regime then moved to context 128 "
-        "with these seeds' verdicts in view"),
-    Past(V2, "ca86a73", {
-        "C1": "+11.40 pt [+5.27, +17.53]: reproduced", "C1-LM": "+4.56 % [+2.04, +7.13]: reproduced",
-        "C1-depth": "+10.82 % [+7.92, +13.79]: reproduced", "C2": "+24.15 % [+11.34, +36.97]: reproduced",
-        "C2-own": "−1.05 % [−1.69, −0.41]: not reproduced", "C3": "+7.55 pt [+6.62, +8.48]: reproduced",
-        "C3-few": "+2.65 % [−0.74, +6.05]: inconclusive", "C4": "1.99x [1.73, 2.24]: reproduced",
-        "C4-batch1": "1.64x [1.46, 1.82]: not reproduced", "C4-growth": "+0.35x [+0.20, +0.49]: reproduced"},
+        "with these seeds' verdicts in view",
+    ),
+    Past(
+        V2,
+        "ca86a73",
+        {
+            "C1": "+11.40 pt [+5.27, +17.53]: reproduced",
+            "C1-LM": "+4.56 % [+2.04, +7.13]: reproduced",
+            "C1-depth": "+10.82 % [+7.92, +13.79]: reproduced",
+            "C2": "+24.15 % [+11.34, +36.97]: reproduced",
+            "C2-own": "−1.05 % [−1.69, −0.41]: not reproduced",
+            "C3": "+7.55 pt [+6.62, +8.48]: reproduced",
+            "C3-few": "+2.65 % [−0.74, +6.05]: inconclusive",
+            "C4": "1.99x [1.73, 2.24]: reproduced",
+            "C4-batch1": "1.64x [1.46, 1.82]: not reproduced",
+            "C4-growth": "+0.35x [+0.20, +0.49]: reproduced",
+        },
         "the same seeds as v1, so not held out; arms not compute-matched (Ouro 200 weight steps behind CHASE, "
         "C2's comparator 400); no correction for ten verdicts. C1 moved from v1's +9.00 with its p-hop regime, "
         "code paths and stage keys unchanged: the two runs trained on CPUs whose kernels round differently, "
         "which 2,000 steps amplify into points (one machine reproduces its own runs bit for bit and gives "
         "+10.20 [+3.00, +17.40] on these seeds; forcing torch's generic kernels there gives +7.67 "
-        "[−6.11, +21.44]); stage runs now carry the tag `hardware`"),
+        "[−6.11, +21.44]); stage runs now carry the tag `hardware`",
+    ),
 )
 PROTOCOL = _current()
 
@@ -205,9 +271,15 @@ def history_markdown(current: dict[str, str] | None = None, protocol: Protocol |
     protocol = protocol or PROTOCOL
     columns = [(p.protocol, p.commit, p.verdicts) for p in HISTORY] + [(protocol, "today", current or {})]
     claims = list(dict.fromkeys([c for _, _, v in columns for c in v] + list(PROTOCOL.claim_rules)))
-    lines = ["| claim | " + " | ".join(f"{p.name.split(':')[0]} `{p.digest()}` ({commit}; seeds "
-                                        f"{', '.join(map(str, p.seeds))})" for p, commit, _ in columns) + " |",
-             "|---|" + "---|" * len(columns)]
+    lines = [
+        "| claim | "
+        + " | ".join(
+            f"{p.name.split(':')[0]} `{p.digest()}` ({commit}; seeds {', '.join(map(str, p.seeds))})"
+            for p, commit, _ in columns
+        )
+        + " |",
+        "|---|" + "---|" * len(columns),
+    ]
     for c in claims:
         lines.append(f"| {c} | " + " | ".join(v.get(c, "—") for _, _, v in columns) + " |")
     notes = [f"- {p.protocol.name}: {p.note}." for p in HISTORY if p.note] + [f"- {protocol.name}."]
@@ -215,6 +287,7 @@ def history_markdown(current: dict[str, str] | None = None, protocol: Protocol |
 
 
 # ---- the ledger ---------------------------------------------------------------------------------------------
+
 
 class Ledger:
     """Which seeds were scored under which protocol digest: HISTORY's, then this store's
@@ -226,8 +299,9 @@ class Ledger:
 
     def entries(self) -> list[tuple[int, str, str]]:
         """(seed, digest, protocol name) in the order they were first scored."""
-        out = [(seed, past.protocol.digest(), past.protocol.name) for past in self.history
-               for seed in past.protocol.seeds]
+        out = [
+            (seed, past.protocol.digest(), past.protocol.name) for past in self.history for seed in past.protocol.seeds
+        ]
         if self.path.is_file():
             for number, line in enumerate(self.path.read_text().splitlines(), 1):
                 if not line.strip():
@@ -236,8 +310,10 @@ class Ledger:
                     d = json.loads(line)
                     out.append((int(d["seed"]), str(d["protocol"]), str(d.get("name", ""))))
                 except (ValueError, KeyError, TypeError) as e:
-                    raise ConfigError(f"{self.path}:{number} is not a ledger line ({e}); allowed: "
-                                      '{"seed": INT, "protocol": DIGEST, "name": TEXT}') from None
+                    raise ConfigError(
+                        f"{self.path}:{number} is not a ledger line ({e}); allowed: "
+                        '{"seed": INT, "protocol": DIGEST, "name": TEXT}'
+                    ) from None
         return out
 
     def first_scored(self) -> dict[int, tuple[str, str]]:
@@ -265,8 +341,14 @@ class Ledger:
         for s in seeds:
             first = scored.get(s)
             fresh = first is None or first[0] == mine
-            rows.append({"seed": s, "fresh": fresh, "first_scored_under": mine if first is None else first[0],
-                         "first_protocol": protocol.name if first is None else first[1]})
+            rows.append(
+                {
+                    "seed": s,
+                    "fresh": fresh,
+                    "first_scored_under": mine if first is None else first[0],
+                    "first_protocol": protocol.name if first is None else first[1],
+                }
+            )
         return rows
 
 

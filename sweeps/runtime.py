@@ -50,8 +50,9 @@ def check_ray_address(flag: str, address: str) -> None:
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_CONNECT_SECONDS).close()
     except OSError as e:
-        raise invalid(flag, address, f"the address of a running Ray cluster (connecting to {host}:{port}: "
-                                     f"{e.strerror or e})") from None
+        raise invalid(
+            flag, address, f"the address of a running Ray cluster (connecting to {host}:{port}: {e.strerror or e})"
+        ) from None
 
 
 @contextlib.contextmanager

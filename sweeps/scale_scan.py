@@ -40,9 +40,16 @@ from trainables.pipeline import PipelineSpec
 
 CONTINUED = ("stage1", "chase", "stage2")
 # Scan params -> config keys, and the stages each reaches (default: every stage).
-HOLE_PARAMS = {"seq_len": "train.seq_len", "pretrain_steps": "train.steps", "stage_steps": "train.steps",
-               "d_model": "model.d_model", "n_loops": "model.n_loops", "tokenizer": "task.tokenizer",
-               "lo": "hole.lo", "hi": "hole.hi"}
+HOLE_PARAMS = {
+    "seq_len": "train.seq_len",
+    "pretrain_steps": "train.steps",
+    "stage_steps": "train.steps",
+    "d_model": "model.d_model",
+    "n_loops": "model.n_loops",
+    "tokenizer": "task.tokenizer",
+    "lo": "hole.lo",
+    "hi": "hole.hi",
+}
 HOLE_SCOPES = {"pretrain_steps": ("pretrain",), "stage_steps": CONTINUED, "lo": ("chase",), "hi": ("chase",)}
 # The centre every axis varies around: debug's byte-level 1⊗4 Mamba-2 at a 512-token context.
 HOLE_CENTRE = {"seq_len": 512, "pretrain_steps": 800, "d_model": 64, "n_loops": 4, "tokenizer": "bytes"}
@@ -57,8 +64,14 @@ HOLE_AXES: dict[str, list[Any]] = {
 }
 # The settings every point shares: the paper's CHASE (App. D: depth holes, hp 0.5), a
 # batch of 8 sequences, 64 validation blocks, and a fine threshold grid for the q sweeps.
-HOLE_OVERRIDES = {"hole.sampler": "depth", "hole.hp": 0.5, "train.batch_size": 8, "task.val_blocks": 64,
-                  "train.eval_every": 200, "train.eval_qs": [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]}
+HOLE_OVERRIDES = {
+    "hole.sampler": "depth",
+    "hole.hp": 0.5,
+    "train.batch_size": 8,
+    "task.val_blocks": 64,
+    "train.eval_every": 200,
+    "train.eval_qs": [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0],
+}
 PAPER_RANGE = (1.85, 3.45)  # App. D's hole depth range at R = 4
 STAGE_FRACTION = 4  # continued stages train pretrain_steps / 4
 
@@ -91,12 +104,27 @@ def holes_scan(common: Common, axes: list[str]) -> Sweep:
     for axis in axes:
         if axis not in HOLE_AXES:
             fail("--axes", ",".join(axes), " | ".join(HOLE_AXES))
-    spec = PipelineSpec(preset=common.preset, stages=ARMS["chase"], arms=ARMS,
-                        overrides={**HOLE_OVERRIDES, **common.overrides}, stage_overrides=common.stage_overrides,
-                        searched=HOLE_PARAMS, searched_stages=ARMS["chase"], scopes=HOLE_SCOPES)
-    return Sweep(name="scale_scan_holes", spec=spec, grid={"arm": list(ARMS)}, points=hole_points(axes),
-                 metric=VAL_PPL, mode="min", columns=(VAL_PPL, *SKIP_COLUMNS),
-                 flags={"arm": "--arms", **{p: "--axes" for p in HOLE_PARAMS}}, axes=tuple(HOLE_CENTRE))
+    spec = PipelineSpec(
+        preset=common.preset,
+        stages=ARMS["chase"],
+        arms=ARMS,
+        overrides={**HOLE_OVERRIDES, **common.overrides},
+        stage_overrides=common.stage_overrides,
+        searched=HOLE_PARAMS,
+        searched_stages=ARMS["chase"],
+        scopes=HOLE_SCOPES,
+    )
+    return Sweep(
+        name="scale_scan_holes",
+        spec=spec,
+        grid={"arm": list(ARMS)},
+        points=hole_points(axes),
+        metric=VAL_PPL,
+        mode="min",
+        columns=(VAL_PPL, *SKIP_COLUMNS),
+        flags={"arm": "--arms", **{p: "--axes" for p in HOLE_PARAMS}},
+        axes=tuple(HOLE_CENTRE),
+    )
 
 
 LOOP_PAIRS = "1x1,1x4,4x1"  # N⊗R, its iso-parameter N⊗1 and its iso-depth NR⊗1
@@ -109,8 +137,16 @@ LOOP_OVERRIDES = {"task.n": 16, "model.d_model": 64, "train.steps": 2000}
 
 def loops_scan(common: Common, pairs, hops) -> Sweep:
     common = Common(common.preset, {**LOOP_OVERRIDES, **common.overrides}, common.stage_overrides)
-    sweep = depth_grid("scale_scan_loops", common, pairs, level=hops, level_flag="--hops", metric=VAL_ACCURACY,
-                       mode="max", columns=(VAL_ACCURACY, VAL_LOSS))
+    sweep = depth_grid(
+        "scale_scan_loops",
+        common,
+        pairs,
+        level=hops,
+        level_flag="--hops",
+        metric=VAL_ACCURACY,
+        mode="max",
+        columns=(VAL_ACCURACY, VAL_LOSS),
+    )
     return replace(sweep, axes=("p",) if hops else ())
 
 
@@ -121,8 +157,9 @@ SEEDS = "0,1,2"  # the scan's own; sweeps/paper_mini.py reports on others
 def add_flags(p) -> None:
     p.set_defaults(seeds=SEEDS)
     p.add_argument("--effect", default="holes", help="holes (cache holes, default) | loops (loop advantage)")
-    p.add_argument("--axes", default=",".join(HOLE_AXES), help=f"holes: the axes to scan (default all: "
-                                                               f"{','.join(HOLE_AXES)})")
+    p.add_argument(
+        "--axes", default=",".join(HOLE_AXES), help=f"holes: the axes to scan (default all: {','.join(HOLE_AXES)})"
+    )
     p.add_argument("--pairs", default=LOOP_PAIRS, help=f"loops: NxR pairs (default {LOOP_PAIRS})")
     p.add_argument("--hops", default=LOOP_HOPS, help=f"loops: p-hop hop counts p (default {LOOP_HOPS})")
 

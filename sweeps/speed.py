@@ -76,13 +76,19 @@ class SpeedGrid:
 
     def points(self) -> list[SpeedPoint]:
         """Every (length, batch, policy), in that order."""
-        return [SpeedPoint(b, length, p.spec, self.dtype, self.packing) for length in self.seq_lens
-                for b in self.batches for p in parse_policies(self.policies)]
+        return [
+            SpeedPoint(b, length, p.spec, self.dtype, self.packing)
+            for length in self.seq_lens
+            for b in self.batches
+            for p in parse_policies(self.policies)
+        ]
 
     def describe(self) -> str:
-        return (f"batch {', '.join(map(str, self.batches))} × L {', '.join(map(str, self.seq_lens))} × "
-                f"{' '.join(p.spec for p in parse_policies(self.policies))}; {self.dtype}, packing {self.packing}, "
-                f"{self.repeats} repeats")
+        return (
+            f"batch {', '.join(map(str, self.batches))} × L {', '.join(map(str, self.seq_lens))} × "
+            f"{' '.join(p.spec for p in parse_policies(self.policies))}; {self.dtype}, packing {self.packing}, "
+            f"{self.repeats} repeats"
+        )
 
 
 GRIDS = {
@@ -102,7 +108,10 @@ class ArrivalGrid:
     requests: int = 64
     prompt_len: tuple[int, int] = (16, 128)
     new_tokens: tuple[int, int] = (8, 64)
-    schedules: tuple[str, ...] = ("lockstep", "depth")  # looplab.inference.depth_batching.SCHEDULES (which brings torch)
+    schedules: tuple[str, ...] = (
+        "lockstep",
+        "depth",
+    )  # looplab.inference.depth_batching.SCHEDULES (which brings torch)
     warmup: int = 1
     repeats: int = 3
 
@@ -111,14 +120,20 @@ class ArrivalGrid:
         from looplab.policy import ExitPolicy
 
         specs = list(dict.fromkeys([ExitPolicy.full().spec, *(p.spec for p in parse_policies(policies))]))
-        points = tuple(ArrivalPoint(s, schedule, spec, self.requests, self.prompt_len, self.new_tokens)
-                       for s in self.slots for schedule in self.schedules for spec in specs)
+        points = tuple(
+            ArrivalPoint(s, schedule, spec, self.requests, self.prompt_len, self.new_tokens)
+            for s in self.slots
+            for schedule in self.schedules
+            for spec in specs
+        )
         return ArrivalPlan(points, self.warmup, self.repeats)
 
     def describe(self) -> str:
-        return (f"slots {', '.join(map(str, self.slots))} × {' '.join(self.schedules)}; {self.requests} requests, "
-                f"prompts {self.prompt_len[0]}-{self.prompt_len[1]}, {self.new_tokens[0]}-{self.new_tokens[1]} new "
-                f"tokens; {self.warmup} warm-up(s), {self.repeats} repeats")
+        return (
+            f"slots {', '.join(map(str, self.slots))} × {' '.join(self.schedules)}; {self.requests} requests, "
+            f"prompts {self.prompt_len[0]}-{self.prompt_len[1]}, {self.new_tokens[0]}-{self.new_tokens[1]} new "
+            f"tokens; {self.warmup} warm-up(s), {self.repeats} repeats"
+        )
 
 
 # The paper's grids take looplab bench-arrivals' defaults; debug serves a few short
@@ -128,38 +143,71 @@ ARRIVAL_GRIDS = {"debug": ArrivalGrid(slots=(2,), requests=6, prompt_len=(8, 16)
 
 # ---- flags ------------------------------------------------------------------------------------
 def parser() -> argparse.ArgumentParser:
-    p = Parser(prog="python -m sweeps.speed",
-               description="Prefill speed (full against skip) of an existing experiment's checkpoints, one MLflow run "
-                           "per point, keyed by content and machine (what the store lacks only).")
+    p = Parser(
+        prog="python -m sweeps.speed",
+        description="Prefill speed (full against skip) of an existing experiment's checkpoints, one MLflow run "
+        "per point, keyed by content and machine (what the store lacks only).",
+    )
     add_store_flags(p, "print the checkpoints × points and what the store has")
-    p.add_argument("--stages", default="", metavar="STAGE,...",
-                   help="time checkpoints of these stages (default: the gated final stages, e.g. each arm's stage2)")
-    p.add_argument("--grid", default="debug", metavar="|".join(GRIDS),
-                   help="a named grid (default debug): table5-140m, table5-370m, table6 are the paper's")
+    p.add_argument(
+        "--stages",
+        default="",
+        metavar="STAGE,...",
+        help="time checkpoints of these stages (default: the gated final stages, e.g. each arm's stage2)",
+    )
+    p.add_argument(
+        "--grid",
+        default="debug",
+        metavar="|".join(GRIDS),
+        help="a named grid (default debug): table5-140m, table5-370m, table6 are the paper's",
+    )
     p.add_argument("--batches", default="", metavar="B,...", help="batch sizes (default: the grid's)")
     p.add_argument("--seq-lens", default="", metavar="L,...", help="prefill lengths (default: the grid's)")
-    p.add_argument("--policies", default="", metavar="GRID",
-                   help="skip policies, e.g. skip:0.2,0.4,0.6 or 'skip:0.4;skip-entropy:2.0' (default: the grid's)")
+    p.add_argument(
+        "--policies",
+        default="",
+        metavar="GRID",
+        help="skip policies, e.g. skip:0.2,0.4,0.6 or 'skip:0.4;skip-entropy:2.0' (default: the grid's)",
+    )
     p.add_argument("--dtype", default="", metavar="|".join(DTYPES), help="default: the grid's")
-    p.add_argument("--packing", default="", metavar="|".join(PACKINGS),
-                   help="skip's survivor layout: padded (the paper's), varlen (Mamba-2), auto (default: the grid's)")
+    p.add_argument(
+        "--packing",
+        default="",
+        metavar="|".join(PACKINGS),
+        help="skip's survivor layout: padded (the paper's), varlen (Mamba-2), auto (default: the grid's)",
+    )
     p.add_argument("--repeats", default="", metavar="N", help="timed repeats per point (default: the grid's)")
-    p.add_argument("--cpus", default="", metavar="N",
-                   help="CPUs per job, also its torch threads (default: a node's CPUs without GPUs, else its "
-                        "CPUs per GPU)")
+    p.add_argument(
+        "--cpus",
+        default="",
+        metavar="N",
+        help="CPUs per job, also its torch threads (default: a node's CPUs without GPUs, else its CPUs per GPU)",
+    )
     p.add_argument("--gpus", default="", metavar="N", help="GPUs per job (default: 1 where there are GPUs, else 0)")
-    p.add_argument("--arrivals", action="store_true",
-                   help="also benchmark decoding under continuous arrivals (looplab/inference/arrivals.py), one run per "
-                        "(checkpoint, slots, schedule, policy, stream)")
+    p.add_argument(
+        "--arrivals",
+        action="store_true",
+        help="also benchmark decoding under continuous arrivals (looplab/inference/arrivals.py), one run per "
+        "(checkpoint, slots, schedule, policy, stream)",
+    )
     p.add_argument("--slots", default="", metavar="S,...", help="with --arrivals: cache rows served at once")
     p.add_argument("--requests", default="", metavar="N", help="with --arrivals: requests in the stream")
-    p.add_argument("--prompt-len", default="", metavar="LOW-HIGH",
-                   help="with --arrivals: each request's prompt length, drawn uniformly (LOW-HIGH or N)")
-    p.add_argument("--new-tokens", default="", metavar="LOW-HIGH",
-                   help="with --arrivals: each request's new tokens, drawn uniformly (LOW-HIGH or N)")
+    p.add_argument(
+        "--prompt-len",
+        default="",
+        metavar="LOW-HIGH",
+        help="with --arrivals: each request's prompt length, drawn uniformly (LOW-HIGH or N)",
+    )
+    p.add_argument(
+        "--new-tokens",
+        default="",
+        metavar="LOW-HIGH",
+        help="with --arrivals: each request's new tokens, drawn uniformly (LOW-HIGH or N)",
+    )
     p.add_argument("--schedules", default="", metavar="lockstep,depth", help="with --arrivals: the schedules")
-    p.add_argument("--no-ray", action="store_true",
-                   help="run the jobs one after another in this process (one machine, no Ray)")
+    p.add_argument(
+        "--no-ray", action="store_true", help="run the jobs one after another in this process (one machine, no Ray)"
+    )
     p.add_argument("--no-report", action="store_true", help="do not write the analysis report at the end")
     return p
 
@@ -274,8 +322,12 @@ def check_policies(text: str) -> None:
         fail("--policies", text, f"skip policies such as skip:0.2,0.4,0.6 or 'skip:0.4;skip-entropy:2.0' ({e})")
     for policy in policies:
         if policy.execution != SKIP:
-            fail("--policies", policy.spec, "skip policies (skip:Q, skip-entropy:T, skip-kl:T, skip-stable:K), "
-                                            "which the benchmark compares with full execution")
+            fail(
+                "--policies",
+                policy.spec,
+                "skip policies (skip:Q, skip-entropy:T, skip-kl:T, skip-stable:K), "
+                "which the benchmark compares with full execution",
+            )
 
 
 def parse_stages(text: str) -> tuple[str, ...]:
@@ -290,8 +342,9 @@ def this_machine() -> list[tuple[float, float]]:
     return [(float(os.cpu_count() or 1), float(local_gpus()))]
 
 
-def resources_from_args(args: argparse.Namespace, nodes: list[tuple[float, float]], check_fit: bool = True,
-                        where: str = "this machine") -> tuple[float, float]:
+def resources_from_args(
+    args: argparse.Namespace, nodes: list[tuple[float, float]], check_fit: bool = True, where: str = "this machine"
+) -> tuple[float, float]:
     """(CPUs, GPUs) per job: the flags', else the defaults for these nodes ((CPUs, GPUs)
     each): without GPUs a node's CPUs (the smallest node's, so that a job fits every
     node), so one job at a time has a machine to itself; with GPUs one GPU and the CPUs
@@ -325,8 +378,15 @@ def select_checkpoints(checkpoints, stages: tuple[str, ...]) -> list:
         if missing:
             fail("--stages", ",".join(stages), f"stages with checkpoints in this experiment: {', '.join(present)}")
         return [c for c in checkpoints if c.stage in stages]
-    chosen = [c for c in checkpoints if get_stage(c.stage).gated and not any(
-        len(o.lineage) > len(c.lineage) and tuple(o.lineage[:len(c.lineage)]) == tuple(c.lineage) for o in checkpoints)]
+    chosen = [
+        c
+        for c in checkpoints
+        if get_stage(c.stage).gated
+        and not any(
+            len(o.lineage) > len(c.lineage) and tuple(o.lineage[: len(c.lineage)]) == tuple(c.lineage)
+            for o in checkpoints
+        )
+    ]
     if not chosen:
         fail("--stages", "", f"stages to time (no gated stage has a checkpoint here; stages: {', '.join(present)})")
     return chosen
@@ -341,9 +401,13 @@ def check_points(grid: SpeedGrid, checkpoints) -> None:
         for ck in checkpoints:
             if not applies(policy, ck.stage, ck.n_loops):
                 gated = ", ".join(s for s in STAGE_NAMES if get_stage(s).gated)
-                fail("--policies", policy.spec, f"policies that apply to stage {ck.stage} (a gate threshold needs a "
-                                                f"gated stage: {gated}; zero-shot rules such as skip-entropy:2.0 "
-                                                "apply to any)")
+                fail(
+                    "--policies",
+                    policy.spec,
+                    f"policies that apply to stage {ck.stage} (a gate threshold needs a "
+                    f"gated stage: {gated}; zero-shot rules such as skip-entropy:2.0 "
+                    "apply to any)",
+                )
     if grid.packing == "varlen":
         from looplab.checkpoint import read_model_config
         from trainables.storage import local_checkpoint
@@ -351,19 +415,33 @@ def check_points(grid: SpeedGrid, checkpoints) -> None:
         for ck in checkpoints:
             arch = read_model_config(local_checkpoint(ck.path)).arch
             if arch != "mamba2":
-                fail("--packing", grid.packing, f"auto | padded for {arch} checkpoints (varlen packs sequences into "
-                                                "one row, which attention layers cannot)")
+                fail(
+                    "--packing",
+                    grid.packing,
+                    f"auto | padded for {arch} checkpoints (varlen packs sequences into "
+                    "one row, which attention layers cannot)",
+                )
 
 
 # ---- the plan ---------------------------------------------------------------------------------
-def jobs_for(grid: SpeedGrid, checkpoints, *, threads: int, uri: str, experiment: str, artifact_root: str,
-             board: str = "", arrivals: ArrivalGrid | None = None):
+def jobs_for(
+    grid: SpeedGrid,
+    checkpoints,
+    *,
+    threads: int,
+    uri: str,
+    experiment: str,
+    artifact_root: str,
+    board: str = "",
+    arrivals: ArrivalGrid | None = None,
+):
     from trainables.speed import SpeedJob
 
     points = tuple(grid.points())
     plan = arrivals.plan(grid.policies) if arrivals else None
-    return [SpeedJob(ck, points, grid.repeats, threads, uri, experiment, artifact_root, board, plan)
-            for ck in checkpoints]
+    return [
+        SpeedJob(ck, points, grid.repeats, threads, uri, experiment, artifact_root, board, plan) for ck in checkpoints
+    ]
 
 
 def stored_counts(mc, experiment_id: str, jobs) -> dict[str, int]:
@@ -382,24 +460,35 @@ def stored_counts(mc, experiment_id: str, jobs) -> dict[str, int]:
     return counts
 
 
-def describe(grid: SpeedGrid, jobs, stored: dict[str, int], cpus: float, gpus: float,
-             arrivals: ArrivalGrid | None = None) -> str:
+def describe(
+    grid: SpeedGrid, jobs, stored: dict[str, int], cpus: float, gpus: float, arrivals: ArrivalGrid | None = None
+) -> str:
     from trainables.speed import host_of
 
     plan = arrivals.plan(grid.policies) if arrivals else None
     n = len(grid.points()) + (len(plan.points) if plan else 0)
     total, have = n * len(jobs), sum(stored.values())
     host = host_of(jobs[0].threads) if jobs else {}
-    lines = [f"speed sweep: {len(jobs)} checkpoint(s) × {n} point(s) = {total} measurement(s); {have} in the store "
-             f"(FINISHED with the same speed_key on this machine: {', '.join(f'{k} {v}' for k, v in host.items())})",
-             f"  grid: {grid.describe()}",
-             *([f"  arrivals: {arrivals.describe()}; {len(plan.points)} point(s) per "
-                "checkpoint (full is each schedule's baseline)"] if plan else []),
-             f"  jobs: one per checkpoint, {cpus:g} CPU" + (f", {gpus:g} GPU" if gpus else "") + " each"]
+    lines = [
+        f"speed sweep: {len(jobs)} checkpoint(s) × {n} point(s) = {total} measurement(s); {have} in the store "
+        f"(FINISHED with the same speed_key on this machine: {', '.join(f'{k} {v}' for k, v in host.items())})",
+        f"  grid: {grid.describe()}",
+        *(
+            [
+                f"  arrivals: {arrivals.describe()}; {len(plan.points)} point(s) per "
+                "checkpoint (full is each schedule's baseline)"
+            ]
+            if plan
+            else []
+        ),
+        f"  jobs: one per checkpoint, {cpus:g} CPU" + (f", {gpus:g} GPU" if gpus else "") + " each",
+    ]
     for job in jobs:
         ck = job.checkpoint
-        lines.append(f"  {job.label} ({job.method}, R={ck.n_loops}, {'+'.join(ck.lineage)}): {n} point(s), "
-                     f"{stored[job.label]} in the store")
+        lines.append(
+            f"  {job.label} ({job.method}, R={ck.n_loops}, {'+'.join(ck.lineage)}): {n} point(s), "
+            f"{stored[job.label]} in the store"
+        )
     lines.append("  points: " + ", ".join(f"b{p.batch} L{p.seq_len} {p.policy}" for p in grid.points()))
     if plan:
         lines.append("  arrivals points: " + ", ".join(f"s{p.slots} {p.schedule} {p.policy}" for p in plan.points))
@@ -408,12 +497,35 @@ def describe(grid: SpeedGrid, jobs, stored: dict[str, int], cpus: float, gpus: f
 
 
 # ---- the summary ------------------------------------------------------------------------------
-SUMMARY = ("checkpoint", "method", "batch", "L", "policy", "loops", "speedup", "loop bound R/d̄", "FLOP ratio",
-           "speedup / FLOP ratio", "reused")
+SUMMARY = (
+    "checkpoint",
+    "method",
+    "batch",
+    "L",
+    "policy",
+    "loops",
+    "speedup",
+    "loop bound R/d̄",
+    "FLOP ratio",
+    "speedup / FLOP ratio",
+    "reused",
+)
 
 
-ARRIVALS_SUMMARY = ("checkpoint", "method", "slots", "schedule", "policy", "d̄", "tok/s", "decode tok/s", "speedup",
-                    "FLOP ratio", "speedup / FLOP ratio", "reused")
+ARRIVALS_SUMMARY = (
+    "checkpoint",
+    "method",
+    "slots",
+    "schedule",
+    "policy",
+    "d̄",
+    "tok/s",
+    "decode tok/s",
+    "speedup",
+    "FLOP ratio",
+    "speedup / FLOP ratio",
+    "reused",
+)
 
 
 def is_arrivals(record: dict) -> bool:
@@ -424,10 +536,21 @@ def summary_rows(records: list[dict]) -> list[list[str]]:
     rows = []
     for r in records:
         bound = r.get(tracking.FLOP_RATIO)
-        rows.append([r["checkpoint"], r["method"], str(r["batch"]), str(r["seq_len"]), r["policy"],
-                     f"{r[tracking.MEAN_LOOPS]:.2f}", f"{r[tracking.SPEEDUP]:.2f}x", f"{r[tracking.LOOP_BOUND]:.2f}x",
-                     f"{bound:.2f}x" if bound else "?", f"{r[tracking.SPEEDUP] / bound:.0%}" if bound else "?",
-                     "yes" if r["reused"] else "no"])
+        rows.append(
+            [
+                r["checkpoint"],
+                r["method"],
+                str(r["batch"]),
+                str(r["seq_len"]),
+                r["policy"],
+                f"{r[tracking.MEAN_LOOPS]:.2f}",
+                f"{r[tracking.SPEEDUP]:.2f}x",
+                f"{r[tracking.LOOP_BOUND]:.2f}x",
+                f"{bound:.2f}x" if bound else "?",
+                f"{r[tracking.SPEEDUP] / bound:.0%}" if bound else "?",
+                "yes" if r["reused"] else "no",
+            ]
+        )
     return rows
 
 
@@ -437,10 +560,22 @@ def arrivals_rows(records: list[dict]) -> list[list[str]]:
     rows = []
     for r in records:
         bound, speedup = r.get(tracking.FLOP_RATIO), r.get(tracking.SPEEDUP)
-        rows.append([r["checkpoint"], r["method"], str(r["slots"]), r["schedule"], r["policy"],
-                     f"{r[tracking.MEAN_LOOPS]:.2f}", f"{r[tracking.TOKENS_PER_S]:.0f}",
-                     f"{r[DECODE_TOKENS_PER_S]:.0f}", f"{speedup:.2f}x", f"{bound:.2f}x" if bound else "?",
-                     f"{speedup / bound:.0%}" if bound else "?", "yes" if r["reused"] else "no"])
+        rows.append(
+            [
+                r["checkpoint"],
+                r["method"],
+                str(r["slots"]),
+                r["schedule"],
+                r["policy"],
+                f"{r[tracking.MEAN_LOOPS]:.2f}",
+                f"{r[tracking.TOKENS_PER_S]:.0f}",
+                f"{r[DECODE_TOKENS_PER_S]:.0f}",
+                f"{speedup:.2f}x",
+                f"{bound:.2f}x" if bound else "?",
+                f"{speedup / bound:.0%}" if bound else "?",
+                "yes" if r["reused"] else "no",
+            ]
+        )
     return rows
 
 
@@ -454,8 +589,9 @@ def print_summary(records: list[dict], out=None) -> None:
     if arrivals:
         if prefill:
             print(file=out)
-        print("decoding under continuous arrivals (speedup: decode tok/s over full's, same slots and schedule)",
-              file=out)
+        print(
+            "decoding under continuous arrivals (speedup: decode tok/s over full's, same slots and schedule)", file=out
+        )
         _print_table(ARRIVALS_SUMMARY, arrivals_rows(arrivals), out)
 
 
@@ -486,8 +622,11 @@ def main(argv: list[str] | None = None) -> int:
                 check_ray_address("--address", args.address)
         found, notes = store_checkpoints(mc, experiment_id, storage.root)
         if not found:
-            fail("--experiment", args.experiment, "an experiment with FINISHED stage runs whose checkpoints exist"
-                 + (f" ({notes[0]})" if notes else ""))
+            fail(
+                "--experiment",
+                args.experiment,
+                "an experiment with FINISHED stage runs whose checkpoints exist" + (f" ({notes[0]})" if notes else ""),
+            )
         chosen = select_checkpoints(found, stages)
         check_points(grid, chosen)
     except ConfigError as e:
@@ -497,8 +636,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"note: {note}", file=sys.stderr)
     artifact_root = storage.path("mlflow")
     if args.dry_run:
-        jobs = jobs_for(grid, chosen, threads=max(1, round(cpus)), uri=uri, experiment=args.experiment,
-                        artifact_root=artifact_root, arrivals=arrivals)
+        jobs = jobs_for(
+            grid,
+            chosen,
+            threads=max(1, round(cpus)),
+            uri=uri,
+            experiment=args.experiment,
+            artifact_root=artifact_root,
+            arrivals=arrivals,
+        )
         print(describe(grid, jobs, stored_counts(mc, experiment_id, jobs), cpus, gpus, arrivals))
         if args.address and not args.no_ray:
             print("  (resources: this machine's defaults; a run takes the cluster's nodes')")
@@ -517,8 +663,17 @@ def main(argv: list[str] | None = None) -> int:
     return status
 
 
-def run(args, grid: SpeedGrid, chosen, uri: str, artifact_root: str, storage, cpus: float, gpus: float,
-        arrivals: ArrivalGrid | None = None):
+def run(
+    args,
+    grid: SpeedGrid,
+    chosen,
+    uri: str,
+    artifact_root: str,
+    storage,
+    cpus: float,
+    gpus: float,
+    arrivals: ArrivalGrid | None = None,
+):
     """Every job (in this process with --no-ray, else as Ray tasks), with a progress line
     per checkpoint. Returns (exit status: 0, 1 when a job failed, 2 when the cluster
     cannot hold a job; the records, in the plan's order)."""
@@ -532,26 +687,37 @@ def run(args, grid: SpeedGrid, chosen, uri: str, artifact_root: str, storage, cp
         logs = storage.scratch() / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         with console_to_log(logs / "ray.log"):  # Ray's own output to the log; the jobs post their progress to a board
-            ray.init(address=args.address or None, include_dashboard=None, log_to_driver=False,
-                     configure_logging=False)
+            ray.init(address=args.address or None, include_dashboard=None, log_to_driver=False, configure_logging=False)
     try:
         if not inline and args.address:
             import ray
 
-            nodes = [(n["Resources"].get("CPU", 0.0), n["Resources"].get("GPU", 0.0))
-                     for n in ray.nodes() if n.get("Alive")]
+            nodes = [
+                (n["Resources"].get("CPU", 0.0), n["Resources"].get("GPU", 0.0)) for n in ray.nodes() if n.get("Alive")
+            ]
             try:
                 cpus, gpus = resources_from_args(args, nodes, where=f"the cluster at {args.address}")
             except ConfigError as e:
                 print(f"error: {e}", file=sys.stderr)
                 return 2, []
         board = "" if inline else board_name(f"speed-{args.experiment}")
-        jobs = jobs_for(grid, chosen, threads=max(1, round(cpus)), uri=uri, experiment=args.experiment,
-                        artifact_root=artifact_root, board=board, arrivals=arrivals)
+        jobs = jobs_for(
+            grid,
+            chosen,
+            threads=max(1, round(cpus)),
+            uri=uri,
+            experiment=args.experiment,
+            artifact_root=artifact_root,
+            board=board,
+            arrivals=arrivals,
+        )
         where = "in this process" if inline else f"{cpus:g} CPU" + (f", {gpus:g} GPU" if gpus else "") + " each"
         per_job = f"{len(grid.points())}" + (f" + {len(jobs[0].arrivals.points)} arrivals" if arrivals and jobs else "")
-        print(f"timing {per_job} point(s) on each of {len(jobs)} checkpoint(s), one job per checkpoint "
-              f"({where})", file=sys.stderr, flush=True)
+        print(
+            f"timing {per_job} point(s) on each of {len(jobs)} checkpoint(s), one job per checkpoint ({where})",
+            file=sys.stderr,
+            flush=True,
+        )
         records, failed = [], 0
         with Printer(board) if board else contextlib.nullcontext() as printer:
             for i, (job, result) in enumerate(execute(jobs, cpus=cpus, gpus=gpus, inline=inline), start=1):
@@ -559,12 +725,18 @@ def run(args, grid: SpeedGrid, chosen, uri: str, artifact_root: str, storage, cp
                     printer.flush()  # the job's points before its summary line
                 if isinstance(result, BaseException):
                     failed += 1
-                    print(f"[{i}/{len(jobs)}] {job.label} failed: {type(result).__name__}: {result}",
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"[{i}/{len(jobs)}] {job.label} failed: {type(result).__name__}: {result}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     continue
                 reused = sum(r["reused"] for r in result)
-                print(f"[{i}/{len(jobs)}] {job.label} ({job.method}): {len(result) - reused} measured, {reused} "
-                      "reused", file=sys.stderr, flush=True)
+                print(
+                    f"[{i}/{len(jobs)}] {job.label} ({job.method}): {len(result) - reused} measured, {reused} reused",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 records += result
     finally:
         if not inline:

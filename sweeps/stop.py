@@ -57,8 +57,12 @@ class StopOnSignal:
         if self.reason is not None:
             raise KeyboardInterrupt(f"{signal.Signals(signum).name} again: exit at once")
         self.signum, self.reason = signum, signal.Signals(signum).name
-        print(f"\n{self.reason}: stopping the sweep: no new stage starts, training stages save a checkpoint "
-              "(press Ctrl-C again to exit at once)", file=self.out, flush=True)
+        print(
+            f"\n{self.reason}: stopping the sweep: no new stage starts, training stages save a checkpoint "
+            "(press Ctrl-C again to exit at once)",
+            file=self.out,
+            flush=True,
+        )
         self.request(self.reason)
 
     @property
@@ -83,5 +87,7 @@ class SweepStopped(Interrupted):
 def resume_line(reason: str) -> str:
     """What the driver prints last after a stop: how to go on."""
     command = " ".join(shlex.quote(a) for a in [os.path.basename(sys.executable), *sys.argv])
-    return (f"stopped ({reason}): training stages saved a checkpoint and their runs are KILLED; "
-            f"to resume, run the same command again: {command}")
+    return (
+        f"stopped ({reason}): training stages saved a checkpoint and their runs are KILLED; "
+        f"to resume, run the same command again: {command}"
+    )

@@ -38,8 +38,12 @@ def point_values(arm: str, stage: str, seed: int, mode: str, q: float | None, de
     """Executed loops, exit step, accuracy and perplexity of one evaluation point."""
     s = 0.02 * seed
     if mode == "forced":
-        return {"executed_loops": float(depth), "mean_exit_step": float(depth), "accuracy": 0.1 * depth + s,
-                "ppl": 100.0 / depth ** 2 + seed}
+        return {
+            "executed_loops": float(depth),
+            "mean_exit_step": float(depth),
+            "accuracy": 0.1 * depth + s,
+            "ppl": 100.0 / depth**2 + seed,
+        }
     if mode == "full":  # all R loops, readout at R: forced depth R
         return point_values(arm, stage, seed, "forced", None, R)
     exit_step = skip_loops(q)
@@ -57,17 +61,27 @@ def eval_records(arm: str, stage: str, seed: int, step: int) -> list[dict]:
     """looplab.training.train's evaluation record: one entry per policy the stage evaluates
     (looplab.stages: full depth; gate stages add dense and skip at each q and forced
     depths 1..R-1)."""
-    def entry(policy: ExitPolicy, v: dict) -> dict:
-        return {"policy": policy.spec, **v, "loss": math.log(v["ppl"]),
-                "backbone_flops_per_token": 1000.0 * v["executed_loops"], "n": 100}
 
-    for_policy = {FULL: lambda p: point_values(arm, stage, seed, "full", None, None),
-                  FORCED: lambda p: point_values(arm, stage, seed, "forced", None, p.depth),
-                  DENSE: lambda p: point_values(arm, stage, seed, "dense", p.q, None),
-                  SKIP: lambda p: point_values(arm, stage, seed, "skip", p.q, None)}
+    def entry(policy: ExitPolicy, v: dict) -> dict:
+        return {
+            "policy": policy.spec,
+            **v,
+            "loss": math.log(v["ppl"]),
+            "backbone_flops_per_token": 1000.0 * v["executed_loops"],
+            "n": 100,
+        }
+
+    for_policy = {
+        FULL: lambda p: point_values(arm, stage, seed, "full", None, None),
+        FORCED: lambda p: point_values(arm, stage, seed, "forced", None, p.depth),
+        DENSE: lambda p: point_values(arm, stage, seed, "dense", p.q, None),
+        SKIP: lambda p: point_values(arm, stage, seed, "skip", p.q, None),
+    }
     policies = get_stage(stage).eval_policies(R)
-    return [{"kind": "eval", "step": step, "policies": [entry(p, for_policy[p.execution](p)) for p in policies]},
-            {"kind": tracking.LOOP, "step": step, "metrics": loop_values(arm, stage, seed)}]
+    return [
+        {"kind": "eval", "step": step, "policies": [entry(p, for_policy[p.execution](p)) for p in policies]},
+        {"kind": tracking.LOOP, "step": step, "metrics": loop_values(arm, stage, seed)},
+    ]
 
 
 def loop_values(arm: str, stage: str, seed: int) -> dict[str, float]:
@@ -95,17 +109,27 @@ def log_records(mc, run_id: str, records: list[dict]) -> None:
     fixture is then a few seconds, not twenty."""
     from mlflow.entities import Metric
 
-    batch = [Metric(key, value, 0, int(record["step"])) for record in records
-             for key, value in tracking.record_metrics(record).items()]
+    batch = [
+        Metric(key, value, 0, int(record["step"]))
+        for record in records
+        for key, value in tracking.record_metrics(record).items()
+    ]
     for i in range(0, len(batch), 1000):  # MLflow takes at most 1000 metrics per batch
-        mc.log_batch(run_id, metrics=batch[i:i + 1000])
+        mc.log_batch(run_id, metrics=batch[i : i + 1000])
 
 
 def train_records(stage: str, beta: float, steps: int) -> list[dict]:
     out = []
     for step in range(steps // 4, steps + 1, steps // 4):
-        rec = {"kind": "train", "step": step, "stage": stage, "loss": 3.0 - step / steps, "lr": 1e-3,
-               "grad_norm": 1.0, "tokens_per_s": 1000.0}
+        rec = {
+            "kind": "train",
+            "step": step,
+            "stage": stage,
+            "loss": 3.0 - step / steps,
+            "lr": 1e-3,
+            "grad_norm": 1.0,
+            "tokens_per_s": 1000.0,
+        }
         if stage != "pretrain":  # a gate exists: the β diagnostics
             rec["exit_entropy"] = math.log(R) * (1.0 - 0.5 * step / steps) * min(1.0, beta * 4)
             rec["expected_exit_step"] = 4.0 - beta * step / steps
@@ -115,13 +139,28 @@ def train_records(stage: str, beta: float, steps: int) -> list[dict]:
 
 def stage_configs(arm: str, seed: int, beta: float, root: Path, *, preset: str = "debug", extra=None):
     """The trial's stage configs exactly as the platform derives them (β searched in Stage-1)."""
-    spec = PipelineSpec(preset=preset, stages=ARMS[arm], overrides={"train.steps": 40, **(extra or {})},
-                        searched={"beta": "exit.beta"}, searched_stages=("stage1",))
+    spec = PipelineSpec(
+        preset=preset,
+        stages=ARMS[arm],
+        overrides={"train.steps": 40, **(extra or {})},
+        searched={"beta": "exit.beta"},
+        searched_stages=("stage1",),
+    )
     return pipeline_stage_configs(spec, {"beta": beta, "seed": seed}, root)
 
 
-def log_sweep(uri: str, root: Path, experiment: str, *, arms=("Ouro", "CHASE"), seeds=(0, 1), betas=(0.25,),
-              lm_eval: bool = False, preset: str = "debug", extra=None) -> dict:
+def log_sweep(
+    uri: str,
+    root: Path,
+    experiment: str,
+    *,
+    arms=("Ouro", "CHASE"),
+    seeds=(0, 1),
+    betas=(0.25,),
+    lm_eval: bool = False,
+    preset: str = "debug",
+    extra=None,
+) -> dict:
     """Log the sweep as the platform does: stages several trials share (pretrain and
     Stage-1 of the two arms of one seed) train first as runs under the sweep run
     (trainables/trial.py, run_shared_prefix); every trial then has a run per stage,
@@ -130,48 +169,83 @@ def log_sweep(uri: str, root: Path, experiment: str, *, arms=("Ouro", "CHASE"), 
     "stages": {(arm, seed, beta, stage): stage_run_id}, "experiment_id": id}."""
     mc = tracking.client(uri)
     exp_id = tracking.ensure_experiment(mc, experiment, root / "mlflow")
-    sweep = mc.create_run(exp_id, run_name=f"{experiment}-sweep",
-                          tags={tracking.LEVEL: tracking.SWEEP, tracking.SWEEP_KEY: "k0", tracking.PRESET: preset,
-                                tracking.GIT_SHA: "abc", tracking.COMMAND: "sweeps/test.py",
-                                tracking.RUN_NAME_TAG: f"{experiment}-sweep"}).info.run_id
-    trials = {(arm, seed, beta): stage_configs(arm, seed, beta, root, preset=preset, extra=extra)
-              for arm in arms for beta in betas for seed in seeds}
+    sweep = mc.create_run(
+        exp_id,
+        run_name=f"{experiment}-sweep",
+        tags={
+            tracking.LEVEL: tracking.SWEEP,
+            tracking.SWEEP_KEY: "k0",
+            tracking.PRESET: preset,
+            tracking.GIT_SHA: "abc",
+            tracking.COMMAND: "sweeps/test.py",
+            tracking.RUN_NAME_TAG: f"{experiment}-sweep",
+        },
+    ).info.run_id
+    trials = {
+        (arm, seed, beta): stage_configs(arm, seed, beta, root, preset=preset, extra=extra)
+        for arm in arms
+        for beta in betas
+        for seed in seeds
+    }
     uses = Counter(cfg.stage_key() for configs in trials.values() for cfg in configs)
     trained: dict[str, dict] = {}  # stage_key -> {"run_id", "metrics"} (the shared-stage "done" marker)
     for (arm, seed, _beta), configs in trials.items():
         for i, cfg in enumerate(configs):
             if uses[cfg.stage_key()] > 1 and cfg.stage_key() not in trained:
-                trained[cfg.stage_key()] = _train_stage(mc, exp_id, configs[:i + 1], arm, seed, sweep, None, False)
-    out = {"sweep_run": sweep, "trials": {}, "stages": {}, "experiment_id": exp_id, "configs": trials,
-           "trained": {key: done["run_id"] for key, done in trained.items()}}
+                trained[cfg.stage_key()] = _train_stage(mc, exp_id, configs[: i + 1], arm, seed, sweep, None, False)
+    out = {
+        "sweep_run": sweep,
+        "trials": {},
+        "stages": {},
+        "experiment_id": exp_id,
+        "configs": trials,
+        "trained": {key: done["run_id"] for key, done in trained.items()},
+    }
     for (arm, seed, beta), configs in trials.items():
         final = configs[-1]
         lineage = [c.stage for c in configs]
         trial, _ = tracking.open_run(
-            mc, exp_id, name=tracking.trial_run_name(final.stage_key()),
-            tags=tracking.config_tags(final, level=tracking.TRIAL, git="abc", lineage=lineage,
-                                      **{tracking.SWEEP_TAG: experiment}),
-            key={tracking.LEVEL: tracking.TRIAL, tracking.STAGE_KEY: final.stage_key()}, parent_run_id=sweep,
-            params={**tracking.config_params(final), **tracking.search_params({"beta": beta, "seed": seed})})
+            mc,
+            exp_id,
+            name=tracking.trial_run_name(final.stage_key()),
+            tags=tracking.config_tags(
+                final, level=tracking.TRIAL, git="abc", lineage=lineage, **{tracking.SWEEP_TAG: experiment}
+            ),
+            key={tracking.LEVEL: tracking.TRIAL, tracking.STAGE_KEY: final.stage_key()},
+            parent_run_id=sweep,
+            params={**tracking.config_params(final), **tracking.search_params({"beta": beta, "seed": seed})},
+        )
         out["trials"][(arm, seed, beta)] = trial
         for i, cfg in enumerate(configs):
             last = i == len(configs) - 1
             done = trained.get(cfg.stage_key())
             if done:  # trained before: reused, its metrics logged again
                 run, _ = tracking.open_run(
-                    mc, exp_id, name=tracking.stage_run_name(cfg.stage, cfg.stage_key()), parent_run_id=trial,
-                    key={tracking.LEVEL: tracking.STAGE, tracking.STAGE_KEY: cfg.stage_key(),
-                         tracking.TRIAL_RUN: trial},
-                    tags=tracking.config_tags(cfg, level=tracking.STAGE, git="abc", lineage=lineage[:i + 1],
-                                              **{tracking.REUSED_FROM: done["run_id"], tracking.REUSED: "true",
-                                                 tracking.CHECKPOINT: "ckpt"}))
+                    mc,
+                    exp_id,
+                    name=tracking.stage_run_name(cfg.stage, cfg.stage_key()),
+                    parent_run_id=trial,
+                    key={
+                        tracking.LEVEL: tracking.STAGE,
+                        tracking.STAGE_KEY: cfg.stage_key(),
+                        tracking.TRIAL_RUN: trial,
+                    },
+                    tags=tracking.config_tags(
+                        cfg,
+                        level=tracking.STAGE,
+                        git="abc",
+                        lineage=lineage[: i + 1],
+                        **{tracking.REUSED_FROM: done["run_id"], tracking.REUSED: "true", tracking.CHECKPOINT: "ckpt"},
+                    ),
+                )
                 tracking.log_metrics(mc, run, done["metrics"], step=cfg.train.steps)
                 if last:
                     tracking.log_metrics(mc, trial, done["metrics"], step=cfg.train.steps)
                 tracking.close_run(mc, run, ok=True)
             else:
-                done = _train_stage(mc, exp_id, configs[:i + 1], arm, seed, trial, trial if last else None,
-                                    lm_eval and last)
+                done = _train_stage(
+                    mc, exp_id, configs[: i + 1], arm, seed, trial, trial if last else None, lm_eval and last
+                )
                 trained[cfg.stage_key()] = done
                 run = done["run_id"]
             out["stages"][(arm, seed, beta, cfg.stage)] = run
@@ -181,19 +255,25 @@ def log_sweep(uri: str, root: Path, experiment: str, *, arms=("Ouro", "CHASE"), 
     return out
 
 
-def _train_stage(mc, exp_id: str, chain, arm: str, seed: int, parent: str, trial: str | None,
-                 lm_eval: bool) -> dict:
+def _train_stage(mc, exp_id: str, chain, arm: str, seed: int, parent: str, trial: str | None, lm_eval: bool) -> dict:
     """A stage run that trains chain[-1] (under `parent`: a trial, or the sweep for a
     shared stage): its records, timing and, for a trial's last stage, the trial run's copy."""
     cfg, index = chain[-1], len(chain) - 1
-    run, _ = tracking.open_run(mc, exp_id, name=tracking.stage_run_name(cfg.stage, cfg.stage_key()),
-                               parent_run_id=parent,
-                               key={tracking.LEVEL: tracking.STAGE, tracking.STAGE_KEY: cfg.stage_key(),
-                                    tracking.TRIAL_RUN: parent},
-                               tags=tracking.config_tags(cfg, level=tracking.STAGE, git="abc",
-                                                         lineage=[c.stage for c in chain],
-                                                         **{tracking.REUSED: "false", tracking.CHECKPOINT: "ckpt"}),
-                               params=tracking.config_params(cfg))
+    run, _ = tracking.open_run(
+        mc,
+        exp_id,
+        name=tracking.stage_run_name(cfg.stage, cfg.stage_key()),
+        parent_run_id=parent,
+        key={tracking.LEVEL: tracking.STAGE, tracking.STAGE_KEY: cfg.stage_key(), tracking.TRIAL_RUN: parent},
+        tags=tracking.config_tags(
+            cfg,
+            level=tracking.STAGE,
+            git="abc",
+            lineage=[c.stage for c in chain],
+            **{tracking.REUSED: "false", tracking.CHECKPOINT: "ckpt"},
+        ),
+        params=tracking.config_params(cfg),
+    )
     targets = [run] + ([trial] if trial else [])
     steps = cfg.train.steps
     records = train_records(cfg.stage, cfg.exit.beta, steps) + eval_records(arm, cfg.stage, seed, steps)
@@ -224,10 +304,15 @@ def log_untrained_sweep(uri: str, root: Path, experiment: str) -> str:
     exp_id = tracking.ensure_experiment(mc, experiment, root / "mlflow")
     sweep = mc.create_run(exp_id, tags={tracking.LEVEL: tracking.SWEEP, tracking.SWEEP_KEY: "k1"}).info.run_id
     cfg = stage_configs("Ouro", 0, 0.25, root)[0]
-    trial, _ = tracking.open_run(mc, exp_id, name=tracking.trial_run_name(cfg.stage_key()),
-                                 tags=tracking.config_tags(cfg, level=tracking.TRIAL, git="abc"),
-                                 key={tracking.LEVEL: tracking.TRIAL, tracking.STAGE_KEY: cfg.stage_key()},
-                                 parent_run_id=sweep, params=tracking.config_params(cfg))
+    trial, _ = tracking.open_run(
+        mc,
+        exp_id,
+        name=tracking.trial_run_name(cfg.stage_key()),
+        tags=tracking.config_tags(cfg, level=tracking.TRIAL, git="abc"),
+        key={tracking.LEVEL: tracking.TRIAL, tracking.STAGE_KEY: cfg.stage_key()},
+        parent_run_id=sweep,
+        params=tracking.config_params(cfg),
+    )
     for record in train_records("pretrain", 0.25, 40):
         tracking.log_record(mc, trial, record)
     tracking.close_run(mc, trial, ok=True)
@@ -241,12 +326,24 @@ def log_history(uri: str, root: Path, experiment: str) -> str:
     mc = tracking.client(uri)
     exp_id = tracking.ensure_experiment(mc, experiment, root / "mlflow")
     cfg = stage_configs("Ouro", 0, 0.25, root)[0]
-    trial, _ = tracking.open_run(mc, exp_id, name="trial", tags=tracking.config_tags(cfg, level=tracking.TRIAL),
-                                 key={tracking.LEVEL: tracking.TRIAL, tracking.STAGE_KEY: cfg.stage_key()},
-                                 params=tracking.config_params(cfg))
+    trial, _ = tracking.open_run(
+        mc,
+        exp_id,
+        name="trial",
+        tags=tracking.config_tags(cfg, level=tracking.TRIAL),
+        key={tracking.LEVEL: tracking.TRIAL, tracking.STAGE_KEY: cfg.stage_key()},
+        params=tracking.config_params(cfg),
+    )
     for step, ppl, acc, loss in ((10, 8.0, 0.5, 3.0), (20, 9.0, 0.4, 2.0)):
-        tracking.log_record(mc, trial, {"kind": "eval", "step": step, "policies": [
-            {"policy": "full", "ppl": ppl, "accuracy": acc, "loss": math.log(ppl)}]})
+        tracking.log_record(
+            mc,
+            trial,
+            {
+                "kind": "eval",
+                "step": step,
+                "policies": [{"policy": "full", "ppl": ppl, "accuracy": acc, "loss": math.log(ppl)}],
+            },
+        )
         tracking.log_record(mc, trial, {"kind": "train", "step": step, "loss": loss})
     tracking.log_record(mc, trial, {"kind": "train", "step": 30, "loss": 2.5})
     tracking.close_run(mc, trial, ok=True)
@@ -302,17 +399,36 @@ def log_evaluations(uri: str, root: Path, experiment: str, logged: dict, *, task
             if cfg.stage_key() in done:
                 continue
             done.add(cfg.stage_key())
-            checkpoint = Checkpoint("ckpt", cfg.stage, cfg.stage_key(), cfg.config_hash(),
-                                    tuple(c.stage for c in configs[:i + 1]), R, logged["trained"][cfg.stage_key()])
-            policies = ([ExitPolicy.forced(d) for d in range(1, R)] + [ExitPolicy.full()] if cfg.stage == "pretrain"
-                        else [ExitPolicy.dense(q) for q in QS] + [ExitPolicy.skip(q) for q in QS])
+            checkpoint = Checkpoint(
+                "ckpt",
+                cfg.stage,
+                cfg.stage_key(),
+                cfg.config_hash(),
+                tuple(c.stage for c in configs[: i + 1]),
+                R,
+                logged["trained"][cfg.stage_key()],
+            )
+            policies = (
+                [ExitPolicy.forced(d) for d in range(1, R)] + [ExitPolicy.full()]
+                if cfg.stage == "pretrain"
+                else [ExitPolicy.dense(q) for q in QS] + [ExitPolicy.skip(q) for q in QS]
+            )
             for policy in policies:
                 for index, task in enumerate(grid_tasks):
                     run, _ = open_eval_run(mc, exp_id, Evaluation(checkpoint, policy.spec, task), git="abc")
                     loops = downstream_loops(policy)
-                    tracking.log_metrics(mc, run, tracking.downstream_metrics(
-                        policy, task.name, accuracy=downstream_accuracy(arm, cfg.stage, seed, policy, index),
-                        loops=loops, flops=1000.0 * loops, seconds=0.5 * loops))
+                    tracking.log_metrics(
+                        mc,
+                        run,
+                        tracking.downstream_metrics(
+                            policy,
+                            task.name,
+                            accuracy=downstream_accuracy(arm, cfg.stage, seed, policy, index),
+                            loops=loops,
+                            flops=1000.0 * loops,
+                            seconds=0.5 * loops,
+                        ),
+                    )
                     tracking.close_run(mc, run, ok=True)
                     written += 1
     return written

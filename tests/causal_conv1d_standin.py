@@ -52,10 +52,14 @@ def _check_common(x, weight, bias, seq_idx) -> bool:
     channel_last = is_channel_last(x)
     if channel_last:
         _check(dim % 8 == 0, f"channel-last needs dim % 8 == 0, dim {dim}")
-        _check(x.stride(2) % 8 == 0 and x.stride(0) % 8 == 0,
-               f"channel-last needs x.stride(0) and x.stride(2) multiples of 8, strides {x.stride()}")
-        _check(x.storage_offset() * x.element_size() % 16 == 0,
-               f"channel-last kernel reads 16-byte vectors: storage offset {x.storage_offset()} misaligns x")
+        _check(
+            x.stride(2) % 8 == 0 and x.stride(0) % 8 == 0,
+            f"channel-last needs x.stride(0) and x.stride(2) multiples of 8, strides {x.stride()}",
+        )
+        _check(
+            x.storage_offset() * x.element_size() % 16 == 0,
+            f"channel-last kernel reads 16-byte vectors: storage offset {x.storage_offset()} misaligns x",
+        )
     if bias is not None:
         _check(bias.dtype == weight.dtype, "bias dtype must equal weight dtype")
         _check(bias.stride(-1) == 1, "bias.stride(-1) must be 1")
@@ -83,8 +87,10 @@ def check_backward(x, weight, bias, dout, seq_idx) -> torch.Tensor:
     if channel_last and dout.stride(1) != 1:
         dout = dout.transpose(-1, -2).contiguous().transpose(-1, -2)
     if channel_last:
-        _check(dout.stride(2) % 8 == 0 and dout.stride(0) % 8 == 0,
-               f"channel-last needs dout.stride(0) and dout.stride(2) multiples of 8, strides {dout.stride()}")
+        _check(
+            dout.stride(2) % 8 == 0 and dout.stride(0) % 8 == 0,
+            f"channel-last needs dout.stride(0) and dout.stride(2) multiples of 8, strides {dout.stride()}",
+        )
     return dout
 
 
@@ -124,8 +130,17 @@ class CausalConv1dStandIn:
     def __init__(self):
         self.calls: list[tuple] = []
 
-    def __call__(self, x, weight, bias=None, seq_idx=None, initial_states=None,
-                 return_final_states=False, final_states_out=None, activation=None):
+    def __call__(
+        self,
+        x,
+        weight,
+        bias=None,
+        seq_idx=None,
+        initial_states=None,
+        return_final_states=False,
+        final_states_out=None,
+        activation=None,
+    ):
         if initial_states is not None or return_final_states or final_states_out is not None:
             raise NotImplementedError("the stand-in does not model conv states")
         if activation not in (None, "silu", "swish"):
@@ -139,8 +154,9 @@ class CausalConv1dStandIn:
         return _CausalConv1dFn.apply(x, weight, bias, seq_idx, activation)
 
 
-def causal_conv1d_update_standin(x, conv_state, weight, bias=None, activation=None, cache_seqlens=None,
-                                 conv_state_indices=None):
+def causal_conv1d_update_standin(
+    x, conv_state, weight, bias=None, activation=None, cache_seqlens=None, conv_state_indices=None
+):
     """Callable like causal-conv1d 1.7.0's `causal_conv1d_update` (the decode step): x
     (batch, dim) is appended to the rows conv_state_indices (int32, (batch,)) of
     conv_state (rows, dim, state_len >= width - 1), read through its strides and
@@ -156,8 +172,10 @@ def causal_conv1d_update_standin(x, conv_state, weight, bias=None, activation=No
     batch, dim = x.shape
     width = weight.shape[-1]
     _check(tuple(weight.shape) == (dim, width), f"weight must have shape (dim, width), got {tuple(weight.shape)}")
-    _check(conv_state.dim() == 3 and conv_state.shape[1] == dim and conv_state.shape[2] >= width - 1,
-           f"conv_state must be (rows, dim, state_len >= width - 1), got {tuple(conv_state.shape)}")
+    _check(
+        conv_state.dim() == 3 and conv_state.shape[1] == dim and conv_state.shape[2] >= width - 1,
+        f"conv_state must be (rows, dim, state_len >= width - 1), got {tuple(conv_state.shape)}",
+    )
     if conv_state_indices is None:
         _check(conv_state.shape[0] == batch, "conv_state must have batch rows without conv_state_indices")
         rows = torch.arange(batch)

@@ -63,9 +63,10 @@ def split_grads(model, batch, cfg, world, micro, step=3):
     a time; the sum over ranks divided by world is what the all-reduce leaves."""
     cfg = apply_overrides(cfg, {"train.micro_batch_size": micro})
     model.zero_grad(set_to_none=True)
-    losses = [accumulate_gradients(model, get_stage(cfg.stage), batch, cfg, step, Shard(r, world),
-                                    torch.device("cpu"))[0]
-              for r in range(world)]
+    losses = [
+        accumulate_gradients(model, get_stage(cfg.stage), batch, cfg, step, Shard(r, world), torch.device("cpu"))[0]
+        for r in range(world)
+    ]
     return sum(losses) / world, {n: g / world for n, g in grads(model).items()}
 
 
@@ -112,7 +113,10 @@ def test_training_with_micro_batches_and_checkpointing_follows_the_same_trajecto
     """End to end (float32): the logged losses of a run split into micro-batches of one
     row, each loop recomputed, match the plain run's."""
     plain = train(tiny_run(steps=6), tmp_path / "plain", quiet=True)
-    lean = train(tiny_run(steps=6, **{"train.micro_batch_size": 1, "train.activation_checkpointing": True}),
-                 tmp_path / "lean", quiet=True)
+    lean = train(
+        tiny_run(steps=6, **{"train.micro_batch_size": 1, "train.activation_checkpointing": True}),
+        tmp_path / "lean",
+        quiet=True,
+    )
     assert lean.losses == pytest.approx(plain.losses, rel=1e-4)
     assert lean.eval["accuracy"] == pytest.approx(plain.eval["accuracy"], abs=1 / 40)

@@ -7,8 +7,15 @@ import torch
 
 from looplab.models.looped import LoopedLM
 from looplab.config import ConfigError
-from looplab.training.objectives import (exit_cdf, exit_distribution, exit_entropy, expected_exit_step, stage1_loss,
-                                stage2_loss, stage2_targets)
+from looplab.training.objectives import (
+    exit_cdf,
+    exit_distribution,
+    exit_entropy,
+    expected_exit_step,
+    stage1_loss,
+    stage2_loss,
+    stage2_targets,
+)
 from looplab.policy import ExitPolicy, parse_policies, threshold_exit_steps
 from test_models import ARCHS, tiny
 
@@ -25,6 +32,7 @@ def gated_model(arch="mamba2", seed=0, n_loops=4, gate_std=5.0, **kw) -> LoopedL
 
 
 # ---- exit distribution by hand --------------------------------------------------------
+
 
 def test_exit_distribution_by_hand():
     lam = torch.tensor([0.5, 0.5]).view(2, 1, 1)  # R = 3
@@ -72,6 +80,7 @@ def test_stage2_improvement_is_clamped_at_zero():
 
 # ---- execution ----------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("arch", ["mamba2", "transformer", "hybrid"])
 def test_skip_at_q1_equals_dense_readout_at_R_and_q0_equals_depth_1(arch):
     m = gated_model(arch)
@@ -117,8 +126,9 @@ def skip_reference(m, ids, q):
     return torch.stack(logits), torch.stack(exits)
 
 
-@pytest.mark.parametrize("arch,packing", [("mamba2", "padded"), ("mamba2", "varlen"), ("transformer", "padded"),
-                                          ("hybrid", "padded")])
+@pytest.mark.parametrize(
+    "arch,packing", [("mamba2", "padded"), ("mamba2", "varlen"), ("transformer", "padded"), ("hybrid", "padded")]
+)
 def test_skip_equals_per_sequence_survivor_reference(arch, packing):
     m = gated_model(arch, seed=1)
     ids = torch.randint(0, 37, (4, 21), generator=torch.Generator().manual_seed(3))
@@ -222,10 +232,16 @@ def test_bad_policies_are_one_line_errors():
         m(ids, "skip:0.4")
 
 
-@pytest.mark.parametrize("spec,label,prefix", [("full", "full depth", "val_"), ("forced:2", "forced d=2", "forced_d2_"),
-                                               ("dense:0.4", "dense q=0.4", "dense_q0.4_"),
-                                               ("skip:0.25", "skip q=0.25", "skip_q0.25_"),
-                                               ("skip:1", "skip q=1.0", "skip_q1.0_")])
+@pytest.mark.parametrize(
+    "spec,label,prefix",
+    [
+        ("full", "full depth", "val_"),
+        ("forced:2", "forced d=2", "forced_d2_"),
+        ("dense:0.4", "dense q=0.4", "dense_q0.4_"),
+        ("skip:0.25", "skip q=0.25", "skip_q0.25_"),
+        ("skip:1", "skip q=1.0", "skip_q1.0_"),
+    ],
+)
 def test_policy_names_round_trip(spec, label, prefix):
     policy = ExitPolicy.parse(spec)
     assert (policy.label, policy.metric_prefix) == (label, prefix)
@@ -251,8 +267,11 @@ def test_readouts_of_one_dense_pass_match_each_policy_run_on_its_own(arch):
     targets[:, ::3] = -100  # some positions carry no target
     batch = Batch(ids, targets)
     qs = (0.3, 0.6, 0.9)
-    policies = ([ExitPolicy.dense(q) for q in qs] + [ExitPolicy.forced(d) for d in range(1, model.cfg.n_loops)]
-                + [ExitPolicy.full()])
+    policies = (
+        [ExitPolicy.dense(q) for q in qs]
+        + [ExitPolicy.forced(d) for d in range(1, model.cfg.n_loops)]
+        + [ExitPolicy.full()]
+    )
     fast = evaluate_readouts(model, batch, policies, batch_size=2)
     slow = [evaluate_policy(model, batch, p, batch_size=2) for p in policies]
     assert len({r["mean_exit_step"] for r in fast if r["policy"].startswith("dense")}) > 1  # q matters here

@@ -41,8 +41,13 @@ import analysis_fixture as fx  # noqa: E402 (tests/ is on the path: conftest.py)
 
 
 def pts(rows, labels=None):
-    return pl.DataFrame({"x": [float(r[0]) for r in rows], "y": [float(r[1]) for r in rows],
-                         "label": labels or [f"p{i}" for i in range(len(rows))]})
+    return pl.DataFrame(
+        {
+            "x": [float(r[0]) for r in rows],
+            "y": [float(r[1]) for r in rows],
+            "label": labels or [f"p{i}" for i in range(len(rows))],
+        }
+    )
 
 
 def on(df):
@@ -131,8 +136,14 @@ def test_student_t_quantiles_match_tables():
 
 
 def test_seed_aggregation_by_hand():
-    df = pl.DataFrame({"trial_config_hash": ["A", "A", "A", "B"], "seed": [0, 1, 2, 0],
-                       "accuracy": [0.6, 0.7, 0.8, 0.5], "ppl": [12.0, 11.0, None, 9.0]})
+    df = pl.DataFrame(
+        {
+            "trial_config_hash": ["A", "A", "A", "B"],
+            "seed": [0, 1, 2, 0],
+            "accuracy": [0.6, 0.7, 0.8, 0.5],
+            "ppl": [12.0, 11.0, None, 9.0],
+        }
+    )
     out = aggregate_seeds(df, ["accuracy", "ppl"], by=["trial_config_hash"]).sort("trial_config_hash")
     a, b = out.row(0, named=True), out.row(1, named=True)
     assert a["n_seeds"] == 3 and a["seeds"] == [0, 1, 2]
@@ -146,15 +157,30 @@ def test_seed_aggregation_by_hand():
 
 
 def test_best_of_seeds_by_hand():
-    df = pl.DataFrame({"trial_config_hash": ["A", "A", "A"], "seed": [0, 1, 2], "accuracy": [0.6, 0.8, 0.8],
-                       "ppl": [12.0, 11.0, 10.0]})
-    out = aggregate_seeds(df, ["accuracy", "ppl"], by=["trial_config_hash"], best_of_seeds="accuracy").row(0, named=True)
+    df = pl.DataFrame(
+        {
+            "trial_config_hash": ["A", "A", "A"],
+            "seed": [0, 1, 2],
+            "accuracy": [0.6, 0.8, 0.8],
+            "ppl": [12.0, 11.0, 10.0],
+        }
+    )
+    out = aggregate_seeds(df, ["accuracy", "ppl"], by=["trial_config_hash"], best_of_seeds="accuracy").row(
+        0, named=True
+    )
     # 0.8 twice: the lower seed wins, and its ppl comes with it
     assert (out["accuracy"], out["ppl"], out["chosen_seed"]) == (0.8, 11.0, 1)
     assert out["accuracy_ci_low"] is None and out["accuracy_std"] == pytest.approx(0.11547, abs=1e-5)
-    points = pl.DataFrame({"experiment": ["e"] * 4, "trial_config_hash": ["A"] * 4, "seed": [0, 0, 1, 1],
-                           "is_final_stage": [True] * 4, "policy": ["full", "skip", "full", "skip"],
-                           "accuracy": [0.5, 0.3, 0.6, 0.1]})
+    points = pl.DataFrame(
+        {
+            "experiment": ["e"] * 4,
+            "trial_config_hash": ["A"] * 4,
+            "seed": [0, 0, 1, 1],
+            "is_final_stage": [True] * 4,
+            "policy": ["full", "skip", "full", "skip"],
+            "accuracy": [0.5, 0.3, 0.6, 0.1],
+        }
+    )
     kept = choose_best_seeds(points, "accuracy")
     assert kept["seed"].unique().to_list() == [1] and kept.height == 2  # a seed's points stay together
 
@@ -205,12 +231,24 @@ def test_zoo_points_are_their_own_series(tmp_path):
     mc = tracking.client(uri)
     exp_id = tracking.ensure_experiment(mc, "zoo", tmp_path / "mlflow")
     cfg = fx.stage_configs("Ouro", 0, 0.25, tmp_path)[0]
-    trial, _ = tracking.open_run(mc, exp_id, name="trial", tags=tracking.config_tags(cfg, level=tracking.TRIAL),
-                                 key={tracking.LEVEL: tracking.TRIAL, tracking.STAGE_KEY: cfg.stage_key()},
-                                 params=tracking.config_params(cfg))
+    trial, _ = tracking.open_run(
+        mc,
+        exp_id,
+        name="trial",
+        tags=tracking.config_tags(cfg, level=tracking.TRIAL),
+        key={tracking.LEVEL: tracking.TRIAL, tracking.STAGE_KEY: cfg.stage_key()},
+        params=tracking.config_params(cfg),
+    )
     specs = ["full", "skip:0.4", "skip-entropy:2.5", "skip-entropy:0.5", "dense-kl:0.01", "skip-stable:2"]
-    tracking.log_record(mc, trial, {"kind": "eval", "step": 40, "policies": [
-        {"policy": s, "ppl": 10.0 + i, "executed_loops": 1.0 + i / 10} for i, s in enumerate(specs)]})
+    tracking.log_record(
+        mc,
+        trial,
+        {
+            "kind": "eval",
+            "step": 40,
+            "policies": [{"policy": s, "ppl": 10.0 + i, "executed_loops": 1.0 + i / 10} for i, s in enumerate(specs)],
+        },
+    )
     tracking.close_run(mc, trial, ok=True)
     points = evaluation_points(load_runs(uri, ["zoo"]))
     got = {(r["policy"], r["q"]): (r["point"], r["ppl"], r["executed_loops"]) for r in points.iter_rows(named=True)}
@@ -231,16 +269,23 @@ def store(tmp_path_factory):
     uri = f"sqlite:///{root / 'mlflow.db'}"
     main = fx.log_sweep(uri, root, "chase-debug", lm_eval=True)
     # another sweep with other params (p-hop task, no lm-eval): the mixed-schema partner
-    other = fx.log_sweep(uri, root, "phop-mixed", arms=("Ouro",), seeds=(0,), preset="phop-debug",
-                         extra={"model.n_loops": 4})
+    other = fx.log_sweep(
+        uri, root, "phop-mixed", arms=("Ouro",), seeds=(0,), preset="phop-debug", extra={"model.n_loops": 4}
+    )
     fx.log_untrained_sweep(uri, root, "no-eval")
     fx.log_history(uri, root, "history")
     return {"uri": uri, "root": root, "main": main, "other": other}
 
 
 def cli(*args, cwd=None):
-    return subprocess.run([sys.executable, str(REPO / "analysis" / "frontier.py"), *args], capture_output=True,
-                          text=True, cwd=cwd, timeout=300, check=False)
+    return subprocess.run(
+        [sys.executable, str(REPO / "analysis" / "frontier.py"), *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=300,
+        check=False,
+    )
 
 
 def read_csv(path):
@@ -252,19 +297,46 @@ def read_csv(path):
 def report(store, tmp_path_factory):
     out = tmp_path_factory.mktemp("report")
     # from another working directory, as a researcher would run it
-    done = cli("--tracking-uri", store["uri"], "--experiment", "chase-debug", "--out", str(out), "--quality", "accuracy",
-               cwd=tmp_path_factory.mktemp("elsewhere"))
+    done = cli(
+        "--tracking-uri",
+        store["uri"],
+        "--experiment",
+        "chase-debug",
+        "--out",
+        str(out),
+        "--quality",
+        "accuracy",
+        cwd=tmp_path_factory.mktemp("elsewhere"),
+    )
     assert done.returncode == 0, done.stderr
     return out, done.stdout
 
 
 def test_cli_writes_every_file(report):
     out, stdout = report
-    for name in ("frontier.csv", "points.csv", "aggregated.csv", "frontier_areas.csv", "report.html", "frontier.png",
-                 "skip_ppl.png", "beta_exit_entropy.png", "beta_expected_exit_step.png", "tables/tables.md",
-                 "tables/iso_table.md", "tables/iso_table.csv", "tables/threshold_sweep.md", "tables/fixed_loop.csv",
-                 "tables/skip_vs_full.md", "tables/beta_ablation.csv", "loops.csv", "loops_hidden_norm.png",
-                 "loops_grad_norm.png", "loops_active.png", "loops_state_gap.png"):
+    for name in (
+        "frontier.csv",
+        "points.csv",
+        "aggregated.csv",
+        "frontier_areas.csv",
+        "report.html",
+        "frontier.png",
+        "skip_ppl.png",
+        "beta_exit_entropy.png",
+        "beta_expected_exit_step.png",
+        "tables/tables.md",
+        "tables/iso_table.md",
+        "tables/iso_table.csv",
+        "tables/threshold_sweep.md",
+        "tables/fixed_loop.csv",
+        "tables/skip_vs_full.md",
+        "tables/beta_ablation.csv",
+        "loops.csv",
+        "loops_hidden_norm.png",
+        "loops_grad_norm.png",
+        "loops_active.png",
+        "loops_state_gap.png",
+    ):
         assert (out / name).is_file(), name
         assert str(out / name) in stdout  # printed where it is
 
@@ -273,8 +345,12 @@ def test_per_loop_instruments_by_hand(report):
     rows = read_csv(report[0] / "loops.csv")
 
     def value(method, stage, policy, loop, quantity, q=""):
-        (row,) = [r for r in rows if (r["method"], r["stage"], r["policy"], r["loop"], r["quantity"], r["q"])
-                  == (method, stage, policy, str(loop), quantity, q)]
+        (row,) = [
+            r
+            for r in rows
+            if (r["method"], r["stage"], r["policy"], r["loop"], r["quantity"], r["q"])
+            == (method, stage, policy, str(loop), quantity, q)
+        ]
         return float(row["value"]), int(row["n"])
 
     # hidden norm r + 0.1 seed, seeds 0 and 1 pooled; the pre-training both arms share counts once per seed
@@ -316,8 +392,14 @@ def test_frontier_csv_by_hand(report):
     assert [r["on_frontier"] for r in chase_skip] == ["true"] * 5  # accuracy rises with every extra loop
     dense = [r for r in rows if r["series"] == "Ouro · dense"]  # all at 4 loops: only the best q survives
     assert [r["q"] for r in dense if r["on_frontier"] == "true"] == ["1.0"]
-    assert {r["series"] for r in rows} == {"CHASE · dense", "CHASE · forced", "CHASE · skip", "Ouro · dense",
-                                           "Ouro · forced", "Ouro · skip"}
+    assert {r["series"] for r in rows} == {
+        "CHASE · dense",
+        "CHASE · forced",
+        "CHASE · skip",
+        "Ouro · dense",
+        "Ouro · forced",
+        "Ouro · skip",
+    }
 
 
 def test_frontier_areas_csv_by_hand(report):
@@ -361,8 +443,13 @@ def test_plotly_figure_from_a_chart_spec():
     from analysis.charts import ChartSpec, Point, Series
     from analysis.page import figure
 
-    a = Series("A", "#111111", [Point(1.0, 0.5, "a<1>", 0.4, 0.7, True), Point(2.0, 0.4, "a2"),
-                                Point(3.0, 0.9, "a3", on_frontier=True)], line=[(1.0, 0.5), (3.0, 0.9)], shape="step")
+    a = Series(
+        "A",
+        "#111111",
+        [Point(1.0, 0.5, "a<1>", 0.4, 0.7, True), Point(2.0, 0.4, "a2"), Point(3.0, 0.9, "a3", on_frontier=True)],
+        line=[(1.0, 0.5), (3.0, 0.9)],
+        shape="step",
+    )
     b = Series("B", "#222222", [Point(2.0, math.nan, "lost"), Point(2.0, 0.3, "b")], shape="linear")
     spec = ChartSpec("t", "T", "loops", "acc", [a, b], log_y=True, hlines=[(0.8, "ref"), (math.inf, "none")])
     fig = figure(spec).to_plotly_json()
@@ -403,15 +490,39 @@ def test_speed_chart_draws_each_timings_spread_over_repeats(tmp_path):
     tokens = 2 * 64
     rows = []
     for policy, ts, lo, hi, ppl in (("skip:0.2", 0.5, 0.4, 0.8, 12.0), ("skip:0.6", 0.25, None, None, 15.0)):
-        rows.append({"experiment": "e", "checkpoint": "stage2-k", "method": "CHASE", "stage": "stage2",
-                     "stage_key": "k", "device": "cpu", "batch": 2, "seq_len": 64, "policy": policy, "dtype": "fp32",
-                     "packing": "varlen", "executed_loops": 3.0 if policy == "skip:0.2" else 2.0, "time_full_s": 1.0,
-                     "time_skip_s": ts, "tokens_per_s_full": tokens / 1.0, "tokens_per_s_skip": tokens / ts,
-                     "tokens_per_s_full_min": tokens / 2.0, "tokens_per_s_full_max": tokens / 0.9,
-                     "tokens_per_s_skip_min": None if hi is None else tokens / hi,
-                     "tokens_per_s_skip_max": None if lo is None else tokens / lo,
-                     "speedup": 1.0 / ts, "speedup_min": None, "speedup_max": None, "loop_bound": 1.5,
-                     "flop_ratio": 1.4, "of_flop_ratio": 1.0, PPL_FULL: 10.0, "ppl": ppl, "val_executed_loops": 3.0})
+        rows.append(
+            {
+                "experiment": "e",
+                "checkpoint": "stage2-k",
+                "method": "CHASE",
+                "stage": "stage2",
+                "stage_key": "k",
+                "device": "cpu",
+                "batch": 2,
+                "seq_len": 64,
+                "policy": policy,
+                "dtype": "fp32",
+                "packing": "varlen",
+                "executed_loops": 3.0 if policy == "skip:0.2" else 2.0,
+                "time_full_s": 1.0,
+                "time_skip_s": ts,
+                "tokens_per_s_full": tokens / 1.0,
+                "tokens_per_s_skip": tokens / ts,
+                "tokens_per_s_full_min": tokens / 2.0,
+                "tokens_per_s_full_max": tokens / 0.9,
+                "tokens_per_s_skip_min": None if hi is None else tokens / hi,
+                "tokens_per_s_skip_max": None if lo is None else tokens / lo,
+                "speedup": 1.0 / ts,
+                "speedup_min": None,
+                "speedup_max": None,
+                "loop_bound": 1.5,
+                "flop_ratio": 1.4,
+                "of_flop_ratio": 1.0,
+                PPL_FULL: 10.0,
+                "ppl": ppl,
+                "val_executed_loops": 3.0,
+            }
+        )
     table = pl.DataFrame(rows).select(*IDENTITY, *SPEED, *QUALITY)
     (series,) = speed_chart(table).series
     full, slow, fast = series.points
@@ -439,7 +550,9 @@ def test_tables_have_the_paper_shape(report):
     assert "| Arch. | Model | Params / FLOPs | PPL | Acc. (%) | n |" in tables
     assert "| mamba2 | Loop (1⊗4) | 1× / 4× | 6.75 ± 0.71 | 41.00 ± 1.41 | 2 |" in tables  # ppl 6.25 and 7.25
     threshold = read_csv(report[0] / "tables" / "threshold_sweep.csv")
-    chase = [r for r in threshold if r["label"].startswith("CHASE") and r["stage"] == "stage2" and r["policy"] == "skip"]
+    chase = [
+        r for r in threshold if r["label"].startswith("CHASE") and r["stage"] == "stage2" and r["policy"] == "skip"
+    ]
     assert [r["q"] for r in chase] == ["1.0", "0.8", "0.6", "0.4", "0.2"]  # as in App. F
     q04 = next(r for r in chase if r["q"] == "0.4")
     # lm-eval: skip at q=0.4 logged the seven tasks; Avg. is their mean (both seeds: 0.30..0.36 + 0.01 s - 0.01)
@@ -474,28 +587,62 @@ def test_unknown_experiment(store, tmp_path):
 def test_missing_metrics(store, tmp_path):
     line = one_line_error(cli("--tracking-uri", store["uri"], "--experiment", "no-eval", "--out", str(tmp_path)))
     assert "no evaluation metrics" in line and "loss" in line
-    line = one_line_error(cli("--tracking-uri", store["uri"], "--experiment", "phop-mixed", "--out", str(tmp_path),
-                              "--quality", "lm_eval_avg", "--no-log"))
+    line = one_line_error(
+        cli(
+            "--tracking-uri",
+            store["uri"],
+            "--experiment",
+            "phop-mixed",
+            "--out",
+            str(tmp_path),
+            "--quality",
+            "lm_eval_avg",
+            "--no-log",
+        )
+    )
     assert "no run logged 'lm_eval_avg'" in line
 
 
 def test_mixed_schema(store, tmp_path):
     # params differ (text vs p-hop task): analysed together with null columns and a note
-    done = cli("--tracking-uri", store["uri"], "--experiment", "chase-debug", "--experiment", "phop-mixed",
-               "--out", str(tmp_path / "both"), "--no-log")
+    done = cli(
+        "--tracking-uri",
+        store["uri"],
+        "--experiment",
+        "chase-debug",
+        "--experiment",
+        "phop-mixed",
+        "--out",
+        str(tmp_path / "both"),
+        "--no-log",
+    )
     assert done.returncode == 0, done.stderr
     assert "note: mixed schemas" in done.stdout
     rows = read_csv(tmp_path / "both" / "points.csv")
     assert {r["experiment"] for r in rows} == {"chase-debug", "phop-mixed"}
     # a quality one experiment lacks: a one-line error naming it
-    line = one_line_error(cli("--tracking-uri", store["uri"], "--experiment", "chase-debug", "--experiment",
-                              "phop-mixed", "--out", str(tmp_path / "x"), "--quality", "lm_eval_avg", "--no-log"))
+    line = one_line_error(
+        cli(
+            "--tracking-uri",
+            store["uri"],
+            "--experiment",
+            "chase-debug",
+            "--experiment",
+            "phop-mixed",
+            "--out",
+            str(tmp_path / "x"),
+            "--quality",
+            "lm_eval_avg",
+            "--no-log",
+        )
+    )
     assert "mixed schemas" in line and "'phop-mixed'" in line
 
 
 def test_no_store_and_bad_sweep_run(store, tmp_path):
-    line = one_line_error(cli("--tracking-uri", f"sqlite:///{tmp_path / 'none.db'}", "--experiment", "x",
-                              "--out", str(tmp_path)))
+    line = one_line_error(
+        cli("--tracking-uri", f"sqlite:///{tmp_path / 'none.db'}", "--experiment", "x", "--out", str(tmp_path))
+    )
     assert "an existing MLflow store" in line
     line = one_line_error(cli("--tracking-uri", store["uri"], "--sweep-run", "0" * 32, "--out", str(tmp_path)))
     assert "no run" in line
@@ -530,8 +677,12 @@ def test_client_backend_reads_the_same_values(store):
 
     runs = load_runs(store["uri"], ["chase-debug"], backend="client")
     points = evaluation_points(runs)
-    row = points.filter((pl.col("method") == "CHASE") & (pl.col("seed") == 1) & (pl.col("stage") == "stage2")
-                        & (pl.col("point") == "skip q=0.4")).row(0, named=True)
+    row = points.filter(
+        (pl.col("method") == "CHASE")
+        & (pl.col("seed") == 1)
+        & (pl.col("stage") == "stage2")
+        & (pl.col("point") == "skip q=0.4")
+    ).row(0, named=True)
     assert (row["accuracy"], row["executed_loops"]) == (pytest.approx(0.41), pytest.approx(2.5))
     assert any("best values only for" in n for n in runs.notes)
 
@@ -576,8 +727,9 @@ def downstream(tmp_path_factory):
     written = fx.log_evaluations(uri, root, "downstream-debug", logged)
     zoo = fx.log_sweep(uri, root, "zoo-debug", seeds=(0,))
     fx.log_zoo_rules(uri, zoo)
-    reports = {name: build_report(uri, [name], root / name, log_artifacts=False)
-               for name in ("downstream-debug", "zoo-debug")}
+    reports = {
+        name: build_report(uri, [name], root / name, log_artifacts=False) for name in ("downstream-debug", "zoo-debug")
+    }
     return {"uri": uri, "root": root, "logged": logged, "written": written, "reports": reports}
 
 
@@ -592,8 +744,10 @@ def test_evaluation_runs_attach_to_every_stage_run_of_their_key(downstream):
     # each trial's pretrain run (both reuse one training) shows the evaluations of that stage key
     assert pre.height == 2 * 2 * 3 and pre["trial_run_id"].n_unique() == 4
     for r in pre.iter_rows(named=True):
-        want = [fx.downstream_accuracy(r["method"], "pretrain", r["seed"], ExitPolicy.forced(r["depth"]), i)
-                for i in range(2)]
+        want = [
+            fx.downstream_accuracy(r["method"], "pretrain", r["seed"], ExitPolicy.forced(r["depth"]), i)
+            for i in range(2)
+        ]
         assert (r["lm_eval.piqa"], r["lm_eval.arc_easy"]) == (pytest.approx(want[0]), pytest.approx(want[1]))
         assert r["lm_eval_avg"] == pytest.approx(sum(want) / 2)
         assert r["lm_eval_loops"] == r["depth"] and r["lm_eval_flops"] == 1000.0 * r["depth"]
@@ -607,13 +761,22 @@ def test_evaluation_runs_attach_to_every_stage_run_of_their_key(downstream):
 
 def test_fig3_downstream_accuracy_against_executed_loops_by_hand(downstream):
     rows = read_csv(downstream["root"] / "downstream-debug" / "downstream.csv")
-    assert {r["series"] for r in rows} == {"forced depth (1⊗4)", "Ouro · dense", "Ouro · skip", "CHASE · dense",
-                                          "CHASE · skip"}
+    assert {r["series"] for r in rows} == {
+        "forced depth (1⊗4)",
+        "Ouro · dense",
+        "Ouro · skip",
+        "CHASE · dense",
+        "CHASE · skip",
+    }
     # the pre-trained model at forced depths 1..4 (full as 4), once: accuracy 0.25 + 0.02 d + 0.01 seed + 0.01 task,
     # averaged over the two tasks (+0.005) and seeds 0, 1 (+0.005)
     forced = sorted((r for r in rows if r["series"].startswith("forced")), key=lambda r: float(r["compute"]))
     assert [(float(r["compute"]), round(float(r["quality"]), 6)) for r in forced] == [
-        (1.0, 0.28), (2.0, 0.30), (3.0, 0.32), (4.0, 0.34)]
+        (1.0, 0.28),
+        (2.0, 0.30),
+        (3.0, 0.32),
+        (4.0, 0.34),
+    ]
     # CHASE skip at q = 0.6: 1.4 + 2.6 q loops on the tasks; 0.34 + 0.005 + 0.01 seed, per seed 0.345 and 0.355
     q06 = next(r for r in rows if r["series"] == "CHASE · skip" and r["q"] == "0.6")
     assert float(q06["compute"]) == pytest.approx(2.96) and float(q06["quality"]) == pytest.approx(0.35)
@@ -631,21 +794,34 @@ def test_downstream_table_columns_by_hand(downstream):
     # and the paper's representative q = 0.8, one row when they agree, the Choice column saying which
     picks = {(r["label"].split()[0], r["policy"], r["choice"]): r for r in read_csv(tables / "exit_gate.csv")}
     both = "q=0.8 and best Avg."
-    assert {k: picks[k]["q"] for k in picks} == {("fixed", "full", ""): "", ("CHASE", "dense", both): "0.8",
-                                                  ("CHASE", "skip", "best Avg."): "0.6",
-                                                  ("CHASE", "skip", "q=0.8 (the paper's)"): "0.8",
-                                                  ("Ouro", "dense", both): "0.8", ("Ouro", "skip", both): "0.8"}
+    assert {k: picks[k]["q"] for k in picks} == {
+        ("fixed", "full", ""): "",
+        ("CHASE", "dense", both): "0.8",
+        ("CHASE", "skip", "best Avg."): "0.6",
+        ("CHASE", "skip", "q=0.8 (the paper's)"): "0.8",
+        ("Ouro", "dense", both): "0.8",
+        ("Ouro", "skip", both): "0.8",
+    }
     assert float(picks[("CHASE", "skip", "best Avg.")]["lm_eval_avg"]) == pytest.approx(0.35)
-    assert float(picks[("Ouro", "skip", both)]["exec_loops"]) == pytest.approx(3.48)  # 0.26 + ...: the best that saves loops
+    assert float(picks[("Ouro", "skip", both)]["exec_loops"]) == pytest.approx(
+        3.48
+    )  # 0.26 + ...: the best that saves loops
     assert float(picks[("fixed", "full", "")]["lm_eval_avg"]) == pytest.approx(0.34)
     # App. E: the pre-trained model's forced depths, downstream, each depth once
     fixed = [r for r in read_csv(tables / "fixed_loop.csv") if r["stage"] == "pretrain"]
     assert [(r["depth"], round(float(r["lm_eval_avg"]), 6)) for r in fixed] == [
-        ("1", 0.28), ("2", 0.30), ("3", 0.32), ("4", 0.34)]
+        ("1", 0.28),
+        ("2", 0.30),
+        ("3", 0.32),
+        ("4", 0.34),
+    ]
     assert {r["label"] for r in fixed} == {"fixed 1⊗4"}
     # App. F: the tasks and the loops executed on them beside the validation columns
-    g = next(r for r in read_csv(tables / "threshold_sweep.csv")
-             if r["label"].startswith("CHASE") and r["stage"] == "stage2" and r["policy"] == "skip" and r["q"] == "0.4")
+    g = next(
+        r
+        for r in read_csv(tables / "threshold_sweep.csv")
+        if r["label"].startswith("CHASE") and r["stage"] == "stage2" and r["policy"] == "skip" and r["q"] == "0.4"
+    )
     assert float(g["lm_eval_loops"]) == pytest.approx(2.44) and float(g["executed_loops"]) == pytest.approx(2.5)
     assert float(g["lm_eval_avg"]) == pytest.approx(0.34)  # 0.34 - 0.25 · 0.2² + 0.005 + 0.005
     # Table 3: the pre-trained model at full depth with its task columns
@@ -658,13 +834,21 @@ def test_policy_zoo_against_the_learned_gate_by_hand(downstream):
     from looplab.tracking import METRIC_PATTERN
 
     # the zoo's prefixes and the gate's parse with one pattern (the gate's rule group is empty)
-    for name, rule, value in (("skip_entropy2.5_accuracy", "entropy", "2.5"), ("dense_kl0.01_ppl", "kl", "0.01"),
-                              ("skip_stable2_executed_loops", "stable", "2"), ("skip_q0.4_ppl", None, "0.4")):
+    for name, rule, value in (
+        ("skip_entropy2.5_accuracy", "entropy", "2.5"),
+        ("dense_kl0.01_ppl", "kl", "0.01"),
+        ("skip_stable2_executed_loops", "stable", "2"),
+        ("skip_q0.4_ppl", None, "0.4"),
+    ):
         m = METRIC_PATTERN.match(name)
         assert (m["rule"], m["q"]) == (rule, value)
     rows = {(r["method"], r["rule"]): r for r in read_csv(downstream["root"] / "zoo-debug" / "zoo.csv")}
-    assert set(rows) == {("CHASE", "skip-entropy"), ("CHASE", "dense-kl"), ("Ouro", "skip-entropy"),
-                         ("Ouro", "dense-kl")}
+    assert set(rows) == {
+        ("CHASE", "skip-entropy"),
+        ("CHASE", "dense-kl"),
+        ("Ouro", "skip-entropy"),
+        ("Ouro", "dense-kl"),
+    }
     # CHASE: gate skip (loops 1.5 + 2.5 q, accuracy 0.29 + 0.04 loops) against the rule (loops 4 - t, 0.05 lower)
     # over [2, 3.5]: steps 0.37-0.32, 0.39-0.32, 0.41-0.36, each 0.5 wide
     chase = rows[("CHASE", "skip-entropy")]
@@ -692,8 +876,9 @@ def test_newest_evaluation_wins_when_settings_change(downstream):
     mc = tracking.client(uri)
     exp = mc.get_experiment_by_name("downstream-debug").experiment_id
     cfg = logged["configs"][("Ouro", 0, 0.25)][0]
-    checkpoint = Checkpoint("ckpt", "pretrain", cfg.stage_key(), cfg.config_hash(), ("pretrain",), fx.R,
-                            logged["trained"][cfg.stage_key()])
+    checkpoint = Checkpoint(
+        "ckpt", "pretrain", cfg.stage_key(), cfg.config_hash(), ("pretrain",), fx.R, logged["trained"][cfg.stage_key()]
+    )
     task = EvalTask("piqa", "paper", 5, "acc_norm", "hub:fixture", "1")
     run, status = open_eval_run(mc, exp, Evaluation(checkpoint, "forced:1", task, limit=50))
     assert status == "NEW"  # another limit, another key
@@ -779,9 +964,15 @@ def test_a_sweep_without_a_varied_axis_has_no_axis_section(report):
 def test_searched_axes_join_pairs_and_skip_the_seed():
     from analysis.axis import SEARCH, searched_axes
 
-    table = pl.DataFrame({SEARCH + "n_layers": ["1", "2"], SEARCH + "n_loops": ["4", "2"],
-                          SEARCH + "seed": ["0", "1"], SEARCH + "beta": ["0.25", "0.25"],
-                          SEARCH + "hp": ["0.5", "1.0"]})
+    table = pl.DataFrame(
+        {
+            SEARCH + "n_layers": ["1", "2"],
+            SEARCH + "n_loops": ["4", "2"],
+            SEARCH + "seed": ["0", "1"],
+            SEARCH + "beta": ["0.25", "0.25"],
+            SEARCH + "hp": ["0.5", "1.0"],
+        }
+    )
     axes = searched_axes(table)
     assert [a.name for a in axes] == ["N⊗R", "hole probability"]
     values = table.select([a.value_expr().alias(a.name) for a in axes])

@@ -80,16 +80,24 @@ def test_a_row_takes_over_a_prefilled_request_only_when_idle():
     torch.testing.assert_close(running.states[2][0].ssm[1], joining.states[2][0].ssm[0], rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda m, rq: RequestStream(prompt_len=(5, 2)), "prompt_len=(5, 2) is invalid; allowed: (low, high)"),
-    (lambda m, rq: RequestStream(requests=0), "requests=0 is invalid; allowed: an integer >= 1"),
-    (lambda m, rq: serve(m, rq, ExitPolicy.full(), slots=0), "slots=0 is invalid; allowed: an integer >= 1"),
-    (lambda m, rq: serve(m, rq, ExitPolicy.full(), slots=2, schedule="eager"), "schedule='eager' is invalid"),
-    (lambda m, rq: serve(m, rq, ExitPolicy.given(torch.ones(1, 20, dtype=torch.long)), slots=2),
-     "policy='skip:given' is invalid; allowed: full | forced:D"),
-    (lambda m, rq: serve(m, rq, ExitPolicy.forced(9), slots=2), "depth=9 is invalid"),
-    (lambda m, rq: ArrivalBench(schedules=("eager",)), "schedules=('eager',) is invalid; allowed: lockstep | depth"),
-])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda m, rq: RequestStream(prompt_len=(5, 2)), "prompt_len=(5, 2) is invalid; allowed: (low, high)"),
+        (lambda m, rq: RequestStream(requests=0), "requests=0 is invalid; allowed: an integer >= 1"),
+        (lambda m, rq: serve(m, rq, ExitPolicy.full(), slots=0), "slots=0 is invalid; allowed: an integer >= 1"),
+        (lambda m, rq: serve(m, rq, ExitPolicy.full(), slots=2, schedule="eager"), "schedule='eager' is invalid"),
+        (
+            lambda m, rq: serve(m, rq, ExitPolicy.given(torch.ones(1, 20, dtype=torch.long)), slots=2),
+            "policy='skip:given' is invalid; allowed: full | forced:D",
+        ),
+        (lambda m, rq: serve(m, rq, ExitPolicy.forced(9), slots=2), "depth=9 is invalid"),
+        (
+            lambda m, rq: ArrivalBench(schedules=("eager",)),
+            "schedules=('eager',) is invalid; allowed: lockstep | depth",
+        ),
+    ],
+)
 def test_a_bad_argument_is_one_line_naming_it(call, message):
     model = gated_model("mamba2", seed=1)
     requests = make_requests(model, None, STREAM)
@@ -103,8 +111,12 @@ def test_the_benchmark_reports_each_run_against_full_and_the_flop_ratio():
     settings = ArrivalBench(STREAM, slots=(3,), policies=(ExitPolicy.skip(0.5),), warmup=0, repeats=1)
     lines = []
     records = bench_arrivals(model, None, settings, progress=lines.append)
-    assert [(r.schedule, r.policy) for r in records] == [("lockstep", "full"), ("lockstep", "skip:0.5"),
-                                                         ("depth", "full"), ("depth", "skip:0.5")]
+    assert [(r.schedule, r.policy) for r in records] == [
+        ("lockstep", "full"),
+        ("lockstep", "skip:0.5"),
+        ("depth", "full"),
+        ("depth", "skip:0.5"),
+    ]
     assert lines == ["slots 3: repeat 1/1 done (4 runs)"]
     f0, fr = prefill_flops(model.cfg, round(STREAM.mean_context), ExitPolicy.skip(0.5), readout="all")
     for r in records:
@@ -125,9 +137,29 @@ def test_the_command_prints_a_table_and_writes_json(tmp_path, capsys, monkeypatc
 
     monkeypatch.setattr(compiled, "BACKEND", "aot_eager")  # the default compiled step, traced (no C++ build)
     out = tmp_path / "arrivals.json"
-    argv = ["bench-arrivals", "--preset", "debug", "--slots", "2", "--policies", "skip:0.3", "--schedule", "depth",
-            "--requests", "3", "--prompt-len", "4-8", "--new-tokens", "3", "--warmup", "0", "--repeats", "1",
-            "--json", str(out)]
+    argv = [
+        "bench-arrivals",
+        "--preset",
+        "debug",
+        "--slots",
+        "2",
+        "--policies",
+        "skip:0.3",
+        "--schedule",
+        "depth",
+        "--requests",
+        "3",
+        "--prompt-len",
+        "4-8",
+        "--new-tokens",
+        "3",
+        "--warmup",
+        "0",
+        "--repeats",
+        "1",
+        "--json",
+        str(out),
+    ]
     assert main(argv) == 0
     captured = capsys.readouterr()
     assert "decode tok/s" in captured.err and "FLOP ratio" in captured.err and "speedup [min, max]" in captured.err
@@ -148,11 +180,14 @@ def exit_status(argv) -> int:
         return e.code
 
 
-@pytest.mark.parametrize("flag, value, message", [
-    ("--prompt-len", "8-4", "argument --prompt-len: '8-4' is invalid; allowed: LOW-HIGH or N"),
-    ("--slots", "0", "argument --slots: '0' is invalid"),
-    ("--policies", "forced:9", "--policies='forced:9' is invalid; allowed: an integer in [1, R=4]"),
-])
+@pytest.mark.parametrize(
+    "flag, value, message",
+    [
+        ("--prompt-len", "8-4", "argument --prompt-len: '8-4' is invalid; allowed: LOW-HIGH or N"),
+        ("--slots", "0", "argument --slots: '0' is invalid"),
+        ("--policies", "forced:9", "--policies='forced:9' is invalid; allowed: an integer in [1, R=4]"),
+    ],
+)
 def test_a_bad_flag_is_one_line(flag, value, message, capsys):
     assert exit_status(["bench-arrivals", "--preset", "debug", flag, value]) == 2
     err = capsys.readouterr().err

@@ -45,8 +45,10 @@ def checkpoints(tmp_path_factory):
     from safetensors.torch import load_file, save_file
 
     state = load_file(str(good / "model.safetensors"))
-    for name, change in (("nan", lambda s: s["lm_head.weight"].fill_(float("nan"))),
-                         ("integer", lambda s: s.__setitem__("norm_f.weight", s["norm_f.weight"].int()))):
+    for name, change in (
+        ("nan", lambda s: s["lm_head.weight"].fill_(float("nan"))),
+        ("integer", lambda s: s.__setitem__("norm_f.weight", s["norm_f.weight"].int())),
+    ):
         tensors = {k: v.clone() for k, v in state.items()}
         change(tensors)
         save_file(tensors, str(damaged[name] / "model.safetensors"), metadata={"format": "looplab/1"})
@@ -55,14 +57,14 @@ def checkpoints(tmp_path_factory):
         (damaged[name] / "config.json").write_text(json.dumps(config))
     w = damaged["header"] / "model.safetensors"  # a header of valid JSON whose first entry lacks its offsets
     n = int.from_bytes(w.read_bytes()[:8], "little")
-    table = json.loads(w.read_bytes()[8:8 + n])
+    table = json.loads(w.read_bytes()[8 : 8 + n])
     first = next(k for k in table if k != "__metadata__")
     del table[first]["data_offsets"]
     head = json.dumps(table).encode().ljust(n)[:n] if len(json.dumps(table)) <= n else json.dumps(table).encode()
-    w.write_bytes(len(head).to_bytes(8, "little") + head + w.read_bytes()[8 + n:])
+    w.write_bytes(len(head).to_bytes(8, "little") + head + w.read_bytes()[8 + n :])
     for name, field in (("layers", "n_layers"), ("loops", "n_loops")):
         config = json.loads((damaged[name] / "config.json").read_text())
-        config["model"][field] = 10 ** 9
+        config["model"][field] = 10**9
         (damaged[name] / "config.json").write_text(json.dumps(config))
     resumable = root / "resumable"  # a run whose checkpoint was cut short
     shutil.copytree(root / "run", resumable)
@@ -75,8 +77,15 @@ def checkpoints(tmp_path_factory):
     (digest / "config.json").write_text(json.dumps(config))
     metrics_folder = root / "metrics-folder"  # a run folder whose metrics.jsonl is a folder
     (metrics_folder / "metrics.jsonl").mkdir(parents=True)
-    return {"good": good, "truncated": truncated, "mismatched": mismatched, "resumable": resumable, "digest": digest,
-            "metrics_folder": metrics_folder, **damaged}
+    return {
+        "good": good,
+        "truncated": truncated,
+        "mismatched": mismatched,
+        "resumable": resumable,
+        "digest": digest,
+        "metrics_folder": metrics_folder,
+        **damaged,
+    }
 
 
 LOOPLAB_CASES = [
@@ -94,31 +103,46 @@ LOOPLAB_CASES = [
     (["eval", "--checkpoint", "{good}", "--device", "tpu"], "--device='tpu' is invalid"),
     (["train", "--preset", "phop-debug", "--out", "{good}/config.json"], "allowed: a folder (this is a file)"),
     (["train", "--preset", "phop-debug", "--out", "{good}/config.json/run"], "parent folders can be created"),
-    (["train", "--preset", "phop-debug", "--out", "{tmp}/t", "model.attn_layer_idx=5"],
-     "override='model.attn_layer_idx=5' is invalid"),
-    (["train", "--preset", "debug", "--out", "{tmp}/t", "train.seq_len=100000000"],
-     "train.seq_len=100000000 is invalid; allowed: a plan that fits this machine's available memory"),
+    (
+        ["train", "--preset", "phop-debug", "--out", "{tmp}/t", "model.attn_layer_idx=5"],
+        "override='model.attn_layer_idx=5' is invalid",
+    ),
+    (
+        ["train", "--preset", "debug", "--out", "{tmp}/t", "train.seq_len=100000000"],
+        "train.seq_len=100000000 is invalid; allowed: a plan that fits this machine's available memory",
+    ),
     (["lm-eval", "--checkpoint", "{good}", "--tasks", "piqa", "--limit", "inf"], "argument --limit"),
-    (["bench", "--preset", "phop-debug", "--oracle-mean", "2", "--tracking-uri", "foo://x"],
-     "--tracking-uri='foo://x' is invalid"),
+    (
+        ["bench", "--preset", "phop-debug", "--oracle-mean", "2", "--tracking-uri", "foo://x"],
+        "--tracking-uri='foo://x' is invalid",
+    ),
     (["generate", "--checkpoint", "{loops}", "--prompt", "hi"], "ModelConfig.n_loops=1000000000 is invalid"),
     (["eval", "--checkpoint", "{good}", "--policies", "skip"], "argument --policies: 'skip' is invalid"),
     (["eval", "--checkpoint", "{good}", "--policies", "forced:9"], "--policies='forced:9' is invalid"),
     (["eval", "--checkpoint", "{good}", "--batch-size", "0"], "argument --batch-size: '0' is invalid"),
     (["train", "--preset", "nope", "--out", "{tmp}/t"], "--preset='nope' is invalid"),
-    (["train", "--preset", "phop-debug", "--out", "{tmp}/t", "model.n_loops=0"],
-     "override='model.n_loops=0' is invalid"),
+    (
+        ["train", "--preset", "phop-debug", "--out", "{tmp}/t", "model.n_loops=0"],
+        "override='model.n_loops=0' is invalid",
+    ),
     (["train", "--preset", "phop-debug", "--out", "{tmp}/t", "nope=1"], "override 'nope' names no field"),
-    (["train", "--preset", "phop-debug", "--out", "{tmp}/t", "train.lr=Infinity"], "override='train.lr=inf' is invalid"),
+    (
+        ["train", "--preset", "phop-debug", "--out", "{tmp}/t", "train.lr=Infinity"],
+        "override='train.lr=inf' is invalid",
+    ),
     (["train", "--preset", "phop-debug", "--out", "{tmp}/t", "train.lr=abc"], "override='train.lr=abc' is invalid"),
     (["train", "--preset", "phop-debug", "--out", "{tmp}/t", "train.lr=nan"], "override='train.lr=nan' is invalid"),
     (["train", "--preset", "phop-debug", "--out", "{tmp}/t", "train.lr=1e39"], "override='train.lr=1e+39' is invalid"),
-    (["train", "--preset", "phop-debug", "--out", "{tmp}/t", "train.adam_eps=1e-50"],
-     "override='train.adam_eps=1e-50' is invalid"),
+    (
+        ["train", "--preset", "phop-debug", "--out", "{tmp}/t", "train.adam_eps=1e-50"],
+        "override='train.adam_eps=1e-50' is invalid",
+    ),
     (["train", "--preset", "phop-debug", "--out", "{tmp}/t", "exit.beta=NaN"], "override='exit.beta=nan' is invalid"),
     (["train", "--preset", "phop-debug", "--stage", "stage1", "--out", "{tmp}/t"], "--stage stage1 needs --init"),
-    (["train", "--preset", "phop-debug", "--stage", "stage1", "--init", "/nope", "--out", "{tmp}/t"],
-     "--init='/nope' is invalid"),
+    (
+        ["train", "--preset", "phop-debug", "--stage", "stage1", "--init", "/nope", "--out", "{tmp}/t"],
+        "--init='/nope' is invalid",
+    ),
     (["train", "--preset", "phop-debug", "--out", "{resumable}", *TINY], "model.safetensors is damaged"),
     (["train", "--preset", "phop-debug", "--out", "{tmp}/t", "--stop-at", "0"], "argument --stop-at: '0' is invalid"),
     (["lm-eval", "--checkpoint", "/nonexistent", "--tasks", "piqa"], "--checkpoint='/nonexistent' is invalid"),
@@ -128,15 +152,34 @@ LOOPLAB_CASES = [
     (["bench", "--preset", "phop-debug", "--batch", "0", "--oracle-mean", "2"], "argument --batch: '0' is invalid"),
     (["bench", "--preset", "phop-debug", "--batch", "0"], "argument --batch: '0' is invalid"),
     (["bench", "--preset", "phop-debug", "--seq-len", "8,x", "--oracle-mean", "2"], "argument --seq-len"),
-    (["bench", "--preset", "phop-debug", "--oracle-mean", "9", "--batch", "1", "--seq-len", "8", "n_loops=4"],
-     "--oracle-mean=9.0 is invalid"),
+    (
+        ["bench", "--preset", "phop-debug", "--oracle-mean", "9", "--batch", "1", "--seq-len", "8", "n_loops=4"],
+        "--oracle-mean=9.0 is invalid",
+    ),
     (["bench", "--preset", "phop-debug", "--batch", "1", "--seq-len", "8"], "needs skip policies or an oracle"),
-    (["bench", "--preset", "debug", "--packing", "varlen", "--oracle-mean", "2", "--batch", "1", "--seq-len", "8",
-      "arch=transformer"], "--packing='varlen' is invalid for a transformer model"),
+    (
+        [
+            "bench",
+            "--preset",
+            "debug",
+            "--packing",
+            "varlen",
+            "--oracle-mean",
+            "2",
+            "--batch",
+            "1",
+            "--seq-len",
+            "8",
+            "arch=transformer",
+        ],
+        "--packing='varlen' is invalid for a transformer model",
+    ),
     (["bench", "--preset", "nope", "--oracle-mean", "2"], "--preset='nope' is invalid"),
     (["bench", "--checkpoint", "{truncated}", "--oracle-mean", "2"], "model.safetensors is damaged"),
-    (["bench", "--preset", "phop-debug", "--policies", "dense:0.5", "--batch", "1", "--seq-len", "8"],
-     "--policies='dense:0.5' is invalid"),
+    (
+        ["bench", "--preset", "phop-debug", "--policies", "dense:0.5", "--batch", "1", "--seq-len", "8"],
+        "--policies='dense:0.5' is invalid",
+    ),
     (["data", "mano", "--L", "0"], "argument --L: '0' is invalid"),
     (["data", "phop", "--n", "8", "--p", "7"], "PhopConfig.p=7 is invalid"),
     (["info", "--preset", "nope"], "--preset='nope' is invalid"),
@@ -146,29 +189,62 @@ LOOPLAB_CASES = [
     (["generate", "--checkpoint", "{good}", "--prompt", "hi", "--temperature", "-1"], "argument --temperature"),
     (["generate", "--checkpoint", "{good}", "--prompt", "hi", "--top-p", "2"], "argument --top-p"),
     (["generate", "--checkpoint", "{truncated}", "--prompt", "hi"], "model.safetensors is damaged"),
-    (["bench", "--decode", "--preset", "phop-debug", "--new-tokens", "0", "--oracle-mean", "2"],
-     "argument --new-tokens"),
-    (["bench", "--preset", "phop-debug", "--dtype", "fp16", "--oracle-mean", "2"],
-     "argument --dtype: 'fp16' is invalid; allowed: fp32 | bf16"),
-    (["bench", "--decode", "--preset", "phop-debug", "--dtype", "auto", "--oracle-mean", "2"],
-     "argument --dtype: 'auto' is invalid; allowed: fp32 | bf16"),
+    (
+        ["bench", "--decode", "--preset", "phop-debug", "--new-tokens", "0", "--oracle-mean", "2"],
+        "argument --new-tokens",
+    ),
+    (
+        ["bench", "--preset", "phop-debug", "--dtype", "fp16", "--oracle-mean", "2"],
+        "argument --dtype: 'fp16' is invalid; allowed: fp32 | bf16",
+    ),
+    (
+        ["bench", "--decode", "--preset", "phop-debug", "--dtype", "auto", "--oracle-mean", "2"],
+        "argument --dtype: 'auto' is invalid; allowed: fp32 | bf16",
+    ),
     # Resources against this machine (looplab/costs/machine.py), before anything is allocated: a
     # batch no machine holds (it hung), steps (accepted), a run that cannot end, tokens (hung), threads.
-    (["train", "--preset", "debug", "--out", "{tmp}/t", "train.batch_size=1000000000"],
-     "train.batch_size=1000000000 is invalid; allowed: a plan that fits this machine's available"),
-    (["train", "--preset", "debug", "--out", "{tmp}/t", "train.steps=100000000000000000000"],
-     "override='train.steps=100000000000000000000' is invalid; allowed: an integer in [1, 1,000,000,000]"),
-    (["train", "--preset", "paper-140m", "--out", "{tmp}/t", "train.steps=1000000000"],
-     "train.steps=1000000000 is invalid; allowed: a run that can end"),
-    (["generate", "--checkpoint", "{good}", "--prompt", "hi", "--max-new-tokens", "1000000000000"],
-     "--max-new-tokens=1000000000000 is invalid; allowed: at most 1,048,576 new tokens"),
+    (
+        ["train", "--preset", "debug", "--out", "{tmp}/t", "train.batch_size=1000000000"],
+        "train.batch_size=1000000000 is invalid; allowed: a plan that fits this machine's available",
+    ),
+    (
+        ["train", "--preset", "debug", "--out", "{tmp}/t", "train.steps=100000000000000000000"],
+        "override='train.steps=100000000000000000000' is invalid; allowed: an integer in [1, 1,000,000,000]",
+    ),
+    (
+        ["train", "--preset", "paper-140m", "--out", "{tmp}/t", "train.steps=1000000000"],
+        "train.steps=1000000000 is invalid; allowed: a run that can end",
+    ),
+    (
+        ["generate", "--checkpoint", "{good}", "--prompt", "hi", "--max-new-tokens", "1000000000000"],
+        "--max-new-tokens=1000000000000 is invalid; allowed: at most 1,048,576 new tokens",
+    ),
     (["bench", "--preset", "phop-debug", "--oracle-mean", "2", "--threads", "0"], "argument --threads: '0' is invalid"),
-    (["bench", "--preset", "phop-debug", "--oracle-mean", "2", "--threads", "100000"],
-     "argument --threads: '100000' is invalid; allowed: an integer in [1, "),
-    (["bench", "--preset", "debug", "--oracle-mean", "2", "--batch", "1000000", "--seq-len", "1000000"],
-     "--seq-len=1000000 is invalid; allowed: a plan that fits this machine's available"),
-    (["bench", "--decode", "--preset", "debug", "--oracle-mean", "2", "--batch", "1", "--seq-len", "8",
-      "--new-tokens", "2000000"], "--new-tokens=2000000 is invalid"),
+    (
+        ["bench", "--preset", "phop-debug", "--oracle-mean", "2", "--threads", "100000"],
+        "argument --threads: '100000' is invalid; allowed: an integer in [1, ",
+    ),
+    (
+        ["bench", "--preset", "debug", "--oracle-mean", "2", "--batch", "1000000", "--seq-len", "1000000"],
+        "--seq-len=1000000 is invalid; allowed: a plan that fits this machine's available",
+    ),
+    (
+        [
+            "bench",
+            "--decode",
+            "--preset",
+            "debug",
+            "--oracle-mean",
+            "2",
+            "--batch",
+            "1",
+            "--seq-len",
+            "8",
+            "--new-tokens",
+            "2000000",
+        ],
+        "--new-tokens=2000000 is invalid",
+    ),
     (["bench-arrivals", "--preset", "debug", "--requests", "100000000000"], "--requests=100000000000 is invalid"),
     # Destinations, checked by creating and writing them (root ignores permission bits), before the work:
     (["eval", "--checkpoint", "{good}", "--json", "/proc/looplab.json"], "--json='/proc/looplab.json' is invalid"),
@@ -176,12 +252,44 @@ LOOPLAB_CASES = [
     (["eval", "--checkpoint", "{good}", "--json", "/proc/version"], "--json='/proc/version' is invalid"),
     (["eval", "--checkpoint", "{good}", "--json", "{tmp}/" + "j" * 300], "File name too long"),
     (["eval", "--checkpoint", "{good}", "--json", ""], "--json='' is invalid"),
-    (["bench", "--preset", "phop-debug", "--oracle-mean", "2", "--batch", "1", "--seq-len", "8", "--json",
-      "/proc/looplab.json"], "--json='/proc/looplab.json' is invalid"),
-    (["bench-arrivals", "--preset", "phop-debug", "--requests", "2", "--slots", "1", "--warmup", "0", "--repeats", "1",
-      "--json", "/sys/looplab.json"], "--json='/sys/looplab.json' is invalid"),
-    (["lm-eval", "--checkpoint", "{good}", "--tasks", "piqa", "--output", "/proc/looplab.json"],
-     "--output='/proc/looplab.json' is invalid"),
+    (
+        [
+            "bench",
+            "--preset",
+            "phop-debug",
+            "--oracle-mean",
+            "2",
+            "--batch",
+            "1",
+            "--seq-len",
+            "8",
+            "--json",
+            "/proc/looplab.json",
+        ],
+        "--json='/proc/looplab.json' is invalid",
+    ),
+    (
+        [
+            "bench-arrivals",
+            "--preset",
+            "phop-debug",
+            "--requests",
+            "2",
+            "--slots",
+            "1",
+            "--warmup",
+            "0",
+            "--repeats",
+            "1",
+            "--json",
+            "/sys/looplab.json",
+        ],
+        "--json='/sys/looplab.json' is invalid",
+    ),
+    (
+        ["lm-eval", "--checkpoint", "{good}", "--tasks", "piqa", "--output", "/proc/looplab.json"],
+        "--output='/proc/looplab.json' is invalid",
+    ),
     (["doctor", "--quick", "--no-ray", "--markdown", "/proc/looplab.md"], "--markdown='/proc/looplab.md' is invalid"),
     (["train", "--preset", "phop-debug", "--out", "/proc/looplab-run", *TINY], "--out='/proc/looplab-run' is invalid"),
     (["train", "--preset", "phop-debug", "--out", "/sys/looplab-run", *TINY], "--out='/sys/looplab-run' is invalid"),
@@ -190,16 +298,26 @@ LOOPLAB_CASES = [
     (["train", "--preset", "phop-debug", "--out", "{metrics_folder}", *TINY], "metrics.jsonl is a folder"),
     (["export", "--checkpoint", "{good}", "/proc/looplab-export"], "OUT_DIR='/proc/looplab-export' is invalid"),
     (["export", "--checkpoint", "{good}", ""], "OUT_DIR='' is invalid"),
-    (["bench", "--preset", "phop-debug", "--oracle-mean", "2", "--tracking-uri", "file:///proc/looplab-mlruns"],
-     "--tracking-uri='file:///proc/looplab-mlruns' is invalid; allowed: sqlite:///"),
-    (["bench", "--preset", "phop-debug", "--oracle-mean", "2", "--tracking-uri", "garbage"],
-     "--tracking-uri='garbage' is invalid; allowed: sqlite:///"),
-    (["bench", "--preset", "phop-debug", "--oracle-mean", "2", "--tracking-uri", "{tmp}"],
-     "is invalid; allowed: sqlite:///"),
-    (["bench", "--preset", "phop-debug", "--oracle-mean", "2", "--tracking-uri", "sqlite:////proc/looplab/m.db"],
-     "--tracking-uri='sqlite:////proc/looplab/m.db' is invalid"),
-    (["bench", "--preset", "phop-debug", "--oracle-mean", "2", "--tracking-uri", "sqlite:///{good}/config.json"],
-     "is invalid; allowed: an SQLite database file"),
+    (
+        ["bench", "--preset", "phop-debug", "--oracle-mean", "2", "--tracking-uri", "file:///proc/looplab-mlruns"],
+        "--tracking-uri='file:///proc/looplab-mlruns' is invalid; allowed: sqlite:///",
+    ),
+    (
+        ["bench", "--preset", "phop-debug", "--oracle-mean", "2", "--tracking-uri", "garbage"],
+        "--tracking-uri='garbage' is invalid; allowed: sqlite:///",
+    ),
+    (
+        ["bench", "--preset", "phop-debug", "--oracle-mean", "2", "--tracking-uri", "{tmp}"],
+        "is invalid; allowed: sqlite:///",
+    ),
+    (
+        ["bench", "--preset", "phop-debug", "--oracle-mean", "2", "--tracking-uri", "sqlite:////proc/looplab/m.db"],
+        "--tracking-uri='sqlite:////proc/looplab/m.db' is invalid",
+    ),
+    (
+        ["bench", "--preset", "phop-debug", "--oracle-mean", "2", "--tracking-uri", "sqlite:///{good}/config.json"],
+        "is invalid; allowed: an SQLite database file",
+    ),
     (["bench", "--preset", "phop-debug", "--oracle-mean", "2", "--tracking-uri", ""], "--tracking-uri='' is invalid"),
 ]
 
@@ -213,13 +331,20 @@ def test_looplab_command_bad_input_is_one_line(argv, expected, checkpoints, tmp_
         raise SystemExit(looplab_main(argv))
     assert exit_.value.code == 2
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and expected in err and ("allowed" in err or "needs" in err or "damaged" in err
-                                                         or "disagrees" in err or "names no field" in err), err
+    assert (
+        err.count("\n") == 0
+        and expected in err
+        and ("allowed" in err or "needs" in err or "damaged" in err or "disagrees" in err or "names no field" in err)
+    ), err
     assert sorted(tmp_path.rglob("*")) == before  # nothing left behind
 
 
 SWEEP_CASES = [
-    ("beta_ablation", ["--storage-path", "/proc/looplab-cannot-create"], "--storage-path='/proc/looplab-cannot-create'"),
+    (
+        "beta_ablation",
+        ["--storage-path", "/proc/looplab-cannot-create"],
+        "--storage-path='/proc/looplab-cannot-create'",
+    ),
     ("beta_ablation", ["--betas", "x"], "--betas='x' is invalid"),
     ("beta_ablation", ["--betas", "-1"], "--betas=-1.0 is invalid"),
     ("beta_ablation", ["--betas", "0.1,inf"], "--betas=inf is invalid"),
@@ -234,10 +359,16 @@ SWEEP_CASES = [
     ("beta_ablation", ["--num-workers", "-1"], "--num-workers=-1 is invalid"),
     ("beta_ablation", ["--cpus-per-worker", "0"], "argument --cpus-per-worker: '0' is invalid"),
     ("beta_ablation", ["--cpus-per-worker", "100000"], "--cpus-per-worker=100000.0 is invalid"),
-    ("beta_ablation", ["--set", "train.batch_size=1000000000"],
-     "--set='train.batch_size=1000000000' is invalid; allowed: a plan that fits this machine's available memory"),
-    ("beta_ablation", ["--preset", "paper-140m", "--stage-set", "stage1:train.steps=1000000000", "--dry-run"],
-     "--stage-set='stage1:train.steps=1000000000' is invalid; allowed: a run that can end"),
+    (
+        "beta_ablation",
+        ["--set", "train.batch_size=1000000000"],
+        "--set='train.batch_size=1000000000' is invalid; allowed: a plan that fits this machine's available memory",
+    ),
+    (
+        "beta_ablation",
+        ["--preset", "paper-140m", "--stage-set", "stage1:train.steps=1000000000", "--dry-run"],
+        "--stage-set='stage1:train.steps=1000000000' is invalid; allowed: a run that can end",
+    ),
     ("beta_ablation", ["--max-concurrent-trials", "x"], "argument --max-concurrent-trials"),
     ("beta_ablation", ["--gpu-memory", "-1"], "--gpu-memory=-1.0 is invalid"),
     ("beta_ablation", ["--gpu-memory", "0.001", "--memory-margin", "0"], "--gpu-memory=0.001 is invalid for pretrain"),
@@ -245,8 +376,11 @@ SWEEP_CASES = [
     ("beta_ablation", ["--mfu", "1.5"], "--mfu=1.5 is invalid"),
     ("beta_ablation", ["--gpu-tflops", "0"], "--gpu-tflops=0.0 is invalid"),
     ("beta_ablation", ["--tracking-uri", "foo://x"], "--tracking-uri='foo://x' is invalid"),
-    ("beta_ablation", ["--tracking-uri", "sqlite:////etc/passwd/mlflow.db"],
-     "--tracking-uri='sqlite:////etc/passwd/mlflow.db' is invalid"),
+    (
+        "beta_ablation",
+        ["--tracking-uri", "sqlite:////etc/passwd/mlflow.db"],
+        "--tracking-uri='sqlite:////etc/passwd/mlflow.db' is invalid",
+    ),
     ("hole_sweep", ["--ranges", "3-2"], "--ranges='3-2' is invalid"),
     ("hole_sweep", ["--ranges", "1-5"], "--ranges='1.0-5.0' is invalid"),
     ("hole_sweep", ["--hps", "1.5"], "--hps=1.5 is invalid"),
@@ -257,10 +391,13 @@ SWEEP_CASES = [
     ("adaptive_pipeline", ["--baselines"], "--preset='debug' is invalid; allowed: with --baselines: paper-140m"),
     ("iso_flops", ["--task", "nope"], "--task='nope' is invalid"),
     ("iso_flops", ["--archs", "rnn"], "--archs='rnn' is invalid"),
-    ("iso_flops", ["--preset", "paper-140m", "--archs", "hybrid", "--pairs", "6x4"],
-     "ModelConfig.attn_layer_idx=(5, 10, 15, 20) is invalid; allowed: distinct integers in [0, n_layers=6) "
-     "(at the grid point --archs arch=hybrid, --pairs n_layers=6, --pairs n_loops=4; set it with --set "
-     "model.attn_layer_idx=...)"),
+    (
+        "iso_flops",
+        ["--preset", "paper-140m", "--archs", "hybrid", "--pairs", "6x4"],
+        "ModelConfig.attn_layer_idx=(5, 10, 15, 20) is invalid; allowed: distinct integers in [0, n_layers=6) "
+        "(at the grid point --archs arch=hybrid, --pairs n_layers=6, --pairs n_loops=4; set it with --set "
+        "model.attn_layer_idx=...)",
+    ),
     # Empty strings would mean the current folder or the default; repeated values, the same trial twice:
     ("beta_ablation", ["--storage-path", ""], "argument --storage-path: '' is invalid"),
     ("beta_ablation", ["--tracking-uri", ""], "argument --tracking-uri: '' is invalid"),
@@ -271,10 +408,16 @@ SWEEP_CASES = [
     ("iso_flops", ["--pairs", "4x1,4X1"], "--pairs='4x1,4X1' is invalid; allowed: distinct"),
     # Tracking stores MLflow cannot write, refused before the work, each in one line:
     ("beta_ablation", ["--tracking-uri", "garbage"], "--tracking-uri='garbage' is invalid; allowed: sqlite:///"),
-    ("beta_ablation", ["--tracking-uri", "file:///proc/looplab-mlruns"],
-     "--tracking-uri='file:///proc/looplab-mlruns' is invalid; allowed: sqlite:///"),
-    ("beta_ablation", ["--tracking-uri", "sqlite:////proc/looplab/m.db"],
-     "--tracking-uri='sqlite:////proc/looplab/m.db' is invalid"),
+    (
+        "beta_ablation",
+        ["--tracking-uri", "file:///proc/looplab-mlruns"],
+        "--tracking-uri='file:///proc/looplab-mlruns' is invalid; allowed: sqlite:///",
+    ),
+    (
+        "beta_ablation",
+        ["--tracking-uri", "sqlite:////proc/looplab/m.db"],
+        "--tracking-uri='sqlite:////proc/looplab/m.db' is invalid",
+    ),
     ("beta_ablation", ["--storage-path", "/sys/looplab-cannot-create"], "--storage-path='/sys/looplab-cannot-create'"),
     ("mano", ["--pairs", "1x0"], "--pairs='1x0' is invalid"),
     ("mano", ["--levels", "0"], "--levels=0 is invalid"),
@@ -282,8 +425,7 @@ SWEEP_CASES = [
 ]
 
 
-@pytest.mark.parametrize("sweep, argv, expected", SWEEP_CASES,
-                         ids=[f"{s} {' '.join(a)}" for s, a, _ in SWEEP_CASES])
+@pytest.mark.parametrize("sweep, argv, expected", SWEEP_CASES, ids=[f"{s} {' '.join(a)}" for s, a, _ in SWEEP_CASES])
 def test_sweep_bad_input_is_one_line_before_ray(sweep, argv, expected, tmp_path, capsys):
     import importlib
 
@@ -333,10 +475,13 @@ def test_speed_sweep_bad_input_is_one_line(argv, expected, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("command", ["sweeps.speed", "sweeps.evaluate"])
-@pytest.mark.parametrize("argv, expected", [
-    (["--storage-path", ""], "argument --storage-path: '' is invalid"),  # not the current folder's store
-    (["--tracking-uri", ""], "argument --tracking-uri: '' is invalid"),  # not the storage's default store
-])
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--storage-path", ""], "argument --storage-path: '' is invalid"),  # not the current folder's store
+        (["--tracking-uri", ""], "argument --tracking-uri: '' is invalid"),  # not the storage's default store
+    ],
+)
 def test_store_commands_refuse_empty_paths(command, argv, expected, tmp_path, capsys):
     import importlib
 
@@ -354,26 +499,30 @@ def test_speed_sweep_refuses_repeated_values(tmp_path, capsys):
     assert err.count("\n") == 0 and err.startswith("error: --batches='1,4,1' is invalid; allowed: distinct"), err
 
 
-@pytest.mark.parametrize("out, expected", [
-    ("", "--out='' is invalid"),
-    ("/proc/looplab-analysis", "--out='/proc/looplab-analysis' is invalid"),
-    ("{tmp}/" + "a" * 300, "File name too long"),
-])
+@pytest.mark.parametrize(
+    "out, expected",
+    [
+        ("", "--out='' is invalid"),
+        ("/proc/looplab-analysis", "--out='/proc/looplab-analysis' is invalid"),
+        ("{tmp}/" + "a" * 300, "File name too long"),
+    ],
+)
 def test_analysis_out_is_checked_before_reading(out, expected, tmp_path, capsys):
     from analysis.__main__ import main
 
     store = tmp_path / "mlflow.db"
     store.write_bytes(b"")  # an (empty) store: the --out check comes next
-    assert main(["--tracking-uri", f"sqlite:///{store}", "--experiment", "x",
-                 "--out", out.format(tmp=tmp_path)]) == 2
+    assert main(["--tracking-uri", f"sqlite:///{store}", "--experiment", "x", "--out", out.format(tmp=tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and expected in err and "allowed" in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mlflow.db"]
 
 
 def test_speed_sweep_has_a_working_help():
-    for command in ([sys.executable, str(REPO / "sweeps" / "speed.py"), "--help"],
-                    [sys.executable, "-m", "sweeps.speed", "--help"]):
+    for command in (
+        [sys.executable, str(REPO / "sweeps" / "speed.py"), "--help"],
+        [sys.executable, "-m", "sweeps.speed", "--help"],
+    ):
         done = subprocess.run(command, capture_output=True, text=True, cwd="/", timeout=120)
         assert done.returncode == 0 and "--experiment" in done.stdout and "table5-140m" in done.stdout, done.stderr
 
@@ -390,7 +539,22 @@ def test_every_sweep_script_has_a_working_help(sweep):
 
 
 def test_unknown_analysis_experiment_is_one_line(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "analysis", "--tracking-uri", f"sqlite:///{tmp_path / 'none.db'}",
-                           "--experiment", "nope", "--out", str(tmp_path / "out")],
-                          capture_output=True, text=True, cwd="/", timeout=120, env={**os.environ})
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "analysis",
+            "--tracking-uri",
+            f"sqlite:///{tmp_path / 'none.db'}",
+            "--experiment",
+            "nope",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        timeout=120,
+        env={**os.environ},
+    )
     assert done.returncode == 2 and done.stderr.strip().count("\n") == 0, done.stderr

@@ -9,7 +9,14 @@ import pytest
 import torch
 
 from looplab import load_model
-from looplab.costs.timing import bench_decode_point, bench_point, oracle_exit_steps, run_grid, survivor_ratio, under_dtype
+from looplab.costs.timing import (
+    bench_decode_point,
+    bench_point,
+    oracle_exit_steps,
+    run_grid,
+    survivor_ratio,
+    under_dtype,
+)
 from looplab.config import ConfigError
 from looplab.costs.measured_memory import UNKNOWN_PEAK, in_rss_process, peak_memory
 from looplab.models.looped import LoopedLM
@@ -34,6 +41,7 @@ def test_survivor_ratio_by_hand():
     # padded work: 2·(4 + 4 + 2 + 2) = 24; real work: 8 + 6 + 2 + 2 = 18
     assert survivor_ratio(exit_step, 4) == pytest.approx(24 / 18)
 
+
 UNMEASURED = (UNKNOWN_PEAK, UNKNOWN_PEAK)  # for tests not about memory: no child process to measure it
 
 
@@ -46,8 +54,7 @@ def test_bench_point_reports_consistent_figures():
     assert r.ideal_speedup == pytest.approx(4 / r.mean_executed_loops)
     assert r.batch_max_survivor_ratio >= 1.0 and r.packing == "varlen" and r.dtype == "fp32"
     assert r.time_full_s > 0 and r.time_skip_s > 0 and r.speedup == pytest.approx(r.time_full_s / r.time_skip_s)
-    padded = bench_point(model, ids, ExitPolicy.given(exit_at), warmup=0, repeats=1, packing="padded",
-                         peaks=UNMEASURED)
+    padded = bench_point(model, ids, ExitPolicy.given(exit_at), warmup=0, repeats=1, packing="padded", peaks=UNMEASURED)
     assert padded.packing == "padded"  # the paper's layout, as asked
 
 
@@ -95,16 +102,23 @@ def test_bf16_prefill_and_decode_run_on_cpu_with_the_fp32_exits(arch, monkeypatc
     exit_at = oracle_exit_steps(np.random.default_rng(2), (2, 24), 2.0, 4)
     policy = ExitPolicy.given(exit_at)
     peaks = None if arch == "mamba2" else UNMEASURED  # memory in both dtypes once (a child process each)
-    prefill = {dtype: bench_point(model, ids, policy, warmup=0, repeats=1, oracle_mean=2.0, dtype=dtype, peaks=peaks)
-               for dtype in ("fp32", "bf16")}
-    decode = {dtype: bench_decode_point(model, ids, 16, policy, warmup=0, repeats=1, oracle_mean=2.0, dtype=dtype,
-                                        peaks=peaks) for dtype in ("fp32", "bf16")}
+    prefill = {
+        dtype: bench_point(model, ids, policy, warmup=0, repeats=1, oracle_mean=2.0, dtype=dtype, peaks=peaks)
+        for dtype in ("fp32", "bf16")
+    }
+    decode = {
+        dtype: bench_decode_point(
+            model, ids, 16, policy, warmup=0, repeats=1, oracle_mean=2.0, dtype=dtype, peaks=peaks
+        )
+        for dtype in ("fp32", "bf16")
+    }
     for records in (prefill, decode):
         assert [r.dtype for r in records.values()] == ["fp32", "bf16"]
         assert records["bf16"].mean_executed_loops == records["fp32"].mean_executed_loops
         for r in records.values():
-            assert all(math.isfinite(x) and x > 0 for x in (r.time_full_s, r.time_skip_s, r.speedup,
-                                                            r.mean_executed_loops))
+            assert all(
+                math.isfinite(x) and x > 0 for x in (r.time_full_s, r.time_skip_s, r.speedup, r.mean_executed_loops)
+            )
             assert measured_peaks_hold(r)
     assert prefill["bf16"].mean_executed_loops == pytest.approx(float(exit_at.float().mean()))
     # Which Mamba-2 step decoding ran: the torch one (the compiled CPU step is opt-in), none for a Transformer.
@@ -118,7 +132,7 @@ def test_a_missing_bf16_kernel_is_a_one_line_dtype_error(monkeypatch, capsys):
     from looplab.cli import main
 
     def no_bf16(self, *args, **kwargs):
-        raise RuntimeError('"addmm_impl_cpu_" not implemented for \'BFloat16\'\nmore detail')
+        raise RuntimeError("\"addmm_impl_cpu_\" not implemented for 'BFloat16'\nmore detail")
 
     monkeypatch.setattr(LoopedLM, "forward", no_bf16)
     model = load_model("phop-debug", n_loops=4)
@@ -129,8 +143,25 @@ def test_a_missing_bf16_kernel_is_a_one_line_dtype_error(monkeypatch, capsys):
         bench_point(model, ids, policy, warmup=0, repeats=1, dtype="fp32", peaks=UNMEASURED)
     with pytest.raises(ConfigError, match="dtype='fp16' is invalid; allowed: fp32 | bf16"):
         bench_point(model, ids, policy, dtype="fp16")
-    assert main(["bench", "--preset", "phop-debug", "--batch", "1", "--seq-len", "8", "--oracle-mean", "2",
-                 "--dtype", "bf16", "n_loops=4"]) == 2
+    assert (
+        main(
+            [
+                "bench",
+                "--preset",
+                "phop-debug",
+                "--batch",
+                "1",
+                "--seq-len",
+                "8",
+                "--oracle-mean",
+                "2",
+                "--dtype",
+                "bf16",
+                "n_loops=4",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("looplab: error: --dtype='bf16' is invalid; allowed: fp32 (bf16 autocast fails on cpu")
 
@@ -150,13 +181,45 @@ def test_bench_command_writes_records_and_logs_to_mlflow(tmp_path, capsys):
     from looplab.cli import main
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    assert main(["bench", "--preset", "phop-debug", "--batch", "2", "--seq-len", "32", "--oracle-mean", "2.0",
-                 "--repeats", "1", "--warmup", "0", "--json", str(tmp_path / "b.json"), "--tracking-uri", uri,
-                 "n_loops=4"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--preset",
+                "phop-debug",
+                "--batch",
+                "2",
+                "--seq-len",
+                "32",
+                "--oracle-mean",
+                "2.0",
+                "--repeats",
+                "1",
+                "--warmup",
+                "0",
+                "--json",
+                str(tmp_path / "b.json"),
+                "--tracking-uri",
+                uri,
+                "n_loops=4",
+            ]
+        )
+        == 0
+    )
     records = json.loads((tmp_path / "b.json").read_text())
     assert len(records) == 1 and records[0]["batch"] == 2 and records[0]["oracle_mean"] == 2.0
-    for key in ("batch", "seq_len", "policy", "mean_executed_loops", "ideal_speedup", "speedup", "peak_mem_full",
-                "peak_mem_skip", "peak_mem_abs_full", "peak_mem_abs_skip"):
+    for key in (
+        "batch",
+        "seq_len",
+        "policy",
+        "mean_executed_loops",
+        "ideal_speedup",
+        "speedup",
+        "peak_mem_full",
+        "peak_mem_skip",
+        "peak_mem_abs_full",
+        "peak_mem_abs_skip",
+    ):
         assert key in records[0]
     assert (records[0]["dtype"], records[0]["packing"]) == ("fp32", "varlen")
     notice, header, row = capsys.readouterr().err.splitlines()[:3]
@@ -177,15 +240,25 @@ def test_decode_point_reports_consistent_figures():
     model = load_model("phop-debug", n_loops=4, d_model=32, chunk_size=16)
     ids = torch.randint(0, model.cfg.vocab_size, (3, 40))
     exit_at = oracle_exit_steps(np.random.default_rng(1), (3, 40), 2.0, 4)
-    r = bench_decode_point(model, ids, 32, ExitPolicy.given(exit_at), warmup=0, repeats=1, oracle_mean=2.0,
-                           peaks=UNMEASURED)
+    r = bench_decode_point(
+        model, ids, 32, ExitPolicy.given(exit_at), warmup=0, repeats=1, oracle_mean=2.0, peaks=UNMEASURED
+    )
     assert (r.batch, r.seq_len, r.new_tokens, r.kind) == (3, 32, 8, "decode")
     assert r.mean_executed_loops == pytest.approx(float(exit_at[:, 32:].float().mean()))  # the new tokens' exits
     # Lockstep: each new token costs the batch its deepest token's loops; depth: no row
     # ever waits, so the steps are the busiest row's loops.
     assert r.steps_skip == pytest.approx(float(exit_at[:, 32:].max(0).values.float().mean()))
-    d = bench_decode_point(model, ids, 32, ExitPolicy.given(exit_at), warmup=0, repeats=1, oracle_mean=2.0,
-                           peaks=UNMEASURED, schedule="depth")
+    d = bench_decode_point(
+        model,
+        ids,
+        32,
+        ExitPolicy.given(exit_at),
+        warmup=0,
+        repeats=1,
+        oracle_mean=2.0,
+        peaks=UNMEASURED,
+        schedule="depth",
+    )
     assert d.schedule == "depth" and d.mean_executed_loops == r.mean_executed_loops
     assert d.steps_skip == pytest.approx(float(exit_at[:, 32:].sum(1).max()) / 8)
     assert r.ideal_speedup == pytest.approx(4 / r.mean_executed_loops)
@@ -203,14 +276,47 @@ def test_bench_decode_command_writes_records_and_logs_to_mlflow(tmp_path, capsys
     from looplab.cli import main
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    assert main(["bench", "--decode", "--preset", "phop-debug", "--batch", "2", "--seq-len", "16,48",
-                 "--new-tokens", "4", "--oracle-mean", "2.0", "--repeats", "1", "--warmup", "0", "--dtype", "bf16",
-                 "--schedule", "lockstep,depth", "--compile", "off", "--json", str(tmp_path / "d.json"),
-                 "--tracking-uri", uri,
-                 "n_loops=4"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--decode",
+                "--preset",
+                "phop-debug",
+                "--batch",
+                "2",
+                "--seq-len",
+                "16,48",
+                "--new-tokens",
+                "4",
+                "--oracle-mean",
+                "2.0",
+                "--repeats",
+                "1",
+                "--warmup",
+                "0",
+                "--dtype",
+                "bf16",
+                "--schedule",
+                "lockstep,depth",
+                "--compile",
+                "off",
+                "--json",
+                str(tmp_path / "d.json"),
+                "--tracking-uri",
+                uri,
+                "n_loops=4",
+            ]
+        )
+        == 0
+    )
     records = json.loads((tmp_path / "d.json").read_text())
     assert [(r["seq_len"], r["schedule"], r["kind"]) for r in records] == [
-        (16, "lockstep", "decode"), (16, "depth", "decode"), (48, "lockstep", "decode"), (48, "depth", "decode")]
+        (16, "lockstep", "decode"),
+        (16, "depth", "decode"),
+        (48, "lockstep", "decode"),
+        (48, "depth", "decode"),
+    ]
     assert records[0]["cache_bytes"] == records[2]["cache_bytes"]  # Mamba-2 states: no growth with the context
     # The same exits: the same mean loops; depth batching never takes more steps than lockstep.
     for lock, depth in (records[:2], records[2:]):
@@ -224,6 +330,8 @@ def test_bench_decode_command_writes_records_and_logs_to_mlflow(tmp_path, capsys
 
     runs = MlflowClient(uri).search_runs([MlflowClient(uri).get_experiment_by_name("looplab-bench").experiment_id])
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
-    assert {"decode_b2_L16_oracle2.0.tokens_per_s_skip", "decode_b2_L48_oracle2.0.loops_speedup",
-            "decode_b2_L48_oracle2.0_depth.steps_skip"} <= set(
-        runs[0].data.metrics)
+    assert {
+        "decode_b2_L16_oracle2.0.tokens_per_s_skip",
+        "decode_b2_L48_oracle2.0.loops_speedup",
+        "decode_b2_L48_oracle2.0_depth.steps_skip",
+    } <= set(runs[0].data.metrics)

@@ -16,23 +16,52 @@ def run_script(name: str, *args: str, json_file: Path | None = None) -> dict:
     """Run benchmarks/<name> and return its JSON record: the last line of its stdout,
     or json_file, passed to it as --json."""
     extra = ["--json", str(json_file)] if json_file else []
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / name), *args, *extra], capture_output=True,
-                         text=True, cwd=ROOT, timeout=300)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / name), *args, *extra],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(json_file.read_text() if json_file else out.stdout.strip().splitlines()[-1])
 
 
 def test_generate_until_benchmark_trains_a_checkpoint_and_gets_the_uncached_outputs():
-    record = run_script("generate_until.py", "--train-steps", "2", "--prompt-len", "16", "--new-tokens", "4",
-                        "--requests", "2", "--repeats", "1")
+    record = run_script(
+        "generate_until.py",
+        "--train-steps",
+        "2",
+        "--prompt-len",
+        "16",
+        "--new-tokens",
+        "4",
+        "--requests",
+        "2",
+        "--repeats",
+        "1",
+    )
     assert record["same_outputs"] is True and record["generated_tokens"] > 0
 
 
 def test_lean_head_benchmark_reports_both_arms_with_memory_from_its_child_process(tmp_path):
-    result = run_script("lean_head.py", "--preset", "debug", "--batch", "2", "--seq-len", "32", "--repeats", "1",
-                        "--threads", "1", json_file=tmp_path / "lean.json")
-    assert {(r["stage"], r["arm"]) for r in result["rows"]} == {(s, a) for s in ("pretrain", "stage1")
-                                                                  for a in ("before", "after")}
+    result = run_script(
+        "lean_head.py",
+        "--preset",
+        "debug",
+        "--batch",
+        "2",
+        "--seq-len",
+        "32",
+        "--repeats",
+        "1",
+        "--threads",
+        "1",
+        json_file=tmp_path / "lean.json",
+    )
+    assert {(r["stage"], r["arm"]) for r in result["rows"]} == {
+        (s, a) for s in ("pretrain", "stage1") for a in ("before", "after")
+    }
     for row in result["rows"]:
         assert row["step_s"] > 0 and row["model_gflop"] > 0
         assert row["peak_mem_above_model"] == -1 or row["peak_rss"] >= row["peak_mem_above_model"]
@@ -43,7 +72,17 @@ def test_lean_head_benchmark_reports_both_arms_with_memory_from_its_child_proces
 
 
 def test_head_products_benchmark_reports_each_product_against_the_gemm_peak(tmp_path):
-    result = run_script("head_products.py", "--preset", "debug", "--chunks", "16,64", "--repeats", "1", "--threads",
-                        "1", json_file=tmp_path / "head.json")
+    result = run_script(
+        "head_products.py",
+        "--preset",
+        "debug",
+        "--chunks",
+        "16,64",
+        "--repeats",
+        "1",
+        "--threads",
+        "1",
+        json_file=tmp_path / "head.json",
+    )
     assert result["gemm_flops"] > 0 and [r["chunk"] for r in result["rows"]] == [16, 64]
     assert all(r[k] > 0 for r in result["rows"] for k in ("logits", "grad_x", "grad_w", "softmax"))

@@ -13,9 +13,28 @@ import polars as pl
 import pytest
 
 import analysis_fixture as fx
-from analysis.claims import (CLAIMS, INCONCLUSIVE, NO_SPREAD, NOT_REPRODUCED, REPRODUCED, ClaimResult, Interval,
-                             difference, hole_claims, holm, increase_pct, interpolate, loop_claims, mean_difference,
-                             mean_interval, speed_claims, target_loops, trial_measures, verdict, verdict_markdown)
+from analysis.claims import (
+    CLAIMS,
+    INCONCLUSIVE,
+    NO_SPREAD,
+    NOT_REPRODUCED,
+    REPRODUCED,
+    ClaimResult,
+    Interval,
+    difference,
+    hole_claims,
+    holm,
+    increase_pct,
+    interpolate,
+    loop_claims,
+    mean_difference,
+    mean_interval,
+    speed_claims,
+    target_loops,
+    trial_measures,
+    verdict,
+    verdict_markdown,
+)
 from analysis.load import load_runs
 from analysis.points import evaluation_points
 
@@ -128,10 +147,18 @@ def test_hole_claims_end_to_end_by_hand(gated_store):
     c2 = []
     for s in (0, 1):
         grid = np.linspace(2.0, 4.0, 200_001)
-        skip = np.interp(grid, [2.0, 2.5, 3.0, 3.5, 4.0], [math.log(11.3 + s), math.log(11.1 + s), math.log(10.9 + s),
-                                                             math.log(10.7 + s),
-                                                             (math.log(10.5 + s) + math.log(6.25 + s)) / 2])
-        fixed = np.interp(grid, [1.0, 2.0, 3.0, 4.0], [math.log(100 / d ** 2 + s) for d in (1, 2, 3, 4)])
+        skip = np.interp(
+            grid,
+            [2.0, 2.5, 3.0, 3.5, 4.0],
+            [
+                math.log(11.3 + s),
+                math.log(11.1 + s),
+                math.log(10.9 + s),
+                math.log(10.7 + s),
+                (math.log(10.5 + s) + math.log(6.25 + s)) / 2,
+            ],
+        )
+        fixed = np.interp(grid, [1.0, 2.0, 3.0, 4.0], [math.log(100 / d**2 + s) for d in (1, 2, 3, 4)])
         c2.append(100 * math.expm1(float(np.mean(fixed - skip))))
     assert results["C2"].interval.mean == pytest.approx(sum(c2) / 2, rel=1e-4)
     assert results["C2"].interval.n == 2
@@ -139,7 +166,8 @@ def test_hole_claims_end_to_end_by_hand(gated_store):
     # t = 12.7: the interval [+4.5, +146] still holds the 5 % bound.
     few = [100 * ((11.3 + s) / (6.25 + s) - 1) for s in (0, 1)]
     assert results["C3-few"].interval.low == pytest.approx(
-        sum(few) / 2 - T_975[1] * abs(few[0] - few[1]) / math.sqrt(2) / math.sqrt(2))
+        sum(few) / 2 - T_975[1] * abs(few[0] - few[1]) / math.sqrt(2) / math.sqrt(2)
+    )
     assert results["C3-few"].interval.low < 5.0 and results["C3-few"].verdict == INCONCLUSIVE
     table = verdict_markdown(list(results.values()))
     assert "| **C3**" in table and REPRODUCED in table
@@ -149,8 +177,7 @@ def test_loop_claims_by_hand():
     rows = []
     for seed, (looped, base, deep) in enumerate([(0.9, 0.5, 0.95), (0.88, 0.6, 0.97), (0.89, 0.4, 0.96)]):
         for (n, r), acc in (((1, 4), looped), ((1, 1), base), ((4, 1), deep)):
-            rows.append({"n_layers": n, "n_loops": r, "seed": seed, "full_accuracy": acc,
-                         "full_ppl": 10.0 / acc})
+            rows.append({"n_layers": n, "n_loops": r, "seed": seed, "full_accuracy": acc, "full_ppl": 10.0 / acc})
     fixed = pl.DataFrame(rows)
     (c1,) = loop_claims(fixed, quality="accuracy", looped=(1, 4), base=(1, 1), deep=None)
     assert c1.interval.mean == pytest.approx(100 * (0.89 - 0.5)) and c1.verdict == REPRODUCED
@@ -163,9 +190,10 @@ def test_loop_claims_by_hand():
 
 
 def test_speed_claims():
-    records = [{"batch": b, "seq_len": 512, "policy": "skip:0.2", "speedup": s, "ideal_speedup": 2.0, "seed": seed}
-               for b, s, seed in ((1, 0.96, 0), (1, 0.97, 1), (1, 0.95, 2), (64, 1.7, 0), (64, 1.75, 1),
-                                  (64, 1.72, 2))]
+    records = [
+        {"batch": b, "seq_len": 512, "policy": "skip:0.2", "speedup": s, "ideal_speedup": 2.0, "seed": seed}
+        for b, s, seed in ((1, 0.96, 0), (1, 0.97, 1), (1, 0.95, 2), (64, 1.7, 0), (64, 1.75, 1), (64, 1.72, 2))
+    ]
     c4, batch1, growth = speed_claims(records)
     assert c4.interval.mean == pytest.approx(1.7233333) and c4.verdict == REPRODUCED
     assert batch1.verdict == REPRODUCED  # below 1 at batch 1, as the paper's 0.95-0.97x
@@ -182,6 +210,7 @@ def test_speed_claims():
 
 # ---- degenerate spread and the family-wise correction ------------------------------------------------
 
+
 def test_zero_spread_is_no_evidence():
     """Saturated accuracies, {100, 100, 100} against {99.8, 99.8, 99.8}: Welch's interval
     has zero width, and the 0.2-point gap is one example of 500, the metric's resolution."""
@@ -194,11 +223,15 @@ def test_zero_spread_is_no_evidence():
     near = difference({0: 100.0, 1: 99.8, 2: 100.0}, {0: 99.8, 1: 99.8, 2: 99.6}, paired=False)
     assert near.sd < 0.2 and c1.verdict(near) == NO_SPREAD
     # a gap the metric resolves many times over decides even without spread
-    assert c1.verdict(difference({0: 100.0, 1: 100.0, 2: 100.0}, {0: 50.0, 1: 50.0, 2: 50.0}, paired=False)) \
-        == REPRODUCED
+    assert (
+        c1.verdict(difference({0: 100.0, 1: 100.0, 2: 100.0}, {0: 50.0, 1: 50.0, 2: 50.0}, paired=False)) == REPRODUCED
+    )
     # end to end: loop_claims on saturated p-hop accuracies
-    rows = [{"n_layers": n, "n_loops": r, "seed": s, "full_accuracy": acc, "full_ppl": 1.0}
-            for s in range(3) for (n, r), acc in (((1, 4), 1.0), ((1, 1), 0.998))]
+    rows = [
+        {"n_layers": n, "n_loops": r, "seed": s, "full_accuracy": acc, "full_ppl": 1.0}
+        for s in range(3)
+        for (n, r), acc in (((1, 4), 1.0), ((1, 1), 0.998))
+    ]
     (result,) = loop_claims(pl.DataFrame(rows), quality="accuracy", looped=(1, 4), base=(1, 1), deep=None)
     assert result.verdict == NO_SPREAD and result.p == 1.0
 
@@ -213,8 +246,15 @@ def test_holm_against_a_hand_computed_case():
     def result(p):
         return ClaimResult(CLAIMS["C3"], Interval(10.0, 5.0, 15.0, 5, sd=2.0, se=1.0, df=4), REPRODUCED, p=p)
 
-    out = holm([result(0.01), result(0.04), result(0.03), result(0.005), ClaimResult(
-        CLAIMS["C4"], Interval(1.0, None, None, 1), INCONCLUSIVE)])
+    out = holm(
+        [
+            result(0.01),
+            result(0.04),
+            result(0.03),
+            result(0.005),
+            ClaimResult(CLAIMS["C4"], Interval(1.0, None, None, 1), INCONCLUSIVE),
+        ]
+    )
     assert [r.p_adjusted for r in out[:4]] == pytest.approx([0.03, 0.06, 0.06, 0.02])
     assert [r.verdict for r in out[:4]] == [REPRODUCED, INCONCLUSIVE, INCONCLUSIVE, REPRODUCED]
     assert [r.raw_verdict for r in out[:4]] == [REPRODUCED] * 4
@@ -222,7 +262,9 @@ def test_holm_against_a_hand_computed_case():
     # the interval at the level of each step: p = 0.04 was tested last, at 1 - 0.05/1 = 95 %
     assert out[1].adjusted.high == pytest.approx(10.0 + t.ppf(0.975, 4))
     assert out[3].adjusted.high == pytest.approx(10.0 + t.ppf(1 - 0.05 / 4 / 2, 4))  # first step: 98.75 %
-    assert "Holm-corrected" in verdict_markdown(out) and "(uncorrected: reproduced (direction))" in verdict_markdown(out)
+    assert "Holm-corrected" in verdict_markdown(out) and "(uncorrected: reproduced (direction))" in verdict_markdown(
+        out
+    )
 
 
 def test_p_values_match_the_interval():

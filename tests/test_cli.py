@@ -33,8 +33,17 @@ def test_data_phop_prints_valid_json_lines(capsys):
 
 
 def test_train_command_runs_and_resumes(tmp_path, capsys):
-    args = ["train", "--preset", "phop-debug", "--out", str(tmp_path), "train.steps=4", "train.batch_size=4",
-            "task.eval_count=20", "train.eval_every=0"]
+    args = [
+        "train",
+        "--preset",
+        "phop-debug",
+        "--out",
+        str(tmp_path),
+        "train.steps=4",
+        "train.batch_size=4",
+        "task.eval_count=20",
+        "train.eval_every=0",
+    ]
     assert main(args + ["--stop-at", "2"]) == 0
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["step"] == 2
     assert main(args) == 0
@@ -51,26 +60,73 @@ def test_bad_override_is_one_line_error(capsys):
 
 
 def test_eval_command_prints_a_sweep(tmp_path, capsys):
-    args = ["train", "--preset", "phop-debug", "--out", str(tmp_path / "pre"), "train.steps=2", "train.batch_size=4",
-            "task.eval_count=20", "train.eval_every=0", "model.n_loops=4"]
+    args = [
+        "train",
+        "--preset",
+        "phop-debug",
+        "--out",
+        str(tmp_path / "pre"),
+        "train.steps=2",
+        "train.batch_size=4",
+        "task.eval_count=20",
+        "train.eval_every=0",
+        "model.n_loops=4",
+    ]
     assert main(args) == 0
     capsys.readouterr()
-    assert main(["eval", "--checkpoint", str(tmp_path / "pre" / "checkpoint"), "--policies",
-                 "dense:0.5,1.0;skip:0.5,1.0;forced:1-3;full", "--json", str(tmp_path / "sweep.json")]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--checkpoint",
+                str(tmp_path / "pre" / "checkpoint"),
+                "--policies",
+                "dense:0.5,1.0;skip:0.5,1.0;forced:1-3;full",
+                "--json",
+                str(tmp_path / "sweep.json"),
+            ]
+        )
+        == 0
+    )
     captured = capsys.readouterr()
     records = [json.loads(line) for line in captured.out.splitlines()]
-    assert [r["policy"] for r in records] == ["dense:0.5", "dense:1.0", "skip:0.5", "skip:1.0", "forced:1",
-                                              "forced:2", "forced:3", "full"]
+    assert [r["policy"] for r in records] == [
+        "dense:0.5",
+        "dense:1.0",
+        "skip:0.5",
+        "skip:1.0",
+        "forced:1",
+        "forced:2",
+        "forced:3",
+        "full",
+    ]
     assert [r["executed_loops"] for r in records[4:]] == [1.0, 2.0, 3.0, 4.0]
     assert "policy" in captured.err and json.loads((tmp_path / "sweep.json").read_text()) == [
-        {k: v for k, v in r.items() if k not in ("checkpoint", "stage")} for r in records]
+        {k: v for k, v in r.items() if k not in ("checkpoint", "stage")} for r in records
+    ]
 
 
 def test_train_stage_uses_the_app_e_recipe(tmp_path, capsys):
     common = ["train.steps=2", "train.batch_size=4", "task.eval_count=20", "train.eval_every=0"]
     assert main(["train", "--preset", "phop-debug", "--out", str(tmp_path / "pre"), *common]) == 0
-    assert main(["train", "--preset", "phop-debug", "--stage", "stage1", "--init", str(tmp_path / "pre" / "checkpoint"),
-                 "--out", str(tmp_path / "s1"), *common, "exit.beta=0.5"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--preset",
+                "phop-debug",
+                "--stage",
+                "stage1",
+                "--init",
+                str(tmp_path / "pre" / "checkpoint"),
+                "--out",
+                str(tmp_path / "s1"),
+                *common,
+                "exit.beta=0.5",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     from looplab import load_model
 

@@ -29,8 +29,10 @@ SCRIPT = REPO / "scripts" / "mlflow_server.sh"
 CREDENTIALS = "~/.looplab/mlflow.env"  # written on the head, copied to the workers
 # What a user would have to fill in before `ray up` works: EFS names, ids typed into an
 # example (AMIs are region-bound and cannot be checked offline), <...>, XXXX, YOUR-...
-PLACEHOLDER = re.compile(r"EFS_DNS|FILE_SYSTEM_ID|\bfs-[0-9a-fA-FX]{4,}|\bami-[0-9a-f]{8,17}\b"
-                         r"|<[^<>\s]+>|X{4,}|\bYOUR[-_]|\bBUCKET\b")
+PLACEHOLDER = re.compile(
+    r"EFS_DNS|FILE_SYSTEM_ID|\bfs-[0-9a-fA-FX]{4,}|\bami-[0-9a-f]{8,17}\b"
+    r"|<[^<>\s]+>|X{4,}|\bYOUR[-_]|\bBUCKET\b"
+)
 
 
 def load(name: str) -> dict:
@@ -77,8 +79,7 @@ def test_aws_cluster_comes_up_without_hand_made_resources():
     _check_ami(cfg)
     assert {t: n["node_config"]["ImageId"] for t, n in cfg["available_node_types"].items()} == images
     # Storage: nothing to mount (S3 through the instance profile, which workers get too).
-    commands = [c for key in ("setup_commands", "head_setup_commands", "worker_setup_commands")
-                for c in cfg[key]]
+    commands = [c for key in ("setup_commands", "head_setup_commands", "worker_setup_commands") for c in cfg[key]]
     assert not any(re.search(r"\bmount\b", c) for c in commands)
     worker = cfg["available_node_types"]["gpu_worker"]["node_config"]
     assert worker["IamInstanceProfile"] == {"Name": "ray-autoscaler-v1"}  # the role Ray creates for the head
@@ -114,8 +115,9 @@ def test_cluster_file_safe_defaults(name):
     # environment (trials inherit it from the raylet and send them to MLflow).
     for key in ("head_start_ray_commands", "worker_start_ray_commands"):
         starts = [c for c in cfg[key] if "ray start" in c]
-        assert starts and all(re.match(rf"\. {re.escape(CREDENTIALS)} && RAY_AUTH_MODE=token ray start ", c)
-                              for c in starts), starts
+        assert starts and all(
+            re.match(rf"\. {re.escape(CREDENTIALS)} && RAY_AUTH_MODE=token ray start ", c) for c in starts
+        ), starts
     # The head makes the token and the credentials; Ray copies both to every worker.
     assert set(cfg["cluster_synced_files"]) == {"~/.ray/auth_token", CREDENTIALS}
     setup = " ; ".join(cfg["head_setup_commands"])
@@ -140,13 +142,21 @@ def run_script(command: str, env: dict, **kwargs) -> subprocess.CompletedProcess
 def script_env(tmp_path):
     """The script's environment: its state and HOME in tmp_path, no MLflow credentials,
     one server process without MLflow's job runner (a faster start)."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("MLFLOW_HOST", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD",
-                        "MLFLOW_SERVER_ALLOWED_HOSTS")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in ("MLFLOW_HOST", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_SERVER_ALLOWED_HOSTS")
+    }
     (tmp_path / "home").mkdir()
-    return {**env, "HOME": str(tmp_path / "home"), "LOOPLAB_MLFLOW_DIR": str(tmp_path / "mlflow"),
-            "MLFLOW_PORT": str(free_port()), "MLFLOW_WORKERS": "1",
-            "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    return {
+        **env,
+        "HOME": str(tmp_path / "home"),
+        "LOOPLAB_MLFLOW_DIR": str(tmp_path / "mlflow"),
+        "MLFLOW_PORT": str(free_port()),
+        "MLFLOW_WORKERS": "1",
+        "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+    }
 
 
 def test_credentials_file_is_private_and_kept(script_env):

@@ -22,8 +22,11 @@ from test_stages import stage_cfg
 
 STEPS = 3
 ATTENTION = {"model.attn_head_dim": 16, "model.rope_dim": 16}
-ARCHS = {"mamba2": {}, "transformer": {"model.arch": "transformer", **ATTENTION},
-         "hybrid": {"model.arch": "hybrid", "model.n_layers": 2, "model.attn_layer_idx": (1,), **ATTENTION}}
+ARCHS = {
+    "mamba2": {},
+    "transformer": {"model.arch": "transformer", **ATTENTION},
+    "hybrid": {"model.arch": "hybrid", "model.n_layers": 2, "model.attn_layer_idx": (1,), **ATTENTION},
+}
 CASES = {  # dense: Stage-1's full forward; skip: every minibatch packs its survivors
     "dense": ("stage1", {}),
     "skip": ("chase", {"hole.rho": 1.0, "hole.sampler": "depth", "hole.hp": 0.6}),
@@ -41,8 +44,10 @@ def trajectory(cfg):
 # where this code's own mistakes would show) and the slow tier (.ci/run) builds them all.
 QUICK = "aot_eager"
 MATRIX = [pytest.param("mamba2", "skip", QUICK, id="mamba2-skip-traced")] + [
-    pytest.param(arch, case, "inductor", id=f"{arch}-{case}", marks=pytest.mark.slow) for arch in ARCHS
-    for case in CASES]
+    pytest.param(arch, case, "inductor", id=f"{arch}-{case}", marks=pytest.mark.slow)
+    for arch in ARCHS
+    for case in CASES
+]
 
 
 @pytest.fixture
@@ -82,7 +87,8 @@ DECODE_POLICIES = ["full", "forced:2", "dense:0.5", "skip:0.5", "skip-entropy:5.
 # hybrid backbone (both mixers) batched under full and skip; the slow tier runs them all.
 DECODE_MATRIX = [pytest.param("hybrid", ("full", "skip:0.5"), (3,), QUICK, id="hybrid-traced")] + [
     pytest.param(arch, tuple(DECODE_POLICIES), (1, 3), "inductor", id=arch, marks=pytest.mark.slow)
-    for arch in ("mamba2", "transformer", "hybrid")]
+    for arch in ("mamba2", "transformer", "hybrid")
+]
 
 
 @pytest.mark.parametrize("arch,specs,batches,backend", DECODE_MATRIX, indirect=["backend"])
@@ -90,13 +96,17 @@ def test_compiled_decoding_gives_eager_tokens_and_loops(arch, specs, batches, ba
     model = tiny_model(arch, seed=1)
     prompts = [[5, 9, 2, 7, 1, 3], [4, 4, 8], [6, 2, 9, 9, 1, 0, 3, 5]]
     cases = [(spec, rows, schedule) for spec in specs for rows in batches for schedule in ("lockstep", "depth")]
-    eager = {case: generate(model, prompts[:case[1]], 6, ExitPolicy.parse(case[0]), schedule=case[2])
-             for case in cases}
+    eager = {
+        case: generate(model, prompts[: case[1]], 6, ExitPolicy.parse(case[0]), schedule=case[2]) for case in cases
+    }
     torch._dynamo.reset()
     compile_decoding(model)
     for case in cases:
-        got = generate(model, prompts[:case[1]], 6, ExitPolicy.parse(case[0]), schedule=case[2])
-        assert (got.tokens, got.loops, got.exit_step) == (eager[case].tokens, eager[case].loops,
-                                                          eager[case].exit_step), case
+        got = generate(model, prompts[: case[1]], 6, ExitPolicy.parse(case[0]), schedule=case[2])
+        assert (got.tokens, got.loops, got.exit_step) == (
+            eager[case].tokens,
+            eager[case].loops,
+            eager[case].exit_step,
+        ), case
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0  # it ran compiled
     assert any(loops != [model.cfg.n_loops] * 6 for case in cases for loops in eager[case].loops)  # exits happened

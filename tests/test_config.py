@@ -2,31 +2,41 @@
 
 import pytest
 
-from looplab.config import ConfigError, ExperimentConfig, ManoConfig, ModelConfig, PhopConfig, TrainConfig, \
-    apply_overrides
+from looplab.config import (
+    ConfigError,
+    ExperimentConfig,
+    ManoConfig,
+    ModelConfig,
+    PhopConfig,
+    TrainConfig,
+    apply_overrides,
+)
 from looplab.presets import PRESETS, get_preset
 
 
-@pytest.mark.parametrize("make,field", [
-    (lambda: ModelConfig(n_layers=0), "n_layers"),
-    (lambda: ModelConfig(n_loops=0), "n_loops"),
-    (lambda: ModelConfig(arch="rnn"), "arch"),
-    (lambda: ModelConfig(arch="hybrid", n_layers=4, attn_layer_idx=(4,)), "attn_layer_idx"),
-    (lambda: ModelConfig(arch="hybrid", n_layers=4, attn_layer_idx=()), "attn_layer_idx"),
-    (lambda: ModelConfig(arch="mamba2", attn_layer_idx=(0,)), "attn_layer_idx"),
-    (lambda: ModelConfig(arch="transformer", d_model=100, attn_head_dim=64), "attn_head_dim"),
-    (lambda: ModelConfig(d_model=100, expand=1, headdim=64), "headdim"),
-    (lambda: ModelConfig(d_model=256, headdim=64, ngroups=3), "ngroups"),
-    (lambda: ModelConfig(mixers_per_layer=3), "mixers_per_layer"),
-    (lambda: ModelConfig(n_loops=True), "n_loops"),
-    (lambda: ManoConfig(L=0), "L"),
-    (lambda: PhopConfig(n=8, p=7), "p"),
-    (lambda: TrainConfig(lr=0), "lr"),
-    (lambda: TrainConfig(min_lr_ratio=1.5), "min_lr_ratio"),
-    (lambda: TrainConfig(precision="fp16"), "precision"),
-    (lambda: ExperimentConfig(model=ModelConfig(vocab_size=8), task=PhopConfig(n=16, p=2)), "vocab_size"),
-    (lambda: get_preset("no-such-preset"), "preset"),
-])
+@pytest.mark.parametrize(
+    "make,field",
+    [
+        (lambda: ModelConfig(n_layers=0), "n_layers"),
+        (lambda: ModelConfig(n_loops=0), "n_loops"),
+        (lambda: ModelConfig(arch="rnn"), "arch"),
+        (lambda: ModelConfig(arch="hybrid", n_layers=4, attn_layer_idx=(4,)), "attn_layer_idx"),
+        (lambda: ModelConfig(arch="hybrid", n_layers=4, attn_layer_idx=()), "attn_layer_idx"),
+        (lambda: ModelConfig(arch="mamba2", attn_layer_idx=(0,)), "attn_layer_idx"),
+        (lambda: ModelConfig(arch="transformer", d_model=100, attn_head_dim=64), "attn_head_dim"),
+        (lambda: ModelConfig(d_model=100, expand=1, headdim=64), "headdim"),
+        (lambda: ModelConfig(d_model=256, headdim=64, ngroups=3), "ngroups"),
+        (lambda: ModelConfig(mixers_per_layer=3), "mixers_per_layer"),
+        (lambda: ModelConfig(n_loops=True), "n_loops"),
+        (lambda: ManoConfig(L=0), "L"),
+        (lambda: PhopConfig(n=8, p=7), "p"),
+        (lambda: TrainConfig(lr=0), "lr"),
+        (lambda: TrainConfig(min_lr_ratio=1.5), "min_lr_ratio"),
+        (lambda: TrainConfig(precision="fp16"), "precision"),
+        (lambda: ExperimentConfig(model=ModelConfig(vocab_size=8), task=PhopConfig(n=16, p=2)), "vocab_size"),
+        (lambda: get_preset("no-such-preset"), "preset"),
+    ],
+)
 def test_bad_values_raise_one_line_naming_the_field(make, field):
     with pytest.raises(ConfigError) as err:
         make()
@@ -50,9 +60,17 @@ def test_config_hash_ignores_seed_but_not_content():
     assert apply_overrides(cfg, {"model.n_loops": 1}).config_hash() != cfg.config_hash()
 
 
-@pytest.mark.parametrize("cadence", [{"train.log_every": 5}, {"train.eval_every": 7}, {"train.ckpt_every": 3},
-                                     {"train.device": "cpu"}, {"train.eval_batch_size": 3},
-                                     {"train.eval_qs": [0.1, 0.5, 1.0]}])
+@pytest.mark.parametrize(
+    "cadence",
+    [
+        {"train.log_every": 5},
+        {"train.eval_every": 7},
+        {"train.ckpt_every": 3},
+        {"train.device": "cpu"},
+        {"train.eval_batch_size": 3},
+        {"train.eval_qs": [0.1, 0.5, 1.0]},
+    ],
+)
 def test_cadence_and_device_never_enter_a_key(cadence):
     cfg = get_preset("phop-debug")
     assert apply_overrides(cfg, cadence).stage_key() == cfg.stage_key()
@@ -67,18 +85,38 @@ def test_keys_are_opt_in_and_every_field_is_classified():
 
     for cls in (ModelConfig, ManoConfig, PhopConfig, TextConfig, ExitConfig, HoleConfig):
         assert unkeyed_fields(cls) == [], cls
-    assert set(unkeyed_fields(TrainConfig)) == {"eval_every", "eval_batch_size", "log_every", "ckpt_every",
-                                                "ckpt_minutes", "device", "micro_batch_size",
-                                                "activation_checkpointing", "eval_qs", "compile"}
+    assert set(unkeyed_fields(TrainConfig)) == {
+        "eval_every",
+        "eval_batch_size",
+        "log_every",
+        "ckpt_every",
+        "ckpt_minutes",
+        "device",
+        "micro_batch_size",
+        "activation_checkpointing",
+        "eval_qs",
+        "compile",
+    }
     cfg = get_preset("debug")
     fields = cfg.key_fields()
     assert "train.lr" in fields and "train.seed" in fields and "model.n_loops" in fields
     assert not any(f.startswith(("exit.", "hole.")) for f in fields)  # pretrain reads neither
     # A field added after keys were stored (keyed(..., added=True)) enters a key only
     # away from its default: the debug preset leaves train.init_from and init_layers there.
-    assert len(fields) == sum(len([f for f in dataclasses.fields(c) if f.metadata.get("key")
-                                   and not (f.metadata.get("added") and getattr(c, f.name) == f.default)])
-                              for c in (cfg.model, cfg.task, cfg.train)) + 1  # + the stage
+    assert (
+        len(fields)
+        == sum(
+            len(
+                [
+                    f
+                    for f in dataclasses.fields(c)
+                    if f.metadata.get("key") and not (f.metadata.get("added") and getattr(c, f.name) == f.default)
+                ]
+            )
+            for c in (cfg.model, cfg.task, cfg.train)
+        )
+        + 1
+    )  # + the stage
     assert not {"train.init_from", "train.init_layers"} & set(fields)
 
 

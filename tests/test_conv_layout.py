@@ -19,8 +19,21 @@ from looplab.models.ops.reference import mamba_chunk_scan_combined_ref
 from looplab.presets import PRESETS
 
 
-def _meta_scan(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
-               seq_idx=None, dt_softplus=False, **unused):
+def _meta_scan(
+    x,
+    dt,
+    A,
+    B,
+    C,
+    chunk_size,
+    D=None,
+    z=None,
+    dt_bias=None,
+    initial_states=None,
+    seq_idx=None,
+    dt_softplus=False,
+    **unused,
+):
     """mamba_chunk_scan_combined's output shape on meta tensors; it touches every input
     so that gradients reach the conv, whose backward layout is checked too."""
     return x * 1 + (dt.sum() + B.sum() + C.sum() + D.sum() + dt_bias.sum()) * 0
@@ -58,7 +71,7 @@ def test_the_stand_in_rejects_what_causal_conv1d_rejects():
     # phop-debug's in_proj width 164: the raw slice, as _scan_cuda passed it before.
     d_inner, conv_dim = 64, 96
     zxbcdt = torch.randn(2, 5, 164)
-    xBC = zxbcdt[..., d_inner:d_inner + conv_dim]
+    xBC = zxbcdt[..., d_inner : d_inner + conv_dim]
     w, b = torch.randn(conv_dim, 4), torch.randn(conv_dim)
     seq = torch.zeros(2, 5, dtype=torch.int32)
     with pytest.raises(CausalConv1dCheckError, match="multiples of 8"):
@@ -77,16 +90,19 @@ def test_the_stand_in_rejects_what_causal_conv1d_rejects():
         check_forward(ok.double(), w, b)
 
 
-@pytest.mark.parametrize("width,offset,dim,copies", [
-    (152, 64, 80, False),  # already fits: used in place, as mamba-ssm's ensure_stride does
-    (164, 64, 96, True),   # phop-debug: row stride 164
-    (160, 4, 96, True),    # strides fit, start misaligned
-    (80, 32, 44, True),    # 44 channels: padded to 48
-])
+@pytest.mark.parametrize(
+    "width,offset,dim,copies",
+    [
+        (152, 64, 80, False),  # already fits: used in place, as mamba-ssm's ensure_stride does
+        (164, 64, 96, True),  # phop-debug: row stride 164
+        (160, 4, 96, True),  # strides fit, start misaligned
+        (80, 32, 44, True),  # 44 channels: padded to 48
+    ],
+)
 def test_conv_inputs_layout(width, offset, dim, copies):
     for bsz, seqlen in ((2, 7), (1, 1)):
         zxbcdt = torch.randn(bsz, seqlen, width, requires_grad=True)
-        xBC = zxbcdt[..., offset:offset + dim]
+        xBC = zxbcdt[..., offset : offset + dim]
         weight, bias = torch.randn(dim, 1, 4), torch.randn(dim)
         x, w, b = causal_conv1d_inputs(xBC, weight, bias)
         dim8 = -(-dim // 8) * 8

@@ -19,8 +19,10 @@ from test_depth_batching import teacher_forced
 
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),
-    pytest.mark.skipif(not (shutil.which("c++") or shutil.which("g++")) or not shutil.which("ninja"),
-                       reason="no C++ compiler or ninja to build the CPU step kernel"),
+    pytest.mark.skipif(
+        not (shutil.which("c++") or shutil.which("g++")) or not shutil.which("ninja"),
+        reason="no C++ compiler or ninja to build the CPU step kernel",
+    ),
 ]
 
 
@@ -53,15 +55,17 @@ def test_kernel_steps_match_the_mixer_written_from_its_definition(kernel_on, ngr
     u = torch.randn(3, 9, 16, dtype=torch.float64)
     ref = mamba2_mixer_ref(m, u)
     slots = torch.tensor([5, 0, 3])
-    state = MambaState(conv=torch.randn(7, 3, m.conv_dim, dtype=torch.float64),
-                       ssm=torch.randn(7, m.nheads, m.headdim, m.d_state, dtype=torch.float64))
+    state = MambaState(
+        conv=torch.randn(7, 3, m.conv_dim, dtype=torch.float64),
+        ssm=torch.randn(7, m.nheads, m.headdim, m.d_state, dtype=torch.float64),
+    )
     state.conv[slots] = 0
     state.ssm[slots] = 0
     others = [s for s in range(7) if s not in slots.tolist()]
     before = state.conv[others].clone(), state.ssm[others].clone()
     with torch.no_grad():
         for t in range(9):
-            out = m.step(u[:, t:t + 1], BlockCache(state, Layout.one_token(slots)))
+            out = m.step(u[:, t : t + 1], BlockCache(state, Layout.one_token(slots)))
             torch.testing.assert_close(out[:, 0], ref[:, t], atol=1e-12, rtol=1e-10)
     assert kernel_on == [3] * 9
     assert torch.equal(state.conv[others], before[0]) and torch.equal(state.ssm[others], before[1])
@@ -115,8 +119,11 @@ def test_a_failed_build_is_a_one_line_error_naming_the_switch(monkeypatch):
     monkeypatch.setattr(cpp_extension, "load", no_compiler)
     cpu_step.kernel.cache_clear()
     try:
-        with pytest.raises(RuntimeError, match=r"^LOOPLAB_CPU_STEP_KERNEL=1 but the CPU step kernel did not build "
-                                               r"\(Error building extension 'looplab_cpu_step'\)") as err:
+        with pytest.raises(
+            RuntimeError,
+            match=r"^LOOPLAB_CPU_STEP_KERNEL=1 but the CPU step kernel did not build "
+            r"\(Error building extension 'looplab_cpu_step'\)",
+        ) as err:
             cpu_step.kernel()
         assert "\n" not in str(err.value)
     finally:

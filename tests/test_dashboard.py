@@ -24,11 +24,28 @@ pytest.importorskip("mlflow")
 from looplab import dashboard, tracking  # noqa: E402
 from sweeps import beta_ablation as beta  # noqa: E402
 from sweeps.flags import Common, Launch, parser  # noqa: E402
-from sweeps.launch import (main, publish_dashboard, publish_summary_view, searched_names,  # noqa: E402
-                           sweep_params)
+from sweeps.launch import (
+    main,
+    publish_dashboard,
+    publish_summary_view,
+    searched_names,  # noqa: E402
+    sweep_params,
+)
 
-TINY = ["--preset", "phop-debug", "--set", "train.steps=4", "--set", "train.eval_limit=16",
-        "--set", "train.log_every=2", "--set", "train.eval_every=0", "--stage1-steps", "2"]
+TINY = [
+    "--preset",
+    "phop-debug",
+    "--set",
+    "train.steps=4",
+    "--set",
+    "train.eval_limit=16",
+    "--set",
+    "train.log_every=2",
+    "--set",
+    "train.eval_every=0",
+    "--stage1-steps",
+    "2",
+]
 BETAS = ("0.05", "0.25")
 
 
@@ -38,24 +55,34 @@ def test_urls_open_the_runs_tab_in_the_model_training_view():
     assert dashboard.url("http://mlflow.lab:8080/", route) == "http://mlflow.lab:8080/#" + route
     # A local store: the command that serves it, then the URLs it will serve.
     local = dashboard.dashboard_lines("sqlite:////data/runs/mlflow.db", "7", "beta_ablation-abc", "r1")
-    assert local == ["serve it:  mlflow server --backend-store-uri sqlite:////data/runs/mlflow.db --host 127.0.0.1 "
-                     "--port 5000",
-                     "trials:    http://127.0.0.1:5000/#" + route,
-                     "sweep run: http://127.0.0.1:5000/#/experiments/7/runs/r1?workflowType=machine_learning"]
+    assert local == [
+        "serve it:  mlflow server --backend-store-uri sqlite:////data/runs/mlflow.db --host 127.0.0.1 --port 5000",
+        "trials:    http://127.0.0.1:5000/#" + route,
+        "sweep run: http://127.0.0.1:5000/#/experiments/7/runs/r1?workflowType=machine_learning",
+    ]
     served = dashboard.dashboard_lines("http://mlflow.lab:8080", "7", "beta_ablation-abc", "r1")
-    assert served == ["trials:    http://mlflow.lab:8080/#" + route,
-                      "sweep run: http://mlflow.lab:8080/#/experiments/7/runs/r1?workflowType=machine_learning"]
+    assert served == [
+        "trials:    http://mlflow.lab:8080/#" + route,
+        "sweep run: http://mlflow.lab:8080/#/experiments/7/runs/r1?workflowType=machine_learning",
+    ]
 
 
 def test_sweep_view_is_the_state_the_runs_page_reads():
     state = dashboard.sweep_view(dashboard.trials_filter("r1"), ["beta", "seed"], [tracking.VAL_PPL])
     columns = ["params.`search.beta`", "params.`search.seed`", "metrics.`val_ppl`"]
-    assert state == {"searchFilter": "tags.level = 'trial' and tags.`mlflow.parentRunId` = 'r1'",
-                     "orderByKey": "params.`search.beta`", "orderByAsc": True,
-                     "selectedColumns": columns, "columnOrder": columns}
+    assert state == {
+        "searchFilter": "tags.level = 'trial' and tags.`mlflow.parentRunId` = 'r1'",
+        "orderByKey": "params.`search.beta`",
+        "orderByAsc": True,
+        "selectedColumns": columns,
+        "columnOrder": columns,
+    }
     envelope = json.loads(dashboard.view_tag_value("beta_ablation-abc", state, 1234))
     assert {k: envelope[k] for k in ("name", "createdAt", "updatedAt")} == {
-        "name": "beta_ablation-abc", "createdAt": 1234, "updatedAt": 1234}
+        "name": "beta_ablation-abc",
+        "createdAt": 1234,
+        "updatedAt": 1234,
+    }
     assert json.loads(envelope["state"]) == state
     assert dashboard.runs_filter(["b", "a", "b"]) == "attributes.run_id IN ('a', 'b')"
 
@@ -66,15 +93,25 @@ def test_the_installed_mlflow_ui_reads_these_names():
     selector writes for "Machine learning"."""
     import mlflow
 
-    bundle = "".join(p.read_text(errors="replace")
-                     for p in (Path(mlflow.__file__).parent / "server/js/build/static/js").glob("*.js"))
-    for text in ('.get("workflowType")', 'MACHINE_LEARNING="machine_learning"', '"mlflow.sharedViewState."',
-                 '"viewStateShareKey"', '"searchFilter","orderByKey","orderByAsc"', '"selectedColumns","columnOrder"',
-                 'CUSTOM_MODEL_DEVELOPMENT="custom_model_development"', '"mlflow.experiment.primaryMetric.name"',
-                 "/experiments/:experimentId/runs"):
+    bundle = "".join(
+        p.read_text(errors="replace") for p in (Path(mlflow.__file__).parent / "server/js/build/static/js").glob("*.js")
+    )
+    for text in (
+        '.get("workflowType")',
+        'MACHINE_LEARNING="machine_learning"',
+        '"mlflow.sharedViewState."',
+        '"viewStateShareKey"',
+        '"searchFilter","orderByKey","orderByAsc"',
+        '"selectedColumns","columnOrder"',
+        'CUSTOM_MODEL_DEVELOPMENT="custom_model_development"',
+        '"mlflow.experiment.primaryMetric.name"',
+        "/experiments/:experimentId/runs",
+    ):
         assert text in bundle, text
-    assert (tracking.EXPERIMENT_KIND_TAG, tracking.MODEL_TRAINING) == ("mlflow.experimentKind",
-                                                                      "custom_model_development")
+    assert (tracking.EXPERIMENT_KIND_TAG, tracking.MODEL_TRAINING) == (
+        "mlflow.experimentKind",
+        "custom_model_development",
+    )
 
 
 def _declaration(argv):
@@ -99,7 +136,9 @@ def test_sweep_run_params_name_the_grid_and_the_keyed_settings():
 def test_best_metrics_follow_the_sweeps_mode():
     rows = [{"val_ppl": 3.0, "val_accuracy": 0.5}, {"val_ppl": 2.5, "val_accuracy": None}, {"val_ppl": None}]
     assert tracking.best_metrics(rows, tracking.VAL_PPL, "min", (tracking.VAL_PPL, tracking.VAL_ACCURACY)) == (
-        {"best.val_ppl": 2.5}, 1)
+        {"best.val_ppl": 2.5},
+        1,
+    )
     assert tracking.best_metrics(rows, tracking.VAL_PPL, "max", (tracking.VAL_PPL,)) == ({"best.val_ppl": 3.0}, 0)
     assert tracking.best_metrics([{}], tracking.VAL_PPL, "min", (tracking.VAL_PPL,)) == ({}, None)
 
@@ -107,8 +146,9 @@ def test_best_metrics_follow_the_sweeps_mode():
 def test_existing_experiments_are_marked_model_training(tmp_path):
     mc = tracking.client(f"sqlite:///{tmp_path / 'mlflow.db'}")
     plain = mc.create_experiment("plain", artifact_location=(tmp_path / "a").as_uri())
-    genai = mc.create_experiment("genai", artifact_location=(tmp_path / "b").as_uri(),
-                                 tags={"mlflow.experimentKind": "genai_development"})
+    genai = mc.create_experiment(
+        "genai", artifact_location=(tmp_path / "b").as_uri(), tags={"mlflow.experimentKind": "genai_development"}
+    )
     for name, made in (("plain", plain), ("genai", genai)):
         assert tracking.ensure_experiment(mc, name, tmp_path) == made
         assert mc.get_experiment(made).tags["mlflow.experimentKind"] == "custom_model_development"
@@ -139,8 +179,9 @@ def test_the_view_lists_the_summarys_trials_also_those_an_earlier_sweep_ran(tmp_
     assert found(view()) == {new_trial.info.run_id}  # at the start: the trials under this sweep run
     assert mc.get_experiment(exp).tags["mlflow.experiment.primaryMetric.name"] == "val_ppl"
     assert publish_summary_view(mc, exp, sweep, launch, now, "beta_ablation-now", uri, [{"stage_key": "k2"}]) is None
-    again = publish_summary_view(mc, exp, sweep, launch, now, "beta_ablation-now", uri,
-                                 [{"stage_key": "k1"}, {"stage_key": "k2"}])
+    again = publish_summary_view(
+        mc, exp, sweep, launch, now, "beta_ablation-now", uri, [{"stage_key": "k1"}, {"stage_key": "k2"}]
+    )
     assert again == lines
     assert found(view()) == {old_trial.info.run_id, new_trial.info.run_id}
     assert view()["selectedColumns"][0] == "params.`search.beta`"
@@ -148,14 +189,19 @@ def test_the_view_lists_the_summarys_trials_also_those_an_earlier_sweep_ran(tmp_
 
 # ---- the real thing: a tiny sweep, its store served, the printed URL in Chromium -----------
 
+
 @pytest.fixture(scope="module")
 def tiny_sweep(tmp_path_factory):
     root = tmp_path_factory.mktemp("dashboard")
     uri = f"sqlite:///{root / 'mlflow.db'}"
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        status = main("test", beta.add_flags, beta.from_args,
-                      TINY + ["--betas", ",".join(BETAS), "--tracking-uri", uri, "--storage-path", str(root / "store")])
+        status = main(
+            "test",
+            beta.add_flags,
+            beta.from_args,
+            TINY + ["--betas", ",".join(BETAS), "--tracking-uri", uri, "--storage-path", str(root / "store")],
+        )
     assert status == 0, out.getvalue()
     return uri, out.getvalue()
 
@@ -190,8 +236,10 @@ def test_printed_url_shows_the_trials_in_the_model_training_view(tiny_sweep, tmp
     assert {"best.val_accuracy", "best.exit_entropy", "best.expected_exit_step"} <= set(sweep_run.data.metrics)
     assert "analysis/report.html" in {a.path for a in mc.list_artifacts(sweep_run.info.run_id, "analysis")}
     note = sweep_run.data.tags["mlflow.note.content"]
-    assert (f"(#/experiments/{experiment_id}/runs/{sweep_run.info.run_id}/artifacts/analysis/report.html"
-            "?workflowType=machine_learning)") in note
+    assert (
+        f"(#/experiments/{experiment_id}/runs/{sweep_run.info.run_id}/artifacts/analysis/report.html"
+        "?workflowType=machine_learning)"
+    ) in note
     # The nesting MLflow shows: trials under the sweep run, each trial's stages under it.
     for trial in trials:
         assert trial.data.tags["mlflow.parentRunId"] == sweep_run.info.run_id

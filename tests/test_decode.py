@@ -22,8 +22,14 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 R = 4
 ATTENTION = ("transformer", "hybrid")
 # (arch, attention_fill): Mamba-2 backbones have no attention to fill.
-BACKBONES = [("mamba2", "hole"), ("mamba2-2groups", "hole"), ("transformer", "hole"), ("transformer", "exit_state"),
-             ("hybrid", "hole"), ("hybrid", "exit_state")]
+BACKBONES = [
+    ("mamba2", "hole"),
+    ("mamba2-2groups", "hole"),
+    ("transformer", "hole"),
+    ("transformer", "exit_state"),
+    ("hybrid", "hole"),
+    ("hybrid", "exit_state"),
+]
 
 
 def model_for(arch, seed):
@@ -36,9 +42,14 @@ def model_for(arch, seed):
 def policies(bsz, width, seed=0):
     """Every kind of policy; given exits are random steps by absolute position."""
     exit_at = torch.randint(1, R + 1, (bsz, width), generator=torch.Generator().manual_seed(seed))
-    return {"full": ExitPolicy.full(), "forced:2": ExitPolicy.forced(2), "dense:0.5": ExitPolicy.dense(0.5),
-            "skip:0.5": ExitPolicy.skip(0.5), "skip:given": ExitPolicy.given(exit_at),
-            "dense:given": ExitPolicy.given(exit_at, "dense")}
+    return {
+        "full": ExitPolicy.full(),
+        "forced:2": ExitPolicy.forced(2),
+        "dense:0.5": ExitPolicy.dense(0.5),
+        "skip:0.5": ExitPolicy.skip(0.5),
+        "skip:given": ExitPolicy.given(exit_at),
+        "dense:given": ExitPolicy.given(exit_at, "dense"),
+    }
 
 
 def full_forward(m, ids, policy, fill):
@@ -57,6 +68,7 @@ def batch(seed=3, bsz=4, width=23):
 
 # ---- the scan's states at chosen positions -------------------------------------------------
 
+
 def test_ssd_states_after_chosen_positions_match_the_recurrence():
     torch.manual_seed(0)
     b, l, h, p, g, n = 2, 29, 4, 5, 2, 6
@@ -67,15 +79,23 @@ def test_ssd_states_after_chosen_positions_match_the_recurrence():
     _, states = ssd_chunked(x, dt, A, B, C, 8, state_at=(rows, pos))
     for k in range(4):
         r, t = int(rows[k]), int(pos[k]) + 1
-        _, ref = ssm_scan_ref(x[r:r + 1, :t], dt[r:r + 1, :t], A, B[r:r + 1, :t], C[r:r + 1, :t])
+        _, ref = ssm_scan_ref(x[r : r + 1, :t], dt[r : r + 1, :t], A, B[r : r + 1, :t], C[r : r + 1, :t])
         torch.testing.assert_close(states[k], ref[0], atol=1e-12, rtol=0)
     # Three sequences packed in one row: each state is its own sequence's alone.
     seq_idx = torch.tensor([[0] * 5 + [1] * 11 + [2] * 13])
     starts, ends = [0, 5, 16], [4, 15, 28]
-    _, states = ssd_chunked(x[:1], dt[:1], A, B[:1], C[:1], 8, seq_idx=seq_idx,
-                            state_at=(torch.zeros(3, dtype=torch.long), torch.tensor(ends)))
+    _, states = ssd_chunked(
+        x[:1],
+        dt[:1],
+        A,
+        B[:1],
+        C[:1],
+        8,
+        seq_idx=seq_idx,
+        state_at=(torch.zeros(3, dtype=torch.long), torch.tensor(ends)),
+    )
     for k, (s, e) in enumerate(zip(starts, ends)):
-        _, ref = ssm_scan_ref(x[:1, s:e + 1], dt[:1, s:e + 1], A, B[:1, s:e + 1], C[:1, s:e + 1])
+        _, ref = ssm_scan_ref(x[:1, s : e + 1], dt[:1, s : e + 1], A, B[:1, s : e + 1], C[:1, s : e + 1])
         torch.testing.assert_close(states[k], ref[0], atol=1e-12, rtol=0)
 
 
@@ -88,6 +108,7 @@ def decode_each_rows_last_token(m, ids, lengths, policy, fill):
 
 
 # ---- exactness: prefill + decode = the full forward --------------------------------------------
+
 
 @pytest.mark.parametrize("arch,fill", BACKBONES)
 @pytest.mark.parametrize("spec", ["full", "forced:2", "dense:0.5", "skip:0.5", "skip:given"])
@@ -105,7 +126,7 @@ def test_prefill_then_decode_equals_the_full_forward(arch, fill, spec):
     assert torch.equal(pre.exit_step, ref.exit_step[rows, lengths - 2])
     if spec.startswith("skip"):  # rows of different lengths, tokens exiting at different steps
         assert len(set(out.exit_step.tolist() + pre.exit_step.tolist())) > 1
-        assert (ref.exit_step[rows, :lengths.min()] < R).any() and (ref.exit_step > 1).any()
+        assert (ref.exit_step[rows, : lengths.min()] < R).any() and (ref.exit_step > 1).any()
 
 
 @pytest.mark.parametrize("arch,fill", BACKBONES)
@@ -121,7 +142,7 @@ def test_zero_shot_exit_rules_decode_exactly_too(arch, fill, spec):
     torch.testing.assert_close(out.logits, ref.logits[rows, lengths - 1], atol=1e-10, rtol=1e-10)
     assert torch.equal(out.exit_step, ref.exit_step[rows, lengths - 1])
     if "entropy" in spec or "stable" in spec:  # thresholds chosen so that tokens leave at different steps
-        assert len(set(ref.exit_step[rows, :lengths.min()].flatten().tolist())) > 1
+        assert len(set(ref.exit_step[rows, : lengths.min()].flatten().tolist())) > 1
 
 
 @pytest.mark.parametrize("arch,fill", BACKBONES)
@@ -141,7 +162,7 @@ def decode_token_by_token_against_the_full_forward(m, ids, policy, fill="hole", 
     full forward. Returns the decoded tokens' exit steps."""
     start = torch.tensor(start)
     # Attention buffers sized for the prompts alone: decoding grows them.
-    pre = prefill(m, ids[:, :int(start.max())], policy, lengths=start, attention_fill=fill)
+    pre = prefill(m, ids[:, : int(start.max())], policy, lengths=start, attention_fill=fill)
     ref = full_forward(m, ids, policy, fill)
     torch.testing.assert_close(pre.logits, ref.logits[torch.arange(ids.shape[0]), start - 1], atol=1e-10, rtol=1e-10)
     exits = []
@@ -210,13 +231,13 @@ def test_exit_state_fill_matches_a_per_sequence_reference_and_differs_from_holes
         filled = m(ids, ExitPolicy.skip(0.5), attention_fill="exit_state")
         holes = m(ids, ExitPolicy.skip(0.5))
         for b in range(3):
-            torch.testing.assert_close(filled.logits[b], exit_state_reference(m, ids[b], 0.5), atol=1e-10,
-                                       rtol=1e-10)
+            torch.testing.assert_close(filled.logits[b], exit_state_reference(m, ids[b], 0.5), atol=1e-10, rtol=1e-10)
     assert (filled.exit_step < R).any() and (filled.exit_step > 1).any()
     assert not torch.allclose(filled.logits, holes.logits)  # the fill is seen by later survivors
 
 
 # ---- what the cache holds ---------------------------------------------------------------------
+
 
 def test_mamba2_cache_size_does_not_grow_with_the_context():
     m = gated_model("mamba2", seed=0)
@@ -256,12 +277,13 @@ def test_an_exited_token_reaches_no_deeper_loop_when_decoding(arch):
     exited = plain[i].exit_step < R
     assert not torch.allclose(poked[i].logits[exited], plain[i].logits[exited])  # the poke landed
     torch.testing.assert_close(poked[i].logits[~exited], plain[i].logits[~exited], atol=0, rtol=0)
-    for a, b in zip(plain[i + 1:], poked[i + 1:]):
+    for a, b in zip(plain[i + 1 :], poked[i + 1 :]):
         torch.testing.assert_close(b.logits, a.logits, atol=0, rtol=0)
     if arch == "hybrid":
         plain, poked = run("exit_state", None), run("exit_state", 8 + i)
-        assert not torch.allclose(torch.stack([o.logits for o in poked[i + 1:]]),
-                                  torch.stack([o.logits for o in plain[i + 1:]]))
+        assert not torch.allclose(
+            torch.stack([o.logits for o in poked[i + 1 :]]), torch.stack([o.logits for o in plain[i + 1 :]])
+        )
 
 
 def test_decoding_leaves_deeper_loop_states_of_exited_rows_untouched():
@@ -291,6 +313,7 @@ def test_decode_runs_each_loop_on_the_running_rows_only():
 
 # ---- generation -------------------------------------------------------------------------------
 
+
 def greedy_reference(m, prompt: list[int], n: int, policy) -> tuple[list[int], list[int]]:
     """Greedy decoding by re-running the full forward over the whole sequence for
     every new token (no cache): the new tokens and the exit step that predicted each."""
@@ -299,11 +322,12 @@ def greedy_reference(m, prompt: list[int], n: int, policy) -> tuple[list[int], l
         out = m(torch.tensor([seq]), policy)
         seq.append(int(out.logits[0, -1].argmax()))
         exits.append(int(out.exit_step[0, -1]))
-    return seq[len(prompt):], exits
+    return seq[len(prompt) :], exits
 
 
-@pytest.mark.parametrize("arch,spec", [("mamba2", "skip:0.5"), ("hybrid", "skip:0.5"), ("transformer", "dense:0.5"),
-                                       ("hybrid", "forced:3")])
+@pytest.mark.parametrize(
+    "arch,spec", [("mamba2", "skip:0.5"), ("hybrid", "skip:0.5"), ("transformer", "dense:0.5"), ("hybrid", "forced:3")]
+)
 def test_greedy_generation_of_ragged_prompts_equals_the_uncached_loop(arch, spec):
     m = gated_model(arch, seed=7)
     policy = ExitPolicy.parse(spec)
@@ -322,12 +346,12 @@ def test_generation_stops_at_eos_and_stop_strings():
     free = generate(m, prompts, 8, ExitPolicy.skip(0.5))
     eos = free.tokens[0][2]
     cut = generate(m, prompts, 8, ExitPolicy.skip(0.5), eos_id=eos)
-    assert cut.tokens[0] == free.tokens[0][:free.tokens[0].index(eos)] and cut.finish[0] == "eos"
+    assert cut.tokens[0] == free.tokens[0][: free.tokens[0].index(eos)] and cut.finish[0] == "eos"
     decode = lambda ids: "".join(chr(97 + t % 26) for t in ids)  # noqa: E731
     text = decode(free.tokens[1])
     stop = text[3:5]
     stopped = generate(m, prompts, 8, ExitPolicy.skip(0.5), stop=[[], [stop, "never"]], decode=decode)
-    assert stopped.texts[1] == text[:text.index(stop)] and stopped.finish[1] == "stop"
+    assert stopped.texts[1] == text[: text.index(stop)] and stopped.finish[1] == "stop"
     assert stopped.texts[0] == decode(free.tokens[0]) and stopped.finish[0] == "length"
 
 
@@ -378,8 +402,19 @@ def test_generate_command_prints_the_continuation_and_its_loops(tmp_path, capsys
         model.exit_gate.weight.normal_(0, 5.0, generator=torch.Generator().manual_seed(0))
         model.exit_gate.bias.fill_(0.0)
     save_model(model, tmp_path / "ckpt")
-    args = ["generate", "--checkpoint", str(tmp_path / "ckpt"), "--prompt", "Once upon", "--policy", "skip:0.5",
-            "--max-new-tokens", "12", "--device", "cpu"]
+    args = [
+        "generate",
+        "--checkpoint",
+        str(tmp_path / "ckpt"),
+        "--prompt",
+        "Once upon",
+        "--policy",
+        "skip:0.5",
+        "--max-new-tokens",
+        "12",
+        "--device",
+        "cpu",
+    ]
     assert main(args + ["--json"]) == 0
     record = json.loads(capsys.readouterr().out)
     assert len(record["tokens"]) == len(record["loops"]) == 12 and record["finish"] == "length"

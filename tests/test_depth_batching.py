@@ -18,15 +18,19 @@ def teacher_forced(m, ids, start, policy, fill="hole", readout=True):
     """Prefill each row's first start[b] tokens, then feed the rest of its row through
     depth batching (decode_given_tokens), each row starting its next token as soon as
     its previous one is done. Returns {(row, position): Done entry} and the batch."""
-    pre = prefill(m, ids[:, :int(start.max())], policy, lengths=start, capacity=ids.shape[1], attention_fill=fill)
+    pre = prefill(m, ids[:, : int(start.max())], policy, lengths=start, capacity=ids.shape[1], attention_fill=fill)
     pos = start.clone()  # each row's tokens finish in order: the next one done is at pos[b]
     seen = {}
 
     def record(done):
         for i, b in enumerate(done.rows.tolist()):
-            seen[b, int(pos[b])] = (None if done.logits is None else done.logits[i], int(done.exit_step[i]),
-                                    int(done.loops[i]))
+            seen[b, int(pos[b])] = (
+                None if done.logits is None else done.logits[i],
+                int(done.exit_step[i]),
+                int(done.loops[i]),
+            )
             pos[b] += 1
+
     db = decode_given_tokens(m, pre.cache, ids, start, policy, readout=readout, on_done=record)
     return seen, db
 
@@ -111,8 +115,9 @@ def test_a_step_with_no_running_token_is_a_one_line_error(started):
         db.advance()
 
 
-@pytest.mark.parametrize("arch,spec", [("mamba2", "skip:0.5"), ("hybrid", "skip:0.5"), ("transformer", "dense:0.5"),
-                                       ("hybrid", "forced:3")])
+@pytest.mark.parametrize(
+    "arch,spec", [("mamba2", "skip:0.5"), ("hybrid", "skip:0.5"), ("transformer", "dense:0.5"), ("hybrid", "forced:3")]
+)
 def test_depth_scheduled_generation_equals_the_uncached_loop(arch, spec):
     """Greedy generation of ragged prompts (different lengths and budgets, one row
     stopping at <eos>) under the depth schedule: each row's tokens and exit steps are
@@ -129,8 +134,8 @@ def test_depth_scheduled_generation_equals_the_uncached_loop(arch, spec):
         assert gen.loops[b] == (exits if policy.execution != "dense" else [R] * len(exits))
     eos = gen.tokens[0][2]
     cut = generate(m, prompts, budgets, policy, schedule="depth", eos_id=eos)
-    assert cut.tokens[0] == gen.tokens[0][:gen.tokens[0].index(eos)] and cut.finish[0] == "eos"
-    assert cut.tokens[1:] == [t[:t.index(eos)] if eos in t else t for t in gen.tokens[1:]]
+    assert cut.tokens[0] == gen.tokens[0][: gen.tokens[0].index(eos)] and cut.finish[0] == "eos"
+    assert cut.tokens[1:] == [t[: t.index(eos)] if eos in t else t for t in gen.tokens[1:]]
     # The work done is each row's own, as under lockstep.
     lock = generate(m, prompts, budgets, policy)
     assert (gen.ran_tokens, gen.ran_loops) == (lock.ran_tokens, lock.ran_loops)

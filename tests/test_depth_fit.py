@@ -16,10 +16,21 @@ PAIRS = [(6, 1), (6, 4), (12, 1), (12, 2), (24, 1), (3, 4), (6, 2)]  # the paper
 
 def _points(gamma: float, pairs=PAIRS, seeds=(0, 1, 2), noise=0.004, a=4.0, b=-0.35) -> pl.DataFrame:
     rng = np.random.default_rng(7)
-    rows = [{"experiment": "iso", ARCH: "mamba2", N_LAYERS: n, "n_loops": r, "seed": s, "stage": PRETRAIN,
-             "policy": FULL, "stage_key": f"{n}x{r}-{s}-{gamma}",
-             "loss": a + b * math.log(n * r ** gamma) + rng.normal(0, noise)}
-            for n, r in pairs for s in seeds]
+    rows = [
+        {
+            "experiment": "iso",
+            ARCH: "mamba2",
+            N_LAYERS: n,
+            "n_loops": r,
+            "seed": s,
+            "stage": PRETRAIN,
+            "policy": FULL,
+            "stage_key": f"{n}x{r}-{s}-{gamma}",
+            "loss": a + b * math.log(n * r**gamma) + rng.normal(0, noise),
+        }
+        for n, r in pairs
+        for s in seeds
+    ]
     return pl.DataFrame(rows)
 
 
@@ -75,7 +86,7 @@ def test_interval_covers_a_known_gamma_at_its_confidence():
     n, r = [p[0] for p in pairs], [p[1] for p in pairs]
     hits = 0
     for _ in range(200):
-        loss = [3.0 - 0.3 * math.log(a * b ** 0.6) + rng.normal(0, 0.01) for a, b in pairs]
+        loss = [3.0 - 0.3 * math.log(a * b**0.6) + rng.normal(0, 0.01) for a, b in pairs]
         fit = fit_depth(n, r, loss)
         hits += fit.low <= 0.6 <= fit.high
     assert hits >= 0.88 * 200
@@ -96,9 +107,12 @@ def test_a_shared_pretraining_counts_once_and_other_searched_values_split_the_fi
     table, fitted, _ = fit_groups(shared)
     assert table["n_points"].to_list() == [pts.height]
     hops = PARAM + tracking.SEARCH_PARAM + "hops"
-    scan = pl.concat([_points(1.0).with_columns(pl.lit(16).alias(hops)),
-                      _points(0.5, a=2.0).with_columns(pl.lit(32).alias(hops),
-                                                       pl.col("stage_key") + "-p32")])
+    scan = pl.concat(
+        [
+            _points(1.0).with_columns(pl.lit(16).alias(hops)),
+            _points(0.5, a=2.0).with_columns(pl.lit(32).alias(hops), pl.col("stage_key") + "-p32"),
+        ]
+    )
     table, _, notes = fit_groups(scan)
     assert notes == [] and table.sort("setting")["setting"].to_list() == ["hops=16", "hops=32"]
     assert table.sort("setting")["gamma"].to_list() == pytest.approx([1.0, 0.5], abs=0.1)

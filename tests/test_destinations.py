@@ -42,8 +42,14 @@ def test_over_long_names_are_refused_in_one_line(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("check, flag", [(destinations.output_dir, "--out"), (destinations.output_file, "--json"),
-                                         (destinations.tracking_uri, "--tracking-uri")])
+@pytest.mark.parametrize(
+    "check, flag",
+    [
+        (destinations.output_dir, "--out"),
+        (destinations.output_file, "--json"),
+        (destinations.tracking_uri, "--tracking-uri"),
+    ],
+)
 @pytest.mark.parametrize("empty", ["", "  "])
 def test_an_empty_destination_is_refused_not_taken_for_here(check, flag, empty):
     assert refused(check, flag, empty).startswith(f"{flag}={empty!r} is invalid")
@@ -69,8 +75,9 @@ def test_the_kind_of_each_entry_is_checked(tmp_path):
     assert "a file path (this is a folder)" in refused(destinations.output_file, "--json", tmp_path)
     (tmp_path / "file").write_text("x")
     assert "a folder (this is a file)" in refused(destinations.output_dir, "--out", tmp_path / "file")
-    assert "(" + str(tmp_path / "file") + " is a file)" in refused(destinations.output_dir, "--out",
-                                                                   tmp_path / "file" / "run")
+    assert "(" + str(tmp_path / "file") + " is a file)" in refused(
+        destinations.output_dir, "--out", tmp_path / "file" / "run"
+    )
 
 
 def test_the_files_a_command_writes_inside_its_folder_are_checked(tmp_path):
@@ -86,8 +93,9 @@ def test_an_sqlite_store_is_a_writable_folder_and_an_sqlite_file(tmp_path):
     not_db = tmp_path / "notes.txt"
     not_db.write_text("hello")
     assert "an SQLite database file" in refused(destinations.tracking_uri, "--tracking-uri", f"sqlite:///{not_db}")
-    assert "--tracking-uri='sqlite:////proc/looplab/m.db'" in refused(destinations.tracking_uri, "--tracking-uri",
-                                                                      "sqlite:////proc/looplab/m.db")
+    assert "--tracking-uri='sqlite:////proc/looplab/m.db'" in refused(
+        destinations.tracking_uri, "--tracking-uri", "sqlite:////proc/looplab/m.db"
+    )
     assert "File name too long" in refused(destinations.tracking_uri, "--tracking-uri", f"sqlite:///{tmp_path}/{LONG}")
     empty = tmp_path / "empty.db"
     empty.write_bytes(b"")  # SQLite makes its tables in an empty file
@@ -110,8 +118,9 @@ def test_a_folder_store_is_checked_as_a_folder_when_mlflow_allows_it(monkeypatch
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     destinations.tracking_uri("--tracking-uri", str(tmp_path / "mlruns"))
     destinations.tracking_uri("--tracking-uri", f"file://{tmp_path / 'mlruns'}")
-    assert "--tracking-uri='file:///proc/looplab-mlruns'" in refused(destinations.tracking_uri, "--tracking-uri",
-                                                                      "file:///proc/looplab-mlruns")
+    assert "--tracking-uri='file:///proc/looplab-mlruns'" in refused(
+        destinations.tracking_uri, "--tracking-uri", "file:///proc/looplab-mlruns"
+    )
     assert list(tmp_path.iterdir()) == []
 
 
@@ -120,12 +129,14 @@ def test_a_read_only_store_reads_and_a_writable_one_is_probed(tmp_path):
     store.write_bytes(b"")
     destinations.existing_store("--tracking-uri", f"sqlite:///{store}")
     destinations.existing_store("--tracking-uri", f"sqlite:///{store}", write=True)
-    assert "an existing MLflow store" in refused(destinations.existing_store, "--tracking-uri",
-                                                  f"sqlite:///{tmp_path / 'none.db'}")
+    assert "an existing MLflow store" in refused(
+        destinations.existing_store, "--tracking-uri", f"sqlite:///{tmp_path / 'none.db'}"
+    )
     assert not (tmp_path / "none.db").exists()
     assert sorted(os.listdir(tmp_path)) == ["mlflow.db"]
-    assert "--tracking-uri='sqlite:////proc/version'" in refused(destinations.existing_store, "--tracking-uri",
-                                                                 "sqlite:////proc/version", True)
+    assert "--tracking-uri='sqlite:////proc/version'" in refused(
+        destinations.existing_store, "--tracking-uri", "sqlite:////proc/version", True
+    )
 
 
 def test_write_text_writes_a_checked_file(tmp_path):

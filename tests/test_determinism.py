@@ -22,8 +22,20 @@ from looplab import tracking
 
 ROOT = Path(__file__).resolve().parents[1]
 # p-hop as paper_mini trains it (2 hops, 16-token sequences, the looped 1⊗4), small.
-ARGS = ["--preset", "phop-debug", "--no-resume", "task.n=16", "task.p=2", "model.d_model=32", "model.n_layers=1",
-        "model.n_loops=4", "train.steps=40", "train.eval_every=20", "train.log_every=10", "train.seed=100"]
+ARGS = [
+    "--preset",
+    "phop-debug",
+    "--no-resume",
+    "task.n=16",
+    "task.p=2",
+    "model.d_model=32",
+    "model.n_layers=1",
+    "model.n_loops=4",
+    "train.steps=40",
+    "train.eval_every=20",
+    "train.log_every=10",
+    "train.seed=100",
+]
 TIMING = ("tokens_per_s",)  # wall clock: never equal twice
 
 
@@ -37,8 +49,13 @@ def numbers(out: Path) -> list[dict]:
 def test_two_identical_phop_runs_give_the_same_numbers(tmp_path):
     runs = []
     for name in ("a", "b"):  # separate processes, as two sweeps would run them
-        done = subprocess.run([sys.executable, "-m", "looplab.cli", "train", "--out", str(tmp_path / name), *ARGS],
-                              cwd=ROOT, capture_output=True, text=True, timeout=600)
+        done = subprocess.run(
+            [sys.executable, "-m", "looplab.cli", "train", "--out", str(tmp_path / name), *ARGS],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert done.returncode == 0, done.stderr[-2000:]
         runs.append(numbers(tmp_path / name))
     a, b = runs

@@ -26,9 +26,18 @@ STEPS = 4
 
 
 def configs(tmp_path):
-    overrides = {"train.steps": STEPS, "train.batch_size": 8, "train.eval_every": 0, "train.eval_limit": 16,
-                 "train.log_every": 1, "train.warmup_steps": 1, "model.n_loops": 3,
-                 "hole.sampler": "depth", "hole.lo": 1.0, "hole.hi": 3.0}
+    overrides = {
+        "train.steps": STEPS,
+        "train.batch_size": 8,
+        "train.eval_every": 0,
+        "train.eval_limit": 16,
+        "train.log_every": 1,
+        "train.warmup_steps": 1,
+        "model.n_loops": 3,
+        "hole.sampler": "depth",
+        "hole.lo": 1.0,
+        "hole.hi": 3.0,
+    }
     base = get_preset("phop-debug")
     parent = tmp_path / "pretrain"
     train(stage_config(base, "pretrain", overrides=overrides), parent, quiet=True)

@@ -74,6 +74,7 @@ def test_generation_must_match_the_full_forward(monkeypatch):
         out = original(*args, **kwargs)
         out.logits = out.logits + 1e-2
         return out
+
     monkeypatch.setattr(generate, "decode_step", drifting)
     assert all(c.status == doctor.FAIL for c in doctor.generation_check(CPU))
 
@@ -97,17 +98,23 @@ def test_the_training_probe_measures_a_step_beside_its_plan(monkeypatch):
 def test_a_check_that_raises_fails_alone():
     def broken():
         raise RuntimeError("CUDA error: an illegal memory access\nmore")
+
     (check,) = doctor.guarded("scan", broken)
     assert check.status == doctor.FAIL and check.reason == "RuntimeError: CUDA error: an illegal memory access"
 
 
 def test_the_command_writes_every_check_and_exits_by_them(tmp_path, capsys, monkeypatch):
-    assert looplab_main(["doctor", "--quick", "--json", str(tmp_path / "d.json"),
-                         "--markdown", str(tmp_path / "d.md")]) == 0
+    assert (
+        looplab_main(["doctor", "--quick", "--json", str(tmp_path / "d.json"), "--markdown", str(tmp_path / "d.md")])
+        == 0
+    )
     report = json.loads((tmp_path / "d.json").read_text())
     names = {c["name"]: c for c in report["checks"]}
     assert report["failed"] == 0 and names["python"]["status"] == "pass"
-    assert names["scan kernel vs torch (float32)"]["status"] == "skip" and names["scan kernel vs torch (float32)"]["reason"]
+    assert (
+        names["scan kernel vs torch (float32)"]["status"] == "skip"
+        and names["scan kernel vs torch (float32)"]["reason"]
+    )
     assert all(set(c) >= {"name", "status", "figure", "value", "unit", "reason"} for c in report["checks"])
     assert "| check | status |" in (tmp_path / "d.md").read_text()
     kernels_on_cpu(monkeypatch, wrong_scan)
@@ -119,8 +126,12 @@ def test_the_command_writes_every_check_and_exits_by_them(tmp_path, capsys, monk
 def test_nodes_report():
     from sweeps.nodes import check_nodes, report
 
-    text, ok = report([("a", [{"name": "x", "status": "pass", "reason": ""}]),
-                       ("b", [{"name": "gemm", "status": "fail", "reason": "slow"}])])
+    text, ok = report(
+        [
+            ("a", [{"name": "x", "status": "pass", "reason": ""}]),
+            ("b", [{"name": "gemm", "status": "fail", "reason": "slow"}]),
+        ]
+    )
     assert not ok and "doctor b: FAIL gemm: slow" in text and "doctor a: ok" in text
     assert report([])[1]
     ((host, checks),) = check_nodes("")  # no cluster: this machine
@@ -169,8 +180,13 @@ def test_device_check_on_a_machine_without_a_gpu(tmp_path):
     import subprocess
 
     root = doctor_script().parents[1]
-    done = subprocess.run(["bash", str(root / "scripts" / "device_check.sh"), str(tmp_path / "out")], cwd=root,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        ["bash", str(root / "scripts" / "device_check.sh"), str(tmp_path / "out")],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     report = (tmp_path / "out" / "report.md").read_text()
     assert "0 failed" in report and (tmp_path / "out" / "doctor.json").is_file()

@@ -63,11 +63,21 @@ def test_eval_key_is_the_content_of_the_evaluation(tmp_path):
     key = ev.eval_key("abc123", "skip:0.4", mc_task, 6)
     assert key == ev.eval_key("abc123", "skip:0.4", mc_task, 6) and len(key) == 12
     # each thing that changes the result changes the key
-    assert len({key, ev.eval_key("abc124", "skip:0.4", mc_task, 6), ev.eval_key("abc123", "skip:0.6", mc_task, 6),
-                ev.eval_key("abc123", "skip:0.4", cloze, 6), ev.eval_key("abc123", "skip:0.4", mc_task, 7),
+    assert (
+        len(
+            {
+                key,
+                ev.eval_key("abc124", "skip:0.4", mc_task, 6),
+                ev.eval_key("abc123", "skip:0.6", mc_task, 6),
+                ev.eval_key("abc123", "skip:0.4", cloze, 6),
+                ev.eval_key("abc123", "skip:0.4", mc_task, 7),
                 ev.eval_key("abc123", "skip:0.4", mc_task, None),
                 ev.eval_key("abc123", "skip:0.4", replace(mc_task, num_fewshot=5), 6),
-                ev.eval_key("abc123", "skip:0.4", replace(mc_task, metric="acc"), 6)}) == 8
+                ev.eval_key("abc123", "skip:0.4", replace(mc_task, metric="acc"), 6),
+            }
+        )
+        == 8
+    )
     # the data by content: the same files elsewhere give the same key, one changed byte another
     copy = tmp_path / "copy"
     copy.mkdir()
@@ -99,15 +109,17 @@ def test_policies_per_stage():
     defaults = ev.EvalGrid(())
     # App. E on the pre-trained model (forced R as full depth), App. F on gated stages
     assert specs(defaults, "pretrain") == ["forced:1", "forced:2", "forced:3", "full"]
-    assert specs(defaults, "stage2") == [f"{m}:{q}" for m in ("dense", "skip") for q in ("0.2", "0.4", "0.6", "0.8",
-                                                                                          "1.0")]
+    assert specs(defaults, "stage2") == [
+        f"{m}:{q}" for m in ("dense", "skip") for q in ("0.2", "0.4", "0.6", "0.8", "1.0")
+    ]
     named = ev.EvalGrid((), "dense:0.2;skip:0.4;forced:1-4")
     # gate policies need a trained gate; forced depths stop at the checkpoint's R
     assert specs(named, "pretrain") == ["forced:1", "forced:2", "forced:3", "full"]
     assert specs(named, "chase") == ["dense:0.2", "skip:0.4", "forced:1", "forced:2", "forced:3", "full"]
     assert specs(named, "pretrain", n_loops=2) == ["forced:1", "full"]
-    assert ev.EvalGrid((), stages=("stage2",)).evaluates("stage2") and not ev.EvalGrid((), stages=("stage2",)).evaluates(
-        "pretrain")
+    assert ev.EvalGrid((), stages=("stage2",)).evaluates("stage2") and not ev.EvalGrid(
+        (), stages=("stage2",)
+    ).evaluates("pretrain")
 
 
 # ---- the step, in-process -------------------------------------------------------------------
@@ -139,11 +151,15 @@ def trained(tmp_path_factory):
     checkpoints = []
     for cfg, folder, lineage, gate in ((pre, "pre", ("pretrain",), None), (s1, "s1", ("pretrain", "stage1"), 1)):
         path = save(cfg, root / folder, gate)
-        run, _ = tracking.open_run(mc, exp, name=folder, key={tracking.LEVEL: tracking.STAGE,
-                                                              tracking.STAGE_KEY: cfg.stage_key()},
-                                   tags=tracking.config_tags(cfg, level=tracking.STAGE, lineage=lineage,
-                                                             **{tracking.REUSED: "false",
-                                                                tracking.CHECKPOINT: str(path)}))
+        run, _ = tracking.open_run(
+            mc,
+            exp,
+            name=folder,
+            key={tracking.LEVEL: tracking.STAGE, tracking.STAGE_KEY: cfg.stage_key()},
+            tags=tracking.config_tags(
+                cfg, level=tracking.STAGE, lineage=lineage, **{tracking.REUSED: "false", tracking.CHECKPOINT: str(path)}
+            ),
+        )
         tracking.close_run(mc, run, ok=True)
         checkpoints.append(ev.Checkpoint(str(path), cfg.stage, cfg.stage_key(), cfg.config_hash(), lineage, R, run))
     return {"root": root, "uri": uri, "mc": mc, "exp": exp, "checkpoints": checkpoints}
@@ -162,8 +178,9 @@ def test_evaluation_step_reuses_what_the_store_has(trained):
 
     mc, exp, (pre, s1) = trained["mc"], trained["exp"], trained["checkpoints"]
     tasks = toy_tasks()
-    common = dict(tracking_uri=trained["uri"], experiment="evaluation", artifact_root=trained["root"] / "mlflow",
-                  inline=True)
+    common = dict(
+        tracking_uri=trained["uri"], experiment="evaluation", artifact_root=trained["root"] / "mlflow", inline=True
+    )
     grid = ev.EvalGrid(tasks, "skip:0.4;forced:1;full", limit=6)
     first = ev.evaluate(grid, [pre, s1], **common)
     # pretrain: forced:1 and full (skip needs a gate); stage1: all three; × 2 tasks
@@ -176,7 +193,8 @@ def test_evaluation_step_reuses_what_the_store_has(trained):
     for r in runs:
         ck = pre if r.data.tags["stage"] == "pretrain" else s1
         assert r.data.tags["mlflow.parentRunId"] == ck.run_id and r.data.tags["method"] == (
-            "fixed" if ck is pre else "Ouro")
+            "fixed" if ck is pre else "Ouro"
+        )
         assert r.data.params["eval.limit"] == "6" and r.data.params["eval.n_samples"] == "6"
 
     # the values: the same evaluation through lm-eval directly (an independent run of the adapter)
@@ -192,8 +210,9 @@ def test_evaluation_step_reuses_what_the_store_has(trained):
     assert full[f"val_lm_eval_loops.{TASKS[0]}"] == R and one[f"forced_d1_lm_eval_loops.{TASKS[0]}"] == 1
     assert full[f"val_lm_eval_flops.{TASKS[0]}"] == pytest.approx(R * one[f"forced_d1_lm_eval_flops.{TASKS[0]}"])
     assert one[f"forced_d1_lm_eval_seconds.{TASKS[0]}"] > 0
-    assert {tracking.parse_metric(k)[1] for k in metrics} == {f"{f}.{TASKS[1]}" for f in (
-        "lm_eval", "lm_eval_loops", "lm_eval_flops", "lm_eval_seconds")}
+    assert {tracking.parse_metric(k)[1] for k in metrics} == {
+        f"{f}.{TASKS[1]}" for f in ("lm_eval", "lm_eval_loops", "lm_eval_flops", "lm_eval_seconds")
+    }
 
     # one more q and one more policy: only those run; nothing is recomputed
     ends = {r.info.run_id: r.info.end_time for r in runs}
@@ -242,17 +261,20 @@ def sweep_main(argv):
     return main("test", adaptive_pipeline.add_flags, adaptive_pipeline.from_args, argv)
 
 
-@pytest.mark.parametrize("extra, field", [
-    (["--eval-tasks", "looplab_toy_mc", "--eval-policies", "forced:7"], "--eval-policies='forced:7'"),
-    (["--eval-tasks", "looplab_toy_mc", "--eval-policies", "fast:1"], "--eval-policies='fast:1'"),
-    (["--eval-tasks", "looplab_toy_mc", "--eval-stages", "stage3"], "--eval-stages='stage3'"),
-    (["--eval-tasks", "looplab_toy_mc", "--eval-limit", "0"], "--eval-limit='0'"),
-    (["--eval-tasks", "looplab_toy_mc", "--eval-cpus", "0"], "--eval-cpus=0.0"),
-    (["--eval-tasks", "looplab_toy_mc", "--eval-gpus", "1"], "--eval-gpus=1.0"),
-    (["--eval-tasks", "piqa", "--eval-data", "."], "--eval-data='.'"),
-    (["--eval-policies", "skip:0.4"], "--eval-tasks=''"),
-    (["--eval-tasks", "looplab_nope"], "--eval-tasks='looplab_nope'"),  # checked against lm-eval's own index too
-])
+@pytest.mark.parametrize(
+    "extra, field",
+    [
+        (["--eval-tasks", "looplab_toy_mc", "--eval-policies", "forced:7"], "--eval-policies='forced:7'"),
+        (["--eval-tasks", "looplab_toy_mc", "--eval-policies", "fast:1"], "--eval-policies='fast:1'"),
+        (["--eval-tasks", "looplab_toy_mc", "--eval-stages", "stage3"], "--eval-stages='stage3'"),
+        (["--eval-tasks", "looplab_toy_mc", "--eval-limit", "0"], "--eval-limit='0'"),
+        (["--eval-tasks", "looplab_toy_mc", "--eval-cpus", "0"], "--eval-cpus=0.0"),
+        (["--eval-tasks", "looplab_toy_mc", "--eval-gpus", "1"], "--eval-gpus=1.0"),
+        (["--eval-tasks", "piqa", "--eval-data", "."], "--eval-data='.'"),
+        (["--eval-policies", "skip:0.4"], "--eval-tasks=''"),
+        (["--eval-tasks", "looplab_nope"], "--eval-tasks='looplab_nope'"),  # checked against lm-eval's own index too
+    ],
+)
 def test_bad_evaluation_input_is_one_line_before_ray(extra, field, capsys, monkeypatch, tmp_path):
     import looplab.checkpoint
 
@@ -275,8 +297,21 @@ def test_bad_evaluation_input_is_one_line_before_ray(extra, field, capsys, monke
 
 
 def test_dry_run_lists_the_evaluations(capsys, tmp_path):
-    argv = ["--preset", "debug", "--dry-run", "--storage-path", str(tmp_path), "--eval-tasks", ",".join(TASKS),
-            "--eval-include", str(DATA), "--eval-policies", "skip:0.4;forced:1-4", "--eval-limit", "6"]
+    argv = [
+        "--preset",
+        "debug",
+        "--dry-run",
+        "--storage-path",
+        str(tmp_path),
+        "--eval-tasks",
+        ",".join(TASKS),
+        "--eval-include",
+        str(DATA),
+        "--eval-policies",
+        "skip:0.4;forced:1-4",
+        "--eval-limit",
+        "6",
+    ]
     assert sweep_main(argv) == 0
     out = capsys.readouterr().out
     # pretrain: forced 1..3 + full; stage1, chase and the two stage2: skip:0.4 + the same four
@@ -287,11 +322,37 @@ def test_dry_run_lists_the_evaluations(capsys, tmp_path):
 def test_standalone_evaluate_errors_are_one_line(trained, tmp_path, capsys):
     from sweeps.evaluate import main
 
-    assert main(["--experiment", "x", "--storage-path", str(tmp_path), "--eval-tasks", "looplab_toy_mc",
-                 "--eval-include", str(DATA)]) == 2
+    assert (
+        main(
+            [
+                "--experiment",
+                "x",
+                "--storage-path",
+                str(tmp_path),
+                "--eval-tasks",
+                "looplab_toy_mc",
+                "--eval-include",
+                str(DATA),
+            ]
+        )
+        == 2
+    )
     assert capsys.readouterr().err.strip().startswith("error: --tracking-uri=")
-    assert main(["--experiment", "nope", "--tracking-uri", trained["uri"], "--eval-tasks", "looplab_toy_mc",
-                 "--eval-include", str(DATA)]) == 2
+    assert (
+        main(
+            [
+                "--experiment",
+                "nope",
+                "--tracking-uri",
+                trained["uri"],
+                "--eval-tasks",
+                "looplab_toy_mc",
+                "--eval-include",
+                str(DATA),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and err.startswith("error: --experiment='nope' is invalid") and "evaluation" in err
     assert main(["--experiment", "evaluation", "--tracking-uri", trained["uri"]]) == 2
@@ -301,8 +362,21 @@ def test_standalone_evaluate_errors_are_one_line(trained, tmp_path, capsys):
 def test_standalone_evaluate_dry_run_reads_the_store(trained, capsys):
     from sweeps.evaluate import main
 
-    argv = ["--experiment", "evaluation", "--tracking-uri", trained["uri"], "--eval-tasks", ",".join(TASKS),
-            "--eval-include", str(DATA), "--eval-policies", "skip:0.4;forced:1;full", "--eval-limit", "6", "--dry-run"]
+    argv = [
+        "--experiment",
+        "evaluation",
+        "--tracking-uri",
+        trained["uri"],
+        "--eval-tasks",
+        ",".join(TASKS),
+        "--eval-include",
+        str(DATA),
+        "--eval-policies",
+        "skip:0.4;forced:1;full",
+        "--eval-limit",
+        "6",
+        "--dry-run",
+    ]
     assert main(argv) == 0
     out = capsys.readouterr().out
     # the store's two stage runs; what test_evaluation_step_reuses_what_the_store_has left there is reused
@@ -310,8 +384,18 @@ def test_standalone_evaluate_dry_run_reads_the_store(trained, capsys):
 
 
 # ---- a sweep, on Ray ----------------------------------------------------------------------------
-TINY = ["--preset", "debug", "--set", "train.steps=4", "--set", "train.eval_limit=8", "--set", "train.log_every=2",
-        "--set", "train.eval_every=0"]
+TINY = [
+    "--preset",
+    "debug",
+    "--set",
+    "train.steps=4",
+    "--set",
+    "train.eval_limit=8",
+    "--set",
+    "train.log_every=2",
+    "--set",
+    "train.eval_every=0",
+]
 
 
 @pytest.mark.ray
@@ -335,14 +419,21 @@ def test_adaptive_pipeline_with_an_evaluation_grid(tmp_path, capsys):
     assert sorted(r.data.tags["stage"] for r in stages) == ["chase", "pretrain", "stage1", "stage2", "stage2"]
     runs = eval_runs(mc, exp)
     # 5 checkpoints: pretrain forced:1 (no gate); stage1, chase and two stage2 skip:0.4 and forced:1; × 2 tasks
-    expected = {(k, p, t) for k, r in trained.items() for t in TASKS
-                for p in (["forced:1"] if r.data.tags["stage"] == "pretrain" else ["skip:0.4", "forced:1"])}
+    expected = {
+        (k, p, t)
+        for k, r in trained.items()
+        for t in TASKS
+        for p in (["forced:1"] if r.data.tags["stage"] == "pretrain" else ["skip:0.4", "forced:1"])
+    }
     assert sorted((r.data.tags["stage_key"], r.data.tags["policy"], r.data.tags["task"]) for r in runs) == sorted(
-        expected)
+        expected
+    )
     for r in runs:
         policy, task = ExitPolicy.parse(r.data.tags["policy"]), r.data.tags["task"]
-        assert r.info.status == "FINISHED" and r.data.tags["mlflow.parentRunId"] == trained[
-            r.data.tags["stage_key"]].info.run_id
+        assert (
+            r.info.status == "FINISHED"
+            and r.data.tags["mlflow.parentRunId"] == trained[r.data.tags["stage_key"]].info.run_id
+        )
         accuracy = r.data.metrics[tracking.policy_metric(policy, tracking.lm_eval_quantity(task))]
         loops = r.data.metrics[tracking.policy_metric(policy, tracking.lm_eval_quantity(task, tracking.LM_EVAL_LOOPS))]
         assert 0.0 <= accuracy <= 1.0 and (loops == 1.0 if policy.execution == "forced" else 1.0 <= loops <= R)
@@ -386,8 +477,11 @@ def test_paper_tasks_read_local_parquet_by_content(tmp_path):
         (root / "piqa").mkdir(parents=True)
         for split in ("train", "validation"):
             pd.DataFrame(rows).to_parquet(root / "piqa" / f"{split}.parquet")
-    a, b, hub = ev.paper_task("piqa", str(tmp_path / "a")), ev.paper_task("piqa", str(tmp_path / "b")), ev.paper_task(
-        "piqa", None)
+    a, b, hub = (
+        ev.paper_task("piqa", str(tmp_path / "a")),
+        ev.paper_task("piqa", str(tmp_path / "b")),
+        ev.paper_task("piqa", None),
+    )
     assert (a.num_fewshot, a.metric) == (5, "acc_norm") and a.data.startswith("sha256:") and a.data == b.data
     assert hub.data == "hub:baber/piqa" and hub.version == a.version  # the same YAML, another source
     config = a.config()

@@ -10,8 +10,18 @@ import torch
 
 from looplab.config import ConfigError
 from looplab.models.looped import LoopedLM
-from looplab.policy import (DENSE, ENTROPY, KL, PREFIX_PATTERN, SKIP, STABLE, ZOO_GRIDS, ZOO_RULES, ExitPolicy,
-                            parse_policies)
+from looplab.policy import (
+    DENSE,
+    ENTROPY,
+    KL,
+    PREFIX_PATTERN,
+    SKIP,
+    STABLE,
+    ZOO_GRIDS,
+    ZOO_RULES,
+    ExitPolicy,
+    parse_policies,
+)
 from looplab.tracking import parse_metric
 from test_models import ARCHS, tiny
 
@@ -36,6 +46,7 @@ def make_ids(seed=3, shape=(4, 21)) -> torch.Tensor:
 
 
 # ---- the rules by hand: plain Python over one token's logits at steps 1..r --------------
+
 
 def probs(logits: list[float]) -> list[float]:
     top = max(logits)
@@ -130,11 +141,12 @@ def middle_threshold(m, ids, rule):
     if rule == ENTROPY:
         stat = -(lp.exp() * lp).sum(-1)[: R - 1]
     else:
-        stat = (lp[1:R - 1].exp() * (lp[1:R - 1] - lp[: R - 2])).sum(-1)
+        stat = (lp[1 : R - 1].exp() * (lp[1 : R - 1] - lp[: R - 2])).sum(-1)
     return round(float(stat.median()), 4)
 
 
 # ---- dense and skip against the references -------------------------------------------------
+
 
 @pytest.mark.parametrize("rule", ZOO_RULES)
 @pytest.mark.parametrize("arch", ["mamba2", "transformer", "hybrid"])
@@ -156,8 +168,9 @@ def test_dense_exit_steps_equal_the_hand_computed_rule(arch, rule):
 
 
 @pytest.mark.parametrize("rule", ZOO_RULES)
-@pytest.mark.parametrize("arch,packing", [("mamba2", "padded"), ("mamba2", "varlen"), ("transformer", "padded"),
-                                          ("hybrid", "padded")])
+@pytest.mark.parametrize(
+    "arch,packing", [("mamba2", "padded"), ("mamba2", "varlen"), ("transformer", "padded"), ("hybrid", "padded")]
+)
 @torch.no_grad()
 def test_skip_equals_the_per_sequence_reference(arch, packing, rule):
     m = zoo_model(arch, seed=1)
@@ -180,8 +193,11 @@ def test_skip_runs_fewer_loops_as_the_threshold_loosens(arch):
     at step 1); a window k >= R never closes before R."""
     m = zoo_model(arch, seed=2)
     ids = make_ids(seed=5)
-    grids = {ENTROPY: (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 1000.0), KL: (0.0, 0.005, 0.05, 0.2, 1.0, 1000.0),
-             STABLE: (R, 3, 2)}
+    grids = {
+        ENTROPY: (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 1000.0),
+        KL: (0.0, 0.005, 0.05, 0.2, 1.0, 1000.0),
+        STABLE: (R, 3, 2),
+    }
     ends = {ENTROPY: (R, 1.0), KL: (R, 2.0), STABLE: (R, None)}
     for rule, grid in grids.items():
         loops = [m(ids, ExitPolicy.zoo(rule, v, SKIP)).executed_loops for v in grid]
@@ -204,8 +220,9 @@ def test_one_dense_pass_serves_zoo_policies_like_their_own_runs(arch):
     targets = torch.roll(ids, -1, dims=1)
     targets[:, ::3] = -100  # some positions carry no target
     batch = Batch(ids, targets)
-    policies = parse_policies("dense-entropy:0.8,1.4,2.0;dense-kl:0.005,0.05,0.3;dense-stable:2,3;dense:0.5;"
-                              "forced:2;full")
+    policies = parse_policies(
+        "dense-entropy:0.8,1.4,2.0;dense-kl:0.005,0.05,0.3;dense-stable:2,3;dense:0.5;forced:2;full"
+    )
     fast = evaluate_readouts(model, batch, policies, batch_size=2)
     slow = [evaluate_policy(model, batch, p, batch_size=2) for p in policies]
     for rule in ZOO_RULES:  # the thresholds matter here
@@ -235,15 +252,20 @@ def test_evaluate_policies_runs_skip_zoo_policies_on_their_own():
 
 # ---- names ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("spec,label,prefix", [
-    ("dense-entropy:2.5", "dense entropy<2.5", "dense_entropy2.5_"),
-    ("skip-entropy:2.5", "skip entropy<2.5", "skip_entropy2.5_"),
-    ("skip-entropy:2", "skip entropy<2.0", "skip_entropy2.0_"),
-    ("dense-kl:0.01", "dense KL<0.01", "dense_kl0.01_"),
-    ("skip-kl:0.01", "skip KL<0.01", "skip_kl0.01_"),
-    ("skip-kl:0.0005", "skip KL<0.0005", "skip_kl0.0005_"),
-    ("dense-stable:2", "dense stable k=2", "dense_stable2_"),
-    ("skip-stable:2", "skip stable k=2", "skip_stable2_")])
+
+@pytest.mark.parametrize(
+    "spec,label,prefix",
+    [
+        ("dense-entropy:2.5", "dense entropy<2.5", "dense_entropy2.5_"),
+        ("skip-entropy:2.5", "skip entropy<2.5", "skip_entropy2.5_"),
+        ("skip-entropy:2", "skip entropy<2.0", "skip_entropy2.0_"),
+        ("dense-kl:0.01", "dense KL<0.01", "dense_kl0.01_"),
+        ("skip-kl:0.01", "skip KL<0.01", "skip_kl0.01_"),
+        ("skip-kl:0.0005", "skip KL<0.0005", "skip_kl0.0005_"),
+        ("dense-stable:2", "dense stable k=2", "dense_stable2_"),
+        ("skip-stable:2", "skip stable k=2", "skip_stable2_"),
+    ],
+)
 def test_zoo_names_round_trip(spec, label, prefix):
     policy = ExitPolicy.parse(spec)
     assert (policy.label, policy.metric_prefix) == (label, prefix)
@@ -265,40 +287,67 @@ def test_gate_prefixes_keep_their_groups():
 
 def test_policy_grids_parse_zoo_groups_and_ranges():
     got = parse_policies("skip-entropy:1.0,2.0; dense-kl:0.01; skip-stable:2-4; skip:0.4; full")
-    assert [p.spec for p in got] == ["skip-entropy:1.0", "skip-entropy:2.0", "dense-kl:0.01", "skip-stable:2",
-                                     "skip-stable:3", "skip-stable:4", "skip:0.4", "full"]
+    assert [p.spec for p in got] == [
+        "skip-entropy:1.0",
+        "skip-entropy:2.0",
+        "dense-kl:0.01",
+        "skip-stable:2",
+        "skip-stable:3",
+        "skip-stable:4",
+        "skip:0.4",
+        "full",
+    ]
     for rule, grid in ZOO_GRIDS.items():  # the default grids are valid policies in both executions
         for execution in (DENSE, SKIP):
             specs = [ExitPolicy.zoo(rule, v, execution).spec for v in grid]
             assert parse_policies(f"{execution}-{rule}:" + ",".join(s.partition(":")[2] for s in specs)) == [
-                ExitPolicy.parse(s) for s in specs]
+                ExitPolicy.parse(s) for s in specs
+            ]
 
 
-GENERIC = ("allowed: full | forced:D | dense:Q | skip:Q | dense-entropy:T | skip-entropy:T | dense-kl:T | "
-           "skip-kl:T | dense-stable:K | skip-stable:K")
+GENERIC = (
+    "allowed: full | forced:D | dense:Q | skip:Q | dense-entropy:T | skip-entropy:T | dense-kl:T | "
+    "skip-kl:T | dense-stable:K | skip-stable:K"
+)
 
 
-@pytest.mark.parametrize("make,message", [
-    (lambda: ExitPolicy.parse("skip-stable:1"), "policy stable k=1 is invalid; allowed: an integer >= 2"),
-    (lambda: ExitPolicy.parse("skip-stable:2.5"), "policy 'skip-stable:2.5' is invalid; " + GENERIC),
-    (lambda: ExitPolicy.parse("dense-entropy:-1"),
-     "policy entropy threshold=-1.0 is invalid; allowed: a number >= 0 (nats) with at most 4 decimals"),
-    (lambda: ExitPolicy.parse("skip-kl:0.00001"),
-     "policy kl threshold=1e-05 is invalid; allowed: a number >= 0 (nats) with at most 4 decimals"),
-    (lambda: ExitPolicy.parse("skip-kl:nan"), "policy kl threshold=nan is invalid"),
-    (lambda: ExitPolicy.parse("skip-entropy"), "policy 'skip-entropy' is invalid; " + GENERIC),
-    (lambda: ExitPolicy.parse("forced-entropy:1"), "policy 'forced-entropy:1' is invalid; " + GENERIC),
-    (lambda: ExitPolicy.parse("skip-median:1"), "policy 'skip-median:1' is invalid; " + GENERIC),
-    (lambda: ExitPolicy.zoo(ENTROPY, 1.0, "forced"),
-     "policy execution='forced' is invalid for rule 'entropy'; allowed: dense | skip"),
-    (lambda: ExitPolicy(SKIP, "median", threshold=1.0),
-     "policy rule='median' is invalid; allowed: gate | given | entropy | kl | stable"),
-    (lambda: ExitPolicy.zoo(STABLE, True), "policy stable k=True is invalid; allowed: an integer >= 2"),
-    (lambda: ExitPolicy(SKIP, ENTROPY, q=0.4, threshold=2.0),
-     "policy q=0.4 is invalid for rule 'entropy'; allowed: q with rule gate"),
-    (lambda: ExitPolicy(SKIP, "gate", q=0.4, threshold=2.0),
-     "policy threshold=2.0 is invalid for rule 'gate'; allowed: threshold with rules entropy | kl | stable"),
-    (lambda: parse_policies("skip-stable:1-3"), "policy stable k=1 is invalid")])
+@pytest.mark.parametrize(
+    "make,message",
+    [
+        (lambda: ExitPolicy.parse("skip-stable:1"), "policy stable k=1 is invalid; allowed: an integer >= 2"),
+        (lambda: ExitPolicy.parse("skip-stable:2.5"), "policy 'skip-stable:2.5' is invalid; " + GENERIC),
+        (
+            lambda: ExitPolicy.parse("dense-entropy:-1"),
+            "policy entropy threshold=-1.0 is invalid; allowed: a number >= 0 (nats) with at most 4 decimals",
+        ),
+        (
+            lambda: ExitPolicy.parse("skip-kl:0.00001"),
+            "policy kl threshold=1e-05 is invalid; allowed: a number >= 0 (nats) with at most 4 decimals",
+        ),
+        (lambda: ExitPolicy.parse("skip-kl:nan"), "policy kl threshold=nan is invalid"),
+        (lambda: ExitPolicy.parse("skip-entropy"), "policy 'skip-entropy' is invalid; " + GENERIC),
+        (lambda: ExitPolicy.parse("forced-entropy:1"), "policy 'forced-entropy:1' is invalid; " + GENERIC),
+        (lambda: ExitPolicy.parse("skip-median:1"), "policy 'skip-median:1' is invalid; " + GENERIC),
+        (
+            lambda: ExitPolicy.zoo(ENTROPY, 1.0, "forced"),
+            "policy execution='forced' is invalid for rule 'entropy'; allowed: dense | skip",
+        ),
+        (
+            lambda: ExitPolicy(SKIP, "median", threshold=1.0),
+            "policy rule='median' is invalid; allowed: gate | given | entropy | kl | stable",
+        ),
+        (lambda: ExitPolicy.zoo(STABLE, True), "policy stable k=True is invalid; allowed: an integer >= 2"),
+        (
+            lambda: ExitPolicy(SKIP, ENTROPY, q=0.4, threshold=2.0),
+            "policy q=0.4 is invalid for rule 'entropy'; allowed: q with rule gate",
+        ),
+        (
+            lambda: ExitPolicy(SKIP, "gate", q=0.4, threshold=2.0),
+            "policy threshold=2.0 is invalid for rule 'gate'; allowed: threshold with rules entropy | kl | stable",
+        ),
+        (lambda: parse_policies("skip-stable:1-3"), "policy stable k=1 is invalid"),
+    ],
+)
 def test_bad_zoo_policies_are_one_line_errors(make, message):
     with pytest.raises(ConfigError) as caught:
         make()
@@ -306,6 +355,7 @@ def test_bad_zoo_policies_are_one_line_errors(make, message):
 
 
 # ---- the tools that take a policy ------------------------------------------------------------
+
 
 def test_bench_times_a_zoo_rule_against_its_dense_twin():
     import looplab
@@ -330,29 +380,81 @@ def test_bench_command_accepts_zoo_policies(tmp_path, capsys):
 
     # A fresh model's next-token entropy is at most log V, far below 1000 nats: every
     # token leaves after step 1. KL never exits at step 1: everyone leaves after step 2.
-    assert main(["bench", "--preset", "phop-debug", "--batch", "2", "--seq-len", "32", "--policies",
-                 "skip-entropy:1000;skip-kl:1000", "--repeats", "1", "--warmup", "0", "--json",
-                 str(tmp_path / "b.json"), "n_loops=4"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--preset",
+                "phop-debug",
+                "--batch",
+                "2",
+                "--seq-len",
+                "32",
+                "--policies",
+                "skip-entropy:1000;skip-kl:1000",
+                "--repeats",
+                "1",
+                "--warmup",
+                "0",
+                "--json",
+                str(tmp_path / "b.json"),
+                "n_loops=4",
+            ]
+        )
+        == 0
+    )
     records = json.loads((tmp_path / "b.json").read_text())
-    assert [(r["policy"], r["mean_executed_loops"]) for r in records] == [("skip-entropy:1000.0", 1.0),
-                                                                           ("skip-kl:1000.0", 2.0)]
+    assert [(r["policy"], r["mean_executed_loops"]) for r in records] == [
+        ("skip-entropy:1000.0", 1.0),
+        ("skip-kl:1000.0", 2.0),
+    ]
     assert "skip-entropy:1000.0" in capsys.readouterr().err
 
 
 def test_eval_command_evaluates_zoo_policies(tmp_path, capsys):
     from looplab.cli import main
 
-    assert main(["train", "--preset", "phop-debug", "--out", str(tmp_path / "pre"), "train.steps=2",
-                 "train.batch_size=4", "task.eval_count=20", "train.eval_every=0", "model.n_loops=4"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--preset",
+                "phop-debug",
+                "--out",
+                str(tmp_path / "pre"),
+                "train.steps=2",
+                "train.batch_size=4",
+                "task.eval_count=20",
+                "train.eval_every=0",
+                "model.n_loops=4",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
-    assert main(["eval", "--checkpoint", str(tmp_path / "pre" / "checkpoint"), "--policies",
-                 "dense-entropy:1000;skip-entropy:1000;skip-kl:1000;skip-stable:4;forced:1"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--checkpoint",
+                str(tmp_path / "pre" / "checkpoint"),
+                "--policies",
+                "dense-entropy:1000;skip-entropy:1000;skip-kl:1000;skip-stable:4;forced:1",
+            ]
+        )
+        == 0
+    )
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     got = [(r["policy"], r["mean_exit_step"], r["executed_loops"]) for r in records]
     # by hand: entropy < 1000 at step 1 for every token; KL exits at step 2 at the
     # earliest; a window of k = R steps never closes before R
-    assert got == [("dense-entropy:1000.0", 1.0, 4.0), ("skip-entropy:1000.0", 1.0, 1.0),
-                   ("skip-kl:1000.0", 2.0, 2.0), ("skip-stable:4", 4.0, 4.0), ("forced:1", 1.0, 1.0)]
+    assert got == [
+        ("dense-entropy:1000.0", 1.0, 4.0),
+        ("skip-entropy:1000.0", 1.0, 1.0),
+        ("skip-kl:1000.0", 2.0, 2.0),
+        ("skip-stable:4", 4.0, 4.0),
+        ("forced:1", 1.0, 1.0),
+    ]
     # reading every token out at step 1 is forced depth 1, whatever runs after it: the
     # same numbers through three code paths, equal up to float rounding (which kernels
     # round how depends on the CPU: exact equality held on some machines, not on others)
@@ -378,5 +480,5 @@ def test_lm_eval_adapter_takes_a_zoo_policy():
         with torch.no_grad():
             logits = model(torch.tensor([ids]), lm.policy).logits[0].float()
         direct = torch.log_softmax(logits[:-1], -1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
-        assert logprob == pytest.approx(float(direct[-len(continuation):].sum()), abs=1e-4)
+        assert logprob == pytest.approx(float(direct[-len(continuation) :].sum()), abs=1e-4)
     assert 1.0 <= lm.executed_loops < R

@@ -30,9 +30,18 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny(**extra):
-    return apply_overrides(get_preset("phop-debug"), {"train.steps": 8, "train.batch_size": 4, "train.ckpt_every": 2,
-                                                      "train.eval_every": 0, "train.log_every": 1,
-                                                      "task.eval_count": 20, **extra})
+    return apply_overrides(
+        get_preset("phop-debug"),
+        {
+            "train.steps": 8,
+            "train.batch_size": 4,
+            "train.ckpt_every": 2,
+            "train.eval_every": 0,
+            "train.log_every": 1,
+            "task.eval_count": 20,
+            **extra,
+        },
+    )
 
 
 def nan_at(monkeypatch, step: int, where: str) -> None:
@@ -46,11 +55,13 @@ def nan_at(monkeypatch, step: int, where: str) -> None:
         if k >= step and where == "grad":
             model.lm_head.weight.grad[0, 0] = float("inf")
         return loss, diag
+
     monkeypatch.setattr(train_module, "accumulate_gradients", accumulate)
 
 
-@pytest.mark.parametrize("where, what", [("loss", "the loss is nan"),
-                                         ("grad", "the gradient of lm_head.weight is not finite")])
+@pytest.mark.parametrize(
+    "where, what", [("loss", "the loss is nan"), ("grad", "the gradient of lm_head.weight is not finite")]
+)
 def test_divergence_keeps_the_last_finite_checkpoint(tmp_path, monkeypatch, where, what):
     nan_at(monkeypatch, 5, where)
     with pytest.raises(TrainingDiverged) as error:
@@ -83,8 +94,7 @@ def test_a_torn_metrics_line_resumes(tmp_path, capsys):
     path.write_text(path.read_text() + '{"kind": "train", "step": 5, "lo')  # the disk filled mid-append
     assert train(tiny(), tmp_path, quiet=True).step == 8
     assert "dropped a torn last line" in capsys.readouterr().err
-    steps = [json.loads(line)["step"] for line in path.read_text().splitlines()
-             if json.loads(line)["kind"] == "train"]
+    steps = [json.loads(line)["step"] for line in path.read_text().splitlines() if json.loads(line)["kind"] == "train"]
     assert steps == list(range(1, 9))  # every step once
 
 
@@ -105,6 +115,7 @@ def test_a_full_disk_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
         if state["step"] == 6:
             raise OSError(28, "No space left on device")
         return original(directory, model, optimizer, state)
+
     monkeypatch.setattr(run_folder, "save_training_state", save)
     with pytest.raises(CheckpointNotWritten) as error:
         train(tiny(), tmp_path, quiet=True)
@@ -135,8 +146,12 @@ def test_a_second_invocation_of_a_sweep_is_refused(tmp_path, capsys):
     sweep = beta_ablation.beta_ablation(Common("debug"), [0.1])
     key = sweep_key(sweep, Launch(storage_path=str(tmp_path), seeds=(0,)))
     with sweep_lock(Storage(str(tmp_path)), key, sweep.name):  # the first invocation, running
-        code = main("test", beta_ablation.add_flags, beta_ablation.from_args,
-                    ["--preset", "debug", "--betas", "0.1", "--storage-path", str(tmp_path)])
+        code = main(
+            "test",
+            beta_ablation.add_flags,
+            beta_ablation.from_args,
+            ["--preset", "debug", "--betas", "0.1", "--storage-path", str(tmp_path)],
+        )
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert code == 2 and f"sweep beta_ablation [{key}] is already running" in err
     assert f"pid {os.getpid()}" in err
@@ -147,11 +162,19 @@ def test_a_dead_holder_leaves_no_lock(tmp_path):
     from sweeps.lock import SweepBusy, sweep_lock
     from trainables.storage import Storage
 
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nsys.path.insert(0, '.')\n"
-                               "from sweeps.lock import sweep_lock\nfrom trainables.storage import Storage\n"
-                               f"with sweep_lock(Storage({str(tmp_path)!r}), 'k', 's'):\n"
-                               "    print('held', flush=True); time.sleep(60)"],
-                              stdout=subprocess.PIPE, text=True, cwd=str(Path(__file__).parents[1]))
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\nsys.path.insert(0, '.')\n"
+            "from sweeps.lock import sweep_lock\nfrom trainables.storage import Storage\n"
+            f"with sweep_lock(Storage({str(tmp_path)!r}), 'k', 's'):\n"
+            "    print('held', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=str(Path(__file__).parents[1]),
+    )
     assert holder.stdout.readline().strip() == "held"
     with pytest.raises(SweepBusy, match=f"pid {holder.pid}"):
         with sweep_lock(Storage(str(tmp_path)), "k", "s"):
@@ -194,8 +217,9 @@ def test_a_lease_on_an_object_store_expires(monkeypatch):
     with pytest.raises(lock.SweepBusy, match="host other, pid 7"):
         with lock.sweep_lock(bucket, "k", "s"):
             pass
-    bucket.write_text(lease, json.dumps({"host": "other", "pid": 7, "since": "then",
-                                         "renewed": time.time() - lock.LEASE_SECONDS - 1}))
+    bucket.write_text(
+        lease, json.dumps({"host": "other", "pid": 7, "since": "then", "renewed": time.time() - lock.LEASE_SECONDS - 1})
+    )
     with lock.sweep_lock(bucket, "k", "s"):  # a lease nobody renewed: its driver is gone
         assert json.loads(bucket.read_text(lease))["pid"] == os.getpid()
     assert lease not in bucket.objects
@@ -228,8 +252,20 @@ def test_the_command_line_says_a_divergence_in_one_line(tmp_path, monkeypatch, c
     from looplab.cli import main
 
     nan_at(monkeypatch, 3, "loss")
-    code = main(["train", "--preset", "phop-debug", "--out", str(tmp_path), "train.steps=8", "train.batch_size=4",
-                 "train.ckpt_every=2", "train.eval_every=0", "task.eval_count=20"])
+    code = main(
+        [
+            "train",
+            "--preset",
+            "phop-debug",
+            "--out",
+            str(tmp_path),
+            "train.steps=8",
+            "train.batch_size=4",
+            "train.ckpt_every=2",
+            "train.eval_every=0",
+            "task.eval_count=20",
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert code == 1 and err.startswith("looplab: training diverged at step 3") and "step 2 stays current" in err
 
@@ -279,9 +315,12 @@ def test_weights_without_their_trainer_json_are_not_the_finished_parent(tmp_path
     ref = parent_ref(copied)
     assert ref.key != cfg.stage_key() and ref.key.startswith("weights-")  # before: the finished parent's key
     # A child planned on the finished parent (as a sweep plans its stages) never starts from them.
-    child = stage_config(get_preset("phop-debug"), "stage1", parent=cfg.as_parent(str(copied)),
-                         overrides={"train.steps": 2, "train.batch_size": 4, "train.eval_every": 0,
-                                    "task.eval_count": 20})
+    child = stage_config(
+        get_preset("phop-debug"),
+        "stage1",
+        parent=cfg.as_parent(str(copied)),
+        overrides={"train.steps": 2, "train.batch_size": 4, "train.eval_every": 0, "task.eval_count": 20},
+    )
     with pytest.raises(ConfigError) as error:
         train(child, tmp_path / "child", quiet=True)
     message = one_line(error)
@@ -297,9 +336,12 @@ def _parent_and_child(tmp_path, **parent_extra):
     """A finished parent in tmp_path/parent and its stage-1 child stopped at step 2 in tmp_path/child."""
     parent = tiny(**parent_extra)
     train(parent, tmp_path / "parent", quiet=True, resume=False)
-    child = stage_config(get_preset("phop-debug"), "stage1", parent=parent_ref(tmp_path / "parent" / "checkpoint"),
-                         overrides={"train.steps": 4, "train.batch_size": 4, "train.eval_every": 0,
-                                    "task.eval_count": 20})
+    child = stage_config(
+        get_preset("phop-debug"),
+        "stage1",
+        parent=parent_ref(tmp_path / "parent" / "checkpoint"),
+        overrides={"train.steps": 4, "train.batch_size": 4, "train.eval_every": 0, "task.eval_count": 20},
+    )
     return parent, child
 
 
@@ -334,11 +376,14 @@ def test_a_finished_child_of_a_changed_parent_is_not_reused(tmp_path):
     assert str(tmp_path / "child") in message and str(tmp_path / "parent" / "checkpoint") in message
 
 
-@pytest.mark.parametrize("damage, expected", [
-    ("shape", "of shape [3, 3], not a float tensor of its parameter's shape"),
-    ("extra", "nope::exp_avg"),
-    ("nan", "non-finite"),
-])
+@pytest.mark.parametrize(
+    "damage, expected",
+    [
+        ("shape", "of shape [3, 3], not a float tensor of its parameter's shape"),
+        ("extra", "nope::exp_avg"),
+        ("nan", "non-finite"),
+    ],
+)
 def test_a_damaged_optimizer_state_is_one_line(tmp_path, monkeypatch, damage, expected):
     from safetensors.torch import load_file, save_file
 
@@ -386,8 +431,7 @@ def test_a_torn_record_the_checkpoint_already_holds_is_said_lost(tmp_path, capsy
     assert train(tiny(), tmp_path, quiet=True).step == 8
     warning = capsys.readouterr().err
     assert "the train record of step 4 is lost" in warning and "checkpoint of step 4" in warning
-    steps = [json.loads(line)["step"] for line in path.read_text().splitlines()
-             if json.loads(line)["kind"] == "train"]
+    steps = [json.loads(line)["step"] for line in path.read_text().splitlines() if json.loads(line)["kind"] == "train"]
     assert steps == [1, 2, 3, 5, 6, 7, 8]
 
 

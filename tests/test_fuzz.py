@@ -42,22 +42,74 @@ TINY = ["train.steps=2", "train.batch_size=4", "task.eval_count=20", "train.eval
 
 def profile(examples: int = FAST_EXAMPLES):
     """The fast profile (the suite: derandomized) or the long one (LOOPLAB_FUZZ_EXAMPLES)."""
-    return settings(max_examples=LONG or examples, deadline=None, derandomize=not LONG, database=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                           HealthCheck.function_scoped_fixture])
+    return settings(
+        max_examples=LONG or examples,
+        deadline=None,
+        derandomize=not LONG,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
+    )
 
 
 # ---- values a hostile user types -------------------------------------------------------------------
-HOSTILE = ["", " ", "0", "-1", "-0", "1e20", "100000000000000000000", "1000000000", "nan", "NaN", "inf", "-inf",
-           "1e-50", "0x10", "1,2", "1,,2", "a,a", "true", "None", "null", "[]", "{}", "'", '"', "\\", "..", "~",
-           "/", "/proc/looplab", "/sys/looplab", "/dev/null", "x" * 300, "é", "\u202e", "skip", "forced:9",
-           "skip:2", "dense:-1", "full", "auto", "cuda", "cuda:7", "cpu", "fp16", "bf16", "mistral", "bytes"]
+HOSTILE = [
+    "",
+    " ",
+    "0",
+    "-1",
+    "-0",
+    "1e20",
+    "100000000000000000000",
+    "1000000000",
+    "nan",
+    "NaN",
+    "inf",
+    "-inf",
+    "1e-50",
+    "0x10",
+    "1,2",
+    "1,,2",
+    "a,a",
+    "true",
+    "None",
+    "null",
+    "[]",
+    "{}",
+    "'",
+    '"',
+    "\\",
+    "..",
+    "~",
+    "/",
+    "/proc/looplab",
+    "/sys/looplab",
+    "/dev/null",
+    "x" * 300,
+    "é",
+    "\u202e",
+    "skip",
+    "forced:9",
+    "skip:2",
+    "dense:-1",
+    "full",
+    "auto",
+    "cuda",
+    "cuda:7",
+    "cpu",
+    "fp16",
+    "bf16",
+    "mistral",
+    "bytes",
+]
 
 
 def hostile_values() -> st.SearchStrategy[str]:
-    return st.one_of(st.sampled_from(HOSTILE), st.integers(-3, 64).map(str),
-                     st.floats(allow_nan=True, allow_infinity=True, width=32).map(repr),
-                     st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12))
+    return st.one_of(
+        st.sampled_from(HOSTILE),
+        st.integers(-3, 64).map(str),
+        st.floats(allow_nan=True, allow_infinity=True, width=32).map(repr),
+        st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12),
+    )
 
 
 def override_names() -> list[str]:
@@ -67,10 +119,17 @@ def override_names() -> list[str]:
     from looplab.config import ExitConfig, HoleConfig, ModelConfig, TrainConfig
     from looplab.tasks.phop import PhopConfig
 
-    names = [f"{section}.{f.name}" for section, cls in (("model", ModelConfig), ("train", TrainConfig),
-                                                          ("exit", ExitConfig), ("hole", HoleConfig),
-                                                          ("task", PhopConfig))
-             for f in dataclasses.fields(cls)]
+    names = [
+        f"{section}.{f.name}"
+        for section, cls in (
+            ("model", ModelConfig),
+            ("train", TrainConfig),
+            ("exit", ExitConfig),
+            ("hole", HoleConfig),
+            ("task", PhopConfig),
+        )
+        for f in dataclasses.fields(cls)
+    ]
     return [n for n in names if n not in ("train.compile", "task.kind")]
 
 
@@ -105,8 +164,7 @@ def run(argv: list[str], cwd: Path) -> tuple[int, str]:
 
 
 def files(root: Path) -> dict[str, tuple[int, int]]:
-    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")
-            if p.is_file()}
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file()}
 
 
 def assert_clean_outcome(argv: list[str], code: int, err: str) -> None:
@@ -132,16 +190,46 @@ def _sandbox() -> Path:
 # ---- commands × flags × overrides ---------------------------------------------------------------------------
 COMMANDS = {
     # command: (base argv with {ckpt} and {dest}, flags the fuzzer sets)
-    "train": (["train", "--preset", "phop-debug", "--out", "{dest}/run", *TINY],
-              ["--preset", "--stage", "--init", "--out", "--stop-at", "--threads"]),
-    "eval": (["eval", "--checkpoint", "{ckpt}", "--limit", "8"],
-             ["--policies", "--batch-size", "--json", "--device", "--threads", "--limit"]),
-    "generate": (["generate", "--checkpoint", "{ckpt}", "--prompt", "1 2", "--max-new-tokens", "3"],
-                 ["--prompt", "--policy", "--max-new-tokens", "--temperature", "--top-p", "--seed", "--threads"]),
-    "bench": (["bench", "--preset", "phop-debug", "--oracle-mean", "2", "--batch", "1", "--seq-len", "8",
-               "--repeats", "1", "--warmup", "0"],
-              ["--batch", "--seq-len", "--oracle-mean", "--policies", "--dtype", "--packing", "--repeats", "--json",
-               "--threads"]),
+    "train": (
+        ["train", "--preset", "phop-debug", "--out", "{dest}/run", *TINY],
+        ["--preset", "--stage", "--init", "--out", "--stop-at", "--threads"],
+    ),
+    "eval": (
+        ["eval", "--checkpoint", "{ckpt}", "--limit", "8"],
+        ["--policies", "--batch-size", "--json", "--device", "--threads", "--limit"],
+    ),
+    "generate": (
+        ["generate", "--checkpoint", "{ckpt}", "--prompt", "1 2", "--max-new-tokens", "3"],
+        ["--prompt", "--policy", "--max-new-tokens", "--temperature", "--top-p", "--seed", "--threads"],
+    ),
+    "bench": (
+        [
+            "bench",
+            "--preset",
+            "phop-debug",
+            "--oracle-mean",
+            "2",
+            "--batch",
+            "1",
+            "--seq-len",
+            "8",
+            "--repeats",
+            "1",
+            "--warmup",
+            "0",
+        ],
+        [
+            "--batch",
+            "--seq-len",
+            "--oracle-mean",
+            "--policies",
+            "--dtype",
+            "--packing",
+            "--repeats",
+            "--json",
+            "--threads",
+        ],
+    ),
     "data": (["data", "phop", "--count", "2"], ["--n", "--p", "--count", "--seed"]),
     "info": (["info", "--preset", "phop-debug"], ["--preset"]),
     "export": (["export", "--checkpoint", "{ckpt}", "{dest}/hf"], ["--checkpoint", "--format", "--policy"]),
@@ -186,8 +274,11 @@ def test_any_command_line_succeeds_or_is_one_line(trained, drawn):
         code, err = run(argv, box / "cwd")
         assert_clean_outcome(argv, code, err)
         assert files(trained) == source, f"{argv} changed the checkpoint it read"
-        stray = [p for p in (box / "cwd").rglob("*") if not any(p == d or d in p.parents
-                                                                 for d in destinations(argv, box / "cwd"))]
+        stray = [
+            p
+            for p in (box / "cwd").rglob("*")
+            if not any(p == d or d in p.parents for d in destinations(argv, box / "cwd"))
+        ]
         assert not stray, f"{argv} wrote {stray[0]} outside its destinations"
     finally:
         shutil.rmtree(box, ignore_errors=True)
@@ -207,7 +298,7 @@ def damage(path: Path, how: str, where: float, value=None) -> None:
     if how == "truncate":
         path.write_bytes(data[:at])
     elif how == "garble":
-        path.write_bytes(data[:at] + bytes((b ^ 0x5A) for b in data[at:at + 16]) + data[at + 16:])
+        path.write_bytes(data[:at] + bytes((b ^ 0x5A) for b in data[at : at + 16]) + data[at + 16 :])
     elif how == "empty":
         path.write_bytes(b"")
     elif how == "folder":
@@ -224,9 +315,13 @@ def damage(path: Path, how: str, where: float, value=None) -> None:
 
 
 @profile()
-@given(st.sampled_from(CHECKPOINT_FILES), st.sampled_from(DAMAGE), st.floats(0.0, 0.999),
-       st.sampled_from(["", "x", -1, 10 ** 12, None, [], {}, 0.5]),
-       st.sampled_from(["resume", "eval", "init"]))
+@given(
+    st.sampled_from(CHECKPOINT_FILES),
+    st.sampled_from(DAMAGE),
+    st.floats(0.0, 0.999),
+    st.sampled_from(["", "x", -1, 10**12, None, [], {}, 0.5]),
+    st.sampled_from(["resume", "eval", "init"]),
+)
 # What the long profile found (a TypeError deep in the checkpoint check), kept as a case:
 @example(file="config.json", how="json", where=0.75, value=-1, use="resume")  # weights_sha256 = -1
 def test_any_damaged_checkpoint_is_refused_in_one_line_or_used(trained, file, how, where, value, use):
@@ -238,11 +333,22 @@ def test_any_damaged_checkpoint_is_refused_in_one_line_or_used(trained, file, ho
         damage(run_dir / "checkpoint" / file, how, where, value)
         (box / "cwd").mkdir()
         ckpt = str(run_dir / "checkpoint")
-        argv = {"resume": ["train", "--preset", "phop-debug", "--out", str(run_dir), *TINY[:1], "train.steps=3",
-                           *TINY[1:]],
-                "eval": ["eval", "--checkpoint", ckpt, "--limit", "8"],
-                "init": ["train", "--preset", "phop-debug", "--stage", "stage1", "--init", ckpt, "--out",
-                         str(box / "child"), *TINY]}[use]
+        argv = {
+            "resume": ["train", "--preset", "phop-debug", "--out", str(run_dir), *TINY[:1], "train.steps=3", *TINY[1:]],
+            "eval": ["eval", "--checkpoint", ckpt, "--limit", "8"],
+            "init": [
+                "train",
+                "--preset",
+                "phop-debug",
+                "--stage",
+                "stage1",
+                "--init",
+                ckpt,
+                "--out",
+                str(box / "child"),
+                *TINY,
+            ],
+        }[use]
         code, err = run(argv, box / "cwd")
         assert_clean_outcome(argv + [f"({file}: {how} at {where:.3f})"], code, err)
         assert not any((box / "cwd").iterdir())
@@ -251,8 +357,11 @@ def test_any_damaged_checkpoint_is_refused_in_one_line_or_used(trained, file, ho
 
 
 @profile()
-@given(st.sampled_from(["truncate", "garble", "empty", "folder", "lines"]), st.floats(0.0, 0.999),
-       st.sampled_from(["", "{", "null", "[]", '{"kind": "train"}', '{"kind": "train", "step": "x"}', "\x00"]))
+@given(
+    st.sampled_from(["truncate", "garble", "empty", "folder", "lines"]),
+    st.floats(0.0, 0.999),
+    st.sampled_from(["", "{", "null", "[]", '{"kind": "train"}', '{"kind": "train", "step": "x"}', "\x00"]),
+)
 def test_any_damaged_metrics_file_resumes_or_is_one_line(trained, how, where, line):
     box = _sandbox()
     try:
@@ -274,18 +383,44 @@ def test_any_damaged_metrics_file_resumes_or_is_one_line(trained, how, where, li
 
 
 @profile()
-@given(st.sampled_from([".jsonl", ".txt", ".json", ".parquet", ".csv"]),
-       st.one_of(st.sampled_from(["", "\n", "{", '{"text": 1}', '{"text": ""}', '{"body": "x"}', "[]", "null",
-                                  '{"text": "a"}\n{', "\x00\x01", "a" * 10]),
-                 st.text(max_size=64)))
+@given(
+    st.sampled_from([".jsonl", ".txt", ".json", ".parquet", ".csv"]),
+    st.one_of(
+        st.sampled_from(
+            [
+                "",
+                "\n",
+                "{",
+                '{"text": 1}',
+                '{"text": ""}',
+                '{"body": "x"}',
+                "[]",
+                "null",
+                '{"text": "a"}\n{',
+                "\x00\x01",
+                "a" * 10,
+            ]
+        ),
+        st.text(max_size=64),
+    ),
+)
 def test_any_dataset_file_trains_or_is_one_line(suffix, content):
     box = _sandbox()
     try:
         data = box / f"data{suffix}"
         data.write_text(content)
         (box / "cwd").mkdir()
-        argv = ["train", "--preset", "debug", "--out", str(box / "run"), f"task.dataset={data}", "task.tokenizer=bytes",
-                "train.seq_len=16", *TINY]
+        argv = [
+            "train",
+            "--preset",
+            "debug",
+            "--out",
+            str(box / "run"),
+            f"task.dataset={data}",
+            "task.tokenizer=bytes",
+            "train.seq_len=16",
+            *TINY,
+        ]
         code, err = run(argv, box / "cwd")
         assert_clean_outcome(argv, code, err)
         assert not any((box / "cwd").iterdir())

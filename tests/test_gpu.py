@@ -11,8 +11,7 @@ import torch
 import looplab.doctor as doctor
 from looplab.models.ops.dispatch import kernel_path
 
-pytestmark = [pytest.mark.cuda,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 DEVICE = torch.device("cuda")
 
 
@@ -36,8 +35,7 @@ def test_a_bf16_training_step_is_finite():
     from looplab.config import apply_overrides
     from looplab.presets import get_preset
 
-    cfg = apply_overrides(get_preset("paper-140m"), {"model.n_layers": 2, "train.batch_size": 2,
-                                                     "train.seq_len": 512})
+    cfg = apply_overrides(get_preset("paper-140m"), {"model.n_layers": 2, "train.batch_size": 2, "train.seq_len": 512})
     from looplab.training.steps import optimizer_step
 
     loss = optimizer_step(cfg, DEVICE)[0]()
@@ -54,7 +52,10 @@ def test_a_plan_is_held_to_this_gpus_free_memory():
     free, total = torch.cuda.mem_get_info(DEVICE)
     assert 0 < machine.available_memory(DEVICE) <= total
     machine.check_training(stage_config(get_preset("debug"), "pretrain"), DEVICE)
-    with pytest.raises(ConfigError, match="train.batch_size=1000000000 is invalid; allowed: a plan that fits this "
-                                          "machine's available GPU memory"):
-        machine.check_training(stage_config(get_preset("debug"), "pretrain",
-                                            overrides={"train.batch_size": 10**9}), DEVICE)
+    with pytest.raises(
+        ConfigError,
+        match="train.batch_size=1000000000 is invalid; allowed: a plan that fits this machine's available GPU memory",
+    ):
+        machine.check_training(
+            stage_config(get_preset("debug"), "pretrain", overrides={"train.batch_size": 10**9}), DEVICE
+        )

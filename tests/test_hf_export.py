@@ -32,12 +32,25 @@ from looplab.policy import ExitPolicy  # noqa: E402
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 R = 3
-ARCHS = {"mamba2": dict(arch="mamba2"), "transformer": dict(arch="transformer", d_intermediate=48),
-         "hybrid": dict(arch="hybrid", attn_layer_idx=(1,))}
+ARCHS = {
+    "mamba2": dict(arch="mamba2"),
+    "transformer": dict(arch="transformer", d_intermediate=48),
+    "hybrid": dict(arch="hybrid", attn_layer_idx=(1,)),
+}
 DEFAULT_POLICY = "skip:0.5"
 # Every kind of policy the export exposes (given exits are tensors, not config values).
-POLICIES = ["full", "forced:1", "forced:2", "dense:0.5", "skip:0.5", "skip:0.8", "dense-entropy:5.0",
-            "skip-entropy:5.0", "skip-kl:0.01", "skip-stable:2"]
+POLICIES = [
+    "full",
+    "forced:1",
+    "forced:2",
+    "dense:0.5",
+    "skip:0.5",
+    "skip:0.8",
+    "dense-entropy:5.0",
+    "skip-entropy:5.0",
+    "skip-kl:0.01",
+    "skip-stable:2",
+]
 TEXT = "The cat sat on the mat. Q: 2+2?"
 
 
@@ -45,8 +58,18 @@ def tiny_model(arch: str, seed: int = 0) -> LoopedLM:
     """A float32 byte-level model whose gate is spread out, so tokens exit at different
     steps under the gate's policies; trained (so says its metadata) by pretrain, then chase."""
     torch.manual_seed(seed)
-    cfg = ModelConfig(vocab_size=259, d_model=32, n_layers=2, n_loops=R, d_state=8, headdim=16, chunk_size=8,
-                      attn_head_dim=16, rope_dim=16, **ARCHS[arch])
+    cfg = ModelConfig(
+        vocab_size=259,
+        d_model=32,
+        n_layers=2,
+        n_loops=R,
+        d_state=8,
+        headdim=16,
+        chunk_size=8,
+        attn_head_dim=16,
+        rope_dim=16,
+        **ARCHS[arch],
+    )
     model = LoopedLM(cfg).eval()
     with torch.no_grad():
         model.exit_gate.weight.normal_(0, 5.0)
@@ -78,8 +101,10 @@ def exported(tmp_path_factory):
 def loaded(exported):
     from transformers import AutoModelForCausalLM
 
-    return {arch: AutoModelForCausalLM.from_pretrained(str(d), trust_remote_code=True).eval()
-            for arch, (_, _, d) in exported.items()}
+    return {
+        arch: AutoModelForCausalLM.from_pretrained(str(d), trust_remote_code=True).eval()
+        for arch, (_, _, d) in exported.items()
+    }
 
 
 def byte_ids(text: str) -> list[int]:
@@ -89,22 +114,39 @@ def byte_ids(text: str) -> list[int]:
 def test_the_folder_holds_config_code_weights_and_tokenizer(exported):
     model, _, folder = exported["hybrid"]
     config = json.loads((folder / "config.json").read_text())
-    assert config["auto_map"] == {"AutoConfig": "configuration_looplab.LoopLabConfig",
-                                  "AutoModelForCausalLM": "modeling_looplab.LoopLabForCausalLM"}
+    assert config["auto_map"] == {
+        "AutoConfig": "configuration_looplab.LoopLabConfig",
+        "AutoModelForCausalLM": "modeling_looplab.LoopLabForCausalLM",
+    }
     assert (config["n_loops"], config["exit_policy"], config["stage"], config["lineage"], config["method"]) == (
-        R, DEFAULT_POLICY, "chase", ["pretrain", "chase"], "CHASE")
+        R,
+        DEFAULT_POLICY,
+        "chase",
+        ["pretrain", "chase"],
+        "CHASE",
+    )
     assert config["looplab_model"]["attn_layer_idx"] == [1] and config["looplab_tokenizer"] == "bytes"
     assert "skip:0.4" in config["exit_policies"]  # what a gated stage evaluates
-    for name in ("model.safetensors", "tokenizer.json", "tokenizer_config.json", "modeling_looplab.py",
-                 "looplab_models_looped.py", "looplab_models_mamba2.py", "looplab_models_attention.py"):
+    for name in (
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "modeling_looplab.py",
+        "looplab_models_looped.py",
+        "looplab_models_mamba2.py",
+        "looplab_models_attention.py",
+    ):
         assert (folder / name).is_file(), name
     # The model's source is looplab's own, its imports made local to the folder.
     looped = (folder / "looplab_models_looped.py").read_text()
     assert "class LoopedLM(nn.Module)" in looped and "from .looplab_models_execution import" in looped
     for path in folder.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else ([node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            )
             assert not any(n.split(".")[0] == "looplab" for n in names), (path.name, node.lineno)
 
 
@@ -138,8 +180,9 @@ def test_exit_policy_is_a_config_field_overridable_at_load_time(exported):
         out = hf(ids, labels=ids)
     assert torch.allclose(out.logits, expected, atol=1e-5)
     # labels: the mean next-token cross-entropy, as a causal LM's loss is in transformers
-    assert float(out.loss) == pytest.approx(float(torch.nn.functional.cross_entropy(expected[0, :-1], ids[0, 1:])),
-                                            abs=1e-5)
+    assert float(out.loss) == pytest.approx(
+        float(torch.nn.functional.cross_entropy(expected[0, :-1], ids[0, 1:])), abs=1e-5
+    )
     with pytest.raises(ValueError, match="depth=7"):  # the folder's own copy of ConfigError
         hf(ids, exit_policy="forced:7")
 
@@ -155,8 +198,9 @@ def test_padded_rows_score_as_if_unpadded(exported, loaded, arch):
         row = [pad] * (width - len(short)) + short if left else short + [pad] * (width - len(short))
         mask = [0] * (width - len(short)) + [1] * len(short) if left else [1] * len(short) + [0] * (width - len(short))
         with torch.no_grad():
-            got = hf(torch.tensor([row, long]), attention_mask=torch.tensor([mask, [1] * width]),
-                     exit_policy=DEFAULT_POLICY).logits
+            got = hf(
+                torch.tensor([row, long]), attention_mask=torch.tensor([mask, [1] * width]), exit_policy=DEFAULT_POLICY
+            ).logits
             want = model(torch.tensor([short]), ExitPolicy.parse(DEFAULT_POLICY)).logits[0]
         real = torch.tensor(mask).bool()
         assert torch.allclose(got[0][real], want, atol=1e-5)
@@ -178,7 +222,7 @@ def test_greedy_generate_equals_looplab_generate(exported, loaded, arch, spec):
     with torch.no_grad():
         out = hf.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False, exit_policy=spec)
     for row, expected in zip(out[:, width:].tolist(), ours):
-        tokens = row[:row.index(257)] if 257 in row else row  # <eos> ends a row; padding follows it
+        tokens = row[: row.index(257)] if 257 in row else row  # <eos> ends a row; padding follows it
         assert tokens == expected
     assert any(len(t) == new for t in ours)  # some row ran its full length
 
@@ -187,8 +231,10 @@ def test_auto_tokenizer_is_the_byte_tokenizer(exported):
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     folder = exported["mamba2"][2]
-    for tok in (AutoTokenizer.from_pretrained(str(folder), trust_remote_code=True),
-                PreTrainedTokenizerFast.from_pretrained(str(folder))):  # no remote code at all
+    for tok in (
+        AutoTokenizer.from_pretrained(str(folder), trust_remote_code=True),
+        PreTrainedTokenizerFast.from_pretrained(str(folder)),
+    ):  # no remote code at all
         for text in ("héllo wörld 🙂", "  two  spaces\n\ttab", ""):
             assert tok(text, add_special_tokens=False)["input_ids"] == list(text.encode("utf-8"))
             assert tok(text)["input_ids"] == byte_ids(text)
@@ -209,8 +255,9 @@ def test_mistral_tokenizer_encodes_and_decodes_as_sentencepiece_does(tmp_path):
     except ConfigError:
         pytest.skip("the mistral-common wheel is not installed")
     torch.manual_seed(0)
-    model = LoopedLM(ModelConfig(vocab_size=32000, d_model=16, n_layers=1, n_loops=2, d_state=8, headdim=16,
-                                 chunk_size=8))
+    model = LoopedLM(
+        ModelConfig(vocab_size=32000, d_model=16, n_layers=1, n_loops=2, d_state=8, headdim=16, chunk_size=8)
+    )
     model.metadata = {"tokenizer": "mistral"}
     folder = export_hf(model, tmp_path / "hf")
     tok = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=True)
@@ -221,7 +268,11 @@ def test_mistral_tokenizer_encodes_and_decodes_as_sentencepiece_does(tmp_path):
         assert tok(text)["input_ids"] == [ref.bos_id] + ids
         assert tok.decode(ids) == ref.decode(ids)
     assert (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id, len(tok)) == (
-        ref.bos_id, ref.eos_id, ref.pad_id, ref.vocab_size)
+        ref.bos_id,
+        ref.eos_id,
+        ref.pad_id,
+        ref.vocab_size,
+    )
     config = json.loads((folder / "config.json").read_text())
     assert (config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]) == (1, 2, 0)
 
@@ -235,8 +286,10 @@ def test_lm_eval_hf_backend_scores_the_export_as_looplab_does(exported):
     from looplab.evaluation.harness import LoopLabLM
 
     model, checkpoint, folder = exported["hybrid"]
-    requests = [Instance("loglikelihood", doc={}, arguments=(c, x), idx=i, metadata=("toy", i, 1))
-                for i, (c, x) in enumerate([("Question: sky?\nAnswer:", " blue"), ("The cat sat on the", " mat")])]
+    requests = [
+        Instance("loglikelihood", doc={}, arguments=(c, x), idx=i, metadata=("toy", i, 1))
+        for i, (c, x) in enumerate([("Question: sky?\nAnswer:", " blue"), ("The cat sat on the", " mat")])
+    ]
     hf = HFLM(pretrained=str(folder), trust_remote_code=True, device="cpu", batch_size=2)
     ours = LoopLabLM(checkpoint=str(checkpoint), policy=DEFAULT_POLICY, device="cpu", batch_size=2)
     got, want = hf.loglikelihood(requests), ours.loglikelihood(requests)
@@ -245,7 +298,7 @@ def test_lm_eval_hf_backend_scores_the_export_as_looplab_does(exported):
         ids = byte_ids(context + continuation)
         with torch.no_grad():
             logits = model(torch.tensor([ids]), ExitPolicy.parse(DEFAULT_POLICY)).logits[0]
-        direct = torch.log_softmax(logits[:-1], -1).gather(-1, torch.tensor(ids[1:])[:, None])[-len(continuation):]
+        direct = torch.log_softmax(logits[:-1], -1).gather(-1, torch.tensor(ids[1:])[:, None])[-len(continuation) :]
         assert logprob == pytest.approx(float(direct.sum()), abs=1e-4)
         assert (logprob, greedy) == (pytest.approx(ref, abs=1e-4), ref_greedy)
 
@@ -274,8 +327,14 @@ def test_the_folder_loads_where_looplab_cannot_be_imported(exported, tmp_path, m
     model, _, folder = exported["hybrid"]
     result = tmp_path / "out.pt"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(modules_cache), "PYTHONPATH": ""}
-    run = subprocess.run([sys.executable, "-c", BLOCKER, str(folder), "skip:0.8", TEXT, str(result)], cwd=tmp_path,
-                         env=env, capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-c", BLOCKER, str(folder), "skip:0.8", TEXT, str(result)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     out = torch.load(result)
     assert out["looplab_loaded"] == [] and out["ids"][0].tolist() == byte_ids(TEXT)
@@ -286,8 +345,13 @@ def test_the_folder_loads_where_looplab_cannot_be_imported(exported, tmp_path, m
 def test_the_blocker_blocks(tmp_path):
     """The subprocess above would load looplab from the checkout if the blocker let it."""
     code = BLOCKER.split("import torch")[0] + "import looplab\n"
-    run = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
-                         capture_output=True, text=True, timeout=60)
+    run = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.returncode != 0 and "blocked" in run.stderr
 
 
@@ -305,8 +369,9 @@ def test_cli_export_and_its_one_line_errors(exported, tmp_path, capsys):
         return lines[0]
 
     assert "--checkpoint=" in error("--checkpoint", str(tmp_path / "missing"), str(tmp_path / "a"))
-    assert "--format='gguf' is invalid; allowed: hf" in error("--checkpoint", str(checkpoint), "--format", "gguf",
-                                                              str(tmp_path / "b"))
+    assert "--format='gguf' is invalid; allowed: hf" in error(
+        "--checkpoint", str(checkpoint), "--format", "gguf", str(tmp_path / "b")
+    )
     assert "--policy='forced:9'" in error("--checkpoint", str(checkpoint), "--policy", "forced:9", str(tmp_path / "c"))
     assert "is not empty" in error("--checkpoint", str(checkpoint), str(out))  # a previous export, no --force
     other = tmp_path / "other"

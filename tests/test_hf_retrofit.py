@@ -34,16 +34,33 @@ IDS = torch.randint(0, VOCAB, (2, 21), generator=torch.Generator().manual_seed(0
 
 
 def mamba2_config(layers: int, **extra):
-    return transformers.Mamba2Config(hidden_size=16, num_heads=4, head_dim=8, expand=2, state_size=8, n_groups=2,
-                                     conv_kernel=4, vocab_size=VOCAB, num_hidden_layers=layers, chunk_size=8,
-                                     **extra)
+    return transformers.Mamba2Config(
+        hidden_size=16,
+        num_heads=4,
+        head_dim=8,
+        expand=2,
+        state_size=8,
+        n_groups=2,
+        conv_kernel=4,
+        vocab_size=VOCAB,
+        num_hidden_layers=layers,
+        chunk_size=8,
+        **extra,
+    )
 
 
 def llama_config(layers: int, kv_heads: int = 2, tied: bool = True, **extra):
-    return transformers.LlamaConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=kv_heads,
-                                    intermediate_size=48, vocab_size=VOCAB, num_hidden_layers=layers,
-                                    tie_word_embeddings=tied,
-                                    rope_parameters={"rope_type": "default", "rope_theta": 500.0}, **extra)
+    return transformers.LlamaConfig(
+        hidden_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=kv_heads,
+        intermediate_size=48,
+        vocab_size=VOCAB,
+        num_hidden_layers=layers,
+        tie_word_embeddings=tied,
+        rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+        **extra,
+    )
 
 
 def hf_model(config, seed: int = 0):
@@ -72,16 +89,22 @@ def hf_reference(model, layers: list[int]):
     source = model.state_dict()
     state = {k: v for k, v in source.items() if not k.startswith(prefix)}
     for new, old in enumerate(layers):
-        state.update({k.replace(f"{prefix}{old}.", f"{prefix}{new}.", 1): v for k, v in source.items()
-                      if k.startswith(f"{prefix}{old}.")})
+        state.update(
+            {
+                k.replace(f"{prefix}{old}.", f"{prefix}{new}.", 1): v
+                for k, v in source.items()
+                if k.startswith(f"{prefix}{old}.")
+            }
+        )
     reference = type(model)(config).eval()
     reference.load_state_dict(state, strict=True)
     return reference
 
 
 def retrofitted(init_from: str, n_layers: int, n_loops: int, init_layers: str = "", seed: int = 0):
-    cfg = ModelConfig(**retrofit.checkpoint_model_fields(init_from), n_layers=n_layers, n_loops=n_loops,
-                      chunk_size=16)  # another chunk than HF's 8: the chunking is numerics only
+    cfg = ModelConfig(
+        **retrofit.checkpoint_model_fields(init_from), n_layers=n_layers, n_loops=n_loops, chunk_size=16
+    )  # another chunk than HF's 8: the chunking is numerics only
     model = model_from_config(cfg, seed).eval()
     info = retrofit.initialise(model, cfg, init_from, init_layers)
     return model, info
@@ -195,17 +218,22 @@ def test_bad_values_fail_with_one_line_naming_the_field(tmp_path):
     assert "init_layers" in _error(base, {"train.init_layers": "0"})  # without a checkpoint
     assert "n_layers" in _error(base, {"train.init_from": init_from, "model.n_layers": 3})
     assert "d_model=64 is invalid; allowed: 16, the checkpoint's" in _error(
-        base, {"train.init_from": init_from, "model.d_model": 64})
+        base, {"train.init_from": init_from, "model.d_model": 64}
+    )
 
 
-@pytest.mark.parametrize("config,field", [
-    (lambda: llama_config(1, attention_bias=True), "attention_bias"),
-    (lambda: llama_config(1, mlp_bias=True), "mlp_bias"),
-    (lambda: llama_config(1, hidden_act="gelu"), "hidden_act"),
-    (lambda: llama_config(1, head_dim=16), "head_dim"),
-    (lambda: mamba2_config(1, use_bias=True), "use_bias"),
-    (lambda: mamba2_config(1, time_step_limit=(0.0, 0.5)), "time_step_limit"),
-], ids=["attention_bias", "mlp_bias", "gelu", "head_dim", "mamba2-bias", "dt-limit"])
+@pytest.mark.parametrize(
+    "config,field",
+    [
+        (lambda: llama_config(1, attention_bias=True), "attention_bias"),
+        (lambda: llama_config(1, mlp_bias=True), "mlp_bias"),
+        (lambda: llama_config(1, hidden_act="gelu"), "hidden_act"),
+        (lambda: llama_config(1, head_dim=16), "head_dim"),
+        (lambda: mamba2_config(1, use_bias=True), "use_bias"),
+        (lambda: mamba2_config(1, time_step_limit=(0.0, 0.5)), "time_step_limit"),
+    ],
+    ids=["attention_bias", "mlp_bias", "gelu", "head_dim", "mamba2-bias", "dt-limit"],
+)
 def test_what_looplab_cannot_represent_is_refused(tmp_path, config, field):
     config().save_pretrained(tmp_path)  # the config alone: it is refused before any weight is read
     message = _error(get_preset("phop-debug"), {"train.init_from": f"hf:{tmp_path}"})
@@ -233,13 +261,26 @@ def test_training_starts_from_the_hf_weights(tmp_path):
     task's evaluation set, and the checkpoint computes the HF model's logits."""
     hf = hf_model(mamba2_config(1))
     init_from = save(hf, tmp_path / "hf")
-    cfg = apply_overrides(get_preset("phop-debug"), {
-        "train.init_from": init_from, "model.n_loops": 1, "train.steps": 2, "train.warmup_steps": 0,
-        "train.lr": 1e-12, "train.batch_size": 4, "train.eval_every": 0, "task.eval_count": 32})
+    cfg = apply_overrides(
+        get_preset("phop-debug"),
+        {
+            "train.init_from": init_from,
+            "model.n_loops": 1,
+            "train.steps": 2,
+            "train.warmup_steps": 0,
+            "train.lr": 1e-12,
+            "train.batch_size": 4,
+            "train.eval_every": 0,
+            "task.eval_count": 32,
+        },
+    )
     train(cfg, tmp_path / "run", quiet=True)
 
-    evaluation = [r for r in map(json.loads, (tmp_path / "run" / METRICS_FILE).read_text().splitlines())
-                  if r.get("kind") == "eval"][-1]["policies"][0]
+    evaluation = [
+        r
+        for r in map(json.loads, (tmp_path / "run" / METRICS_FILE).read_text().splitlines())
+        if r.get("kind") == "eval"
+    ][-1]["policies"][0]
     batch = make_task(cfg.task, cfg.train.seq_len).eval_batch()
     with torch.no_grad():
         logits = hf(batch.ids).logits
@@ -257,12 +298,22 @@ def test_a_continued_stage_starts_from_its_parent_not_the_checkpoint(tmp_path, m
     from looplab.training import train as training
 
     init_from = save(hf_model(mamba2_config(1)), tmp_path / "hf")
-    overrides = {"train.init_from": init_from, "train.steps": 1, "train.warmup_steps": 0, "train.batch_size": 4,
-                 "train.eval_every": 0, "task.eval_count": 8}
+    overrides = {
+        "train.init_from": init_from,
+        "train.steps": 1,
+        "train.warmup_steps": 0,
+        "train.batch_size": 4,
+        "train.eval_every": 0,
+        "task.eval_count": 8,
+    }
     pretrain = stage_config(get_preset("phop-debug"), "pretrain", overrides=overrides)
     train(pretrain, tmp_path / "pre", quiet=True)
-    stage1 = stage_config(get_preset("phop-debug"), "stage1", overrides=overrides,
-                          parent=pretrain.as_parent(str(tmp_path / "pre" / "checkpoint")))
+    stage1 = stage_config(
+        get_preset("phop-debug"),
+        "stage1",
+        overrides=overrides,
+        parent=pretrain.as_parent(str(tmp_path / "pre" / "checkpoint")),
+    )
     monkeypatch.setattr(training, "initialise", lambda *a, **k: pytest.fail("a continued stage retrofitted"))
     train(stage1, tmp_path / "s1", quiet=True)
 
@@ -275,8 +326,11 @@ def test_a_config_built_without_the_checkpoints_shape_is_refused_before_training
 
     init_from = save(hf_model(mamba2_config(1)), tmp_path / "hf")
     base = get_preset("phop-debug")  # d_model 32; the checkpoint's is 16
-    cfg = dataclasses.replace(base, train=dataclasses.replace(base.train, init_from=init_from),
-                              model=dataclasses.replace(base.model, vocab_size=VOCAB))
+    cfg = dataclasses.replace(
+        base,
+        train=dataclasses.replace(base.train, init_from=init_from),
+        model=dataclasses.replace(base.model, vocab_size=VOCAB),
+    )
     with pytest.raises(ConfigError, match="model.d_model=32 is invalid; allowed: 16"):
         train(cfg, tmp_path / "run", quiet=True)
     assert not (tmp_path / "run").exists()
@@ -305,8 +359,15 @@ def test_hf_shape_takes_the_shape_and_not_the_weights(tmp_path):
     folder = tmp_path / "hf"
     hf = hf_model(mamba2_config(2))
     save(hf, folder)
-    base = {"model.n_loops": 2, "model.n_layers": 1, "train.steps": 1, "train.warmup_steps": 0,
-            "train.batch_size": 2, "train.eval_every": 0, "task.eval_count": 8}
+    base = {
+        "model.n_loops": 2,
+        "model.n_layers": 1,
+        "train.steps": 1,
+        "train.warmup_steps": 0,
+        "train.batch_size": 2,
+        "train.eval_every": 0,
+        "task.eval_count": 8,
+    }
     shape = apply_overrides(get_preset("phop-debug"), {**base, "train.init_from": f"hf-shape:{folder}"})
     weights = apply_overrides(get_preset("phop-debug"), {**base, "train.init_from": f"hf:{folder}"})
     assert shape.model == weights.model and shape.model.d_model == 16

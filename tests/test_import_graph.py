@@ -37,8 +37,7 @@ LIBRARY_FLOORS = (
 )
 LIBRARY_FLOOR = {room: floor for floor, rooms in enumerate(LIBRARY_FLOORS) for room in rooms}
 # The torch-free vocabulary the platform reads (each imports no torch).
-VOCABULARY = ("looplab.config", "looplab.fields", "looplab.policy", "looplab.errors", "looplab.keys",
-              "looplab.stages")
+VOCABULARY = ("looplab.config", "looplab.fields", "looplab.policy", "looplab.errors", "looplab.keys", "looplab.stages")
 
 
 def module_files() -> dict[str, Path]:
@@ -68,7 +67,7 @@ def imported_names(path: Path, module: str) -> list[str]:
         else:
             base = node.module or ""
             if node.level:  # relative: up level - 1 packages from this one
-                anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(anchor + ([base] if base else []))
             names += [f"{base}.{alias.name}" for alias in node.names]
     return names
@@ -149,14 +148,22 @@ def test_every_library_room_has_a_floor():
 def test_the_checks_find_a_circle_and_an_upward_arrow():
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert circles({"a": {"b"}, "b": set()}) == []
-    assert upward_arrows({"looplab.training.train": {"sweeps.plan"}, "analysis.load": {"trainables.trial"},
-                          "looplab.models.looped": {"looplab.checkpoint", "looplab.config"},
-                          "looplab.costs.timing": {"looplab.evaluation.validation", "looplab.costs.spread"},
-                          "looplab.stages": {"looplab.training.distributed"},
-                          "sweeps.plan": {"looplab.config"}}) == [
-        "analysis.load -> trainables.trial", "looplab.costs.timing -> looplab.evaluation.validation",
-        "looplab.models.looped -> looplab.checkpoint", "looplab.stages -> looplab.training.distributed",
-        "looplab.training.train -> sweeps.plan"]
+    assert upward_arrows(
+        {
+            "looplab.training.train": {"sweeps.plan"},
+            "analysis.load": {"trainables.trial"},
+            "looplab.models.looped": {"looplab.checkpoint", "looplab.config"},
+            "looplab.costs.timing": {"looplab.evaluation.validation", "looplab.costs.spread"},
+            "looplab.stages": {"looplab.training.distributed"},
+            "sweeps.plan": {"looplab.config"},
+        }
+    ) == [
+        "analysis.load -> trainables.trial",
+        "looplab.costs.timing -> looplab.evaluation.validation",
+        "looplab.models.looped -> looplab.checkpoint",
+        "looplab.stages -> looplab.training.distributed",
+        "looplab.training.train -> sweeps.plan",
+    ]
 
 
 def test_the_graph_is_real():
@@ -175,10 +182,14 @@ def test_no_upward_arrow():
 
 def test_no_private_name_is_imported_across_modules():
     modules = module_files()
-    private = [f"{path.relative_to(ROOT).as_posix()}:{node.lineno}: from {node.module} import {a.name}"
-               for path in modules.values() for node in import_nodes(path)
-               if isinstance(node, ast.ImportFrom) and node.module in modules
-               for a in node.names if a.name.startswith("_") and a.name != "__version__"]
+    private = [
+        f"{path.relative_to(ROOT).as_posix()}:{node.lineno}: from {node.module} import {a.name}"
+        for path in modules.values()
+        for node in import_nodes(path)
+        if isinstance(node, ast.ImportFrom) and node.module in modules
+        for a in node.names
+        if a.name.startswith("_") and a.name != "__version__"
+    ]
     assert not private, "\n".join(private)
 
 

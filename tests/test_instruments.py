@@ -12,8 +12,13 @@ import pytest
 import torch
 
 from looplab.config import apply_overrides
-from looplab.training.instruments import (hidden_norms, loop_gradient_norms, loop_instruments, per_application_parameters,
-                                 skip_profile)
+from looplab.training.instruments import (
+    hidden_norms,
+    loop_gradient_norms,
+    loop_instruments,
+    per_application_parameters,
+    skip_profile,
+)
 from looplab.models.looped import LoopedLM
 from looplab.policy import ExitPolicy
 from looplab.presets import get_preset, stage_config
@@ -26,9 +31,17 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny(arch: str = "mamba2"):
-    cfg = apply_overrides(get_preset("debug"), {"model.d_model": 32, "model.arch": arch, "model.n_loops": 3,
-                                                "train.seq_len": 24, "model.attn_head_dim": 16,
-                                                "model.rope_dim": 16})
+    cfg = apply_overrides(
+        get_preset("debug"),
+        {
+            "model.d_model": 32,
+            "model.arch": arch,
+            "model.n_loops": 3,
+            "train.seq_len": 24,
+            "model.attn_head_dim": 16,
+            "model.rope_dim": 16,
+        },
+    )
     torch.manual_seed(0)
     model = LoopedLM(cfg.model).double()
     ids = torch.randint(0, cfg.model.vocab_size, (2, 24))
@@ -37,8 +50,12 @@ def tiny(arch: str = "mamba2"):
 
 def continued(cfg, stage: str):
     parent = ParentRef(stage="pretrain", key="k", group="g", checkpoint="unused")
-    return stage_config(cfg, stage, parent=parent, overrides={"model.d_model": 32, "model.n_loops": 3,
-                                                              "train.seq_len": 24, "hole.lo": 1.5, "hole.hi": 2.5})
+    return stage_config(
+        cfg,
+        stage,
+        parent=parent,
+        overrides={"model.d_model": 32, "model.n_loops": 3, "train.seq_len": 24, "hole.lo": 1.5, "hole.hi": 2.5},
+    )
 
 
 @pytest.mark.parametrize("stage", ["pretrain", "stage1", "chase"])
@@ -47,8 +64,12 @@ def test_per_application_terms_add_up_to_the_gradient(stage, arch):
     cfg, model, batch = tiny(arch)
     cfg = cfg if stage == "pretrain" else continued(cfg, stage)
     loss, _ = get_stage(stage).minibatch_loss(model, batch, cfg, 3)
-    reference = dict(zip([n for n, _ in model.backbone.named_parameters()],
-                         torch.autograd.grad(loss, list(model.backbone.parameters()))))
+    reference = dict(
+        zip(
+            [n for n, _ in model.backbone.named_parameters()],
+            torch.autograd.grad(loss, list(model.backbone.parameters())),
+        )
+    )
     with per_application_parameters(model) as copies:
         loss_again, _ = get_stage(stage).minibatch_loss(model, batch, cfg, 3)
         names = list(copies[0])
@@ -57,7 +78,7 @@ def test_per_application_terms_add_up_to_the_gradient(stage, arch):
     assert torch.equal(loss, loss_again)
     assert len(copies) == 3
     for i, name in enumerate(names):
-        terms = [g for g in grads[i::len(names)] if g is not None]
+        terms = [g for g in grads[i :: len(names)] if g is not None]
         assert torch.allclose(sum(terms), reference[name], atol=1e-12, rtol=1e-9), name
     norms = loop_gradient_norms(model, get_stage(stage), batch, cfg, 3)
     assert len(norms) == 3 and all(n > 0 for n in norms)
@@ -105,8 +126,15 @@ def test_metric_names_round_trip():
 def test_every_stage_logs_its_instruments(tmp_path):
     from looplab.training.train import train
 
-    over = {"model.d_model": 32, "train.steps": 2, "train.seq_len": 32, "train.batch_size": 2,
-            "task.val_blocks": 2, "train.eval_every": 0, "train.eval_qs": [0.5, 1.0]}
+    over = {
+        "model.d_model": 32,
+        "train.steps": 2,
+        "train.seq_len": 32,
+        "train.batch_size": 2,
+        "task.val_blocks": 2,
+        "train.eval_every": 0,
+        "train.eval_qs": [0.5, 1.0],
+    }
     pre = apply_overrides(get_preset("debug"), over)
     train(pre, tmp_path / "pre", quiet=True)
     parent = pre.as_parent(str(tmp_path / "pre" / "checkpoint"))
@@ -118,8 +146,7 @@ def test_every_stage_logs_its_instruments(tmp_path):
         (loops,) = [r for r in records if r["kind"] == "loops"]
         names = set(loops["metrics"])
         assert {loop_metric(q, r) for q in ("hidden_norm", "grad_norm") for r in range(1, R + 1)} <= names
-        skip_names = {loop_metric(q, r, ExitPolicy.skip(0.5)) for q in ("active", "state_gap")
-                      for r in range(1, R + 1)}
+        skip_names = {loop_metric(q, r, ExitPolicy.skip(0.5)) for q in ("active", "state_gap") for r in range(1, R + 1)}
         assert skip_names <= names if gated else not skip_names & names
         (evaluation,) = [r for r in records if r["kind"] == "eval"]
         # Every stage evaluates the fixed-depth curve (forced 1..R-1): the per-loop CE.

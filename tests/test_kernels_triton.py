@@ -37,8 +37,12 @@ pytestmark = pytest.mark.kernels
 
 MAMBA_SSM_VERSION = "2.3.2.post1"
 SRC_ENV = "LOOPLAB_MAMBA_SSM_SRC"
-DEFAULT_SRC = (Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-               / "looplab" / "kernel-tier" / f"mamba_ssm-{MAMBA_SSM_VERSION}")
+DEFAULT_SRC = (
+    Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    / "looplab"
+    / "kernel-tier"
+    / f"mamba_ssm-{MAMBA_SSM_VERSION}"
+)
 SETUP = "bash scripts/setup_kernel_tier.sh"
 
 RTOL = 1e-4  # fp32; the kernels' errors against a float64 recurrence are ~3e-6
@@ -112,9 +116,15 @@ def _mixer(**shape) -> Mamba2:
 _PHOP_DEBUG = PRESETS["phop-debug"]().model
 SHAPES = {
     # The preset whose in_proj width (164) the raw xBC slice failed on.
-    "phop-debug": dict(d_model=_PHOP_DEBUG.d_model, d_state=_PHOP_DEBUG.d_state, d_conv=_PHOP_DEBUG.d_conv,
-                       expand=_PHOP_DEBUG.expand, headdim=_PHOP_DEBUG.headdim, ngroups=_PHOP_DEBUG.ngroups,
-                       chunk_size=_PHOP_DEBUG.chunk_size),
+    "phop-debug": dict(
+        d_model=_PHOP_DEBUG.d_model,
+        d_state=_PHOP_DEBUG.d_state,
+        d_conv=_PHOP_DEBUG.d_conv,
+        expand=_PHOP_DEBUG.expand,
+        headdim=_PHOP_DEBUG.headdim,
+        ngroups=_PHOP_DEBUG.ngroups,
+        chunk_size=_PHOP_DEBUG.chunk_size,
+    ),
     # in_proj width 152: xBC is used in place; two groups of B/C.
     "in-place": dict(d_model=32, d_state=8, d_conv=4, expand=2, headdim=8, ngroups=2, chunk_size=8),
     # 44 conv channels: padded to 48 for causal-conv1d.
@@ -155,8 +165,10 @@ def test_cuda_dispatch_matches_torch_path(triton_chunk_scan, monkeypatch, shape,
     for name, g, e in zip(names, got, expected):
         errors[name] = ((g - e).abs().max() / e.abs().max()).item()
         torch.testing.assert_close(g, e, rtol=RTOL, atol=RTOL * e.abs().max().item(), msg=lambda s, n=name: f"{n}: {s}")
-    print(f"{shape} {'seq_idx' if packed else 'one sequence'}: max error / max |value|: "
-          + ", ".join(f"{n} {v:.1e}" for n, v in errors.items()))
+    print(
+        f"{shape} {'seq_idx' if packed else 'one sequence'}: max error / max |value|: "
+        + ", ".join(f"{n} {v:.1e}" for n, v in errors.items())
+    )
 
 
 @pytest.fixture(scope="module")
@@ -196,7 +208,9 @@ def test_cuda_decode_step_matches_torch_step(triton_state_update, monkeypatch, s
     got, got_state = step()
     torch.testing.assert_close(got, expected, rtol=RTOL, atol=RTOL * expected.abs().max().item())
     torch.testing.assert_close(got_state.conv, expected_state.conv, rtol=0, atol=0)
-    torch.testing.assert_close(got_state.ssm, expected_state.ssm, rtol=RTOL, atol=RTOL * expected_state.ssm.abs().max().item())
+    torch.testing.assert_close(
+        got_state.ssm, expected_state.ssm, rtol=RTOL, atol=RTOL * expected_state.ssm.abs().max().item()
+    )
     if packed:  # rows that did not run keep their states
         assert torch.equal(got_state.ssm[[1, 4]], start.ssm[[1, 4]])
 

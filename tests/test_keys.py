@@ -25,8 +25,13 @@ from trainables.pipeline import PipelineSpec, checkpoint_of, stage_configs, stag
 ROOT = Path(__file__).resolve().parent.parent
 PAYLOAD = {"b": [1, 2.5, None], "a": {"z": "é", "y": True}}
 # pretrain → stage1 on the debug preset, β searched in stage1 (log_every: unkeyed, no effect)
-SPEC = PipelineSpec(preset="debug", stages=("pretrain", "stage1"), overrides={"model.n_loops": 4, "train.log_every": 5},
-                    searched={"beta": "exit.beta"}, searched_stages=("stage1",))
+SPEC = PipelineSpec(
+    preset="debug",
+    stages=("pretrain", "stage1"),
+    overrides={"model.n_loops": 4, "train.log_every": 5},
+    searched={"beta": "exit.beta"},
+    searched_stages=("stage1",),
+)
 POINT = {"beta": 0.5, "seed": 0}
 PRETRAIN_KEY, PRETRAIN_HASH = "80187bb079e5", "e7248c8ce43a"
 STAGE1_KEY, STAGE1_HASH = "77cc702b6968", "e3695dd24cf1"
@@ -88,7 +93,9 @@ def test_a_store_written_before_is_reused(tmp_path):
         write_done(storage, str(tmp_path / "stages" / folder), {"run_id": run_id, "metrics": {}})
     found = pipeline_checkpoints(SPEC, [POINT], tmp_path)
     assert [(c.stage_key, c.config_hash, c.run_id) for c in found] == [
-        (PRETRAIN_KEY, PRETRAIN_HASH, "run-pre"), (STAGE1_KEY, STAGE1_HASH, "run-s1")]
+        (PRETRAIN_KEY, PRETRAIN_HASH, "run-pre"),
+        (STAGE1_KEY, STAGE1_HASH, "run-s1"),
+    ]
     assert found[1].path == str((tmp_path / "stages" / "stage1-77cc702b6968" / "checkpoint").resolve())
 
 
@@ -147,9 +154,11 @@ def _task_files(folder: Path) -> Path:
     (folder / "train.jsonl").write_text('{"q": "1+1", "a": "2"}\n')
     (folder / "val.jsonl").write_text('{"q": "2+2", "a": "4"}\n')
     yaml = folder / "task.yaml"
-    yaml.write_text("task: golden\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    train: train.jsonl\n"
-                    "    validation: val.jsonl\noutput_type: generate_until\ndoc_to_text: '{{q}}'\n"
-                    "doc_to_target: '{{a}}'\nnum_fewshot: 2\n")
+    yaml.write_text(
+        "task: golden\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    train: train.jsonl\n"
+        "    validation: val.jsonl\noutput_type: generate_until\ndoc_to_text: '{{q}}'\n"
+        "doc_to_target: '{{a}}'\nnum_fewshot: 2\n"
+    )
     return yaml
 
 
@@ -208,7 +217,7 @@ def test_a_documents_digest_is_unchanged():
 
     whole = "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824"  # SHA-256 of b"hello"
     assert Document("d", "hello").digest == keys.text_digest("hello", keys.FULL_LENGTH) == whole
-    assert keys.text_digest("hello") == whole[:keys.KEY_LENGTH]
+    assert keys.text_digest("hello") == whole[: keys.KEY_LENGTH]
 
 
 def test_no_module_but_keys_spells_a_stage_folder():
@@ -219,8 +228,9 @@ def test_no_module_but_keys_spells_a_stage_folder():
 
 def test_keys_imports_only_the_standard_library():
     tree = ast.parse((ROOT / "looplab" / "keys.py").read_text())
-    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
-                for alias in node.names}
+    imported = {
+        alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names
+    }
     imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert imported <= {"__future__", "collections", "dataclasses", "hashlib", "json", "pathlib", "typing"}
 
@@ -229,8 +239,9 @@ def test_keys_imports_only_the_standard_library():
 def _text_chain(dataset: str) -> tuple[str, str]:
     """(pretrain key, stage1 key) of the debug preset reading `dataset`."""
     pretrain = stage_config(get_preset("debug"), "pretrain", overrides={"task.dataset": dataset})
-    stage1 = stage_config(get_preset("debug"), "stage1", parent=pretrain.as_parent("/anywhere"),
-                          overrides={"task.dataset": dataset})
+    stage1 = stage_config(
+        get_preset("debug"), "stage1", parent=pretrain.as_parent("/anywhere"), overrides={"task.dataset": dataset}
+    )
     return pretrain.stage_key(), stage1.stage_key()
 
 

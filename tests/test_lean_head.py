@@ -5,12 +5,25 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from looplab.models.head import (attach_gradient, chunk_tokens_for, head_token_losses, head_weighted_loss,
-                                 linear_cross_entropy, step_token_losses, weighted_linear_cross_entropy)
+from looplab.models.head import (
+    attach_gradient,
+    chunk_tokens_for,
+    head_token_losses,
+    head_weighted_loss,
+    linear_cross_entropy,
+    step_token_losses,
+    weighted_linear_cross_entropy,
+)
 from looplab.models.looped import LoopedLM
 from looplab.models.head import token_losses
-from looplab.training.objectives import (exit_distribution, final_loop_loss, final_loop_weights, stage1_loss, stage1_weights,
-                                         stage2_loss)
+from looplab.training.objectives import (
+    exit_distribution,
+    final_loop_loss,
+    final_loop_weights,
+    stage1_loss,
+    stage1_weights,
+    stage2_loss,
+)
 from looplab.policy import ExitPolicy
 from looplab.stages import get_stage
 from looplab.tasks.base import IGNORE_INDEX, Batch
@@ -33,7 +46,7 @@ def readout_model(seed=0) -> LoopedLM:
 def reference_losses(m, hidden, targets):
     """ℓ = logsumexp(z) − z_t with z = W·(g ⊙ h / rms(h)), from the definitions."""
     g, eps, W = m.norm_f.weight, m.norm_f.eps, m.lm_head.weight
-    y = hidden / torch.sqrt((hidden ** 2).mean(-1, keepdim=True) + eps) * g
+    y = hidden / torch.sqrt((hidden**2).mean(-1, keepdim=True) + eps) * g
     z = y @ W.T
     real = targets != IGNORE_INDEX
     zt = z.gather(-1, targets.clamp(min=0).expand(*z.shape[:-1]).unsqueeze(-1)).squeeze(-1)
@@ -299,8 +312,9 @@ def test_stage_losses_equal_the_full_logits_computation(stage):
         want = stage2_loss(losses, gate, mask, cfg.exit.kappa, cfg.exit.gamma)
     torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-12)
     params = [p for p in m.parameters()]
-    for a, b in zip(torch.autograd.grad(got, params, allow_unused=True),
-                    torch.autograd.grad(want, params, allow_unused=True)):
+    for a, b in zip(
+        torch.autograd.grad(got, params, allow_unused=True), torch.autograd.grad(want, params, allow_unused=True)
+    ):
         if b is None:
             assert a is None or (a == 0).all()
         else:

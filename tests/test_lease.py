@@ -38,12 +38,14 @@ def test_a_lease_is_taken_renewed_expires_and_is_taken_over(kind):
     table = tables(clock)[kind]
     a, b = lease.holder(), lease.holder()
     # (seconds after the start, who tries, who holds after): the rule worked by hand.
-    timeline = [(0, a, a),      # free: taken
-                (10, b, a),     # held and fresh: refused
-                (50, a, a),     # the holder renews: fresh until 110
-                (100, b, a),    # 100 s after taking, but 50 after renewing: still refused
-                (110, b, b),    # 60 s without renewal: the holder is gone, taken over
-                (111, a, b)]    # the old holder's late renewal does not take it back
+    timeline = [
+        (0, a, a),  # free: taken
+        (10, b, a),  # held and fresh: refused
+        (50, a, a),  # the holder renews: fresh until 110
+        (100, b, a),  # 100 s after taking, but 50 after renewing: still refused
+        (110, b, b),  # 60 s without renewal: the holder is gone, taken over
+        (111, a, b),
+    ]  # the old holder's late renewal does not take it back
     for at, who, expected in timeline:
         clock.now = 1000.0 + at
         assert table.take("x", who, SECONDS)["owner"] == expected["owner"], (at, who is a)
@@ -70,8 +72,10 @@ def test_of_contenders_at_once_exactly_one_wins(tmp_path):
             refused.append(e.holder)
             tried.wait()
 
-    for hold in (lambda: lease.held(table, "x", SECONDS, wait=False),
-                 lambda: lease.flocked(tmp_path / "x.lock", wait=False, info=tmp_path / "x.json")):
+    for hold in (
+        lambda: lease.held(table, "x", SECONDS, wait=False),
+        lambda: lease.flocked(tmp_path / "x.lock", wait=False, info=tmp_path / "x.json"),
+    ):
         won.clear(), refused.clear()
         threads = [threading.Thread(target=contend, args=(hold,)) for _ in range(contenders)]
         for t in threads:

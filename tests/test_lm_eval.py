@@ -111,7 +111,7 @@ def test_loglikelihood_tokens_match_direct_computation(checkpoint):
     results = lm._loglikelihood_tokens(requests)
     for (_, context, continuation), (logprob, _) in zip(requests, results):
         ids = context + continuation
-        expected = direct_logprobs(lm.model, ids)[-len(continuation):].sum()
+        expected = direct_logprobs(lm.model, ids)[-len(continuation) :].sum()
         assert logprob == pytest.approx(float(expected), abs=1e-4)
 
     # Greedy: the continuation the model would decode token by token.
@@ -121,7 +121,8 @@ def test_loglikelihood_tokens_match_direct_computation(checkpoint):
         with torch.no_grad():
             greedy.append(int(lm.model(torch.tensor([context + greedy])).logits[0, -1].argmax()))
     (_, is_greedy), (_, not_greedy) = lm._loglikelihood_tokens(
-        [((None, None), context, greedy), ((None, None), context, greedy[:-1] + [(greedy[-1] + 1) % 256])])
+        [((None, None), context, greedy), ((None, None), context, greedy[:-1] + [(greedy[-1] + 1) % 256])]
+    )
     assert is_greedy and not not_greedy
 
 
@@ -129,9 +130,10 @@ def test_loglikelihood_via_lm_eval_instances_prepends_bos(checkpoint):
     from lm_eval.api.instance import Instance
 
     lm = make_lm(checkpoint, batch_size=4)
-    request = Instance("loglikelihood", doc={}, arguments=("Question: sky?\nAnswer:", " blue"), idx=0,
-                       metadata=("toy", 0, 1))
-    (logprob, _), = lm.loglikelihood([request])
+    request = Instance(
+        "loglikelihood", doc={}, arguments=("Question: sky?\nAnswer:", " blue"), idx=0, metadata=("toy", 0, 1)
+    )
+    ((logprob, _),) = lm.loglikelihood([request])
     ids = [256] + list(b"Question: sky?\nAnswer: blue")
     assert logprob == pytest.approx(float(direct_logprobs(lm.model, ids)[-5:].sum()), abs=1e-4)
     assert lm.executed_loops_by_task == {"toy": pytest.approx(R)}
@@ -140,7 +142,7 @@ def test_loglikelihood_via_lm_eval_instances_prepends_bos(checkpoint):
 def test_contexts_are_left_truncated_to_max_length(checkpoint):
     lm = make_lm(checkpoint, max_length=16)
     context, continuation = list(range(60, 100)), [101, 102, 103]
-    (logprob, _), = lm._loglikelihood_tokens([((None, None), context, continuation)])
+    ((logprob, _),) = lm._loglikelihood_tokens([((None, None), context, continuation)])
     window = (context + continuation)[-17:]  # 16 inputs predict the last 16 tokens
     assert logprob == pytest.approx(float(direct_logprobs(lm.model, window)[-3:].sum()), abs=1e-4)
 
@@ -175,8 +177,8 @@ def test_loglikelihood_rolling_scores_each_token_once(checkpoint):
     for start in range(0, n, 16):
         end = min(start + 16, n)  # block predicts seq[start+1 .. end]
         window_start = max(0, end - 16)
-        logprobs = direct_logprobs(lm.model, seq[window_start:end + 1])
-        expected += float(logprobs[start - window_start:].sum())
+        logprobs = direct_logprobs(lm.model, seq[window_start : end + 1])
+        expected += float(logprobs[start - window_start :].sum())
     assert rolling == pytest.approx(expected, abs=1e-3)
 
     # With room for the whole text it is one forward pass.
@@ -205,12 +207,16 @@ def test_generate_until_is_greedy_and_stops():
     def request(context, **gen_kwargs):
         return Instance("generate_until", doc={}, arguments=(context, gen_kwargs), idx=0)
 
-    texts = lm.generate_until([request("Once upon", until=[], max_gen_toks=8),
-                               request("Another, longer prompt", max_gen_toks=2),
-                               request("Once upon", until=["never", stop], max_gen_toks=8)])
+    texts = lm.generate_until(
+        [
+            request("Once upon", until=[], max_gen_toks=8),
+            request("Another, longer prompt", max_gen_toks=2),
+            request("Once upon", until=["never", stop], max_gen_toks=8),
+        ]
+    )
     assert texts[0] == text
     assert len(texts[1]) == 2
-    assert texts[2] == text[:text.index(stop)]
+    assert texts[2] == text[: text.index(stop)]
 
 
 def uncached_greedy(model, ids: list[int], until: list[str], max_new: int, policy, eos: int) -> str:
@@ -225,7 +231,7 @@ def uncached_greedy(model, ids: list[int], until: list[str], max_new: int, polic
         generated.append(token)
         text = bytes(t for t in generated if t < 256).decode("utf-8", errors="replace")
         if any(stop in text for stop in until):
-            return text[:min(text.index(stop) for stop in until if stop in text)]
+            return text[: min(text.index(stop) for stop in until if stop in text)]
     return text
 
 
@@ -240,16 +246,29 @@ def test_cached_generate_until_equals_uncached_greedy_decoding(checkpoint, polic
     contexts = ["Once upon a time", "A", "The quick brown fox jumps", "zzz"]
     first = uncached_greedy(lm.model, lm.tok_encode(contexts[0]), [], 10, ExitPolicy.parse(policy), lm.eot_token_id)
     stops = [[], ["never"], [first[4:6]] if len(first) > 6 else [], ["q"]]
-    requests = [Instance("generate_until", doc={}, arguments=(c, {"until": u, "max_gen_toks": n}), idx=0)
-                for c, u, n in zip(contexts, stops, [10, 7, 12, 5])]
+    requests = [
+        Instance("generate_until", doc={}, arguments=(c, {"until": u, "max_gen_toks": n}), idx=0)
+        for c, u, n in zip(contexts, stops, [10, 7, 12, 5])
+    ]
     lm.reset_loop_tally()
     texts = lm.generate_until(requests)
     for (context, gen_kwargs), text in zip((r.args for r in requests), texts):
-        assert text == uncached_greedy(lm.model, lm.tok_encode(context), gen_kwargs["until"],
-                                       gen_kwargs["max_gen_toks"], ExitPolicy.parse(policy), lm.eot_token_id)
+        assert text == uncached_greedy(
+            lm.model,
+            lm.tok_encode(context),
+            gen_kwargs["until"],
+            gen_kwargs["max_gen_toks"],
+            ExitPolicy.parse(policy),
+            lm.eot_token_id,
+        )
     loops = lm.executed_loops
-    assert (loops == pytest.approx(R) if policy.startswith("dense") else loops == pytest.approx(2.0)
-            if policy == "forced:2" else 1.0 <= loops < R)
+    assert (
+        loops == pytest.approx(R)
+        if policy.startswith("dense")
+        else loops == pytest.approx(2.0)
+        if policy == "forced:2"
+        else 1.0 <= loops < R
+    )
 
 
 def test_argument_errors_are_one_line(checkpoint, tmp_path):
@@ -271,9 +290,12 @@ def test_argument_errors_are_one_line(checkpoint, tmp_path):
 def test_toy_task_end_to_end_skip_runs_fewer_loops_than_dense(checkpoint, toy_tasks):
     from looplab.evaluation.harness import evaluate_tasks
 
-    runs = {mode: evaluate_tasks(checkpoint, [TOY_TASK], include_path=toy_tasks, policy=f"{mode}:0.4", batch_size=4,
-                                 device="cpu")
-            for mode in ("dense", "skip")}
+    runs = {
+        mode: evaluate_tasks(
+            checkpoint, [TOY_TASK], include_path=toy_tasks, policy=f"{mode}:0.4", batch_size=4, device="cpu"
+        )
+        for mode in ("dense", "skip")
+    }
     for results in runs.values():
         row = results["results"][TOY_TASK]
         assert 0.0 <= row["acc,none"] <= 1.0 and 0.0 <= row["acc_norm,none"] <= 1.0
@@ -291,8 +313,12 @@ def test_simple_evaluate_by_model_name(checkpoint, toy_tasks):
     import looplab.evaluation.harness  # noqa: F401  (registers the model name)
 
     results = lm_eval.simple_evaluate(
-        model="looplab", model_args=f"checkpoint={checkpoint},policy=skip:0.4,batch_size=8,device=cpu",
-        tasks=[TOY_TASK], limit=4, task_manager=TaskManager(include_path=str(toy_tasks), include_defaults=False))
+        model="looplab",
+        model_args=f"checkpoint={checkpoint},policy=skip:0.4,batch_size=8,device=cpu",
+        tasks=[TOY_TASK],
+        limit=4,
+        task_manager=TaskManager(include_path=str(toy_tasks), include_defaults=False),
+    )
     assert results["n-samples"][TOY_TASK]["effective"] == 4
     assert 1.0 <= results["config"]["executed_loops_by_task"][TOY_TASK] < R
 
@@ -301,9 +327,27 @@ def test_cli_lm_eval_writes_json(checkpoint, toy_tasks, tmp_path, capsys):
     from looplab.cli import main
 
     out = tmp_path / "results.json"
-    code = main(["lm-eval", "--checkpoint", str(checkpoint), "--tasks", TOY_TASK, "--include-path", str(toy_tasks),
-                 "--policy", "skip:0.4", "--limit", "3", "--batch-size", "4", "--device", "cpu",
-                 "--output", str(out)])
+    code = main(
+        [
+            "lm-eval",
+            "--checkpoint",
+            str(checkpoint),
+            "--tasks",
+            TOY_TASK,
+            "--include-path",
+            str(toy_tasks),
+            "--policy",
+            "skip:0.4",
+            "--limit",
+            "3",
+            "--batch-size",
+            "4",
+            "--device",
+            "cpu",
+            "--output",
+            str(out),
+        ]
+    )
     assert code == 0
     report = json.loads(out.read_text())
     assert json.loads(capsys.readouterr().out) == report
@@ -315,7 +359,7 @@ def test_cli_lm_eval_writes_json(checkpoint, toy_tasks, tmp_path, capsys):
 
 # ---- the seven-task suite, offline ---------------------------------------------------
 def _choices(texts):
-    return {"text": texts, "label": ["A", "B", "C", "D"][:len(texts)]}
+    return {"text": texts, "label": ["A", "B", "C", "D"][: len(texts)]}
 
 
 def standin_row(task: str, split: str, i: int) -> dict:
@@ -325,17 +369,38 @@ def standin_row(task: str, split: str, i: int) -> dict:
     if task == "boolq":
         return {"question": f"is {i} even", "passage": f"The number {i}.", "idx": i, "label": int(i % 2 == 0)}
     if task == "winogrande":
-        return {"sentence": f"Ann thanked Bo {i} because _ was kind.", "option1": "Ann", "option2": "Bo",
-                "answer": "1" if i % 2 else "2"}
+        return {
+            "sentence": f"Ann thanked Bo {i} because _ was kind.",
+            "option1": "Ann",
+            "option2": "Bo",
+            "answer": "1" if i % 2 else "2",
+        }
     if task == "openbookqa":
-        return {"id": f"{split}-{i}", "question_stem": f"Plants need {i}",
-                "choices": _choices(["light", "rocks", "noise", "glass"]), "answerKey": "A"}
+        return {
+            "id": f"{split}-{i}",
+            "question_stem": f"Plants need {i}",
+            "choices": _choices(["light", "rocks", "noise", "glass"]),
+            "answerKey": "A",
+        }
     if task == "hellaswag":
-        return {"ind": i, "activity_label": "Cooking", "ctx_a": f"A man cracks egg {i}.", "ctx_b": "he", "ctx": "",
-                "endings": ["fries it.", "eats the pan.", "sings.", "leaves."], "source_id": "x", "split": split,
-                "split_type": "indomain", "label": str(i % 4)}
-    return {"id": f"{split}-{i}", "question": f"What melts ice {i}?", "choices": _choices(["heat", "cold", "dark"]),
-            "answerKey": "ABC"[i % 3]}  # arc_easy, arc_challenge
+        return {
+            "ind": i,
+            "activity_label": "Cooking",
+            "ctx_a": f"A man cracks egg {i}.",
+            "ctx_b": "he",
+            "ctx": "",
+            "endings": ["fries it.", "eats the pan.", "sings.", "leaves."],
+            "source_id": "x",
+            "split": split,
+            "split_type": "indomain",
+            "label": str(i % 4),
+        }
+    return {
+        "id": f"{split}-{i}",
+        "question": f"What melts ice {i}?",
+        "choices": _choices(["heat", "cold", "dark"]),
+        "answerKey": "ABC"[i % 3],
+    }  # arc_easy, arc_challenge
 
 
 @pytest.fixture(scope="module")
@@ -358,8 +423,7 @@ def suite_data(tmp_path_factory) -> Path:
 def test_paper_suite_offline_uses_builtin_configs_and_paper_shots(checkpoint, suite_data):
     from looplab.evaluation.suite import PAPER_SHOTS, SUITE_METRICS, builtin_config, run_suite
 
-    summary = run_suite(checkpoint, policy="skip:0.4", limit=2, local_data_dir=suite_data, batch_size=8,
-                        device="cpu")
+    summary = run_suite(checkpoint, policy="skip:0.4", limit=2, local_data_dir=suite_data, batch_size=8, device="cpu")
     results = summary["lm_eval"]
     assert results["n-shot"] == PAPER_SHOTS
     assert set(summary["tasks"]) == set(PAPER_SHOTS)
@@ -403,8 +467,12 @@ def test_export_writes_the_splits_each_task_reads(monkeypatch, tmp_path):
     def fake_load_dataset(path, name=None, **kwargs):
         asked.append((path, name))
         task = {"baber/piqa": "piqa", "allenai/ai2_arc": "arc_challenge"}[path]
-        return datasets.DatasetDict({split: datasets.Dataset.from_list([standin_row(task, split, i) for i in range(4)])
-                                     for split in ("train", "validation", "test")})
+        return datasets.DatasetDict(
+            {
+                split: datasets.Dataset.from_list([standin_row(task, split, i) for i in range(4)])
+                for split in ("train", "validation", "test")
+            }
+        )
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
     manifest = export_suite_data(tmp_path, ["piqa", "arc_challenge"])

@@ -29,6 +29,7 @@ def memory(monkeypatch):
 
     def set_to(n: int) -> None:
         monkeypatch.setattr(machine, "available_memory", lambda device=None: n)
+
     return set_to
 
 
@@ -55,8 +56,10 @@ def test_a_modest_batch_is_refused_where_a_small_one_fits(memory):
     with pytest.raises(ConfigError) as refused:
         machine.check_training(debug(**{"train.batch_size": 64}))  # ≈ 490 MiB
     line = str(refused.value)
-    assert line.startswith("train.batch_size=64 is invalid; allowed: a plan that fits this machine's available "
-                           "memory (0.2 GiB, less a 10% margin): its step's peak with its batch is ≈ 0.5 GiB"), line
+    assert line.startswith(
+        "train.batch_size=64 is invalid; allowed: a plan that fits this machine's available "
+        "memory (0.2 GiB, less a 10% margin): its step's peak with its batch is ≈ 0.5 GiB"
+    ), line
     assert "\n" not in line and line.endswith(f"{machine.MEMORY_CHECK_ENV}=off to run it anyway")
 
 
@@ -99,11 +102,14 @@ def test_a_run_that_cannot_end_is_refused_with_no_override(monkeypatch):
     cfg = stage_config(get_preset("paper-140m"), "pretrain")
     per_step = flops_per_token(cfg) * cfg.train.batch_size * cfg.train.seq_len
     most = int(365 * 86400 * 1e16 / per_step)
-    machine.check_training(stage_config(get_preset("paper-140m"), "pretrain", overrides={"train.steps": most}),
-                           memory=False)
+    machine.check_training(
+        stage_config(get_preset("paper-140m"), "pretrain", overrides={"train.steps": most}), memory=False
+    )
     too_many = stage_config(get_preset("paper-140m"), "pretrain", overrides={"train.steps": most + most // 100})
-    with pytest.raises(ConfigError, match=f"train.steps={most + most // 100} is invalid; allowed: a run that can "
-                                          "end: .* at most 365 days") as refused:
+    with pytest.raises(
+        ConfigError,
+        match=f"train.steps={most + most // 100} is invalid; allowed: a run that can end: .* at most 365 days",
+    ) as refused:
         machine.check_training(too_many, memory=False)
     said = int(str(refused.value).split("train.steps ≤ ")[1].split()[0].replace(",", ""))
     assert most - 1 <= said <= most  # (float rounding)
@@ -124,8 +130,9 @@ def test_decoding_is_bounded_by_its_cache_where_it_grows(memory):
     kv = transformer.n_loops * transformer.n_layers * tokens * (2 * 4 * transformer.d_model + 8)
     assert kv > 512 * MiB
     machine.check_decoding(mamba, 1, 16, tokens, "--max-new-tokens", tokens)
-    with pytest.raises(ConfigError, match="--max-new-tokens=1000000 is invalid; .* decoding cache \\(growing with "
-                                          "the tokens\\)"):
+    with pytest.raises(
+        ConfigError, match="--max-new-tokens=1000000 is invalid; .* decoding cache \\(growing with the tokens\\)"
+    ):
         machine.check_decoding(transformer, 1, 16, tokens, "--max-new-tokens", tokens)
     machine.check_new_tokens("--max-new-tokens", machine.MAX_NEW_TOKENS)
     with pytest.raises(ConfigError, match=f"--max-new-tokens={machine.MAX_NEW_TOKENS + 1} is invalid"):

@@ -101,10 +101,11 @@ def test_cpu_tensors_never_use_cuda_kernels(monkeypatch):
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available() or not use_cuda_kernels(torch.zeros(1, device="cuda")
-                                                                          if torch.cuda.is_available() else
-                                                                          torch.zeros(1)),
-                    reason="needs CUDA with mamba-ssm and causal-conv1d")
+@pytest.mark.skipif(
+    not torch.cuda.is_available()
+    or not use_cuda_kernels(torch.zeros(1, device="cuda") if torch.cuda.is_available() else torch.zeros(1)),
+    reason="needs CUDA with mamba-ssm and causal-conv1d",
+)
 def test_cuda_kernels_match_torch_path(monkeypatch):
     torch.manual_seed(0)
     m = Mamba2(256, 64, headdim=64, chunk_size=64).cuda()

@@ -60,8 +60,19 @@ def test_mamba2_block_count_is_what_autograd_saves(shape, batch, seq_len):
 @pytest.mark.parametrize("arch", ["transformer", "hybrid"])
 def test_attention_and_mlp_counts_are_what_autograd_saves(arch):
     extra = {"attn_layer_idx": (1,)} if arch == "hybrid" else {"d_intermediate": 80}
-    cfg = ModelConfig(vocab_size=64, d_model=48, n_layers=2, n_loops=1, arch=arch, attn_head_dim=16, rope_dim=8,
-                      d_state=8, headdim=8, chunk_size=16, **extra)
+    cfg = ModelConfig(
+        vocab_size=64,
+        d_model=48,
+        n_layers=2,
+        n_loops=1,
+        arch=arch,
+        attn_head_dim=16,
+        rope_dim=8,
+        d_state=8,
+        headdim=8,
+        chunk_size=16,
+        **extra,
+    )
     layers = [make_layer(cfg, kind, i) for i, kind in enumerate(cfg.layer_kinds())]
     x = torch.randn(3, 40, cfg.d_model, requires_grad=True)
 
@@ -79,8 +90,12 @@ def test_attention_and_mlp_counts_are_what_autograd_saves(arch):
 def test_a_training_forward_saves_R_loops_and_the_readout(stage):
     """The whole model: R loops of blocks, the readout's per-token share and the
     weighted head's LM-head gradient (a fixed size), against one real forward."""
-    cfg = stage_config(get_preset("debug"), stage, parent=parent_ref("/x") if get_stage(stage).continues else None,
-                       overrides={"train.seq_len": 64})
+    cfg = stage_config(
+        get_preset("debug"),
+        stage,
+        parent=parent_ref("/x") if get_stage(stage).continues else None,
+        overrides={"train.seq_len": 64},
+    )
     model = model_from_config(cfg.model, 0)
     ids = torch.randint(0, cfg.model.vocab_size, (3, 64))
     batch = Batch(ids, torch.roll(ids, -1, 1))
@@ -98,12 +113,30 @@ def test_the_model_is_within_a_quarter_of_the_measured_peak():
     optimizer step per point of the `local` preset (vocab 32,000) at small sizes,
     whole-batch and micro-batched, with and without activation checkpointing."""
     points = "pretrain:0:0,pretrain:0:1,stage1:2:0,stage1:0:1,stage2:0:0"
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "train_memory.py"), "--batch", "4",
-                          "--seq-len", "512", "--points", points, "--threads", "1", "--repeats", "0",
-                          "--json", "/dev/stdout"],
-                         capture_output=True, text=True, cwd=ROOT, timeout=600)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "train_memory.py"),
+            "--batch",
+            "4",
+            "--seq-len",
+            "512",
+            "--points",
+            points,
+            "--threads",
+            "1",
+            "--repeats",
+            "0",
+            "--json",
+            "/dev/stdout",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr
-    rows = json.loads(out.stdout[out.stdout.index("{"):])["rows"]
+    rows = json.loads(out.stdout[out.stdout.index("{") :])["rows"]
     assert len(rows) == 5
     for row in rows:
         assert row["measured"] > 50 * 2**20, row  # large enough that allocator noise is small
@@ -113,8 +146,9 @@ def test_the_model_is_within_a_quarter_of_the_measured_peak():
 
 
 def test_micro_batches_and_checkpointing_shrink_the_estimate():
-    cfg = stage_config(get_preset("local"), "stage1", parent=parent_ref("/x"),
-                       overrides={"train.batch_size": 16, "train.seq_len": 512})
+    cfg = stage_config(
+        get_preset("local"), "stage1", parent=parent_ref("/x"), overrides={"train.batch_size": 16, "train.seq_len": 512}
+    )
     whole, quarter = step_memory(cfg, 16, path="torch"), step_memory(cfg, 4, path="torch")
     assert quarter.activations * 4 == whole.activations and quarter.peak < whole.peak
     ckpt = step_memory(cfg, 16, path="torch", checkpointing=True)
@@ -125,6 +159,7 @@ def test_micro_batches_and_checkpointing_shrink_the_estimate():
 
 
 # ---- the plan ------------------------------------------------------------------------------
+
 
 def paper(stage="pretrain", preset="paper-140m"):
     return stage_config(get_preset(preset), stage, parent=parent_ref("/x") if get_stage(stage).continues else None)
@@ -181,17 +216,22 @@ def test_a_plan_leaves_its_margin_free():
 def test_a_phop_row_is_one_sample_whatever_train_seq_len_says():
     """p-hop trains on whole samples of n + 4 tokens (train_batch ignores train.seq_len):
     the plan counts those tokens, and its FLOPs and memory do not move with seq_len."""
-    plans = [plan_stage(stage_config(get_preset("phop-debug"), "pretrain",
-                                     overrides={"task.n": 16, "train.seq_len": seq_len}), path="torch")
-             for seq_len in (128, 512)]
+    plans = [
+        plan_stage(
+            stage_config(get_preset("phop-debug"), "pretrain", overrides={"task.n": 16, "train.seq_len": seq_len}),
+            path="torch",
+        )
+        for seq_len in (128, 512)
+    ]
     t = plans[0].cfg.train
     assert plans[0].tokens == t.steps * t.batch_size * (16 + 4)
     assert plans[0].flops == plans[1].flops and plans[0].memory.peak == plans[1].memory.peak
     assert f"× {t.batch_size} × 20 tokens" in plans[0].line()
 
 
-@pytest.mark.parametrize("preset, arch", [("debug", "mamba2"), ("phop-induction-debug", "transformer"),
-                                          ("debug", "hybrid")])
+@pytest.mark.parametrize(
+    "preset, arch", [("debug", "mamba2"), ("phop-induction-debug", "transformer"), ("debug", "hybrid")]
+)
 def test_the_decoding_cache_is_what_the_cache_allocates(preset, arch):
     """decode_cache_bytes (the machine's check of generate and bench --decode) against a
     real InferenceCache's tensors; attention's grow with the positions, Mamba-2's do not."""

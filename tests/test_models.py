@@ -18,8 +18,17 @@ ARCHS = {
 
 
 def tiny(n_layers=2, n_loops=3, **kw) -> ModelConfig:
-    base = dict(vocab_size=37, d_model=32, n_layers=n_layers, n_loops=n_loops, d_state=8, headdim=16,
-                chunk_size=8, attn_head_dim=16, rope_dim=16)
+    base = dict(
+        vocab_size=37,
+        d_model=32,
+        n_layers=n_layers,
+        n_loops=n_loops,
+        d_state=8,
+        headdim=16,
+        chunk_size=8,
+        attn_head_dim=16,
+        rope_dim=16,
+    )
     return ModelConfig(**{**base, **kw})
 
 
@@ -140,9 +149,15 @@ def test_looped_backbone_flops_equal_unlooped_at_same_effective_depth(arch):
     assert looped["backbone"] == flat["backbone"] == 3 * looped["backbone_step"]
 
 
-@pytest.mark.parametrize("name,low,high", [("paper-140m", 125e6, 155e6), ("paper-370m", 350e6, 400e6),
-                                           ("paper-140m-transformer", 100e6, 160e6),
-                                           ("paper-140m-hybrid", 110e6, 155e6)])
+@pytest.mark.parametrize(
+    "name,low,high",
+    [
+        ("paper-140m", 125e6, 155e6),
+        ("paper-370m", 350e6, 400e6),
+        ("paper-140m-transformer", 100e6, 160e6),
+        ("paper-140m-hybrid", 110e6, 155e6),
+    ],
+)
 def test_paper_presets_have_the_papers_sizes(name, low, high):
     from looplab.presets import get_preset
 

@@ -31,12 +31,16 @@ REPO = Path(__file__).resolve().parents[1]
 SCANNED = ("looplab", "benchmarks", "scripts", "sweeps", "trainables", "analysis")
 CONTRACT = "looplab/tracking.py"
 ANALYSIS_OWN = "analysis/names.py"
-METRIC_SHAPES = tuple(re.compile(p) for p in (
-    r"^(val|skip|dense|full|forced)_",  # a policy's metric prefix (val_, skip_q0.4_, forced_d2_, ...)
-    r"_ppl$", r"^ppl_",  # a perplexity under some name
-    r"executed_loops",  # the compute quantity, alone or inside a name
-    r"loop\d+_",  # a per-loop instrument (loop2_hidden_norm)
-))
+METRIC_SHAPES = tuple(
+    re.compile(p)
+    for p in (
+        r"^(val|skip|dense|full|forced)_",  # a policy's metric prefix (val_, skip_q0.4_, forced_d2_, ...)
+        r"_ppl$",
+        r"^ppl_",  # a perplexity under some name
+        r"executed_loops",  # the compute quantity, alone or inside a name
+        r"loop\d+_",  # a per-loop instrument (loop2_hidden_norm)
+    )
+)
 PLAIN_WORD = re.compile(r"[a-z]+")  # stage, policy, task, loss, ppl: everyone's words, not only the contract's
 # lm-eval quantities the contract composes (tracking.lm_eval_quantity): lm_eval.<task>, <family>.<task>.
 _FAMILIES = "|".join(map(re.escape, tracking.LM_EVAL_FAMILIES))
@@ -49,17 +53,22 @@ SAME_SPELLING = {
 # of a store or a field of its own: the names, and why. A line that no longer matches fails
 # too (test_each_exemption_is_still_needed), so the table only shrinks with the code.
 SPELLED_ELSEWHERE = {
-    "looplab/policy.py": ({"val_", "forced_d"}, "the home of a policy's metric prefix (ExitPolicy.metric_prefix), "
-                                                "which tracking.policy_metric composes with"),
-    "looplab/checkpoint.py": ({"stage_key", "config_hash", "parent_checkpoint"},
-                              "a checkpoint's metadata keys: its own store (looplab.load_model reads it), "
-                              "whose words the content tags copy"),
+    "looplab/policy.py": (
+        {"val_", "forced_d"},
+        "the home of a policy's metric prefix (ExitPolicy.metric_prefix), which tracking.policy_metric composes with",
+    ),
+    "looplab/checkpoint.py": (
+        {"stage_key", "config_hash", "parent_checkpoint"},
+        "a checkpoint's metadata keys: its own store (looplab.load_model reads it), whose words the content tags copy",
+    ),
     "looplab/training/run_folder.py": ({"stage_key"}, "the training state's and the divergence marker's key"),
     "looplab/cli.py": ({"stage_key", "config_hash", "prompt_executed_loops"}, "fields of the commands' JSON output"),
     "looplab/evaluation/harness.py": ({"executed_loops_by_task"}, "lm-eval's config entry of the per-task means"),
     "looplab/tasks/text.py": ({"val_blocks"}, "a TextConfig field (the validation blocks), not a metric"),
-    "trainables/downstream.py": ({"stage_key", "config_hash"}, "an eval key's payload (a key's spelling is frozen: "
-                                                               "tests/test_keys.py) and a checkpoint's metadata"),
+    "trainables/downstream.py": (
+        {"stage_key", "config_hash"},
+        "an eval key's payload (a key's spelling is frozen: tests/test_keys.py) and a checkpoint's metadata",
+    ),
     "trainables/speed.py": ({"stage_key"}, "a speed key's payload (a key's spelling is frozen: tests/test_keys.py)"),
     "sweeps/plan.py": ({"grid.", "range."}, "the sweep file's sections (grid.<axis>, range.<param>) in a message"),
     "benchmarks/lean_head.py": ({"tokens_per_s"}, "the benchmark's own report, not MLflow"),
@@ -82,9 +91,15 @@ def source_constants(source: str, filename: str = "<source>") -> list[tuple[int,
     """(line, text) of every string constant that could be a name: not a docstring, no whitespace."""
     tree = ast.parse(source, filename=filename)
     skip = _docstrings(tree)
-    return [(node.lineno, node.value) for node in ast.walk(tree)
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip
-            and node.value and not re.search(r"\s", node.value)]
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in skip
+        and node.value
+        and not re.search(r"\s", node.value)
+    ]
 
 
 def string_constants(path: Path) -> list[tuple[int, str]]:
@@ -116,19 +131,28 @@ def contract_name(text: str) -> bool:
     """Whether the contract defines or composes this name: one of its constants (not a
     plain word), a policy's metric (tracking.policy_metric, for any policy the build
     knows), a per-loop metric (tracking.loop_metric) or an lm-eval quantity."""
-    return ((text in NAMES and not PLAIN_WORD.fullmatch(text)) or tracking.parse_metric(text) is not None
-            or tracking.parse_loop_metric(text) is not None or LM_EVAL_QUANTITY.match(text) is not None)
+    return (
+        (text in NAMES and not PLAIN_WORD.fullmatch(text))
+        or tracking.parse_metric(text) is not None
+        or tracking.parse_loop_metric(text) is not None
+        or LM_EVAL_QUANTITY.match(text) is not None
+    )
 
 
 def spelled_names(source: str, filename: str = "<source>") -> list[tuple[int, str]]:
     """(line, text) of each contract name or metric-shaped name spelled in the source."""
-    return sorted((line, text) for line, text in source_constants(source, filename)
-                  if contract_name(text) or metric_shaped(text))
+    return sorted(
+        (line, text) for line, text in source_constants(source, filename) if contract_name(text) or metric_shaped(text)
+    )
 
 
 def scanned_files() -> list[Path]:
-    return sorted(f for d in SCANNED for f in (REPO / d).rglob("*.py")
-                  if f.relative_to(REPO).as_posix() not in (CONTRACT, ANALYSIS_OWN))
+    return sorted(
+        f
+        for d in SCANNED
+        for f in (REPO / d).rglob("*.py")
+        if f.relative_to(REPO).as_posix() not in (CONTRACT, ANALYSIS_OWN)
+    )
 
 
 @functools.cache  # one read of the tree for the two tests below
@@ -149,16 +173,18 @@ def spelled_outside_the_contract() -> tuple[list[str], set[tuple[str, str]]]:
 
 def test_no_metric_name_is_spelled_outside_the_tracking_contract():
     found, _ = spelled_outside_the_contract()
-    assert not found, ("MLflow names spelled outside looplab/tracking.py (import its constants, compose with "
-                       "tracking.policy_metric / loop_metric / lm_eval_quantity; analysis' own columns go to "
-                       "analysis/names.py, another store's own word to SPELLED_ELSEWHERE with why):\n"
-                       + "\n".join(found))
+    assert not found, (
+        "MLflow names spelled outside looplab/tracking.py (import its constants, compose with "
+        "tracking.policy_metric / loop_metric / lm_eval_quantity; analysis' own columns go to "
+        "analysis/names.py, another store's own word to SPELLED_ELSEWHERE with why):\n" + "\n".join(found)
+    )
 
 
 def test_each_exemption_is_still_needed():
     _, used = spelled_outside_the_contract()
-    unused = sorted(f"{rel}: {name!r}" for rel, (names, _) in SPELLED_ELSEWHERE.items() for name in names
-                    if (rel, name) not in used)
+    unused = sorted(
+        f"{rel}: {name!r}" for rel, (names, _) in SPELLED_ELSEWHERE.items() for name in names if (rel, name) not in used
+    )
     assert not unused, "SPELLED_ELSEWHERE holds names the file no longer spells:\n" + "\n".join(unused)
 
 
@@ -173,8 +199,14 @@ def diagnostics(q, loss):
     other = {"loop2_active": 1, "lm_eval_loops.piqa": 2, "forced_d2_accuracy": 3}
     return {key: loss, f"skip_q{q}_ppl": loss, "stage": "chase", "say exit_entropy": 0, "warmup_steps": 4}
 '''
-    assert spelled_names(source) == [(4, "exit_entropy"), (5, "forced_d2_accuracy"), (5, "lm_eval_loops.piqa"),
-                                     (5, "loop2_active"), (6, "_ppl"), (6, "skip_q")]
+    assert spelled_names(source) == [
+        (4, "exit_entropy"),
+        (5, "forced_d2_accuracy"),
+        (5, "lm_eval_loops.piqa"),
+        (5, "loop2_active"),
+        (6, "_ppl"),
+        (6, "skip_q"),
+    ]
     assert contract_name("expected_exit_step") and contract_name(tracking.VAL_PPL)
     assert not contract_name("loss") and not contract_name("warmup_steps")
 
@@ -189,10 +221,16 @@ def test_the_contract_names_hold_what_its_functions_compose():
     loops = {get_preset(name).model.n_loops for name in PRESETS}
     policies = {p for stage in STAGES.values() for n in loops for p in stage.eval_policies(n)}
     composed = [tracking.policy_metric(p, q) for p in policies for q in tracking.EVAL_QUANTITIES]
-    composed += [tracking.loop_metric(q, r, p) for p in (None, *policies) for r in range(1, max(loops) + 1)
-                 for q in tracking.LOOP_QUANTITIES]
-    composed += [tracking.policy_metric(ExitPolicy.full(), tracking.lm_eval_quantity("piqa", f))
-                 for f in (None, *tracking.LM_EVAL_FAMILIES)]
+    composed += [
+        tracking.loop_metric(q, r, p)
+        for p in (None, *policies)
+        for r in range(1, max(loops) + 1)
+        for q in tracking.LOOP_QUANTITIES
+    ]
+    composed += [
+        tracking.policy_metric(ExitPolicy.full(), tracking.lm_eval_quantity("piqa", f))
+        for f in (None, *tracking.LM_EVAL_FAMILIES)
+    ]
     assert len(composed) > 40 and all(contract_name(n) for n in composed), [n for n in composed if not contract_name(n)]
 
 
@@ -200,9 +238,12 @@ def test_analysis_own_names_are_not_mlflow_names():
     """analysis/names.py may hold metric-shaped column names, but none the platform logs:
     no evaluation or per-loop metric, no quantity or other name of the contract."""
     contract = NAMES
-    clashes = [f"{ANALYSIS_OWN}:{line}: {text!r}" for line, text in string_constants(REPO / ANALYSIS_OWN)
-               if text not in SAME_SPELLING
-               and (text in contract or tracking.parse_metric(text) or tracking.parse_loop_metric(text))]
+    clashes = [
+        f"{ANALYSIS_OWN}:{line}: {text!r}"
+        for line, text in string_constants(REPO / ANALYSIS_OWN)
+        if text not in SAME_SPELLING
+        and (text in contract or tracking.parse_metric(text) or tracking.parse_loop_metric(text))
+    ]
     assert not clashes, "MLflow names belong in looplab/tracking.py:\n" + "\n".join(clashes)
 
 
@@ -224,26 +265,38 @@ def test_analysis_names_re_exports_nothing():
     """analysis/names.py holds the analysis' own names; the contract's are read from
     looplab.tracking, looplab.policy and looplab.stages directly, never through it."""
     tree = ast.parse((REPO / ANALYSIS_OWN).read_text())
-    assigned = {t.id: a.value for a in tree.body if isinstance(a, ast.Assign) for t in a.targets
-                if isinstance(t, ast.Name)}
+    assigned = {
+        t.id: a.value for a in tree.body if isinstance(a, ast.Assign) for t in a.targets if isinstance(t, ast.Name)
+    }
     assert "__all__" not in assigned, f"{ANALYSIS_OWN} re-exports names through __all__"
     renames = sorted(n for n, value in assigned.items() if isinstance(value, ast.Name))  # q_name = number_name
     assert not renames, f"renamed re-exports in {ANALYSIS_OWN}: {renames}"
-    borrowed = {a.asname or a.name for node in tree.body if isinstance(node, ast.ImportFrom)
-                and (node.module or "").startswith("looplab") for a in node.names}
+    borrowed = {
+        a.asname or a.name
+        for node in tree.body
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("looplab")
+        for a in node.names
+    }
     read = re.compile(rf"\bnames\.({'|'.join(sorted(borrowed))})\b")
-    readers = sorted({f"{path.relative_to(REPO).as_posix()}: names.{name}"
-                      for path in {*scanned_files(), *(REPO / "tests").glob("*.py")}
-                      for name in read.findall(path.read_text())})
+    readers = sorted(
+        {
+            f"{path.relative_to(REPO).as_posix()}: names.{name}"
+            for path in {*scanned_files(), *(REPO / "tests").glob("*.py")}
+            for name in read.findall(path.read_text())
+        }
+    )
     assert not readers, "read these from looplab directly:\n" + "\n".join(readers)
 
 
-@pytest.mark.parametrize("policy, quantity, name", [
-    (ExitPolicy.full(), "ppl", "val_ppl"),
-    (ExitPolicy.skip(0.4), "executed_loops", "skip_q0.4_executed_loops"),
-    (ExitPolicy.forced(2), "accuracy", "forced_d2_accuracy"),
-    (ExitPolicy.parse("skip-entropy:2.5"), "loss", "skip_entropy2.5_loss"),
-])
+@pytest.mark.parametrize(
+    "policy, quantity, name",
+    [
+        (ExitPolicy.full(), "ppl", "val_ppl"),
+        (ExitPolicy.skip(0.4), "executed_loops", "skip_q0.4_executed_loops"),
+        (ExitPolicy.forced(2), "accuracy", "forced_d2_accuracy"),
+        (ExitPolicy.parse("skip-entropy:2.5"), "loss", "skip_entropy2.5_loss"),
+    ],
+)
 def test_policy_metric_names_a_policys_quantity(policy, quantity, name):
     assert tracking.policy_metric(policy, quantity) == name
     assert tracking.parse_metric(name) == (policy, quantity)
@@ -251,7 +304,12 @@ def test_policy_metric_names_a_policys_quantity(policy, quantity, name):
 
 def test_the_full_depth_names():
     assert (tracking.VAL_PPL, tracking.VAL_ACCURACY, tracking.VAL_LOSS) == ("val_ppl", "val_accuracy", "val_loss")
-    assert tracking.EVAL_QUANTITIES == ("executed_loops", "mean_exit_step", "accuracy", "ppl", "loss",
-                                        "backbone_flops_per_token")
-    assert tracking.TRAIN_METRICS == ("loss", "exit_entropy", "expected_exit_step", "lr", "grad_norm",
-                                      "tokens_per_s")
+    assert tracking.EVAL_QUANTITIES == (
+        "executed_loops",
+        "mean_exit_step",
+        "accuracy",
+        "ppl",
+        "loss",
+        "backbone_flops_per_token",
+    )
+    assert tracking.TRAIN_METRICS == ("loss", "exit_entropy", "expected_exit_step", "lr", "grad_norm", "tokens_per_s")

@@ -23,12 +23,19 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_the_arms_share_their_pretraining_and_the_seeds_are_not_the_scans(tmp_path):
     sweep = paper_mini.lm_sweep()
-    configs = {(p["arm"], p["n_layers"], p["n_loops"]): stage_configs(sweep.spec, {**p, "seed": 200}, tmp_path)
-               for p in grid_points(sweep)}
+    configs = {
+        (p["arm"], p["n_layers"], p["n_loops"]): stage_configs(sweep.spec, {**p, "seed": 200}, tmp_path)
+        for p in grid_points(sweep)
+    }
     pretrain = {key: c[0].stage_key() for key, c in configs.items()}
     # The gated arms, their controls and the fixed 1⊗4 are one pre-training; 1⊗1 and 4⊗1 are their own.
-    assert pretrain[("ouro", 1, 4)] == pretrain[("chase", 1, 4)] == pretrain[("fixed", 1, 4)] \
-        == pretrain[("ouro-matched", 1, 4)] == pretrain[("fixed-matched", 1, 4)]
+    assert (
+        pretrain[("ouro", 1, 4)]
+        == pretrain[("chase", 1, 4)]
+        == pretrain[("fixed", 1, 4)]
+        == pretrain[("ouro-matched", 1, 4)]
+        == pretrain[("fixed-matched", 1, 4)]
+    )
     assert len(set(pretrain.values())) == 3
     ouro, chase, matched = configs[("ouro", 1, 4)], configs[("chase", 1, 4)], configs[("ouro-matched", 1, 4)]
     assert ouro[1].stage_key() == chase[1].stage_key() == matched[1].stage_key()  # one Stage-1 for all three
@@ -47,15 +54,20 @@ def test_the_compared_arms_train_their_weights_equally_long(tmp_path):
     for p in grid_points(sweep):
         configs = stage_configs(sweep.spec, {**p, "seed": 200}, tmp_path)
         weight_steps[p["arm"], p["n_layers"], p["n_loops"]] = sum(
-            c.train.steps for c in configs if c.stage != "stage2")  # Stage-2 trains the gate alone
-    assert weight_steps["chase", 1, 4] == weight_steps["ouro-matched", 1, 4] == weight_steps["fixed-matched", 1, 4] \
-        == 1200
+            c.train.steps for c in configs if c.stage != "stage2"
+        )  # Stage-2 trains the gate alone
+    assert (
+        weight_steps["chase", 1, 4] == weight_steps["ouro-matched", 1, 4] == weight_steps["fixed-matched", 1, 4] == 1200
+    )
     assert weight_steps["ouro", 1, 4] == 1000 and weight_steps["fixed", 1, 4] == 800
     matched = stage_configs(sweep.spec, {"arm": "ouro-matched", "n_layers": 1, "n_loops": 4, "seed": 200}, tmp_path)
     chase = stage_configs(sweep.spec, {"arm": "chase", "n_layers": 1, "n_loops": 4, "seed": 200}, tmp_path)
     # The Ouro control is CHASE's stage without its holes: same steps, same recipe.
-    assert (matched[2].train.steps, matched[2].train.lr, matched[2].train.warmup_steps) == \
-        (chase[2].train.steps, chase[2].train.lr, chase[2].train.warmup_steps)
+    assert (matched[2].train.steps, matched[2].train.lr, matched[2].train.warmup_steps) == (
+        chase[2].train.steps,
+        chase[2].train.lr,
+        chase[2].train.warmup_steps,
+    )
     assert matched[2].stage == "stage1_more" and chase[2].hole.hp == 0.5
 
 
@@ -65,15 +77,19 @@ def test_the_dry_run_shows_the_protocol_and_the_matched_plan(tmp_path, capsys, m
     assert paper_mini.main(["--dry-run", "--storage-path", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert f"digest {paper_mini.PROTOCOL.digest()}" in out and "correction holm" in out
-    assert "ouro-matched   pretrain 800 → stage1 200 → stage1_more 200 → stage2 200 (gate only): 1200 " \
-           "weight-training steps" in out
+    assert (
+        "ouro-matched   pretrain 800 → stage1 200 → stage1_more 200 → stage2 200 (gate only): 1200 "
+        "weight-training steps" in out
+    )
     assert "fixed-matched  pretrain 800 → pretrain_more 400: 1200 weight-training steps" in out
     assert "stage1_more:" in out and "pretrain_more:" in out  # the plan's trials train them
     for seed in paper_mini.PROTOCOL.seeds:
         assert f"    {seed}: fresh" in out
     # a seed an earlier protocol scored is marked, and --set makes another protocol
-    assert paper_mini.main(["--dry-run", "--storage-path", str(tmp_path), "--seeds", "100,200",
-                            "--set", "train.steps=10"]) == 0
+    assert (
+        paper_mini.main(["--dry-run", "--storage-path", str(tmp_path), "--seeds", "100,200", "--set", "train.steps=10"])
+        == 0
+    )
     out = capsys.readouterr().out
     assert "modified by --set/--stage-set" in out and f"digest {paper_mini.PROTOCOL.digest()}" not in out
     assert "    100: first scored under" in out and "left out of the headline verdicts" in out
@@ -93,8 +109,7 @@ def test_the_speed_step_is_keyed_by_content(tmp_path):
     mc = tracking.client(uri)
     experiment = tracking.ensure_experiment(mc, "speed", tmp_path / "mlflow")
     points = [SpeedPoint(1, 16, "skip:0.5"), SpeedPoint(2, 16, "skip:0.5")]
-    kw = dict(checkpoint=str(tmp_path / "ckpt"), stage_key="k1", config_hash="h", method="CHASE", repeats=1,
-              threads=1)
+    kw = dict(checkpoint=str(tmp_path / "ckpt"), stage_key="k1", config_hash="h", method="CHASE", repeats=1, threads=1)
     first = measure(mc, experiment, None, points=points, **kw)
     assert [r["reused"] for r in first] == [False, False] and all(r["speedup"] > 0 for r in first)
     again = measure(mc, experiment, None, points=points + [SpeedPoint(1, 32, "skip:0.5")], **kw)
@@ -106,8 +121,16 @@ def test_the_speed_step_is_keyed_by_content(tmp_path):
 
 def test_the_estimate_probes_each_stage_shape_once(tmp_path):
     protocol = paper_mini.PROTOCOL.with_overrides(
-        {"train.steps": 5, "train.seq_len": 16, "task.val_blocks": 2, "train.eval_every": 0,
-         "train.eval_qs": [0.5, 1.0], "model.d_model": 32}, {})
+        {
+            "train.steps": 5,
+            "train.seq_len": 16,
+            "task.val_blocks": 2,
+            "train.eval_every": 0,
+            "train.eval_qs": [0.5, 1.0],
+            "model.d_model": 32,
+        },
+        {},
+    )
     sweep = paper_mini.lm_sweep(protocol)
     launch = Launch(storage_path=str(tmp_path), seeds=(0, 1))
     points = [{**p, "seed": s} for p in grid_points(sweep) for s in launch.seeds]
@@ -148,22 +171,55 @@ def test_the_estimate_replays_the_schedule(tmp_path, monkeypatch):
 def test_paper_mini_at_toy_size(tmp_path):
     """The whole command on tiny settings: both sweeps, the speed step, the verdicts and
     the report; then the same command trains nothing, and one more seed trains only it."""
-    toy = ["--set", "train.steps=6", "--set", "train.seq_len=32", "--set", "model.d_model=32",
-           "--stage-steps", "stage1=3,chase=3,stage2=3,stage1_more=3,pretrain_more=6", "--storage-path", str(tmp_path)]
+    toy = [
+        "--set",
+        "train.steps=6",
+        "--set",
+        "train.seq_len=32",
+        "--set",
+        "model.d_model=32",
+        "--stage-steps",
+        "stage1=3,chase=3,stage2=3,stage1_more=3,pretrain_more=6",
+        "--storage-path",
+        str(tmp_path),
+    ]
 
     def run(seeds: str) -> str:
-        done = subprocess.run([sys.executable, "sweeps/paper_mini.py", *toy, "--seeds", seeds], cwd=ROOT,
-                              capture_output=True, text=True, timeout=900)
+        done = subprocess.run(
+            [sys.executable, "sweeps/paper_mini.py", *toy, "--seeds", seeds],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         return done.stdout
 
     out = run("0,1")
-    for claim in ("C1", "C1-LM", "C1-depth", "C2", "C2-own", "C3", "C3-few", "C4", "C4-batch1", "C4-padded",
-                  "C4-growth"):
+    for claim in (
+        "C1",
+        "C1-LM",
+        "C1-depth",
+        "C2",
+        "C2-own",
+        "C3",
+        "C3-few",
+        "C4",
+        "C4-batch1",
+        "C4-padded",
+        "C4-growth",
+    ):
         assert f"| **{claim}**" in out
     folder = tmp_path / "analysis" / "paper_mini"
-    for name in ("verdicts.md", "verdicts.csv", "report.html", "lm_trials.csv", "speed.csv", "speed_records.csv",
-                 "loops.csv"):
+    for name in (
+        "verdicts.md",
+        "verdicts.csv",
+        "report.html",
+        "lm_trials.csv",
+        "speed.csv",
+        "speed_records.csv",
+        "loops.csv",
+    ):
         assert (folder / name).is_file(), name
     assert "Claims: the paper" in (folder / "report.html").read_text()
     stages = set((tmp_path / "stages").iterdir())
@@ -177,7 +233,10 @@ def test_paper_mini_at_toy_size(tmp_path):
     # The ledger: seeds 0 and 1 were scored first, so the third run's headline has seed 2
     # alone, and the table says so; the digest is the modified protocol's, not the declared one.
     verdicts = (folder / "verdicts.md").read_text()
-    assert "| 0 | `" in verdicts and "| 2 | `" in verdicts and "Headline: the seeds first scored under this " \
-        "protocol (0, 1, 2)" in verdicts
+    assert (
+        "| 0 | `" in verdicts
+        and "| 2 | `" in verdicts
+        and "Headline: the seeds first scored under this protocol (0, 1, 2)" in verdicts
+    )
     assert paper_mini.PROTOCOL.digest() not in verdicts and "modified by --set/--stage-set" in verdicts
     assert "Holm-corrected" in verdicts and "unmatched arm" in verdicts

@@ -29,25 +29,41 @@ from sweeps.launch import main  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
-TINY = ["--preset", "phop-debug", "--set", "train.steps=4", "--set", "train.eval_limit=16",
-        "--set", "train.log_every=2", "--set", "train.eval_every=0"]
+TINY = [
+    "--preset",
+    "phop-debug",
+    "--set",
+    "train.steps=4",
+    "--set",
+    "train.eval_limit=16",
+    "--set",
+    "train.log_every=2",
+    "--set",
+    "train.eval_every=0",
+]
 
 
 def run_beta(argv, betas=(0.1, 0.5)):
     return main("test", beta.add_flags, lambda common, args: beta.beta_ablation(common, list(betas)), argv)
 
 
-@pytest.mark.parametrize("argv, betas, field", [
-    (["--preset", "nope"], (0.1,), "--preset='nope'"),
-    (["--preset", "phop-debug"], (), "grid.beta=[]"),
-    (["--preset", "phop-debug"], (-0.1, 0.5), "--betas=-0.1"),
-    (["--preset", "phop-debug", "--num-workers", "64"], (0.1,), "--num-workers=64"),
-    (["--preset", "phop-debug", "--num-workers", "-1"], (0.1,), "--num-workers=-1"),
-    (["--preset", "phop-debug", "--gpus-per-worker", "1"], (0.1,), "--gpus-per-worker=1.0"),
-    (["--preset", "phop-debug", "--seeds", "a"], (0.1,), "--seeds='a'"),
-    (["--preset", "phop-debug", "--cpus-per-worker", "1.5", "--max-concurrent-trials", "2"], (0.1,),
-     "--max-concurrent-trials=2"),
-])
+@pytest.mark.parametrize(
+    "argv, betas, field",
+    [
+        (["--preset", "nope"], (0.1,), "--preset='nope'"),
+        (["--preset", "phop-debug"], (), "grid.beta=[]"),
+        (["--preset", "phop-debug"], (-0.1, 0.5), "--betas=-0.1"),
+        (["--preset", "phop-debug", "--num-workers", "64"], (0.1,), "--num-workers=64"),
+        (["--preset", "phop-debug", "--num-workers", "-1"], (0.1,), "--num-workers=-1"),
+        (["--preset", "phop-debug", "--gpus-per-worker", "1"], (0.1,), "--gpus-per-worker=1.0"),
+        (["--preset", "phop-debug", "--seeds", "a"], (0.1,), "--seeds='a'"),
+        (
+            ["--preset", "phop-debug", "--cpus-per-worker", "1.5", "--max-concurrent-trials", "2"],
+            (0.1,),
+            "--max-concurrent-trials=2",
+        ),
+    ],
+)
 def test_bad_sweep_input_is_one_line_before_ray(argv, betas, field, capsys):
     import ray
 
@@ -101,10 +117,13 @@ def test_ray_address_answers_or_is_refused():
         check_ray_address("--address", "ray://:10001")
 
 
-@pytest.mark.parametrize("address, allowed", [
-    ("ray://127.0.0.1:{port}", "the address of a running Ray cluster (connecting to 127.0.0.1:{port}:"),
-    ("127.0.0.1:http", "auto, HOST:PORT"),
-])
+@pytest.mark.parametrize(
+    "address, allowed",
+    [
+        ("ray://127.0.0.1:{port}", "the address of a running Ray cluster (connecting to 127.0.0.1:{port}:"),
+        ("127.0.0.1:http", "auto, HOST:PORT"),
+    ],
+)
 def test_dead_ray_address_is_one_line_before_ray(tmp_path, capsys, address, allowed):
     """A Ray --address nothing answers at: one line before any run is opened (ray.init
     retried it for about 95 s, then a traceback, with the sweep's run left RUNNING)."""
@@ -121,13 +140,16 @@ def test_dead_ray_address_is_one_line_before_ray(tmp_path, capsys, address, allo
     assert not ray.is_initialized() and not (tmp_path / "mlflow.db").exists()  # no sweep run opened
 
 
-@pytest.mark.parametrize("argv, field", [
-    (["--hps", "1.5"], "--hps=1.5"),
-    (["--ranges", "1.0-5.0"], "--ranges='1.0-5.0'"),  # deeper than R = 4
-    (["--ranges", "0.5-3.0"], "--ranges='0.5-3.0'"),
-    (["--ranges", "2-x"], "--ranges='2-x'"),
-    (["--sampler", "random"], "--sampler='random'"),
-])
+@pytest.mark.parametrize(
+    "argv, field",
+    [
+        (["--hps", "1.5"], "--hps=1.5"),
+        (["--ranges", "1.0-5.0"], "--ranges='1.0-5.0'"),  # deeper than R = 4
+        (["--ranges", "0.5-3.0"], "--ranges='0.5-3.0'"),
+        (["--ranges", "2-x"], "--ranges='2-x'"),
+        (["--sampler", "random"], "--sampler='random'"),
+    ],
+)
 def test_bad_hole_sweep_input_names_the_flag(argv, field, capsys):
     import ray
 
@@ -142,14 +164,28 @@ def test_bad_hole_sweep_input_names_the_flag(argv, field, capsys):
 def test_paired_grids_and_arms_in_the_dry_run(capsys, tmp_path):
     from sweeps import adaptive_pipeline, mano
 
-    assert main("test", mano.add_flags, mano.from_args, ["--dry-run", "--storage-path", str(tmp_path), "--pairs",
-                                                          "1x1,1x4,4x1", "--seeds", "0,1"]) == 0
+    assert (
+        main(
+            "test",
+            mano.add_flags,
+            mano.from_args,
+            ["--dry-run", "--storage-path", str(tmp_path), "--pairs", "1x1,1x4,4x1", "--seeds", "0,1"],
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     # N and R stay paired: 3 pairs × 2 seeds, never the 3 × 3 product.
     assert out.count('"n_layers": 1, "n_loops": 4') == 2 and out.count('"n_layers": 4, "n_loops": 4') == 0
     assert "stages: 6 to train" in out
-    assert main("test", adaptive_pipeline.add_flags, adaptive_pipeline.from_args,
-                ["--dry-run", "--storage-path", str(tmp_path)]) == 0
+    assert (
+        main(
+            "test",
+            adaptive_pipeline.add_flags,
+            adaptive_pipeline.from_args,
+            ["--dry-run", "--storage-path", str(tmp_path)],
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     # Ouro: pretrain → stage1 → stage2; CHASE: the same pretrain and stage1, then chase → stage2.
     assert "stages: 5 to train (2 reused across trials)" in out
@@ -169,8 +205,12 @@ def test_dry_run_starts_no_ray(capsys, tmp_path):
 def test_stage_keys_do_not_depend_on_the_storage_path(tmp_path):
     from trainables.pipeline import PipelineSpec, stage_configs
 
-    spec = PipelineSpec(preset="phop-debug", stages=("pretrain", "stage1", "stage2"),
-                        searched={"beta": "exit.beta"}, searched_stages=("stage1",))
+    spec = PipelineSpec(
+        preset="phop-debug",
+        stages=("pretrain", "stage1", "stage2"),
+        searched={"beta": "exit.beta"},
+        searched_stages=("stage1",),
+    )
     here = stage_configs(spec, {"beta": 0.1, "seed": 0}, tmp_path / "a")
     there = stage_configs(spec, {"beta": 0.1, "seed": 0}, tmp_path / "b")
     assert [c.stage_key() for c in here] == [c.stage_key() for c in there]
@@ -193,17 +233,50 @@ def test_tracking_conventions(tmp_path):
     assert tracking.ensure_experiment(mc, "unit", tmp_path / "artifacts") == exp
     cfg = get_preset("phop-debug")
     key = {tracking.LEVEL: tracking.TRIAL, tracking.STAGE_KEY: cfg.stage_key()}
-    records = [{"kind": "train", "step": 2, "stage": "stage1", "loss": 1.5, "exit_entropy": 0.7,
-                "expected_exit_step": 1.6, "lr": 1e-3, "tokens_per_s": 100.0},
-               {"kind": "eval", "step": 2, "policies": [
-                   {"policy": "full", "accuracy": 0.5, "loss": 1.2, "ppl": 3.3, "n": 10},
-                   {"policy": "skip:0.4", "executed_loops": 1.5, "accuracy": 0.4, "ppl": 3.5, "loss": 1.25,
-                    "mean_exit_step": 1.4},
-                   {"policy": "forced:1", "executed_loops": 1.0, "accuracy": 0.3, "ppl": 3.9, "loss": 1.36,
-                    "mean_exit_step": 1.0}]}]
+    records = [
+        {
+            "kind": "train",
+            "step": 2,
+            "stage": "stage1",
+            "loss": 1.5,
+            "exit_entropy": 0.7,
+            "expected_exit_step": 1.6,
+            "lr": 1e-3,
+            "tokens_per_s": 100.0,
+        },
+        {
+            "kind": "eval",
+            "step": 2,
+            "policies": [
+                {"policy": "full", "accuracy": 0.5, "loss": 1.2, "ppl": 3.3, "n": 10},
+                {
+                    "policy": "skip:0.4",
+                    "executed_loops": 1.5,
+                    "accuracy": 0.4,
+                    "ppl": 3.5,
+                    "loss": 1.25,
+                    "mean_exit_step": 1.4,
+                },
+                {
+                    "policy": "forced:1",
+                    "executed_loops": 1.0,
+                    "accuracy": 0.3,
+                    "ppl": 3.9,
+                    "loss": 1.36,
+                    "mean_exit_step": 1.0,
+                },
+            ],
+        },
+    ]
 
-    run, status = tracking.open_run(mc, exp, name="trial-x", tags=tracking.config_tags(cfg, level=tracking.TRIAL),
-                                    key=key, params=tracking.config_params(cfg))
+    run, status = tracking.open_run(
+        mc,
+        exp,
+        name="trial-x",
+        tags=tracking.config_tags(cfg, level=tracking.TRIAL),
+        key=key,
+        params=tracking.config_params(cfg),
+    )
     assert status == "NEW"
     with pytest.raises(RuntimeError):
         with tracking.terminated_on_exit(mc, run):
@@ -217,8 +290,15 @@ def test_tracking_conventions(tmp_path):
         assert tag in got.data.tags
     assert mc.get_experiment(exp).tags["mlflow.experimentKind"] == "custom_model_development"
     assert got.data.tags["config_hash"] == cfg.config_hash()
-    for m in ("loss", "exit_entropy", "expected_exit_step", "val_ppl", "val_accuracy", "skip_q0.4_executed_loops",
-              "forced_d1_ppl"):
+    for m in (
+        "loss",
+        "exit_entropy",
+        "expected_exit_step",
+        "val_ppl",
+        "val_accuracy",
+        "skip_q0.4_executed_loops",
+        "forced_d1_ppl",
+    ):
         assert m in got.data.metrics, m
 
     # The resumed trial finds its run again: no duplicate, and it can finish.
@@ -237,13 +317,15 @@ def test_tracking_conventions(tmp_path):
         assert mc.get_run(stopped).info.status == status
 
 
-@pytest.mark.parametrize("workers, concurrent, trial_cpu, worker_cpu, share_of_three", [
-    (0, 2, 1.0, 1.0, 0.66),  # local mode: each trial is its own worker and holds its share
-    (1, 2, 0.01, 0.99, 0.65),  # a waiting trial holds a sliver beside its worker
-    (2, 1, 0.01, 0.99, 0.32),
-])
-def test_resource_plan_adds_up_to_the_machine(monkeypatch, workers, concurrent, trial_cpu, worker_cpu,
-                                              share_of_three):
+@pytest.mark.parametrize(
+    "workers, concurrent, trial_cpu, worker_cpu, share_of_three",
+    [
+        (0, 2, 1.0, 1.0, 0.66),  # local mode: each trial is its own worker and holds its share
+        (1, 2, 0.01, 0.99, 0.65),  # a waiting trial holds a sliver beside its worker
+        (2, 1, 0.01, 0.99, 0.32),
+    ],
+)
+def test_resource_plan_adds_up_to_the_machine(monkeypatch, workers, concurrent, trial_cpu, worker_cpu, share_of_three):
     from dataclasses import replace
 
     from sweeps import plan
@@ -255,15 +337,17 @@ def test_resource_plan_adds_up_to_the_machine(monkeypatch, workers, concurrent, 
     launch = Launch(num_workers=workers)
     res = plan.plan_resources(launch, local=True, n_trials=5)
     assert (res.max_concurrent, res.cpus_per_worker) == (concurrent, worker_cpu)
-    platform = PlatformSettings("sqlite:///x", "/tmp/x", "e", "r", num_workers=workers,
-                                cpus_per_worker=res.cpus_per_worker)
+    platform = PlatformSettings(
+        "sqlite:///x", "/tmp/x", "e", "r", num_workers=workers, cpus_per_worker=res.cpus_per_worker
+    )
     assert platform.trial_resources() == {"cpu": trial_cpu}
     # Three trials on 2 CPUs: shares rounded down (by hand: (2 - 3 × sliver) / (3 × workers)),
     # so what Tune and Ray Train reserve never passes the machine.
     res = plan.plan_resources(replace(launch, max_concurrent_trials=3), local=True, n_trials=5)
     assert res.cpus_per_worker == share_of_three
-    platform = PlatformSettings("sqlite:///x", "/tmp/x", "e", "r", num_workers=workers,
-                                cpus_per_worker=res.cpus_per_worker)
+    platform = PlatformSettings(
+        "sqlite:///x", "/tmp/x", "e", "r", num_workers=workers, cpus_per_worker=res.cpus_per_worker
+    )
     assert 3 * (platform.trial_resources()["cpu"] + workers * res.cpus_per_worker) <= 2.0
 
 
@@ -313,9 +397,24 @@ def test_sweep_prints_live_progress_per_trial(tmp_path, capsys):
     """While trials train, the driver prints a line per trial at every stage boundary
     and while it trains (at least every 30 s: PROGRESS_SECONDS), then a final line
     per trial; Ray's own boxes and hints go to the storage path's log instead."""
-    argv = ["--preset", "debug", "--set", "train.steps=6", "--set", "train.eval_limit=8", "--set",
-            "train.eval_every=0", "--set", "train.log_every=3", "--stage1-steps", "4",
-            "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", "--storage-path", str(tmp_path / "store")]
+    argv = [
+        "--preset",
+        "debug",
+        "--set",
+        "train.steps=6",
+        "--set",
+        "train.eval_limit=8",
+        "--set",
+        "train.eval_every=0",
+        "--set",
+        "train.log_every=3",
+        "--stage1-steps",
+        "4",
+        "--tracking-uri",
+        f"sqlite:///{tmp_path / 'mlflow.db'}",
+        "--storage-path",
+        str(tmp_path / "store"),
+    ]
     assert main("test", beta.add_flags, beta.from_args, argv + ["--betas", "0.1"]) == 0
     err = capsys.readouterr().err
     trial = [line for line in err.splitlines() if line.startswith("[beta=0.1 seed=0] ")]
@@ -360,9 +459,26 @@ def test_killed_worker_resumes_from_its_checkpoint(tmp_path, monkeypatch, worker
     wall-clock checkpoint, and every step is in the history once."""
     store, uri = tmp_path / "store", f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("LOOPLAB_TEST_KILL_WORKER_AT_STEP", "3")  # SIGKILL once, as step 3 is logged
-    argv = ["--preset", "phop-debug", "--set", "train.steps=4", "--set", "train.ckpt_minutes=1e-9",
-            "--set", "train.log_every=1", "--set", "train.eval_every=0", "--set", "train.eval_limit=16",
-            "--num-workers", workers, "--tracking-uri", uri, "--storage-path", str(store)]
+    argv = [
+        "--preset",
+        "phop-debug",
+        "--set",
+        "train.steps=4",
+        "--set",
+        "train.ckpt_minutes=1e-9",
+        "--set",
+        "train.log_every=1",
+        "--set",
+        "train.eval_every=0",
+        "--set",
+        "train.eval_limit=16",
+        "--num-workers",
+        workers,
+        "--tracking-uri",
+        uri,
+        "--storage-path",
+        str(store),
+    ]
     assert run_beta(argv, betas=(0.1,)) == 0
     records = stage_records(store, "pretrain")
     # The worker died as it logged step 3, before that step's checkpoint: the restart
@@ -399,8 +515,19 @@ def test_killed_driver_then_rerun_completes_without_orphans_or_duplicates(tmp_pa
     or without: what most people type). Either way: one sweep run, every trial under
     it once, no run left RUNNING, finished stages not trained again."""
     store, uri = tmp_path / "store", f"sqlite:///{tmp_path / 'mlflow.db'}"
-    argv = [sys.executable, str(REPO / "sweeps" / "beta_ablation.py"), *TINY, "--betas", "0.1,0.5,1.0",
-            "--max-concurrent-trials", "1", "--tracking-uri", uri, "--storage-path", str(store)]
+    argv = [
+        sys.executable,
+        str(REPO / "sweeps" / "beta_ablation.py"),
+        *TINY,
+        "--betas",
+        "0.1,0.5,1.0",
+        "--max-concurrent-trials",
+        "1",
+        "--tracking-uri",
+        uri,
+        "--storage-path",
+        str(store),
+    ]
     driver = subprocess.Popen(argv, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 600
@@ -451,10 +578,20 @@ def test_ctrl_c_stops_the_sweep_saving_the_shared_stage_and_a_rerun_resumes(tmp_
     checkpoint and finishes the sweep."""
     store, uri = tmp_path / "store", f"sqlite:///{tmp_path / 'mlflow.db'}"
     experiment, steps = "beta_ablation-phop-debug", 1000  # ~40 s of pre-training on 2 cores
-    argv = [sys.executable, str(REPO / "sweeps" / "beta_ablation.py"), *TINY, "--betas", "0.1,0.5",
-            "--stage-steps", f"pretrain={steps}", "--tracking-uri", uri, "--storage-path", str(store)]
-    driver = subprocess.Popen(argv, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True)
+    argv = [
+        sys.executable,
+        str(REPO / "sweeps" / "beta_ablation.py"),
+        *TINY,
+        "--betas",
+        "0.1,0.5",
+        "--stage-steps",
+        f"pretrain={steps}",
+        "--tracking-uri",
+        uri,
+        "--storage-path",
+        str(store),
+    ]
+    driver = subprocess.Popen(argv, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.time() + 600
         while not any(tracking.LOSS in r.data.metrics for r in _stage_runs(uri, experiment, "pretrain")):
@@ -506,9 +643,23 @@ def test_two_node_cluster_runs_trials_on_both_nodes(tmp_path):
         subprocess.run([*start, "--head", f"--port={port}"], env=env, check=True, capture_output=True, timeout=180)
         subprocess.run([*start, f"--address={address}"], env=env, check=True, capture_output=True, timeout=180)
         uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-        argv = [sys.executable, str(REPO / "sweeps" / "beta_ablation.py"), *TINY, "--betas", "0.1,0.5",
-                "--address", address, "--max-concurrent-trials", "2", "--cpus-per-worker", "0.9",
-                "--tracking-uri", uri, "--storage-path", str(tmp_path / "store")]
+        argv = [
+            sys.executable,
+            str(REPO / "sweeps" / "beta_ablation.py"),
+            *TINY,
+            "--betas",
+            "0.1,0.5",
+            "--address",
+            address,
+            "--max-concurrent-trials",
+            "2",
+            "--cpus-per-worker",
+            "0.9",
+            "--tracking-uri",
+            uri,
+            "--storage-path",
+            str(tmp_path / "store"),
+        ]
         done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, done.stderr[-2000:]
     finally:
@@ -526,8 +677,22 @@ def test_optuna_search_with_asha_runs_end_to_end(tmp_path):
     """A seeded Optuna search over β with ASHA: every result Tune sees carries the
     metric ASHA needs (the evaluations), and the samples land in MLflow."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    argv = TINY + ["--search", "optuna", "--num-samples", "2", "--scheduler", "asha", "--set", "train.steps=8",
-                   "--set", "train.eval_every=4", "--tracking-uri", uri, "--storage-path", str(tmp_path / "store")]
+    argv = TINY + [
+        "--search",
+        "optuna",
+        "--num-samples",
+        "2",
+        "--scheduler",
+        "asha",
+        "--set",
+        "train.steps=8",
+        "--set",
+        "train.eval_every=4",
+        "--tracking-uri",
+        uri,
+        "--storage-path",
+        str(tmp_path / "store"),
+    ]
     assert run_beta(argv) == 0
     mc = tracking.client(uri)
     exp = mc.get_experiment_by_name("beta_ablation-phop-debug").experiment_id

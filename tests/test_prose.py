@@ -49,6 +49,7 @@ def same(interval, sentence: str) -> bool:
 
 # ---- the checks: each returns "" when the sentence holds, else why not ----------------------------------
 
+
 def gap_range(docs, sentence: str) -> str:
     rows = holes_rows(docs)
     gaps = [prose.cell(r["Ouro − CHASE"], SEEDS) for r in rows]
@@ -74,6 +75,7 @@ def slope(axis: str, column: str, *, grows: bool) -> Callable:
         if prose.grows(t) != grows:
             return f"the slope {t.text(1)} {'does not exclude' if grows else 'excludes'} zero"
         return ""
+
     return check
 
 
@@ -98,6 +100,7 @@ def verdict_rows(docs) -> dict[str, dict[str, str]]:
 def figures(*quotes: tuple[str, str, str]) -> Callable:
     """Each (claim, column, number) quoted must be the generated table's figure, to its
     digits; a leading '-' reads the figure's magnitude ("1.04 % worse" of −1.04)."""
+
     def check(docs, sentence: str) -> str:
         rows = verdict_rows(docs)
         for claim, column, quoted_number in quotes:
@@ -106,6 +109,7 @@ def figures(*quotes: tuple[str, str, str]) -> Callable:
             if quoted_number.lstrip("|") != want or quoted_number.lstrip("|") not in sentence:
                 return f"{claim}'s {column} is {shown}, the sentence says {quoted_number.lstrip('|')}"
         return ""
+
     return check
 
 
@@ -118,35 +122,77 @@ class Sentence:
 
 
 SENTENCES = (
-    Sentence(SCAN, "by +2.3 to +10.7 points of perplexity increase (+3.2 to +10.7 on bytes), and the 95 % interval "
-                   "of the paired gap excludes zero in all 16 rows", gap_range),
-    Sentence("README.md", "by +2.3 to +10.7 points of perplexity increase, every paired interval above zero, "
-                          "uncorrected", gap_range),
-    Sentence(SCAN, "Ouro's failure grows with training**: +4.3 points per doubling of the pre-training steps "
-                   "[+2.9, +5.7]", slope("pretrain_steps", "Ouro skip", grows=True)),
-    Sentence(SCAN, "CHASE's own increase grows with training too (+2.5 per doubling [+0.9, +4.0])",
-             slope("pretrain_steps", "CHASE skip", grows=True)),
-    Sentence(SCAN, "and the gap by +1.8 per doubling [+0.8, +2.8]", slope("pretrain_steps", "Ouro − CHASE",
-                                                                           grows=True)),
-    Sentence(SCAN, "Along the context no trend in Ouro's failure is established: +1.2 per doubling [−0.6, +3.0]",
-             slope("seq_len", "Ouro skip", grows=False)),
-    Sentence(SCAN, "CHASE's own increase rises with context (+1.1 per doubling [+0.1, +2.1])",
-             slope("seq_len", "CHASE skip", grows=True)),
-    Sentence("README.md", "Ouro's failure grows with training (+4.3 points per doubling of the steps [+2.9, +5.7])",
-             slope("pretrain_steps", "Ouro skip", grows=True)),
-    Sentence("README.md", "along the context no trend is established (+1.2 per doubling [−0.6, +3.0])",
-             slope("seq_len", "Ouro skip", grows=False)),
-    Sentence(SCAN, "against the iso-depth 4⊗1 it is −0.3 [−15.7, +15.1] points, an interval too wide to call the two "
-                   "either equivalent or apart at any margin smaller than 15 points", not_level),
-    Sentence("README.md", "C3's gap falls from +6.68 points against stock Ouro to +2.79 [+1.88, +3.70] against Ouro "
-                          "given CHASE's extra steps without holes",
-             figures(("C3", "unmatched arm", "+6.68"), ("C3", "ours (95 %, uncorrected)", "+2.79"))),
-    Sentence("README.md", "C2 barely moves (+28.99 % unmatched, +28.64 % matched)",
-             figures(("C2", "unmatched arm", "+28.99"), ("C2", "ours (95 %, uncorrected)", "+28.64"))),
-    Sentence("README.md", "CHASE's skip is 1.04 % worse than CHASE's own model forced to the same depth",
-             figures(("C2-own", "ours (95 %, uncorrected)", "|1.04"))),
-    Sentence("README.md", "(skip is 1.68× faster at batch 1: two cores stay compute-bound)",
-             figures(("C4-batch1", "ours (95 %, uncorrected)", "1.68"))),
+    Sentence(
+        SCAN,
+        "by +2.3 to +10.7 points of perplexity increase (+3.2 to +10.7 on bytes), and the 95 % interval "
+        "of the paired gap excludes zero in all 16 rows",
+        gap_range,
+    ),
+    Sentence(
+        "README.md",
+        "by +2.3 to +10.7 points of perplexity increase, every paired interval above zero, uncorrected",
+        gap_range,
+    ),
+    Sentence(
+        SCAN,
+        "Ouro's failure grows with training**: +4.3 points per doubling of the pre-training steps [+2.9, +5.7]",
+        slope("pretrain_steps", "Ouro skip", grows=True),
+    ),
+    Sentence(
+        SCAN,
+        "CHASE's own increase grows with training too (+2.5 per doubling [+0.9, +4.0])",
+        slope("pretrain_steps", "CHASE skip", grows=True),
+    ),
+    Sentence(
+        SCAN, "and the gap by +1.8 per doubling [+0.8, +2.8]", slope("pretrain_steps", "Ouro − CHASE", grows=True)
+    ),
+    Sentence(
+        SCAN,
+        "Along the context no trend in Ouro's failure is established: +1.2 per doubling [−0.6, +3.0]",
+        slope("seq_len", "Ouro skip", grows=False),
+    ),
+    Sentence(
+        SCAN,
+        "CHASE's own increase rises with context (+1.1 per doubling [+0.1, +2.1])",
+        slope("seq_len", "CHASE skip", grows=True),
+    ),
+    Sentence(
+        "README.md",
+        "Ouro's failure grows with training (+4.3 points per doubling of the steps [+2.9, +5.7])",
+        slope("pretrain_steps", "Ouro skip", grows=True),
+    ),
+    Sentence(
+        "README.md",
+        "along the context no trend is established (+1.2 per doubling [−0.6, +3.0])",
+        slope("seq_len", "Ouro skip", grows=False),
+    ),
+    Sentence(
+        SCAN,
+        "against the iso-depth 4⊗1 it is −0.3 [−15.7, +15.1] points, an interval too wide to call the two "
+        "either equivalent or apart at any margin smaller than 15 points",
+        not_level,
+    ),
+    Sentence(
+        "README.md",
+        "C3's gap falls from +6.68 points against stock Ouro to +2.79 [+1.88, +3.70] against Ouro "
+        "given CHASE's extra steps without holes",
+        figures(("C3", "unmatched arm", "+6.68"), ("C3", "ours (95 %, uncorrected)", "+2.79")),
+    ),
+    Sentence(
+        "README.md",
+        "C2 barely moves (+28.99 % unmatched, +28.64 % matched)",
+        figures(("C2", "unmatched arm", "+28.99"), ("C2", "ours (95 %, uncorrected)", "+28.64")),
+    ),
+    Sentence(
+        "README.md",
+        "CHASE's skip is 1.04 % worse than CHASE's own model forced to the same depth",
+        figures(("C2-own", "ours (95 %, uncorrected)", "|1.04")),
+    ),
+    Sentence(
+        "README.md",
+        "(skip is 1.68× faster at batch 1: two cores stay compute-bound)",
+        figures(("C4-batch1", "ours (95 %, uncorrected)", "1.68")),
+    ),
     Sentence("README.md", "neither grows with the context", None, "a cache's size, not a table's figure"),
     Sentence("README.md", "trains each level with its", None, "a task level, not a comparison"),
 )
@@ -165,11 +211,14 @@ def audit(docs: dict[str, str]) -> list[str]:
                 found.append(f"{s.document}: {s.text!r}: {why}")
     for name, raw in docs.items():
         text = flat(re.sub(r"<!--generated:.*?<!--/generated-->", "", raw, flags=re.S))
-        covered = [(text.find(s.text), text.find(s.text) + len(s.text)) for s in SENTENCES
-                   if s.document == name and s.text in text]
+        covered = [
+            (text.find(s.text), text.find(s.text) + len(s.text))
+            for s in SENTENCES
+            if s.document == name and s.text in text
+        ]
         for m in prose.SUMMARY.finditer(text):
             if not any(a <= m.start() and m.end() <= b for a, b in covered):
-                found.append(f"{name}: an unchecked summary: …{text[max(0, m.start() - 80):m.end() + 40]}…")
+                found.append(f"{name}: an unchecked summary: …{text[max(0, m.start() - 80) : m.end() + 40]}…")
     return found
 
 
@@ -182,12 +231,18 @@ def test_every_summary_sentence_holds_against_its_table(docs):
     assert audit(docs) == []
 
 
-@pytest.mark.parametrize("old, planted", [
-    # the range that left out the Mistral row
-    ("by +2.3 to +10.7 points of perplexity increase, every", "by +3.2 to +10.7 points of perplexity increase, every"),
-    # "grows with context" over 13.0, 15.0, 17.1, 16.3 with overlapping intervals
-    ("Ouro's failure grows with training (+4.3", "Ouro's failure grows with training and context (+4.3"),
-])
+@pytest.mark.parametrize(
+    "old, planted",
+    [
+        # the range that left out the Mistral row
+        (
+            "by +2.3 to +10.7 points of perplexity increase, every",
+            "by +3.2 to +10.7 points of perplexity increase, every",
+        ),
+        # "grows with context" over 13.0, 15.0, 17.1, 16.3 with overlapping intervals
+        ("Ouro's failure grows with training (+4.3", "Ouro's failure grows with training and context (+4.3"),
+    ],
+)
 def test_a_planted_overstatement_in_the_readme_fails(docs, old, planted):
     pattern = r"\s+".join(map(re.escape, old.split()))  # the sentence may wrap
     assert re.search(pattern, docs["README.md"])
@@ -210,7 +265,8 @@ def test_a_trend_claimed_on_a_flat_axis_fails(docs):
     assert "does not exclude zero" in check(docs, "+1.2 per doubling [−0.6, +3.0]")
     changed = {**docs, SCAN: docs[SCAN].replace("+16.3 [+13.1, +19.5]", "+26.3 [+23.1, +29.5]")}
     assert "the sentence quotes" in slope("seq_len", "Ouro skip", grows=False)(
-        changed, "+1.2 per doubling [−0.6, +3.0]")
+        changed, "+1.2 per doubling [−0.6, +3.0]"
+    )
 
 
 def test_a_figure_quoted_from_the_verdicts_must_be_the_tables(docs):
@@ -228,10 +284,11 @@ def test_trend_and_equivalence_by_hand():
     t = prose.trend([1, 2, 4], cells)
     se = 1 / 4.302652730  # each cell's standard error
     # weights (x − x̄)/Σ(x − x̄)² = −1/2, 0, +1/2 over log2 x = 0, 1, 2: Var = 2 · se²/4
-    assert t.mean == pytest.approx(2.0) and t.se == pytest.approx(se * (0.5 ** 0.5))
+    assert t.mean == pytest.approx(2.0) and t.se == pytest.approx(se * (0.5**0.5))
     assert t.df == pytest.approx(4.0)  # Welch–Satterthwaite: two equal parts of df 2 each
     assert prose.grows(t)
     assert prose.equivalent(prose.Cell(0.1, -1.0, 1.2, 3), 1.5) and not prose.equivalent(
-        prose.Cell(0.1, -1.0, 1.2, 3), 1.0)
+        prose.Cell(0.1, -1.0, 1.2, 3), 1.0
+    )
     d = prose.apart(prose.cell("+10.5 [+6.6, +14.4]", 3), prose.cell("+9.3 [+5.3, +13.2]", 3))
     assert d.mean == pytest.approx(1.2) and d.low < 0 < d.high

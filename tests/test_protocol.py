@@ -75,8 +75,12 @@ def test_the_ledger_marks_a_seed_scored_under_an_earlier_protocol(tmp_path):
     # the committed history counts for every store: 100-102 were v1's
     assert ledger.status([100], a)[0]["first_scored_under"] == V1.digest()
     lines = [json.loads(line) for line in (tmp_path / "protocol_ledger.jsonl").read_text().splitlines()]
-    assert [(d["seed"], d["protocol"]) for d in lines] == [(200, a.digest()), (201, a.digest()), (200, b.digest()),
-                                                          (202, b.digest())]
+    assert [(d["seed"], d["protocol"]) for d in lines] == [
+        (200, a.digest()),
+        (201, a.digest()),
+        (200, b.digest()),
+        (202, b.digest()),
+    ]
 
 
 def test_a_torn_ledger_is_one_line(tmp_path):

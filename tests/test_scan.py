@@ -11,7 +11,17 @@ import analysis_fixture as fx
 from analysis.claims import REPRODUCED
 from analysis.load import load_runs
 from analysis.points import evaluation_points
-from analysis.scan import GAP, LOOPED_GAIN, effects, lines, loop_effects, scan_axes, scan_charts, scan_markdown, write_scan
+from analysis.scan import (
+    GAP,
+    LOOPED_GAIN,
+    effects,
+    lines,
+    loop_effects,
+    scan_axes,
+    scan_charts,
+    scan_markdown,
+    write_scan,
+)
 from looplab import tracking
 from looplab.config import ConfigError
 from sweeps.flags import Common, Launch
@@ -57,8 +67,9 @@ def test_scopes_send_each_param_to_its_stages(tmp_path):
 def test_scan_declarations_check_their_flags():
     with pytest.raises(ConfigError, match="--axes"):
         holes_scan(Common("debug"), ["bogus"])
-    sweep = loops_scan(Common("phop-debug"), ({"n_layers": 1, "n_loops": 1}, {"n_layers": 1, "n_loops": 4}),
-                       ("p", [2, 4]))
+    sweep = loops_scan(
+        Common("phop-debug"), ({"n_layers": 1, "n_loops": 1}, {"n_layers": 1, "n_loops": 4}), ("p", [2, 4])
+    )
     assert sweep.axes == ("p",) and sweep.spec.overrides["task.n"] == 16
 
 
@@ -93,8 +104,12 @@ def test_hole_effects_along_an_axis(beta_scan):
 def test_scan_axes_come_from_the_sweep_run(beta_scan):
     _, runs, _ = beta_scan
     assert scan_axes(runs.runs) == []
-    tagged = runs.runs.with_columns(pl.when(pl.col("level") == tracking.SWEEP).then(pl.lit("seq_len,d_model"))
-                                    .otherwise(None).alias(tracking.SCAN_AXES))
+    tagged = runs.runs.with_columns(
+        pl.when(pl.col("level") == tracking.SWEEP)
+        .then(pl.lit("seq_len,d_model"))
+        .otherwise(None)
+        .alias(tracking.SCAN_AXES)
+    )
     assert scan_axes(tagged) == ["seq_len", "d_model"]
 
 
@@ -103,8 +118,16 @@ def test_loop_effects_by_hand():
     for p, accs in ((2, (0.9, 0.5, 0.95)), (4, (0.6, 0.3, 0.7))):
         for seed, jitter in enumerate((0.0, 0.02, -0.02)):
             for (n, r), acc in zip(((1, 4), (1, 1), (4, 1)), accs):
-                rows.append({"method": "fixed", "params.search.p": p, "n_layers": n, "n_loops": r, "seed": seed,
-                             "full_accuracy": acc + jitter * (n == 1 and r == 4)})
+                rows.append(
+                    {
+                        "method": "fixed",
+                        "params.search.p": p,
+                        "n_layers": n,
+                        "n_loops": r,
+                        "seed": seed,
+                        "full_accuracy": acc + jitter * (n == 1 and r == 4),
+                    }
+                )
     table = loop_effects(pl.DataFrame(rows), ["p"])
     gain = table.filter((pl.col("effect") == LOOPED_GAIN)).sort("p")
     assert gain["mean"].to_list() == pytest.approx([40.0, 30.0]) and gain["model"].to_list() == ["1⊗4", "1⊗4"]

@@ -40,8 +40,9 @@ def test_flop_ratio_by_hand():
     assert fr == step  # one loop application: the backbone step, the mixers' own count (models/flops.py)
     # every position read out: the head per token; a zoo rule reads the head after each step instead of the gate
     assert prefill_flops(cfg, L, readout="all")[0] == pytest.approx(2 * d * V + (R - 1) * 2 * d)
-    assert prefill_flops(cfg, L, ExitPolicy.parse("skip-entropy:2.0"))[0] == pytest.approx(2 * d * V / L
-                                                                                          + (R - 1) * 2 * d * V)
+    assert prefill_flops(cfg, L, ExitPolicy.parse("skip-entropy:2.0"))[0] == pytest.approx(
+        2 * d * V / L + (R - 1) * 2 * d * V
+    )
     # (F0 + R·Fr)/(F0 + d̄·Fr), hand-computed: (100 + 4·50)/(100 + 2·50) = 1.5, below the loop bound 4/2
     assert flop_ratio(100.0, 50.0, 4, 2.0) == 1.5
     assert flop_ratio(0.0, 50.0, 4, 2.0) == 2.0 and flop_ratio(100.0, 50.0, 4, 4.0) == 1.0
@@ -68,8 +69,9 @@ def store(tmp_path_factory):
             model = looplab.load_model("debug", seed=0)
             model.metadata = experiment_metadata(cfg)  # its lineage, and its task's held-out text
             with torch.no_grad():
-                model.exit_gate.weight.copy_(10 * torch.randn(model.exit_gate.weight.shape,
-                                                              generator=torch.Generator().manual_seed(1)))
+                model.exit_gate.weight.copy_(
+                    10 * torch.randn(model.exit_gate.weight.shape, generator=torch.Generator().manual_seed(1))
+                )
                 model.exit_gate.bias.fill_(1.0)
             path = root / "stages" / f"{cfg.stage}-{cfg.stage_key()}" / "checkpoint"
             save_model(model, path)
@@ -136,9 +138,11 @@ def test_speed_sweep_end_to_end_inline(store, capsys):
 
 def test_dry_run_lists_the_paper_grids(store, capsys):
     base = ["--experiment", EXPERIMENT, "--storage-path", str(store["root"]), "--dry-run"]
-    expected = {"table5-140m": "batch 1, 4, 8, 16, 64 × L 2048 × skip:0.2 skip:0.4 skip:0.6; bf16, packing padded",
-                "table5-370m": "batch 4, 8, 16, 32, 64 × L 2048 × skip:0.2 skip:0.4 skip:0.6; bf16, packing padded",
-                "table6": "batch 16 × L 256, 512, 1024, 2048, 3584 × skip:0.2 skip:0.4 skip:0.6; bf16, packing padded"}
+    expected = {
+        "table5-140m": "batch 1, 4, 8, 16, 64 × L 2048 × skip:0.2 skip:0.4 skip:0.6; bf16, packing padded",
+        "table5-370m": "batch 4, 8, 16, 32, 64 × L 2048 × skip:0.2 skip:0.4 skip:0.6; bf16, packing padded",
+        "table6": "batch 16 × L 256, 512, 1024, 2048, 3584 × skip:0.2 skip:0.4 skip:0.6; bf16, packing padded",
+    }
     for grid, line in expected.items():
         assert speed.main(base + ["--grid", grid]) == 0
         out = capsys.readouterr().out
@@ -150,31 +154,38 @@ def test_dry_run_lists_the_paper_grids(store, capsys):
     assert "2 checkpoint(s) × 2 point(s)" in out and "stage1-" in out and "chase-" in out and "stage2-" not in out
 
 
-@pytest.mark.parametrize("extra, expected", [
-    (["--grid", "table7"], "--grid='table7' is invalid; allowed: table5-140m | table5-370m | table6 | debug"),
-    (["--batches", "0,4"], "--batches='0,4' is invalid"),
-    (["--seq-lens", "x"], "--seq-lens='x' is invalid"),
-    (["--policies", "dense:0.4"], "--policies='dense:0.4' is invalid; allowed: skip policies"),
-    (["--policies", "skip:2"], "--policies='skip:2' is invalid"),
-    (["--dtype", "fp16"], "--dtype='fp16' is invalid; allowed: fp32 | bf16"),
-    (["--packing", "ragged"], "--packing='ragged' is invalid; allowed: auto | padded | varlen"),
-    (["--repeats", "0"], "--repeats='0' is invalid; allowed: an integer >= 1"),
-    (["--cpus", "0"], "--cpus='0' is invalid"),
-    (["--cpus", "100000"], "--cpus='100000' is invalid; allowed: at most"),
-    (["--gpus", "1"], "--gpus='1' is invalid; allowed: 0 here"),
-    (["--stages", "stage9"], "--stages='stage9' is invalid"),
-    (["--stages", "stage3,stage1"], "--stages='stage3,stage1' is invalid"),
-    (["--stages", "pretrain", "--policies", "skip:0.4"], "--policies='skip:0.4' is invalid; allowed: policies that "
-                                                         "apply to stage pretrain"),
-    (["--experiment", "nope"], "--experiment='nope' is invalid"),
-    (["--slots", "2"], "--slots='2' is invalid; allowed: --slots together with --arrivals"),
-    (["--arrivals", "--slots", "0"], "--slots='0' is invalid"),
-    (["--arrivals", "--requests", "x"], "--requests='x' is invalid; allowed: an integer >= 1"),
-    (["--arrivals", "--prompt-len", "8-4"], "--prompt-len='8-4' is invalid; allowed: LOW-HIGH or N"),
-    (["--arrivals", "--new-tokens", "0"], "--new-tokens='0' is invalid; allowed: LOW-HIGH or N"),
-    (["--arrivals", "--schedules", "eager"], "--schedules='eager' is invalid; allowed: comma-separated: lockstep | "
-                                             "depth"),
-])
+@pytest.mark.parametrize(
+    "extra, expected",
+    [
+        (["--grid", "table7"], "--grid='table7' is invalid; allowed: table5-140m | table5-370m | table6 | debug"),
+        (["--batches", "0,4"], "--batches='0,4' is invalid"),
+        (["--seq-lens", "x"], "--seq-lens='x' is invalid"),
+        (["--policies", "dense:0.4"], "--policies='dense:0.4' is invalid; allowed: skip policies"),
+        (["--policies", "skip:2"], "--policies='skip:2' is invalid"),
+        (["--dtype", "fp16"], "--dtype='fp16' is invalid; allowed: fp32 | bf16"),
+        (["--packing", "ragged"], "--packing='ragged' is invalid; allowed: auto | padded | varlen"),
+        (["--repeats", "0"], "--repeats='0' is invalid; allowed: an integer >= 1"),
+        (["--cpus", "0"], "--cpus='0' is invalid"),
+        (["--cpus", "100000"], "--cpus='100000' is invalid; allowed: at most"),
+        (["--gpus", "1"], "--gpus='1' is invalid; allowed: 0 here"),
+        (["--stages", "stage9"], "--stages='stage9' is invalid"),
+        (["--stages", "stage3,stage1"], "--stages='stage3,stage1' is invalid"),
+        (
+            ["--stages", "pretrain", "--policies", "skip:0.4"],
+            "--policies='skip:0.4' is invalid; allowed: policies that apply to stage pretrain",
+        ),
+        (["--experiment", "nope"], "--experiment='nope' is invalid"),
+        (["--slots", "2"], "--slots='2' is invalid; allowed: --slots together with --arrivals"),
+        (["--arrivals", "--slots", "0"], "--slots='0' is invalid"),
+        (["--arrivals", "--requests", "x"], "--requests='x' is invalid; allowed: an integer >= 1"),
+        (["--arrivals", "--prompt-len", "8-4"], "--prompt-len='8-4' is invalid; allowed: LOW-HIGH or N"),
+        (["--arrivals", "--new-tokens", "0"], "--new-tokens='0' is invalid; allowed: LOW-HIGH or N"),
+        (
+            ["--arrivals", "--schedules", "eager"],
+            "--schedules='eager' is invalid; allowed: comma-separated: lockstep | depth",
+        ),
+    ],
+)
 def test_bad_flags_are_one_line(store, extra, expected, capsys):
     import ray
 
@@ -188,8 +199,19 @@ def test_bad_flags_are_one_line(store, extra, expected, capsys):
 
 
 # ---- decoding under continuous arrivals (--arrivals) --------------------------------------------------
-ARRIVALS = ["--arrivals", "--slots", "2", "--requests", "3", "--prompt-len", "4-8", "--new-tokens", "2-4",
-            "--schedules", "lockstep,depth"]
+ARRIVALS = [
+    "--arrivals",
+    "--slots",
+    "2",
+    "--requests",
+    "3",
+    "--prompt-len",
+    "4-8",
+    "--new-tokens",
+    "2-4",
+    "--schedules",
+    "lockstep,depth",
+]
 
 
 def arrival_runs(uri: str) -> list:
@@ -212,18 +234,28 @@ def test_arrivals_sweep_end_to_end_inline(store, capsys, monkeypatch):
     finals = {cfg.stage_key(): arm for arm, cfg in store["finals"].items()}
     assert len(runs) == 2 * 2 * 3  # checkpoints × schedules × (full, skip:0.2, skip:0.6)
     assert len({r.data.tags[tracking.SPEED_KEY] for r in runs}) == len(runs)
-    points = {(r.data.tags[tracking.STAGE_KEY], r.data.params[tracking.SPEED_PARAM + "schedule"],
-               r.data.tags[tracking.POLICY_TAG]) for r in runs}
-    assert points == {(k, schedule, p) for k in finals for schedule in ("lockstep", "depth")
-                      for p in ("full", "skip:0.2", "skip:0.6")}
+    points = {
+        (
+            r.data.tags[tracking.STAGE_KEY],
+            r.data.params[tracking.SPEED_PARAM + "schedule"],
+            r.data.tags[tracking.POLICY_TAG],
+        )
+        for r in runs
+    }
+    assert points == {
+        (k, schedule, p) for k in finals for schedule in ("lockstep", "depth") for p in ("full", "skip:0.2", "skip:0.6")
+    }
     stream = RequestStream(3, (4, 8), (2, 4))
     for r in runs:
         assert r.info.status == "FINISHED" and r.data.tags[tracking.LEVEL] == tracking.BENCH
         assert r.data.tags[tracking.METHOD] == finals[r.data.tags[tracking.STAGE_KEY]]
         params = r.data.params
         assert params[tracking.MACHINE_PARAM + "device"] == "cpu" and params[tracking.MACHINE_PARAM + "threads"] == "1"
-        assert (params[tracking.SPEED_PARAM + "slots"], params[tracking.SPEED_PARAM + "prompt_len"],
-                params[tracking.SPEED_PARAM + "new_tokens"]) == ("2", "4-8", "2-4")
+        assert (
+            params[tracking.SPEED_PARAM + "slots"],
+            params[tracking.SPEED_PARAM + "prompt_len"],
+            params[tracking.SPEED_PARAM + "new_tokens"],
+        ) == ("2", "4-8", "2-4")
         m = r.data.metrics
         assert set(ARRIVAL_METRICS) <= set(m) and m[DECODE_TOKENS_PER_S] > 0
         policy = ExitPolicy.parse(r.data.tags[tracking.POLICY_TAG])
@@ -258,8 +290,14 @@ def test_arrivals_sweep_end_to_end_inline(store, capsys, monkeypatch):
     table = pl.read_csv(folder / "arrivals.csv")
     assert table.height == 12 and (folder / "arrivals.png").is_file()
     assert pl.read_csv(folder / "speed.csv").height == 4  # the prefill points alone
-    by_run = {(r.data.tags[tracking.STAGE_KEY], r.data.params[tracking.SPEED_PARAM + "schedule"],
-               r.data.tags[tracking.POLICY_TAG]): r.data.metrics for r in runs}
+    by_run = {
+        (
+            r.data.tags[tracking.STAGE_KEY],
+            r.data.params[tracking.SPEED_PARAM + "schedule"],
+            r.data.tags[tracking.POLICY_TAG],
+        ): r.data.metrics
+        for r in runs
+    }
     for row in table.iter_rows(named=True):
         m = by_run[row["stage_key"], row["schedule"], row["policy"]]
         assert row["flop_ratio"] == pytest.approx(m[tracking.FLOP_RATIO])

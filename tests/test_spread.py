@@ -50,8 +50,18 @@ def test_a_figure_measured_beside_other_work_is_noisy():
 
 def test_the_suite_marks_a_figure_over_a_tight_bound_noisy(tmp_path):
     """Its machine section end to end, once with a bound no repeats can meet."""
-    record = run_script("suite.py", "--only", "machine", "--repeats", "3", "--bound", "1e-9", "--threads", "1",
-                        json_file=tmp_path / "suite.json")
+    record = run_script(
+        "suite.py",
+        "--only",
+        "machine",
+        "--repeats",
+        "3",
+        "--bound",
+        "1e-9",
+        "--threads",
+        "1",
+        json_file=tmp_path / "suite.json",
+    )
     figures = record["figures"]
     assert [f["unit"] for f in figures] == ["GFLOP/s", "GB/s"] and record["threads"] == 1
     assert all(f["value"] is None and f["measured"] > 0 and "spread" in f["noisy"] for f in figures)

@@ -21,8 +21,9 @@ from test_adaptive import gated_model
 def stage_cfg(stage, init_from="/unused", **extra):
     """phop-debug as `stage` (its recipe), continuing the checkpoint at init_from."""
     parent = parent_ref(init_from) if get_stage(stage).continues else None
-    return stage_config(get_preset("phop-debug"), stage, parent=parent,
-                        overrides={"model.n_loops": 4, "task.eval_count": 40, **extra})
+    return stage_config(
+        get_preset("phop-debug"), stage, parent=parent, overrides={"model.n_loops": 4, "task.eval_count": 40, **extra}
+    )
 
 
 def minibatch_loss(model, batch, cfg, step):
@@ -61,8 +62,9 @@ def test_chase_with_rho_zero_is_stage1():
 
 
 def test_depth_hole_branch_runs_stage1_on_the_holed_forward():
-    cfg = stage_cfg("chase", **{"hole.sampler": "depth", "hole.rho": 1.0, "hole.hp": 1.0, "hole.lo": 1.0,
-                                "hole.hi": 1.0})
+    cfg = stage_cfg(
+        "chase", **{"hole.sampler": "depth", "hole.rho": 1.0, "hole.hp": 1.0, "hole.lo": 1.0, "hole.hi": 1.0}
+    )
     model = gated_model("mamba2", vocab_size=model_vocab())
     batch = make_task(cfg.task).train_batch(0, 4, 32, 0)
     loss, diag = minibatch_loss(model, batch, cfg, 0)
@@ -102,10 +104,17 @@ def test_depth_holes_follow_the_configured_distribution():
     assert set(round_depth(np.array([1.5, 2.49, 2.5]), "nearest", None)) == {2, 3}
 
 
-@pytest.mark.parametrize("overrides,field", [
-    ({"hole.hp": 1.5}, "hp"), ({"hole.rho": -0.1}, "rho"), ({"hole.lo": 0.5}, "lo"), ({"hole.hi": 5.0}, "hi"),
-    ({"exit.beta": -1.0}, "beta"), ({"hole.q_high": 2.0}, "q_high"),
-])
+@pytest.mark.parametrize(
+    "overrides,field",
+    [
+        ({"hole.hp": 1.5}, "hp"),
+        ({"hole.rho": -0.1}, "rho"),
+        ({"hole.lo": 0.5}, "lo"),
+        ({"hole.hi": 5.0}, "hi"),
+        ({"exit.beta": -1.0}, "beta"),
+        ({"hole.q_high": 2.0}, "q_high"),
+    ],
+)
 def test_bad_adaptive_values_fail_in_one_line(overrides, field):
     with pytest.raises(ConfigError) as err:
         stage_cfg("chase", **overrides)
@@ -121,25 +130,40 @@ def test_continued_stage_needs_a_parent_and_pretrain_has_none():
     with pytest.raises(ConfigError, match="ExperimentConfig.parent=None is invalid"):
         apply_overrides(get_preset("phop-debug"), {"stage": "stage1"})
     with pytest.raises(ConfigError, match="ExperimentConfig.parent=.* is invalid"):
-        ExperimentConfig.from_dict({**get_preset("phop-debug").to_dict(),
-                                    "parent": {"stage": "pretrain", "key": "k", "group": "g"}})
+        ExperimentConfig.from_dict(
+            {**get_preset("phop-debug").to_dict(), "parent": {"stage": "pretrain", "key": "k", "group": "g"}}
+        )
 
 
 def test_pipeline_pretrain_stage1_chase_stage2_end_to_end(tmp_path):
-    common = {"train.steps": 30, "train.batch_size": 16, "train.eval_every": 0, "train.warmup_steps": 3,
-              "train.log_every": 10}
+    common = {
+        "train.steps": 30,
+        "train.batch_size": 16,
+        "train.eval_every": 0,
+        "train.warmup_steps": 3,
+        "train.log_every": 10,
+    }
     pre = train(stage_cfg("pretrain", **common), tmp_path / "pre", quiet=True)
-    s1 = train(stage_cfg("stage1", str(pre.out_dir / "checkpoint"), **common, **{"exit.beta": 0.1}),
-               tmp_path / "s1", quiet=True)
-    ch = train(stage_cfg("chase", str(s1.out_dir / "checkpoint"), **common,
-                         **{"hole.sampler": "depth", "hole.rho": 0.5}), tmp_path / "chase", quiet=True)
+    s1 = train(
+        stage_cfg("stage1", str(pre.out_dir / "checkpoint"), **common, **{"exit.beta": 0.1}),
+        tmp_path / "s1",
+        quiet=True,
+    )
+    ch = train(
+        stage_cfg("chase", str(s1.out_dir / "checkpoint"), **common, **{"hole.sampler": "depth", "hole.rho": 0.5}),
+        tmp_path / "chase",
+        quiet=True,
+    )
     s2 = train(stage_cfg("stage2", str(ch.out_dir / "checkpoint"), **common), tmp_path / "s2", quiet=True)
     model = _load(s2.out_dir / "checkpoint")
     assert model.metadata["stage"] == "stage2" and model.metadata["parent_checkpoint"].endswith("chase/checkpoint")
     assert model.metadata["lineage"] == ["pretrain", "stage1", "chase", "stage2"]
     assert model.metadata["method"] == "CHASE"
-    records = evaluate_policies(model, make_task(stage_cfg("pretrain").task).eval_batch(),
-                                [ExitPolicy.skip(q) for q in (0.2, 0.4, 0.6, 0.8, 1.0)])
+    records = evaluate_policies(
+        model,
+        make_task(stage_cfg("pretrain").task).eval_batch(),
+        [ExitPolicy.skip(q) for q in (0.2, 0.4, 0.6, 0.8, 1.0)],
+    )
     loops = [r["executed_loops"] for r in records]  # q = 0.2 … 1.0
     assert all(a <= b + 1e-9 for a, b in zip(loops, loops[1:])), loops
     assert loops[0] < loops[-1] == 4.0

@@ -48,16 +48,19 @@ def test_upload_replaces_a_folder_whole_and_download_recovers_a_finished_upload(
 
 
 def test_stage_checkpoint_resumes_from_the_store_on_another_node(bucket):
-    cfg = apply_overrides(get_preset("phop-debug"), {"train.steps": 4, "train.batch_size": 4, "train.log_every": 1,
-                                                    "train.eval_every": 0, "task.eval_count": 20})
+    cfg = apply_overrides(
+        get_preset("phop-debug"),
+        {"train.steps": 4, "train.batch_size": 4, "train.log_every": 1, "train.eval_every": 0, "task.eval_count": 20},
+    )
     folder = f"pretrain-{cfg.stage_key()}"
     first = train_stage(cfg, bucket, folder, stop_at=2, quiet=True)  # an interrupted stage: checkpoint at 2
     assert first.step == 2 and bucket.exists(bucket.path("stages", folder, "checkpoint", TRAINER))
     shutil.rmtree(bucket.scratch())  # the node is gone; only the store remains
     done = train_stage(cfg, bucket, folder, quiet=True)
     assert done.step == 4
-    records = [json.loads(line) for line in bucket.read_text(bucket.path("stages", folder,
-                                                                         "metrics.jsonl")).splitlines()]
+    records = [
+        json.loads(line) for line in bucket.read_text(bucket.path("stages", folder, "metrics.jsonl")).splitlines()
+    ]
     assert [r["step"] for r in records if r["kind"] == "resume"] == [2]  # resumed mid-stage, not from 0
     assert [r["step"] for r in records if r["kind"] == "train"] == [1, 2, 3, 4]  # each step once
     stored = json.loads(bucket.read_text(bucket.path("stages", folder, "checkpoint", TRAINER)))
@@ -67,18 +70,25 @@ def test_stage_checkpoint_resumes_from_the_store_on_another_node(bucket):
 def test_a_continued_stage_reads_its_parent_from_the_store(bucket):
     from looplab.presets import stage_config
 
-    overrides = {"train.steps": 2, "train.batch_size": 4, "train.eval_every": 0, "task.eval_count": 20,
-                 "model.n_loops": 3}
+    overrides = {
+        "train.steps": 2,
+        "train.batch_size": 4,
+        "train.eval_every": 0,
+        "task.eval_count": 20,
+        "model.n_loops": 3,
+    }
     base = get_preset("phop-debug")
     pre = stage_config(base, "pretrain", overrides=overrides)
     pre_folder = f"pretrain-{pre.stage_key()}"
     train_stage(pre, bucket, pre_folder, quiet=True)
-    s1 = stage_config(base, "stage1", parent=pre.as_parent(bucket.path("stages", pre_folder, "checkpoint")),
-                      overrides=overrides)
+    s1 = stage_config(
+        base, "stage1", parent=pre.as_parent(bucket.path("stages", pre_folder, "checkpoint")), overrides=overrides
+    )
     shutil.rmtree(bucket.scratch())
     assert train_stage(s1, bucket, f"stage1-{s1.stage_key()}", quiet=True).step == 2
-    missing = stage_config(base, "stage1", parent=pre.as_parent(bucket.path("stages", "nope", "checkpoint")),
-                           overrides=overrides)
+    missing = stage_config(
+        base, "stage1", parent=pre.as_parent(bucket.path("stages", "nope", "checkpoint")), overrides=overrides
+    )
     with pytest.raises(ValueError, match="parent checkpoint .* is missing"):
         train_stage(missing, bucket, f"stage1-{missing.stage_key()}", quiet=True)
 

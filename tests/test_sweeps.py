@@ -35,14 +35,22 @@ def test_a_sweep_wide_override_reaches_every_stage_over_its_recipe():
     assert plain["stage1"].train.lr == 1.5e-4 and plain["pretrain"].train.lr == 3e-3  # recipe vs preset
     lr = configs_of(adaptive_pipeline, ["--set", "train.lr=0.001", "--set", "train.grad_clip=0.3"], ARM)
     assert {s: (c.train.lr, c.train.grad_clip) for s, c in lr.items()} == {
-        s: (0.001, 0.3) for s in ("pretrain", "stage1", "chase", "stage2")}
+        s: (0.001, 0.3) for s in ("pretrain", "stage1", "chase", "stage2")
+    }
 
 
 def test_a_per_stage_override_reaches_only_its_stage():
-    one = configs_of(adaptive_pipeline, ["--set", "train.lr=0.001", "--stage-set", "chase:train.lr=0.002",
-                                         "--stage-steps", "stage2=7"], ARM)
-    assert {s: c.train.lr for s, c in one.items()} == {"pretrain": 0.001, "stage1": 0.001, "chase": 0.002,
-                                                       "stage2": 0.001}
+    one = configs_of(
+        adaptive_pipeline,
+        ["--set", "train.lr=0.001", "--stage-set", "chase:train.lr=0.002", "--stage-steps", "stage2=7"],
+        ARM,
+    )
+    assert {s: c.train.lr for s, c in one.items()} == {
+        "pretrain": 0.001,
+        "stage1": 0.001,
+        "chase": 0.002,
+        "stage2": 0.001,
+    }
     assert {s: c.train.steps for s, c in one.items()} == {"pretrain": 200, "stage1": 200, "chase": 200, "stage2": 7}
 
 
@@ -51,14 +59,22 @@ def test_a_stage_with_overridden_steps_gets_its_warmup_from_its_own_steps():
     long = configs_of(adaptive_pipeline, ["--stage-steps", "stage2=5000,chase=1000"], ARM)
     assert long["stage2"].train.warmup_steps == 50 and long["chase"].train.warmup_steps == 2
     assert long["stage1"].train.warmup_steps == 1  # 0.2% of its 200 steps, at least one
-    explicit = configs_of(adaptive_pipeline, ["--stage-steps", "stage2=5000", "--stage-set",
-                                              "stage2:train.warmup_steps=9"], ARM)
+    explicit = configs_of(
+        adaptive_pipeline, ["--stage-steps", "stage2=5000", "--stage-set", "stage2:train.warmup_steps=9"], ARM
+    )
     assert explicit["stage2"].train.warmup_steps == 9  # an explicit warmup wins
 
 
-CADENCE = [["--set", "train.log_every=5"], ["--set", "train.eval_every=7"], ["--set", "train.ckpt_every=3"],
-           ["--set", "train.device=cpu"], ["--set", "train.eval_batch_size=3"], ["--set", "train.ckpt_minutes=1"],
-           ["--set", "train.micro_batch_size=2"], ["--set", "train.activation_checkpointing=true"]]
+CADENCE = [
+    ["--set", "train.log_every=5"],
+    ["--set", "train.eval_every=7"],
+    ["--set", "train.ckpt_every=3"],
+    ["--set", "train.device=cpu"],
+    ["--set", "train.eval_batch_size=3"],
+    ["--set", "train.ckpt_minutes=1"],
+    ["--set", "train.micro_batch_size=2"],
+    ["--set", "train.activation_checkpointing=true"],
+]
 
 
 @pytest.mark.parametrize("argv", CADENCE, ids=[" ".join(a) for a in CADENCE])
@@ -67,14 +83,17 @@ def test_cadence_and_device_never_change_a_key(argv):
     assert {s: c.stage_key() for s, c in configs_of(adaptive_pipeline, argv, ARM).items()} == base
 
 
-@pytest.mark.parametrize("argv, point, changed", [
-    (["--set", "train.lr=0.001"], ARM, {"pretrain", "stage1", "chase", "stage2"}),
-    (["--stage-set", "chase:train.lr=0.001"], ARM, {"chase", "stage2"}),  # and everything downstream of it
-    (["--set", "model.n_loops=3", "--depth-range", "1.5-3"], ARM, {"pretrain", "stage1", "chase", "stage2"}),
-    (["--set", "exit.beta=0.5"], ARM, {"stage1", "chase", "stage2"}),  # pre-training reads no exit section
-    (["--hp", "0.25"], ARM, {"chase", "stage2"}),  # only CHASE reads the holes
-    ([], {"arm": "chase", "seed": 1}, {"pretrain", "stage1", "chase", "stage2"}),
-])
+@pytest.mark.parametrize(
+    "argv, point, changed",
+    [
+        (["--set", "train.lr=0.001"], ARM, {"pretrain", "stage1", "chase", "stage2"}),
+        (["--stage-set", "chase:train.lr=0.001"], ARM, {"chase", "stage2"}),  # and everything downstream of it
+        (["--set", "model.n_loops=3", "--depth-range", "1.5-3"], ARM, {"pretrain", "stage1", "chase", "stage2"}),
+        (["--set", "exit.beta=0.5"], ARM, {"stage1", "chase", "stage2"}),  # pre-training reads no exit section
+        (["--hp", "0.25"], ARM, {"chase", "stage2"}),  # only CHASE reads the holes
+        ([], {"arm": "chase", "seed": 1}, {"pretrain", "stage1", "chase", "stage2"}),
+    ],
+)
 def test_what_can_change_a_result_changes_its_stage_and_everything_downstream(argv, point, changed):
     base = {s: c.stage_key() for s, c in configs_of(adaptive_pipeline, [], ARM).items()}
     new = {s: c.stage_key() for s, c in configs_of(adaptive_pipeline, argv, point).items()}
@@ -91,8 +110,12 @@ def test_beta_searched_in_stage1_keeps_one_pretraining_and_its_budget_follows_th
 
 
 def test_the_platform_edits_no_import_path():
-    found = subprocess.run(["grep", "-rn", "sys.path", "sweeps", "trainables", "analysis", "looplab"], cwd=REPO,
-                           capture_output=True, text=True)
+    found = subprocess.run(
+        ["grep", "-rn", "sys.path", "sweeps", "trainables", "analysis", "looplab"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert found.stdout == "", found.stdout
 
 
@@ -106,8 +129,12 @@ def test_gpu_memory_fits_micro_batches_without_changing_any_key(capsys):
     from sweeps.plan import fit_devices, sweep_key, validate
 
     argv = ["--preset", "paper-140m", "--num-workers", "8", "--gpus-per-worker", "1", "--address", "auto"]
-    assert main("test", adaptive_pipeline.add_flags, adaptive_pipeline.from_args,
-                argv + ["--dry-run", "--gpu-memory", "80"]) == 0
+    assert (
+        main(
+            "test", adaptive_pipeline.add_flags, adaptive_pipeline.from_args, argv + ["--dry-run", "--gpu-memory", "80"]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     lines = [line for line in out.splitlines() if line.startswith("  pretrain-") or line.startswith("  stage1-")]
     assert lines and all("micro-batch" in line and "× 8 rank(s)" in line for line in lines)
@@ -122,8 +149,10 @@ def test_gpu_memory_fits_micro_batches_without_changing_any_key(capsys):
     sweep, launch = adaptive_pipeline.from_args(Common.from_args(args), args), Launch.from_args(args)
     points, _ = validate(sweep, launch)
     fitted, plans = fit_devices(sweep, launch, points)
-    assert fitted.spec.stage_overrides["pretrain"]["train.micro_batch_size"] == plans[
-        next(k for k in plans if k.startswith("pretrain"))].micro_batch
+    assert (
+        fitted.spec.stage_overrides["pretrain"]["train.micro_batch_size"]
+        == plans[next(k for k in plans if k.startswith("pretrain"))].micro_batch
+    )
     before = {c.stage_key() for p_ in points for c in stage_configs(sweep.spec, p_, "/unused")}
     after = {c.stage_key() for p_ in points for c in stage_configs(fitted.spec, p_, "/unused")}
     assert before == after and sweep_key(fitted, launch) == sweep_key(sweep, launch)
@@ -134,8 +163,12 @@ def test_paper_pipelines_plan_the_papers_stage_budgets():
     assert steps == {"pretrain": 75_000, "stage1": 2500, "chase": 800, "stage2": 600}  # App. D
     big = configs_of(adaptive_pipeline, ["--preset", "paper-370m"], ARM)
     assert big["chase"].train.steps == 2000 and big["stage2"].train.warmup_steps == 6  # 1% of 600
-    assert configs_of(adaptive_pipeline, ["--preset", "paper-140m", "--stage-steps", "chase=100"],
-                      ARM)["chase"].train.steps == 100
+    assert (
+        configs_of(adaptive_pipeline, ["--preset", "paper-140m", "--stage-steps", "chase=100"], ARM)[
+            "chase"
+        ].train.steps
+        == 100
+    )
 
 
 def test_switching_the_backbone_keeps_the_papers_settings_for_it():
@@ -145,8 +178,11 @@ def test_switching_the_backbone_keeps_the_papers_settings_for_it():
     from sweeps import iso_flops
 
     def build(arch):
-        (cfg,) = configs_of(iso_flops, ["--preset", "paper-140m", "--archs", arch, "--pairs", "24x1"],
-                            {"arch": arch, "n_layers": 24, "n_loops": 1, "seed": 0}).values()
+        (cfg,) = configs_of(
+            iso_flops,
+            ["--preset", "paper-140m", "--archs", arch, "--pairs", "24x1"],
+            {"arch": arch, "n_layers": 24, "n_loops": 1, "seed": 0},
+        ).values()
         with torch.device("meta"):
             return cfg, LoopedLM(cfg.model).num_parameters()
 
@@ -154,8 +190,11 @@ def test_switching_the_backbone_keeps_the_papers_settings_for_it():
     assert transformer.model.d_intermediate == 640 and 138e6 < n < 144e6  # App. D: ≈141M, not LLaMA's 219M
     hybrid, _ = build("hybrid")
     assert hybrid.model.attn_layer_idx == (5, 10, 15, 20)
-    table3 = configs_of(iso_flops, ["--preset", "paper-table3", "--archs", "transformer", "--pairs", "6x4"],
-                        {"arch": "transformer", "n_layers": 6, "n_loops": 4, "seed": 0})["pretrain"]
+    table3 = configs_of(
+        iso_flops,
+        ["--preset", "paper-table3", "--archs", "transformer", "--pairs", "6x4"],
+        {"arch": "transformer", "n_layers": 6, "n_loops": 4, "seed": 0},
+    )["pretrain"]
     assert table3.train.steps == 50_000 and table3.model.d_intermediate == 640  # Table 3: 100B tokens
 
 
@@ -164,8 +203,9 @@ def test_a_list_valued_override_on_a_preset_family_is_not_a_variant_lookup():
     preset variant), not a TypeError from hashing the list."""
     from looplab.presets import get_preset, stage_config
 
-    cfg = stage_config(get_preset("paper-140m"), "pretrain",
-                       overrides={"model.arch": "hybrid", "model.attn_layer_idx": [1, 3]})
+    cfg = stage_config(
+        get_preset("paper-140m"), "pretrain", overrides={"model.arch": "hybrid", "model.attn_layer_idx": [1, 3]}
+    )
     assert cfg.model.attn_layer_idx == (1, 3)
 
 
@@ -174,8 +214,11 @@ def test_each_mano_level_trains_with_its_own_recipe():
 
     recipes = {}
     for L in (10, 16, 24):
-        (cfg,) = configs_of(mano, ["--preset", "mano-L24", "--levels", "10,16,24", "--pairs", "4x6"],
-                            {"L": L, "n_layers": 4, "n_loops": 6, "seed": 0}).values()
+        (cfg,) = configs_of(
+            mano,
+            ["--preset", "mano-L24", "--levels", "10,16,24", "--pairs", "4x6"],
+            {"L": L, "n_layers": 4, "n_loops": 6, "seed": 0},
+        ).values()
         recipes[L] = (cfg.task.L, cfg.train.steps, cfg.train.lr)
     assert recipes == {10: (10, 80_000, 5e-4), 16: (16, 110_000, 1e-4), 24: (24, 200_000, 5e-5)}  # App. B
 
@@ -192,8 +235,9 @@ def test_phop_is_its_declaration_hops_to_task_p_and_table_2s_pairs():
     sweep = phop.from_args(Common.from_args(args), args)
     assert sweep.name == "phop" and sweep.grid == {"p": [16, 32]} and sweep.flags["p"] == "--hops"
     assert len(sweep.points) == 14 and {"n_layers": 1, "n_loops": 12} in sweep.points
-    (cfg,) = configs_of(phop, ["--preset", "phop-p16", "--hops", "16,32"],
-                        {"p": 32, "n_layers": 1, "n_loops": 12, "seed": 0}).values()
+    (cfg,) = configs_of(
+        phop, ["--preset", "phop-p16", "--hops", "16,32"], {"p": 32, "n_layers": 1, "n_loops": 12, "seed": 0}
+    ).values()
     assert (cfg.task.p, cfg.model.n_layers, cfg.model.n_loops) == (32, 1, 12)
 
 

@@ -19,22 +19,39 @@ GPUS = ["--num-workers", "8", "--gpus-per-worker", "1", "--gpu-memory", "80", "-
 def test_baselines_dry_run_lists_the_ungated_rows_with_gpu_hours(capsys):
     from sweeps.launch import main
 
-    assert main("test", adaptive_pipeline.add_flags, adaptive_pipeline.from_args,
-                ["--preset", "paper-140m", "--baselines", *GPUS]) == 0
+    assert (
+        main(
+            "test",
+            adaptive_pipeline.add_flags,
+            adaptive_pipeline.from_args,
+            ["--preset", "paper-140m", "--baselines", *GPUS],
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     trials = [line for line in out.splitlines() if '"arm": "baseline"' in line]
     # 140M: LLaMA-2 baseline and loop4, Mamba-2 baseline, loop2 and loop4 (the arms' own pre-training)
     assert [(('"transformer"' in t), t.split('"n_loops": ')[1][0]) for t in trials] == [
-        (True, "1"), (True, "4"), (False, "1"), (False, "2"), (False, "4")]
+        (True, "1"),
+        (True, "4"),
+        (False, "1"),
+        (False, "2"),
+        (False, "4"),
+    ]
     arms_pretrain = next(line for line in out.splitlines() if '"arm": "ouro"' in line).split("  ")[2].split(" → ")[0]
     assert trials[-1].endswith(arms_pretrain)  # loop4 fixed is the gated arms' pre-training, trained once
     for key in {t.rsplit("pretrain:", 1)[1] for t in trials}:
         assert f"pretrain-{key}:" in out and "GPU-hours" in out.split(f"pretrain-{key}:")[1].splitlines()[0]
 
 
-@pytest.mark.parametrize("preset,archs,pairs", [("paper-140m", ["transformer", "mamba2"], ["24x1", "24x2", "24x4"]),
-                                                ("paper-370m", ["mamba2"], ["48x1", "48x4"]),
-                                                ("paper-140m-hybrid", ["hybrid"], ["24x1", "24x4"])])
+@pytest.mark.parametrize(
+    "preset,archs,pairs",
+    [
+        ("paper-140m", ["transformer", "mamba2"], ["24x1", "24x2", "24x4"]),
+        ("paper-370m", ["mamba2"], ["48x1", "48x4"]),
+        ("paper-140m-hybrid", ["hybrid"], ["24x1", "24x4"]),
+    ],
+)
 def test_baselines_share_iso_flops_stage_keys(preset, archs, pairs):
     from sweeps.flags import parse_pairs
 
@@ -57,8 +74,15 @@ def test_baselines_share_iso_flops_stage_keys(preset, archs, pairs):
 def test_baselines_on_a_preset_without_table4_rows_is_one_line(capsys):
     from sweeps.launch import main
 
-    assert main("test", adaptive_pipeline.add_flags, adaptive_pipeline.from_args,
-                ["--preset", "debug", "--baselines", "--dry-run"]) == 2
+    assert (
+        main(
+            "test",
+            adaptive_pipeline.add_flags,
+            adaptive_pipeline.from_args,
+            ["--preset", "debug", "--baselines", "--dry-run"],
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--baselines" in err and "paper-140m" in err
 

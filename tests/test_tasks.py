@@ -20,13 +20,16 @@ PHOP_CFG = PhopConfig(n=32, p=4, eval_count=100)
 # ----------------------------------------------------------------------------- Mano
 
 
-@pytest.mark.parametrize("tokens, value", [
-    (["-", "*", "3", "5", "7"], 8),  # (3 * 5 - 7) mod 23
-    (["+", "22", "5"], 4),  # 27 mod 23
-    (["-", "3", "5"], 21),  # subtraction wraps into 0..22
-    (["*", "+", "1", "2", "-", "10", "4"], 18),  # (1 + 2) * (10 - 4) = 18
-    (["7"], 7),
-])
+@pytest.mark.parametrize(
+    "tokens, value",
+    [
+        (["-", "*", "3", "5", "7"], 8),  # (3 * 5 - 7) mod 23
+        (["+", "22", "5"], 4),  # 27 mod 23
+        (["-", "3", "5"], 21),  # subtraction wraps into 0..22
+        (["*", "+", "1", "2", "-", "10", "4"], 18),  # (1 + 2) * (10 - 4) = 18
+        (["7"], 7),
+    ],
+)
 def test_evaluate_prefix_hand_examples(tokens, value):
     assert mano.evaluate_prefix(tokens) == value
 
@@ -79,7 +82,7 @@ def _instances_in_row(ids: list[int]) -> list[tuple[int, list[int]]]:
         if token == mano.BOS_ID:
             start = t
         elif token == mano.ANS_ID and start is not None:
-            found.append((t, ids[start + 2:t]))
+            found.append((t, ids[start + 2 : t]))
     return found
 
 
@@ -140,7 +143,7 @@ def test_mano_eval_set_is_fixed_and_hardest_length():
     assert (batch.ids[:, 2 * L + 3] == mano.ANS_ID).all()
     assert ((batch.targets != IGNORE_INDEX).sum(dim=1) == 1).all()
     for ids, targets in zip(batch.ids.tolist(), batch.targets.tolist()):
-        assert targets[2 * L + 3] == ids[-1] == mano.evaluate_prefix(mano.decode(ids[2:2 * L + 3]))
+        assert targets[2 * L + 3] == ids[-1] == mano.evaluate_prefix(mano.decode(ids[2 : 2 * L + 3]))
 
 
 def test_mano_records():
@@ -182,15 +185,27 @@ def test_phop_vocab_ids():
     names = phop.vocab(a, p)
     assert len(names) == phop.vocab_size(a, p) == a + 4 + p + 1
     assert names[:a] == ["0", "1", "2", "3"]
-    assert [names[f(a)] for f in (phop.bos_id, phop.ans_id, phop.pad_id, phop.eos_id)] == \
-        ["<bos>", "<ans>", "<pad>", "<eos>"]
+    assert [names[f(a)] for f in (phop.bos_id, phop.ans_id, phop.pad_id, phop.eos_id)] == [
+        "<bos>",
+        "<ans>",
+        "<pad>",
+        "<eos>",
+    ]
     assert names[phop.hops_token_id(a, p)] == f"<hops_{p}>"
     assert PhopConfig(n=32, p=p, alphabet=a).vocab_size == len(names)
 
 
-@pytest.mark.parametrize("n, p, alphabet, count", [
-    (16, 2, 4, 200), (16, 14, 4, 50), (6, 4, 2, 50), (32, 4, 3, 100), (256, 16, 4, 10), (256, 32, 4, 10),
-])
+@pytest.mark.parametrize(
+    "n, p, alphabet, count",
+    [
+        (16, 2, 4, 200),
+        (16, 14, 4, 50),
+        (6, 4, 2, 50),
+        (32, 4, 3, 100),
+        (256, 16, 4, 10),
+        (256, 32, 4, 10),
+    ],
+)
 def test_sampled_sequences_verify_against_hop_trace(n, p, alphabet, count):
     rng = np.random.default_rng(n * 1000 + p)
     for _ in range(count):
@@ -222,7 +237,7 @@ def _check_phop_rows(batch, cfg):
         assert ids[n + 1] == phop.hops_token_id(a, cfg.p)
         assert ids[n + 2] == phop.ans_id(a)
         assert [t for t in targets if t != IGNORE_INDEX] == [targets[n + 2]]
-        seq = ids[1:n + 1]
+        seq = ids[1 : n + 1]
         assert targets[n + 2] == ids[-1] == seq[phop.hop_trace(seq, cfg.p)[-1]]
 
 
@@ -253,4 +268,4 @@ def test_phop_records():
     assert records == task.records(count=5, seed=PHOP_CFG.eval_seed)
     for r, ids in zip(records, task.eval_batch().ids.tolist()):
         assert set(r) == {"sequence", "p", "answer"} and r["p"] == PHOP_CFG.p
-        assert r["sequence"] == ids[1:PHOP_CFG.n + 1] and r["answer"] == ids[-1]
+        assert r["sequence"] == ids[1 : PHOP_CFG.n + 1] and r["answer"] == ids[-1]

@@ -40,6 +40,7 @@ DOCS = [f"Document {i}: " + "lorem ipsum dolor sit amet " * (i + 2) + "é☃" fo
 
 # ---- tokenizers -----------------------------------------------------------------------
 
+
 def test_mistral_ids_and_round_trip():
     tok = load_tokenizer("mistral")
     assert (tok.vocab_size, tok.bos_id, tok.eos_id, tok.pad_id) == (32000, 1, 2, 0)
@@ -80,14 +81,20 @@ def test_byte_tokenizer_round_trip():
 
 def test_text_config_validates_and_sizes_vocab():
     assert TextConfig().vocab_size == 32000 and TextConfig(tokenizer="bytes").vocab_size == 259
-    for bad in ({"val_blocks": 0}, {"streaming": "yes"}, {"tokenizer": ""}, {"shuffle_buffer": 0},
-                {"dataset": "embedded", "streaming": "on"}):
+    for bad in (
+        {"val_blocks": 0},
+        {"streaming": "yes"},
+        {"tokenizer": ""},
+        {"shuffle_buffer": 0},
+        {"dataset": "embedded", "streaming": "on"},
+    ):
         with pytest.raises(ConfigError) as e:
             TextConfig(**bad)
         assert "\n" not in str(e.value)
 
 
 # ---- packing and the split --------------------------------------------------------------
+
 
 def test_packing_is_exact_and_drops_only_the_final_remainder(tmp_path):
     pattern = write_docs(tmp_path, DOCS)
@@ -144,6 +151,7 @@ def test_embedded_corpus_is_plays_and_pydoc_topics():
 
 # ---- batches ----------------------------------------------------------------------------
 
+
 def test_train_batch_is_a_function_of_seed_and_step(tmp_path):
     pattern = write_docs(tmp_path, DOCS)
     a, b = TextTask(byte_cfg(pattern, val_blocks=1), 15), TextTask(byte_cfg(pattern, val_blocks=1), 15)
@@ -182,6 +190,7 @@ def test_unigram_perplexity():
 
 # ---- local files and streaming --------------------------------------------------------------
 
+
 def test_jsonl_and_parquet_files_load(tmp_path):
     import pandas as pd
 
@@ -202,13 +211,16 @@ def test_jsonl_and_parquet_files_load(tmp_path):
 
 
 @pytest.mark.parametrize("streaming", ["off", "on"])
-@pytest.mark.parametrize("name, content, expected", [
-    ("empty.jsonl", b"", "holds no document"),
-    ("blank.jsonl", b" \n\n", "holds no document"),
-    ("corrupt.jsonl", b'{"text": "abc"\n{"bad\n', "JSON parse error"),
-    ("corrupt.parquet", b"garbage", "Parquet"),
-    ("binary.txt", b"\xff\xfe\xfa not utf-8", "utf-8"),
-])
+@pytest.mark.parametrize(
+    "name, content, expected",
+    [
+        ("empty.jsonl", b"", "holds no document"),
+        ("blank.jsonl", b" \n\n", "holds no document"),
+        ("corrupt.jsonl", b'{"text": "abc"\n{"bad\n', "JSON parse error"),
+        ("corrupt.parquet", b"garbage", "Parquet"),
+        ("binary.txt", b"\xff\xfe\xfa not utf-8", "utf-8"),
+    ],
+)
 def test_an_empty_or_corrupt_data_file_is_one_line(tmp_path, capfd, streaming, name, content, expected):
     bad = tmp_path / name
     bad.write_bytes(content)
@@ -265,6 +277,7 @@ def test_unreachable_hub_fails_fast_with_advice(monkeypatch):
 
 
 # ---- wiring ----------------------------------------------------------------------------------
+
 
 def test_make_task_and_presets(tmp_path):
     with pytest.raises(ConfigError, match="seq_len"):

@@ -41,8 +41,23 @@ def test_outside_ray_there_is_no_allocation():
 
 def test_every_computing_command_sets_threads(tmp_path, capsys, restore_threads):
     torch.set_num_threads(2)
-    assert main(["train", "--preset", "phop-debug", "--out", str(tmp_path / "run"), "--threads", "1",
-                 "train.steps=1", "train.eval_every=0", "task.eval_count=8"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--preset",
+                "phop-debug",
+                "--out",
+                str(tmp_path / "run"),
+                "--threads",
+                "1",
+                "train.steps=1",
+                "train.eval_every=0",
+                "task.eval_count=8",
+            ]
+        )
+        == 0
+    )
     assert torch.get_num_threads() == 1
     assert "torch threads: 1 (asked for)" in capsys.readouterr().err
 
@@ -59,6 +74,7 @@ def test_busy_cores_are_measured_now():
     def spin():
         while not stop.is_set():
             pass
+
     spinner = threading.Thread(target=spin)
     spinner.start()
     try:

@@ -17,8 +17,18 @@ from looplab.models.head import token_losses
 from looplab.training.objectives import final_loop_loss
 from looplab.presets import get_preset, stage_config
 from looplab.costs.resources import flops_per_token
-from looplab.stages import (FINAL_LOOP, STAGE_NAMES, TRAINS_ALL, Recipe, Stage, get_stage, method_of, register,
-                            stage_loss, unregister)
+from looplab.stages import (
+    FINAL_LOOP,
+    STAGE_NAMES,
+    TRAINS_ALL,
+    Recipe,
+    Stage,
+    get_stage,
+    method_of,
+    register,
+    stage_loss,
+    unregister,
+)
 from looplab.training.train import train
 from sweeps.flags import Launch
 from sweeps.plan import Sweep, describe, fit_devices, validate
@@ -35,9 +45,16 @@ def toy_minibatch(model, batch, cfg, step, rows):
 
 
 def toy_entry() -> Stage:
-    return Stage(TOY, method="toy", continues=True, gated=False, trains=TRAINS_ALL, loss_reads=FINAL_LOOP,
-                 recipe=Recipe(lr=2e-3, min_lr=2e-4, warmup_fraction=0.5, grad_clip=1.0),
-                 doc="a test's stage: final-loop CE, continuing pre-training")
+    return Stage(
+        TOY,
+        method="toy",
+        continues=True,
+        gated=False,
+        trains=TRAINS_ALL,
+        loss_reads=FINAL_LOOP,
+        recipe=Recipe(lr=2e-3, min_lr=2e-4, warmup_fraction=0.5, grad_clip=1.0),
+        doc="a test's stage: final-loop CE, continuing pre-training",
+    )
 
 
 @pytest.fixture
@@ -51,8 +68,12 @@ def toy_stage():
 
 
 def toy_spec(overrides=None, **declaration) -> PipelineSpec:
-    return PipelineSpec(preset="phop-debug", stages=("pretrain", TOY),
-                        overrides={"task.eval_count": 40, "model.n_loops": 3, **(overrides or {})}, **declaration)
+    return PipelineSpec(
+        preset="phop-debug",
+        stages=("pretrain", TOY),
+        overrides={"task.eval_count": 40, "model.n_loops": 3, **(overrides or {})},
+        **declaration,
+    )
 
 
 def test_a_registered_stage_is_a_choice_everywhere(toy_stage):
@@ -68,8 +89,14 @@ def test_an_unregistered_stage_leaves_no_trace():
     register(toy_entry())
     stage_loss(TOY)(toy_minibatch)
     unregister(TOY)
-    assert TOY not in STAGE_NAMES and list(STAGE_NAMES) == ["pretrain", "stage1", "chase", "stage2", "pretrain_more",
-                                                            "stage1_more"]
+    assert TOY not in STAGE_NAMES and list(STAGE_NAMES) == [
+        "pretrain",
+        "stage1",
+        "chase",
+        "stage2",
+        "pretrain_more",
+        "stage1_more",
+    ]
     with pytest.raises(ConfigError, match="stage='toy' is invalid"):
         apply_overrides(get_preset("phop-debug"), {"stage": TOY})
     with pytest.raises(ConfigError, match="stage='toy' is invalid"):
@@ -78,8 +105,9 @@ def test_an_unregistered_stage_leaves_no_trace():
 
 def test_the_dry_run_plans_a_toy_stage_from_its_facts(toy_stage, tmp_path):
     """Two learning rates searched in the toy stage: one pre-training shared by both."""
-    sweep = Sweep(name="toy", spec=toy_spec(searched={"lr": "train.lr"}, searched_stages=(TOY,)),
-                  grid={"lr": [1e-3, 3e-3]})
+    sweep = Sweep(
+        name="toy", spec=toy_spec(searched={"lr": "train.lr"}, searched_stages=(TOY,)), grid={"lr": [1e-3, 3e-3]}
+    )
     launch = Launch(storage_path=str(tmp_path), gpu_memory=80.0)
     points, resources = validate(sweep, launch)
     sweep, plans = fit_devices(sweep, launch, points)
@@ -95,17 +123,22 @@ def test_the_dry_run_plans_a_toy_stage_from_its_facts(toy_stage, tmp_path):
     assert f"{stage_folder(TOY, toy.stage_key())}: {planned.line()}" in text
     # Same facts as pre-training (trains everything, reads the final loop, no gate):
     # the same memory and FLOPs per token.
-    as_pretrain = stage_config(get_preset("phop-debug"), "pretrain",
-                               overrides={**sweep.spec.overrides, **sweep.spec.stage_overrides.get(TOY, {})})
-    assert (step_memory(toy, planned.micro_batch, path="cuda")
-            == step_memory(as_pretrain, planned.micro_batch, path="cuda"))
+    as_pretrain = stage_config(
+        get_preset("phop-debug"),
+        "pretrain",
+        overrides={**sweep.spec.overrides, **sweep.spec.stage_overrides.get(TOY, {})},
+    )
+    assert step_memory(toy, planned.micro_batch, path="cuda") == step_memory(
+        as_pretrain, planned.micro_batch, path="cuda"
+    )
     for ckpt in (False, True):
         assert flops_per_token(toy, ckpt) == flops_per_token(as_pretrain, ckpt)
 
 
 def test_a_toy_stage_trains_through_looplab_train_on_its_parent(toy_stage, tmp_path):
-    spec = toy_spec({"train.steps": 2, "train.batch_size": 4, "train.eval_every": 0, "train.log_every": 1,
-                     "train.eval_limit": 8})
+    spec = toy_spec(
+        {"train.steps": 2, "train.batch_size": 4, "train.eval_every": 0, "train.log_every": 1, "train.eval_limit": 8}
+    )
     pre, toy = stage_configs(spec, {}, tmp_path)
     train(pre, stage_dir(tmp_path, pre), quiet=True)
     assert CALLS == []  # pre-training uses its own loss

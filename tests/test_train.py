@@ -15,9 +15,18 @@ from looplab.training.train import train
 
 
 def tiny_run(steps=12, **extra):
-    return apply_overrides(get_preset("phop-debug"), {
-        "train.steps": steps, "train.warmup_steps": 3, "train.batch_size": 8, "train.eval_every": 0,
-        "train.log_every": 4, "task.eval_count": 40, **extra})
+    return apply_overrides(
+        get_preset("phop-debug"),
+        {
+            "train.steps": steps,
+            "train.warmup_steps": 3,
+            "train.batch_size": 8,
+            "train.eval_every": 0,
+            "train.log_every": 4,
+            "task.eval_count": 40,
+            **extra,
+        },
+    )
 
 
 def test_lr_schedule_by_hand():
@@ -108,8 +117,9 @@ def test_a_resumed_run_logs_every_step_once(tmp_path):
     assert [r["step"] for r in records if r["kind"] == "resume"] == [6]
     assert all(r["loss"] != 9.0 for r in records if r["kind"] == "train")
     train(cfg, tmp_path, resume=False, quiet=True)  # starting over starts the history over
-    assert [json.loads(x)["step"] for x in log.read_text().splitlines()
-            if json.loads(x)["kind"] == "train"] == list(range(1, 13))
+    assert [json.loads(x)["step"] for x in log.read_text().splitlines() if json.loads(x)["kind"] == "train"] == list(
+        range(1, 13)
+    )
 
 
 def test_checkpoints_follow_the_wall_clock_too(tmp_path):
@@ -117,15 +127,24 @@ def test_checkpoints_follow_the_wall_clock_too(tmp_path):
     ckpt_every says; each replaces the previous whole (only the newest is kept)."""
     saved = []
     cfg = tiny_run(steps=3, **{"train.ckpt_every": 0, "train.ckpt_minutes": 1e-9})
-    train(cfg, tmp_path, on_checkpoint=lambda step, path: saved.append((step, sorted(p.name for p in path.iterdir()))),
-          quiet=True)
+    train(
+        cfg,
+        tmp_path,
+        on_checkpoint=lambda step, path: saved.append((step, sorted(p.name for p in path.iterdir()))),
+        quiet=True,
+    )
     assert [s for s, _ in saved] == [1, 2, 3]
-    assert all(files == ["config.json", "model.safetensors", "optimizer.safetensors", "trainer.json"]
-               for _, files in saved)
+    assert all(
+        files == ["config.json", "model.safetensors", "optimizer.safetensors", "trainer.json"] for _, files in saved
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint", "metrics.jsonl"]  # no .next / .prev left
     saved.clear()
-    train(tiny_run(steps=3, **{"train.ckpt_every": 0, "train.ckpt_minutes": 0}), tmp_path / "b",
-          on_checkpoint=lambda step, path: saved.append(step), quiet=True)
+    train(
+        tiny_run(steps=3, **{"train.ckpt_every": 0, "train.ckpt_minutes": 0}),
+        tmp_path / "b",
+        on_checkpoint=lambda step, path: saved.append(step),
+        quiet=True,
+    )
     assert saved == [3]  # only the end
 
 

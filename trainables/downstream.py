@@ -68,8 +68,13 @@ class EvalTask:
     location: str = ""  # paper: the local data folder ("" = the hub); include / builtin: the YAML
 
     def key_payload(self) -> dict[str, Any]:
-        return {"task": self.name, "num_fewshot": self.num_fewshot, "metric": self.metric, "data": self.data,
-                "version": self.version}
+        return {
+            "task": self.name,
+            "num_fewshot": self.num_fewshot,
+            "metric": self.metric,
+            "data": self.data,
+            "version": self.version,
+        }
 
     def config(self) -> dict[str, Any]:
         """The config dict lm-eval's simple_evaluate takes (no task index needed)."""
@@ -96,8 +101,15 @@ def paper_task(name: str, data_dir: str | None) -> EvalTask:
     if data_dir:
         (local,) = suite_configs([name], data_dir)
         data = files_digest(_data_files(local))
-    return EvalTask(name, PAPER, config.get("num_fewshot"), SUITE_METRICS[name], data,
-                    config_version(builtin_yaml_paths([name])[name]), str(Path(data_dir).resolve()) if data_dir else "")
+    return EvalTask(
+        name,
+        PAPER,
+        config.get("num_fewshot"),
+        SUITE_METRICS[name],
+        data,
+        config_version(builtin_yaml_paths([name])[name]),
+        str(Path(data_dir).resolve()) if data_dir else "",
+    )
 
 
 def include_task(name: str, yaml_path: str | os.PathLike) -> EvalTask:
@@ -106,8 +118,9 @@ def include_task(name: str, yaml_path: str | os.PathLike) -> EvalTask:
     config = include_config(path)
     files = _data_files(config)
     data = files_digest(files) if files else hub_source(config)
-    return EvalTask(name, INCLUDE, config.get("num_fewshot"), accuracy_metric(config), data, config_version(path),
-                    str(path))
+    return EvalTask(
+        name, INCLUDE, config.get("num_fewshot"), accuracy_metric(config), data, config_version(path), str(path)
+    )
 
 
 def config_version(path: Path) -> str:
@@ -125,7 +138,7 @@ def config_version(path: Path) -> str:
             return {k: portable(v) for k, v in value.items()}
         if isinstance(value, list):
             return [portable(v) for v in value]
-        return value[len(folder):] if isinstance(value, str) and value.startswith(folder) else value
+        return value[len(folder) :] if isinstance(value, str) and value.startswith(folder) else value
 
     config = portable(load_yaml(path, resolve_func=False))
     kwargs = dict(config.get("dataset_kwargs") or {})
@@ -141,8 +154,15 @@ def builtin_task(name: str, yaml_path: str | os.PathLike) -> EvalTask:
     from looplab.evaluation.suite import builtin_config
 
     config = builtin_config(name, Path(yaml_path))
-    return EvalTask(name, BUILTIN, config.get("num_fewshot"), accuracy_metric(config), hub_source(config),
-                    config_version(Path(yaml_path)), str(Path(yaml_path).resolve()))
+    return EvalTask(
+        name,
+        BUILTIN,
+        config.get("num_fewshot"),
+        accuracy_metric(config),
+        hub_source(config),
+        config_version(Path(yaml_path)),
+        str(Path(yaml_path).resolve()),
+    )
 
 
 def include_config(path: Path) -> dict[str, Any]:
@@ -205,8 +225,11 @@ def accuracy_metric(config: dict[str, Any]) -> str:
     lm-eval's defaults per output type."""
     listed = [m["metric"] if isinstance(m, dict) else str(m) for m in config.get("metric_list") or []]
     if not listed:
-        listed = {"multiple_choice": ["acc", "acc_norm"], "loglikelihood": ["acc"],
-                  "generate_until": ["exact_match"]}.get(config.get("output_type", "generate_until"), [])
+        listed = {
+            "multiple_choice": ["acc", "acc_norm"],
+            "loglikelihood": ["acc"],
+            "generate_until": ["exact_match"],
+        }.get(config.get("output_type", "generate_until"), [])
     return next((m for m in ACCURACY_METRICS if m in listed), "")
 
 
@@ -288,9 +311,15 @@ class Evaluation:
 
     def params(self) -> dict[str, str]:
         p = tracking.EVAL_PARAM
-        return {p + "task": self.task.name, p + "policy": self.policy, p + "num_fewshot": str(self.task.num_fewshot),
-                p + "metric": self.task.metric, p + "data": self.task.data, p + "version": self.task.version,
-                p + "limit": str(self.limit)}
+        return {
+            p + "task": self.task.name,
+            p + "policy": self.policy,
+            p + "num_fewshot": str(self.task.num_fewshot),
+            p + "metric": self.task.metric,
+            p + "data": self.task.data,
+            p + "version": self.task.version,
+            p + "limit": str(self.limit),
+        }
 
 
 def eval_key(stage_key: str, policy: str, task: EvalTask, limit: int | float | None) -> str:
@@ -321,12 +350,25 @@ def open_eval_run(mc, experiment_id: str, ev: Evaluation, git: str | None = None
     stage: (run_id, status before: FINISHED means done, nothing to compute)."""
     ck, policy = ev.checkpoint, ExitPolicy.parse(ev.policy)
     return tracking.open_run(
-        mc, experiment_id, name=tracking.eval_run_name(ev.task.name, policy, ev.key),
-        key={tracking.LEVEL: tracking.EVAL, tracking.EVAL_KEY: ev.key}, parent_run_id=ck.run_id or None,
-        tags=tracking.eval_tags(eval_key=ev.key, stage_key=ck.stage_key, config_hash=ck.config_hash, stage=ck.stage,
-                                lineage=ck.lineage, checkpoint=ck.path, policy=policy, task=ev.task.name,
-                                preset=ck.preset, git=git),
-        params=ev.params())
+        mc,
+        experiment_id,
+        name=tracking.eval_run_name(ev.task.name, policy, ev.key),
+        key={tracking.LEVEL: tracking.EVAL, tracking.EVAL_KEY: ev.key},
+        parent_run_id=ck.run_id or None,
+        tags=tracking.eval_tags(
+            eval_key=ev.key,
+            stage_key=ck.stage_key,
+            config_hash=ck.config_hash,
+            stage=ck.stage,
+            lineage=ck.lineage,
+            checkpoint=ck.path,
+            policy=policy,
+            task=ev.task.name,
+            preset=ck.preset,
+            git=git,
+        ),
+        params=ev.params(),
+    )
 
 
 def task_metrics(ev: Evaluation, results: dict[str, Any]) -> dict[str, float]:
@@ -337,13 +379,21 @@ def task_metrics(ev: Evaluation, results: dict[str, Any]) -> dict[str, float]:
     if ev.task.metric:
         accuracy = row.get(f"{ev.task.metric},none")
         if accuracy is None:
-            raise ConfigError(f"task {ev.task.name} reports no {ev.task.metric}; it reports "
-                              f"{sorted(k.split(',')[0] for k in row if ',' in k)}")
+            raise ConfigError(
+                f"task {ev.task.name} reports no {ev.task.metric}; it reports "
+                f"{sorted(k.split(',')[0] for k in row if ',' in k)}"
+            )
     ppl = next((row[f"{m},none"] for m in PPL_METRICS if isinstance(row.get(f"{m},none"), (int, float))), None)
     # The adapter (looplab/evaluation/harness.py) reports its loops and FLOPs under the contract's quantity names.
-    return tracking.downstream_metrics(ExitPolicy.parse(ev.policy), ev.task.name, accuracy=accuracy,
-                                       loops=row.get(tracking.EXECUTED_LOOPS), flops=row.get(tracking.BACKBONE_FLOPS),
-                                       seconds=row.get("model_seconds"), ppl=ppl)
+    return tracking.downstream_metrics(
+        ExitPolicy.parse(ev.policy),
+        ev.task.name,
+        accuracy=accuracy,
+        loops=row.get(tracking.EXECUTED_LOOPS),
+        flops=row.get(tracking.BACKBONE_FLOPS),
+        seconds=row.get("model_seconds"),
+        ppl=ppl,
+    )
 
 
 # ---- jobs ---------------------------------------------------------------------------------
@@ -367,14 +417,33 @@ class Job:
         return f"eval {ck.stage}-{ck.stage_key}"
 
 
-def jobs_for(evaluations: list[Evaluation], grid: EvalGrid, *, tracking_uri: str, experiment: str,
-             artifact_root: str, board: str = "") -> list[Job]:
+def jobs_for(
+    evaluations: list[Evaluation],
+    grid: EvalGrid,
+    *,
+    tracking_uri: str,
+    experiment: str,
+    artifact_root: str,
+    board: str = "",
+) -> list[Job]:
     by_checkpoint: dict[str, list[Evaluation]] = {}
     for ev in evaluations:
         by_checkpoint.setdefault(ev.checkpoint.stage_key, []).append(ev)
     env = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)}
-    return [Job(tuple(evs), tracking_uri, experiment, str(artifact_root), max(1, round(grid.cpus)), grid.batch_size,
-                grid.device, board, env) for evs in by_checkpoint.values()]
+    return [
+        Job(
+            tuple(evs),
+            tracking_uri,
+            experiment,
+            str(artifact_root),
+            max(1, round(grid.cpus)),
+            grid.batch_size,
+            grid.device,
+            board,
+            env,
+        )
+        for evs in by_checkpoint.values()
+    ]
 
 
 def run_job(job: Job) -> dict[str, int]:
@@ -413,8 +482,9 @@ def run_job(job: Job) -> dict[str, int]:
             continue
         try:
             lm = LoopLabLM(checkpoint=model, policy=policy, batch_size=job.batch_size, device=job.device)
-            results = evaluate_tasks(lm, [ev.task.config() for ev in runs], limit=limit, manager=make_task_manager(),
-                                     bootstrap_iters=0)  # no bootstrap: stderrs are not logged
+            results = evaluate_tasks(
+                lm, [ev.task.config() for ev in runs], limit=limit, manager=make_task_manager(), bootstrap_iters=0
+            )  # no bootstrap: stderrs are not logged
         except Exception as e:  # noqa: BLE001 - one policy's failure must not cost the checkpoint's other policies
             for ev, run_id in runs.items():
                 _fail(mc, run_id, e, progress, ev)
@@ -438,9 +508,11 @@ def run_job(job: Job) -> dict[str, int]:
 
 def _headline(ev: Evaluation, metrics: dict[str, float]) -> dict[str, float]:
     policy = ExitPolicy.parse(ev.policy)
-    names = {"accuracy": tracking.lm_eval_quantity(ev.task.name),
-             "loops": tracking.lm_eval_quantity(ev.task.name, tracking.LM_EVAL_LOOPS),
-             "seconds": tracking.lm_eval_quantity(ev.task.name, tracking.LM_EVAL_SECONDS)}
+    names = {
+        "accuracy": tracking.lm_eval_quantity(ev.task.name),
+        "loops": tracking.lm_eval_quantity(ev.task.name, tracking.LM_EVAL_LOOPS),
+        "seconds": tracking.lm_eval_quantity(ev.task.name, tracking.LM_EVAL_SECONDS),
+    }
     logged = {label: tracking.policy_metric(policy, name) for label, name in names.items()}
     return {label: metrics[name] for label, name in logged.items() if name in metrics}
 
@@ -464,12 +536,23 @@ class EvalSummary:
     errors: list[str] = field(default_factory=list)
 
     def line(self) -> str:
-        return (f"evaluations: {self.ran} ran, {self.reused} reused, {self.failed} failed ({self.planned} in the grid "
-                f"on {self.checkpoints} checkpoint(s); {self.jobs} job(s), each loading its model once)")
+        return (
+            f"evaluations: {self.ran} ran, {self.reused} reused, {self.failed} failed ({self.planned} in the grid "
+            f"on {self.checkpoints} checkpoint(s); {self.jobs} job(s), each loading its model once)"
+        )
 
 
-def evaluate(grid: EvalGrid, checkpoints, *, tracking_uri: str, experiment: str, artifact_root: str | Path,
-             board: str = "", inline: bool = False, out=None) -> EvalSummary:
+def evaluate(
+    grid: EvalGrid,
+    checkpoints,
+    *,
+    tracking_uri: str,
+    experiment: str,
+    artifact_root: str | Path,
+    board: str = "",
+    inline: bool = False,
+    out=None,
+) -> EvalSummary:
     """Evaluate what the store lacks (module docstring). inline: in this process, one job
     after another (tests, and machines without Ray); otherwise one Ray task per job with
     the grid's CPUs and GPUs (Ray must be initialised)."""
@@ -479,14 +562,22 @@ def evaluate(grid: EvalGrid, checkpoints, *, tracking_uri: str, experiment: str,
     experiment_id = tracking.ensure_experiment(mc, experiment, artifact_root)
     done = finished_keys(mc, experiment_id)
     todo = [ev for ev in evaluations if ev.key not in done]
-    jobs = jobs_for(todo, grid, tracking_uri=tracking_uri, experiment=experiment, artifact_root=str(artifact_root),
-                    board=board)
-    summary = EvalSummary(len(evaluations), len({ev.checkpoint.stage_key for ev in evaluations}), len(jobs),
-                          reused=len(evaluations) - len(todo))
+    jobs = jobs_for(
+        todo, grid, tracking_uri=tracking_uri, experiment=experiment, artifact_root=str(artifact_root), board=board
+    )
+    summary = EvalSummary(
+        len(evaluations),
+        len({ev.checkpoint.stage_key for ev in evaluations}),
+        len(jobs),
+        reused=len(evaluations) - len(todo),
+    )
     if jobs:
-        print(f"evaluating {len(todo)} of {len(evaluations)} evaluation(s) ({summary.reused} already in the store) "
-              f"in {len(jobs)} job(s) of {grid.cpus:g} CPU" + (f", {grid.gpus:g} GPU" if grid.gpus else ""),
-              file=out, flush=True)
+        print(
+            f"evaluating {len(todo)} of {len(evaluations)} evaluation(s) ({summary.reused} already in the store) "
+            f"in {len(jobs)} job(s) of {grid.cpus:g} CPU" + (f", {grid.gpus:g} GPU" if grid.gpus else ""),
+            file=out,
+            flush=True,
+        )
     for job, result in zip(jobs, _execute(jobs, grid, inline)):
         if isinstance(result, BaseException):
             summary.failed += len(job.evaluations)
@@ -536,13 +627,22 @@ def pipeline_checkpoints(spec, trial_params: list[dict[str, Any]], storage_path:
             if done is None or cfg.stage_key() in found:
                 continue
             found[cfg.stage_key()] = Checkpoint(
-                checkpoint_of(storage_path, cfg), cfg.stage, cfg.stage_key(), cfg.config_hash(),
-                tuple(c.stage for c in configs[:i + 1]), cfg.model.n_loops, done["run_id"], cfg.preset, cfg.task.kind)
+                checkpoint_of(storage_path, cfg),
+                cfg.stage,
+                cfg.stage_key(),
+                cfg.config_hash(),
+                tuple(c.stage for c in configs[: i + 1]),
+                cfg.model.n_loops,
+                done["run_id"],
+                cfg.preset,
+                cfg.task.kind,
+            )
     return list(found.values())
 
 
-def store_checkpoints(mc, experiment_id: str,
-                      storage_path: str | Path | None = None) -> tuple[list[Checkpoint], list[str]]:
+def store_checkpoints(
+    mc, experiment_id: str, storage_path: str | Path | None = None
+) -> tuple[list[Checkpoint], list[str]]:
     """The experiment's trained stages from its MLflow stage runs (FINISHED, not reused
     copies), at the checkpoint their tag names, else at STORAGE/stages/<stage>-<key>/checkpoint
     (a store moved with its folder). Returns them and one note per stage run skipped."""
@@ -552,9 +652,13 @@ def store_checkpoints(mc, experiment_id: str,
 
     runs, token = [], None
     while True:
-        page = mc.search_runs([experiment_id], max_results=5000, page_token=token,
-                              filter_string=f"tags.{tracking.LEVEL} = '{tracking.STAGE}' "
-                                            f"and tags.{tracking.REUSED} = 'false' and attributes.status = 'FINISHED'")
+        page = mc.search_runs(
+            [experiment_id],
+            max_results=5000,
+            page_token=token,
+            filter_string=f"tags.{tracking.LEVEL} = '{tracking.STAGE}' "
+            f"and tags.{tracking.REUSED} = 'false' and attributes.status = 'FINISHED'",
+        )
         runs += list(page)
         token = page.token
         if not token:
@@ -573,23 +677,37 @@ def store_checkpoints(mc, experiment_id: str,
             location = Storage(storage_path).path(*stage_path(stage, key, CHECKPOINT_DIR))
             path = Path(location)
         if not key or not is_checkpoint(path):
-            notes.append(f"{tracking.stage_run_name(stage, key)}: no checkpoint at {tags.get(tracking.CHECKPOINT)!r}"
-                         + (f" or {path}" if storage_path else ""))
+            notes.append(
+                f"{tracking.stage_run_name(stage, key)}: no checkpoint at {tags.get(tracking.CHECKPOINT)!r}"
+                + (f" or {path}" if storage_path else "")
+            )
             continue
         meta = read_config(path).get("metadata", {})
         lineage = tuple(meta.get("lineage") or tags.get(tracking.LINEAGE, stage).split("+"))
-        found[key] = Checkpoint(location, stage, key, tags.get(tracking.CONFIG_HASH, meta.get("config_hash", "")),
-                                lineage, read_model_config(path).n_loops, run.info.run_id,
-                                tags.get(tracking.PRESET, ""), meta.get("task", "text"))
+        found[key] = Checkpoint(
+            location,
+            stage,
+            key,
+            tags.get(tracking.CONFIG_HASH, meta.get("config_hash", "")),
+            lineage,
+            read_model_config(path).n_loops,
+            run.info.run_id,
+            tags.get(tracking.PRESET, ""),
+            meta.get("task", "text"),
+        )
     return list(found.values()), notes
 
 
 def describe_plan(grid: EvalGrid, checkpoints) -> list[str]:
     """The dry run's lines: tasks, policies per checkpoint, and the count."""
-    lines = ["", "evaluation (after training; one job per checkpoint, each loading its model once, "
-                 f"{grid.cpus:g} CPU" + (f" {grid.gpus:g} GPU" if grid.gpus else "") + " each):",
-             "  tasks: " + "; ".join(t.describe() for t in grid.tasks)
-             + (f"; limit {grid.limit} documents per task" if grid.limit else "")]
+    lines = [
+        "",
+        "evaluation (after training; one job per checkpoint, each loading its model once, "
+        f"{grid.cpus:g} CPU" + (f" {grid.gpus:g} GPU" if grid.gpus else "") + " each):",
+        "  tasks: "
+        + "; ".join(t.describe() for t in grid.tasks)
+        + (f"; limit {grid.limit} documents per task" if grid.limit else ""),
+    ]
     total, seen = 0, set()
     for ck in checkpoints:
         if ck.stage_key in seen or not grid.evaluates(ck.stage):
@@ -600,4 +718,3 @@ def describe_plan(grid: EvalGrid, checkpoints) -> list[str]:
         lines.append(f"  {ck.stage}:{ck.stage_key}: {' '.join(p.spec for p in policies) or '(none applies)'}")
     lines.append(f"  {total} evaluation(s); those the store holds FINISHED (same eval_key) are reused, not rerun")
     return lines
-

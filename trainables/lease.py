@@ -55,8 +55,12 @@ class Busy(RuntimeError):
 
 
 def holder() -> Record:
-    return {"owner": uuid.uuid4().hex, "host": socket.gethostname(), "pid": os.getpid(),
-            "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+    return {
+        "owner": uuid.uuid4().hex,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
 
 
 def who(record: Record | None) -> str:
@@ -114,8 +118,11 @@ class ActorTable:
         import ray
 
         # Detached: the table outlives the process that happened to create it.
-        self._actor: Any = ray.remote(num_cpus=0)(MemoryTable).options(
-            name=ACTOR, namespace=NAMESPACE, get_if_exists=True, lifetime="detached").remote()
+        self._actor: Any = (
+            ray.remote(num_cpus=0)(MemoryTable)
+            .options(name=ACTOR, namespace=NAMESPACE, get_if_exists=True, lifetime="detached")
+            .remote()
+        )
         self._get: Callable[[Any], Any] = ray.get
 
     def take(self, name: str, mine: Record, seconds: float) -> Record | None:

@@ -56,25 +56,35 @@ class PipelineSpec:
         every = set(self.stages).union(*self.arms.values())
         for s in self.searched_stages:
             if s not in every:
-                raise ConfigError(f"PipelineSpec.searched_stages={s!r} is invalid; allowed: "
-                                  f"{' | '.join(sorted(every))}")
+                raise ConfigError(
+                    f"PipelineSpec.searched_stages={s!r} is invalid; allowed: {' | '.join(sorted(every))}"
+                )
         for param, stages in self.scopes.items():
             if param not in self.searched:
-                raise ConfigError(f"PipelineSpec.scopes={param!r} is invalid; allowed: a searched param "
-                                  f"({' | '.join(self.searched) or 'none'})")
+                raise ConfigError(
+                    f"PipelineSpec.scopes={param!r} is invalid; allowed: a searched param "
+                    f"({' | '.join(self.searched) or 'none'})"
+                )
             for s in stages:
                 if s not in every:
-                    raise ConfigError(f"PipelineSpec.scopes[{param!r}]={s!r} is invalid; allowed: "
-                                      f"{' | '.join(sorted(every))}")
+                    raise ConfigError(
+                        f"PipelineSpec.scopes[{param!r}]={s!r} is invalid; allowed: {' | '.join(sorted(every))}"
+                    )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "PipelineSpec":
-        return cls(**{**d, "stages": tuple(d["stages"]), "searched_stages": tuple(d.get("searched_stages", ())),
-                      "arms": {a: tuple(s) for a, s in d.get("arms", {}).items()},
-                      "scopes": {p: tuple(s) for p, s in d.get("scopes", {}).items()}})
+        return cls(
+            **{
+                **d,
+                "stages": tuple(d["stages"]),
+                "searched_stages": tuple(d.get("searched_stages", ())),
+                "arms": {a: tuple(s) for a, s in d.get("arms", {}).items()},
+                "scopes": {p: tuple(s) for p, s in d.get("scopes", {}).items()},
+            }
+        )
 
     def stages_of(self, params: dict[str, Any]) -> tuple[str, ...]:
         if "arm" not in params:
@@ -93,9 +103,14 @@ def _check_stages(name: str, stages: tuple[str, ...]) -> None:
     for i, s in enumerate(stages):
         if get_stage(s).continues != (i > 0):
             first = [n for n in STAGE_NAMES if not get_stage(n).continues]
-            raise ConfigError(f"PipelineSpec.{name}[{i}]={s!r} is invalid; allowed: "
-                              + (f"{' | '.join(first)} first (later stages continue a checkpoint the "
-                                 "pipeline trains)" if i == 0 else "a stage that continues its parent"))
+            raise ConfigError(
+                f"PipelineSpec.{name}[{i}]={s!r} is invalid; allowed: "
+                + (
+                    f"{' | '.join(first)} first (later stages continue a checkpoint the pipeline trains)"
+                    if i == 0
+                    else "a stage that continues its parent"
+                )
+            )
 
 
 def stage_dir(storage_path: str | Path, cfg: ExperimentConfig) -> str:
@@ -124,9 +139,20 @@ def stage_configs(spec: PipelineSpec, params: dict[str, Any], storage_path: str 
         mine = dict(spec.stage_overrides.get(stage, {}))
         if "seed" in params:
             mine["train.seed"] = params["seed"]
-        mine.update({spec.searched[name]: value for name, value in params.items()
-                     if name not in ("seed", "arm") and stage in spec.scopes.get(name, searched_stages)})
-        configs.append(stage_config(
-            base, stage, parent=parent.as_parent(checkpoint_of(storage_path, parent)) if parent else None,
-            overrides=spec.overrides, stage_overrides=mine))
+        mine.update(
+            {
+                spec.searched[name]: value
+                for name, value in params.items()
+                if name not in ("seed", "arm") and stage in spec.scopes.get(name, searched_stages)
+            }
+        )
+        configs.append(
+            stage_config(
+                base,
+                stage,
+                parent=parent.as_parent(checkpoint_of(storage_path, parent)) if parent else None,
+                overrides=spec.overrides,
+                stage_overrides=mine,
+            )
+        )
     return configs

@@ -137,8 +137,10 @@ def format_record(r: dict[str, Any]) -> str:
     if event == "stopped":
         return f"{head} {r['stage']}: stopped at step {r['step']}/{r['steps']}, checkpoint saved"
     if event == "step":
-        return (f"{head} {r['stage']}  step {r['step']}/{r['steps']}  loss {r['loss']:.4f}  "
-                f"{r[TOKENS_PER_S]:,.0f} tok/s  eta {_clock(r['eta_s'])}")
+        return (
+            f"{head} {r['stage']}  step {r['step']}/{r['steps']}  loss {r['loss']:.4f}  "
+            f"{r[TOKENS_PER_S]:,.0f} tok/s  eta {_clock(r['eta_s'])}"
+        )
     if event == "eval":  # a downstream evaluation (trainables/downstream.py) finished
         summary = "  ".join(f"{k} {v:.4g}" for k, v in (r.get("summary") or {}).items())
         return f"{head} {r['policy']} {r['task']}" + (f": {summary}" if summary else "")

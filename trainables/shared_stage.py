@@ -54,10 +54,12 @@ def check_parent_unchanged(storage: Storage, cfg, checkpoint: str) -> None:
     now = stored_json(storage, f"{cfg.parent.checkpoint}/{CONFIG}").get(WEIGHTS_DIGEST)
     if started_from is not None and now is not None and started_from != now:
         folder = checkpoint.rstrip("/").rsplit("/", 1)[0]
-        raise ConfigError(f"{folder} was trained from the parent weights {str(started_from)[:19]}..., but "
-                          f"{cfg.parent.checkpoint} now holds {str(now)[:19]}... (the parent was trained again or "
-                          f"replaced); allowed: delete {folder} to train it again from the parent as it is, or "
-                          "the parent's checkpoint as it was")
+        raise ConfigError(
+            f"{folder} was trained from the parent weights {str(started_from)[:19]}..., but "
+            f"{cfg.parent.checkpoint} now holds {str(now)[:19]}... (the parent was trained again or "
+            f"replaced); allowed: delete {folder} to train it again from the parent as it is, or "
+            "the parent's checkpoint as it was"
+        )
 
 
 def stored_json(storage: Storage, location: str) -> dict[str, Any]:  # also trial.py: a checkpoint's step

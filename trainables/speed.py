@@ -49,8 +49,12 @@ class SpeedPoint:
 
 def machine(device: str, threads: int) -> dict[str, Any]:
     """What a wall-clock figure depends on beside the model and the point."""
-    return {"processor": platform.processor() or platform.machine(), "cpus": os.cpu_count(), "threads": threads,
-            "device": device}
+    return {
+        "processor": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "threads": threads,
+        "device": device,
+    }
 
 
 ARRIVALS = "arrivals"  # an arrivals point's kind (looplab/costs/arrival_bench.py's ArrivalRecord.kind)
@@ -94,8 +98,14 @@ def speed_key(stage_key: str, point: SpeedPoint, host: dict[str, Any], repeats: 
 def arrival_key(stage_key: str, point: ArrivalPoint, host: dict[str, Any], warmup: int, repeats: int) -> str:
     """speed_key's payload for an arrivals point: the warm-ups join the repeats, since a
     cold first run is part of what a median over few repeats measures."""
-    return digest({"stage_key": stage_key, "point": point.__dict__, "machine": host,
-                   "repeats": {"warmup": warmup, "repeats": repeats}})
+    return digest(
+        {
+            "stage_key": stage_key,
+            "point": point.__dict__,
+            "machine": host,
+            "repeats": {"warmup": warmup, "repeats": repeats},
+        }
+    )
 
 
 def plan_keys(stage_key: str, plan: ArrivalPlan, host: dict[str, Any]) -> dict[ArrivalPoint, str]:
@@ -154,9 +164,21 @@ def _to_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def measure(mc, experiment_id: str, parent_run_id: str, *, checkpoint: str, stage_key: str, config_hash: str,
-            method: str, points: list[SpeedPoint], repeats: int = 5, threads: int | None = None,
-            label: str = "", progress: Callable[[str], None] | None = None) -> list[dict]:
+def measure(
+    mc,
+    experiment_id: str,
+    parent_run_id: str,
+    *,
+    checkpoint: str,
+    stage_key: str,
+    config_hash: str,
+    method: str,
+    points: list[SpeedPoint],
+    repeats: int = 5,
+    threads: int | None = None,
+    label: str = "",
+    progress: Callable[[str], None] | None = None,
+) -> list[dict]:
     """The benchmark record (looplab/costs/timing.py's BenchRecord as a dict) of every point on
     this checkpoint: read from its FINISHED run when there is one, else measured here and
     logged. A line per measured point goes to `progress` (default: stderr)."""
@@ -178,8 +200,7 @@ def measure(mc, experiment_id: str, parent_run_id: str, *, checkpoint: str, stag
                 # a run logged before the bound was: computed from the model's config, no timing
                 from looplab.checkpoint import read_model_config
 
-                values[tracking.FLOP_RATIO] = bound_of(read_model_config(checkpoint), p,
-                                                       values[tracking.MEAN_LOOPS])
+                values[tracking.FLOP_RATIO] = bound_of(read_model_config(checkpoint), p, values[tracking.MEAN_LOOPS])
                 tracking.log_metrics(mc, run.info.run_id, {tracking.FLOP_RATIO: values[tracking.FLOP_RATIO]})
             records.append({**p.__dict__, **values, "reused": True})
         else:
@@ -191,8 +212,16 @@ def measure(mc, experiment_id: str, parent_run_id: str, *, checkpoint: str, stag
     try:
         model, task = _model_and_task(checkpoint)
         device = next(model.parameters()).device
-        calls = [dict(model=model, ids=heldout_ids(model, task, p.batch, p.seq_len).to(device),
-                     policy=ExitPolicy.parse(p.policy), packing=p.packing, dtype=p.dtype) for p in todo]
+        calls = [
+            dict(
+                model=model,
+                ids=heldout_ids(model, task, p.batch, p.seq_len).to(device),
+                policy=ExitPolicy.parse(p.policy),
+                packing=p.packing,
+                dtype=p.dtype,
+            )
+            for p in todo
+        ]
         # Every point's memory first, in one child process on a CPU (looplab/costs/timing.py): one
         # process start per checkpoint, not per point; then the timing, here.
         for p, call, peaks in zip(todo, calls, measured_peaks(prefill_peaks, calls)):
@@ -200,19 +229,31 @@ def measure(mc, experiment_id: str, parent_run_id: str, *, checkpoint: str, stag
             record = bench_point(model, ids, policy, repeats=repeats, packing=p.packing, dtype=p.dtype, peaks=peaks)
             values = {**record.__dict__, tracking.FLOP_RATIO: bound_of(model.cfg, p, record.mean_executed_loops)}
             run_id, _ = tracking.open_run(
-                mc, experiment_id, name=tracking.speed_run_name(p.batch, p.seq_len, p.policy, keys[p]),
-                tags={tracking.STAGE_KEY: stage_key, tracking.CONFIG_HASH: config_hash, tracking.METHOD: method,
-                      tracking.CHECKPOINT: checkpoint, tracking.GIT_SHA: tracking.git_sha(),
-                      tracking.POLICY_TAG: p.policy},
-                key={tracking.LEVEL: tracking.BENCH, SPEED_KEY: keys[p]}, parent_run_id=parent_run_id,
-                params={**{tracking.SPEED_PARAM + k: str(v) for k, v in {**p.__dict__, "repeats": repeats}.items()},
-                        **{tracking.MACHINE_PARAM + k: str(v) for k, v in host.items()}})
+                mc,
+                experiment_id,
+                name=tracking.speed_run_name(p.batch, p.seq_len, p.policy, keys[p]),
+                tags={
+                    tracking.STAGE_KEY: stage_key,
+                    tracking.CONFIG_HASH: config_hash,
+                    tracking.METHOD: method,
+                    tracking.CHECKPOINT: checkpoint,
+                    tracking.GIT_SHA: tracking.git_sha(),
+                    tracking.POLICY_TAG: p.policy,
+                },
+                key={tracking.LEVEL: tracking.BENCH, SPEED_KEY: keys[p]},
+                parent_run_id=parent_run_id,
+                params={
+                    **{tracking.SPEED_PARAM + k: str(v) for k, v in {**p.__dict__, "repeats": repeats}.items()},
+                    **{tracking.MACHINE_PARAM + k: str(v) for k, v in host.items()},
+                },
+            )
             with tracking.terminated_on_exit(mc, run_id):
                 tracking.log_metrics(mc, run_id, {k: float(values[k]) for k in tracking.SPEED_METRICS})
             (progress or _to_stderr)(
                 f"speed{' ' + label if label else ''} batch {p.batch} × {p.seq_len} {p.policy}: full {record.time_full_s:.4f} s, "
                 f"skip {record.time_skip_s:.4f} s, {record.speedup:.2f}x (loops {record.ideal_speedup:.2f}x, "
-                f"FLOPs {values[tracking.FLOP_RATIO]:.2f}x)")
+                f"FLOPs {values[tracking.FLOP_RATIO]:.2f}x)"
+            )
             records.append({**p.__dict__, **{k: values[k] for k in tracking.SPEED_METRICS}, "reused": False})
     finally:
         torch.set_num_threads(previous)
@@ -226,12 +267,18 @@ def arrival_metrics(record) -> dict[str, float]:
     """An ArrivalRecord's logged figures (tracking.ARRIVAL_METRICS): its tokens/s, d̄, the loop
     bound R/d̄, the FLOP ratio of d̄ (as bench_arrivals computed it) and the speedup."""
     d_bar = record.mean_executed_loops
-    return {tracking.TOKENS_PER_S: record.tokens_per_s, tracking.DECODE_TOKENS_PER_S: record.decode_tokens_per_s,
-            tracking.MEAN_LOOPS: d_bar, tracking.LOOP_BOUND: record.n_loops / d_bar if d_bar else float("nan"),
-            tracking.FLOP_RATIO: record.flop_ratio, tracking.SPEEDUP: record.speedup,
-            tracking.DECODE_TOKENS_PER_S_MIN: record.decode_tokens_per_s_min,
-            tracking.DECODE_TOKENS_PER_S_MAX: record.decode_tokens_per_s_max,
-            tracking.SPEEDUP_MIN: record.speedup_min, tracking.SPEEDUP_MAX: record.speedup_max}
+    return {
+        tracking.TOKENS_PER_S: record.tokens_per_s,
+        tracking.DECODE_TOKENS_PER_S: record.decode_tokens_per_s,
+        tracking.MEAN_LOOPS: d_bar,
+        tracking.LOOP_BOUND: record.n_loops / d_bar if d_bar else float("nan"),
+        tracking.FLOP_RATIO: record.flop_ratio,
+        tracking.SPEEDUP: record.speedup,
+        tracking.DECODE_TOKENS_PER_S_MIN: record.decode_tokens_per_s_min,
+        tracking.DECODE_TOKENS_PER_S_MAX: record.decode_tokens_per_s_max,
+        tracking.SPEEDUP_MIN: record.speedup_min,
+        tracking.SPEEDUP_MAX: record.speedup_max,
+    }
 
 
 def _missing_bench(plan: ArrivalPlan, todo: list[ArrivalPoint]):
@@ -244,14 +291,20 @@ def _missing_bench(plan: ArrivalPlan, todo: list[ArrivalPoint]):
 
     first = todo[0]  # one stream and fill per plan
     policies = tuple(dict.fromkeys(ExitPolicy.parse(p.policy) for p in todo))  # full alone: full's run only
-    return ArrivalBench(RequestStream(first.requests, first.prompt_len, first.new_tokens, first.seed),
-                        slots=tuple(dict.fromkeys(p.slots for p in todo)), policies=policies,
-                        schedules=tuple(dict.fromkeys(p.schedule for p in todo)), warmup=plan.warmup,
-                        repeats=plan.repeats, attention_fill=first.attention_fill)
+    return ArrivalBench(
+        RequestStream(first.requests, first.prompt_len, first.new_tokens, first.seed),
+        slots=tuple(dict.fromkeys(p.slots for p in todo)),
+        policies=policies,
+        schedules=tuple(dict.fromkeys(p.schedule for p in todo)),
+        warmup=plan.warmup,
+        repeats=plan.repeats,
+        attention_fill=first.attention_fill,
+    )
 
 
-def _stored_arrivals(mc, experiment_id: str,
-                     keys: dict[ArrivalPoint, str]) -> tuple[dict[ArrivalPoint, dict], list[ArrivalPoint]]:
+def _stored_arrivals(
+    mc, experiment_id: str, keys: dict[ArrivalPoint, str]
+) -> tuple[dict[ArrivalPoint, dict], list[ArrivalPoint]]:
     """(the record of each point the store holds FINISHED, the points it lacks)."""
     records, todo = {}, []
     for p, key in keys.items():
@@ -264,9 +317,20 @@ def _stored_arrivals(mc, experiment_id: str,
     return records, todo
 
 
-def measure_arrivals(mc, experiment_id: str, parent_run_id: str, *, checkpoint: str, stage_key: str,
-                     config_hash: str, method: str, plan: ArrivalPlan, threads: int | None = None, label: str = "",
-                     progress: Callable[[str], None] | None = None) -> list[dict]:
+def measure_arrivals(
+    mc,
+    experiment_id: str,
+    parent_run_id: str,
+    *,
+    checkpoint: str,
+    stage_key: str,
+    config_hash: str,
+    method: str,
+    plan: ArrivalPlan,
+    threads: int | None = None,
+    label: str = "",
+    progress: Callable[[str], None] | None = None,
+) -> list[dict]:
     """Every arrivals point of the plan on this checkpoint, as a dict of the point and
     its tracking.ARRIVAL_METRICS: read from its FINISHED run when there is one, else measured
     (looplab.costs.arrival_bench.bench_arrivals, once for all missing points) and logged, a line
@@ -291,20 +355,33 @@ def measure_arrivals(mc, experiment_id: str, parent_run_id: str, *, checkpoint: 
             return
         values = arrival_metrics(record)
         run_id, _ = tracking.open_run(
-            mc, experiment_id,
+            mc,
+            experiment_id,
             name=tracking.arrivals_run_name(point.slots, point.schedule, point.policy, keys[point]),
-            tags={tracking.STAGE_KEY: stage_key, tracking.CONFIG_HASH: config_hash, tracking.METHOD: method,
-                  tracking.CHECKPOINT: checkpoint, tracking.GIT_SHA: tracking.git_sha(),
-                  tracking.POLICY_TAG: point.policy},
-            key={tracking.LEVEL: tracking.BENCH, SPEED_KEY: keys[point]}, parent_run_id=parent_run_id,
-            params={**point.params(), tracking.SPEED_PARAM + "warmup": str(plan.warmup),
-                    tracking.SPEED_PARAM + "repeats": str(plan.repeats),
-                    **{tracking.MACHINE_PARAM + k: str(v) for k, v in host.items()}})
+            tags={
+                tracking.STAGE_KEY: stage_key,
+                tracking.CONFIG_HASH: config_hash,
+                tracking.METHOD: method,
+                tracking.CHECKPOINT: checkpoint,
+                tracking.GIT_SHA: tracking.git_sha(),
+                tracking.POLICY_TAG: point.policy,
+            },
+            key={tracking.LEVEL: tracking.BENCH, SPEED_KEY: keys[point]},
+            parent_run_id=parent_run_id,
+            params={
+                **point.params(),
+                tracking.SPEED_PARAM + "warmup": str(plan.warmup),
+                tracking.SPEED_PARAM + "repeats": str(plan.repeats),
+                **{tracking.MACHINE_PARAM + k: str(v) for k, v in host.items()},
+            },
+        )
         with tracking.terminated_on_exit(mc, run_id):
             tracking.log_metrics(mc, run_id, {k: v for k, v in values.items() if math.isfinite(v)})
-        say(f"arrivals{tag} slots {point.slots} {point.schedule} {point.policy}: {record.tokens_per_s:.0f} tok/s, "
+        say(
+            f"arrivals{tag} slots {point.slots} {point.schedule} {point.policy}: {record.tokens_per_s:.0f} tok/s, "
             f"decode {record.decode_tokens_per_s:.0f} tok/s, d̄ {record.mean_executed_loops:.2f}, "
-            f"{record.speedup:.2f}x (FLOPs {record.flop_ratio:.2f}x)")
+            f"{record.speedup:.2f}x (FLOPs {record.flop_ratio:.2f}x)"
+        )
         records[point] = {**point.__dict__, **values, "reused": False}
 
     previous = torch.get_num_threads()
@@ -356,9 +433,15 @@ def run_job(job: SpeedJob) -> list[dict]:
     # A Ray task's stderr reaches the driver late or not at all: its lines go to the board.
     board = Reporter(job.board, job.label, min_seconds=0.0) if job.board else None
     # One local copy of the checkpoint and one progress sink for both benchmarks.
-    common = dict(checkpoint=str(local_checkpoint(ck.path)), stage_key=ck.stage_key, config_hash=ck.config_hash,
-                  method=job.method, threads=job.threads, label="" if board else job.label,
-                  progress=(lambda line: board.post("speed", wait=True, line=line)) if board else None)
+    common = dict(
+        checkpoint=str(local_checkpoint(ck.path)),
+        stage_key=ck.stage_key,
+        config_hash=ck.config_hash,
+        method=job.method,
+        threads=job.threads,
+        label="" if board else job.label,
+        progress=(lambda line: board.post("speed", wait=True, line=line)) if board else None,
+    )
     records = measure(mc, experiment_id, ck.run_id or None, points=list(job.points), repeats=job.repeats, **common)
     if job.arrivals is not None:
         records += measure_arrivals(mc, experiment_id, ck.run_id or None, plan=job.arrivals, **common)

@@ -84,8 +84,15 @@ def stage_worker_loop(config: dict[str, Any]) -> None:
 
     start = time.perf_counter()
     progress.post("start", stage=cfg.stage, steps=cfg.train.steps)
-    result = train_stage(cfg, storage, folder, on_metrics=on_metrics, on_progress=progress.training(cfg.stage),
-                         should_stop=progress.stop_requested, quiet=config.get("quiet", True))
+    result = train_stage(
+        cfg,
+        storage,
+        folder,
+        on_metrics=on_metrics,
+        on_progress=progress.training(cfg.stage),
+        should_stop=progress.stop_requested,
+        quiet=config.get("quiet", True),
+    )
     if result.stopped:  # the sweep was asked to stop: the checkpoint holds this step (trial.py closes the run)
         progress.post("stopped", stage=cfg.stage, step=result.step, steps=cfg.train.steps)
         return
@@ -93,10 +100,16 @@ def stage_worker_loop(config: dict[str, Any]) -> None:
     progress.post("end", stage=cfg.stage, seconds=seconds)
     if mlflow_client is not None:
         for run_id in run_ids:
-            tracking.log_metrics(mlflow_client, run_id, {tracking.STAGE_SECONDS: seconds,
-                                                         tracking.MLFLOW_SECONDS: mlflow_seconds,
-                                                         tracking.REPORT_SECONDS: report_seconds},
-                                 step=cfg.train.steps)
+            tracking.log_metrics(
+                mlflow_client,
+                run_id,
+                {
+                    tracking.STAGE_SECONDS: seconds,
+                    tracking.MLFLOW_SECONDS: mlflow_seconds,
+                    tracking.REPORT_SECONDS: report_seconds,
+                },
+                step=cfg.train.steps,
+            )
 
 
 def _last_logged_step(mlflow_client, run_id: str) -> int:
@@ -133,8 +146,10 @@ def train_stage(cfg, storage: Storage, folder: str, **train_kwargs):
     if cfg.parent is not None and "://" in cfg.parent.checkpoint:
         parent_dir = storage.scratch("parents", cfg.parent.key)
         if not storage.download_dir(cfg.parent.checkpoint, parent_dir, TRAINER):
-            raise ConfigError(f"parent checkpoint {cfg.parent.checkpoint} is missing or incomplete; "
-                              "allowed: a parent stage that finished training (retrain it)")
+            raise ConfigError(
+                f"parent checkpoint {cfg.parent.checkpoint} is missing or incomplete; "
+                "allowed: a parent stage that finished training (retrain it)"
+            )
 
     def upload(step: int, path) -> None:
         storage.upload_dir(path, checkpoint, TRAINER)

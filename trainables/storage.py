@@ -120,8 +120,10 @@ class Storage:
         self.fs.create_dir(self._key(staging), recursive=True)
         files = sorted(p for p in Path(local).iterdir() if p.is_file())
         for path in sorted(files, key=lambda p: p.name == marker):  # the marker last
-            with local_fs.open_input_stream(str(path)) as src, \
-                    self.fs.open_output_stream(self._key(f"{staging}/{path.name}")) as dst:
+            with (
+                local_fs.open_input_stream(str(path)) as src,
+                self.fs.open_output_stream(self._key(f"{staging}/{path.name}")) as dst,
+            ):
                 dst.write(src.read())
         self.delete_dir(location)
         self.fs.move(self._key(staging), self._key(location))

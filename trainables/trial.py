@@ -89,12 +89,16 @@ def run_trial(config: dict[str, Any]) -> None:
         tune.report({INTERRUPTED: 1, tracking.STAGE_KEY: final.stage_key()})
         return
     trial_run, status = tracking.open_run(
-        mc, experiment_id, name=tracking.trial_run_name(final.stage_key()),
-        tags=tracking.config_tags(final, level=tracking.TRIAL, git=sha, lineage=lineage,
-                                  **{tracking.SWEEP_TAG: platform.experiment}),
+        mc,
+        experiment_id,
+        name=tracking.trial_run_name(final.stage_key()),
+        tags=tracking.config_tags(
+            final, level=tracking.TRIAL, git=sha, lineage=lineage, **{tracking.SWEEP_TAG: platform.experiment}
+        ),
         key={tracking.LEVEL: tracking.TRIAL, tracking.STAGE_KEY: final.stage_key()},
         parent_run_id=platform.sweep_run_id,
-        params={**tracking.config_params(final), **tracking.search_params(params)})
+        params={**tracking.config_params(final), **tracking.search_params(params)},
+    )
     if status == "FINISHED":  # trained by an earlier invocation of this sweep
         summary = _summary(mc, trial_run)
         progress.post("trial_end", status="reused", summary=_headline(summary))
@@ -104,8 +108,17 @@ def run_trial(config: dict[str, Any]) -> None:
     try:
         with tracking.terminated_on_exit(mc, trial_run):
             for index, cfg in enumerate(stages):
-                _run_stage(cfg, platform, mc, experiment_id, trial_run, sha, lineage[:index + 1], progress,
-                           last=index == len(stages) - 1)
+                _run_stage(
+                    cfg,
+                    platform,
+                    mc,
+                    experiment_id,
+                    trial_run,
+                    sha,
+                    lineage[: index + 1],
+                    progress,
+                    last=index == len(stages) - 1,
+                )
             summary = _summary(mc, trial_run)
     except Interrupted:  # its runs are KILLED, the stage that trained has its checkpoint
         progress.post("trial_end", status="stopped")
@@ -137,8 +150,11 @@ def shared_prefixes(spec: PipelineSpec, points: list[dict[str, Any]], storage_pa
             jobs.setdefault(chain[n - 1], (params, n, chain[:n]))
     # A chain that is the prefix of a longer one is trained by the longer one.
     inner = {d for _, _, chain in jobs.values() for d in chain[:-1]}
-    return [{"params": params, "n": n} for last, (params, n, _) in jobs.items()
-            if last not in inner and read_done(storage, last) is None]
+    return [
+        {"params": params, "n": n}
+        for last, (params, n, _) in jobs.items()
+        if last not in inner and read_done(storage, last) is None
+    ]
 
 
 def run_shared_prefix(config: dict[str, Any]) -> None:
@@ -147,12 +163,21 @@ def run_shared_prefix(config: dict[str, Any]) -> None:
 
     spec, platform, mc, experiment_id, sha = _open(config)
     job = config["job"]
-    stages = stage_configs(spec, job["params"], platform.storage_path)[:job["n"]]
+    stages = stage_configs(spec, job["params"], platform.storage_path)[: job["n"]]
     progress = Reporter(platform.progress_board, "shared " + "+".join(c.stage for c in stages))
     try:
         for index, cfg in enumerate(stages):
-            _run_stage(cfg, platform, mc, experiment_id, platform.sweep_run_id, sha,
-                       [c.stage for c in stages[:index + 1]], progress, last=False)
+            _run_stage(
+                cfg,
+                platform,
+                mc,
+                experiment_id,
+                platform.sweep_run_id,
+                sha,
+                [c.stage for c in stages[: index + 1]],
+                progress,
+                last=False,
+            )
     except Interrupted:
         tune.report({INTERRUPTED: 1})
         return
@@ -175,8 +200,18 @@ def _summary(mc, run_id: str) -> dict[str, float]:
     return tracking.latest_metrics(mc, run_id)
 
 
-def _run_stage(cfg: ExperimentConfig, platform: PlatformSettings, mc, experiment_id: str, trial_run: str,
-               sha: str, lineage: list[str], progress: Reporter, *, last: bool) -> None:
+def _run_stage(
+    cfg: ExperimentConfig,
+    platform: PlatformSettings,
+    mc,
+    experiment_id: str,
+    trial_run: str,
+    sha: str,
+    lineage: list[str],
+    progress: Reporter,
+    *,
+    last: bool,
+) -> None:
     stop = progress.stop_requested()
     if stop:  # the sweep is stopping: no stage starts
         raise Interrupted(f"{cfg.stage} not started: the sweep was stopped ({stop})")
@@ -198,10 +233,19 @@ def _run_stage(cfg: ExperimentConfig, platform: PlatformSettings, mc, experiment
             return
         if done is not None:  # trained by another trial: reuse it
             run_id, _ = tracking.open_run(
-                mc, experiment_id, name=name, key=key, parent_run_id=trial_run,
-                tags=tracking.config_tags(cfg, level=tracking.STAGE, git=sha, lineage=lineage,
-                                          **{tracking.REUSED_FROM: done["run_id"], tracking.REUSED: "true",
-                                             tracking.CHECKPOINT: checkpoint}))
+                mc,
+                experiment_id,
+                name=name,
+                key=key,
+                parent_run_id=trial_run,
+                tags=tracking.config_tags(
+                    cfg,
+                    level=tracking.STAGE,
+                    git=sha,
+                    lineage=lineage,
+                    **{tracking.REUSED_FROM: done["run_id"], tracking.REUSED: "true", tracking.CHECKPOINT: checkpoint},
+                ),
+            )
             tracking.log_metrics(mc, run_id, done["metrics"], step=cfg.train.steps)
             if last:
                 tracking.log_metrics(mc, trial_run, done["metrics"], step=cfg.train.steps)
@@ -209,23 +253,43 @@ def _run_stage(cfg: ExperimentConfig, platform: PlatformSettings, mc, experiment
             progress.post("reused", stage=cfg.stage)
             return
         run_id, _ = tracking.open_run(
-            mc, experiment_id, name=name, key=key, parent_run_id=trial_run,
-            tags=tracking.config_tags(cfg, level=tracking.STAGE, git=sha, lineage=lineage,
-                                      **{tracking.REUSED: "false", tracking.CHECKPOINT: checkpoint}),
-            params=tracking.config_params(cfg))
+            mc,
+            experiment_id,
+            name=name,
+            key=key,
+            parent_run_id=trial_run,
+            tags=tracking.config_tags(
+                cfg,
+                level=tracking.STAGE,
+                git=sha,
+                lineage=lineage,
+                **{tracking.REUSED: "false", tracking.CHECKPOINT: checkpoint},
+            ),
+            params=tracking.config_params(cfg),
+        )
         with tracking.terminated_on_exit(mc, run_id):
-            _fit_stage(cfg, platform, [run_id] + ([trial_run] if last else []), progress.trial,
-                       report_to_tune=last)
+            _fit_stage(cfg, platform, [run_id] + ([trial_run] if last else []), progress.trial, report_to_tune=last)
             step = stored_json(storage, f"{checkpoint}/{TRAINER}").get("step", 0)  # the checkpoint it left
             if step < cfg.train.steps:  # it stopped on the sweep's request (stage_worker.py)
-                raise Interrupted(f"{cfg.stage} stopped at step {step}/{cfg.train.steps} "
-                                  f"({progress.stop_requested() or 'stop requested'}); its checkpoint resumes it")
-        write_done(storage, directory, {"run_id": run_id, tracking.STAGE_KEY: cfg.stage_key(), "stage": cfg.stage,
-                               "metrics": tracking.latest_metrics(mc, run_id)})
+                raise Interrupted(
+                    f"{cfg.stage} stopped at step {step}/{cfg.train.steps} "
+                    f"({progress.stop_requested() or 'stop requested'}); its checkpoint resumes it"
+                )
+        write_done(
+            storage,
+            directory,
+            {
+                "run_id": run_id,
+                tracking.STAGE_KEY: cfg.stage_key(),
+                "stage": cfg.stage,
+                "metrics": tracking.latest_metrics(mc, run_id),
+            },
+        )
 
 
-def _fit_stage(cfg: ExperimentConfig, platform: PlatformSettings, run_ids: list[str],
-               label: str, *, report_to_tune: bool) -> None:
+def _fit_stage(
+    cfg: ExperimentConfig, platform: PlatformSettings, run_ids: list[str], label: str, *, report_to_tune: bool
+) -> None:
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
     from ray.tune.integration.ray_train import TuneReportCallback
@@ -233,31 +297,45 @@ def _fit_stage(cfg: ExperimentConfig, platform: PlatformSettings, run_ids: list[
     local = platform.num_workers == 0
     use_gpu = platform.gpus_per_worker > 0
     folder = stage_folder(cfg.stage, cfg.stage_key())
-    loop_config = {"experiment": cfg.to_dict(), "storage": platform.storage_path, "stage_folder": folder,
-                   "threads": max(1, round(platform.cpus_per_worker)), "local": local,
-                   "tracking_uri": platform.tracking_uri, "run_ids": run_ids,
-                   "report_to_tune": report_to_tune, "quiet": platform.quiet,
-                   "progress_board": platform.progress_board, "trial_label": label}
+    loop_config = {
+        "experiment": cfg.to_dict(),
+        "storage": platform.storage_path,
+        "stage_folder": folder,
+        "threads": max(1, round(platform.cpus_per_worker)),
+        "local": local,
+        "tracking_uri": platform.tracking_uri,
+        "run_ids": run_ids,
+        "report_to_tune": report_to_tune,
+        "quiet": platform.quiet,
+        "progress_board": platform.progress_board,
+        "trial_label": label,
+    }
     # The name is the stage's key: a relaunched trainer finds its own run.
     name, storage = folder, Storage(platform.storage_path).path("ray_train")
     if local:
         # Local mode: the loop runs here; it reports to Tune itself (no callbacks run),
         # and a crash restarts the whole trial (Tune's FailureConfig), which resumes
         # the stage from its checkpoint folder like a restarted worker group would.
-        TorchTrainer(stage_worker_loop, train_loop_config=loop_config,
-                     scaling_config=ScalingConfig(num_workers=0),
-                     run_config=RunConfig(name=name, storage_path=storage)).fit()
+        TorchTrainer(
+            stage_worker_loop,
+            train_loop_config=loop_config,
+            scaling_config=ScalingConfig(num_workers=0),
+            run_config=RunConfig(name=name, storage_path=storage),
+        ).fit()
         return
     resources = {"CPU": platform.cpus_per_worker, **({"GPU": platform.gpus_per_worker} if use_gpu else {})}
     trainer = TorchTrainer(
         stage_worker_loop,
         train_loop_config=loop_config,
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
-        scaling_config=ScalingConfig(num_workers=platform.num_workers, use_gpu=use_gpu,
-                                     resources_per_worker=resources),
-        run_config=RunConfig(name=name, storage_path=storage,
-                             failure_config=FailureConfig(max_failures=platform.worker_retries,
-                                                          controller_failure_limit=platform.worker_retries),
-                             callbacks=[TuneReportCallback()] if report_to_tune else None),
+        scaling_config=ScalingConfig(num_workers=platform.num_workers, use_gpu=use_gpu, resources_per_worker=resources),
+        run_config=RunConfig(
+            name=name,
+            storage_path=storage,
+            failure_config=FailureConfig(
+                max_failures=platform.worker_retries, controller_failure_limit=platform.worker_retries
+            ),
+            callbacks=[TuneReportCallback()] if report_to_tune else None,
+        ),
     )
     trainer.fit()

@@ -42,12 +42,19 @@ class ArrivalBench:
 
     def __post_init__(self) -> None:
         check(isinstance(self.stream, RequestStream), "stream", self.stream, "a RequestStream")
-        check(bool(self.slots) and all(is_int(s) and s >= 1 for s in self.slots),
-              "slots", self.slots, "integers >= 1")
-        check(bool(self.policies) and all(isinstance(p, ExitPolicy) and p.rule != GIVEN for p in self.policies),
-              "policies", self.policies, "ExitPolicy values other than given exits (e.g. skip:0.4)")
-        check(bool(self.schedules) and all(s in SCHEDULES for s in self.schedules), "schedules", self.schedules,
-              " | ".join(SCHEDULES))
+        check(bool(self.slots) and all(is_int(s) and s >= 1 for s in self.slots), "slots", self.slots, "integers >= 1")
+        check(
+            bool(self.policies) and all(isinstance(p, ExitPolicy) and p.rule != GIVEN for p in self.policies),
+            "policies",
+            self.policies,
+            "ExitPolicy values other than given exits (e.g. skip:0.4)",
+        )
+        check(
+            bool(self.schedules) and all(s in SCHEDULES for s in self.schedules),
+            "schedules",
+            self.schedules,
+            " | ".join(SCHEDULES),
+        )
         check(is_int(self.warmup) and self.warmup >= 0, "warmup", self.warmup, "an integer >= 0")
         check(is_int(self.repeats) and self.repeats >= 1, "repeats", self.repeats, "an integer >= 1")
         check_fill(self.attention_fill)
@@ -98,8 +105,9 @@ def _bound(model, stream: RequestStream, policy: ExitPolicy, executed_loops: flo
     return flop_ratio(f0, fr, model.cfg.n_loops, executed_loops)
 
 
-def _timed_runs(model, requests: list[Request], slots: int, settings: ArrivalBench,
-                progress: Callable[[str], None]) -> tuple[dict, dict]:
+def _timed_runs(
+    model, requests: list[Request], slots: int, settings: ArrivalBench, progress: Callable[[str], None]
+) -> tuple[dict, dict]:
     """Every (schedule, policy) run at `slots`, alternating (drifting load hits all
     alike): the last Served of each, and its timed (wall, prefill) pairs."""
     runs = settings.runs
@@ -108,8 +116,7 @@ def _timed_runs(model, requests: list[Request], slots: int, settings: ArrivalBen
     total = settings.warmup + settings.repeats
     for repeat in range(total):
         for schedule, policy in runs:
-            s = serve(model, requests, policy, slots=slots, schedule=schedule,
-                      attention_fill=settings.attention_fill)
+            s = serve(model, requests, policy, slots=slots, schedule=schedule, attention_fill=settings.attention_fill)
             served[schedule, policy] = s
             if repeat >= settings.warmup:
                 times[schedule, policy].append((s.wall_s, s.prefill_s))
@@ -118,9 +125,16 @@ def _timed_runs(model, requests: list[Request], slots: int, settings: ArrivalBen
     return served, times
 
 
-def _record(model, settings: ArrivalBench, slots: int, schedule: str, policy: ExitPolicy, s: Served,
-            timed: list[tuple[float, float]], full: tuple[Served, list[tuple[float, float]]] | None
-            ) -> ArrivalRecord:
+def _record(
+    model,
+    settings: ArrivalBench,
+    slots: int,
+    schedule: str,
+    policy: ExitPolicy,
+    s: Served,
+    timed: list[tuple[float, float]],
+    full: tuple[Served, list[tuple[float, float]]] | None,
+) -> ArrivalRecord:
     """One run's record from its timed repeats; full: full's run and repeats in the same
     slots and schedule (None for full itself)."""
     wall = statistics.median(w for w, _ in timed)
@@ -138,18 +152,40 @@ def _record(model, settings: ArrivalBench, slots: int, schedule: str, policy: Ex
         ratios = [mine / theirs for mine, theirs in zip(each, full_each)]
     bound = _bound(model, settings.stream, policy, d_bar)
     return ArrivalRecord(
-        slots=slots, schedule=schedule, policy=policy.spec, requests=len(s.tokens),
-        generated_tokens=s.generated_tokens, decoded_tokens=s.decoded_tokens, wall_s=wall, prefill_s=prefill_s,
-        decode_s=decode_s, tokens_per_s=s.generated_tokens / wall, decode_tokens_per_s=decode_tps, steps=s.steps,
-        paid_loops=s.steps * slots / max(s.decoded_tokens, 1), mean_executed_loops=d_bar, flop_ratio=bound,
-        speedup=speedup, of_flop_ratio=speedup / bound, n_loops=model.cfg.n_loops,
-        device=str(next(model.parameters()).device), decode_tokens_per_s_min=min(each),
-        decode_tokens_per_s_max=max(each), speedup_min=min(ratios), speedup_max=max(ratios))
+        slots=slots,
+        schedule=schedule,
+        policy=policy.spec,
+        requests=len(s.tokens),
+        generated_tokens=s.generated_tokens,
+        decoded_tokens=s.decoded_tokens,
+        wall_s=wall,
+        prefill_s=prefill_s,
+        decode_s=decode_s,
+        tokens_per_s=s.generated_tokens / wall,
+        decode_tokens_per_s=decode_tps,
+        steps=s.steps,
+        paid_loops=s.steps * slots / max(s.decoded_tokens, 1),
+        mean_executed_loops=d_bar,
+        flop_ratio=bound,
+        speedup=speedup,
+        of_flop_ratio=speedup / bound,
+        n_loops=model.cfg.n_loops,
+        device=str(next(model.parameters()).device),
+        decode_tokens_per_s_min=min(each),
+        decode_tokens_per_s_max=max(each),
+        speedup_min=min(ratios),
+        speedup_max=max(ratios),
+    )
 
 
-def bench_arrivals(model, task, settings: ArrivalBench = ArrivalBench(), *,
-                   on_record: Callable[[ArrivalRecord], None] | None = None,
-                   progress: Callable[[str], None] | None = None) -> list[ArrivalRecord]:
+def bench_arrivals(
+    model,
+    task,
+    settings: ArrivalBench = ArrivalBench(),
+    *,
+    on_record: Callable[[ArrivalRecord], None] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> list[ArrivalRecord]:
     """The grid of `settings` on one stream (module docstring), in the model's device."""
     check(isinstance(settings, ArrivalBench), "settings", settings, "an ArrivalBench")
     model = model.eval()
@@ -162,23 +198,28 @@ def bench_arrivals(model, task, settings: ArrivalBench = ArrivalBench(), *,
         for schedule, policy in settings.runs:
             baseline = (schedule, ExitPolicy.full())  # full runs first in each schedule (ArrivalBench.runs)
             full = None if policy.execution == FULL else (served[baseline], times[baseline])
-            record = _record(model, settings, slots, schedule, policy, served[schedule, policy],
-                             times[schedule, policy], full)
+            record = _record(
+                model, settings, slots, schedule, policy, served[schedule, policy], times[schedule, policy], full
+            )
             records.append(record)
             if on_record:
                 on_record(record)
     return records
 
 
-HEADER = ("slots  schedule  policy          d̄     paid  steps   tok/s  decode tok/s  speedup [min, max]     "
-          "FLOP ratio  of it  prefill s  wall s")
+HEADER = (
+    "slots  schedule  policy          d̄     paid  steps   tok/s  decode tok/s  speedup [min, max]     "
+    "FLOP ratio  of it  prefill s  wall s"
+)
 
 
 def format_record(r: ArrivalRecord) -> str:
-    return (f"{r.slots:5d}  {r.schedule:8s}  {r.policy:14s}  {r.mean_executed_loops:4.2f}  {r.paid_loops:4.2f}  "
-            f"{r.steps:5d}  {r.tokens_per_s:6.0f}  {r.decode_tokens_per_s:12.0f}  {r.speedup:6.2f}x "
-            f"[{r.speedup_min:4.2f}, {r.speedup_max:4.2f}]  {r.flop_ratio:10.2f}  {r.of_flop_ratio:6.1%}  "
-            f"{r.prefill_s:9.3f}  {r.wall_s:6.3f}")
+    return (
+        f"{r.slots:5d}  {r.schedule:8s}  {r.policy:14s}  {r.mean_executed_loops:4.2f}  {r.paid_loops:4.2f}  "
+        f"{r.steps:5d}  {r.tokens_per_s:6.0f}  {r.decode_tokens_per_s:12.0f}  {r.speedup:6.2f}x "
+        f"[{r.speedup_min:4.2f}, {r.speedup_max:4.2f}]  {r.flop_ratio:10.2f}  {r.of_flop_ratio:6.1%}  "
+        f"{r.prefill_s:9.3f}  {r.wall_s:6.3f}"
+    )
 
 
 def records_as_dicts(records: list[ArrivalRecord]) -> list[dict]:

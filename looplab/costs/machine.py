@@ -64,8 +64,10 @@ def cgroup_room(root: str | Path = "/sys/fs/cgroup") -> int | None:
     """A container's memory limit less what its processes use (cgroup v2, else v1); None
     without a limit. A v1 'no limit' is a huge number, above any machine's memory."""
     root = Path(root)
-    for limit_file, usage_file in (("memory.max", "memory.current"),
-                                   ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
+    for limit_file, usage_file in (
+        ("memory.max", "memory.current"),
+        ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes"),
+    ):
         try:
             limit, usage = (root / limit_file).read_text().strip(), (root / usage_file).read_text().strip()
         except OSError:
@@ -104,12 +106,17 @@ def check_memory(need: int, name: str, value, what: str, device=None, advice: st
     if available is None or need <= (1 - MARGIN) * available:
         return
     where = "GPU memory" if getattr(device, "type", str(device or "cpu")).startswith("cuda") else "memory"
-    raise invalid(name, value, f"a plan that fits this machine's available {where} ({gib(available)}, less a "
-                               f"{MARGIN:.0%} margin): {what} {gib(need)}{advice}; or {MEMORY_CHECK_ENV}=off to run "
-                               "it anyway")
+    raise invalid(
+        name,
+        value,
+        f"a plan that fits this machine's available {where} ({gib(available)}, less a "
+        f"{MARGIN:.0%} margin): {what} {gib(need)}{advice}; or {MEMORY_CHECK_ENV}=off to run "
+        "it anyway",
+    )
 
 
 # ---- training -------------------------------------------------------------------------
+
 
 def batch_bytes(cfg) -> int:
     """The global batch's int64 ids and targets, which every rank builds each step."""
@@ -138,19 +145,30 @@ def check_training(cfg, device=None, ranks: int = 1, memory: bool = True) -> Non
     data = batch_bytes(cfg)
     one_row = step_memory(cfg, 1, ranks=ranks, path=path, checkpointing=True).peak + (0 if gpu else 2 * 8 * L)
     row, length = ("train.seq_len", t.seq_len) if L == t.seq_len else ("task.n", L - 4)  # a p-hop row: n + 4
-    check_memory((1 if gpu else local_ranks) * one_row, row, length, f"one row of {L} tokens with activation "
-                 "checkpointing needs ≈", device, f"; or a smaller {row} or model")
-    name, value = ("train.micro_batch_size", t.micro_batch_size) if t.micro_batch_size else ("train.batch_size",
-                                                                                              t.batch_size)
-    advice = ("; or a smaller train.batch_size or train.micro_batch_size (gradients accumulate), "
-              "train.activation_checkpointing=true, a smaller model or train.seq_len")
+    check_memory(
+        (1 if gpu else local_ranks) * one_row,
+        row,
+        length,
+        f"one row of {L} tokens with activation checkpointing needs ≈",
+        device,
+        f"; or a smaller {row} or model",
+    )
+    name, value = (
+        ("train.micro_batch_size", t.micro_batch_size) if t.micro_batch_size else ("train.batch_size", t.batch_size)
+    )
+    advice = (
+        "; or a smaller train.batch_size or train.micro_batch_size (gradients accumulate), "
+        "train.activation_checkpointing=true, a smaller model or train.seq_len"
+    )
     if gpu:
         check_memory(plan.memory.peak, name, value, "its step's peak is ≈", device, advice)
-        check_memory(local_ranks * data, "train.batch_size", t.batch_size, "its batches of token ids need ≈", None,
-                     advice)
+        check_memory(
+            local_ranks * data, "train.batch_size", t.batch_size, "its batches of token ids need ≈", None, advice
+        )
     else:
-        check_memory(local_ranks * (plan.memory.peak + data), name, value, "its step's peak with its batch is ≈",
-                     None, advice)
+        check_memory(
+            local_ranks * (plan.memory.peak + data), name, value, "its step's peak with its batch is ≈", None, advice
+        )
 
 
 def _path(device) -> str:
@@ -172,18 +190,27 @@ def _check_time(cfg, flops: float, ranks: int) -> None:
         steps = cfg.train.steps
         most = max(1, int(steps * limit / seconds))
         years = seconds / 86400 / 365
-        raise invalid("train.steps", steps, f"a run that can end: {flops:.2g} FLOPs take ≥ {years:.3g} years on "
-                                            f"{ranks} device(s) even at {FASTEST_DEVICE_FLOPS / 1e15:g} PFLOP/s each; "
-                                            f"at most {MAX_RUN_DAYS} days (train.steps ≤ {most:,} at this batch and "
-                                            "model)")
+        raise invalid(
+            "train.steps",
+            steps,
+            f"a run that can end: {flops:.2g} FLOPs take ≥ {years:.3g} years on "
+            f"{ranks} device(s) even at {FASTEST_DEVICE_FLOPS / 1e15:g} PFLOP/s each; "
+            f"at most {MAX_RUN_DAYS} days (train.steps ≤ {most:,} at this batch and "
+            "model)",
+        )
 
 
 # ---- inference ------------------------------------------------------------------------
 
+
 def check_new_tokens(name: str, new_tokens: int) -> None:
     if new_tokens > MAX_NEW_TOKENS:
-        raise invalid(name, new_tokens, f"at most {MAX_NEW_TOKENS:,} new tokens (each is kept and the text decoded "
-                                        "again after it: the work grows with their square)")
+        raise invalid(
+            name,
+            new_tokens,
+            f"at most {MAX_NEW_TOKENS:,} new tokens (each is kept and the text decoded "
+            "again after it: the work grows with their square)",
+        )
 
 
 def check_forward(model_cfg, rows: int, tokens: int, name: str, value, device=None, steps_kept: int = 0) -> None:
@@ -196,18 +223,25 @@ def check_forward(model_cfg, rows: int, tokens: int, name: str, value, device=No
     check_memory(need, name, value, "its forward needs ≈", device)
 
 
-def check_decoding(model_cfg, rows: int, prompt: int, new_tokens: int, name: str, value, device=None,
-                   inputs: int = 0, advice: str = "") -> None:
+def check_decoding(
+    model_cfg, rows: int, prompt: int, new_tokens: int, name: str, value, device=None, inputs: int = 0, advice: str = ""
+) -> None:
     """Decoding new_tokens after a prompt, for `rows` rows (its count checked first,
     check_new_tokens): the prompt's prefill, the cache of prompt + new tokens and
     `inputs` bytes of token ids drawn beforehand, against the device's memory."""
     from looplab.costs.memory import decode_cache_bytes, forward_memory
 
     kind = "growing with the tokens" if "attention" in model_cfg.layer_kinds() else "of a fixed size"
-    need = inputs + forward_memory(model_cfg, rows, prompt, _path(device)) + (
-        decode_cache_bytes(model_cfg, rows, prompt + new_tokens) if new_tokens else 0)
-    what = f"its token ids, prefill and decoding cache ({kind}) need ≈" if new_tokens else \
-        "its token ids and prefill need ≈"
+    need = (
+        inputs
+        + forward_memory(model_cfg, rows, prompt, _path(device))
+        + (decode_cache_bytes(model_cfg, rows, prompt + new_tokens) if new_tokens else 0)
+    )
+    what = (
+        f"its token ids, prefill and decoding cache ({kind}) need ≈"
+        if new_tokens
+        else "its token ids and prefill need ≈"
+    )
     check_memory(need, name, value, what, device, advice)
 
 
@@ -224,8 +258,9 @@ def check_grid(model_cfg, batches, seq_lens, new_tokens: int = 0, device=None) -
     check_decoding(model_cfg, b, L, new_tokens, name, value, device, inputs, others)
 
 
-def check_stream(model_cfg, slots: int, requests: int, prompt_len: tuple[int, int], new_tokens: tuple[int, int],
-                 device=None) -> None:
+def check_stream(
+    model_cfg, slots: int, requests: int, prompt_len: tuple[int, int], new_tokens: tuple[int, int], device=None
+) -> None:
     """bench-arrivals' stream (looplab/inference/arrivals.py): the requests' prompts drawn
     up front, then `slots` cache rows sized for the longest request, each request
     prefilled alone as it joins."""
@@ -235,5 +270,11 @@ def check_stream(model_cfg, slots: int, requests: int, prompt_len: tuple[int, in
     check_memory(2 * 8 * requests * prompt_len[0], "--requests", requests, "its prompts need at least", None)
     longest = prompt_len[1] + new_tokens[1]
     need = forward_memory(model_cfg, 1, prompt_len[1], _path(device)) + decode_cache_bytes(model_cfg, slots, longest)
-    check_memory(need, "--slots", slots, f"a prefill and the decoding cache of {slots} rows of up to {longest} "
-                 "tokens need ≈", device, "; or fewer --slots, a shorter --prompt-len or --new-tokens")
+    check_memory(
+        need,
+        "--slots",
+        slots,
+        f"a prefill and the decoding cache of {slots} rows of up to {longest} tokens need ≈",
+        device,
+        "; or fewer --slots, a shorter --prompt-len or --new-tokens",
+    )

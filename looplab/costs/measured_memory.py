@@ -43,6 +43,7 @@ RSS_FOLLOWS_TENSORS = {"MALLOC_MMAP_THRESHOLD_": str(128 * 1024)}
 class Peak:
     """A call's peak memory in bytes: above what was in use before it, and absolute;
     -1 where it cannot be measured."""
+
     delta: int
     absolute: int
 

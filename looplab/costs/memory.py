@@ -62,6 +62,7 @@ def activation_bytes(cfg: ExperimentConfig, path: str) -> int:
 
 # ---- saved activations, bytes per token ---------------------------------------------------
 
+
 def mamba2_block(c: ModelConfig, seq_len: int, path: str, a: int) -> float:
     """One pre-norm residual Mamba-2 block (norm → mixer)."""
     d, n, g, Q = c.d_model, c.d_state, c.ngroups, c.chunk_size
@@ -82,8 +83,16 @@ def mamba2_block(c: ModelConfig, seq_len: int, path: str, a: int) -> float:
         # padded copy of x when L is not a multiple of Q.
         nc = math.ceil(seq_len / Q)
         padded = nc * Q != seq_len
-        per_position = (4 * H + 2 * H * Q + g * Q + 2 * H * n + 4 * di + 2 * di * n / Q
-                        + (2 * g * n if g > 1 or padded else 0) + (di if padded else 0))
+        per_position = (
+            4 * H
+            + 2 * H * Q
+            + g * Q
+            + 2 * H * n
+            + 4 * di
+            + 2 * di * n / Q
+            + (2 * g * n if g > 1 or padded else 0)
+            + (di if padded else 0)
+        )
         scan = per_position * nc * Q / seq_len + H * (nc + 1) * nc / seq_len  # + the chunk-passing matrix
         # After it: y, SiLU(z), their product, its normalised form and out_proj's input
         # (5·di), and the gated norm's rstd per group.
@@ -97,8 +106,17 @@ def mamba2_block(c: ModelConfig, seq_len: int, path: str, a: int) -> float:
     c8 = cd + (-cd) % 8
     conv_in = 0 if (cd % 8 == 0 and dp % 8 == 0 and di % 8 == 0) else c8
     upcasts = 2 * FP32 * di if a != FP32 else 0
-    return (FP32 * (2 * d + 1) + a * d + a * dp + a * (conv_in + c8) + a * di + FP32 * H
-            + FP32 * (3 * di + g) + upcasts + a * di)
+    return (
+        FP32 * (2 * d + 1)
+        + a * d
+        + a * dp
+        + a * (conv_in + c8)
+        + a * di
+        + FP32 * H
+        + FP32 * (3 * di + g)
+        + upcasts
+        + a * di
+    )
 
 
 def attention_block(c: ModelConfig, seq_len: int, path: str, a: int) -> float:
@@ -158,6 +176,7 @@ def readout_activations(c: ModelConfig, stage: Stage) -> float:
 
 # ---- the step --------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class StepMemory:
     """Bytes on one device for one optimizer step (module docstring), by phase."""
@@ -197,9 +216,15 @@ class StepMemory:
         return self.persistent + max(self.forward, self.backward, self.gradients + self.optimizer_step)
 
     def breakdown(self) -> str:
-        parts = [("weights", self.weights), ("AdamW", self.optimizer_state), ("grads", self.gradients),
-                 ("activations", self.activations), ("head", self.head_buffers + self.head_gradient),
-                 ("recompute", self.recompute), ("working", self.working)]
+        parts = [
+            ("weights", self.weights),
+            ("AdamW", self.optimizer_state),
+            ("grads", self.gradients),
+            ("activations", self.activations),
+            ("head", self.head_buffers + self.head_gradient),
+            ("recompute", self.recompute),
+            ("working", self.working),
+        ]
         return ", ".join(f"{name} {gib(b)}" for name, b in parts if b)
 
 
@@ -216,12 +241,17 @@ def parameter_counts(c: ModelConfig) -> tuple[int, int, int, int]:
 
     with torch.device("meta"):
         model = LoopedLM(c)
-    return (model.num_parameters(), model.lm_head.weight.numel(), model.embedding.weight.numel(),
-            sum(p.numel() for p in model.exit_gate.parameters()))
+    return (
+        model.num_parameters(),
+        model.lm_head.weight.numel(),
+        model.embedding.weight.numel(),
+        sum(p.numel() for p in model.exit_gate.parameters()),
+    )
 
 
-def step_memory(cfg: ExperimentConfig, micro_batch: int, *, ranks: int = 1, path: str = "cuda",
-                checkpointing: bool | None = None) -> StepMemory:
+def step_memory(
+    cfg: ExperimentConfig, micro_batch: int, *, ranks: int = 1, path: str = "cuda", checkpointing: bool | None = None
+) -> StepMemory:
     """The model's estimate for cfg's stage with micro_batch rows per forward (each of
     the task's row length: train.seq_len, or a whole p-hop sample), the global batch
     split over `ranks` devices (checkpointing: default cfg.train.activation_checkpointing)."""
@@ -251,16 +281,22 @@ def step_memory(cfg: ExperimentConfig, micro_batch: int, *, ranks: int = 1, path
     if frozen:  # the backbone's forward without a graph: one block's tensors at a time
         head_buffers = max(head_buffers, tokens * block)
     return StepMemory(
-        weights=FP32 * params, optimizer_state=2 * FP32 * trainable, gradients=FP32 * trainable,
-        activations=int(tokens * activations), head_buffers=int(head_buffers),
+        weights=FP32 * params,
+        optimizer_state=2 * FP32 * trainable,
+        gradients=FP32 * trainable,
+        activations=int(tokens * activations),
+        head_buffers=int(head_buffers),
         head_gradient=0 if frozen else FP32 * head_params,
-        recompute=int(tokens * recompute), working=int(tokens * working),
+        recompute=int(tokens * recompute),
+        working=int(tokens * working),
         optimizer_step=FP32 * trainable if path == "cuda" else 0,
         embedding_gradient=0 if frozen else FP32 * embedding_params,
-        accumulating=micro_batch < cfg.train.batch_size // ranks)
+        accumulating=micro_batch < cfg.train.batch_size // ranks,
+    )
 
 
 # ---- inference ---------------------------------------------------------------------------
+
 
 def forward_memory(c: ModelConfig, rows: int, tokens: int, path: str = "torch") -> int:
     """Bytes of a forward without a graph (inference: a prefill, an evaluation batch) over

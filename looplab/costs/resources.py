@@ -132,15 +132,22 @@ class StagePlan:
     def line(self, mfu: float = DEFAULT_MFU, peak_tflops: float = DEFAULT_PEAK_TFLOPS) -> str:
         t = self.cfg.train
         ckpt = ", activation checkpointing" if self.checkpointing else ""
-        return (f"{t.steps} steps × {t.batch_size} × {row_length(self.cfg)} tokens = {self.tokens:,}; ≈ {self.flops:.2e} FLOPs; "
-                f"micro-batch {self.micro_batch} × {self.accumulation} accumulation × {self.ranks} rank(s){ckpt}; "
-                f"peak ≈ {gib(self.memory.peak)} per device; "
-                f"≈ {self.gpu_hours(mfu, peak_tflops):,.1f} GPU-hours at {mfu:.0%} MFU of {peak_tflops:g} TFLOP/s")
+        return (
+            f"{t.steps} steps × {t.batch_size} × {row_length(self.cfg)} tokens = {self.tokens:,}; ≈ {self.flops:.2e} FLOPs; "
+            f"micro-batch {self.micro_batch} × {self.accumulation} accumulation × {self.ranks} rank(s){ckpt}; "
+            f"peak ≈ {gib(self.memory.peak)} per device; "
+            f"≈ {self.gpu_hours(mfu, peak_tflops):,.1f} GPU-hours at {mfu:.0%} MFU of {peak_tflops:g} TFLOP/s"
+        )
 
 
-def plan_stage(cfg: ExperimentConfig, *, ranks: int = 1, path: str = "cuda",
-               device_memory_gib: float | None = None,
-               margin_gib: float = DEFAULT_MEMORY_MARGIN_GIB) -> StagePlan:
+def plan_stage(
+    cfg: ExperimentConfig,
+    *,
+    ranks: int = 1,
+    path: str = "cuda",
+    device_memory_gib: float | None = None,
+    margin_gib: float = DEFAULT_MEMORY_MARGIN_GIB,
+) -> StagePlan:
     """The stage's plan on `ranks` devices. Its own micro-batch (train.micro_batch_size,
     0: a rank's whole share) and checkpointing setting stand unless device_memory_gib
     is given: then the largest micro-batch whose peak fits the device less margin_gib
@@ -156,17 +163,19 @@ def plan_stage(cfg: ExperimentConfig, *, ranks: int = 1, path: str = "cuda",
         return _plan(cfg, ranks, min(micro, rows), ckpt, path)
     budget = (device_memory_gib - margin_gib) * GiB
     sizes = sorted((m for m in range(1, rows + 1) if rows % m == 0), reverse=True)
-    for ckpt in ([True] if t.activation_checkpointing else [False, True]):
+    for ckpt in [True] if t.activation_checkpointing else [False, True]:
         for micro in sizes:
             plan = _plan(cfg, ranks, micro, ckpt, path)
             if plan.memory.peak <= budget:
                 return plan
     smallest = _plan(cfg, ranks, 1, True, path)
-    raise ConfigError(f"--gpu-memory={device_memory_gib:g} is invalid for {cfg.stage}: one row of "
-                      f"{t.seq_len} tokens with activation checkpointing needs ≈ {gib(smallest.memory.peak)} per "
-                      f"device ({smallest.memory.breakdown()}), with a margin of {margin_gib:g} GiB beside it; "
-                      "allowed: a device of at least that much, a smaller --memory-margin, or a smaller model or "
-                      "seq_len")
+    raise ConfigError(
+        f"--gpu-memory={device_memory_gib:g} is invalid for {cfg.stage}: one row of "
+        f"{t.seq_len} tokens with activation checkpointing needs ≈ {gib(smallest.memory.peak)} per "
+        f"device ({smallest.memory.breakdown()}), with a margin of {margin_gib:g} GiB beside it; "
+        "allowed: a device of at least that much, a smaller --memory-margin, or a smaller model or "
+        "seq_len"
+    )
 
 
 def _plan(cfg: ExperimentConfig, ranks: int, micro: int, ckpt: bool, path: str) -> StagePlan:

@@ -29,8 +29,9 @@ class Timing:
             raise ValueError("a timing needs at least one repeat")
         bad = [s for s in self.seconds if not (math.isfinite(s) and s > 0)]
         if bad:
-            raise ValueError(f"a time must be finite and > 0 seconds, got {bad[0]!r} (a difference of two "
-                             "timings is not a time)")
+            raise ValueError(
+                f"a time must be finite and > 0 seconds, got {bad[0]!r} (a difference of two timings is not a time)"
+            )
 
     @property
     def median(self) -> float:
@@ -114,6 +115,13 @@ class Figure:
         return "noisy" if self.noisy else f"{self.value:.{digits}g}"
 
     def row(self) -> dict:
-        return {"figure": self.name, "value": None if self.noisy else self.value, "measured": self.value,
-                "unit": self.unit, "spread": self.spread, "bound": self.bound, "noisy": self.noisy_because,
-                "note": self.note}
+        return {
+            "figure": self.name,
+            "value": None if self.noisy else self.value,
+            "measured": self.value,
+            "unit": self.unit,
+            "spread": self.spread,
+            "bound": self.bound,
+            "noisy": self.noisy_because,
+            "note": self.note,
+        }

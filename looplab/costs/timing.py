@@ -126,6 +126,7 @@ def under_dtype(fn: Callable[[], T], device: torch.device, dtype: str) -> Callab
     """`fn` under the benchmark's dtype (looplab/devices.autocast_context). A bf16 kernel
     the device lacks becomes a one-line ConfigError naming the dtype, not a traceback
     from deep inside the model."""
+
     def run() -> T:
         try:
             with autocast_context(device, dtype):
@@ -135,6 +136,7 @@ def under_dtype(fn: Callable[[], T], device: torch.device, dtype: str) -> Callab
                 raise
             reason = str(e).strip().splitlines()[0]
             raise invalid("dtype", dtype, f"fp32 (bf16 autocast fails on {device.type}: {reason})") from None
+
     return run
 
 
@@ -185,8 +187,9 @@ def _prefill_runs(model, ids: torch.Tensor, policy: ExitPolicy, packing: str, dt
 
 
 @torch.no_grad()
-def prefill_peaks(model, ids: torch.Tensor, policy: ExitPolicy, packing: str = "auto",
-                  dtype: str = "fp32") -> tuple[Peak, Peak]:
+def prefill_peaks(
+    model, ids: torch.Tensor, policy: ExitPolicy, packing: str = "auto", dtype: str = "fp32"
+) -> tuple[Peak, Peak]:
     """Peak memory of the point's full and skip calls, each after a warm-up call."""
     full, skip = _prefill_runs(model, ids, policy, packing, dtype)
     full(), skip()
@@ -206,23 +209,35 @@ def measured_peaks(measure: Callable[..., T], points: list[dict]) -> list[T]:
 
 def _check_prefill_point(policy: ExitPolicy, dtype: str) -> None:
     if policy.execution != SKIP:
-        raise ConfigError(f"bench policy {policy.spec!r} is invalid; allowed: skip policies (skip:Q, "
-                          "skip-entropy:T, skip-kl:T, skip-stable:K), which it compares with full execution")
+        raise ConfigError(
+            f"bench policy {policy.spec!r} is invalid; allowed: skip policies (skip:Q, "
+            "skip-entropy:T, skip-kl:T, skip-stable:K), which it compares with full execution"
+        )
     check_dtype(dtype)
 
 
 @torch.no_grad()
-def bench_point(model, ids: torch.Tensor, policy: ExitPolicy, *, warmup: int = 2, repeats: int = 5,
-                packing: str = "auto", oracle_mean: float | None = None, dtype: str = "fp32",
-                peaks: tuple[Peak, Peak] | None = None) -> BenchRecord:
+def bench_point(
+    model,
+    ids: torch.Tensor,
+    policy: ExitPolicy,
+    *,
+    warmup: int = 2,
+    repeats: int = 5,
+    packing: str = "auto",
+    oracle_mean: float | None = None,
+    dtype: str = "fp32",
+    peaks: tuple[Peak, Peak] | None = None,
+) -> BenchRecord:
     """Time `policy` (skip execution: gate threshold, zoo rule or given exits) against
     its dense twin, which runs every loop for every token with the same rule and readout.
     peaks: the two runs' memory, measured beforehand (run_grid); None measures it here."""
     _check_prefill_point(policy, dtype)
     device = ids.device
     if peaks is None:
-        peaks = measured_peaks(prefill_peaks, [dict(model=model, ids=ids, policy=policy, packing=packing,
-                                                    dtype=dtype)])[0]
+        peaks = measured_peaks(
+            prefill_peaks, [dict(model=model, ids=ids, policy=policy, packing=packing, dtype=dtype)]
+        )[0]
     full, skip = _prefill_runs(model, ids, policy, packing, dtype)
     probe = skip()
     R = model.cfg.n_loops
@@ -237,18 +252,43 @@ def bench_point(model, ids: torch.Tensor, policy: ExitPolicy, *, warmup: int = 2
     resolved = packing if packing != "auto" else ("varlen" if model.cfg.arch == "mamba2" else "padded")
     mem_full, mem_skip = peaks
     return BenchRecord(
-        batch=ids.shape[0], seq_len=ids.shape[1], policy="oracle" if oracle_mean is not None else policy.spec,
-        oracle_mean=oracle_mean, packing=resolved, dtype=dtype,
-        mean_executed_loops=mean_loops, ideal_speedup=R / mean_loops,
-        batch_max_survivor_ratio=survivor_ratio(probe.exit_step, R), time_full_s=tf, time_skip_s=ts,
-        speedup=tf / ts, speedup_min=min(f / s for f, s in zip(t_full, t_skip)),
-        speedup_max=max(f / s for f, s in zip(t_full, t_skip)), time_full_min_s=min(t_full), time_full_max_s=max(t_full),
-        time_skip_min_s=min(t_skip), time_skip_max_s=max(t_skip), peak_mem_full=mem_full.delta, peak_mem_skip=mem_skip.delta,
-        peak_mem_abs_full=mem_full.absolute, peak_mem_abs_skip=mem_skip.absolute, device=str(device))
+        batch=ids.shape[0],
+        seq_len=ids.shape[1],
+        policy="oracle" if oracle_mean is not None else policy.spec,
+        oracle_mean=oracle_mean,
+        packing=resolved,
+        dtype=dtype,
+        mean_executed_loops=mean_loops,
+        ideal_speedup=R / mean_loops,
+        batch_max_survivor_ratio=survivor_ratio(probe.exit_step, R),
+        time_full_s=tf,
+        time_skip_s=ts,
+        speedup=tf / ts,
+        speedup_min=min(f / s for f, s in zip(t_full, t_skip)),
+        speedup_max=max(f / s for f, s in zip(t_full, t_skip)),
+        time_full_min_s=min(t_full),
+        time_full_max_s=max(t_full),
+        time_skip_min_s=min(t_skip),
+        time_skip_max_s=max(t_skip),
+        peak_mem_full=mem_full.delta,
+        peak_mem_skip=mem_skip.delta,
+        peak_mem_abs_full=mem_full.absolute,
+        peak_mem_abs_skip=mem_skip.absolute,
+        device=str(device),
+    )
 
 
-def _grid_points(model, task, batches, seq_lens, policies, oracle_mean: float | None, seed: int,
-                 device: torch.device, new_tokens: int = 0) -> list[dict]:
+def _grid_points(
+    model,
+    task,
+    batches,
+    seq_lens,
+    policies,
+    oracle_mean: float | None,
+    seed: int,
+    device: torch.device,
+    new_tokens: int = 0,
+) -> list[dict]:
     """Every (batch, seq_len) × policy point: held-out ids of seq_len + new_tokens
     tokens, and each skip policy, or given exits drawn for the oracle's mean."""
     points = []
@@ -257,8 +297,9 @@ def _grid_points(model, task, batches, seq_lens, policies, oracle_mean: float | 
             ids = heldout_ids(model, task, batch, seq_len + new_tokens, seed).to(device)
             if oracle_mean is not None:
                 rng = np.random.default_rng([seed, batch, seq_len] + ([new_tokens] if new_tokens else []))
-                exit_at = oracle_exit_steps(rng, (ids.shape[0], ids.shape[1]), oracle_mean,
-                                            model.cfg.n_loops).to(device)
+                exit_at = oracle_exit_steps(rng, (ids.shape[0], ids.shape[1]), oracle_mean, model.cfg.n_loops).to(
+                    device
+                )
                 point_policies = [ExitPolicy.given(exit_at)]
             else:
                 point_policies = policies
@@ -266,27 +307,47 @@ def _grid_points(model, task, batches, seq_lens, policies, oracle_mean: float | 
     return points
 
 
-def run_grid(model, task, *, batches, seq_lens, policies=(), oracle_mean: float | None = None, warmup: int = 2,
-             repeats: int = 5, packing: str = "auto", dtype: str = "fp32", device: torch.device | str = "cpu",
-             seed: int = 0, on_record=None) -> list[BenchRecord]:
+def run_grid(
+    model,
+    task,
+    *,
+    batches,
+    seq_lens,
+    policies=(),
+    oracle_mean: float | None = None,
+    warmup: int = 2,
+    repeats: int = 5,
+    packing: str = "auto",
+    dtype: str = "fp32",
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+    on_record=None,
+) -> list[BenchRecord]:
     """Every (batch, seq_len) × policy point; policies are skip policies (skip:q or a
     zoo rule such as skip-entropy:2.0), or the oracle with the given mean executed loops."""
     if oracle_mean is None and not policies:
-        raise ConfigError("bench needs skip policies or an oracle mean; allowed: --policies skip:0.2,0.4 (or "
-                          "skip-entropy:2.0) or --oracle-mean 2.0")
+        raise ConfigError(
+            "bench needs skip policies or an oracle mean; allowed: --policies skip:0.2,0.4 (or "
+            "skip-entropy:2.0) or --oracle-mean 2.0"
+        )
     check_dtype(dtype)
     device = torch.device(device)
     model = model.to(device).eval()
-    points = [{k: v for k, v in p.items() if k != "seq_len"}  # a prefill's length is its ids'
-              for p in _grid_points(model, task, batches, seq_lens, policies, oracle_mean, seed, device)]
+    points = [
+        {k: v for k, v in p.items() if k != "seq_len"}  # a prefill's length is its ids'
+        for p in _grid_points(model, task, batches, seq_lens, policies, oracle_mean, seed, device)
+    ]
     for p in points:
         _check_prefill_point(p["policy"], dtype)
-    peaks = measured_peaks(prefill_peaks, [dict(model=model, ids=p["ids"], policy=p["policy"], packing=packing,
-                                                dtype=dtype) for p in points])
+    peaks = measured_peaks(
+        prefill_peaks,
+        [dict(model=model, ids=p["ids"], policy=p["policy"], packing=packing, dtype=dtype) for p in points],
+    )
     records = []
     for point, point_peaks in zip(points, peaks):
-        record = bench_point(model, warmup=warmup, repeats=repeats, packing=packing, dtype=dtype, peaks=point_peaks,
-                             **point)
+        record = bench_point(
+            model, warmup=warmup, repeats=repeats, packing=packing, dtype=dtype, peaks=point_peaks, **point
+        )
         records.append(record)
         if on_record:
             on_record(record)
@@ -306,16 +367,20 @@ def _memory_columns(r: BenchRecord | DecodeRecord) -> str:
     return "  ".join(_mib(b) for b in (r.peak_mem_full, r.peak_mem_abs_full, r.peak_mem_skip, r.peak_mem_abs_skip))
 
 
-HEADER = ("batch  seq_len  policy            dtype  packing  loops  ideal  max/real  full s    skip s    speedup  "
-          "of ideal  " + MEMORY_HEADER)
+HEADER = (
+    "batch  seq_len  policy            dtype  packing  loops  ideal  max/real  full s    skip s    speedup  "
+    "of ideal  " + MEMORY_HEADER
+)
 
 
 def format_record(r: BenchRecord) -> str:
     policy = r.policy if r.oracle_mean is None else f"oracle {r.oracle_mean:.2f}"
-    return (f"{r.batch:5d}  {r.seq_len:7d}  {policy:16s}  {r.dtype:5s}  {r.packing:7s}  "
-            f"{r.mean_executed_loops:5.2f}  {r.ideal_speedup:5.2f}  {r.batch_max_survivor_ratio:8.3f}  "
-            f"{r.time_full_s:8.4f}  {r.time_skip_s:8.4f}  {r.speedup:6.2f}x  {r.speedup / r.ideal_speedup:7.1%}  "
-            f"{_memory_columns(r)}")
+    return (
+        f"{r.batch:5d}  {r.seq_len:7d}  {policy:16s}  {r.dtype:5s}  {r.packing:7s}  "
+        f"{r.mean_executed_loops:5.2f}  {r.ideal_speedup:5.2f}  {r.batch_max_survivor_ratio:8.3f}  "
+        f"{r.time_full_s:8.4f}  {r.time_skip_s:8.4f}  {r.speedup:6.2f}x  {r.speedup / r.ideal_speedup:7.1%}  "
+        f"{_memory_columns(r)}"
+    )
 
 
 def records_as_dicts(records: list[BenchRecord] | list[DecodeRecord]) -> list[dict]:  # prefill's or decode's
@@ -362,8 +427,15 @@ class Probe:
     steps: int = 0
 
 
-def _decode_runs(model, ids: torch.Tensor, seq_len: int, policy: ExitPolicy, attention_fill: str, dtype: str,
-                 schedule: str = LOCKSTEP):
+def _decode_runs(
+    model,
+    ids: torch.Tensor,
+    seq_len: int,
+    policy: ExitPolicy,
+    attention_fill: str,
+    dtype: str,
+    schedule: str = LOCKSTEP,
+):
     """The prefilled caches of `policy` and its dense twin, and decoding(p, readout,
     probe) -> a call that decodes ids[:, seq_len:] from a copy of p's cache (the dense
     twin in lockstep, `policy` under `schedule`); a Probe receives the new tokens'
@@ -375,6 +447,7 @@ def _decode_runs(model, ids: torch.Tensor, seq_len: int, policy: ExitPolicy, att
 
     def prefilled(p: ExitPolicy):
         return prefill(model, ids[:, :seq_len], p, capacity=ids.shape[1], attention_fill=attention_fill).cache
+
     caches = {p: under_dtype(partial(prefilled, p), device, dtype)() for p in (dense, policy)}
 
     def decoding(p: ExitPolicy, readout: bool = True, probe: Probe | None = None):
@@ -382,8 +455,15 @@ def _decode_runs(model, ids: torch.Tensor, seq_len: int, policy: ExitPolicy, att
 
         def run():
             if schedule == DEPTH and p is policy:
-                batch = decode_given_tokens(model, cache, ids, seq_len, p, readout=readout,
-                                            on_done=None if probe is None else lambda done: probe.loops.append(done.loops))
+                batch = decode_given_tokens(
+                    model,
+                    cache,
+                    ids,
+                    seq_len,
+                    p,
+                    readout=readout,
+                    on_done=None if probe is None else lambda done: probe.loops.append(done.loops),
+                )
                 if probe is not None:
                     probe.steps = batch.steps
                 return
@@ -392,43 +472,77 @@ def _decode_runs(model, ids: torch.Tensor, seq_len: int, policy: ExitPolicy, att
                 if probe is not None:
                     probe.loops.append(out.loops)
                     probe.steps += int(out.loops.max())  # lockstep: the batch runs its deepest token's loops
+
         return under_dtype(run, device, dtype)  # one autocast region per decoding, as a generate call
+
     return dense, caches, decoding
 
 
 @torch.no_grad()
-def decode_peaks(model, ids: torch.Tensor, seq_len: int, policy: ExitPolicy, attention_fill: str = "hole",
-                 dtype: str = "fp32", schedule: str = LOCKSTEP) -> tuple[Peak, Peak]:
+def decode_peaks(
+    model,
+    ids: torch.Tensor,
+    seq_len: int,
+    policy: ExitPolicy,
+    attention_fill: str = "hole",
+    dtype: str = "fp32",
+    schedule: str = LOCKSTEP,
+) -> tuple[Peak, Peak]:
     """Peak memory of decoding under the dense twin and under `policy`, each after a warm-up decoding."""
     dense, _, decoding = _decode_runs(model, ids, seq_len, policy, attention_fill, dtype, schedule)
     decoding(dense)(), decoding(policy)()
     return peak_memory(decoding(dense), ids.device), peak_memory(decoding(policy), ids.device)
 
 
-def _check_decode_point(ids: torch.Tensor, seq_len: int, policy: ExitPolicy, dtype: str,
-                        schedule: str = LOCKSTEP) -> None:
+def _check_decode_point(
+    ids: torch.Tensor, seq_len: int, policy: ExitPolicy, dtype: str, schedule: str = LOCKSTEP
+) -> None:
     check_schedule(schedule)
     if policy.execution != SKIP:
-        raise ConfigError(f"bench policy {policy.spec!r} is invalid; allowed: skip policies (skip:Q), which "
-                          "it compares with full execution")
+        raise ConfigError(
+            f"bench policy {policy.spec!r} is invalid; allowed: skip policies (skip:Q), which "
+            "it compares with full execution"
+        )
     check_dtype(dtype)
     if ids.shape[1] - seq_len < 1:
         raise ConfigError(f"new_tokens={ids.shape[1] - seq_len} is invalid; allowed: an integer >= 1")
 
 
 @torch.no_grad()
-def bench_decode_point(model, ids: torch.Tensor, seq_len: int, policy: ExitPolicy, *, warmup: int = 1,
-                       repeats: int = 3, oracle_mean: float | None = None,
-                       attention_fill: str = "hole", dtype: str = "fp32", schedule: str = LOCKSTEP,
-                       peaks: tuple[Peak, Peak] | None = None) -> DecodeRecord:
+def bench_decode_point(
+    model,
+    ids: torch.Tensor,
+    seq_len: int,
+    policy: ExitPolicy,
+    *,
+    warmup: int = 1,
+    repeats: int = 3,
+    oracle_mean: float | None = None,
+    attention_fill: str = "hole",
+    dtype: str = "fp32",
+    schedule: str = LOCKSTEP,
+    peaks: tuple[Peak, Peak] | None = None,
+) -> DecodeRecord:
     """Decode ids[:, seq_len:] one token at a time after prefilling ids[:, :seq_len],
     under `policy` (skip: gate threshold or given exits; in `schedule`) and its dense
     twin. peaks: the two decodings' memory, measured beforehand (run_decode_grid);
     None measures it here."""
     _check_decode_point(ids, seq_len, policy, dtype, schedule)
     if peaks is None:
-        peaks = measured_peaks(decode_peaks, [dict(model=model, ids=ids, seq_len=seq_len, policy=policy,
-                                                   attention_fill=attention_fill, dtype=dtype, schedule=schedule)])[0]
+        peaks = measured_peaks(
+            decode_peaks,
+            [
+                dict(
+                    model=model,
+                    ids=ids,
+                    seq_len=seq_len,
+                    policy=policy,
+                    attention_fill=attention_fill,
+                    dtype=dtype,
+                    schedule=schedule,
+                )
+            ],
+        )[0]
     device, n_new = ids.device, ids.shape[1] - seq_len
     dense, caches, decoding = _decode_runs(model, ids, seq_len, policy, attention_fill, dtype, schedule)
     probe = Probe()
@@ -436,7 +550,8 @@ def bench_decode_point(model, ids: torch.Tensor, seq_len: int, policy: ExitPolic
     mean_loops = float(torch.cat(probe.loops).float().mean())
     steps = probe.steps / n_new
     variants: dict[tuple[ExitPolicy, bool], list[float]] = {
-        (p, readout): [] for readout in (True, False) for p in (dense, policy)}
+        (p, readout): [] for readout in (True, False) for p in (dense, policy)
+    }
     for repeat in range(warmup + repeats):
         for (p, readout), times in variants.items():  # alternate: drifting background load hits all alike
             run = decoding(p, readout)
@@ -447,15 +562,33 @@ def bench_decode_point(model, ids: torch.Tensor, seq_len: int, policy: ExitPolic
     bsz, R = ids.shape[0], model.cfg.n_loops
     mem_full, mem_skip = peaks
     return DecodeRecord(
-        batch=bsz, seq_len=seq_len, new_tokens=n_new, policy="oracle" if oracle_mean is not None else policy.spec,
-        oracle_mean=oracle_mean, attention_fill=attention_fill, mean_executed_loops=mean_loops,
-        ideal_speedup=R / mean_loops, time_full_s=t[dense, True], time_skip_s=t[policy, True],
-        speedup=t[dense, True] / t[policy, True], tokens_per_s_full=bsz / t[dense, True],
-        tokens_per_s_skip=bsz / t[policy, True], loops_time_full_s=t[dense, False],
-        loops_time_skip_s=t[policy, False], loops_speedup=t[dense, False] / t[policy, False],
-        peak_mem_full=mem_full.delta, peak_mem_skip=mem_skip.delta, peak_mem_abs_full=mem_full.absolute,
-        peak_mem_abs_skip=mem_skip.absolute, cache_bytes=caches[policy].nbytes(), dtype=dtype, device=str(device),
-        schedule=schedule, steps_skip=steps, mamba_step=_mamba_step(model, device, dtype))
+        batch=bsz,
+        seq_len=seq_len,
+        new_tokens=n_new,
+        policy="oracle" if oracle_mean is not None else policy.spec,
+        oracle_mean=oracle_mean,
+        attention_fill=attention_fill,
+        mean_executed_loops=mean_loops,
+        ideal_speedup=R / mean_loops,
+        time_full_s=t[dense, True],
+        time_skip_s=t[policy, True],
+        speedup=t[dense, True] / t[policy, True],
+        tokens_per_s_full=bsz / t[dense, True],
+        tokens_per_s_skip=bsz / t[policy, True],
+        loops_time_full_s=t[dense, False],
+        loops_time_skip_s=t[policy, False],
+        loops_speedup=t[dense, False] / t[policy, False],
+        peak_mem_full=mem_full.delta,
+        peak_mem_skip=mem_skip.delta,
+        peak_mem_abs_full=mem_full.absolute,
+        peak_mem_abs_skip=mem_skip.absolute,
+        cache_bytes=caches[policy].nbytes(),
+        dtype=dtype,
+        device=str(device),
+        schedule=schedule,
+        steps_skip=steps,
+        mamba_step=_mamba_step(model, device, dtype),
+    )
 
 
 def _mamba_step(model, device: torch.device, dtype: str) -> str:
@@ -470,48 +603,87 @@ def _mamba_step(model, device: torch.device, dtype: str) -> str:
     return step_implementation(torch.empty(0, device=device, dtype=dtype_)) + compiled
 
 
-def run_decode_grid(model, task, *, batches, seq_lens, new_tokens: int = 32, policies=(),
-                    oracle_mean: float | None = None, warmup: int = 1, repeats: int = 3,
-                    attention_fill: str = "hole", dtype: str = "fp32", device: torch.device | str = "cpu",
-                    seed: int = 0, schedules=(LOCKSTEP,), on_record=None) -> list[DecodeRecord]:
+def run_decode_grid(
+    model,
+    task,
+    *,
+    batches,
+    seq_lens,
+    new_tokens: int = 32,
+    policies=(),
+    oracle_mean: float | None = None,
+    warmup: int = 1,
+    repeats: int = 3,
+    attention_fill: str = "hole",
+    dtype: str = "fp32",
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+    schedules=(LOCKSTEP,),
+    on_record=None,
+) -> list[DecodeRecord]:
     """Every (batch, seq_len) × policy × schedule point of the decode benchmark (module docstring)."""
     if oracle_mean is None and not policies:
-        raise ConfigError("bench needs skip policies or an oracle mean; allowed: --policies skip:0.2,0.4 or "
-                          "--oracle-mean 2.0")
+        raise ConfigError(
+            "bench needs skip policies or an oracle mean; allowed: --policies skip:0.2,0.4 or --oracle-mean 2.0"
+        )
     check_dtype(dtype)
     device = torch.device(device)
     model = model.to(device).eval()
-    points = [dict(point, schedule=schedule)
-              for point in _grid_points(model, task, batches, seq_lens, policies, oracle_mean, seed, device, new_tokens)
-              for schedule in schedules]
+    points = [
+        dict(point, schedule=schedule)
+        for point in _grid_points(model, task, batches, seq_lens, policies, oracle_mean, seed, device, new_tokens)
+        for schedule in schedules
+    ]
     for p in points:
         _check_decode_point(p["ids"], p["seq_len"], p["policy"], dtype, p["schedule"])
-    peaks = measured_peaks(decode_peaks, [dict(model=model, ids=p["ids"], seq_len=p["seq_len"], policy=p["policy"],
-                                               attention_fill=attention_fill, dtype=dtype, schedule=p["schedule"])
-                                          for p in points])
+    peaks = measured_peaks(
+        decode_peaks,
+        [
+            dict(
+                model=model,
+                ids=p["ids"],
+                seq_len=p["seq_len"],
+                policy=p["policy"],
+                attention_fill=attention_fill,
+                dtype=dtype,
+                schedule=p["schedule"],
+            )
+            for p in points
+        ],
+    )
     records = []
     for point, point_peaks in zip(points, peaks):
-        record = bench_decode_point(model, warmup=warmup, repeats=repeats, attention_fill=attention_fill, dtype=dtype,
-                                    peaks=point_peaks, **point)
+        record = bench_decode_point(
+            model,
+            warmup=warmup,
+            repeats=repeats,
+            attention_fill=attention_fill,
+            dtype=dtype,
+            peaks=point_peaks,
+            **point,
+        )
         records.append(record)
         if on_record:
             on_record(record)
     return records
 
 
-DECODE_HEADER = ("batch  context  policy      schedule  mamba step  dtype  loops  steps  ideal  full ms  skip ms  "
-                 "tok/s full  tok/s skip  speedup  loops only: full ms  skip ms  speedup  of ideal  "
-                 + MEMORY_HEADER + "      cache")
+DECODE_HEADER = (
+    "batch  context  policy      schedule  mamba step  dtype  loops  steps  ideal  full ms  skip ms  "
+    "tok/s full  tok/s skip  speedup  loops only: full ms  skip ms  speedup  of ideal  " + MEMORY_HEADER + "      cache"
+)
 
 
 def format_decode_record(r: DecodeRecord) -> str:
     policy = r.policy if r.oracle_mean is None else f"oracle {r.oracle_mean:.2f}"
-    return (f"{r.batch:5d}  {r.seq_len:7d}  {policy:10s}  {r.schedule:8s}  {r.mamba_step:10s}  {r.dtype:5s}  "
-            f"{r.mean_executed_loops:5.2f}  {r.steps_skip:5.2f}  "
-            f"{r.ideal_speedup:5.2f}  {r.time_full_s * 1e3:7.2f}  {r.time_skip_s * 1e3:7.2f}  "
-            f"{r.tokens_per_s_full:10.0f}  {r.tokens_per_s_skip:10.0f}  {r.speedup:6.2f}x  "
-            f"{r.loops_time_full_s * 1e3:19.2f}  {r.loops_time_skip_s * 1e3:7.2f}  {r.loops_speedup:6.2f}x  "
-            f"{r.loops_speedup / r.ideal_speedup:7.1%}  {_memory_columns(r)}  {_mib(r.cache_bytes)}")
+    return (
+        f"{r.batch:5d}  {r.seq_len:7d}  {policy:10s}  {r.schedule:8s}  {r.mamba_step:10s}  {r.dtype:5s}  "
+        f"{r.mean_executed_loops:5.2f}  {r.steps_skip:5.2f}  "
+        f"{r.ideal_speedup:5.2f}  {r.time_full_s * 1e3:7.2f}  {r.time_skip_s * 1e3:7.2f}  "
+        f"{r.tokens_per_s_full:10.0f}  {r.tokens_per_s_skip:10.0f}  {r.speedup:6.2f}x  "
+        f"{r.loops_time_full_s * 1e3:19.2f}  {r.loops_time_skip_s * 1e3:7.2f}  {r.loops_speedup:6.2f}x  "
+        f"{r.loops_speedup / r.ideal_speedup:7.1%}  {_memory_columns(r)}  {_mib(r.cache_bytes)}"
+    )
 
 
 def context_scaling(records: list[DecodeRecord]) -> list[str]:
@@ -524,6 +696,8 @@ def context_scaling(records: list[DecodeRecord]) -> list[str]:
     for (batch, _, _, schedule), rs in groups.items():
         if len(rs) > 1:
             short, long = min(rs, key=lambda r: r.seq_len), max(rs, key=lambda r: r.seq_len)
-            lines.append(f"batch {batch} ({schedule}): per-token time at context {long.seq_len} / {short.seq_len}: "
-                         f"full {long.time_full_s / short.time_full_s:.2f}, skip {long.time_skip_s / short.time_skip_s:.2f}")
+            lines.append(
+                f"batch {batch} ({schedule}): per-token time at context {long.seq_len} / {short.seq_len}: "
+                f"full {long.time_full_s / short.time_full_s:.2f}, skip {long.time_skip_s / short.time_skip_s:.2f}"
+            )
     return lines

@@ -94,9 +94,19 @@ def _as_int(name: str, value: Any, minimum: int = 1) -> int:
 class LoopLabLM(TemplateLM):
     """A LoopedLM behind lm-eval's TemplateLM interface (see the module docstring)."""
 
-    def __init__(self, checkpoint=None, policy: ExitPolicy | str = "full", batch_size: int | str = 8, device: str | None = "auto", max_length: int | None = None,
-                 tokenizer=None, add_bos_token: bool = True, max_gen_toks: int = DEFAULT_MAX_GEN_TOKS,
-                 precision: str = "auto", max_batch_size: int | None = None):
+    def __init__(
+        self,
+        checkpoint=None,
+        policy: ExitPolicy | str = "full",
+        batch_size: int | str = 8,
+        device: str | None = "auto",
+        max_length: int | None = None,
+        tokenizer=None,
+        add_bos_token: bool = True,
+        max_gen_toks: int = DEFAULT_MAX_GEN_TOKS,
+        precision: str = "auto",
+        max_batch_size: int | None = None,
+    ):
         # max_batch_size: lm-eval passes it to every model; there is no auto batch size here.
         super().__init__()
         from looplab.models.looped import LoopedLM
@@ -109,8 +119,10 @@ class LoopLabLM(TemplateLM):
             from looplab.checkpoint import is_checkpoint, load_model
 
             if not is_checkpoint(checkpoint):
-                raise ConfigError(f"checkpoint={str(checkpoint)!r} is not a looplab checkpoint directory "
-                                  "(needs config.json and model.safetensors)")
+                raise ConfigError(
+                    f"checkpoint={str(checkpoint)!r} is not a looplab checkpoint directory "
+                    "(needs config.json and model.safetensors)"
+                )
             self.model, self.checkpoint = load_model(checkpoint), str(checkpoint)
         self.n_loops = self.model.cfg.n_loops
         self.policy = policy if isinstance(policy, ExitPolicy) else ExitPolicy.parse(policy)
@@ -138,24 +150,35 @@ class LoopLabLM(TemplateLM):
     def _load_tokenizer(self, spec):
         spec = spec if spec is not None else self.model.metadata.get("tokenizer")
         if spec is None:
-            raise ConfigError(f"checkpoint={self.checkpoint!r} carries no metadata['tokenizer']; allowed: name "
-                              "the tokenizer it was trained with (looplab lm-eval --tokenizer NAME; model arg "
-                              "tokenizer=NAME): mistral | bytes | an HF tokenizer name")
+            raise ConfigError(
+                f"checkpoint={self.checkpoint!r} carries no metadata['tokenizer']; allowed: name "
+                "the tokenizer it was trained with (looplab lm-eval --tokenizer NAME; model arg "
+                "tokenizer=NAME): mistral | bytes | an HF tokenizer name"
+            )
         if isinstance(spec, str):
             from looplab.tasks.tokenizer import load_tokenizer
 
             spec = load_tokenizer(spec)
         if spec.vocab_size > self.model.cfg.vocab_size:
-            raise ConfigError(f"tokenizer vocab_size={spec.vocab_size} exceeds the model's vocab_size="
-                              f"{self.model.cfg.vocab_size}; allowed: the tokenizer the model was trained with")
+            raise ConfigError(
+                f"tokenizer vocab_size={spec.vocab_size} exceeds the model's vocab_size="
+                f"{self.model.cfg.vocab_size}; allowed: the tokenizer the model was trained with"
+            )
         return spec
 
     def get_model_info(self) -> dict[str, Any]:
         """Merged by lm-eval into results["config"] after the run, so a plain
         simple_evaluate(model="looplab", ...) also carries the executed loops."""
-        return {"checkpoint": self.checkpoint, "policy": self.policy.spec, "n_loops": self.n_loops, "max_length": self.max_length, "tokenizer": self.tokenizer_name,
-                "add_bos_token": self.add_bos_token, EXECUTED_LOOPS: self.executed_loops,
-                "executed_loops_by_task": self.executed_loops_by_task}
+        return {
+            "checkpoint": self.checkpoint,
+            "policy": self.policy.spec,
+            "n_loops": self.n_loops,
+            "max_length": self.max_length,
+            "tokenizer": self.tokenizer_name,
+            "add_bos_token": self.add_bos_token,
+            EXECUTED_LOOPS: self.executed_loops,
+            "executed_loops_by_task": self.executed_loops_by_task,
+        }
 
     # ---- TemplateLM interface -----------------------------------------------------
     @property
@@ -176,8 +199,9 @@ class LoopLabLM(TemplateLM):
     def tokenizer_name(self) -> str:
         return str(getattr(self.tokenizer, "spec", type(self.tokenizer).__name__))
 
-    def tok_encode(self, string: str, add_special_tokens: bool | None = None, left_truncate_len: int | None = None,
-                   **kwargs) -> list[int]:
+    def tok_encode(
+        self, string: str, add_special_tokens: bool | None = None, left_truncate_len: int | None = None, **kwargs
+    ) -> list[int]:
         ids = list(self.tokenizer.encode(string))
         add_bos = self.add_bos_token if add_special_tokens is None else add_special_tokens
         if add_bos and self.tokenizer.bos_id is not None:
@@ -215,8 +239,9 @@ class LoopLabLM(TemplateLM):
         for i, request in enumerate(requests):
             (text,) = request.args
             tokens = self.tok_encode(text, add_special_tokens=False)
-            windows = get_rolling_token_windows(tokens, prefix_token=self.prefix_token_id,
-                                                max_seq_len=self.max_length, context_len=1)
+            windows = get_rolling_token_windows(
+                tokens, prefix_token=self.prefix_token_id, max_seq_len=self.max_length, context_len=1
+            )
             for context, continuation in map(make_disjoint_window, windows):
                 pairs.append((context, continuation))
                 owners.append(i)
@@ -263,8 +288,11 @@ class LoopLabLM(TemplateLM):
 
     @property
     def executed_loops_by_task(self) -> dict[str, float]:
-        return {task: mean for task, tally in self._tally_by_task.items()
-                if task is not None and (mean := tally.mean) is not None}  # mean: None before any token
+        return {
+            task: mean
+            for task, tally in self._tally_by_task.items()
+            if task is not None and (mean := tally.mean) is not None
+        }  # mean: None before any token
 
     def loop_tallies(self) -> dict[str | None, LoopTally]:
         """Per-task step-token sums (None: requests that came without a task),
@@ -283,8 +311,8 @@ class LoopLabLM(TemplateLM):
         ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
         mask = torch.zeros(len(rows), width, dtype=torch.bool)
         for i, row in enumerate(rows):
-            ids[i, :len(row)] = torch.tensor(row, dtype=torch.long)
-            mask[i, :len(row)] = True
+            ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+            mask[i, : len(row)] = True
         ids, mask = ids.to(self._device), mask.to(self._device)
         start = time.perf_counter()
         with autocast_context(self._device, self.precision):
@@ -313,20 +341,23 @@ class LoopLabLM(TemplateLM):
             self._flops_cache[length] = self.model.step_flops(length)
         return self._flops_cache[length]
 
-    def _score(self, pairs: list[tuple[list[int], list[int]]], tasks: list[str | None],
-               disable_tqdm: bool = True) -> list[tuple[float, bool]]:
+    def _score(
+        self, pairs: list[tuple[list[int], list[int]]], tasks: list[str | None], disable_tqdm: bool = True
+    ) -> list[tuple[float, bool]]:
         """(sum of the continuation's log-probs, whether greedy decoding yields it)
         for each (context ids, continuation ids); contexts are left-truncated so
         context + continuation fit in max_length + 1 tokens."""
         items = []
         for index, ((context, continuation), task) in enumerate(zip(pairs, tasks)):
             if len(continuation) > self.max_length:
-                raise ConfigError(f"continuation of {len(continuation)} tokens is too long; allowed: at most "
-                                  f"max_length={self.max_length}")
+                raise ConfigError(
+                    f"continuation of {len(continuation)} tokens is too long; allowed: at most "
+                    f"max_length={self.max_length}"
+                )
             if not continuation:
                 continue
             # The last token is only predicted, never read.
-            inputs = (list(context) + list(continuation))[-(self.max_length + 1):][:-1]
+            inputs = (list(context) + list(continuation))[-(self.max_length + 1) :][:-1]
             items.append((index, inputs, list(continuation), task))
         # Longest first: the largest batch runs first and padding stays small.
         collator = Collator(items, sort_fn=lambda item: (-len(item[1]), tuple(item[1])))
@@ -336,7 +367,7 @@ class LoopLabLM(TemplateLM):
             logits = self._forward([item[1] for item in batch], [item[3] for item in batch])
             for row, (_, inputs, continuation, _) in enumerate(batch):
                 n, end = len(continuation), len(inputs)
-                logprobs = torch.log_softmax(logits[row, end - n:end].float(), dim=-1)
+                logprobs = torch.log_softmax(logits[row, end - n : end].float(), dim=-1)
                 target = torch.tensor(continuation, device=logprobs.device)
                 total = logprobs.gather(-1, target[:, None]).sum()
                 scored.append((float(total), bool((logprobs.argmax(dim=-1) == target).all())))
@@ -361,8 +392,15 @@ class LoopLabLM(TemplateLM):
         from looplab.inference.generate import generate
 
         with torch.no_grad(), autocast_context(self._device, self.precision):
-            out = generate(self.model, [item[0] for item in batch], [item[2] for item in batch], self.policy,
-                           eos_id=self.eot_token_id, stop=[item[1] for item in batch], decode=self.tok_decode)
+            out = generate(
+                self.model,
+                [item[0] for item in batch],
+                [item[2] for item in batch],
+                self.policy,
+                eos_id=self.eot_token_id,
+                stop=[item[1] for item in batch],
+                decode=self.tok_decode,
+            )
         for item, tokens, loops in zip(batch, out.ran_tokens, out.ran_loops):
             self._tally.add(loops, tokens)
             self._tally_by_task[item[3]].add(loops, tokens)
@@ -380,8 +418,10 @@ def make_lm(checkpoint_or_model, **model_args) -> LoopLabLM:
     (returned as is; then model_args must be empty)."""
     if isinstance(checkpoint_or_model, LoopLabLM):
         if any(v is not None for v in model_args.values()):
-            raise ConfigError(f"model args {sorted(model_args)} cannot change an existing LoopLabLM; "
-                              "allowed: pass a checkpoint path or a LoopedLM instead")
+            raise ConfigError(
+                f"model args {sorted(model_args)} cannot change an existing LoopLabLM; "
+                "allowed: pass a checkpoint path or a LoopedLM instead"
+            )
         return checkpoint_or_model
     return LoopLabLM(checkpoint=checkpoint_or_model, **{k: v for k, v in model_args.items() if v is not None})
 
@@ -399,9 +439,18 @@ def make_task_manager(include_path: str | os.PathLike | None = None, needed=()):
     return TaskManager(include_path=paths)
 
 
-def evaluate_tasks(checkpoint_or_model, tasks: list, *, include_path: str | os.PathLike | None = None,
-                   limit: int | float | None = None, num_fewshot: int | None = None, manager=None,
-                   log_samples: bool = False, bootstrap_iters: int = 100_000, **model_args) -> dict[str, Any]:
+def evaluate_tasks(
+    checkpoint_or_model,
+    tasks: list,
+    *,
+    include_path: str | os.PathLike | None = None,
+    limit: int | float | None = None,
+    num_fewshot: int | None = None,
+    manager=None,
+    log_samples: bool = False,
+    bootstrap_iters: int = 100_000,
+    **model_args,
+) -> dict[str, Any]:
     """Run lm-eval's simple_evaluate on `tasks` (names, config dicts or Task
     objects) and put each task's (and group's) executed loops beside its metrics,
     as results["results"][name]["executed_loops"]. model_args go to LoopLabLM
@@ -413,9 +462,15 @@ def evaluate_tasks(checkpoint_or_model, tasks: list, *, include_path: str | os.P
     if manager is None:
         manager = make_task_manager(include_path, [t for t in tasks if isinstance(t, str)])
     lm.reset_loop_tally()
-    results = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), limit=limit, num_fewshot=num_fewshot,
-                                      task_manager=manager, log_samples=log_samples,
-                                      bootstrap_iters=bootstrap_iters)
+    results = lm_eval.simple_evaluate(
+        model=lm,
+        tasks=list(tasks),
+        limit=limit,
+        num_fewshot=num_fewshot,
+        task_manager=manager,
+        log_samples=log_samples,
+        bootstrap_iters=bootstrap_iters,
+    )
     if results is None:  # non-zero ranks of a distributed run
         return {}
     attach_executed_loops(results, lm)

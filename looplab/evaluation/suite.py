@@ -56,8 +56,15 @@ SUITE_METRICS: dict[str, str] = {
 
 # Where each task's YAML lives inside lm-eval's tasks directory (0.4.13); indexing
 # these folders alone is instant, the full index takes seconds.
-_TASK_DIRS = {"piqa": "piqa", "boolq": "super_glue/boolq", "winogrande": "winogrande",
-              "openbookqa": "openbookqa", "hellaswag": "hellaswag", "arc_challenge": "arc", "arc_easy": "arc"}
+_TASK_DIRS = {
+    "piqa": "piqa",
+    "boolq": "super_glue/boolq",
+    "winogrande": "winogrande",
+    "openbookqa": "openbookqa",
+    "hellaswag": "hellaswag",
+    "arc_challenge": "arc",
+    "arc_easy": "arc",
+}
 SPLIT_KEYS = ("training_split", "validation_split", "test_split", "fewshot_split")
 
 
@@ -65,8 +72,9 @@ def _check_tasks(tasks) -> list[str]:
     tasks = list(PAPER_TASKS if tasks is None else tasks)
     unknown = [t for t in tasks if t not in PAPER_SHOTS]
     if unknown or not tasks:
-        raise ConfigError(f"suite tasks {unknown or tasks} are invalid; allowed: a non-empty subset of "
-                          f"{', '.join(PAPER_TASKS)}")
+        raise ConfigError(
+            f"suite tasks {unknown or tasks} are invalid; allowed: a non-empty subset of {', '.join(PAPER_TASKS)}"
+        )
     return tasks
 
 
@@ -84,8 +92,10 @@ def builtin_yaml_paths(tasks) -> dict[str, Path]:
     for task in tasks:
         entry = index.get(task)
         if entry is None or entry.yaml_path is None:
-            raise ConfigError(f"task {task!r} is not a YAML task of the installed lm-eval; allowed: lm-eval 0.4.x's "
-                              f"{', '.join(PAPER_TASKS)}")
+            raise ConfigError(
+                f"task {task!r} is not a YAML task of the installed lm-eval; allowed: lm-eval 0.4.x's "
+                f"{', '.join(PAPER_TASKS)}"
+            )
         paths[task] = Path(entry.yaml_path)
     return paths
 
@@ -102,8 +112,9 @@ def required_splits(config: dict[str, Any]) -> list[str]:
     return sorted({config[k] for k in SPLIT_KEYS if config.get(k)})
 
 
-def suite_configs(tasks=None, local_data_dir: str | os.PathLike | None = None,
-                  shots: dict[str, int] | None = None) -> list[dict[str, Any]]:
+def suite_configs(
+    tasks=None, local_data_dir: str | os.PathLike | None = None, shots: dict[str, int] | None = None
+) -> list[dict[str, Any]]:
     """Task config dicts for simple_evaluate: the built-in YAML of each task with
     num_fewshot set to the paper's shots (or `shots`), and with local_data_dir its
     dataset read from DIR/<task>/<split>.parquet."""
@@ -123,16 +134,28 @@ def _local_dataset(task: str, config: dict[str, Any], root: Path) -> dict[str, A
     files = {split: root / task / f"{split}.parquet" for split in required_splits(config)}
     missing = [str(p) for p in files.values() if not p.is_file()]
     if missing:
-        raise ConfigError(f"local data for {task} is missing {missing}; allowed: a directory written by "
-                          "`python -m looplab.evaluation.suite export DIR`")
-    return {"dataset_path": "parquet", "dataset_name": None,
-            "dataset_kwargs": {"data_files": {split: str(p) for split, p in files.items()}}}
+        raise ConfigError(
+            f"local data for {task} is missing {missing}; allowed: a directory written by "
+            "`python -m looplab.evaluation.suite export DIR`"
+        )
+    return {
+        "dataset_path": "parquet",
+        "dataset_name": None,
+        "dataset_kwargs": {"data_files": {split: str(p) for split, p in files.items()}},
+    }
 
 
-def run_suite(checkpoint_or_model, policy=None, limit: int | float | None = None,
-              local_data_dir: str | os.PathLike | None = None, *, tasks=None,
-              metrics: dict[str, str] | None = None, shots: dict[str, int] | None = None,
-              **model_args) -> dict[str, Any]:
+def run_suite(
+    checkpoint_or_model,
+    policy=None,
+    limit: int | float | None = None,
+    local_data_dir: str | os.PathLike | None = None,
+    *,
+    tasks=None,
+    metrics: dict[str, str] | None = None,
+    shots: dict[str, int] | None = None,
+    **model_args,
+) -> dict[str, Any]:
     """Evaluate a checkpoint path, a LoopedLM or a LoopLabLM on the suite.
 
     Returns {"tasks": {task: {"metric", "accuracy", "executed_loops", "num_fewshot",
@@ -143,8 +166,9 @@ def run_suite(checkpoint_or_model, policy=None, limit: int | float | None = None
     tasks = _check_tasks(tasks)
     metrics = {**SUITE_METRICS, **(metrics or {})}
     configs = suite_configs(tasks, local_data_dir, shots)
-    results = evaluate_tasks(checkpoint_or_model, configs, limit=limit, manager=make_task_manager(),
-                             policy=policy, **model_args)
+    results = evaluate_tasks(
+        checkpoint_or_model, configs, limit=limit, manager=make_task_manager(), policy=policy, **model_args
+    )
     return summarize(results, tasks, metrics)
 
 
@@ -154,15 +178,25 @@ def summarize(results: dict[str, Any], tasks: list[str], metrics: dict[str, str]
         row = results["results"][task]
         key = f"{metrics[task]},none"
         if key not in row:
-            raise ConfigError(f"metric {metrics[task]!r} is not reported for {task}; allowed: "
-                              f"{sorted(k.split(',')[0] for k in row if ',' in k)}")
-        per_task[task] = {"metric": metrics[task], "accuracy": row[key], EXECUTED_LOOPS: row.get(EXECUTED_LOOPS),
-                          "num_fewshot": results.get("n-shot", {}).get(task),
-                          "n_samples": results.get("n-samples", {}).get(task, {}).get("effective"),
-                          "results": row}
-    return {"tasks": per_task, "average": sum(t["accuracy"] for t in per_task.values()) / len(per_task),
-            EXECUTED_LOOPS: results.get(EXECUTED_LOOPS), "config": results.get("config", {}),
-            "lm_eval": results}
+            raise ConfigError(
+                f"metric {metrics[task]!r} is not reported for {task}; allowed: "
+                f"{sorted(k.split(',')[0] for k in row if ',' in k)}"
+            )
+        per_task[task] = {
+            "metric": metrics[task],
+            "accuracy": row[key],
+            EXECUTED_LOOPS: row.get(EXECUTED_LOOPS),
+            "num_fewshot": results.get("n-shot", {}).get(task),
+            "n_samples": results.get("n-samples", {}).get(task, {}).get("effective"),
+            "results": row,
+        }
+    return {
+        "tasks": per_task,
+        "average": sum(t["accuracy"] for t in per_task.values()) / len(per_task),
+        EXECUTED_LOOPS: results.get(EXECUTED_LOOPS),
+        "config": results.get("config", {}),
+        "lm_eval": results,
+    }
 
 
 # ---- offline copies of the datasets ------------------------------------------------
@@ -177,15 +211,19 @@ def export_suite_data(out_dir: str | os.PathLike, tasks=None) -> dict[str, dict[
     for task, path in builtin_yaml_paths(_check_tasks(tasks)).items():
         config = builtin_config(task, path)
         splits = required_splits(config)
-        data = datasets.load_dataset(config["dataset_path"], config.get("dataset_name"),
-                                     **copy.deepcopy(config.get("dataset_kwargs") or {}))
+        data = datasets.load_dataset(
+            config["dataset_path"], config.get("dataset_name"), **copy.deepcopy(config.get("dataset_kwargs") or {})
+        )
         (out / task).mkdir(parents=True, exist_ok=True)
         rows = {}
         for split in splits:
             data[split].to_parquet(str(out / task / f"{split}.parquet"))
             rows[split] = data[split].num_rows
-        manifest[task] = {"dataset_path": config["dataset_path"], "dataset_name": config.get("dataset_name"),
-                          "rows": rows}
+        manifest[task] = {
+            "dataset_path": config["dataset_path"],
+            "dataset_name": config.get("dataset_name"),
+            "rows": rows,
+        }
         print(f"{task}: {rows}", file=sys.stderr)
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return manifest
@@ -194,8 +232,10 @@ def export_suite_data(out_dir: str | os.PathLike, tasks=None) -> dict[str, dict[
 def _main(argv: list[str] | None = None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m looplab.evaluation.suite",
-                                     description="Write the paper suite's datasets as local parquet files.")
+    parser = argparse.ArgumentParser(
+        prog="python -m looplab.evaluation.suite",
+        description="Write the paper suite's datasets as local parquet files.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     export = sub.add_parser("export", help="download the datasets (needs the hub) into DIR/<task>/<split>.parquet")
     export.add_argument("out_dir")

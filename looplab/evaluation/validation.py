@@ -21,18 +21,34 @@ from looplab.models.head import head_token_losses, token_losses
 from looplab.tracking import ACCURACY, BACKBONE_FLOPS, EXECUTED_LOOPS, LOSS, MEAN_EXIT_STEP, PPL
 
 
-def _record(policy: ExitPolicy, correct: int, loss_sum: float, exit_sum: float, loops: float, flops: float,
-            total: int) -> dict:
+def _record(
+    policy: ExitPolicy, correct: int, loss_sum: float, exit_sum: float, loops: float, flops: float, total: int
+) -> dict:
     if total == 0:
         raise ValueError("evaluation set has no target positions")
     loss = loss_sum / total
-    return {"policy": policy.spec, ACCURACY: correct / total, LOSS: loss, PPL: math.exp(min(loss, 50.0)),
-            MEAN_EXIT_STEP: exit_sum / total, EXECUTED_LOOPS: loops, BACKBONE_FLOPS: flops, "n": total}
+    return {
+        "policy": policy.spec,
+        ACCURACY: correct / total,
+        LOSS: loss,
+        PPL: math.exp(min(loss, 50.0)),
+        MEAN_EXIT_STEP: exit_sum / total,
+        EXECUTED_LOOPS: loops,
+        BACKBONE_FLOPS: flops,
+        "n": total,
+    }
 
 
 @torch.no_grad()
-def evaluate_policy(model, batch: Batch, policy: ExitPolicy, *, batch_size: int = 64,
-                    device: torch.device | str = "cpu", precision: str = "auto") -> dict:
+def evaluate_policy(
+    model,
+    batch: Batch,
+    policy: ExitPolicy,
+    *,
+    batch_size: int = 64,
+    device: torch.device | str = "cpu",
+    precision: str = "auto",
+) -> dict:
     """The record of one policy, from its own forward pass over the evaluation set."""
     device = torch.device(device)
     was_training = model.training
@@ -69,8 +85,9 @@ def evaluate_policies(model, batch: Batch, policies, **kw) -> list[dict]:
 
 
 @torch.no_grad()
-def evaluate_readouts(model, batch: Batch, policies, *, batch_size: int = 64, device: torch.device | str = "cpu",
-                      precision: str = "auto") -> list[dict]:
+def evaluate_readouts(
+    model, batch: Batch, policies, *, batch_size: int = 64, device: torch.device | str = "cpu", precision: str = "auto"
+) -> list[dict]:
     """The records of full, forced and dense policies (the gate's threshold rule or a
     zoo rule) from one dense pass that keeps every step: per step, each target's CE
     and correctness; a policy then picks one step per token. The LM head runs only on
@@ -82,8 +99,10 @@ def evaluate_readouts(model, batch: Batch, policies, *, batch_size: int = 64, de
     policies = list(policies)
     for p in policies:
         if p.execution == SKIP or (p.execution == DENSE and p.rule not in EXIT_RULES):
-            raise ValueError(f"evaluate_readouts reads full, forced and dense policies with a rule (dense:Q, "
-                             f"dense-entropy:T, ...), not {p.spec}")
+            raise ValueError(
+                f"evaluate_readouts reads full, forced and dense policies with a rule (dense:Q, "
+                f"dense-entropy:T, ...), not {p.spec}"
+            )
         p.check(model.cfg.n_loops)
     was_training = model.training
     model.eval()
@@ -105,8 +124,9 @@ def evaluate_readouts(model, batch: Batch, policies, *, batch_size: int = 64, de
             loss_at, correct_at = {}, {}
             for r in read:  # one LM-head pass per step, reduced at once: no (R, B, L, V) buffer
                 if not zoo_rules:  # nothing reads the distribution itself: the chunked head, no (B, L, V) logits
-                    loss_at[r], correct_at[r] = head_token_losses(model, out.step_hidden[r - 1], part.targets,
-                                                                  correct=True)
+                    loss_at[r], correct_at[r] = head_token_losses(
+                        model, out.step_hidden[r - 1], part.targets, correct=True
+                    )
                     loss_at[r] = loss_at[r].float()
                 else:
                     logits = model.logits(out.step_hidden[r - 1])
@@ -118,8 +138,11 @@ def evaluate_readouts(model, batch: Batch, policies, *, batch_size: int = 64, de
                 for rule in zoo_rules:
                     statistic[rule], states[rule] = EXIT_RULES[rule].statistic(logits, states[rule])
                 for policy, decider in rules.items():  # as execution's dense loop: a token's first exit stands
-                    reached = (decider.update(out.gate_logits[r - 1]) if policy.rule == GATE
-                               else decider.decide(statistic[policy.rule]))
+                    reached = (
+                        decider.update(out.gate_logits[r - 1])
+                        if policy.rule == GATE
+                        else decider.decide(statistic[policy.rule])
+                    )
                     exit_steps[policy] = torch.where(reached & (exit_steps[policy] == R), r, exit_steps[policy])
         for policy in policies:
             if policy.execution == DENSE:
@@ -145,14 +168,18 @@ def evaluate_readouts(model, batch: Batch, policies, *, batch_size: int = 64, de
     records = []
     for policy, acc in sums.items():
         loops = policy.loops_run(R)
-        records.append(_record(policy, int(acc["correct"]), acc["loss"], acc["exit"], float(loops),
-                               float(loops * step_flops), total))
+        records.append(
+            _record(
+                policy, int(acc["correct"]), acc["loss"], acc["exit"], float(loops), float(loops * step_flops), total
+            )
+        )
     return records
 
 
 def format_table(records: list[dict]) -> str:
     rows = ["policy       exit   loops  ppl        acc", "-" * 44]
     for r in records:
-        rows.append(f"{r['policy']:11s}  {r[MEAN_EXIT_STEP]:5.2f}  {r[EXECUTED_LOOPS]:5.2f}  "
-                    f"{r[PPL]:9.4f}  {r[ACCURACY]:.4f}")
+        rows.append(
+            f"{r['policy']:11s}  {r[MEAN_EXIT_STEP]:5.2f}  {r[EXECUTED_LOOPS]:5.2f}  {r[PPL]:9.4f}  {r[ACCURACY]:.4f}"
+        )
     return "\n".join(rows)

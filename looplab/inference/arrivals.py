@@ -53,9 +53,14 @@ from looplab.tasks.base import heldout_ids
 
 # ---- the request stream -----------------------------------------------------------------
 
+
 def _check_range(name: str, value) -> tuple[int, int]:
-    ok = (isinstance(value, (tuple, list)) and len(value) == 2
-          and all(is_int(v) for v in value) and 1 <= value[0] <= value[1])
+    ok = (
+        isinstance(value, (tuple, list))
+        and len(value) == 2
+        and all(is_int(v) for v in value)
+        and 1 <= value[0] <= value[1]
+    )
     check(ok, name, value, "(low, high) integers with 1 <= low <= high")
     return int(value[0]), int(value[1])
 
@@ -83,12 +88,10 @@ class RequestStream:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        check(is_int(self.requests) and self.requests >= 1,
-              "requests", self.requests, "an integer >= 1")
+        check(is_int(self.requests) and self.requests >= 1, "requests", self.requests, "an integer >= 1")
         object.__setattr__(self, "prompt_len", _check_range("prompt_len", self.prompt_len))
         object.__setattr__(self, "new_tokens", _check_range("new_tokens", self.new_tokens))
-        check(is_int(self.seed) and self.seed >= 0,
-              "seed", self.seed, "an integer >= 0")
+        check(is_int(self.seed) and self.seed >= 0, "seed", self.seed, "an integer >= 0")
 
     @property
     def mean_context(self) -> float:
@@ -110,10 +113,11 @@ def make_requests(model, task, stream: RequestStream) -> list[Request]:
     new = rng.integers(stream.new_tokens[0], stream.new_tokens[1] + 1, size=stream.requests).tolist()
     text = heldout_ids(model, task, 1, sum(lengths), stream.seed)[0]
     ends = np.cumsum(lengths).tolist()
-    return [Request(i, text[end - n:end].clone(), k) for i, (n, k, end) in enumerate(zip(lengths, new, ends))]
+    return [Request(i, text[end - n : end].clone(), k) for i, (n, k, end) in enumerate(zip(lengths, new, ends))]
 
 
 # ---- serving ------------------------------------------------------------------------------
+
 
 @dataclass
 class Served:
@@ -148,20 +152,29 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def check_serving(model, requests: list[Request], policy: ExitPolicy, slots: int, schedule: str,
-                   attention_fill: str) -> None:
+def check_serving(
+    model, requests: list[Request], policy: ExitPolicy, slots: int, schedule: str, attention_fill: str
+) -> None:
     if not isinstance(policy, ExitPolicy):
         raise ConfigError(f"policy={policy!r} is invalid; allowed: an ExitPolicy (e.g. ExitPolicy.parse('skip:0.4'))")
     # Given exits are steps by (row, position) of a fixed batch; a stream has no such batch.
-    check(policy.rule != GIVEN, "policy", policy.spec, "full | forced:D | dense:Q | skip:Q | a zoo rule "
-          "(skip-entropy:T, ...); given exits need a fixed batch")
+    check(
+        policy.rule != GIVEN,
+        "policy",
+        policy.spec,
+        "full | forced:D | dense:Q | skip:Q | a zoo rule (skip-entropy:T, ...); given exits need a fixed batch",
+    )
     policy.check(model.cfg.n_loops)
     check(is_int(slots) and slots >= 1, "slots", slots, "an integer >= 1")
     check_schedule(schedule)
     check_fill(attention_fill)
-    check(bool(requests) and all(isinstance(r, Request) and r.new_tokens >= 1 and r.prompt.numel() >= 1
-                                 for r in requests), "requests", f"{len(requests)} items",
-          "Requests with a non-empty prompt and new_tokens >= 1 (make_requests)")
+    check(
+        bool(requests)
+        and all(isinstance(r, Request) and r.new_tokens >= 1 and r.prompt.numel() >= 1 for r in requests),
+        "requests",
+        f"{len(requests)} items",
+        "Requests with a non-empty prompt and new_tokens >= 1 (make_requests)",
+    )
 
 
 class _Server:
@@ -192,8 +205,9 @@ class _Server:
             request = self.waiting.popleft()
             _synchronize(self.device)
             start = time.perf_counter()
-            pre = prefill(self.model, request.prompt[None].to(self.device), self.policy,
-                          attention_fill=self.attention_fill)
+            pre = prefill(
+                self.model, request.prompt[None].to(self.device), self.policy, attention_fill=self.attention_fill
+            )
             self.load(row, pre.cache)
             token = int(pre.logits[0].argmax())  # a host read: the prefill and the copy are over
             self.prefill_s += time.perf_counter() - start  # admission: the prefill and its copy into the row
@@ -234,8 +248,9 @@ def _serve_depth(server: _Server) -> int:
     going = server.admit_all()
     while going or batch.running:
         if going:
-            batch.start(np.array([row for row, _ in going]),
-                        torch.tensor([token for _, token in going], device=server.device))
+            batch.start(
+                np.array([row for row, _ in going]), torch.tensor([token for _, token in going], device=server.device)
+            )
         done = batch.advance()
         going = server.accept(done.rows.tolist(), done.logits, done.loops.tolist()) if done.rows.numel() else []
     return batch.steps
@@ -252,8 +267,13 @@ def _serve_lockstep(server: _Server) -> int:
         going.sort()  # rows in order: every row at once needs no row list
         rows = [row for row, _ in going]
         tokens = torch.tensor([token for _, token in going], device=server.device)
-        out = decode_step(server.model, server.cache, tokens, server.policy,
-                          rows=None if len(rows) == slots else torch.tensor(rows, device=server.device))
+        out = decode_step(
+            server.model,
+            server.cache,
+            tokens,
+            server.policy,
+            rows=None if len(rows) == slots else torch.tensor(rows, device=server.device),
+        )
         loops = out.loops.tolist()
         steps += max(loops)
         going = server.accept(rows, out.logits, loops)
@@ -261,8 +281,9 @@ def _serve_lockstep(server: _Server) -> int:
 
 
 @torch.no_grad()
-def serve(model, requests: list[Request], policy: ExitPolicy, *, slots: int, schedule: str = DEPTH,
-          attention_fill: str = HOLE) -> Served:
+def serve(
+    model, requests: list[Request], policy: ExitPolicy, *, slots: int, schedule: str = DEPTH, attention_fill: str = HOLE
+) -> Served:
     """Serve the requests in order with `slots` cache rows (module docstring), greedy."""
     check_serving(model, requests, policy, slots, schedule, attention_fill)
     server = _Server(model, requests, policy, slots, attention_fill)

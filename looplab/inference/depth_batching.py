@@ -91,7 +91,9 @@ class DepthBatch:
 
     def __init__(self, model, cache: InferenceCache, policy: ExitPolicy, *, readout: bool = True):
         if not isinstance(policy, ExitPolicy):
-            raise ConfigError(f"policy={policy!r} is invalid; allowed: an ExitPolicy (e.g. ExitPolicy.parse('skip:0.4'))")
+            raise ConfigError(
+                f"policy={policy!r} is invalid; allowed: an ExitPolicy (e.g. ExitPolicy.parse('skip:0.4'))"
+            )
         policy.check(model.cfg.n_loops)
         self.model, self.cache, self.policy, self.readout = model, cache, policy, readout
         self.R, B = model.cfg.n_loops, cache.batch
@@ -140,7 +142,7 @@ class DepthBatch:
         positions = self.length[at]
         self.length[at] += 1
         if self._ones is not None:  # on a device (on the host, self.length is cache.length's memory)
-            self.cache.length.index_add_(0, rows_t, self._ones[:at.shape[0]])
+            self.cache.length.index_add_(0, rows_t, self._ones[: at.shape[0]])
         self.n_running += at.shape[0]
         if self._attention:
             self.cache.reserve(int(positions.max()) + 1)
@@ -214,8 +216,7 @@ class DepthBatch:
         logits = model.logits(out_h[self._tensor(at)]) if self.readout and at.shape[0] else None
         return Done(torch.from_numpy(rows[at]), ends, self.policy.loops_of(ends, R), logits)
 
-    def _reached(self, rows: np.ndarray, rows_t: torch.Tensor | None, depth: np.ndarray,
-                 h: torch.Tensor) -> np.ndarray:
+    def _reached(self, rows: np.ndarray, rows_t: torch.Tensor | None, depth: np.ndarray, h: torch.Tensor) -> np.ndarray:
         """Where each token's exit rule says exit after its loop (False at loop R)."""
         if self.rule is None:  # given or fixed exit steps
             return depth == self.exit_depth[rows]
@@ -248,14 +249,26 @@ class DepthBatch:
         deeper loops (models/cache.py), per exit loop."""
         for r in np.unique(loop).tolist():
             at = loop == r
-            self.cache.fill_exited(self.model, h[self._tensor(at.nonzero()[0])], self._tensor(rows[at]),
-                                   self._tensor(self.position[rows[at]]), r)
+            self.cache.fill_exited(
+                self.model,
+                h[self._tensor(at.nonzero()[0])],
+                self._tensor(rows[at]),
+                self._tensor(self.position[rows[at]]),
+                r,
+            )
 
 
 @torch.no_grad()
-def decode_given_tokens(model, cache: InferenceCache, ids: torch.Tensor, first: int | torch.Tensor,
-                        policy: ExitPolicy, *, readout: bool = True,
-                        on_done: Callable[[Done], None] | None = None) -> DepthBatch:
+def decode_given_tokens(
+    model,
+    cache: InferenceCache,
+    ids: torch.Tensor,
+    first: int | torch.Tensor,
+    policy: ExitPolicy,
+    *,
+    readout: bool = True,
+    on_done: Callable[[Done], None] | None = None,
+) -> DepthBatch:
     """Feed each row's tokens ids[b, first:] (teacher forcing: the next token is known,
     as in the decode benchmark), each as soon as the row's previous token is done;
     first is one position or one per row (B,) (ragged prompts). Returns the batch

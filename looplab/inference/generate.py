@@ -85,8 +85,11 @@ def _as_batch(ids, lengths, device) -> tuple[torch.Tensor, torch.Tensor]:
         if ids.dim() != 2 or ids.shape[1] == 0:
             raise ConfigError(f"ids of shape {tuple(ids.shape)} is invalid; allowed: (B, L) token ids, L >= 1")
         ids = ids.to(device)
-        lengths = (torch.full((ids.shape[0],), ids.shape[1], dtype=torch.long) if lengths is None
-                   else torch.as_tensor(lengths, dtype=torch.long)).to(device)
+        lengths = (
+            torch.full((ids.shape[0],), ids.shape[1], dtype=torch.long)
+            if lengths is None
+            else torch.as_tensor(lengths, dtype=torch.long)
+        ).to(device)
     else:
         rows = [list(map(int, row)) for row in ids]
         if not rows or any(len(row) == 0 for row in rows):
@@ -94,7 +97,7 @@ def _as_batch(ids, lengths, device) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(len(row) for row in rows)
         ids = torch.zeros(len(rows), width, dtype=torch.long)
         for i, row in enumerate(rows):
-            ids[i, :len(row)] = torch.tensor(row)
+            ids[i, : len(row)] = torch.tensor(row)
         lengths = torch.tensor([len(row) for row in rows], dtype=torch.long)
         ids, lengths = ids.to(device), lengths.to(device)
     if lengths.shape != (ids.shape[0],) or int(lengths.min()) < 1 or int(lengths.max()) > ids.shape[1]:
@@ -108,8 +111,16 @@ def _check_policy(model, policy: ExitPolicy) -> None:
     policy.check(model.cfg.n_loops)
 
 
-def prefill(model, ids, policy: ExitPolicy = FULL_DEPTH, *, lengths=None, capacity: int | None = None,
-            attention_fill: str = HOLE, packing: str = "auto") -> Prefilled:
+def prefill(
+    model,
+    ids,
+    policy: ExitPolicy = FULL_DEPTH,
+    *,
+    lengths=None,
+    capacity: int | None = None,
+    attention_fill: str = HOLE,
+    packing: str = "auto",
+) -> Prefilled:
     """Run the prompts (ids (B, L) right-padded with lengths (B,), or rows of token
     ids) under `policy`, returning the cache and the next-token logits. capacity: the
     attention buffers' size (default L; generate adds the new tokens). Given exits
@@ -138,8 +149,16 @@ def prefill(model, ids, policy: ExitPolicy = FULL_DEPTH, *, lengths=None, capaci
 
 
 @torch.no_grad()
-def decode_step(model, cache: InferenceCache, tokens: torch.Tensor, policy: ExitPolicy = FULL_DEPTH, *,
-                rows: torch.Tensor | None = None, readout: bool = True, on_step: StepHook | None = None) -> Decoded:
+def decode_step(
+    model,
+    cache: InferenceCache,
+    tokens: torch.Tensor,
+    policy: ExitPolicy = FULL_DEPTH,
+    *,
+    rows: torch.Tensor | None = None,
+    readout: bool = True,
+    on_step: StepHook | None = None,
+) -> Decoded:
     """Append one token to each row in `rows` (default: every row; tokens (n,) in
     that order) and return its logits, exit step and loops (module docstring).
     readout=False skips the final norm and head (benchmarks time the loops alone).
@@ -177,8 +196,9 @@ def decode_step(model, cache: InferenceCache, tokens: torch.Tensor, policy: Exit
             h = model.step(h[:, None], positions[:, None], cache=cache.at(r, Layout.one_token(rows)))[:, 0]
             a_in = h
         else:
-            out = model.step(h[idx][:, None], positions[idx][:, None],
-                             cache=cache.at(r, Layout.one_token(row_ids[idx])))[:, 0]
+            out = model.step(
+                h[idx][:, None], positions[idx][:, None], cache=cache.at(r, Layout.one_token(row_ids[idx]))
+            )[:, 0]
             h = h.index_copy(0, idx, out)
             a_in = out
         if r == R:
@@ -218,8 +238,14 @@ def decode_step(model, cache: InferenceCache, tokens: torch.Tensor, policy: Exit
     return Decoded(logits, exit_step, policy.loops_of(exit_step, R))
 
 
-def sample(logits: torch.Tensor, *, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-           generator: torch.Generator | None = None) -> torch.Tensor:
+def sample(
+    logits: torch.Tensor,
+    *,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
     """Next tokens (n,) from logits (n, V): argmax at temperature 0, else a draw from
     softmax(logits / temperature) restricted to the top_k most likely tokens and the
     smallest set whose probability reaches top_p (0 and 1: no restriction)."""
@@ -261,13 +287,27 @@ def _stop_lists(stop, n: int) -> list[list[str]]:
 
 def _cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
     cuts = [text.index(s) for s in stops if s and s in text]
-    return (text[:min(cuts)], True) if cuts else (text, False)
+    return (text[: min(cuts)], True) if cuts else (text, False)
 
 
-def generate(model, ids, max_new_tokens, policy: ExitPolicy = FULL_DEPTH, *, lengths=None, temperature: float = 0.0,
-             top_k: int = 0, top_p: float = 1.0, seed: int | None = None, eos_id: int | None = None, stop=None,
-             decode: Callable[[list[int]], str] | None = None, attention_fill: str = HOLE,
-             packing: str = "auto", schedule: str = LOCKSTEP) -> Generation:
+def generate(
+    model,
+    ids,
+    max_new_tokens,
+    policy: ExitPolicy = FULL_DEPTH,
+    *,
+    lengths=None,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    eos_id: int | None = None,
+    stop=None,
+    decode: Callable[[list[int]], str] | None = None,
+    attention_fill: str = HOLE,
+    packing: str = "auto",
+    schedule: str = LOCKSTEP,
+) -> Generation:
     """Continue each prompt (ids: a right-padded (B, L) tensor with lengths, or rows
     of different lengths) by up to max_new_tokens (one number, or one per row).
 
@@ -304,10 +344,19 @@ def generate(model, ids, max_new_tokens, policy: ExitPolicy = FULL_DEPTH, *, len
 
     most = max(limits)
     if policy.rule == GIVEN and policy.exit_at.shape[1] < ids.shape[1] + most:
-        raise ConfigError(f"policy exit_at is invalid; allowed: (B, T) exit steps with T >= prompt + "
-                          f"max_new_tokens = {ids.shape[1] + most}")
-    pre = prefill(model, ids, policy, lengths=lengths, capacity=ids.shape[1] + most, attention_fill=attention_fill,
-                  packing=packing)
+        raise ConfigError(
+            f"policy exit_at is invalid; allowed: (B, T) exit steps with T >= prompt + "
+            f"max_new_tokens = {ids.shape[1] + most}"
+        )
+    pre = prefill(
+        model,
+        ids,
+        policy,
+        lengths=lengths,
+        capacity=ids.shape[1] + most,
+        attention_fill=attention_fill,
+        packing=packing,
+    )
     cache, logits = pre.cache, pre.logits
     loops_now, exit_now = pre.loops.tolist(), pre.exit_step.tolist()
     ran_tokens, ran_loops = lengths.tolist(), pre.row_loops.tolist()
@@ -336,8 +385,9 @@ def generate(model, ids, max_new_tokens, policy: ExitPolicy = FULL_DEPTH, *, len
             return False
         return True
 
-    def draw(rows: list[int], logits: torch.Tensor | None, loops_of: list[int],
-             exits_of: list[int]) -> list[tuple[int, int]]:
+    def draw(
+        rows: list[int], logits: torch.Tensor | None, loops_of: list[int], exits_of: list[int]
+    ) -> list[tuple[int, int]]:
         """Sample the rows' next tokens (the model runs batched; bookkeeping per row):
         (row, token) for the rows that go on."""
         assert logits is not None  # the readout is on: every finished token has its logits
@@ -355,8 +405,10 @@ def generate(model, ids, max_new_tokens, policy: ExitPolicy = FULL_DEPTH, *, len
         batch = DepthBatch(model, cache, policy)
         while going or batch.running:
             if going:
-                batch.start(torch.tensor([b for b, _ in going], device=device),
-                            torch.tensor([t for _, t in going], device=device))
+                batch.start(
+                    torch.tensor([b for b, _ in going], device=device),
+                    torch.tensor([t for _, t in going], device=device),
+                )
             done = batch.advance()
             rows, loops_done = done.rows.tolist(), done.loops.tolist()
             ran(rows, loops_done)
@@ -364,8 +416,13 @@ def generate(model, ids, max_new_tokens, policy: ExitPolicy = FULL_DEPTH, *, len
     else:
         while going:
             live = [b for b, _ in going]
-            out = decode_step(model, cache, torch.tensor([t for _, t in going], device=device), policy,
-                              rows=None if len(live) == bsz else torch.tensor(live, device=device))
+            out = decode_step(
+                model,
+                cache,
+                torch.tensor([t for _, t in going], device=device),
+                policy,
+                rows=None if len(live) == bsz else torch.tensor(live, device=device),
+            )
             loops_now = out.loops.tolist()
             ran(live, loops_now)
             going = draw(live, out.logits, loops_now, out.exit_step.tolist())

@@ -28,7 +28,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     """Rotate the first rope_dim channels of each head (x: B, L, H, head_dim) as
     pairs (i, i + rope_dim/2); the remaining channels pass through."""
     half = cos.shape[-1]
-    x1, x2, rest = x[..., :half], x[..., half:2 * half], x[..., 2 * half:]
+    x1, x2, rest = x[..., :half], x[..., half : 2 * half], x[..., 2 * half :]
     compute = torch.promote_types(x.dtype, torch.float32)
     cos, sin = cos.to(compute), sin.to(compute)
     xf1, xf2 = x1.to(compute), x2.to(compute)
@@ -48,14 +48,21 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.out_proj = nn.Linear(d_model, d_model, bias=False)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None,
-                seq_idx: torch.Tensor | None = None, cache: BlockCache[KVState] | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        seq_idx: torch.Tensor | None = None,
+        cache: BlockCache[KVState] | None = None,
+    ) -> torch.Tensor:
         """x (B, L, d) → (B, L, d), causal over the row's order; positions (B, L) are
         the tokens' true positions for RoPE (default 0..L-1). cache: also attend to the
         stored keys at earlier positions, then store the real tokens' keys and values."""
         if seq_idx is not None:
-            raise ValueError("seq_idx (several sequences in one row) needs a Mamba-2-only backbone; "
-                             "attention layers take the padded layout")
+            raise ValueError(
+                "seq_idx (several sequences in one row) needs a Mamba-2-only backbone; "
+                "attention layers take the padded layout"
+            )
         bsz, seqlen, d = x.shape
         if positions is None:
             positions = torch.arange(seqlen, device=x.device).expand(bsz, seqlen)
@@ -63,8 +70,7 @@ class CausalSelfAttention(nn.Module):
         cos, sin = rope_angles(positions, self.rope_dim, self.rope_theta)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is None:
-            y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                               is_causal=True)
+            y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
         elif cache.layout.decode:
             y = self._attend_decode(q, k, v, positions, cache)
         else:
@@ -74,9 +80,12 @@ class CausalSelfAttention(nn.Module):
     # ---- inference state (models/cache.py) ------------------------------------------
     def new_state(self, batch: int, capacity: int, device, dtype) -> KVState:
         shape = (batch, capacity, self.n_heads, self.head_dim)
-        return KVState(k=torch.zeros(shape, device=device, dtype=dtype), v=torch.zeros(shape, device=device, dtype=dtype),
-                       pos=torch.zeros(batch, capacity, dtype=torch.long, device=device),
-                       length=torch.zeros(batch, dtype=torch.long, device=device))
+        return KVState(
+            k=torch.zeros(shape, device=device, dtype=dtype),
+            v=torch.zeros(shape, device=device, dtype=dtype),
+            pos=torch.zeros(batch, capacity, dtype=torch.long, device=device),
+            length=torch.zeros(batch, dtype=torch.long, device=device),
+        )
 
     def key_value(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys (RoPE at positions) and values of normed states x (m, d): what an exited
@@ -95,8 +104,9 @@ class CausalSelfAttention(nn.Module):
         keys = state.k[:, :width] if rows is None else state.k[rows, :width]
         values = state.v[:, :width] if rows is None else state.v[rows, :width]
         seen = (torch.arange(width, device=q.device) < length[:, None])[:, None, None, :]
-        return F.scaled_dot_product_attention(q.transpose(1, 2), keys.to(q.dtype).transpose(1, 2),
-                                              values.to(q.dtype).transpose(1, 2), attn_mask=seen)
+        return F.scaled_dot_product_attention(
+            q.transpose(1, 2), keys.to(q.dtype).transpose(1, 2), values.to(q.dtype).transpose(1, 2), attn_mask=seen
+        )
 
     def _attend_prefill(self, q, k, v, positions, cache: BlockCache[KVState]) -> torch.Tensor:
         """A padded layout (row b is cache row b): causal attention over the row, plus
@@ -107,18 +117,19 @@ class CausalSelfAttention(nn.Module):
         bsz, seqlen = q.shape[:2]
         stored = int(state.length.max())
         if stored == 0:
-            y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                               is_causal=True)
+            y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
         else:
             slots = torch.arange(stored, device=q.device)
-            seen = ((slots < state.length[:, None])[:, None, :]
-                    & (state.pos[:, None, :stored] <= positions[:, :, None]))  # (B, L, stored)
+            seen = (slots < state.length[:, None])[:, None, :] & (
+                state.pos[:, None, :stored] <= positions[:, :, None]
+            )  # (B, L, stored)
             causal = torch.ones(seqlen, seqlen, dtype=torch.bool, device=q.device).tril()
             mask = torch.cat([seen, causal.expand(bsz, seqlen, seqlen)], dim=-1)[:, None]
             keys = torch.cat([state.k[:, :stored].to(k.dtype), k], dim=1)
             values = torch.cat([state.v[:, :stored].to(v.dtype), v], dim=1)
-            y = F.scaled_dot_product_attention(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
-                                               attn_mask=mask)
+            y = F.scaled_dot_product_attention(
+                q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask
+            )
         slots = torch.arange(seqlen, device=q.device)
         rows, cols = ((slots >= start[:, None]) & (slots < end[:, None])).nonzero(as_tuple=True)
         state.append(rows, k[rows, cols], v[rows, cols], positions[rows, cols])

@@ -93,15 +93,20 @@ class KVState:
         # The buffers are views into the cache's storage of every loop (InferenceCache):
         # only the cache can enlarge them, before a step (InferenceCache.reserve).
         if need > self.k.shape[1]:
-            raise RuntimeError(f"attention cache holds {self.k.shape[1]} entries per row, {need} needed: "
-                               "InferenceCache.reserve must run first")
+            raise RuntimeError(
+                f"attention cache holds {self.k.shape[1]} entries per row, {need} needed: "
+                "InferenceCache.reserve must run first"
+            )
 
     def grown(self, capacity: int) -> "KVState":
         """A copy with room for `capacity` entries per row (the stored ones kept)."""
         pad = capacity - self.k.shape[1]
-        return KVState(torch.cat([self.k, self.k.new_zeros(self.k.shape[0], pad, *self.k.shape[2:])], 1),
-                       torch.cat([self.v, self.v.new_zeros(self.v.shape[0], pad, *self.v.shape[2:])], 1),
-                       torch.cat([self.pos, self.pos.new_zeros(self.pos.shape[0], pad)], 1), self.length)
+        return KVState(
+            torch.cat([self.k, self.k.new_zeros(self.k.shape[0], pad, *self.k.shape[2:])], 1),
+            torch.cat([self.v, self.v.new_zeros(self.v.shape[0], pad, *self.v.shape[2:])], 1),
+            torch.cat([self.pos, self.pos.new_zeros(self.pos.shape[0], pad)], 1),
+            self.length,
+        )
 
 
 @dataclass
@@ -187,8 +192,17 @@ class InferenceCache:
     A step may read per-loop views (prefill, decode_step) or the storage with slot
     indices (rows at different loops in one step)."""
 
-    def __init__(self, model, batch: int, capacity: int, *, attention_fill: str = HOLE,
-                 attention_only: bool = False, device=None, dtype: torch.dtype | None = None):
+    def __init__(
+        self,
+        model,
+        batch: int,
+        capacity: int,
+        *,
+        attention_fill: str = HOLE,
+        attention_only: bool = False,
+        device=None,
+        dtype: torch.dtype | None = None,
+    ):
         ref = next(model.parameters())
         device = ref.device if device is None else torch.device(device)
         dtype = ref.dtype if dtype is None else dtype
@@ -200,7 +214,8 @@ class InferenceCache:
         keep = [kind == KEYS or (kind == RECURRENT and not attention_only) for kind in kinds]
         self.storage: list[MambaState | KVState | None] = [
             block.inner.new_state(self.n_loops * batch, capacity, device, dtype) if kept else None
-            for block, kept in zip(model.backbone.residual_blocks(), keep)]
+            for block, kept in zip(model.backbone.residual_blocks(), keep)
+        ]
         self.length = torch.zeros(batch, dtype=torch.long, device=device)  # tokens of each row so far
         self._make_views()
 
@@ -208,7 +223,8 @@ class InferenceCache:
         B = self.batch
         self.states: list[list[MambaState | KVState | None]] = [
             [None if s is None else _rows(s, slice(r * B, (r + 1) * B)) for s in self.storage]
-            for r in range(self.n_loops)]
+            for r in range(self.n_loops)
+        ]
 
     def at(self, loop: int, layout: Layout) -> StepCache:
         return StepCache(self.states[loop - 1], layout)
@@ -278,8 +294,9 @@ class InferenceCache:
         """An independent copy (benchmarks decode from the same prefilled state repeatedly)."""
         out = object.__new__(InferenceCache)
         out.n_loops, out.batch, out.attention_fill = self.n_loops, self.batch, self.attention_fill
-        out.storage = [None if s is None else type(s)(**{k: t.clone() for k, t in vars(s).items()})
-                       for s in self.storage]
+        out.storage = [
+            None if s is None else type(s)(**{k: t.clone() for k, t in vars(s).items()}) for s in self.storage
+        ]
         out.length = self.length.clone()
         out._make_views()
         return out

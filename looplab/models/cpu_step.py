@@ -39,12 +39,15 @@ def kernel():
 
     try:
         # -march=native: built where it runs; -fopenmp-simd: the loops' simd pragmas, no OpenMP runtime.
-        return cpp_extension.load("looplab_cpu_step", [str(SOURCE)],
-                                  extra_cflags=["-O3", "-march=native", "-fopenmp-simd"])
+        return cpp_extension.load(
+            "looplab_cpu_step", [str(SOURCE)], extra_cflags=["-O3", "-march=native", "-fopenmp-simd"]
+        )
     except Exception as e:  # noqa: BLE001 - compiler, ninja or header problems: say which, in one line
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise RuntimeError(f"{CPU_STEP_KERNEL_ENV}=1 but the CPU step kernel did not build ({first}); "
-                           f"install a C++ compiler and ninja, or unset {CPU_STEP_KERNEL_ENV}") from e
+        raise RuntimeError(
+            f"{CPU_STEP_KERNEL_ENV}=1 but the CPU step kernel did not build ({first}); "
+            f"install a C++ compiler and ninja, or unset {CPU_STEP_KERNEL_ENV}"
+        ) from e
 
 
 def serves(t: torch.Tensor) -> bool:
@@ -56,6 +59,10 @@ def serves(t: torch.Tensor) -> bool:
 def applies(xBC: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor) -> bool:
     """Whether this step runs in the kernel: served, no autograd (it has no backward),
     and states of the inputs' dtype, contiguous (updated in place by slot)."""
-    return (serves(xBC) and not torch.is_grad_enabled() and conv.dtype == ssm.dtype == xBC.dtype
-            and conv.is_contiguous() and ssm.is_contiguous())
-
+    return (
+        serves(xBC)
+        and not torch.is_grad_enabled()
+        and conv.dtype == ssm.dtype == xBC.dtype
+        and conv.is_contiguous()
+        and ssm.is_contiguous()
+    )

@@ -39,7 +39,9 @@ FULL_DEPTH = ExitPolicy.full()
 
 @dataclass
 class Execution:
-    logits: torch.Tensor | None  # (B, L, V) readout of each token's state at its exit step; (B, 1, V) for readout="last"; None for readout="none"
+    logits: (
+        torch.Tensor | None
+    )  # (B, L, V) readout of each token's state at its exit step; (B, 1, V) for readout="last"; None for readout="none"
     hidden: torch.Tensor  # (B, L, d): that state
     exit_step: torch.Tensor  # (B, L) int64 in 1..R
     executed_loops: float  # mean over real tokens of the steps each token ran
@@ -108,10 +110,21 @@ def scatter(h: torch.Tensor, packed: torch.Tensor, idx: torch.Tensor, valid: tor
     return h.scatter(1, idx.unsqueeze(-1).expand(-1, -1, h.shape[-1]), packed)
 
 
-def execute(model, ids: torch.Tensor, policy: ExitPolicy = FULL_DEPTH, *, positions: torch.Tensor | None = None,
-            mask: torch.Tensor | None = None, gate_grad: bool = True, keep_steps: bool = False,
-            on_step: StepHook | None = None, packing: str = "auto", readout: str = "all",
-            cache: InferenceCache | None = None, attention_fill: str | None = None) -> Execution:
+def execute(
+    model,
+    ids: torch.Tensor,
+    policy: ExitPolicy = FULL_DEPTH,
+    *,
+    positions: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+    gate_grad: bool = True,
+    keep_steps: bool = False,
+    on_step: StepHook | None = None,
+    packing: str = "auto",
+    readout: str = "all",
+    cache: InferenceCache | None = None,
+    attention_fill: str | None = None,
+) -> Execution:
     """Run `model` (a LoopedLM) on ids (B, L) under `policy` (module docstring).
 
     positions  (B, L) true positions (default 0..L-1), used by attention's RoPE.
@@ -142,16 +155,19 @@ def execute(model, ids: torch.Tensor, policy: ExitPolicy = FULL_DEPTH, *, positi
         mask = torch.ones(bsz, seqlen, dtype=torch.bool, device=ids.device)
     mamba_only = model.cfg.arch == "mamba2"
     if packing not in ("auto", "padded", "varlen") or (packing == "varlen" and not mamba_only):
-        raise ConfigError(f"packing={packing!r} is invalid; allowed: auto | padded"
-                          + (" | varlen" if mamba_only else " (varlen needs arch='mamba2')"))
+        raise ConfigError(
+            f"packing={packing!r} is invalid; allowed: auto | padded"
+            + (" | varlen" if mamba_only else " (varlen needs arch='mamba2')")
+        )
     varlen = packing == "varlen" or (packing == "auto" and mamba_only)
     if readout not in ("all", "last", "none"):
         raise ConfigError(f"readout={readout!r} is invalid; allowed: all | last | none")
     fill = check_fill(attention_fill or (cache.attention_fill if cache is not None else HOLE))
     if cache is not None:
         if cache.attention_fill != fill or cache.batch != bsz:
-            raise ConfigError(f"cache is invalid; allowed: an InferenceCache of batch {bsz} with "
-                              f"attention_fill={fill!r}")
+            raise ConfigError(
+                f"cache is invalid; allowed: an InferenceCache of batch {bsz} with attention_fill={fill!r}"
+            )
         if not torch.equal(mask, torch.arange(seqlen, device=mask.device) < mask.sum(1, keepdim=True)):
             raise ConfigError("mask is invalid with a cache; allowed: right padding (each row's real tokens first)")
     elif fill == EXIT_STATE and model.cfg.arch != "mamba2":
@@ -195,14 +211,17 @@ def _dense(model, h, positions, mask, exits: _Exits, keep_steps, gate_grad, cach
             exit_step = torch.where(exits.reached(r, a, h) & undecided, r, exit_step)
         readout = torch.where((exit_step == r).unsqueeze(-1), h, readout)
     return Execution(
-        logits=None, hidden=readout, exit_step=exit_step, executed_loops=float(R),
+        logits=None,
+        hidden=readout,
+        exit_step=exit_step,
+        executed_loops=float(R),
         backbone_flops=R * bsz * seqlen * model.step_flops(seqlen),
         step_hidden=steps if keep_steps else None,
-        gate_logits=torch.stack(gates) if gates else None)
+        gate_logits=torch.stack(gates) if gates else None,
+    )
 
 
-def _packed(model, h, positions, mask, exits: _Exits, keep_steps, gate_grad, on_step, varlen,
-            cache) -> Execution:
+def _packed(model, h, positions, mask, exits: _Exits, keep_steps, gate_grad, on_step, varlen, cache) -> Execution:
     """Forced depth (every token leaves at the same step) and skip execution."""
     R = model.cfg.n_loops
     bsz, seqlen = h.shape[:2]
@@ -219,8 +238,12 @@ def _packed(model, h, positions, mask, exits: _Exits, keep_steps, gate_grad, on_
         elif varlen and bool(active.any()):
             # Row-major order keeps each sequence contiguous and in causal order.
             rows, cols = active.nonzero(as_tuple=True)
-            out = model.step(h[rows, cols][None], positions[rows, cols][None], seq_idx=rows[None],
-                             cache=view(r, Layout.varlen(active, mask)))
+            out = model.step(
+                h[rows, cols][None],
+                positions[rows, cols][None],
+                seq_idx=rows[None],
+                cache=view(r, Layout.varlen(active, mask)),
+            )
             h = h.index_put((rows, cols), out[0])
             flops += rows.numel() * model.step_flops(rows.numel())
         elif bool(active.any()):
@@ -247,6 +270,11 @@ def _packed(model, h, positions, mask, exits: _Exits, keep_steps, gate_grad, on_
             break  # nobody left to run and nothing more to record
     executed = float(exit_step[mask].float().mean()) if bool(mask.any()) else 0.0
     return Execution(
-        logits=None, hidden=h, exit_step=exit_step, executed_loops=executed, backbone_flops=flops,
+        logits=None,
+        hidden=h,
+        exit_step=exit_step,
+        executed_loops=executed,
+        backbone_flops=flops,
         step_hidden=steps if keep_steps else None,
-        gate_logits=torch.stack(gates) if gates else None)
+        gate_logits=torch.stack(gates) if gates else None,
+    )

@@ -84,15 +84,15 @@ class _ChunkBuffers:
 
     def logits(self, xc: torch.Tensor) -> torch.Tensor:
         """xc wᵀ in the compute dtype (what lm_head would give)."""
-        return torch.mm(xc.to(self.compute_dtype), self.w.t(), out=self.raw[:xc.shape[0]])
+        return torch.mm(xc.to(self.compute_dtype), self.w.t(), out=self.raw[: xc.shape[0]])
 
     def log_softmax(self, z: torch.Tensor) -> torch.Tensor:
         # The fused kernel (one read for the max, one for the sum, one write) is
         # about twice as fast on CPU as amax / sub / exp / sum.
-        return torch.log_softmax(z, dim=1, dtype=self.acc, out=self.out[:z.shape[0]])
+        return torch.log_softmax(z, dim=1, dtype=self.acc, out=self.out[: z.shape[0]])
 
     def softmax(self, z: torch.Tensor) -> torch.Tensor:
-        return torch.softmax(z, dim=1, dtype=self.acc, out=self.out[:z.shape[0]])
+        return torch.softmax(z, dim=1, dtype=self.acc, out=self.out[: z.shape[0]])
 
     # Below this probability −log p loses precision (subnormal floats): such a
     # token's CE (above ~69 nats) is recomputed from its logits.
@@ -110,8 +110,15 @@ class _ChunkBuffers:
             losses[tiny] = torch.logsumexp(zt, dim=1) - zt.gather(1, tc[tiny, None])[:, 0]
         return losses
 
-    def add_grads(self, p: torch.Tensor, xc: torch.Tensor, tc: torch.Tensor, scale: torch.Tensor,
-                  grad_x: torch.Tensor | None, grad_w: torch.Tensor | None) -> None:
+    def add_grads(
+        self,
+        p: torch.Tensor,
+        xc: torch.Tensor,
+        tc: torch.Tensor,
+        scale: torch.Tensor,
+        grad_x: torch.Tensor | None,
+        grad_w: torch.Tensor | None,
+    ) -> None:
         """For one chunk's softmax p (n × V, overwritten) and per-token scale s (n, 1):
         grad_x (this chunk's rows) = s ⊙ (P̃ W), grad_w += P̃ᵀ (s ⊙ x), P̃ = P − onehot."""
         n = p.shape[0]
@@ -171,10 +178,22 @@ class _TokenCE(torch.autograd.Function):
         grad_w = torch.zeros(weight.shape, dtype=bufs.acc, device=x.device) if need_w else None
         with torch.autocast(x.device.type, enabled=False):
             for s, e in _spans(n_tok, chunk):
-                bufs.add_grads(bufs.softmax(bufs.logits(x[s:e])), x[s:e], targets[s:e], scale[s:e],
-                               None if grad_x is None else grad_x[s:e], grad_w)
-        return (None if grad_x is None else grad_x.to(x.dtype), None if grad_w is None else grad_w.to(weight.dtype),
-                None, None, None, None)
+                bufs.add_grads(
+                    bufs.softmax(bufs.logits(x[s:e])),
+                    x[s:e],
+                    targets[s:e],
+                    scale[s:e],
+                    None if grad_x is None else grad_x[s:e],
+                    grad_w,
+                )
+        return (
+            None if grad_x is None else grad_x.to(x.dtype),
+            None if grad_w is None else grad_w.to(weight.dtype),
+            None,
+            None,
+            None,
+            None,
+        )
 
 
 class _WeightedCE(torch.autograd.Function):
@@ -199,8 +218,7 @@ class _WeightedCE(torch.autograd.Function):
                 p = bufs.softmax(z)  # the gradient needs P: one pass fewer than log_softmax, then exp
                 losses[s:e] = bufs.losses_from_softmax(p, z, targets[s:e])
                 if need_x or need_w:
-                    bufs.add_grads(p, x[s:e], targets[s:e], scale[s:e], None if grad_x is None else grad_x[s:e],
-                                   grad_w)
+                    bufs.add_grads(p, x[s:e], targets[s:e], scale[s:e], None if grad_x is None else grad_x[s:e], grad_w)
         ctx.save_for_backward(grad_x if need_x else None, grad_w if need_w else None)
         ctx.dtypes = x.dtype, weight.dtype
         ctx.mark_non_differentiable(losses)
@@ -211,8 +229,14 @@ class _WeightedCE(torch.autograd.Function):
     def backward(ctx, grad_sum, _grad_losses):
         grad_x, grad_w = ctx.saved_tensors
         x_dtype, w_dtype = ctx.dtypes
-        return (None if grad_x is None else (grad_x * grad_sum).to(x_dtype),
-                None if grad_w is None else (grad_w * grad_sum).to(w_dtype), None, None, None, None)
+        return (
+            None if grad_x is None else (grad_x * grad_sum).to(x_dtype),
+            None if grad_w is None else (grad_w * grad_sum).to(w_dtype),
+            None,
+            None,
+            None,
+            None,
+        )
 
 
 def _real_rows(targets: torch.Tensor) -> torch.Tensor | None:
@@ -232,9 +256,14 @@ def _check(x: torch.Tensor, targets: torch.Tensor, name: str) -> None:
         raise ValueError(f"{name}: x {tuple(x.shape)} must be (N, d) and targets {tuple(targets.shape)} (N,)")
 
 
-def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
-                         chunk_tokens: int | None = None, correct: bool = False
-                         ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+def linear_cross_entropy(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    chunk_tokens: int | None = None,
+    correct: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Per-token CE of the logits x Wᵀ: x (N, d), weight (V, d), targets (N,) with
     IGNORE_INDEX where no loss applies. Returns losses (N,) in at least float32
     (0 and no gradient at ignored positions) and, with correct=True, also
@@ -252,9 +281,14 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.T
     return (losses, _scatter(hits, rows, x.shape[0])) if correct else losses
 
 
-def weighted_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                                  weights: torch.Tensor, *, chunk_tokens: int | None = None
-                                  ) -> tuple[torch.Tensor, torch.Tensor]:
+def weighted_linear_cross_entropy(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    weights: torch.Tensor,
+    *,
+    chunk_tokens: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Σ_n weights_n ℓ_n over the positions with a target, and the per-token losses
     ℓ (N,) (0 at ignored positions) as values without a gradient. weights (N,) are
     constants (detached): the sum's gradient is Σ_n weights_n ∂ℓ_n, computed in
@@ -277,8 +311,9 @@ def weighted_linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets
 def token_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Per-token CE (B, L) from logits already made; 0 where there is no target. The
     reference the chunked head below is held to (head_token_losses)."""
-    ce = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), targets.flatten().clamp(min=0),
-                                           reduction="none")
+    ce = torch.nn.functional.cross_entropy(
+        logits.float().flatten(0, 1), targets.flatten().clamp(min=0), reduction="none"
+    )
     return ce.view(targets.shape) * (targets != IGNORE_INDEX)
 
 
@@ -291,16 +326,25 @@ def _readout_input(model, hidden: torch.Tensor, targets: torch.Tensor):
 
 
 @overload
-def head_token_losses(model, hidden: torch.Tensor, targets: torch.Tensor, *, chunk_tokens: int | None = None,
-                      correct: Literal[False] = False) -> torch.Tensor: ...
+def head_token_losses(
+    model,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    chunk_tokens: int | None = None,
+    correct: Literal[False] = False,
+) -> torch.Tensor: ...
 @overload
-def head_token_losses(model, hidden: torch.Tensor, targets: torch.Tensor, *, chunk_tokens: int | None = None,
-                      correct: Literal[True]) -> tuple[torch.Tensor, torch.Tensor]: ...
+def head_token_losses(
+    model, hidden: torch.Tensor, targets: torch.Tensor, *, chunk_tokens: int | None = None, correct: Literal[True]
+) -> tuple[torch.Tensor, torch.Tensor]: ...
 @overload
-def head_token_losses(model, hidden: torch.Tensor, targets: torch.Tensor, *, chunk_tokens: int | None = None,
-                      correct: bool) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
-def head_token_losses(model, hidden: torch.Tensor, targets: torch.Tensor, *, chunk_tokens: int | None = None,
-                      correct: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+def head_token_losses(
+    model, hidden: torch.Tensor, targets: torch.Tensor, *, chunk_tokens: int | None = None, correct: bool
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
+def head_token_losses(
+    model, hidden: torch.Tensor, targets: torch.Tensor, *, chunk_tokens: int | None = None, correct: bool = False
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """CE of model's readout (norm_f → lm_head) per token: hidden (..., B, L, d),
     targets (B, L) (shared by the leading dims) → losses (..., B, L), 0 where there
     is no target; with correct=True also argmax == target (..., B, L). Numerically
@@ -312,35 +356,62 @@ def head_token_losses(model, hidden: torch.Tensor, targets: torch.Tensor, *, chu
 
 
 @overload
-def step_token_losses(model, hidden_steps: list[torch.Tensor] | torch.Tensor, targets: torch.Tensor, *,
-                      chunk_tokens: int | None = None, correct: Literal[False] = False) -> torch.Tensor: ...
+def step_token_losses(
+    model,
+    hidden_steps: list[torch.Tensor] | torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    chunk_tokens: int | None = None,
+    correct: Literal[False] = False,
+) -> torch.Tensor: ...
 @overload
-def step_token_losses(model, hidden_steps: list[torch.Tensor] | torch.Tensor, targets: torch.Tensor, *,
-                      chunk_tokens: int | None = None, correct: Literal[True]) -> tuple[torch.Tensor, torch.Tensor]: ...
+def step_token_losses(
+    model,
+    hidden_steps: list[torch.Tensor] | torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    chunk_tokens: int | None = None,
+    correct: Literal[True],
+) -> tuple[torch.Tensor, torch.Tensor]: ...
 @overload
-def step_token_losses(model, hidden_steps: list[torch.Tensor] | torch.Tensor, targets: torch.Tensor, *,
-                      chunk_tokens: int | None = None, correct: bool
-                      ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
-def step_token_losses(model, hidden_steps: list[torch.Tensor] | torch.Tensor, targets: torch.Tensor, *,
-                      chunk_tokens: int | None = None, correct: bool = False
-                      ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+def step_token_losses(
+    model,
+    hidden_steps: list[torch.Tensor] | torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    chunk_tokens: int | None = None,
+    correct: bool,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
+def step_token_losses(
+    model,
+    hidden_steps: list[torch.Tensor] | torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    chunk_tokens: int | None = None,
+    correct: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """ℓ^(r) (R, B, L) for the hidden states h^(1..R) of every step, through the
     shared readout in one chunked call (the steps share the norm and the head)."""
     return head_token_losses(model, _stacked(hidden_steps), targets, chunk_tokens=chunk_tokens, correct=correct)
 
 
-def head_weighted_loss(model, hidden: torch.Tensor | list[torch.Tensor], targets: torch.Tensor,
-                       weights: torch.Tensor, *, chunk_tokens: int | None = None
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
+def head_weighted_loss(
+    model,
+    hidden: torch.Tensor | list[torch.Tensor],
+    targets: torch.Tensor,
+    weights: torch.Tensor,
+    *,
+    chunk_tokens: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Σ weights · ℓ over the readout's per-token CE, with its gradient (to hidden,
     norm_f and lm_head) computed in forward, and ℓ (..., B, L) as values without a
     gradient: hidden (..., B, L, d) or the list of steps' states, weights (..., B, L)
     constants. See weighted_linear_cross_entropy."""
     hidden = _stacked(hidden)
     y, flat_targets = _readout_input(model, hidden, targets)
-    total, losses = weighted_linear_cross_entropy(y, model.lm_head.weight, flat_targets,
-                                                  weights.expand(hidden.shape[:-1]).reshape(-1),
-                                                  chunk_tokens=chunk_tokens)
+    total, losses = weighted_linear_cross_entropy(
+        y, model.lm_head.weight, flat_targets, weights.expand(hidden.shape[:-1]).reshape(-1), chunk_tokens=chunk_tokens
+    )
     return total, losses.view(hidden.shape[:-1])
 
 

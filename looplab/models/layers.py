@@ -34,8 +34,9 @@ class GatedMLP(nn.Module):
         self.fc1 = nn.Linear(d_model, 2 * d_intermediate, bias=False)
         self.fc2 = nn.Linear(d_intermediate, d_model, bias=False)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None,
-                seq_idx: torch.Tensor | None = None, cache=None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor | None = None, seq_idx: torch.Tensor | None = None, cache=None
+    ) -> torch.Tensor:
         up, gate = self.fc1(x).chunk(2, dim=-1)  # per token: positions, sequences and caches do not matter
         return self.fc2(up * F.silu(gate))
 
@@ -54,8 +55,9 @@ class Residual(nn.Module):
         self.norm = RMSNorm(d_model, eps)
         self.inner = inner
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None,
-                seq_idx: torch.Tensor | None = None, cache=None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor | None = None, seq_idx: torch.Tensor | None = None, cache=None
+    ) -> torch.Tensor:
         return x + self.inner(self.norm(x), positions, seq_idx, cache)
 
 
@@ -67,9 +69,23 @@ def make_layer(cfg: ModelConfig, kind: str, layer_idx: int) -> nn.ModuleList:
     d, eps = cfg.d_model, cfg.norm_eps
     if kind == "mamba2":
         return nn.ModuleList(
-            Residual(d, Mamba2(d, cfg.d_state, cfg.d_conv, cfg.expand, cfg.headdim, cfg.ngroups, cfg.chunk_size,
-                               norm_eps=eps, layer_idx=layer_idx), eps)
-            for _ in range(cfg.mixers_per_layer))
+            Residual(
+                d,
+                Mamba2(
+                    d,
+                    cfg.d_state,
+                    cfg.d_conv,
+                    cfg.expand,
+                    cfg.headdim,
+                    cfg.ngroups,
+                    cfg.chunk_size,
+                    norm_eps=eps,
+                    layer_idx=layer_idx,
+                ),
+                eps,
+            )
+            for _ in range(cfg.mixers_per_layer)
+        )
     blocks = [Residual(d, CausalSelfAttention(d, cfg.attn_head_dim, cfg.rope_dim, cfg.rope_theta), eps)]
     if cfg.arch == "transformer" and cfg.d_intermediate:  # resolved by ModelConfig: an int, 0 = no MLP
         blocks.append(Residual(d, GatedMLP(d, cfg.d_intermediate), eps))
@@ -87,8 +103,9 @@ class Backbone(nn.Module):
         # Each layer is make_layer's ModuleList of Residual blocks (ModuleList's items are typed Module).
         return [cast(Residual, block) for layer in self.layers for block in cast(nn.ModuleList, layer)]
 
-    def forward(self, h: torch.Tensor, positions: torch.Tensor | None = None,
-                seq_idx: torch.Tensor | None = None, cache=None) -> torch.Tensor:
+    def forward(
+        self, h: torch.Tensor, positions: torch.Tensor | None = None, seq_idx: torch.Tensor | None = None, cache=None
+    ) -> torch.Tensor:
         """cache: one loop's StepCache (models/cache.py); block j reads and writes its
         own state, cache.block(j), in the order of residual_blocks()."""
         for j, block in enumerate(self.residual_blocks()):

@@ -73,8 +73,9 @@ class LoopedLM(nn.Module):
         """h^(0) = emb(ids): (B, L) → (B, L, d)."""
         return self.embedding(ids)
 
-    def step(self, h: torch.Tensor, positions: torch.Tensor | None = None,
-             seq_idx: torch.Tensor | None = None, cache=None) -> torch.Tensor:
+    def step(
+        self, h: torch.Tensor, positions: torch.Tensor | None = None, seq_idx: torch.Tensor | None = None, cache=None
+    ) -> torch.Tensor:
         """One application of the shared backbone M_θ to hidden states (B, L, d).
         positions (B, L) are the tokens' positions in the original sequence, used by
         attention's RoPE (default 0..L-1). seq_idx (B, L) packs several sequences
@@ -93,8 +94,7 @@ class LoopedLM(nn.Module):
 
                 return checkpoint(backbone, h, positions, seq_idx, None, use_reentrant=False)
             return backbone(h, positions, seq_idx, None)
-        if self.compiled_decode is not None and cache is not None and h.shape[1] == 1 \
-                and not torch.is_grad_enabled():
+        if self.compiled_decode is not None and cache is not None and h.shape[1] == 1 and not torch.is_grad_enabled():
             return self.compiled_decode(h, positions, seq_idx, cache)
         return self.backbone(h, positions, seq_idx, cache)
 
@@ -111,16 +111,25 @@ class LoopedLM(nn.Module):
         return self.lm_head(self.norm_f(h))
 
     # ---- execution ----------------------------------------------------------
-    def forward(self, ids: torch.Tensor, policy: ExitPolicy = FULL_DEPTH, *, positions: torch.Tensor | None = None,
-                mask: torch.Tensor | None = None, all_steps: bool = False, readout: str = "all",
-                **execution) -> Execution:
+    def forward(
+        self,
+        ids: torch.Tensor,
+        policy: ExitPolicy = FULL_DEPTH,
+        *,
+        positions: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        all_steps: bool = False,
+        readout: str = "all",
+        **execution,
+    ) -> Execution:
         """Run the model under an exit policy (looplab/policy.py; default: full depth,
         the fixed-loop forward). all_steps keeps every step's hidden state and gate
         logits, and every step's logits unless readout="none" (no logits at all:
         losses and evaluations that read the hidden states themselves). Further
         keywords go to models/execution.execute (packing, gate_grad, on_step)."""
-        out = execute(self, ids, policy, positions=positions, mask=mask, keep_steps=all_steps, readout=readout,
-                      **execution)
+        out = execute(
+            self, ids, policy, positions=positions, mask=mask, keep_steps=all_steps, readout=readout, **execution
+        )
         if out.step_hidden is not None and readout != "none":  # step_hidden: kept when all_steps
             out.step_logits = [self.logits(h) for h in out.step_hidden]
         return out

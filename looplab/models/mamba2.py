@@ -91,8 +91,9 @@ class Mamba2(nn.Module):
         self.in_proj = nn.Linear(d_model, 2 * self.d_inner + 2 * ngroups * d_state + self.nheads, bias=bias)
         # Kept as a Conv1d for mamba-ssm's parameter names and shapes; the torch path
         # applies its weights with causal_depthwise_conv.
-        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, d_conv, groups=self.conv_dim,
-                                padding=d_conv - 1, bias=conv_bias)
+        self.conv1d = nn.Conv1d(
+            self.conv_dim, self.conv_dim, d_conv, groups=self.conv_dim, padding=d_conv - 1, bias=conv_bias
+        )
         # dt_bias = softplus⁻¹(dt) with dt log-uniform in [dt_min, dt_max].
         dt = torch.exp(torch.rand(self.nheads) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
         dt = dt.clamp(min=dt_init_floor)
@@ -105,8 +106,13 @@ class Mamba2(nn.Module):
         self.norm = RMSNormGated(self.d_inner, group_size=self.d_inner // ngroups, eps=norm_eps)
         self.out_proj = nn.Linear(self.d_inner, d_model, bias=bias)
 
-    def forward(self, u: torch.Tensor, positions: torch.Tensor | None = None,
-                seq_idx: torch.Tensor | None = None, cache: BlockCache[MambaState] | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        u: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        seq_idx: torch.Tensor | None = None,
+        cache: BlockCache[MambaState] | None = None,
+    ) -> torch.Tensor:
         """u (B, L, d_model) → (B, L, d_model). positions are not needed (the scan's
         order is the positions' order). seq_idx (B, L), non-decreasing along L, packs
         several sequences into one row with no information flowing between them
@@ -134,8 +140,9 @@ class Mamba2(nn.Module):
         segments = None if cache is None else cache.layout.segments()
         # A prefill reads the state after each cache row's last real token.
         state_at = None if segments is None else (segments[0], (segments[2] - 1).clamp(min=0))
-        y, states = ssd_chunked(upcast(x), dt, A, upcast(B), upcast(C), self.chunk_size, seq_idx=seq_idx,
-                                state_at=state_at)
+        y, states = ssd_chunked(
+            upcast(x), dt, A, upcast(B), upcast(C), self.chunk_size, seq_idx=seq_idx, state_at=state_at
+        )
         if cache is not None and segments is not None:  # a row without real tokens keeps the empty state
             _, start, end = segments
             cache.state.ssm.copy_(torch.where((end > start)[:, None, None, None], states, 0.0))
@@ -158,27 +165,41 @@ class Mamba2(nn.Module):
         # handed to the conv as is. The conv's output is channel-last too; [..., :conv_dim]
         # drops the zero channels that padding may have added.
         conv_x, weight, bias = causal_conv1d_inputs(xBC, self.conv1d.weight, self.conv1d.bias)
-        xBC = causal_conv1d_fn(conv_x, weight, bias, seq_idx=seq_idx,
-                               activation="silu").transpose(1, 2)[..., :self.conv_dim]
+        xBC = causal_conv1d_fn(conv_x, weight, bias, seq_idx=seq_idx, activation="silu").transpose(1, 2)[
+            ..., : self.conv_dim
+        ]
         x, B, C = self._split_xbc(xBC)
-        return mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size=self.chunk_size, D=self.D,
-                                         dt_bias=self.dt_bias, dt_softplus=True, seq_idx=seq_idx)
+        return mamba_chunk_scan_combined(
+            x,
+            dt,
+            A,
+            B,
+            C,
+            chunk_size=self.chunk_size,
+            D=self.D,
+            dt_bias=self.dt_bias,
+            dt_softplus=True,
+            seq_idx=seq_idx,
+        )
 
     def _split_xbc(self, xBC: torch.Tensor):
         bsz, seqlen, _ = xBC.shape
         gn = self.ngroups * self.d_state
         x, B, C = torch.split(xBC, [self.d_inner, gn, gn], dim=-1)
-        return (x.reshape(bsz, seqlen, self.nheads, self.headdim),
-                B.reshape(bsz, seqlen, self.ngroups, self.d_state),
-                C.reshape(bsz, seqlen, self.ngroups, self.d_state))
+        return (
+            x.reshape(bsz, seqlen, self.nheads, self.headdim),
+            B.reshape(bsz, seqlen, self.ngroups, self.d_state),
+            C.reshape(bsz, seqlen, self.ngroups, self.d_state),
+        )
 
     # ---- inference state (models/cache.py) ------------------------------------------
     def new_state(self, batch: int, capacity: int, device, dtype) -> MambaState:
         """Zero states for `batch` rows; their size does not depend on the context."""
         ssm_dtype = torch.promote_types(dtype, torch.float32)  # the scan's precision
-        return MambaState(conv=torch.zeros(batch, self.d_conv - 1, self.conv_dim, device=device, dtype=dtype),
-                          ssm=torch.zeros(batch, self.nheads, self.headdim, self.d_state, device=device,
-                                          dtype=ssm_dtype))
+        return MambaState(
+            conv=torch.zeros(batch, self.d_conv - 1, self.conv_dim, device=device, dtype=dtype),
+            ssm=torch.zeros(batch, self.nheads, self.headdim, self.d_state, device=device, dtype=ssm_dtype),
+        )
 
     def step(self, u: torch.Tensor, cache: BlockCache[MambaState]) -> torch.Tensor:
         """One new token for each of the layout's cache rows: u (n, 1, d_model). The
@@ -188,9 +209,22 @@ class Mamba2(nn.Module):
         z, xBC, dt = torch.split(self.in_proj(u[:, 0]), [self.d_inner, self.conv_dim, self.nheads], dim=-1)
         A = -torch.exp(upcast(self.A_log))
         if cpu_step.applies(xBC, state.conv, state.ssm) and not dispatch.torch_forced():  # conv, SSM, norm in one call
-            y = cpu_step.kernel().mamba2_step(xBC, dt, z, state.conv, state.ssm, rows, self.conv1d.weight,
-                                              self.conv1d.bias, self.dt_bias, A.to(xBC.dtype), self.D,
-                                              self.norm.weight, self.norm.eps, self.ngroups)
+            y = cpu_step.kernel().mamba2_step(
+                xBC,
+                dt,
+                z,
+                state.conv,
+                state.ssm,
+                rows,
+                self.conv1d.weight,
+                self.conv1d.bias,
+                self.dt_bias,
+                A.to(xBC.dtype),
+                self.D,
+                self.norm.weight,
+                self.norm.eps,
+                self.ngroups,
+            )
             return self.out_proj(y)[:, None]
         if dispatch.use_cuda_step_kernels(u):
             y = self._step_cuda(xBC, dt, A, state, rows)
@@ -210,16 +244,29 @@ class Mamba2(nn.Module):
         causal_conv1d_update, selective_state_update = dispatch.cuda_step_kernels()
         index = None if rows is None else rows.to(torch.int32)  # the kernels gather and scatter the rows
         # The conv state is stored time-major; the kernel reads it through strides as (B, conv_dim, d_conv - 1).
-        xBC = causal_conv1d_update(xBC.to(state.conv.dtype).contiguous(), state.conv.transpose(1, 2),
-                                   self.conv1d.weight[:, 0], self.conv1d.bias, "silu", conv_state_indices=index)
+        xBC = causal_conv1d_update(
+            xBC.to(state.conv.dtype).contiguous(),
+            state.conv.transpose(1, 2),
+            self.conv1d.weight[:, 0],
+            self.conv1d.bias,
+            "silu",
+            conv_state_indices=index,
+        )
         n, h, p, dstate = xBC.shape[0], self.nheads, self.headdim, self.d_state
         x, B, C = torch.split(xBC, [self.d_inner, self.ngroups * dstate, self.ngroups * dstate], dim=-1)
         # Per-head scalars broadcast over headdim (and d_state) as stride-0 views, as mamba-ssm's step does.
         return selective_state_update(
-            state.ssm, x.reshape(n, h, p), dt[..., None].expand(n, h, p), A[:, None, None].expand(h, p, dstate),
-            B.reshape(n, self.ngroups, dstate), C.reshape(n, self.ngroups, dstate),
-            D=self.D[:, None].expand(h, p), dt_bias=self.dt_bias[:, None].expand(h, p), dt_softplus=True,
-            state_batch_indices=index)
+            state.ssm,
+            x.reshape(n, h, p),
+            dt[..., None].expand(n, h, p),
+            A[:, None, None].expand(h, p, dstate),
+            B.reshape(n, self.ngroups, dstate),
+            C.reshape(n, self.ngroups, dstate),
+            D=self.D[:, None].expand(h, p),
+            dt_bias=self.dt_bias[:, None].expand(h, p),
+            dt_softplus=True,
+            state_batch_indices=index,
+        )
 
     # ---- cost -----------------------------------------------------------------------
     def flops(self, seq_len: int) -> int:

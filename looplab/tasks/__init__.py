@@ -28,8 +28,9 @@ def make_task(cfg, seq_len: int | None = None, *, rank: int = 0, world_size: int
         from looplab.tasks.text import TextTask
 
         if seq_len is None:
-            raise invalid("make_task(seq_len)", seq_len,
-                          "the context length (TrainConfig.seq_len) for task.kind='text'")
+            raise invalid(
+                "make_task(seq_len)", seq_len, "the context length (TrainConfig.seq_len) for task.kind='text'"
+            )
         return TextTask(cfg, seq_len, rank=rank, world_size=world_size)
     raise ValueError(f"task.kind={cfg.kind!r} is invalid; allowed: mano | phop | text")
 

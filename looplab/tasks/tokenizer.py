@@ -115,8 +115,9 @@ class HFTokenizer(Tokenizer):
         try:
             from transformers import AutoTokenizer
         except ImportError as e:
-            raise ConfigError(f"tokenizer={spec!r} needs transformers ({e}); allowed: mistral | bytes, or "
-                              "pip install transformers") from None
+            raise ConfigError(
+                f"tokenizer={spec!r} needs transformers ({e}); allowed: mistral | bytes, or pip install transformers"
+            ) from None
         local = Path(spec).expanduser().exists()
         try:
             # Offline, from_pretrained retries the hub for a minute: try the local
@@ -124,12 +125,16 @@ class HFTokenizer(Tokenizer):
             self._tok = AutoTokenizer.from_pretrained(spec, local_files_only=local or not hub_reachable())
         except Exception as e:  # transformers raises OSError, ValueError, HTTP errors ...
             reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise ConfigError(f"tokenizer={spec!r} could not be loaded ({reason}); allowed: mistral | bytes | "
-                              "a local tokenizer directory | a hub name when the hub is reachable") from None
+            raise ConfigError(
+                f"tokenizer={spec!r} could not be loaded ({reason}); allowed: mistral | bytes | "
+                "a local tokenizer directory | a hub name when the hub is reachable"
+            ) from None
         tok = self._tok
         if tok.eos_token_id is None:
-            raise ConfigError(f"tokenizer={spec!r} defines no eos token; allowed: a tokenizer with eos "
-                              "(documents are separated by it)")
+            raise ConfigError(
+                f"tokenizer={spec!r} defines no eos token; allowed: a tokenizer with eos "
+                "(documents are separated by it)"
+            )
         self.spec = spec
         self.vocab_size = len(tok)
         self.eos_id = int(tok.eos_token_id)
@@ -154,8 +159,10 @@ def mistral_model_path() -> Path:
     pins we do not want, and we need only one data file."""
     spec = importlib.util.find_spec("mistral_common")
     if spec is None or not spec.submodule_search_locations:
-        raise ConfigError(f"tokenizer='mistral' needs the mistral-common wheel, which is not installed; "
-                          f"allowed: run `{MISTRAL_INSTALL}`, or use tokenizer='bytes'")
+        raise ConfigError(
+            f"tokenizer='mistral' needs the mistral-common wheel, which is not installed; "
+            f"allowed: run `{MISTRAL_INSTALL}`, or use tokenizer='bytes'"
+        )
     return Path(list(spec.submodule_search_locations)[0]) / MISTRAL_MODEL_FILE
 
 
@@ -165,8 +172,10 @@ def verify_sha256(path: Path, expected: str) -> None:
         raise ConfigError(f"tokenizer='mistral': {path} is missing; allowed: reinstall with `{MISTRAL_INSTALL}`")
     digest = file_digest(path).removeprefix(SHA256)
     if digest != expected:
-        raise ConfigError(f"tokenizer='mistral': {path} has SHA-256 {digest[:12]}…, expected {expected[:12]}…; "
-                          f"allowed: the mistral-common 1.13.1 file (`{MISTRAL_INSTALL}`)")
+        raise ConfigError(
+            f"tokenizer='mistral': {path} has SHA-256 {digest[:12]}…, expected {expected[:12]}…; "
+            f"allowed: the mistral-common 1.13.1 file (`{MISTRAL_INSTALL}`)"
+        )
 
 
 def load_mistral() -> SentencePieceTokenizer:
@@ -179,8 +188,9 @@ def load_mistral() -> SentencePieceTokenizer:
 def load_tokenizer(spec: str) -> Tokenizer:
     """The tokenizer named by spec (cached: tokenizers are read-only)."""
     if not isinstance(spec, str) or not spec.strip():
-        raise ConfigError(f"tokenizer={spec!r} is invalid; allowed: mistral | bytes | a HuggingFace tokenizer "
-                          "name or path")
+        raise ConfigError(
+            f"tokenizer={spec!r} is invalid; allowed: mistral | bytes | a HuggingFace tokenizer name or path"
+        )
     if spec == "mistral":
         return load_mistral()
     if spec == "bytes":

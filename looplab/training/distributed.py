@@ -65,8 +65,10 @@ class Shard:
 
     def check_batch_size(self, batch_size: int) -> None:
         if batch_size % self.world:
-            raise ConfigError(f"TrainConfig.batch_size={batch_size} is invalid with {self.world} workers; "
-                              f"allowed: a multiple of {self.world} (every rank trains an equal share)")
+            raise ConfigError(
+                f"TrainConfig.batch_size={batch_size} is invalid with {self.world} workers; "
+                f"allowed: a multiple of {self.world} (every rank trains an equal share)"
+            )
 
     def rows(self, batch_size: int) -> Rows:
         """This rank's rows of a global batch."""
@@ -87,7 +89,7 @@ class Shard:
         flat /= self.world
         offset = 0
         for g in grads:
-            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
             offset += g.numel()
 
     def average(self, values: dict[str, float]) -> dict[str, float]:

@@ -79,7 +79,7 @@ def loop_gradient_norms(model, stage, batch: Batch, cfg, step: int) -> list[floa
     model.train(was_training)
     norms, i = [], 0
     for c in copies:
-        part = grads[i:i + len(c)]
+        part = grads[i : i + len(c)]
         i += len(c)
         norms.append(math.sqrt(sum(float(g.float().pow(2).sum()) for g in part if g is not None)))
     return norms

@@ -35,6 +35,7 @@ from looplab.tracking import EXECUTED_LOOPS, EXIT_ENTROPY, EXIT_PROB, EXPECTED_E
 
 # ---- exit distribution -------------------------------------------------------------
 
+
 def exit_distribution(lam: torch.Tensor) -> torch.Tensor:
     """π from the instantaneous exit probabilities λ^(1..R-1):
     π^(r) = λ^(r) ∏_{j<r} (1 − λ^(j)) for r < R, π^(R) = ∏_{j<R} (1 − λ^(j))."""
@@ -66,6 +67,7 @@ def expected_exit_step(pi: torch.Tensor) -> torch.Tensor:
 
 # ---- losses ------------------------------------------------------------------------
 
+
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean of x (…, B, L) over masked positions (0 with a graph when none)."""
     return (x * mask).sum() / mask.sum().clamp(min=1)
@@ -91,16 +93,19 @@ def stage1_weights(lam: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return exit_distribution(lam) * (mask.to(lam.dtype) / mask.sum().clamp(min=1))
 
 
-def stage1_loss(step_losses: torch.Tensor, lam: torch.Tensor, mask: torch.Tensor, beta: float,
-                eps: float = 1e-8) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def stage1_loss(
+    step_losses: torch.Tensor, lam: torch.Tensor, mask: torch.Tensor, beta: float, eps: float = 1e-8
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Stage-1: mean over tokens of Σ_r π^(r) ℓ^(r) − β H(π). Returns the loss and
     diagnostics (exit entropy, expected exit step) as detached scalars."""
     pi = exit_distribution(lam)
     entropy = exit_entropy(pi, eps)
     expected = (pi * step_losses).sum(dim=0)
     loss = masked_mean(expected - beta * entropy, mask)
-    return loss, {EXIT_ENTROPY: masked_mean(entropy, mask).detach(),
-                  EXPECTED_EXIT_STEP: masked_mean(expected_exit_step(pi), mask).detach()}
+    return loss, {
+        EXIT_ENTROPY: masked_mean(entropy, mask).detach(),
+        EXPECTED_EXIT_STEP: masked_mean(expected_exit_step(pi), mask).detach(),
+    }
 
 
 def stage2_targets(step_losses: torch.Tensor, kappa: float = 50.0, gamma: float = 0.005) -> torch.Tensor:
@@ -111,8 +116,9 @@ def stage2_targets(step_losses: torch.Tensor, kappa: float = 50.0, gamma: float 
     return torch.sigmoid(kappa * (improvement - gamma))
 
 
-def stage2_loss(step_losses: torch.Tensor, gate_logits: torch.Tensor, mask: torch.Tensor, kappa: float = 50.0,
-                gamma: float = 0.005) -> torch.Tensor:
+def stage2_loss(
+    step_losses: torch.Tensor, gate_logits: torch.Tensor, mask: torch.Tensor, kappa: float = 50.0, gamma: float = 0.005
+) -> torch.Tensor:
     """Stage-2: BCE between the continuation probability 1 − λ^(r) and w^(r),
     averaged over tokens and over the R − 1 non-final steps. Takes the gate's
     logits a (λ = σ(a), so 1 − λ = σ(−a)) to stay finite where λ saturates."""
@@ -142,6 +148,7 @@ def hole_loss(losses: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 # before the head runs (1/M; π^(r)/M), so the head takes them up front and forms its
 # gradient while each chunk's softmax exists; the loss's value comes from the functions
 # above on the detached per-token losses, and attach_gradient adds the head's gradient.
+
 
 def step_losses(model, out, targets: torch.Tensor) -> torch.Tensor:
     """ℓ^(r) per token for every step of an execution run with all_steps: (R, B, L)."""
@@ -199,7 +206,7 @@ def chase_minibatch(model, batch, cfg, step, rows):
         return loss, {HOLE_BRANCH: 1.0, HOLE_Q: q, EXECUTED_LOOPS: out.executed_loops}
     rows = rows or Rows.whole(len(batch))
     exit_at = sample_depth_holes(rng, cfg.hole, (rows.total, batch.ids.shape[1]), cfg.model.n_loops)
-    exit_at = exit_at[rows.start:rows.stop].to(batch.ids.device)
+    exit_at = exit_at[rows.start : rows.stop].to(batch.ids.device)
     loss, diag = _stage1(model, batch, cfg, ExitPolicy.given(exit_at))
     return loss, {**diag, HOLE_BRANCH: 1.0, EXECUTED_LOOPS: float(exit_at.float().mean())}
 

@@ -26,8 +26,9 @@ def probe_seconds(cfg: ExperimentConfig, *, steps: int = 2) -> tuple[float, floa
     device = resolve_device(cfg.train.device)
     check_training(cfg, device)  # the probe allocates what a step of the run does
     task = make_task(cfg.task, cfg.train.seq_len)
-    step, model = optimizer_step(cfg, device, task.train_batch(0, cfg.train.batch_size, cfg.train.seq_len,
-                                                               cfg.train.seed))
+    step, model = optimizer_step(
+        cfg, device, task.train_batch(0, cfg.train.batch_size, cfg.train.seq_len, cfg.train.seed)
+    )
     seconds = median_seconds(step, steps, warmup=1, device=device)
     t = time.perf_counter()
     evaluation_records(model, task, cfg, device)

@@ -17,8 +17,14 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from looplab.checkpoint import (PARENT_WEIGHTS, TRAINER, load_training_state, save_training_state, settle_checkpoint,
-                                verify_checkpoint)
+from looplab.checkpoint import (
+    PARENT_WEIGHTS,
+    TRAINER,
+    load_training_state,
+    save_training_state,
+    settle_checkpoint,
+    verify_checkpoint,
+)
 from looplab.config import ConfigError, ExperimentConfig
 from looplab.errors import CheckpointNotWritten, TrainingDiverged
 from looplab.tracking import EVAL_RECORD, LOOP
@@ -29,8 +35,18 @@ METRICS_FILE = "metrics.jsonl"
 DIVERGED = "diverged.json"  # left by a run that diverged: its restart stops at once (start_step)
 
 
-def start_step(out: Path, cfg: ExperimentConfig, model, optimizer, parent_weights: str | None, log: MetricsLog, *,
-               resume: bool, main: bool, stop_at: int | None) -> int:
+def start_step(
+    out: Path,
+    cfg: ExperimentConfig,
+    model,
+    optimizer,
+    parent_weights: str | None,
+    log: MetricsLog,
+    *,
+    resume: bool,
+    main: bool,
+    stop_at: int | None,
+) -> int:
     """The step a run in `out` starts from, with the model and AdamW restored to it: 0
     for a fresh start (metrics.jsonl begun anew), the checkpoint's step on a resume.
     Refused in one line: a config that diverged here before (it would again), a
@@ -41,8 +57,9 @@ def start_step(out: Path, cfg: ExperimentConfig, model, optimizer, parent_weight
         before = json.loads(marker.read_text())
         if before.get("stage_key") == cfg.stage_key():
             state = json.loads((ckpt / TRAINER).read_text()) if (ckpt / TRAINER).is_file() else {}
-            raise TrainingDiverged(diverged_message(before["step"], before["reason"], state.get("step", 0), ckpt,
-                                                    marker, again=True))
+            raise TrainingDiverged(
+                diverged_message(before["step"], before["reason"], state.get("step", 0), ckpt, marker, again=True)
+            )
     if main and marker.is_file():
         marker.unlink()  # another config in this folder, or a fresh start
     if resume and main:
@@ -55,14 +72,18 @@ def start_step(out: Path, cfg: ExperimentConfig, model, optimizer, parent_weight
     verify_checkpoint(ckpt, training=True, recover=recover)
     state = json.loads((ckpt / TRAINER).read_text())
     if state.get("stage_key") != cfg.stage_key():
-        raise ConfigError(f"{ckpt} holds a checkpoint of stage key {state.get('stage_key')!r}, not "
-                          f"{cfg.stage_key()!r}; allowed: another --out, or --no-resume to start over")
+        raise ConfigError(
+            f"{ckpt} holds a checkpoint of stage key {state.get('stage_key')!r}, not "
+            f"{cfg.stage_key()!r}; allowed: another --out, or --no-resume to start over"
+        )
     started_from = state.get(PARENT_WEIGHTS, parent_weights)  # (none recorded before this was)
     if cfg.parent is not None and started_from != parent_weights:  # the parent trained again, or replaced
-        raise ConfigError(f"{ckpt} continues the parent weights {str(started_from)[:19]}..., but the parent "
-                          f"checkpoint {cfg.parent.checkpoint} now holds {str(parent_weights)[:19]}... (trained "
-                          f"again or replaced); allowed: {recover} to train this stage from the parent as it "
-                          "is, or the parent's checkpoint as it was")
+        raise ConfigError(
+            f"{ckpt} continues the parent weights {str(started_from)[:19]}..., but the parent "
+            f"checkpoint {cfg.parent.checkpoint} now holds {str(parent_weights)[:19]}... (trained "
+            f"again or replaced); allowed: {recover} to train this stage from the parent as it "
+            "is, or the parent's checkpoint as it was"
+        )
     start = load_training_state(ckpt, model, optimizer, recover)["step"]
     log.resumed(start, evaluates_again=start == tc.steps and (stop_at is None or stop_at >= tc.steps))
     log.say(f"resumed from {ckpt} at step {start}")
@@ -75,8 +96,17 @@ class Checkpointer:
     leaves DIVERGED so that a restart (a sweep retries a failed trial) stops at once.
     Rank 0 alone writes; every rank keeps the same count."""
 
-    def __init__(self, out: Path, cfg: ExperimentConfig, model, optimizer, parent_weights: str | None, start: int,
-                 on_checkpoint: Callable[[int, Path], None] | None, main: bool):
+    def __init__(
+        self,
+        out: Path,
+        cfg: ExperimentConfig,
+        model,
+        optimizer,
+        parent_weights: str | None,
+        start: int,
+        on_checkpoint: Callable[[int, Path], None] | None,
+        main: bool,
+    ):
         self.ckpt, self.marker = out / CHECKPOINT_DIR, out / DIVERGED
         self.cfg, self.model, self.optimizer, self.parent_weights = cfg, model, optimizer, parent_weights
         self.on_checkpoint, self.main = on_checkpoint, main
@@ -97,15 +127,21 @@ class Checkpointer:
         if bad is not None:  # finite steps can still overflow: a non-finite weight is never saved
             self.diverged(step, f"the weight {bad} is not finite")
         if self.main:
-            state = {"step": step, "stage_key": self.cfg.stage_key(), **(
-                {PARENT_WEIGHTS: self.parent_weights} if self.parent_weights is not None else {})}
+            state = {
+                "step": step,
+                "stage_key": self.cfg.stage_key(),
+                **({PARENT_WEIGHTS: self.parent_weights} if self.parent_weights is not None else {}),
+            }
             try:
                 save_training_state(self.ckpt, self.model, self.optimizer, state)
             except OSError as e:  # a full disk: the previous checkpoint stays current (written aside first)
-                raise CheckpointNotWritten(e.errno, f"could not write the checkpoint of step {step} into "
-                                                    f"{self.ckpt} ({e.strerror or e}); the checkpoint of step "
-                                                    f"{self.saved_step} stays current: free space and run again to "
-                                                    "resume") from None
+                raise CheckpointNotWritten(
+                    e.errno,
+                    f"could not write the checkpoint of step {step} into "
+                    f"{self.ckpt} ({e.strerror or e}); the checkpoint of step "
+                    f"{self.saved_step} stays current: free space and run again to "
+                    "resume",
+                ) from None
             if self.on_checkpoint is not None:
                 self.on_checkpoint(step, self.ckpt)
         self.saved_step, self.last_saved = step, time.monotonic()
@@ -119,9 +155,11 @@ class Checkpointer:
 
 def diverged_message(step: int, what: str, saved_step: int, ckpt: Path, marker: Path, again: bool = False) -> str:
     current = f"the checkpoint of step {saved_step} stays current" if saved_step else "no checkpoint was written"
-    return (f"training diverged at step {step}{' (before this run: ' + str(marker) + ')' if again else ''}: {what}; "
-            f"{current}; lower train.lr or train.grad_clip (a new config trains in a new folder), or delete "
-            f"{marker} to run this config again")
+    return (
+        f"training diverged at step {step}{' (before this run: ' + str(marker) + ')' if again else ''}: {what}; "
+        f"{current}; lower train.lr or train.grad_clip (a new config trains in a new folder), or delete "
+        f"{marker} to run this config again"
+    )
 
 
 def read_records(path: Path, torn: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
@@ -138,8 +176,10 @@ def read_records(path: Path, torn: Callable[[str], None] | None = None) -> list[
             records.append(json.loads(line))
         except json.JSONDecodeError:
             if i < len(lines):
-                raise ConfigError(f"{path} line {i} is not a JSON record; allowed: a metrics.jsonl this run wrote "
-                                  f"(start over with --no-resume, or remove the line)") from None
+                raise ConfigError(
+                    f"{path} line {i} is not a JSON record; allowed: a metrics.jsonl this run wrote "
+                    f"(start over with --no-resume, or remove the line)"
+                ) from None
             if torn is not None:
                 torn(line)
     return records
@@ -155,12 +195,15 @@ def torn_warning(path: Path, line: str, step: int, evaluates_again: bool) -> str
     what = f"the {kind.group(1)} record of step {at.group(1)}" if kind and at else "a record of an unknown step"
     if at is None:
         fate = f"{what}: written again if it was after step {step}, else lost"
-    elif int(at.group(1)) > step or (evaluates_again and int(at.group(1)) == step and kind
-                                     and kind.group(1) in (EVAL_RECORD, LOOP)):
+    elif int(at.group(1)) > step or (
+        evaluates_again and int(at.group(1)) == step and kind and kind.group(1) in (EVAL_RECORD, LOOP)
+    ):
         fate = f"{what}, which the resumed run writes again"
     else:
-        fate = (f"{what} is lost (the run resumes after it, from the checkpoint of step {step}, and cannot "
-                "compute it again)")
+        fate = (
+            f"{what} is lost (the run resumes after it, from the checkpoint of step {step}, and cannot "
+            "compute it again)"
+        )
     return f"warning: {path}: dropped a torn last line ({len(line)} characters; a write cut short): {fate}"
 
 
@@ -183,8 +226,9 @@ class MetricsLog:
 
     def resumed(self, step: int, evaluates_again: bool = False) -> None:
         if self.write and self.path.exists():
-            records = read_records(self.path, torn=lambda line: self.say_always(
-                torn_warning(self.path, line, step, evaluates_again)))
+            records = read_records(
+                self.path, torn=lambda line: self.say_always(torn_warning(self.path, line, step, evaluates_again))
+            )
             kept = [json.dumps(r) for r in records if r.get("step", 0) <= step]
             self.path.write_text("".join(line + "\n" for line in kept))
         self.record({"kind": "resume", "step": step}, f"resume at step {step}", say=False)

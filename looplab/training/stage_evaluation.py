@@ -8,8 +8,18 @@ from __future__ import annotations
 from looplab.config import ExperimentConfig
 from looplab.evaluation.validation import evaluate_policies
 from looplab.stages import get_stage
-from looplab.tracking import (ACCURACY, EVAL_RECORD, EXECUTED_LOOPS, GRAD_NORM, HIDDEN_NORM, LOOP, LOSS,
-                              MEAN_EXIT_STEP, PPL, loop_metric)
+from looplab.tracking import (
+    ACCURACY,
+    EVAL_RECORD,
+    EXECUTED_LOOPS,
+    GRAD_NORM,
+    HIDDEN_NORM,
+    LOOP,
+    LOSS,
+    MEAN_EXIT_STEP,
+    PPL,
+    loop_metric,
+)
 from looplab.training.instruments import diagnostic_batch, loop_instruments
 
 
@@ -19,11 +29,17 @@ def evaluate_stage(model, task, cfg: ExperimentConfig, device, shard, log, step:
     depth's record."""
     records = shard.broadcast(evaluation_records(model, task, cfg, device) if shard.main else None)
     full = records[0]  # full depth comes first (Stage.eval_policies)
-    quality = (f"ppl {full[PPL]:.3f}  next-token acc {full[ACCURACY]:.4f}" if cfg.task.kind == "text"
-               else f"exact match {full[ACCURACY]:.4f}  loss {full[LOSS]:.4f}")
+    quality = (
+        f"ppl {full[PPL]:.3f}  next-token acc {full[ACCURACY]:.4f}"
+        if cfg.task.kind == "text"
+        else f"exact match {full[ACCURACY]:.4f}  loss {full[LOSS]:.4f}"
+    )
     lines = [f"eval @ {step}: {quality}  (n={full['n']})"]
-    lines += [f"  {r['policy']:10s} loops {r[EXECUTED_LOOPS]:.2f}  exit {r[MEAN_EXIT_STEP]:.2f}  "
-              f"acc {r[ACCURACY]:.4f}  loss {r[LOSS]:.4f}" for r in records[1:]]
+    lines += [
+        f"  {r['policy']:10s} loops {r[EXECUTED_LOOPS]:.2f}  exit {r[MEAN_EXIT_STEP]:.2f}  "
+        f"acc {r[ACCURACY]:.4f}  loss {r[LOSS]:.4f}"
+        for r in records[1:]
+    ]
     log.record({"kind": EVAL_RECORD, "step": step, "policies": records}, "\n".join(lines))
     if shard.main:  # per-loop instruments (looplab/training/instruments.py) on rank 0's diagnostic batch
         loops = loop_instruments(model, get_stage(cfg.stage), diagnostic_batch(task.eval_batch()), cfg, step, device)
@@ -40,8 +56,9 @@ def evaluation_records(model, task, cfg: ExperimentConfig, device) -> list[dict]
     if tc.eval_limit:
         eval_set = eval_set.slice(0, tc.eval_limit)
     policies = get_stage(cfg.stage).eval_policies(cfg.model.n_loops, tc.eval_qs)
-    return evaluate_policies(model, eval_set, policies, batch_size=tc.eval_batch_size, device=device,
-                             precision=tc.precision)
+    return evaluate_policies(
+        model, eval_set, policies, batch_size=tc.eval_batch_size, device=device, precision=tc.precision
+    )
 
 
 def loops_line(loops: dict[str, float], n_loops: int) -> str:

@@ -56,8 +56,9 @@ def ready_to_train(model, cfg: ExperimentConfig, device: torch.device) -> None:
         p.requires_grad_(stage.trainable(name))
 
 
-def accumulate_gradients(model, stage, batch: Batch, cfg: ExperimentConfig, step: int, shard: Shard,
-                          device) -> tuple[float, dict[str, float]]:
+def accumulate_gradients(
+    model, stage, batch: Batch, cfg: ExperimentConfig, step: int, shard: Shard, device
+) -> tuple[float, dict[str, float]]:
     """Forward and backward this rank's rows of the global batch, micro_batch_size rows
     at a time, into the parameters' .grad. Each part's loss (a mean over its target
     tokens) weighs by its share of the global batch's target tokens, times the world
@@ -110,4 +111,5 @@ def optimizer_step(cfg: ExperimentConfig, device, batch: Batch | None = None) ->
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)  # gradients freed: the next step starts where this one did
         return loss
+
     return step, model

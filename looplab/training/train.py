@@ -21,8 +21,17 @@ from typing import Any, Callable
 import torch
 
 from looplab import threads
-from looplab.checkpoint import (PARENT_WEIGHTS, describe_parent, experiment_metadata, load_weights,
-                                model_from_config, parent_ref, read_model_config, verify_checkpoint, weights_digest)
+from looplab.checkpoint import (
+    PARENT_WEIGHTS,
+    describe_parent,
+    experiment_metadata,
+    load_weights,
+    model_from_config,
+    parent_ref,
+    read_model_config,
+    verify_checkpoint,
+    weights_digest,
+)
 from looplab.config import ConfigError, ExperimentConfig
 from looplab.costs.machine import check_training
 from looplab.devices import resolve_device
@@ -48,11 +57,19 @@ class TrainResult:
     stopped: bool = False  # should_stop asked for it before the last step (a checkpoint holds `step`)
 
 
-def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, stop_at: int | None = None,
-          on_metrics: Callable[[dict[str, Any]], None] | None = None,
-          on_progress: Callable[[dict[str, Any]], None] | None = None,
-          on_checkpoint: Callable[[int, Path], None] | None = None, parent_dir: str | Path | None = None,
-          should_stop: Callable[[], bool] | None = None, quiet: bool = False) -> TrainResult:
+def train(
+    cfg: ExperimentConfig,
+    out_dir: str | Path,
+    *,
+    resume: bool = True,
+    stop_at: int | None = None,
+    on_metrics: Callable[[dict[str, Any]], None] | None = None,
+    on_progress: Callable[[dict[str, Any]], None] | None = None,
+    on_checkpoint: Callable[[int, Path], None] | None = None,
+    parent_dir: str | Path | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    quiet: bool = False,
+) -> TrainResult:
     """Train cfg's model on cfg's task with the objective of cfg.stage (the stage
     registry, looplab/stages.py; the losses in looplab/training/objectives.py).
 
@@ -81,13 +98,14 @@ def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, st
     ready_to_train(model, cfg, device)
     optimizer = make_optimizer(model, tc)
     log = MetricsLog(out / METRICS_FILE, on_metrics, quiet or not shard.main, write=shard.main)
-    start = start_step(out, cfg, model, optimizer, parent_weights, log, resume=resume, main=shard.main,
-                       stop_at=stop_at)
+    start = start_step(out, cfg, model, optimizer, parent_weights, log, resume=resume, main=shard.main, stop_at=stop_at)
     end = tc.steps if stop_at is None else min(tc.steps, stop_at)
     saver = Checkpointer(out, cfg, model, optimizer, parent_weights, start, on_checkpoint, shard.main)
     result, speed, window = TrainResult(out_dir=out, step=start), _Speed(start, end), []
-    log.say(f"{cfg.preset or 'custom'} {cfg.stage} [{cfg.stage_key()}]: {cfg.model.arch} {cfg.model.n_layers}⊗"
-            f"{cfg.model.n_loops}, {model.num_parameters():,} params, {tc.steps} steps on {device}")
+    log.say(
+        f"{cfg.preset or 'custom'} {cfg.stage} [{cfg.stage_key()}]: {cfg.model.arch} {cfg.model.n_layers}⊗"
+        f"{cfg.model.n_loops}, {model.num_parameters():,} params, {tc.steps} steps on {device}"
+    )
     if device.type == "cpu":
         log.say(threads.current().line())
     model.train()
@@ -113,8 +131,9 @@ def train(cfg: ExperimentConfig, out_dir: str | Path, *, resume: bool = True, st
         if should_stop is not None and done != end and shard.broadcast(bool(should_stop())):
             if saver.saved_step != done:
                 saver.save(done)
-            log.say(f"stopped at step {done}/{tc.steps} on request; checkpoint: {saver.ckpt} (running again resumes "
-                    "here)")
+            log.say(
+                f"stopped at step {done}/{tc.steps} on request; checkpoint: {saver.ckpt} (running again resumes here)"
+            )
             result.stopped = True
             return result
     if end == tc.steps:
@@ -144,8 +163,9 @@ def _start_model(cfg: ExperimentConfig, parent_dir: str | Path | None) -> tuple[
     return model, parent_weights
 
 
-def _optimizer_step(model, optimizer, batch, cfg: ExperimentConfig, step: int, shard: Shard, device,
-                    saver: Checkpointer) -> tuple[float, dict[str, float], float]:
+def _optimizer_step(
+    model, optimizer, batch, cfg: ExperimentConfig, step: int, shard: Shard, device, saver: Checkpointer
+) -> tuple[float, dict[str, float], float]:
     """One step of the run: (the batch's loss, its diagnostics, the gradient's norm).
     Every rank has the same (averaged) loss and gradients, so every rank stops together
     when one is not finite, before the weights take it."""
@@ -192,16 +212,26 @@ class _Speed:
         return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
-def _log_window(log: MetricsLog, window: list[dict[str, float]], cfg: ExperimentConfig, step: int, grad_norm: float,
-                speed: _Speed) -> None:
+def _log_window(
+    log: MetricsLog, window: list[dict[str, float]], cfg: ExperimentConfig, step: int, grad_norm: float, speed: _Speed
+) -> None:
     """The record of a log window (its steps' means) and its line, which shows the
     diagnostics the stage's loss names (Stage.shows)."""
     means, lr = _window_means(window), lr_at(step, cfg.train)
     extra = "".join(f" | {k} {means[k]:.3f}" for k in get_stage(cfg.stage).shows if k in means)
-    log.record({"kind": TRAIN_RECORD, "step": step + 1, "stage": cfg.stage, **means, LR: lr, GRAD_NORM: grad_norm,
-                TOKENS_PER_S: speed.rate},
-               f"step {step + 1}/{cfg.train.steps} | loss {means[LOSS]:.4f}{extra} | lr {lr:.2e}"
-               f" | {speed.rate:,.0f} tok/s | eta {speed.eta_text}")
+    log.record(
+        {
+            "kind": TRAIN_RECORD,
+            "step": step + 1,
+            "stage": cfg.stage,
+            **means,
+            LR: lr,
+            GRAD_NORM: grad_norm,
+            TOKENS_PER_S: speed.rate,
+        },
+        f"step {step + 1}/{cfg.train.steps} | loss {means[LOSS]:.4f}{extra} | lr {lr:.2e}"
+        f" | {speed.rate:,.0f} tok/s | eta {speed.eta_text}",
+    )
 
 
 def _window_means(window: list[dict[str, float]]) -> dict[str, float]:
@@ -223,12 +253,16 @@ def load_parent(model: LoopedLM, cfg: ExperimentConfig, directory: str | Path | 
     directory = directory or parent.checkpoint
     verify_checkpoint(directory, argument="parent checkpoint", recover="train the parent stage again")
     if read_model_config(directory) != cfg.model:
-        raise ConfigError(f"parent checkpoint {str(directory)!r} holds a different architecture than model=...; "
-                          "allowed: a checkpoint of the same model config")
+        raise ConfigError(
+            f"parent checkpoint {str(directory)!r} holds a different architecture than model=...; "
+            "allowed: a checkpoint of the same model config"
+        )
     found = parent_ref(directory)
     if found.key != parent.key:
-        raise ConfigError(f"parent checkpoint {str(directory)!r} holds {describe_parent(found)}, not the parent this "
-                          f"stage is keyed on ({parent.key}); allowed: that parent's checkpoint as its training "
-                          "wrote it (train the parent stage to its end again)")
+        raise ConfigError(
+            f"parent checkpoint {str(directory)!r} holds {describe_parent(found)}, not the parent this "
+            f"stage is keyed on ({parent.key}); allowed: that parent's checkpoint as its training "
+            "wrote it (train the parent stage to its end again)"
+        )
     load_weights(model, directory)
     return weights_digest(directory)

@@ -28,8 +28,13 @@ def causal_conv1d_inputs(xBC: torch.Tensor, weight: torch.Tensor, bias: torch.Te
     """
     c = xBC.shape[-1]
     pad = (-c) % 8
-    fits = (pad == 0 and xBC.stride(2) == 1 and xBC.stride(1) % 8 == 0 and xBC.stride(0) % 8 == 0
-            and xBC.storage_offset() % 8 == 0)
+    fits = (
+        pad == 0
+        and xBC.stride(2) == 1
+        and xBC.stride(1) % 8 == 0
+        and xBC.stride(0) % 8 == 0
+        and xBC.storage_offset() % 8 == 0
+    )
     if not fits:  # a fresh buffer (not .contiguous(), which keeps a view with size-1 dims)
         xBC = F.pad(xBC, (0, pad)) if pad else xBC.clone(memory_format=torch.contiguous_format)
     weight = weight.squeeze(1)

@@ -45,7 +45,7 @@ class _CausalDepthwiseConv(torch.autograd.Function):
             g = grad[:, shift:]
             if seq_idx is not None:
                 g = g * _same_seq(seq_idx, shift)
-            grad_x[:, :seqlen - shift].addcmul_(g, w[:, j])
+            grad_x[:, : seqlen - shift].addcmul_(g, w[:, j])
             grad_w[:, j] = (grad[:, shift:] * src).sum((0, 1))
         grad_b = grad.sum((0, 1)) if ctx.has_bias else None
         return grad_x, grad_w.unsqueeze(1), grad_b, None
@@ -62,20 +62,22 @@ def _taps(x: torch.Tensor, k: int, seq_idx: torch.Tensor | None):
     for j in range(k - 1):
         shift = k - 1 - j  # tap j reads the token `shift` positions back
         if shift < seqlen:
-            src = x[:, :seqlen - shift]
+            src = x[:, : seqlen - shift]
             yield shift, j, src if seq_idx is None else src * _same_seq(seq_idx, shift)
 
 
-def causal_depthwise_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                          seq_idx: torch.Tensor | None = None) -> torch.Tensor:
+def causal_depthwise_conv(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, seq_idx: torch.Tensor | None = None
+) -> torch.Tensor:
     """x (b, l, c), weight (c, 1, k): out_t = bias + Σ_j weight[:, j] · x_{t-(k-1)+j},
     with zeros before the start of the sequence (of the token's own sequence when
     seq_idx (b, l) marks several sequences packed into one row)."""
     return _CausalDepthwiseConv.apply(x.contiguous(), weight, bias, seq_idx)
 
 
-def causal_depthwise_conv_step(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor,
-                               bias: torch.Tensor | None, rows: torch.Tensor | None) -> torch.Tensor:
+def causal_depthwise_conv_step(
+    x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rows: torch.Tensor | None
+) -> torch.Tensor:
     """One new input per row through the conv: x (n, c) joins the last k − 1 inputs
     stored in window (batch, k − 1, c), oldest first, which is updated in place, in
     the rows `rows` (n,) or in every row for None. Returns the conv's output (n, c)."""

@@ -43,16 +43,19 @@ def _guarded_import(*names: tuple[str, str]):
 @functools.cache
 def cuda_scan_kernels():
     """(causal_conv1d_fn, mamba_chunk_scan_combined): the prefill kernels, or None."""
-    return _guarded_import(("causal_conv1d", "causal_conv1d_fn"),
-                           ("mamba_ssm.ops.triton.ssd_combined", "mamba_chunk_scan_combined"))
+    return _guarded_import(
+        ("causal_conv1d", "causal_conv1d_fn"), ("mamba_ssm.ops.triton.ssd_combined", "mamba_chunk_scan_combined")
+    )
 
 
 @functools.cache
 def cuda_step_kernels():
     """(causal_conv1d_update, selective_state_update): the single-token kernels of
     decoding, or None."""
-    return _guarded_import(("causal_conv1d", "causal_conv1d_update"),
-                           ("mamba_ssm.ops.triton.selective_state_update", "selective_state_update"))
+    return _guarded_import(
+        ("causal_conv1d", "causal_conv1d_update"),
+        ("mamba_ssm.ops.triton.selective_state_update", "selective_state_update"),
+    )
 
 
 def torch_forced() -> bool:

@@ -48,16 +48,31 @@ def causal_conv1d_ref(x, weight, bias=None, seq_idx=None, activation=None):
     return F.silu(out) if activation in ("silu", "swish") else out
 
 
-def mamba_chunk_scan_combined_ref(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
-                                  seq_idx=None, dt_softplus=False, **unused):
+def mamba_chunk_scan_combined_ref(
+    x,
+    dt,
+    A,
+    B,
+    C,
+    chunk_size,
+    D=None,
+    z=None,
+    dt_bias=None,
+    initial_states=None,
+    seq_idx=None,
+    dt_softplus=False,
+    **unused,
+):
     """mamba-ssm's `mamba_chunk_scan_combined`, as looplab calls it, from its definition:
     dt = softplus(dt + dt_bias), the recurrence token by token within each sequence of
     seq_idx (b, l), plus D·x. chunk_size changes nothing here (the kernel's tiling)."""
     # The oracle's scope is looplab's call (models/mamba2.py's _scan_cuda): no z gating
     # (the gated norm comes after), no initial states, no returned states.
     if z is not None or initial_states is not None or unused:
-        raise ValueError(f"mamba_chunk_scan_combined_ref covers looplab's call only; got z={z is not None}, "
-                         f"initial_states={initial_states is not None}, extra={sorted(unused)}")
+        raise ValueError(
+            f"mamba_chunk_scan_combined_ref covers looplab's call only; got z={z is not None}, "
+            f"initial_states={initial_states is not None}, extra={sorted(unused)}"
+        )
     if dt_bias is not None:
         dt = dt + dt_bias
     dt = F.softplus(dt) if dt_softplus else dt
@@ -67,7 +82,7 @@ def mamba_chunk_scan_combined_ref(x, dt, A, B, C, chunk_size, D=None, z=None, dt
         parts = []
         for s in torch.unique_consecutive(seq_idx[r]):
             t = (seq_idx[r] == s).nonzero()[:, 0]
-            y, _ = ssm_scan_ref(x[r:r + 1, t], dt[r:r + 1, t], A, B[r:r + 1, t], C[r:r + 1, t])
+            y, _ = ssm_scan_ref(x[r : r + 1, t], dt[r : r + 1, t], A, B[r : r + 1, t], C[r : r + 1, t])
             parts.append(y)
         rows.append(torch.cat(parts, dim=1))
     y = torch.cat(rows)
@@ -81,18 +96,18 @@ def mamba2_mixer_ref(m, u):
     bsz, seqlen, _ = u.shape
     zxbcdt = u @ m.in_proj.weight.T
     d_inner, conv_dim, h, g, n, p = m.d_inner, m.conv_dim, m.nheads, m.ngroups, m.d_state, m.headdim
-    z, xBC, dt = zxbcdt[..., :d_inner], zxbcdt[..., d_inner:d_inner + conv_dim], zxbcdt[..., d_inner + conv_dim:]
+    z, xBC, dt = zxbcdt[..., :d_inner], zxbcdt[..., d_inner : d_inner + conv_dim], zxbcdt[..., d_inner + conv_dim :]
     xBC = causal_conv1d_ref(xBC.transpose(1, 2), m.conv1d.weight[:, 0], m.conv1d.bias, activation="silu")
     xBC = xBC.transpose(1, 2)
     x = xBC[..., :d_inner].reshape(bsz, seqlen, h, p)
-    B = xBC[..., d_inner:d_inner + g * n].reshape(bsz, seqlen, g, n)
-    C = xBC[..., d_inner + g * n:].reshape(bsz, seqlen, g, n)
+    B = xBC[..., d_inner : d_inner + g * n].reshape(bsz, seqlen, g, n)
+    C = xBC[..., d_inner + g * n :].reshape(bsz, seqlen, g, n)
     dt = F.softplus(dt + m.dt_bias)
     A = -torch.exp(m.A_log)
     y, _ = ssm_scan_ref(x, dt, A, B, C)
     y = (y + x * m.D[:, None]).reshape(bsz, seqlen, d_inner)
     y = y * (z * torch.sigmoid(z))
     groups = y.reshape(bsz, seqlen, g, d_inner // g)
-    groups = groups / torch.sqrt((groups ** 2).mean(-1, keepdim=True) + m.norm.eps)
+    groups = groups / torch.sqrt((groups**2).mean(-1, keepdim=True) + m.norm.eps)
     y = groups.reshape(bsz, seqlen, d_inner) * m.norm.weight
     return y @ m.out_proj.weight.T

@@ -14,8 +14,16 @@ from __future__ import annotations
 import torch
 
 
-def ssm_step(ssm: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
-             C: torch.Tensor, D: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+def ssm_step(
+    ssm: torch.Tensor,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor,
+    rows: torch.Tensor | None,
+) -> torch.Tensor:
     """S ← exp(dt A) S + dt x Bᵀ, y = S C + D x for one new token per row.
 
     ssm (batch, h, p, d_state) the stored states, updated in place; x (n, h, p), dt
