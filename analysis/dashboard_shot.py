@@ -16,22 +16,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import html
-import os
 import re
-import shutil
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
-import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Iterator
 
 from analysis.screenshot import find_browser, run_browser
-from looplab import dashboard, tracking
+from looplab import dashboard, dashboard_server, tracking
 
 SERVER_START_S = 90  # `mlflow server` answers in ~9 s on a quiet machine
 BUDGET_MS = 15000  # virtual time for the single-page app's requests and rendering
@@ -52,53 +47,13 @@ def free_port() -> int:
 @contextlib.contextmanager
 def serve(tracking_uri: str, port: int | None = None, log: Path | None = None) -> Iterator[str]:
     """The dashboard's base URL: a tracking server's own, or a local `mlflow server` over
-    the store (one worker, stopped on exit)."""
+    the store (looplab/dashboard_server.py: one worker, its process group stopped on exit)."""
     if dashboard.is_server(tracking_uri):
         yield tracking_uri.rstrip("/")
         return
-    port = port or free_port()
-    mlflow = shutil.which("mlflow")
-    command = [mlflow] if mlflow else [sys.executable, "-m", "mlflow"]
-    command += [
-        "server",
-        "--backend-store-uri",
-        tracking_uri,
-        "--host",
-        dashboard.LOCAL_HOST,
-        "--port",
-        str(port),
-        "--workers",
-        "1",
-    ]
-    out = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115 - closed below
-    server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    base = dashboard.base_url(tracking_uri, port=port)
-    try:
-        deadline = time.monotonic() + SERVER_START_S
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/health", timeout=2) as answer:
-                    if answer.status == 200:
-                        break
-            except OSError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"mlflow server did not answer at {base} (status {server.poll()}; "
-                    f"{'log: ' + str(log) if log else 'no log'})"
-                )
-            time.sleep(0.5)
-        yield base
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(server.pid, signal.SIGTERM)  # the server and its uvicorn worker: its own session
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
-        if log:
-            out.close()
+    with dashboard_server.Server(tracking_uri, dashboard.LOCAL_HOST, port or free_port(), log) as server:
+        server.wait_healthy(SERVER_START_S)  # else NotServing, a RuntimeError: the log's last line and path
+        yield server.base
 
 
 def sweep_route(tracking_uri: str, experiment: str, sweep_run: str | None = None) -> str:

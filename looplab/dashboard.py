@@ -1,6 +1,6 @@
 """MLflow's dashboard for a sweep: the URL that opens the sweep's trials in the
 model-training (classic runs) view, the saved view behind it, and the command that
-serves a local store.
+serves a local store (`looplab dashboard STORE`; looplab/dashboard_server.py runs it).
 
 What MLflow 3.17.2's UI (mlflow/server/js/build/static/js) does, which this module
 follows:
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from pathlib import PurePosixPath
 from typing import Any, Iterable
 from urllib.parse import urlencode
 
@@ -37,7 +38,8 @@ from looplab import tracking
 WORKFLOW_PARAM = "workflowType"  # the UI's mode: genai | machine_learning
 MACHINE_LEARNING = "machine_learning"  # "Model training"
 VIEW_PARAM = "viewStateShareKey"
-LOCAL_HOST, LOCAL_PORT = "127.0.0.1", 5000  # where the printed `mlflow server` command serves a local store
+LOCAL_HOST, LOCAL_PORT = "127.0.0.1", 5000  # where the printed `looplab dashboard` command serves a local store
+STORE_FILE, SQLITE = "mlflow.db", "sqlite:///"  # a sweep's local store: STORAGE/mlflow.db
 PARAMS, METRICS, TAGS = "params", "metrics", "tags"
 
 
@@ -116,9 +118,24 @@ def url(base: str, route: str) -> str:
     return f"{base.rstrip('/')}/#{route}"
 
 
+def store_argument(uri: str) -> str:
+    """The STORE of `looplab dashboard STORE` for a store's URI: the sweep's storage folder
+    when the URI is that folder's mlflow.db, else the URI itself."""
+    if uri.startswith(SQLITE):
+        path = PurePosixPath(uri[len(SQLITE) :])
+        if path.name == STORE_FILE:
+            return str(path.parent)
+    return uri
+
+
 def server_command(uri: str, host: str = LOCAL_HOST, port: int = LOCAL_PORT) -> str:
-    """The command that serves a local store's dashboard."""
-    return f"mlflow server --backend-store-uri {shlex.quote(uri)} --host {host} --port {port}"
+    """The command that serves a local store's dashboard until Ctrl-C: `looplab dashboard`
+    (looplab/dashboard_server.py: one worker, no orphans), not a bare `mlflow server`, whose
+    4 default workers kept dying on a loaded 2-core machine (issue 37)."""
+    flags = ([f"--host {shlex.quote(host)}"] if host != LOCAL_HOST else []) + (
+        [f"--port {port}"] if port != LOCAL_PORT else []
+    )
+    return " ".join(["looplab dashboard", shlex.quote(store_argument(uri)), *flags])
 
 
 def dashboard_lines(uri: str, experiment_id: str, view: str, sweep_run_id: str) -> list[str]:

@@ -4,8 +4,9 @@ headline metrics as columns; the sweep run carries the sweep's params, its headl
 metrics and links to its report; trial and stage runs nest under it.
 
 The browser test runs a real tiny β sweep (~35 s on 2 cores), serves its store with
-`mlflow server` and reads the rendered page in headless Chromium; it skips without
-Chromium. The references are independent of looplab/dashboard.py: literal URLs and
+the `looplab dashboard` command the sweep printed, under a busy-loop process per core
+(issue 37), and reads the pages at the URLs that command printed in headless Chromium;
+it skips without Chromium. The references are independent of looplab/dashboard.py: literal URLs and
 view states, the names the installed MLflow's UI bundle spells, the cells Chromium drew.
 """
 
@@ -15,6 +16,7 @@ import contextlib
 import io
 import json
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -56,7 +58,7 @@ def test_urls_open_the_runs_tab_in_the_model_training_view():
     # A local store: the command that serves it, then the URLs it will serve.
     local = dashboard.dashboard_lines("sqlite:////data/runs/mlflow.db", "7", "beta_ablation-abc", "r1")
     assert local == [
-        "serve it:  mlflow server --backend-store-uri sqlite:////data/runs/mlflow.db --host 127.0.0.1 --port 5000",
+        "serve it:  looplab dashboard /data/runs",
         "trials:    http://127.0.0.1:5000/#" + route,
         "sweep run: http://127.0.0.1:5000/#/experiments/7/runs/r1?workflowType=machine_learning",
     ]
@@ -213,13 +215,15 @@ def _printed(text: str, label: str) -> str:
 
 
 @pytest.mark.ray
-@pytest.mark.slow  # a sweep and an MLflow server, 90 s on 2 cores: .ci/run runs it after the suite
+@pytest.mark.slow  # a sweep and an MLflow server under load, ~2 min on 2 cores: .ci/run runs it after the suite
 def test_printed_url_shows_the_trials_in_the_model_training_view(tiny_sweep, tmp_path):
-    from analysis.dashboard_shot import render, serve
+    from analysis.dashboard_shot import render
     from analysis.screenshot import _png_stats, find_browser
+    from test_dashboard_command import COMMAND, busy_cores, dashboard_command, free_port
 
     uri, out = tiny_sweep
-    assert f"dashboard:   serve it:  mlflow server --backend-store-uri {uri} --host 127.0.0.1 --port 5000" in out
+    command = re.search(r"^dashboard:   serve it:  (.+)$", out, re.M).group(1)
+    assert shlex.split(command) == ["looplab", "dashboard", str(Path(uri.removeprefix("sqlite:///")).parent)]
     trials_url, sweep_url = _printed(out, "trials:"), _printed(out, "sweep run:")
     assert trials_url.startswith("http://127.0.0.1:5000/#/experiments/")
     assert "workflowType=machine_learning" in trials_url
@@ -248,11 +252,16 @@ def test_printed_url_shows_the_trials_in_the_model_training_view(tiny_sweep, tmp
 
     if find_browser() is None:
         pytest.skip("no Chromium (apt-get install -y chromium, or set LOOPLAB_CHROMIUM)")
-    with serve(uri, log=tmp_path / "server.log") as base:
-        local = "http://127.0.0.1:5000"
-        page = render(trials_url.replace(local, base), tmp_path / "dashboard.png")
-        run_page = render(sweep_url.replace(local, base))
-        default = render(f"{base}/#/experiments/{experiment_id}")  # no mode in the URL: MLflow's own default
+    port = free_port()  # the printed command on another port than 5000, which may be taken here
+    with busy_cores(), dashboard_command([*COMMAND, *shlex.split(command)[2:], "--port", str(port)]) as served:
+        local = f"http://127.0.0.1:{port}"
+        assert (served.url("trials:"), served.url("sweep run:")) == tuple(
+            u.replace("http://127.0.0.1:5000", local) for u in (trials_url, sweep_url)
+        )
+        page = render(served.url("trials:"), tmp_path / "dashboard.png")
+        run_page = render(served.url("sweep run:"))
+        default = render(f"{local}/#/experiments/{experiment_id}")  # no mode in the URL: MLflow's own default
+    assert served.last == "stopped: no MLflow process left"
 
     assert page["view"] == "runs", page["dom"][-2000:]
     assert sorted(page["cells"]["params.`search.beta`"]) == list(BETAS)

@@ -30,7 +30,8 @@ LIBRARY_FLOORS = (
     ("config",),  # the experiment's typed configs
     ("tracking", "presets", "models"),  # MLflow names; presets; the looped model
     ("checkpoint", "dashboard", "inference"),  # weights on disk; the dashboard's URLs; prefill and decoding
-    ("export", "costs", "evaluation"),  # to Hugging Face; FLOPs, memory, timing; scoring under exit policies
+    ("export", "costs", "evaluation", "dashboard_server"),  # to Hugging Face; FLOPs, memory, timing; scoring
+    # under exit policies; serving a store's dashboard
     ("training",),  # a stage's run
     ("doctor",),  # a node's health check
     ("cli", "__init__"),  # the `looplab` command; the package's face
