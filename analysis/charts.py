@@ -64,6 +64,10 @@ class Series:
     shape: str = "step"  # step | linear
     dashed: bool = False
     dotted: bool = False  # a third line style beside solid and dashed
+    # The two factors the colour and the line style stand for (e.g. "β=0.25", "skip"): with both
+    # set on every series, a legend beyond a handful of series lists each factor's values once.
+    group: str = ""
+    style: str = ""
 
 
 @dataclass
@@ -78,6 +82,45 @@ class ChartSpec:
     log_x: bool = False
     legend_title: str = ""  # what the series vary in, e.g. "β · policy"
     x_ticks: list[tuple[float, str]] = field(default_factory=list)  # a categorical x: (position, label)
+
+
+LEGEND_HANDFUL = 6  # beyond this many series a legend lists factors (legend_entries), not series
+KEY_COLOR = "#555"  # a line-style entry's colour in a factored legend
+
+
+def legend_entries(spec: ChartSpec) -> list[Series] | None:
+    """The legend of a chart beyond LEGEND_HANDFUL series whose colour and line style each
+    stand for one factor: one entry per colour (its group, e.g. β=0.25) and one per line
+    style (e.g. skip), 5 + 3 entries instead of 15. None (one entry per series) for a
+    handful of series, or when colour and style do not tell every series apart."""
+    if len(spec.series) <= LEGEND_HANDFUL or not all(s.group and s.style for s in spec.series):
+        return None
+    colours = {s.group: s.color for s in spec.series}
+    styles = {s.style: (s.dashed, s.dotted) for s in spec.series}
+    consistent = all(colours[s.group] == s.color and styles[s.style] == (s.dashed, s.dotted) for s in spec.series)
+    distinct = len({(s.group, s.style) for s in spec.series}) == len(spec.series)
+    if not (
+        consistent
+        and distinct
+        and len(set(colours.values())) == len(colours)
+        and len(set(styles.values())) == len(styles)
+    ):
+        return None
+    return [Series(g, c, group=g) for g, c in colours.items()] + [
+        Series(st, KEY_COLOR, dashed=d, dotted=o, style=st) for st, (d, o) in styles.items()
+    ]
+
+
+def bars_phrase(spec: ChartSpec, what: str = "the seed interval", none: str = "one seed: no interval") -> str:
+    """What a caption says of the error bars, from what the chart draws: 'bars: <what>'
+    when every point has an interval, '…, where a point has one' when some do, `none`
+    when no point has one (no bars are drawn)."""
+    drawn = [finite(p.lo) and finite(p.hi) for s in spec.series for p in s.points]
+    if drawn and all(drawn):
+        return f"bars: {what}"
+    if any(drawn):
+        return f"bars: {what}, where a point has one"
+    return none
 
 
 def log_scale(values) -> bool:
@@ -102,7 +145,7 @@ def frontier_chart(
     colour_by: a column whose value picks the colour (series sharing it share a colour,
     e.g. one β drawn under dense and skip); the series' policies then differ by dash
     (solid, dashed, dotted in the order the policies come)."""
-    series, colours, policies = [], {}, {}
+    series, colours, policies, order = [], {}, {}, {}
     for i, (key, group) in enumerate(frontier.group_by("series", maintain_order=True)):
         key = key[0] if isinstance(key, tuple) else key
         pts = [
@@ -117,14 +160,17 @@ def frontier_chart(
             for r in group.sort("compute").iter_rows(named=True)
         ]
         line = [(p.x, p.y) for p in pts if p.on_frontier]
-        colour, style = PALETTE[i % len(PALETTE)], 0
+        colour, style, factors = PALETTE[i % len(PALETTE)], 0, {}
         if colour_by is not None:
             shade = group[colour_by][0]
             colour = colours.setdefault(shade, PALETTE[len(colours) % len(PALETTE)])
+            policy = group["policy"][0]
             seen = policies.setdefault(shade, [])
-            seen.append(group["policy"][0])
-            style = len(seen) - 1
-        series.append(Series(str(key), colour, pts, line, "step", dashed=style == 1, dotted=style >= 2))
+            seen.append(policy)
+            # one dash per policy across the chart, so a legend can list policies once
+            style = order.setdefault(policy, len(order)) if seen.count(policy) == 1 else len(seen) - 1
+            factors = {"group": str(shade), "style": str(policy)}
+        series.append(Series(str(key), colour, pts, line, "step", dashed=style == 1, dotted=style >= 2, **factors))
     return ChartSpec(
         name,
         title,

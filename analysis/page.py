@@ -21,7 +21,7 @@ from __future__ import annotations
 import html
 import json
 
-from analysis.charts import ChartSpec, Series, finite as _finite
+from analysis.charts import ChartSpec, Series, finite as _finite, legend_entries
 
 WIDTH, HEIGHT = 680, 470
 HLINE_COLOR = "#888"
@@ -169,14 +169,37 @@ def _series_traces(spec: ChartSpec, s: Series, group: str) -> list[dict]:
     return traces
 
 
+def _key_trace(entry: Series) -> dict:
+    """A legend entry with nothing drawn: a colour (legend group of its series) or a line style."""
+    return {
+        "type": "scatter",
+        "mode": "lines",
+        "name": html.escape(entry.name),
+        "legendgroup": f"group:{entry.group}" if entry.group else f"style:{entry.style}",
+        "x": [None],
+        "y": [None],
+        "hoverinfo": "skip",
+        "line": {
+            "color": entry.color,
+            "width": 2,
+            "dash": "dot" if entry.dotted else "dash" if entry.dashed else "solid",
+        },
+    }
+
+
 def figure(spec: ChartSpec):
     """ChartSpec → plotly.graph_objects.Figure (validated by plotly.py)."""
     # Imported here, like matplotlib in analysis.plots: a CLI that stops at a bad
     # experiment name should not pay for it.
     import plotly.graph_objects as go
 
-    traces = [t for i, s in enumerate(spec.series) for t in _series_traces(spec, s, f"series{i}")]
-    xs = [x for t in traces for x in t["x"]]
+    entries = legend_entries(spec)
+    if entries is None:
+        traces = [t for i, s in enumerate(spec.series) for t in _series_traces(spec, s, f"series{i}")]
+    else:  # a factored legend: a colour's entry hides its series; the line styles are a key
+        traces = [t | {"showlegend": False} for s in spec.series for t in _series_traces(spec, s, f"group:{s.group}")]
+        traces += [_key_trace(e) for e in entries]
+    xs = [x for t in traces for x in t["x"] if x is not None]
     for y, label in spec.hlines:
         if _finite(y) and xs:  # a trace across the drawn x range: it has a legend entry and works on log axes
             traces.append(

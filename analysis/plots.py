@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from analysis.charts import ChartSpec, finite
+from analysis.charts import ChartSpec, finite, legend_entries
 
 DPI = 150
 MAX_LEGEND = 16  # a longer legend covers the axes; the HTML report lists every series
@@ -81,5 +81,14 @@ def _draw(ax, spec: ChartSpec) -> None:
     ax.grid(True, alpha=0.3)
     if spec.x_ticks:
         ax.set_xticks([x for x, _ in spec.x_ticks], [label for _, label in spec.x_ticks])
-    if 0 < len(spec.series) <= MAX_LEGEND:
+    entries = legend_entries(spec)
+    if entries is not None:  # each colour and each line style once
+        from matplotlib.lines import Line2D
+
+        handles = [
+            Line2D([], [], color=e.color, linestyle=":" if e.dotted else "--" if e.dashed else "-", label=e.name)
+            for e in entries
+        ]
+        ax.legend(handles=handles, fontsize=7, loc="best", title=spec.legend_title or None, title_fontsize=7)
+    elif 0 < len(spec.series) <= MAX_LEGEND:
         ax.legend(fontsize=7, loc="best", title=spec.legend_title or None, title_fontsize=7)

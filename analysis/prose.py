@@ -125,3 +125,133 @@ def equivalent(interval: Interval | Cell, margin: float) -> bool:
 
 def grows(interval: Interval) -> bool:
     return interval.low is not None and interval.low > 0
+
+
+# ---- the report's "What this sweep found" (analysis/report.py): sentences generated from its tables ----
+
+FLAT = 0.01  # a measure is "flat" across an axis when its means span at most this share of their mean
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One value of the searched axis on one measure: its mean over n seeds and the
+    seed interval (None with one seed)."""
+
+    name: str  # as the report writes it: "β=0.25"
+    mean: float
+    low: float | None
+    high: float | None
+    n: int
+
+
+def value_text(v: float) -> str:
+    return f"{v:.5g}"
+
+
+def _ranked(arms: list[Arm], higher_is_better: bool) -> list[Arm]:
+    """Best first."""
+    return sorted(arms, key=lambda a: -a.mean if higher_is_better else a.mean)
+
+
+def best_and_worst(arms: list[Arm], measure: str, axis: str, higher_is_better: bool) -> str:
+    if len(arms) < 2:
+        only = "; ".join(f"{a.name}: {value_text(a.mean)}" for a in arms) or "none"
+        return f"One {axis} value has a {measure} ({only}): nothing to compare."
+    best, *_, worst = _ranked(arms, higher_is_better)
+    if best.mean == worst.mean:
+        return f"Every {axis} value has the same {measure} ({value_text(best.mean)})."
+    return (
+        f"Best {axis} on {measure}: {best.name} ({value_text(best.mean)}); "
+        f"worst: {worst.name} ({value_text(worst.mean)})."
+    )
+
+
+def spread(arms: list[Arm], measure: str, axis: str, higher_is_better: bool, confidence: float = CONFIDENCE) -> str:
+    """Whether best − worst lies beyond the seed noise (Welch); with one seed, that nothing can be concluded."""
+    if len(arms) < 2:
+        return ""
+    best, *_, worst = _ranked(arms, higher_is_better)
+    gap = abs(best.mean - worst.mean)
+    n = min(a.n for a in arms)
+    if n < 2 or any(a.low is None or a.high is None for a in (best, worst)):
+        return (
+            f"With n={n} seed per {axis} value there is no seed interval, so nothing can be concluded from the "
+            f"spread of {value_text(gap)} in {measure} between them."
+        )
+    d = apart(*(Cell(a.mean, a.low, a.high, a.n, confidence) for a in (best, worst)), confidence=confidence)
+    assert d.low is not None and d.high is not None
+    beyond = d.low > 0 or d.high < 0
+    return (
+        f"{best.name} − {worst.name}: {d.mean:+.4g} [{d.low:+.4g}, {d.high:+.4g}] ({confidence:.0%} Welch "
+        f"interval, n={n} seeds or more): "
+        + (
+            f"the spread across {axis} is larger than the seed noise."
+            if beyond
+            else f"the interval includes zero, so the spread across {axis} is within the seed noise."
+        )
+    )
+
+
+def against_baseline(
+    baseline: Arm, arms: list[Arm], measure: str, axis: str, higher_is_better: bool, result: str = "result"
+) -> str:
+    """The model before the searched stages against every arm's result, on means."""
+    if not arms:
+        return ""
+    sign = 1.0 if higher_is_better else -1.0
+    beaten = [a for a in arms if sign * baseline.mean > sign * a.mean]
+    improved = [a for a in arms if sign * a.mean > sign * baseline.mean]
+    lo, hi = min(a.mean for a in arms), max(a.mean for a in arms)
+    results = value_text(lo) if lo == hi else f"{value_text(lo)}–{value_text(hi)}"
+    head = f"{baseline.name} ({measure} {value_text(baseline.mean)})"
+    lead = head[:1].upper() + head[1:]
+    if len(beaten) == len(arms):
+        return f"{lead} beats every {axis} value's {result} ({results}): no {axis} recovers it."
+    if len(improved) == len(arms):
+        return f"Every {axis} value's {result} ({results}) improves on {head}."
+    return (
+        f"{lead} beats {len(beaten)} and is beaten by {len(improved)} of {len(arms)} {axis} values' "
+        f"{result}s ({results})."
+    )
+
+
+def flatness(arms: list[Arm], measure: str, axis: str) -> str:
+    """'flat' when the means span at most FLAT of their mean, else their range."""
+    if len(arms) < 2:
+        return ""
+    lo, hi = min(arms, key=lambda a: a.mean), max(arms, key=lambda a: a.mean)
+    centre = sum(a.mean for a in arms) / len(arms)
+    share = (hi.mean - lo.mean) / abs(centre) if centre else math.inf
+    if share <= FLAT:
+        return (
+            f"{measure.capitalize()} is flat across {axis}: {value_text(lo.mean)}–{value_text(hi.mean)}, "
+            f"a spread of {share:.1%} of its mean (at most {FLAT:.0%})."
+        )
+    return (
+        f"{measure.capitalize()} varies across {axis}: from {value_text(lo.mean)} ({lo.name}) "
+        f"to {value_text(hi.mean)} ({hi.name})."
+    )
+
+
+def findings(
+    arms: list[Arm],
+    *,
+    measure: str,
+    axis: str,
+    higher_is_better: bool,
+    baseline: Arm | None = None,
+    others: tuple[tuple[str, list[Arm]], ...] = (),
+    confidence: float = CONFIDENCE,
+    result: str = "result",
+) -> list[str]:
+    """The report's "What this sweep found": best and worst on the headline measure,
+    whether their spread exceeds the seed noise, the baseline (the model the searched
+    stages start from) against every arm, and whether each other measure is flat across
+    the axis."""
+    sentences = [
+        best_and_worst(arms, measure, axis, higher_is_better),
+        spread(arms, measure, axis, higher_is_better, confidence),
+        against_baseline(baseline, arms, measure, axis, higher_is_better, result) if baseline is not None else "",
+        *(flatness(other, name, axis) for name, other in others),
+    ]
+    return [s for s in sentences if s]

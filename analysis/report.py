@@ -49,7 +49,17 @@ import polars as pl
 from analysis import names
 from analysis.aggregate import aggregate_seeds, choose_best_seeds
 from analysis.axis import Axis, format_value, searched_axes, series_name, with_axis_values
-from analysis.charts import ChartSpec, axis_chart, beta_charts, downstream_rows, frontier_chart, skip_chart, zoo_rows
+from analysis.charts import (
+    ChartSpec,
+    axis_chart,
+    bars_phrase,
+    beta_charts,
+    downstream_rows,
+    frontier_chart,
+    legend_entries,
+    skip_chart,
+    zoo_rows,
+)
 from analysis.errors import AnalysisError
 from analysis.frontier import best_under_budget, frontier_gap, pareto_frontier
 from analysis.load import PARAM, RunSet, beta_histories, load_runs
@@ -57,7 +67,8 @@ from analysis.page import chart_slot, render_page
 from analysis.per_loop import loop_charts, loop_table
 from analysis.scan import scan_axes, write_scan
 from analysis.plots import render_png
-from analysis.points import BEST_COLUMNS, QUANTITIES, evaluation_points, full_as_forced_depth
+from analysis.points import BEST_COLUMNS, QUANTITIES, evaluation_points, full_as_forced_depth, shared_once
+from analysis.prose import Arm, findings
 from analysis.tables import REPRESENTATIVE_Q, all_tables
 from looplab import tracking
 from looplab.policy import FULL, SKIP
@@ -413,12 +424,19 @@ def _frontier_section(
     )
     paths["frontier.png"] = render_png(spec, out / "frontier.png")
     charts.append(spec)
+    factored = legend_entries(spec) is not None
     html_parts = [
         chart_slot(
             "frontier",
             "Each series' Pareto frontier as a step line (outlined points are on it); "
-            "bars: the seed interval. Click a legend entry to hide a series; drag to zoom, "
-            "double-click to reset.",
+            f"{bars_phrase(spec)}. "
+            + (
+                f"Colour: {' · '.join(a.name for a in axes)}; line style: policy. Click a colour's legend entry to "
+                "hide its series"
+                if factored
+                else "Click a legend entry to hide a series"
+            )
+            + "; drag to zoom, double-click to reset.",
         )
     ]
 
@@ -522,10 +540,12 @@ def _axis_section(
     return [
         (
             f"The searched axis: {title}",
-            chart_slot(
+            _findings_html(agg, full, keys, quality, qlabel, title, confidence)
+            + chart_slot(
                 "axis",
-                f"{qlabel} against {title}; bars: the seed "
-                "interval" + ("; dashed: skip at the representative q" if skip_label else "") + ".",
+                f"{qlabel} against {title}; {bars_phrase(spec)}"
+                + ("; dashed: skip at the representative q" if skip_label else "")
+                + ".",
             )
             + _html_table(shown, caption),
         )
@@ -685,7 +705,8 @@ def _downstream_section(agg, out, paths, charts, notes) -> list[tuple[str, str]]
                 "downstream",
                 "Average accuracy over the evaluated tasks against the loops executed per token on them: the "
                 "pre-trained model forced to each depth (App. E), and each gated method's final stage under "
-                "dense and skip over q (App. F); bars: seed intervals; step lines: each series' frontier.",
+                f"dense and skip over q (App. F); {bars_phrase(spec, 'seed intervals')}; step lines: each series' "
+                "frontier.",
             ),
         )
     ]
@@ -876,13 +897,93 @@ def _beta_section(runs: RunSet, out, paths, charts, notes) -> list[tuple[str, st
         charts.append(spec)
         slots.append(chart_slot(spec.name))
     stage = histories["stage"][0]
+    runs_per_beta = histories.group_by("beta").agg(pl.col("run_id").n_unique())["run_id"].to_list()
     return [
         (
             "β diagnostics",
             "".join(slots) + f'<p class="caption">Stage {html.escape(str(stage))} training, one '
-            "curve per β (mean over seeds), cut to the steps every run reached (App. D).</p>",
+            f"curve per β ({_mean_over(runs_per_beta)}), cut to the steps every run reached (App. D).</p>",
         )
     ]
+
+
+def _mean_over(counts: list[int]) -> str:
+    """What a curve per group is, from its runs per group: 'one run each', 'mean over 3 seeds'."""
+    if not counts or max(counts) == 1:
+        return "one run each, no mean"
+    low, high = min(counts), max(counts)
+    return f"mean over {low} seeds" if low == high else f"mean over {low}–{high} seeds"
+
+
+def _loops_split(table: pl.DataFrame) -> str:
+    """What one per-loop line is: its axis values and the seeds it averages."""
+    from analysis.per_loop import COLUMNS, SHARED
+
+    axes = [c for c in table.columns if c not in COLUMNS]
+    split = (
+        f"one line per stage, method and {' × '.join(axes)} (a stage the values share, the pre-training, "
+        f"marked '{SHARED}')"
+        if axes
+        else "one line per stage and method"
+    )
+    return f"{split}: {_mean_over(table['n'].to_list())} (n in its name)"
+
+
+def _findings_html(agg, full, keys, quality, qlabel, title, confidence) -> str:
+    """'What this sweep found': sentences generated from the axis table (analysis/prose.py)."""
+    low, high = names.interval_of(quality)
+
+    def arms(column: str, lo: str | None, hi: str | None) -> list[Arm]:
+        rows = full.filter(pl.col(column).is_not_null())
+        return [
+            Arm(
+                " · ".join(f"{k}={r[k]}" if k != "method" else str(r[k]) for k in keys),
+                float(r[column]),
+                r.get(lo) if lo else None,
+                r.get(hi) if hi else None,
+                int(r["n_seeds"]),
+            )
+            for r in rows.iter_rows(named=True)
+        ]
+
+    others = tuple(
+        (QUALITY_LABELS[c], arms(c, *names.interval_of(c)))
+        for c in (tracking.ACCURACY, tracking.PPL)
+        if c != quality and c in full.columns and full[c].is_not_null().any()
+    )
+    final = ", ".join(names.ordered_stages(full["stage"].drop_nulls().unique().to_list()))
+    sentences = findings(
+        arms(quality, low, high),
+        measure=qlabel,
+        axis=title,
+        higher_is_better=bool(_maximize(quality)),
+        baseline=_baseline(agg, quality),
+        others=others,
+        confidence=confidence,
+        result=f"final-stage ({final}) result",
+    )
+    return "<h3>What this sweep found</h3><p>" + html.escape(" ".join(sentences)) + "</p>"
+
+
+def _baseline(agg: pl.DataFrame, quality: str) -> Arm | None:
+    """The model the searched stages start from: the one pre-trained (gateless, not final)
+    stage configuration every trial shares, at full depth; None when there is not exactly one."""
+    from looplab.stages import STAGES
+
+    gateless = [s for s, stage in STAGES.items() if not stage.gated]
+    rows = shared_once(
+        agg.filter(
+            pl.col("stage").is_in(gateless)
+            & ~pl.col("is_final_stage")
+            & (pl.col("policy") == FULL)
+            & pl.col(quality).is_not_null()
+        )
+    )
+    if rows.height != 1:
+        return None
+    r = rows.row(0, named=True)
+    low, high = names.interval_of(quality)
+    return Arm(f"the pre-trained model ({r['stage']})", float(r[quality]), r.get(low), r.get(high), int(r["n_seeds"]))
 
 
 def _scan_section(runs: RunSet, points, out, paths, charts, notes) -> list[tuple[str, str]]:
@@ -904,7 +1005,12 @@ def _scan_section(runs: RunSet, points, out, paths, charts, notes) -> list[tuple
             slots
             + '<p class="caption">Each line varies one axis of the scan ('
             + html.escape(", ".join(axes))
-            + "); bars: 95 % intervals over seeds (analysis/claims.py). "
+            + "); "
+            + bars_phrase(
+                ChartSpec("", "", "", "", [s for spec in specs for s in spec.series]),
+                "95 % intervals over seeds (analysis/claims.py)",
+            )
+            + ". "
             "scan.md and scan.csv hold every configuration.</p>" + _html_table(table, "every configuration and effect"),
         )
     ]
@@ -925,8 +1031,10 @@ def _loops_section(runs: RunSet, out, paths, charts, notes) -> list[tuple[str, s
     return [
         (
             "Per-loop instruments",
-            "".join(slots) + '<p class="caption">Each stage\'s last evaluation, mean '
-            "over seeds: the hidden-state RMS norm and the gradient norm reaching the shared block from each loop "
+            "".join(slots)
+            + '<p class="caption">Each stage\'s last evaluation, '
+            + html.escape(_loops_split(table))
+            + ": the hidden-state RMS norm and the gradient norm reaching the shared block from each loop "
             "(full depth); under skip on the final gated stage, the fraction of tokens still running each loop and "
             "the relative distance of their states from the dense run's (the cache holes' footprint). "
             "loops.csv has every stage and q.</p>",
@@ -1005,8 +1113,8 @@ def _arrivals_section(runs: RunSet, out, paths, charts, notes) -> list[tuple[str
         slots = chart_slot(
             "arrivals",
             "Decode tokens/s of each checkpoint, schedule and policy against its executed "
-            "loops d̄; dashed: full's decode tokens/s times the FLOP ratio at that d̄; bars: "
-            "the range over the timed repeats (the point is their median).",
+            "loops d̄; dashed: full's decode tokens/s times the FLOP ratio at that d̄; "
+            f"{bars_phrase(spec, 'the range over the timed repeats (the point is their median)', 'one timed repeat: no range')}.",
         )
     return [
         (
@@ -1057,6 +1165,8 @@ def _meta(runs: RunSet, points, best_of_seeds: bool, confidence: float) -> list[
             + (
                 "best of seeds per configuration"
                 if best_of_seeds
+                else "one seed: no mean, no interval"
+                if len(seeds) <= 1
                 else f"mean over seeds, {confidence:.0%} Student-t interval"
             )
         )

@@ -687,6 +687,15 @@ def test_client_backend_reads_the_same_values(store):
     assert any("best values only for" in n for n in runs.notes)
 
 
+def test_screenshot_of_a_missing_report_says_no_such_file(tmp_path):
+    """Said before any browser is looked for, so the same with or without Chromium."""
+    missing = tmp_path / "analysis" / "report.html"
+    script = Path(__file__).resolve().parents[1] / "analysis" / "screenshot.py"
+    done = subprocess.run([sys.executable, str(script), str(missing)], capture_output=True, text=True, check=False)
+    assert done.returncode == 2 and done.stdout == "", done
+    assert done.stderr.count("\n") == 1 and "no such file" in done.stderr and str(missing) in done.stderr, done.stderr
+
+
 def test_report_renders_in_headless_chromium(report, tmp_path):
     from analysis.screenshot import check_report, find_browser
 
@@ -988,3 +997,52 @@ def test_beta_report_renders_the_axis_first_in_headless_chromium(beta_sweep, tmp
     assert found["problems"] == [], found
     assert found["headings"][0] == "The searched axis: β"
     assert "β · policy" in found["legend_titles"]  # the frontier's legend says what its series vary in
+
+
+# ---- the report says what it shows (issue 37, item 3) -----------------------------------------------------
+def test_per_loop_instruments_split_by_the_searched_axis_with_their_n(beta_sweep):
+    rows = read_csv(beta_sweep["paths"]["loops.csv"])
+    hidden = {(r["stage"], r["β"], r["n"]) for r in rows if r["quantity"] == "hidden_norm" and r["loop"] == "2"}
+    # one line per β for the gated stages, the pre-training both β continue once ("shared"), 2 seeds each
+    assert hidden == {
+        ("stage1", "0.1", "2"),
+        ("stage1", "0.5", "2"),
+        ("stage2", "0.1", "2"),
+        ("stage2", "0.5", "2"),
+        ("pretrain", "shared", "2"),
+    }
+    page = html.unescape(beta_sweep["paths"]["report.html"].read_text())
+    assert "stage1 · Ouro · β=0.1 (n=2)" in page and "pretrain · fixed · β shared (n=2)" in page
+    found = re.search(r"<h3>What this sweep found</h3><p>(.*?)</p>", page).group(1)
+    assert "Every β value has the same accuracy (0.41)" in found and "within the seed noise" in found
+
+
+def test_captions_say_bars_only_where_intervals_are_drawn():
+    from analysis.charts import ChartSpec, Point, Series, bars_phrase, legend_entries
+
+    def spec(*pts, n=1):
+        return ChartSpec("c", "t", "x", "y", [Series(f"s{i}", "#000", list(pts)) for i in range(n)])
+
+    assert bars_phrase(spec(Point(0, 1, "a"))) == "one seed: no interval"
+    assert bars_phrase(spec(Point(0, 1, "a", 0.5, 1.5))) == "bars: the seed interval"
+    assert bars_phrase(spec(Point(0, 1, "a", 0.5, 1.5), Point(1, 1, "b"))).endswith("where a point has one")
+    # 5 colours × 3 line styles: a legend of 8 entries, not 15; a handful stays one entry per series
+    styles = {"full": (False, False), "dense": (True, False), "skip": (False, True)}
+    many = ChartSpec(
+        "f",
+        "t",
+        "x",
+        "y",
+        [
+            Series(f"{b} · {p}", f"#00000{i}", dashed=d, dotted=o, group=b, style=p)
+            for i, b in enumerate(["β=0.1", "β=0.3", "β=0.5", "β=0.7", "β=0.9"])
+            for p, (d, o) in styles.items()
+        ],
+    )
+    entries = legend_entries(many)
+    assert [e.name for e in entries] == ["β=0.1", "β=0.3", "β=0.5", "β=0.7", "β=0.9", "full", "dense", "skip"]
+    assert legend_entries(ChartSpec("f", "t", "x", "y", many.series[:6])) is None
+    from analysis.page import figure
+
+    shown = [t for t in figure(many).to_plotly_json()["data"] if t.get("showlegend", True)]
+    assert len(shown) == 8

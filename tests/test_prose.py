@@ -8,6 +8,7 @@ tests at a stated margin; a range: the table's extremes). Planted overstatements
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -292,3 +293,59 @@ def test_trend_and_equivalence_by_hand():
     )
     d = prose.apart(prose.cell("+10.5 [+6.6, +14.4]", 3), prose.cell("+9.3 [+5.3, +13.2]", 3))
     assert d.mean == pytest.approx(1.2) and d.low < 0 < d.high
+
+
+# ---- the report's "What this sweep found", on hand-made tables ------------------------------------------
+
+
+def arm(name, mean, half=None, n=1):
+    return prose.Arm(name, mean, mean - half if half else None, mean + half if half else None, n)
+
+
+def test_findings_with_one_seed_name_best_worst_and_conclude_nothing():
+    arms = [arm("β=0.1", 262.7), arm("β=0.5", 272.2), arm("β=0.9", 265.0)]
+    base = arm("the pre-trained model (pretrain)", 252.67)
+    acc = [arm("β=0.1", 0.3120), arm("β=0.5", 0.3135), arm("β=0.9", 0.3128)]  # spread 0.48 % of the mean
+    out = prose.findings(
+        arms, measure="perplexity", axis="β", higher_is_better=False, baseline=base, others=(("accuracy", acc),)
+    )
+    assert out[0] == "Best β on perplexity: β=0.1 (262.7); worst: β=0.5 (272.2)."
+    assert "n=1" in out[1] and "nothing can be concluded" in out[1] and "9.5" in out[1]
+    assert out[2].startswith("The pre-trained model (pretrain) (perplexity 252.67) beats every β value's")
+    assert "(262.7–272.2)" in out[2]
+    assert out[3].startswith("Accuracy is flat across β: 0.312–0.3135")
+
+
+def test_findings_spread_against_the_seed_interval_by_hand():
+    # Welch with equal se: se_d = √2·se; half-width t(0.975, df) · se_d; df = 2(n−1) = 4 for n = 3
+    t2, t4 = 4.302652729911275, 2.7764451051977987
+    se = 1.0
+    far = [arm("a", 10.0, t2 * se, 3), arm("b", 20.0, t2 * se, 3)]
+    text = prose.spread(far, "ppl", "β", higher_is_better=False)
+    half = t4 * math.sqrt(2) * se
+    assert f"{-10 - half:+.4g}" in text and "larger than the seed noise" in text
+    near = [arm("a", 10.0, t2 * se, 3), arm("b", 11.0, t2 * se, 3)]
+    assert "within the seed noise" in prose.spread(near, "ppl", "β", higher_is_better=False)
+    assert prose.spread(far[:1], "ppl", "β", higher_is_better=False) == ""
+
+
+def test_findings_baseline_branches_and_direction():
+    arms = [arm("β=0.1", 0.40), arm("β=0.5", 0.30)]
+    up = dict(measure="accuracy", axis="β", higher_is_better=True)
+    assert "beats every" in prose.against_baseline(arm("base", 0.45), arms, **up)
+    assert prose.against_baseline(arm("base", 0.20), arms, **up).startswith("Every β value's result (0.3–0.4) improves")
+    mixed = prose.against_baseline(arm("base", 0.35), arms, **up)
+    assert "beats 1 and is beaten by 1 of 2" in mixed
+    # lower is better: the same numbers read the other way
+    assert "beats every" in prose.against_baseline(
+        arm("base", 0.20), arms, measure="ppl", axis="β", higher_is_better=False
+    )
+    assert prose.best_and_worst(arms, "accuracy", "β", True) == "Best β on accuracy: β=0.1 (0.4); worst: β=0.5 (0.3)."
+    assert "same accuracy" in prose.best_and_worst([arm("a", 0.4), arm("b", 0.4)], "accuracy", "β", True)
+    assert "nothing to compare" in prose.best_and_worst(arms[:1], "accuracy", "β", True)
+
+
+def test_flatness_threshold():
+    assert "is flat" in prose.flatness([arm("a", 100.0), arm("b", 101.0)], "accuracy", "β")  # 0.995 %
+    varies = prose.flatness([arm("a", 100.0), arm("b", 103.0)], "accuracy", "β")
+    assert varies == "Accuracy varies across β: from 100 (a) to 103 (b)."
