@@ -2,10 +2,10 @@
 rendered its charts without script errors. By hand:
 
     apt-get install -y chromium        # Debian's package; or set LOOPLAB_CHROMIUM=/path/to/chrome
-    python analysis/screenshot.py runs/beta/analysis/report.html --out /tmp/report.png
+    python analysis/screenshot.py runs/beta/analysis/beta_ablation-*/report.html --out /tmp/report.png
 
 Exit status 0 when the page is fine (prints what it found), 1 when a check fails
-(prints which), 2 when there is no browser. The checks: the DOM after the page's
+(prints which), 2 when there is no such file or no browser. The checks: the DOM after the page's
 scripts ran (--dump-dom) carries data-rendered (charts drawn, at least one) and
 data-points (points drawn, at least one) on <body>, which the page sets once every
 Plotly.newPlot promise has resolved; no data-js-error (set by the page's error and
@@ -81,11 +81,17 @@ def _png_stats(path: Path) -> dict:
 
 def check_report(html_path, screenshot: Path | None = None, *, browser: str | None = None) -> dict:
     """Render html_path headless; returns what was found, with "problems": a list of
-    failed checks (empty when the page is fine). Raises FileNotFoundError without a browser."""
+    failed checks (empty when the page is fine). Raises FileNotFoundError without the page
+    or without a browser."""
+    page = Path(html_path).resolve()
+    if not page.is_file():  # before the browser: a missing page is not "no chart rendered"
+        raise FileNotFoundError(
+            f"report={str(html_path)!r} is invalid: no such file; allowed: a report.html a sweep or "
+            "`python -m analysis --out DIR` wrote (the sweep's summary prints its path)"
+        )
     browser = browser or find_browser()
     if browser is None:
         raise FileNotFoundError("no Chromium found (apt-get install -y chromium, or set LOOPLAB_CHROMIUM)")
-    page = Path(html_path).resolve()
     url = page.as_uri()
     with tempfile.TemporaryDirectory(prefix="looplab-chromium-") as profile:
         dom = run_browser(browser, ["--dump-dom", url], profile)

@@ -541,7 +541,11 @@ def export_hf(checkpoint, out_dir: str | Path, policy: str = "full", *, force: b
             generation[key] = config[key]
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n")
     state = {WEIGHT_PREFIX + k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.state_dict().items()}
-    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    weights = out / "model.safetensors"
+    save_file(state, str(weights), metadata={"format": "pt"})
+    # safetensors (0.8) creates the file with mode 0600 whatever the umask: give it the mode
+    # of the folder's other files, which open() created under the user's umask.
+    weights.chmod((out / "config.json").stat().st_mode & 0o777)
     if config["looplab_tokenizer"]:
         write_tokenizer(config["looplab_tokenizer"], out)
     return out

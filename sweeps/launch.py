@@ -668,7 +668,7 @@ def print_summary(
     if report:
         for name in ("frontier.png", "report.html"):
             if name in report:
-                print(f"{name + ':':13s}{report[name]}")
+                print(f"{name + ':':12s} {report[name]}")  # a space even after the 13-character frontier.png:
     print(
         f"re-plot:     python -m analysis --tracking-uri {uri} --experiment {experiment} "
         f"--out {local / 'analysis' / run_name}"

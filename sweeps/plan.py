@@ -388,17 +388,27 @@ def describe(
     if launch.search == "optuna":
         lines.append(f"  (Optuna samples {launch.num_samples} trials within {sweep.ranges}; corners shown)")
     shared = sum(len(sweep.spec.stages_of(p)) for p in points) - len(unique)
-    lines += ["", f"stages: {len(unique)} to train ({shared} reused across trials)"]
+    stored = stored_stages(unique, launch.storage_path)
+    left = len(unique) - len(stored)
+    if stored:
+        counts = f"{len(unique)} ({len(stored)} stored, {left} to train; {shared} reused across trials)"
+    else:
+        counts = f"{len(unique)} to train ({shared} reused across trials)"
+    lines += ["", f"stages: {counts}"]
     total_flops = total_tokens = hours = 0.0
     for name in unique:
+        if name in stored:
+            lines.append(f"  {name}: stored, reused as it is (not trained again)")
+            continue
         plan = plans[name]
         total_flops, total_tokens = total_flops + plan.flops, total_tokens + plan.tokens
         hours += plan.gpu_hours(launch.mfu, launch.gpu_tflops)
         lines.append(f"  {name}: {plan.line(launch.mfu, launch.gpu_tflops)}")
     device = "GPU" if launch.gpus_per_worker > 0 or launch.gpu_memory > 0 else "device (CPU run: GPU figures for scale)"
+    scope = f" for the {left} stage(s) to train" if stored else ""  # the stored ones cost nothing
     lines += [
         "",
-        f"compute: {total_tokens:,.0f} training tokens, ≈ {total_flops:.2e} FLOPs (looplab's FLOP count, "
+        f"compute{scope}: {total_tokens:,.0f} training tokens, ≈ {total_flops:.2e} FLOPs (looplab's FLOP count, "
         f"looplab/costs/resources.py), ≈ {hours:,.1f} GPU-hours at {launch.mfu:.0%} MFU of "
         f"{launch.gpu_tflops:g} TFLOP/s",
         f"memory: peak per {device} from looplab/costs/memory.py's model"
@@ -439,6 +449,18 @@ def describe(
     if sweep.evaluation is not None:  # the downstream grid (sweeps/evaluate.py)
         lines += describe_evaluation(sweep, points, launch.storage_path)
     return "\n".join(lines)
+
+
+def stored_stages(unique: dict[str, Any], storage_path: str) -> set[str]:
+    """The stages (of unique: folder name -> config) the store already holds: those with
+    a done marker, the check a trial reuses a stage by (trainables/trial.py's _run_stage),
+    so the run reuses them and trains the rest."""
+    from trainables.pipeline import stage_dir
+    from trainables.shared_stage import read_done
+    from trainables.storage import Storage
+
+    storage = Storage(storage_path)
+    return {name for name, cfg in unique.items() if read_done(storage, stage_dir(storage_path, cfg)) is not None}
 
 
 def describe_evaluation(sweep: Sweep, points: list[dict[str, Any]], storage_path: str) -> list[str]:

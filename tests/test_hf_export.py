@@ -137,6 +137,11 @@ def test_the_folder_holds_config_code_weights_and_tokenizer(exported):
         "looplab_models_attention.py",
     ):
         assert (folder / name).is_file(), name
+    umask = os.umask(0)
+    os.umask(umask)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in folder.iterdir()}
+    assert modes["model.safetensors"] == 0o666 & ~umask, modes  # as readable as every other file
+    assert set(modes.values()) == {0o666 & ~umask}, modes
     # The model's source is looplab's own, its imports made local to the folder.
     looped = (folder / "looplab_models_looped.py").read_text()
     assert "class LoopedLM(nn.Module)" in looped and "from .looplab_models_execution import" in looped

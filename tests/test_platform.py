@@ -202,6 +202,42 @@ def test_dry_run_starts_no_ray(capsys, tmp_path):
     assert not (tmp_path / "mlflow.db").exists()
 
 
+def test_dry_run_counts_the_stages_the_store_holds(capsys, tmp_path):
+    """A stored stage (its done marker, written where and as a trial writes it) is reused,
+    not trained: the dry run says so and leaves it out of the compute."""
+    import re
+
+    from trainables.shared_stage import write_done
+    from trainables.storage import Storage
+
+    argv = TINY + ["--dry-run", "--storage-path", str(tmp_path)]
+    assert run_beta(argv) == 0
+    fresh = capsys.readouterr().out
+    assert "stages: 3 to train (1 reused across trials)" in fresh
+    # The stage folders (stages/<stage>-<key>) and their tokens, as the fresh plan lists them.
+    tokens = {
+        m[1]: int(m[2].replace(",", "")) for m in re.finditer(r"^  (\S+-[0-9a-f]{12}): .* = ([\d,]+);", fresh, re.M)
+    }
+    assert len(tokens) == 3
+    pretrain = next(f for f in tokens if f.startswith("pretrain-"))
+    storage = Storage(tmp_path)
+
+    write_done(storage, str(tmp_path / "stages" / pretrain), {"run_id": "r0"})  # the shared pre-training
+    assert run_beta(argv) == 0
+    out = capsys.readouterr().out
+    assert "stages: 3 (1 stored, 2 to train; 1 reused across trials)" in out
+    assert f"  {pretrain}: stored, reused" in out and "shared stage chain(s) not yet trained" not in out
+    left = sum(n for f, n in tokens.items() if f != pretrain)
+    assert f"compute for the 2 stage(s) to train: {left:,} training tokens" in out
+
+    for folder in tokens:
+        write_done(storage, str(tmp_path / "stages" / folder), {"run_id": "r1"})
+    assert run_beta(argv) == 0
+    out = capsys.readouterr().out
+    assert "stages: 3 (3 stored, 0 to train; 1 reused across trials)" in out
+    assert "compute for the 0 stage(s) to train: 0 training tokens" in out
+
+
 def test_stage_keys_do_not_depend_on_the_storage_path(tmp_path):
     from trainables.pipeline import PipelineSpec, stage_configs
 

@@ -255,3 +255,13 @@ def test_a_sweeps_default_seed_is_its_presets(capsys):
     assert seeds(["--preset", "paper-140m", "--betas", "0.1"]) == {3407}
     assert seeds(["--preset", "debug", "--betas", "0.1"]) == {0}
     assert seeds(["--preset", "paper-140m", "--betas", "0.1", "--seeds", "1,2"]) == {1, 2}
+
+
+def test_the_summary_sets_every_path_apart_from_its_label(capsys, tmp_path):
+    from sweeps.launch import print_summary
+    from trainables.storage import Storage
+
+    report = {"frontier.png": tmp_path / "f.png", "report.html": tmp_path / "r.html"}
+    print_summary([["beta"], ["0.1"]], "sqlite:///m.db", "e", "run", Storage(tmp_path), tmp_path, "name", report)
+    out = capsys.readouterr().out
+    assert f"frontier.png: {report['frontier.png']}" in out and f"report.html: {report['report.html']}" in out
