@@ -148,3 +148,32 @@ def dashboard_lines(uri: str, experiment_id: str, view: str, sweep_run_id: str) 
         f"trials:    {url(base, runs_route(experiment_id, view))}",
         f"sweep run: {url(base, run_route(experiment_id, sweep_run_id))}",
     ]
+
+
+# What a trial's page leads with: the figures a researcher compares across trials, in order.
+TRIAL_FIGURES = (
+    (tracking.VAL_PPL, "validation perplexity (full depth)"),
+    (tracking.VAL_ACCURACY, "validation accuracy (full depth)"),
+    (tracking.EXIT_ENTROPY, "exit entropy (training's last window)"),
+    (tracking.EXPECTED_EXIT_STEP, "expected exit step (training's last window)"),
+)
+
+
+def trial_description(label: str, lineage: list[str], summary: dict[str, float]) -> str:
+    """A trial run's description (Markdown): its searched values, its stages, and its
+    headline figures from the last stage. The per-policy metrics below it on the page
+    hold one point each (a stage's final evaluation): their charts have nothing to draw,
+    so the description says where the curves are."""
+    rows = [f"| {name} | {summary[key]:.4g} |" for key, name in TRIAL_FIGURES if key in summary]
+    table = ["| figure | value |", "|---|---|", *rows] if rows else ["(no figures: the trial logged none)"]
+    return "\n".join(
+        [
+            f"**Trial {label}**: stages {' → '.join(lineage)}.",
+            "",
+            *table,
+            "",
+            "Every policy's figures are the metrics below, one point each (the final evaluation); the "
+            "training curves are on the stage runs nested under this one, and the sweep run's "
+            "`analysis/` holds the comparison across trials (axis.png, report.html).",
+        ]
+    )

@@ -278,3 +278,21 @@ def test_printed_url_shows_the_trials_in_the_model_training_view(tiny_sweep, tmp
     # Without the URL's mode MLflow 3.17 opens the GenAI overview, whatever the experiment's
     # kind tag says: the printed URL is what opens the runs.
     assert default["view"] != "runs"
+
+
+def test_a_trial_page_leads_with_its_searched_values_stages_and_figures():
+    summary = {
+        tracking.VAL_PPL: 7.98361,
+        tracking.VAL_ACCURACY: 0.42381,
+        tracking.EXIT_ENTROPY: 0.98322,
+        "skip_q0.8_ppl": 7.9,
+    }
+    text = dashboard.trial_description("beta=0.25 seed=0", ["pretrain", "stage1"], summary)
+    lines = text.splitlines()
+    assert lines[0] == "**Trial beta=0.25 seed=0**: stages pretrain → stage1."
+    assert "| validation perplexity (full depth) | 7.984 |" in lines
+    assert "| validation accuracy (full depth) | 0.4238 |" in lines
+    assert "| exit entropy (training's last window) | 0.9832 |" in lines
+    assert not any("expected exit step" in line or "skip_q0.8" in line for line in lines)  # absent, or not headline
+    empty = dashboard.trial_description("seed=1", ["pretrain"], {})
+    assert "(no figures: the trial logged none)" in empty and "|---|" not in empty

@@ -23,7 +23,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from looplab import tracking
+from looplab import dashboard, tracking
 from looplab.checkpoint import TRAINER
 from looplab.config import ExperimentConfig
 from looplab.errors import Interrupted
@@ -120,6 +120,7 @@ def run_trial(config: dict[str, Any]) -> None:
                     last=index == len(stages) - 1,
                 )
             summary = _summary(mc, trial_run)
+            tracking.set_description(mc, trial_run, dashboard.trial_description(trial_label(params), lineage, summary))
     except Interrupted:  # its runs are KILLED, the stage that trained has its checkpoint
         progress.post("trial_end", status="stopped")
         tune.report({INTERRUPTED: 1, tracking.STAGE_KEY: final.stage_key()})
