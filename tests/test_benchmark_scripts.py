@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from looplab.presets import get_preset
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,6 +46,7 @@ def test_generate_until_benchmark_trains_a_checkpoint_and_gets_the_uncached_outp
     assert record["same_outputs"] is True and record["generated_tokens"] > 0
 
 
+@pytest.mark.slow  # 12-13 s on 2 cores: .ci/run's slow tier keeps the suite under 10 minutes
 def test_lean_head_benchmark_reports_both_arms_with_memory_from_its_child_process(tmp_path):
     result = run_script(
         "lean_head.py",

@@ -85,6 +85,7 @@ def test_memory_against_the_plan():
     assert off.status == doctor.FAIL and "ratio 2.00 is outside" in off.reason
 
 
+@pytest.mark.slow  # 12-13 s on 2 cores: .ci/run's slow tier keeps the suite under 10 minutes
 def test_the_training_probe_measures_a_step_beside_its_plan(monkeypatch):
     checks = {c.name: c for c in doctor.training_probe(CPU, "debug", 1, peak_flops=1e11)}
     memory = checks["training debug memory vs plan"]

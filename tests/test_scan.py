@@ -149,6 +149,7 @@ def test_a_scans_report_leads_with_its_effects(beta_scan, tmp_path):
     assert page.index("Effect against scale") < page.index("Per-loop instruments")
 
 
+@pytest.mark.slow  # 12-13 s on 2 cores: .ci/run's slow tier keeps the suite under 10 minutes
 def test_the_scans_dry_runs_plan_every_point(capsys):
     from sweeps import scale_scan
     from sweeps.launch import main

@@ -87,6 +87,7 @@ def test_baselines_on_a_preset_without_table4_rows_is_one_line(capsys):
     assert len(err.splitlines()) == 1 and "--baselines" in err and "paper-140m" in err
 
 
+@pytest.mark.slow  # 12-13 s on 2 cores: .ci/run's slow tier keeps the suite under 10 minutes
 def test_table4_rows_in_the_papers_order_missing_shown_hybrid_skip_labelled(tmp_path):
     pytest.importorskip("polars")
     pytest.importorskip("mlflow")
