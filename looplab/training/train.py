@@ -102,6 +102,8 @@ def train(
     end = tc.steps if stop_at is None else min(tc.steps, stop_at)
     saver = Checkpointer(out, cfg, model, optimizer, parent_weights, start, on_checkpoint, shard.main)
     result, speed, window = TrainResult(out_dir=out, step=start), _Speed(start, end), []
+    stage = get_stage(cfg.stage)
+    trainable: list[torch.Tensor] = [p for p in model.parameters() if p.requires_grad]  # fixed (ready_to_train)
     log.say(
         f"{cfg.preset or 'custom'} {cfg.stage} [{cfg.stage_key()}]: {cfg.model.arch} {cfg.model.n_layers}⊗"
         f"{cfg.model.n_loops}, {model.num_parameters():,} params, {tc.steps} steps on {device}"
@@ -112,14 +114,16 @@ def train(
     for step in range(start, end):
         t_step = time.perf_counter()
         batch = task.train_batch(step, tc.batch_size, tc.seq_len, tc.seed)
-        loss, means, grad_norm = _optimizer_step(model, optimizer, batch, cfg, step, shard, device, saver)
+        loss, means, grad_norm = _optimizer_step(
+            model, stage, trainable, optimizer, batch, cfg, step, shard, device, saver
+        )
         done = speed.step_done(time.perf_counter() - t_step, batch.ids.numel())  # evaluation, checkpoints excluded
         result.losses.append(loss)
         window.append({LOSS: loss, **means})
         if on_progress is not None:
             on_progress({"step": done, "steps": tc.steps, LOSS: loss, TOKENS_PER_S: speed.rate, "eta_s": speed.eta})
         if done % tc.log_every == 0 or done == end:
-            _log_window(log, window, cfg, step, grad_norm, speed)
+            _log_window(log, window, stage, cfg, step, grad_norm, speed)
             window = []
         elif time.monotonic() - log.last_line >= PROGRESS_SECONDS:
             log.say(f"step {done}/{tc.steps} | loss {loss:.4f} | {speed.rate:,.0f} tok/s | eta {speed.eta_text}")
@@ -164,7 +168,16 @@ def _start_model(cfg: ExperimentConfig, parent_dir: str | Path | None) -> tuple[
 
 
 def _optimizer_step(
-    model, optimizer, batch, cfg: ExperimentConfig, step: int, shard: Shard, device, saver: Checkpointer
+    model,
+    stage,
+    trainable: list[torch.Tensor],
+    optimizer,
+    batch,
+    cfg: ExperimentConfig,
+    step: int,
+    shard: Shard,
+    device,
+    saver: Checkpointer,
 ) -> tuple[float, dict[str, float], float]:
     """One step of the run: (the batch's loss, its diagnostics, the gradient's norm).
     Every rank has the same (averaged) loss and gradients, so every rank stops together
@@ -173,8 +186,7 @@ def _optimizer_step(
     for group in optimizer.param_groups:
         group["lr"] = lr_at(step, tc)
     optimizer.zero_grad(set_to_none=True)
-    loss, diag = accumulate_gradients(model, get_stage(cfg.stage), batch, cfg, step, shard, device)
-    trainable = [p for p in model.parameters() if p.requires_grad]
+    loss, diag = accumulate_gradients(model, stage, batch, cfg, step, shard, device)
     shard.average_gradients(trainable)
     grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable, tc.grad_clip if tc.grad_clip > 0 else math.inf))
     means = shard.average({LOSS: loss, **diag})
@@ -213,12 +225,18 @@ class _Speed:
 
 
 def _log_window(
-    log: MetricsLog, window: list[dict[str, float]], cfg: ExperimentConfig, step: int, grad_norm: float, speed: _Speed
+    log: MetricsLog,
+    window: list[dict[str, float]],
+    stage,
+    cfg: ExperimentConfig,
+    step: int,
+    grad_norm: float,
+    speed: _Speed,
 ) -> None:
     """The record of a log window (its steps' means) and its line, which shows the
     diagnostics the stage's loss names (Stage.shows)."""
     means, lr = _window_means(window), lr_at(step, cfg.train)
-    extra = "".join(f" | {k} {means[k]:.3f}" for k in get_stage(cfg.stage).shows if k in means)
+    extra = "".join(f" | {k} {means[k]:.3f}" for k in stage.shows if k in means)
     log.record(
         {
             "kind": TRAIN_RECORD,
