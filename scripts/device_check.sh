@@ -5,7 +5,8 @@
 # PYTHONPATH (never pip-installed: its torch pin would ask an index), and what it lacks
 # comes from WHEELS_DIR (default: ./wheels beside this checkout), installed offline:
 #   einops           a wheel (pure Python)
-#   causal-conv1d    its sdist, built here against this torch and nvcc (a few minutes)
+#   causal-conv1d    its sdist, built here against this torch and nvcc, for this GPU's
+#                    architecture only
 #   mamba-ssm        its sdist, unpacked, not built: looplab needs only its Triton
 #                    kernels (MAMBA_SKIP_CUDA_BUILD), imported from the source
 # Then scripts/device_check.py runs `looplab doctor` in full and the CUDA tests
@@ -34,9 +35,49 @@ offline_install() {  # name, then pip's arguments
     fi
 }
 
+# causal-conv1d's setup.py compiles its kernels for nine GPU architectures (sm_75 to
+# sm_121); built for this GPU's alone it takes a fraction of the time, which a lent
+# machine's few minutes need. Its sdist is unpacked, and the other architectures' two
+# lines each become `pass`; where this GPU's is not among them, it builds them all.
+only_this_gpu() {  # setup.py, architecture ("90")
+    "$PY" - "$1" "$2" <<'PY'
+import re, sys
+path, arch = sys.argv[1], sys.argv[2]
+text = open(path).read()
+pair = re.compile(r'cc_flag\.append\("-gencode"\)\n(\s*)cc_flag\.append\("arch=compute_(\d+),code=sm_\2"\)')
+if arch not in [m.group(2) for m in pair.finditer(text)]:
+    print(f"sm_{arch} is not among setup.py's architectures: building them all")
+    sys.exit(0)
+text = pair.sub(lambda m: m.group(0) if m.group(2) == arch else f"pass\n{m.group(1)}pass", text)
+compile(text, path, "exec")
+open(path, "w").write(text)
+print(f"building for sm_{arch} only")
+PY
+}
+
+build_causal_conv1d() {
+    local sdist dir arch started
+    sdist=$(ls "$WHEELS"/causal_conv1d-*.tar.gz 2>/dev/null | head -1)
+    if [ -z "$sdist" ]; then
+        say "causal-conv1d: missing, and no causal_conv1d-*.tar.gz in $WHEELS: the CUDA kernels will be off"
+        return
+    fi
+    started=$SECONDS
+    mkdir -p "$OUT/src" && tar -xzf "$sdist" -C "$OUT/src"
+    dir=$(ls -d "$OUT"/src/causal_conv1d-*/ | head -1)
+    arch=$("$PY" -c 'import torch; print("%d%d" % torch.cuda.get_device_capability())')
+    say "causal-conv1d: $(only_this_gpu "$dir/setup.py" "$arch")"
+    if MAX_JOBS="${MAX_JOBS:-$(nproc)}" CAUSAL_CONV1D_FORCE_BUILD=TRUE "$PY" -m pip install --no-index --no-deps \
+        --no-build-isolation "$dir" >>"$LOG" 2>&1; then
+        say "causal-conv1d: built and installed in $((SECONDS - started)) s"
+    else
+        say "causal-conv1d: the build failed after $((SECONDS - started)) s (see $LOG)"
+    fi
+}
+
 "$PY" -c 'import einops' 2>/dev/null || offline_install einops einops
 if [ "$GPU" = 1 ] && ! "$PY" -c 'import causal_conv1d' 2>/dev/null; then
-    CAUSAL_CONV1D_FORCE_BUILD=TRUE offline_install causal-conv1d --no-build-isolation causal-conv1d
+    build_causal_conv1d
 fi
 MAMBA_SRC=""
 if ! "$PY" -c 'import mamba_ssm' 2>/dev/null; then

@@ -104,6 +104,31 @@ def test_a_check_that_raises_fails_alone():
     assert check.status == doctor.FAIL and check.reason == "RuntimeError: CUDA error: an illegal memory access"
 
 
+def test_where_two_generations_part():
+    from types import SimpleNamespace as G
+
+    eager = G(tokens=[[1, 2, 3], [4, 5, 6]], loops=[[3, 3, 3], [1, 2, 3]])
+    assert doctor.first_difference(eager, G(tokens=[[1, 2, 3], [4, 5, 6]], loops=[[3, 3, 3], [1, 2, 3]])) is None
+    moved = G(tokens=[[1, 2, 3], [4, 5, 6]], loops=[[3, 3, 3], [1, 3, 3]])
+    assert doctor.first_difference(eager, moved) == "row 1, token 1: tokens 5 vs 5, loops 2 vs 3"
+    short = G(tokens=[[1, 2], [4, 5, 6]], loops=[[3, 3], [1, 2, 3]])
+    assert doctor.first_difference(eager, short) == "row 0, token 2: tokens 3 vs None, loops 3 vs None"
+
+
+def test_ray_missing_is_a_skip_and_groups_carry_their_seconds(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    (check,) = doctor.ray_check(CPU)
+    assert check.status == doctor.SKIP and "not installed" in check.reason
+    checks = doctor.run(quick=True)
+    timed = [c for c in checks if c.seconds is not None]
+    assert timed and all(c.seconds >= 0 for c in timed)
+    names = [c.name for c in timed]  # each group's first check: the environment's, the peaks'
+    assert "python" in names and any(n.startswith("gemm") for n in names), names
+
+
 def test_the_command_writes_every_check_and_exits_by_them(tmp_path, capsys, monkeypatch):
     assert (
         looplab_main(["doctor", "--quick", "--json", str(tmp_path / "d.json"), "--markdown", str(tmp_path / "d.md")])
@@ -116,7 +141,7 @@ def test_the_command_writes_every_check_and_exits_by_them(tmp_path, capsys, monk
         names["scan kernel vs torch (float32)"]["status"] == "skip"
         and names["scan kernel vs torch (float32)"]["reason"]
     )
-    assert all(set(c) >= {"name", "status", "figure", "value", "unit", "reason"} for c in report["checks"])
+    assert all(set(c) >= {"name", "status", "figure", "value", "unit", "reason", "seconds"} for c in report["checks"])
     assert "| check | status |" in (tmp_path / "d.md").read_text()
     kernels_on_cpu(monkeypatch, wrong_scan)
     assert looplab_main(["doctor", "--quick"]) == 1
@@ -191,3 +216,32 @@ def test_device_check_on_a_machine_without_a_gpu(tmp_path):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     report = (tmp_path / "out" / "report.md").read_text()
     assert "0 failed" in report and (tmp_path / "out" / "doctor.json").is_file()
+
+
+def test_causal_conv1d_is_built_for_this_gpus_architecture_alone(tmp_path):
+    """scripts/device_check.sh's only_this_gpu: of setup.py's -gencode pairs, this GPU's
+    stays and the others become `pass`; an architecture not listed leaves the file whole."""
+    import os
+    import subprocess
+    import sys
+
+    pairs = "".join(
+        f'    cc_flag.append("-gencode")\n    cc_flag.append("arch=compute_{a},code=sm_{a}")\n' for a in (80, 90, 100)
+    )
+    setup = tmp_path / "setup.py"
+    original = f"cc_flag = []\nif True:\n{pairs}"
+    script = doctor_script().parent / "device_check.sh"
+
+    def run(arch):
+        shell = f'source <(sed -n "/^only_this_gpu()/,/^}}/p" {script}); only_this_gpu {setup} {arch}'
+        env = {"PY": sys.executable, "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+        return subprocess.run(["bash", "-c", shell], env=env, capture_output=True, text=True)
+
+    setup.write_text(original)
+    said = run(90)
+    assert "sm_90 only" in said.stdout, said.stderr
+    namespace: dict = {}
+    exec(setup.read_text(), namespace)
+    assert namespace["cc_flag"] == ["-gencode", "arch=compute_90,code=sm_90"]
+    setup.write_text(original)
+    assert "building them all" in run(61).stdout and setup.read_text() == original
