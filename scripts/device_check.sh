@@ -17,7 +17,7 @@ set -uo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 OUT="${1:?usage: bash scripts/device_check.sh OUT_DIR [WHEELS_DIR]}"
 WHEELS="${2:-$REPO/wheels}"
-PY="${PYTHON:-python}"
+PY="${PYTHON:-$(command -v python || command -v python3)}"  # the GPU image has python3 alone
 mkdir -p "$OUT"
 LOG="$OUT/device_check.log"
 say() { echo "[device_check] $*" | tee -a "$LOG"; }
