@@ -15,8 +15,8 @@ the concurrency, because the work does not pack evenly:
                  neither a shared chain nor an earlier trial trains
 
 Each trial (and shared chain) adds TRIAL_S of Ray Train's local-mode start and MLflow
-bookkeeping, and each sweep RAY_START_S; both measured on 2 cores (the README's
-paper_mini timing).
+bookkeeping, and each sweep RAY_START_S; both measured on 2 cores (docs/paper-mini.md's
+timing).
 """
 
 from __future__ import annotations

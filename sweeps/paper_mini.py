@@ -425,7 +425,7 @@ def write_verdicts(
 
 
 def readme_block(protocol: Protocol, status: list[dict], results: list) -> str:
-    """The README's generated section (scripts/readme_figures.py paste paper_mini): the
+    """docs/paper-mini.md's generated section (scripts/readme_figures.py paste paper_mini): the
     headline verdicts, a reading generated from them, and the protocols' history."""
     from analysis.claims import NO_SPREAD, NOT_REPRODUCED, REPRODUCED, verdict_markdown
     from sweeps.protocol import history_markdown

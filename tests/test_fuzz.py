@@ -8,7 +8,7 @@ with hostile values; checkpoints, trainer state, metrics and datasets damaged in
 a crash, a full disk or a hand make). The suite runs a fast profile (FAST_EXAMPLES per
 test, derandomized, so CI sees the same inputs every time); the long profile is
 `LOOPLAB_FUZZ_EXAMPLES=2000 python -m pytest -m fuzz`, randomised, with Hypothesis
-printing any input that fails. What it found on the way is in the README's table of
+printing any input that fails. What it found on the way is in docs/training.md's table of
 bad inputs.
 """
 

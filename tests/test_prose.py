@@ -20,6 +20,7 @@ from analysis import prose
 
 ROOT = Path(__file__).resolve().parents[1]
 SCAN = "docs/scale_scan.md"
+MINI = "docs/paper-mini.md"  # the miniature's generated verdicts and what the docs say of them
 DOCUMENTS = ("README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")))
 HOLES = ("axis (others at the centre)", "value", "Ouro skip", "CHASE skip", "Ouro − CHASE")
 SEEDS = 3  # the scan's seeds 0, 1, 2
@@ -92,8 +93,8 @@ def not_level(docs, sentence: str) -> str:
 
 
 def verdict_rows(docs) -> dict[str, dict[str, str]]:
-    """The miniature's generated verdict table in the README, by claim id."""
-    block = re.search(r"<!--generated:paper_mini-->(.*?)<!--/generated-->", docs["README.md"], re.S).group(1)
+    """The miniature's generated verdict table, by claim id."""
+    block = re.search(r"<!--generated:paper_mini-->(.*?)<!--/generated-->", docs[MINI], re.S).group(1)
     rows = prose.table_with(block, "claim", "ours (95 %, uncorrected)", "unmatched arm", "verdict")
     return {re.search(r"\*\*(\S+)\*\*", r["claim"]).group(1): r for r in rows}
 
@@ -174,28 +175,28 @@ SENTENCES = (
         not_level,
     ),
     Sentence(
-        "README.md",
+        "docs/paper-mini.md",
         "C3's gap falls from +6.68 points against stock Ouro to +2.79 [+1.88, +3.70] against Ouro "
         "given CHASE's extra steps without holes",
         figures(("C3", "unmatched arm", "+6.68"), ("C3", "ours (95 %, uncorrected)", "+2.79")),
     ),
     Sentence(
-        "README.md",
+        "docs/paper-mini.md",
         "C2 barely moves (+28.99 % unmatched, +28.64 % matched)",
         figures(("C2", "unmatched arm", "+28.99"), ("C2", "ours (95 %, uncorrected)", "+28.64")),
     ),
     Sentence(
-        "README.md",
+        "docs/paper-mini.md",
         "CHASE's skip is 1.04 % worse than CHASE's own model forced to the same depth",
         figures(("C2-own", "ours (95 %, uncorrected)", "|1.04")),
     ),
     Sentence(
-        "README.md",
+        "docs/paper-mini.md",
         "(skip is 1.68× faster at batch 1: two cores stay compute-bound)",
         figures(("C4-batch1", "ours (95 %, uncorrected)", "1.68")),
     ),
-    Sentence("README.md", "neither grows with the context", None, "a cache's size, not a table's figure"),
-    Sentence("README.md", "trains each level with its", None, "a task level, not a comparison"),
+    Sentence("docs/generation.md", "neither grows with the context", None, "a cache's size, not a table's figure"),
+    Sentence("docs/library.md", "trains each level with its", None, "a task level, not a comparison"),
 )
 
 
@@ -272,8 +273,8 @@ def test_a_trend_claimed_on_a_flat_axis_fails(docs):
 
 def test_a_figure_quoted_from_the_verdicts_must_be_the_tables(docs):
     pattern = r"\s+".join(map(re.escape, "C2 barely moves (+28.99 %".split()))
-    assert re.search(pattern, docs["README.md"])
-    changed = {**docs, "README.md": re.sub(pattern, "C2 barely moves (+26.99 %", docs["README.md"], count=1)}
+    assert re.search(pattern, docs[MINI])
+    changed = {**docs, MINI: re.sub(pattern, "C2 barely moves (+26.99 %", docs[MINI], count=1)}
     assert any("C2 barely moves" in p for p in audit(changed))  # the registered sentence is gone: caught
     wrong = figures(("C2", "unmatched arm", "+26.99"))  # and a wrong figure, registered, fails its check
     assert "C2's unmatched arm is +28.99" in wrong(docs, "C2 barely moves (+26.99 % unmatched")

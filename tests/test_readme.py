@@ -109,3 +109,16 @@ def test_generated_blocks_are_the_current_protocols():
 
     block = rf.generated_blocks(ALL)["paper_mini"]
     assert f"digest `{PROTOCOL.digest()}`" in block and "| **C3**" in block and "Every protocol" in block
+
+
+def test_the_readmes_links_reach_files_and_the_site_builds_from_docs():
+    """The README is read on GitHub, outside the site: each relative link must name a file
+    here. The pages under docs/ are checked by `mkdocs build --strict` (.ci/run), which
+    fails on a link to a missing page or anchor; here, that every page is in its nav."""
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", README)
+    relative = [link for link in links if "://" not in link]
+    assert relative, "the README links to its docs"
+    assert [link for link in relative if not (ROOT / link).exists()] == []
+    nav = (ROOT / "mkdocs.yml").read_text()
+    pages = sorted(p.name for p in (ROOT / "docs").glob("*.md"))
+    assert [page for page in pages if f": {page}" not in nav] == []
