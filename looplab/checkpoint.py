@@ -49,13 +49,35 @@ def _write_json(path: Path, obj: Any) -> None:
     os.replace(tmp, path)  # atomic: a crash never leaves half a config
 
 
-def save_model(model: LoopedLM, directory: str | os.PathLike) -> Path:
+def save_tensors(tensors: dict[str, torch.Tensor], path: str | os.PathLike, metadata: dict | None = None) -> None:
+    """safetensors' save_file, leaving the file with the mode open() gives any other file
+    here: safetensors (0.8) creates it 0600 whatever the umask, so a checkpoint's weights
+    were unreadable to the group that reads its config.json."""
     from safetensors.torch import save_file
 
+    save_file(tensors, str(path), metadata=metadata)
+    os.chmod(path, 0o666 & ~_umask())
+
+
+def _umask() -> int:
+    # os.umask sets while it reads: set it back at once (Linux also shows it in
+    # /proc/self/status, which leaves it alone).
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def save_model(model: LoopedLM, directory: str | os.PathLike) -> Path:
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    save_file(state, str(d / (WEIGHTS + ".tmp")), metadata={"format": FORMAT})
+    save_tensors(state, d / (WEIGHTS + ".tmp"), metadata={"format": FORMAT})
     digest = file_digest(d / (WEIGHTS + ".tmp"))
     os.replace(d / (WEIGHTS + ".tmp"), d / WEIGHTS)
     _write_json(
@@ -388,8 +410,6 @@ def save_training_state(
 ) -> None:
     """Model + AdamW moments (keyed by parameter name) + trainer counters, replacing
     the checkpoint in `directory` atomically (module docstring)."""
-    from safetensors.torch import save_file
-
     directory = Path(directory)
     staging = _sibling(directory, "next")
     if staging.exists():
@@ -404,7 +424,7 @@ def save_training_state(
         for p in group["params"]:
             for key, value in optimizer.state.get(p, {}).items():
                 tensors[f"{names[id(p)]}::{key}"] = torch.as_tensor(value).detach().contiguous().cpu()
-    save_file(tensors, str(staging / OPTIMIZER))
+    save_tensors(tensors, staging / OPTIMIZER)
     _write_json(staging / TRAINER, trainer_state)  # written last: its presence marks a complete checkpoint
     previous = _sibling(directory, "prev")
     if previous.exists():

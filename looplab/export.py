@@ -510,8 +510,8 @@ def export_hf(checkpoint, out_dir: str | Path, policy: str = "full", *, force: b
     Face folder (module docstring); returns the folder. policy: the default exit policy
     recorded in config.json (a spec such as "skip:0.4")."""
     import torch
-    from safetensors.torch import save_file
 
+    from looplab.checkpoint import save_tensors
     from looplab.policy import ExitPolicy
 
     out = check_out_dir(out_dir, force)
@@ -542,10 +542,7 @@ def export_hf(checkpoint, out_dir: str | Path, policy: str = "full", *, force: b
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n")
     state = {WEIGHT_PREFIX + k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.state_dict().items()}
     weights = out / "model.safetensors"
-    save_file(state, str(weights), metadata={"format": "pt"})
-    # safetensors (0.8) creates the file with mode 0600 whatever the umask: give it the mode
-    # of the folder's other files, which open() created under the user's umask.
-    weights.chmod((out / "config.json").stat().st_mode & 0o777)
+    save_tensors(state, weights, metadata={"format": "pt"})
     if config["looplab_tokenizer"]:
         write_tokenizer(config["looplab_tokenizer"], out)
     return out

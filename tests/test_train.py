@@ -81,6 +81,27 @@ def test_checkpoint_round_trip_keeps_outputs_and_config(tmp_path):
         load_model(tmp_path / "m", n_loops=3)
 
 
+def test_a_checkpoints_files_take_the_umasks_mode(tmp_path):
+    """safetensors creates its files 0600: a training checkpoint's weights and moments
+    get the mode every other file of the folder gets under the umask."""
+    import os
+    import stat
+
+    from looplab.checkpoint import save_training_state
+
+    model = load_model("phop-debug", n_loops=2, seed=3)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randint(0, model.cfg.vocab_size, (2, 9))).logits.sum().backward()
+    optimizer.step()
+    before = os.umask(0o027)
+    try:
+        save_training_state(tmp_path / "ckpt", model, optimizer, {"step": 1})
+    finally:
+        os.umask(before)
+    modes = {f.name: stat.S_IMODE(f.stat().st_mode) for f in (tmp_path / "ckpt").iterdir()}
+    assert modes and set(modes.values()) == {0o640}, modes
+
+
 def test_load_model_from_preset_with_overrides_is_seeded():
     a = load_model("phop-debug", arch="transformer", n_layers=2, attn_head_dim=16, rope_dim=16, seed=1)
     b = load_model("phop-debug", arch="transformer", n_layers=2, attn_head_dim=16, rope_dim=16, seed=1)
