@@ -1,7 +1,7 @@
 """looplab's analysis layer: MLflow runs → polars tables → frontiers → plots and a report.
 
     from analysis.report import build_report
-    paths = build_report("sqlite:///runs/beta/mlflow.db", ["beta_ablation-debug"], "runs/beta/analysis")
+    paths = build_report("sqlite:///runs/beta/mlflow.db", ["beta_ablation-local"], "runs/beta/analysis")
 
 Modules, one job each:
   names      the analysis' own column names, orderings and directions (the MLflow names it

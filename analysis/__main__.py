@@ -2,7 +2,7 @@
 `python analysis/frontier.py` runs it too):
 
     python -m analysis --tracking-uri sqlite:///runs/beta/mlflow.db \\
-        --experiment beta_ablation-debug --out runs/beta/analysis
+        --experiment beta_ablation-local --out runs/beta/analysis
 
 Writes frontier.csv, the tables (Markdown + CSV), the PNGs and report.html into --out,
 logs them as artifacts of the sweep run (--sweep-run, else the newest level=sweep run
@@ -37,7 +37,7 @@ def parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="NAME",
-        help="experiment name, e.g. beta_ablation-debug (repeatable)",
+        help="experiment name, e.g. beta_ablation-local (repeatable)",
     )
     p.add_argument(
         "--sweep-run",

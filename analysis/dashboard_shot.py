@@ -2,7 +2,7 @@
 what a new user sees at the URL a sweep prints (looplab/dashboard.py). By hand:
 
     python -m analysis.dashboard_shot --tracking-uri sqlite:///runs/beta/mlflow.db \
-        --experiment beta_ablation-debug --out docs/figures/dashboard.png
+        --experiment beta_ablation-local --out dashboard.png
 
 It starts `mlflow server` on a free local port (a tracking server's URI is used as it
 is), opens the newest sweep run's view (or --sweep-run's), saves the screenshot and
@@ -113,7 +113,7 @@ def render(
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Screenshot a sweep's MLflow dashboard view in headless Chromium.")
     p.add_argument("--tracking-uri", required=True, help="sqlite:///PATH (served here) or http://HOST:PORT")
-    p.add_argument("--experiment", required=True, help="the sweep's experiment, e.g. beta_ablation-debug")
+    p.add_argument("--experiment", required=True, help="the sweep's experiment, e.g. beta_ablation-local")
     p.add_argument("--sweep-run", default=None, help="the sweep run's id (default: the newest sweep run)")
     p.add_argument("--out", default="docs/figures/dashboard.png", help="where to save the screenshot (PNG)")
     args = p.parse_args(argv)

@@ -1,6 +1,6 @@
 """Load MLflow runs into polars: a runs table and per-metric summaries, fast.
 
-    runs = load_runs("sqlite:///runs/beta/mlflow.db", ["beta_ablation-debug"])
+    runs = load_runs("sqlite:///runs/beta/mlflow.db", ["beta_ablation-local"])
     runs.runs          # one row per run: identity, tags, params.<name> (typed), metrics.<name> (last)
     runs.metrics       # one row per (run, metric): last, step, best, min, max, count
     evaluation_points(runs)            # one row per (trial, stage, evaluation point); see analysis.points

@@ -1,7 +1,7 @@
 """build_report: MLflow runs → every file of the analysis, in one call.
 
     from analysis.report import build_report
-    paths = build_report(uri, ["beta_ablation-debug"], "runs/beta/analysis", sweep_run_id=run_id)
+    paths = build_report(uri, ["beta_ablation-local"], "runs/beta/analysis", sweep_run_id=run_id)
 
 writes into out_dir:
   axis.csv               the sweep's searched axis first (analysis/axis.py): per value, the final stage's

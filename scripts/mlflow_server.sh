@@ -10,8 +10,11 @@
 # LOOPLAB_MLFLOW_DIR (default ~/looplab-runs/mlflow) holds the SQLite store (mlflow.db), the
 # artifacts the server proxies (artifacts/), its basic-auth users (basic_auth.db),
 # server.log, server.pid and server.url. MLflow's own variables pick the address:
-# MLFLOW_HOST (default 127.0.0.1) and MLFLOW_PORT (default 5000); MLFLOW_WORKERS, the number
-# of server processes, is read by `mlflow server` itself (default 4).
+# MLFLOW_HOST (default 127.0.0.1) and MLFLOW_PORT (default 5000). MLFLOW_WORKERS, the number
+# of server processes (read by `mlflow server` itself): default 4 on a head of 8 CPUs or
+# more, else 1, as MLflow's 4 workers kept dying and restarting on a loaded 2-core machine
+# (looplab/dashboard_server.py). MLflow's job runner and Huey consumers are off
+# (MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false): a tracking server of training runs runs no jobs.
 #
 # Basic authentication: when MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD are set
 # (the variables MLflow's client reads, so a sweep and its trials send the same pair), the
@@ -84,6 +87,8 @@ start() {
     *) export MLFLOW_SERVER_ALLOWED_HOSTS=${MLFLOW_SERVER_ALLOWED_HOSTS:-$HOST:$PORT,localhost:*,127.0.0.1:*} ;;
   esac
   command -v mlflow >/dev/null || fail "mlflow is not on PATH"
+  export MLFLOW_WORKERS=${MLFLOW_WORKERS:-$( [ "$(nproc)" -ge 8 ] && echo 4 || echo 1 )}
+  export MLFLOW_SERVER_ENABLE_JOB_EXECUTION=${MLFLOW_SERVER_ENABLE_JOB_EXECUTION:-false}
   mkdir -p "$DIR"
   DIR=$(cd "$DIR" && pwd)
   PIDFILE=$DIR/server.pid URLFILE=$DIR/server.url LOG=$DIR/server.log
