@@ -4,31 +4,60 @@ it runs headless)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
-from analysis.charts import ChartSpec, finite, legend_entries
+from analysis.charts import LEGEND_HANDFUL, ChartSpec, finite, legend_entries
 
 DPI = 150
-MAX_LEGEND = 16  # a longer legend covers the axes; the HTML report lists every series
 
 
 def render_png(spec: ChartSpec, path: Path) -> Path:
     return render_panels([spec], path)
 
 
+def small_multiples(spec: ChartSpec) -> list[ChartSpec]:
+    """A chart whose legend would list more than LEGEND_HANDFUL series and cannot list its
+    factors instead (legend_entries) as panels of at most that many series each, titled
+    "(1 of 3)"..., every one with its legend; drawn on the same axes' limits
+    (render_panels). Any other chart: itself. (The HTML report keeps one chart, its legend
+    a selector.)"""
+    if len(spec.series) <= LEGEND_HANDFUL or legend_entries(spec) is not None:
+        return [spec]
+    chunks = [spec.series[i : i + LEGEND_HANDFUL] for i in range(0, len(spec.series), LEGEND_HANDFUL)]
+    return [
+        dataclasses.replace(spec, series=chunk, title=f"{spec.title} ({i} of {len(chunks)})")
+        for i, chunk in enumerate(chunks, 1)
+    ]
+
+
 def render_panels(specs: list[ChartSpec], path: Path, columns: int = 3) -> Path:
-    """Several charts side by side in one PNG (one panel each, `columns` to a row)."""
+    """Several charts side by side in one PNG (one panel each, `columns` to a row; a chart
+    of many series as small multiples on shared limits)."""
     # Imported here: matplotlib costs half a second, which a CLI that stops at a bad
     # experiment name should not pay.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    cols = min(columns, len(specs))
-    rows = -(-len(specs) // cols)
+    groups = [small_multiples(spec) for spec in specs]
+    panels = [panel for group in groups for panel in group]
+    cols = min(columns, len(panels))
+    rows = -(-len(panels) // cols)
     fig = Figure(figsize=(6.4 * cols, 4.2 * rows), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
-    for i, spec in enumerate(specs):
-        _draw(fig.add_subplot(rows, cols, i + 1), spec)
+    axes = []
+    for i, spec in enumerate(panels):
+        axes.append(fig.add_subplot(rows, cols, i + 1))
+        _draw(axes[-1], spec)
+    start = 0
+    for group in groups:  # one chart's panels on the same limits, so that they compare
+        shared = axes[start : start + len(group)]
+        start += len(group)
+        if len(shared) > 1:
+            for limits, setter in ((lambda a: a.get_xlim(), "set_xlim"), (lambda a: a.get_ylim(), "set_ylim")):
+                lows, highs = zip(*(limits(a) for a in shared))
+                for a in shared:
+                    getattr(a, setter)(min(lows), max(highs))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=DPI)
     return path
@@ -90,5 +119,5 @@ def _draw(ax, spec: ChartSpec) -> None:
             for e in entries
         ]
         ax.legend(handles=handles, fontsize=7, loc="best", title=spec.legend_title or None, title_fontsize=7)
-    elif 0 < len(spec.series) <= MAX_LEGEND:
+    elif spec.series:  # a handful (small_multiples splits more)
         ax.legend(fontsize=7, loc="best", title=spec.legend_title or None, title_fontsize=7)

@@ -1046,3 +1046,23 @@ def test_captions_say_bars_only_where_intervals_are_drawn():
 
     shown = [t for t in figure(many).to_plotly_json()["data"] if t.get("showlegend", True)]
     assert len(shown) == 8
+
+
+def test_many_series_without_factors_become_small_multiples_on_shared_limits(tmp_path):
+    """Fourteen series whose colours stand for nothing common: three panels of at most six,
+    each with its legend; the PNG draws them on the same limits. A factored chart stays one."""
+    from analysis.charts import LEGEND_HANDFUL, ChartSpec, Point, Series
+    from analysis.plots import render_png, small_multiples
+
+    series = [Series(f"run {i}", f"#{i:02d}0000", [Point(float(i), float(i * i), "p")]) for i in range(14)]
+    spec = ChartSpec("many", "fourteen runs", "x", "y", series)
+    panels = small_multiples(spec)
+    assert [len(p.series) for p in panels] == [6, 6, 2] and all(len(p.series) <= LEGEND_HANDFUL for p in panels)
+    assert [p.title for p in panels] == ["fourteen runs (1 of 3)", "fourteen runs (2 of 3)", "fourteen runs (3 of 3)"]
+    assert [s.name for p in panels for s in p.series] == [s.name for s in series]  # none lost, order kept
+    assert small_multiples(ChartSpec("few", "t", "x", "y", series[:6])) == [ChartSpec("few", "t", "x", "y", series[:6])]
+    from PIL import Image
+
+    width, _ = Image.open(render_png(spec, tmp_path / "many.png")).size
+    one_width, _ = Image.open(render_png(panels[0], tmp_path / "one.png")).size
+    assert width == 3 * one_width  # three panels in a row
