@@ -122,7 +122,9 @@ def group_members(pgid: int) -> list[int]:
 
 def start(uri: str, host: str, port: int, log: Path) -> subprocess.Popen:
     """The server, in a new session (so its own process group, pgid = its pid, and no
-    terminal's Ctrl-C reaches it directly: stop() does)."""
+    terminal's Ctrl-C reaches it directly: stop() does). On Linux it also gets SIGTERM
+    when this process dies without stopping it (SIGKILL, the OOM killer): MLflow's
+    command forwards that to its uvicorn worker and exits, so no server is left orphaned."""
     with open(log, "w") as out:
         return subprocess.Popen(
             server_argv(uri, host, port),
@@ -131,7 +133,23 @@ def start(uri: str, host: str, port: int, log: Path) -> subprocess.Popen:
             stdin=subprocess.DEVNULL,
             env=server_env(),
             start_new_session=True,
+            preexec_fn=_terminate_with_parent(os.getpid()) if sys.platform.startswith("linux") else None,
         )
+
+
+def _terminate_with_parent(parent: int) -> Callable[[], None]:
+    """In the child before it execs: prctl(PR_SET_PDEATHSIG, SIGTERM), and exit at once if
+    the parent died before that call (the signal would then never come)."""
+
+    def arm() -> None:
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return arm
 
 
 def _last_line(log: Path) -> str:

@@ -331,3 +331,35 @@ def test_the_command_serves_the_store_and_ctrl_c_leaves_nothing(tiny_store, cpu_
     commands = [command for _, command in served.server.values()]
     assert sum("uvicorn" in c for c in commands) == 1, commands
     assert not [c for c in commands if "huey" in c or "_job_runner" in c], commands
+
+
+@pytest.mark.slow  # an MLflow server's start: 20-60 s on 2 cores
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_a_killed_command_leaves_no_server(tiny_store):
+    """SIGKILL (or the OOM killer) gives `looplab dashboard` no chance to stop the server:
+    the server learns of it from the kernel and exits, its port free again."""
+    root, _, _ = tiny_store
+    port = free_port()
+    proc = subprocess.Popen(
+        [*COMMAND, str(root), "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    started: dict[int, tuple[int, str]] = {}
+    try:
+        _until(_lines(proc), r"^Ctrl-C stops it", 300)
+        started = _descendants(proc.pid)
+        assert any("uvicorn" in command for _, command in started.values()), started
+        proc.kill()
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 60
+        while any(_members(pgid) for pgid, _ in started.values()) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        left = {pgid: _members(pgid) for pgid, _ in started.values() if _members(pgid)}
+        assert not left, f"left behind after SIGKILL: {left} of {started}"
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pgid in {pgid for pgid, _ in started.values()} - {os.getpgrp()}:
+            if _members(pgid):
+                os.killpg(pgid, signal.SIGKILL)
