@@ -161,9 +161,9 @@ TRIAL_FIGURES = (
 
 def trial_description(label: str, lineage: list[str], summary: dict[str, float]) -> str:
     """A trial run's description (Markdown): its searched values, its stages, and its
-    headline figures from the last stage. The per-policy metrics below it on the page
-    hold one point each (a stage's final evaluation): their charts have nothing to draw,
-    so the description says where the curves are."""
+    headline figures from the last stage. The run charts the last stage's training curves
+    and the sweep's headline figures (trainables/trial.py); every policy's figures, one
+    point each, are on the stage run, so the description says where they are."""
     rows = [f"| {name} | {summary[key]:.4g} |" for key, name in TRIAL_FIGURES if key in summary]
     table = ["| figure | value |", "|---|---|", *rows] if rows else ["(no figures: the trial logged none)"]
     return "\n".join(
@@ -172,8 +172,9 @@ def trial_description(label: str, lineage: list[str], summary: dict[str, float])
             "",
             *table,
             "",
-            "Every policy's figures are the metrics below, one point each (the final evaluation); the "
-            "training curves are on the stage runs nested under this one, and the sweep run's "
-            "`analysis/` holds the comparison across trials (axis.png, report.html).",
+            "The charts below are the last stage's training curves and the sweep's headline figures. "
+            "Every policy's figures (one point each: the stage's final evaluation) are on the stage runs "
+            "nested under this one, and the sweep run's `analysis/` holds the comparison across trials "
+            "(axis.png, report.html).",
         ]
     )

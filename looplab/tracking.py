@@ -51,6 +51,7 @@ import re
 import subprocess
 import time
 from pathlib import Path
+from collections.abc import Collection
 from typing import Any, Iterator
 
 from looplab.errors import ConfigError, Interrupted
@@ -603,12 +604,19 @@ def downstream_metrics(
     }
 
 
-def log_record(mlflow_client, run_id: str, record: dict[str, Any]) -> None:
+def log_record(mlflow_client, run_id: str, record: dict[str, Any], headline: Collection[str] | None = None) -> None:
+    """Log a training record's metrics at its step. With `headline`, an evaluation's or the
+    per-loop instruments' metrics are kept only when named there (a trial run's page: a
+    stage evaluates once or a few times, so every other figure would be a chart of one
+    point); a training record's, the curves, are logged whole."""
     from mlflow.entities import Metric
 
     now = int(time.time() * 1000)
     step = int(record.get("step", 0))
-    metrics = [Metric(k, v, now, step) for k, v in record_metrics(record).items()]
+    found = record_metrics(record)
+    if headline is not None and record.get("kind") != TRAIN_RECORD:
+        found = {k: v for k, v in found.items() if k in headline}
+    metrics = [Metric(k, v, now, step) for k, v in found.items()]
     if metrics:
         mlflow_client.log_batch(run_id, metrics=metrics)
 

@@ -221,6 +221,7 @@ def _run_locked(sweep, launch, points, res, store, local, logs, uri, key, experi
         cpus_per_worker=res.cpus_per_worker,
         gpus_per_worker=launch.gpus_per_worker,
         progress_board=board_name(run_name),
+        headline=tuple(dict.fromkeys([sweep.metric, *sweep.columns, *(key for key, _ in dashboard.TRIAL_FIGURES)])),
     )
 
     env = {name: os.environ.get(name, default) for name, default in RAY_TRAIN_ENV.items()}

@@ -262,6 +262,31 @@ def test_stage_keys_do_not_depend_on_the_storage_path(tmp_path):
     assert here[2].stage_key() != other_seed[2].stage_key()
 
 
+def test_a_trial_run_logs_its_curves_and_headline_alone():
+    """tracking.log_record with a headline: a training record whole (the curves), an
+    evaluation record only the figures the headline names."""
+
+    class Client:
+        def __init__(self):
+            self.logged = []
+
+        def log_batch(self, run_id, metrics):
+            self.logged += [(m.key, m.step) for m in metrics]
+
+    train = {"kind": tracking.TRAIN_RECORD, "step": 5, tracking.LOSS: 2.0, "lr": 1e-3}
+    evaluation = {
+        "kind": tracking.EVAL_RECORD,
+        "step": 5,
+        "policies": [{"policy": "full", "ppl": 9.0, "accuracy": 0.5}, {"policy": "dense:0.2", "ppl": 11.0}],
+    }
+    everything, trial = Client(), Client()
+    for record in (train, evaluation):
+        tracking.log_record(everything, "stage", record)
+        tracking.log_record(trial, "trial", record, headline=(tracking.VAL_PPL,))
+    assert {k for k, _ in everything.logged} == {tracking.LOSS, "lr", "val_ppl", "val_accuracy", "dense_q0.2_ppl"}
+    assert trial.logged == [(tracking.LOSS, 5), ("lr", 5), ("val_ppl", 5)]
+
+
 def test_tracking_conventions(tmp_path):
     mc = tracking.client(f"sqlite:///{tmp_path / 'mlflow.db'}")
     exp = tracking.ensure_experiment(mc, "unit", tmp_path / "artifacts")
@@ -404,6 +429,11 @@ def test_tiny_beta_sweep_end_to_end(tmp_path, capsys):
         assert r.info.status == "FINISHED"
         for m in ("exit_entropy", "expected_exit_step", "val_ppl"):
             assert m in r.data.metrics, m
+        # The trial's page charts its curves and headline; every policy's one-point figures
+        # stay on its last stage's run, where the analysis reads them.
+        (stage,) = mc.search_runs([exp], filter_string=f"tags.stage = 'stage1' and tags.trial_run = '{r.info.run_id}'")
+        per_policy = [k for k in stage.data.metrics if k.startswith(("dense_q", "skip_q", "forced_d"))]
+        assert per_policy and not [k for k in r.data.metrics if k in per_policy], sorted(r.data.metrics)
     pretrains = mc.search_runs([exp], filter_string="tags.stage = 'pretrain'")
     # The shared pre-training is trained once, first, under the sweep run; both trials reuse it.
     assert sorted(r.data.tags["reused"] for r in pretrains) == ["false", "true", "true"]

@@ -48,6 +48,7 @@ def stage_worker_loop(config: dict[str, Any]) -> None:
     report = tune.report if local else ray.train.report
     mlflow_client = tracking.client(config["tracking_uri"]) if rank == 0 else None
     run_ids: list[str] = config["run_ids"]
+    trial_headline = config.get("trial_headline")
     if mlflow_client is not None:  # where the stage ran: which node of the cluster, which host
         mlflow_client.set_tag(run_ids[0], tracking.RAY_NODE, ray.get_runtime_context().get_node_id())
         mlflow_client.set_tag(run_ids[0], tracking.HOSTNAME, socket.gethostname())
@@ -68,8 +69,9 @@ def stage_worker_loop(config: dict[str, Any]) -> None:
         nonlocal mlflow_seconds, report_seconds
         if mlflow_client is not None and record.get("step", 0) > logged_through:
             t = time.perf_counter()
-            for run_id in run_ids:
-                tracking.log_record(mlflow_client, run_id, record)
+            # The stage's run gets every figure; the trial's (the others) its headline.
+            for i, run_id in enumerate(run_ids):
+                tracking.log_record(mlflow_client, run_id, record, headline=None if i == 0 else trial_headline)
             mlflow_seconds += time.perf_counter() - t
         # Tune gets the evaluations: every result then carries the sweep's metric
         # (val_ppl / val_accuracy), which schedulers such as ASHA require of each one.
@@ -98,8 +100,8 @@ def stage_worker_loop(config: dict[str, Any]) -> None:
         return
     seconds = time.perf_counter() - start
     progress.post("end", stage=cfg.stage, seconds=seconds)
-    if mlflow_client is not None:
-        for run_id in run_ids:
+    if mlflow_client is not None:  # the stage's own timing, on its run (one point: not the trial's)
+        for run_id in run_ids[:1]:
             tracking.log_metrics(
                 mlflow_client,
                 run_id,

@@ -51,6 +51,13 @@ class PlatformSettings:
     worker_retries: int = 2  # restarts of a failed worker group per stage (in local mode: of the trial)
     quiet: bool = True
     progress_board: str = ""  # the named Ray actor the driver prints progress from ("" = none)
+    # What a trial run logs of its last stage's evaluations: the sweep's metric and columns
+    # and the description's figures (sweeps/launch.py); () logs every figure. The rest
+    # stays on the stage run, where the analysis reads it.
+    headline: tuple[str, ...] = ()
+
+    def trial_headline(self) -> tuple[str, ...] | None:
+        return tuple(self.headline) or None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -249,7 +256,9 @@ def _run_stage(
             )
             tracking.log_metrics(mc, run_id, done["metrics"], step=cfg.train.steps)
             if last:
-                tracking.log_metrics(mc, trial_run, done["metrics"], step=cfg.train.steps)
+                headline = platform.trial_headline()
+                shown = {k: v for k, v in done["metrics"].items() if headline is None or k in headline}
+                tracking.log_metrics(mc, trial_run, shown, step=cfg.train.steps)
             tracking.close_run(mc, run_id, ok=True)
             progress.post("reused", stage=cfg.stage)
             return
@@ -306,6 +315,7 @@ def _fit_stage(
         "local": local,
         "tracking_uri": platform.tracking_uri,
         "run_ids": run_ids,
+        "trial_headline": platform.trial_headline(),
         "report_to_tune": report_to_tune,
         "quiet": platform.quiet,
         "progress_board": platform.progress_board,
