@@ -175,6 +175,7 @@ def _chart(name: str, rows: pl.DataFrame, keys, columns, axes, quantity: str, no
                 style=_label({c: by[c] for c in by if c not in coloured}),
             )
         )
+    loops = sorted({int(p.x) for s in series for p in s.points})
     return ChartSpec(
         name=name,
         title=f"{LABELS[quantity]} per loop{note}",
@@ -182,6 +183,7 @@ def _chart(name: str, rows: pl.DataFrame, keys, columns, axes, quantity: str, no
         y_label=LABELS[quantity],
         series=series,
         legend_title=" · ".join(columns),
+        x_ticks=[(float(r), str(r)) for r in loops],  # a loop is a whole number: no tick at 1.5
     )
 
 
