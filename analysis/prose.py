@@ -148,6 +148,15 @@ def value_text(v: float) -> str:
     return f"{v:.5g}"
 
 
+def difference_text(d: float, like: float) -> str:
+    """A difference of two values written as value_text writes `like`, to the same
+    decimals: 272.16 − 262.67 is 9.49, not 9.4923."""
+    import math
+
+    decimals = max(0, 4 - math.floor(math.log10(abs(like)))) if like and math.isfinite(like) else 4
+    return f"{d:.{decimals}f}"
+
+
 def _ranked(arms: list[Arm], higher_is_better: bool) -> list[Arm]:
     """Best first."""
     return sorted(arms, key=lambda a: -a.mean if higher_is_better else a.mean)
@@ -176,7 +185,7 @@ def spread(arms: list[Arm], measure: str, axis: str, higher_is_better: bool, con
     if n < 2 or any(a.low is None or a.high is None for a in (best, worst)):
         return (
             f"With n={n} seed per {axis} value there is no seed interval, so nothing can be concluded from the "
-            f"spread of {value_text(gap)} in {measure} between them."
+            f"spread of {difference_text(gap, worst.mean)} in {measure} between them."
         )
     d = apart(*(Cell(a.mean, a.low, a.high, a.n, confidence) for a in (best, worst)), confidence=confidence)
     assert d.low is not None and d.high is not None

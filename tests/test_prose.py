@@ -350,3 +350,9 @@ def test_flatness_threshold():
     assert "is flat" in prose.flatness([arm("a", 100.0), arm("b", 101.0)], "accuracy", "β")  # 0.995 %
     varies = prose.flatness([arm("a", 100.0), arm("b", 103.0)], "accuracy", "β")
     assert varies == "Accuracy varies across β: from 100 (a) to 103 (b)."
+
+
+def test_a_difference_is_written_to_its_values_decimals():
+    assert prose.value_text(272.1598) == "272.16" and prose.difference_text(272.1598 - 262.6675, 272.1598) == "9.49"
+    assert prose.difference_text(0.00049, 0.22681) == "0.00049"
+    assert prose.difference_text(1234.5, 12345.6) == "1234"  # value_text writes 12346
