@@ -696,6 +696,7 @@ def test_screenshot_of_a_missing_report_says_no_such_file(tmp_path):
     assert done.stderr.count("\n") == 1 and "no such file" in done.stderr and str(missing) in done.stderr, done.stderr
 
 
+@pytest.mark.slow  # 15 s: Chromium over the whole report (the β and downstream reports' checks stay in the suite)
 def test_report_renders_in_headless_chromium(report, tmp_path):
     from analysis.screenshot import check_report, find_browser
 

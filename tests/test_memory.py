@@ -178,6 +178,7 @@ def test_the_paper_plan_fits_80_gib_with_the_largest_micro_batch():
         assert not plan.checkpointing  # it fits without
 
 
+@pytest.mark.slow  # 11 s on 2 cores
 def test_a_plan_that_cannot_fit_is_one_line_naming_the_flag():
     with pytest.raises(ConfigError, match=r"--gpu-memory=2 is invalid for pretrain: one row of 2048 tokens") as e:
         plan_stage(paper(), ranks=8, device_memory_gib=2)

@@ -177,7 +177,7 @@ COMMANDS: dict[str, Run | NotRun] = {
     "python -m analysis --tracking-uri sqlite:///runs/beta/mlflow.db --experiment beta_ablation-local "
     "--out runs/beta/analysis": Run("open {store}/analysis/report.html in a browser", missing_store_too=True),
     "python analysis/screenshot.py runs/beta/analysis/beta_ablation-*/report.html --out report.png": Run(
-        "screenshot: report.png", missing_store_too=True, needs_browser=True
+        "screenshot: report.png", missing_store_too=True, needs_browser=True, slow=True
     ),
     # Benchmarks (docs/benchmarks.md).
     "python benchmarks/suite.py --markdown suite.md --json suite.json": BENCHMARK,

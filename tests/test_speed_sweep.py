@@ -89,6 +89,7 @@ def speed_runs(uri: str) -> list:
 TINY = ["--batches", "2", "--seq-lens", "32", "--policies", "skip:0.2,0.6", "--repeats", "1", "--cpus", "1"]
 
 
+@pytest.mark.slow  # 14 s on 2 cores (the arrivals sweep's end-to-end test stays in the suite)
 def test_speed_sweep_end_to_end_inline(store, capsys):
     """Default stages: each arm's stage2; one run per (checkpoint, point) with the
     machine; the same command again measures nothing; the report puts each timed q
