@@ -45,19 +45,14 @@ def render_panels(specs: list[ChartSpec], path: Path, columns: int = 3) -> Path:
     rows = -(-len(panels) // cols)
     fig = Figure(figsize=(6.4 * cols, 4.2 * rows), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
-    axes = []
-    for i, spec in enumerate(panels):
-        axes.append(fig.add_subplot(rows, cols, i + 1))
-        _draw(axes[-1], spec)
-    start = 0
-    for group in groups:  # one chart's panels on the same limits, so that they compare
-        shared = axes[start : start + len(group)]
-        start += len(group)
-        if len(shared) > 1:
-            for limits, setter in ((lambda a: a.get_xlim(), "set_xlim"), (lambda a: a.get_ylim(), "set_ylim")):
-                lows, highs = zip(*(limits(a) for a in shared))
-                for a in shared:
-                    getattr(a, setter)(min(lows), max(highs))
+    index = 0
+    for group in groups:
+        first = None  # one chart's panels share its first panel's axes, so that they compare
+        for spec in group:
+            index += 1
+            ax = fig.add_subplot(rows, cols, index, sharex=first, sharey=first)
+            first = first or ax
+            _draw(ax, spec)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=DPI)
     return path

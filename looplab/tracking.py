@@ -50,8 +50,8 @@ import math
 import re
 import subprocess
 import time
-from pathlib import Path
 from collections.abc import Collection
+from pathlib import Path
 from typing import Any, Iterator
 
 from looplab.errors import ConfigError, Interrupted
@@ -604,18 +604,24 @@ def downstream_metrics(
     }
 
 
+def headline_metrics(metrics: dict[str, float], headline: Collection[str] | None) -> dict[str, float]:
+    """The metrics a headline names (a trial run's page: a stage evaluates once or a few
+    times, so every other figure would be a chart of one point); no headline (None or
+    empty): all of them."""
+    return {k: v for k, v in metrics.items() if k in headline} if headline else metrics
+
+
 def log_record(mlflow_client, run_id: str, record: dict[str, Any], headline: Collection[str] | None = None) -> None:
-    """Log a training record's metrics at its step. With `headline`, an evaluation's or the
-    per-loop instruments' metrics are kept only when named there (a trial run's page: a
-    stage evaluates once or a few times, so every other figure would be a chart of one
-    point); a training record's, the curves, are logged whole."""
+    """Log a training record's metrics at its step. With a `headline`, an evaluation's or
+    the per-loop instruments' metrics only as headline_metrics keeps them; a training
+    record's, the curves, whole."""
     from mlflow.entities import Metric
 
     now = int(time.time() * 1000)
     step = int(record.get("step", 0))
     found = record_metrics(record)
-    if headline is not None and record.get("kind") != TRAIN_RECORD:
-        found = {k: v for k, v in found.items() if k in headline}
+    if record.get("kind") != TRAIN_RECORD:
+        found = headline_metrics(found, headline)
     metrics = [Metric(k, v, now, step) for k, v in found.items()]
     if metrics:
         mlflow_client.log_batch(run_id, metrics=metrics)

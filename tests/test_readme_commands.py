@@ -68,6 +68,13 @@ INSTALL = NotRun("an install: .ci/run installs the way the README says (tests/te
 CLUSTER = NotRun("a cloud cluster and its bucket (docs/cluster.md); tests/test_cluster.py checks the cluster files")
 BENCHMARK = NotRun("a benchmark: it measures for minutes")
 NO_CHECKPOINT = "is invalid; allowed: a looplab checkpoint directory"
+
+
+def no_checkpoint(flag: str, path: str, slow: bool = True) -> Run:
+    """A command whose checkpoint (`flag` names it) no run made here: one line naming it."""
+    return Run(f"{flag}='{path}' {NO_CHECKPOINT}", status=2, slow=slow)
+
+
 NO_STORE = "is invalid; allowed: an existing MLflow store"
 NO_EVAL_DATA = "--eval-data='/data/lm_eval' is invalid"
 
@@ -138,37 +145,37 @@ COMMANDS: dict[str, Run | NotRun] = {
     "looplab train --preset debug --out runs/debug": NotRun(
         "trains the debug preset: .ci/run's `looplab train --preset debug --out runs/ci-train` is this command"
     ),
-    "looplab train --preset debug --stage stage1 --init runs/pre/checkpoint --out runs/s1": Run(
-        f"--init='runs/pre/checkpoint' {NO_CHECKPOINT}", status=2, slow=True
+    "looplab train --preset debug --stage stage1 --init runs/pre/checkpoint --out runs/s1": no_checkpoint(
+        "--init", "runs/pre/checkpoint"
     ),
-    "looplab train --preset debug --stage chase --init runs/s1/checkpoint --out runs/ch": Run(
-        f"--init='runs/s1/checkpoint' {NO_CHECKPOINT}", status=2, slow=True
+    "looplab train --preset debug --stage chase --init runs/s1/checkpoint --out runs/ch": no_checkpoint(
+        "--init", "runs/s1/checkpoint"
     ),
-    "looplab train --preset debug --stage stage2 --init runs/ch/checkpoint --out runs/s2": Run(
-        f"--init='runs/ch/checkpoint' {NO_CHECKPOINT}", status=2, slow=True
+    "looplab train --preset debug --stage stage2 --init runs/ch/checkpoint --out runs/s2": no_checkpoint(
+        "--init", "runs/ch/checkpoint"
     ),
-    "looplab train --preset debug --stage stage1 --init runs/debug/checkpoint --out runs/debug-s1": Run(
-        f"--init='runs/debug/checkpoint' {NO_CHECKPOINT}", status=2, slow=True
+    "looplab train --preset debug --stage stage1 --init runs/debug/checkpoint --out runs/debug-s1": no_checkpoint(
+        "--init", "runs/debug/checkpoint"
     ),
     "looplab train --preset phop-debug --out runs/retro train.init_from=hf:/ckpts/mamba2-130m model.n_layers=2 "
     "model.n_loops=4 train.init_layers=even": Run("/ckpts/mamba2-130m/config.json does not exist", status=2, slow=True),
-    "looplab eval --checkpoint runs/s2/checkpoint --json runs/s2/sweep.json": Run(
-        f"--checkpoint='runs/s2/checkpoint' {NO_CHECKPOINT}", status=2
+    "looplab eval --checkpoint runs/s2/checkpoint --json runs/s2/sweep.json": no_checkpoint(
+        "--checkpoint", "runs/s2/checkpoint", slow=False
     ),
     'looplab generate --checkpoint runs/s1/checkpoint --prompt "KING HENRY. " --policy skip:0.35 '
-    "--max-new-tokens 24": Run(f"--checkpoint='runs/s1/checkpoint' {NO_CHECKPOINT}", status=2, slow=True),
+    "--max-new-tokens 24": no_checkpoint("--checkpoint", "runs/s1/checkpoint"),
     'looplab generate --checkpoint runs/s1/checkpoint --prompt "..." --temperature 0.8 --top-p 0.9 --seed 1 '
-    "--json": Run(f"--checkpoint='runs/s1/checkpoint' {NO_CHECKPOINT}", status=2, slow=True),
-    "looplab export --checkpoint runs/lm/checkpoint --format hf exports/lm --policy skip:0.4": Run(
-        f"--checkpoint='runs/lm/checkpoint' {NO_CHECKPOINT}", status=2, slow=True
+    "--json": no_checkpoint("--checkpoint", "runs/s1/checkpoint"),
+    "looplab export --checkpoint runs/lm/checkpoint --format hf exports/lm --policy skip:0.4": no_checkpoint(
+        "--checkpoint", "runs/lm/checkpoint"
     ),
     "lm_eval --model hf --model_args pretrained=exports/lm,trust_remote_code=True --tasks piqa": NotRun(
         "downloads piqa (network) to evaluate the export the command above writes"
     ),
     "looplab lm-eval --checkpoint runs/s2/checkpoint --tasks piqa,arc_easy --policy skip:0.4 --limit 100 "
-    "--output res.json": Run(f"--checkpoint='runs/s2/checkpoint' {NO_CHECKPOINT}", status=2, slow=True),
-    "looplab lm-eval --checkpoint runs/s2/checkpoint --suite paper --local-data /data/lm_eval": Run(
-        f"--checkpoint='runs/s2/checkpoint' {NO_CHECKPOINT}", status=2, slow=True
+    "--output res.json": no_checkpoint("--checkpoint", "runs/s2/checkpoint"),
+    "looplab lm-eval --checkpoint runs/s2/checkpoint --suite paper --local-data /data/lm_eval": no_checkpoint(
+        "--checkpoint", "runs/s2/checkpoint"
     ),
     "python -m looplab.evaluation.suite export /data/lm_eval": NotRun(
         "downloads the seven tasks' data (network) into /data"
@@ -183,18 +190,18 @@ COMMANDS: dict[str, Run | NotRun] = {
     "python benchmarks/suite.py --markdown suite.md --json suite.json": BENCHMARK,
     "python benchmarks/profile_steps.py --markdown profiles.md": BENCHMARK,
     "looplab bench --preset local --batch 1,8,16 --seq-len 512,1024 --oracle-mean 2.0 --json bench.json": BENCHMARK,
-    "looplab bench --checkpoint runs/s2/checkpoint --batch 16,64 --seq-len 1024,2048 --policies skip:0.2,0.4,0.6": Run(
-        f"--checkpoint='runs/s2/checkpoint' {NO_CHECKPOINT}", status=2, slow=True
+    "looplab bench --checkpoint runs/s2/checkpoint --batch 16,64 --seq-len 1024,2048 --policies skip:0.2,0.4,0.6": no_checkpoint(
+        "--checkpoint", "runs/s2/checkpoint"
     ),
     "looplab bench --checkpoint runs/lm/checkpoint --batch 16 --seq-len 1024 --policies "
-    "'skip-entropy:2.0;skip-kl:0.01'": Run(f"--checkpoint='runs/lm/checkpoint' {NO_CHECKPOINT}", status=2, slow=True),
+    "'skip-entropy:2.0;skip-kl:0.01'": no_checkpoint("--checkpoint", "runs/lm/checkpoint"),
     "looplab bench --preset local --batch 8 --seq-len 512 --oracle-mean 2.0 --dtype bf16 --packing padded": BENCHMARK,
     "looplab bench --decode --preset local --batch 1,8,64 --seq-len 128,2048 --oracle-mean 2.0 --new-tokens 32 "
     "--json decode.json": BENCHMARK,
     "LOOPLAB_CPU_STEP_KERNEL=1 looplab bench --decode --preset local --batch 1,8,64 --seq-len 128,2048 "
     "--oracle-mean 2.0 --new-tokens 32 --threads 1 --schedule lockstep,depth": BENCHMARK,
     "looplab bench-arrivals --checkpoint runs/debug-s1/checkpoint --slots 8,32 --policies 'skip:0.4,0.2' "
-    "--requests 256 --threads 1": Run(f"--checkpoint='runs/debug-s1/checkpoint' {NO_CHECKPOINT}", status=2, slow=True),
+    "--requests 256 --threads 1": no_checkpoint("--checkpoint", "runs/debug-s1/checkpoint"),
     "python sweeps/speed.py --experiment adaptive_pipeline-debug --grid debug --no-ray": Run(
         f"looplab-runs/mlflow.db' {NO_STORE}", status=2, slow=True
     ),

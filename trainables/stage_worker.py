@@ -71,7 +71,7 @@ def stage_worker_loop(config: dict[str, Any]) -> None:
             t = time.perf_counter()
             # The stage's run gets every figure; the trial's (the others) its headline.
             for i, run_id in enumerate(run_ids):
-                tracking.log_record(mlflow_client, run_id, record, headline=None if i == 0 else trial_headline)
+                tracking.log_record(mlflow_client, run_id, record, headline=trial_headline if i else None)
             mlflow_seconds += time.perf_counter() - t
         # Tune gets the evaluations: every result then carries the sweep's metric
         # (val_ppl / val_accuracy), which schedulers such as ASHA require of each one.

@@ -56,9 +56,6 @@ class PlatformSettings:
     # stays on the stage run, where the analysis reads it.
     headline: tuple[str, ...] = ()
 
-    def trial_headline(self) -> tuple[str, ...] | None:
-        return tuple(self.headline) or None
-
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -256,8 +253,7 @@ def _run_stage(
             )
             tracking.log_metrics(mc, run_id, done["metrics"], step=cfg.train.steps)
             if last:
-                headline = platform.trial_headline()
-                shown = {k: v for k, v in done["metrics"].items() if headline is None or k in headline}
+                shown = tracking.headline_metrics(done["metrics"], platform.headline)
                 tracking.log_metrics(mc, trial_run, shown, step=cfg.train.steps)
             tracking.close_run(mc, run_id, ok=True)
             progress.post("reused", stage=cfg.stage)
@@ -315,7 +311,7 @@ def _fit_stage(
         "local": local,
         "tracking_uri": platform.tracking_uri,
         "run_ids": run_ids,
-        "trial_headline": platform.trial_headline(),
+        "trial_headline": list(platform.headline),
         "report_to_tune": report_to_tune,
         "quiet": platform.quiet,
         "progress_board": platform.progress_board,
