@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from looplab.config import ManoConfig, PhopConfig
+from looplab.config import ConfigError, ManoConfig, PhopConfig
 from looplab.tasks import IGNORE_INDEX, make_task
 from looplab.tasks import mano, phop
 
@@ -269,3 +269,52 @@ def test_phop_records():
     for r, ids in zip(records, task.eval_batch().ids.tolist()):
         assert set(r) == {"sequence", "p", "answer"} and r["p"] == PHOP_CFG.p
         assert r["sequence"] == ids[1 : PHOP_CFG.n + 1] and r["answer"] == ids[-1]
+
+
+def _prefix_value(tokens: list[str], modulus: int) -> int:
+    """An independent reference: recursive descent over a prefix expression."""
+    ops = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+    position = 0
+
+    def read() -> int:
+        nonlocal position
+        token = tokens[position]
+        position += 1
+        if token in ops:
+            left = read()
+            return ops[token](left, read()) % modulus
+        return int(token)
+
+    value = read()
+    assert position == len(tokens)
+    return value
+
+
+def test_mano_over_a_smaller_field_keeps_the_layout_and_the_arithmetic():
+    cfg = ManoConfig(L=3, modulus=5)
+    task = mano.ManoTask(cfg)
+    assert cfg.vocab_size == task.vocab_size == 5 + 3 + 4 + (3 + 1) == len(mano.vocab(3, 5))
+    ids = mano.TokenIds(5)
+    assert (ids.ops, ids.bos, ids.ans, ids.pad, ids.length(0)) == ((5, 6, 7), 8, 9, 11, 12)
+    assert mano.decode(list(range(cfg.vocab_size)), 5) == mano.vocab(3, 5)
+    batch = task.train_batch(step=0, batch_size=4, seq_len=64, seed=3)
+    answers = 0
+    for row, targets in zip(batch.ids.tolist(), batch.targets.tolist()):
+        start = None
+        for t, token in enumerate(row):
+            if token == ids.bos:
+                start = t
+            elif token == ids.ans and start is not None:
+                expression = mano.decode(row[start + 2 : t], 5)
+                assert all(tok in mano.OPERATORS or 0 <= int(tok) < 5 for tok in expression)
+                assert targets[t] == _prefix_value(expression, 5)
+                answers += 1
+    assert answers >= 16
+    eval_batch = task.eval_batch()
+    for row, targets in zip(eval_batch.ids.tolist()[:50], eval_batch.targets.tolist()[:50]):
+        assert targets[2 * 3 + 3] == _prefix_value(mano.decode(row[2 : 2 * 3 + 3], 5), 5)
+
+
+def test_a_mano_modulus_that_is_not_a_prime_is_one_line():
+    with pytest.raises(ConfigError, match=r"ManoConfig.modulus=4 is invalid; allowed: a prime in 2..23"):
+        ManoConfig(modulus=4)
