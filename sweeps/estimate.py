@@ -10,9 +10,10 @@ the concurrency, because the work does not pack evenly:
   shared chains  the stage chains several trials share train first (sweeps/launch.py),
                  min(chains, concurrency) at a time, each on an even share of the cores:
                  3 chains on 2 slots take two chains' time, not one and a half
-  trials         then the trials, in order, each starting on the first slot that frees
-                 up (Ray Tune's max_concurrent_trials), each training its stages that
-                 neither a shared chain nor an earlier trial trains
+  trials         then the trials, longest first (sweeps/plan.longest_first, the order
+                 launch starts them in), each on the first slot that frees up (Ray
+                 Tune's max_concurrent_trials), each training its stages that neither a
+                 shared chain nor an earlier trial trains
 
 Each trial (and shared chain) adds TRIAL_S of Ray Train's local-mode start and MLflow
 bookkeeping, and each sweep RAY_START_S; both measured on 2 cores (docs/paper-mini.md's
@@ -23,10 +24,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from sweeps.flags import Launch
-from sweeps.plan import Sweep
+from sweeps.plan import Sweep, longest_first, makespan
 
 RAY_START_S = 15.0  # ray.init, the progress board and the first trial's start, per sweep
 TRIAL_S = 6.0  # a trial's (or shared chain's) start, its stages' MLflow runs and done markers
@@ -49,16 +50,6 @@ def evaluations(cfg) -> int:
     """How many evaluations a stage runs: every eval_every steps and at its end."""
     tc = cfg.train
     return (tc.steps - 1) // tc.eval_every + 1 if tc.eval_every else 1
-
-
-def makespan(durations: Iterable[float], slots: int) -> float:
-    """The wall time of jobs started in order, each on the first of `slots` to free up
-    (how Ray Tune fills max_concurrent_trials)."""
-    free = [0.0] * max(1, slots)
-    for d in durations:
-        i = free.index(min(free))
-        free[i] += d
-    return max(free)
 
 
 def estimate(
@@ -122,9 +113,7 @@ def estimate(
                 for j in jobs
             ]
             threads = max(1, cpus // concurrency)
-            # Tune expands the grid with the point varying fastest: seed-major order.
-            seeds = list(dict.fromkeys(p.get("seed") for p in points))
-            ordered = sorted(points, key=lambda p: seeds.index(p.get("seed")))
+            ordered = longest_first(sweep, points, launch.storage_path, trained_before=claimed)  # as launch starts them
             trials = [TRIAL_S + sum(stage_seconds(c, threads) for c in todo(chains[id(p)])) for p in ordered]
             n_stages = len(claimed)
             seconds = RAY_START_S + makespan(shared, job_slots) + makespan(trials, concurrency) if n_stages else 0.0

@@ -41,8 +41,8 @@ from sweeps.plan import (
     cpu_share,
     describe,
     fit_devices,
-    grid_points,
     keyed_declaration,
+    longest_first,
     sweep_key,
     trial_name,
     validate,
@@ -252,7 +252,7 @@ def _run_locked(sweep, launch, points, res, store, local, logs, uri, key, experi
             if launch.search == "grid":
                 _fit_shared_prefixes(sweep, launch, platform, points, res, store.path("ray_tune"), run_name, logs)
             stop.check()  # a stop during the shared stages: the trials never start
-            results = _fit(sweep, launch, platform, res, store.path("ray_tune"), run_name, logs)
+            results = _fit(sweep, launch, platform, points, res, store.path("ray_tune"), run_name, logs)
             stop.check()
             # Downstream evaluation of the trained checkpoints, what the store lacks (sweeps/evaluate.py;
             # imported here: lm-eval's machinery is needed only after training).
@@ -479,7 +479,7 @@ def _fit_shared_prefixes(
     tuner = tune.Tuner(
         tune.with_resources(run_shared_prefix, platform.trial_resources()),
         param_space={"spec": sweep.spec.to_dict(), "platform": platform.to_dict(), "job": tune.grid_search(jobs)},
-        tune_config=tune.TuneConfig(max_concurrent_trials=concurrent),
+        tune_config=tune.TuneConfig(max_concurrent_trials=concurrent, reuse_actors=True),
         run_config=tune.RunConfig(
             name=f"{run_name}-shared", storage_path=tune_path, failure_config=trial_failures(platform), verbose=0
         ),
@@ -490,7 +490,9 @@ def _fit_shared_prefixes(
         raise RuntimeError(f"a shared stage failed: {failed[0].error}")
 
 
-def _fit(sweep: Sweep, launch: Launch, platform, res: Resources, tune_path: str, run_name: str, logs: Path):
+def _fit(
+    sweep: Sweep, launch: Launch, platform, points: list[dict[str, Any]], res: Resources, tune_path: str, run_name, logs
+):
     from ray import tune
 
     from trainables.trial import run_trial, trial_params
@@ -502,9 +504,9 @@ def _fit(sweep: Sweep, launch: Launch, platform, res: Resources, tune_path: str,
     space: dict[str, Any] = {"spec": sweep.spec.to_dict(), "platform": platform.to_dict()}
     search_alg, scheduler, samples = None, None, 1
     if launch.search == "grid":
-        # One grid_search over whole points: paired values stay paired.
-        space["point"] = tune.grid_search(grid_points(sweep))
-        space["seed"] = tune.grid_search(list(launch.seeds))
+        # One grid_search over whole points, seeds included: paired values stay paired, and
+        # Tune starts the trials in this order (longest first).
+        space["point"] = tune.grid_search(longest_first(sweep, points, platform.storage_path))
     else:
         from ray.tune.search.optuna import OptunaSearch
 
@@ -532,6 +534,11 @@ def _fit(sweep: Sweep, launch: Launch, platform, res: Resources, tune_path: str,
             max_concurrent_trials=res.max_concurrent or None,
             trial_name_creator=name_of,
             trial_dirname_creator=name_of,
+            # A new trial process costs ~7 s on 2 cores (Ray's worker start, then torch, MLflow
+            # and looplab imported again): over the 45 short trials of paper_mini, minutes. A
+            # trial reads everything it needs from its config and seeds its own generators, so
+            # a reused process gives the same numbers (tests/test_determinism.py).
+            reuse_actors=True,
         ),
         run_config=tune.RunConfig(
             name=run_name, storage_path=tune_path, failure_config=trial_failures(platform), verbose=0

@@ -451,6 +451,46 @@ def describe(
     return "\n".join(lines)
 
 
+def makespan(durations, slots: int) -> float:
+    """The wall time of jobs started in order, each on the first of `slots` to free up
+    (how Ray Tune fills max_concurrent_trials)."""
+    free = [0.0] * max(1, slots)
+    for d in durations:
+        i = free.index(min(free))
+        free[i] += d
+    return max(free)
+
+
+def longest_first(sweep: Sweep, points: list[dict[str, Any]], storage_path: str, trained_before=()) -> list[dict]:
+    """The trial points (seeds included) in the order Tune is to start them: the most
+    training FLOPs still to do first. Started in grid order, a long trial that happens
+    to come last runs alone while the other slots idle (paper_mini's p-hop sweep lost 2
+    of its 13 minutes so); longest first, the short trials fill the slots at the end.
+    Stages the store holds, or in `trained_before` (folders the shared chains train
+    first), cost nothing; ties keep the grid's order."""
+    from looplab.costs.resources import flops_per_token, row_length
+    from trainables.pipeline import stage_dir
+    from trainables.shared_stage import read_done
+    from trainables.storage import Storage
+
+    storage, per_token, done = Storage(storage_path), {}, set(trained_before)
+
+    def cost(point: dict[str, Any]) -> float:
+        total = 0.0
+        for cfg in stage_configs(sweep.spec, point, storage_path):
+            folder = stage_dir(storage_path, cfg)
+            if folder in done or read_done(storage, folder) is not None:
+                continue
+            shape = (cfg.model, cfg.stage, row_length(cfg))
+            if shape not in per_token:
+                per_token[shape] = flops_per_token(cfg)
+            total += per_token[shape] * cfg.train.steps * cfg.train.batch_size * row_length(cfg)
+        return total
+
+    costs = [cost(p) for p in points]
+    return [points[i] for i in sorted(range(len(points)), key=lambda i: -costs[i])]
+
+
 def stored_stages(unique: dict[str, Any], storage_path: str) -> set[str]:
     """The stages (of unique: folder name -> config) the store already holds: those with
     a done marker, the check a trial reuses a stage by (trainables/trial.py's _run_stage),

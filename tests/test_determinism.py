@@ -67,3 +67,38 @@ def test_two_identical_phop_runs_give_the_same_numbers(tmp_path):
 def test_a_stage_run_says_which_hardware_trained_it():
     text = tracking.hardware()
     assert "torch" in text and "cpu" in text
+
+
+# A Ray Tune actor runs one trial after another in one process (sweeps/launch.py,
+# reuse_actors): a run must not depend on what ran before it there.
+AFTER_ANOTHER = """
+import json, sys
+from looplab.cli import main
+main(["train", "--out", sys.argv[1], "--preset", "phop-debug", "--no-resume", "task.n=16", "task.p=3",
+      "model.d_model=32", "model.n_loops=1", "train.steps=10", "train.seed=7", "train.lr=0.01"])
+main(["train", "--out", sys.argv[2], *json.loads(sys.argv[3])])
+"""
+
+
+@pytest.mark.slow  # three short p-hop runs, 9 s on 2 cores: .ci/run runs it after the suite
+def test_a_run_after_another_in_one_process_gives_a_fresh_processs_numbers(tmp_path):
+    args = [a.replace("train.steps=40", "train.steps=20") for a in ARGS]
+    fresh = subprocess.run(
+        [sys.executable, "-m", "looplab.cli", "train", "--out", str(tmp_path / "fresh"), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert fresh.returncode == 0, fresh.stderr[-2000:]
+    reused = subprocess.run(
+        [sys.executable, "-c", AFTER_ANOTHER, str(tmp_path / "other"), str(tmp_path / "reused"), json.dumps(args)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert reused.returncode == 0, reused.stderr[-2000:]
+    other = numbers(tmp_path / "other")
+    assert other and other != numbers(tmp_path / "fresh")  # another run indeed ran first
+    assert numbers(tmp_path / "reused") == numbers(tmp_path / "fresh")

@@ -14,7 +14,7 @@ from looplab import tracking
 from sweeps import paper_mini, scale_scan
 from sweeps.estimate import RAY_START_S, TRIAL_S, estimate, evaluations, makespan
 from sweeps.flags import Launch, parse_seeds
-from sweeps.plan import grid_points
+from sweeps.plan import grid_points, longest_first
 from sweeps.protocol import V2
 from trainables.pipeline import stage_configs
 
@@ -150,26 +150,30 @@ def test_makespan_starts_each_job_on_the_first_free_slot():
 def test_the_estimate_replays_the_schedule(tmp_path, monkeypatch):
     """With every step costing 1 s and evaluations nothing, the estimate of the LM sweep
     at two seeds is the hand-computed schedule: the two shared chains (pre-training 5
-    steps + Stage-1 200) side by side, then the ten trials in Tune's seed-major order on
-    two slots, each trial adding TRIAL_S."""
+    steps + Stage-1 200) side by side, then the ten trials longest first (most training
+    FLOPs still to do) on two slots, each trial adding TRIAL_S."""
     monkeypatch.setattr("looplab.training.probe.probe_seconds", lambda cfg, steps: (1.0, 0.0))
     sweep = paper_mini.lm_sweep(V2.with_overrides({"train.steps": 5}, {}))  # v2's arms: the schedule by hand
     launch = Launch(storage_path=str(tmp_path), seeds=(0, 1))
     points = [{**p, "seed": s} for p in grid_points(sweep) for s in launch.seeds]  # point-major, as planned
     est = estimate([(sweep, points)], launch, concurrency=2)
     chains = TRIAL_S + 5 + 200
-    # Seed-major on two slots, per seed: ouro (Stage-2 200), chase (CHASE + Stage-2 400),
-    # fixed 1⊗4 (reused), 1⊗1 and 4⊗1 (5 each). Seed 0: ouro and chase start together;
-    # the three fixed trials and seed 1's ouro follow on ouro's slot (206 + 6 + 11 + 11 +
-    # 206 = 440 at TRIAL_S 6), which is still busy when chase's slot frees at 406 and takes
-    # seed 1's chase: the chase trials end the sweep at 2 × 406.
-    assert est.seconds == pytest.approx(RAY_START_S + chains + 2 * (TRIAL_S + 400))
+    # Longest first on two slots: both chase trials (CHASE + Stage-2, 400) side by side, then
+    # both ouro trials (Stage-2, 200), then 4⊗1 and 1⊗1 (5 each) and the reused fixed 1⊗4
+    # (nothing), alternating slots: 406 + 206 + 11 + 11 + 6 per slot.
+    assert [(p["arm"], p["n_layers"], p["n_loops"]) for p in longest_first(sweep, points, str(tmp_path))][:4] == [
+        ("chase", 1, 4),
+        ("chase", 1, 4),
+        ("ouro", 1, 4),
+        ("ouro", 1, 4),
+    ]
+    assert est.seconds == pytest.approx(RAY_START_S + chains + (TRIAL_S + 400) + (TRIAL_S + 200) + 3 * TRIAL_S + 10)
     assert "14 of 14 stages to train (2 shared chain(s) first)" in est.text()
 
 
 @pytest.mark.slow
 def test_paper_mini_at_toy_size(tmp_path):
-    """The whole command on tiny settings: both sweeps, the speed step, the verdicts and
+    """The whole command on tiny settings: the three sweeps, the speed step, the verdicts and
     the report; then the same command trains nothing, and one more seed trains only it."""
     toy = [
         "--set",
@@ -198,6 +202,7 @@ def test_paper_mini_at_toy_size(tmp_path):
     out = run("0,1")
     for claim in (
         "C1",
+        "C1-mano",
         "C1-LM",
         "C1-depth",
         "C2",
@@ -216,6 +221,8 @@ def test_paper_mini_at_toy_size(tmp_path):
         "verdicts.csv",
         "report.html",
         "lm_trials.csv",
+        "phop_trials.csv",
+        "mano_trials.csv",
         "speed.csv",
         "speed_records.csv",
         "loops.csv",
@@ -228,8 +235,8 @@ def test_paper_mini_at_toy_size(tmp_path):
     run("0,1,2")
     new = set((tmp_path / "stages").iterdir()) - stages
     # seed 2 alone: LM pre-trainings 1⊗4, 1⊗1, 4⊗1, Stage-1, CHASE, Stage-1 continued, three
-    # Stage-2, pre-training continued; p-hop's two (1⊗4, 1⊗1)
-    assert len(new) == 10 + 2
+    # Stage-2, pre-training continued; p-hop's two (1⊗2, 1⊗1) and Mano's two (1⊗2, 1⊗1)
+    assert len(new) == 10 + 2 + 2
     # The ledger: seeds 0 and 1 were scored first, so the third run's headline has seed 2
     # alone, and the table says so; the digest is the modified protocol's, not the declared one.
     verdicts = (folder / "verdicts.md").read_text()
