@@ -305,6 +305,7 @@ class Claim:
 PPL_RESOLUTION = 0.01  # %: a mean CE over 8,192 held-out tokens, logged to float precision, shows 0.01 %
 SPEED_RESOLUTION = 0.01  # x: a timing ratio's last digit worth reading
 PHOP_RESOLUTION = 100 / 500  # points: one example of phop-debug's 500 held-out examples
+MANO_RESOLUTION = 100 / 500  # points: one example of mano-debug's 500 held-out examples
 
 CLAIMS: dict[str, Claim] = {
     c.id: c
@@ -316,6 +317,15 @@ CLAIMS: dict[str, Claim] = {
             "p-hop p=16: 1⊗6 99.51 % vs 1⊗1 38.32 % (+61.2 points, Table 2)",
             +1,
             PHOP_RESOLUTION,
+            unit=" pt",
+        ),
+        Claim(
+            "C1-mano",
+            "looping helps at equal parameters on Mano (N⊗R beats N⊗1)",
+            "Mano exact match (ℓ = L) of N⊗R minus N⊗1, points",
+            "L=10: 4⊗6 99.21 % vs 4⊗1 55.60 % (+43.6 points, Table 1)",
+            +1,
+            MANO_RESOLUTION,
             unit=" pt",
         ),
         Claim(
@@ -745,11 +755,18 @@ def _reach_note(trials: pl.DataFrame) -> str:
 
 
 def loop_claims(
-    fixed: pl.DataFrame, *, quality: str, looped: tuple[int, int], base: tuple[int, int], deep: tuple[int, int] | None
+    fixed: pl.DataFrame,
+    *,
+    quality: str,
+    looped: tuple[int, int],
+    base: tuple[int, int],
+    deep: tuple[int, int] | None,
+    claim: str = "C1",
 ) -> list[ClaimResult]:
-    """C1 (quality accuracy: exact match in points) or C1-LM and C1-depth (quality ppl):
-    N⊗R against N⊗1 and NR⊗1, from one row per pre-trained model and seed (columns
-    n_layers, n_loops, seed, full_accuracy / full_ppl). Independent pre-trainings: Welch."""
+    """`claim` (C1 on p-hop, C1-mano on Mano; quality accuracy: exact match in points) or
+    C1-LM and C1-depth (quality ppl): N⊗R against N⊗1 and NR⊗1, from one row per
+    pre-trained model and seed (columns n_layers, n_loops, seed, full_accuracy /
+    full_ppl). Independent pre-trainings: Welch."""
 
     def arm(pair):
         rows = fixed.filter((pl.col("n_layers") == pair[0]) & (pl.col("n_loops") == pair[1]))
@@ -765,7 +782,7 @@ def loop_claims(
             return {s: 100 * v for s, v in by_seed(rows, names.FULL_ACCURACY).items() if v is not None}
 
         gain = difference(percent(a), percent(b), paired=False)
-        return [judge("C1", gain, f"{name(looped)} minus {name(base)}, Welch (independent pre-trainings)")]
+        return [judge(claim, gain, f"{name(looped)} minus {name(base)}, Welch (independent pre-trainings)")]
     ratio_looped = _log_ppl(a)
     out = [
         judge(

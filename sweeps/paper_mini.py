@@ -1,12 +1,12 @@
 """The paper's headline claims in miniature: one command, five fresh seeds, a computed verdict per claim.
 
-    python sweeps/paper_mini.py                      # the protocol's seeds (200-204) on 2 CPU cores
+    python sweeps/paper_mini.py                      # the protocol's seeds (300-304) on 2 CPU cores
     python sweeps/paper_mini.py --dry-run            # the protocol, the plan, each seed's status, the time
-    python sweeps/paper_mini.py --seeds 200,...,205  # one more seed: only it trains
+    python sweeps/paper_mini.py --seeds 300,...,305  # one more seed: only it trains
 
 Everything it runs and every rule that judges it is one frozen declaration,
 sweeps/protocol.PROTOCOL, whose digest goes with every verdict (verdicts.md, the LM
-sweep's MLflow run). Two sweeps on the platform (Ray Tune trials, MLflow, the analysis
+sweep's MLflow run). Three sweeps on the platform (Ray Tune trials, MLflow, the analysis
 layer), a timed step, then the verdicts:
 
   lm     the `debug` byte-level 1⊗4 Mamba-2: pre-training → Stage-1, then the Ouro arm
@@ -14,7 +14,8 @@ layer), a timed step, then the verdicts:
          compute-matched controls: Ouro continued without holes as long as CHASE's stage
          (ouro-matched) and the fixed-loop model continued as long as Stage-1 and CHASE
          (fixed-matched); beside them the pre-trained 1⊗1 and 4⊗1 (C1-LM, C1-depth)
-  phop   1⊗4 against 1⊗1 on p-hop (C1)
+  phop   the looped model against its N⊗1 on p-hop (C1; 1⊗2 against 1⊗1 under v4)
+  mano   likewise on Mano over a small field (C1-mano; 1⊗2 against 1⊗1 under v4)
   speed  every seed's CHASE model, prefill full against skip at batch 1 and 64 (C4): a
          step keyed by content (trainables/speed.py), alone on the machine
 
@@ -45,7 +46,7 @@ from sweeps.protocol import PROTOCOL, Ledger, Protocol, fresh_seeds
 from trainables.pipeline import PipelineSpec, stage_configs
 
 SEEDS = ",".join(map(str, PROTOCOL.seeds))
-LOOPED, BASE, DEEP = (1, 4), (1, 1), (4, 1)  # N⊗R, its iso-parameter N⊗1, its iso-depth NR⊗1
+LOOPED, BASE, DEEP = (1, 4), (1, 1), (4, 1)  # the LM's N⊗R, its iso-parameter N⊗1, its iso-depth NR⊗1
 PROTOCOL_TAG = "paper_mini.protocol"  # the LM sweep run's tag: the digest its verdicts were judged under
 
 
@@ -91,6 +92,25 @@ def phop_sweep(protocol: Protocol = PROTOCOL) -> Sweep:
     )
 
 
+def mano_sweep(protocol: Protocol = PROTOCOL) -> Sweep:
+    pairs = tuple({"n_layers": n, "n_loops": r} for n, r in protocol.mano_pairs)
+    return depth_grid(
+        "paper_mini_mano",
+        Common(protocol.mano_preset, {**protocol.mano_regime, **protocol.overrides}),
+        pairs,
+        level=("L", list(protocol.mano_levels)),
+        level_flag="--levels",
+        metric=VAL_ACCURACY,
+        mode="max",
+        columns=(VAL_ACCURACY, VAL_LOSS),
+    )
+
+
+def sweeps_of(protocol: Protocol = PROTOCOL) -> list[Sweep]:
+    """The protocol's sweeps: the LM's, p-hop's, and Mano's where it has a Mano claim."""
+    return [lm_sweep(protocol), phop_sweep(protocol)] + ([mano_sweep(protocol)] if protocol.mano_preset else [])
+
+
 def describe_protocol(protocol: Protocol, launch: Launch) -> str:
     """The dry run's first lines: the protocol, the arms' weight-training steps, and
     each seed's standing in the store's ledger."""
@@ -132,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         common, launch = Common.from_args(args), Launch.from_args(args)
         protocol = PROTOCOL.with_overrides(common.overrides, common.stage_overrides)
-        prepared = [prepare(sweep, launch) for sweep in (lm_sweep(protocol), phop_sweep(protocol))]
+        prepared = [prepare(sweep, launch) for sweep in sweeps_of(protocol)]
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -169,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         print("a trial failed: no verdicts (re-run the same command to resume)", file=sys.stderr)
         return status
     speed = measure_speed(prepared[0][0], launch, protocol)
-    report = write_verdicts(prepared[0][0], prepared[1][0], launch, speed, protocol)
+    report = write_verdicts([sweep for sweep, _, _, _ in prepared], launch, speed, protocol)
     minutes, seconds = divmod(round(time.monotonic() - started), 60)
     print(f"\npaper_mini: {minutes} min {seconds:02d} s on this machine; verdicts: {report['verdicts.md']}")
     return 0
@@ -272,15 +292,19 @@ def measure_speed(sweep: Sweep, launch: Launch, protocol: Protocol = PROTOCOL) -
 # ---- the verdicts ---------------------------------------------------------------------------------------
 
 
-def claim_tables(uri: str, lm_experiment: str, phop_experiment: str) -> dict[str, Any]:
-    """The two experiments' trial measures (analysis.claims.trial_measures), every seed."""
+TABLES = ("lm_trials", "phop_trials", "mano_trials")  # claim_tables' names, in sweeps_of's order
+
+
+def claim_tables(uri: str, experiments: list[str]) -> dict[str, Any]:
+    """The experiments' trial measures (analysis.claims.trial_measures), every seed, by
+    TABLES' names in sweeps_of's order."""
     from analysis.claims import trial_measures
     from analysis.load import load_runs
     from analysis.points import evaluation_points
 
     return {
         name: trial_measures(evaluation_points(load_runs(uri, [experiment])))
-        for name, experiment in (("lm_trials", lm_experiment), ("phop_trials", phop_experiment))
+        for name, experiment in zip(TABLES, experiments)
     }
 
 
@@ -300,7 +324,12 @@ def claim_results(
     def of(name):
         return lm.filter(arm == name) if name else None
 
-    results = loop_claims(phop, quality=ACCURACY, looped=LOOPED, base=BASE, deep=None)
+    looped, base = protocol.phop_pairs[0], (protocol.phop_pairs[0][0], 1)
+    results = loop_claims(phop, quality=ACCURACY, looped=looped, base=base, deep=None)
+    if protocol.mano_preset:
+        mano = tables["mano_trials"].filter(pl.col("seed").is_in(seeds))
+        looped, base = protocol.mano_pairs[0], (protocol.mano_pairs[0][0], 1)
+        results += loop_claims(mano, quality=ACCURACY, looped=looped, base=base, deep=None, claim="C1-mano")
     results += loop_claims(lm.filter(arm == "fixed"), quality=PPL, looped=LOOPED, base=BASE, deep=DEEP)
     results += hole_claims(
         lm.filter(arm.is_in(["ouro", "chase"])),
@@ -360,7 +389,7 @@ def verdicts_text(protocol: Protocol, status: list[dict], results: list, all_res
 
 
 def write_verdicts(
-    lm: Sweep, phop: Sweep, launch: Launch, speed: list[dict], protocol: Protocol = PROTOCOL
+    sweeps: list[Sweep], launch: Launch, speed: list[dict], protocol: Protocol = PROTOCOL
 ) -> dict[str, Path]:
     """verdicts.md / .csv, the trial measures and report.html (the LM sweep's report with
     the verdicts first) in STORAGE/analysis/paper_mini; the verdicts are printed, set as
@@ -377,12 +406,13 @@ def write_verdicts(
     uri = launch.tracking_uri or f"sqlite:///{store.scratch() / 'mlflow.db'}"
     out = store.scratch() / "analysis" / "paper_mini"
     out.mkdir(parents=True, exist_ok=True)
-    lm_experiment = tracking.experiment_name(lm.name, lm.spec.preset)
-    phop_experiment = tracking.experiment_name(phop.name, phop.spec.preset)
+    lm = sweeps[0]
+    experiments = [tracking.experiment_name(sweep.name, sweep.spec.preset) for sweep in sweeps]
+    lm_experiment = experiments[0]
     ledger = Ledger(store.scratch())
     status = ledger.status(launch.seeds, protocol)
     fresh = fresh_seeds(status)
-    tables = claim_tables(uri, lm_experiment, phop_experiment)
+    tables = claim_tables(uri, experiments)
     results = claim_results(tables, fresh, protocol, speed)
     everyone = claim_results(tables, launch.seeds, protocol, speed) if len(fresh) < len(status) else None
     markdown = verdicts_text(protocol, status, results, everyone)
