@@ -285,6 +285,7 @@ def add_data(sub) -> None:
     m = dsub.add_parser("mano")
     m.add_argument("--L", type=at_least(1), default=10, help="maximum number of operations")
     m.add_argument("--eval", action="store_true", help="draw from the evaluation distribution (length = L)")
+    m.add_argument("--modulus", type=int, default=23, help="the field Z_modulus, a prime (default the paper's 23)")
     p = dsub.add_parser("phop")
     p.add_argument("--n", type=at_least(3), default=256)
     p.add_argument("--p", type=at_least(1), default=16)
@@ -300,7 +301,7 @@ def cmd_data(args) -> int:
         from looplab.config import ManoConfig
         from looplab.tasks.mano import ManoTask
 
-        records = ManoTask(ManoConfig(L=args.L)).records(args.count, args.seed, eval=args.eval)
+        records = ManoTask(ManoConfig(L=args.L, modulus=args.modulus)).records(args.count, args.seed, eval=args.eval)
     else:
         from looplab.config import PhopConfig
         from looplab.tasks.phop import PhopTask
