@@ -30,7 +30,10 @@ from sweeps.flags import Launch
 from sweeps.plan import Sweep, longest_first, makespan
 
 RAY_START_S = 15.0  # ray.init, the progress board and the first trial's start, per sweep
-TRIAL_S = 6.0  # a trial's (or shared chain's) start, its stages' MLflow runs and done markers
+# A trial's (or shared chain's) own costs beside its probed steps: its start (under a second in a
+# reused process), its stages' MLflow runs, parent loads, checkpoints and done markers. 6 s put
+# paper_mini v4's estimate at 35 min 6 s against 36 min 36 s measured (docs/paper-mini.md).
+TRIAL_S = 6.0
 PROBE_STEPS = 2
 
 

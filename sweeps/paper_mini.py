@@ -490,7 +490,7 @@ def readme_block(protocol: Protocol, status: list[dict], results: list) -> str:
             reading,
             "",
             "**Every protocol the miniature has had** (the verdicts as each printed them; v1 and v2 judged the same "
-            "seeds, and v3 was declared before its seeds were trained):",
+            "seeds; v3 and v4 were each declared before their seeds were trained):",
             "",
             history_markdown(current_verdicts(results), protocol),
         ]

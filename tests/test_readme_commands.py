@@ -100,7 +100,10 @@ COMMANDS: dict[str, Run | NotRun] = {
         "its time estimate times the miniature's stages here: minutes of CPU (tests/test_paper_mini.py "
         "checks the dry run in-process)"
     ),
-    "python sweeps/paper_mini.py": NotRun("the miniature reproduction: about an hour on 2 cores"),
+    "python sweeps/paper_mini.py": NotRun("the miniature reproduction: about 40 minutes on 2 cores"),
+    "python -m sweeps.evaluate --experiment paper_mini_lm-debug --storage-path runs/paper-mini-v3 --eval-include "
+    'tests/data/lm_eval --eval-tasks looplab_toy_mc,looplab_toy_cloze --eval-policies "full;skip:0.4" --eval-stages '
+    "stage2": NotRun("its store is protocol v3's miniature (a 40-minute run); it evaluates fifteen checkpoints"),
     "python sweeps/scale_scan.py --storage-path runs/scan": NotRun("a 72-trial sweep: hours"),
     "python sweeps/scale_scan.py --effect loops --storage-path runs/scan-loops": NotRun("a 27-trial sweep: hours"),
     "python -m analysis --tracking-uri sqlite:///runs/scan/mlflow.db --experiment scale_scan_holes-debug "
