@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import html
-import re
 import socket
 import sys
 import tempfile
 import urllib.parse
 import urllib.request
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Iterator
 
@@ -35,7 +34,7 @@ WINDOW = (1600, 820)
 # GenAI overview's charts.
 RUNS_MARKER = "matching runs"
 GENAI_MARKERS = ("Latency", "Overview")
-CELL = re.compile(r'role="gridcell" col-id="([^"]+)"[^>]*>(?:<[^>]*>)*?<span[^>]*class="ag-cell-value"[^>]*>([^<]*)<')
+VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
 
 
 def free_port() -> int:
@@ -76,12 +75,59 @@ def sweep_route(tracking_uri: str, experiment: str, sweep_run: str | None = None
     return dashboard.runs_route(found.experiment_id, name)
 
 
+class _GridCells(HTMLParser):
+    """Each grid cell's text, by column: a cell's link text where it has a link (the run
+    name, beside its colour swatch's hex code), else all its text, whitespace collapsed.
+    Only cells that hold a value (AG Grid's `ag-cell-value`), not the row's controls."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.found: dict[str, list[str]] = {}
+        self.column: str | None = None
+        self.depth = 0  # open elements inside the current cell
+        self.text: list[str] = []
+        self.link: list[str] | None = None  # the first link's text, once one opens
+        self.in_link = False
+        self.has_value = False
+
+    def handle_starttag(self, tag, attrs):
+        if self.column is None:
+            a = dict(attrs)
+            # (a digits-only id is the grid's own selection column, not a run's field)
+            if a.get("role") == "gridcell" and a.get("col-id") and not a["col-id"].isdigit():
+                self.column, self.depth, self.text, self.link, self.has_value = a["col-id"], 1, [], None, False
+            return
+        if "ag-cell-value" in (dict(attrs).get("class") or "").split():
+            self.has_value = True
+        if tag == "a" and self.link is None:
+            self.link, self.in_link = [], True
+        if tag not in VOID:
+            self.depth += 1
+
+    def handle_endtag(self, tag):
+        if self.column is None:
+            return
+        if tag == "a":
+            self.in_link = False
+        self.depth -= 1
+        if self.depth == 0:
+            if self.has_value:
+                words = " ".join(self.link if self.link is not None else self.text).split()
+                self.found.setdefault(self.column, []).append(" ".join(words))
+            self.column = None
+
+    def handle_data(self, data):
+        if self.column is not None:
+            self.text.append(data)
+            if self.in_link and self.link is not None:
+                self.link.append(data)
+
+
 def cells(dom: str) -> dict[str, list[str]]:
     """The runs table's cells by column id, e.g. {"params.`search.beta`": ["0.05", "0.25"]}."""
-    found: dict[str, list[str]] = {}
-    for column, value in CELL.findall(dom):
-        found.setdefault(html.unescape(column), []).append(html.unescape(value))
-    return found
+    parser = _GridCells()
+    parser.feed(dom)
+    return parser.found
 
 
 def render(

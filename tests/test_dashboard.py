@@ -296,3 +296,34 @@ def test_a_trial_page_leads_with_its_searched_values_stages_and_figures():
     assert not any("expected exit step" in line or "skip_q0.8" in line for line in lines)  # absent, or not headline
     empty = dashboard.trial_description("seed=1", ["pretrain"], {})
     assert "(no figures: the trial logged none)" in empty and "|---|" not in empty
+
+
+def test_the_runs_tables_cells_are_read_with_the_run_names_link_text():
+    """The shape of MLflow's rendered runs table: the run name is a link beside a colour
+    swatch whose hex code is text too; other cells are plain text; the selection column
+    holds controls. The name is the link's text, not the swatch's or nothing."""
+    from analysis.dashboard_shot import cells
+
+    def cell(column: str, inner: str) -> str:
+        return (
+            f'<div class="ag-cell" role="gridcell" col-id="{column}"><div class="ag-cell-wrapper">'
+            f'<span class="ag-cell-value">{inner}</span></div></div>'
+        )
+
+    name = (
+        '<div><label><span>#137dae</span><input type="color" value="#137dae"></label>'
+        '<a href="#/experiments/1/runs/30ac"><span>trial-50439810aa0e</span></a></div>'
+    )
+    row = (
+        '<div role="row">'
+        + cell("1", "<span>Hide run</span>")
+        + cell("attributes.`Run Name`", name)
+        + cell("runDateAndNestInfo", '<span title="11/27/2026">47 <b>minutes</b> ago</span>')
+        + cell("params.`search.seed`", "304")
+        + "</div>"
+    )
+    assert cells(f"<html><body>{row}{row.replace('304', '303')}<p>2 matching runs</p></body></html>") == {
+        "attributes.`Run Name`": ["trial-50439810aa0e", "trial-50439810aa0e"],
+        "runDateAndNestInfo": ["47 minutes ago", "47 minutes ago"],
+        "params.`search.seed`": ["304", "303"],
+    }
