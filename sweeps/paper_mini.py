@@ -79,27 +79,27 @@ def lm_sweep(protocol: Protocol = PROTOCOL) -> Sweep:
 
 
 def phop_sweep(protocol: Protocol = PROTOCOL) -> Sweep:
-    pairs = tuple({"n_layers": n, "n_loops": r} for n, r in protocol.phop_pairs)
-    return depth_grid(
-        "paper_mini_phop",
-        Common(protocol.phop_preset, {**protocol.phop_regime, **protocol.overrides}),
-        pairs,
-        level=("p", list(protocol.phop_hops)),
-        level_flag="--hops",
-        metric=VAL_ACCURACY,
-        mode="max",
-        columns=(VAL_ACCURACY, VAL_LOSS),
+    level = ("p", list(protocol.phop_hops))
+    return _pretraining(
+        "paper_mini_phop", protocol.phop_preset, protocol.phop_regime, protocol.phop_pairs, level, "--hops", protocol
     )
 
 
 def mano_sweep(protocol: Protocol = PROTOCOL) -> Sweep:
-    pairs = tuple({"n_layers": n, "n_loops": r} for n, r in protocol.mano_pairs)
+    level = ("L", list(protocol.mano_levels))
+    return _pretraining(
+        "paper_mini_mano", protocol.mano_preset, protocol.mano_regime, protocol.mano_pairs, level, "--levels", protocol
+    )
+
+
+def _pretraining(name: str, preset: str, regime: dict, pairs, level, level_flag: str, protocol: Protocol) -> Sweep:
+    """A synthetic task's N⊗R pre-trainings at the protocol's pairs and level, judged by accuracy."""
     return depth_grid(
-        "paper_mini_mano",
-        Common(protocol.mano_preset, {**protocol.mano_regime, **protocol.overrides}),
-        pairs,
-        level=("L", list(protocol.mano_levels)),
-        level_flag="--levels",
+        name,
+        Common(preset, {**regime, **protocol.overrides}),
+        tuple({"n_layers": n, "n_loops": r} for n, r in pairs),
+        level=level,
+        level_flag=level_flag,
         metric=VAL_ACCURACY,
         mode="max",
         columns=(VAL_ACCURACY, VAL_LOSS),
