@@ -15,9 +15,8 @@ the concurrency, because the work does not pack evenly:
                  Tune's max_concurrent_trials), each training its stages that neither a
                  shared chain nor an earlier trial trains
 
-Each trial (and shared chain) adds TRIAL_S of Ray Train's local-mode start and MLflow
-bookkeeping, and each sweep RAY_START_S; both measured on 2 cores (docs/paper-mini.md's
-timing).
+Each trial (and shared chain) adds TRIAL_S of its own bookkeeping, and each sweep
+RAY_START_S; both measured on 2 cores (docs/paper-mini.md's timing).
 """
 
 from __future__ import annotations

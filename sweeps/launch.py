@@ -491,7 +491,14 @@ def _fit_shared_prefixes(
 
 
 def _fit(
-    sweep: Sweep, launch: Launch, platform, points: list[dict[str, Any]], res: Resources, tune_path: str, run_name, logs
+    sweep: Sweep,
+    launch: Launch,
+    platform,
+    points: list[dict[str, Any]],
+    res: Resources,
+    tune_path: str,
+    run_name: str,
+    logs: Path,
 ):
     from ray import tune
 

@@ -318,18 +318,21 @@ def claim_results(
     from analysis.claims import CLAIMS, SEARCHED, hole_claims, holm, loop_claims, speed_claims
 
     seeds = list(seeds)
-    lm, phop = (tables[name].filter(pl.col("seed").is_in(seeds)) for name in ("lm_trials", "phop_trials"))
+    lm = tables["lm_trials"].filter(pl.col("seed").is_in(seeds))
     arm = pl.col(SEARCHED + "arm") if SEARCHED + "arm" in lm.columns else pl.lit(None)
 
     def of(name):
         return lm.filter(arm == name) if name else None
 
-    looped, base = protocol.phop_pairs[0], (protocol.phop_pairs[0][0], 1)
-    results = loop_claims(phop, quality=ACCURACY, looped=looped, base=base, deep=None)
-    if protocol.mano_preset:
-        mano = tables["mano_trials"].filter(pl.col("seed").is_in(seeds))
-        looped, base = protocol.mano_pairs[0], (protocol.mano_pairs[0][0], 1)
-        results += loop_claims(mano, quality=ACCURACY, looped=looped, base=base, deep=None, claim="C1-mano")
+    results = []
+    for claim, table, pairs in (
+        ("C1", "phop_trials", protocol.phop_pairs),
+        ("C1-mano", "mano_trials", protocol.mano_pairs),
+    ):
+        if pairs:  # the looped N⊗R first, against its N⊗1 (Protocol validates both)
+            trials = tables[table].filter(pl.col("seed").is_in(seeds))
+            looped, base = pairs[0], (pairs[0][0], 1)
+            results += loop_claims(trials, quality=ACCURACY, looped=looped, base=base, deep=None, claim=claim)
     results += loop_claims(lm.filter(arm == "fixed"), quality=PPL, looped=LOOPED, base=BASE, deep=DEEP)
     results += hole_claims(
         lm.filter(arm.is_in(["ouro", "chase"])),

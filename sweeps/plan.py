@@ -473,13 +473,16 @@ def longest_first(sweep: Sweep, points: list[dict[str, Any]], storage_path: str,
     from trainables.shared_stage import read_done
     from trainables.storage import Storage
 
-    storage, per_token, done = Storage(storage_path), {}, set(trained_before)
+    storage, per_token = Storage(storage_path), {}
+    trained = dict.fromkeys(trained_before, True)  # folder -> whether it costs nothing; a folder read once
 
     def cost(point: dict[str, Any]) -> float:
         total = 0.0
         for cfg in stage_configs(sweep.spec, point, storage_path):
             folder = stage_dir(storage_path, cfg)
-            if folder in done or read_done(storage, folder) is not None:
+            if folder not in trained:
+                trained[folder] = read_done(storage, folder) is not None
+            if trained[folder]:
                 continue
             shape = (cfg.model, cfg.stage, row_length(cfg))
             if shape not in per_token:

@@ -254,19 +254,13 @@ def _current() -> Protocol:
         # half 1⊗4's cost (three development seeds, never judges: 1⊗2 reached 78-83 % where
         # v3's 1⊗4 reached 71-87 % and its 1⊗1 64-66 %)
         phop_pairs=((1, 2), (1, 1)),
-        mano_preset=MANO_PRESET,
-        mano_regime=MANO_REGIME,
-        mano_levels=MANO_LEVELS,
-        mano_pairs=MANO_PAIRS,
+        # Mano where a d = 64 model learns it in minutes: the field Z_5 instead of the paper's
+        # F_23 (tasks/mano.py), chosen on development seeds that judge nothing (docs/paper-mini.md)
+        mano_preset="mano-debug",
+        mano_regime={"task.modulus": 5, "train.seq_len": 64, "train.steps": 1000},
+        mano_levels=(2,),
+        mano_pairs=((1, 2), (1, 1)),
     )
-
-
-# Mano where a d = 64 model learns it in minutes: the field Z_5 instead of the paper's F_23
-# (tasks/mano.py), chosen on development seeds that judge nothing (docs/paper-mini.md).
-MANO_PRESET = "mano-debug"
-MANO_REGIME: dict[str, Any] = {"task.modulus": 5, "train.seq_len": 64, "train.steps": 1000}
-MANO_LEVELS = (2,)
-MANO_PAIRS = ((1, 2), (1, 1))
 
 
 @dataclass(frozen=True)

@@ -215,12 +215,12 @@ def decode(ids: Iterable[int] | torch.Tensor | np.ndarray, modulus: int = MODULU
     """Token strings for ids, for people reading batches."""
     if hasattr(ids, "tolist"):  # a tensor or an array (asked of the value: this module imports no torch)
         ids = ids.tolist()
-    return [_token_name(int(i), modulus) for i in ids]
-
-
-def _token_name(token_id: int, modulus: int) -> str:
-    # Computed rather than looked up in vocab(L) so decode needs no L.
     first_len = TokenIds(modulus).length(0)
+    return [_token_name(int(i), modulus, first_len) for i in ids]
+
+
+def _token_name(token_id: int, modulus: int, first_len: int) -> str:
+    # Computed rather than looked up in vocab(L) so decode needs no L.
     if 0 <= token_id < modulus:
         return str(token_id)
     if modulus <= token_id < first_len:
