@@ -377,6 +377,13 @@ class ExitRule(ABC):
     def statistic(x: torch.Tensor, state):
         """(statistic, the state the next step needs) from this step's value x."""
 
+    @staticmethod
+    def initial_state(n: int, device):
+        """A state for n tokens that statistic() reads exactly as it reads None (the
+        same statistic and next state, bit for bit), so tokens at their first step and
+        later ones take one call; NotImplemented where a first step differs (kl, stable)."""
+        return NotImplemented
+
     @abstractmethod
     def decide(self, statistic: torch.Tensor) -> torch.Tensor:
         """Which tokens' statistic says exit now: bool."""
@@ -400,6 +407,13 @@ class GateThreshold(ExitRule):
         survival, cdf = state
         cdf = cdf + survival * lam
         return cdf, (survival * (1 - lam), cdf)
+
+    @staticmethod
+    def initial_state(n: int, device):
+        # F = 0 + 1·λ = λ and survival 1·(1 − λ) = 1 − λ exactly: None's first step
+        import torch
+
+        return torch.ones(n, device=device), torch.zeros(n, device=device)
 
     def decide(self, statistic):
         return statistic >= self.value
@@ -448,6 +462,10 @@ class EntropyBelow(StepLogitsRule):
     def statistic(logits, state):
         logp = _log_probs(logits)
         return -(logp.exp() * logp).sum(-1), None
+
+    @staticmethod
+    def initial_state(n: int, device):
+        return None  # stateless: every step reads its logits alone
 
     def decide(self, statistic):
         return statistic < self.value

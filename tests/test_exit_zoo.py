@@ -13,6 +13,9 @@ from looplab.models.looped import LoopedLM
 from looplab.policy import (
     DENSE,
     ENTROPY,
+    EXIT_RULES,
+    GATE,
+    GATE_LOGITS,
     KL,
     PREFIX_PATTERN,
     SKIP,
@@ -482,3 +485,27 @@ def test_lm_eval_adapter_takes_a_zoo_policy():
         direct = torch.log_softmax(logits[:-1], -1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
         assert logprob == pytest.approx(float(direct[-len(continuation) :].sum()), abs=1e-4)
     assert 1.0 <= lm.executed_loops < R
+
+
+@pytest.mark.parametrize("rule", [GATE, ENTROPY, KL, STABLE])
+def test_a_rules_initial_state_reads_as_a_first_step(rule):
+    # Depth batching updates first and later steps in one call when a rule has an
+    # initial state: it must give a first step's statistic and next state bit for bit.
+    cls = EXIT_RULES[rule]
+    torch.manual_seed(0)
+    x = torch.randn(7) * 6 if cls.reads == GATE_LOGITS else torch.randn(7, 11) * 3
+    initial = cls.initial_state(7, x.device)
+    if rule in (KL, STABLE):  # their first step differs from any state: no initial state
+        assert initial is NotImplemented
+        return
+    first, first_next = cls.statistic(x, None)
+    mine, mine_next = cls.statistic(x, initial)
+    assert torch.equal(first, mine)
+    if first_next is None:
+        assert mine_next is None
+    else:
+        for a, b in zip(first_next, mine_next):
+            assert torch.equal(a, b)
+        # and the step after reads the two next states alike
+        y = torch.randn(7) * 6
+        assert torch.equal(cls.statistic(y, first_next)[0], cls.statistic(y, mine_next)[0])

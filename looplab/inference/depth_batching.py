@@ -100,6 +100,10 @@ class DepthBatch:
         self.device = cache.length.device
         self.rule = exit_rule(policy) if policy.rule in EXIT_RULES else None
         self.rule_state = None  # per-row state of the rule, (B, ...) on the device
+        # A rule with an initial state updates every live row in one call (a token's
+        # first step reads the state its start() wrote); without one, first steps and
+        # later ones take a call each.
+        self.one_call = self.rule is not None and self.rule.initial_state(0, self.device) is not NotImplemented
         self.given = policy.exit_at.cpu().numpy() if policy.rule == GIVEN else None
         self.skip = policy.execution != DENSE
         self.fill = self.skip and cache.attention_fill != HOLE
@@ -151,6 +155,11 @@ class DepthBatch:
             self.h = h.new_zeros(self.cache.batch, h.shape[-1])
             self.readout_h = torch.zeros_like(self.h)
         self.h.index_copy_(0, rows_t, h)
+        if self.one_call:
+            assert self.rule is not None  # one_call: a rule with an initial state
+            self.rule_state = _put(
+                self.rule_state, rows_t, self.rule.initial_state(at.shape[0], self.device), self.cache.batch
+            )
         self.depth[at] = 0
         self.position[at] = positions
         self.exit_step[at] = self.R
@@ -226,9 +235,18 @@ class DepthBatch:
         reached = np.zeros(rows.shape[0], dtype=bool)
         if live.shape[0] == 0:
             return reached
+        if self.one_call and live.shape[0] == self.cache.batch:  # every row decides: no rows to gather
+            value = self.model.exit_logit(h) if self.rule.reads == GATE_LOGITS else self.model.logits(h)
+            stat, self.rule_state = self.rule.statistic(value, self.rule_state)
+            return self.rule.decide(stat).cpu().numpy()
         token_rows = (self._tensor(rows) if rows_t is None else rows_t)[self._tensor(live)]
         h = h[self._tensor(live)]
         value = self.model.exit_logit(h) if self.rule.reads == GATE_LOGITS else self.model.logits(h)
+        if self.one_call:
+            stat, state = self.rule.statistic(value, _take(self.rule_state, token_rows))
+            self.rule_state = _put(self.rule_state, token_rows, state, self.cache.batch)
+            reached[live] = self.rule.decide(stat).cpu().numpy()
+            return reached
         fresh = depth[live] == 0  # a token's first step: its rule starts afresh
         parts = []
         for group, first in ((fresh, True), (~fresh, False)):
