@@ -66,6 +66,7 @@ def test_compiled_training_follows_eager(arch, case, backend):
     torch._dynamo.reset()
     compiled_losses, compiled_weights, model = trajectory(apply_overrides(cfg, {"train.compile": "on"}))
     assert model.compiled_backbone.shapes  # the dense first loop's shape (skip's packed loops run eager)
+    assert all(seq_idx_none for *_, seq_idx_none in model.compiled_backbone.shapes)  # no packed layout compiled
     # The compiled function ran: dynamo produced graphs for it (a silent fallback would not).
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0
     assert compiled_losses == pytest.approx(eager_losses, rel=1e-4)

@@ -19,7 +19,7 @@ shape would cost a compilation.
 
 Shapes: each new input shape costs a compilation (10-30 s on a 2-core CPU; a dynamic-
 shape graph of the hybrid backbone took 110 s there), so the compiled function serves
-the first shapes a run meets, at most MAX_SHAPES of them (the dense batch, a last
+the first dense shapes a run meets, at most MAX_SHAPES of them (the dense batch, a last
 micro-batch), compiled static; any other shape (skip's packed survivors, CHASE's
 holes, whose lengths change from step to step) runs the eager backbone. Same losses as
 eager to float rounding (tests/test_compile.py); a run's key does not depend on it (a
@@ -56,8 +56,8 @@ def _compiled(backbone: torch.nn.Module, dynamic: bool | None):
 
 
 class CompiledBackbone:
-    """Training's backbone: compiled static for the first MAX_SHAPES input signatures
-    it meets, eager for any other (see the module's docstring)."""
+    """Training's backbone: compiled static for the first MAX_SHAPES dense input
+    signatures it meets (no seq_idx), eager for any other (see the module's docstring)."""
 
     def __init__(self, backbone: torch.nn.Module):
         self.backbone, self.compiled = backbone, _compiled(backbone, dynamic=False)
@@ -65,7 +65,10 @@ class CompiledBackbone:
 
     def __call__(self, h, positions=None, seq_idx=None, cache=None):
         signature = (tuple(h.shape), h.dtype, positions is None, seq_idx is None)
-        if signature not in self.shapes and len(self.shapes) < MAX_SHAPES:
+        # A packed layout (seq_idx: skip's survivors, CHASE's holes) changes from step to
+        # step: compiling one would cost its compilation (38 s for `debug`'s CHASE stage
+        # on 2 cores) for a shape the next step does not meet again.
+        if signature not in self.shapes and len(self.shapes) < MAX_SHAPES and seq_idx is None:
             self.shapes.add(signature)
         fn = self.compiled if signature in self.shapes else self.backbone
         return fn(h, positions, seq_idx, cache)
