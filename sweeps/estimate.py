@@ -7,13 +7,15 @@ threads a trial gets. A stage's time is steps × step time + evaluations × eval
 time. The estimate then replays the sweep's schedule rather than dividing the work by
 the concurrency, because the work does not pack evenly:
 
-  shared chains  the stage chains several trials share train first (sweeps/launch.py),
-                 min(chains, concurrency) at a time, each on an even share of the cores:
-                 3 chains on 2 slots take two chains' time, not one and a half
+  shared chains  where they are fewer than the slots, the stage chains several trials
+                 share train first (sweeps/launch.py), each on an even share of the
+                 cores; otherwise each trains in the trial that owns it
+                 (sweeps/plan.chains_in_trials)
   trials         then the trials, longest first (sweeps/plan.longest_first, the order
                  launch starts them in), each on the first slot that frees up (Ray
                  Tune's max_concurrent_trials), each training its stages that neither a
-                 shared chain nor an earlier trial trains
+                 shared chain nor an earlier trial trains, and waiting for those an
+                 earlier trial is still training (sweeps/plan.replay)
 
 Each trial (and shared chain) adds TRIAL_S of its own bookkeeping, and each sweep
 RAY_START_S; both measured on 2 cores (docs/paper-mini.md's timing).
@@ -26,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sweeps.flags import Launch
-from sweeps.plan import Sweep, longest_first, makespan
+from sweeps.plan import Sweep, chains_in_trials, longest_first, makespan, replay
 
 RAY_START_S = 15.0  # ray.init, the progress board and the first trial's start, per sweep
 # A trial's (or shared chain's) own costs beside its probed steps: its start (under a second in a
@@ -104,6 +106,8 @@ def estimate(
                 return mine
 
             jobs = shared_prefixes(sweep.spec, points, launch.storage_path)
+            if chains_in_trials(len(jobs), concurrency):
+                jobs = []  # each chain trains in the first trial that needs it
             job_slots = min(len(jobs), concurrency)
             job_threads = max(1, cpus // max(1, job_slots))
             shared = [
@@ -116,9 +120,20 @@ def estimate(
             ]
             threads = max(1, cpus // concurrency)
             ordered = longest_first(sweep, points, launch.storage_path, trained_before=claimed)  # as launch starts them
-            trials = [TRIAL_S + sum(stage_seconds(c, threads) for c in todo(chains[id(p)])) for p in ordered]
+            trials = []
+            for p in ordered:  # each stage trained (seconds) or awaited (None) from an earlier trial
+                before = set(claimed)
+                mine = {stage_dir(launch.storage_path, c) for c in todo(chains[id(p)])}
+                stages: list[tuple[str | None, float | None]] = [(None, TRIAL_S)]
+                for c in chains[id(p)]:
+                    folder = stage_dir(launch.storage_path, c)
+                    if folder in mine:
+                        stages.append((folder, stage_seconds(c, threads)))
+                    elif folder in before:  # a shared chain's (done before the trials) or an earlier trial's
+                        stages.append((folder, None))
+                trials.append(stages)
             n_stages = len(claimed)
-            seconds = RAY_START_S + makespan(shared, job_slots) + makespan(trials, concurrency) if n_stages else 0.0
+            seconds = RAY_START_S + makespan(shared, job_slots) + replay(trials, concurrency) if n_stages else 0.0
             total += seconds
             unique = {stage_dir(launch.storage_path, c) for cfgs in chains.values() for c in cfgs}
             lines.append(

@@ -36,6 +36,7 @@ from sweeps.lock import SweepBusy, sweep_lock
 from sweeps.plan import (
     Resources,
     Sweep,
+    chains_in_trials,
     check_machine,
     compare_initialisations,
     cpu_share,
@@ -465,7 +466,7 @@ def _fit_shared_prefixes(
     from trainables.trial import run_shared_prefix, shared_prefixes
 
     jobs = shared_prefixes(sweep.spec, points, platform.storage_path)
-    if not jobs:
+    if not jobs or chains_in_trials(len(jobs), res.max_concurrent):  # else the trials train them (sweeps/plan.py)
         return
     concurrent = min(len(jobs), res.max_concurrent or len(jobs))
     if not launch.address and not launch.cpus_per_worker:  # locally: the machine, split over the jobs

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from looplab import tracking
+from looplab.costs.resources import flops_per_token, row_length
 from sweeps import paper_mini, scale_scan
 from sweeps.estimate import RAY_START_S, TRIAL_S, estimate, evaluations, makespan
 from sweeps.flags import Launch, parse_seeds
-from sweeps.plan import grid_points, longest_first
+from sweeps.plan import chains_in_trials, grid_points, longest_first, owned_costs, replay
 from sweeps.protocol import V2
 from trainables.pipeline import stage_configs
 
@@ -149,26 +150,77 @@ def test_makespan_starts_each_job_on_the_first_free_slot():
 
 def test_the_estimate_replays_the_schedule(tmp_path, monkeypatch):
     """With every step costing 1 s and evaluations nothing, the estimate of the LM sweep
-    at two seeds is the hand-computed schedule: the two shared chains (pre-training 5
-    steps + Stage-1 200) side by side, then the ten trials longest first (most training
-    FLOPs still to do) on two slots, each trial adding TRIAL_S."""
+    at two seeds is the hand-computed schedule. Two shared chains (pre-training 5 steps
+    + Stage-1 200) on two slots train inside the trials: each in its chase trial (the
+    most work of its own: CHASE + Stage-2, 400), which start first side by side; then
+    the other trials longest first, each reusing what the chase trials trained. On four
+    slots the chains train first, side by side, each with the machine's half."""
     monkeypatch.setattr("looplab.training.probe.probe_seconds", lambda cfg, steps: (1.0, 0.0))
     sweep = paper_mini.lm_sweep(V2.with_overrides({"train.steps": 5}, {}))  # v2's arms: the schedule by hand
     launch = Launch(storage_path=str(tmp_path), seeds=(0, 1))
     points = [{**p, "seed": s} for p in grid_points(sweep) for s in launch.seeds]  # point-major, as planned
     est = estimate([(sweep, points)], launch, concurrency=2)
-    chains = TRIAL_S + 5 + 200
-    # Longest first on two slots: both chase trials (CHASE + Stage-2, 400) side by side, then
-    # both ouro trials (Stage-2, 200), then 4⊗1 and 1⊗1 (5 each) and the reused fixed 1⊗4
-    # (nothing), alternating slots: 406 + 206 + 11 + 11 + 6 per slot.
     assert [(p["arm"], p["n_layers"], p["n_loops"]) for p in longest_first(sweep, points, str(tmp_path))][:4] == [
         ("chase", 1, 4),
         ("chase", 1, 4),
         ("ouro", 1, 4),
         ("ouro", 1, 4),
     ]
-    assert est.seconds == pytest.approx(RAY_START_S + chains + (TRIAL_S + 400) + (TRIAL_S + 200) + 3 * TRIAL_S + 10)
-    assert "14 of 14 stages to train (2 shared chain(s) first)" in est.text()
+    # Per slot: chase (chain 205 + 400), ouro (Stage-2 200), 4⊗1 and 1⊗1 (5 each), the
+    # reused fixed 1⊗4 (nothing); every trial adds TRIAL_S.
+    assert est.seconds == pytest.approx(RAY_START_S + (TRIAL_S + 605) + (TRIAL_S + 200) + 3 * TRIAL_S + 10)
+    assert "14 of 14 stages to train" in est.text() and "shared chain(s) first" not in est.text()
+    wide = estimate([(sweep, points)], launch, concurrency=4)
+    # The chains first (205 each, side by side); then chase, chase, ouro, ouro on four
+    # slots, the short trials after the ouro ones: chase's 400 is the longest.
+    assert wide.seconds == pytest.approx(RAY_START_S + (TRIAL_S + 205) + (TRIAL_S + 400))
+    assert "14 of 14 stages to train (2 shared chain(s) first)" in wide.text()
+
+
+def test_replay_waits_for_a_stage_an_earlier_trial_is_training():
+    # a trains x (10 s); b, on the other slot, waits for x until 10, then trains 1.
+    assert replay([[("x", 10.0)], [("x", None), ("y", 1.0)]], 2) == 11
+    # a stage no earlier trial trains is there already: no wait
+    assert replay([[("x", None), ("y", 1.0)]], 2) == 1
+    assert replay([[("x", 3.0)], [("y", 3.0)], [("x", None), ("z", 1.0)]], 2) == 4
+
+
+def test_chains_train_in_trials_where_they_fill_the_slots():
+    assert chains_in_trials(5, 2) and chains_in_trials(2, 2)
+    assert not chains_in_trials(1, 2)  # one chain: it gets both slots' CPUs in a phase of its own
+    assert not chains_in_trials(5, 0)  # no cap (a cluster): waiting trials would hold devices
+
+
+def test_a_shared_stage_costs_once_and_its_owner_starts_before_its_users(tmp_path):
+    """Every gated and matched arm needs its seed's pre-training, the gated ones its
+    Stage-1 too. Each stage counts once, for one trial of those that need it (the trial
+    costs add up to the stages' total), and that trial starts before the others."""
+    from trainables.pipeline import stage_dir
+
+    sweep = paper_mini.lm_sweep()
+    points = [{**p, "seed": s} for p in grid_points(sweep) for s in (0, 1)]
+    cost, _ = owned_costs(sweep, points, str(tmp_path))
+    once = {}
+    for p in points:
+        for cfg in stage_configs(sweep.spec, p, str(tmp_path)):
+            once[stage_dir(str(tmp_path), cfg)] = (
+                flops_per_token(cfg) * cfg.train.steps * cfg.train.batch_size * row_length(cfg)
+            )
+    assert sum(cost) == pytest.approx(sum(once.values()))
+    order = longest_first(sweep, points, str(tmp_path))
+    assert [cost[points.index(p)] for p in order] == sorted(cost, reverse=True)
+    first_user: dict[str, int] = {}
+    for rank, p in enumerate(order):
+        for cfg in stage_configs(sweep.spec, p, str(tmp_path)):
+            first_user.setdefault(stage_dir(str(tmp_path), cfg), rank)
+    shared = [
+        f
+        for f in once
+        if sum(f in {stage_dir(str(tmp_path), c) for c in stage_configs(sweep.spec, p, str(tmp_path))} for p in points)
+        > 1
+    ]
+    assert len(shared) == 4  # each seed's pre-training and Stage-1
+    assert all(first_user[f] < len(points) // 2 for f in shared)  # their owners in the first half
 
 
 @pytest.mark.slow
