@@ -89,3 +89,21 @@ def test_head_products_benchmark_reports_each_product_against_the_gemm_peak(tmp_
     )
     assert result["gemm_flops"] > 0 and [r["chunk"] for r in result["rows"]] == [16, 64]
     assert all(r[k] > 0 for r in result["rows"] for k in ("logits", "grad_x", "grad_w", "softmax"))
+
+
+def test_miniature_steps_covers_every_stage_shape_of_the_protocol():
+    """benchmarks/miniature_steps.py times each distinct stage the miniature trains: the
+    LM's eight (pre-training at 1⊗4, 1⊗1 and 4⊗1, the continued 1⊗4 stages) and each
+    synthetic task's looped model and its N⊗1."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from miniature_steps import stage_shapes, timed_steps
+
+    from looplab.config import apply_overrides
+
+    shapes = stage_shapes(0)
+    names = [(sweep, cfg.stage, cfg.model.n_layers, cfg.model.n_loops) for sweep, cfg in shapes]
+    assert len(names) == len(set(names)) == 12
+    assert ("paper_mini_lm", "pretrain", 4, 1) in names and ("paper_mini_mano", "pretrain", 1, 1) in names
+    _, cfg = shapes[0]
+    first, median = timed_steps(apply_overrides(cfg, {"train.compile": "off", "train.batch_size": 2}), 1)
+    assert first > 0 and median > 0

@@ -1,0 +1,123 @@
+"""Where the miniature's training time goes, stage by stage: every distinct stage shape
+that `python sweeps/paper_mini.py` trains (its three sweeps, one seed: the seeds of a
+shape cost alike), its step eager and compiled (train.compile=on), side by side in one
+process, as a sweep's reused trial process would run them.
+
+    python benchmarks/miniature_steps.py [--threads 1] [--repeats 8] [--cold] [--markdown out.md]
+
+Per shape: the median step time eager and compiled (after a warm-up step each, on the
+task's own batches), their ratio, the compiled arm's first step (its compilation, from
+Inductor's on-disk cache unless --cold gives it an empty one; a later shape reuses what
+an earlier one compiled in this process), the steps the protocol gives the stage, and
+the training seconds per seed either way. The totals are one seed's: the miniature
+trains each shape once per seed, on `--threads` threads per trial slot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def stage_shapes(seed: int) -> list:
+    """Every distinct stage config of the protocol's sweeps at one seed, in sweep order."""
+    from sweeps.flags import Launch
+    from sweeps.launch import prepare
+    from sweeps.paper_mini import sweeps_of
+    from trainables.pipeline import stage_configs
+
+    launch = Launch(storage_path=tempfile.mkdtemp(prefix="miniature-steps-"), seeds=(seed,))
+    seen, out = set(), []
+    for sweep in sweeps_of():
+        prepared, points, _, _ = prepare(sweep, launch)
+        for point in points:
+            for cfg in stage_configs(prepared.spec, point, launch.storage_path):
+                shape = (cfg.stage, cfg.model, cfg.task, cfg.train.batch_size, cfg.train.seq_len)
+                if shape not in seen:
+                    seen.add(shape)
+                    out.append((sweep.name, cfg))
+    return out
+
+
+def timed_steps(cfg, repeats: int) -> tuple[float, float]:
+    """(first step's seconds, median seconds of `repeats` steps after it and a warm-up)."""
+    from looplab.tasks import make_task
+    from looplab.training.steps import optimizer_step
+
+    task = make_task(cfg.task, cfg.train.seq_len)
+    batch = task.train_batch(0, cfg.train.batch_size, cfg.train.seq_len, cfg.train.seed)
+    step, _ = optimizer_step(cfg, "cpu", batch)
+    t = time.perf_counter()
+    step()
+    first = time.perf_counter() - t
+    step()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t)
+    return first, statistics.median(times)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--threads", type=int, default=1, help="torch threads (a trial slot's; default 1)")
+    p.add_argument("--repeats", type=int, default=8)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cold", action="store_true", help="compile into an empty Inductor cache (a new machine's)")
+    p.add_argument("--markdown", help="write the table here (default: print it)")
+    args = p.parse_args(argv)
+    if args.cold:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor-cold-")
+    import torch
+
+    from looplab.config import apply_overrides
+
+    torch.set_num_threads(args.threads)
+    rows, eager_total, compiled_total, first_total = [], 0.0, 0.0, 0.0
+    for sweep, cfg in stage_shapes(args.seed):
+        _, eager = timed_steps(apply_overrides(cfg, {"train.compile": "off"}), args.repeats)
+        first, compiled = timed_steps(apply_overrides(cfg, {"train.compile": "on"}), args.repeats)
+        steps = cfg.train.steps
+        eager_total, compiled_total, first_total = (
+            eager_total + steps * eager,
+            compiled_total + steps * compiled,
+            first_total + first,
+        )
+        m = cfg.model
+        rows.append(
+            f"| {sweep} | {cfg.stage} | {m.n_layers}⊗{m.n_loops} d {m.d_model} | {eager * 1e3:.1f} | "
+            f"{compiled * 1e3:.1f} | {compiled / eager:.2f} | {first:.1f} | {steps} | {steps * eager:.0f} | "
+            f"{steps * compiled:.0f} |"
+        )
+        print(rows[-1], file=sys.stderr, flush=True)
+    cache = "an empty Inductor cache" if args.cold else "the machine's Inductor cache"
+    lines = [
+        f"{args.threads} thread(s), median of {args.repeats} steps, torch {torch.__version__}, "
+        f"{cache}; one seed's stages",
+        "",
+        "| sweep | stage | model | eager ms | compiled ms | ratio | compiled first step s | steps | "
+        "eager s | compiled s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+        *rows,
+        f"| total | | | | | {compiled_total / eager_total:.2f} | {first_total:.0f} | | {eager_total:.0f} | "
+        f"{compiled_total:.0f} |",
+    ]
+    text = "\n".join(lines) + "\n"
+    if args.markdown:
+        Path(args.markdown).write_text(text)
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
