@@ -458,7 +458,9 @@ def _fit_shared_prefixes(
 ) -> None:
     """Train the stages several trials share (e.g. the β ablation's pre-training)
     before the trials, each job with an even share of the whole machine: otherwise
-    one trial trains them on its share while the CPUs of the waiting trials idle."""
+    one trial trains them on its share while the CPUs of the waiting trials idle. Where
+    the chains are as many as the trial slots or more, the trials train them instead
+    (sweeps/plan.chains_in_trials)."""
     from dataclasses import replace
 
     from ray import tune
@@ -466,7 +468,7 @@ def _fit_shared_prefixes(
     from trainables.trial import run_shared_prefix, shared_prefixes
 
     jobs = shared_prefixes(sweep.spec, points, platform.storage_path)
-    if not jobs or chains_in_trials(len(jobs), res.max_concurrent):  # else the trials train them (sweeps/plan.py)
+    if not jobs or chains_in_trials(len(jobs), res.max_concurrent):  # as many as the slots: each in a trial
         return
     concurrent = min(len(jobs), res.max_concurrent or len(jobs))
     if not launch.address and not launch.cpus_per_worker:  # locally: the machine, split over the jobs
