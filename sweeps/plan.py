@@ -492,9 +492,10 @@ def chains_in_trials(n_chains: int, slots: int) -> bool:
     slot's CPUs, where the trials waiting for it would hold their slots idle. With as many
     chains as slots or more, each gets one slot's share either way, and the phase's last
     round leaves slots idle that trials needing no chain could fill (paper_mini: five
-    chains on two slots left one slot idle for 2 of the phase's 7 minutes). slots 0: no
-    cap (a cluster), where the phase keeps waiting trials from holding devices."""
-    return slots > 0 and n_chains >= slots
+    chains on two slots left one slot idle for 2 of the phase's 7 minutes). One slot
+    leaves nothing idle to fill, so the phase stays; slots 0: no cap (a cluster), where
+    the phase keeps waiting trials from holding devices."""
+    return slots > 1 and n_chains >= slots
 
 
 def longest_first(sweep: Sweep, points: list[dict[str, Any]], storage_path: str, trained_before=()) -> list[dict]:

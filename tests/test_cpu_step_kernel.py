@@ -42,6 +42,7 @@ def kernel_on(monkeypatch):
     return calls
 
 
+@pytest.mark.slow  # the kernel's C++ build: 47 s on 2 cores (.ci/run's slow tier)
 @pytest.mark.parametrize("ngroups", [1, 2])
 def test_kernel_steps_match_the_mixer_written_from_its_definition(kernel_on, ngroups):
     """Three sequences stepped token by token from zero states at scattered slots of a
@@ -71,6 +72,7 @@ def test_kernel_steps_match_the_mixer_written_from_its_definition(kernel_on, ngr
     assert torch.equal(state.conv[others], before[0]) and torch.equal(state.ssm[others], before[1])
 
 
+@pytest.mark.slow  # the kernel's C++ build: 47 s on 2 cores (.ci/run's slow tier)
 @pytest.mark.parametrize("arch", ["mamba2", "mamba2-2groups", "hybrid"])
 @pytest.mark.parametrize("spec", ["skip:given", "dense:0.5", "skip:0.5"])
 def test_decoding_with_the_kernel_reproduces_the_full_forward(kernel_on, arch, spec):
@@ -130,6 +132,7 @@ def test_a_failed_build_is_a_one_line_error_naming_the_switch(monkeypatch):
         cpu_step.kernel.cache_clear()
 
 
+@pytest.mark.slow  # the kernel's C++ build: 47 s on 2 cores (.ci/run's slow tier)
 def test_kernel_input_checks_name_the_problem(kernel_on):
     m = Mamba2(d_model=16, d_state=6, headdim=4).double()
     state = m.new_state(4, 0, "cpu", torch.float64)

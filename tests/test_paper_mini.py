@@ -189,6 +189,7 @@ def test_chains_train_in_trials_where_they_fill_the_slots():
     assert chains_in_trials(5, 2) and chains_in_trials(2, 2)
     assert not chains_in_trials(1, 2)  # one chain: it gets both slots' CPUs in a phase of its own
     assert not chains_in_trials(5, 0)  # no cap (a cluster): waiting trials would hold devices
+    assert not chains_in_trials(3, 1)  # one slot: no slot left idle to fill
 
 
 def test_a_shared_stage_costs_once_and_its_owner_starts_before_its_users(tmp_path):

@@ -192,6 +192,7 @@ COMMANDS: dict[str, Run | NotRun] = {
     # Benchmarks (docs/benchmarks.md).
     "python benchmarks/suite.py --markdown suite.md --json suite.json": BENCHMARK,
     "python benchmarks/profile_steps.py --markdown profiles.md": BENCHMARK,
+    "python benchmarks/miniature_steps.py --cold --markdown steps.md": BENCHMARK,
     "looplab bench --preset local --batch 1,8,16 --seq-len 512,1024 --oracle-mean 2.0 --json bench.json": BENCHMARK,
     "looplab bench --checkpoint runs/s2/checkpoint --batch 16,64 --seq-len 1024,2048 --policies skip:0.2,0.4,0.6": no_checkpoint(
         "--checkpoint", "runs/s2/checkpoint"
