@@ -219,6 +219,7 @@ def arrival_runs(uri: str) -> list:
     return [r for r in speed_runs(uri) if tracking.SPEED_PARAM + "slots" in r.data.params]
 
 
+@pytest.mark.slow  # 16 s on 2 cores: .ci/run's slow tier
 def test_arrivals_sweep_end_to_end_inline(store, capsys, monkeypatch):
     """Per checkpoint, full and each policy under each schedule: one FINISHED run per
     point with the machine, its FLOP ratio flop_ratio(prefill_flops(..., readout all)) at
