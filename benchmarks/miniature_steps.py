@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -49,6 +48,7 @@ def stage_shapes(seed: int) -> list:
 
 def timed_steps(cfg, repeats: int) -> tuple[float, float]:
     """(first step's seconds, median seconds of `repeats` steps after it and a warm-up)."""
+    from looplab.costs.timing import median_seconds
     from looplab.tasks import make_task
     from looplab.training.steps import optimizer_step
 
@@ -58,13 +58,7 @@ def timed_steps(cfg, repeats: int) -> tuple[float, float]:
     t = time.perf_counter()
     step()
     first = time.perf_counter() - t
-    step()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t)
-    return first, statistics.median(times)
+    return first, median_seconds(step, repeats, warmup=1)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -121,16 +121,14 @@ def estimate(
             threads = max(1, cpus // concurrency)
             ordered = longest_first(sweep, points, launch.storage_path, trained_before=claimed)  # as launch starts them
             trials = []
-            for p in ordered:  # each stage trained (seconds) or awaited (None) from an earlier trial
-                before = set(claimed)
-                mine = {stage_dir(launch.storage_path, c) for c in todo(chains[id(p)])}
+            for p in ordered:  # each stage trained (seconds), awaited (None) or stored (left out)
                 stages: list[tuple[str | None, float | None]] = [(None, TRIAL_S)]
                 for c in chains[id(p)]:
                     folder = stage_dir(launch.storage_path, c)
-                    if folder in mine:
-                        stages.append((folder, stage_seconds(c, threads)))
-                    elif folder in before:  # a shared chain's (done before the trials) or an earlier trial's
+                    if folder in claimed:  # a shared chain's (done before the trials) or an earlier trial's
                         stages.append((folder, None))
+                    elif todo([c]):
+                        stages.append((folder, stage_seconds(c, threads)))
                 trials.append(stages)
             n_stages = len(claimed)
             seconds = RAY_START_S + makespan(shared, job_slots) + replay(trials, concurrency) if n_stages else 0.0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -201,12 +202,12 @@ def test_a_shared_stage_costs_once_and_its_owner_starts_before_its_users(tmp_pat
     sweep = paper_mini.lm_sweep()
     points = [{**p, "seed": s} for p in grid_points(sweep) for s in (0, 1)]
     cost, _ = owned_costs(sweep, points, str(tmp_path))
-    once = {}
+    once, users = {}, Counter()
     for p in points:
         for cfg in stage_configs(sweep.spec, p, str(tmp_path)):
-            once[stage_dir(str(tmp_path), cfg)] = (
-                flops_per_token(cfg) * cfg.train.steps * cfg.train.batch_size * row_length(cfg)
-            )
+            folder = stage_dir(str(tmp_path), cfg)
+            once[folder] = flops_per_token(cfg) * cfg.train.steps * cfg.train.batch_size * row_length(cfg)
+            users[folder] += 1
     assert sum(cost) == pytest.approx(sum(once.values()))
     order = longest_first(sweep, points, str(tmp_path))
     assert [cost[points.index(p)] for p in order] == sorted(cost, reverse=True)
@@ -214,12 +215,7 @@ def test_a_shared_stage_costs_once_and_its_owner_starts_before_its_users(tmp_pat
     for rank, p in enumerate(order):
         for cfg in stage_configs(sweep.spec, p, str(tmp_path)):
             first_user.setdefault(stage_dir(str(tmp_path), cfg), rank)
-    shared = [
-        f
-        for f in once
-        if sum(f in {stage_dir(str(tmp_path), c) for c in stage_configs(sweep.spec, p, str(tmp_path))} for p in points)
-        > 1
-    ]
+    shared = [f for f, n in users.items() if n > 1]
     assert len(shared) == 4  # each seed's pre-training and Stage-1
     assert all(first_user[f] < len(points) // 2 for f in shared)  # their owners in the first half
 

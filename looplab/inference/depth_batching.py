@@ -236,12 +236,12 @@ class DepthBatch:
         if live.shape[0] == 0:
             return reached
         if self.one_call and live.shape[0] == self.cache.batch:  # every row decides: no rows to gather
-            value = self.model.exit_logit(h) if self.rule.reads == GATE_LOGITS else self.model.logits(h)
+            value = self._rule_value(h)
             stat, self.rule_state = self.rule.statistic(value, self.rule_state)
             return self.rule.decide(stat).cpu().numpy()
         token_rows = (self._tensor(rows) if rows_t is None else rows_t)[self._tensor(live)]
         h = h[self._tensor(live)]
-        value = self.model.exit_logit(h) if self.rule.reads == GATE_LOGITS else self.model.logits(h)
+        value = self._rule_value(h)
         if self.one_call:
             stat, state = self.rule.statistic(value, _take(self.rule_state, token_rows))
             self.rule_state = _put(self.rule_state, token_rows, state, self.cache.batch)
@@ -261,6 +261,11 @@ class DepthBatch:
             stat[sub] = s
         reached[live] = self.rule.decide(stat).cpu().numpy()
         return reached
+
+    def _rule_value(self, h: torch.Tensor) -> torch.Tensor:
+        """What the exit rule reads of states h: the gate's logits or the next-token logits."""
+        assert self.rule is not None  # _reached asks only with a rule
+        return self.model.exit_logit(h) if self.rule.reads == GATE_LOGITS else self.model.logits(h)
 
     def _fill(self, rows: np.ndarray, h: torch.Tensor, loop: np.ndarray) -> None:
         """attention_fill="exit_state": exited tokens leave their keys and values in the
