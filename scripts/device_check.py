@@ -2,7 +2,10 @@
 doctor` in full, then the CUDA tests (pytest -m cuda), then a report in OUT:
 doctor.json, doctor.md, cuda-tests.xml (JUnit) and report.md.
 
-    python scripts/device_check.py OUT [--mamba-ssm-src DIR] [--preset paper-140m]
+    python scripts/device_check.py OUT [--mamba-ssm-src DIR] [--preset paper-140m] [--quick]
+
+--quick: `looplab doctor --quick` (environment, peaks, kernel correctness, generation,
+compiled decoding) and no CUDA tests: the second pass, once causal-conv1d is built.
 
 --mamba-ssm-src: a mamba-ssm source tree whose CUDA extension was not built
 (MAMBA_SKIP_CUDA_BUILD): its package __init__ imports that extension and fails, so the
@@ -63,6 +66,7 @@ def main() -> int:
     p.add_argument("out")
     p.add_argument("--mamba-ssm-src", default="")
     p.add_argument("--preset", default=None, help="the training probe's preset (default: the doctor's)")
+    p.add_argument("--quick", action="store_true", help="the doctor's quick checks, no CUDA tests")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -73,24 +77,26 @@ def main() -> int:
 
     from looplab import doctor
 
-    checks = doctor.run(preset=args.preset, progress=lambda c: print(c.line(), flush=True))
+    checks = doctor.run(quick=args.quick, preset=args.preset, progress=lambda c: print(c.line(), flush=True))
     doctor.report_json(checks, out / "doctor.json")
     (out / "doctor.md").write_text(doctor.report_markdown(checks) + "\n")
 
-    import pytest
+    code = 5  # pytest's "no tests collected": --quick runs none
+    if not args.quick:
+        import pytest
 
-    code = pytest.main(
-        [
-            "-q",
-            "-rs",
-            "-m",
-            "cuda",
-            "-p",
-            "no:cacheprovider",
-            f"--junitxml={out / 'cuda-tests.xml'}",
-            *cuda_test_files(),
-        ]
-    )
+        code = pytest.main(
+            [
+                "-q",
+                "-rs",
+                "-m",
+                "cuda",
+                "-p",
+                "no:cacheprovider",
+                f"--junitxml={out / 'cuda-tests.xml'}",
+                *cuda_test_files(),
+            ]
+        )
     tests = junit_counts(out / "cuda-tests.xml")
     failed = [c for c in checks if c.status == doctor.FAIL]
     lines = [
@@ -98,7 +104,7 @@ def main() -> int:
         "",
         f"- mamba-ssm: {source}",
         f"- doctor: {len(checks) - len(failed)} of {len(checks)} checks passed or skipped, {len(failed)} failed",
-        f"- CUDA tests (pytest -m cuda): {tests or 'no report'} (exit {int(code)})",
+        f"- CUDA tests (pytest -m cuda): {'not run (--quick)' if args.quick else tests or 'no report'} (exit {int(code)})",
         f"- {time.perf_counter() - started:.0f} s in all",
         "",
         doctor.report_markdown(checks),

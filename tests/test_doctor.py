@@ -94,6 +94,26 @@ def test_the_training_probe_measures_a_step_beside_its_plan(monkeypatch):
     monkeypatch.setattr(doctor, "predicted_peak", lambda plan: (plan.memory.peak - plan.memory.persistent) // 2)
     halved = {c.name: c for c in doctor.training_probe(CPU, "debug", 1, peak_flops=1e11)}
     assert halved["training debug memory vs plan"].status == doctor.FAIL
+    assert halved["training debug compiled tokens/s"].status == doctor.SKIP  # auto: off on a CPU
+
+
+@pytest.mark.slow  # a compilation (aot_eager: no Inductor build) and two probes
+def test_where_training_compiles_the_probe_times_it_beside_eager(monkeypatch):
+    import dataclasses
+
+    from looplab.costs import resources
+    from looplab.models import compiled
+
+    monkeypatch.setattr(compiled, "compiles", lambda setting, device: True)  # as auto does on a GPU
+    monkeypatch.setattr(compiled, "BACKEND", "aot_eager")
+    plan_stage = resources.plan_stage  # a plan that micro-batches: the probe's step holds two of its micro-batches
+    monkeypatch.setattr(
+        resources, "plan_stage", lambda *a, **k: dataclasses.replace(plan_stage(*a, **k), micro_batch=3)
+    )
+    checks = {c.name: c for c in doctor.training_probe(CPU, "debug", 1, peak_flops=1e11)}
+    check = checks["training debug compiled tokens/s"]
+    assert check.status == doctor.PASS and check.value > 0 and "× eager's; first step" in check.figure
+    assert "fp32, steps of 6 × 128 tokens in micro-batches of 3" in checks["training debug tokens/s"].figure
 
 
 def test_a_check_that_raises_fails_alone():
@@ -204,6 +224,7 @@ def doctor_script():
 @pytest.mark.slow
 def test_device_check_on_a_machine_without_a_gpu(tmp_path):
     import subprocess
+    import sys
 
     root = doctor_script().parents[1]
     done = subprocess.run(
@@ -216,6 +237,14 @@ def test_device_check_on_a_machine_without_a_gpu(tmp_path):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     report = (tmp_path / "out" / "report.md").read_text()
     assert "0 failed" in report and (tmp_path / "out" / "doctor.json").is_file()
+    # The second pass a GPU machine runs once causal-conv1d is built: the doctor's quick
+    # checks, no CUDA tests.
+    quick = tmp_path / "quick"
+    done = subprocess.run(
+        [sys.executable, str(doctor_script()), str(quick), "--quick"], cwd=root, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "not run (--quick)" in (quick / "report.md").read_text() and not (quick / "cuda-tests.xml").exists()
 
 
 def test_causal_conv1d_is_built_for_this_gpus_architecture_alone(tmp_path):

@@ -104,7 +104,7 @@ def test_cpu_tensors_never_use_cuda_kernels(monkeypatch):
 @pytest.mark.skipif(
     not torch.cuda.is_available()
     or not use_cuda_kernels(torch.zeros(1, device="cuda") if torch.cuda.is_available() else torch.zeros(1)),
-    reason="needs CUDA with mamba-ssm and causal-conv1d",
+    reason="needs CUDA with mamba-ssm's Triton kernels",
 )
 def test_cuda_kernels_match_torch_path(monkeypatch):
     torch.manual_seed(0)

@@ -93,3 +93,29 @@ def causal_depthwise_conv_step(
     if bias is not None:
         out = out + bias
     return out
+
+
+# ---- causal-conv1d's two entry points, in torch --------------------------------------
+# For a GPU node with mamba-ssm's Triton kernels but no causal-conv1d build (its CUDA
+# sources took 6 minutes to build for one architecture on a 16-core H200 node, more than
+# a lent machine's check can spend): the scan and the decode step keep the Triton
+# kernels and run the conv here, with causal-conv1d's calling conventions, so
+# Mamba2._scan_cuda and _step_cuda read the same either way (models/ops/dispatch.py).
+
+
+def causal_conv1d_fn_torch(x, weight, bias=None, seq_idx=None, activation=None):
+    """causal_conv1d_fn's contract: x (b, c, l), weight (c, k), bias (c,), seq_idx (b, l)
+    int32, activation None or "silu"; returns (b, c, l) in x's dtype."""
+    out = causal_depthwise_conv(x.transpose(1, 2), weight[:, None, :], bias, seq_idx)
+    out = torch.nn.functional.silu(out) if activation == "silu" else out
+    return out.to(x.dtype).transpose(1, 2)
+
+
+def causal_conv1d_update_torch(x, conv_state, weight, bias=None, activation=None, conv_state_indices=None):
+    """causal_conv1d_update's contract: x (n, c), conv_state (batch, c, k − 1) updated in
+    place (in rows conv_state_indices (n,) int32, or every row), weight (c, k); returns
+    (n, c) in x's dtype."""
+    rows = None if conv_state_indices is None else conv_state_indices.long()
+    out = causal_depthwise_conv_step(x, conv_state.transpose(1, 2), weight[:, None, :], bias, rows)
+    out = torch.nn.functional.silu(out) if activation == "silu" else out
+    return out.to(x.dtype)

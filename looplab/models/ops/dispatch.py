@@ -19,6 +19,7 @@ import os
 import torch
 
 from looplab.models import cpu_step
+from looplab.models.ops import conv
 
 FORCE_TORCH_ENV = "LOOPLAB_FORCE_TORCH"
 
@@ -42,20 +43,41 @@ def _guarded_import(*names: tuple[str, str]):
 
 @functools.cache
 def cuda_scan_kernels():
-    """(causal_conv1d_fn, mamba_chunk_scan_combined): the prefill kernels, or None."""
-    return _guarded_import(
-        ("causal_conv1d", "causal_conv1d_fn"), ("mamba_ssm.ops.triton.ssd_combined", "mamba_chunk_scan_combined")
+    """(causal_conv1d_fn, mamba_chunk_scan_combined): the prefill kernels, or None.
+    Without causal-conv1d the conv runs in torch, with its contract (ops/conv.py)."""
+    return _with_conv(
+        _guarded_import(("causal_conv1d", "causal_conv1d_fn")),
+        _guarded_import(("mamba_ssm.ops.triton.ssd_combined", "mamba_chunk_scan_combined")),
+        conv.causal_conv1d_fn_torch,
     )
 
 
 @functools.cache
 def cuda_step_kernels():
     """(causal_conv1d_update, selective_state_update): the single-token kernels of
-    decoding, or None."""
-    return _guarded_import(
-        ("causal_conv1d", "causal_conv1d_update"),
-        ("mamba_ssm.ops.triton.selective_state_update", "selective_state_update"),
+    decoding, or None. Without causal-conv1d the conv runs in torch (ops/conv.py)."""
+    return _with_conv(
+        _guarded_import(("causal_conv1d", "causal_conv1d_update")),
+        _guarded_import(("mamba_ssm.ops.triton.selective_state_update", "selective_state_update")),
+        conv.causal_conv1d_update_torch,
     )
+
+
+def _with_conv(conv_kernel, triton_kernel, torch_conv):
+    """(the conv, the Triton kernel): mamba-ssm's Triton kernel is what the CUDA path
+    needs; causal-conv1d's conv is used where it imports, torch's conv (same contract)
+    where it does not. None without the Triton kernel."""
+    if triton_kernel is None:
+        return None
+    return ((conv_kernel or (torch_conv,))[0], triton_kernel[0])
+
+
+def conv_implementation(entry: str = "causal_conv1d_fn") -> str:
+    """Which conv the CUDA path runs: causal-conv1d's `entry`, or torch's and why."""
+    kernels = cuda_scan_kernels()
+    if kernels is None or kernels[0] is not conv.causal_conv1d_fn_torch:
+        return entry
+    return f"torch conv (causal-conv1d: {IMPORT_ERRORS.get('causal_conv1d', 'not imported')})"
 
 
 def torch_forced() -> bool:
@@ -84,7 +106,7 @@ def kernel_path(t: torch.Tensor) -> tuple[str, str]:
         return "torch", f"{t.device.type} tensors (the kernels are CUDA's)"
     if cuda_scan_kernels() is None:
         return "torch", "; ".join(f"{m}: {e}" for m, e in IMPORT_ERRORS.items()) or "the kernels did not import"
-    return "cuda", "mamba_chunk_scan_combined + causal_conv1d_fn"
+    return "cuda", f"mamba_chunk_scan_combined + {conv_implementation()}"
 
 
 def step_implementation(t: torch.Tensor) -> str:
