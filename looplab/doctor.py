@@ -21,7 +21,8 @@ fails):
                 dots round to TF32), the decode step (conv + SSM, states included), the
                 compiled CPU step when it is asked for; for every exit policy, a
                 prompt prefilled then decoded token by token against the full forward;
-                on a GPU, the compiled decode step's tokens against the eager step's
+                on a GPU, the compiled decode step's tokens against the eager step's,
+                and its milliseconds a token against eager's
   training      K steps of a preset (paper-140m on a GPU, local on a CPU) in its
                 production dtype with the resource plan's micro-batch, eager: tokens/s,
                 MFU against the measured peak, and peak memory against
@@ -389,7 +390,38 @@ def compiled_decoding_check(device) -> list[Check]:
             if difference is None
             else failed(name, f"{difference} differ from the eager step's")
         )
-    return out
+    return out + [decoding_speed(model, prompts, device)]
+
+
+TIMED_TOKENS = 32  # the decoding speed check's new tokens per prompt
+
+
+def decoding_speed(model, prompts, device) -> Check:
+    """Seconds a token of `model`'s compiled decode step (compile_decoding) against its
+    eager step: full lockstep generation of TIMED_TOKENS after the prompts, the median of
+    three after a warm-up, each arm on the same prompts. Leaves the model eager. A figure,
+    not a pass mark: where compiled is not faster, the node's decode is bound by something
+    compiling does not remove (on a GPU: kernel launches, which CUDA graphs would)."""
+    from looplab.costs.timing import median_seconds
+    from looplab.inference.generate import generate
+    from looplab.models.compiled import compile_decoding
+    from looplab.policy import ExitPolicy
+
+    def per_token() -> float:
+        def run():
+            return generate(model, prompts, TIMED_TOKENS, ExitPolicy.parse("full"))
+
+        return median_seconds(run, 3, warmup=1, device=device) / TIMED_TOKENS
+
+    compile_decoding(model)
+    compiled = per_token()
+    compile_decoding(model, enabled=False)
+    eager = per_token()
+    figure = (
+        f"{compiled * 1e3:.2f} ms a token compiled, {eager * 1e3:.2f} eager ({compiled / eager:.2f}×): "
+        f"full lockstep, batch {len(prompts)}, {TIMED_TOKENS} tokens after a {len(prompts[0])}-token prompt"
+    )
+    return passed("compiled decoding speed", figure, compiled / eager, "ratio")
 
 
 def first_difference(eager, compiled) -> str | None:

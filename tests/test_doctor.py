@@ -274,3 +274,16 @@ def test_causal_conv1d_is_built_for_this_gpus_architecture_alone(tmp_path):
     assert namespace["cc_flag"] == ["-gencode", "arch=compute_90,code=sm_90"]
     setup.write_text(original)
     assert "building them all" in run(61).stdout and setup.read_text() == original
+
+
+def test_the_decoding_speed_check_times_compiled_beside_eager_and_leaves_the_model_eager(monkeypatch):
+    from looplab.checkpoint import load_model
+    from looplab.models import compiled
+
+    monkeypatch.setattr(compiled, "BACKEND", "aot_eager")  # no Inductor build: the check's arithmetic is tested
+    monkeypatch.setattr(doctor, "TIMED_TOKENS", 4)
+    model = load_model("debug", seed=0).eval()
+    check = doctor.decoding_speed(model, [[1, 2, 3], [4, 5, 6]], CPU)
+    assert check.status == doctor.PASS and check.value > 0
+    assert "ms a token compiled" in check.figure and "batch 2, 4 tokens after a 3-token prompt" in check.figure
+    assert model.compiled_decode is None
