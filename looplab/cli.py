@@ -83,17 +83,18 @@ def _threads_flag(p) -> None:
 def _compile_flag(p, default: str) -> None:
     p.add_argument(
         "--compile",
-        choices=("on", "off"),
+        choices=("on", "off", "cuda-graphs"),
         default=default,
         help=f"decode with the compiled one-token step (looplab/models/compiled.py; the first steps "
-        f"compile for seconds) or the eager one (default {default})",
+        f"compile for seconds), the eager one, or the compiled one captured in CUDA graphs (a GPU; "
+        f"on a CPU the same as on) (default {default})",
     )
 
 
 def _compile_decoding(model, setting: str):
     from looplab.models.compiled import compile_decoding
 
-    return compile_decoding(model, setting == "on")
+    return compile_decoding(model, setting != "off", cuda_graphs=setting == "cuda-graphs")
 
 
 def _timing_flags(p, *, warmup: int, repeats: int) -> None:

@@ -379,29 +379,48 @@ def compiled_decoding_check(device) -> list[Check]:
         return [generate(model, prompts, 8, ExitPolicy.parse(spec), schedule=schedule) for spec, schedule in cases]
 
     eager = generations()
-    compile_decoding(model)  # once: every case after it runs the same compiled step
-    compiled = generations()
     out = []
-    for (spec, schedule), e, c in zip(cases, eager, compiled):
-        name = f"compiled decoding {spec} {schedule}"
-        difference = first_difference(e, c)
-        out.append(
-            passed(name, "tokens and loops equal eager's")
-            if difference is None
-            else failed(name, f"{difference} differ from the eager step's")
-        )
-    return out + [decoding_speed(model, prompts, device)]
+    for label, cuda_graphs in (("compiled decoding", False), ("cuda-graph decoding", True)):
+        compile_decoding(model, cuda_graphs=cuda_graphs)  # once: every case after it runs the same step
+        skips_before = _cudagraph_skips()
+        for (spec, schedule), e, c in zip(cases, eager, generations()):
+            name = f"{label} {spec} {schedule}"
+            difference = first_difference(e, c)
+            out.append(
+                passed(name, "tokens and loops equal eager's")
+                if difference is None
+                else failed(name, f"{difference} differ from the eager step's")
+            )
+        if cuda_graphs:
+            # Inductor skips a capture it cannot make sound (a mutated input not marked
+            # static, a CPU tensor) and runs the graph uncaptured: tokens still equal.
+            skips = _cudagraph_skips() - skips_before
+            out.append(
+                passed("cuda-graph captures", "no capture skipped", 0, "skips")
+                if skips == 0
+                else failed(
+                    "cuda-graph captures", f"Inductor skipped {skips} CUDA-graph capture(s)", "", skips, "skips"
+                )
+            )
+    return out + decoding_speed(model, prompts, device)
+
+
+def _cudagraph_skips() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["inductor"]["cudagraph_skips"])
 
 
 TIMED_TOKENS = 32  # the decoding speed check's new tokens per prompt
 
 
-def decoding_speed(model, prompts, device) -> Check:
-    """Seconds a token of `model`'s compiled decode step (compile_decoding) against its
-    eager step: full lockstep generation of TIMED_TOKENS after the prompts, the median of
-    three after a warm-up, each arm on the same prompts. Leaves the model eager. A figure,
-    not a pass mark: where compiled is not faster, the node's decode is bound by something
-    compiling does not remove (on a GPU: kernel launches, which CUDA graphs would)."""
+def decoding_speed(model, prompts, device) -> list[Check]:
+    """Seconds a token of `model`'s compiled decode step (compile_decoding), and on a GPU
+    of the step captured in CUDA graphs, each against the eager step: full lockstep
+    generation of TIMED_TOKENS after the prompts, the median of three after a warm-up,
+    every arm on the same prompts. Leaves the model eager. Figures, not pass marks: where
+    compiled is not faster, the node's decode is bound by something compiling does not
+    remove (on a GPU: kernel launches, which CUDA graphs remove)."""
     from looplab.costs.timing import median_seconds
     from looplab.inference.generate import generate
     from looplab.models.compiled import compile_decoding
@@ -413,15 +432,23 @@ def decoding_speed(model, prompts, device) -> Check:
 
         return median_seconds(run, 3, warmup=1, device=device) / TIMED_TOKENS
 
-    compile_decoding(model)
-    compiled = per_token()
+    arms = [("compiled", False)] + ([("cuda-graph", True)] if device.type == "cuda" else [])
+    seconds = {}
+    for label, cuda_graphs in arms:
+        compile_decoding(model, cuda_graphs=cuda_graphs)
+        seconds[label] = per_token()
     compile_decoding(model, enabled=False)
     eager = per_token()
-    figure = (
-        f"{compiled * 1e3:.2f} ms a token compiled, {eager * 1e3:.2f} eager ({compiled / eager:.2f}×): "
-        f"full lockstep, batch {len(prompts)}, {TIMED_TOKENS} tokens after a {len(prompts[0])}-token prompt"
-    )
-    return passed("compiled decoding speed", figure, compiled / eager, "ratio")
+    shape = f"full lockstep, batch {len(prompts)}, {TIMED_TOKENS} tokens after a {len(prompts[0])}-token prompt"
+    return [
+        passed(
+            f"{label} decoding speed",
+            f"{s * 1e3:.2f} ms a token {label}, {eager * 1e3:.2f} eager ({s / eager:.2f}×): {shape}",
+            s / eager,
+            "ratio",
+        )
+        for label, s in seconds.items()
+    ]
 
 
 def first_difference(eager, compiled) -> str | None:

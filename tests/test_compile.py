@@ -113,3 +113,25 @@ def test_compiled_decoding_gives_eager_tokens_and_loops(arch, specs, batches, ba
         ), case
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0  # it ran compiled
     assert any(loops != [model.cfg.n_loops] * 6 for case in cases for loops in eager[case].loops)  # exits happened
+
+
+@pytest.mark.slow  # Inductor compiles ("reduce-overhead" mode): tens of seconds on 2 cores
+def test_the_cuda_graph_step_gives_eager_tokens_and_loops():
+    """compile_decoding(cuda_graphs=True) marks the cache static, starts a capture step per
+    call and clones its output. On a CPU Inductor captures nothing, so this checks that
+    wrapping against eager; `looplab doctor` checks the captures on a GPU."""
+    model = tiny_model("mamba2", seed=1)
+    prompts = [[5, 9, 2, 7, 1, 3], [4, 4, 8], [6, 2, 9, 9, 1, 0, 3, 5]]
+    cases = [(spec, schedule) for spec in ("full", "skip:0.5") for schedule in ("lockstep", "depth")]
+    eager = {case: generate(model, prompts, 6, ExitPolicy.parse(case[0]), schedule=case[1]) for case in cases}
+    torch._dynamo.reset()
+    compile_decoding(model, cuda_graphs=True)
+    assert model.compiled_decode.cuda_graphs
+    for case in cases:
+        got = generate(model, prompts, 6, ExitPolicy.parse(case[0]), schedule=case[1])
+        assert (got.tokens, got.loops, got.exit_step) == (
+            eager[case].tokens,
+            eager[case].loops,
+            eager[case].exit_step,
+        ), case
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0  # it ran compiled

@@ -77,16 +77,41 @@ class CompiledBackbone:
 class CompiledDecodeStep:
     """Decoding's one-token step: compiled with its number of rows dynamic (a skip
     policy's and depth batching's running rows change from step to step), one graph for
-    one row and one for any other count; every other dimension static."""
+    one row and one for any other count; every other dimension static.
 
-    def __init__(self, backbone: torch.nn.Module):
-        self.compiled = _compiled(backbone, dynamic=None)
+    cuda_graphs=True (a GPU): Inductor's "reduce-overhead" mode, which captures each
+    graph in a CUDA graph and replays it, so a step costs one launch instead of one per
+    kernel. Two things make that sound here. The cache's tensors, which the step updates
+    in place, are marked static (their addresses do not change between steps: a CUDA
+    graph reads and writes fixed memory; an input that is mutated and not static would
+    make Inductor skip the capture). And each call is its own capture step
+    (cudagraph_mark_step_begin) whose output is cloned: a replay overwrites its outputs'
+    memory, and a decode step's caller keeps h across the loops and steps that follow.
+    Not yet run on a GPU: `looplab doctor` checks its tokens against eager's there and
+    counts the captures Inductor skipped."""
+
+    def __init__(self, backbone: torch.nn.Module, cuda_graphs: bool = False):
+        self.cuda_graphs = cuda_graphs
+        if cuda_graphs:
+            config = torch._dynamo.config
+            config.recompile_limit = max(config.recompile_limit, 32)
+            self.compiled = torch.compile(backbone.forward, dynamic=None, mode="reduce-overhead")
+        else:
+            self.compiled = _compiled(backbone, dynamic=None)
 
     def __call__(self, h, positions=None, seq_idx=None, cache=None):
         for t in (h, positions):
             if t is not None:
                 torch._dynamo.maybe_mark_dynamic(t, 0)
-        return self.compiled(h, positions, seq_idx, cache)
+        if not self.cuda_graphs:
+            return self.compiled(h, positions, seq_idx, cache)
+        if cache is not None:
+            for state in cache.states:
+                for t in () if state is None else vars(state).values():
+                    if not hasattr(t, "_dynamo_static_input_type"):  # marked once per tensor
+                        torch._dynamo.mark_static_address(t)
+        torch.compiler.cudagraph_mark_step_begin()
+        return self.compiled(h, positions, seq_idx, cache).clone()
 
 
 def compile_backbone(model, setting: str, device: torch.device) -> bool:
@@ -98,9 +123,11 @@ def compile_backbone(model, setting: str, device: torch.device) -> bool:
     return model.compiled_backbone is not None
 
 
-def compile_decoding(model, enabled: bool = True):
+def compile_decoding(model, enabled: bool = True, cuda_graphs: bool = False):
     """Give `model` (a LoopedLM) a compiled one-token step: LoopedLM.step runs it for a
     (n, 1, d) input with a cache and no gradients (decode_step, depth batching). With
-    enabled=False, remove it (the eager step). Returns the model."""
-    model.compiled_decode = CompiledDecodeStep(model.backbone) if enabled else None
+    enabled=False, remove it (the eager step). cuda_graphs: capture the step in CUDA
+    graphs (CompiledDecodeStep; on a CPU, Inductor captures nothing and it runs as
+    compiled). Returns the model."""
+    model.compiled_decode = CompiledDecodeStep(model.backbone, cuda_graphs) if enabled else None
     return model
