@@ -94,6 +94,10 @@ DECODE_MATRIX = [
 ]
 
 
+def same_generation(got, eager, case) -> None:
+    assert (got.tokens, got.loops, got.exit_step) == (eager.tokens, eager.loops, eager.exit_step), case
+
+
 @pytest.mark.parametrize("arch,specs,batches,backend", DECODE_MATRIX, indirect=["backend"])
 def test_compiled_decoding_gives_eager_tokens_and_loops(arch, specs, batches, backend):
     model = tiny_model(arch, seed=1)
@@ -105,12 +109,9 @@ def test_compiled_decoding_gives_eager_tokens_and_loops(arch, specs, batches, ba
     torch._dynamo.reset()
     compile_decoding(model)
     for case in cases:
-        got = generate(model, prompts[: case[1]], 6, ExitPolicy.parse(case[0]), schedule=case[2])
-        assert (got.tokens, got.loops, got.exit_step) == (
-            eager[case].tokens,
-            eager[case].loops,
-            eager[case].exit_step,
-        ), case
+        same_generation(
+            generate(model, prompts[: case[1]], 6, ExitPolicy.parse(case[0]), schedule=case[2]), eager[case], case
+        )
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0  # it ran compiled
     assert any(loops != [model.cfg.n_loops] * 6 for case in cases for loops in eager[case].loops)  # exits happened
 
@@ -128,10 +129,5 @@ def test_the_cuda_graph_step_gives_eager_tokens_and_loops():
     compile_decoding(model, cuda_graphs=True)
     assert model.compiled_decode.cuda_graphs
     for case in cases:
-        got = generate(model, prompts, 6, ExitPolicy.parse(case[0]), schedule=case[1])
-        assert (got.tokens, got.loops, got.exit_step) == (
-            eager[case].tokens,
-            eager[case].loops,
-            eager[case].exit_step,
-        ), case
+        same_generation(generate(model, prompts, 6, ExitPolicy.parse(case[0]), schedule=case[1]), eager[case], case)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0  # it ran compiled
