@@ -33,9 +33,9 @@ fails):
                 (skipped where Ray is not installed)
 
 The training probe runs right after the production dtype's kernel checks (bf16 on a
-GPU), before the other dtype's and compiled decoding: on a fresh GPU node Triton's
-autotuning and Inductor's compilations take minutes, and each line ends with the seconds
-its group took.
+GPU), then compiled decoding and generation, and the other dtype's kernel checks last:
+on a fresh GPU node Triton's autotuning and Inductor's compilations take minutes, and
+each line ends with the seconds its group took.
 
 Every figure is measured in this run: nothing is read from a table.
 """
@@ -704,18 +704,24 @@ def run(
     add(timed("peaks", measured_peaks))
     dtypes = (torch.bfloat16, torch.float32) if dev.type == "cuda" else (torch.float32,)
     name = preset or ("paper-140m" if dev.type == "cuda" else "local")
-    for i, dtype in enumerate(dtypes):
+    def kernel_checks(dtype):
         add(timed("scan kernel vs torch", lambda: scan_check(dev, dtype)))
         add(timed("decode step cuda vs torch", lambda: step_check(dev, dtype, kernel="cuda")))
-        if i == 0 and not quick:
-            # Right after the production dtype's kernel checks, whose autotuned kernels it
-            # reuses: the probe is what a sweep's plan rests on, and on a fresh GPU node
-            # each further dtype's autotuning and compiled decoding take minutes.
-            peak = peak_holder[0] if peak_holder else 0.0
-            add(timed(f"training {name}", lambda: training_probe(dev, name, steps, peak)))
-    add(timed("decode step cpu vs torch", lambda: step_check(dev, torch.float32, kernel="cpu")))
-    add(timed("generation vs full forward", lambda: generation_check(dev)))
+
+    # The production dtype's kernels first, then what rests on them: the training probe
+    # (what a sweep's plan rests on, reusing their autotuned kernels), compiled decoding
+    # and generation; the other dtype's kernel checks last. On a fresh GPU node each
+    # dtype's autotuning and each compilation take minutes, and a lent machine's check
+    # may end before the last line.
+    kernel_checks(dtypes[0])
+    if not quick:
+        peak = peak_holder[0] if peak_holder else 0.0
+        add(timed(f"training {name}", lambda: training_probe(dev, name, steps, peak)))
     add(timed("compiled decoding vs eager", lambda: compiled_decoding_check(dev)))
+    add(timed("generation vs full forward", lambda: generation_check(dev)))
+    for dtype in dtypes[1:]:
+        kernel_checks(dtype)
+    add(timed("decode step cpu vs torch", lambda: step_check(dev, torch.float32, kernel="cpu")))
     if quick:
         add([skipped("training probe", "--quick"), skipped("ray", "--quick")])
         return checks
