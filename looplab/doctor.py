@@ -704,6 +704,7 @@ def run(
     add(timed("peaks", measured_peaks))
     dtypes = (torch.bfloat16, torch.float32) if dev.type == "cuda" else (torch.float32,)
     name = preset or ("paper-140m" if dev.type == "cuda" else "local")
+
     def kernel_checks(dtype):
         add(timed("scan kernel vs torch", lambda: scan_check(dev, dtype)))
         add(timed("decode step cuda vs torch", lambda: step_check(dev, dtype, kernel="cuda")))
