@@ -46,12 +46,14 @@ BACKEND = "inductor"  # the suite's quick tests trace with "aot_eager" (Inductor
 MAX_SHAPES = 2  # static compilations per training run: the dense batch and a last micro-batch
 
 
-def _compiled(backbone: torch.nn.Module, dynamic: bool | None):
+def _compiled(backbone: torch.nn.Module, dynamic: bool | None, cuda_graphs: bool = False):
     # Dynamo keeps its compilations per code object, so every backbone of a process
     # (each model, its training and decoding) shares Backbone.forward's recompile limit:
     # room for one's shapes beside another's, before dynamo falls back to eager.
     config = torch._dynamo.config
     config.recompile_limit = max(config.recompile_limit, 32)
+    if cuda_graphs:  # an Inductor mode: BACKEND's quick stand-in (aot_eager) has none
+        return torch.compile(backbone.forward, dynamic=dynamic, mode="reduce-overhead")
     return torch.compile(backbone.forward, dynamic=dynamic, backend=BACKEND)
 
 
@@ -92,12 +94,7 @@ class CompiledDecodeStep:
 
     def __init__(self, backbone: torch.nn.Module, cuda_graphs: bool = False):
         self.cuda_graphs = cuda_graphs
-        if cuda_graphs:
-            config = torch._dynamo.config
-            config.recompile_limit = max(config.recompile_limit, 32)
-            self.compiled = torch.compile(backbone.forward, dynamic=None, mode="reduce-overhead")
-        else:
-            self.compiled = _compiled(backbone, dynamic=None)
+        self.compiled = _compiled(backbone, dynamic=None, cuda_graphs=cuda_graphs)
 
     def __call__(self, h, positions=None, seq_idx=None, cache=None):
         for t in (h, positions):
