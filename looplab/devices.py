@@ -25,9 +25,14 @@ def resolve_device(name: str | torch.device | None) -> torch.device:
     return torch.device(name)
 
 
+def resolved_precision(precision: str, device: torch.device) -> str:
+    """train.precision on `device`: 'auto' is bf16 on CUDA and fp32 on a CPU."""
+    return ("bf16" if device.type == "cuda" else "fp32") if precision == "auto" else precision
+
+
 def autocast_context(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
     """bf16 autocast on CUDA by default ('auto'), plain fp32 on CPU; 'bf16' forces it
     on either (CPU autocast on a CPU: the benchmark's --dtype bf16), 'fp32' never."""
-    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
+    if resolved_precision(precision, device) == "bf16":
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()

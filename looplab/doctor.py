@@ -132,7 +132,7 @@ def environment(device) -> list[Check]:
     out.append(passed("mamba-2 scan path", f"{path}: {why}"))
     step = dispatch.step_implementation(probe)
     reason = (
-        f"mamba-ssm's selective_state_update + {dispatch.conv_implementation('causal_conv1d_update')}"
+        f"mamba-ssm's selective_state_update + {dispatch.conv_implementation(step=True)}"
         if step == "cuda"
         else "compiled (LOOPLAB_CPU_STEP_KERNEL=1)"
         if step == "cpu-kernel"
@@ -484,6 +484,7 @@ def training_probe(device, preset: str, steps: int, peak_flops: float) -> list[C
 
     from looplab.config import apply_overrides
     from looplab.costs.resources import flops_per_token, plan_stage
+    from looplab.devices import resolved_precision
     from looplab.models.compiled import compiles
     from looplab.presets import get_preset
 
@@ -508,7 +509,7 @@ def training_probe(device, preset: str, steps: int, peak_flops: float) -> list[C
     tokens = rows * cfg.train.seq_len
     rate = tokens / seconds
     mfu = flops_per_token(cfg, plan.checkpointing) * rate / peak_flops if peak_flops else float("nan")
-    precision = ("bf16" if gpu else "fp32") if cfg.train.precision == "auto" else cfg.train.precision
+    precision = resolved_precision(cfg.train.precision, device)
     head = (
         f"{preset} pre-training, {precision}, steps of {rows} × {cfg.train.seq_len} tokens in micro-batches "
         f"of {plan.micro_batch}, eager"

@@ -68,6 +68,7 @@ def test_without_causal_conv1d_the_cuda_path_keeps_the_triton_kernels(monkeypatc
         )
         assert dispatch.cuda_step_kernels()[0] is causal_conv1d_update_torch
         assert "torch conv (causal-conv1d: ModuleNotFoundError" in dispatch.conv_implementation()
+        assert "torch conv (causal-conv1d: ModuleNotFoundError" in dispatch.conv_implementation(step=True)
     finally:
         dispatch.cuda_scan_kernels.cache_clear()
         dispatch.cuda_step_kernels.cache_clear()

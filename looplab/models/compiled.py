@@ -103,12 +103,18 @@ class CompiledDecodeStep:
         if not self.cuda_graphs:
             return self.compiled(h, positions, seq_idx, cache)
         if cache is not None:
-            for state in cache.states:
-                for t in () if state is None else vars(state).values():
-                    if not hasattr(t, "_dynamo_static_input_type"):  # marked once per tensor
-                        torch._dynamo.mark_static_address(t)
+            _mark_static(cache)
         torch.compiler.cudagraph_mark_step_begin()
         return self.compiled(h, positions, seq_idx, cache).clone()
+
+
+def _mark_static(cache) -> None:
+    """Every tensor of a StepCache's states at a fixed address for CUDA graphs, marked
+    once (a cache that grows its attention buffers hands new tensors, marked then)."""
+    for state in cache.states:
+        for t in () if state is None else vars(state).values():
+            if not hasattr(t, "_dynamo_static_input_type"):
+                torch._dynamo.mark_static_address(t)
 
 
 def compile_backbone(model, setting: str, device: torch.device) -> bool:

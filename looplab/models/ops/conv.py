@@ -103,12 +103,16 @@ def causal_depthwise_conv_step(
 # Mamba2._scan_cuda and _step_cuda read the same either way (models/ops/dispatch.py).
 
 
+def _activated(out: torch.Tensor, activation: str | None) -> torch.Tensor:
+    """causal-conv1d's activation: None, or SiLU under either of its names."""
+    return torch.nn.functional.silu(out) if activation in ("silu", "swish") else out
+
+
 def causal_conv1d_fn_torch(x, weight, bias=None, seq_idx=None, activation=None):
     """causal_conv1d_fn's contract: x (b, c, l), weight (c, k), bias (c,), seq_idx (b, l)
-    int32, activation None or "silu"; returns (b, c, l) in x's dtype."""
+    int32, activation None, "silu" or "swish"; returns (b, c, l) in x's dtype."""
     out = causal_depthwise_conv(x.transpose(1, 2), weight[:, None, :], bias, seq_idx)
-    out = torch.nn.functional.silu(out) if activation == "silu" else out
-    return out.to(x.dtype).transpose(1, 2)
+    return _activated(out, activation).to(x.dtype).transpose(1, 2)
 
 
 def causal_conv1d_update_torch(x, conv_state, weight, bias=None, activation=None, conv_state_indices=None):
@@ -117,5 +121,4 @@ def causal_conv1d_update_torch(x, conv_state, weight, bias=None, activation=None
     (n, c) in x's dtype."""
     rows = None if conv_state_indices is None else conv_state_indices.long()
     out = causal_depthwise_conv_step(x, conv_state.transpose(1, 2), weight[:, None, :], bias, rows)
-    out = torch.nn.functional.silu(out) if activation == "silu" else out
-    return out.to(x.dtype)
+    return _activated(out, activation).to(x.dtype)

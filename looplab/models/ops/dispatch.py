@@ -69,15 +69,17 @@ def _with_conv(conv_kernel, triton_kernel, torch_conv):
     where it does not. None without the Triton kernel."""
     if triton_kernel is None:
         return None
-    return ((conv_kernel or (torch_conv,))[0], triton_kernel[0])
+    return (conv_kernel[0] if conv_kernel else torch_conv, triton_kernel[0])
 
 
-def conv_implementation(entry: str = "causal_conv1d_fn") -> str:
-    """Which conv the CUDA path runs: causal-conv1d's `entry`, or torch's and why."""
-    kernels = cuda_scan_kernels()
-    if kernels is None or kernels[0] is not conv.causal_conv1d_fn_torch:
-        return entry
-    return f"torch conv (causal-conv1d: {IMPORT_ERRORS.get('causal_conv1d', 'not imported')})"
+def conv_implementation(step: bool = False) -> str:
+    """Which conv the CUDA path's prefill (or, with step, its decode step) runs:
+    causal-conv1d's kernel, or torch's and why."""
+    kernels = cuda_step_kernels() if step else cuda_scan_kernels()
+    torch_conv = conv.causal_conv1d_update_torch if step else conv.causal_conv1d_fn_torch
+    if kernels is not None and kernels[0] is torch_conv:
+        return f"torch conv (causal-conv1d: {IMPORT_ERRORS.get('causal_conv1d', 'not imported')})"
+    return "causal_conv1d_update" if step else "causal_conv1d_fn"
 
 
 def torch_forced() -> bool:
