@@ -18,7 +18,8 @@ them alike; every time is one direct measurement, never a difference):
             weights, 1 loop): looplab's decode step eager (the step dispatch picks: torch
             ops, or the C++ CPU step with LOOPLAB_CPU_STEP_KERNEL=1) and compiled
             (compile_decoding), against the weight-read bound (weights ÷ the copy
-            bandwidth) and transformers' Mamba2
+            bandwidth) and transformers' Mamba2; at batch 1 with 1 and 4 loops, the
+            whole token step compiled as one graph against one graph a loop
   arrivals  decode tokens/s under continuous arrivals, depth batching over lockstep at
             skip:0.4 on `debug`'s shape (fresh weights, the gate spread so that exits
             vary), 8 and 32 slots
@@ -194,18 +195,23 @@ DECODE_SHAPE = dict(vocab_size=259, d_model=256, n_layers=4, n_loops=1, d_state=
 PROMPT, NEW = 32, 32
 
 
-def looplab_decoder(batch: int, compiled: bool):
+def looplab_decoder(batch: int, compiled: bool, whole_steps: bool = True, loops: int = 1, reset: bool = True):
     """(setup, run) decoding NEW tokens after a PROMPT-token prefill (setup: a copy of
-    the prefilled cache), eager or with the compiled step, and the model's weight bytes."""
+    the prefilled cache), eager or with the compiled step (whole_steps: the whole token
+    step compiled as one graph, else one graph a loop; compile_decoding), and the
+    model's weight bytes. reset=False keeps the compilations already made (an arm
+    compared beside this one)."""
     from looplab.config import ModelConfig
     from looplab.inference.generate import decode_step, prefill
     from looplab.models.compiled import compile_decoding
     from looplab.models.looped import LoopedLM
 
     torch.manual_seed(0)
-    torch._dynamo.reset()  # one model's compilations at a time: a serving process holds one
-    model = compile_decoding(LoopedLM(ModelConfig(arch="mamba2", **DECODE_SHAPE)).eval(), compiled)
-    ids = torch.randint(0, DECODE_SHAPE["vocab_size"], (batch, PROMPT + NEW))
+    if reset:
+        torch._dynamo.reset()  # one model's compilations at a time: a serving process holds one
+    shape = {**DECODE_SHAPE, "n_loops": loops}
+    model = compile_decoding(LoopedLM(ModelConfig(arch="mamba2", **shape)).eval(), compiled, whole_steps=whole_steps)
+    ids = torch.randint(0, shape["vocab_size"], (batch, PROMPT + NEW))
     cache = prefill(model, ids[:, :PROMPT], capacity=PROMPT + NEW).cache
 
     def run(c):
@@ -285,6 +291,25 @@ def decode(suite: Suite) -> None:
             "x",
             [t["compiled"], t["hf"]],
             load,
+        )
+    for loops in (1, 4):  # the whole token step (the default under full depth) against one graph a loop
+        torch._dynamo.reset()
+        arms = {
+            arm: looplab_decoder(1, compiled=True, whole_steps=arm == "whole", loops=loops, reset=False)[0]
+            for arm in ("whole", "per-loop")
+        }
+        for setup, run in arms.values():
+            timed(run, setup())  # compiles
+        with Measuring() as m:
+            t = alternate(arms, suite.repeats)
+            load = m.load()
+        suite.add(
+            f"decode batch 1, {loops} loop(s): whole token step ÷ one graph a loop (time)",
+            t["whole"].median / t["per-loop"].median,
+            "ratio",
+            [t["whole"], t["per-loop"]],
+            load,
+            f"{t['whole'].median / NEW * 1e3:.3f} against {t['per-loop'].median / NEW * 1e3:.3f} ms/token",
         )
 
 

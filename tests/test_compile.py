@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from looplab.config import ConfigError, TrainConfig, apply_overrides
-from looplab.inference.generate import generate
+from looplab.inference.generate import decode_step, generate, prefill
 from looplab.models import compiled
 from looplab.models.compiled import compile_decoding, compiles
 from looplab.policy import ExitPolicy
@@ -131,3 +131,35 @@ def test_the_cuda_graph_step_gives_eager_tokens_and_loops():
     for case in cases:
         same_generation(generate(model, prompts, 6, ExitPolicy.parse(case[0]), schedule=case[1]), eager[case], case)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0  # it ran compiled
+
+
+@pytest.mark.parametrize("arch", ["mamba2", "hybrid"])
+def test_the_whole_full_depth_step_follows_the_general_loop(arch, monkeypatch):
+    """Under a full-depth policy decode_step runs its token step compiled whole
+    (generate._full_depth_step): every row, and a subset of the rows (a server's running
+    slots), gives the general per-loop loop's logits and advances only its rows' cache
+    (traced with aot_eager: dynamo and AOT autograd are where its own mistakes show)."""
+    monkeypatch.setattr(compiled, "BACKEND", QUICK)
+    torch._dynamo.reset()
+    model = tiny_model(arch, seed=2)
+    ids = torch.tensor([[5, 9, 2, 7, 1, 3, 8, 4], [4, 4, 8, 2, 6, 1, 0, 9], [6, 2, 9, 9, 1, 0, 3, 5]])
+    pre = prefill(model, ids[:, :4], capacity=8)
+    rows = torch.tensor([0, 2])
+
+    def run(cache):
+        got = [decode_step(model, cache, ids[:, 4]).logits]
+        got.append(decode_step(model, cache, ids[rows, 5], rows=rows).logits)
+        got.append(decode_step(model, cache, ids[:, 6], readout=False).logits)
+        got.append(decode_step(model, cache, ids[:, 7]).logits)  # reads what the last call left
+        return got, cache.length.tolist()
+
+    eager = run(pre.cache.clone())
+    compile_decoding(model)
+    calls = []
+    monkeypatch.setattr(model.compiled_decode, "compiled", lambda *a: calls.append(a))  # the per-loop step
+    got = run(pre.cache.clone())
+    assert not calls and model.compiled_decode._whole  # the whole step ran, not the per-loop one
+    assert got[1] == eager[1] == [8, 7, 8]
+    assert got[0][2] is None and eager[0][2] is None
+    for g, e in zip(got[0][:2] + got[0][3:], eager[0][:2] + eager[0][3:]):
+        assert torch.allclose(g, e, atol=1e-5), (g - e).abs().max()

@@ -30,7 +30,7 @@ from looplab.config import ConfigError
 from looplab.inference.depth_batching import DEPTH, LOCKSTEP, DepthBatch, check_schedule
 from looplab.models.cache import HOLE, InferenceCache, Layout
 from looplab.models.execution import FULL_DEPTH
-from looplab.policy import DENSE, EXIT_RULES, GATE_LOGITS, GIVEN, ExitPolicy, exit_rule
+from looplab.policy import DENSE, EXIT_RULES, FULL, GATE_LOGITS, GIVEN, ExitPolicy, exit_rule
 
 StepHook = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -170,10 +170,14 @@ def decode_step(
     all_rows = rows is None
     if all_rows and n != cache.batch:
         raise ConfigError(f"tokens of shape {tuple(tokens.shape)} is invalid; allowed: ({cache.batch},) or rows=")
-    row_ids = torch.arange(n, device=tokens.device) if rows is None else rows
     positions = cache.length.clone() if all_rows else cache.length[rows]  # each row's next position
     if cache.has_keys:
         cache.reserve(int(positions.max()) + 1)
+    whole = _whole_step(model, policy, on_step)
+    if whole is not None:  # every row runs every loop: the token step compiled as one graph
+        exit_step = torch.full_like(positions, R)
+        return Decoded(whole(model, cache, tokens, rows, readout), exit_step, policy.loops_of(exit_step, R))
+    row_ids = torch.arange(n, device=tokens.device) if rows is None else rows
 
     if policy.rule in EXIT_RULES:  # the gate's threshold rule or a zoo rule, per token, from zero:
         rule = exit_rule(policy)  # each new token decides afresh
@@ -236,6 +240,32 @@ def decode_step(
         cache.length[rows] += 1
     logits = model.logits(readout_h) if readout else None
     return Decoded(logits, exit_step, policy.loops_of(exit_step, R))
+
+
+def _whole_step(model, policy: ExitPolicy, on_step: StepHook | None):
+    """The compiled full-depth token step (_full_depth_step), where decode_step may run
+    it: a compiled model (models/compiled.compile_decoding), a policy under which every
+    token runs every loop (full), and no hook between loops; else None."""
+    compiled = getattr(model, "compiled_decode", None)
+    if compiled is None or policy.execution != FULL or on_step is not None:
+        return None
+    return compiled.whole(_full_depth_step)
+
+
+def _full_depth_step(model, cache: InferenceCache, tokens, rows, readout: bool):
+    """decode_step under a full-depth policy, as one function for torch.compile to
+    trace whole: every row in `rows` (None: all) runs loops 1..R on its token and none
+    exits, so the general loop's exit bookkeeping reduces to this. Returns the logits
+    (None without readout); tests/test_compile.py holds it to the general loop's tokens."""
+    positions = (cache.length if rows is None else cache.length[rows]).clone()[:, None]
+    h = model.embed(tokens)[:, None]
+    for r in range(1, model.cfg.n_loops + 1):
+        h = model.backbone(h, positions, None, cache.at(r, Layout.one_token(rows)))
+    if rows is None:
+        cache.length += 1
+    else:
+        cache.length[rows] += 1
+    return model.logits(h[:, 0]) if readout else None
 
 
 def sample(

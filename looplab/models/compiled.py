@@ -28,6 +28,8 @@ cadence-like setting).
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 AUTO, ON = "auto", "on"  # train.compile's values (looplab/config.py validates them)
@@ -46,15 +48,15 @@ BACKEND = "inductor"  # the suite's quick tests trace with "aot_eager" (Inductor
 MAX_SHAPES = 2  # static compilations per training run: the dense batch and a last micro-batch
 
 
-def _compiled(backbone: torch.nn.Module, dynamic: bool | None, cuda_graphs: bool = False):
+def _compiled(fn: Callable, dynamic: bool | None, cuda_graphs: bool = False):
     # Dynamo keeps its compilations per code object, so every backbone of a process
     # (each model, its training and decoding) shares Backbone.forward's recompile limit:
     # room for one's shapes beside another's, before dynamo falls back to eager.
     config = torch._dynamo.config
     config.recompile_limit = max(config.recompile_limit, 32)
     if cuda_graphs:  # an Inductor mode: BACKEND's quick stand-in (aot_eager) has none
-        return torch.compile(backbone.forward, dynamic=dynamic, mode="reduce-overhead")
-    return torch.compile(backbone.forward, dynamic=dynamic, backend=BACKEND)
+        return torch.compile(fn, dynamic=dynamic, mode="reduce-overhead")
+    return torch.compile(fn, dynamic=dynamic, backend=BACKEND)
 
 
 class CompiledBackbone:
@@ -62,7 +64,7 @@ class CompiledBackbone:
     signatures it meets (no seq_idx), eager for any other (see the module's docstring)."""
 
     def __init__(self, backbone: torch.nn.Module):
-        self.backbone, self.compiled = backbone, _compiled(backbone, dynamic=False)
+        self.backbone, self.compiled = backbone, _compiled(backbone.forward, dynamic=False)
         self.shapes: set[tuple] = set()
 
     def __call__(self, h, positions=None, seq_idx=None, cache=None):
@@ -90,11 +92,36 @@ class CompiledDecodeStep:
     (cudagraph_mark_step_begin) whose output is cloned: a replay overwrites its outputs'
     memory, and a decode step's caller keeps h across the loops and steps that follow.
     Not yet run on a GPU: `looplab doctor` checks its tokens against eager's there and
-    counts the captures Inductor skipped."""
+    counts the captures Inductor skipped.
 
-    def __init__(self, backbone: torch.nn.Module, cuda_graphs: bool = False):
-        self.cuda_graphs = cuda_graphs
-        self.compiled = _compiled(backbone, dynamic=None, cuda_graphs=cuda_graphs)
+    whole(step): where every row runs every loop (a full-depth policy), the caller's whole
+    token step (embedding, the R loops, the head) compiled as one graph instead: one
+    guard check and one graph call a token instead of one a loop, and the embedding,
+    positions and head fused in. Depth batching and the exit policies, whose running
+    rows change from loop to loop, go through the one-loop step."""
+
+    def __init__(self, backbone: torch.nn.Module, cuda_graphs: bool = False, whole_steps: bool = True):
+        self.cuda_graphs, self.whole_steps = cuda_graphs, whole_steps and not cuda_graphs
+        self.compiled = _compiled(backbone.forward, dynamic=None, cuda_graphs=cuda_graphs)
+        self._whole: dict[Callable, Callable] = {}
+
+    def whole(self, step: Callable) -> Callable | None:
+        """`step` (generate's full-depth token step) compiled, its rows dynamic. None
+        with whole_steps off (benchmarks/suite.py times both) or cuda_graphs, whose
+        capture is the one-loop step's (the one the doctor checks on a GPU)."""
+        if not self.whole_steps:
+            return None
+        if step not in self._whole:
+            compiled_step = _compiled(step, dynamic=None)
+
+            def run(model, cache, tokens, rows, readout):
+                for t in (tokens, rows):
+                    if t is not None:
+                        torch._dynamo.maybe_mark_dynamic(t, 0)
+                return compiled_step(model, cache, tokens, rows, readout)
+
+            self._whole[step] = run
+        return self._whole[step]
 
     def __call__(self, h, positions=None, seq_idx=None, cache=None):
         for t in (h, positions):
@@ -126,11 +153,12 @@ def compile_backbone(model, setting: str, device: torch.device) -> bool:
     return model.compiled_backbone is not None
 
 
-def compile_decoding(model, enabled: bool = True, cuda_graphs: bool = False):
+def compile_decoding(model, enabled: bool = True, cuda_graphs: bool = False, whole_steps: bool = True):
     """Give `model` (a LoopedLM) a compiled one-token step: LoopedLM.step runs it for a
-    (n, 1, d) input with a cache and no gradients (decode_step, depth batching). With
-    enabled=False, remove it (the eager step). cuda_graphs: capture the step in CUDA
-    graphs (CompiledDecodeStep; on a CPU, Inductor captures nothing and it runs as
-    compiled). Returns the model."""
-    model.compiled_decode = CompiledDecodeStep(model.backbone, cuda_graphs) if enabled else None
+    (n, 1, d) input with a cache and no gradients (decode_step, depth batching), and
+    decode_step compiles its whole token step under a full-depth policy (whole_steps;
+    CompiledDecodeStep.whole). With enabled=False, remove it (the eager step).
+    cuda_graphs: capture the one-loop step in CUDA graphs (on a CPU, Inductor captures
+    nothing and it runs as compiled). Returns the model."""
+    model.compiled_decode = CompiledDecodeStep(model.backbone, cuda_graphs, whole_steps) if enabled else None
     return model
