@@ -133,7 +133,8 @@ def test_the_cuda_graph_step_gives_eager_tokens_and_loops():
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0  # it ran compiled
 
 
-@pytest.mark.parametrize("arch", ["mamba2", "hybrid"])
+# ~10 s a backbone traced: the hybrid (attention's positions and growing buffers) in the slow tier
+@pytest.mark.parametrize("arch", ["mamba2", pytest.param("hybrid", marks=pytest.mark.slow)])
 def test_the_whole_full_depth_step_follows_the_general_loop(arch, monkeypatch):
     """Under a full-depth policy decode_step runs its token step compiled whole
     (generate._full_depth_step): every row, and a subset of the rows (a server's running
