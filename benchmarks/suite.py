@@ -22,7 +22,7 @@ them alike; every time is one direct measurement, never a difference):
             whole token step compiled as one graph against one graph a loop
   arrivals  decode tokens/s under continuous arrivals, depth batching over lockstep at
             skip:0.4 on `debug`'s shape (fresh weights, the gate spread so that exits
-            vary), 8 and 32 slots
+            vary), 8 and 32 slots; and lockstep's full policy (no exits) against skip:0.4
   mini      `python sweeps/paper_mini.py --dry-run`'s estimated wall time of a clean run
 """
 
@@ -364,6 +364,15 @@ def arrivals(suite: Suite) -> None:
                 [timing(depth), timing(lock)],
                 load,
                 f"decode tok/s depth {depth.decode_tokens_per_s:,.0f}, lockstep {lock.decode_tokens_per_s:,.0f}",
+            )
+            full = by[slots, "lockstep", "full"]  # the baseline every policy's speedup is read against
+            suite.add(
+                f"arrivals {slots} slots, {step}: lockstep full ÷ lockstep skip:0.4",
+                full.decode_tokens_per_s / lock.decode_tokens_per_s,
+                "x",
+                [timing(full), timing(lock)],
+                load,
+                f"decode tok/s full {full.decode_tokens_per_s:,.0f} (every token every loop)",
             )
 
 
