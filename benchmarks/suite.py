@@ -19,7 +19,8 @@ them alike; every time is one direct measurement, never a difference):
             ops, or the C++ CPU step with LOOPLAB_CPU_STEP_KERNEL=1) and compiled
             (compile_decoding), against the weight-read bound (weights ÷ the copy
             bandwidth) and transformers' Mamba2; at batch 1 with 1 and 4 loops, the
-            whole token step compiled as one graph against one graph a loop
+            whole token step compiled as one graph (ahead of time, the default on a
+            CPU, and by dynamo) against one graph a loop
   arrivals  decode tokens/s under continuous arrivals, depth batching over lockstep at
             skip:0.4 on `debug`'s shape (fresh weights, the gate spread so that exits
             vary), 8 and 32 slots; and lockstep's full policy (no exits) against skip:0.4
@@ -89,6 +90,9 @@ class Suite:
         self.figures: list[Figure] = []
         self.peak_flops = 0.0
         self.bandwidth = 0.0
+        # Their timings: a figure divided by the peak or the bandwidth carries their spread too.
+        self.peak_timing: list[Timing] = []
+        self.bandwidth_timing: list[Timing] = []
 
     def add(self, name: str, value: float, unit: str, timings, load: Load, note: str = "") -> Figure:
         figure = Figure(name, value, unit, tuple(timings), load, self.bound, note)
@@ -111,6 +115,7 @@ def machine(suite: Suite) -> None:
         load = m.load()
     suite.peak_flops = 2 * n**3 / t["gemm"].median
     suite.bandwidth = 2 * src.numel() * 4 / t["copy"].median  # read + write
+    suite.peak_timing, suite.bandwidth_timing = [t["gemm"]], [t["copy"]]
     suite.add(
         f"fp32 GEMM {n}³ ({torch.get_num_threads()} threads)", suite.peak_flops / 1e9, "GFLOP/s", [t["gemm"]], load
     )
@@ -160,7 +165,13 @@ def train(suite: Suite) -> None:
     suite.add("local step: eager", tokens / t["local"].median, "tokens/s", [t["local"]], load)
     if suite.peak_flops:
         mfu = flops_per_token(local) * tokens / t["local"].median / suite.peak_flops
-        suite.add("local step: MFU against the GEMM peak (target ≥ 65 %)", 100 * mfu, "%", [t["local"]], load)
+        suite.add(
+            "local step: MFU against the GEMM peak (target ≥ 65 %)",
+            100 * mfu,
+            "%",
+            [t["local"], *suite.peak_timing],
+            load,
+        )
 
     import mamba2_vs_hf  # the two same-shaped stacks
 
@@ -195,12 +206,14 @@ DECODE_SHAPE = dict(vocab_size=259, d_model=256, n_layers=4, n_loops=1, d_state=
 PROMPT, NEW = 32, 32
 
 
-def looplab_decoder(batch: int, compiled: bool, whole_steps: bool = True, loops: int = 1, reset: bool = True):
+def looplab_decoder(
+    batch: int, compiled: bool, whole_steps: bool = True, ahead_of_time: bool = True, loops: int = 1, reset: bool = True
+):
     """(setup, run) decoding NEW tokens after a PROMPT-token prefill (setup: a copy of
-    the prefilled cache), eager or with the compiled step (whole_steps: the whole token
-    step compiled as one graph, else one graph a loop; compile_decoding), and the
-    model's weight bytes. reset=False keeps the compilations already made (an arm
-    compared beside this one)."""
+    the prefilled cache), eager or with the compiled step (compile_decoding: whole_steps,
+    the whole token step as one graph, else one graph a loop; ahead_of_time, that graph
+    compiled ahead of time, else by dynamo), and the model's weight bytes. reset=False
+    keeps the compilations already made (an arm compared beside this one)."""
     from looplab.config import ModelConfig
     from looplab.inference.generate import decode_step, prefill
     from looplab.models.compiled import compile_decoding
@@ -210,7 +223,8 @@ def looplab_decoder(batch: int, compiled: bool, whole_steps: bool = True, loops:
     if reset:
         torch._dynamo.reset()  # one model's compilations at a time: a serving process holds one
     shape = {**DECODE_SHAPE, "n_loops": loops}
-    model = compile_decoding(LoopedLM(ModelConfig(arch="mamba2", **shape)).eval(), compiled, whole_steps=whole_steps)
+    model = LoopedLM(ModelConfig(arch="mamba2", **shape)).eval()
+    compile_decoding(model, compiled, whole_steps=whole_steps, ahead_of_time=ahead_of_time)
     ids = torch.randint(0, shape["vocab_size"], (batch, PROMPT + NEW))
     cache = prefill(model, ids[:, :PROMPT], capacity=PROMPT + NEW).cache
 
@@ -281,7 +295,7 @@ def decode(suite: Suite) -> None:
                     f"decode batch {batch}: looplab {arm} ÷ weight-read bound (target ≤ 1.3)",
                     ms[arm] / bound_ms,
                     "x",
-                    [t[arm]],
+                    [t[arm], *suite.bandwidth_timing],
                     load,
                     f"{weights / 2**20:.1f} MiB of weights: {bound_ms:.3f} ms",
                 )
@@ -292,25 +306,28 @@ def decode(suite: Suite) -> None:
             [t["compiled"], t["hf"]],
             load,
         )
-    for loops in (1, 4):  # the whole token step (the default under full depth) against one graph a loop
+    # The whole token step ahead of time (the default on a CPU), by dynamo, and one graph a loop.
+    ways = {"ahead of time": (True, True), "dynamo": (True, False), "per-loop": (False, False)}
+    for loops in (1, 4):
         torch._dynamo.reset()
         arms = {
-            arm: looplab_decoder(1, compiled=True, whole_steps=arm == "whole", loops=loops, reset=False)[0]
-            for arm in ("whole", "per-loop")
+            way: looplab_decoder(1, True, whole_steps=w, ahead_of_time=a, loops=loops, reset=False)[0]
+            for way, (w, a) in ways.items()
         }
         for setup, run in arms.values():
             timed(run, setup())  # compiles
         with Measuring() as m:
             t = alternate(arms, suite.repeats)
             load = m.load()
-        suite.add(
-            f"decode batch 1, {loops} loop(s): whole token step ÷ one graph a loop (time)",
-            t["whole"].median / t["per-loop"].median,
-            "ratio",
-            [t["whole"], t["per-loop"]],
-            load,
-            f"{t['whole'].median / NEW * 1e3:.3f} against {t['per-loop'].median / NEW * 1e3:.3f} ms/token",
-        )
+        for way in ("ahead of time", "dynamo"):
+            suite.add(
+                f"decode batch 1, {loops} loop(s): whole token step {way} ÷ one graph a loop (time)",
+                t[way].median / t["per-loop"].median,
+                "ratio",
+                [t[way], t["per-loop"]],
+                load,
+                f"{t[way].median / NEW * 1e3:.3f} against {t['per-loop'].median / NEW * 1e3:.3f} ms/token",
+            )
 
 
 # ---- arrivals -----------------------------------------------------------------------------

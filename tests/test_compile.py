@@ -164,3 +164,62 @@ def test_the_whole_full_depth_step_follows_the_general_loop(arch, monkeypatch):
     assert got[0][2] is None and eager[0][2] is None
     for g, e in zip(got[0][:2] + got[0][3:], eager[0][:2] + eager[0][3:]):
         assert torch.allclose(g, e, atol=1e-5), (g - e).abs().max()
+
+
+@pytest.mark.slow  # AOTInductor builds a package per signature: ~15 s each on 2 cores
+def test_the_ahead_of_time_step_follows_the_general_loop_and_new_weights(monkeypatch):
+    """On a CPU, full-depth decoding of every row runs the whole token step compiled
+    ahead of time (models/ahead_of_time.py): the general loop's logits, lengths and
+    states, with and without the readout, and after the weights change in place (as an
+    optimizer step changes them) the new weights' logits, from a package built again."""
+    monkeypatch.setattr(compiled, "BACKEND", "inductor")
+    torch._dynamo.reset()
+    model = tiny_model("mamba2", seed=3)
+    ids = torch.tensor([[5, 9, 2, 7, 1, 3, 8, 4], [4, 4, 8, 2, 6, 1, 0, 9], [6, 2, 9, 9, 1, 0, 3, 5]])
+    pre = prefill(model, ids[:, :4], capacity=8)
+
+    def run(cache, start):
+        logits = [decode_step(model, cache, ids[:, start]).logits]
+        assert decode_step(model, cache, ids[:, start + 1], readout=False).logits is None
+        logits.append(decode_step(model, cache, ids[:, start + 2]).logits)  # reads what the last call left
+        states = [t.clone() for s in cache.storage for t in vars(s).values()]
+        return logits, cache.length.tolist(), states
+
+    def same(got, eager):
+        assert got[1] == eager[1]
+        for g, e in zip(got[0] + got[2], eager[0] + eager[2]):
+            assert torch.allclose(g, e, atol=1e-5), (g - e).abs().max()
+
+    def eager_run(start):
+        step, model.compiled_decode = model.compiled_decode, None
+        try:
+            return run(pre.cache.clone(), start)
+        finally:
+            model.compiled_decode = step
+
+    compile_decoding(model)
+    same(run(pre.cache.clone(), 4), eager_run(4))
+    (steps,) = model.compiled_decode.packages.values()
+    assert len(steps.packages) == 2  # one signature with the readout, one without
+    with torch.no_grad():
+        model.backbone.layers[0][0].inner.in_proj.weight.mul_(0.5)
+    same(run(pre.cache.clone(), 4), eager_run(4))
+    assert len(steps.packages) == 2 and not steps.failed  # rebuilt for the new weights
+
+
+def test_an_ahead_of_time_step_that_cannot_build_leaves_decoding_to_dynamo(monkeypatch):
+    from looplab.inference.generate import _full_depth_step
+    from looplab.models.ahead_of_time import AheadOfTimeSteps
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("no compiler here")
+
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", fail)
+    model = tiny_model("mamba2", seed=3)
+    pre = prefill(model, torch.tensor([[5, 9, 2, 7]]), capacity=8)
+    steps = AheadOfTimeSteps(model, _full_depth_step)
+    with torch.no_grad(), pytest.warns(UserWarning, match="no compiler here"):
+        assert steps(pre.cache, torch.tensor([3]), True) is NotImplemented
+    assert steps.failed and pre.cache.length.tolist() == [4]  # the caller's cache untouched
+    with torch.no_grad():
+        assert steps(pre.cache, torch.tensor([3]), True) is NotImplemented  # no second attempt

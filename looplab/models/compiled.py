@@ -7,7 +7,9 @@ data-dependent branch, and the backbone is where the elementwise work that Induc
 fuses lives (the SSD's decay masks, the conv, SiLU, the norms).
 
 Decoding (compile_decoding): one application to one new token per row, with the
-cache, its number of rows dynamic; every policy and schedule goes through it
+cache, its number of rows dynamic; under a full-depth policy the whole token step
+instead (embedding, R loops, head: CompiledDecodeStep.whole), on a CPU compiled ahead
+of time (models/ahead_of_time.py); every policy and schedule goes through them
 (generate.decode_step and depth batching call model.step), so tokens and loops are
 eager's (tests/test_compile.py). On a 2-core CPU a decode step of a d 256, 4-layer
 Mamba-2 at batch 1 ran 2.1-2.4x faster compiled (its ~100 small operations per layer
@@ -31,6 +33,9 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+
+from looplab.models import ahead_of_time
+from looplab.models.ahead_of_time import AheadOfTimeSteps
 
 AUTO, ON = "auto", "on"  # train.compile's values (looplab/config.py validates them)
 
@@ -97,24 +102,42 @@ class CompiledDecodeStep:
     whole(step): where every row runs every loop (a full-depth policy), the caller's whole
     token step (embedding, the R loops, the head) compiled as one graph instead: one
     guard check and one graph call a token instead of one a loop, and the embedding,
-    positions and head fused in. Depth batching and the exit policies, whose running
+    positions and head fused in. On a CPU, for every row of a recurrent cache, it is
+    compiled ahead of time instead (ahead_of_time: models/ahead_of_time.py), which drops
+    dynamo's per-call costs too. Depth batching and the exit policies, whose running
     rows change from loop to loop, go through the one-loop step."""
 
-    def __init__(self, backbone: torch.nn.Module, cuda_graphs: bool = False, whole_steps: bool = True):
+    def __init__(
+        self,
+        backbone: torch.nn.Module,
+        cuda_graphs: bool = False,
+        whole_steps: bool = True,
+        ahead_of_time: bool = True,
+    ):
         self.cuda_graphs, self.whole_steps = cuda_graphs, whole_steps and not cuda_graphs
+        self.ahead_of_time = self.whole_steps and ahead_of_time
         self.compiled = _compiled(backbone.forward, dynamic=None, cuda_graphs=cuda_graphs)
         self._whole: dict[Callable, Callable] = {}
+        self.packages: dict[int, AheadOfTimeSteps] = {}  # by model: a step serves the model it is given
 
     def whole(self, step: Callable) -> Callable | None:
-        """`step` (generate's full-depth token step) compiled, its rows dynamic. None
-        with whole_steps off (benchmarks/suite.py times both) or cuda_graphs, whose
-        capture is the one-loop step's (the one the doctor checks on a GPU)."""
+        """`step` (generate's full-depth token step) compiled: ahead of time where that
+        applies, else by dynamo with its rows dynamic. None with whole_steps off
+        (benchmarks/suite.py times each way) or cuda_graphs, whose capture is the
+        one-loop step's (the one the doctor checks on a GPU)."""
         if not self.whole_steps:
             return None
         if step not in self._whole:
             compiled_step = _compiled(step, dynamic=None)
 
             def run(model, cache, tokens, rows, readout):
+                # (BACKEND's quick stand-in builds no C++: nor does an ahead-of-time step then)
+                if self.ahead_of_time and BACKEND == "inductor" and ahead_of_time.applies(cache, tokens, rows):
+                    if id(model) not in self.packages:
+                        self.packages[id(model)] = AheadOfTimeSteps(model, step)
+                    logits = self.packages[id(model)](cache, tokens, readout)
+                    if logits is not NotImplemented:
+                        return logits
                 for t in (tokens, rows):
                     if t is not None:
                         torch._dynamo.maybe_mark_dynamic(t, 0)
@@ -153,12 +176,17 @@ def compile_backbone(model, setting: str, device: torch.device) -> bool:
     return model.compiled_backbone is not None
 
 
-def compile_decoding(model, enabled: bool = True, cuda_graphs: bool = False, whole_steps: bool = True):
+def compile_decoding(
+    model, enabled: bool = True, cuda_graphs: bool = False, whole_steps: bool = True, ahead_of_time: bool = True
+):
     """Give `model` (a LoopedLM) a compiled one-token step: LoopedLM.step runs it for a
     (n, 1, d) input with a cache and no gradients (decode_step, depth batching), and
     decode_step compiles its whole token step under a full-depth policy (whole_steps;
-    CompiledDecodeStep.whole). With enabled=False, remove it (the eager step).
-    cuda_graphs: capture the one-loop step in CUDA graphs (on a CPU, Inductor captures
-    nothing and it runs as compiled). Returns the model."""
-    model.compiled_decode = CompiledDecodeStep(model.backbone, cuda_graphs, whole_steps) if enabled else None
+    ahead of time on a CPU where that applies: ahead_of_time; CompiledDecodeStep.whole).
+    With enabled=False, remove it (the eager step). cuda_graphs: capture the one-loop
+    step in CUDA graphs (on a CPU, Inductor captures nothing and it runs as compiled).
+    Returns the model."""
+    model.compiled_decode = (
+        CompiledDecodeStep(model.backbone, cuda_graphs, whole_steps, ahead_of_time) if enabled else None
+    )
     return model

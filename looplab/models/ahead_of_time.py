@@ -1,0 +1,157 @@
+"""Decoding's whole token step compiled ahead of time: torch.export, then AOTInductor.
+
+Why: at batch 1 a small model's token step under torch.compile pays, every call,
+dynamo's guard check (every parameter and cache tensor: ~0.1 ms), the compiled region's
+entry and Inductor's Python wrapper: on a 2-core Xeon, a d 256, 4-layer Mamba-2 token
+took 1.0 ms under dynamo and 0.65 ms compiled ahead of time, with 0.3-0.35 ms of it the
+matrix products (docs/benchmarks.md). An AOTInductor package is called from C++ with no
+guards, so what the guards checked is checked here, once per call and cheaply:
+
+- the call's signature (the readout, and the shape, strides and dtype of the tokens and
+  of every cache tensor: a package reads its inputs as laid out when it was built)
+  picks the package compiled for it, or compiles one;
+- a package holds its own copy of the weights (A_log, D and dt_bias are not among the
+  constants a built package can be handed, so it cannot read the model's), so each call compares the
+  parameters' and buffers' identities, versions and memory (an optimizer step or
+  load_state_dict bumps a version) and compiles again when they changed. The copies
+  are what the speed costs in memory: MAX_PACKAGES at most per model.
+
+Where it applies (applies()): a CPU, no autocast, every row of the cache (decode_step's
+rows=None), and recurrent states only (attention's buffers grow with the context, which
+would be a new package each time they do). Elsewhere the caller runs the dynamo step. A
+failed export or build falls back to it too, with one warning: decoding never stops on
+a compiler's limitation.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import warnings
+from typing import Callable
+
+import torch
+
+from looplab.models.cache import StepCache
+
+MAX_PACKAGES = 4  # packages kept per model, the oldest dropped for a new one (10-20 s to build on 2 cores)
+
+
+def applies(cache, tokens: torch.Tensor, rows) -> bool:
+    return (
+        rows is None
+        and tokens.device.type == "cpu"
+        and not cache.has_keys
+        and not torch.is_autocast_enabled("cpu")
+        and not torch.is_grad_enabled()
+    )
+
+
+def _inputs(cache) -> list[torch.Tensor]:
+    """The tensors a full-depth step reads and writes: each loop's view of each block's
+    state fields, then the lengths. Per-loop views, not the storage behind them: an
+    input the package writes in place is written whole, and a loop's update of a
+    storage-wide input would rewrite every loop's states."""
+    return [t for states in cache.states for s in states if s is not None for t in vars(s).values()] + [cache.length]
+
+
+class _Views:
+    """What a full-depth step reads of an InferenceCache (its lengths, `at(loop,
+    layout)`), over the tensors _inputs lists: the exported step's inputs."""
+
+    def __init__(self, template, tensors):
+        it = iter(tensors)
+        self.states = [
+            [None if s is None else type(s)(**{k: next(it) for k in vars(s)}) for s in loop] for loop in template.states
+        ]
+        self.length = next(it)
+
+    def at(self, loop: int, layout) -> StepCache:
+        return StepCache(self.states[loop - 1], layout)
+
+
+class _TokenStep(torch.nn.Module):
+    """What is exported: step(model, cache, tokens, None, readout) over the cache's
+    tensors as inputs, so the package updates the caller's states in place. Without
+    the readout it returns an empty tensor (an exported program returns tensors)."""
+
+    def __init__(self, model, step: Callable, template, readout: bool):
+        super().__init__()
+        self.model, self.step, self.template, self.readout = model, step, template, readout
+
+    def forward(self, tokens, *tensors):
+        logits = self.step(self.model, _Views(self.template, tensors), tokens, None, self.readout)
+        return logits if logits is not None else tokens.new_zeros(0, dtype=torch.float32)
+
+
+def _layout(t: torch.Tensor) -> tuple:
+    # A package reads its inputs as laid out when it was built: shapes, strides and
+    # dtypes are its signature (it checks none of them itself).
+    return tuple(t.shape), t.stride(), t.dtype
+
+
+class AheadOfTimeSteps:
+    """The ahead-of-time packages of one model's whole token step (module docstring)."""
+
+    def __init__(self, model, step: Callable):
+        self.model, self.step = model, step
+        self.packages: dict[tuple, Callable] = {}
+        self.failed = False  # an export or build failed: the caller's dynamo step from then on
+        self._weights = self._weights_now()
+
+    def _weights_now(self) -> list[tuple]:
+        """Each parameter and buffer where it is held: its owner's dict, name, tensor,
+        version and memory (walking the modules costs ~0.1 ms; checking these, a few µs)."""
+        return [
+            (owned, name, t, t._version, t.data_ptr())
+            for module in self.model.modules()
+            for owned in (module._parameters, module._buffers)
+            for name, t in owned.items()
+            if t is not None
+        ]
+
+    def _weights_changed(self) -> bool:
+        # A step, load_state_dict or `.data =` changes a version or the memory; a new
+        # tensor in the module's place changes what its owner holds.
+        return any(
+            owned.get(name) is not t or t._version != version or t.data_ptr() != ptr
+            for owned, name, t, version, ptr in self._weights
+        )
+
+    def __call__(self, cache, tokens: torch.Tensor, readout: bool):
+        """The logits (None without readout), or NotImplemented where no package can
+        serve the call (the caller runs its dynamo step)."""
+        if self._weights_changed():  # trained or loaded since: the packages hold old weights
+            self.packages.clear()
+            self._weights = self._weights_now()
+        tokens = tokens.contiguous()  # a column of a (batch, length) table is strided
+        tensors = _inputs(cache)
+        key = (readout, *(_layout(t) for t in (tokens, *tensors)))
+        if key not in self.packages:
+            if self.failed:
+                return NotImplemented
+            package = self._build(cache, tokens, readout)
+            if package is None:
+                return NotImplemented
+            if len(self.packages) >= MAX_PACKAGES:  # the oldest goes (each holds a copy of the weights)
+                del self.packages[next(iter(self.packages))]
+            self.packages[key] = package
+        logits = self.packages[key](tokens, *tensors)
+        return logits if readout else None
+
+    def _build(self, cache, tokens: torch.Tensor, readout: bool) -> Callable | None:
+        module = _TokenStep(self.model, self.step, cache, readout)
+        # Exported on copies: tracing runs the step, which would advance the caller's cache.
+        example = (tokens.clone(), *(t.clone() for t in _inputs(cache)))  # clone keeps the strides
+        try:
+            with tempfile.TemporaryDirectory() as folder, warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)  # torch's own deprecations, about its own code
+                exported = torch.export.export(module, example)
+                path = torch._inductor.aoti_compile_and_package(
+                    exported, package_path=os.path.join(folder, "token_step.pt2")
+                )
+                return torch._inductor.aoti_load_package(path)
+        except Exception as error:  # noqa: BLE001 - any compiler failure: decode with dynamo instead
+            self.failed = True
+            warnings.warn(f"the ahead-of-time token step did not build ({error}); decoding compiles with dynamo")
+            return None
