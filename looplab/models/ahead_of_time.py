@@ -3,24 +3,25 @@
 Why: at batch 1 a small model's token step under torch.compile pays, every call,
 dynamo's guard check (every parameter and cache tensor: ~0.1 ms), the compiled region's
 entry and Inductor's Python wrapper: on a 2-core Xeon, a d 256, 4-layer Mamba-2 token
-took 1.0 ms under dynamo and 0.65 ms compiled ahead of time, with 0.3-0.35 ms of it the
-matrix products (docs/benchmarks.md). An AOTInductor package is called from C++ with no
+took 1.09 ms under dynamo and 0.81 ms compiled ahead of time, about 0.35 ms of either
+the matrix products (benchmarks/suite.py, docs/benchmarks.md). An AOTInductor package is called from C++ with no
 guards, so what the guards checked is checked here, once per call and cheaply:
 
 - the call's signature (the readout, and the shape, strides and dtype of the tokens and
   of every cache tensor: a package reads its inputs as laid out when it was built)
   picks the package compiled for it, or compiles one;
 - a package holds its own copy of the weights (A_log, D and dt_bias are not among the
-  constants a built package can be handed, so it cannot read the model's), so each call compares the
-  parameters' and buffers' identities, versions and memory (an optimizer step or
-  load_state_dict bumps a version) and compiles again when they changed. The copies
-  are what the speed costs in memory: MAX_PACKAGES at most per model.
+  constants a built package can be handed, so it cannot read the model's), so each
+  call compares the parameters' and buffers' identities, versions and memory (an
+  optimizer step or load_state_dict bumps a version) and compiles again when they
+  changed. The copies are what the speed costs in memory: MAX_PACKAGES at most per
+  model.
 
-Where it applies (applies()): a CPU, no autocast, every row of the cache (decode_step's
-rows=None), and recurrent states only (attention's buffers grow with the context, which
-would be a new package each time they do). Elsewhere the caller runs the dynamo step. A
-failed export or build falls back to it too, with one warning: decoding never stops on
-a compiler's limitation.
+Where it applies (AheadOfTimeSteps.serve): a CPU, no autocast, every row of the cache
+(decode_step's rows=None), and recurrent states only (attention's buffers grow with the
+context, which would be a new package each time they do). Elsewhere the caller runs the
+dynamo step. A failed export or build falls back to it too, with one warning: decoding
+never stops on a compiler's limitation.
 """
 
 from __future__ import annotations
@@ -35,16 +36,6 @@ import torch
 from looplab.models.cache import StepCache
 
 MAX_PACKAGES = 4  # packages kept per model, the oldest dropped for a new one (10-20 s to build on 2 cores)
-
-
-def applies(cache, tokens: torch.Tensor, rows) -> bool:
-    return (
-        rows is None
-        and tokens.device.type == "cpu"
-        and not cache.has_keys
-        and not torch.is_autocast_enabled("cpu")
-        and not torch.is_grad_enabled()
-    )
 
 
 def _inputs(cache) -> list[torch.Tensor]:
@@ -92,6 +83,17 @@ def _layout(t: torch.Tensor) -> tuple:
 
 class AheadOfTimeSteps:
     """The ahead-of-time packages of one model's whole token step (module docstring)."""
+
+    @staticmethod
+    def serve(cache, tokens: torch.Tensor, rows) -> bool:
+        """Whether a package can serve this call (module docstring: where it applies)."""
+        return (
+            rows is None
+            and tokens.device.type == "cpu"
+            and not cache.has_keys
+            and not torch.is_autocast_enabled("cpu")
+            and not torch.is_grad_enabled()
+        )
 
     def __init__(self, model, step: Callable):
         self.model, self.step = model, step

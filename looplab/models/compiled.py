@@ -34,7 +34,6 @@ from typing import Callable
 
 import torch
 
-from looplab.models import ahead_of_time
 from looplab.models.ahead_of_time import AheadOfTimeSteps
 
 AUTO, ON = "auto", "on"  # train.compile's values (looplab/config.py validates them)
@@ -132,7 +131,7 @@ class CompiledDecodeStep:
 
             def run(model, cache, tokens, rows, readout):
                 # (BACKEND's quick stand-in builds no C++: nor does an ahead-of-time step then)
-                if self.ahead_of_time and BACKEND == "inductor" and ahead_of_time.applies(cache, tokens, rows):
+                if self.ahead_of_time and BACKEND == "inductor" and AheadOfTimeSteps.serve(cache, tokens, rows):
                     if id(model) not in self.packages:
                         self.packages[id(model)] = AheadOfTimeSteps(model, step)
                     logits = self.packages[id(model)](cache, tokens, readout)
