@@ -189,6 +189,10 @@ LOOPLAB_CASES = [
     (["generate", "--checkpoint", "{good}", "--prompt", "hi", "--temperature", "-1"], "argument --temperature"),
     (["generate", "--checkpoint", "{good}", "--prompt", "hi", "--top-p", "2"], "argument --top-p"),
     (["generate", "--checkpoint", "{truncated}", "--prompt", "hi"], "model.safetensors is damaged"),
+    (  # a byte's id indexes past p-hop's 15-row embedding: a line, not an IndexError
+        ["generate", "--checkpoint", "{good}", "--prompt", "hi", "--tokenizer", "bytes"],
+        "--tokenizer='bytes' is invalid for --checkpoint=",
+    ),
     (
         ["bench", "--decode", "--preset", "phop-debug", "--new-tokens", "0", "--oracle-mean", "2"],
         "argument --new-tokens",
