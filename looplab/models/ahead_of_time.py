@@ -3,7 +3,7 @@
 Why: at batch 1 a small model's token step under torch.compile pays, every call,
 dynamo's guard check (every parameter and cache tensor: ~0.1 ms), the compiled region's
 entry and Inductor's Python wrapper: on a 2-core Xeon, a d 256, 4-layer Mamba-2 token
-took 1.09 ms under dynamo and 0.81 ms compiled ahead of time, about 0.35 ms of either
+took 0.97 ms under dynamo and 0.68 ms compiled ahead of time, about 0.35 ms of either
 the matrix products (benchmarks/suite.py, docs/benchmarks.md). An AOTInductor package is called from C++ with no
 guards, so what the guards checked is checked here, once per call and cheaply:
 
