@@ -372,23 +372,25 @@ def arrivals(suite: Suite) -> None:
             records = bench_arrivals(model, task, settings)
             load = m.load()
         by = {(r.slots, r.schedule, r.policy): r for r in records}
+
+        def speedup(name: str, fast, slow, note: str) -> None:  # decode tokens/s of one record over another's
+            suite.add(
+                name, fast.decode_tokens_per_s / slow.decode_tokens_per_s, "x", [timing(fast), timing(slow)], load, note
+            )
+
         for slots in settings.slots:
             depth, lock = by[slots, "depth", "skip:0.4"], by[slots, "lockstep", "skip:0.4"]
-            suite.add(
+            full = by[slots, "lockstep", "full"]  # the baseline every policy's speedup is read against
+            speedup(
                 f"arrivals {slots} slots, skip:0.4 (d̄ {depth.mean_executed_loops:.2f}), {step}: depth ÷ lockstep",
-                depth.decode_tokens_per_s / lock.decode_tokens_per_s,
-                "x",
-                [timing(depth), timing(lock)],
-                load,
+                depth,
+                lock,
                 f"decode tok/s depth {depth.decode_tokens_per_s:,.0f}, lockstep {lock.decode_tokens_per_s:,.0f}",
             )
-            full = by[slots, "lockstep", "full"]  # the baseline every policy's speedup is read against
-            suite.add(
+            speedup(
                 f"arrivals {slots} slots, {step}: lockstep full ÷ lockstep skip:0.4",
-                full.decode_tokens_per_s / lock.decode_tokens_per_s,
-                "x",
-                [timing(full), timing(lock)],
-                load,
+                full,
+                lock,
                 f"decode tok/s full {full.decode_tokens_per_s:,.0f} (every token every loop)",
             )
 

@@ -857,10 +857,11 @@ def cmd_generate(args) -> int:
     prompt = ([tok.bos_id] if tok.bos_id is not None and not args.no_bos else []) + tok.encode(args.prompt)
     if not prompt:
         raise ConfigError("--prompt is empty; allowed: some text (or drop --no-bos)")
-    if max(prompt) >= model.cfg.vocab_size:  # an id past the model's embedding: another tokenizer's
+    top = max(prompt)
+    if top >= model.cfg.vocab_size:  # an id past the model's embedding: another tokenizer's
         raise ConfigError(
             f"--tokenizer={spec!r} is invalid for --checkpoint={args.checkpoint!r}: the prompt's ids reach "
-            f"{max(prompt)}, the model's vocabulary has {model.cfg.vocab_size}; allowed: the tokenizer it trained with"
+            f"{top}, the model's vocabulary has {model.cfg.vocab_size}; allowed: the tokenizer it trained with"
         )
     device = resolve_device(args.device)
     check_decoding(model.cfg, 1, len(prompt), args.max_new_tokens, "--max-new-tokens", args.max_new_tokens, device)

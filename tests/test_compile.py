@@ -159,7 +159,7 @@ def test_the_whole_full_depth_step_follows_the_general_loop(arch, monkeypatch):
     calls = []
     monkeypatch.setattr(model.compiled_decode, "compiled", lambda *a: calls.append(a))  # the per-loop step
     got = run(pre.cache.clone())
-    assert not calls and model.compiled_decode._whole  # the whole step ran, not the per-loop one
+    assert not calls and model.compiled_decode.whole_step  # the whole step ran, not the per-loop one
     assert got[1] == eager[1] == [8, 7, 8]
     assert got[0][2] is None and eager[0][2] is None
     for g, e in zip(got[0][:2] + got[0][3:], eager[0][:2] + eager[0][3:]):
@@ -199,7 +199,7 @@ def test_the_ahead_of_time_step_follows_the_general_loop_and_new_weights(monkeyp
 
     compile_decoding(model)
     same(run(pre.cache.clone(), 4), eager_run(4))
-    (steps,) = model.compiled_decode.packages.values()
+    steps = model.compiled_decode.packages
     assert len(steps.packages) == 2  # one signature with the readout, one without
     with torch.no_grad():
         model.backbone.layers[0][0].inner.in_proj.weight.mul_(0.5)

@@ -173,10 +173,11 @@ def decode_step(
     positions = cache.length.clone() if all_rows else cache.length[rows]  # each row's next position
     if cache.has_keys:
         cache.reserve(int(positions.max()) + 1)
-    whole = _whole_step(model, policy, on_step)
-    if whole is not None:  # every row runs every loop: the token step compiled as one graph
+    compiled = _whole_step(model, policy, on_step)
+    if compiled is not None:  # every row runs every loop: the token step compiled as one graph
         exit_step = torch.full_like(positions, R)
-        return Decoded(whole(model, cache, tokens, rows, readout), exit_step, policy.loops_of(exit_step, R))
+        logits = compiled.whole(_full_depth_step, model, cache, tokens, rows, readout)
+        return Decoded(logits, exit_step, policy.loops_of(exit_step, R))
     row_ids = torch.arange(n, device=tokens.device) if rows is None else rows
 
     if policy.rule in EXIT_RULES:  # the gate's threshold rule or a zoo rule, per token, from zero:
@@ -243,13 +244,13 @@ def decode_step(
 
 
 def _whole_step(model, policy: ExitPolicy, on_step: StepHook | None):
-    """The compiled full-depth token step (_full_depth_step), where decode_step may run
-    it: a compiled model (models/compiled.compile_decoding), a policy under which every
-    token runs every loop (full), and no hook between loops; else None."""
+    """The model's compiled decoding (models/compiled.compile_decoding), where decode_step
+    may run its whole token step (_full_depth_step) through it: whole steps on, a policy
+    under which every token runs every loop (full), and no hook between loops; else None."""
     compiled = getattr(model, "compiled_decode", None)
-    if compiled is None or policy.execution != FULL or on_step is not None:
+    if compiled is None or not compiled.whole_steps or policy.execution != FULL or on_step is not None:
         return None
-    return compiled.whole(_full_depth_step)
+    return compiled
 
 
 def _full_depth_step(model, cache: InferenceCache, tokens, rows, readout: bool):

@@ -116,34 +116,27 @@ class CompiledDecodeStep:
         self.cuda_graphs, self.whole_steps = cuda_graphs, whole_steps and not cuda_graphs
         self.ahead_of_time = self.whole_steps and ahead_of_time
         self.compiled = _compiled(backbone.forward, dynamic=None, cuda_graphs=cuda_graphs)
-        self._whole: dict[Callable, Callable] = {}
-        self.packages: dict[int, AheadOfTimeSteps] = {}  # by model: a step serves the model it is given
+        self.whole_step: Callable | None = None  # whole()'s step by dynamo, compiled on first use
+        self.packages: AheadOfTimeSteps | None = None  # and ahead of time, built on first use
 
-    def whole(self, step: Callable) -> Callable | None:
-        """`step` (generate's full-depth token step) compiled: ahead of time where that
-        applies, else by dynamo with its rows dynamic. None with whole_steps off
-        (benchmarks/suite.py times each way) or cuda_graphs, whose capture is the
-        one-loop step's (the one the doctor checks on a GPU)."""
-        if not self.whole_steps:
-            return None
-        if step not in self._whole:
-            compiled_step = _compiled(step, dynamic=None)
-
-            def run(model, cache, tokens, rows, readout):
-                # (BACKEND's quick stand-in builds no C++: nor does an ahead-of-time step then)
-                if self.ahead_of_time and BACKEND == "inductor" and AheadOfTimeSteps.serve(cache, tokens, rows):
-                    if id(model) not in self.packages:
-                        self.packages[id(model)] = AheadOfTimeSteps(model, step)
-                    logits = self.packages[id(model)](cache, tokens, readout)
-                    if logits is not NotImplemented:
-                        return logits
-                for t in (tokens, rows):
-                    if t is not None:
-                        torch._dynamo.maybe_mark_dynamic(t, 0)
-                return compiled_step(model, cache, tokens, rows, readout)
-
-            self._whole[step] = run
-        return self._whole[step]
+    def whole(self, step: Callable, model, cache, tokens, rows, readout):
+        """step(model, cache, tokens, rows, readout) compiled (generate._full_depth_step,
+        where whole_steps is on: off in benchmarks/suite.py's per-loop arm and with
+        cuda_graphs, whose capture is the one-loop step's, the one the doctor checks on a
+        GPU): ahead of time where that applies, else by dynamo with its rows dynamic."""
+        # (BACKEND's quick stand-in builds no C++: nor does an ahead-of-time step then)
+        if self.ahead_of_time and BACKEND == "inductor" and AheadOfTimeSteps.serve(cache, tokens, rows):
+            if self.packages is None:
+                self.packages = AheadOfTimeSteps(model, step)
+            logits = self.packages(cache, tokens, readout)
+            if logits is not NotImplemented:
+                return logits
+        if self.whole_step is None:
+            self.whole_step = _compiled(step, dynamic=None)
+        for t in (tokens, rows):
+            if t is not None:
+                torch._dynamo.maybe_mark_dynamic(t, 0)
+        return self.whole_step(model, cache, tokens, rows, readout)
 
     def __call__(self, h, positions=None, seq_idx=None, cache=None):
         for t in (h, positions):
