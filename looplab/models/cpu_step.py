@@ -8,11 +8,10 @@ back. The kernel (cpu_step.cpp) does the conv step, the SSM step and the gated n
 in one call, updating each row's conv and SSM states in place at its cache slot, as
 mamba-ssm's selective_state_update does on CUDA with state_batch_indices.
 
-It is built on first use with torch's C++ extension loader (a C++ compiler and ninja;
-~25 s, cached by torch under ~/.cache/torch_extensions, rebuilt when the source
-changes). Opt-in because that build is slow and needs a toolchain; once asked for,
-a failed build is an error, not a silent fallback, so a benchmark never reports the
-torch path's figures as the kernel's. float32 and float64 only (a bf16 model keeps
+It is built on first use (models/native.py: a C++ compiler and ninja, ~25 s, cached).
+Opt-in because that build is slow and needs a toolchain; once asked for, a failed
+build is an error, not a silent fallback, so a benchmark never reports the torch
+path's figures as the kernel's. float32 and float64 only (a bf16 model keeps
 its fp32 SSM state: the torch path runs it).
 """
 
@@ -23,6 +22,8 @@ import os
 from pathlib import Path
 
 import torch
+
+from looplab.models import native
 
 CPU_STEP_KERNEL_ENV = "LOOPLAB_CPU_STEP_KERNEL"
 SOURCE = Path(__file__).with_name("cpu_step.cpp")
@@ -35,17 +36,11 @@ def requested() -> bool:
 @functools.cache
 def kernel():
     """The compiled extension (built on first call)."""
-    from torch.utils import cpp_extension
-
     try:
-        # -march=native: built where it runs; -fopenmp-simd: the loops' simd pragmas, no OpenMP runtime.
-        return cpp_extension.load(
-            "looplab_cpu_step", [str(SOURCE)], extra_cflags=["-O3", "-march=native", "-fopenmp-simd"]
-        )
+        return native.build("looplab_cpu_step", SOURCE)
     except Exception as e:  # noqa: BLE001 - compiler, ninja or header problems: say which, in one line
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise RuntimeError(
-            f"{CPU_STEP_KERNEL_ENV}=1 but the CPU step kernel did not build ({first}); "
+            f"{CPU_STEP_KERNEL_ENV}=1 but the CPU step kernel did not build ({native.first_line(e)}); "
             f"install a C++ compiler and ninja, or unset {CPU_STEP_KERNEL_ENV}"
         ) from e
 
