@@ -140,7 +140,26 @@ def environment(device) -> list[Check]:
         + ("" if cpu_step.requested() or device.type == "cuda" else " (LOOPLAB_CPU_STEP_KERNEL=1 compiles a CPU step)")
     )
     out.append(passed("mamba-2 decode step", f"{step}: {reason}"))
+    if device.type == "cpu":
+        out.append(cpu_sequence_kernels())
     return out
+
+
+def cpu_sequence_kernels() -> Check:
+    """Whether a compiled CPU run (train.compile=on) can run the Mamba-2 conv and scan as
+    C++ kernels: built here (the first time, ~30 s), or why not (a skip: the torch ops
+    serve)."""
+    from looplab.models import cpu_sequence, native
+    from looplab.models.ops import dispatch
+
+    name = "mamba-2 compiled CPU conv and scan"
+    if dispatch.torch_forced():
+        return skipped(name, f"torch ops ({dispatch.FORCE_TORCH_ENV}=1)")
+    try:
+        cpu_sequence.kernel()
+    except Exception as e:  # noqa: BLE001 - a toolchain problem is what the doctor reports
+        return skipped(name, f"did not build ({native.first_line(e)}); compiled runs use the torch ops")
+    return passed(name, "C++ kernels (looplab/models/cpu_sequence.py) under train.compile=on")
 
 
 # ---- peaks -----------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import torch
 
 from looplab.config import ConfigError, TrainConfig, apply_overrides
 from looplab.inference.generate import decode_step, generate, prefill
-from looplab.models import compiled
+from looplab.models import compiled, cpu_sequence
 from looplab.models.compiled import compile_decoding, compiles
 from looplab.policy import ExitPolicy
 from looplab.training.steps import optimizer_step
@@ -58,13 +58,35 @@ def backend(monkeypatch, request):
     return request.param
 
 
+@pytest.fixture
+def scans(monkeypatch):
+    """Every call of the C++ scan (models/cpu_sequence.py) at run time: whether its rows
+    were packed (seq_idx), for the test to see that it ran."""
+    built, calls = cpu_sequence.kernel(), []
+
+    class Counting:
+        def scan_forward(self, *args):
+            calls.append(args[5] is not None)
+            return built.scan_forward(*args)
+
+        def __getattr__(self, name):  # the scan's backward and the conv
+            return getattr(built, name)
+
+    monkeypatch.setattr(cpu_sequence, "kernel", lambda: Counting())
+    return calls
+
+
 @pytest.mark.parametrize("arch,case,backend", MATRIX, indirect=["backend"])
-def test_compiled_training_follows_eager(arch, case, backend):
+def test_compiled_training_follows_eager(arch, case, backend, scans):
     stage, overrides = CASES[case]
     cfg = stage_cfg(stage, **ARCHS[arch], **overrides, **{"train.batch_size": 4})
     eager_losses, eager_weights, _ = trajectory(apply_overrides(cfg, {"train.compile": "off"}))
     torch._dynamo.reset()
+    assert not scans  # eager training keeps the torch ops
     compiled_losses, compiled_weights, model = trajectory(apply_overrides(cfg, {"train.compile": "on"}))
+    if arch != "transformer":  # on a CPU a compiled run scans with the C++ kernels, packed rows too
+        varlen = case == "skip" and arch == "mamba2"  # (the hybrid pads its survivors: no seq_idx)
+        assert set(scans) == ({False, True} if varlen else {False})
     assert model.compiled_backbone.shapes  # the dense first loop's shape (skip's packed loops run eager)
     assert all(seq_idx_none for *_, seq_idx_none in model.compiled_backbone.shapes)  # no packed layout compiled
     # The compiled function ran: dynamo produced graphs for it (a silent fallback would not).

@@ -4,7 +4,10 @@ Training (train.compile): one application of the shared backbone M_θ with gradi
 on (the R loops of a training forward all call it), not the whole loss: the loss's
 Python (exit policies, sampled holes, the chunked head) would break the graph at every
 data-dependent branch, and the backbone is where the elementwise work that Inductor
-fuses lives (the SSD's decay masks, the conv, SiLU, the norms).
+fuses lives (the norms, the gates, dt's softplus). On a CPU a compiled run also runs
+each Mamba-2 block's conv and scan as C++ kernels (models/cpu_sequence.py, packed rows
+too) instead of the torch ops: the chunked scan's tiny batched products and decay
+matrices are what Inductor cannot fuse (docs/benchmarks.md).
 
 Decoding (compile_decoding): one application to one new token per row, with the
 cache, its number of rows dynamic; under a full-depth policy the whole token step
@@ -35,15 +38,18 @@ from typing import Callable
 import torch
 
 from looplab.models.ahead_of_time import AheadOfTimeSteps
+from looplab.models.mamba2 import Mamba2
+from looplab.models.ops import dispatch
 
 AUTO, ON = "auto", "on"  # train.compile's values (looplab/config.py validates them)
 
 
 def compiles(setting: str, device: torch.device) -> bool:
     """Whether a run with train.compile=`setting` compiles its backbone on `device`.
-    auto: on CUDA only. On a 2-core CPU compiling `debug`'s backbone took 48 s cold (6-7 s
-    from Inductor's on-disk cache) for a step 0.77-0.84x eager's time with 1 thread and
-    0.93x with 2, which a preset's few hundred steps do not pay back (docs/benchmarks.md).
+    auto: on CUDA only. On a 2-core CPU compiling `debug`'s backbone takes 48 s cold
+    (6-8 s from Inductor's on-disk cache; building the scan kernel, ~25 s, once a
+    machine) for a step about half eager's time (docs/benchmarks.md): a preset's few
+    hundred steps barely pay that back, and the miniature's protocol is eager's floats.
     On CUDA, where a small model's step is kernel launches, it has not run yet."""
     return device.type == "cuda" if setting == AUTO else setting == ON
 
@@ -165,6 +171,12 @@ def compile_backbone(model, setting: str, device: torch.device) -> bool:
     and no cache. The eager module keeps its parameters (the compiled function reads the
     same ones), so state_dict keys and checkpoints do not change. Returns whether it did."""
     model.compiled_backbone = CompiledBackbone(model.backbone) if compiles(setting, device) else None
+    # On a CPU the compiled step runs each Mamba-2 block's conv and scan as C++ kernels
+    # (models/cpu_sequence.py): Inductor cannot fuse the chunked scan's tiny products.
+    kernels = model.compiled_backbone is not None and device.type == "cpu" and dispatch.cpu_sequence_kernels_serve()
+    for block in model.modules():
+        if isinstance(block, Mamba2):
+            block.cpu_kernels = kernels
     return model.compiled_backbone is not None
 
 

@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from looplab.models import cpu_step
+from looplab.models import cpu_sequence, cpu_step
 from looplab.models.cache import RECURRENT, BlockCache, MambaState
 from looplab.models.flops import linear_flops
 from looplab.models.ops import dispatch
@@ -105,6 +105,10 @@ class Mamba2(nn.Module):
             setattr(p, "_no_weight_decay", True)  # mamba-ssm's marker (training/train.py reads it); no Parameter field
         self.norm = RMSNormGated(self.d_inner, group_size=self.d_inner // ngroups, eps=norm_eps)
         self.out_proj = nn.Linear(self.d_inner, d_model, bias=bias)
+        # Run the conv and the scan of a sequence as models/cpu_sequence's C++ kernels
+        # instead of the torch ops where they apply: set by a compiled run on a CPU
+        # (models/compiled.py).
+        self.cpu_kernels = False
 
     def forward(
         self,
@@ -134,19 +138,25 @@ class Mamba2(nn.Module):
     def _scan_torch(self, xBC, dt, A, seq_idx, cache: BlockCache[MambaState] | None = None) -> torch.Tensor:
         if cache is not None:
             self._store_conv_state(xBC, cache)
-        xBC = F.silu(causal_depthwise_conv(xBC, self.conv1d.weight, self.conv1d.bias, seq_idx))
+        kernels = self.cpu_kernels and cpu_sequence.applies(xBC)
+        if kernels:
+            xBC = cpu_sequence.conv_silu(xBC, self.conv1d.weight, self.conv1d.bias, seq_idx)
+        else:
+            xBC = F.silu(causal_depthwise_conv(xBC, self.conv1d.weight, self.conv1d.bias, seq_idx))
         x, B, C = self._split_xbc(xBC)
         dt = F.softplus(upcast(dt) + upcast(self.dt_bias))
         segments = None if cache is None else cache.layout.segments()
         # A prefill reads the state after each cache row's last real token.
         state_at = None if segments is None else (segments[0], (segments[2] - 1).clamp(min=0))
-        y, states = ssd_chunked(
-            upcast(x), dt, A, upcast(B), upcast(C), self.chunk_size, seq_idx=seq_idx, state_at=state_at
-        )
+        x, B, C = upcast(x), upcast(B), upcast(C)
+        if kernels and state_at is None and cpu_sequence.applies(x):
+            y, states = cpu_sequence.ssm_scan(x, dt, A, B, C, seq_idx=seq_idx)
+        else:
+            y, states = ssd_chunked(x, dt, A, B, C, self.chunk_size, seq_idx=seq_idx, state_at=state_at)
         if cache is not None and segments is not None:  # a row without real tokens keeps the empty state
             _, start, end = segments
             cache.state.ssm.copy_(torch.where((end > start)[:, None, None, None], states, 0.0))
-        y = y + upcast(x) * upcast(self.D)[:, None]
+        y = y + x * upcast(self.D)[:, None]
         return y.to(xBC.dtype)
 
     def _store_conv_state(self, xBC: torch.Tensor, cache: BlockCache[MambaState]) -> None:

@@ -1,5 +1,7 @@
 """Which implementation a Mamba-2 block runs, and why: mamba-ssm's and causal-conv1d's
-CUDA kernels, the compiled CPU step (models/cpu_step.py), or this package's torch ops.
+CUDA kernels, the C++ CPU kernels (the conv and scan of a compiled run,
+models/cpu_sequence.py; the opt-in decode step, models/cpu_step.py), or this package's
+torch ops.
 
 The choice lives here, once, because three readers need the same answer: the mixer
 (models/mamba2.py) at every call, `looplab doctor`, which reports kernel_path and
@@ -18,7 +20,7 @@ import os
 
 import torch
 
-from looplab.models import cpu_step
+from looplab.models import cpu_sequence, cpu_step
 from looplab.models.ops import conv
 
 FORCE_TORCH_ENV = "LOOPLAB_FORCE_TORCH"
@@ -109,6 +111,13 @@ def kernel_path(t: torch.Tensor) -> tuple[str, str]:
     if cuda_scan_kernels() is None:
         return "torch", "; ".join(f"{m}: {e}" for m, e in IMPORT_ERRORS.items()) or "the kernels did not import"
     return "cuda", f"mamba_chunk_scan_combined + {conv_implementation()}"
+
+
+def cpu_sequence_kernels_serve() -> bool:
+    """Whether a compiled run on a CPU runs its Mamba-2 blocks' conv and scan as C++
+    kernels (models/cpu_sequence.py; models/compiled.py asks): unless
+    LOOPLAB_FORCE_TORCH=1, where they build (a failed build warns once: the torch ops)."""
+    return not torch_forced() and cpu_sequence.available()
 
 
 def step_implementation(t: torch.Tensor) -> str:
