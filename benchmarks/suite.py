@@ -10,8 +10,9 @@ machine (looplab/costs/spread.py).
 Sections (a comparison's arms alternate within each repeat, so drifting load hits
 them alike; every time is one direct measurement, never a difference):
   machine   fp32 GEMM peak (2048³) and a 1 GiB copy's bandwidth, with the suite's threads
-  train     `debug`'s optimizer step eager vs compiled (train.compile; the compile time
-            apart); `local`'s step and its MFU against the GEMM peak; a 4-layer d 256
+  train     `debug`'s and `local`'s optimizer steps eager vs compiled (train.compile: on a
+            CPU Inductor and the C++ conv and scan, models/cpu_sequence.py; the compile
+            time apart), and their MFU against the GEMM peak (`local`'s); a 4-layer d 256
             Mamba-2 stack forward+backward, looplab's against transformers' Mamba2
             (benchmarks/mamba2_vs_hf.py's stacks)
   decode    ms per token at batch 1 and 16 on a d 256, 4-layer Mamba-2 (6.9 MiB of
@@ -157,21 +158,40 @@ def train(suite: Suite) -> None:
     )
 
     local = get_preset("local")
-    step, _ = optimizer_step(local, "cpu")
+    eager, _ = optimizer_step(apply_overrides(local, {"train.compile": "off"}), "cpu")
+    compiled, _ = optimizer_step(apply_overrides(local, {"train.compile": "on"}), "cpu")
+    compile_s = timed(compiled)
     tokens = local.train.batch_size * local.train.seq_len
     with Measuring() as m:
-        t = alternate({"local": step}, max(3, suite.repeats // 2))
+        t = alternate({"eager": eager, "compiled": compiled}, max(3, suite.repeats // 2))
         load = m.load()
-    suite.add("local step: eager", tokens / t["local"].median, "tokens/s", [t["local"]], load)
     if suite.peak_flops:
-        mfu = flops_per_token(local) * tokens / t["local"].median / suite.peak_flops
+        # The ceiling of `local`'s MFU: its LM head's GEMM (a step's batch of rows through
+        # the d_model × vocabulary matrix, most of its FLOPs) against the 2048³ GEMM's rate.
+        rows, d, vocab = tokens, local.model.d_model, local.model.vocab_size
+        a, w = torch.randn(rows, d), torch.randn(d, vocab)
+        with Measuring() as m:
+            head = alternate({"head": lambda: a @ w}, suite.repeats)["head"]
+            head_load = m.load()
         suite.add(
-            "local step: MFU against the GEMM peak (target ≥ 65 %)",
-            100 * mfu,
+            f"local's head GEMM ({rows}×{d} @ {d}×{vocab}) against the GEMM peak: the MFU ceiling",
+            100 * 2 * rows * d * vocab / head.median / suite.peak_flops,
             "%",
-            [t["local"], *suite.peak_timing],
-            load,
+            [head, *suite.peak_timing],
+            head_load,
         )
+    for arm in ("eager", "compiled"):
+        note = f"first step (compilation) {compile_s:.1f} s" if arm == "compiled" else ""
+        suite.add(f"local step: {arm}", tokens / t[arm].median, "tokens/s", [t[arm]], load, note)
+        if suite.peak_flops:
+            mfu = flops_per_token(local) * tokens / t[arm].median / suite.peak_flops
+            suite.add(
+                f"local step, {arm}: MFU against the GEMM peak (target ≥ 65 %)",
+                100 * mfu,
+                "%",
+                [t[arm], *suite.peak_timing],
+                load,
+            )
 
     import mamba2_vs_hf  # the two same-shaped stacks
 
