@@ -65,13 +65,13 @@ def conv_silu(
 ) -> torch.Tensor:
     """F.silu(ops/conv.py's causal_depthwise_conv(x, weight, bias, seq_idx)): x (b, l, c),
     weight (c, 1, k), bias (c,) or None, seq_idx (b, l) or None."""
-    return torch.ops.looplab.conv_silu(x.contiguous(), weight.contiguous(), bias, _long(seq_idx))
+    return torch.ops.looplab.conv_silu(x, weight, bias, _long(seq_idx))
 
 
 def _conv_silu(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, seq_idx: torch.Tensor | None
 ) -> torch.Tensor:
-    return kernel().conv_silu_forward(x.contiguous(), weight.contiguous(), bias, seq_idx)
+    return kernel().conv_silu_forward(*_dense(x, weight, bias, seq_idx))
 
 
 def _conv_silu_fake(x, weight, bias, seq_idx):
@@ -82,9 +82,7 @@ def _conv_silu_backward(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, seq_idx: torch.Tensor | None, dy: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dx, dweight and dbias (empty without a bias)."""
-    dx, dweight, dbias = kernel().conv_silu_backward(
-        x.contiguous(), weight.contiguous(), bias, seq_idx, dy.contiguous()
-    )
+    dx, dweight, dbias = kernel().conv_silu_backward(*_dense(x, weight, bias, seq_idx, dy))
     return dx, dweight, dbias
 
 
@@ -121,14 +119,18 @@ def ssm_scan(
     the final state (b, h, p, n)."""
     if seq_idx is not None and initial_state is not None:
         raise ValueError("ssm_scan: initial_state with seq_idx is not supported")
-    y, final, _ = torch.ops.looplab.ssm_scan(
-        x.contiguous(), dt.contiguous(), A.contiguous(), B.contiguous(), C.contiguous(), _long(seq_idx), initial_state
-    )
+    y, final, _ = torch.ops.looplab.ssm_scan(x, dt, A, B, C, _long(seq_idx), initial_state)
     return y, final
 
 
 def _long(seq_idx: torch.Tensor | None) -> torch.Tensor | None:
-    return None if seq_idx is None else seq_idx.long().contiguous()
+    return None if seq_idx is None else seq_idx.long()
+
+
+def _dense(*tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
+    """The kernels read their tensors contiguous (what autograd saved, or Inductor passes,
+    may be views)."""
+    return [None if t is None else t.contiguous() for t in tensors]
 
 
 def _spans(length: int) -> int:
@@ -145,10 +147,7 @@ def _ssm_scan(
     initial_state: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """y, the final state, and the checkpointed states (b, h, spans, p, n) the backward reads."""
-    init = None if initial_state is None else initial_state.contiguous()
-    y, final, checkpoints = kernel().scan_forward(
-        x.contiguous(), dt.contiguous(), A.contiguous(), B.contiguous(), C.contiguous(), seq_idx, init, SPAN
-    )
+    y, final, checkpoints = kernel().scan_forward(*_dense(x, dt, A, B, C, seq_idx, initial_state), SPAN)
     return y, final, checkpoints
 
 
@@ -171,9 +170,8 @@ def _ssm_scan_backward(
     with_initial: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """dx, ddt, dA, dB, dC and d(initial_state) (empty without one)."""
-    dfinal = None if dfinal is None else dfinal.contiguous()
     dx, ddt, dA, dB, dC, dinit = kernel().scan_backward(
-        x.contiguous(), dt, A, B, C, seq_idx, checkpoints, dy.contiguous(), dfinal, with_initial, SPAN
+        *_dense(x, dt, A, B, C, seq_idx, checkpoints, dy, dfinal), with_initial, SPAN
     )
     return dx, ddt, dA, dB, dC, dinit
 
