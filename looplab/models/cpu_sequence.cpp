@@ -38,18 +38,18 @@ inline bool resets(const int64_t* seq, const Dims& d, int64_t b, int64_t t) {
   return seq && t > 0 && seq[b * d.len + t] != seq[b * d.len + t - 1];
 }
 
-// One token of one head's state, headdim-major: S <- a S + (dt x) B^T. NS > 0 is
-// d_state known at compile time (the common sizes: the loops unroll into vector
-// registers), 0 reads it from N_.
+// One token of one head's state, headdim-major: next = a prev + (dt x) B^T. NS > 0 is d_state known at compile time (the common sizes: the loops unroll
+// into vector registers), 0 reads it from N_.
 template <typename T, int NS>
-inline void advance(T* __restrict__ S, const T* __restrict__ x, T dt, T a, const T* __restrict__ B, int64_t P,
-                    int64_t N_) {
+inline void advance(const T* __restrict__ prev, T* __restrict__ next, const T* __restrict__ x, T dt, T a,
+                    const T* __restrict__ B, int64_t P, int64_t N_) {
   const int64_t N = NS ? NS : N_;
   for (int64_t p = 0; p < P; ++p) {
-    T* __restrict__ row = S + p * N;
+    const T* __restrict__ from = prev + p * N;
+    T* __restrict__ row = next + p * N;
     const T xdt = dt * x[p];
 #pragma omp simd
-    for (int64_t n = 0; n < N; ++n) row[n] = a * row[n] + xdt * B[n];
+    for (int64_t n = 0; n < N; ++n) row[n] = a * from[n] + xdt * B[n];
   }
 }
 
@@ -145,7 +145,7 @@ void backward(const Dims& d, const T* x, const T* dt, const T* A, const T* B, co
               const T* checkpoints, const T* dy, const T* dfinal, T* dx, T* ddt, T* dA, T* dB, T* dC, T* dinit) {
   const int64_t P = d.headdim, N = NS ? NS : d.d_state, H = d.heads, G = d.groups, hpg = H / G, PN = P * N;
   at::parallel_for(0, d.batch * G, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> states((d.span + 1) * PN), grad(PN), sums(3 * N);
+    std::vector<T> states((d.span + 1) * PN), grad(PN), sums(3 * N), zeros(PN);
     T* dB_sum = sums.data();  // one token's sums over headdim (token_backward)
     T* dC_sum = dB_sum + N;
     T* da_sum = dC_sum + N;
@@ -166,10 +166,9 @@ void backward(const Dims& d, const T* x, const T* dt, const T* A, const T* B, co
           for (int64_t t = t0; t < t1; ++t) {
             const int64_t k = t - t0, bt = b * d.len + t;
             T* next = states.data() + (k + 1) * PN;
-            if (k > 0 && resets(seq, d, b, t)) std::fill(next, next + PN, T(0));
-            else std::copy(next - PN, next, next);
             const T step = dt[bt * H + h];
-            advance<T, NS>(next, x + (bt * H + h) * P, step, std::exp(step * A[h]), B + (bt * G + g) * N, P, N);
+            const T* prev = k > 0 && resets(seq, d, b, t) ? zeros.data() : next - PN;  // a reset starts from zero
+            advance<T, NS>(prev, next, x + (bt * H + h) * P, step, std::exp(step * A[h]), B + (bt * G + g) * N, P, N);
           }
           for (int64_t t = t1 - 1; t >= t0; --t) {
             const int64_t bt = b * d.len + t, k = t - t0;
