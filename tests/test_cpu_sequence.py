@@ -43,13 +43,17 @@ def grads(fn, tensors, weights):
     return [o.detach() for o in outputs], [t.grad for t in leaves]
 
 
-# 75 tokens: two full spans of the backward's checkpoints and a partial one; d_state 16
-# runs the kernel's compiled-in size, 5 its run-time size; 2 groups share B and C by head.
-@pytest.mark.parametrize("groups,d_state", [(1, 16), (2, 5)])
-def test_the_kernel_follows_the_recurrence_and_its_gradients(groups, d_state):
-    x, dt, A, B, C = inputs(2, 75, 4, 3, groups, d_state)
-    init = torch.randn(2, 4, 3, d_state, dtype=torch.float64)
-    weights = [torch.randn(2, 75, 4, 3, dtype=torch.float64), torch.randn(2, 4, 3, d_state, dtype=torch.float64)]
+# 75 tokens: two full spans of the backward's checkpoints and a partial one. The kernel is
+# compiled for common (d_state, headdim) pairs (16, 16), for common d_states alone (16, 3),
+# and for any size (5, 3); 2 groups share B and C by head.
+@pytest.mark.parametrize("groups,d_state,headdim", [(1, 16, 16), (1, 16, 3), (2, 5, 3)])
+def test_the_kernel_follows_the_recurrence_and_its_gradients(groups, d_state, headdim):
+    x, dt, A, B, C = inputs(2, 75, 4, headdim, groups, d_state)
+    init = torch.randn(2, 4, headdim, d_state, dtype=torch.float64)
+    weights = [
+        torch.randn(2, 75, 4, headdim, dtype=torch.float64),
+        torch.randn(2, 4, headdim, d_state, dtype=torch.float64),
+    ]
     want, want_grads = grads(ssm_scan_ref, (x, dt, A, B, C, init), weights)
     got, got_grads = grads(
         lambda *t: cpu_sequence.ssm_scan(*t[:5], initial_state=t[5]), (x, dt, A, B, C, init), weights

@@ -40,10 +40,10 @@ inline bool resets(const int64_t* seq, const Dims& d, int64_t b, int64_t t) {
 
 // One token of one head's state, headdim-major: next = a prev + (dt x) B^T. NS > 0 is d_state known at compile time (the common sizes: the loops unroll
 // into vector registers), 0 reads it from N_.
-template <typename T, int NS>
+template <typename T, int NS, int PS>
 inline void advance(const T* __restrict__ prev, T* __restrict__ next, const T* __restrict__ x, T dt, T a,
-                    const T* __restrict__ B, int64_t P, int64_t N_) {
-  const int64_t N = NS ? NS : N_;
+                    const T* __restrict__ B, int64_t P_, int64_t N_) {
+  const int64_t N = NS ? NS : N_, P = PS ? PS : P_;
   for (int64_t p = 0; p < P; ++p) {
     const T* __restrict__ from = prev + p * N;
     T* __restrict__ row = next + p * N;
@@ -56,10 +56,10 @@ inline void advance(const T* __restrict__ prev, T* __restrict__ next, const T* _
 // The forward keeps its running state transposed, d_state-major (ST[n][p] = S[p][n]),
 // so that y = S C accumulates as vectors over headdim, with no sum across a vector's
 // lanes per row; the checkpoints and the final state are stored headdim-major.
-template <typename T, int NS>
+template <typename T, int NS, int PS>
 void forward(const Dims& d, const T* x, const T* dt, const T* A, const T* B, const T* C, const int64_t* seq,
              const T* init, T* y, T* final_state, T* checkpoints) {
-  const int64_t P = d.headdim, N = NS ? NS : d.d_state, H = d.heads, G = d.groups, hpg = H / G, PN = P * N;
+  const int64_t P = PS ? PS : d.headdim, N = NS ? NS : d.d_state, H = d.heads, G = d.groups, hpg = H / G, PN = P * N;
   at::parallel_for(0, d.batch * H, 1, [&](int64_t begin, int64_t end) {
     std::vector<T> state(PN), inputs(P);
     T* __restrict__ ST = state.data();
@@ -109,12 +109,12 @@ void forward(const Dims& d, const T* x, const T* dt, const T* A, const T* B, con
 // One token of one head, backwards: with G = carry G + dy C^T (dL/dS_t, through S_{t+1}
 // and through y_t), writes dx, sets dB_sum = G^T (dt x), dC_sum = S_t^T dy and
 // da_sum = the lanes of <G, S_{t-1}>, and returns dL/d(dt) through the input term.
-template <typename T, int NS>
+template <typename T, int NS, int PS>
 inline T token_backward(T* __restrict__ Gs, const T* __restrict__ S_t, const T* __restrict__ S_prev,
                         const T* __restrict__ xt, const T* __restrict__ Bt, const T* __restrict__ Ct,
                         const T* __restrict__ dyt, T step, T carry, T* __restrict__ dxt, T* __restrict__ dB_sum,
-                        T* __restrict__ dC_sum, T* __restrict__ da_sum, int64_t P, int64_t N_) {
-  const int64_t N = NS ? NS : N_;
+                        T* __restrict__ dC_sum, T* __restrict__ da_sum, int64_t P_, int64_t N_) {
+  const int64_t N = NS ? NS : N_, P = PS ? PS : P_;
   for (int64_t n = 0; n < N; ++n) dB_sum[n] = dC_sum[n] = da_sum[n] = 0;
   T dstep = 0;
   for (int64_t p = 0; p < P; ++p) {
@@ -140,10 +140,10 @@ inline T token_backward(T* __restrict__ Gs, const T* __restrict__ S_t, const T* 
 
 // Gradients of one (row, group): its heads in turn, so that dB and dC, which the heads
 // of a group share, are summed without races. dA is per (row, head), summed by the caller.
-template <typename T, int NS>
+template <typename T, int NS, int PS>
 void backward(const Dims& d, const T* x, const T* dt, const T* A, const T* B, const T* C, const int64_t* seq,
               const T* checkpoints, const T* dy, const T* dfinal, T* dx, T* ddt, T* dA, T* dB, T* dC, T* dinit) {
-  const int64_t P = d.headdim, N = NS ? NS : d.d_state, H = d.heads, G = d.groups, hpg = H / G, PN = P * N;
+  const int64_t P = PS ? PS : d.headdim, N = NS ? NS : d.d_state, H = d.heads, G = d.groups, hpg = H / G, PN = P * N;
   at::parallel_for(0, d.batch * G, 1, [&](int64_t begin, int64_t end) {
     std::vector<T> states((d.span + 1) * PN), grad(PN), sums(3 * N), zeros(PN);
     T* dB_sum = sums.data();  // one token's sums over headdim (token_backward)
@@ -168,7 +168,7 @@ void backward(const Dims& d, const T* x, const T* dt, const T* A, const T* B, co
             T* next = states.data() + (k + 1) * PN;
             const T step = dt[bt * H + h];
             const T* prev = k > 0 && resets(seq, d, b, t) ? zeros.data() : next - PN;  // a reset starts from zero
-            advance<T, NS>(prev, next, x + (bt * H + h) * P, step, std::exp(step * A[h]), B + (bt * G + g) * N, P, N);
+            advance<T, NS, PS>(prev, next, x + (bt * H + h) * P, step, std::exp(step * A[h]), B + (bt * G + g) * N, P, N);
           }
           for (int64_t t = t1 - 1; t >= t0; --t) {
             const int64_t bt = b * d.len + t, k = t - t0;
@@ -180,7 +180,7 @@ void backward(const Dims& d, const T* x, const T* dt, const T* A, const T* B, co
             const T* __restrict__ Bt = B + (bt * G + g) * N;
             const T* __restrict__ Ct = C + (bt * G + g) * N;
             const T* __restrict__ dyt = dy + (bt * H + h) * P;
-            const T dstep = token_backward<T, NS>(Gs, S_t, S_prev, xt, Bt, Ct, dyt, step, carry,
+            const T dstep = token_backward<T, NS, PS>(Gs, S_t, S_prev, xt, Bt, Ct, dyt, step, carry,
                                                   dx + (bt * H + h) * P, dB_sum, dC_sum, da_sum, P, N);
             T da = 0;
             T* __restrict__ dBt = dB + (bt * G + g) * N;
@@ -204,15 +204,24 @@ void backward(const Dims& d, const T* x, const T* dt, const T* A, const T* B, co
   });
 }
 
-// Runs body<NS>() with NS = d_state where it is a common size, else NS = 0 (read at run time).
+// Runs body(NS, PS) with d_state and headdim known at compile time where they are a
+// common pair, d_state alone where it is a common size, else neither (0: read at run time).
+// The backward takes d_state alone: with headdim compiled in too, its dC came out wrong at
+// (16, 16) under GCC 12 (tests/test_cpu_sequence.py caught it; the cause is not found),
+// and it had gained only 5 %.
 template <typename F>
-void with_state_size(int64_t n, F&& body) {
+void with_sizes(int64_t n, int64_t p, F&& body) {
+  using std::integral_constant;
+  if (n == 16 && p == 16) return body(integral_constant<int, 16>{}, integral_constant<int, 16>{});
+  if (n == 32 && p == 32) return body(integral_constant<int, 32>{}, integral_constant<int, 32>{});
+  if (n == 64 && p == 64) return body(integral_constant<int, 64>{}, integral_constant<int, 64>{});
+  if (n == 128 && p == 64) return body(integral_constant<int, 128>{}, integral_constant<int, 64>{});
   switch (n) {
-    case 16: body(std::integral_constant<int, 16>{}); break;
-    case 32: body(std::integral_constant<int, 32>{}); break;
-    case 64: body(std::integral_constant<int, 64>{}); break;
-    case 128: body(std::integral_constant<int, 128>{}); break;
-    default: body(std::integral_constant<int, 0>{});
+    case 16: return body(integral_constant<int, 16>{}, integral_constant<int, 0>{});
+    case 32: return body(integral_constant<int, 32>{}, integral_constant<int, 0>{});
+    case 64: return body(integral_constant<int, 64>{}, integral_constant<int, 0>{});
+    case 128: return body(integral_constant<int, 128>{}, integral_constant<int, 0>{});
+    default: return body(integral_constant<int, 0>{}, integral_constant<int, 0>{});
   }
 }
 
@@ -392,8 +401,8 @@ std::vector<torch::Tensor> scan_forward(torch::Tensor x, torch::Tensor dt, torch
   auto final_state = torch::empty({d.batch, d.heads, d.headdim, d.d_state}, x.options());
   auto checkpoints = torch::empty({d.batch, d.heads, d.spans(), d.headdim, d.d_state}, x.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "scan_forward", [&] {
-    with_state_size(d.d_state, [&](auto NS) {
-    forward<scalar_t, decltype(NS)::value>(d, x.data_ptr<scalar_t>(), dt.data_ptr<scalar_t>(), A.data_ptr<scalar_t>(),
+    with_sizes(d.d_state, d.headdim, [&](auto NS, auto PS) {
+    forward<scalar_t, decltype(NS)::value, decltype(PS)::value>(d, x.data_ptr<scalar_t>(), dt.data_ptr<scalar_t>(), A.data_ptr<scalar_t>(),
                       B.data_ptr<scalar_t>(), C.data_ptr<scalar_t>(), seq_ptr(seq_idx, d),
                       initial_state ? initial_state->data_ptr<scalar_t>() : nullptr, y.data_ptr<scalar_t>(),
                       final_state.data_ptr<scalar_t>(), checkpoints.data_ptr<scalar_t>());
@@ -416,8 +425,9 @@ std::vector<torch::Tensor> scan_backward(torch::Tensor x, torch::Tensor dt, torc
   auto dB = torch::zeros_like(B), dC = torch::zeros_like(C);
   auto dinit = with_initial ? torch::empty({d.batch, d.heads, d.headdim, d.d_state}, x.options()) : torch::empty({0}, x.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "scan_backward", [&] {
-    with_state_size(d.d_state, [&](auto NS) {
-    backward<scalar_t, decltype(NS)::value>(d, x.data_ptr<scalar_t>(), dt.data_ptr<scalar_t>(), A.data_ptr<scalar_t>(),
+    with_sizes(d.d_state, d.headdim, [&](auto NS, auto PS) {
+    backward<scalar_t, decltype(NS)::value, 0>(  // (headdim at run time: see with_sizes)
+d, x.data_ptr<scalar_t>(), dt.data_ptr<scalar_t>(), A.data_ptr<scalar_t>(),
                        B.data_ptr<scalar_t>(), C.data_ptr<scalar_t>(), seq_ptr(seq_idx, d),
                        checkpoints.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(),
                        dfinal ? dfinal->data_ptr<scalar_t>() : nullptr, dx.data_ptr<scalar_t>(),

@@ -65,7 +65,9 @@ def conv_silu(
 ) -> torch.Tensor:
     """F.silu(ops/conv.py's causal_depthwise_conv(x, weight, bias, seq_idx)): x (b, l, c),
     weight (c, 1, k), bias (c,) or None, seq_idx (b, l) or None."""
-    return torch.ops.looplab.conv_silu(x, weight, bias, _long(seq_idx))
+    # Contiguous here, where Inductor can write them so: the operator saves its inputs for
+    # its backward, which would copy a view again.
+    return torch.ops.looplab.conv_silu(x.contiguous(), weight, bias, _long(seq_idx))
 
 
 def _conv_silu(
@@ -119,6 +121,7 @@ def ssm_scan(
     the final state (b, h, p, n)."""
     if seq_idx is not None and initial_state is not None:
         raise ValueError("ssm_scan: initial_state with seq_idx is not supported")
+    x, dt, B, C = (t.contiguous() for t in (x, dt, B, C))  # (as conv_silu's)
     y, final, _ = torch.ops.looplab.ssm_scan(x, dt, A, B, C, _long(seq_idx), initial_state)
     return y, final
 
