@@ -147,7 +147,7 @@ def environment(device) -> list[Check]:
 
 def cpu_sequence_kernels() -> Check:
     """Whether a compiled CPU run (train.compile=on) can run the Mamba-2 conv and scan as
-    C++ kernels: built here (the first time, ~30 s), or why not (a skip: the torch ops
+    C++ kernels: built here (the first time, ~35 s), or why not (a skip: the torch ops
     serve)."""
     from looplab.models import cpu_sequence, native
     from looplab.models.ops import dispatch

@@ -2,7 +2,7 @@
 and backward, against the oracles written from their definitions (models/ops/
 reference.py's ssm_scan_ref and causal_conv1d_ref, differentiated by autograd) and
 against a packed row's sequences run one at a time. Skipped where no C++ toolchain can
-build them; the first test builds them (~30 s, cached by torch)."""
+build them; the first test builds them (~35 s, cached by torch)."""
 
 import shutil
 

@@ -47,7 +47,7 @@ AUTO, ON = "auto", "on"  # train.compile's values (looplab/config.py validates t
 def compiles(setting: str, device: torch.device) -> bool:
     """Whether a run with train.compile=`setting` compiles its backbone on `device`.
     auto: on CUDA only. On a 2-core CPU compiling `debug`'s backbone takes 48 s cold
-    (6-8 s from Inductor's on-disk cache; building the scan kernel, ~25 s, once a
+    (6-8 s from Inductor's on-disk cache; building the C++ kernels, ~35 s, once a
     machine) for a step about half eager's time (docs/benchmarks.md): a preset's few
     hundred steps barely pay that back, and the miniature's protocol is eager's floats.
     On CUDA, where a small model's step is kernel launches, it has not run yet."""

@@ -1,5 +1,5 @@
 """looplab's C++ CPU kernels (models/*.cpp), built on first use with torch's C++
-extension loader: a C++ compiler and ninja, ~25 s a kernel, cached by torch under
+extension loader: a C++ compiler and ninja, 25-35 s a kernel, cached by torch under
 ~/.cache/torch_extensions and rebuilt when the source changes. One home for how they
 are built, so that every kernel is compiled the same way."""
 
