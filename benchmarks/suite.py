@@ -126,29 +126,34 @@ def machine(suite: Suite) -> None:
 # ---- train --------------------------------------------------------------------------------
 
 
-def train(suite: Suite) -> None:
+def _eager_and_compiled(suite: Suite, preset: str, repeats: int) -> tuple[dict[str, Timing], int, Load]:
+    """A preset's optimizer step eager and compiled (train.compile), their arms alternating;
+    adds "<preset> step: <arm>" in tokens/s and returns the timings, a step's tokens and the load."""
     from looplab.config import apply_overrides
-    from looplab.costs.resources import flops_per_token
     from looplab.presets import get_preset
     from looplab.training.steps import optimizer_step
 
-    debug = get_preset("debug")
-    eager, _ = optimizer_step(apply_overrides(debug, {"train.compile": "off"}), "cpu")
-    compiled, _ = optimizer_step(apply_overrides(debug, {"train.compile": "on"}), "cpu")
-    compile_s = timed(compiled)  # the first call compiles (Inductor's on-disk cache may hold it)
-    tokens = debug.train.batch_size * debug.train.seq_len
+    cfg = get_preset(preset)
+    arms = {
+        arm: optimizer_step(apply_overrides(cfg, {"train.compile": setting}), "cpu")[0]
+        for arm, setting in (("eager", "off"), ("compiled", "on"))
+    }
+    compile_s = timed(arms["compiled"])  # the first call compiles (Inductor's on-disk cache may hold it)
+    tokens = cfg.train.batch_size * cfg.train.seq_len
     with Measuring() as m:
-        t = alternate({"eager": eager, "compiled": compiled}, suite.repeats)
+        t = alternate(arms, repeats)
         load = m.load()
-    suite.add("debug step: eager", tokens / t["eager"].median, "tokens/s", [t["eager"]], load)
-    suite.add(
-        "debug step: compiled",
-        tokens / t["compiled"].median,
-        "tokens/s",
-        [t["compiled"]],
-        load,
-        f"first step (compilation) {compile_s:.1f} s",
-    )
+    for arm in arms:
+        note = f"first step (compilation) {compile_s:.1f} s" if arm == "compiled" else ""
+        suite.add(f"{preset} step: {arm}", tokens / t[arm].median, "tokens/s", [t[arm]], load, note)
+    return t, tokens, load
+
+
+def train(suite: Suite) -> None:
+    from looplab.costs.resources import flops_per_token
+    from looplab.presets import get_preset
+
+    t, tokens, load = _eager_and_compiled(suite, "debug", suite.repeats)
     suite.add(
         "debug step: compiled ÷ eager (time; target ≤ 0.5)",
         t["compiled"].median / t["eager"].median,
@@ -158,13 +163,7 @@ def train(suite: Suite) -> None:
     )
 
     local = get_preset("local")
-    eager, _ = optimizer_step(apply_overrides(local, {"train.compile": "off"}), "cpu")
-    compiled, _ = optimizer_step(apply_overrides(local, {"train.compile": "on"}), "cpu")
-    compile_s = timed(compiled)
-    tokens = local.train.batch_size * local.train.seq_len
-    with Measuring() as m:
-        t = alternate({"eager": eager, "compiled": compiled}, max(3, suite.repeats // 2))
-        load = m.load()
+    t, tokens, load = _eager_and_compiled(suite, "local", max(3, suite.repeats // 2))
     if suite.peak_flops:
         # The ceiling of `local`'s MFU: its LM head's GEMM (a step's batch of rows through
         # the d_model × vocabulary matrix, most of its FLOPs) against the 2048³ GEMM's rate.
@@ -180,14 +179,10 @@ def train(suite: Suite) -> None:
             [head, *suite.peak_timing],
             head_load,
         )
-    for arm in ("eager", "compiled"):
-        note = f"first step (compilation) {compile_s:.1f} s" if arm == "compiled" else ""
-        suite.add(f"local step: {arm}", tokens / t[arm].median, "tokens/s", [t[arm]], load, note)
-        if suite.peak_flops:
-            mfu = flops_per_token(local) * tokens / t[arm].median / suite.peak_flops
+        for arm in ("eager", "compiled"):
             suite.add(
                 f"local step, {arm}: MFU against the GEMM peak (target ≥ 65 %)",
-                100 * mfu,
+                100 * flops_per_token(local) * tokens / t[arm].median / suite.peak_flops,
                 "%",
                 [t[arm], *suite.peak_timing],
                 load,

@@ -149,7 +149,7 @@ class Mamba2(nn.Module):
         # A prefill reads the state after each cache row's last real token.
         state_at = None if segments is None else (segments[0], (segments[2] - 1).clamp(min=0))
         x, B, C = upcast(x), upcast(B), upcast(C)
-        if kernels and state_at is None and cpu_sequence.applies(x):
+        if kernels and state_at is None:  # (x upcast from xBC: a dtype the kernels take too)
             y, states = cpu_sequence.ssm_scan(x, dt, A, B, C, seq_idx=seq_idx)
         else:
             y, states = ssd_chunked(x, dt, A, B, C, self.chunk_size, seq_idx=seq_idx, state_at=state_at)
