@@ -101,7 +101,7 @@ class Steps:
         self.base, self.precision = base, args.precision
         self.model = model_from_config(base.model, 0)
         self.model.train()
-        self.optimizer = make_optimizer(self.model, base.train)
+        self.optimizer = make_optimizer(self.model, base.train, torch.device("cpu"))
         self.gen = torch.Generator().manual_seed(0)
         V, B, L = base.model.vocab_size, args.batch, args.seq_len
         self.batch = Batch(

@@ -494,8 +494,11 @@ def load_training_state(
             raise ConfigError(
                 f"{where} is damaged: {key} holds non-finite values, which no step can continue from; {recover}"
             )
+    # AdamW's loop keeps its step counts on the CPU, its fused kernel beside the
+    # parameters: a checkpoint resumes under either (train.compile is no key).
+    steps_on_device = bool(optimizer.defaults.get("fused"))
     for key, value in saved.items():
         name, _, field = key.rpartition("::")
         p = trained[name]
-        optimizer.state[p][field] = value.to(p.device) if field != "step" else value
+        optimizer.state[p][field] = value.to(p.device) if field != "step" or steps_on_device else value
     return state

@@ -244,9 +244,10 @@ class TrainConfig:
     # Memory, not maths: a step's gradient is the same (to float rounding) either way.
     micro_batch_size: int = 0  # rows per forward/backward, gradients accumulated; 0: a rank's whole share
     activation_checkpointing: bool = False  # keep each loop's input only, recompute the loop in backward
-    # Speed, not maths: the training step's backbone under torch.compile (Inductor), the
-    # same losses to float rounding (looplab/models/compiled.py). auto: on for CUDA, off on
-    # a CPU, where it was measured not to pay back its compile time (docs/benchmarks.md).
+    # Speed, not maths: the training step's backbone under torch.compile (Inductor) and
+    # AdamW's fused kernel, the same losses to float rounding (looplab/models/compiled.py,
+    # training/steps.make_optimizer). auto: on for CUDA, off on a CPU, where it was
+    # measured not to pay back its compile time (docs/benchmarks.md).
     compile: str = "auto"
 
     def __post_init__(self) -> None:

@@ -15,7 +15,8 @@ from looplab.config import ConfigError, TrainConfig, apply_overrides
 from looplab.inference.generate import decode_step, generate, prefill
 from looplab.models import compiled, cpu_sequence
 from looplab.models.compiled import compile_decoding, compiles
-from looplab.policy import ExitPolicy
+from looplab.inference.depth_batching import gate_loop
+from looplab.policy import ExitPolicy, exit_rule
 from looplab.training.steps import optimizer_step
 from test_hf_export import tiny_model
 from test_stages import stage_cfg
@@ -138,6 +139,44 @@ def test_compiled_decoding_gives_eager_tokens_and_loops(arch, specs, batches, ba
     assert any(loops != [model.cfg.n_loops] * 6 for case in cases for loops in eager[case].loops)  # exits happened
 
 
+# ~15 s to build the package on 2 cores: the slow tier builds it, the suite traces (dynamo)
+@pytest.mark.parametrize(
+    "backend", [QUICK, pytest.param("inductor", marks=pytest.mark.slow)], indirect=True, ids=["traced", "ahead-of-time"]
+)
+def test_a_full_depth_batch_steps_as_one_graph_with_the_gates_decision(backend, monkeypatch):
+    """Depth batching under the gate's skip policy: a step in which every row runs is one
+    compiled call of gate_loop (the loop at each row's slot, then the gate's decision;
+    on a CPU with Inductor, ahead of time), with eager's tokens, exits and loops, and
+    after the weights change in place, the new weights' (a package built again)."""
+    model = tiny_model("mamba2", seed=1)
+    prompts, policy = [[5, 9, 2, 7, 1, 3], [4, 4, 8], [6, 2, 9, 9, 1, 0, 3, 5]], ExitPolicy.parse("skip:0.5")
+
+    def decoded():
+        return generate(model, prompts, 6, policy, schedule="depth")
+
+    def eager():
+        step, model.compiled_decode = model.compiled_decode, None
+        try:
+            return decoded()
+        finally:
+            model.compiled_decode = step
+
+    compile_decoding(model)
+    step, calls = model.compiled_decode, []
+    real = step.gate_loop
+    monkeypatch.setattr(step, "gate_loop", lambda *a: calls.append(1) or real(*a))
+    same_generation(decoded(), eager(), "skip:0.5, depth")
+    assert calls  # full batches stepped as one call
+    if backend == "inductor":  # the package served them, not dynamo
+        assert step.gate_step is None and [key[0] for key in step.packages.packages] == ["gate"]
+    else:
+        assert step.gate_step is not None
+    with torch.no_grad():
+        model.backbone.layers[0][0].inner.in_proj.weight.mul_(0.5)
+    same_generation(decoded(), eager(), "skip:0.5, depth, new weights")
+    assert backend != "inductor" or (len(step.packages.packages) == 1 and not step.packages.failed)
+
+
 @pytest.mark.slow  # Inductor compiles ("reduce-overhead" mode): tens of seconds on 2 cores
 def test_the_cuda_graph_step_gives_eager_tokens_and_loops():
     """compile_decoding(cuda_graphs=True) marks the cache static, starts a capture step per
@@ -239,9 +278,11 @@ def test_an_ahead_of_time_step_that_cannot_build_leaves_decoding_to_dynamo(monke
     monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", fail)
     model = tiny_model("mamba2", seed=3)
     pre = prefill(model, torch.tensor([[5, 9, 2, 7]]), capacity=8)
-    steps = AheadOfTimeSteps(model, _full_depth_step)
+    steps = AheadOfTimeSteps(model)
     with torch.no_grad(), pytest.warns(UserWarning, match="no compiler here"):
-        assert steps(pre.cache, torch.tensor([3]), True) is NotImplemented
+        assert steps.token_step(_full_depth_step, pre.cache, torch.tensor([3]), True) is NotImplemented
     assert steps.failed and pre.cache.length.tolist() == [4]  # the caller's cache untouched
-    with torch.no_grad():
-        assert steps(pre.cache, torch.tensor([3]), True) is NotImplemented  # no second attempt
+    with torch.no_grad():  # no second attempt, for any kind of step
+        assert steps.token_step(_full_depth_step, pre.cache, torch.tensor([3]), True) is NotImplemented
+        rule, h, slots = exit_rule(ExitPolicy.parse("skip:0.5")), torch.zeros(1, model.cfg.d_model), torch.tensor([0])
+        assert steps.gate_loop(gate_loop, rule, h, slots, pre.cache, rule.initial_state(1, "cpu")) is NotImplemented

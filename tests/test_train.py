@@ -49,6 +49,27 @@ def test_resume_continues_the_same_loss_trajectory(tmp_path):
     assert second.eval == straight.eval
 
 
+def test_a_compiled_run_steps_with_fused_adamw_and_resumes_an_eager_checkpoint(tmp_path, monkeypatch):
+    """train.compile is no key: a run checkpointed eager (AdamW's multi-tensor loop) goes
+    on compiled (its fused kernel) and follows the uninterrupted eager run's losses to
+    float rounding, and the other way round."""
+    from looplab.models import compiled
+    from looplab.training.steps import make_optimizer
+
+    monkeypatch.setattr(compiled, "BACKEND", "aot_eager")  # Inductor's C++ builds: the slow tier's
+    cfg = tiny_run(steps=6)
+    model = torch.nn.Linear(2, 2)
+    for setting, fused in (("on", True), ("off", None)):
+        run = apply_overrides(cfg, {"train.compile": setting})
+        assert make_optimizer(model, run.train, torch.device("cpu")).defaults["fused"] is fused
+    straight = train(cfg, tmp_path / "straight", quiet=True).losses
+    for first, then in (("off", "on"), ("on", "off")):
+        out = tmp_path / f"{first}-{then}"
+        head = train(apply_overrides(cfg, {"train.compile": first}), out, stop_at=3, quiet=True).losses
+        tail = train(apply_overrides(cfg, {"train.compile": then}), out, quiet=True).losses
+        assert head + tail == pytest.approx(straight, rel=1e-4), (first, then)
+
+
 def test_resume_refuses_a_checkpoint_of_another_config(tmp_path):
     train(tiny_run(steps=2), tmp_path, quiet=True)
     with pytest.raises(ConfigError, match="checkpoint of stage key .* --no-resume"):

@@ -26,7 +26,7 @@ forced and dense execution the rows stay in step, as in lockstep.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -77,6 +77,18 @@ def _put(store, rows: torch.Tensor, state, batch: int):
     return store
 
 
+def gate_loop(model, rule, h: torch.Tensor, positions: torch.Tensor | None, cache, *state):
+    """One loop for every row of a depth batch, each at its own slot of `cache` (a
+    StepCache of the storage), and the gate's decision after it: (h (B, d), exit now (B,)
+    bool, *the rule's next state). Every row decides, those at their last loop too: their
+    decision is not read, and their next token's start() resets their state. So every
+    step of a full batch has one shape, and compiled it is one graph
+    (CompiledDecodeStep.gate_loop)."""
+    h = model.backbone(h[:, None], positions, None, cache)[:, 0]
+    statistic, state = rule.statistic(model.exit_logit(h), state)
+    return (h, rule.decide(statistic), *state)
+
+
 class DepthBatch:
     """The running tokens of a prefilled cache's rows (module docstring). readout=False
     skips the final norm and head (benchmarks time the loops alone; Done.logits is
@@ -99,11 +111,15 @@ class DepthBatch:
         self.R, B = model.cfg.n_loops, cache.batch
         self.device = cache.length.device
         self.rule = exit_rule(policy) if policy.rule in EXIT_RULES else None
-        self.rule_state = None  # per-row state of the rule, (B, ...) on the device
+        self.rule_state: Any = None  # per-row state of the rule, (B, ...) on the device (a tensor or a tuple)
         # A rule with an initial state updates every live row in one call (a token's
         # first step reads the state its start() wrote); without one, first steps and
         # later ones take a call each.
         self.one_call = self.rule is not None and self.rule.initial_state(0, self.device) is not NotImplemented
+        # The gate's skip policy: a step of a full batch is one call of gate_loop (loop and decision).
+        self.gate_steps = (
+            self.one_call and self.rule is not None and self.rule.reads == GATE_LOGITS and policy.execution != DENSE
+        )
         self.given = policy.exit_at.cpu().numpy() if policy.rule == GIVEN else None
         self.skip = policy.execution != DENSE
         self.fill = self.skip and cache.attention_fill != HOLE
@@ -192,15 +208,23 @@ class DepthBatch:
         slots = self._tensor(rows + depth * B)  # (loop − 1)·batch + row
         h_in = self.h if rows_t is None else self.h[rows_t]
         positions = self._tensor(self.position[rows])[:, None] if self._attention else None
-        h = model.step(h_in[:, None], positions, cache=self.cache.at_slots(slots))[:, 0]
+        fused = self._gate_loop(h_in, positions, slots) if every and self.gate_steps else None
+        if fused is not None:  # the loop and the gate's decision in one call
+            h, exits, *state = fused
+            self.rule_state, reached = tuple(state), exits.cpu().numpy()
+        else:
+            h = model.step(h_in[:, None], positions, cache=self.cache.at_slots(slots))[:, 0]
+            reached = None
         if rows_t is None:  # every row
             self.h = h
         else:
             self.h.index_copy_(0, rows_t, h)
         self.steps += 1
         exit_step = self.exit_step[rows]
+        if reached is None:
+            reached = self._reached(rows, rows_t, depth, h)
         # A token's first step reaching its exit is its exit (under dense it runs on).
-        leaving = self._reached(rows, rows_t, depth, h) & (depth < R - 1) & (exit_step == R)
+        leaving = reached & (depth < R - 1) & (exit_step == R)
         exit_step = np.where(leaving, depth + 1, exit_step)
         self.exit_step[rows] = exit_step
         last = depth == R - 1
@@ -224,6 +248,18 @@ class DepthBatch:
         ends = torch.from_numpy(exit_step[at])
         logits = model.logits(out_h[self._tensor(at)]) if self.readout and at.shape[0] else None
         return Done(torch.from_numpy(rows[at]), ends, self.policy.loops_of(ends, R), logits)
+
+    def _gate_loop(self, h: torch.Tensor, positions: torch.Tensor | None, slots: torch.Tensor):
+        """gate_loop's outputs for every row: eager, or compiled where the model's decoding
+        compiles whole steps; None where it compiles the one-loop step alone (the caller
+        runs that, then the rule)."""
+        assert isinstance(self.rule_state, tuple)  # the gate's (survival, F), every row's since its start()
+        compiled = self.model.compiled_decode
+        if compiled is None:
+            return gate_loop(self.model, self.rule, h, positions, self.cache.at_slots(slots), *self.rule_state)
+        if not compiled.whole_steps:
+            return None
+        return compiled.gate_loop(gate_loop, self.model, self.rule, h, positions, slots, self.cache, self.rule_state)
 
     def _reached(self, rows: np.ndarray, rows_t: torch.Tensor | None, depth: np.ndarray, h: torch.Tensor) -> np.ndarray:
         """Where each token's exit rule says exit after its loop (False at loop R)."""

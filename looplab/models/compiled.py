@@ -109,8 +109,11 @@ class CompiledDecodeStep:
     guard check and one graph call a token instead of one a loop, and the embedding,
     positions and head fused in. On a CPU, for every row of a recurrent cache, it is
     compiled ahead of time instead (ahead_of_time: models/ahead_of_time.py), which drops
-    dynamo's per-call costs too. Depth batching and the exit policies, whose running
-    rows change from loop to loop, go through the one-loop step."""
+    dynamo's per-call costs too. gate_loop(fn): depth batching's step when every row of
+    its batch runs under the gate's skip policy, the loop and the exit decision as one
+    graph, likewise ahead of time on a CPU (its rows are the batch's, whatever loop each
+    is at: one signature). Lockstep's exit policies and depth batching's other steps,
+    whose running rows change from loop to loop, go through the one-loop step."""
 
     def __init__(
         self,
@@ -123,6 +126,7 @@ class CompiledDecodeStep:
         self.ahead_of_time = self.whole_steps and ahead_of_time
         self.compiled = _compiled(backbone.forward, dynamic=None, cuda_graphs=cuda_graphs)
         self.whole_step: Callable | None = None  # whole()'s step by dynamo, compiled on first use
+        self.gate_step: Callable | None = None  # gate_loop()'s step by dynamo, compiled on first use
         self.packages: AheadOfTimeSteps | None = None  # and ahead of time, built on first use
 
     def whole(self, step: Callable, model, cache, tokens, rows, readout):
@@ -130,11 +134,9 @@ class CompiledDecodeStep:
         where whole_steps is on: off in benchmarks/suite.py's per-loop arm and with
         cuda_graphs, whose capture is the one-loop step's, the one the doctor checks on a
         GPU): ahead of time where that applies, else by dynamo with its rows dynamic."""
-        # (BACKEND's quick stand-in builds no C++: nor does an ahead-of-time step then)
-        if self.ahead_of_time and BACKEND == "inductor" and AheadOfTimeSteps.serve(cache, tokens, rows):
-            if self.packages is None:
-                self.packages = AheadOfTimeSteps(model, step)
-            logits = self.packages(cache, tokens, readout)
+        if rows is None and self._ahead_of_time(model, cache, tokens.device):
+            assert self.packages is not None  # made by _ahead_of_time
+            logits = self.packages.token_step(step, cache, tokens, readout)
             if logits is not NotImplemented:
                 return logits
         if self.whole_step is None:
@@ -143,6 +145,29 @@ class CompiledDecodeStep:
             if t is not None:
                 torch._dynamo.maybe_mark_dynamic(t, 0)
         return self.whole_step(model, cache, tokens, rows, readout)
+
+    def gate_loop(self, fn: Callable, model, rule, h, positions, slots, cache, state: tuple):
+        """fn(model, rule, h, positions, cache.at_slots(slots), *state) compiled
+        (depth_batching.gate_loop: depth batching's step when every row runs, its loop and
+        its gate's decision in one graph, where whole_steps is on): ahead of time where
+        that applies, else by dynamo with static shapes (a batch's rows are its size)."""
+        if self._ahead_of_time(model, cache, h.device):
+            assert self.packages is not None
+            outputs = self.packages.gate_loop(fn, rule, h, slots, cache, state)
+            if outputs is not NotImplemented:
+                return outputs
+        if self.gate_step is None:
+            self.gate_step = _compiled(fn, dynamic=False)
+        return self.gate_step(model, rule, h, positions, cache.at_slots(slots), *state)
+
+    def _ahead_of_time(self, model, cache, device) -> bool:
+        """Whether a step may run ahead of time here (making the model's packages)."""
+        # (BACKEND's quick stand-in builds no C++: nor does an ahead-of-time step then)
+        if not (self.ahead_of_time and BACKEND == "inductor" and AheadOfTimeSteps.serve(cache, device)):
+            return False
+        if self.packages is None:
+            self.packages = AheadOfTimeSteps(model)
+        return True
 
     def __call__(self, h, positions=None, seq_idx=None, cache=None):
         for t in (h, positions):

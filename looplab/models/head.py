@@ -110,6 +110,14 @@ class _ChunkBuffers:
             losses[tiny] = torch.logsumexp(zt, dim=1) - zt.gather(1, tc[tiny, None])[:, 0]
         return losses
 
+    def zero_grad_w(self) -> torch.Tensor:
+        """A zero (V × d) gradient for the weight, laid out as its transpose (d × V) in
+        memory: accumulating P̃ᵀ (s ⊙ x) into that layout multiplies the wide (n × V)
+        buffer untransposed, 1.45x faster on CPU at 512 tokens of a 32k vocabulary (the
+        same floats); autograd lays it out as the weight when it accumulates it."""
+        v, d = self.w.shape
+        return torch.zeros(d, v, dtype=self.acc, device=self.w.device).t()
+
     def add_grads(
         self,
         p: torch.Tensor,
@@ -132,7 +140,7 @@ class _ChunkBuffers:
             if self.compute_dtype == self.acc:
                 grad_w.addmm_(p.t(), xs)
             else:  # the low-precision product, accumulated over chunks in acc
-                grad_w.add_(p.t() @ xs)
+                grad_w.add_((xs.t() @ p).t())  # the product in grad_w's memory layout
 
 
 def _spans(n: int, chunk: int):
@@ -175,7 +183,7 @@ class _TokenCE(torch.autograd.Function):
         bufs = _ChunkBuffers(min(chunk, n_tok), weight, ctx.compute_dtype)
         scale = grad_losses.to(bufs.acc)[:, None]
         grad_x = torch.empty(x.shape, dtype=bufs.acc, device=x.device) if need_x else None
-        grad_w = torch.zeros(weight.shape, dtype=bufs.acc, device=x.device) if need_w else None
+        grad_w = bufs.zero_grad_w() if need_w else None
         with torch.autocast(x.device.type, enabled=False):
             for s, e in _spans(n_tok, chunk):
                 bufs.add_grads(
@@ -211,7 +219,7 @@ class _WeightedCE(torch.autograd.Function):
         losses = torch.empty(n_tok, dtype=bufs.acc, device=x.device)
         scale = weights.to(bufs.acc)[:, None]
         grad_x = torch.empty(x.shape, dtype=bufs.acc, device=x.device) if need_x else None
-        grad_w = torch.zeros(weight.shape, dtype=bufs.acc, device=x.device) if need_w else None
+        grad_w = bufs.zero_grad_w() if need_w else None
         with torch.autocast(x.device.type, enabled=False):
             for s, e in _spans(n_tok, chunk):
                 z = bufs.logits(x[s:e])

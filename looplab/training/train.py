@@ -96,7 +96,7 @@ def train(
     model, parent_weights = _start_model(cfg, parent_dir)
     out.mkdir(parents=True, exist_ok=True)  # only once the task, the model and its parent are fine
     ready_to_train(model, cfg, device)
-    optimizer = make_optimizer(model, tc)
+    optimizer = make_optimizer(model, tc, device)
     log = MetricsLog(out / METRICS_FILE, on_metrics, quiet or not shard.main, write=shard.main)
     start = start_step(out, cfg, model, optimizer, parent_weights, log, resume=resume, main=shard.main, stop_at=stop_at)
     end = tc.steps if stop_at is None else min(tc.steps, stop_at)
