@@ -166,14 +166,18 @@ def cpu_sequence_kernels() -> Check:
 
 
 def gemm_flops(device, dtype, n: int) -> float:
-    """FLOP/s of an n×n×n matmul on the device (the median of three after a warm-up)."""
+    """FLOP/s of an n×n×n matmul on the device (the median of three after a warm-up),
+    into an output allocated once: on a CPU a fresh result is memory mapped anew and
+    first touched by the kernel each call, which read up to a third below the product's
+    own rate (benchmarks/suite.py)."""
     import torch
 
     from looplab.costs.timing import median_seconds
 
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
-    return 2 * n**3 / median_seconds(lambda: a @ b, 3, warmup=1, device=device)
+    c = torch.empty(n, n, device=device, dtype=dtype)
+    return 2 * n**3 / median_seconds(lambda: torch.mm(a, b, out=c), 3, warmup=1, device=device)
 
 
 def bandwidth(device, nbytes: int) -> float:

@@ -48,6 +48,17 @@ def test_a_figure_measured_beside_other_work_is_noisy():
     assert not Figure("x", 1.0, "x", (steady,), Load(0.2, 2.4, cpus=2, threads=1)).noisy
 
 
+def test_a_figure_another_measurement_contradicts_is_no_result():
+    """A steady figure whose divisor another figure of the run outran (a GEMM above the
+    GEMM peak) is noisy, with that reason, and its row carries no value."""
+    steady = Timing((1.0, 1.01, 1.02))
+    doubt = "the head's products ran at 115 % of the GEMM peak: the peak is under-measured"
+    figure = Figure("mfu", 62.8, "%", (steady,), contradicted=doubt)
+    assert figure.noisy and figure.noisy_because == doubt and figure.shown() == "noisy"
+    assert figure.row()["value"] is None and figure.row()["measured"] == 62.8
+    assert not Figure("mfu", 62.8, "%", (steady,)).noisy
+
+
 def test_the_suite_marks_a_figure_over_a_tight_bound_noisy(tmp_path):
     """Its machine section end to end, once with a bound no repeats can meet."""
     record = run_script(

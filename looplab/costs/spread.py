@@ -87,6 +87,9 @@ class Figure:
     load: Load | None = None
     bound: float = SPREAD_BOUND
     note: str = ""
+    # A reason from outside its timings, e.g. a GEMM of the same run that ran faster than
+    # the peak this figure is divided by (the peak was then under-measured).
+    contradicted: str = ""
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.value) and self.value > 0):
@@ -104,6 +107,8 @@ class Figure:
             reasons.append(f"spread {self.spread:.0%} > {self.bound:.0%}")
         if self.load is not None and self.load.busy:
             reasons.append(f"machine busy ({self.load.text()})")
+        if self.contradicted:
+            reasons.append(self.contradicted)
         return "; ".join(reasons)
 
     @property
