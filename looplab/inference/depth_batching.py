@@ -116,12 +116,10 @@ class DepthBatch:
         # first step reads the state its start() wrote); without one, first steps and
         # later ones take a call each.
         self.one_call = self.rule is not None and self.rule.initial_state(0, self.device) is not NotImplemented
-        # The gate's skip policy: a step of a full batch is one call of gate_loop (loop and decision).
-        self.gate_steps = (
-            self.one_call and self.rule is not None and self.rule.reads == GATE_LOGITS and policy.execution != DENSE
-        )
         self.given = policy.exit_at.cpu().numpy() if policy.rule == GIVEN else None
         self.skip = policy.execution != DENSE
+        # The gate's skip policy: a step of a full batch is one call of gate_loop (loop and decision).
+        self.gate_steps = self.skip and self.one_call and self.rule is not None and self.rule.reads == GATE_LOGITS
         self.fill = self.skip and cache.attention_fill != HOLE
         self.depth = np.full(B, IDLE, dtype=np.int64)  # loop − 1 of each row's running token
         self.position = np.zeros(B, dtype=np.int64)
