@@ -195,8 +195,11 @@ def train(suite: Suite) -> None:
         share = 100 * 3 * 2 * rows * d * vocab / head.median / suite.peak_flops
         # This host's 2048³ GEMM has read anywhere from 93 to 165 GFLOP/s, at times steadily
         # low: where these products outrun it, it is no peak, and what is divided by it no MFU.
-        doubt = f"the head's products ran at {share:.0f} % of the GEMM peak: the peak is under-measured"
-        doubt = doubt if share > 100 else ""
+        doubt = (
+            f"the head's products ran at {share:.0f} % of the GEMM peak: the peak is under-measured"
+            if share > 100
+            else ""
+        )
         suite.add(
             f"local's head products (3 GEMMs, {rows} tokens × {d} × {vocab}) against the GEMM peak",
             share,

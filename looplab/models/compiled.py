@@ -134,9 +134,9 @@ class CompiledDecodeStep:
         where whole_steps is on: off in benchmarks/suite.py's per-loop arm and with
         cuda_graphs, whose capture is the one-loop step's, the one the doctor checks on a
         GPU): ahead of time where that applies, else by dynamo with its rows dynamic."""
-        if rows is None and self._ahead_of_time(model, cache, tokens.device):
-            assert self.packages is not None  # made by _ahead_of_time
-            logits = self.packages.token_step(step, cache, tokens, readout)
+        packages = self._packages(model, cache, tokens.device) if rows is None else None
+        if packages is not None:
+            logits = packages.token_step(step, cache, tokens, readout)
             if logits is not NotImplemented:
                 return logits
         if self.whole_step is None:
@@ -151,23 +151,24 @@ class CompiledDecodeStep:
         (depth_batching.gate_loop: depth batching's step when every row runs, its loop and
         its gate's decision in one graph, where whole_steps is on): ahead of time where
         that applies, else by dynamo with static shapes (a batch's rows are its size)."""
-        if self._ahead_of_time(model, cache, h.device):
-            assert self.packages is not None
-            outputs = self.packages.gate_loop(fn, rule, h, slots, cache, state)
+        packages = self._packages(model, cache, h.device)
+        if packages is not None:
+            outputs = packages.gate_loop(fn, rule, h, slots, cache, state)
             if outputs is not NotImplemented:
                 return outputs
         if self.gate_step is None:
             self.gate_step = _compiled(fn, dynamic=False)
         return self.gate_step(model, rule, h, positions, cache.at_slots(slots), *state)
 
-    def _ahead_of_time(self, model, cache, device) -> bool:
-        """Whether a step may run ahead of time here (making the model's packages)."""
+    def _packages(self, model, cache, device) -> AheadOfTimeSteps | None:
+        """The model's ahead-of-time packages where a step on this cache may run ahead of
+        time (made on first use), else None."""
         # (BACKEND's quick stand-in builds no C++: nor does an ahead-of-time step then)
         if not (self.ahead_of_time and BACKEND == "inductor" and AheadOfTimeSteps.serve(cache, device)):
-            return False
+            return None
         if self.packages is None:
             self.packages = AheadOfTimeSteps(model)
-        return True
+        return self.packages
 
     def __call__(self, h, positions=None, seq_idx=None, cache=None):
         for t in (h, positions):
