@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from looplab.config import ConfigError, ModelConfig, ParentRef, apply_overrides
+from looplab.config import ConfigError, ModelConfig, ParentRef, apply_overrides, stream_end
 from looplab.fields import is_int
 from looplab.keys import KEY_LENGTH, SHA256, file_digest, keyed_name, text_digest
 from looplab.models.looped import LoopedLM
@@ -280,7 +280,10 @@ def parent_ref(directory: str | os.PathLike) -> ParentRef:
     step its weights are of (a step before the end enters the key); otherwise (weights
     without their trainer.json, copied or made by hand) by the digest of the weights,
     so that they are never taken for a finished stage and other weights at the same
-    path are another parent. A path that holds no checkpoint is named by its digest."""
+    path are another parent. A path that holds no checkpoint is named by its digest.
+    data_end: where the parent's training stream stopped (its data_start + the step its
+    trainer.json says × its batch size, so a parent stopped early counts the steps it
+    ran); 0 where its step or its recorded config is unknown."""
     path = Path(directory).expanduser().resolve()
     if not is_checkpoint(path):
         digest = keyed_name("path", text_digest(str(path)))
@@ -290,16 +293,28 @@ def parent_ref(directory: str | os.PathLike) -> ParentRef:
     if state is not None and meta.get("stage_key") and meta.get("config_hash"):
         # A parent stopped before its last step (--stop-at) is another model than the
         # finished one: its step enters the key. A finished parent keeps its own key.
-        steps = meta.get("experiment", {}).get("train", {}).get("steps")
+        train = meta.get("experiment", {}).get("train", {})
+        steps = train.get("steps")
         stopped = f"@step{state['step']}" if steps is not None and state["step"] < steps else ""
         return ParentRef(
             stage=meta.get("stage", DEFAULT_STAGE),
             key=meta["stage_key"] + stopped,
             group=meta["config_hash"] + stopped,
             checkpoint=str(path),
+            data_end=_data_end(train, state["step"]),
         )
     digest = keyed_name(WEIGHTS_KEY, weights_digest(path).removeprefix(SHA256)[:KEY_LENGTH])
     return ParentRef(stage=meta.get("stage", DEFAULT_STAGE), key=digest, group=digest, checkpoint=str(path))
+
+
+def _data_end(train: dict[str, Any], step: int) -> int:
+    """The samples of its training stream a checkpoint's run consumed by `step`, from its
+    recorded train section (a checkpoint from before data_start existed started at 0);
+    0 when the section does not say its batch size."""
+    start, batch_size = train.get("data_start", 0), train.get("batch_size", 0)
+    if is_int(start) and start >= 0 and is_int(batch_size) and batch_size >= 1:
+        return stream_end(start, step, batch_size)
+    return 0
 
 
 WEIGHTS_KEY = "weights"  # parent_ref's name of weights whose step is unknown: weights-<digest>

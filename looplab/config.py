@@ -231,6 +231,13 @@ class TrainConfig:
     # were stored: at their defaults neither enters a key (fields.keyed's added).
     init_from: str = keyed("", added=True)
     init_layers: str = keyed("", added=True)
+    # Where in the seed's training stream this run's first batch lies, in samples
+    # (sequences) from the stream's start. A continued stage continues its parent's
+    # stream (presets.stage_config sets it from ParentRef.data_end, not a person): each
+    # stage sees only samples its lineage never saw, and arms of as many steps see as
+    # many fresh tokens, where restarting at 0 showed Stage-1 pre-training's first
+    # batches again. Added after keys were stored: at 0 (pre-training) it enters no key.
+    data_start: int = keyed(0, added=True)
     # How the run is carried out and watched: never in a key.
     eval_every: int = 100  # 0: evaluate only at the end
     eval_batch_size: int = 64
@@ -254,7 +261,15 @@ class TrainConfig:
         check_ints(self, "steps", "batch_size", "seq_len", "eval_batch_size", "log_every")
         check(self.steps <= MAX_STEPS, "TrainConfig.steps", self.steps, f"an integer in [1, {MAX_STEPS:,}]")
         check_ints(
-            self, "warmup_steps", "eval_every", "eval_limit", "ckpt_every", "seed", "micro_batch_size", minimum=0
+            self,
+            "warmup_steps",
+            "eval_every",
+            "eval_limit",
+            "ckpt_every",
+            "seed",
+            "micro_batch_size",
+            "data_start",
+            minimum=0,
         )
         check(
             isinstance(self.activation_checkpointing, bool),
@@ -380,6 +395,12 @@ class HoleConfig:
         check_ints(self, "bins")
 
 
+def stream_end(data_start: int, steps: int, batch_size: int) -> int:
+    """Where a run's training stream stands after `steps` steps of batch_size samples
+    from data_start (TrainConfig.data_start): its child's data_start (ParentRef.data_end)."""
+    return data_start + steps * batch_size
+
+
 @dataclass(frozen=True)
 class ParentRef:
     """The stage a continued stage starts from. key and group name it by content (its
@@ -390,12 +411,18 @@ class ParentRef:
     key: str  # the parent's stage_key (seed included)
     group: str  # the parent's config_hash (seed excluded): seeds of one configuration share it
     checkpoint: str = ""
+    # The samples of the training stream the parent's lineage consumed (its data_start
+    # + its steps × batch_size), where its child's stream starts (TrainConfig.data_start).
+    # Never in a key by itself: the parent's key names the parent, the child's data_start
+    # enters the child's.
+    data_end: int = 0
 
     def __post_init__(self) -> None:
         for name in ("stage", "key", "group"):
             v = getattr(self, name)
             check(isinstance(v, str) and v != "", f"ParentRef.{name}", v, "a non-empty string")
         check(isinstance(self.checkpoint, str), "ParentRef.checkpoint", self.checkpoint, "a directory path")
+        check_ints(self, "data_end", minimum=0)
 
 
 @dataclass(frozen=True)
@@ -523,8 +550,14 @@ class ExperimentConfig:
         return digest(self.key_payload(seed=False))
 
     def as_parent(self, checkpoint: str = "") -> ParentRef:
-        """This stage as the parent of the next one."""
-        return ParentRef(stage=self.stage, key=self.stage_key(), group=self.config_hash(), checkpoint=checkpoint)
+        """This stage as the parent of the next one, its stream consumed to the end of its steps."""
+        return ParentRef(
+            stage=self.stage,
+            key=self.stage_key(),
+            group=self.config_hash(),
+            checkpoint=checkpoint,
+            data_end=stream_end(self.train.data_start, self.train.steps, self.train.batch_size),
+        )
 
 
 def _build(cls: type, values: dict[str, Any], prefix: str) -> Any:

@@ -343,9 +343,12 @@ def stage_config(
     rule of the module docstring: the stage's recipe and the preset's step budget for
     it (presets.STAGE_BUDGETS, when the preset has one), then the sweep-wide
     `overrides`, then this stage's `stage_overrides`; the warmup follows the stage's
-    own final steps. An override of a field the preset's family has a variant for
-    (model.arch on paper-140m, task.L on a Mano preset: presets.VARIANTS) starts from
-    that variant, so the paper's own settings for it come along."""
+    own final steps. A continued stage continues its parent's training stream:
+    train.data_start is parent.data_end (the samples the parent's lineage consumed)
+    unless the overrides set train.data_start themselves. An override of a field the
+    preset's family has a variant for (model.arch on paper-140m, task.L on a Mano
+    preset: presets.VARIANTS) starts from that variant, so the paper's own settings for
+    it come along."""
     spec = get_stage(stage)
     given = {**(overrides or {}), **(stage_overrides or {})}  # per-stage wins over sweep-wide
     for key, value in given.items():  # a field the preset's family has its own preset for
@@ -358,6 +361,8 @@ def stage_config(
         layers["train.steps"] = budget
     if spec.recipe is not None:
         layers.update(spec.recipe.overrides())
+    if parent is not None:  # under the overrides: an explicit train.data_start wins
+        layers["train.data_start"] = parent.data_end
     layers.update(given)
     if spec.recipe is not None and not _sets(given, "warmup_steps"):
         steps = next((v for k, v in reversed(layers.items()) if k.rpartition(".")[2] == "steps"), base.train.steps)

@@ -34,7 +34,13 @@ SPEC = PipelineSpec(
 )
 POINT = {"beta": 0.5, "seed": 0}
 PRETRAIN_KEY, PRETRAIN_HASH = "80187bb079e5", "e7248c8ce43a"
-STAGE1_KEY, STAGE1_HASH = "77cc702b6968", "e3695dd24cf1"
+# Moved on purpose: continued stages continue their parent's data stream since
+# train.data_start (CHANGELOG.md), which enters every continued stage's key (here 3,200
+# samples: pre-training's 200 steps × 16). Pre-training keys are unchanged. The keys
+# before are kept: a stored Stage-1 is named by them, and the same config with
+# train.data_start=0 still makes them (nothing else moved).
+STAGE1_KEY, STAGE1_HASH = "ada0adf77d35", "0450541b716d"
+STAGE1_KEY_BEFORE, STAGE1_HASH_BEFORE = "77cc702b6968", "e3695dd24cf1"
 
 
 # ---- the digest ------------------------------------------------------------------------
@@ -62,8 +68,20 @@ def test_a_shorter_key_is_a_prefix_of_a_longer_one():
 def test_stage_keys_of_the_debug_preset_are_unchanged():
     pretrain = stage_config(get_preset("debug"), "pretrain")
     assert (pretrain.stage_key(), pretrain.config_hash()) == (PRETRAIN_KEY, PRETRAIN_HASH)
-    stage1 = stage_config(get_preset("debug"), "stage1", parent=pretrain.as_parent("/elsewhere/checkpoint"))
-    assert (stage1.stage_key(), stage1.config_hash()) == ("7b123be592a4", "203e8f01002a")
+    assert "data_start" not in pretrain.key_payload()["train"]  # pre-training's stream starts at 0: no key moved
+    parent = pretrain.as_parent("/elsewhere/checkpoint")
+    stage1 = stage_config(get_preset("debug"), "stage1", parent=parent)
+    # Moved on purpose (STAGE1_KEY's comment): Stage-1 continues pre-training's stream.
+    assert (stage1.stage_key(), stage1.config_hash()) == ("055dd319018f", "296f532727a9")
+    before = stage_config(get_preset("debug"), "stage1", parent=parent, overrides={"train.data_start": 0})
+    assert (before.stage_key(), before.config_hash()) == ("7b123be592a4", "203e8f01002a")
+
+
+def test_continued_keys_moved_only_by_the_data_stream():
+    spec = PipelineSpec(**{**SPEC.to_dict(), "stage_overrides": {"stage1": {"train.data_start": 0}}})
+    pretrain, stage1 = stage_configs(spec, POINT, "/store")
+    assert (pretrain.stage_key(), pretrain.config_hash()) == (PRETRAIN_KEY, PRETRAIN_HASH)
+    assert (stage1.stage_key(), stage1.config_hash()) == (STAGE1_KEY_BEFORE, STAGE1_HASH_BEFORE)
 
 
 @pytest.mark.parametrize("root", ["/store", "/another/root"])
@@ -76,14 +94,22 @@ def test_pipeline_stage_keys_do_not_depend_on_the_storage_root(root):
 def test_stage_folders_are_unchanged():
     pretrain, stage1 = stage_configs(SPEC, POINT, "/store")
     assert stage_dir("/store", pretrain) == "/store/stages/pretrain-80187bb079e5"
-    assert checkpoint_of("/store", stage1) == "/store/stages/stage1-77cc702b6968/checkpoint"
-    assert stage_dir("s3://bucket/store", stage1) == "s3://bucket/store/stages/stage1-77cc702b6968"
-    assert keys.stage_path("stage1", STAGE1_KEY, "checkpoint") == ("stages", "stage1-77cc702b6968", "checkpoint")
+    # Stage-1's folder follows its key, moved on purpose (STAGE1_KEY's comment); the rule is unchanged.
+    assert checkpoint_of("/store", stage1) == "/store/stages/stage1-ada0adf77d35/checkpoint"
+    assert stage_dir("s3://bucket/store", stage1) == "s3://bucket/store/stages/stage1-ada0adf77d35"
+    assert keys.stage_path("stage1", STAGE1_KEY_BEFORE, "checkpoint") == (
+        "stages",
+        "stage1-77cc702b6968",
+        "checkpoint",
+    )
 
 
 def test_a_store_written_before_is_reused(tmp_path):
     """Stage folders named as the old code named them (literal names, done markers as
-    trial.py writes them) are found as trained stages by the new code."""
+    trial.py writes them) are found as trained stages by the new code: pre-training is
+    reused; the Stage-1 stored before trained on pre-training's first batches again, so
+    its key moved (STAGE1_KEY's comment) and it trains again, with Stage-1 folders of
+    the new key found as before."""
     from trainables.downstream import pipeline_checkpoints
     from trainables.shared_stage import write_done
     from trainables.storage import Storage
@@ -92,11 +118,14 @@ def test_a_store_written_before_is_reused(tmp_path):
     for folder, run_id in (("pretrain-80187bb079e5", "run-pre"), ("stage1-77cc702b6968", "run-s1")):
         write_done(storage, str(tmp_path / "stages" / folder), {"run_id": run_id, "metrics": {}})
     found = pipeline_checkpoints(SPEC, [POINT], tmp_path)
+    assert [(c.stage_key, c.config_hash, c.run_id) for c in found] == [(PRETRAIN_KEY, PRETRAIN_HASH, "run-pre")]
+    write_done(storage, str(tmp_path / "stages" / "stage1-ada0adf77d35"), {"run_id": "run-s1-new", "metrics": {}})
+    found = pipeline_checkpoints(SPEC, [POINT], tmp_path)
     assert [(c.stage_key, c.config_hash, c.run_id) for c in found] == [
         (PRETRAIN_KEY, PRETRAIN_HASH, "run-pre"),
-        (STAGE1_KEY, STAGE1_HASH, "run-s1"),
+        (STAGE1_KEY, STAGE1_HASH, "run-s1-new"),
     ]
-    assert found[1].path == str((tmp_path / "stages" / "stage1-77cc702b6968" / "checkpoint").resolve())
+    assert found[1].path == str((tmp_path / "stages" / "stage1-ada0adf77d35" / "checkpoint").resolve())
 
 
 def test_parent_ref_of_a_checkpoint_without_keys_is_unchanged():
@@ -127,7 +156,7 @@ def test_trial_names_are_unchanged():
 def test_run_and_lock_names_follow_the_rule():
     assert tracking.sweep_run_name("keys_golden", "0123456789") == "keys_golden-0123456789"
     assert tracking.trial_run_name("0123456789ab") == "trial-0123456789ab"
-    assert tracking.stage_run_name("stage1", STAGE1_KEY) == "stage1-77cc702b6968"
+    assert tracking.stage_run_name("stage1", STAGE1_KEY_BEFORE) == "stage1-77cc702b6968"
     assert tracking.eval_run_name("golden", ExitPolicy.full(), "0123456789ab") == "eval-golden-full-0123456789ab"
     assert tracking.speed_run_name(1, 128, "skip:0.2", "0123456789ab") == "speed-b1-L128-skip:0.2-012345"
 
@@ -147,7 +176,7 @@ def test_evaluation_keys_are_unchanged():
 
     task = EvalTask("golden", "include", 2, "acc", "sha256:0123456789abcdef", "cfg-0123456789ab", "/x.yaml")
     assert eval_key(PRETRAIN_KEY, "full", task, None) == "197eb80e77b4"
-    assert eval_key(STAGE1_KEY, "skip:0.5", task, 0.25) == "5a73550c23f3"
+    assert eval_key(STAGE1_KEY_BEFORE, "skip:0.5", task, 0.25) == "5a73550c23f3"  # a stored Stage-1's
 
 
 def _task_files(folder: Path) -> Path:

@@ -48,6 +48,20 @@ def batch_from_numpy(ids: np.ndarray, targets: np.ndarray) -> Batch:
     return Batch(torch.from_numpy(ids), torch.from_numpy(targets))
 
 
+def stream_rng(seed: int, step: int, batch_size: int, start: int = 0) -> np.random.Generator:
+    """The rng of a synthetic task's training batch at `step` of a run whose stream starts
+    `start` samples in (TrainConfig.data_start). Batches are drawn one rng per step, so a
+    stream continues exactly only at a whole number of batches: then it is the stream's
+    own step start // batch_size + step (start 0: the batches of before data_start
+    existed). Otherwise the rng is keyed by start as well, a stream of its own that no
+    other start draws (p-hop and Mano share this rule)."""
+    import numpy as np
+
+    if start % batch_size == 0:
+        return np.random.default_rng([seed, start // batch_size + step, 0])
+    return np.random.default_rng([seed, step, 0, start])
+
+
 def exact_match_counts(logits: torch.Tensor, targets: torch.Tensor) -> tuple[int, int]:
     """(correct, total) over positions with a target: argmax of the logits there
     equals the target. With one answer position per sample this is exact match."""

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator
 import numpy as np
 
 from looplab.fields import check, check_choice, check_ints, keyed
-from looplab.tasks.base import IGNORE_INDEX, Batch, batch_from_numpy
+from looplab.tasks.base import IGNORE_INDEX, Batch, batch_from_numpy, stream_rng
 
 if TYPE_CHECKING:  # tensors are made by tasks/base.py: config.py reads this module's config without torch
     import torch
@@ -262,14 +262,20 @@ class ManoTask:
             buf.extend(_instance_ids(expr_ids, n_ops, answer, self.ids))
         return buf[:n_tokens]
 
-    def train_batch(self, step: int, batch_size: int, seq_len: int, seed: int) -> Batch:
+    def train_batch(self, step: int, batch_size: int, seq_len: int, seed: int, start: int = 0) -> Batch:
         """Packed rows of seq_len tokens; the target at t is the token at t + 1.
 
         With loss="answer" only positions holding <ans> carry a target (the answer);
         an instance cut off before its answer contributes none. Deterministic in
-        (seed, step).
+        (seed, step, start).
+
+        start: the rows of the seed's stream consumed before this run's step 0
+        (TrainConfig.data_start). Each step draws from one rng (base.stream_rng): the
+        stream's own step start // batch_size + step when start is a whole number of
+        batches (a parent's stream continued exactly when the batch size is unchanged),
+        else a stream keyed by start too, disjoint from every other start's.
         """
-        uniforms = _uniform_stream(np.random.default_rng([seed, step, 0]))
+        uniforms = _uniform_stream(stream_rng(seed, step, batch_size, start))
         rows = np.array([self._packed_row(uniforms, seq_len + 1) for _ in range(batch_size)], dtype=np.int64)
         ids, next_tokens = rows[:, :-1], rows[:, 1:]
         if self.cfg.loss == "all":

@@ -27,7 +27,7 @@ import numpy as np
 
 from looplab.errors import check
 from looplab.fields import check_choice, check_ints, keyed
-from looplab.tasks.base import IGNORE_INDEX, Batch, batch_from_numpy
+from looplab.tasks.base import IGNORE_INDEX, Batch, batch_from_numpy, stream_rng
 
 MAX_TRIES = 100
 
@@ -228,16 +228,21 @@ class PhopTask:
         targets[:, ans_position] = rows[:, -1]
         return batch_from_numpy(rows, targets)
 
-    def train_batch(self, step: int, batch_size: int, seq_len: int, seed: int) -> Batch:
-        """batch_size fresh samples, deterministic in (seed, step).
+    def train_batch(self, step: int, batch_size: int, seq_len: int, seed: int, start: int = 0) -> Batch:
+        """batch_size fresh samples, deterministic in (seed, step, start).
 
         Rows are whole samples of n + 4 tokens and seq_len is ignored: each p-hop
         sample is one sequence, never packed (the paper's context of 272 holds one
         260-token sample). The answer is the row's last input token, which a causal
         model cannot see from the <ans> position that predicts it.
+
+        start: the samples of the seed's stream consumed before this run's step 0
+        (TrainConfig.data_start). Each step draws from one rng (base.stream_rng): the stream's
+        own step start // batch_size + step when start is a whole number of batches (a
+        parent's stream continued exactly when the batch size is unchanged), else a stream
+        keyed by start too, disjoint from every other start's.
         """
-        rng = np.random.default_rng([seed, step, 0])
-        return self._batch(self._samples(rng, batch_size))
+        return self._batch(self._samples(stream_rng(seed, step, batch_size, start), batch_size))
 
     @functools.cached_property
     def _eval_batch(self) -> Batch:

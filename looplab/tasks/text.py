@@ -35,8 +35,11 @@ head of the (unsharded) stream and drop every document with one of their hashes 
 training.
 
 Training order. In memory: epoch e visits the rank's training blocks in the order
-np.random.default_rng([seed, e]).permutation, and step s takes samples
-s·B … s·B + B − 1 of the concatenated epochs: a pure function of (seed, step).
+np.random.default_rng([seed, e]).permutation, and step s of a run that starts
+`start` samples into the stream (TrainConfig.data_start: a continued stage continues
+its parent's) takes samples start + s·B … start + s·B + B − 1 of the concatenated
+epochs: a pure function of (seed, step, start), the parent's own stream continued
+whatever the two batch sizes.
 Streaming: blocks pass through a shuffle buffer of `shuffle_buffer` blocks drawn
 with default_rng([seed, rank, epoch]); a resumed run replays the stream up to the
 step's first block (deterministic, costs re-reading what was consumed).
@@ -508,9 +511,9 @@ class InMemoryCorpus:
             self._perms[key] = np.random.default_rng([seed, epoch]).permutation(len(self.train_blocks))
         return self._perms[key]
 
-    def train_blocks_at(self, step: int, batch_size: int, seed: int) -> np.ndarray:
+    def train_blocks_at(self, step: int, batch_size: int, seed: int, start: int = 0) -> np.ndarray:
         n = len(self.train_blocks)
-        samples = step * batch_size + np.arange(batch_size)
+        samples = start + step * batch_size + np.arange(batch_size)
         rows = [self._permutation(seed, int(i // n))[i % n] for i in samples]
         return self.train_blocks[rows]
 
@@ -615,8 +618,8 @@ class StreamingCorpus:
                 )
             epoch += 1
 
-    def train_blocks_at(self, step: int, batch_size: int, seed: int) -> np.ndarray:
-        first = step * batch_size
+    def train_blocks_at(self, step: int, batch_size: int, seed: int, start: int = 0) -> np.ndarray:
+        first = start + step * batch_size
         if self._state is None or self._state[:2] != (seed, batch_size) or self._state[2] > first:
             self._state = (seed, batch_size, 0, self._train_blocks(seed))
         _, _, consumed, it = self._state
@@ -698,9 +701,11 @@ class TextTask:
             ]
         return embedded_documents()
 
-    def train_batch(self, step: int, batch_size: int, seq_len: int, seed: int) -> Batch:
+    def train_batch(self, step: int, batch_size: int, seq_len: int, seed: int, start: int = 0) -> Batch:
         """batch_size blocks: ids = block[:-1], targets = block[1:]. Deterministic in
-        (seed, step) (streams: for a fixed batch_size, by replay)."""
+        (seed, step, start) (streams: by replay). start: the samples of the seed's stream
+        consumed before this run's step 0 (TrainConfig.data_start); the blocks are the
+        stream's samples start + step·batch_size onwards (module docstring)."""
         check(
             seq_len == self.seq_len,
             "seq_len",
@@ -708,7 +713,8 @@ class TextTask:
             f"{self.seq_len}, the context length this text task was built for",
         )
         check(isinstance(step, int) and step >= 0, "step", step, "an integer >= 0")
-        return _to_batch(self.corpus.train_blocks_at(step, batch_size, seed))
+        check(isinstance(start, int) and start >= 0, "start", start, "an integer >= 0 (TrainConfig.data_start)")
+        return _to_batch(self.corpus.train_blocks_at(step, batch_size, seed, start))
 
     def eval_batch(self) -> Batch:
         """The fixed validation blocks (val_blocks of them), cached."""

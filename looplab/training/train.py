@@ -113,7 +113,7 @@ def train(
     model.train()
     for step in range(start, end):
         t_step = time.perf_counter()
-        batch = task.train_batch(step, tc.batch_size, tc.seq_len, tc.seed)
+        batch = task.train_batch(step, tc.batch_size, tc.seq_len, tc.seed, start=tc.data_start)
         loss, means, grad_norm = _optimizer_step(
             model, stage, trainable, optimizer, batch, cfg, step, shard, device, saver
         )
