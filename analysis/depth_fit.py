@@ -37,7 +37,7 @@ import polars as pl
 from analysis.charts import PALETTE, ChartSpec, Point, Series
 from analysis.aggregate import student_t_quantile
 from analysis.axis import searched_label
-from analysis.claims import CONFIDENCE
+from analysis.stats import CONFIDENCE
 from analysis.load import PARAM
 from looplab import tracking
 from looplab.policy import FULL

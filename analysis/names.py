@@ -100,7 +100,7 @@ SKIP_INCREASE = "skip_increase"  # skip_loss's perplexity increase over full_los
 SKIP_MIN_LOOPS = "skip_min_loops"  # the fewest loops the skip sweep executed
 FIXED_OVER_SKIP, FORCED_OVER_SKIP = "fixed_over_skip", "forced_over_skip"
 # A trial's curves themselves, (executed loops, mean CE) lists, for claims that compare two
-# trials' curves (a compute-matched comparator is another trial): the final stage's skip
+# trials' curves (a step-matched comparator is another trial): the final stage's skip
 # sweep with full compute at R, and its own fixed-depth curve.
 SKIP_X, SKIP_Y, FORCED_X, FORCED_Y = "skip_x", "skip_y", "forced_x", "forced_y"
 

@@ -23,8 +23,9 @@ import polars as pl
 
 from analysis import names
 from analysis.charts import PALETTE, ChartSpec, Point, Series
-from analysis.claims import CLAIMS, SEARCHED, Interval, difference, mean_interval, trial_measures
+from analysis.claims import CLAIMS, SEARCHED, trial_measures
 from analysis.errors import AnalysisError
+from analysis.stats import Interval, difference, mean_interval
 from looplab import tracking
 
 GAP, OURO, CHASE, LOOPED_GAIN, DEPTH_GAIN = "Ouro − CHASE", "Ouro", "CHASE", "N⊗R − N⊗1", "N⊗R − NR⊗1"
