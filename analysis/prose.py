@@ -13,9 +13,13 @@ and is only as true as its test:
   apart        a difference of two cells from independent trainings, Welch
   cell         "+9.3 [+5.3, +13.2]" read back as (mean, low, high)
 
-Every phrase in PHRASES found in the README or docs/ must be one that a registered check
-covers (tests/test_prose.py); a new summary sentence either comes with its check or is
-generated from its table.
+Prose says more than its tables in other ways too: "gains nothing" (an equivalence with
+no margin), "comes from" (a cause nothing tested), "compute-bound" (a regime nothing
+measured), "nothing learns" (a universal the table contradicts). KINDS declares each
+kind of statement, its phrases and what a check must do to hold one. Every phrase in
+PHRASES found in the README or docs/ must sit in a registered sentence whose check tests
+that kind, or one registered as no result claim with a reason (tests/test_prose.py); a
+new summary sentence either comes with its check or is generated from its table.
 """
 
 from __future__ import annotations
@@ -24,18 +28,96 @@ import math
 import re
 from dataclasses import dataclass
 
-from analysis.claims import CONFIDENCE, Interval, t_quantile
+from analysis.stats import CONFIDENCE, Interval, t_quantile
 
-# Phrases that state a statistical summary: each occurrence in the documents needs a check.
-PHRASES = (
-    r"grows with",
-    r"grow with",
-    r"level with",
-    r"every paired interval",
-    r"excludes zero",
-    r"[+−-]\d+(?:\.\d+)? to [+−-]\d+(?:\.\d+)? points",
+
+@dataclass(frozen=True)
+class Kind:
+    """A kind of statement about results: the phrases that make one (each with why it
+    marks the kind) and what a registered check must do to hold the sentence to its page."""
+
+    name: str
+    needs: str
+    phrases: dict[str, str]  # regex (no capturing groups) → why it is a statement of this kind
+
+
+_CITED = (
+    "cite on its page an interval, a named test or a measurement, which the check finds there "
+    "(the figure it quotes must be the page's table's); a design explanation is registered as "
+    "no result claim, with a reason"
 )
-SUMMARY = re.compile("|".join(PHRASES))
+
+# The documents' vocabulary of claims about results, in one place. Each phrase found in
+# the README or docs/ (outside generated blocks) needs a registered sentence whose check
+# tests its kind. Phrases are narrow on purpose: one that also fits prose about code
+# ("the same config as", "within a function", "names come from tracking.py") would bury
+# the claims among registrations that only give a reason.
+KINDS = (
+    Kind(
+        "summary",
+        "recompute the figures it quotes from the page's table: a trend's slope interval, a range, a cell",
+        {
+            r"grows? with": "a trend: only when its slope interval lies above zero",
+            r"every paired interval": "a statement about every row's interval",
+            r"excludes zero": "an interval's position, read from the table",
+            r"[+−-]\d+(?:\.\d+)? to [+−-]\d+(?:\.\d+)? points": "a range: the table's extremes",
+        },
+    ),
+    Kind(
+        "equivalence",
+        "two one-sided tests at a margin the sentence states (equivalent), on the page's table; "
+        "otherwise say what the interval shows and what it does not exclude",
+        {
+            r"level with": "two results equal: only at a margin their difference's interval fits in",
+            r"gain(?:s|ed)? nothing": "an effect of zero, which no interval shows without a margin",
+            r"about (?:as much|the same)": "two effects equal (the review's Mistral row: the gap excluded zero)",
+            r"no different": "two results equal",
+            r"(?:do|does|did) not (?:separate|move)": "no difference, or no change, asserted rather than tested",
+            r"agreed? to\b": "two runs' figures equal to a digit: every figure, not the ones looked at",
+            r"within [+±]?\d+(?:\.\d+)? ?(?:%|points?\b)": "a bound: the whole interval inside it, not the mean",
+            r"the same (?:figures|numbers|results|scores|verdicts) as": "two runs' results equal (results only)",
+        },
+    ),
+    Kind(
+        "causal",
+        _CITED,
+        {
+            # singular only: the docs' plural "come from" says where names and data come from
+            r"comes from": "an effect attributed to a cause",
+            r"because": "a cause",
+            r"due to": "a cause",
+            r"caused by": "a cause",
+            r"explain(?:s|ed by)": "a cause",
+        },
+    ),
+    Kind(
+        "regime",
+        _CITED,
+        {
+            r"(?:compute|memory|latency|bandwidth|overhead)-bound": "what limits a speed: true only as measured",
+        },
+    ),
+    Kind(
+        "universal",
+        "hold for every row or seed of the page's table, recomputed there",
+        {
+            r"(?:nothing|no model) learns|learns nothing": "no model above chance: every seed's score against it",
+            r"every (?:arm|model)\b[^.;:]{0,80}?\b(?:trained|learn\w*|reach\w*)": "every arm or model, one by one",
+        },
+    ),
+)
+KIND = {k.name: k for k in KINDS}
+PHRASES = tuple(phrase for k in KINDS for phrase in k.phrases)  # each found in the documents must be covered
+CLAIM = re.compile(
+    "|".join(rf"(?P<{k.name}>(?<!\w)(?:{'|'.join(k.phrases)}))" for k in KINDS), re.IGNORECASE
+)  # a phrase starts a word ("due to", not "residue to"); lastgroup names the kind
+
+
+def claims(text: str) -> list[tuple[str, re.Match]]:
+    """Each claim phrase in the text, with its kind."""
+    return [(m.lastgroup or "", m) for m in CLAIM.finditer(text)]
+
+
 _NUMBER = r"[+−-]?\d+(?:\.\d+)?"
 CELL = re.compile(rf"({_NUMBER})[^\[\]0-9]*?\[({_NUMBER}),\s*({_NUMBER})\]")  # words may sit between
 
@@ -151,8 +233,6 @@ def value_text(v: float) -> str:
 def difference_text(d: float, like: float) -> str:
     """A difference of two values written as value_text writes `like`, to the same
     decimals: 272.16 − 262.67 is 9.49, not 9.4923."""
-    import math
-
     decimals = max(0, 4 - math.floor(math.log10(abs(like)))) if like and math.isfinite(like) else 4
     return f"{d:.{decimals}f}"
 
