@@ -27,23 +27,12 @@ sys.path.insert(0, str(REPO))
 
 
 def stage_shapes(seed: int) -> list:
-    """Every distinct stage config of the protocol's sweeps at one seed, in sweep order."""
-    from sweeps.flags import Launch
-    from sweeps.launch import prepare
+    """Every distinct stage config of the protocol's sweeps at one seed, in sweep order:
+    (sweep, config)."""
+    from sweeps.fingerprint import stage_shapes as shapes
     from sweeps.paper_mini import sweeps_of
-    from trainables.pipeline import stage_configs
 
-    launch = Launch(storage_path=tempfile.mkdtemp(prefix="miniature-steps-"), seeds=(seed,))
-    seen, out = set(), []
-    for sweep in sweeps_of():
-        prepared, points, _, _ = prepare(sweep, launch)
-        for point in points:
-            for cfg in stage_configs(prepared.spec, point, launch.storage_path):
-                shape = (cfg.stage, cfg.model, cfg.task, cfg.train.batch_size, cfg.train.seq_len)
-                if shape not in seen:
-                    seen.add(shape)
-                    out.append((sweep.name, cfg))
-    return out
+    return [(label.split()[0], cfg) for label, cfg in shapes(list(sweeps_of().values()), seed)]
 
 
 def timed_steps(cfg, repeats: int) -> tuple[float, float]:
@@ -53,7 +42,7 @@ def timed_steps(cfg, repeats: int) -> tuple[float, float]:
     from looplab.training.steps import optimizer_step
 
     task = make_task(cfg.task, cfg.train.seq_len)
-    batch = task.train_batch(0, cfg.train.batch_size, cfg.train.seq_len, cfg.train.seed)
+    batch = task.train_batch(0, cfg.train.batch_size, cfg.train.seq_len, cfg.train.seed, start=cfg.train.data_start)
     step, _ = optimizer_step(cfg, "cpu", batch)
     t = time.perf_counter()
     step()

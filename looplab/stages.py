@@ -4,7 +4,7 @@
     stage1    Ouro Stage-1: Σ_r π^(r) ℓ^(r) − β H(π), backbone and gate    method "Ouro"
     chase     cache-hole adaptation (the hole branch with probability ρ)   method "CHASE"
     stage2    Ouro Stage-2: only the gate trains, on continuation targets  keeps its parent's method
-    pretrain_more, stage1_more   their parent's loss for more steps: compute-matched controls
+    pretrain_more, stage1_more   their parent's loss for more steps: step-matched controls
 
 A `Stage` owns everything that makes it what it is: its name and order, whether it
 continues a parent checkpoint, the config sections beyond model/task/train that
@@ -27,7 +27,10 @@ A stage's config derives from a preset by one precedence rule (presets.stage_con
     preset < stage recipe (and the preset's budget for the stage) < sweep-wide overrides
            < per-stage overrides,
 and a continued stage's warmup is its recipe's fraction of its own final step count
-unless train.warmup_steps is overridden.
+unless train.warmup_steps is overridden. A continued stage also continues its parent's
+training stream: its train.data_start is where the parent's lineage stopped
+(ParentRef.data_end) unless train.data_start is overridden, so no stage trains on a
+batch an earlier stage of its lineage saw.
 
 This module imports no torch, no config and no loss (the configs validate themselves
 against it, the losses register with it, the analysis layer reads it): a `cfg` below
@@ -225,9 +228,11 @@ STAGES: dict[str, Stage] = {
             recipe=Recipe(lr=1.5e-4, min_lr=1.5e-5, warmup_fraction=0.01, grad_clip=1.0),
             doc="Ouro Stage-2: only the gate trains, BCE to σ(κ(max(0, ℓ^(r) − ℓ^(r+1)) − γ))",
         ),
-        # Compute-matched controls: a method's effect is only its own when the compared arm
-        # trained its weights as long. Each repeats its parent's loss with the continued
-        # recipe, so the extra steps are the only difference.
+        # Step-matched controls: a method's effect is only its own when the compared arm
+        # trained its weights as many steps, on as many fresh samples (every continued stage
+        # continues its parent's data stream). Each repeats its parent's loss with the
+        # continued recipe, so the extra steps are the only difference. Not compute-matched:
+        # a CHASE step skips loops on its hole branch, a Stage-1 step reads every loop.
         Stage(
             "pretrain_more",
             None,
@@ -261,8 +266,10 @@ DEFAULT_STAGE: str = next(name for name, stage in STAGES.items() if not stage.co
 OURO_ARM = ("pretrain", "stage1", "stage2")
 CHASE_ARM = ("pretrain", "stage1", "chase", "stage2")
 ARMS: dict[str, tuple[str, ...]] = {"ouro": OURO_ARM, "chase": CHASE_ARM}
-# Their compute-matched controls: Ouro given CHASE's extra weight steps without holes, and
-# (a fixed-loop arm) pre-training continued for as many steps as Stage-1 and CHASE.
+# Their step-matched controls: Ouro given CHASE's extra weight steps without holes (two
+# stages of 200, as CHASE's), and (a fixed-loop arm) pre-training continued for as many
+# steps as Stage-1 and CHASE, in one stage: one learning-rate restart and optimizer reset
+# where CHASE's weights have two (paper_mini's protocol discloses it).
 OURO_MATCHED_ARM = ("pretrain", "stage1", "stage1_more", "stage2")
 FIXED_MATCHED_ARM = ("pretrain", "pretrain_more")
 

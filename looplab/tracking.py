@@ -445,6 +445,23 @@ def git_sha(repo: str | Path | None = None) -> str:
     return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
 
 
+def git_dirty(repo: str | Path | None = None) -> bool | None:
+    """Whether the checkout that ran has uncommitted changes to tracked files (None: not
+    a git checkout): with git_sha, which code a result came from."""
+    where = Path(repo) if repo else Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=where,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return bool(out.stdout.strip()) if out.returncode == 0 else None
+
+
 @functools.cache
 def hardware() -> str:
     """'AMD EPYC 7B13 · cpu AVX2 · torch 2.13.0' (and the GPU when there is one): what

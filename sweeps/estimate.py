@@ -45,8 +45,14 @@ class Estimate:
 
     def text(self) -> str:
         minutes, seconds = divmod(round(self.seconds), 60)
+        from looplab.tracking import hardware
+
         return "\n".join(
-            ["time estimate (probed on this machine):", *self.lines, f"  total ≈ {minutes} min {seconds:02d} s"]
+            [
+                f"time estimate (probed on this machine: {hardware()}):",
+                *self.lines,
+                f"  total ≈ {minutes} min {seconds:02d} s",
+            ]
         )
 
 

@@ -2,24 +2,34 @@
 are decided, declared once, hashed, and kept with a history and a ledger of seeds.
 
 A verdict is only as good as the order in which it was reached: the regime, the arms,
-the claims' nulls and resolutions, the confidence and the correction are fixed *before*
-the seeds that judge them are trained. So:
+the claims' tests and nulls, the seeds and their number, the confidence and the
+correction are fixed *before* the seeds that judge them are trained. So:
 
   Protocol   the whole declaration (presets, regimes, stage steps, arms, points, the
              timed step, claims and their rules, confidence, correction) with a content
-             digest over everything that decides a verdict. The seeds it declares are
-             its default judges, outside the digest: a seed added later must not turn
-             the earlier ones into seeds of another protocol.
+             digest over everything that decides a verdict. From v5 on it also declares
+             its seeds (a block, and how many of it each sweep trains: a power
+             analysis sized them, sweeps/power_analysis.py) and its Pins, both inside
+             the digest; v1-v4 kept their seeds outside it.
+  Pins       what else decides a verdict, declared as values and checked before a run
+             trains (sweeps/fingerprint.py): the claims family, the torch version, the
+             machine class, the stages' resolved configs, what the claims code
+             computes, and each stage shape's first steps. A departure is named in one
+             line and makes the run exploratory.
   HISTORY    every protocol the miniature has had, in order, with the seeds it scored
              and what its verdicts were (the committed record: those seeds were seen
              while the next protocol was chosen).
-  Ledger     STORAGE/protocol_ledger.jsonl: which seeds this store scored under which
-             digest, appended when verdicts are written. A seed is *fresh* for a
-             protocol when its first scoring (HISTORY first, then the ledger) was under
-             that protocol's digest; the headline verdicts read fresh seeds only.
+  Ledger     which seeds were used under which digest: HISTORY, then the committed
+             ledger (sweeps/protocol_ledger.jsonl), then the store's
+             (STORAGE/protocol_ledger.jsonl, read and written through the store, local
+             or remote). A seed's line is written when its first stage starts, with the
+             machine, the commit and whether the checkout was dirty; a seed is *fresh*
+             for a protocol when its first line anywhere is under that protocol's digest.
+             Only fresh seeds, the declared ones, on a run without departures, make the
+             headline; any other run is exploratory and says so.
 
-Changing PROTOCOL after its seeds were scored is allowed and shown, never hidden: add
-the old one to HISTORY with its verdicts (tests/test_protocol.py pins the digests, so a
+Changing PROTOCOL after its seeds were used is allowed and shown, never hidden: add the
+old one to HISTORY with its verdicts (tests/test_protocol.py pins the digests, so a
 change cannot pass unnoticed) and judge the new one on seeds it has not seen.
 """
 
@@ -37,6 +47,63 @@ from looplab.stages import ARMS, DEFAULT_STAGE, FIXED_MATCHED_ARM, OURO_MATCHED_
 CORRECTIONS = ("holm", "none")
 DIGEST_LENGTH = 12
 LEDGER = "protocol_ledger.jsonl"
+COMMITTED_LEDGER = Path(__file__).resolve().parent / LEDGER  # the ledger lines committed with verdicts
+SWEEPS = ("lm", "phop", "mano")  # the miniature's sweeps, as Pins.seeds names them
+
+
+@dataclass(frozen=True)
+class Pins:
+    """What a protocol pins beyond its declaration (v5 on; sweeps/fingerprint.py checks
+    each before a run trains).
+
+      family     the claims Holm's correction judges: a fixed family (a claim without
+                 a result counts as p = 1); the protocol's other claims are shown and
+                 never judged (a GPU phenomenon on a CPU, analysis.claims.Claim.gpu_only)
+      seeds      per sweep (SWEEPS), how many of the protocol's seed block judge: the
+                 block's first n (a power analysis sized them)
+      torch      the torch version it was declared under
+      machine    its machine class (sweeps/fingerprint.machine_class)
+      stages     the digest of every stage's resolved config (fingerprint.stages_digest)
+      analysis   the digest of what the claims code computes on a fixed input
+      behaviour  each stage shape's first steps' losses (fingerprint.training_fingerprint)"""
+
+    family: tuple[str, ...]
+    seeds: dict[str, int]
+    torch: str
+    machine: str
+    stages: str
+    analysis: str
+    behaviour: dict[str, list[float]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name, n in self.seeds.items():
+            if name not in SWEEPS or not isinstance(n, int) or n < 2:
+                raise ConfigError(
+                    f"Pins.seeds[{name!r}]={n!r} is invalid; allowed: {' | '.join(SWEEPS)} -> an integer >= 2"
+                )
+
+
+@dataclass(frozen=True)
+class GpuSpeed:
+    """Where the claims a CPU cannot test are judged (v5 on): a GPU at the paper's
+    setting (Table 5: the 140M model's shape, context 2048, survivors padded to each
+    batch's largest count, bf16 autocast, skip at q = 0.2), timed at batch 1 and at 64.
+    Each seed is a fresh model of the shape whose exit gate is spread (its weights drawn
+    at gate_spread) so that tokens exit across the loops: what is judged is the
+    machine's regime (does skip's prefill speedup grow from a latency-bound batch 1 to a
+    compute-bound batch 64?), not a trained gate's pattern, which the miniature's C4
+    measures on a CPU. Holm's correction over these claims alone
+    (sweeps/gpu_claims.py; scripts/device_check.sh runs it)."""
+
+    claims: tuple[str, ...] = ("C4-batch1", "C4-growth")
+    preset: str = "paper-140m"
+    seq_len: int = 2048
+    batches: tuple[int, ...] = (1, 64)
+    packing: str = "padded"
+    dtype: str = "bf16"
+    policy: str = "skip:0.2"
+    gate_spread: float = 5.0
+    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
 
 
 @dataclass(frozen=True)
@@ -54,7 +121,7 @@ class Protocol:
     speed_points: tuple[tuple[int, str, str], ...]  # (batch, packing, dtype) of the timed prefills
     speed_policy: str
     claim_rules: dict[str, dict[str, Any]]  # claim -> its rule (analysis.claims.Claim.rule())
-    matched: dict[str, str] = field(default_factory=dict)  # claim -> the compute-matched arm its verdict reads
+    matched: dict[str, str] = field(default_factory=dict)  # claim -> the step-matched arm its verdict reads
     confidence: float = 0.95
     correction: str = "none"
     seeds: tuple[int, ...] = ()  # the default judges (outside the digest)
@@ -66,6 +133,12 @@ class Protocol:
     mano_regime: dict[str, Any] = field(default_factory=dict)
     mano_levels: tuple[int, ...] = ()
     mano_pairs: tuple[tuple[int, int], ...] = ()  # (N, R): the looped model, then its N⊗1
+    # v5 on, opt-in: the seeds and Pins enter the digest (a protocol without pins hashes as before)
+    pins: Pins | None = None
+    gpu_speed: GpuSpeed | None = None  # v5 on: where the GPU claims are judged (in the digest when set)
+    # Differences between compared arms the protocol does not remove but states (outside
+    # the digest: prose; what they describe is in it)
+    disclosed: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.correction not in CORRECTIONS:
@@ -89,17 +162,53 @@ class Protocol:
                 f"Protocol.mano_preset={self.mano_preset!r} is invalid with mano_pairs={self.mano_pairs!r} and "
                 f"mano_levels={self.mano_levels!r}; allowed: all three set (a Mano claim) or none"
             )
+        for claim in self.gpu_speed.claims if self.gpu_speed is not None else ():
+            if claim not in self.claim_rules:
+                raise ConfigError(
+                    f"GpuSpeed.claims={claim!r} is invalid; allowed: the protocol's claims ({' | '.join(self.claim_rules)})"
+                )
+        if self.pins is not None:
+            for claim in self.pins.family:
+                if claim not in self.claim_rules:
+                    raise ConfigError(
+                        f"Pins.family={claim!r} is invalid; allowed: the protocol's claims ({' | '.join(self.claim_rules)})"
+                    )
+            largest = max(self.pins.seeds.values(), default=0)
+            if len(self.seeds) < largest or len(set(self.seeds)) != len(self.seeds):
+                raise ConfigError(
+                    f"Protocol.seeds={self.seeds!r} is invalid; allowed: {largest} distinct seeds or more "
+                    f"(Pins.seeds asks for {largest})"
+                )
 
     def content(self) -> dict[str, Any]:
-        """What the digest covers: everything but the label and the default seeds (and
-        the opt-in Mano fields where a protocol has no Mano claim)."""
+        """What the digest covers: everything but the label; the seeds and the pins from
+        v5 on (v1-v4 kept their default seeds outside it); the opt-in Mano fields where
+        a protocol has a Mano claim."""
         d = asdict(self)
         d.pop("name")
-        d.pop("seeds")
+        d.pop("disclosed")
+        if self.pins is None:
+            d.pop("seeds")
+            d.pop("pins")
+        if self.gpu_speed is None:
+            d.pop("gpu_speed")
         if not self.mano_preset:
             for name in ("mano_preset", "mano_regime", "mano_levels", "mano_pairs"):
                 d.pop(name)
         return d
+
+    @property
+    def family(self) -> tuple[str, ...]:
+        """The claims the correction judges: the pinned family, or (before v5) every
+        claim of the protocol."""
+        return self.pins.family if self.pins is not None else tuple(self.claim_rules)
+
+    def seeds_of(self, sweep: str) -> tuple[int, ...]:
+        """The declared seeds one sweep trains: the block's first n (Pins.seeds), or the
+        whole block before v5."""
+        if self.pins is None or sweep not in self.pins.seeds:
+            return self.seeds
+        return self.seeds[: self.pins.seeds[sweep]]
 
     def digest(self) -> str:
         """The content key (looplab/keys.py) of what decides a verdict."""
@@ -243,13 +352,12 @@ def _v3(name: str, claim_rules: dict[str, dict[str, Any]], seeds: tuple[int, ...
     )
 
 
-def _current() -> Protocol:
-    from analysis.claims import CLAIMS  # the rules' home; the digest covers them as they stand
+_V4_RULES = {**_V3_RULES, "C1-mano": {"direction": 1, "null": 0.0, "resolution": 0.2, "log_ratio": False}}
 
-    v3 = _v3("", {c.id: c.rule() for c in CLAIMS.values()}, (300, 301, 302, 303, 304))
+
+def _v4() -> Protocol:
     return replace(
-        v3,
-        name="v4: p-hop at 1⊗2, a Mano claim, five fresh seeds",
+        _v3("v4: p-hop at 1⊗2, a Mano claim, five fresh seeds", _V4_RULES, (300, 301, 302, 303, 304)),
         # p = 2 needs two lookups in sequence: 1⊗2 is the fewest loops that can do both, at
         # half 1⊗4's cost (three development seeds, never judges: 1⊗2 reached 78-83 % where
         # v3's 1⊗4 reached 71-87 % and its 1⊗1 64-66 %)
@@ -280,6 +388,7 @@ V3 = _v3(
     _V3_RULES,
     (200, 201, 202, 203, 204),
 )
+V4 = _v4()
 HISTORY: tuple[Past, ...] = (
     Past(
         V1,
@@ -340,8 +449,106 @@ HISTORY: tuple[Past, ...] = (
         "declared before its seeds were trained; it took 39 min 54 s on 2 cores against the 30-minute budget, "
         "so v4 halves the p-hop model's loops (1⊗2) and adds the Mano claim, with these seeds' verdicts in view",
     ),
+    Past(
+        V4,
+        "94a6291",
+        {
+            "C1": "+14.44 pt [+8.02, +20.86]: reproduced (direction)",
+            "C1-mano": "+12.84 pt [−0.47, +26.15]: inconclusive",
+            "C1-LM": "+4.00 % [+2.83, +5.19]: reproduced (direction)",
+            "C1-depth": "+10.50 % [+8.89, +12.13]: reproduced (direction)",
+            "C2": "+34.36 % [+16.83, +51.88]: reproduced (direction)",
+            "C2-own": "−1.31 % [−1.70, −0.91]: not reproduced",
+            "C3": "+3.08 pt [+1.49, +4.67]: reproduced (direction)",
+            "C3-few": "+3.75 % [+1.87, +5.62]: inconclusive",
+            "C4": "2.08x [1.86, 2.30]: reproduced (direction)",
+            "C4-batch1": "1.75x [1.66, 1.83]: not reproduced",
+            "C4-padded": "1.71x [1.67, 1.74]: reproduced (direction)",
+            "C4-growth": "+0.33x [+0.07, +0.60]: inconclusive",
+        },
+        "declared before its seeds were trained; 19 min 44 s on an Intel Xeon (AVX-512), 36-40 min on an AMD "
+        "EPYC 7B13 (AVX2), where C4-growth turned reproduced; a reviewer's replication on five other seeds "
+        "(not in this repository) kept every claim's direction and turned C1-mano and C4-growth reproduced while "
+        "C3-few stayed inconclusive (+4.77 % [+3.69, +5.86]); v5 was declared with all of these in view: its "
+        "seeds, code and machine pinned, its seeds counted by a power analysis on v3's and v4's",
+    ),
 )
-PROTOCOL = _current()
+
+
+# ---- v5: the protocol today ---------------------------------------------------------------------------------
+
+# Every stage's device, precision and compile are set, not "auto": the same declaration on
+# a GPU would otherwise train in bf16, compiled, under the same stage keys.
+_EXPLICIT = {"train.device": "cpu", "train.precision": "fp32", "train.compile": "on"}
+V5_FAMILY = ("C1", "C1-mano", "C1-LM", "C1-depth", "C2", "C2-own", "C3", "C3-few", "C4", "C4-padded")
+# Sized by sweeps/power_analysis.py on v3's and v4's judged seeds: 80 % power for every claim
+# of the family at its strictest level (α/10); C3-few needs 13 LM seeds, C1-mano 18 Mano seeds.
+V5_SEEDS = {"lm": 13, "phop": 8, "mano": 18}
+
+
+def _v5() -> Protocol:
+    from analysis.claims import CLAIMS  # the rules' home: v5 declares them as they stand
+
+    v4 = _v4()
+    return replace(
+        v4,
+        name="v5: seeds, code and machine pinned, seeds sized by a power analysis, continued stages on fresh data",
+        lm_regime={**v4.lm_regime, **_EXPLICIT},
+        phop_regime={**v4.phop_regime, **_EXPLICIT},
+        mano_regime={**v4.mano_regime, **_EXPLICIT},
+        claim_rules={c.id: c.rule() for c in CLAIMS.values()},
+        # a block no protocol, development run, scan or replication has used
+        seeds=tuple(range(500, 500 + max(V5_SEEDS.values()))),
+        gpu_speed=GpuSpeed(),
+        disclosed=(
+            "fixed-matched continues pre-training in one 400-step stage (one learning-rate restart, one optimizer "
+            "reset) where CHASE's weights take two stages of 200 (Stage-1, then CHASE: two of each); "
+            "ouro-matched takes CHASE's two",
+        ),
+        pins=Pins(
+            family=V5_FAMILY,
+            seeds=dict(V5_SEEDS),
+            torch="2.13.0+cpu",
+            machine="AMD EPYC · cpu AVX512",
+            stages="b0579352c2e5",
+            analysis="6717129a66a0",
+            behaviour={
+                "paper_mini_lm pretrain 1⊗4": [5.564592361450195, 5.411251544952393, 5.17821741104126],
+                "paper_mini_lm stage1 1⊗4 from sample 6400": [5.324945449829102, 5.289149284362793, 5.2552995681762695],
+                "paper_mini_lm stage2 1⊗4 from sample 8000": [
+                    0.9287638664245605,
+                    0.9286466836929321,
+                    0.9285294413566589,
+                ],
+                "paper_mini_lm stage1_more 1⊗4 from sample 8000": [
+                    5.341224193572998,
+                    5.304101943969727,
+                    5.268959045410156,
+                ],
+                "paper_mini_lm stage2 1⊗4 from sample 9600": [
+                    0.9208469986915588,
+                    0.9207361936569214,
+                    0.9206256866455078,
+                ],
+                "paper_mini_lm chase 1⊗4 from sample 8000": [5.342036724090576, 5.306527137756348, 5.272321701049805],
+                "paper_mini_lm pretrain 1⊗1": [5.559193134307861, 5.253386974334717, 5.008745193481445],
+                "paper_mini_lm pretrain 4⊗1": [5.602020740509033, 5.363058090209961, 5.110957145690918],
+                "paper_mini_lm pretrain_more 1⊗4 from sample 6400": [
+                    5.569024085998535,
+                    5.528469085693359,
+                    5.490754127502441,
+                ],
+                "paper_mini_phop pretrain 1⊗2": [2.475654363632202, 2.0145621299743652, 1.8452885150909424],
+                "paper_mini_phop pretrain 1⊗1": [2.430025577545166, 1.9616968631744385, 1.8192846775054932],
+                "paper_mini_mano pretrain 1⊗2": [2.771367311477661, 2.3923122882843018, 2.199799060821533],
+                "paper_mini_mano pretrain 1⊗1": [2.7718610763549805, 2.310863494873047, 2.1683290004730225],
+            },
+        ),
+    )
+
+
+V5 = _v5()
+PROTOCOL = V5
 
 
 def history_markdown(current: dict[str, str] | None = None, protocol: Protocol | None = None) -> str:
@@ -369,69 +576,125 @@ def history_markdown(current: dict[str, str] | None = None, protocol: Protocol |
 # ---- the ledger ---------------------------------------------------------------------------------------------
 
 
+STARTED, SCORED = "started", "scored"  # a ledger line's event
+
+
 class Ledger:
-    """Which seeds were scored under which protocol digest: HISTORY's, then this store's
-    STORAGE/protocol_ledger.jsonl (one JSON object a line, appended, never rewritten)."""
+    """Which seeds were used under which protocol digest, in the order they were first
+    used: HISTORY's seeds, then the committed ledger (COMMITTED_LEDGER), then the
+    store's STORAGE/protocol_ledger.jsonl, one JSON object a line, appended, never
+    rewritten, read and written through the store (trainables/storage.py: a local
+    folder or an object store, so the dry run and the run read one file). A line:
+    {"seed", "protocol": DIGEST, "name", "event": "started" | "scored", "exploratory",
+    "machine", "commit", "dirty"}; lines written before v5 carry the first three and
+    were written when verdicts were (event "scored")."""
 
-    def __init__(self, storage: str | Path, history: tuple[Past, ...] = HISTORY):
-        self.path = Path(storage) / LEDGER
-        self.history = history
+    def __init__(
+        self, storage: str | Path, history: tuple[Past, ...] = HISTORY, committed: Path | None = COMMITTED_LEDGER
+    ):
+        from trainables.storage import Storage
 
-    def entries(self) -> list[tuple[int, str, str]]:
-        """(seed, digest, protocol name) in the order they were first scored."""
-        out = [
-            (seed, past.protocol.digest(), past.protocol.name) for past in self.history for seed in past.protocol.seeds
-        ]
-        if self.path.is_file():
-            for number, line in enumerate(self.path.read_text().splitlines(), 1):
-                if not line.strip():
-                    continue
-                try:
-                    d = json.loads(line)
-                    out.append((int(d["seed"]), str(d["protocol"]), str(d.get("name", ""))))
-                except (ValueError, KeyError, TypeError) as e:
-                    raise ConfigError(
-                        f"{self.path}:{number} is not a ledger line ({e}); allowed: "
-                        '{"seed": INT, "protocol": DIGEST, "name": TEXT}'
-                    ) from None
+        self.store = Storage(str(storage))
+        self.location = self.store.path(LEDGER)
+        self.history, self.committed = history, committed
+
+    @property
+    def path(self) -> str:
+        return self.location
+
+    def _lines(self) -> list[tuple[str, str]]:
+        """(where, text) of every ledger line: the committed file's, then the store's."""
+        out = []
+        if self.committed is not None and self.committed.is_file():
+            out += [(str(self.committed), t) for t in self.committed.read_text().splitlines()]
+        text = self.store.read_text(self.location)
+        if text:
+            out += [(self.location, t) for t in text.splitlines()]
         return out
 
-    def first_scored(self) -> dict[int, tuple[str, str]]:
-        """seed -> (digest, name) of the protocol it was first scored under."""
-        first: dict[int, tuple[str, str]] = {}
-        for seed, scored_under, name in self.entries():
-            first.setdefault(seed, (scored_under, name))
+    def entries(self) -> list[dict[str, Any]]:
+        """Every line, HISTORY's first (event "scored"), in the order they were used."""
+        out = [
+            {"seed": seed, "protocol": past.protocol.digest(), "name": past.protocol.name, "event": SCORED}
+            for past in self.history
+            for seed in past.protocol.seeds
+        ]
+        seen: dict[str, int] = {}
+        for where, line in self._lines():
+            seen[where] = seen.get(where, 0) + 1
+            if not line.strip():
+                continue
+            try:
+                d = json.loads(line)
+                out.append(
+                    {**d, "seed": int(d["seed"]), "protocol": str(d["protocol"]), "name": str(d.get("name", ""))}
+                )
+            except (ValueError, KeyError, TypeError) as e:
+                raise ConfigError(
+                    f"{where}:{seen[where]} is not a ledger line ({e}); allowed: "
+                    '{"seed": INT, "protocol": DIGEST, "name": TEXT, ...}'
+                ) from None
+        return out
+
+    def first_used(self) -> dict[int, dict[str, Any]]:
+        """seed -> its first ledger entry (the protocol it was first used under)."""
+        first: dict[int, dict[str, Any]] = {}
+        for e in self.entries():
+            first.setdefault(e["seed"], e)
         return first
 
-    def record(self, seeds, protocol: Protocol) -> None:
-        """Note that these seeds were scored under this protocol (once per pair)."""
-        digest = protocol.digest()
-        seen = {(s, d) for s, d, _ in self.entries()}
-        new = [s for s in seeds if (s, digest) not in seen]
-        if new:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with self.path.open("a") as f:
-                for s in new:
-                    f.write(json.dumps({"seed": s, "protocol": digest, "name": protocol.name}) + "\n")
+    def _append(self, seeds, protocol: Protocol, event: str, exploratory: bool) -> None:
+        """One line per seed, unless this store already holds the same (seed, digest,
+        event, exploratory): a re-run of a run adds nothing."""
+        from looplab.tracking import git_dirty, git_sha, hardware
+
+        mine = protocol.digest()
+        have = {
+            (e["seed"], e["protocol"], e.get("event", SCORED), bool(e.get("exploratory", False)))
+            for e in self.entries()
+        }
+        new = [s for s in seeds if (s, mine, event, exploratory) not in have]
+        if not new:
+            return
+        commit, dirty = git_sha(), git_dirty()
+        lines = [
+            json.dumps(
+                {
+                    "seed": s,
+                    "protocol": mine,
+                    "name": protocol.name,
+                    "event": event,
+                    "exploratory": exploratory,
+                    "machine": hardware(),
+                    "commit": commit,
+                    "dirty": dirty,
+                }
+            )
+            for s in new
+        ]
+        before = self.store.read_text(self.location) or ""
+        self.store.write_text(self.location, before + "".join(line + "\n" for line in lines))
+
+    def start(self, seeds, protocol: Protocol, exploratory: bool) -> None:
+        """Note, before any of their stages trains, that these seeds are used under this protocol."""
+        self._append(seeds, protocol, STARTED, exploratory)
+
+    def record(self, seeds, protocol: Protocol, exploratory: bool = False) -> None:
+        """Note that these seeds were scored under this protocol."""
+        self._append(seeds, protocol, SCORED, exploratory)
 
     def status(self, seeds, protocol: Protocol) -> list[dict[str, Any]]:
-        """Per seed: fresh (first scored under this protocol, or not yet scored) or the
-        earlier protocol it was first scored under."""
-        mine, rows, scored = protocol.digest(), [], self.first_scored()
+        """Per seed: fresh (not yet used, or first used under this protocol in a run that
+        was not exploratory) or the protocol it was first used under."""
+        mine, rows, used = protocol.digest(), [], self.first_used()
         for s in seeds:
-            first = scored.get(s)
-            fresh = first is None or first[0] == mine
+            first = used.get(s)
             rows.append(
                 {
                     "seed": s,
-                    "fresh": fresh,
-                    "first_scored_under": mine if first is None else first[0],
-                    "first_protocol": protocol.name if first is None else first[1],
+                    "fresh": first is None or (first["protocol"] == mine and not first.get("exploratory", False)),
+                    "first_used_under": mine if first is None else first["protocol"],
+                    "first_protocol": protocol.name if first is None else first["name"],
                 }
             )
         return rows
-
-
-def fresh_seeds(status: list[dict[str, Any]]) -> list[int]:
-    """The seeds of Ledger.status that are fresh for its protocol: the headline's."""
-    return [row["seed"] for row in status if row["fresh"]]

@@ -1,6 +1,8 @@
 """The miniature reproduction (sweeps/paper_mini.py): its declaration, the keyed speed
-step, the dry run's time estimate, and (slow tier) the whole command at toy size: the
-verdicts written, a re-run that trains nothing, one more seed that trains only it."""
+step, the dry run (the protocol, its power analysis, seeds and pins, headline or
+exploratory, the time estimate), and (slow tier) the whole command at toy size: the
+verdicts written, marked exploratory, a re-run that trains nothing, one more seed that
+trains only it."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from sweeps import paper_mini, scale_scan
 from sweeps.estimate import RAY_START_S, TRIAL_S, estimate, evaluations, makespan
 from sweeps.flags import Launch, parse_seeds
 from sweeps.plan import chains_in_trials, grid_points, longest_first, owned_costs, replay
-from sweeps.protocol import V2
+from sweeps.protocol import V2, V5
 from trainables.pipeline import stage_configs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,13 +46,16 @@ def test_the_arms_share_their_pretraining_and_the_seeds_are_not_the_scans(tmp_pa
     assert [c.stage for c in chase] == ["pretrain", "stage1", "chase", "stage2"]
     assert chase[0].train.steps == 800 and all(c.train.steps == 200 for c in chase[1:])
     assert chase[2].hole.sampler == "depth" and (chase[2].hole.lo, chase[2].hole.hi) == (1.85, 3.45)
-    assert not set(parse_seeds(scale_scan.SEEDS)) & set(parse_seeds(paper_mini.SEEDS))
+    assert not set(parse_seeds(scale_scan.SEEDS)) & set(paper_mini.PROTOCOL.seeds)
+    # every continued stage continues its parent's data stream: 8 rows a step
+    assert [c.train.data_start for c in chase] == [0, 800 * 8, 1000 * 8, 1200 * 8]
 
 
 def test_the_compared_arms_train_their_weights_equally_long(tmp_path):
-    """Compute matching, read from the configs the trials train (not the protocol's own
+    """Step matching, read from the configs the trials train (not the protocol's own
     arithmetic): CHASE, its Ouro control and the fixed-depth control all train their
-    backbone for the same number of steps; the stock arms are shown short of it."""
+    backbone for the same number of steps on as many fresh samples (their data streams
+    end alike); the stock arms are shown short of it."""
     sweep = paper_mini.lm_sweep()
     weight_steps = {}
     for p in grid_points(sweep):
@@ -71,30 +76,63 @@ def test_the_compared_arms_train_their_weights_equally_long(tmp_path):
         chase[2].train.warmup_steps,
     )
     assert matched[2].stage == "stage1_more" and chase[2].hole.hp == 0.5
+    fixed = stage_configs(sweep.spec, {"arm": "fixed-matched", "n_layers": 1, "n_loops": 4, "seed": 200}, tmp_path)
+    ends = {
+        name: c[-2 if c[-1].stage == "stage2" else -1].as_parent().data_end
+        for name, c in (("chase", chase), ("ouro-matched", matched), ("fixed-matched", fixed))
+    }
+    assert set(ends.values()) == {1200 * 8}  # 1,200 weight steps of fresh samples each
 
 
-def test_the_dry_run_shows_the_protocol_and_the_matched_plan(tmp_path, capsys, monkeypatch):
+def _quiet_dry_run(monkeypatch, behaviour=None):
+    """The dry run without its probes: the estimate stubbed, the behaviour check reading
+    `behaviour` (default: exactly the declared first steps)."""
     monkeypatch.setattr(paper_mini, "speed_seconds", lambda *a, **k: 1.0)
     monkeypatch.setattr("sweeps.estimate.estimate", lambda *a, **k: type("E", (), {"text": lambda self: "est"})())
+    monkeypatch.setattr("sweeps.fingerprint.training_fingerprint", lambda *a, **k: dict(behaviour or V5.pins.behaviour))
+
+
+def test_the_dry_run_shows_the_protocol_its_power_analysis_and_the_matched_plan(tmp_path, capsys, monkeypatch):
+    _quiet_dry_run(monkeypatch)
+    monkeypatch.setattr("sweeps.fingerprint.machine_class", lambda: V5.pins.machine)
+    monkeypatch.setattr("sweeps.fingerprint.torch_version", lambda: V5.pins.torch)
     assert paper_mini.main(["--dry-run", "--storage-path", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert f"digest {paper_mini.PROTOCOL.digest()}" in out and "correction holm" in out
+    assert f"digest {V5.digest()}" in out and "correction holm over a fixed family of 10" in out
+    assert "shown, not judged here: C4-batch1, C4-growth" in out
     assert (
         "ouro-matched   pretrain 800 → stage1 200 → stage1_more 200 → stage2 200 (gate only): 1200 "
         "weight-training steps" in out
     )
     assert "fixed-matched  pretrain 800 → pretrain_more 400: 1200 weight-training steps" in out
+    assert "disclosed: fixed-matched continues pre-training in one 400-step stage" in out
     assert "stage1_more:" in out and "pretrain_more:" in out  # the plan's trials train them
-    for seed in paper_mini.PROTOCOL.seeds:
-        assert f"    {seed}: fresh" in out
-    # a seed an earlier protocol scored is marked, and --set makes another protocol
+    assert "seeds (the declared ones, inside the digest): lm 500-512 (13); phop 500-507 (8); mano 500-517 (18)" in out
+    assert "fresh (not yet used, or first used under this protocol): 500-517" in out
+    assert "this run would be the headline" in out
+    assert "power analysis" in out and "C3-few" in out and "under-powered" not in out
+
+
+def test_other_seeds_or_changed_code_make_the_run_exploratory(tmp_path, capsys, monkeypatch):
+    """Other seeds, --set, a seed an earlier protocol used, and a stage whose first steps
+    moved (a behaviour change in the code) are each named before anything trains."""
+    moved = dict(V5.pins.behaviour)
+    label = "paper_mini_lm pretrain 1⊗4"
+    moved[label] = [v * (1 + 1e-4) for v in moved[label]]
+    _quiet_dry_run(monkeypatch, moved)
+    assert paper_mini.main(["--dry-run", "--storage-path", str(tmp_path), "--seeds", "900,901"]) == 0
+    out = capsys.readouterr().out
+    assert "this run would be EXPLORATORY" in out
+    assert "the seeds are not the protocol's declared ones" in out
+    assert f"{label}: its first steps' losses are" in out and "the code computes something else" in out
     assert (
-        paper_mini.main(["--dry-run", "--storage-path", str(tmp_path), "--seeds", "100,200", "--set", "train.steps=10"])
+        paper_mini.main(["--dry-run", "--storage-path", str(tmp_path), "--seeds", "100,303", "--set", "train.steps=10"])
         == 0
     )
     out = capsys.readouterr().out
-    assert "modified by --set/--stage-set" in out and f"digest {paper_mini.PROTOCOL.digest()}" not in out
-    assert "    100: first scored under" in out and "left out of the headline verdicts" in out
+    assert "modified by --set/--stage-set" in out and f"digest {V5.digest()}" not in out
+    assert "--set/--stage-set make another protocol" in out
+    assert "    100: first used under 93fe2c4f8c75" in out and "seed 303 was first used under eb7a16dd9c01" in out
 
 
 def test_a_bad_preset_is_one_line(capsys):
@@ -249,6 +287,7 @@ def test_paper_mini_at_toy_size(tmp_path):
         return done.stdout
 
     out = run("0,1")
+    assert "this run is EXPLORATORY" not in out  # the reasons go to stderr, the verdicts say it too
     for claim in (
         "C1",
         "C1-mano",
@@ -286,13 +325,13 @@ def test_paper_mini_at_toy_size(tmp_path):
     # seed 2 alone: LM pre-trainings 1⊗4, 1⊗1, 4⊗1, Stage-1, CHASE, Stage-1 continued, three
     # Stage-2, pre-training continued; p-hop's two (1⊗2, 1⊗1) and Mano's two (1⊗2, 1⊗1)
     assert len(new) == 10 + 2 + 2
-    # The ledger: seeds 0 and 1 were scored first, so the third run's headline has seed 2
-    # alone, and the table says so; the digest is the modified protocol's, not the declared one.
+    # The ledger: other seeds and --set make an exploratory run, and its verdicts say why;
+    # the digest is the modified protocol's, not the declared one.
     verdicts = (folder / "verdicts.md").read_text()
-    assert (
-        "| 0 | `" in verdicts
-        and "| 2 | `" in verdicts
-        and "Headline: the seeds first scored under this protocol (0, 1, 2)" in verdicts
-    )
-    assert paper_mini.PROTOCOL.digest() not in verdicts and "modified by --set/--stage-set" in verdicts
-    assert "Holm-corrected" in verdicts and "unmatched arm" in verdicts
+    assert "**EXPLORATORY" in verdicts and "--set/--stage-set make another protocol" in verdicts
+    assert "| 0 | `" in verdicts and "| 2 | `" in verdicts
+    assert paper_mini.PROTOCOL.digest() not in verdicts.split("\n")[0] and "modified by --set/--stage-set" in verdicts
+    assert "Holm-compatible" in verdicts and "unmatched arm" in verdicts
+    assert "descriptive (not judged here)" in verdicts  # C4-batch1 and C4-growth on a CPU
+    ledger = (tmp_path / "protocol_ledger.jsonl").read_text()
+    assert '"event": "started"' in ledger and '"exploratory": true' in ledger

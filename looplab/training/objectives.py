@@ -168,7 +168,7 @@ def pretrain_minibatch(model, batch, cfg, step, rows):
     return _final_step(model, model(batch.ids, readout="none"), batch.targets, final_loop_loss), {}
 
 
-stage_loss("pretrain_more")(pretrain_minibatch)  # the compute-matched control: the same loss, more steps
+stage_loss("pretrain_more")(pretrain_minibatch)  # the step-matched control: the same loss, more steps
 
 
 def _stage1(model, batch, cfg, policy: ExitPolicy):
@@ -190,7 +190,7 @@ def stage1_minibatch(model, batch, cfg, step, rows):
     return _stage1(model, batch, cfg, ExitPolicy.full())
 
 
-stage_loss("stage1_more", shows=EXIT_SHOWN)(stage1_minibatch)  # Ouro's compute-matched control: Stage-1 without holes
+stage_loss("stage1_more", shows=EXIT_SHOWN)(stage1_minibatch)  # Ouro's step-matched control: Stage-1 without holes
 
 
 @stage_loss("chase", shows=EXIT_SHOWN)
