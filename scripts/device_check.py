@@ -2,10 +2,15 @@
 doctor` in full, then the CUDA tests (pytest -m cuda), then a report in OUT:
 doctor.json, doctor.md, cuda-tests.xml (JUnit) and report.md.
 
-    python scripts/device_check.py OUT [--mamba-ssm-src DIR] [--preset paper-140m] [--quick]
+    python scripts/device_check.py OUT [--mamba-ssm-src DIR] [--preset paper-140m] [--quick | --gpu-claims]
 
 --quick: `looplab doctor --quick` (environment, peaks, kernel correctness, generation,
 compiled decoding) and no CUDA tests: the second pass, once causal-conv1d is built.
+
+--gpu-claims: instead of the doctor, `python -m sweeps.gpu_claims OUT` (C4-batch1 and
+C4-growth at the protocol's GPU setting) in this process, where the Triton kernels
+that --mamba-ssm-src registers (below) serve its prefills. Exit status 0 whatever the verdicts, 2 on a bad
+input, 1 on an error.
 
 --mamba-ssm-src: a mamba-ssm source tree whose CUDA extension was not built
 (MAMBA_SKIP_CUDA_BUILD): its package __init__ imports that extension and fails, so the
@@ -52,6 +57,15 @@ def cuda_test_files() -> list[str]:
     return [str(p) for p in sorted((REPO / "tests").glob("test_*.py")) if "mark.cuda" in p.read_text()]
 
 
+def judge_gpu_claims(out: Path) -> int:
+    """sweeps.gpu_claims into OUT. In this process, not a `python -m` of its own: a new
+    process would not see the kernels register_triton_only made importable, and would
+    time the torch scan instead of the paper's kernels."""
+    from sweeps.gpu_claims import main as gpu_claims
+
+    return gpu_claims([str(out)])
+
+
 def junit_counts(path: Path) -> dict[str, int]:
     if not path.is_file():
         return {}
@@ -67,6 +81,7 @@ def main() -> int:
     p.add_argument("--mamba-ssm-src", default="")
     p.add_argument("--preset", default=None, help="the training probe's preset (default: the doctor's)")
     p.add_argument("--quick", action="store_true", help="the doctor's quick checks, no CUDA tests")
+    p.add_argument("--gpu-claims", action="store_true", help="sweeps.gpu_claims into OUT instead of the doctor")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -74,6 +89,8 @@ def main() -> int:
     sys.path.insert(0, str(REPO))
     source = register_triton_only(Path(args.mamba_ssm_src)) if args.mamba_ssm_src else "as installed"
     print(f"[device_check] mamba-ssm: {source}", flush=True)
+    if args.gpu_claims:
+        return judge_gpu_claims(out)
 
     from looplab import doctor
 

@@ -5,6 +5,8 @@
 # PYTHONPATH (never pip-installed: its torch pin would ask an index), and what it lacks
 # comes from WHEELS_DIR (default: ./wheels beside this checkout), installed offline:
 #   einops           a wheel (pure Python)
+#   polars           its wheels (polars, polars-runtime-32): sweeps/protocol.py and
+#                    analysis/claims.py import it, so the GPU claims need it
 #   mamba-ssm        its sdist, unpacked, not built: looplab needs only its Triton
 #                    kernels (MAMBA_SKIP_CUDA_BUILD), imported from the source
 #   causal-conv1d    its sdist, built here against this torch and nvcc, for this GPU's
@@ -14,8 +16,11 @@
 # cuda) at once, the conv in torch until causal-conv1d is there (models/ops/conv.py),
 # and writes doctor.json, doctor.md, cuda-tests.xml and report.md to OUT_DIR. Once the
 # build is in, a second pass (`--quick`: the kernel checks, generation, compiled
-# decoding) runs with causal-conv1d's kernels and writes OUT_DIR/causal-conv1d/. Exit
-# status 0 only when every check and test passes. On a machine without a GPU it builds
+# decoding) runs with causal-conv1d's kernels and writes OUT_DIR/causal-conv1d/. Between
+# the two, once the build is over, C4-batch1 and C4-growth are judged at the protocol's
+# GPU setting (sweeps/gpu_claims.py, judge_gpu_claims below) into OUT_DIR/gpu_claims/.
+# Exit status 0 only when every check and test passes and the claims ran without an
+# error (a verdict, whichever it is, is a result). On a machine without a GPU it builds
 # nothing and the GPU checks skip, saying so.
 set -uo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
@@ -79,7 +84,38 @@ build_causal_conv1d() {
     fi
 }
 
+# C4-batch1 and C4-growth (sweeps/gpu_claims.py) at the protocol's GPU setting
+# (sweeps/protocol.GpuSpeed: paper-140m's shape, 2048 tokens, batches 1 and 64, padded,
+# bf16, skip:0.2, seeds 0-4), through device_check.py so that the Triton kernels it
+# registers serve the prefills. They run once causal-conv1d's build is over (its nvcc
+# jobs would slow the host's kernel launches, which batch 1 is bound by) and before the
+# second pass (they have no GPU figure yet). Their time on an H200, estimated: a full
+# prefill of 64 × 2048 tokens is 4 loops × 0.22 GFLOP a token (looplab/costs/resources.py
+# prefill_flops) = 115 TFLOP, about 0.5 s at a third of the 790 TFLOP/s bf16 peak, and
+# skip about 0.3 s; per seed at batch 64 a probe, 2 warm-ups and 5 repeats of both
+# (gpu_claims.WARMUP, REPEATS) make about 7 s, at batch 1 (launch-bound, tens of ms a
+# prefill) under 1 s; 5 seeds, each model built on the CPU (~2 s), then imports and
+# Triton's first calls (~30 s): about 1.3 min, under 2. A verdict is a result: only an
+# error (an exit status other than 0) fails the check.
+judge_gpu_claims() {
+    local code
+    if [ "$GPU" != 1 ]; then
+        say "GPU claims: skipped, no GPU (C4-batch1 and C4-growth are judged only on one; on a CPU they are descriptive)"
+        return 0
+    fi
+    if ! "$PY" -c 'import polars' 2>/dev/null; then
+        say "GPU claims: skipped, polars does not import (sweeps/protocol.py needs it): bring its wheels in $WHEELS"
+        return 0
+    fi
+    "$PY" "$REPO/scripts/device_check.py" "$OUT/gpu_claims" --gpu-claims ${MAMBA_SRC:+--mamba-ssm-src "$MAMBA_SRC"} \
+        2>&1 | tee -a "$LOG"
+    code=${PIPESTATUS[0]}
+    say "GPU claims done (exit $code): $OUT/gpu_claims/gpu_claims.md"
+    return "$code"
+}
+
 "$PY" -c 'import einops' 2>/dev/null || offline_install einops einops
+"$PY" -c 'import polars' 2>/dev/null || offline_install polars polars
 BUILD_PID=""
 if [ "$GPU" = 1 ] && ! "$PY" -c 'import causal_conv1d' 2>/dev/null; then
     build_causal_conv1d &
@@ -103,6 +139,9 @@ say "first pass done (exit $status): $OUT/report.md"
 if [ -n "$BUILD_PID" ]; then
     say "waiting for causal-conv1d's build"
     wait "$BUILD_PID"
+fi
+judge_gpu_claims || status=$?
+if [ -n "$BUILD_PID" ]; then
     if "$PY" -c 'import causal_conv1d' 2>/dev/null; then
         "$PY" "$REPO/scripts/device_check.py" "$OUT/causal-conv1d" --quick ${MAMBA_SRC:+--mamba-ssm-src "$MAMBA_SRC"} \
             2>&1 | tee -a "$LOG"
