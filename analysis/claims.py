@@ -31,17 +31,18 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, replace
-from typing import Sequence
-
-import polars as pl
+from typing import TYPE_CHECKING, Sequence
 
 from analysis import names
 from analysis.errors import AnalysisError
-from analysis.load import PARAM
+from analysis.names import PARAM
 from analysis.stats import CONFIDENCE, Interval, difference, exact_p, holm, mean_interval, p_value
 from looplab import tracking
 from looplab.policy import FORCED, FULL, SKIP
 from looplab.stages import DEFAULT_STAGE
+
+if TYPE_CHECKING:
+    import polars as pl
 
 SEARCHED = PARAM + tracking.SEARCH_PARAM  # a trial's searched values: params.search.<name>
 
@@ -418,6 +419,8 @@ def trial_measures(points: pl.DataFrame, *, loops_at=target_loops) -> pl.DataFra
                    the mean CE gap (mean_difference) as a perplexity ratio, %
     skip_x, skip_y, forced_x, forced_y  the skip curve and the final stage's own fixed-
                    depth curve themselves, for comparisons across trials."""
+    import polars as pl
+
     need = {"trial_run_id", "stage", "policy", tracking.EXECUTED_LOOPS, "loss", "is_final_stage"}
     missing = need - set(points.columns)
     if missing:
@@ -492,12 +495,16 @@ def _first(df: pl.DataFrame, column: str):
 
 
 def _point(df: pl.DataFrame, policy: str) -> dict:
+    import polars as pl
+
     rows = df.filter(pl.col("policy") == policy)
     return rows.row(0, named=True) if rows.height else {}
 
 
 def _fixed_curve(stage_points: pl.DataFrame, n_loops: int) -> tuple[list, list]:
     """(loops, loss) of forced depths 1..R-1 and full depth at R (forced R is full)."""
+    import polars as pl
+
     forced = stage_points.filter(pl.col("policy") == FORCED)
     if forced.is_empty():
         return [], []
@@ -672,6 +679,8 @@ def hole_claims(
     weights (C2: their own fixed-depth curve over CHASE's skip curve, paired by seed).
     Every continued stage continues its parent's data stream, so step-matched arms have
     seen as many fresh tokens."""
+    import polars as pl
+
     gated = trials.filter(pl.col("method").is_in([ouro, chase]))
     o, c = gated.filter(pl.col("method") == ouro), gated.filter(pl.col("method") == chase)
     loops = _loops_text(gated)
@@ -746,6 +755,8 @@ def _loops_text(trials: pl.DataFrame) -> str:
 
 
 def _reach_note(trials: pl.DataFrame) -> str:
+    import polars as pl
+
     short = trials.filter(pl.col(names.SKIP_LOSS).is_null())
     if short.is_empty():
         return ""
@@ -771,6 +782,7 @@ def loop_claims(
     full_ppl), paired or Welch as each claim declares (Claim.test). Where an accuracy
     difference does not vary across seeds at all, Fisher's exact test on the held-out
     counts pooled over the seeds decides."""
+    import polars as pl
 
     def arm(pair):
         rows = fixed.filter((pl.col("n_layers") == pair[0]) & (pl.col("n_loops") == pair[1]))
@@ -894,6 +906,8 @@ def speed_claims(records: list[dict]) -> list[ClaimResult]:
 
 
 def verdict_table(results: list[ClaimResult]) -> pl.DataFrame:
+    import polars as pl
+
     return pl.DataFrame([r.row() for r in results], infer_schema_length=None)
 
 

@@ -38,7 +38,7 @@ from analysis.charts import PALETTE, ChartSpec, Point, Series
 from analysis.aggregate import student_t_quantile
 from analysis.axis import searched_label
 from analysis.stats import CONFIDENCE
-from analysis.load import PARAM
+from analysis.names import PARAM
 from looplab import tracking
 from looplab.policy import FULL
 from looplab.stages import STAGE_NAMES

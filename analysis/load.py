@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from analysis import names
+from analysis.names import PARAM
 from analysis.errors import AnalysisError
 from analysis.sources import ClientSource, open_source, wants_best
 from looplab import tracking
 from looplab.stages import STAGES
 
-PARAM = "params."
 METRIC = "metrics."
 # Best values a non-SQL source fetches by default: the full-model evaluation.
 DEFAULT_CLIENT_BEST_KEYS = (tracking.VAL_PPL, tracking.VAL_ACCURACY, tracking.VAL_LOSS)

@@ -40,6 +40,8 @@ from looplab.tracking import (
     PPL,
 )
 
+PARAM = "params."  # the prefix of a run's params as columns of the runs table (analysis/load.py)
+
 # The suite means over tasks analysis computes beside lm_eval_avg (the paper's Avg.):
 # downstream executed loops, backbone FLOPs and model seconds per token; a mean of task
 # perplexities means nothing, so lm_eval_ppl has none.

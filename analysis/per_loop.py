@@ -23,7 +23,8 @@ import polars as pl
 
 from analysis.axis import SEARCH, Axis, searched_axes, with_axis_values
 from analysis.charts import PALETTE, ChartSpec, Point, Series
-from analysis.load import PARAM, RunSet
+from analysis.load import RunSet
+from analysis.names import PARAM
 from analysis.scan import scan_axes
 from looplab.policy import FULL, SKIP
 from looplab.stages import STAGE_NAMES

@@ -46,9 +46,10 @@ from __future__ import annotations
 import polars as pl
 
 from analysis import names
+from analysis.names import PARAM
 from analysis.axis import searched_label
 from analysis.errors import AnalysisError
-from analysis.load import PARAM, RunSet
+from analysis.load import RunSet
 from looplab import tracking
 from looplab.policy import FORCED, FULL, GATE, ZOO_RULES, ExitPolicy
 from looplab.stages import STAGE_NAMES

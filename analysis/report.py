@@ -47,6 +47,7 @@ from urllib.request import url2pathname
 import polars as pl
 
 from analysis import names
+from analysis.names import PARAM
 from analysis.aggregate import aggregate_seeds, choose_best_seeds
 from analysis.axis import Axis, format_value, searched_axes, series_name, with_axis_values
 from analysis.charts import (
@@ -62,7 +63,7 @@ from analysis.charts import (
 )
 from analysis.errors import AnalysisError
 from analysis.frontier import best_under_budget, frontier_gap, pareto_frontier
-from analysis.load import PARAM, RunSet, beta_histories, load_runs
+from analysis.load import RunSet, beta_histories, load_runs
 from analysis.page import chart_slot, render_page
 from analysis.per_loop import loop_charts, loop_table
 from analysis.scan import scan_axes, write_scan

@@ -44,7 +44,7 @@ from pathlib import Path
 import polars as pl
 
 from analysis import names
-from analysis.load import PARAM
+from analysis.names import PARAM
 from analysis.points import shared_once
 from looplab import tracking
 from looplab.policy import DENSE, FORCED, FULL, SKIP

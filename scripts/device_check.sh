@@ -5,8 +5,6 @@
 # PYTHONPATH (never pip-installed: its torch pin would ask an index), and what it lacks
 # comes from WHEELS_DIR (default: ./wheels beside this checkout), installed offline:
 #   einops           a wheel (pure Python)
-#   polars           its wheels (polars, polars-runtime-32): sweeps/protocol.py and
-#                    analysis/claims.py import it, so the GPU claims need it
 #   mamba-ssm        its sdist, unpacked, not built: looplab needs only its Triton
 #                    kernels (MAMBA_SKIP_CUDA_BUILD), imported from the source
 #   causal-conv1d    its sdist, built here against this torch and nvcc, for this GPU's
@@ -103,10 +101,6 @@ judge_gpu_claims() {
         say "GPU claims: skipped, no GPU (C4-batch1 and C4-growth are judged only on one; on a CPU they are descriptive)"
         return 0
     fi
-    if ! "$PY" -c 'import polars' 2>/dev/null; then
-        say "GPU claims: skipped, polars does not import (sweeps/protocol.py needs it): bring its wheels in $WHEELS"
-        return 0
-    fi
     "$PY" "$REPO/scripts/device_check.py" "$OUT/gpu_claims" --gpu-claims ${MAMBA_SRC:+--mamba-ssm-src "$MAMBA_SRC"} \
         2>&1 | tee -a "$LOG"
     code=${PIPESTATUS[0]}
@@ -115,7 +109,6 @@ judge_gpu_claims() {
 }
 
 "$PY" -c 'import einops' 2>/dev/null || offline_install einops einops
-"$PY" -c 'import polars' 2>/dev/null || offline_install polars polars
 BUILD_PID=""
 if [ "$GPU" = 1 ] && ! "$PY" -c 'import causal_conv1d' 2>/dev/null; then
     build_causal_conv1d &

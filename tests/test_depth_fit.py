@@ -7,7 +7,7 @@ import polars as pl
 import pytest
 
 from analysis.depth_fit import ARCH, N_LAYERS, PRETRAIN, fit_depth, fit_groups, write_depth_fit
-from analysis.load import PARAM
+from analysis.names import PARAM
 from looplab import tracking
 from looplab.policy import FULL
 

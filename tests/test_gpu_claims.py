@@ -166,3 +166,15 @@ def test_the_device_checks_gpu_claims_step_fails_on_an_error(tmp_path):
     assert done.returncode == 2, done.stdout + done.stderr
     assert "error: device='cuda' is invalid here" in done.stdout and "GPU claims done (exit 2)" in done.stdout
     assert "Traceback" not in done.stdout
+
+
+def test_the_gpu_claims_import_nothing_the_gpu_image_lacks():
+    """The lent GPU machine's image has scipy and pyarrow but no polars, MLflow or Ray:
+    the GPU claims, the protocol and the claims' verdicts must import without them."""
+    code = (
+        "import sys, sweeps.gpu_claims, sweeps.protocol, analysis.claims; "
+        "missing = [m for m in ('polars', 'mlflow', 'ray') if m in sys.modules]; "
+        "print(missing); sys.exit(1 if missing else 0)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
