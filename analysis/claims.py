@@ -344,6 +344,19 @@ CLAIMS: dict[str, Claim] = {
             why="a bound (non-inferiority) is tested on its own side; a perplexity ratio on the log scale",
         ),
         Claim(
+            "C3-growth",
+            "the cache-hole gap grows with training, on the road to the paper's sizes",
+            "per seed, the least-squares slope of Ouro's minus CHASE's perplexity increase at R/2 executed loops "
+            "against log2 of the pre-training steps, points per doubling",
+            "at 140M-370M and 150B tokens Ouro up to +4788 %, CHASE +3-4 % (Fig. 2); at laptop scale a gap of a "
+            "few points",
+            +1,
+            unit=" pt",
+            sides=1,
+            why="a difference of two slopes, in points of increase per doubling; one-sided: the claim is growth "
+            "(the scan's own protocol, sweeps/c3_growth.py)",
+        ),
+        Claim(
             "C4",
             "skip turns saved loops into prefill speedup where compute binds",
             "prefill speedup of skip over full at the largest batch, × (null 1)",
