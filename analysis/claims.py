@@ -241,7 +241,8 @@ class Claim:
 
     def how(self) -> str:
         """The test and the scale in words, for the line under the verdict table."""
-        sides = "one-sided against the bound" if self.sides == 1 else "two-sided"
+        side = "against the bound" if self.null != 0 else ("above zero" if self.direction == 1 else "below zero")
+        sides = "two-sided" if self.sides == 2 else f"one-sided {side}"
         scale = "log scale (a geometric mean over seeds)" if self.scale == LOG else "linear scale"
         return f"{self.test} t test, {sides}, on the {scale}" + (f": {self.why}" if self.why else "")
 

@@ -32,7 +32,13 @@ def stage_shapes(seed: int) -> list:
     from sweeps.fingerprint import stage_shapes as shapes
     from sweeps.paper_mini import sweeps_of
 
-    return [(label.split()[0], cfg) for label, cfg in shapes(list(sweeps_of().values()), seed)]
+    seen, out = set(), []
+    for label, cfg in shapes(list(sweeps_of().values()), seed):
+        shape = (cfg.stage, cfg.model, cfg.task, cfg.train.batch_size, cfg.train.seq_len)  # its data start aside:
+        if shape not in seen:  # a step costs the same wherever in the stream its batch lies
+            seen.add(shape)
+            out.append((label.split()[0], cfg))
+    return out
 
 
 def timed_steps(cfg, repeats: int) -> tuple[float, float]:
