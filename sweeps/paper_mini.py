@@ -49,7 +49,7 @@ from looplab.tracking import ACCURACY, PPL, VAL_ACCURACY, VAL_LOSS, VAL_PPL
 from sweeps.depth_grid import depth_grid
 from sweeps.flags import Common, Launch, parser
 from sweeps.plan import SKIP_COLUMNS, Sweep, describe, sweep_key
-from sweeps.protocol import PROTOCOL, Ledger, Protocol
+from sweeps.protocol import PROTOCOL, Ledger, Protocol, seed_range
 from trainables.pipeline import PipelineSpec, stage_configs
 
 LOOPED, BASE, DEEP = (1, 4), (1, 1), (4, 1)  # the LM's N⊗R, its iso-parameter N⊗1, its iso-depth NR⊗1
@@ -136,13 +136,7 @@ class SeedPlan:
         return tuple(sorted({s for seeds in self.seeds.values() for s in seeds}))
 
     def text(self) -> str:
-        return "; ".join(f"{name} {_seed_range(seeds)} ({len(seeds)})" for name, seeds in self.seeds.items())
-
-
-def _seed_range(seeds: tuple[int, ...]) -> str:
-    """500-512 for a run of consecutive seeds, else the seeds one by one."""
-    consecutive = bool(seeds) and list(seeds) == list(range(seeds[0], seeds[0] + len(seeds)))
-    return f"{seeds[0]}-{seeds[-1]}" if consecutive and len(seeds) > 2 else ", ".join(map(str, seeds))
+        return "; ".join(f"{name} {seed_range(seeds)} ({len(seeds)})" for name, seeds in self.seeds.items())
 
 
 def seed_plan(protocol: Protocol, given: tuple[int, ...] | None, names) -> SeedPlan:
@@ -216,7 +210,7 @@ def describe_protocol(protocol: Protocol, plan: SeedPlan, ledger: Ledger, reason
     status = ledger.status(plan.every, protocol)
     fresh = tuple(row["seed"] for row in status if row["fresh"])
     if fresh:
-        lines.append(f"    fresh (not yet used, or first used under this protocol): {_seed_range(fresh)}")
+        lines.append(f"    fresh (not yet used, or first used under this protocol): {seed_range(fresh)}")
     for row in status:
         if not row["fresh"]:
             lines.append(f"    {row['seed']}: first used under {row['first_used_under']} ({row['first_protocol']})")

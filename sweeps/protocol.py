@@ -552,6 +552,13 @@ V5 = _v5()
 PROTOCOL = V5
 
 
+def seed_range(seeds) -> str:
+    """500-512 for a run of consecutive seeds, else the seeds one by one."""
+    seeds = tuple(seeds)
+    consecutive = bool(seeds) and list(seeds) == list(range(seeds[0], seeds[0] + len(seeds)))
+    return f"{seeds[0]}-{seeds[-1]}" if consecutive and len(seeds) > 2 else ", ".join(map(str, seeds))
+
+
 def history_markdown(current: dict[str, str] | None = None, protocol: Protocol | None = None) -> str:
     """Every protocol, oldest first, as a column: its digest, seeds and verdicts per
     claim; last the one being run (default PROTOCOL), with `current` (claim ->
@@ -562,8 +569,7 @@ def history_markdown(current: dict[str, str] | None = None, protocol: Protocol |
     lines = [
         "| claim | "
         + " | ".join(
-            f"{p.name.split(':')[0]} `{p.digest()}` ({commit}; seeds {', '.join(map(str, p.seeds))})"
-            for p, commit, _ in columns
+            f"{p.name.split(':')[0]} `{p.digest()}` ({commit}; seeds {seed_range(p.seeds)})" for p, commit, _ in columns
         )
         + " |",
         "|---|" + "---|" * len(columns),
