@@ -126,6 +126,18 @@ def test_unknown_stage_fails_in_one_line():
         apply_overrides(get_preset("phop-debug"), {"stage": "stage3"})
 
 
+def test_an_arm_names_each_stage_once():
+    """A repeated stage would train (each occurrence its own key), but the analysis reads a
+    trial's final stage by its name, so both occurrences would count as final: refused."""
+    from trainables.pipeline import PipelineSpec
+
+    with pytest.raises(ConfigError, match=r"PipelineSpec.arms.fixed-twice=.* is invalid; allowed: each stage once"):
+        PipelineSpec(
+            preset="debug", stages=("pretrain",), arms={"fixed-twice": ("pretrain", "pretrain_more", "pretrain_more")}
+        )
+    PipelineSpec(preset="debug", stages=("pretrain",), arms={"fixed": ("pretrain", "pretrain_more")})
+
+
 def test_continued_stage_needs_a_parent_and_pretrain_has_none():
     with pytest.raises(ConfigError, match="ExperimentConfig.parent=None is invalid"):
         apply_overrides(get_preset("phop-debug"), {"stage": "stage1"})

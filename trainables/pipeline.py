@@ -100,6 +100,12 @@ def _check_stages(name: str, stages: tuple[str, ...]) -> None:
     for s in stages:
         if s not in STAGE_NAMES:
             raise ConfigError(f"PipelineSpec.{name}={s!r} is invalid; allowed: {' | '.join(STAGE_NAMES)}")
+    twice = sorted({s for s in stages if stages.count(s) > 1})
+    if twice:  # it would train, but the analysis finds a trial's final stage by its name (analysis/points.py)
+        raise ConfigError(
+            f"PipelineSpec.{name}={stages!r} is invalid; allowed: each stage once (it names {', '.join(twice)} "
+            "twice, and the analysis reads a trial's stages by their names)"
+        )
     for i, s in enumerate(stages):
         if get_stage(s).continues != (i > 0):
             first = [n for n in STAGE_NAMES if not get_stage(n).continues]
