@@ -250,9 +250,8 @@ def main(argv: list[str] | None = None) -> int:
                 "the protocol's, sweeps/protocol.py; --set changes both sweeps' settings, --stage-set "
                 "the LM's stages, and either makes another protocol)"
             )
-        common = Common.from_args(args)
-        given = None if args.seeds is None else tuple(Launch.from_args(args).seeds)
-        launch = Launch.from_args(replace_seeds(args, given))
+        common, launch = Common.from_args(args), Launch.from_args(args)
+        given = None if args.seeds is None else launch.seeds  # None: the protocol's declared seeds
         protocol = PROTOCOL.with_overrides(common.overrides, common.stage_overrides)
         sweeps = sweeps_of(protocol)
         plan = seed_plan(protocol, given, sweeps)
@@ -324,15 +323,6 @@ def print_pins(protocol: Protocol) -> int:
         print(f'    "{label}": [{", ".join(repr(v) for v in losses)}],')
     print("},")
     return 0
-
-
-def replace_seeds(args, given: tuple[int, ...] | None):
-    """The parsed flags with --seeds set for Launch.from_args: the given seeds, or the
-    protocol's whole block (each sweep then takes its declared share of it)."""
-    import argparse
-
-    seeds = given if given is not None else PROTOCOL.seeds
-    return argparse.Namespace(**{**vars(args), "seeds": ",".join(map(str, seeds))})
 
 
 # ---- the timed step ---------------------------------------------------------------------------------
