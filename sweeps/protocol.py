@@ -498,7 +498,8 @@ def _v5() -> Protocol:
         phop_regime={**v4.phop_regime, **_EXPLICIT},
         mano_regime={**v4.mano_regime, **_EXPLICIT},
         claim_rules={c: CLAIMS[c].rule() for c in V5_CLAIMS},
-        # a block no protocol, development run, scan or replication has used
+        # a block no earlier protocol, development run or the scan used (the reviewer's
+        # replication of v4 used five seeds not recorded here; the block starts 200 above v4's)
         seeds=tuple(range(500, 500 + max(V5_SEEDS.values()))),
         gpu_speed=GpuSpeed(),
         disclosed=(
