@@ -21,7 +21,7 @@ one line, and a run with one is exploratory (never the headline):
   machine    the machine class (tracking.hardware() without torch): other kernels round
              differently, and speed claims are claims about a machine
 
-The code's tree hash and the dirty flag are recorded beside every seed in the ledger
+The code's commit and whether the checkout was dirty are recorded beside every seed in the ledger
 (sweeps/protocol.Ledger), so a later reader can tell which code trained a seed.
 """
 
