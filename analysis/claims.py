@@ -203,7 +203,8 @@ class Claim:
 
     def interval(self, values, confidence: float = CONFIDENCE) -> Interval:
         """Per-seed values in the claim's unit as its tested interval (PER_SEED claims)."""
-        clean = [v for v in values if v is not None and math.isfinite(v) and (self.scale == LINEAR or v > -100)]
+        floor = -100.0 if self.unit == " %" else 0.0  # where the log scale ends: a ratio of 0
+        clean = [v for v in values if v is not None and math.isfinite(v) and (self.scale == LINEAR or v > floor)]
         return mean_interval([self.tested_value(v) for v in clean], confidence, self.sides)
 
     def difference(self, a: dict, b: dict, confidence: float = CONFIDENCE) -> Interval:
@@ -869,16 +870,15 @@ def _log_ppl(rows: pl.DataFrame) -> dict:
 def speed_claims(records: list[dict]) -> list[ClaimResult]:
     """C4, C4-batch1 and C4-growth from prefill benchmark records (looplab/costs/timing.py's,
     one per seed's model, batch and layout, with "seed") in looplab's layout (varlen
-    survivors): the speedup at the largest batch measured, at batch 1, and the
-    difference of the two per model; C4-padded from the records in the paper's layout
-    (packing "padded"), at its largest batch. Speedups are averaged on the log scale."""
+    survivors): the speedup at the largest batch measured, and batch_claims; C4-padded
+    from the records in the paper's layout (packing "padded"), at its largest batch.
+    Speedups are averaged on the log scale."""
     paper = [r for r in records if r.get("packing") == "padded"]
     ours = [r for r in records if r.get("packing") != "padded"]
     out = []
     if ours:
         largest = max(r["batch"] for r in ours)
         big = [r["speedup"] for r in ours if r["batch"] == largest]
-        one = [r["speedup"] for r in ours if r["batch"] == 1]
         bound = statistics.fmean(r[tracking.LOOP_BOUND] for r in ours if r["batch"] == largest)
         geometric = math.exp(statistics.fmean(math.log(v) for v in big))
         out.append(
@@ -890,19 +890,7 @@ def speed_claims(records: list[dict]) -> list[ClaimResult]:
                 f"{bound:.2f}x, of it {geometric / bound:.0%}",
             )
         )
-        if one and largest != 1:
-            out.append(judge("C4-batch1", CLAIMS["C4-batch1"].interval(one), f"batch 1, seq_len {ours[0]['seq_len']}"))
-
-            def by_model(batch):
-                return {r.get("seed", i): r["speedup"] for i, r in enumerate(x for x in ours if x["batch"] == batch)}
-
-            out.append(
-                judge(
-                    "C4-growth",
-                    CLAIMS["C4-growth"].difference(by_model(largest), by_model(1)),
-                    f"batch {largest} minus batch 1, paired by seed (one model)",
-                )
-            )
+        out += batch_claims(ours, f"seq_len {ours[0]['seq_len']}")
     if paper:
         largest_padded = max(r["batch"] for r in paper)
         out.append(
@@ -914,6 +902,35 @@ def speed_claims(records: list[dict]) -> list[ClaimResult]:
             )
         )
     return out
+
+
+def batch_claims(records: list[dict], where: str, confidence: float = CONFIDENCE) -> list[ClaimResult]:
+    """C4-batch1 and C4-growth from one layout's records (a CPU's varlen ones, or a GPU's
+    at the paper's setting, sweeps/gpu_claims.py): the speedup at batch 1, and the speedup
+    at the largest batch minus at batch 1, paired by seed (one model timed at both).
+    None without batch 1 and a larger one."""
+    largest = max((r["batch"] for r in records), default=1)
+    if largest == 1 or not any(r["batch"] == 1 for r in records):
+        return []
+
+    def by_seed(batch: int) -> dict:
+        return {r.get("seed", i): r["speedup"] for i, r in enumerate(x for x in records if x["batch"] == batch)}
+
+    one = by_seed(1)
+    return [
+        judge(
+            "C4-batch1",
+            CLAIMS["C4-batch1"].interval(one.values(), confidence),
+            f"batch 1, {where}",
+            confidence=confidence,
+        ),
+        judge(
+            "C4-growth",
+            CLAIMS["C4-growth"].difference(by_seed(largest), one, confidence),
+            f"batch {largest} minus batch 1, paired by seed (one model), {where}",
+            confidence=confidence,
+        ),
+    ]
 
 
 # ---- the table ---------------------------------------------------------------------------------------

@@ -193,17 +193,17 @@ def holm(p_values: list[float | None], alpha: float) -> list[HolmStep]:
     as its p exceeds α/(m − r))."""
     m = len(p_values)
     ps = [1.0 if p is None else float(p) for p in p_values]
-    order = sorted(range(m), key=lambda i: ps[i])
-    out: list[HolmStep | None] = [None] * m
-    running, stopped, rejected = 0.0, False, 0
+    order = sorted(range(m), key=ps.__getitem__)
+    adjusted, running, rejected = [0.0] * m, 0.0, 0
     for k, i in enumerate(order):  # k = 0..m-1: the (k+1)-th smallest, compared with α/(m − k)
         running = max(running, min(1.0, (m - k) * ps[i]))
-        stopped = stopped or ps[i] > alpha / (m - k)
-        if not stopped:
+        adjusted[i] = running
+        if rejected == k and ps[i] <= alpha / (m - k):  # every smaller one rejected, and this one too
             rejected += 1
-        out[i] = HolmStep(running, not stopped, 1.0 - alpha / (m - k))
+    rank = {i: k for k, i in enumerate(order)}
     return [
-        step if step.rejected else replace(step, level=1.0 - alpha / (m - rejected)) for step in out if step is not None
+        HolmStep(adjusted[i], rank[i] < rejected, 1.0 - alpha / (m - (rank[i] if rank[i] < rejected else rejected)))
+        for i in range(m)
     ]
 
 

@@ -30,10 +30,11 @@ def stage_shapes(seed: int) -> list:
     """Every distinct stage config of the protocol's sweeps at one seed, in sweep order:
     (sweep, config)."""
     from sweeps.fingerprint import stage_shapes as shapes
+    from sweeps.fingerprint import sweep_stage_configs
     from sweeps.paper_mini import sweeps_of
 
     seen, out = set(), []
-    for label, cfg in shapes(list(sweeps_of().values()), seed):
+    for label, cfg in shapes(sweep_stage_configs(list(sweeps_of().values()), seed)):
         shape = (cfg.stage, cfg.model, cfg.task, cfg.train.batch_size, cfg.train.seq_len)  # its data start aside:
         if shape not in seen:  # a step costs the same wherever in the stream its batch lies
             seen.add(shape)

@@ -46,19 +46,17 @@ DIGEST_LENGTH = 12
 
 def sweep_stage_configs(sweeps, seed: int) -> list[tuple[str, dict[str, Any], list]]:
     """(sweep name, trial point, its stage configs in order) of every point of these
-    sweeps at one seed."""
-    import tempfile
-
+    sweeps at one seed: what every check below reads, built once a check."""
     from sweeps.flags import Launch
-    from sweeps.launch import prepare
+    from sweeps.plan import validate
     from trainables.pipeline import stage_configs
 
-    launch = Launch(storage_path=tempfile.mkdtemp(prefix="protocol-stages-"), seeds=(seed,))
+    # The storage only names the parents' checkpoints, which seedless() drops.
+    launch = Launch(storage_path="/protocol", seeds=(seed,), dry_run=True)
     out = []
     for sweep in sweeps:
-        prepared, points, _, _ = prepare(sweep, launch)
-        for point in points:
-            out.append((sweep.name, point, stage_configs(prepared.spec, point, launch.storage_path)))
+        points, _ = validate(sweep, launch)
+        out += [(sweep.name, point, stage_configs(sweep.spec, point, launch.storage_path)) for point in points]
     return out
 
 
@@ -72,24 +70,25 @@ def seedless(cfg) -> dict[str, Any]:
     return d
 
 
-def resolved_stages(sweeps, seed: int = 0) -> dict[str, dict[str, list[dict[str, Any]]]]:
-    """sweep -> point (without its seed) -> its stages' resolved configs (seedless)."""
+def resolved_stages(configs) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """sweep -> point (without its seed) -> its stages' resolved configs (seedless), from
+    sweep_stage_configs."""
     out: dict[str, dict[str, list[dict[str, Any]]]] = {}
-    for name, point, cfgs in sweep_stage_configs(sweeps, seed):
+    for name, point, cfgs in configs:
         label = ", ".join(f"{k}={v}" for k, v in sorted(point.items()) if k != "seed")
         out.setdefault(name, {})[label] = [seedless(c) for c in cfgs]
     return out
 
 
-def stages_digest(sweeps) -> str:
-    return digest(resolved_stages(sweeps), DIGEST_LENGTH)
+def stages_digest(configs) -> str:
+    return digest(resolved_stages(configs), DIGEST_LENGTH)
 
 
-def stage_shapes(sweeps, seed: int) -> list[tuple[str, Any]]:
-    """Every distinct stage config of these sweeps at one seed, in sweep order:
-    (label, config), one per (stage, model, task, batch, context, data start)."""
+def stage_shapes(configs) -> list[tuple[str, Any]]:
+    """Every distinct stage config among sweep_stage_configs's, in sweep order: (label,
+    config), one per (stage, model, task, batch, context, data start)."""
     seen, out = set(), []
-    for name, _, cfgs in sweep_stage_configs(sweeps, seed):
+    for name, _, cfgs in configs:
         for cfg in cfgs:
             shape = (cfg.stage, cfg.model, cfg.task, cfg.train.batch_size, cfg.train.seq_len, cfg.train.data_start)
             if shape not in seen:
@@ -122,9 +121,9 @@ def behaviour(cfg, steps: int = BEHAVIOUR_STEPS) -> list[float]:
         torch.set_num_threads(previous)
 
 
-def training_fingerprint(sweeps, seed: int) -> dict[str, list[float]]:
-    """label -> behaviour() of every distinct stage shape of these sweeps."""
-    return {label: behaviour(cfg) for label, cfg in stage_shapes(sweeps, seed)}
+def training_fingerprint(configs) -> dict[str, list[float]]:
+    """label -> behaviour() of every distinct stage shape among sweep_stage_configs's."""
+    return {label: behaviour(cfg) for label, cfg in stage_shapes(configs)}
 
 
 def behaviour_departures(declared: dict[str, list[float]], found: dict[str, list[float]]) -> list[str]:
@@ -303,15 +302,17 @@ def torch_version() -> str:
 
 def current_pins(pins, sweeps, seed: int, *, behaviour_too: bool = True):
     """The Pins this checkout and machine would declare now (the declared ones with every
-    checked field recomputed): what `departures` compares, and what a new protocol
-    pastes into its declaration (python sweeps/paper_mini.py --pins)."""
+    checked field recomputed, the sweeps' stage configs built once): what `departures`
+    compares, and what a new protocol pastes into its declaration (python
+    sweeps/paper_mini.py --pins)."""
+    configs = sweep_stage_configs(sweeps, seed)
     return replace(
         pins,
         torch=torch_version(),
         machine=machine_class(),
-        stages=stages_digest(sweeps),
+        stages=stages_digest(configs),
         analysis=analysis_digest(),
-        behaviour=training_fingerprint(sweeps, seed) if behaviour_too else pins.behaviour,
+        behaviour=training_fingerprint(configs) if behaviour_too else pins.behaviour,
     )
 
 

@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 import torch
 
-from analysis.claims import CLAIMS, ClaimResult, correct, judge, verdict_markdown
+from analysis.claims import ClaimResult, batch_claims, correct, verdict_markdown
 from looplab.checkpoint import seeded
 from looplab.costs.measured_memory import UNKNOWN_PEAK
 from looplab.costs.timing import BenchRecord, bench_point, check_dtype
@@ -141,36 +141,11 @@ def time_seed(
 
 
 def gpu_verdicts(records: list[dict], gpu: GpuSpeed, confidence: float) -> list[ClaimResult]:
-    """C4-batch1 and C4-growth from the records ({"seed", "batch", "speedup", ...}), by
-    analysis/claims.py's rules, corrected by Holm over gpu.claims alone. Not through
+    """C4-batch1 and C4-growth from the records ({"seed", "batch", "speedup", ...}) by
+    analysis/claims.batch_claims, corrected by Holm over gpu.claims alone. Not through
     speed_claims: it reads packing "padded" records as the separate C4-padded claim."""
-    largest = max(gpu.batches)
-
-    def by_seed(batch: int) -> dict:
-        return {r["seed"]: r["speedup"] for r in records if r["batch"] == batch}
-
-    one, big = by_seed(1), by_seed(largest)
-    growth = CLAIMS["C4-growth"]
     where = f"seq_len {gpu.seq_len}, {gpu.policy}, {gpu.packing} {gpu.dtype}, {gpu.preset}'s shape, spread gate"
-    results = [
-        judge(
-            "C4-batch1",
-            CLAIMS["C4-batch1"].interval(list(one.values()), confidence),
-            f"batch 1, {where}",
-            confidence=confidence,
-        ),
-        judge(
-            "C4-growth",
-            growth.difference(
-                {s: growth.tested_value(v) for s, v in big.items()},
-                {s: growth.tested_value(v) for s, v in one.items()},
-                confidence,
-            ),
-            f"batch {largest} minus batch 1, paired by seed (one model), {where}",
-            confidence=confidence,
-        ),
-    ]
-    return correct(results, gpu.claims, confidence)
+    return correct(batch_claims(records, where, confidence), gpu.claims, confidence)
 
 
 def seeds_table(timed: dict[int, list[BenchRecord]]) -> str:

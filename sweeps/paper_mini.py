@@ -49,7 +49,7 @@ from looplab.tracking import ACCURACY, PPL, VAL_ACCURACY, VAL_LOSS, VAL_PPL
 from sweeps.depth_grid import depth_grid
 from sweeps.flags import Common, Launch, parser
 from sweeps.plan import SKIP_COLUMNS, Sweep, describe, sweep_key
-from sweeps.protocol import PROTOCOL, Ledger, Protocol, seed_range
+from sweeps.protocol import CLAIM_SWEEP, PROTOCOL, Ledger, Protocol, seed_range
 from trainables.pipeline import PipelineSpec, stage_configs
 
 LOOPED, BASE, DEEP = (1, 4), (1, 1), (4, 1)  # the LM's N⊗R, its iso-parameter N⊗1, its iso-depth NR⊗1
@@ -457,7 +457,8 @@ def claim_results(
         return lm.filter(arm == name) if name else None
 
     results = []
-    for claim, sweep, pairs in (("C1", PHOP, protocol.phop_pairs), ("C1-mano", MANO, protocol.mano_pairs)):
+    for claim, pairs in (("C1", protocol.phop_pairs), ("C1-mano", protocol.mano_pairs)):
+        sweep = CLAIM_SWEEP[claim]
         if pairs and sweep in tables:  # the looped N⊗R first, against its N⊗1 (Protocol validates both)
             looped, base = pairs[0], (pairs[0][0], 1)
             results += loop_claims(of_seeds(sweep), quality=ACCURACY, looped=looped, base=base, deep=None, claim=claim)

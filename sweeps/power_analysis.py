@@ -19,9 +19,9 @@ figure, as good as the earlier protocols' seeds are like the new ones.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 
+from analysis.prose import cell
 from analysis.stats import POWER, seeds_for_power, t_quantile
 
 # The earlier protocols whose seeds share each claim's setup: the LM sweep and the timed
@@ -35,12 +35,6 @@ SOURCES: dict[str, tuple[str, ...]] = {
 }
 WELCH_THEN = {"C1", "C1-mano", "C1-LM", "C1-depth"}  # the claims v3 and v4 tested with Welch's interval
 CONFIDENCE_THEN = 0.95  # the recorded intervals' confidence (uncorrected)
-_NUMBER = r"[+−-]?\d+(?:\.\d+)?"
-_RECORDED = re.compile(rf"({_NUMBER})\s*(?:pt|%|x)?\s*\[({_NUMBER}),\s*({_NUMBER})\]")
-
-
-def _number(text: str) -> float:
-    return float(text.replace("−", "-"))
 
 
 @dataclass(frozen=True)
@@ -59,12 +53,6 @@ class Need:
     power_declared: float | None
 
 
-def recorded(verdict_text: str) -> tuple[float, float, float] | None:
-    """(mean, low, high) of a recorded verdict, "+3.75 % [+1.87, +5.62]: inconclusive"."""
-    m = _RECORDED.search(verdict_text)
-    return None if m is None else tuple(_number(g) for g in m.groups())  # type: ignore[return-value]
-
-
 def needs(protocol, history=None) -> list[Need]:
     """Every claim of the protocol's family with recorded seeds behind it, in family order."""
     from analysis.claims import CLAIMS
@@ -80,11 +68,14 @@ def needs(protocol, history=None) -> list[Need]:
         parts = []
         for version in SOURCES.get(claim_id, ()):
             text = past[version].verdicts.get(claim_id) if version in past else None
-            read = recorded(text) if text else None
-            if read is None:
+            if text is None:
                 continue
             n = len(past[version].protocol.seeds)
-            mean, low, high = (claim.tested_value(v) for v in read)
+            try:
+                read = cell(text, n)  # "+3.75 % [+1.87, +5.62]: inconclusive", as the history recorded it
+            except ValueError:  # recorded without an interval: nothing to size on
+                continue
+            mean, low, high = (claim.tested_value(v) for v in (read.mean, read.low, read.high))
             df = 2 * (n - 1) if claim_id in WELCH_THEN else n - 1
             se = (high - low) / 2 / t_quantile(0.5 + CONFIDENCE_THEN / 2, df)
             parts.append((version, n, mean, se * math.sqrt(n)))
@@ -93,7 +84,7 @@ def needs(protocol, history=None) -> list[Need]:
         behind = sum(n for _, n, _, _ in parts)
         effect = sum(n * mean for _, n, mean, _ in parts) / behind - claim.tested_null
         spread = math.sqrt(sum((n - 1) * sd**2 for _, n, _, sd in parts) / sum(n - 1 for _, n, _, _ in parts))
-        declared = _declared_n(protocol, claim_id)
+        declared = len(protocol.seeds_of_claim(claim_id)) if protocol.seeds else None
         out.append(
             Need(
                 claim_id,
@@ -108,12 +99,6 @@ def needs(protocol, history=None) -> list[Need]:
             )
         )
     return out
-
-
-def _declared_n(protocol, claim_id: str) -> int | None:
-    """The seeds the protocol gives the sweep a claim reads."""
-    sweep = "phop" if claim_id == "C1" else "mano" if claim_id == "C1-mano" else "lm"
-    return len(protocol.seeds_of(sweep)) if protocol.seeds else None
 
 
 def text(protocol, history=None) -> str:

@@ -49,6 +49,9 @@ DIGEST_LENGTH = 12
 LEDGER = "protocol_ledger.jsonl"
 COMMITTED_LEDGER = Path(__file__).resolve().parent / LEDGER  # the ledger lines committed with verdicts
 SWEEPS = ("lm", "phop", "mano")  # the miniature's sweeps, as Pins.seeds names them
+# The sweep whose trials each claim reads: C1 p-hop's, C1-mano Mano's, every other claim
+# the LM's (and its CHASE models' timed prefills).
+CLAIM_SWEEP = {"C1": "phop", "C1-mano": "mano"}
 
 
 @dataclass(frozen=True)
@@ -209,6 +212,10 @@ class Protocol:
         if self.pins is None or sweep not in self.pins.seeds:
             return self.seeds
         return self.seeds[: self.pins.seeds[sweep]]
+
+    def seeds_of_claim(self, claim: str) -> tuple[int, ...]:
+        """The declared seeds of the sweep a claim reads (CLAIM_SWEEP)."""
+        return self.seeds_of(CLAIM_SWEEP.get(claim, "lm"))
 
     def digest(self) -> str:
         """The content key (looplab/keys.py) of what decides a verdict."""
@@ -603,21 +610,17 @@ class Ledger:
         from trainables.storage import Storage
 
         self.store = Storage(str(storage))
-        self.location = self.store.path(LEDGER)
+        self.path = self.store.path(LEDGER)  # a local path, or a URI on an object store
         self.history, self.committed = history, committed
-
-    @property
-    def path(self) -> str:
-        return self.location
 
     def _lines(self) -> list[tuple[str, str]]:
         """(where, text) of every ledger line: the committed file's, then the store's."""
         out = []
         if self.committed is not None and self.committed.is_file():
             out += [(str(self.committed), t) for t in self.committed.read_text().splitlines()]
-        text = self.store.read_text(self.location)
+        text = self.store.read_text(self.path)
         if text:
-            out += [(self.location, t) for t in text.splitlines()]
+            out += [(self.path, t) for t in text.splitlines()]
         return out
 
     def entries(self) -> list[dict[str, Any]]:
@@ -680,8 +683,8 @@ class Ledger:
             )
             for s in new
         ]
-        before = self.store.read_text(self.location) or ""
-        self.store.write_text(self.location, before + "".join(line + "\n" for line in lines))
+        before = self.store.read_text(self.path) or ""
+        self.store.write_text(self.path, before + "".join(line + "\n" for line in lines))
 
     def start(self, seeds, protocol: Protocol, exploratory: bool) -> None:
         """Note, before any of their stages trains, that these seeds are used under this protocol."""

@@ -6,6 +6,7 @@ one-sided verdict, and a dry run that says whether a run would be the verdict.""
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import replace
 
 import polars as pl
@@ -64,21 +65,16 @@ def test_the_slope_of_the_gap_by_hand():
 
 
 def test_the_verdict_is_one_sided_above_zero():
-    grows = c3_growth.judge_growth(_trials({s: [1 + k * (2 + 0.1 * s % 3) for k in range(4)] for s in range(700, 704)}))
+    """Seeds whose gaps rise by exactly 2.0, 2.5, 1.5 and 3.0 points per doubling: the
+    slopes' mean 2.25, s 0.645, one-sided bound 2.25 − 2.353·0.323 = 1.49 above zero."""
+    rising = {700 + i: [1 + k * a for k in range(4)] for i, a in enumerate((2.0, 2.5, 1.5, 3.0))}
+    grows = c3_growth.judge_growth(_trials(rising))
     assert grows.verdict == REPRODUCED and grows.tested.sides == 1 and grows.tested.n == 4
-    shrinks = c3_growth.judge_growth(
-        _trials({s: [8 - 2 * k + 0.1 * (s % 2) * k for k in range(4)] for s in range(700, 704)})
-    )
-    assert shrinks.verdict == NOT_REPRODUCED
-    # the mean slope is the difference of the two arms' mean slopes: the gap's
-    assert grows.tested.mean == pytest.approx(
-        sum(
-            c3_growth.seed_slopes(
-                _trials({s: [1 + k * (2 + 0.1 * s % 3) for k in range(4)] for s in range(700, 704)})
-            ).values()
-        )
-        / 4
-    )
+    assert grows.tested.mean == pytest.approx(2.25)
+    sd = statistics.stdev([2.0, 2.5, 1.5, 3.0])
+    assert grows.tested.low == pytest.approx(2.25 - 2.353363435 * sd / 2)
+    falling = {700 + i: [8 - k * a for k in range(4)] for i, a in enumerate((2.0, 2.1, 1.9, 2.2))}
+    assert c3_growth.judge_growth(_trials(falling)).verdict == NOT_REPRODUCED
     assert math.isfinite(grows.p)
 
 
