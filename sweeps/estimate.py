@@ -76,13 +76,11 @@ def estimate(
 
     from looplab.training.probe import probe_seconds
     from trainables.pipeline import stage_configs, stage_dir
-    from trainables.shared_stage import read_done
-    from trainables.storage import Storage
+    from trainables.keyed_step import record_of
     from trainables.trial import shared_prefixes
 
     cpus = os.cpu_count() or 1
     concurrency = concurrency or max(1, min(cpus, launch.max_concurrent_trials or cpus))
-    storage = Storage(launch.storage_path)
     probed: dict[tuple, tuple[float, float]] = {}
     previous = torch.get_num_threads()
 
@@ -106,7 +104,7 @@ def estimate(
                 mine = []
                 for cfg in cfgs:
                     folder = stage_dir(launch.storage_path, cfg)
-                    if folder not in claimed and read_done(storage, folder) is None:
+                    if folder not in claimed and not record_of(launch.storage_path, cfg).finished:
                         claimed.add(folder)
                         mine.append(cfg)
                 return mine

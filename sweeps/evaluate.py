@@ -327,9 +327,10 @@ def main(argv: list[str] | None = None) -> int:
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     if args.dry_run:
-        from trainables.downstream import finished_keys, plan
+        from trainables.downstream import plan
+        from trainables.keyed_step import EVAL_STEP
 
-        done = finished_keys(mc, experiment_id)
+        done = EVAL_STEP.finished_keys(mc, experiment_id)
         todo = [ev for ev in plan(grid, checkpoints) if ev.key not in done]
         print("\n".join(describe_plan(grid, checkpoints)).strip("\n"))
         print(f"  to evaluate now: {len(todo)} (the others are in the store)")

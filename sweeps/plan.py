@@ -390,10 +390,13 @@ def describe(
     if launch.search == "optuna":
         lines.append(f"  (Optuna samples {launch.num_samples} trials within {sweep.ranges}; corners shown)")
     shared = sum(len(sweep.spec.stages_of(p)) for p in points) - len(unique)
-    stored = stored_stages(unique, launch.storage_path)
+    records = stored_stages(unique, launch.storage_path)
+    stored = {name for name, record in records.items() if record.finished}
+    broken = {name: record.problem for name, record in records.items() if record.broken}
     left = len(unique) - len(stored)
-    if stored:
-        counts = f"{len(unique)} ({len(stored)} stored, {left} to train; {shared} reused across trials)"
+    if records:
+        again = f", {len(broken)} of them to train again" if broken else ""
+        counts = f"{len(unique)} ({len(stored)} stored, {left} to train{again}; {shared} reused across trials)"
     else:
         counts = f"{len(unique)} to train ({shared} reused across trials)"
     lines += ["", f"stages: {counts}"]
@@ -402,6 +405,8 @@ def describe(
         if name in stored:
             lines.append(f"  {name}: stored, reused as it is (not trained again)")
             continue
+        if name in broken:
+            lines.append(f"  {name}: {broken[name]} → retrain")
         plan = plans[name]
         total_flops, total_tokens = total_flops + plan.flops, total_tokens + plan.tokens
         hours += plan.gpu_hours(launch.mfu, launch.gpu_tflops)
@@ -519,11 +524,10 @@ def owned_costs(
     counts for one of them, its owner: the one with the most work of its own, which so
     starts before the others that need it (they reuse it)."""
     from looplab.costs.resources import flops_per_token, row_length
+    from trainables.keyed_step import record_of
     from trainables.pipeline import stage_dir
-    from trainables.shared_stage import read_done
-    from trainables.storage import Storage
 
-    storage, per_token = Storage(storage_path), {}
+    per_token = {}
     trained = dict.fromkeys(trained_before, True)  # folder -> whether it costs nothing; a folder read once
 
     def stages(point: dict[str, Any]) -> list[tuple[str, float]]:
@@ -531,7 +535,7 @@ def owned_costs(
         for cfg in stage_configs(sweep.spec, point, storage_path):
             folder = stage_dir(storage_path, cfg)
             if folder not in trained:
-                trained[folder] = read_done(storage, folder) is not None
+                trained[folder] = record_of(storage_path, cfg).finished
             if trained[folder]:
                 continue
             shape = (cfg.model, cfg.stage, row_length(cfg))
@@ -556,16 +560,15 @@ def owned_costs(
     return cost, waits_on
 
 
-def stored_stages(unique: dict[str, Any], storage_path: str) -> set[str]:
-    """The stages (of unique: folder name -> config) the store already holds: those with
-    a done marker, the check a trial reuses a stage by (trainables/trial.py's _run_stage),
-    so the run reuses them and trains the rest."""
-    from trainables.pipeline import stage_dir
-    from trainables.shared_stage import read_done
-    from trainables.storage import Storage
+def stored_stages(unique: dict[str, Any], storage_path: str) -> dict[str, Any]:
+    """What the store holds of the stages (of unique: folder name -> config) it has a done
+    marker for, as trainables/keyed_step.py's StageRecord: a finished one is reused, a
+    broken one (its files missing or damaged) trained again, the check a trial makes
+    (trainables/trial.py's _run_stage)."""
+    from trainables.keyed_step import record_of
 
-    storage = Storage(storage_path)
-    return {name for name, cfg in unique.items() if read_done(storage, stage_dir(storage_path, cfg)) is not None}
+    records = {name: record_of(storage_path, cfg) for name, cfg in unique.items()}
+    return {name: record for name, record in records.items() if record.done is not None}
 
 
 def describe_evaluation(sweep: Sweep, points: list[dict[str, Any]], storage_path: str) -> list[str]:

@@ -447,9 +447,10 @@ def jobs_for(
 def stored_counts(mc, experiment_id: str, jobs) -> dict[str, int]:
     """Per job, how many of its points the store holds FINISHED on this machine (the key
     names the machine that times it: another machine measures again)."""
-    from trainables.speed import finished_speed_keys, host_of, plan_keys, speed_key
+    from trainables.keyed_step import BENCH_STEP
+    from trainables.speed import host_of, plan_keys, speed_key
 
-    done = finished_speed_keys(mc, experiment_id)
+    done = BENCH_STEP.finished_keys(mc, experiment_id)
     counts = {}
     for job in jobs:
         host = host_of(job.threads)
@@ -678,7 +679,8 @@ def run(
     per checkpoint. Returns (exit status: 0, 1 when a job failed, 2 when the cluster
     cannot hold a job; the records, in the plan's order)."""
     from trainables.progress import Printer, board_name
-    from trainables.speed import execute
+    from trainables.keyed_step import run_jobs
+    from trainables.speed import run_job
 
     inline = args.no_ray
     if not inline:
@@ -720,7 +722,7 @@ def run(
         )
         records, failed = [], 0
         with Printer(board) if board else contextlib.nullcontext() as printer:
-            for i, (job, result) in enumerate(execute(jobs, cpus=cpus, gpus=gpus, inline=inline), start=1):
+            for i, (job, result) in enumerate(run_jobs(run_job, jobs, cpus=cpus, gpus=gpus, inline=inline), start=1):
                 if printer is not None:
                     printer.flush()  # the job's points before its summary line
                 if isinstance(result, BaseException):

@@ -110,16 +110,18 @@ def test_a_store_written_before_is_reused(tmp_path):
     reused; the Stage-1 stored before trained on pre-training's first batches again, so
     its key moved (STAGE1_KEY's comment) and it trains again, with Stage-1 folders of
     the new key found as before."""
+    from tests.store_fixture import store_stage
     from trainables.downstream import pipeline_checkpoints
+    from trainables.pipeline import stage_configs
     from trainables.shared_stage import write_done
     from trainables.storage import Storage
 
-    storage = Storage(tmp_path)
-    for folder, run_id in (("pretrain-80187bb079e5", "run-pre"), ("stage1-77cc702b6968", "run-s1")):
-        write_done(storage, str(tmp_path / "stages" / folder), {"run_id": run_id, "metrics": {}})
+    pretrain, stage1 = stage_configs(SPEC, POINT, tmp_path)
+    assert store_stage(tmp_path, pretrain, "run-pre").parent.name == "pretrain-80187bb079e5"
+    write_done(Storage(tmp_path), str(tmp_path / "stages" / "stage1-77cc702b6968"), {"run_id": "run-s1", "metrics": {}})
     found = pipeline_checkpoints(SPEC, [POINT], tmp_path)
     assert [(c.stage_key, c.config_hash, c.run_id) for c in found] == [(PRETRAIN_KEY, PRETRAIN_HASH, "run-pre")]
-    write_done(storage, str(tmp_path / "stages" / "stage1-ada0adf77d35"), {"run_id": "run-s1-new", "metrics": {}})
+    assert store_stage(tmp_path, stage1, "run-s1-new").parent.name == "stage1-ada0adf77d35"
     found = pipeline_checkpoints(SPEC, [POINT], tmp_path)
     assert [(c.stage_key, c.config_hash, c.run_id) for c in found] == [
         (PRETRAIN_KEY, PRETRAIN_HASH, "run-pre"),

@@ -207,8 +207,12 @@ def test_dry_run_counts_the_stages_the_store_holds(capsys, tmp_path):
     not trained: the dry run says so and leaves it out of the compute."""
     import re
 
-    from trainables.shared_stage import write_done
-    from trainables.storage import Storage
+    import shutil
+
+    from sweeps.beta_ablation import beta_ablation
+    from sweeps.flags import Common, parse_sets
+    from tests.store_fixture import store_stage
+    from trainables.pipeline import stage_configs
 
     argv = TINY + ["--dry-run", "--storage-path", str(tmp_path)]
     assert run_beta(argv) == 0
@@ -220,9 +224,14 @@ def test_dry_run_counts_the_stages_the_store_holds(capsys, tmp_path):
     }
     assert len(tokens) == 3
     pretrain = next(f for f in tokens if f.startswith("pretrain-"))
-    storage = Storage(tmp_path)
+    spec = beta_ablation(Common("phop-debug", parse_sets(TINY[3::2])), [0.1]).spec  # TINY's --set values
+    configs = {}  # stage folder -> its config, as the sweep derives them
+    for point in ({"beta": b, "seed": 0} for b in (0.1, 0.5)):
+        for cfg in stage_configs(spec, point, tmp_path):
+            configs[f"{cfg.stage}-{cfg.stage_key()}"] = cfg
+    assert set(configs) == set(tokens)
 
-    write_done(storage, str(tmp_path / "stages" / pretrain), {"run_id": "r0"})  # the shared pre-training
+    store_stage(tmp_path, configs[pretrain], "r0")  # the shared pre-training
     assert run_beta(argv) == 0
     out = capsys.readouterr().out
     assert "stages: 3 (1 stored, 2 to train; 1 reused across trials)" in out
@@ -231,11 +240,19 @@ def test_dry_run_counts_the_stages_the_store_holds(capsys, tmp_path):
     assert f"compute for the 2 stage(s) to train: {left:,} training tokens" in out
 
     for folder in tokens:
-        write_done(storage, str(tmp_path / "stages" / folder), {"run_id": "r1"})
+        store_stage(tmp_path, configs[folder], "r1")
     assert run_beta(argv) == 0
     out = capsys.readouterr().out
     assert "stages: 3 (3 stored, 0 to train; 1 reused across trials)" in out
     assert "compute for the 0 stage(s) to train: 0 training tokens" in out
+
+    # A done marker vouches for files: with the checkpoint gone, the stage trains again.
+    shutil.rmtree(tmp_path / "stages" / pretrain / "checkpoint")
+    assert run_beta(argv) == 0
+    out = capsys.readouterr().out
+    assert "stages: 3 (2 stored, 1 to train, 1 of them to train again; 1 reused across trials)" in out
+    assert f"  {pretrain}: checkpoint missing → retrain" in out
+    assert f"compute for the 1 stage(s) to train: {tokens[pretrain]:,} training tokens" in out
 
 
 def test_stage_keys_do_not_depend_on_the_storage_path(tmp_path):
@@ -770,3 +787,40 @@ def test_optuna_search_with_asha_runs_end_to_end(tmp_path):
     assert all("val_ppl" in r.data.metrics for r in trials if r.info.status == "FINISHED")
     stages = mc.search_runs([exp], filter_string="tags.level = 'stage'")
     assert all(r.info.status in ("FINISHED", "KILLED") for r in stages)
+
+
+@pytest.mark.slow  # a one-trial sweep and two reruns: about a minute on 2 cores
+def test_a_deleted_checkpoint_is_trained_again_not_reported_reused(tmp_path, capsys):
+    """Reuse trusts files, not records: with a finished trial's pre-training checkpoint
+    deleted, the rerun says so, trains the stage again and runs the trial afresh (the old
+    trial run retired), and the stage's checkpoint is there again."""
+    import shutil
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    argv = TINY + ["--tracking-uri", uri, "--storage-path", str(tmp_path / "store")]
+    assert run_beta(argv, betas=(0.1,)) == 0
+    capsys.readouterr()
+    (pretrain,) = (tmp_path / "store" / "stages").glob("pretrain-*")
+    shutil.rmtree(pretrain / "checkpoint")
+
+    assert run_beta(argv, betas=(0.1,)) == 0
+    captured = capsys.readouterr()
+    out = captured.out + captured.err
+    assert f"trial finished before, but {pretrain.name}: checkpoint missing → run again" in out
+    assert "pretrain: checkpoint missing → retrain" in out and "pretrain: training 4 steps" in out
+    # Retrained on the same machine, the parent holds the weights its child started from
+    # (training is deterministic), so the child is reused, not refused.
+    assert "stage1: reused" in out
+    assert (pretrain / "checkpoint" / "model.safetensors").is_file()
+    mc = tracking.client(uri)
+    exp = mc.get_experiment_by_name("beta_ablation-phop-debug").experiment_id
+    (trial,) = mc.search_runs([exp], filter_string="tags.level = 'trial'")  # the retired one is deleted
+    assert trial.info.status == "FINISHED" and "val_ppl" in trial.data.metrics
+    stages = mc.search_runs([exp], filter_string=f"tags.trial_run = '{trial.info.run_id}'")
+    assert sorted(r.data.tags["stage"] for r in stages) == ["pretrain", "stage1"]
+
+    # A third run finds everything whole: nothing is trained.
+    assert run_beta(argv, betas=(0.1,)) == 0
+    captured = capsys.readouterr()
+    out = captured.out + captured.err
+    assert "retrain" not in out and "run again" not in out and "trial reused" in out

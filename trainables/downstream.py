@@ -19,11 +19,13 @@ the key is never recomputed, so a grid that grows (one more q, task, policy or s
 evaluates only what is new, on the checkpoints already trained.
 
     plan           the grid × the checkpoints → Evaluations (no model, no store)
-    finished_keys  one query: the eval keys the experiment holds as FINISHED runs
-    jobs           the missing evaluations grouped by checkpoint (one job loads its model once)
+    jobs_for       the missing evaluations grouped by checkpoint (one job loads its model once)
     run_job        per policy one lm-eval call over that policy's missing tasks (lm-eval
-                   pays ~0.5 s of environment probing per call), one run per task; a Ray
-                   task with the grid's own CPUs and GPUs, or in-process (inline=True)
+                   pays ~0.5 s of environment probing per call), one run per task
+
+An evaluation is a keyed step (trainables/keyed_step.py): EVAL_STEP finds the finished
+ones, run_jobs runs the jobs as Ray tasks with the grid's CPUs and GPUs, or in-process
+(inline=True).
 
 The policies of a stage: the grid's, where they apply (a gate policy, dense:q or skip:q,
 needs a trained gate: gated stages only; a forced depth at most the checkpoint's R;
@@ -45,6 +47,7 @@ from looplab import tracking
 from looplab.config import ConfigError
 from looplab.keys import LENIENT, digest, files_digest, keyed_name, stage_path
 from looplab.policy import DEFAULT_QS, FORCED, GATE, ExitPolicy, parse_policies
+from trainables.keyed_step import EVAL_STEP, open_step_run, run_jobs
 
 PAPER, INCLUDE, BUILTIN = "paper", "include", "builtin"  # where a task's config comes from
 # The accuracy an evaluation logs: the first of these the task reports (paper tasks: SUITE_METRICS).
@@ -340,20 +343,16 @@ def plan(grid: EvalGrid, checkpoints) -> list[Evaluation]:
 
 
 # ---- the store -----------------------------------------------------------------------------
-def finished_keys(mc, experiment_id: str) -> set[str]:
-    """The eval keys of the experiment's FINISHED evaluation runs."""
-    return tracking.finished_tag_values(mc, experiment_id, tracking.EVAL, tracking.EVAL_KEY)
-
-
 def open_eval_run(mc, experiment_id: str, ev: Evaluation, git: str | None = None) -> tuple[str, str]:
     """The evaluation's run, found by its key or created under the run that trained its
     stage: (run_id, status before: FINISHED means done, nothing to compute)."""
     ck, policy = ev.checkpoint, ExitPolicy.parse(ev.policy)
-    return tracking.open_run(
+    return open_step_run(
         mc,
         experiment_id,
+        EVAL_STEP,
+        ev.key,
         name=tracking.eval_run_name(ev.task.name, policy, ev.key),
-        key={tracking.LEVEL: tracking.EVAL, tracking.EVAL_KEY: ev.key},
         parent_run_id=ck.run_id or None,
         tags=tracking.eval_tags(
             eval_key=ev.key,
@@ -560,7 +559,7 @@ def evaluate(
     evaluations = plan(grid, checkpoints)
     mc = tracking.client(tracking_uri)
     experiment_id = tracking.ensure_experiment(mc, experiment, artifact_root)
-    done = finished_keys(mc, experiment_id)
+    done = EVAL_STEP.finished_keys(mc, experiment_id)
     todo = [ev for ev in evaluations if ev.key not in done]
     jobs = jobs_for(
         todo, grid, tracking_uri=tracking_uri, experiment=experiment, artifact_root=str(artifact_root), board=board
@@ -578,7 +577,7 @@ def evaluate(
             file=out,
             flush=True,
         )
-    for job, result in zip(jobs, _execute(jobs, grid, inline)):
+    for job, result in run_jobs(run_job, jobs, cpus=grid.cpus, gpus=grid.gpus, inline=inline):
         if isinstance(result, BaseException):
             summary.failed += len(job.evaluations)
             summary.errors.append(f"{job.label}: {type(result).__name__}: {result}")
@@ -590,42 +589,23 @@ def evaluate(
     return summary
 
 
-def _execute(jobs: list[Job], grid: EvalGrid, inline: bool):
-    """Each job's counts, or the exception that ended it, in the jobs' order."""
-    if inline:
-        for job in jobs:
-            try:
-                yield run_job(job)
-            except Exception as e:  # noqa: BLE001 - e.g. a checkpoint that no longer loads
-                yield e
-        return
-    import ray
-
-    remote = ray.remote(num_cpus=grid.cpus, num_gpus=grid.gpus)(run_job)
-    refs = [remote.remote(job) for job in jobs]
-    for ref in refs:
-        try:
-            yield ray.get(ref)
-        except Exception as e:  # noqa: BLE001 - a task that died (RayTaskError wraps the cause)
-            yield e
-
-
 # ---- where checkpoints come from -------------------------------------------------------------
 def pipeline_checkpoints(spec, trial_params: list[dict[str, Any]], storage_path: str | Path) -> list[Checkpoint]:
-    """The trained stages of these trials (a stage folder's done.json names the run that
-    trained it), each stage key once, in pipeline order."""
-    from trainables.pipeline import checkpoint_of, stage_configs, stage_dir
-    from trainables.shared_stage import read_done
-    from trainables.storage import Storage
+    """The trained stages of these trials, whole in the store (a stage folder's done.json
+    names the run that trained it), each stage key once, in pipeline order."""
+    from trainables.keyed_step import record_of
+    from trainables.pipeline import checkpoint_of, stage_configs
 
-    storage = Storage(storage_path)
     found: dict[str, Checkpoint] = {}
     for params in trial_params:
         configs = stage_configs(spec, params, storage_path)
         for i, cfg in enumerate(configs):
-            done = read_done(storage, stage_dir(storage_path, cfg))
-            if done is None or cfg.stage_key() in found:
+            if cfg.stage_key() in found:
                 continue
+            record = record_of(str(storage_path), cfg)
+            if not record.finished or record.done is None:  # a broken stage is no checkpoint to evaluate
+                continue
+            done = record.done
             found[cfg.stage_key()] = Checkpoint(
                 checkpoint_of(storage_path, cfg),
                 cfg.stage,

@@ -13,8 +13,8 @@ user pressed Ctrl-C or sent SIGTERM, sweeps/stop.py). Trials ask it between step
 (Reporter.stop_requested, at most every STOP_POLL_SECONDS), checkpoint and end.
 
 Records: {"trial": label, "event": "start" | "step" | "end" | "stopped" | "reused" | "resumed_done" |
-"trial_end" | "eval" | "eval_failed" | "speed", "stage", "step", "steps", "loss", "tokens_per_s", "eta_s", "summary", "policy",
-"task", "error", "line"}; evaluation jobs (trainables/downstream.py) post eval and eval_failed,
+"retrain" | "trial_stale" | "trial_end" | "eval" | "eval_failed" | "speed", "stage", "step", "steps", "loss", "tokens_per_s", "eta_s", "summary", "policy",
+"task", "error", "line", "why"}; evaluation jobs (trainables/downstream.py) post eval and eval_failed,
 speed jobs (trainables/speed.py) a speed record with its line per measured point.
 """
 
@@ -130,6 +130,10 @@ def format_record(r: dict[str, Any]) -> str:
         return f"{head} {r['stage']}: training {r['steps']} steps"
     if event == "reused":
         return f"{head} {r['stage']}: reused (trained by another trial)"
+    if event == "retrain":  # its done marker vouched for files that are missing or damaged
+        return f"{head} {r['stage']}: {r['why']} → retrain"
+    if event == "trial_stale":
+        return f"{head} trial finished before, but {r['why']} → run again"
     if event == "resumed_done":
         return f"{head} {r['stage']}: already trained by this trial before its restart"
     if event == "end":

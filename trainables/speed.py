@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 from looplab import tracking
 from looplab.keys import digest
-from looplab.tracking import SPEED_KEY
+from trainables.keyed_step import BENCH_STEP, open_step_run
 
 
 @dataclass(frozen=True)
@@ -112,11 +112,6 @@ def plan_keys(stage_key: str, plan: ArrivalPlan, host: dict[str, Any]) -> dict[A
     return {p: arrival_key(stage_key, p, host, plan.warmup, plan.repeats) for p in plan.points}
 
 
-def finished_speed_keys(mc, experiment_id: str) -> set[str]:
-    """The speed keys the experiment holds as FINISHED runs."""
-    return tracking.finished_tag_values(mc, experiment_id, tracking.BENCH, tracking.SPEED_KEY)
-
-
 def host_of(threads: int) -> dict[str, Any]:
     """This process's machine() as measure() records it: the CUDA device when there is
     one (the benchmark then runs on it), else the CPU."""
@@ -154,10 +149,19 @@ def _model_and_task(checkpoint: str):
     return model, make_task(exp.task, exp.train.seq_len)
 
 
-def _finished_point(mc, experiment_id: str, key: str):
-    """The FINISHED bench run of a point's key (a speed or an arrivals point), else None."""
-    run = tracking.find_run(mc, experiment_id, **{tracking.LEVEL: tracking.BENCH, SPEED_KEY: key})
-    return run if run is not None and run.info.status == "FINISHED" else None
+def bench_tags(stage_key: str, config_hash: str, method: str, checkpoint: str, policy: str) -> dict[str, str]:
+    """The tags of a bench run: the checkpoint it times and the policy."""
+    return {
+        tracking.STAGE_KEY: stage_key,
+        tracking.CONFIG_HASH: config_hash,
+        tracking.METHOD: method,
+        tracking.CHECKPOINT: checkpoint,
+        tracking.POLICY_TAG: policy,
+    }
+
+
+def machine_params(host: dict[str, Any]) -> dict[str, str]:
+    return {tracking.MACHINE_PARAM + k: str(v) for k, v in host.items()}
 
 
 def _to_stderr(line: str) -> None:
@@ -193,7 +197,7 @@ def measure(
     keys = {p: speed_key(stage_key, p, host, repeats) for p in points}
     records, todo = [], []
     for p in points:
-        run = _finished_point(mc, experiment_id, keys[p])
+        run = BENCH_STEP.finished_run(mc, experiment_id, keys[p])
         if run is not None:
             values = {k: run.data.metrics[k] for k in tracking.SPEED_METRICS if k in run.data.metrics}
             if tracking.FLOP_RATIO not in values and tracking.MEAN_LOOPS in values:
@@ -228,23 +232,17 @@ def measure(
             ids, policy = call["ids"], call["policy"]
             record = bench_point(model, ids, policy, repeats=repeats, packing=p.packing, dtype=p.dtype, peaks=peaks)
             values = {**record.__dict__, tracking.FLOP_RATIO: bound_of(model.cfg, p, record.mean_executed_loops)}
-            run_id, _ = tracking.open_run(
+            run_id, _ = open_step_run(
                 mc,
                 experiment_id,
+                BENCH_STEP,
+                keys[p],
                 name=tracking.speed_run_name(p.batch, p.seq_len, p.policy, keys[p]),
-                tags={
-                    tracking.STAGE_KEY: stage_key,
-                    tracking.CONFIG_HASH: config_hash,
-                    tracking.METHOD: method,
-                    tracking.CHECKPOINT: checkpoint,
-                    tracking.GIT_SHA: tracking.git_sha(),
-                    tracking.POLICY_TAG: p.policy,
-                },
-                key={tracking.LEVEL: tracking.BENCH, SPEED_KEY: keys[p]},
                 parent_run_id=parent_run_id,
+                tags=bench_tags(stage_key, config_hash, method, checkpoint, p.policy),
                 params={
                     **{tracking.SPEED_PARAM + k: str(v) for k, v in {**p.__dict__, "repeats": repeats}.items()},
-                    **{tracking.MACHINE_PARAM + k: str(v) for k, v in host.items()},
+                    **machine_params(host),
                 },
             )
             with tracking.terminated_on_exit(mc, run_id):
@@ -308,7 +306,7 @@ def _stored_arrivals(
     """(the record of each point the store holds FINISHED, the points it lacks)."""
     records, todo = {}, []
     for p, key in keys.items():
-        run = _finished_point(mc, experiment_id, key)
+        run = BENCH_STEP.finished_run(mc, experiment_id, key)
         if run is not None:
             values = {k: run.data.metrics[k] for k in tracking.ARRIVAL_METRICS if k in run.data.metrics}
             records[p] = {**p.__dict__, **values, "reused": True}
@@ -354,25 +352,19 @@ def measure_arrivals(
         if point is None:  # timed only as the cross product's by-product; its stored run stands
             return
         values = arrival_metrics(record)
-        run_id, _ = tracking.open_run(
+        run_id, _ = open_step_run(
             mc,
             experiment_id,
+            BENCH_STEP,
+            keys[point],
             name=tracking.arrivals_run_name(point.slots, point.schedule, point.policy, keys[point]),
-            tags={
-                tracking.STAGE_KEY: stage_key,
-                tracking.CONFIG_HASH: config_hash,
-                tracking.METHOD: method,
-                tracking.CHECKPOINT: checkpoint,
-                tracking.GIT_SHA: tracking.git_sha(),
-                tracking.POLICY_TAG: point.policy,
-            },
-            key={tracking.LEVEL: tracking.BENCH, SPEED_KEY: keys[point]},
             parent_run_id=parent_run_id,
+            tags=bench_tags(stage_key, config_hash, method, checkpoint, point.policy),
             params={
                 **point.params(),
                 tracking.SPEED_PARAM + "warmup": str(plan.warmup),
                 tracking.SPEED_PARAM + "repeats": str(plan.repeats),
-                **{tracking.MACHINE_PARAM + k: str(v) for k, v in host.items()},
+                **machine_params(host),
             },
         )
         with tracking.terminated_on_exit(mc, run_id):
@@ -394,7 +386,7 @@ def measure_arrivals(
     return [records[p] for p in keys]  # the plan's order, stored and measured alike
 
 
-# ---- jobs: one per checkpoint (sweeps/speed.py) ------------------------------------------------
+# ---- jobs: one per checkpoint (sweeps/speed.py runs them with keyed_step.run_jobs) -----------
 @dataclass(frozen=True)
 class SpeedJob:
     """One checkpoint's points and where to record them; threads: the CPUs the job holds
@@ -446,28 +438,3 @@ def run_job(job: SpeedJob) -> list[dict]:
     if job.arrivals is not None:
         records += measure_arrivals(mc, experiment_id, ck.run_id or None, plan=job.arrivals, **common)
     return [{"checkpoint": job.label, "method": job.method, "n_loops": ck.n_loops, **r} for r in records]
-
-
-def execute(jobs: list[SpeedJob], *, cpus: float, gpus: float, inline: bool):
-    """(job, its records or the exception that ended it) as each job finishes. inline:
-    one after another in this process; otherwise one Ray task per job with these CPUs
-    and GPUs (Ray must be initialised), so that Ray runs no more of them at once than
-    the resources allow: with a whole machine's CPUs per job, one at a time."""
-    if inline:
-        for job in jobs:
-            try:
-                yield job, run_job(job)
-            except Exception as e:  # noqa: BLE001 - one checkpoint's failure must not cost the others
-                yield job, e
-        return
-    import ray
-
-    remote = ray.remote(num_cpus=cpus, num_gpus=gpus)(run_job)
-    pending = {remote.remote(job): job for job in jobs}
-    while pending:
-        done, _ = ray.wait(list(pending), num_returns=1)
-        job = pending.pop(done[0])
-        try:
-            yield job, ray.get(done[0])
-        except Exception as e:  # noqa: BLE001 - a task that died (RayTaskError wraps the cause)
-            yield job, e

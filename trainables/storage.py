@@ -109,6 +109,14 @@ class Storage:
         if self.exists(location):
             self.fs.delete_dir(self._key(location))
 
+    def move(self, source: str, destination: str) -> None:
+        """Move a file or folder, replacing whatever `destination` held."""
+        self.delete_dir(destination)
+        if self.remote:
+            self.fs.move(self._key(source), self._key(destination))
+        else:
+            os.replace(source, destination)
+
     def upload_dir(self, local: Path, location: str, marker: str) -> None:
         """Replace the folder at `location` with the local folder's files, the `marker`
         file uploaded last (module docstring)."""

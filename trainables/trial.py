@@ -30,7 +30,8 @@ from looplab.errors import Interrupted
 from looplab.keys import stage_folder
 from trainables.pipeline import PipelineSpec, checkpoint_of, stage_configs, stage_dir
 from trainables.progress import Reporter
-from trainables.shared_stage import check_parent_unchanged, read_done, stage_lock, stored_json, write_done
+from trainables.keyed_step import STAGE_STEP, open_step_run, record_of, set_aside, stage_record
+from trainables.shared_stage import check_parent_unchanged, stage_lock, stored_json, write_done
 from trainables.stage_worker import stage_worker_loop
 from trainables.storage import Storage
 
@@ -92,9 +93,7 @@ def run_trial(config: dict[str, Any]) -> None:
     if progress.stop_requested():  # the sweep was stopped before this trial started: no run for it
         tune.report({INTERRUPTED: 1, tracking.STAGE_KEY: final.stage_key()})
         return
-    trial_run, status = tracking.open_run(
-        mc,
-        experiment_id,
+    trial_run_args: dict[str, Any] = dict(
         name=tracking.trial_run_name(final.stage_key()),
         tags=tracking.config_tags(
             final, level=tracking.TRIAL, git=sha, lineage=lineage, **{tracking.SWEEP_TAG: platform.experiment}
@@ -103,11 +102,17 @@ def run_trial(config: dict[str, Any]) -> None:
         parent_run_id=platform.sweep_run_id,
         params={**tracking.config_params(final), **tracking.search_params(params)},
     )
-    if status == "FINISHED":  # trained by an earlier invocation of this sweep
+    trial_run, status = tracking.open_run(mc, experiment_id, **trial_run_args)
+    stale = _stale(mc, experiment_id, trial_run, stages, platform.storage_path) if status == "FINISHED" else ""
+    if status == "FINISHED" and not stale:  # trained by an earlier invocation of this sweep
         summary = _summary(mc, trial_run)
         progress.post("trial_end", status="reused", summary=_headline(summary))
         tune.report({**summary, tracking.STAGE_KEY: final.stage_key(), "skipped": 1})
         return
+    if stale:  # its record outlived its files: retired (MLflow's delete), the trial runs afresh
+        progress.post("trial_stale", why=stale)
+        _retire(mc, experiment_id, trial_run)
+        trial_run, _ = tracking.open_run(mc, experiment_id, **trial_run_args)
 
     try:
         with tracking.terminated_on_exit(mc, trial_run):
@@ -133,6 +138,36 @@ def run_trial(config: dict[str, Any]) -> None:
     tune.report({**summary, tracking.STAGE_KEY: final.stage_key(), "skipped": 0})
 
 
+def _stale(mc, experiment_id: str, trial_run: str, stages: list[ExperimentConfig], storage_path: str) -> str:
+    """Why a FINISHED trial no longer stands ("" when it does): a stage of it is not whole
+    in the store, or was trained again since (its done marker names another run than the
+    one the trial's stage run trained or reused)."""
+    runs = mc.search_runs(
+        [experiment_id],
+        filter_string=f"tags.{tracking.LEVEL} = '{tracking.STAGE}' and tags.{tracking.TRIAL_RUN} = '{trial_run}'",
+        max_results=len(stages) * 4 + 10,
+    )
+    trained_by = {
+        r.data.tags.get(tracking.STAGE_KEY): r.data.tags.get(tracking.REUSED_FROM) or r.info.run_id for r in runs
+    }
+    for cfg in stages:
+        record = record_of(storage_path, cfg)
+        name = stage_folder(cfg.stage, cfg.stage_key())
+        if not record.finished:
+            return f"{name}: {record.problem or 'not in the store'}"
+        if trained_by.get(cfg.stage_key()) != record.done["run_id"]:
+            return f"{name}: trained again since this trial ran"
+    return ""
+
+
+def _retire(mc, experiment_id: str, trial_run: str) -> None:
+    """Delete (MLflow's delete, which can be undone) a trial run and its stage runs."""
+    children = mc.search_runs([experiment_id], filter_string=f"tags.{tracking.TRIAL_RUN} = '{trial_run}'")
+    for run in children:
+        mc.delete_run(run.info.run_id)
+    mc.delete_run(trial_run)
+
+
 def _headline(summary: dict[str, float]) -> dict[str, float]:
     """What a trial's final progress line shows: full-depth quality."""
     return {k: summary[k] for k in (tracking.VAL_PPL, tracking.VAL_ACCURACY) if k in summary}
@@ -143,8 +178,9 @@ def shared_prefixes(spec: PipelineSpec, points: list[dict[str, Any]], storage_pa
     {"params": a trial's params, "n": how many of its first stages}: the sweep
     trains them first, with the whole machine, instead of letting one trial train
     them on its share while the others wait on the stage lock."""
-    storage = Storage(storage_path)
-    chains = [[stage_dir(storage_path, cfg) for cfg in stage_configs(spec, p, storage_path)] for p in points]
+    per_point = [stage_configs(spec, p, storage_path) for p in points]
+    configs = {stage_dir(storage_path, cfg): cfg for cfgs in per_point for cfg in cfgs}
+    chains = [[stage_dir(storage_path, cfg) for cfg in cfgs] for cfgs in per_point]
     uses = Counter(d for chain in chains for d in chain)
     jobs: dict[str, tuple[dict[str, Any], int, list[str]]] = {}  # last shared stage -> job
     for params, chain in zip(points, chains):
@@ -158,7 +194,7 @@ def shared_prefixes(spec: PipelineSpec, points: list[dict[str, Any]], storage_pa
     return [
         {"params": params, "n": n}
         for last, (params, n, _) in jobs.items()
-        if last not in inner and read_done(storage, last) is None
+        if last not in inner and not record_of(storage_path, configs[last]).finished
     ]
 
 
@@ -217,70 +253,27 @@ def _run_stage(
     *,
     last: bool,
 ) -> None:
+    """One stage of a trial as a keyed step: reused when the store holds it whole, trained
+    again (said in one line) when its done marker vouches for files that are missing or
+    damaged, else trained."""
     stop = progress.stop_requested()
     if stop:  # the sweep is stopping: no stage starts
         raise Interrupted(f"{cfg.stage} not started: the sweep was stopped ({stop})")
     storage = Storage(platform.storage_path)
     directory = stage_dir(platform.storage_path, cfg)
-    name = tracking.stage_run_name(cfg.stage, cfg.stage_key())
-    key = {tracking.LEVEL: tracking.STAGE, tracking.STAGE_KEY: cfg.stage_key(), tracking.TRIAL_RUN: trial_run}
     checkpoint = checkpoint_of(platform.storage_path, cfg)
+    key = {tracking.LEVEL: tracking.STAGE, tracking.STAGE_KEY: cfg.stage_key(), tracking.TRIAL_RUN: trial_run}
     with stage_lock(storage, directory):
-        done = read_done(storage, directory)
-        if done is not None:  # reused only while its parent holds the weights it started from
+        record = stage_record(storage, directory, checkpoint, cfg.train.steps)
+        if record.broken:
+            progress.post("retrain", stage=cfg.stage, why=record.problem)
+            set_aside(storage, directory, checkpoint)
+            _supersede(mc, experiment_id, key)
+        elif record.finished:  # reused only while its parent holds the weights it started from
             check_parent_unchanged(storage, cfg, checkpoint)
-        own = tracking.find_run(mc, experiment_id, **key) if done is not None else None
-        if own is not None and own.info.run_id == done["run_id"]:
-            # This trial trained it before a crash restarted the trial: its run already
-            # holds the stage's history (and the trial run its figures, if it is the
-            # last stage). Logging the figures again would repeat the final step.
-            progress.post("resumed_done", stage=cfg.stage)
+            _reuse_stage(cfg, platform, mc, experiment_id, trial_run, sha, lineage, progress, record.done, last=last)
             return
-        if done is not None:  # trained by another trial: reuse it
-            run_id, _ = tracking.open_run(
-                mc,
-                experiment_id,
-                name=name,
-                key=key,
-                parent_run_id=trial_run,
-                tags=tracking.config_tags(
-                    cfg,
-                    level=tracking.STAGE,
-                    git=sha,
-                    lineage=lineage,
-                    **{tracking.REUSED_FROM: done["run_id"], tracking.REUSED: "true", tracking.CHECKPOINT: checkpoint},
-                ),
-            )
-            tracking.log_metrics(mc, run_id, done["metrics"], step=cfg.train.steps)
-            if last:
-                shown = tracking.headline_metrics(done["metrics"], platform.headline)
-                tracking.log_metrics(mc, trial_run, shown, step=cfg.train.steps)
-            tracking.close_run(mc, run_id, ok=True)
-            progress.post("reused", stage=cfg.stage)
-            return
-        run_id, _ = tracking.open_run(
-            mc,
-            experiment_id,
-            name=name,
-            key=key,
-            parent_run_id=trial_run,
-            tags=tracking.config_tags(
-                cfg,
-                level=tracking.STAGE,
-                git=sha,
-                lineage=lineage,
-                **{tracking.REUSED: "false", tracking.CHECKPOINT: checkpoint},
-            ),
-            params=tracking.config_params(cfg),
-        )
-        with tracking.terminated_on_exit(mc, run_id):
-            _fit_stage(cfg, platform, [run_id] + ([trial_run] if last else []), progress.trial, report_to_tune=last)
-            step = stored_json(storage, f"{checkpoint}/{TRAINER}").get("step", 0)  # the checkpoint it left
-            if step < cfg.train.steps:  # it stopped on the sweep's request (stage_worker.py)
-                raise Interrupted(
-                    f"{cfg.stage} stopped at step {step}/{cfg.train.steps} "
-                    f"({progress.stop_requested() or 'stop requested'}); its checkpoint resumes it"
-                )
+        run_id = _train_stage(cfg, platform, mc, experiment_id, trial_run, sha, lineage, progress, last=last)
         write_done(
             storage,
             directory,
@@ -291,6 +284,104 @@ def _run_stage(
                 "metrics": tracking.latest_metrics(mc, run_id),
             },
         )
+
+
+def _stage_tags(
+    cfg: ExperimentConfig, platform: PlatformSettings, lineage: list[str], sha: str, **extra: str
+) -> dict[str, str]:
+    checkpoint = checkpoint_of(platform.storage_path, cfg)
+    return tracking.config_tags(
+        cfg, level=tracking.STAGE, git=sha, lineage=lineage, **{tracking.CHECKPOINT: checkpoint}, **extra
+    )
+
+
+def _reuse_stage(
+    cfg: ExperimentConfig,
+    platform: PlatformSettings,
+    mc,
+    experiment_id: str,
+    trial_run: str,
+    sha: str,
+    lineage: list[str],
+    progress: Reporter,
+    done: dict[str, Any],
+    *,
+    last: bool,
+) -> None:
+    """A stage the store holds whole: a run of this trial that names the run which
+    trained it, with that run's figures (none at all when this trial trained it itself
+    before a crash restarted the trial: its run already holds them)."""
+    key = {tracking.LEVEL: tracking.STAGE, tracking.STAGE_KEY: cfg.stage_key(), tracking.TRIAL_RUN: trial_run}
+    own = tracking.find_run(mc, experiment_id, **key)
+    if own is not None and own.info.run_id == done["run_id"]:
+        # Logging the figures again would repeat the final step.
+        progress.post("resumed_done", stage=cfg.stage)
+        return
+    run_id, _ = open_step_run(
+        mc,
+        experiment_id,
+        STAGE_STEP,
+        cfg.stage_key(),
+        name=tracking.stage_run_name(cfg.stage, cfg.stage_key()),
+        parent_run_id=trial_run,
+        tags=_stage_tags(
+            cfg, platform, lineage, sha, **{tracking.REUSED_FROM: done["run_id"], tracking.REUSED: "true"}
+        ),
+        key_tags={tracking.TRIAL_RUN: trial_run},
+    )
+    tracking.log_metrics(mc, run_id, done["metrics"], step=cfg.train.steps)
+    if last:
+        shown = tracking.headline_metrics(done["metrics"], platform.headline)
+        tracking.log_metrics(mc, trial_run, shown, step=cfg.train.steps)
+    tracking.close_run(mc, run_id, ok=True)
+    progress.post("reused", stage=cfg.stage)
+
+
+def _train_stage(
+    cfg: ExperimentConfig,
+    platform: PlatformSettings,
+    mc,
+    experiment_id: str,
+    trial_run: str,
+    sha: str,
+    lineage: list[str],
+    progress: Reporter,
+    *,
+    last: bool,
+) -> str:
+    """Train the stage under its own run (resuming its checkpoint, if one is there);
+    Interrupted when the sweep's stop ended it early. Returns the run's id."""
+    storage = Storage(platform.storage_path)
+    run_id, _ = open_step_run(
+        mc,
+        experiment_id,
+        STAGE_STEP,
+        cfg.stage_key(),
+        name=tracking.stage_run_name(cfg.stage, cfg.stage_key()),
+        parent_run_id=trial_run,
+        tags=_stage_tags(cfg, platform, lineage, sha, **{tracking.REUSED: "false"}),
+        params=tracking.config_params(cfg),
+        key_tags={tracking.TRIAL_RUN: trial_run},
+    )
+    with tracking.terminated_on_exit(mc, run_id):
+        _fit_stage(cfg, platform, [run_id] + ([trial_run] if last else []), progress.trial, report_to_tune=last)
+        checkpoint = checkpoint_of(platform.storage_path, cfg)
+        step = stored_json(storage, f"{checkpoint}/{TRAINER}").get("step", 0)  # the checkpoint it left
+        if step < cfg.train.steps:  # it stopped on the sweep's request (stage_worker.py)
+            raise Interrupted(
+                f"{cfg.stage} stopped at step {step}/{cfg.train.steps} "
+                f"({progress.stop_requested() or 'stop requested'}); its checkpoint resumes it"
+            )
+    return run_id
+
+
+def _supersede(mc, experiment_id: str, key: dict[str, str]) -> None:
+    """Retire this trial's FINISHED run of a stage being trained again (MLflow's delete,
+    which can be undone): its figures describe files that are gone, and the retraining
+    logs its own from step 1 under a fresh run."""
+    run = tracking.find_run(mc, experiment_id, **key)
+    if run is not None and run.info.status == "FINISHED":
+        mc.delete_run(run.info.run_id)
 
 
 def _fit_stage(
