@@ -246,7 +246,7 @@ def test_server_lifecycle_by_pid_file(script_env):
             os.killpg(pid, signal.SIGKILL)
 
 
-@pytest.mark.slow  # its start took ~25 s on 2 busy cores
+@pytest.mark.soak  # its start took ~25 s on 2 busy cores
 def test_server_requires_the_credentials_it_was_started_with(script_env, monkeypatch):
     pytest.importorskip("mlflow")
     pytest.importorskip("flask_wtf", reason="MLflow's basic-auth app needs the mlflow[auth] extra")

@@ -534,7 +534,7 @@ def stage_records(store: Path, stage: str) -> list[dict]:
 
 
 @pytest.mark.ray
-@pytest.mark.slow
+@pytest.mark.soak
 @pytest.mark.parametrize("workers", ["0", "1"])
 def test_killed_worker_resumes_from_its_checkpoint(tmp_path, monkeypatch, workers):
     """One worker actor (Ray Train restarts the worker group) and local mode (the
@@ -591,7 +591,7 @@ def finished_trials(uri: str, experiment: str) -> list:
 
 
 @pytest.mark.ray
-@pytest.mark.slow
+@pytest.mark.soak
 @pytest.mark.parametrize("rerun", [["--resume"], []], ids=["resume", "plain-rerun"])
 def test_killed_driver_then_rerun_completes_without_orphans_or_duplicates(tmp_path, rerun):
     """Kill the whole driver mid-sweep, then run the same command again (with --resume,
@@ -712,7 +712,7 @@ def test_ctrl_c_stops_the_sweep_saving_the_shared_stage_and_a_rerun_resumes(tmp_
 
 
 @pytest.mark.ray
-@pytest.mark.slow
+@pytest.mark.soak
 def test_two_node_cluster_runs_trials_on_both_nodes(tmp_path):
     """A head and a second node started with `ray start` on this machine, one CPU
     each: two concurrent Stage-1 trials can only fit one per node."""
@@ -755,7 +755,7 @@ def test_two_node_cluster_runs_trials_on_both_nodes(tmp_path):
 
 
 @pytest.mark.ray
-@pytest.mark.slow
+@pytest.mark.soak
 def test_optuna_search_with_asha_runs_end_to_end(tmp_path):
     """A seeded Optuna search over β with ASHA: every result Tune sees carries the
     metric ASHA needs (the evaluations), and the samples land in MLflow."""
