@@ -10,9 +10,10 @@ storage, tracking), so sweep factories take typed arguments, never the namespace
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from looplab.arguments import Parser, given, number_in
 from looplab.config import invalid, parse_value
@@ -27,7 +28,7 @@ STORAGE_PATHS = "a folder, or an object-store prefix such as s3://BUCKET/PREFIX"
 SEEDS = "comma-separated integers >= 0, e.g. 0,1,2"
 
 
-def fail(name: str, value: Any, allowed: str) -> None:
+def fail(name: str, value: Any, allowed: str) -> NoReturn:
     raise invalid(name, value, allowed)
 
 
@@ -319,8 +320,8 @@ def parse_ranges(flag: str, text: str, low: str, high: str) -> tuple[dict[str, f
         try:
             lo, hi = float(a), float(b)
         except ValueError:
-            lo = hi = None
-        if not dash or lo is None:
+            lo = hi = math.nan
+        if not dash or math.isnan(lo) or math.isnan(hi):
             fail(flag, text, "comma-separated LO-HI ranges, e.g. 1.85-3.45,1.0-4.0")
         if lo > hi:
             fail(flag, text, f"ranges LO-HI with LO <= HI ({item.strip()} is reversed)")

@@ -488,9 +488,9 @@ def _fit_shared_prefixes(
         ),
     )
     with console_to_log(logs / "ray.log"):
-        failed = [r for r in tuner.fit() if r.error]
-    if failed:
-        raise RuntimeError(f"a shared stage failed: {failed[0].error}")
+        errors = tuner.fit().errors
+    if errors:
+        raise RuntimeError(f"a shared stage failed: {errors[0]}")
 
 
 def _fit(
@@ -648,7 +648,7 @@ def describe_sweep_run(
     if experiment_id is not None and view:
         lines += ["", f"[The trials, one row each]({'#' + dashboard.runs_route(experiment_id, view)})"]
     if report:  # the report, its headline figure and its tables; every file is in the run's artifacts
-        shown = [name for name in ("report.html", "frontier.png", "tables/tables.md") if name in report]
+        shown: list[str] = [name for name in ("report.html", "frontier.png", "tables/tables.md") if name in report]
         shown += ["tables"] if any(name.startswith("tables/") for name in report) else []
         files = [
             f"[{name}]({'#' + dashboard.run_route(experiment_id, sweep_run, 'analysis/' + name)})"

@@ -592,7 +592,7 @@ def readme_block(protocol: Protocol, plan: SeedPlan, results: list, reasons: lis
     from sweeps.protocol import history_markdown
 
     groups: dict[str, list[str]] = {REPRODUCED: [], NOT_REPRODUCED: [], NO_SPREAD: [], DESCRIPTIVE: []}
-    inconclusive = []
+    inconclusive: list[str] = []
     for r in results:
         groups.get(r.verdict, inconclusive).append(r.claim.id)
     corrected = f"after Holm's correction over the fixed family of {len(protocol.family)} claims"

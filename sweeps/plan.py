@@ -172,15 +172,15 @@ def validate(sweep: Sweep, launch: Launch) -> tuple[list[dict[str, Any]], Resour
     """Every check that can run before Ray: returns the trial params and the plan."""
     check_preset(sweep.spec.preset)
     spec = sweep.spec
-    for stage, values in spec.stage_overrides.items():
-        for key in values:
+    for stage, overrides in spec.stage_overrides.items():
+        for key in overrides:
             if any(
                 target == key and stage in spec.scopes.get(param, spec.searched_stages or (stage,))
                 for param, target in spec.searched.items()
             ):
                 fail(
                     "--stage-set",
-                    f"{stage}:{key}={values[key]}",
+                    f"{stage}:{key}={overrides[key]}",
                     f"keys the sweep does not search ({key} is one of its axes: set its values with its own flag)",
                 )
     seeds = list(launch.seeds)

@@ -288,9 +288,10 @@ def arrival_grid_from_args(args: argparse.Namespace) -> ArrivalGrid | None:
         if len(requests) != 1:
             fail("--requests", given["--requests"], "an integer >= 1")
         grid = replace(grid, requests=requests[0])
-    for flag, field in (("--prompt-len", "prompt_len"), ("--new-tokens", "new_tokens")):
-        if given[flag]:
-            grid = replace(grid, **{field: _token_range(flag, given[flag])})
+    if given["--prompt-len"]:
+        grid = replace(grid, prompt_len=_token_range("--prompt-len", given["--prompt-len"]))
+    if given["--new-tokens"]:
+        grid = replace(grid, new_tokens=_token_range("--new-tokens", given["--new-tokens"]))
     if given["--schedules"]:
         grid = replace(grid, schedules=_schedules(given["--schedules"]))
     return grid
@@ -479,7 +480,7 @@ def describe(
                 f"  arrivals: {arrivals.describe()}; {len(plan.points)} point(s) per "
                 "checkpoint (full is each schedule's baseline)"
             ]
-            if plan
+            if plan and arrivals
             else []
         ),
         f"  jobs: one per checkpoint, {cpus:g} CPU" + (f", {gpus:g} GPU" if gpus else "") + " each",

@@ -19,7 +19,7 @@ import os
 import shlex
 import signal
 import sys
-from typing import Callable
+from typing import Any, Callable
 
 from looplab.errors import Interrupted
 
@@ -35,7 +35,7 @@ class StopOnSignal:
         self.request, self.out = request, out or sys.stderr
         self.reason: str | None = None
         self.signum: int | None = None
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, Any] = {}  # signal.signal's previous handlers
         self._tune_env: str | None = None
 
     def __enter__(self) -> "StopOnSignal":

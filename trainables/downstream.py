@@ -42,6 +42,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from collections.abc import Iterable
 
 from looplab import tracking
 from looplab.config import ConfigError
@@ -200,6 +201,7 @@ def _data_files(config: dict[str, Any]) -> dict[str, list[Path]]:
     """The local files a config reads, by split (or position), that exist."""
     files = (config.get("dataset_kwargs") or {}).get("data_files")
     out: dict[str, list[Path]] = {}
+    items: Iterable[tuple[str, Any]]
     if isinstance(files, dict):
         items = files.items()
     elif files:
@@ -249,7 +251,7 @@ def applies(policy: ExitPolicy, stage: str, n_loops: int) -> bool:
     if policy.rule == GATE:
         return get_stage(stage).gated
     if policy.execution == FORCED:
-        return policy.depth <= n_loops
+        return policy.depth is not None and policy.depth <= n_loops
     return True
 
 

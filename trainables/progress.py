@@ -85,7 +85,9 @@ class Reporter:
         returned, prints it before its own line about the task."""
         if self._handle is not None:
             try:
-                ref = self._handle.post.remote({"trial": self.trial, "event": event, "time": time.time(), **fields})
+                ref: Any = self._handle.post.remote(
+                    {"trial": self.trial, "event": event, "time": time.time(), **fields}
+                )
                 if wait:
                     import ray
 
@@ -104,7 +106,8 @@ class Reporter:
             try:
                 import ray
 
-                self._stop = ray.get(self._handle.stop_reason.remote(), timeout=10)
+                reason: Any = ray.get(self._handle.stop_reason.remote(), timeout=10)
+                self._stop = reason
             except Exception:  # noqa: BLE001 - a board that is gone cannot ask for a stop
                 pass
         return self._stop

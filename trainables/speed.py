@@ -171,7 +171,7 @@ def _to_stderr(line: str) -> None:
 def measure(
     mc,
     experiment_id: str,
-    parent_run_id: str,
+    parent_run_id: str | None,
     *,
     checkpoint: str,
     stage_key: str,
@@ -318,7 +318,7 @@ def _stored_arrivals(
 def measure_arrivals(
     mc,
     experiment_id: str,
-    parent_run_id: str,
+    parent_run_id: str | None,
     *,
     checkpoint: str,
     stage_key: str,

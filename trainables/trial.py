@@ -153,7 +153,7 @@ def _stale(mc, experiment_id: str, trial_run: str, stages: list[ExperimentConfig
     for cfg in stages:
         record = record_of(storage_path, cfg)
         name = stage_folder(cfg.stage, cfg.stage_key())
-        if not record.finished:
+        if not record.finished or record.done is None:
             return f"{name}: {record.problem or 'not in the store'}"
         if trained_by.get(cfg.stage_key()) != record.done["run_id"]:
             return f"{name}: trained again since this trial ran"
@@ -269,7 +269,7 @@ def _run_stage(
             progress.post("retrain", stage=cfg.stage, why=record.problem)
             set_aside(storage, directory, checkpoint)
             _supersede(mc, experiment_id, key)
-        elif record.finished:  # reused only while its parent holds the weights it started from
+        elif record.finished and record.done is not None:  # reused only while its parent holds the weights
             check_parent_unchanged(storage, cfg, checkpoint)
             _reuse_stage(cfg, platform, mc, experiment_id, trial_run, sha, lineage, progress, record.done, last=last)
             return
@@ -430,10 +430,12 @@ def _fit_stage(
         run_config=RunConfig(
             name=name,
             storage_path=storage,
-            failure_config=FailureConfig(
+            # Train V2's FailureConfig and callbacks (ray.train hands out V2's classes at
+            # run time; the type checker reads V1's declarations).
+            failure_config=FailureConfig(  # type: ignore[call-arg]
                 max_failures=platform.worker_retries, controller_failure_limit=platform.worker_retries
             ),
-            callbacks=[TuneReportCallback()] if report_to_tune else None,
+            callbacks=[TuneReportCallback()] if report_to_tune else None,  # type: ignore[list-item]
         ),
     )
     trainer.fit()
