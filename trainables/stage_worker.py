@@ -10,7 +10,7 @@ every global batch, gradients averaged over the gloo/NCCL group Ray Train set up
 Only rank 0 logs to MLflow; every rank reports the same records to Ray Train,
 whose report is a barrier all workers must reach equally often.
 
-In Ray Train's local mode (config["local"]) this loop runs inside the Tune trial's
+In Ray Train's local mode (StageJob.local) this loop runs inside the Tune trial's
 process: it is rank 0 of one, and reports to Tune directly (ray.train's calls are
 refused inside a Tune function, and local mode runs no Train callbacks).
 """
@@ -21,6 +21,7 @@ import os
 import signal
 import socket
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from looplab import tracking
@@ -30,31 +31,52 @@ from trainables.storage import Storage
 FAIL_AT_STEP_ENV = "LOOPLAB_TEST_KILL_WORKER_AT_STEP"  # tests: SIGKILL the worker once at this step
 
 
+@dataclass(frozen=True)
+class StageJob:
+    """What one stage's worker loop is given: it crosses into Ray Train whole, as the
+    only entry of the loop's config dict (`loop_config`), and is read back typed."""
+
+    experiment: Any  # looplab.config.ExperimentConfig (imported lazily: it brings torch)
+    storage: str  # the sweep's storage root
+    stage_folder: str  # stages/<stage>-<key> under it
+    tracking_uri: str
+    run_ids: tuple[str, ...]  # the stage's run, then the trial's when this is its last stage
+    threads: int = 1  # torch threads: the worker's CPU share
+    local: bool = False  # Ray Train's local mode: the loop runs in the Tune trial's process
+    trial_headline: tuple[str, ...] = ()  # what the trial run logs (PlatformSettings.headline)
+    report_to_tune: bool = False
+    quiet: bool = True
+    progress_board: str = ""
+    trial_label: str = ""
+
+    def loop_config(self) -> dict[str, Any]:
+        return {"job": self}
+
+
 def stage_worker_loop(config: dict[str, Any]) -> None:
     import ray.train
     from ray import tune
 
-    from looplab.config import ExperimentConfig
     from trainables.progress import Reporter
 
     import torch
 
+    job: StageJob = config["job"]
     # Threads = the worker's CPU share, set explicitly: Ray's OMP_NUM_THREADS default
     # does not follow fractional shares, and a worker must not use CPUs it did not get.
-    torch.set_num_threads(config.get("threads", 1))
-    cfg = ExperimentConfig.from_dict(config["experiment"])
-    local = config.get("local", False)
-    rank = 0 if local else ray.train.get_context().get_world_rank()
-    report = tune.report if local else ray.train.report
-    mlflow_client = tracking.client(config["tracking_uri"]) if rank == 0 else None
-    run_ids: list[str] = config["run_ids"]
-    trial_headline = config.get("trial_headline")
+    torch.set_num_threads(job.threads)
+    cfg = job.experiment
+    rank = 0 if job.local else ray.train.get_context().get_world_rank()
+    report = tune.report if job.local else ray.train.report
+    mlflow_client = tracking.client(job.tracking_uri) if rank == 0 else None
+    run_ids = job.run_ids
+    trial_headline = job.trial_headline
     if mlflow_client is not None:  # where the stage ran: which node of the cluster, which host
         mlflow_client.set_tag(run_ids[0], tracking.RAY_NODE, ray.get_runtime_context().get_node_id())
         mlflow_client.set_tag(run_ids[0], tracking.HOSTNAME, socket.gethostname())
-    progress = Reporter(config.get("progress_board") if rank == 0 else None, config.get("trial_label", ""))
-    storage = Storage(config["storage"])
-    folder = config["stage_folder"]
+    progress = Reporter(job.progress_board if rank == 0 else None, job.trial_label)
+    storage = Storage(job.storage)
+    folder = job.stage_folder
     kill_at = int(os.environ.get(FAIL_AT_STEP_ENV, "0") or 0)
     kill_marker = storage.scratch(STAGES_DIR, folder) / ".killed_once"
 
@@ -75,7 +97,7 @@ def stage_worker_loop(config: dict[str, Any]) -> None:
             mlflow_seconds += time.perf_counter() - t
         # Tune gets the evaluations: every result then carries the sweep's metric
         # (val_ppl / val_accuracy), which schedulers such as ASHA require of each one.
-        if config["report_to_tune"] and record["kind"] == tracking.EVAL_RECORD:
+        if job.report_to_tune and record["kind"] == tracking.EVAL_RECORD:
             t = time.perf_counter()
             report({"stage": cfg.stage, "step": record["step"], **tracking.record_metrics(record)})
             report_seconds += time.perf_counter() - t
@@ -93,7 +115,7 @@ def stage_worker_loop(config: dict[str, Any]) -> None:
         on_metrics=on_metrics,
         on_progress=progress.training(cfg.stage),
         should_stop=progress.stop_requested,
-        quiet=config.get("quiet", True),
+        quiet=job.quiet,
     )
     if result.stopped:  # the sweep was asked to stop: the checkpoint holds this step (trial.py closes the run)
         progress.post("stopped", stage=cfg.stage, step=result.step, steps=cfg.train.steps)

@@ -32,7 +32,7 @@ from trainables.pipeline import PipelineSpec, checkpoint_of, stage_configs, stag
 from trainables.progress import Reporter
 from trainables.keyed_step import STAGE_STEP, open_step_run, record_of, set_aside, stage_record
 from trainables.shared_stage import check_parent_unchanged, stage_lock, stored_json, write_done
-from trainables.stage_worker import stage_worker_loop
+from trainables.stage_worker import StageJob, stage_worker_loop
 from trainables.storage import Storage
 
 
@@ -394,20 +394,20 @@ def _fit_stage(
     local = platform.num_workers == 0
     use_gpu = platform.gpus_per_worker > 0
     folder = stage_folder(cfg.stage, cfg.stage_key())
-    loop_config = {
-        "experiment": cfg.to_dict(),
-        "storage": platform.storage_path,
-        "stage_folder": folder,
-        "threads": max(1, round(platform.cpus_per_worker)),
-        "local": local,
-        "tracking_uri": platform.tracking_uri,
-        "run_ids": run_ids,
-        "trial_headline": list(platform.headline),
-        "report_to_tune": report_to_tune,
-        "quiet": platform.quiet,
-        "progress_board": platform.progress_board,
-        "trial_label": label,
-    }
+    loop_config = StageJob(
+        experiment=cfg,
+        storage=platform.storage_path,
+        stage_folder=folder,
+        tracking_uri=platform.tracking_uri,
+        run_ids=tuple(run_ids),
+        threads=max(1, round(platform.cpus_per_worker)),
+        local=local,
+        trial_headline=platform.headline,
+        report_to_tune=report_to_tune,
+        quiet=platform.quiet,
+        progress_board=platform.progress_board,
+        trial_label=label,
+    ).loop_config()
     # The name is the stage's key: a relaunched trainer finds its own run.
     name, storage = folder, Storage(platform.storage_path).path("ray_train")
     if local:
