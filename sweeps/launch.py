@@ -25,6 +25,7 @@ import logging
 import os
 import shlex
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -183,110 +184,85 @@ def check_tracking_uri(uri: str, storage_path: str) -> None:
 # ---- the run ---------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class SweepRun:
+    """One invocation of a sweep: what it runs (the sweep, its launch settings, the trial
+    points, the resource plan) and where what it writes goes."""
+
+    sweep: Sweep
+    launch: Launch
+    points: list[dict[str, Any]]
+    res: Resources
+    store: Any  # trainables.storage.Storage (imported lazily: pyarrow)
+    local: Path  # the storage itself, or a local folder beside an object store
+    uri: str  # the MLflow tracking URI
+    key: str  # the sweep's content key
+
+    @classmethod
+    def of(cls, sweep: Sweep, launch: Launch, points: list[dict[str, Any]], res: Resources) -> "SweepRun":
+        from trainables.storage import Storage
+
+        store = Storage(launch.storage_path)
+        local = store.scratch()
+        uri = launch.tracking_uri or f"sqlite:///{local / 'mlflow.db'}"
+        return cls(sweep, launch, points, res, store, local, uri, sweep_key(sweep, launch))
+
+    @property
+    def experiment(self) -> str:  # the MLflow experiment: one per sweep and preset
+        return tracking.experiment_name(self.sweep.name, self.sweep.spec.preset)
+
+    @property
+    def run_name(self) -> str:  # the sweep's MLflow run, and its Tune experiment's folder
+        return tracking.sweep_run_name(self.sweep.name, self.key)
+
+    @property
+    def logs(self) -> Path:
+        return self.local / "logs"
+
+    @property
+    def tune_path(self) -> str:
+        return self.store.path("ray_tune")
+
+
 def run_sweep(sweep: Sweep, launch: Launch, points: list[dict[str, Any]], res: Resources) -> list[dict[str, Any]]:
     """Start (or join) Ray, run the trials under Tune, return one row per trial."""
-    from trainables.storage import Storage
-
-    store = Storage(launch.storage_path)
-    local = store.scratch()  # the storage itself, or a local folder beside an object store
-    logs = local / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    uri = launch.tracking_uri or f"sqlite:///{local / 'mlflow.db'}"
-    key = sweep_key(sweep, launch)
-    experiment = tracking.experiment_name(sweep.name, sweep.spec.preset)
-    run_name = tracking.sweep_run_name(sweep.name, key)
-
-    with sweep_lock(store, key, sweep.name):  # SweepBusy: another invocation of this sweep runs now
-        return _run_locked(sweep, launch, points, res, store, local, logs, uri, key, experiment, run_name)
+    run = SweepRun.of(sweep, launch, points, res)
+    run.logs.mkdir(parents=True, exist_ok=True)
+    with sweep_lock(run.store, run.key, sweep.name):  # SweepBusy: another invocation of this sweep runs now
+        return _run_locked(run)
 
 
-def _run_locked(sweep, launch, points, res, store, local, logs, uri, key, experiment, run_name):
+def _run_locked(run: SweepRun) -> list[dict[str, Any]]:
+    """The sweep under its lock: its MLflow run, Ray, the shared stages and the trials,
+    the downstream evaluation, then the summary and the report."""
     import ray
 
-    from trainables.progress import Printer, board_name
-    from trainables.trial import PlatformSettings, trial_params
-
-    mc = tracking.client(uri)  # imports mlflow, which sets its loggers to INFO
+    mc = tracking.client(run.uri)  # imports mlflow, which sets its loggers to INFO
     logging.getLogger("mlflow").setLevel(logging.WARNING)  # its schema-migration chatter
-    experiment_id = tracking.ensure_experiment(mc, experiment, store.path("mlflow"))
+    experiment_id = tracking.ensure_experiment(mc, run.experiment, run.store.path("mlflow"))
+    sweep, launch = run.sweep, run.launch
     sweep_run = open_sweep_run(
-        mc, experiment_id, run_name, key, sweep.spec.preset, axes=sweep.axes, params=sweep_params(sweep, launch)
+        mc, experiment_id, run.run_name, run.key, sweep.spec.preset, axes=sweep.axes, params=sweep_params(sweep, launch)
     )
-    links = publish_dashboard(mc, experiment_id, sweep, launch, sweep_run, run_name, uri)
-    platform = PlatformSettings(
-        tracking_uri=uri,
-        storage_path=store.root,
-        experiment=experiment,
-        sweep_run_id=sweep_run,
-        num_workers=launch.num_workers,
-        cpus_per_worker=res.cpus_per_worker,
-        gpus_per_worker=launch.gpus_per_worker,
-        progress_board=board_name(run_name),
-        headline=tuple(dict.fromkeys([sweep.metric, *sweep.columns, *(key for key, _ in dashboard.TRIAL_FIGURES)])),
-    )
-
-    env = {name: os.environ.get(name, default) for name, default in RAY_TRAIN_ENV.items()}
-    os.environ.update(env)
-    env.update({name: os.environ[name] for name in TEST_HOOKS if name in os.environ})
-    if MEMORY_CHECK_ENV in os.environ:  # the memory check's override reaches every trial's train()
-        env[MEMORY_CHECK_ENV] = os.environ[MEMORY_CHECK_ENV]
+    links = publish_dashboard(mc, experiment_id, sweep, launch, sweep_run, run.run_name, run.uri)
+    platform = _platform(run, sweep_run)
     print(
-        f"sweep {sweep.name} [{key}]: {len(points)} trial point(s); Ray's own output goes to {logs / 'ray.log'}",
+        f"sweep {sweep.name} [{run.key}]: {len(run.points)} trial point(s); "
+        f"Ray's own output goes to {run.logs / 'ray.log'}",
         file=sys.stderr,
     )
     print(links, file=sys.stderr)
-    with console_to_log(logs / "ray.log"):
-        ray.init(
-            address=launch.address or None,
-            runtime_env={"env_vars": env},
-            include_dashboard=None,
-            log_to_driver=False,
-            configure_logging=False,
-        )
+    _start_ray(run)
     at_once = False
     try:
-        with (
-            tracking.terminated_on_exit(mc, sweep_run),
-            Printer(platform.progress_board) as printer,
-            StopOnSignal(printer.request_stop) as stop,
-        ):
-            if launch.search == "grid":
-                _fit_shared_prefixes(sweep, launch, platform, points, res, store.path("ray_tune"), run_name, logs)
-            stop.check()  # a stop during the shared stages: the trials never start
-            results = _fit(sweep, launch, platform, points, res, store.path("ray_tune"), run_name, logs)
-            stop.check()
-            # Downstream evaluation of the trained checkpoints, what the store lacks (sweeps/evaluate.py;
-            # imported here: lm-eval's machinery is needed only after training).
-            from sweeps.evaluate import evaluate_trials
-
-            evaluation = evaluate_trials(sweep, platform, [trial_params(r.config) for r in results])
-            stop.check()
-        rows = []
-        for result in results:
-            params = trial_params(result.config)
-            metrics = result.metrics or {}
-            final_key = stage_configs(sweep.spec, params, store.root)[-1].stage_key()
-            stopped = not result.error and tracking.STAGE_KEY not in metrics  # a scheduler (ASHA) ended it early
-            if stopped:
-                close_stopped_trial(mc, experiment_id, final_key)
-            rows.append(
-                {
-                    **params,
-                    **{k: metrics.get(k) for k in sweep.columns},
-                    tracking.STAGE_KEY: final_key,
-                    "status": "error"
-                    if result.error
-                    else "stopped"
-                    if stopped
-                    else ("reused" if metrics.get("skipped") else "done"),
-                }
-            )
-        report = write_report(uri, experiment, sweep_run, local / "analysis" / run_name)
+        results, evaluation = _train_and_evaluate(run, platform, mc, sweep_run)
+        rows = _rows(run, results, mc, experiment_id)
+        report = write_report(run.uri, run.experiment, sweep_run, run.local / "analysis" / run.run_name)
         table = summary_table(sweep, rows)
         log_headline(mc, sweep_run, sweep, rows)
-        links = publish_summary_view(mc, experiment_id, sweep, launch, sweep_run, run_name, uri, rows) or links
-        describe_sweep_run(mc, sweep_run, sweep, table, report, experiment_id=experiment_id, view=run_name)
-        print_summary(table, uri, experiment, sweep_run, store, local, run_name, report, links)
+        links = publish_summary_view(mc, experiment_id, sweep, launch, sweep_run, run.run_name, run.uri, rows) or links
+        describe_sweep_run(mc, sweep_run, sweep, table, report, experiment_id=experiment_id, view=run.run_name)
+        print_summary(table, run.uri, run.experiment, sweep_run, run.store, run.local, run.run_name, report, links)
         if evaluation is not None:  # how many evaluations ran, how many the store already had
             print(evaluation.line())
         return rows
@@ -294,10 +270,99 @@ def _run_locked(sweep, launch, points, res, store, local, logs, uri, key, experi
         at_once = True
         raise
     finally:
-        with console_to_log(logs / "ray.log"):
+        with console_to_log(run.logs / "ray.log"):
             ray.shutdown()
         if at_once:  # the trials' processes are gone now: their runs end KILLED, not RUNNING
             close_orphans(mc, experiment_id, sweep_run, reason="a second signal: the sweep exited at once")
+
+
+def _platform(run: SweepRun, sweep_run: str):
+    """What every trial of this sweep is told about the platform (trainables/trial.py)."""
+    from trainables.progress import board_name
+    from trainables.trial import PlatformSettings
+
+    sweep = run.sweep
+    return PlatformSettings(
+        tracking_uri=run.uri,
+        storage_path=run.store.root,
+        experiment=run.experiment,
+        sweep_run_id=sweep_run,
+        num_workers=run.launch.num_workers,
+        cpus_per_worker=run.res.cpus_per_worker,
+        gpus_per_worker=run.launch.gpus_per_worker,
+        progress_board=board_name(run.run_name),
+        headline=tuple(dict.fromkeys([sweep.metric, *sweep.columns, *(key for key, _ in dashboard.TRIAL_FIGURES)])),
+    )
+
+
+def _start_ray(run: SweepRun) -> None:
+    """ray.init with the environment every trial needs (Ray Train's settings, the test
+    hooks and the memory check's override), its console output into the sweep's log."""
+    import ray
+
+    env = {name: os.environ.get(name, default) for name, default in RAY_TRAIN_ENV.items()}
+    os.environ.update(env)
+    env.update({name: os.environ[name] for name in TEST_HOOKS if name in os.environ})
+    if MEMORY_CHECK_ENV in os.environ:  # the memory check's override reaches every trial's train()
+        env[MEMORY_CHECK_ENV] = os.environ[MEMORY_CHECK_ENV]
+    with console_to_log(run.logs / "ray.log"):
+        ray.init(
+            address=run.launch.address or None,
+            runtime_env={"env_vars": env},
+            include_dashboard=None,
+            log_to_driver=False,
+            configure_logging=False,
+        )
+
+
+def _train_and_evaluate(run: SweepRun, platform, mc, sweep_run: str):
+    """The shared stages, the trials and the downstream evaluation, printing progress and
+    stopping between them on Ctrl-C or SIGTERM: (Tune's results, the evaluation summary)."""
+    from trainables.progress import Printer
+    from trainables.trial import trial_params
+
+    with (
+        tracking.terminated_on_exit(mc, sweep_run),
+        Printer(platform.progress_board) as printer,
+        StopOnSignal(printer.request_stop) as stop,
+    ):
+        if run.launch.search == "grid":
+            _fit_shared_prefixes(run, platform)
+        stop.check()  # a stop during the shared stages: the trials never start
+        results = _fit(run, platform)
+        stop.check()
+        # Downstream evaluation of the trained checkpoints, what the store lacks (sweeps/evaluate.py;
+        # imported here: lm-eval's machinery is needed only after training).
+        from sweeps.evaluate import evaluate_trials
+
+        evaluation = evaluate_trials(run.sweep, platform, [trial_params(r.config) for r in results])
+        stop.check()
+    return results, evaluation
+
+
+def _rows(run: SweepRun, results, mc, experiment_id: str) -> list[dict[str, Any]]:
+    """One summary row per trial: its values, the sweep's columns, its final stage key
+    and how it ended (done, reused, stopped by a scheduler, error)."""
+    from trainables.trial import trial_params
+
+    rows = []
+    for result in results:
+        params = trial_params(result.config)
+        metrics = result.metrics or {}
+        final_key = stage_configs(run.sweep.spec, params, run.store.root)[-1].stage_key()
+        stopped = not result.error and tracking.STAGE_KEY not in metrics  # a scheduler (ASHA) ended it early
+        if stopped:
+            close_stopped_trial(mc, experiment_id, final_key)
+        status = "error" if result.error else "stopped" if stopped else ("reused" if metrics.get("skipped") else "done")
+        rows.append(
+            {
+                **params,
+                **{k: metrics.get(k) for k in run.sweep.columns},
+                tracking.STAGE_KEY: final_key,
+                "status": status,
+            }
+        )
+    return rows
 
 
 def open_sweep_run(
@@ -453,9 +518,7 @@ def close_orphans(mc, experiment_id: str, sweep_run: str, reason: str | None = N
     return closed
 
 
-def _fit_shared_prefixes(
-    sweep: Sweep, launch: Launch, platform, points, res: Resources, tune_path: str, run_name: str, logs: Path
-) -> None:
+def _fit_shared_prefixes(run: SweepRun, platform) -> None:
     """Train the stages several trials share (e.g. the β ablation's pre-training)
     before the trials, each job with an even share of the whole machine: otherwise
     one trial trains them on its share while the CPUs of the waiting trials idle. Where
@@ -467,7 +530,8 @@ def _fit_shared_prefixes(
 
     from trainables.trial import run_shared_prefix, shared_prefixes
 
-    jobs = shared_prefixes(sweep.spec, points, platform.storage_path)
+    sweep, launch, res = run.sweep, run.launch, run.res
+    jobs = shared_prefixes(sweep.spec, run.points, platform.storage_path)
     if not jobs or chains_in_trials(len(jobs), res.max_concurrent):  # as many as the slots: each in a trial
         return
     concurrent = min(len(jobs), res.max_concurrent or len(jobs))
@@ -484,29 +548,26 @@ def _fit_shared_prefixes(
         param_space={"spec": sweep.spec.to_dict(), "platform": platform.to_dict(), "job": tune.grid_search(jobs)},
         tune_config=tune.TuneConfig(max_concurrent_trials=concurrent, reuse_actors=True),
         run_config=tune.RunConfig(
-            name=f"{run_name}-shared", storage_path=tune_path, failure_config=trial_failures(platform), verbose=0
+            name=f"{run.run_name}-shared",
+            storage_path=run.tune_path,
+            failure_config=trial_failures(platform),
+            verbose=0,
         ),
     )
-    with console_to_log(logs / "ray.log"):
+    with console_to_log(run.logs / "ray.log"):
         errors = tuner.fit().errors
     if errors:
         raise RuntimeError(f"a shared stage failed: {errors[0]}")
 
 
-def _fit(
-    sweep: Sweep,
-    launch: Launch,
-    platform,
-    points: list[dict[str, Any]],
-    res: Resources,
-    tune_path: str,
-    run_name: str,
-    logs: Path,
-):
+def _fit(run: SweepRun, platform):
+    """The trials under Tune: a grid in the order longest_first gives, or an Optuna
+    search (with ASHA where asked); Tune's results."""
     from ray import tune
 
     from trainables.trial import run_trial, trial_params
 
+    sweep, launch, res = run.sweep, run.launch, run.res
     # No Tuner.restore, even with --resume: it unpickles tuner.pkl from the storage, so
     # anyone who can write there could run code here. A fresh Tuner is the resume: the
     # trials find their finished stages and runs by content key.
@@ -516,7 +577,7 @@ def _fit(
     if launch.search == "grid":
         # One grid_search over whole points, seeds included: paired values stay paired, and
         # Tune starts the trials in this order (longest first).
-        space["point"] = tune.grid_search(longest_first(sweep, points, platform.storage_path))
+        space["point"] = tune.grid_search(longest_first(sweep, run.points, platform.storage_path))
     else:
         from ray.tune.search.optuna import OptunaSearch
 
@@ -551,10 +612,10 @@ def _fit(
             reuse_actors=True,
         ),
         run_config=tune.RunConfig(
-            name=run_name, storage_path=tune_path, failure_config=trial_failures(platform), verbose=0
+            name=run.run_name, storage_path=run.tune_path, failure_config=trial_failures(platform), verbose=0
         ),
     )
-    with console_to_log(logs / "ray.log"):
+    with console_to_log(run.logs / "ray.log"):
         return tuner.fit()
 
 
