@@ -1,5 +1,4 @@
-"""Downstream evaluation as a step keyed by content (DESIGN.md: "Evaluation is a step of
-its own ... never recomputed").
+"""Downstream evaluation as a step keyed by content: evaluated once, never recomputed.
 
 An evaluation is one lm-eval task run on one checkpoint under one exit policy. Its key,
 `eval_key` (made like a stage key: looplab.keys.digest), hashes exactly what can
