@@ -1,10 +1,9 @@
 """`looplab dashboard STORE`: MLflow's dashboard over a sweep's local store, served until
 Ctrl-C, with nothing left behind.
 
-Why not the bare `mlflow server --backend-store-uri ...` (measured with MLflow 3.17.2 on a
-loaded 2-core machine, issue 37): its default of 4 uvicorn workers restarted them 43 times
-in 7 minutes ("Child process died") and the port answered /health once after 208 s; with
-`--workers 1` it served. It also starts a job runner and Huey consumers (GenAI jobs and
+Why not the bare `mlflow server --backend-store-uri ...`: on a loaded small machine its
+default of 4 uvicorn workers keep dying and restarting, and the port answers late or not
+at all (docs/dashboard.md has the figures); one worker serves. It also starts a job runner and Huey consumers (GenAI jobs and
 periodic tasks a dashboard of training runs never uses; MLFLOW_SERVER_ENABLE_JOB_EXECUTION
 turns them off), and on SIGTERM it left stuck workers and orphaned those background
 processes. So the server here runs one worker, no job runner, in a process group of its

@@ -1,11 +1,10 @@
 """Decoding's steps compiled ahead of time: torch.export, then AOTInductor.
 
 Why: at batch 1 a small model's token step under torch.compile pays, every call,
-dynamo's guard check (every parameter and cache tensor: ~0.1 ms), the compiled region's
-entry and Inductor's Python wrapper: on a 2-core Xeon, a d 256, 4-layer Mamba-2 token
-took 0.97 ms under dynamo and 0.68 ms compiled ahead of time, about 0.35 ms of either
-the matrix products (benchmarks/suite.py, docs/benchmarks.md). An AOTInductor package is called from C++ with no
-guards, so what the guards checked is checked here, once per call and cheaply:
+dynamo's guard check (every parameter and cache tensor), the compiled region's entry and
+Inductor's Python wrapper, which can cost as much as the step's matrix products
+(docs/benchmarks.md, "Where the time goes"). An AOTInductor package is called from C++
+with no guards, so what the guards checked is checked here, once per call and cheaply:
 
 - the call's signature (what the step is: its kind and constants, such as the readout
   or the gate's q; and the shape, strides and dtype of every input: a package reads its

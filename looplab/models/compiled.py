@@ -22,8 +22,8 @@ Evaluation and prefill (the rest of what runs under torch.no_grad) stay eager: t
 shapes vary from call to call (policies, batch tails, prompt lengths) and each new
 shape would cost a compilation.
 
-Shapes: each new input shape costs a compilation (10-30 s on a 2-core CPU; a dynamic-
-shape graph of the hybrid backbone took 110 s there), so the compiled function serves
+Shapes: each new input shape costs a compilation (tens of seconds on a small CPU, more
+for a dynamic-shape graph; docs/benchmarks.md), so the compiled function serves
 the first dense shapes a run meets, at most MAX_SHAPES of them (the dense batch, a last
 micro-batch), compiled static; any other shape (skip's packed survivors, CHASE's
 holes, whose lengths change from step to step) runs the eager backbone. Same losses as

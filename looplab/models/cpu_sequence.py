@@ -11,9 +11,8 @@ which fuses the elementwise work around them, cannot fuse those; nor does it kee
 conv's backward from recomputing a SiLU's exp once per tap. The recurrence itself is
 two vector operations per token, head and state row, on a state that stays in L1:
 cpu_sequence.cpp runs it as written, and its backward runs it in reverse from states
-checkpointed every SPAN tokens (recomputed a span at a time). `debug`'s compiled step
-went from 0.64 to 0.45-0.50 of eager's time on a 2-core Xeon (docs/benchmarks.md). The
-oracles are ops/reference.py's ssm_scan_ref and causal_conv1d_ref, as the torch ops' are.
+checkpointed every SPAN tokens (recomputed a span at a time); what that saves is in
+docs/benchmarks.md ("The miniature's stages, eager and compiled"). The oracles are ops/reference.py's ssm_scan_ref and causal_conv1d_ref, as the torch ops' are.
 
 Registered as torch custom operators (looplab::ssm_scan, looplab::conv_silu and their
 backwards), so that dynamo traces each as one opaque node and Inductor fuses what lies
