@@ -74,75 +74,16 @@ def estimate(
 
     import torch
 
-    from looplab.training.probe import probe_seconds
-    from trainables.pipeline import stage_configs, stage_dir
-    from trainables.keyed_step import record_of
-    from trainables.trial import shared_prefixes
-
     cpus = os.cpu_count() or 1
     concurrency = concurrency or max(1, min(cpus, launch.max_concurrent_trials or cpus))
-    probed: dict[tuple, tuple[float, float]] = {}
-    previous = torch.get_num_threads()
-
-    def stage_seconds(cfg, threads: int) -> float:
-        # The seeds of one shape cost alike: probe each (shape, threads) once.
-        shape = (cfg.stage, cfg.model, cfg.task, cfg.train.batch_size, cfg.train.seq_len, cfg.train.eval_qs, threads)
-        if shape not in probed:
-            torch.set_num_threads(threads)
-            probed[shape] = probe_seconds(cfg, steps=PROBE_STEPS)
-        step_s, eval_s = probed[shape]
-        return cfg.train.steps * step_s + evaluations(cfg) * eval_s
-
+    probe = _StageProbe()
     total, lines = 0.0, []
+    previous = torch.get_num_threads()
     try:
         for sweep, points in sweeps:
-            chains = {id(p): stage_configs(sweep.spec, p, launch.storage_path) for p in points}
-            claimed: set[str] = set()  # stage folders a shared chain or an earlier trial trains
-
-            def todo(cfgs) -> list:
-                """The stages of cfgs that this job trains: neither stored nor claimed."""
-                mine = []
-                for cfg in cfgs:
-                    folder = stage_dir(launch.storage_path, cfg)
-                    if folder not in claimed and not record_of(launch.storage_path, cfg).finished:
-                        claimed.add(folder)
-                        mine.append(cfg)
-                return mine
-
-            jobs = shared_prefixes(sweep.spec, points, launch.storage_path)
-            if chains_in_trials(len(jobs), concurrency):
-                jobs = []  # each chain trains in the first trial that needs it
-            job_slots = min(len(jobs), concurrency)
-            job_threads = max(1, cpus // max(1, job_slots))
-            shared = [
-                TRIAL_S
-                + sum(
-                    stage_seconds(c, job_threads)
-                    for c in todo(stage_configs(sweep.spec, j["params"], launch.storage_path)[: j["n"]])
-                )
-                for j in jobs
-            ]
-            threads = max(1, cpus // concurrency)
-            ordered = longest_first(sweep, points, launch.storage_path, trained_before=claimed)  # as launch starts them
-            trials = []
-            for p in ordered:  # each stage trained (seconds), awaited (None) or stored (left out)
-                stages: list[tuple[str | None, float | None]] = [(None, TRIAL_S)]
-                for c in chains[id(p)]:
-                    folder = stage_dir(launch.storage_path, c)
-                    if folder in claimed:  # a shared chain's (done before the trials) or an earlier trial's
-                        stages.append((folder, None))
-                    elif todo([c]):
-                        stages.append((folder, stage_seconds(c, threads)))
-                trials.append(stages)
-            n_stages = len(claimed)
-            seconds = RAY_START_S + makespan(shared, job_slots) + replay(trials, concurrency) if n_stages else 0.0
+            seconds, line = _sweep_seconds(sweep, points, launch, probe, concurrency, cpus)
             total += seconds
-            unique = {stage_dir(launch.storage_path, c) for cfgs in chains.values() for c in cfgs}
-            lines.append(
-                f"  {sweep.name}: {n_stages} of {len(unique)} stages to train"
-                + (f" ({len(jobs)} shared chain(s) first)" if jobs else "")
-                + f", {concurrency} trial(s) at a time × {threads} thread(s): ≈ {seconds / 60:.1f} min"
-            )
+            lines.append(line)
     finally:
         torch.set_num_threads(previous)
     if extra_seconds:
@@ -151,3 +92,81 @@ def estimate(
     if not math.isfinite(total):
         total = 0.0
     return Estimate(total, lines)
+
+
+class _StageProbe:
+    """A stage's seconds from a few probed steps; the seeds of one shape cost alike, so
+    each (shape, threads) is probed once."""
+
+    def __init__(self) -> None:
+        self.probed: dict[tuple, tuple[float, float]] = {}
+
+    def seconds(self, cfg, threads: int) -> float:
+        import torch
+
+        from looplab.training.probe import probe_seconds
+
+        shape = (cfg.stage, cfg.model, cfg.task, cfg.train.batch_size, cfg.train.seq_len, cfg.train.eval_qs, threads)
+        if shape not in self.probed:
+            torch.set_num_threads(threads)
+            self.probed[shape] = probe_seconds(cfg, steps=PROBE_STEPS)
+        step_s, eval_s = self.probed[shape]
+        return cfg.train.steps * step_s + evaluations(cfg) * eval_s
+
+
+def _sweep_seconds(
+    sweep: Sweep, points: list[dict[str, Any]], launch: Launch, probe: _StageProbe, concurrency: int, cpus: int
+) -> tuple[float, str]:
+    """One sweep's seconds as launch runs it (shared chains first, then the trials longest
+    first on `concurrency` slots; stored stages cost nothing), and its line."""
+    from trainables.keyed_step import record_of
+    from trainables.pipeline import stage_configs, stage_dir
+    from trainables.trial import shared_prefixes
+
+    chains = {id(p): stage_configs(sweep.spec, p, launch.storage_path) for p in points}
+    claimed: set[str] = set()  # stage folders a shared chain or an earlier trial trains
+
+    def todo(cfgs) -> list:
+        """The stages of cfgs that this job trains: neither stored nor claimed."""
+        mine = []
+        for cfg in cfgs:
+            folder = stage_dir(launch.storage_path, cfg)
+            if folder not in claimed and not record_of(launch.storage_path, cfg).finished:
+                claimed.add(folder)
+                mine.append(cfg)
+        return mine
+
+    jobs = shared_prefixes(sweep.spec, points, launch.storage_path)
+    if chains_in_trials(len(jobs), concurrency):
+        jobs = []  # each chain trains in the first trial that needs it
+    job_slots = min(len(jobs), concurrency)
+    job_threads = max(1, cpus // max(1, job_slots))
+    shared = [
+        TRIAL_S
+        + sum(
+            probe.seconds(c, job_threads)
+            for c in todo(stage_configs(sweep.spec, j["params"], launch.storage_path)[: j["n"]])
+        )
+        for j in jobs
+    ]
+    threads = max(1, cpus // concurrency)
+    ordered = longest_first(sweep, points, launch.storage_path, trained_before=claimed)  # as launch starts them
+    trials = []
+    for p in ordered:  # each stage trained (seconds), awaited (None) or stored (left out)
+        stages: list[tuple[str | None, float | None]] = [(None, TRIAL_S)]
+        for c in chains[id(p)]:
+            folder = stage_dir(launch.storage_path, c)
+            if folder in claimed:  # a shared chain's (done before the trials) or an earlier trial's
+                stages.append((folder, None))
+            elif todo([c]):
+                stages.append((folder, probe.seconds(c, threads)))
+        trials.append(stages)
+    n_stages = len(claimed)
+    seconds = RAY_START_S + makespan(shared, job_slots) + replay(trials, concurrency) if n_stages else 0.0
+    unique = {stage_dir(launch.storage_path, c) for cfgs in chains.values() for c in cfgs}
+    line = (
+        f"  {sweep.name}: {n_stages} of {len(unique)} stages to train"
+        + (f" ({len(jobs)} shared chain(s) first)" if jobs else "")
+        + f", {concurrency} trial(s) at a time × {threads} thread(s): ≈ {seconds / 60:.1f} min"
+    )
+    return seconds, line

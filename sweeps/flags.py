@@ -109,7 +109,15 @@ class Launch:
 
 
 def parser(description: str) -> argparse.ArgumentParser:
+    """Every sweep's command line: what to train, where it goes, what it runs on, how it
+    searches, and the dry run's plan. A sweep adds its own flags after these."""
     p = Parser(description=description)
+    for add in (_config_flags, _store_flags, _resource_flags, _search_flags, _plan_flags):
+        add(p)
+    return p
+
+
+def _config_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default=DEFAULT_PRESET, help=f"base preset (default {DEFAULT_PRESET})")
     p.add_argument(
         "--set",
@@ -132,6 +140,24 @@ def parser(description: str) -> argparse.ArgumentParser:
         help="steps of some stages, e.g. stage1=2500,chase=800 (others keep theirs)",
     )
     p.add_argument(
+        "--init-from",
+        default="",
+        metavar="HF_DIR,...",
+        help="compare initialisations: for each Hugging Face Mamba-2 / Llama checkpoint folder, "
+        "pre-training from its weights (retrofit) beside its shape freshly initialised (scratch); "
+        "train.init_layers picks the layers (looplab/retrofit.py)",
+    )
+    p.add_argument(
+        "--seeds",
+        type=given(SEEDS),
+        default=None,
+        help="comma-separated training seeds, e.g. 0,1,2 (default: the preset's own, 3407 for the "
+        "paper's language models)",
+    )
+
+
+def _store_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
         "--tracking-uri",
         type=given(TRACKING_URIS),
         default=None,
@@ -150,6 +176,9 @@ def parser(description: str) -> argparse.ArgumentParser:
         help="continue an interrupted sweep: the same as running the same command again (finished "
         "stages and trials are found by content key; Tune's pickled state is never read)",
     )
+
+
+def _resource_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-concurrent-trials", type=int, default=0, help="default: what the CPUs/GPUs fit")
     p.add_argument(
         "--num-workers",
@@ -165,24 +194,15 @@ def parser(description: str) -> argparse.ArgumentParser:
         help="CPUs per worker, > 0 (default: the CPUs left, shared evenly)",
     )
     p.add_argument("--gpus-per-worker", type=number_in(0.0), default=0.0)
+
+
+def _search_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--search", choices=("grid", "optuna"), default="grid")
     p.add_argument("--num-samples", type=int, default=8, help="Optuna trials (grid runs each point once)")
     p.add_argument("--scheduler", choices=("none", "asha"), default="none")
-    p.add_argument(
-        "--init-from",
-        default="",
-        metavar="HF_DIR,...",
-        help="compare initialisations: for each Hugging Face Mamba-2 / Llama checkpoint folder, "
-        "pre-training from its weights (retrofit) beside its shape freshly initialised (scratch); "
-        "train.init_layers picks the layers (looplab/retrofit.py)",
-    )
-    p.add_argument(
-        "--seeds",
-        type=given(SEEDS),
-        default=None,
-        help="comma-separated training seeds, e.g. 0,1,2 (default: the preset's own, 3407 for the "
-        "paper's language models)",
-    )
+
+
+def _plan_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true", help="print trials, resources and compute; start no Ray")
     p.add_argument(
         "--doctor",
@@ -219,7 +239,6 @@ def parser(description: str) -> argparse.ArgumentParser:
         default=DEFAULT_PEAK_TFLOPS,
         help=f"a GPU's dense peak the plan's GPU-hours assume (default {DEFAULT_PEAK_TFLOPS:g}: H100 SXM bf16)",
     )
-    return p
 
 
 # ---- value parsers --------------------------------------------------------------------

@@ -376,10 +376,9 @@ def trial_name(params: dict[str, Any]) -> str:
 def describe(
     sweep: Sweep, launch: Launch, points: list[dict[str, Any]], res: Resources, plans: dict[str, StagePlan]
 ) -> str:
-    """The trial list, each stage's plan (steps, tokens, FLOPs, micro-batching, peak
-    memory, GPU-hours) and the resources."""
+    """The dry run: the trial list, each stage's plan (steps, tokens, FLOPs,
+    micro-batching, peak memory, GPU-hours; stored, or to train again) and the resources."""
     lines = [f"sweep {sweep.name} on preset {sweep.spec.preset} ({launch.search} search)", "", "trials:"]
-    gpu = f", {launch.gpus_per_worker} GPU" if launch.gpus_per_worker else ""
     unique: dict[str, Any] = {}
     for point in points:
         stages = stage_configs(sweep.spec, point, launch.storage_path)
@@ -390,6 +389,18 @@ def describe(
     if launch.search == "optuna":
         lines.append(f"  (Optuna samples {launch.num_samples} trials within {sweep.ranges}; corners shown)")
     shared = sum(len(sweep.spec.stages_of(p)) for p in points) - len(unique)
+    lines += _stage_lines(launch, unique, shared, plans)
+    lines += _resource_lines(launch, res)
+    if launch.search == "grid":
+        lines += _shared_chain_lines(sweep, launch, points, res)
+    if sweep.evaluation is not None:  # the downstream grid (sweeps/evaluate.py)
+        lines += describe_evaluation(sweep, points, launch.storage_path)
+    return "\n".join(lines)
+
+
+def _stage_lines(launch: Launch, unique: dict[str, Any], shared: int, plans: dict[str, StagePlan]) -> list[str]:
+    """Each stage the sweep needs, once: stored (reused), broken (to train again) or to
+    train, with its plan; and the compute of those it trains."""
     records = stored_stages(unique, launch.storage_path)
     stored = {name for name, record in records.items() if record.finished}
     broken = {name: record.problem for name, record in records.items() if record.broken}
@@ -399,7 +410,7 @@ def describe(
         counts = f"{len(unique)} ({len(stored)} stored, {left} to train{again}; {shared} reused across trials)"
     else:
         counts = f"{len(unique)} to train ({shared} reused across trials)"
-    lines += ["", f"stages: {counts}"]
+    lines = ["", f"stages: {counts}"]
     total_flops = total_tokens = hours = 0.0
     for name in unique:
         if name in stored:
@@ -411,13 +422,20 @@ def describe(
         total_flops, total_tokens = total_flops + plan.flops, total_tokens + plan.tokens
         hours += plan.gpu_hours(launch.mfu, launch.gpu_tflops)
         lines.append(f"  {name}: {plan.line(launch.mfu, launch.gpu_tflops)}")
-    device = "GPU" if launch.gpus_per_worker > 0 or launch.gpu_memory > 0 else "device (CPU run: GPU figures for scale)"
     scope = f" for the {left} stage(s) to train" if stored else ""  # the stored ones cost nothing
-    lines += [
+    return lines + [
         "",
         f"compute{scope}: {total_tokens:,.0f} training tokens, ≈ {total_flops:.2e} FLOPs (looplab's FLOP count, "
         f"looplab/costs/resources.py), ≈ {hours:,.1f} GPU-hours at {launch.mfu:.0%} MFU of "
         f"{launch.gpu_tflops:g} TFLOP/s",
+    ]
+
+
+def _resource_lines(launch: Launch, res: Resources) -> list[str]:
+    """The memory model's scope, the Ray resources and what each trial holds."""
+    gpu = f", {launch.gpus_per_worker} GPU" if launch.gpus_per_worker else ""
+    device = "GPU" if launch.gpus_per_worker > 0 or launch.gpu_memory > 0 else "device (CPU run: GPU figures for scale)"
+    return [
         f"memory: peak per {device} from looplab/costs/memory.py's model"
         + (
             f", micro-batches fitted to --gpu-memory {launch.gpu_memory:g} GiB less a "
@@ -444,23 +462,24 @@ def describe(
             else "about 15-25 s on 2 cores to start its worker group"
         ),
     ]
-    if launch.search == "grid":
-        from trainables.trial import shared_prefixes
 
-        jobs = shared_prefixes(sweep.spec, points, launch.storage_path)
-        if jobs and chains_in_trials(len(jobs), res.max_concurrent):
-            lines.append(
-                f"  {len(jobs)} shared stage chain(s) not yet trained, each in the first trial that needs it "
-                "(the others start after it and reuse it)"
-            )
-        elif jobs:
-            lines.append(
-                f"  first: {len(jobs)} shared stage chain(s) not yet trained, each with an even share "
-                "of the machine, then the trials (which reuse them)"
-            )
-    if sweep.evaluation is not None:  # the downstream grid (sweeps/evaluate.py)
-        lines += describe_evaluation(sweep, points, launch.storage_path)
-    return "\n".join(lines)
+
+def _shared_chain_lines(sweep: Sweep, launch: Launch, points: list[dict[str, Any]], res: Resources) -> list[str]:
+    """Where the stage chains several trials share train: first, or in the trials."""
+    from trainables.trial import shared_prefixes
+
+    jobs = shared_prefixes(sweep.spec, points, launch.storage_path)
+    if jobs and chains_in_trials(len(jobs), res.max_concurrent):
+        return [
+            f"  {len(jobs)} shared stage chain(s) not yet trained, each in the first trial that needs it "
+            "(the others start after it and reuse it)"
+        ]
+    if jobs:
+        return [
+            f"  first: {len(jobs)} shared stage chain(s) not yet trained, each with an even share "
+            "of the machine, then the trials (which reuse them)"
+        ]
+    return []
 
 
 def makespan(durations, slots: int) -> float:

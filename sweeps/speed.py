@@ -679,9 +679,7 @@ def run(
     """Every job (in this process with --no-ray, else as Ray tasks), with a progress line
     per checkpoint. Returns (exit status: 0, 1 when a job failed, 2 when the cluster
     cannot hold a job; the records, in the plan's order)."""
-    from trainables.progress import Printer, board_name
-    from trainables.keyed_step import run_jobs
-    from trainables.speed import run_job
+    from trainables.progress import board_name
 
     inline = args.no_ray
     if not inline:
@@ -721,26 +719,7 @@ def run(
             file=sys.stderr,
             flush=True,
         )
-        records, failed = [], 0
-        with Printer(board) if board else contextlib.nullcontext() as printer:
-            for i, (job, result) in enumerate(run_jobs(run_job, jobs, cpus=cpus, gpus=gpus, inline=inline), start=1):
-                if printer is not None:
-                    printer.flush()  # the job's points before its summary line
-                if isinstance(result, BaseException):
-                    failed += 1
-                    print(
-                        f"[{i}/{len(jobs)}] {job.label} failed: {type(result).__name__}: {result}",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-                    continue
-                reused = sum(r["reused"] for r in result)
-                print(
-                    f"[{i}/{len(jobs)}] {job.label} ({job.method}): {len(result) - reused} measured, {reused} reused",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                records += result
+        records, failed = _run_jobs(jobs, cpus, gpus, inline, board)
     finally:
         if not inline:
             import ray
@@ -749,6 +728,36 @@ def run(
     order = {job.label: i for i, job in enumerate(jobs)}
     records.sort(key=lambda r: order[r["checkpoint"]])  # as the plan lists them, whichever finished first
     return (1 if failed else 0), records
+
+
+def _run_jobs(jobs, cpus: float, gpus: float, inline: bool, board: str) -> tuple[list[dict], int]:
+    """Run the jobs (keyed steps), printing a line per checkpoint as it finishes, its
+    points' lines from the board before it: (the records, how many jobs failed)."""
+    from trainables.keyed_step import run_jobs
+    from trainables.progress import Printer
+    from trainables.speed import run_job
+
+    records, failed = [], 0
+    with Printer(board) if board else contextlib.nullcontext() as printer:
+        for i, (job, result) in enumerate(run_jobs(run_job, jobs, cpus=cpus, gpus=gpus, inline=inline), start=1):
+            if printer is not None:
+                printer.flush()  # the job's points before its summary line
+            if isinstance(result, BaseException):
+                failed += 1
+                print(
+                    f"[{i}/{len(jobs)}] {job.label} failed: {type(result).__name__}: {result}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                continue
+            reused = sum(r["reused"] for r in result)
+            print(
+                f"[{i}/{len(jobs)}] {job.label} ({job.method}): {len(result) - reused} measured, {reused} reused",
+                file=sys.stderr,
+                flush=True,
+            )
+            records += result
+    return records, failed
 
 
 if __name__ == "__main__":

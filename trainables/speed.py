@@ -26,11 +26,13 @@ the whole machine (or one GPU) to itself.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import platform
 import sys
 from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Any, Callable
 
 from looplab import tracking
@@ -186,34 +188,17 @@ def measure(
     """The benchmark record (looplab/costs/timing.py's BenchRecord as a dict) of every point on
     this checkpoint: read from its FINISHED run when there is one, else measured here and
     logged. A line per measured point goes to `progress` (default: stderr)."""
-    import torch
-
     from looplab.costs.timing import bench_point, measured_peaks, prefill_peaks
-    from looplab.tasks.base import heldout_ids
     from looplab.policy import ExitPolicy
+    from looplab.tasks.base import heldout_ids
 
     threads = threads or os.cpu_count() or 1
     host = host_of(threads)
     keys = {p: speed_key(stage_key, p, host, repeats) for p in points}
-    records, todo = [], []
-    for p in points:
-        run = BENCH_STEP.finished_run(mc, experiment_id, keys[p])
-        if run is not None:
-            values = {k: run.data.metrics[k] for k in tracking.SPEED_METRICS if k in run.data.metrics}
-            if tracking.FLOP_RATIO not in values and tracking.MEAN_LOOPS in values:
-                # a run logged before the bound was: computed from the model's config, no timing
-                from looplab.checkpoint import read_model_config
-
-                values[tracking.FLOP_RATIO] = bound_of(read_model_config(checkpoint), p, values[tracking.MEAN_LOOPS])
-                tracking.log_metrics(mc, run.info.run_id, {tracking.FLOP_RATIO: values[tracking.FLOP_RATIO]})
-            records.append({**p.__dict__, **values, "reused": True})
-        else:
-            todo.append(p)
+    records, todo = _stored_points(mc, experiment_id, keys, checkpoint)
     if not todo:
         return records
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with _torch_threads(threads):
         model, task = _model_and_task(checkpoint)
         device = next(model.parameters()).device
         calls = [
@@ -253,9 +238,41 @@ def measure(
                 f"FLOPs {values[tracking.FLOP_RATIO]:.2f}x)"
             )
             records.append({**p.__dict__, **{k: values[k] for k in tracking.SPEED_METRICS}, "reused": False})
+    return records
+
+
+def _stored_points(
+    mc, experiment_id: str, keys: dict[SpeedPoint, str], checkpoint: str
+) -> tuple[list[dict], list[SpeedPoint]]:
+    """(the record of each point the store holds FINISHED, the points it lacks). A run
+    logged before the FLOP ratio was gets it now, from the model's config (no timing)."""
+    records, todo = [], []
+    for p, key in keys.items():
+        run = BENCH_STEP.finished_run(mc, experiment_id, key)
+        if run is None:
+            todo.append(p)
+            continue
+        values = {k: run.data.metrics[k] for k in tracking.SPEED_METRICS if k in run.data.metrics}
+        if tracking.FLOP_RATIO not in values and tracking.MEAN_LOOPS in values:
+            from looplab.checkpoint import read_model_config
+
+            values[tracking.FLOP_RATIO] = bound_of(read_model_config(checkpoint), p, values[tracking.MEAN_LOOPS])
+            tracking.log_metrics(mc, run.info.run_id, {tracking.FLOP_RATIO: values[tracking.FLOP_RATIO]})
+        records.append({**p.__dict__, **values, "reused": True})
+    return records, todo
+
+
+@contextlib.contextmanager
+def _torch_threads(threads: int) -> Iterator[None]:
+    """torch's threads set to the job's CPUs for the block (timing depends on them)."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
     finally:
         torch.set_num_threads(previous)
-    return records
 
 
 # ---- decoding under continuous arrivals -----------------------------------------------------------
@@ -333,7 +350,6 @@ def measure_arrivals(
     its tracking.ARRIVAL_METRICS: read from its FINISHED run when there is one, else measured
     (looplab.costs.arrival_bench.bench_arrivals, once for all missing points) and logged, a line
     per measured point to `progress` (default: stderr)."""
-    import torch
 
     from looplab.costs.arrival_bench import bench_arrivals
 
@@ -376,13 +392,9 @@ def measure_arrivals(
         )
         records[point] = {**point.__dict__, **values, "reused": False}
 
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with _torch_threads(threads):
         model, task = _model_and_task(checkpoint)
         bench_arrivals(model, task, _missing_bench(plan, todo), on_record=log)
-    finally:
-        torch.set_num_threads(previous)
     return [records[p] for p in keys]  # the plan's order, stored and measured alike
 
 

@@ -101,10 +101,7 @@ def stage_worker_loop(config: dict[str, Any]) -> None:
             t = time.perf_counter()
             report({"stage": cfg.stage, "step": record["step"], **tracking.record_metrics(record)})
             report_seconds += time.perf_counter() - t
-        if kill_at and record.get("step") == kill_at and not kill_marker.exists():
-            kill_marker.parent.mkdir(parents=True, exist_ok=True)
-            kill_marker.touch()
-            os.kill(os.getpid(), signal.SIGKILL)  # a crashed worker (in local mode: trial), for the tests
+        _kill_once_at(record.get("step"), kill_at, kill_marker)
 
     start = time.perf_counter()
     progress.post("start", stage=cfg.stage, steps=cfg.train.steps)
@@ -123,17 +120,21 @@ def stage_worker_loop(config: dict[str, Any]) -> None:
     seconds = time.perf_counter() - start
     progress.post("end", stage=cfg.stage, seconds=seconds)
     if mlflow_client is not None:  # the stage's own timing, on its run (one point: not the trial's)
-        for run_id in run_ids[:1]:
-            tracking.log_metrics(
-                mlflow_client,
-                run_id,
-                {
-                    tracking.STAGE_SECONDS: seconds,
-                    tracking.MLFLOW_SECONDS: mlflow_seconds,
-                    tracking.REPORT_SECONDS: report_seconds,
-                },
-                step=cfg.train.steps,
-            )
+        timing = {
+            tracking.STAGE_SECONDS: seconds,
+            tracking.MLFLOW_SECONDS: mlflow_seconds,
+            tracking.REPORT_SECONDS: report_seconds,
+        }
+        tracking.log_metrics(mlflow_client, run_ids[0], timing, step=cfg.train.steps)
+
+
+def _kill_once_at(step, kill_at: int, marker) -> None:
+    """The tests' crash: SIGKILL this worker (in local mode: the trial) once, at step
+    kill_at (FAIL_AT_STEP_ENV), the marker saying a restart has been through it."""
+    if kill_at and step == kill_at and not marker.exists():
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _last_logged_step(mlflow_client, run_id: str) -> int:
