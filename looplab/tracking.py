@@ -12,7 +12,7 @@ the sweep's content (tag `sweep_key`), with the sweep's params (sweep_params: th
 the fixed settings) and its headline metrics (BEST: the best trial's summary columns); one
 child run per trial, named by its final stage's key; one nested run per stage, keyed by
 its `stage_key`; one nested run per downstream evaluation (level eval), keyed by its
-`eval_key` (trainables/downstream.py) and nested under the run that trained its stage.
+`eval_key` (trainables/evaluation.py) and nested under the run that trained its stage.
 Run levels are in the tag `level`.
 
 Metrics:
@@ -123,7 +123,7 @@ HARDWARE = "hardware"
 SWEEP_KEY = "sweep_key"
 SWEEP_TAG = "sweep"  # the experiment a trial belongs to
 COMMAND = "command"
-SPEED_KEY = "speed_key"  # a prefill speed point's content key (trainables/speed.py)
+SPEED_KEY = "speed_key"  # a prefill speed point's content key (trainables/bench.py)
 SCAN_AXES = "scan_axes"  # on a sweep run: its axes, comma-separated (the searched params the others derive from)
 TRIAL_RUN = "trial_run"  # a stage run's trial (part of its lookup key)
 REUSED = "reused"  # "true" when a stage run reports a stage trained by another trial
@@ -172,7 +172,7 @@ SEARCH_PARAM = "search."  # trial params: the searched values, e.g. search.beta,
 GRID_PARAM, POINTS_PARAM, RANGE_PARAM, SWEEP_PARAM = "grid.", "points", "range.", "sweep."
 BEST = "best."  # a sweep run's metrics: the best trial's summary columns, e.g. best.val_ppl
 BEST_TRIAL = "best_trial"  # on a sweep run: the run name of its best trial (by the sweep's metric)
-# A speed point's params (trainables/speed.py): the point (speed.batch, speed.seq_len,
+# A speed point's params (trainables/bench.py): the point (speed.batch, speed.seq_len,
 # speed.policy, speed.dtype, speed.packing, speed.repeats) and the machine that timed it
 # (machine.processor, machine.cpus, machine.threads, machine.device).
 SPEED_PARAM = "speed."
@@ -235,7 +235,7 @@ BENCH_METRICS = (
     TIME_SKIP_MIN,
     TIME_SKIP_MAX,
 )
-# A speed point's run (trainables/speed.py) logs BENCH_METRICS and the FLOP ratio of its
+# A speed point's run (trainables/bench.py) logs BENCH_METRICS and the FLOP ratio of its
 # speedup, (F0 + R·Fr)/(F0 + d̄·Fr) (looplab/costs/resources.py: flop_ratio).
 FLOP_RATIO = "flop_ratio"
 SPEED_METRICS = (*BENCH_METRICS, FLOP_RATIO)

@@ -33,11 +33,11 @@ from looplab.presets import TABLE4, get_preset, table4_loops
 from looplab.stages import ARMS
 from looplab.tracking import VAL_ACCURACY, VAL_PPL
 from sweeps.depth_grid import ARCH_PARAMS, NR_PARAMS
-from sweeps.evaluate import add_eval_flags, grid_from_args, with_evaluation
+from sweeps.evaluate import add_eval_flags, eval_grid_from_args, with_evaluation
 from sweeps.flags import Common, fail, parse_list, parse_ranges
 from sweeps.launch import main
-from sweeps.plan import SKIP_COLUMNS, Sweep
-from trainables.downstream import EvalGrid
+from sweeps.sweep import SKIP_COLUMNS, Sweep
+from trainables.evaluation import EvalGrid
 from trainables.pipeline import PipelineSpec
 
 BASELINE = "baseline"  # the arm of the ungated rows: iso_flops.py's single pretrain stage
@@ -141,7 +141,7 @@ def from_args(common: Common, args) -> Sweep:
         parse_list("--arms", args.arms, str, "ouro,chase"),
         args.hp,
         **ranges[0],
-        evaluation=grid_from_args(args),
+        evaluation=eval_grid_from_args(args),
         baselines=args.baselines,
     )
 

@@ -14,11 +14,11 @@ import sys
 from looplab.config import apply_overrides
 from looplab.presets import get_preset, stage_budget
 from looplab.tracking import EXIT_ENTROPY, EXPECTED_EXIT_STEP, VAL_ACCURACY, VAL_PPL
-from sweeps.evaluate import add_eval_flags, grid_from_args, with_evaluation
+from sweeps.evaluate import add_eval_flags, eval_grid_from_args, with_evaluation
 from sweeps.flags import Common, fail, parse_list
 from sweeps.launch import main
-from sweeps.plan import Sweep
-from trainables.downstream import EvalGrid
+from sweeps.sweep import Sweep
+from trainables.evaluation import EvalGrid
 from trainables.pipeline import PipelineSpec
 
 BETAS = "0.05,0.1,0.25,0.5,1.0"
@@ -82,7 +82,9 @@ def add_flags(p) -> None:
 def from_args(common: Common, args) -> Sweep:
     if args.stage1_steps is not None and args.stage1_steps < 1:
         fail("--stage1-steps", args.stage1_steps, "an integer >= 1")
-    return beta_ablation(common, parse_list("--betas", args.betas), args.stage1_steps, evaluation=grid_from_args(args))
+    return beta_ablation(
+        common, parse_list("--betas", args.betas), args.stage1_steps, evaluation=eval_grid_from_args(args)
+    )
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from typing import Any
 
 from looplab.config import ConfigError
 from sweeps.flags import Common, Launch, parser
-from sweeps.plan import Sweep, describe
+from sweeps.sweep import Sweep, describe
 from sweeps.protocol import C3_GROWTH, GrowthProtocol
 from sweeps.scale_scan import HOLE_CENTRE, holes_scan
 

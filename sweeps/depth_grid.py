@@ -17,7 +17,7 @@ from looplab.presets import get_preset
 from looplab.tracking import VAL_ACCURACY, VAL_LOSS
 from sweeps.flags import Common, parse_list, parse_pairs
 from sweeps.launch import main
-from sweeps.plan import Sweep
+from sweeps.sweep import Sweep
 from trainables.pipeline import PipelineSpec
 
 NR_PARAMS = {"n_layers": "model.n_layers", "n_loops": "model.n_loops"}

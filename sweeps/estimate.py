@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sweeps.flags import Launch
-from sweeps.plan import Sweep, chains_in_trials, longest_first, makespan, replay
+from sweeps.sweep import Sweep, chains_in_trials, longest_first, makespan, replay
 
 RAY_START_S = 15.0  # ray.init, the progress board and the first trial's start, per sweep
 # A trial's (or shared chain's) own costs beside its probed steps: its start (under a second in a

@@ -5,7 +5,7 @@ evaluates the finished checkpoints of an existing sweep:
     python -m sweeps.evaluate --experiment adaptive_pipeline-debug --storage-path runs/table4 \\
         --eval-tasks paper --eval-data /data/lm_eval --eval-policies "dense:0.2,0.4;skip:0.2,0.4;forced:1-4"
 
-The grid (trainables/downstream.py) is tasks × policies × the sweep's checkpoints; every
+The grid (trainables/evaluation.py) is tasks × policies × the sweep's checkpoints; every
 evaluation is keyed by content, so running the same command (or the sweep) again with
 one more q, task, policy or stage evaluates only what is new, and trains nothing.
 
@@ -31,13 +31,13 @@ from looplab.policy import GATE, parse_policies
 from looplab.stages import STAGE_NAMES, get_stage
 from sweeps.flags import add_store_flags, distinct, fail
 from sweeps.runtime import check_ray_address, console_to_log, local_gpus, write_report
-from trainables.downstream import (
+from trainables.evaluation import (
     EvalGrid,
     EvalSummary,
     applies,
     builtin_task,
     default_policies,
-    describe_plan,
+    describe_grid,
     evaluate,
     include_task,
     paper_task,
@@ -82,7 +82,7 @@ def add_eval_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--eval-device", default="auto", help="auto | cpu | cuda (default auto)")
 
 
-def grid_from_args(args: argparse.Namespace) -> EvalGrid | None:
+def eval_grid_from_args(args: argparse.Namespace) -> EvalGrid | None:
     """The grid the flags declare, every task checked against its index; None without
     --eval-tasks. A bad value is a ConfigError naming its flag."""
     given = [
@@ -93,7 +93,7 @@ def grid_from_args(args: argparse.Namespace) -> EvalGrid | None:
             fail("--eval-tasks", "", f"paper | TASK,... (--{given[0].replace('_', '-')} needs tasks to evaluate)")
         return None
     if args.eval_policies:
-        check_policies(args.eval_policies)
+        check_eval_policies(args.eval_policies)
     if args.eval_cpus <= 0:
         fail("--eval-cpus", args.eval_cpus, "a number > 0")
     if args.eval_gpus < 0:
@@ -119,7 +119,7 @@ def grid_from_args(args: argparse.Namespace) -> EvalGrid | None:
     )
 
 
-def check_policies(text: str) -> None:
+def check_eval_policies(text: str) -> None:
     try:
         parse_policies(text)
     except ConfigError as e:
@@ -233,7 +233,7 @@ def sample_stages(sweep) -> list[tuple[str, int, str]]:
     range corners stand for an Optuna search)."""
     import itertools
 
-    from sweeps.plan import grid_points  # here: the plan imports torch, which --help should not wait for
+    from sweeps.sweep import grid_points  # here: the plan imports torch, which --help should not wait for
     from trainables.pipeline import stage_configs
 
     if sweep.grid or sweep.points:
@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     storage = Storage(args.storage_path)
     uri = args.tracking_uri or f"sqlite:///{storage.scratch() / 'mlflow.db'}"
     try:
-        grid = grid_from_args(args)
+        grid = eval_grid_from_args(args)
         if grid is None:
             fail("--eval-tasks", "", "paper | TASK,... (what to evaluate the checkpoints on)")
         mc, experiment_id = open_experiment(uri, args.experiment, write=not args.dry_run)
@@ -327,12 +327,12 @@ def main(argv: list[str] | None = None) -> int:
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     if args.dry_run:
-        from trainables.downstream import plan
+        from trainables.evaluation import grid_evaluations
         from trainables.keyed_step import EVAL_STEP
 
         done = EVAL_STEP.finished_keys(mc, experiment_id)
-        todo = [ev for ev in plan(grid, checkpoints) if ev.key not in done]
-        print("\n".join(describe_plan(grid, checkpoints)).strip("\n"))
+        todo = [ev for ev in grid_evaluations(grid, checkpoints) if ev.key not in done]
+        print("\n".join(describe_grid(grid, checkpoints)).strip("\n"))
         print(f"  to evaluate now: {len(todo)} (the others are in the store)")
         return 0
     summary, sweep_run = run(grid, checkpoints, uri, args.experiment, storage, args.address)

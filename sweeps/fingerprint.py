@@ -48,7 +48,7 @@ def sweep_stage_configs(sweeps, seed: int) -> list[tuple[str, dict[str, Any], li
     """(sweep name, trial point, its stage configs in order) of every point of these
     sweeps at one seed: what every check below reads, built once a check."""
     from sweeps.flags import Launch
-    from sweeps.plan import validate
+    from sweeps.sweep import validate
     from trainables.pipeline import stage_configs
 
     # The storage only names the parents' checkpoints, which seedless() drops.

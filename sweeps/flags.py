@@ -246,7 +246,7 @@ def _plan_flags(p: argparse.ArgumentParser) -> None:
 
 def add_store_flags(p: argparse.ArgumentParser, dry_run_help: str) -> None:
     """The flags of a command over an existing sweep's checkpoints (sweeps/evaluate.py,
-    sweeps/speed.py): which experiment, where its store is, which Ray, and --dry-run."""
+    sweeps/bench.py): which experiment, where its store is, which Ray, and --dry-run."""
     p.add_argument("--experiment", required=True, help="the sweep's MLflow experiment, e.g. adaptive_pipeline-debug")
     p.add_argument(
         "--storage-path",

@@ -14,11 +14,11 @@ from __future__ import annotations
 import sys
 
 from looplab.tracking import VAL_ACCURACY, VAL_PPL
-from sweeps.evaluate import add_eval_flags, grid_from_args, with_evaluation
+from sweeps.evaluate import add_eval_flags, eval_grid_from_args, with_evaluation
 from sweeps.flags import Common, fail, parse_list, parse_ranges
 from sweeps.launch import main
-from sweeps.plan import SKIP_COLUMNS, Sweep
-from trainables.downstream import EvalGrid
+from sweeps.sweep import SKIP_COLUMNS, Sweep
+from trainables.evaluation import EvalGrid
 from trainables.pipeline import PipelineSpec
 
 HOLE_PARAMS = {
@@ -97,14 +97,14 @@ def from_args(common: Common, args) -> Sweep:
             rhos,
             parse_list("--hps", args.hps),
             parse_ranges("--ranges", args.ranges, "lo", "hi"),
-            evaluation=grid_from_args(args),
+            evaluation=eval_grid_from_args(args),
         )
     return hole_sweep(
         common,
         args.sampler,
         rhos,
         ranges=parse_ranges("--q-ranges", args.q_ranges, "q_low", "q_high"),
-        evaluation=grid_from_args(args),
+        evaluation=eval_grid_from_args(args),
     )
 
 

@@ -16,11 +16,11 @@ import sys
 from looplab.tracking import VAL_ACCURACY, VAL_LOSS, VAL_PPL
 from sweeps import mano, phop
 from sweeps.depth_grid import add_pair_flags, archs_from, depth_grid, pairs_from
-from sweeps.evaluate import add_eval_flags, grid_from_args, with_evaluation
+from sweeps.evaluate import add_eval_flags, eval_grid_from_args, with_evaluation
 from sweeps.flags import Common, fail
 from sweeps.launch import main
-from sweeps.plan import Sweep
-from trainables.downstream import EvalGrid
+from sweeps.sweep import Sweep
+from trainables.evaluation import EvalGrid
 
 TASKS = {  # task -> (default preset, small pairs, paper pairs, metric, mode, summary columns)
     "text": ("debug", "1x1,1x4,4x1", "6x1,6x4,12x1,12x2,24x1", VAL_PPL, "min", (VAL_PPL, VAL_ACCURACY)),
@@ -63,7 +63,11 @@ def from_args(common: Common, args) -> Sweep:
         fail("--task", args.task, " | ".join(TASKS))
     _, small, paper, *_ = TASKS[args.task]
     return iso_flops(
-        common, args.task, pairs_from(args, common, small, paper), archs_from(args), evaluation=grid_from_args(args)
+        common,
+        args.task,
+        pairs_from(args, common, small, paper),
+        archs_from(args),
+        evaluation=eval_grid_from_args(args),
     )
 
 

@@ -34,7 +34,7 @@ from looplab.config import ConfigError, config_key
 from looplab.costs.machine import MEMORY_CHECK_ENV
 from sweeps.flags import Common, Launch, fail, parser
 from sweeps.lock import SweepBusy, sweep_lock
-from sweeps.plan import (
+from sweeps.sweep import (
     Resources,
     Sweep,
     chains_in_trials,

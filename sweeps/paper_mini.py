@@ -18,7 +18,7 @@ MLflow, the analysis layer), a timed step, then the verdicts:
   phop   the looped model against its N⊗1 on p-hop (C1)
   mano   likewise on Mano over a small field (C1-mano)
   speed  every LM seed's CHASE model, prefill full against skip at batch 1 and 64 (C4):
-         a step keyed by content (trainables/speed.py), alone on the machine
+         a step keyed by content (trainables/bench.py), alone on the machine
 
 Each sweep trains the protocol's declared seeds for it (the block's first n: a power
 analysis sized them, sweeps/power_analysis.py). Before anything trains, the run checks
@@ -48,7 +48,7 @@ from looplab.config import ConfigError
 from looplab.tracking import ACCURACY, PPL, VAL_ACCURACY, VAL_LOSS, VAL_PPL
 from sweeps.depth_grid import depth_grid
 from sweeps.flags import Common, Launch, parser
-from sweeps.plan import SKIP_COLUMNS, Sweep, describe, sweep_key
+from sweeps.sweep import SKIP_COLUMNS, Sweep, describe, sweep_key
 from sweeps.protocol import CLAIM_SWEEP, PROTOCOL, Ledger, Protocol, seed_range
 from trainables.pipeline import PipelineSpec, stage_configs
 
@@ -330,7 +330,7 @@ def print_pins(protocol: Protocol) -> int:
 
 def speed_points(seq_len: int, protocol: Protocol = PROTOCOL):
     """Prefill at the models' own context, at each of the protocol's batches."""
-    from trainables.speed import SpeedPoint
+    from trainables.bench import SpeedPoint
 
     return [
         SpeedPoint(batch, seq_len, protocol.speed_policy, dtype, packing)
@@ -388,7 +388,7 @@ def measure_speed(sweep: Sweep, launch: Launch, protocol: Protocol = PROTOCOL) -
     """C4's records: each seed's CHASE model (its final stage) timed at the speed points."""
     from looplab import tracking
     from trainables.pipeline import checkpoint_of
-    from trainables.speed import measure
+    from trainables.bench import measure
     from trainables.storage import Storage
 
     store = Storage(launch.storage_path)

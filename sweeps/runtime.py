@@ -3,10 +3,10 @@ this machine's GPUs (the checks before Ray), check that a Ray --address answers,
 send Ray's console output to a log file (the commands print their own progress), and
 write the analysis report at the end.
 
-The driver (launch.py), the evaluation command (evaluate.py) and the speed command
-(speed.py) share these; keeping them here, below all three, is what lets plan.py,
+The driver (launch.py), the evaluation command (evaluate.py) and the bench command
+(bench.py) share these; keeping them here, below all three, is what lets sweep.py,
 evaluate.py and launch.py import each other in one direction only
-(plan ← evaluate ← launch).
+(sweep ← evaluate ← launch).
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ from looplab.tracking import VAL_ACCURACY, VAL_LOSS, VAL_PPL
 from sweeps.depth_grid import depth_grid, level_from, pairs_from
 from sweeps.flags import Common, fail, parse_list
 from sweeps.launch import main
-from sweeps.plan import SKIP_COLUMNS, Sweep
+from sweeps.sweep import SKIP_COLUMNS, Sweep
 from trainables.pipeline import PipelineSpec
 
 CONTINUED = ("stage1", "chase", "stage2")

@@ -5,7 +5,7 @@ shared upstream stages trained once and reused (reused=true, reused_from, the
 original's final metrics logged again); training records, the full-model eval and
 the threshold sweep (dense / skip at q, forced depths 1..R) logged as
 looplab.training.train's records through tracking.log_record. log_evaluations adds downstream
-evaluation runs (level eval) with the platform's writer (trainables/downstream.py);
+evaluation runs (level eval) with the platform's writer (trainables/evaluation.py);
 log_zoo_rules adds zero-shot exit-rule metrics under the zoo's prefixes.
 
 The values are simple closed forms (VALUES below) so tests can state expected
@@ -386,7 +386,7 @@ def log_evaluations(uri: str, root: Path, experiment: str, logged: dict, *, task
     tracking.downstream_metrics, nested under the run that trained the stage): the
     pre-trained model at forced depths 1..R (R as full), each trial's final stage under
     dense and skip at each q. Returns how many runs it wrote."""
-    from trainables.downstream import Checkpoint, EvalTask, Evaluation, open_eval_run
+    from trainables.evaluation import Checkpoint, EvalTask, Evaluation, open_eval_run
 
     mc = tracking.client(uri)
     exp_id = tracking.ensure_experiment(mc, experiment, root / "mlflow")

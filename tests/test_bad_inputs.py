@@ -449,8 +449,8 @@ def test_sweep_bad_input_is_one_line_before_ray(sweep, argv, expected, tmp_path,
     assert not ray.is_initialized() and not (tmp_path / "store").exists()  # nothing started, nothing left
 
 
-# Commands over an existing experiment's store (sweeps/speed.py): a bad flag is one line
-# before the store is read, and nothing is created (tests/test_speed_sweep.py has the
+# Commands over an existing experiment's store (sweeps/bench.py): a bad flag is one line
+# before the store is read, and nothing is created (tests/test_bench_sweep.py has the
 # checks that need a store: stages, policies against them, the experiment's name).
 SPEED_CASES = [
     (["--grid", "table7"], "--grid='table7' is invalid; allowed: table5-140m | table5-370m | table6 | debug"),
@@ -470,7 +470,7 @@ SPEED_CASES = [
 def test_speed_sweep_bad_input_is_one_line(argv, expected, tmp_path, capsys):
     import ray
 
-    from sweeps.speed import main
+    from sweeps.bench import main
 
     assert main(["--experiment", "x", "--storage-path", str(tmp_path / "store"), *argv]) == 2
     err = capsys.readouterr().err.strip()
@@ -478,7 +478,7 @@ def test_speed_sweep_bad_input_is_one_line(argv, expected, tmp_path, capsys):
     assert not ray.is_initialized() and not (tmp_path / "store").exists()
 
 
-@pytest.mark.parametrize("command", ["sweeps.speed", "sweeps.evaluate"])
+@pytest.mark.parametrize("command", ["sweeps.bench", "sweeps.evaluate"])
 @pytest.mark.parametrize(
     "argv, expected",
     [
@@ -496,7 +496,7 @@ def test_store_commands_refuse_empty_paths(command, argv, expected, tmp_path, ca
 
 
 def test_speed_sweep_refuses_repeated_values(tmp_path, capsys):
-    from sweeps.speed import main
+    from sweeps.bench import main
 
     assert main(["--experiment", "x", "--storage-path", str(tmp_path / "store"), "--batches", "1,4,1"]) == 2
     err = capsys.readouterr().err.strip()
@@ -524,8 +524,8 @@ def test_analysis_out_is_checked_before_reading(out, expected, tmp_path, capsys)
 
 def test_speed_sweep_has_a_working_help():
     for command in (
-        [sys.executable, str(REPO / "sweeps" / "speed.py"), "--help"],
-        [sys.executable, "-m", "sweeps.speed", "--help"],
+        [sys.executable, str(REPO / "sweeps" / "bench.py"), "--help"],
+        [sys.executable, "-m", "sweeps.bench", "--help"],
     ):
         done = subprocess.run(command, capture_output=True, text=True, cwd="/", timeout=120)
         assert done.returncode == 0 and "--experiment" in done.stdout and "table5-140m" in done.stdout, done.stderr

@@ -1,4 +1,4 @@
-"""Downstream evaluation as a sweep axis (trainables/downstream.py, sweeps/evaluate.py):
+"""Downstream evaluation as a sweep axis (trainables/evaluation.py, sweeps/evaluate.py):
 the eval key is content, an evaluation in the store is never recomputed, a grown grid
 evaluates only what is new, the MLflow names follow the contract, bad input is one line
 before any model loads or Ray starts; and (marked ray, slow) a debug adaptive pipeline
@@ -30,7 +30,7 @@ from looplab.checkpoint import experiment_metadata, save_model  # noqa: E402
 from looplab.policy import ExitPolicy  # noqa: E402
 from looplab.presets import get_preset  # noqa: E402
 from looplab.presets import stage_config  # noqa: E402
-from trainables import downstream as ev  # noqa: E402
+from trainables import evaluation as ev  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "lm_eval"
 TASKS = ("looplab_toy_mc", "looplab_toy_cloze")
@@ -99,7 +99,7 @@ def test_eval_key_is_the_content_of_the_evaluation(tmp_path):
     # resources and batching are not content
     ck = ev.Checkpoint("x", "stage1", "abc123", "h", ("pretrain", "stage1"), R, "run")
     small, big = (ev.EvalGrid((mc_task,), "skip:0.4", 6, batch_size=b, cpus=c) for b, c in ((1, 1.0), (32, 2.0)))
-    assert [e.key for e in ev.plan(small, [ck])] == [e.key for e in ev.plan(big, [ck])] == [key]
+    assert [e.key for e in ev.grid_evaluations(small, [ck])] == [e.key for e in ev.grid_evaluations(big, [ck])] == [key]
 
 
 def test_policies_per_stage():

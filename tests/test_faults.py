@@ -140,7 +140,7 @@ def test_a_second_invocation_of_a_sweep_is_refused(tmp_path, capsys):
     from sweeps.flags import Common, Launch
     from sweeps.launch import main
     from sweeps.lock import sweep_lock
-    from sweeps.plan import sweep_key
+    from sweeps.sweep import sweep_key
     from trainables.storage import Storage
 
     sweep = beta_ablation.beta_ablation(Common("debug"), [0.1])

@@ -389,7 +389,7 @@ def test_a_sweep_compares_retrofitted_with_scratch_at_one_shape(tmp_path, capsys
     hf:PATH (retrofit), read by the pre-training alone; trial names stay folder-safe."""
     from sweeps import phop
     from sweeps.launch import main
-    from sweeps.plan import trial_name
+    from sweeps.sweep import trial_name
 
     folder = tmp_path / "ckpt"
     save(hf_model(mamba2_config(2)), folder)

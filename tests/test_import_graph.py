@@ -151,25 +151,25 @@ def test_the_checks_find_a_circle_and_an_upward_arrow():
     assert circles({"a": {"b"}, "b": set()}) == []
     assert upward_arrows(
         {
-            "looplab.training.train": {"sweeps.plan"},
+            "looplab.training.train": {"sweeps.sweep"},
             "analysis.load": {"trainables.trial"},
             "looplab.models.looped": {"looplab.checkpoint", "looplab.config"},
             "looplab.costs.timing": {"looplab.evaluation.validation", "looplab.costs.spread"},
             "looplab.stages": {"looplab.training.distributed"},
-            "sweeps.plan": {"looplab.config"},
+            "sweeps.sweep": {"looplab.config"},
         }
     ) == [
         "analysis.load -> trainables.trial",
         "looplab.costs.timing -> looplab.evaluation.validation",
         "looplab.models.looped -> looplab.checkpoint",
         "looplab.stages -> looplab.training.distributed",
-        "looplab.training.train -> sweeps.plan",
+        "looplab.training.train -> sweeps.sweep",
     ]
 
 
 def test_the_graph_is_real():
     graph = import_graph()
-    assert "looplab.training.objectives" in graph["looplab.training.steps"] and "sweeps.plan" in graph["sweeps.launch"]
+    assert "looplab.training.objectives" in graph["looplab.training.steps"] and "sweeps.sweep" in graph["sweeps.launch"]
 
 
 def test_no_circle_anywhere():

@@ -1,7 +1,7 @@
 """looplab/keys.py: one digest and one output-path rule, and keys that stay what they were.
 
 Every value pinned below was computed on the code before looplab/keys.py existed (the
-separate helpers of config.py, sweeps/plan.py, trainables/downstream.py, checkpoint.py
+separate helpers of config.py, sweeps/sweep.py, trainables/evaluation.py, checkpoint.py
 and storage.py). A store written then names its stages, sweeps, trials, evaluations and
 speed points by these values, so equal values mean such a store is found and reused,
 not trained or evaluated again. A test that fails here means stored results would be
@@ -111,7 +111,7 @@ def test_a_store_written_before_is_reused(tmp_path):
     its key moved (STAGE1_KEY's comment) and it trains again, with Stage-1 folders of
     the new key found as before."""
     from tests.store_fixture import store_stage
-    from trainables.downstream import pipeline_checkpoints
+    from trainables.evaluation import pipeline_checkpoints
     from trainables.pipeline import stage_configs
     from trainables.shared_stage import write_done
     from trainables.storage import Storage
@@ -139,7 +139,7 @@ def test_parent_ref_of_a_checkpoint_without_keys_is_unchanged():
 def test_sweep_keys_are_unchanged():
     from sweeps.beta_ablation import beta_ablation
     from sweeps.flags import Common, Launch
-    from sweeps.plan import Sweep, sweep_key
+    from sweeps.sweep import Sweep, sweep_key
 
     launch = Launch(storage_path="/tmp/x", seeds=(0,))
     sweep = Sweep(name="keys_golden", spec=SPEC, grid={"beta": [0.1, 0.5]}, ranges={"beta": (0.01, 2.0, "log")})
@@ -148,7 +148,7 @@ def test_sweep_keys_are_unchanged():
 
 
 def test_trial_names_are_unchanged():
-    from sweeps.plan import trial_name
+    from sweeps.sweep import trial_name
 
     assert trial_name({"beta": 0.1, "seed": 0}) == "trial-beta0.1-seed0-583acf"
     long = {"n_layers": 4, "n_loops": 6, "beta": 0.25, "arm": "chase", "hp": "1,2,3,4,5,6,7,8,9,10,11,12", "seed": 3}
@@ -174,7 +174,7 @@ def test_sweep_lock_files_keep_their_names(tmp_path):
 
 # ---- evaluation and speed keys -------------------------------------------------------------
 def test_evaluation_keys_are_unchanged():
-    from trainables.downstream import EvalTask, eval_key
+    from trainables.evaluation import EvalTask, eval_key
 
     task = EvalTask("golden", "include", 2, "acc", "sha256:0123456789abcdef", "cfg-0123456789ab", "/x.yaml")
     assert eval_key(PRETRAIN_KEY, "full", task, None) == "197eb80e77b4"
@@ -201,13 +201,13 @@ def test_task_data_digest_is_unchanged(tmp_path):
 
 def test_task_config_version_is_unchanged(tmp_path):
     pytest.importorskip("lm_eval")
-    from trainables.downstream import config_version
+    from trainables.evaluation import config_version
 
     assert config_version(_task_files(tmp_path)) == "cfg-43c8d2d4a2ea"
 
 
 def test_speed_key_is_unchanged():
-    from trainables.speed import SpeedPoint, speed_key
+    from trainables.bench import SpeedPoint, speed_key
 
     host = {"processor": "x86_64", "cpus": 2, "threads": 1, "device": "cpu"}
     assert speed_key("0123456789ab", SpeedPoint(1, 128, "skip:0.2"), host, 3) == "5d3aa7373709"

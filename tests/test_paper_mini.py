@@ -18,7 +18,7 @@ from looplab.costs.resources import flops_per_token, row_length
 from sweeps import paper_mini, scale_scan
 from sweeps.estimate import RAY_START_S, TRIAL_S, estimate, evaluations, makespan
 from sweeps.flags import Launch, parse_seeds
-from sweeps.plan import chains_in_trials, grid_points, longest_first, owned_costs, replay
+from sweeps.sweep import chains_in_trials, grid_points, longest_first, owned_costs, replay
 from sweeps.protocol import V2, V5
 from trainables.pipeline import stage_configs
 
@@ -142,7 +142,7 @@ def test_a_bad_preset_is_one_line(capsys):
 
 def test_the_speed_step_is_keyed_by_content(tmp_path):
     from looplab.checkpoint import load_model, save_model
-    from trainables.speed import SpeedPoint, measure
+    from trainables.bench import SpeedPoint, measure
 
     save_model(load_model("debug", seed=0), tmp_path / "ckpt")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

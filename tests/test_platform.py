@@ -76,7 +76,7 @@ def test_bad_sweep_input_is_one_line_before_ray(argv, betas, field, capsys):
 
 
 def test_summary_columns_name_evaluated_thresholds():
-    from sweeps.plan import Sweep
+    from sweeps.sweep import Sweep
     from trainables.pipeline import PipelineSpec
 
     spec = PipelineSpec(preset="phop-debug", stages=("pretrain",))
@@ -406,7 +406,7 @@ def test_tracking_conventions(tmp_path):
 def test_resource_plan_adds_up_to_the_machine(monkeypatch, workers, concurrent, trial_cpu, worker_cpu, share_of_three):
     from dataclasses import replace
 
-    from sweeps import plan
+    from sweeps import sweep as plan
     from sweeps.flags import Launch
     from trainables.trial import PlatformSettings
 

@@ -206,15 +206,15 @@ COMMANDS: dict[str, Run | NotRun] = {
     "--oracle-mean 2.0 --new-tokens 32 --threads 1 --schedule lockstep,depth": BENCHMARK,
     "looplab bench-arrivals --checkpoint runs/debug-s1/checkpoint --slots 8,32 --policies 'skip:0.4,0.2' "
     "--requests 256 --threads 1": no_checkpoint("--checkpoint", "runs/debug-s1/checkpoint"),
-    "python sweeps/speed.py --experiment adaptive_pipeline-debug --grid debug --no-ray": Run(
+    "python sweeps/bench.py --experiment adaptive_pipeline-debug --grid debug --no-ray": Run(
         f"looplab-runs/mlflow.db' {NO_STORE}", status=2, slow=True
     ),
-    "python sweeps/speed.py --experiment adaptive_pipeline-paper-140m --grid table5-140m --dry-run": Run(
+    "python sweeps/bench.py --experiment adaptive_pipeline-paper-140m --grid table5-140m --dry-run": Run(
         f"looplab-runs/mlflow.db' {NO_STORE}", status=2, slow=True
     ),
-    "python sweeps/speed.py --experiment adaptive_pipeline-paper-140m --grid table6 --batches 8,16 "
+    "python sweeps/bench.py --experiment adaptive_pipeline-paper-140m --grid table6 --batches 8,16 "
     "--policies skip:0.4": Run(f"looplab-runs/mlflow.db' {NO_STORE}", status=2, slow=True),
-    "python sweeps/speed.py --experiment paper_mini_lm-debug --storage-path runs/paper-mini --grid debug --no-ray "
+    "python sweeps/bench.py --experiment paper_mini_lm-debug --storage-path runs/paper-mini --grid debug --no-ray "
     "--arrivals": Run(f"runs/paper-mini/mlflow.db' {NO_STORE}", status=2, slow=True),
     "python benchmarks/mamba2_vs_hf.py": BENCHMARK,
     "python benchmarks/loop_vs_flat.py --preset phop-induction-debug --seeds 0 1 2": BENCHMARK,

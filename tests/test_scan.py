@@ -25,7 +25,7 @@ from analysis.scan import (
 from looplab import tracking
 from looplab.config import ConfigError
 from sweeps.flags import Common, Launch
-from sweeps.plan import validate
+from sweeps.sweep import validate
 from sweeps.scale_scan import HOLE_AXES, HOLE_CENTRE, hole_points, hole_range, holes_scan, loops_scan
 from trainables.pipeline import PipelineSpec, stage_configs
 

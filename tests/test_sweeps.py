@@ -126,7 +126,7 @@ def test_gpu_memory_fits_micro_batches_without_changing_any_key(capsys):
     (unkeyed) leave the stage keys and the sweep's own key as they were."""
     from sweeps.flags import Common, Launch
     from sweeps.launch import main
-    from sweeps.plan import fit_devices, sweep_key, validate
+    from sweeps.sweep import fit_devices, sweep_key, validate
 
     argv = ["--preset", "paper-140m", "--num-workers", "8", "--gpus-per-worker", "1", "--address", "auto"]
     assert (

@@ -31,7 +31,7 @@ from looplab.stages import (
 )
 from looplab.training.train import train
 from sweeps.flags import Launch
-from sweeps.plan import Sweep, describe, fit_devices, validate
+from sweeps.sweep import Sweep, describe, fit_devices, validate
 from trainables.pipeline import PipelineSpec, stage_configs, stage_dir
 
 TOY = "toy"

@@ -8,7 +8,8 @@ stage_worker.py  the Ray Train worker loop that trains one stage (rank 0 logs to
 trial.py         the Tune function trainable: stages in order, MLflow runs, Tune reports
 progress.py      live progress: trials post to a board (a named Ray actor) the driver prints,
                  and the driver's stop request (Ctrl-C) goes back the same way
-downstream.py    downstream evaluation keyed by content (eval_key): plan, reuse, one job per checkpoint
-speed.py         the speed sweep's timed points (prefill, decoding under arrivals), keyed by content
+keyed_step.py    the one content-keyed step: finished when its outputs verify; jobs inline or as Ray tasks
+evaluation.py    downstream evaluation keyed by content (eval_key): the grid, reuse, one job per checkpoint
+bench.py         the bench sweep's timed points (prefill, decoding under arrivals), keyed by content
 storage.py       a storage path on a file system or an object store: read, write, upload, download
 """

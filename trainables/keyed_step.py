@@ -1,8 +1,8 @@
 """The one content-keyed step: a unit of work named by a digest of what can change its
 result, done once and reused after.
 
-Stage training (trainables/trial.py), downstream evaluation (trainables/downstream.py)
-and speed measurement (trainables/speed.py) are each a specification of it:
+Stage training (trainables/trial.py), downstream evaluation (trainables/evaluation.py)
+and speed measurement (trainables/bench.py) are each a specification of it:
 
     kind        which runs hold the step: an MLflow level and the tag carrying its key
                 (STAGE_STEP, EVAL_STEP, BENCH_STEP);

@@ -14,8 +14,8 @@ user pressed Ctrl-C or sent SIGTERM, sweeps/stop.py). Trials ask it between step
 
 Records: {"trial": label, "event": "start" | "step" | "end" | "stopped" | "reused" | "resumed_done" |
 "retrain" | "trial_stale" | "trial_end" | "eval" | "eval_failed" | "speed", "stage", "step", "steps", "loss", "tokens_per_s", "eta_s", "summary", "policy",
-"task", "error", "line", "why"}; evaluation jobs (trainables/downstream.py) post eval and eval_failed,
-speed jobs (trainables/speed.py) a speed record with its line per measured point.
+"task", "error", "line", "why"}; evaluation jobs (trainables/evaluation.py) post eval and eval_failed,
+speed jobs (trainables/bench.py) a speed record with its line per measured point.
 """
 
 from __future__ import annotations
@@ -148,10 +148,10 @@ def format_record(r: dict[str, Any]) -> str:
             f"{head} {r['stage']}  step {r['step']}/{r['steps']}  loss {r['loss']:.4f}  "
             f"{r[TOKENS_PER_S]:,.0f} tok/s  eta {_clock(r['eta_s'])}"
         )
-    if event == "eval":  # a downstream evaluation (trainables/downstream.py) finished
+    if event == "eval":  # a downstream evaluation (trainables/evaluation.py) finished
         summary = "  ".join(f"{k} {v:.4g}" for k, v in (r.get("summary") or {}).items())
         return f"{head} {r['policy']} {r['task']}" + (f": {summary}" if summary else "")
-    if event == "speed":  # a timed prefill point (trainables/speed.py) was measured
+    if event == "speed":  # a timed prefill point (trainables/bench.py) was measured
         return f"{head} {r['line']}"
     if event == "eval_failed":
         return f"{head} {r['policy']} {r['task']}: FAILED {r.get('error', '')}"

@@ -1,6 +1,6 @@
 """What one training stage needs before it is launched: its FLOPs, the micro-batch that
 fits a device (looplab/costs/memory.py's model), and GPU-hours at a stated utilisation. The
-sweeps' dry run prints it per stage (sweeps/plan.py); `--gpu-memory GB` picks the
+sweeps' dry run prints it per stage (sweeps/sweep.py); `--gpu-memory GB` picks the
 micro-batch.
 
 Training FLOPs per token, from looplab's own forward count (models/flops.py), with
@@ -20,7 +20,7 @@ graph to recompute.
 Inference: `prefill_flops` splits a prefill's forward FLOPs per token into F0, the work
 outside the loops, and Fr, one loop application; `flop_ratio` is full's FLOPs over
 skip's at d̄ mean executed loops, (F0 + R·Fr)/(F0 + d̄·Fr) (the speed sweep logs it
-beside the measured speedup: trainables/speed.py). It is a ratio of FLOPs, not a bound
+beside the measured speedup: trainables/bench.py). It is a ratio of FLOPs, not a bound
 on time: a measured speedup exceeds it wherever the work outside the loops takes a
 smaller share of the time than of the FLOPs (the LM head's GEMM runs nearer peak than a
 small mixer). R/d̄, the loop bound, does bound the speedup when a loop costs the same

@@ -2,11 +2,11 @@
 tracked sweep: full against skip execution at every point of a grid, on every chosen
 checkpoint of an existing experiment.
 
-    python sweeps/speed.py --experiment adaptive_pipeline-paper-140m --storage-path runs/paper --grid table5-140m
-    python sweeps/speed.py --experiment adaptive_pipeline-paper-370m --storage-path runs/paper --grid table5-370m
-    python sweeps/speed.py --experiment adaptive_pipeline-paper-140m --storage-path runs/paper --grid table6
-    python sweeps/speed.py --experiment adaptive_pipeline-debug --grid debug --no-ray     # a CPU, in-process
-    python sweeps/speed.py --experiment adaptive_pipeline-debug --grid debug --dry-run    # the plan, and the store
+    python sweeps/bench.py --experiment adaptive_pipeline-paper-140m --storage-path runs/paper --grid table5-140m
+    python sweeps/bench.py --experiment adaptive_pipeline-paper-370m --storage-path runs/paper --grid table5-370m
+    python sweeps/bench.py --experiment adaptive_pipeline-paper-140m --storage-path runs/paper --grid table6
+    python sweeps/bench.py --experiment adaptive_pipeline-debug --grid debug --no-ray     # a CPU, in-process
+    python sweeps/bench.py --experiment adaptive_pipeline-debug --grid debug --dry-run    # the plan, and the store
 
 Grids (--grid; --batches, --seq-lens, --policies, --dtype, --packing, --repeats override
 any of their settings):
@@ -18,9 +18,9 @@ any of their settings):
 
 "padded" is the paper's ragged-halting layout (looplab/costs/timing.py). The checkpoints
 (--stages; default: the gated final stages, the models the paper times) come from the
-experiment's FINISHED stage runs (trainables/downstream.py's store_checkpoints). Each
+experiment's FINISHED stage runs (trainables/evaluation.py's store_checkpoints). Each
 point is one MLflow run keyed by content and by the machine that times it
-(trainables/speed.py): a re-run measures only what the store lacks on this hardware.
+(trainables/bench.py): a re-run measures only what the store lacks on this hardware.
 Each run records, beside the measured speedup, the loop bound R/d̄ and the FLOP ratio
 (F0 + R·Fr)/(F0 + d̄·Fr) (looplab/costs/resources.py).
 
@@ -31,8 +31,8 @@ slots, schedule, policy, stream) keyed the same way; each logs tokens/s, decode 
 d̄, the FLOP ratio of d̄ and the speedup over full. --requests, --prompt-len, --new-tokens
 set the stream (defaults: the grid's arrivals settings; debug is a CPU's seconds):
 
-    python sweeps/speed.py --experiment adaptive_pipeline-debug --grid debug --no-ray --arrivals
-    python sweeps/speed.py --experiment adaptive_pipeline-paper-140m --grid table5-140m --arrivals --slots 8,32
+    python sweeps/bench.py --experiment adaptive_pipeline-debug --grid debug --no-ray --arrivals
+    python sweeps/bench.py --experiment adaptive_pipeline-paper-140m --grid table5-140m --arrivals --slots 8,32
 
 One job per checkpoint, a Ray task with --cpus and --gpus (defaults: without GPUs, a
 node's CPUs, so that one job at a time has the machine to itself, as timing wants;
@@ -58,7 +58,7 @@ from looplab.stages import STAGE_NAMES, get_stage
 from sweeps.evaluate import open_experiment
 from sweeps.flags import add_store_flags, distinct, fail
 from sweeps.runtime import check_ray_address, console_to_log, local_gpus, write_report
-from trainables.speed import ARRIVALS, ArrivalPlan, ArrivalPoint, SpeedPoint
+from trainables.bench import ARRIVALS, ArrivalPlan, ArrivalPoint, SpeedPoint
 
 PACKINGS = ("auto", "padded", "varlen")
 DTYPES = ("fp32", "bf16")
@@ -144,7 +144,7 @@ ARRIVAL_GRIDS = {"debug": ArrivalGrid(slots=(2,), requests=6, prompt_len=(8, 16)
 # ---- flags ------------------------------------------------------------------------------------
 def parser() -> argparse.ArgumentParser:
     p = Parser(
-        prog="python -m sweeps.speed",
+        prog="python -m sweeps.bench",
         description="Prefill speed (full against skip) of an existing experiment's checkpoints, one MLflow run "
         "per point, keyed by content and machine (what the store lacks only).",
     )
@@ -240,7 +240,7 @@ def _number(flag: str, text: str, minimum: float, what: str) -> float:
     return value
 
 
-def grid_from_args(args: argparse.Namespace) -> SpeedGrid:
+def bench_grid_from_args(args: argparse.Namespace) -> SpeedGrid:
     """The named grid with the flags' overrides; a bad value is a ConfigError naming its flag."""
     if args.grid not in GRIDS:
         fail("--grid", args.grid, " | ".join(GRIDS))
@@ -250,7 +250,7 @@ def grid_from_args(args: argparse.Namespace) -> SpeedGrid:
     if args.seq_lens:
         grid = replace(grid, seq_lens=_distinct_ints("--seq-lens", args.seq_lens))
     if args.policies:
-        check_policies(args.policies)
+        check_skip_policies(args.policies)
         grid = replace(grid, policies=args.policies)
     if args.dtype:
         if args.dtype not in DTYPES:
@@ -315,7 +315,7 @@ def _schedules(text: str) -> tuple[str, ...]:
     return tuple(distinct("--schedules", text, schedules))
 
 
-def check_policies(text: str) -> None:
+def check_skip_policies(text: str) -> None:
     """Skip policies only: each is timed against its dense twin (looplab/costs/timing.py)."""
     try:
         policies = parse_policies(text)
@@ -396,7 +396,7 @@ def select_checkpoints(checkpoints, stages: tuple[str, ...]) -> list:
 def check_points(grid: SpeedGrid, checkpoints) -> None:
     """Every policy applies to every chosen checkpoint (a gate threshold needs a gated
     stage), and varlen packing to their architecture (Mamba-2 only)."""
-    from trainables.downstream import applies
+    from trainables.evaluation import applies
 
     for policy in parse_policies(grid.policies):
         for ck in checkpoints:
@@ -425,7 +425,7 @@ def check_points(grid: SpeedGrid, checkpoints) -> None:
 
 
 # ---- the plan ---------------------------------------------------------------------------------
-def jobs_for(
+def bench_jobs(
     grid: SpeedGrid,
     checkpoints,
     *,
@@ -436,12 +436,12 @@ def jobs_for(
     board: str = "",
     arrivals: ArrivalGrid | None = None,
 ):
-    from trainables.speed import SpeedJob
+    from trainables.bench import BenchJob
 
     points = tuple(grid.points())
     plan = arrivals.plan(grid.policies) if arrivals else None
     return [
-        SpeedJob(ck, points, grid.repeats, threads, uri, experiment, artifact_root, board, plan) for ck in checkpoints
+        BenchJob(ck, points, grid.repeats, threads, uri, experiment, artifact_root, board, plan) for ck in checkpoints
     ]
 
 
@@ -449,7 +449,7 @@ def stored_counts(mc, experiment_id: str, jobs) -> dict[str, int]:
     """Per job, how many of its points the store holds FINISHED on this machine (the key
     names the machine that times it: another machine measures again)."""
     from trainables.keyed_step import BENCH_STEP
-    from trainables.speed import host_of, plan_keys, speed_key
+    from trainables.bench import host_of, plan_keys, speed_key
 
     done = BENCH_STEP.finished_keys(mc, experiment_id)
     counts = {}
@@ -465,7 +465,7 @@ def stored_counts(mc, experiment_id: str, jobs) -> dict[str, int]:
 def describe(
     grid: SpeedGrid, jobs, stored: dict[str, int], cpus: float, gpus: float, arrivals: ArrivalGrid | None = None
 ) -> str:
-    from trainables.speed import host_of
+    from trainables.bench import host_of
 
     plan = arrivals.plan(grid.policies) if arrivals else None
     n = len(grid.points()) + (len(plan.points) if plan else 0)
@@ -603,16 +603,16 @@ def _print_table(header: tuple[str, ...], rows: list[list[str]], out) -> None:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip(), file=out)
 
 
-# ---- python -m sweeps.speed ---------------------------------------------------------------------
+# ---- python -m sweeps.bench ---------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    from trainables.downstream import store_checkpoints
+    from trainables.evaluation import store_checkpoints
     from trainables.storage import Storage
 
     args = parser().parse_args(argv)
     storage = Storage(args.storage_path)
     uri = args.tracking_uri or f"sqlite:///{storage.scratch() / 'mlflow.db'}"
     try:
-        grid = grid_from_args(args)
+        grid = bench_grid_from_args(args)
         arrivals = arrival_grid_from_args(args)
         stages = parse_stages(args.stages)
         # On a cluster (--address) the jobs' resources are checked against its nodes once Ray is up.
@@ -638,7 +638,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"note: {note}", file=sys.stderr)
     artifact_root = storage.path("mlflow")
     if args.dry_run:
-        jobs = jobs_for(
+        jobs = bench_jobs(
             grid,
             chosen,
             threads=max(1, round(cpus)),
@@ -702,7 +702,7 @@ def run(
                 print(f"error: {e}", file=sys.stderr)
                 return 2, []
         board = "" if inline else board_name(f"speed-{args.experiment}")
-        jobs = jobs_for(
+        jobs = bench_jobs(
             grid,
             chosen,
             threads=max(1, round(cpus)),
@@ -735,11 +735,11 @@ def _run_jobs(jobs, cpus: float, gpus: float, inline: bool, board: str) -> tuple
     points' lines from the board before it: (the records, how many jobs failed)."""
     from trainables.keyed_step import run_jobs
     from trainables.progress import Printer
-    from trainables.speed import run_job
+    from trainables.bench import run_bench_job
 
     records, failed = [], 0
     with Printer(board) if board else contextlib.nullcontext() as printer:
-        for i, (job, result) in enumerate(run_jobs(run_job, jobs, cpus=cpus, gpus=gpus, inline=inline), start=1):
+        for i, (job, result) in enumerate(run_jobs(run_bench_job, jobs, cpus=cpus, gpus=gpus, inline=inline), start=1):
             if printer is not None:
                 printer.flush()  # the job's points before its summary line
             if isinstance(result, BaseException):

@@ -593,7 +593,7 @@ def stored_stages(unique: dict[str, Any], storage_path: str) -> dict[str, Any]:
 def describe_evaluation(sweep: Sweep, points: list[dict[str, Any]], storage_path: str) -> list[str]:
     """The dry run's evaluation lines: the grid over every stage the trials would train
     (no store is read: reuse is decided when it runs)."""
-    from trainables.downstream import Checkpoint, describe_plan
+    from trainables.evaluation import Checkpoint, describe_grid
 
     checkpoints = []
     for params in points:
@@ -610,4 +610,4 @@ def describe_evaluation(sweep: Sweep, points: list[dict[str, Any]], storage_path
             )
             for i, c in enumerate(configs)
         ]
-    return describe_plan(sweep.evaluation, checkpoints)
+    return describe_grid(sweep.evaluation, checkpoints)

@@ -20,7 +20,7 @@ a point of its own (the baseline every speedup divides by), measured beside whic
 policies are missing, so a policy's speedup always comes from one invocation.
 
 Timing wants the machine to itself: sweeps/paper_mini.py runs this step in the driver
-after every trial has finished; sweeps/speed.py runs one job per checkpoint, each with
+after every trial has finished; sweeps/bench.py runs one job per checkpoint, each with
 the whole machine (or one GPU) to itself.
 """
 
@@ -398,13 +398,13 @@ def measure_arrivals(
     return [records[p] for p in keys]  # the plan's order, stored and measured alike
 
 
-# ---- jobs: one per checkpoint (sweeps/speed.py runs them with keyed_step.run_jobs) -----------
+# ---- jobs: one per checkpoint (sweeps/bench.py runs them with keyed_step.run_jobs) -----------
 @dataclass(frozen=True)
-class SpeedJob:
+class BenchJob:
     """One checkpoint's points and where to record them; threads: the CPUs the job holds
     (they enter the speed key through the machine)."""
 
-    checkpoint: Any  # trainables/downstream.py's Checkpoint
+    checkpoint: Any  # trainables/evaluation.py's Checkpoint
     points: tuple[SpeedPoint, ...]
     repeats: int
     threads: int
@@ -425,7 +425,7 @@ class SpeedJob:
         return method_of(self.checkpoint.lineage)
 
 
-def run_job(job: SpeedJob) -> list[dict]:
+def run_bench_job(job: BenchJob) -> list[dict]:
     """measure() on the job's checkpoint (nested under the run that trained it); each
     record with the checkpoint's label, method and R."""
     from trainables.progress import Reporter

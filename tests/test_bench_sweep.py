@@ -1,4 +1,4 @@
-"""The prefill speed sweep (sweeps/speed.py, trainables/speed.py, analysis/speed.py): the
+"""The prefill speed sweep (sweeps/bench.py, trainables/bench.py, analysis/speed.py): the
 FLOP ratio by hand, the paper's grids in the dry run, bad flags as one line, and the
 sweep end to end in this process on tiny checkpoints of a logged pipeline: one run per
 point with the machine, a re-run that measures nothing, and the report's join of speed
@@ -20,7 +20,7 @@ from looplab import tracking  # noqa: E402
 from looplab.checkpoint import experiment_metadata, read_model_config, save_model  # noqa: E402
 from looplab.policy import ExitPolicy  # noqa: E402
 from looplab.costs.resources import flop_ratio, prefill_flops  # noqa: E402
-from sweeps import speed  # noqa: E402
+from sweeps import bench  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -95,7 +95,7 @@ def test_speed_sweep_end_to_end_inline(store, capsys):
     machine; the same command again measures nothing; the report puts each timed q
     beside the stage's validation perplexity under it and at full depth."""
     argv = ["--experiment", EXPERIMENT, "--storage-path", str(store["root"]), "--no-ray", *TINY]
-    assert speed.main(argv + ["--no-report"]) == 0
+    assert bench.main(argv + ["--no-report"]) == 0
     out = capsys.readouterr().out
     runs = speed_runs(store["uri"])
     finals = {cfg.stage_key(): arm for arm, cfg in store["finals"].items()}
@@ -115,7 +115,7 @@ def test_speed_sweep_end_to_end_inline(store, capsys):
 
     # again: everything is in the store; nothing is measured, and the runs are untouched
     ends = {r.info.run_id: r.info.end_time for r in runs}
-    assert speed.main(argv) == 0
+    assert bench.main(argv) == 0
     captured = capsys.readouterr()
     assert "0 measured, 2 reused" in captured.err and captured.out.count(" yes\n") == 4
     again = speed_runs(store["uri"])
@@ -145,12 +145,12 @@ def test_dry_run_lists_the_paper_grids(store, capsys):
         "table6": "batch 16 × L 256, 512, 1024, 2048, 3584 × skip:0.2 skip:0.4 skip:0.6; bf16, packing padded",
     }
     for grid, line in expected.items():
-        assert speed.main(base + ["--grid", grid]) == 0
+        assert bench.main(base + ["--grid", grid]) == 0
         out = capsys.readouterr().out
         assert line in out, out
         assert "2 checkpoint(s) × 15 point(s) = 30 measurement(s)" in out and "to measure now: 30" in out
     # the named stages instead of the default, and what the store has on this machine
-    assert speed.main(base + ["--stages", "stage1,chase", *TINY]) == 0
+    assert bench.main(base + ["--stages", "stage1,chase", *TINY]) == 0
     out = capsys.readouterr().out
     assert "2 checkpoint(s) × 2 point(s)" in out and "stage1-" in out and "chase-" in out and "stage2-" not in out
 
@@ -193,7 +193,7 @@ def test_bad_flags_are_one_line(store, extra, expected, capsys):
     if extra[0] == "--gpus" and torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     argv = ["--experiment", EXPERIMENT, "--storage-path", str(store["root"]), *extra]
-    assert speed.main(argv) == 2  # not --dry-run: a missed check would measure
+    assert bench.main(argv) == 2  # not --dry-run: a missed check would measure
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and err.startswith(f"error: {expected}"), err
     assert not ray.is_initialized()
@@ -230,7 +230,7 @@ def test_arrivals_sweep_end_to_end_inline(store, capsys, monkeypatch):
     from looplab.tracking import ARRIVAL_METRICS, DECODE_TOKENS_PER_S
 
     argv = ["--experiment", EXPERIMENT, "--storage-path", str(store["root"]), "--no-ray", *TINY, *ARRIVALS]
-    assert speed.main(argv + ["--no-report"]) == 0
+    assert bench.main(argv + ["--no-report"]) == 0
     out = capsys.readouterr().out
     runs = arrival_runs(store["uri"])
     finals = {cfg.stage_key(): arm for arm, cfg in store["finals"].items()}
@@ -270,7 +270,7 @@ def test_arrivals_sweep_end_to_end_inline(store, capsys, monkeypatch):
     arrivals_summary = out.split("decoding under continuous arrivals")[1]
     assert arrivals_summary.count(" no\n") == 12 and "speedup / FLOP ratio" in arrivals_summary
     dry = ["--experiment", EXPERIMENT, "--storage-path", str(store["root"]), "--dry-run", *TINY, *ARRIVALS]
-    assert speed.main(dry) == 0
+    assert bench.main(dry) == 0
     plan = capsys.readouterr().out
     assert "2 checkpoint(s) × 8 point(s) = 16 measurement(s); 16 in the store" in plan and "to measure now: 0" in plan
 
@@ -280,7 +280,7 @@ def test_arrivals_sweep_end_to_end_inline(store, capsys, monkeypatch):
 
     monkeypatch.setattr("looplab.costs.arrival_bench.bench_arrivals", not_again)
     ends = {r.info.run_id: r.info.end_time for r in runs}
-    assert speed.main(argv) == 0
+    assert bench.main(argv) == 0
     captured = capsys.readouterr()
     assert captured.err.count("0 measured, 8 reused") == 2 and captured.out.count(" yes\n") == 4 + 12, captured.err
     assert {r.info.run_id: r.info.end_time for r in arrival_runs(store["uri"])} == ends
@@ -310,7 +310,7 @@ def test_arrivals_sweep_end_to_end_inline(store, capsys, monkeypatch):
 def test_an_arrivals_key_is_its_own():
     """An arrivals point never shares a prefill point's key, and the machine and the
     timing settings enter it."""
-    from trainables.speed import ArrivalPoint, SpeedPoint, arrival_key, machine, speed_key
+    from trainables.bench import ArrivalPoint, SpeedPoint, arrival_key, machine, speed_key
 
     point = ArrivalPoint(2, "depth", "skip:0.4", 3, (4, 8), (2, 4))
     host = machine("cpu", 1)

@@ -17,10 +17,12 @@ downstream metrics of the contract (tracking.downstream_metrics). A FINISHED run
 the key is never recomputed, so a grid that grows (one more q, task, policy or stage)
 evaluates only what is new, on the checkpoints already trained.
 
-    plan           the grid × the checkpoints → Evaluations (no model, no store)
-    jobs_for       the missing evaluations grouped by checkpoint (one job loads its model once)
-    run_job        per policy one lm-eval call over that policy's missing tasks (lm-eval
-                   pays ~0.5 s of environment probing per call), one run per task
+    grid_evaluations    the grid × the checkpoints → Evaluations (no model, no store)
+    evaluation_jobs     the missing evaluations grouped by checkpoint (one job loads its
+                        model once)
+    run_evaluation_job  per policy one lm-eval call over that policy's missing tasks
+                        (lm-eval pays ~0.5 s of environment probing per call), one run
+                        per task
 
 An evaluation is a keyed step (trainables/keyed_step.py): EVAL_STEP finds the finished
 ones, run_jobs runs the jobs as Ray tasks with the grid's CPUs and GPUs, or in-process
@@ -331,7 +333,7 @@ def eval_key(stage_key: str, policy: str, task: EvalTask, limit: int | float | N
     return digest({"stage_key": stage_key, "policy": policy, "task": task.key_payload(), "limit": limit})
 
 
-def plan(grid: EvalGrid, checkpoints) -> list[Evaluation]:
+def grid_evaluations(grid: EvalGrid, checkpoints) -> list[Evaluation]:
     """Every evaluation of the grid on these checkpoints (each stage key once), in order."""
     out, seen = [], set()
     for ck in checkpoints:
@@ -398,7 +400,7 @@ def task_metrics(ev: Evaluation, results: dict[str, Any]) -> dict[str, float]:
 
 # ---- jobs ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class Job:
+class EvalJob:
     """One checkpoint's missing evaluations and where to record them."""
 
     evaluations: tuple[Evaluation, ...]
@@ -417,7 +419,7 @@ class Job:
         return f"eval {ck.stage}-{ck.stage_key}"
 
 
-def jobs_for(
+def evaluation_jobs(
     evaluations: list[Evaluation],
     grid: EvalGrid,
     *,
@@ -425,13 +427,13 @@ def jobs_for(
     experiment: str,
     artifact_root: str,
     board: str = "",
-) -> list[Job]:
+) -> list[EvalJob]:
     by_checkpoint: dict[str, list[Evaluation]] = {}
     for ev in evaluations:
         by_checkpoint.setdefault(ev.checkpoint.stage_key, []).append(ev)
     env = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)}
     return [
-        Job(
+        EvalJob(
             tuple(evs),
             tracking_uri,
             experiment,
@@ -446,7 +448,7 @@ def jobs_for(
     ]
 
 
-def run_job(job: Job) -> dict[str, int]:
+def run_evaluation_job(job: EvalJob) -> dict[str, int]:
     """Evaluate one checkpoint: its model loaded once; per policy one lm-eval call over the
     tasks still missing (a run another process finished meanwhile is left alone); one run
     per task, FAILED with the error when its evaluation raises, the others go on."""
@@ -557,12 +559,12 @@ def evaluate(
     after another (tests, and machines without Ray); otherwise one Ray task per job with
     the grid's CPUs and GPUs (Ray must be initialised)."""
     out = out or sys.stderr
-    evaluations = plan(grid, checkpoints)
+    evaluations = grid_evaluations(grid, checkpoints)
     mc = tracking.client(tracking_uri)
     experiment_id = tracking.ensure_experiment(mc, experiment, artifact_root)
     done = EVAL_STEP.finished_keys(mc, experiment_id)
     todo = [ev for ev in evaluations if ev.key not in done]
-    jobs = jobs_for(
+    jobs = evaluation_jobs(
         todo, grid, tracking_uri=tracking_uri, experiment=experiment, artifact_root=str(artifact_root), board=board
     )
     summary = EvalSummary(
@@ -578,7 +580,7 @@ def evaluate(
             file=out,
             flush=True,
         )
-    for job, result in run_jobs(run_job, jobs, cpus=grid.cpus, gpus=grid.gpus, inline=inline):
+    for job, result in run_jobs(run_evaluation_job, jobs, cpus=grid.cpus, gpus=grid.gpus, inline=inline):
         if isinstance(result, BaseException):
             summary.failed += len(job.evaluations)
             summary.errors.append(f"{job.label}: {type(result).__name__}: {result}")
@@ -679,7 +681,7 @@ def store_checkpoints(
     return list(found.values()), notes
 
 
-def describe_plan(grid: EvalGrid, checkpoints) -> list[str]:
+def describe_grid(grid: EvalGrid, checkpoints) -> list[str]:
     """The dry run's lines: tasks, policies per checkpoint, and the count."""
     lines = [
         "",
