@@ -31,16 +31,14 @@ from looplab.policy import GATE, parse_policies
 from looplab.stages import STAGE_NAMES, get_stage
 from sweeps.flags import add_store_flags, distinct, fail
 from sweeps.runtime import check_ray_address, console_to_log, local_gpus, write_report
+from trainables.eval_tasks import builtin_task, include_task, paper_task
 from trainables.evaluation import (
     EvalGrid,
     EvalSummary,
     applies,
-    builtin_task,
     default_policies,
     describe_grid,
     evaluate,
-    include_task,
-    paper_task,
     pipeline_checkpoints,
     store_checkpoints,
 )

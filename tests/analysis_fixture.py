@@ -386,7 +386,8 @@ def log_evaluations(uri: str, root: Path, experiment: str, logged: dict, *, task
     tracking.downstream_metrics, nested under the run that trained the stage): the
     pre-trained model at forced depths 1..R (R as full), each trial's final stage under
     dense and skip at each q. Returns how many runs it wrote."""
-    from trainables.evaluation import Checkpoint, EvalTask, Evaluation, open_eval_run
+    from trainables.eval_tasks import EvalTask
+    from trainables.evaluation import Checkpoint, Evaluation, open_eval_run
 
     mc = tracking.client(uri)
     exp_id = tracking.ensure_experiment(mc, experiment, root / "mlflow")

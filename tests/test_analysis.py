@@ -880,7 +880,8 @@ def test_newest_evaluation_wins_when_settings_change(downstream):
     another key): the newer one's values, and a note."""
     from analysis.load import load_runs
     from analysis.points import evaluation_points
-    from trainables.evaluation import Checkpoint, EvalTask, Evaluation, open_eval_run
+    from trainables.eval_tasks import EvalTask
+    from trainables.evaluation import Checkpoint, Evaluation, open_eval_run
 
     uri, logged = downstream["uri"], downstream["logged"]
     mc = tracking.client(uri)

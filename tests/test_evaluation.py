@@ -30,6 +30,7 @@ from looplab.checkpoint import experiment_metadata, save_model  # noqa: E402
 from looplab.policy import ExitPolicy  # noqa: E402
 from looplab.presets import get_preset  # noqa: E402
 from looplab.presets import stage_config  # noqa: E402
+from trainables import eval_tasks as tasks  # noqa: E402
 from trainables import evaluation as ev  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "lm_eval"
@@ -54,7 +55,7 @@ def toy_tasks(folder: Path = DATA) -> tuple:
     from lm_eval.tasks import TaskManager
 
     index = TaskManager(include_path=str(folder), include_defaults=False).task_index
-    return tuple(ev.include_task(name, index[name].yaml_path) for name in TASKS)
+    return tuple(tasks.include_task(name, index[name].yaml_path) for name in TASKS)
 
 
 # ---- the key ---------------------------------------------------------------------------------
@@ -83,16 +84,16 @@ def test_eval_key_is_the_content_of_the_evaluation(tmp_path):
     copy.mkdir()
     for name in ("toy_mc.yaml", "toy_mc.jsonl"):
         (copy / name).write_bytes((DATA / name).read_bytes())
-    moved = ev.include_task("looplab_toy_mc", copy / "toy_mc.yaml")
+    moved = tasks.include_task("looplab_toy_mc", copy / "toy_mc.yaml")
     assert moved.location != mc_task.location and ev.eval_key("abc123", "skip:0.4", moved, 6) == key
     # a comment is not the task; a prompt is
     (copy / "toy_mc.yaml").write_text("# another comment\n" + (DATA / "toy_mc.yaml").read_text())
-    assert ev.eval_key("abc123", "skip:0.4", ev.include_task("looplab_toy_mc", copy / "toy_mc.yaml"), 6) == key
+    assert ev.eval_key("abc123", "skip:0.4", tasks.include_task("looplab_toy_mc", copy / "toy_mc.yaml"), 6) == key
     (copy / "toy_mc.yaml").write_text((DATA / "toy_mc.yaml").read_text().replace("Answer:", "A:"))
-    assert ev.eval_key("abc123", "skip:0.4", ev.include_task("looplab_toy_mc", copy / "toy_mc.yaml"), 6) != key
+    assert ev.eval_key("abc123", "skip:0.4", tasks.include_task("looplab_toy_mc", copy / "toy_mc.yaml"), 6) != key
     (copy / "toy_mc.yaml").write_bytes((DATA / "toy_mc.yaml").read_bytes())
     (copy / "toy_mc.jsonl").write_text((DATA / "toy_mc.jsonl").read_text().replace("blue", "Blue"))
-    assert ev.eval_key("abc123", "skip:0.4", ev.include_task("looplab_toy_mc", copy / "toy_mc.yaml"), 6) != key
+    assert ev.eval_key("abc123", "skip:0.4", tasks.include_task("looplab_toy_mc", copy / "toy_mc.yaml"), 6) != key
     # forced:R is full depth: one evaluation, one key
     assert ev.canonical(ExitPolicy.forced(R), R) == ExitPolicy.full()
     assert ev.canonical(ExitPolicy.forced(2), R) == ExitPolicy.forced(2)
@@ -478,9 +479,9 @@ def test_paper_tasks_read_local_parquet_by_content(tmp_path):
         for split in ("train", "validation"):
             pd.DataFrame(rows).to_parquet(root / "piqa" / f"{split}.parquet")
     a, b, hub = (
-        ev.paper_task("piqa", str(tmp_path / "a")),
-        ev.paper_task("piqa", str(tmp_path / "b")),
-        ev.paper_task("piqa", None),
+        tasks.paper_task("piqa", str(tmp_path / "a")),
+        tasks.paper_task("piqa", str(tmp_path / "b")),
+        tasks.paper_task("piqa", None),
     )
     assert (a.num_fewshot, a.metric) == (5, "acc_norm") and a.data.startswith("sha256:") and a.data == b.data
     assert hub.data == "hub:baber/piqa" and hub.version == a.version  # the same YAML, another source

@@ -174,7 +174,8 @@ def test_sweep_lock_files_keep_their_names(tmp_path):
 
 # ---- evaluation and speed keys -------------------------------------------------------------
 def test_evaluation_keys_are_unchanged():
-    from trainables.evaluation import EvalTask, eval_key
+    from trainables.eval_tasks import EvalTask
+    from trainables.evaluation import eval_key
 
     task = EvalTask("golden", "include", 2, "acc", "sha256:0123456789abcdef", "cfg-0123456789ab", "/x.yaml")
     assert eval_key(PRETRAIN_KEY, "full", task, None) == "197eb80e77b4"
@@ -201,7 +202,7 @@ def test_task_data_digest_is_unchanged(tmp_path):
 
 def test_task_config_version_is_unchanged(tmp_path):
     pytest.importorskip("lm_eval")
-    from trainables.evaluation import config_version
+    from trainables.eval_tasks import config_version
 
     assert config_version(_task_files(tmp_path)) == "cfg-43c8d2d4a2ea"
 

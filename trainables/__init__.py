@@ -10,6 +10,7 @@ progress.py      live progress: trials post to a board (a named Ray actor) the d
                  and the driver's stop request (Ctrl-C) goes back the same way
 keyed_step.py    the one content-keyed step: finished when its outputs verify; jobs inline or as Ray tasks
 evaluation.py    downstream evaluation keyed by content (eval_key): the grid, reuse, one job per checkpoint
+eval_tasks.py    the lm-eval tasks an evaluation reads, and what of each enters its key
 bench.py         the bench sweep's timed points (prefill, decoding under arrivals), keyed by content
 storage.py       a storage path on a file system or an object store: read, write, upload, download
 """
