@@ -335,7 +335,7 @@ def in_flag_terms(error: ConfigError, sweep: Sweep, point: dict[str, Any]) -> Co
 def keyed_declaration(sweep: Sweep, launch: Launch) -> dict[str, Any]:
     """What names a sweep: its declaration with the keyed overrides only (micro-batching
     and cadence name the same sweep), the search and the seeds. sweep_key hashes it; the
-    sweep run's params show it (sweeps/launch.sweep_params)."""
+    sweep run's params show it (sweeps/sweep_record.sweep_params)."""
     spec = sweep.spec.to_dict()
     spec["overrides"] = {k: v for k, v in spec["overrides"].items() if is_keyed(k)}
     spec["stage_overrides"] = {

@@ -26,11 +26,11 @@ pytest.importorskip("mlflow")
 from looplab import dashboard, tracking  # noqa: E402
 from sweeps import beta_ablation as beta  # noqa: E402
 from sweeps.flags import Common, Launch, parser  # noqa: E402
-from sweeps.launch import (
-    main,
+from sweeps.launch import main  # noqa: E402
+from sweeps.sweep_record import (  # noqa: E402
     publish_dashboard,
     publish_summary_view,
-    searched_names,  # noqa: E402
+    searched_names,
     sweep_params,
 )
 

@@ -258,7 +258,7 @@ def test_a_sweeps_default_seed_is_its_presets(capsys):
 
 
 def test_the_summary_sets_every_path_apart_from_its_label(capsys, tmp_path):
-    from sweeps.launch import print_summary
+    from sweeps.sweep_record import print_summary
     from trainables.storage import Storage
 
     report = {"frontier.png": tmp_path / "f.png", "report.html": tmp_path / "r.html"}
