@@ -62,7 +62,8 @@ SPELLED_ELSEWHERE = {
         "a checkpoint's metadata keys: its own store (looplab.load_model reads it), whose words the content tags copy",
     ),
     "looplab/training/run_folder.py": ({"stage_key"}, "the training state's and the divergence marker's key"),
-    "looplab/cli.py": ({"stage_key", "config_hash", "prompt_executed_loops"}, "fields of the commands' JSON output"),
+    "looplab/cli/preset_commands.py": ({"stage_key", "config_hash"}, "fields of the commands' JSON output"),
+    "looplab/cli/generate_command.py": ({"prompt_executed_loops"}, "a field of the command's JSON output"),
     "looplab/evaluation/harness.py": ({"executed_loops_by_task"}, "lm-eval's config entry of the per-task means"),
     "looplab/tasks/text.py": ({"val_blocks"}, "a TextConfig field (the validation blocks), not a metric"),
     "trainables/downstream.py": (
