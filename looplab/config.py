@@ -105,6 +105,15 @@ class ModelConfig:
     init_std: float = keyed(0.02)
 
     def __post_init__(self) -> None:
+        self._check_sizes()
+        self._check_attn_layer_idx_type()
+        self._resolve_mlp_width()
+        self._check_floats()
+        self._check_head_shapes()
+        self._check_attention_layers()
+
+    def _check_sizes(self) -> None:
+        """The architecture, and every size an integer within MODEL_BOUNDS."""
         name = "ModelConfig"
         check_choice(self, "arch", ARCHS)
         check_ints(self, "vocab_size", minimum=2)
@@ -127,13 +136,20 @@ class ModelConfig:
             value = getattr(self, field_name)
             check(value <= most, f"{name}.{field_name}", value, f"an integer in [1, {most}]")
         check(self.mixers_per_layer in (1, 2), f"{name}.mixers_per_layer", self.mixers_per_layer, "1 | 2")
+
+    def _check_attn_layer_idx_type(self) -> None:
+        """attn_layer_idx a list of indices (a JSON list arrives as one), kept as a tuple."""
         check(
             isinstance(self.attn_layer_idx, (list, tuple)),
-            f"{name}.attn_layer_idx",
+            "ModelConfig.attn_layer_idx",
             self.attn_layer_idx,
             "a list of layer indices, e.g. [1, 3]",
         )
         object.__setattr__(self, "attn_layer_idx", tuple(self.attn_layer_idx))
+
+    def _resolve_mlp_width(self) -> None:
+        """d_intermediate: None resolved to the architecture's default, then checked."""
+        name = "ModelConfig"
         d_intermediate = self.d_intermediate
         if d_intermediate is None:
             d_intermediate = -(-8 * self.d_model // 3 // 64) * 64 if self.arch == "transformer" else 0
@@ -147,11 +163,18 @@ class ModelConfig:
                 d_intermediate,
                 "an integer >= 1 for arch='transformer' (LLaMA layers have a gated MLP)",
             )
+
+    def _check_floats(self) -> None:
+        """The norm's epsilon, the initialisation's std and RoPE's base: finite and > 0."""
+        name = "ModelConfig"
         check_finite(self, "norm_eps", "init_std", "rope_theta")
         check(self.norm_eps > 0, f"{name}.norm_eps", self.norm_eps, "a float > 0")
         check(self.init_std > 0, f"{name}.init_std", self.init_std, "a float > 0")
         check(self.rope_theta > 0, f"{name}.rope_theta", self.rope_theta, "a float > 0")
 
+    def _check_head_shapes(self) -> None:
+        """SSM heads that split expand*d_model and their groups; attention heads that split d_model."""
+        name = "ModelConfig"
         if self.arch in ("mamba2", "hybrid"):
             d_inner = self.expand * self.d_model
             check(
@@ -177,6 +200,10 @@ class ModelConfig:
                 self.rope_dim,
                 f"an even integer in [2, attn_head_dim={self.attn_head_dim}]",
             )
+
+    def _check_attention_layers(self) -> None:
+        """A hybrid's attention layers: distinct indices of its layers; none elsewhere."""
+        name = "ModelConfig"
         if self.arch == "hybrid":
             idx = self.attn_layer_idx
             check(len(idx) > 0, f"{name}.attn_layer_idx", idx, "a non-empty tuple of layer indices for arch='hybrid'")
@@ -258,6 +285,14 @@ class TrainConfig:
     compile: str = "auto"
 
     def __post_init__(self) -> None:
+        self._check_counts()
+        self._check_optimizer()
+        self._check_run_settings()
+        self._normalise_eval_qs()
+        self._check_init()
+
+    def _check_counts(self) -> None:
+        """Steps, batch sizes, cadences and the seed: integers in range."""
         check_ints(self, "steps", "batch_size", "seq_len", "eval_batch_size", "log_every")
         check(self.steps <= MAX_STEPS, "TrainConfig.steps", self.steps, f"an integer in [1, {MAX_STEPS:,}]")
         check_ints(
@@ -277,6 +312,9 @@ class TrainConfig:
             self.activation_checkpointing,
             "true or false",
         )
+
+    def _check_optimizer(self) -> None:
+        """AdamW's and the schedule's numbers: finite, and where a step stays meaningful."""
         check_finite(
             self, "lr", "min_lr_ratio", "weight_decay", "beta1", "beta2", "adam_eps", "grad_clip", "ckpt_minutes"
         )
@@ -296,6 +334,9 @@ class TrainConfig:
             f"a float >= {MIN_ADAM_EPS:.3g} (float32's smallest normal number)",
         )
         check(self.grad_clip >= 0, "TrainConfig.grad_clip", self.grad_clip, "a float >= 0 (0 disables)")
+
+    def _check_run_settings(self) -> None:
+        """How the run is carried out: checkpoint cadence, precision, device, compile."""
         check(
             isinstance(self.ckpt_minutes, (int, float))
             and not isinstance(self.ckpt_minutes, bool)
@@ -307,6 +348,9 @@ class TrainConfig:
         check_choice(self, "precision", ("auto", "fp32", "bf16"))
         check_choice(self, "device", ("auto", "cpu", "cuda"))
         check_choice(self, "compile", COMPILE_CHOICES)
+
+    def _normalise_eval_qs(self) -> None:
+        """eval_qs: distinct thresholds in (0, 1], kept sorted as floats."""
         qs = self.eval_qs
         check(
             isinstance(qs, (list, tuple))
@@ -318,6 +362,9 @@ class TrainConfig:
             "a non-empty list of distinct thresholds in (0, 1], e.g. [0.2, 0.4, 0.6, 0.8, 1.0]",
         )
         object.__setattr__(self, "eval_qs", tuple(float(q) for q in sorted(qs)))
+
+    def _check_init(self) -> None:
+        """Where the weights start (init_from) and which layers (init_layers, kept as "0,5")."""
         if self.init_from != "":  # the forms are retrofit's (torch-free, imported only when one is given)
             from looplab.retrofit import ALLOWED, well_formed
 
