@@ -17,7 +17,7 @@
     looplab export --checkpoint runs/lm/checkpoint --format hf exports/lm [--policy skip:0.4] [--force]
     looplab presets
     looplab info --preset paper-140m [arch=hybrid ...]
-    looplab doctor [--quick] [--json report.json]      does this node work? (looplab/doctor.py)
+    looplab doctor [--quick] [--json report.json]      does this node work? (looplab/doctor/)
     looplab dashboard runs/beta [--port 5000] [--experiment NAME]   MLflow's dashboard of a sweep, until Ctrl-C
 
 Each command is a pair side by side: add_<command> declares its arguments, cmd_<command>

@@ -1,7 +1,6 @@
-"""`looplab doctor`: does this node work (looplab/doctor.py)."""
+"""`looplab doctor`: does this node work (looplab/doctor/)."""
 
 from __future__ import annotations
-
 
 from looplab.arguments import at_least
 from looplab.cli.shared_flags import threads_flag

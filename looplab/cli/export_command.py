@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from looplab.cli.shared_flags import policy_type
 from looplab.cli.inputs import check_checkpoint
 from looplab.config import ConfigError

@@ -4,7 +4,6 @@ the model and task of --checkpoint or --preset, every place a command writes to.
 
 from __future__ import annotations
 
-
 from looplab.config import ConfigError, parse_value
 
 
