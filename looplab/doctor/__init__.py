@@ -1,7 +1,7 @@
 """`looplab doctor`: does this node work? One command that checks a machine before a
 sweep schedules on it, and says in one line per check what passed, what failed and why.
 
-    looplab doctor                  every check (under a minute on a 2-core CPU)
+    looplab doctor                  every check (its time: docs/benchmarks.md)
     looplab doctor --quick          environment, peaks and kernel correctness (seconds):
                                     what cluster.yaml runs on every worker at `ray up`
     looplab doctor --json FILE      every check as JSON as well (name, status, figure,

@@ -8,8 +8,8 @@ from looplab.doctor.checks import Check, passed
 def gemm_flops(device, dtype, n: int) -> float:
     """FLOP/s of an n×n×n matmul on the device (the median of three after a warm-up),
     into an output allocated once: on a CPU a fresh result is memory mapped anew and
-    first touched by the kernel each call, which read up to a third below the product's
-    own rate (benchmarks/suite.py)."""
+    first touched by the kernel each call, which slows the product itself
+    (docs/benchmarks.md)."""
     import torch
 
     from looplab.costs.timing import median_seconds

@@ -55,8 +55,8 @@ def environment(device) -> list[Check]:
 
 def cpu_sequence_kernels() -> Check:
     """Whether a compiled CPU run (train.compile=on) can run the Mamba-2 conv and scan as
-    C++ kernels: built here (the first time, ~35 s), or why not (a skip: the torch ops
-    serve)."""
+    C++ kernels: built here (the first time; its time: docs/benchmarks.md), or why not (a
+    skip: the torch ops serve)."""
     from looplab.models import cpu_sequence, native
     from looplab.models.ops import dispatch
 
