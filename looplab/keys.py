@@ -3,7 +3,7 @@ names (of folders, runs and lock files) made from a key.
 
 A result is found again by its key, never by a timestamp or a counter: the same inputs
 give the same key, so a re-run, another sweep or a resumed trial finds what was
-already computed. The stage key (looplab/config.py), the evaluation and speed keys
+already computed. The stage key (looplab/config/experiment.py), the evaluation and speed keys
 (trainables/downstream.py, trainables/speed.py), the sweep key and a trial's name
 (sweeps/plan.py) are all `digest` of a payload, and every stored name is
 `keyed_name(name, key)`: `<name>-<key>`, the readable part first and the key last, as
