@@ -11,6 +11,7 @@ from looplab.config import ConfigError
 
 
 def policy_type(text: str):
+    """An argparse type: one exit policy (ExitPolicy.parse), its error said as argparse's."""
     from looplab.policy import ExitPolicy
 
     try:
@@ -20,6 +21,7 @@ def policy_type(text: str):
 
 
 def policies_type(text: str):
+    """An argparse type: a list of exit policies (parse_policies: 'full;skip:0.2,0.4')."""
     from looplab.policy import parse_policies
 
     try:
@@ -29,6 +31,7 @@ def policies_type(text: str):
 
 
 def schedules_type(text: str) -> list[str]:
+    """An argparse type: comma-separated decoding schedules (lockstep, depth), each once."""
     from looplab.inference.depth_batching import SCHEDULES
 
     names = [t.strip() for t in text.split(",") if t.strip()]
@@ -55,6 +58,7 @@ def threads_flag(p) -> None:
 
 
 def compile_flag(p, default: str) -> None:
+    """--compile, on every command that decodes: the compiled one-token step, eager, or CUDA graphs."""
     p.add_argument(
         "--compile",
         choices=("on", "off", "cuda-graphs"),
