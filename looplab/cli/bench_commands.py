@@ -8,8 +8,8 @@ import json
 import sys
 
 from looplab.arguments import at_least, ints_at_least, one_of
-from looplab.cli.shared_flags import compile_flag, policies_type, schedules_type, timing_flags
 from looplab.cli.inputs import check_model_source, compile_decoding, load_source_model, model_and_task, task_of
+from looplab.cli.shared_flags import compile_flag, policies_type, schedules_type, timing_flags
 from looplab.config import ConfigError
 
 

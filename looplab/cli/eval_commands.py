@@ -8,8 +8,8 @@ import json
 import sys
 
 from looplab.arguments import at_least
-from looplab.cli.shared_flags import policies_type, policy_type, threads_flag
 from looplab.cli.inputs import check_checkpoint
+from looplab.cli.shared_flags import policies_type, policy_type, threads_flag
 from looplab.config import ConfigError
 
 

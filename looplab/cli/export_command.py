@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from looplab.cli.shared_flags import policy_type
 from looplab.cli.inputs import check_checkpoint
+from looplab.cli.shared_flags import policy_type
 from looplab.config import ConfigError
 
 

@@ -7,8 +7,8 @@ import json
 import sys
 
 from looplab.arguments import at_least, number_in
-from looplab.cli.shared_flags import compile_flag, policy_type, threads_flag
 from looplab.cli.inputs import check_checkpoint, compile_decoding
+from looplab.cli.shared_flags import compile_flag, policy_type, threads_flag
 from looplab.config import ConfigError
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 from looplab.arguments import at_least
-from looplab.cli.shared_flags import threads_flag
 from looplab.cli.inputs import experiment_config
+from looplab.cli.shared_flags import threads_flag
 from looplab.stages import STAGE_NAMES
 
 
