@@ -5,7 +5,7 @@
 
 Modules, one job each:
   names      the analysis' own column names, orderings and directions (the MLflow names it
-             reads are looplab/tracking.py's; policy labels are looplab/policy.py's ExitPolicy)
+             reads are looplab/tracking/'s; policy labels are looplab/policy.py's ExitPolicy)
   sources    MLflow's SQL tables (one query per table) or MlflowClient pages, as long frames
   load       MLflow store → RunSet (runs table, last and best per metric, histories)
   points     RunSet → the evaluation-points table (trial × stage × policy point)

@@ -32,7 +32,7 @@ the same checkpoint reached under that policy and at full compute.
     arrivals_chart(table)      decode tokens/s against d̄ per checkpoint × slots × schedule,
                 with the FLOP ratio's tokens/s (full's × the bound of each d̄) dashed
 
-The metric and param names are the tracking contract's (looplab/tracking.py).
+The metric and param names are the tracking contract's (looplab/tracking/).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Command-line argument types with looplab's one-line errors, for every command: the
-library's (`looplab`, looplab/cli.py) and the platform's (sweeps/, `python -m analysis`).
+library's (`looplab`, looplab/cli/) and the platform's (sweeps/, `python -m analysis`).
 A module of its own, torch-free, so that the platform reads it without importing the
 library's command line (and so without reaching up into it).
 

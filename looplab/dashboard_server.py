@@ -11,7 +11,7 @@ own; stopping it signals the whole group (TERM, then KILL after a grace period) 
 waits until no process of the group is left.
 
 No MLflow import at module top: the server is the `mlflow` CLI in a subprocess, and only
-finding the sweep's URLs reads the store (looplab/tracking.py's client).
+finding the sweep's URLs reads the store (looplab/tracking/mlflow_runs.py's client).
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """What every config dataclass is made of: keyed fields and the checks of their values.
 
 A field that can change a run's result is declared with `keyed(...)` and enters the
-keys of the runs it configures (looplab/config.py's module docstring); the checks
-raise a one-line ConfigError naming the field and what is allowed.
+keys of the runs it configures (looplab/config/'s docstring); the checks raise a
+one-line ConfigError naming the field and what is allowed.
 
-This module sits below every config class, wherever the class lives (config.py, the
-task configs beside their tasks in looplab/tasks/), so that none of them imports
+This module sits below every config class, wherever the class lives (looplab/config/,
+the task configs beside their tasks in looplab/tasks/), so that none of them imports
 another config module to get these. It imports no torch.
 """
 

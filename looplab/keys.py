@@ -3,8 +3,8 @@ names (of folders, runs and lock files) made from a key.
 
 A result is found again by its key, never by a timestamp or a counter: the same inputs
 give the same key, so a re-run, another sweep or a resumed trial finds what was
-already computed. The stage key (looplab/config.py), the evaluation and speed keys
-(trainables/evaluation.py, trainables/bench.py), the sweep key and a trial's name
+already computed. The stage key (looplab/config/experiment.py), the evaluation and bench
+keys (trainables/evaluation.py, trainables/bench.py), the sweep key and a trial's name
 (sweeps/sweep.py) are all `digest` of a payload, and every stored name is
 `keyed_name(name, key)`: `<name>-<key>`, the readable part first and the key last, as
 Marin's executor names each step's output after the step and the hash of its config.

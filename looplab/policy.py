@@ -17,7 +17,7 @@ One value type names every way of running an N⊗R model:
 A policy knows its spec (`skip:0.4`, `skip-entropy:2.5`, parsed back by
 `ExitPolicy.parse`), its label for people (`skip q=0.4`, `skip entropy<2.5`) and its
 metric prefix (`skip_q0.4_`, `skip_entropy2.5_`); the tracking
-contract (looplab/tracking.py) composes metric names from it and analysis parses
+contract (looplab/tracking/) composes metric names from it and analysis parses
 them back through `ExitPolicy.from_prefix`. Forward, evaluation, lm-eval and the
 benchmarks take one policy instead of loose keywords.
 

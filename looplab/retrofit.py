@@ -10,7 +10,7 @@ with and without `--set train.init_from=hf:PATH` compares them.
 
 The checkpoint fixes the model's shape: `checkpoint_model_fields` reads config.json
 into the ModelConfig fields it determines (arch, width, vocabulary, mixer sizes,
-norm epsilon, RoPE), and `apply_overrides` (looplab/config.py) sets them, so a run's
+norm epsilon, RoPE), and `apply_overrides` (looplab/config/experiment.py) sets them, so a run's
 recorded config and its key say what was trained; the loop structure (n_layers N,
 n_loops R), the chunk size and everything else stay the preset's and the overrides'.
 A field looplab's model cannot represent (biases it lacks, partial or scaled RoPE,
@@ -37,7 +37,7 @@ changed source is visible afterwards.
 It never needs transformers: config.json is JSON and the weights are read with
 safetensors (a core dependency) or torch, lazily, one tensor at a time; the tests
 build their references with transformers. Nothing of looplab above looplab.errors and
-looplab.keys is imported: config.py calls it while building a config (torch-free),
+looplab.keys is imported: looplab/config/ calls it while building a config (torch-free),
 and the weights go into a model handed in (looplab/training/train.py).
 """
 

@@ -11,7 +11,7 @@ continues a parent checkpoint, the config sections beyond model/task/train that
 change its result (so they enter its key), its optimiser recipe (App. D) with a warmup
 *fraction* of its own steps, which parameters train, which loops' outputs its loss
 reads, its loss, what it evaluates, and the method label a model carries after it.
-Config validation and hashing (config.py), the CLI's --stage choices, the platform's
+Config validation and hashing (looplab/config/), the CLI's --stage choices, the platform's
 stage order (trainables/pipeline.py), the memory and FLOP models (memory.py,
 resources.py), training (train.py) and analysis's method labels read these facts and
 never a stage's name.

@@ -1,4 +1,4 @@
-"""The quick health check (looplab/doctor.py) on every GPU node of a cluster, before a
+"""The quick health check (looplab/doctor/) on every GPU node of a cluster, before a
 sweep schedules on them: `--dry-run --doctor` with `--address`. Each node runs it in a
 Ray task pinned to the node; the driver prints one line per node and the first failing
 check. Without --address the check runs on this machine.

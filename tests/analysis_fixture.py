@@ -288,7 +288,7 @@ def _train_stage(mc, exp_id: str, chain, arm: str, seed: int, parent: str, trial
 
 def lm_eval_scores(arm: str, seed: int) -> dict[str, float]:
     """Task scores (fractions) of the full model and of skip at q=0.4, by the names
-    looplab/tracking.py documents."""
+    looplab/tracking/ documents."""
     scores = {}
     for i, task in enumerate(PAPER_TASKS):
         full = 0.30 + 0.01 * i + 0.01 * seed

@@ -1,4 +1,4 @@
-"""`looplab doctor` (looplab/doctor.py): each check's pass and fail paths. A kernel that
+"""`looplab doctor` (looplab/doctor/): each check's pass and fail paths. A kernel that
 computes the wrong thing must fail its correctness check, a memory model off by 2× must
 fail the plan check, a decode that drifts from the full forward must fail, and a check
 that raises fails alone while the others run on."""
@@ -31,7 +31,7 @@ def kernels_on_cpu(monkeypatch, scan) -> None:
     standin = CausalConv1dStandIn()
     monkeypatch.setattr(dispatch, "cuda_scan_kernels", lambda: (standin, scan))
     monkeypatch.setattr(dispatch, "use_cuda_kernels", lambda t: not dispatch.torch_forced())
-    monkeypatch.setattr(doctor, "_mixer", lambda device, dtype, seed=0: _mixer64(device, dtype))
+    monkeypatch.setattr(doctor.kernels, "_mixer", lambda device, dtype, seed=0: _mixer64(device, dtype))
 
 
 def _mixer64(device, dtype):
@@ -91,7 +91,7 @@ def test_the_training_probe_measures_a_step_beside_its_plan(monkeypatch):
     memory = checks["training debug memory vs plan"]
     assert memory.status == doctor.PASS, memory.reason
     assert checks["training debug tokens/s"].value > 0
-    monkeypatch.setattr(doctor, "predicted_peak", lambda plan: (plan.memory.peak - plan.memory.persistent) // 2)
+    monkeypatch.setattr(doctor.probe, "predicted_peak", lambda plan: (plan.memory.peak - plan.memory.persistent) // 2)
     halved = {c.name: c for c in doctor.training_probe(CPU, "debug", 1, peak_flops=1e11)}
     assert halved["training debug memory vs plan"].status == doctor.FAIL
     assert halved["training debug compiled tokens/s"].status == doctor.SKIP  # auto: off on a CPU
@@ -281,7 +281,7 @@ def test_the_decoding_speed_check_times_compiled_beside_eager_and_leaves_the_mod
     from looplab.models import compiled
 
     monkeypatch.setattr(compiled, "BACKEND", "aot_eager")  # no Inductor build: the check's arithmetic is tested
-    monkeypatch.setattr(doctor, "TIMED_TOKENS", 4)
+    monkeypatch.setattr(doctor.decoding, "TIMED_TOKENS", 4)
     model = load_model("debug", seed=0).eval()
     (check,) = doctor.decoding_speed(model, [[1, 2, 3], [4, 5, 6]], CPU)  # no CUDA-graph arm on a CPU
     assert check.status == doctor.PASS and check.value > 0

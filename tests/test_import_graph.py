@@ -202,7 +202,7 @@ def test_the_vocabulary_imports_no_torch(module):
 
 def test_the_platform_reads_argument_types_not_the_library_command_line():
     """sweeps/, trainables/ and analysis/ take Parser and the argument types from
-    looplab/arguments.py; looplab/cli.py is the `looplab` command alone."""
+    looplab/arguments.py; looplab/cli/ is the `looplab` command alone."""
     graph = import_graph()
     reaching = sorted(m for m, targets in graph.items() if not m.startswith("looplab") and "looplab.cli" in targets)
     assert reaching == [] and "looplab.arguments" in graph["sweeps.flags"]

@@ -239,7 +239,7 @@ def test_cuda_path_saves_what_the_memory_model_counts(triton_chunk_scan, monkeyp
 
 
 def test_the_doctors_scan_check_passes_on_the_triton_kernels(triton_chunk_scan, monkeypatch):
-    """`looplab doctor`'s correctness check of the scan (looplab/doctor.py), run on
+    """`looplab doctor`'s correctness check of the scan (looplab/doctor/kernels.py), run on
     mamba-ssm's own kernels: forward and every gradient, without and with seq_idx."""
     import looplab.doctor as doctor
 

@@ -1,7 +1,7 @@
 """looplab/keys.py: one digest and one output-path rule, and keys that stay what they were.
 
 Every value pinned below was computed on the code before looplab/keys.py existed (the
-separate helpers of config.py, sweeps/sweep.py, trainables/evaluation.py, checkpoint.py
+separate helpers of looplab/config/, sweeps/sweep.py, trainables/evaluation.py, checkpoint.py
 and storage.py). A store written then names its stages, sweeps, trials, evaluations and
 speed points by these values, so equal values mean such a store is found and reused,
 not trained or evaluated again. A test that fails here means stored results would be

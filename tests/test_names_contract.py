@@ -1,11 +1,11 @@
 """The tracking contract kept (issue 26, item 3; issue 36, item 2): every MLflow name is
-spelled in looplab/tracking.py, and the library (looplab/), the platform (sweeps/,
+spelled in looplab/tracking/names.py, and the library (looplab/), the platform (sweeps/,
 trainables/), analysis/, the benchmarks and the scripts compose theirs from it
 (tracking.policy_metric, tracking.VAL_PPL, tracking.EXECUTED_LOOPS, ...).
 
 The check reads the source, not the running code: every string constant (the pieces of
 an f-string included) fails the test when it is one of the contract's names (a string
-tracking.py defines, or one its functions compose: a policy's metric, a per-loop metric,
+tracking/names.py defines, or one its functions compose: a policy's metric, a per-loop metric,
 an lm-eval quantity), or shaped like a metric name. A plain word (stage, policy, loss)
 is the whole code's vocabulary and is not read as a name; docstrings and prose (a
 constant with whitespace: help texts, messages) are documentation, not names.
@@ -29,7 +29,7 @@ from looplab.policy import ExitPolicy
 
 REPO = Path(__file__).resolve().parents[1]
 SCANNED = ("looplab", "benchmarks", "scripts", "sweeps", "trainables", "analysis")
-CONTRACT = "looplab/tracking.py"
+CONTRACT = "looplab/tracking/names.py"
 ANALYSIS_OWN = "analysis/names.py"
 METRIC_SHAPES = tuple(
     re.compile(p)
@@ -62,7 +62,8 @@ SPELLED_ELSEWHERE = {
         "a checkpoint's metadata keys: its own store (looplab.load_model reads it), whose words the content tags copy",
     ),
     "looplab/training/run_folder.py": ({"stage_key"}, "the training state's and the divergence marker's key"),
-    "looplab/cli.py": ({"stage_key", "config_hash", "prompt_executed_loops"}, "fields of the commands' JSON output"),
+    "looplab/cli/preset_commands.py": ({"stage_key", "config_hash"}, "fields of the commands' JSON output"),
+    "looplab/cli/generate_command.py": ({"prompt_executed_loops"}, "a field of the command's JSON output"),
     "looplab/evaluation/harness.py": ({"executed_loops_by_task"}, "lm-eval's config entry of the per-task means"),
     "looplab/tasks/text.py": ({"val_blocks"}, "a TextConfig field (the validation blocks), not a metric"),
     "trainables/evaluation.py": (
@@ -157,7 +158,7 @@ def scanned_files() -> list[Path]:
 
 @functools.cache  # one read of the tree for the two tests below
 def spelled_outside_the_contract() -> tuple[list[str], set[tuple[str, str]]]:
-    """The names spelled outside tracking.py that no exemption covers, and the
+    """The names spelled outside tracking/names.py that no exemption covers, and the
     (file, name) exemptions that were used."""
     found, used = [], set()
     for path in scanned_files():
@@ -174,7 +175,7 @@ def spelled_outside_the_contract() -> tuple[list[str], set[tuple[str, str]]]:
 def test_no_metric_name_is_spelled_outside_the_tracking_contract():
     found, _ = spelled_outside_the_contract()
     assert not found, (
-        "MLflow names spelled outside looplab/tracking.py (import its constants, compose with "
+        "MLflow names spelled outside looplab/tracking/names.py (import its constants, compose with "
         "tracking.policy_metric / loop_metric / lm_eval_quantity; analysis' own columns go to "
         "analysis/names.py, another store's own word to SPELLED_ELSEWHERE with why):\n" + "\n".join(found)
     )
@@ -244,7 +245,7 @@ def test_analysis_own_names_are_not_mlflow_names():
         if text not in SAME_SPELLING
         and (text in contract or tracking.parse_metric(text) or tracking.parse_loop_metric(text))
     ]
-    assert not clashes, "MLflow names belong in looplab/tracking.py:\n" + "\n".join(clashes)
+    assert not clashes, "MLflow names belong in looplab/tracking/names.py:\n" + "\n".join(clashes)
 
 
 def test_analysis_reads_policy_names_from_exit_policy():

@@ -97,13 +97,7 @@ def evaluate_readouts(
     grid (looplab/policy.py), so a dense zoo record equals its own dense run."""
     device = torch.device(device)
     policies = list(policies)
-    for p in policies:
-        if p.execution == SKIP or (p.execution == DENSE and p.rule not in EXIT_RULES):
-            raise ValueError(
-                f"evaluate_readouts reads full, forced and dense policies with a rule (dense:Q, "
-                f"dense-entropy:T, ...), not {p.spec}"
-            )
-        p.check(model.cfg.n_loops)
+    _check_readout_policies(model, policies)
     was_training = model.training
     model.eval()
     R = model.cfg.n_loops
@@ -115,50 +109,10 @@ def evaluate_readouts(
     for start in range(0, len(batch), batch_size):
         part = batch.slice(start, start + batch_size).to(device)
         mask = part.targets != IGNORE_INDEX
-        rules = {p: exit_rule(p) for p in dense}
-        exit_steps = {p: torch.full_like(part.ids, R) for p in dense}
-        states = dict.fromkeys(zoo_rules)  # each zoo statistic's state, shared by its thresholds
         with autocast_context(device, precision):
-            # Full depth keeping every step's state and gate logits, no logits yet.
-            out = model(part.ids, ExitPolicy.full(), all_steps=True, readout="none")
-            loss_at, correct_at = {}, {}
-            for r in read:  # one LM-head pass per step, reduced at once: no (R, B, L, V) buffer
-                if not zoo_rules:  # nothing reads the distribution itself: the chunked head, no (B, L, V) logits
-                    loss_at[r], correct_at[r] = head_token_losses(
-                        model, out.step_hidden[r - 1], part.targets, correct=True
-                    )
-                    loss_at[r] = loss_at[r].float()
-                else:
-                    logits = model.logits(out.step_hidden[r - 1])
-                    loss_at[r] = token_losses(logits, part.targets).float()
-                    correct_at[r] = logits.argmax(dim=-1) == part.targets
-                if r == R:
-                    continue
-                statistic = {}
-                for rule in zoo_rules:
-                    statistic[rule], states[rule] = EXIT_RULES[rule].statistic(logits, states[rule])
-                for policy, decider in rules.items():  # as execution's dense loop: a token's first exit stands
-                    reached = (
-                        decider.update(out.gate_logits[r - 1])
-                        if policy.rule == GATE
-                        else decider.decide(statistic[policy.rule])
-                    )
-                    exit_steps[policy] = torch.where(reached & (exit_steps[policy] == R), r, exit_steps[policy])
+            loss_at, correct_at, exit_steps = _read_steps(model, part, read, dense, zoo_rules)
         for policy in policies:
-            if policy.execution == DENSE:
-                exit_step = exit_steps[policy]
-                losses = torch.stack([loss_at[r] for r in range(1, R + 1)])
-                corrects = torch.stack([correct_at[r] for r in range(1, R + 1)])
-                pick = (exit_step - 1).unsqueeze(0)
-                loss, correct = losses.gather(0, pick)[0], corrects.gather(0, pick)[0]
-            else:
-                d = policy.loops_run(R)
-                exit_step = torch.full_like(part.ids, d)
-                loss, correct = loss_at[d], correct_at[d]
-            acc = sums[policy]
-            acc["loss"] += float(loss[mask].sum())
-            acc["correct"] += int(correct[mask].sum())
-            acc["exit"] += float(exit_step[mask].float().sum())
+            _add_policy_sums(sums[policy], policy, loss_at, correct_at, exit_steps, part.ids, mask, R)
         total += int(mask.sum())
     model.train(was_training)
     # Every token of these policies runs the same loops (dense all R: its exit only
@@ -174,6 +128,68 @@ def evaluate_readouts(
             )
         )
     return records
+
+
+def _check_readout_policies(model, policies: list[ExitPolicy]) -> None:
+    """Full, forced and dense policies with a rule, within the model's loops: what one dense pass reads."""
+    for p in policies:
+        if p.execution == SKIP or (p.execution == DENSE and p.rule not in EXIT_RULES):
+            raise ValueError(
+                f"evaluate_readouts reads full, forced and dense policies with a rule (dense:Q, "
+                f"dense-entropy:T, ...), not {p.spec}"
+            )
+        p.check(model.cfg.n_loops)
+
+
+def _read_steps(model, part: Batch, read: list[int], dense: list[ExitPolicy], zoo_rules: list[str]):
+    """One full-depth pass over a part of the batch, keeping every step: each read step's
+    per-token CE and correctness, and each dense policy's exit steps (B, L)."""
+    R = model.cfg.n_loops
+    rules = {p: exit_rule(p) for p in dense}
+    exit_steps = {p: torch.full_like(part.ids, R) for p in dense}
+    states = dict.fromkeys(zoo_rules)  # each zoo statistic's state, shared by its thresholds
+    # Full depth keeping every step's state and gate logits, no logits yet.
+    out = model(part.ids, ExitPolicy.full(), all_steps=True, readout="none")
+    loss_at, correct_at = {}, {}
+    for r in read:  # one LM-head pass per step, reduced at once: no (R, B, L, V) buffer
+        if not zoo_rules:  # nothing reads the distribution itself: the chunked head, no (B, L, V) logits
+            loss_at[r], correct_at[r] = head_token_losses(model, out.step_hidden[r - 1], part.targets, correct=True)
+            loss_at[r] = loss_at[r].float()
+        else:
+            logits = model.logits(out.step_hidden[r - 1])
+            loss_at[r] = token_losses(logits, part.targets).float()
+            correct_at[r] = logits.argmax(dim=-1) == part.targets
+        if r == R:
+            continue
+        statistic = {}
+        for rule in zoo_rules:
+            statistic[rule], states[rule] = EXIT_RULES[rule].statistic(logits, states[rule])
+        for policy, decider in rules.items():  # as execution's dense loop: a token's first exit stands
+            reached = (
+                decider.update(out.gate_logits[r - 1])
+                if policy.rule == GATE
+                else decider.decide(statistic[policy.rule])
+            )
+            exit_steps[policy] = torch.where(reached & (exit_steps[policy] == R), r, exit_steps[policy])
+    return loss_at, correct_at, exit_steps
+
+
+def _add_policy_sums(acc: dict, policy: ExitPolicy, loss_at, correct_at, exit_steps, ids, mask, R: int) -> None:
+    """Add a part's CE, correct tokens and exit steps under `policy` (its step per token) to acc."""
+    if policy.execution == DENSE:
+        exit_step = exit_steps[policy]
+        losses = torch.stack([loss_at[r] for r in range(1, R + 1)])
+        corrects = torch.stack([correct_at[r] for r in range(1, R + 1)])
+        pick = (exit_step - 1).unsqueeze(0)
+        loss, correct = losses.gather(0, pick)[0], corrects.gather(0, pick)[0]
+    else:
+        d = policy.loops_run(R)
+        assert d is not None  # full or forced (dense was above): every token runs d loops
+        exit_step = torch.full_like(ids, d)
+        loss, correct = loss_at[d], correct_at[d]
+    acc["loss"] += float(loss[mask].sum())
+    acc["correct"] += int(correct[mask].sum())
+    acc["exit"] += float(exit_step[mask].float().sum())
 
 
 def format_table(records: list[dict]) -> str:

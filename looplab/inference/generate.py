@@ -22,15 +22,18 @@ logits and exit step of the full forward over 1..t in the same policy (tests/tes
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable
 
 import torch
 
 from looplab.config import ConfigError
 from looplab.inference.depth_batching import DEPTH, LOCKSTEP, DepthBatch, check_schedule
+from looplab.inference.rows import GenerationRows, per_row, stop_lists
+from looplab.inference.sampling import Sampler, check_sampling, sampling_generator
+from looplab.inference.sampling import sample as sample  # its home before sampling.py; callers import it here
 from looplab.models.cache import HOLE, InferenceCache, Layout
 from looplab.models.execution import FULL_DEPTH
-from looplab.policy import DENSE, EXIT_RULES, FULL, GATE_LOGITS, GIVEN, ExitPolicy, exit_rule
+from looplab.policy import DENSE, EXIT_RULES, FULL, GATE_LOGITS, GIVEN, ExitPolicy, ExitRule, exit_rule
 
 StepHook = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -167,10 +170,9 @@ def decode_step(
     token's state reaches no deeper loop."""
     R = model.cfg.n_loops
     n = tokens.shape[0]
-    all_rows = rows is None
-    if all_rows and n != cache.batch:
+    if rows is None and n != cache.batch:
         raise ConfigError(f"tokens of shape {tuple(tokens.shape)} is invalid; allowed: ({cache.batch},) or rows=")
-    positions = cache.length.clone() if all_rows else cache.length[rows]  # each row's next position
+    positions = cache.length.clone() if rows is None else cache.length[rows]  # each row's next position
     if cache.has_keys:
         cache.reserve(int(positions.max()) + 1)
     compiled = _whole_step(model, policy, on_step)
@@ -178,69 +180,91 @@ def decode_step(
         exit_step = torch.full_like(positions, R)
         logits = compiled.whole(_full_depth_step, model, cache, tokens, rows, readout)
         return Decoded(logits, exit_step, policy.loops_of(exit_step, R))
-    row_ids = torch.arange(n, device=tokens.device) if rows is None else rows
-
-    if policy.rule in EXIT_RULES:  # the gate's threshold rule or a zoo rule, per token, from zero:
-        rule = exit_rule(policy)  # each new token decides afresh
-    elif policy.rule == GIVEN:
-        steps = policy.exit_at.to(tokens.device)[row_ids, positions]
-    else:
-        loops = policy.loops_run(R)
-        assert loops is not None  # no rule, none given: full or forced, which fix every token's loops
-        steps = torch.full_like(positions, loops)
-    skip = policy.execution != DENSE  # exited tokens stop running (under full nobody exits before R)
-    fill = skip and cache.attention_fill != HOLE
-
-    h = model.embed(tokens)  # (n, d)
-    exit_step = torch.full_like(positions, R)
-    readout_h = h
-    active = torch.ones(n, dtype=torch.bool, device=h.device)
-    idx = None  # the running tokens, when not all of them
-    for r in range(1, R + 1):
-        if idx is None:
-            h = model.step(h[:, None], positions[:, None], cache=cache.at(r, Layout.one_token(rows)))[:, 0]
-            a_in = h
-        else:
-            out = model.step(
-                h[idx][:, None], positions[idx][:, None], cache=cache.at(r, Layout.one_token(row_ids[idx]))
-            )[:, 0]
-            h = h.index_copy(0, idx, out)
-            a_in = out
-        if r == R:
-            break
-        if policy.rule in EXIT_RULES and rule.reads == GATE_LOGITS:
-            a = model.exit_logit(a_in)
-            if idx is not None:  # the rule's arithmetic is elementwise: exited tokens' entries are never read
-                a = torch.zeros(n, dtype=a.dtype, device=a.device).index_copy(0, idx, a)
-            reached = rule.update(a)
-        elif policy.rule in EXIT_RULES:  # a zoo rule reads the step's next-token logits (every row's state)
-            reached = rule.update(model.logits(h))
-        else:
-            reached = steps == r
-        leaving = active & reached & (exit_step == R)  # a token's first step reaching its exit is its exit
-        exit_step = torch.where(leaving, r, exit_step)
-        if policy.execution == DENSE:
-            readout_h = torch.where((exit_step == r)[:, None], h, readout_h)
-        elif skip:
-            active = active & ~leaving
-            if on_step is not None:
-                h = on_step(r, h, active)
-            if fill and bool(leaving.any()):
-                out_rows = leaving.nonzero()[:, 0]
-                cache.fill_exited(model, h[out_rows], row_ids[out_rows], positions[out_rows], r)
-            if not bool(active.any()):
-                break
-            idx = None if bool(active.all()) else active.nonzero()[:, 0]
-    if policy.execution == DENSE:
-        readout_h = torch.where((exit_step == R)[:, None], h, readout_h)
-    else:
-        readout_h = h  # exited tokens' states stayed frozen
-    if all_rows:
+    token = _TokenStep(model, cache, policy, rows, positions, on_step, tokens.device)
+    readout_h, exit_step = token.run(model.embed(tokens))
+    if rows is None:
         cache.length += 1
     else:
         cache.length[rows] += 1
     logits = model.logits(readout_h) if readout else None
     return Decoded(logits, exit_step, policy.loops_of(exit_step, R))
+
+
+class _TokenStep:
+    """One new token per row through loops 1..R under a policy (decode_step's general
+    case): which tokens still run, when each exits, and the state it is read out from.
+    Rows still running at loop r are packed together, so the work follows the active
+    tokens."""
+
+    def __init__(self, model, cache: InferenceCache, policy: ExitPolicy, rows, positions, on_step, device) -> None:
+        self.model, self.cache, self.policy, self.on_step = model, cache, policy, on_step
+        self.rows, self.positions = rows, positions
+        self.row_ids = torch.arange(positions.shape[0], device=device) if rows is None else rows
+        self.rule: ExitRule | None = None
+        if policy.rule in EXIT_RULES:  # the gate's threshold rule or a zoo rule, per token, from zero:
+            self.rule = exit_rule(policy)  # each new token decides afresh
+        elif policy.rule == GIVEN:
+            self.steps = policy.exit_at.to(device)[self.row_ids, positions]
+        else:
+            loops = policy.loops_run(model.cfg.n_loops)
+            assert loops is not None  # no rule, none given: full or forced, which fix every token's loops
+            self.steps = torch.full_like(positions, loops)
+
+    def run(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tokens' embeddings h (n, d) through the loops: (the states to read out, exit steps)."""
+        R, policy, n = self.model.cfg.n_loops, self.policy, h.shape[0]
+        skip = policy.execution != DENSE  # exited tokens stop running (under full nobody exits before R)
+        fill = skip and self.cache.attention_fill != HOLE
+        exit_step = torch.full_like(self.positions, R)
+        readout_h = h
+        active = torch.ones(n, dtype=torch.bool, device=h.device)
+        idx = None  # the running tokens, when not all of them
+        for r in range(1, R + 1):
+            h, a_in = self.loop(r, h, idx)
+            if r == R:
+                break
+            leaving = active & self.reached(r, h, a_in, idx) & (exit_step == R)  # a first step reaching the exit
+            exit_step = torch.where(leaving, r, exit_step)
+            if policy.execution == DENSE:
+                readout_h = torch.where((exit_step == r)[:, None], h, readout_h)
+            elif skip:
+                active = active & ~leaving
+                if self.on_step is not None:
+                    h = self.on_step(r, h, active)
+                if fill and bool(leaving.any()):
+                    out_rows = leaving.nonzero()[:, 0]
+                    self.cache.fill_exited(self.model, h[out_rows], self.row_ids[out_rows], self.positions[out_rows], r)
+                if not bool(active.any()):
+                    break
+                idx = None if bool(active.all()) else active.nonzero()[:, 0]
+        if policy.execution == DENSE:
+            return torch.where((exit_step == R)[:, None], h, readout_h), exit_step
+        return h, exit_step  # exited tokens' states stayed frozen
+
+    def loop(self, r: int, h: torch.Tensor, idx: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Loop r on the running tokens (idx; None: all): every token's state, and the
+        running ones' new states (what the gate reads)."""
+        model, cache = self.model, self.cache
+        if idx is None:
+            h = model.step(h[:, None], self.positions[:, None], cache=cache.at(r, Layout.one_token(self.rows)))[:, 0]
+            return h, h
+        out = model.step(
+            h[idx][:, None], self.positions[idx][:, None], cache=cache.at(r, Layout.one_token(self.row_ids[idx]))
+        )[:, 0]
+        return h.index_copy(0, idx, out), out
+
+    def reached(self, r: int, h: torch.Tensor, a_in: torch.Tensor, idx: torch.Tensor | None) -> torch.Tensor:
+        """(n,) whether each token's exit is reached after loop r."""
+        if self.rule is None:
+            return self.steps == r
+        if self.rule.reads == GATE_LOGITS:
+            a = self.model.exit_logit(a_in)
+            if idx is not None:  # the rule's arithmetic is elementwise: exited tokens' entries are never read
+                a = torch.zeros(h.shape[0], dtype=a.dtype, device=a.device).index_copy(0, idx, a)
+            return self.rule.update(a)
+        return self.rule.update(
+            self.model.logits(h)
+        )  # a zoo rule reads the step's next-token logits (every row's state)
 
 
 def _whole_step(model, policy: ExitPolicy, on_step: StepHook | None):
@@ -267,58 +291,6 @@ def _full_depth_step(model, cache: InferenceCache, tokens, rows, readout: bool):
     else:
         cache.length[rows] += 1
     return model.logits(h[:, 0]) if readout else None
-
-
-def sample(
-    logits: torch.Tensor,
-    *,
-    temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    generator: torch.Generator | None = None,
-) -> torch.Tensor:
-    """Next tokens (n,) from logits (n, V): argmax at temperature 0, else a draw from
-    softmax(logits / temperature) restricted to the top_k most likely tokens and the
-    smallest set whose probability reaches top_p (0 and 1: no restriction)."""
-    if temperature == 0:
-        return logits.argmax(dim=-1)
-    logits = logits.float() / temperature
-    if top_k:
-        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
-        ordered, order = torch.sort(logits, dim=-1, descending=True)
-        probs = torch.softmax(ordered, dim=-1)
-        drop = torch.cumsum(probs, dim=-1) - probs >= top_p  # the tokens before it already reach top_p
-        logits = logits.scatter(-1, order, ordered.masked_fill(drop, float("-inf")))
-    probs = torch.softmax(logits, dim=-1)
-    return torch.multinomial(probs, 1, generator=generator)[:, 0]
-
-
-def _per_row(value, n: int, name: str, kind) -> list:
-    values = list(value) if isinstance(value, (list, tuple)) and not isinstance(value, str) else [value] * n
-    if len(values) != n:
-        raise ConfigError(f"{name} is invalid; allowed: one value or one per row ({n})")
-    return [kind(v) for v in values]
-
-
-def _stop_lists(stop, n: int) -> list[list[str]]:
-    """stop: None, a string, a list of strings (for every row) or one list per row."""
-    if not stop:
-        return [[] for _ in range(n)]
-    if isinstance(stop, str):
-        return [[stop] for _ in range(n)]
-    stop = list(stop)
-    if all(isinstance(s, str) for s in stop):
-        return [list(stop) for _ in range(n)]
-    if len(stop) != n:
-        raise ConfigError(f"stop is invalid; allowed: strings for every row, or one list per row ({n})")
-    return [[s] if isinstance(s, str) else list(s or []) for s in stop]
-
-
-def _cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
-    cuts = [text.index(s) for s in stops if s and s in text]
-    return (text[: min(cuts)], True) if cuts else (text, False)
 
 
 def generate(
@@ -353,108 +325,73 @@ def generate(
     share a step). Greedy outputs are the same; sampled draws come in another order."""
     _check_policy(model, policy)
     check_schedule(schedule)
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature < 0:
-        raise ConfigError(f"temperature={temperature!r} is invalid; allowed: a float >= 0 (0: greedy)")
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
-        raise ConfigError(f"top_k={top_k!r} is invalid; allowed: an integer >= 0 (0: no limit)")
-    if not isinstance(top_p, (int, float)) or not 0.0 < top_p <= 1.0:
-        raise ConfigError(f"top_p={top_p!r} is invalid; allowed: a float in (0, 1]")
+    check_sampling(temperature, top_k, top_p)
     device = next(model.parameters()).device
     ids, lengths = _as_batch(ids, lengths, device)
     bsz = ids.shape[0]
-    limits = _per_row(max_new_tokens, bsz, "max_new_tokens", int)
+    limits = per_row(max_new_tokens, bsz, "max_new_tokens", int)
     if min(limits) < 0:
         raise ConfigError(f"max_new_tokens={max_new_tokens!r} is invalid; allowed: integers >= 0")
-    stops = _stop_lists(stop, bsz)
+    stops = stop_lists(stop, bsz)
     if any(stops) and decode is None:
         raise ConfigError("stop strings need decode=; allowed: a callable from token ids to text")
-    generator = None
-    if temperature > 0:
-        generator = torch.Generator(device=device)
-        generator.manual_seed(int(seed) if seed is not None else torch.seed())
-
-    most = max(limits)
-    if policy.rule == GIVEN and policy.exit_at.shape[1] < ids.shape[1] + most:
+    sampler = Sampler(temperature, top_k, top_p, sampling_generator(temperature, seed, device))
+    capacity = ids.shape[1] + max(limits)
+    if policy.rule == GIVEN and policy.exit_at.shape[1] < capacity:
         raise ConfigError(
-            f"policy exit_at is invalid; allowed: (B, T) exit steps with T >= prompt + "
-            f"max_new_tokens = {ids.shape[1] + most}"
+            f"policy exit_at is invalid; allowed: (B, T) exit steps with T >= prompt + max_new_tokens = {capacity}"
         )
     pre = prefill(
-        model,
-        ids,
-        policy,
-        lengths=lengths,
-        capacity=ids.shape[1] + most,
-        attention_fill=attention_fill,
-        packing=packing,
+        model, ids, policy, lengths=lengths, capacity=capacity, attention_fill=attention_fill, packing=packing
     )
-    cache, logits = pre.cache, pre.logits
+    rows = GenerationRows.start(limits, stops, eos_id, decode, lengths.tolist(), pre.row_loops.tolist())
+    live = [b for b in range(bsz) if not rows.finish[b]]
     loops_now, exit_now = pre.loops.tolist(), pre.exit_step.tolist()
-    ran_tokens, ran_loops = lengths.tolist(), pre.row_loops.tolist()
-    tokens: list[list[int]] = [[] for _ in range(bsz)]
-    loops: list[list[int]] = [[] for _ in range(bsz)]
-    exits: list[list[int]] = [[] for _ in range(bsz)]
-    finish = ["length" if limit == 0 else "" for limit in limits]
-    texts = [""] * bsz if decode is not None else None
+    going = rows.draw(sampler, live, pre.logits[live], [loops_now[b] for b in live], [exit_now[b] for b in live])
+    run_schedule = _decode_by_depth if schedule == DEPTH else _decode_in_lockstep
+    run_schedule(model, pre.cache, policy, rows, sampler, going, device)
+    return Generation(
+        rows.tokens,
+        rows.loops,
+        rows.exits,
+        rows.finish,
+        rows.texts,
+        pre.executed_loops,
+        rows.ran_tokens,
+        rows.ran_loops,
+        pre.cache.nbytes(),
+    )
 
-    def accept(b: int, token: int, loops_b: int, exit_b: int) -> bool:
-        """Row b's next token, predicted by a position that ran loops_b loops (read out
-        at exit_b): record it; True if the row goes on."""
-        if eos_id is not None and token == eos_id:
-            finish[b] = "eos"
-            return False
-        tokens[b].append(token)
-        loops[b].append(loops_b)
-        exits[b].append(exit_b)
-        if texts is not None and decode is not None:  # texts: kept when there is a decode
-            texts[b], stopped = _cut_at_stop(decode(tokens[b]), stops[b])
-            if stopped:
-                finish[b] = "stop"
-                return False
-        if len(tokens[b]) >= limits[b]:
-            finish[b] = "length"
-            return False
-        return True
 
-    def draw(
-        rows: list[int], logits: torch.Tensor | None, loops_of: list[int], exits_of: list[int]
-    ) -> list[tuple[int, int]]:
-        """Sample the rows' next tokens (the model runs batched; bookkeeping per row):
-        (row, token) for the rows that go on."""
-        assert logits is not None  # the readout is on: every finished token has its logits
-        drawn = sample(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator).tolist()
-        return [(b, t) for b, t, n, e in zip(rows, drawn, loops_of, exits_of) if accept(b, t, n, e)]
+def _decode_in_lockstep(model, cache, policy, rows: GenerationRows, sampler: Sampler, going, device) -> None:
+    """The lockstep schedule: every going row's next token runs its loops together
+    (decode_step), until no row goes on."""
+    bsz = len(rows.limits)
+    while going:
+        live = [b for b, _ in going]
+        out = decode_step(
+            model,
+            cache,
+            torch.tensor([t for _, t in going], device=device),
+            policy,
+            rows=None if len(live) == bsz else torch.tensor(live, device=device),
+        )
+        loops_now = out.loops.tolist()
+        rows.ran(live, loops_now)
+        going = rows.draw(sampler, live, out.logits, loops_now, out.exit_step.tolist())
 
-    def ran(rows: list[int], loops_of: list[int]) -> None:
-        for b, n in zip(rows, loops_of):
-            ran_tokens[b] += 1
-            ran_loops[b] += n
 
-    live = [b for b in range(bsz) if not finish[b]]
-    going = draw(live, logits[live], [loops_now[b] for b in live], [exit_now[b] for b in live])
-    if schedule == DEPTH:
-        batch = DepthBatch(model, cache, policy)
-        while going or batch.running:
-            if going:
-                batch.start(
-                    torch.tensor([b for b, _ in going], device=device),
-                    torch.tensor([t for _, t in going], device=device),
-                )
-            done = batch.advance()
-            rows, loops_done = done.rows.tolist(), done.loops.tolist()
-            ran(rows, loops_done)
-            going = draw(rows, done.logits, loops_done, done.exit_step.tolist()) if rows else []
-    else:
-        while going:
-            live = [b for b, _ in going]
-            out = decode_step(
-                model,
-                cache,
+def _decode_by_depth(model, cache, policy, rows: GenerationRows, sampler: Sampler, going, device) -> None:
+    """The depth schedule (depth_batching.py): a row starts its next token as soon as
+    its last one is done, until no row goes on or runs."""
+    batch = DepthBatch(model, cache, policy)
+    while going or batch.running:
+        if going:
+            batch.start(
+                torch.tensor([b for b, _ in going], device=device),
                 torch.tensor([t for _, t in going], device=device),
-                policy,
-                rows=None if len(live) == bsz else torch.tensor(live, device=device),
             )
-            loops_now = out.loops.tolist()
-            ran(live, loops_now)
-            going = draw(live, out.logits, loops_now, out.exit_step.tolist())
-    return Generation(tokens, loops, exits, finish, texts, pre.executed_loops, ran_tokens, ran_loops, cache.nbytes())
+        done = batch.advance()
+        done_rows, loops_done = done.rows.tolist(), done.loops.tolist()
+        rows.ran(done_rows, loops_done)
+        going = rows.draw(sampler, done_rows, done.logits, loops_done, done.exit_step.tolist()) if done_rows else []

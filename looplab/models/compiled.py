@@ -41,7 +41,7 @@ from looplab.models.ahead_of_time import AheadOfTimeSteps
 from looplab.models.mamba2 import Mamba2
 from looplab.models.ops import dispatch
 
-AUTO, ON = "auto", "on"  # train.compile's values (looplab/config.py validates them)
+AUTO, ON = "auto", "on"  # train.compile's values (looplab/config/training.py validates them)
 
 
 def compiles(setting: str, device: torch.device) -> bool:

@@ -4,7 +4,7 @@ A looped model applies one block R times; its stability (the residual stream's s
 where the gradient comes from) and its cache holes (what skipping does to the tokens
 that keep running) are read per loop r = 1..R. Every stage logs them at each
 evaluation, on a fixed diagnostic batch (the first DIAGNOSTIC_ROWS rows of the
-evaluation set), as the metrics named by looplab/tracking.py's loop_metric
+evaluation set), as the metrics named by looplab/tracking/names.py's loop_metric
 (loop2_hidden_norm, skip_q0.4_loop2_state_gap):
 
   hidden_norm  RMS of h^(r) over the real tokens, at full depth.
@@ -112,7 +112,7 @@ def skip_profile(model, ids: torch.Tensor, policy: ExitPolicy) -> tuple[list[flo
 
 def loop_instruments(model, stage, batch: Batch, cfg, step: int, device) -> dict[str, float]:
     """Every instrument of the module docstring for this stage, as metric name → value
-    (looplab/tracking.py's loop_metric names)."""
+    (looplab/tracking/names.py's loop_metric names)."""
     batch = batch.to(device)
     out: dict[str, float] = {}
     with autocast_context(torch.device(device), cfg.train.precision):

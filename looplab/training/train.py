@@ -104,12 +104,7 @@ def train(
     result, speed, window = TrainResult(out_dir=out, step=start), _Speed(start, end), []
     stage = get_stage(cfg.stage)
     trainable: list[torch.Tensor] = [p for p in model.parameters() if p.requires_grad]  # fixed (ready_to_train)
-    log.say(
-        f"{cfg.preset or 'custom'} {cfg.stage} [{cfg.stage_key()}]: {cfg.model.arch} {cfg.model.n_layers}⊗"
-        f"{cfg.model.n_loops}, {model.num_parameters():,} params, {tc.steps} steps on {device}"
-    )
-    if device.type == "cpu":
-        log.say(threads.current().line())
+    _announce(log, cfg, model, device)
     model.train()
     for step in range(start, end):
         t_step = time.perf_counter()
@@ -133,11 +128,7 @@ def train(
             saver.save(done)
         result.step = done
         if should_stop is not None and done != end and shard.broadcast(bool(should_stop())):
-            if saver.saved_step != done:
-                saver.save(done)
-            log.say(
-                f"stopped at step {done}/{tc.steps} on request; checkpoint: {saver.ckpt} (running again resumes here)"
-            )
+            _stop_on_request(saver, log, done, tc.steps)
             result.stopped = True
             return result
     if end == tc.steps:
@@ -146,6 +137,23 @@ def train(
         saver.save(end)
         log.say(f"checkpoint: {saver.ckpt}")
     return result
+
+
+def _announce(log: MetricsLog, cfg: ExperimentConfig, model, device: torch.device) -> None:
+    """The run's first lines: what trains, how big, on which device (and a CPU's threads)."""
+    log.say(
+        f"{cfg.preset or 'custom'} {cfg.stage} [{cfg.stage_key()}]: {cfg.model.arch} {cfg.model.n_layers}⊗"
+        f"{cfg.model.n_loops}, {model.num_parameters():,} params, {cfg.train.steps} steps on {device}"
+    )
+    if device.type == "cpu":
+        log.say(threads.current().line())
+
+
+def _stop_on_request(saver: Checkpointer, log: MetricsLog, done: int, steps: int) -> None:
+    """A stop asked for (should_stop): the step checkpointed, unless it just was, and said."""
+    if saver.saved_step != done:
+        saver.save(done)
+    log.say(f"stopped at step {done}/{steps} on request; checkpoint: {saver.ckpt} (running again resumes here)")
 
 
 def _start_model(cfg: ExperimentConfig, parent_dir: str | Path | None) -> tuple[Any, str | None]:

@@ -15,6 +15,44 @@ import torch
 import torch.nn.functional as F
 
 
+def _pad_to_chunks(x, dt, B, C, seq_idx, Q: int):
+    """x, dt, B, C (and seq_idx) padded along l to a whole number of chunks of Q."""
+    pad = (-x.shape[1]) % Q
+    if pad:  # dt = 0 on pads: an identity step that adds nothing to the state
+        x = F.pad(x, (0, 0, 0, 0, 0, pad))
+        dt = F.pad(dt, (0, 0, 0, pad))
+        B = F.pad(B, (0, 0, 0, 0, 0, pad))
+        C = F.pad(C, (0, 0, 0, 0, 0, pad))
+        if seq_idx is not None:  # pads continue the last sequence (as identity steps)
+            seq_idx = torch.cat([seq_idx, seq_idx[:, -1:].expand(-1, pad)], dim=1)
+    return x, dt, B, C, seq_idx
+
+
+def _pass_states(a_cum, chunk_states, initial_state, seq, dtype: torch.dtype):
+    """ssd_chunked's step 3: the state entering each chunk (b c g h p n) and the final
+    state (b g h p n), from the chunks' log-decays a_cum (b c g h q), their end states
+    chunk_states (b c g h p n), initial_state (b, h, p, n) or None, and the sequence
+    ids seq (b c 1 1 q) of a packed layout or None; initial_state enters in dtype (x's)."""
+    bsz, nc, ngroups, hpg, headdim, dstate = chunk_states.shape
+    totals = a_cum[..., -1].permute(0, 2, 3, 1)  # b g h c: log-decay across each chunk
+    inclusive = torch.cumsum(totals, dim=-1)
+    exclusive = F.pad(inclusive, (1, 0))  # b g h (c+1): decay from the start to chunk z
+    later = torch.ones(nc + 1, nc, dtype=torch.bool, device=a_cum.device).tril(-1)  # chunk c ends before z
+    if seq is not None:
+        # A chunk's end state reaches chunk z only within one sequence; sequences are
+        # contiguous, so "same sequence at c's end and at z's start" says it all.
+        ends = seq[:, :, 0, 0, -1]  # b c
+        starts = torch.cat([seq[:, :, 0, 0, 0], seq[:, -1:, 0, 0, -1]], dim=1)  # b (c+1); row c+1: the end
+        later = later & (starts.unsqueeze(-1) == ends.unsqueeze(-2))[:, None, None]
+    passing = torch.exp((exclusive.unsqueeze(-1) - inclusive.unsqueeze(-2)).masked_fill(~later, float("-inf")))
+    states = passing @ chunk_states.permute(0, 2, 3, 1, 4, 5).reshape(bsz, ngroups, hpg, nc, headdim * dstate)
+    if initial_state is not None:
+        init = initial_state.reshape(bsz, ngroups, hpg, 1, headdim * dstate).to(dtype)
+        states = states + torch.exp(exclusive).unsqueeze(-1) * init
+    states = states.reshape(bsz, ngroups, hpg, nc + 1, headdim, dstate)
+    return states[:, :, :, :nc].permute(0, 3, 1, 2, 4, 5), states[:, :, :, nc]
+
+
 def ssd_chunked(
     x: torch.Tensor,
     dt: torch.Tensor,
@@ -46,15 +84,8 @@ def ssd_chunked(
     ngroups, dstate = B.shape[2], B.shape[3]
     hpg = nheads // ngroups  # heads per group share B and C
     Q = chunk_size
-    pad = (-seqlen) % Q
-    if pad:  # dt = 0 on pads: an identity step that adds nothing to the state
-        x = F.pad(x, (0, 0, 0, 0, 0, pad))
-        dt = F.pad(dt, (0, 0, 0, pad))
-        B = F.pad(B, (0, 0, 0, 0, 0, pad))
-        C = F.pad(C, (0, 0, 0, 0, 0, pad))
-        if seq_idx is not None:  # pads continue the last sequence (as identity steps)
-            seq_idx = torch.cat([seq_idx, seq_idx[:, -1:].expand(-1, pad)], dim=1)
-    nc = (seqlen + pad) // Q
+    x, dt, B, C, seq_idx = _pad_to_chunks(x, dt, B, C, seq_idx, Q)
+    nc = x.shape[1] // Q
     if seq_idx is not None:
         seq = seq_idx.reshape(bsz, nc, 1, 1, Q)  # broadcasts over (group, head)
 
@@ -86,24 +117,7 @@ def ssd_chunked(
     #    One small (nc+1)×nc matrix product per head instead of a sequential loop
     #    (whose per-chunk slicing would cost O(nc²) memory traffic in backward);
     #    row nc is the final state.
-    totals = a_cum[..., -1].permute(0, 2, 3, 1)  # b g h c: log-decay across each chunk
-    inclusive = torch.cumsum(totals, dim=-1)
-    exclusive = F.pad(inclusive, (1, 0))  # b g h (c+1): decay from the start to chunk z
-    later = torch.ones(nc + 1, nc, dtype=torch.bool, device=x.device).tril(-1)  # chunk c ends before z
-    if seq_idx is not None:
-        # A chunk's end state reaches chunk z only within one sequence; sequences are
-        # contiguous, so "same sequence at c's end and at z's start" says it all.
-        ends = seq[:, :, 0, 0, -1]  # b c
-        starts = torch.cat([seq[:, :, 0, 0, 0], seq[:, -1:, 0, 0, -1]], dim=1)  # b (c+1); row c+1: the end
-        later = later & (starts.unsqueeze(-1) == ends.unsqueeze(-2))[:, None, None]
-    passing = torch.exp((exclusive.unsqueeze(-1) - inclusive.unsqueeze(-2)).masked_fill(~later, float("-inf")))
-    states = passing @ chunk_states.permute(0, 2, 3, 1, 4, 5).reshape(bsz, ngroups, hpg, nc, headdim * dstate)
-    if initial_state is not None:
-        init = initial_state.reshape(bsz, ngroups, hpg, 1, headdim * dstate).to(x.dtype)
-        states = states + torch.exp(exclusive).unsqueeze(-1) * init
-    states = states.reshape(bsz, ngroups, hpg, nc + 1, headdim, dstate)
-    entering = states[:, :, :, :nc].permute(0, 3, 1, 2, 4, 5)  # b c g h p n
-    state = states[:, :, :, nc]
+    entering, state = _pass_states(a_cum, chunk_states, initial_state, seq if seq_idx is not None else None, x.dtype)
 
     # 4. The state entering a chunk, read out at every position of it.
     from_start = torch.exp(a_cum)
