@@ -263,7 +263,7 @@ def render_page(
     *, title: str, meta: list[str], notes: list[str], sections: list[tuple[str, str]], charts: list[ChartSpec]
 ) -> str:
     """sections: (heading, inner HTML) in order; a chart's place is <div id="chart-NAME">
-    inside some section's HTML (see chart_slot)."""
+    inside some section's HTML (analysis/report/templates/parts.html.j2's chart_slot)."""
     from plotly.offline import get_plotlyjs  # the bundle include_plotlyjs=True inlines
 
     data = {
@@ -289,8 +289,3 @@ def render_page(
         f'<script type="application/json" id="report-data">{_embed(data)}</script>'
         f"<script>{GUARD}</script><script>{get_plotlyjs()}</script><script>{DRAW}</script></body></html>\n"
     )
-
-
-def chart_slot(name: str, caption: str = "") -> str:
-    cap = f'<p class="caption">{html.escape(caption)}</p>' if caption else ""
-    return f'<div class="chart"><div class="plot" id="chart-{html.escape(name)}"></div>{cap}</div>'
