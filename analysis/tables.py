@@ -61,24 +61,8 @@ from analysis.table_parts import (
     with_model_column,
 )
 
-# Names other modules import from here, wherever they live.
-__all__ = [
-    "BUILDERS",
-    "HYBRID_SKIP",
-    "NUM",
-    "PCT",
-    "REPRESENTATIVE_Q",
-    "WHY_EMPTY",
-    "Table",
-    "all_tables",
-    "beta_table",
-    "exit_gate_table",
-    "fixed_loop_table",
-    "iso_table",
-    "skip_table",
-    "table4",
-    "threshold_table",
-]
+# What moved to gate_tables.py and table_parts.py stays importable from here.
+__all__ = ["HYBRID_SKIP", "NUM", "PCT", "REPRESENTATIVE_Q", "Table", "exit_gate_table", "table4"]
 
 
 def iso_table(agg: pl.DataFrame) -> Table | None:
