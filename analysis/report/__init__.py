@@ -35,6 +35,7 @@ experiment (mixed schemas), or when no run has an evaluation metric at all.
 
 The package, one module per job:
   build          build_report: runs the sections in the page's order, writes the page and notes
+  assemble       the page itself: sections, notes, the charts' data and scripts (page.html.j2)
   context        ReportContext: the runs, output folder and settings every section reads, and
                  the files, charts and notes they add to; write_csv
   quality        the compute and quality axes: CLI names, labels, directions, `auto`, checks

@@ -1,5 +1,5 @@
-"""build_report: load the runs, run every section in the page's order, write the page,
-the notes and (optionally) the MLflow artifacts."""
+"""build_report: load the runs, run every section in the page's order, write the page
+(assemble.py), the notes and (optionally) the MLflow artifacts."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from analysis.aggregate import aggregate_seeds, choose_best_seeds
 from analysis.axis import searched_axes
 from analysis.errors import AnalysisError
 from analysis.load import RunSet, load_runs
-from analysis.page import render_page
 from analysis.points import evaluation_points
 from analysis.report.artifacts import log_to_sweep_run
+from analysis.report.assemble import render_page
 from analysis.report.beta import beta_section
 from analysis.report.context import ReportContext, Section
 from analysis.report.depth import depth_section
