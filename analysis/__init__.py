@@ -11,14 +11,18 @@ Modules, one job each:
   points     RunSet → the evaluation-points table (trial × stage × policy point)
   aggregate  seeds → mean, std, t-interval (scipy's Student t), or best-of-seeds
   frontier   Pareto frontiers, the area between two frontiers, the best point under a budget
-  tables     the paper's tables as Markdown and CSV
+  tables     the paper's tables as Markdown and CSV (Table 4 in gate_tables, the Table and
+             its cells in table_parts)
   speed      the speed sweep's timed points joined by stage key to the stage's perplexity
   depth_fit  what a loop is worth in layers: γ of loss ≈ a + b·log(N·R^γ) over pre-trainings
   charts     what each figure shows, as data (drawn by plots and by the page)
   plots      PNG figures (matplotlib, Agg)
-  page       ChartSpec → Plotly figure; the self-contained HTML page (Plotly offline:
-             plotly.js inline once, no CDN)
-  report     build_report(): every file above, plus MLflow artifacts
+  page       ChartSpec → Plotly figure; the page's CSS and scripts (report/assemble.py lays
+             out the self-contained page: Plotly offline, plotly.js inline once, no CDN)
+  claims     the paper's claims judged (claim_rules, curves, verdicts and claim_families
+             beside it; every claim name imports from here)
+  report     build_report(): every file above, plus MLflow artifacts (a package: one module
+             per section, jinja2 templates for the page's HTML)
   __main__   the command line: `python -m analysis ...` (also `python analysis/frontier.py ...`)
   screenshot open a report in headless Chromium and check that Plotly drew it
 

@@ -77,6 +77,23 @@ def aggregate_seeds(
     columns present (names in DESCRIPTIVE and params.* except the seed)."""
     values = [values] if isinstance(values, str) else list(values)
     by = [c for c in by if c in df.columns]
+    _check_request(df, values, confidence, best_of_seeds)
+    if carry is None:
+        carry = [c for c in df.columns if (c in DESCRIPTIVE or (c.startswith("params.") and c not in PER_SEED))]
+    carry = [c for c in carry if c not in by and c not in values and c != seed]
+    stats = _group_stats(df, values, seed, carry)
+    if best_of_seeds:
+        stats.append(_best_seed_pick(df, values, seed, best_of_seeds, maximize))
+    grouped = df.group_by(by, maintain_order=True).agg(stats) if by else df.select(stats)
+    out = _value_columns(grouped, values, confidence, bool(best_of_seeds))
+    lead = [*by, *carry, "n_seeds", *(["seeds"] if seed in df.columns else [])]
+    if best_of_seeds and seed in df.columns:
+        out.append(pl.col("_best").struct.field(seed).alias("chosen_seed"))
+    return grouped.select([*lead, *out])
+
+
+def _check_request(df: pl.DataFrame, values: list[str], confidence: float, best_of_seeds: str | None) -> None:
+    """A confidence outside (0, 1), or a value or best-of-seeds column the frame lacks."""
     if not 0.0 < confidence < 1.0:
         raise AnalysisError(f"confidence={confidence} is invalid; allowed: a fraction in (0, 1), e.g. 0.95")
     missing = [v for v in values + ([best_of_seeds] if best_of_seeds else []) if v not in df.columns]
@@ -85,10 +102,11 @@ def aggregate_seeds(
             f"cannot aggregate {', '.join(missing)}: no such column; columns: "
             f"{', '.join(c for c in df.columns if not c.startswith('params.'))}"
         )
-    if carry is None:
-        carry = [c for c in df.columns if (c in DESCRIPTIVE or (c.startswith("params.") and c not in PER_SEED))]
-    carry = [c for c in carry if c not in by and c not in values and c != seed]
 
+
+def _group_stats(df: pl.DataFrame, values: list[str], seed: str, carry: list[str]) -> list[pl.Expr]:
+    """Per group: n_seeds and the sorted seeds, the carried columns' first values, and
+    each value's mean, std and count (the interval is computed from these afterwards)."""
     stats = (
         [pl.len().alias("n_seeds"), pl.col(seed).sort().alias("seeds")]
         if seed in df.columns
@@ -101,21 +119,30 @@ def aggregate_seeds(
             pl.col(v).std(ddof=1).alias(f"{v}_std"),
             pl.col(v).count().alias(f"{v}_n"),
         ]
-    if best_of_seeds:
-        up = names.higher_is_better(best_of_seeds) if maximize is None else maximize
-        if up is None:
-            raise AnalysisError(f"best_of_seeds={best_of_seeds!r}: say maximize=True or False (no known direction)")
-        ranked = pl.col(best_of_seeds).fill_null(-math.inf if up else math.inf)
-        order = [ranked, pl.col(seed)] if seed in df.columns else [ranked]
-        pick = (
-            pl.struct([*values, *([seed] if seed in df.columns else [])])
-            .sort_by(order, descending=[up, False][: len(order)])
-            .first()
-            .alias("_best")
-        )
-        stats.append(pick)
-    grouped = df.group_by(by, maintain_order=True).agg(stats) if by else df.select(stats)
+    return stats
 
+
+def _best_seed_pick(
+    df: pl.DataFrame, values: list[str], seed: str, best_of_seeds: str, maximize: bool | None
+) -> pl.Expr:
+    """_best: per group, the values (and seed) of the seed whose best_of_seeds column is
+    best; a missing value ranks last, ties go to the lowest seed."""
+    up = names.higher_is_better(best_of_seeds) if maximize is None else maximize
+    if up is None:
+        raise AnalysisError(f"best_of_seeds={best_of_seeds!r}: say maximize=True or False (no known direction)")
+    ranked = pl.col(best_of_seeds).fill_null(-math.inf if up else math.inf)
+    order = [ranked, pl.col(seed)] if seed in df.columns else [ranked]
+    return (
+        pl.struct([*values, *([seed] if seed in df.columns else [])])
+        .sort_by(order, descending=[up, False][: len(order)])
+        .first()
+        .alias("_best")
+    )
+
+
+def _value_columns(grouped: pl.DataFrame, values: list[str], confidence: float, best: bool) -> list[pl.Expr]:
+    """Each value's v, v_std, v_ci_low, v_ci_high: the mean with its Student-t interval,
+    or under best-of-seeds the chosen seed's value and no interval."""
     counts = {n for v in values for n in grouped[f"{v}_n"].to_list() if n and n >= 2}
     t = {n: student_t_quantile(0.5 + confidence / 2.0, n - 1) for n in counts}
     out = []
@@ -125,7 +152,7 @@ def aggregate_seeds(
             * pl.col(f"{v}_std")
             / pl.col(f"{v}_n").cast(pl.Float64).sqrt()
         )
-        if best_of_seeds:
+        if best:
             out += [
                 pl.col("_best").struct.field(v).alias(v),
                 pl.col(f"{v}_std"),
@@ -139,10 +166,7 @@ def aggregate_seeds(
                 (pl.col(f"{v}_mean") - half).alias(f"{v}_ci_low"),
                 (pl.col(f"{v}_mean") + half).alias(f"{v}_ci_high"),
             ]
-    lead = [*by, *carry, "n_seeds", *(["seeds"] if seed in df.columns else [])]
-    if best_of_seeds and seed in df.columns:
-        out.append(pl.col("_best").struct.field(seed).alias("chosen_seed"))
-    return grouped.select([*lead, *out])
+    return out
 
 
 def choose_best_seeds(

@@ -1,5 +1,6 @@
-"""The self-contained HTML report: one file with inline CSS, plotly.js inline (Plotly's
-offline output, written once per page) and each chart as a Plotly figure in JSON.
+"""What the self-contained HTML report is made of: its inline CSS, its scripts, and each
+chart as a Plotly figure in JSON (analysis/report/templates/page.html.j2 lays them out,
+with plotly.js inline, Plotly's offline output, written once per page).
 No CDN, no fonts, no images, no requests of any kind: it opens offline from disk or in
 the MLflow artifact view.
 
@@ -259,38 +260,11 @@ def _embed(data: dict) -> str:
     return json.dumps(data, ensure_ascii=False, allow_nan=False).replace("</", "<\\/")
 
 
-def render_page(
-    *, title: str, meta: list[str], notes: list[str], sections: list[tuple[str, str]], charts: list[ChartSpec]
-) -> str:
-    """sections: (heading, inner HTML) in order; a chart's place is <div id="chart-NAME">
-    inside some section's HTML (see chart_slot)."""
-    from plotly.offline import get_plotlyjs  # the bundle include_plotlyjs=True inlines
-
+def charts_json(charts: list[ChartSpec]) -> str:
+    """Every chart as its Plotly figure and config, as the JSON the page's DRAW script reads."""
     data = {
         "charts": [
             {"name": spec.name, "figure": figure(spec).to_plotly_json(), "config": _config(spec)} for spec in charts
         ]
     }
-    meta_html = "".join(f"<div>{html.escape(m)}</div>" for m in meta)
-    notes_html = (
-        (
-            '<h2>Notes: what was left out and why</h2><ul class="notes">'
-            + "".join(f"<li>{html.escape(n)}</li>" for n in notes)
-            + "</ul>"
-        )
-        if notes
-        else ""
-    )
-    body = "".join(f"<h2>{html.escape(h)}</h2>{inner}" for h, inner in sections)
-    return (
-        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
-        f'<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1><div class="meta">{meta_html}</div>'
-        f'<div id="report-status">the charts need JavaScript</div>{body}{notes_html}'
-        f'<script type="application/json" id="report-data">{_embed(data)}</script>'
-        f"<script>{GUARD}</script><script>{get_plotlyjs()}</script><script>{DRAW}</script></body></html>\n"
-    )
-
-
-def chart_slot(name: str, caption: str = "") -> str:
-    cap = f'<p class="caption">{html.escape(caption)}</p>' if caption else ""
-    return f'<div class="chart"><div class="plot" id="chart-{html.escape(name)}"></div>{cap}</div>'
+    return _embed(data)

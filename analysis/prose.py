@@ -209,7 +209,7 @@ def grows(interval: Interval) -> bool:
     return interval.low is not None and interval.low > 0
 
 
-# ---- the report's "What this sweep found" (analysis/report.py): sentences generated from its tables ----
+# ---- the report's "What this sweep found" (analysis/report/findings.py): sentences generated from its tables ----
 
 FLAT = 0.01  # a measure is "flat" across an axis when its means span at most this share of their mean
 

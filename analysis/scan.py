@@ -10,7 +10,7 @@ effect is read over its seeds with analysis/claims.py's measures and intervals:
   loops   (pre-training only: N⊗R beside N⊗1 and NR⊗1) the exact-match gain of N⊗R over
           N⊗1 and over NR⊗1 in points (C1's measure, Welch), per level
 
-The report of a scan's experiment (analysis/report.py, `python -m analysis`) holds them:
+The report of a scan's experiment (analysis/report/, `python -m analysis`) holds them:
 scan.csv, scan.md (the table), scan.png (one panel per line) and scan_<axis>.png.
 """
 

@@ -67,14 +67,19 @@ def test_fit_writes_csv_and_chart_per_architecture(tmp_path):
 
 def test_report_section_writes_png_and_csv(tmp_path):
     pytest.importorskip("matplotlib")
-    from analysis.report import _depth_section
+    from analysis.report.context import ReportContext
+    from analysis.report.depth import depth_section
 
-    paths, charts, notes = {}, [], []
-    sections = _depth_section(_points(0.5), tmp_path, paths, charts, notes)
+    notes = []
+    ctx = ReportContext(runs=None, out=tmp_path, notes=notes)
+    sections = depth_section(ctx, _points(0.5))
+    paths, charts = ctx.paths, ctx.charts
     assert [title for title, _ in sections] == ["Effective depth of a loop"] and notes == []
     assert paths["depth_fit.png"].stat().st_size > 0 and paths["depth_fit.csv"].exists()
     assert [c.name for c in charts] == ["depth_fit"]
-    assert _depth_section(_points(0.5, pairs=[(6, 4), (12, 4)]), tmp_path, {}, [], notes) == []
+    assert (
+        depth_section(ReportContext(runs=None, out=tmp_path, notes=notes), _points(0.5, pairs=[(6, 4), (12, 4)])) == []
+    )
     assert "one loop count (R = 4)" in notes[0]
 
 
