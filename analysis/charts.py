@@ -12,7 +12,7 @@
                   method and execution, on the final stage.
   skip_chart      perplexity under skip against executed loops per method, full
                   compute as a dashed line (Fig. 2).
-  (analysis/speed.py draws perplexity against measured prefill tokens/s with the same spec.)
+  (analysis/bench.py draws perplexity against measured prefill tokens/s with the same spec.)
   axis_chart      the report's first chart: the final stage's quality against the
                   sweep's searched axis (analysis/axis.py), at full depth and under skip.
   beta_charts     exit entropy and expected exit step over training, one curve per β

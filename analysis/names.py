@@ -90,7 +90,7 @@ def at_point(quantity: str, kind: str) -> str:
 
 
 # The speed table's quality beside a timed policy: the validation set's executed loops
-# under it (analysis/speed.py). Its name predates the contract and is spelled like the
+# under it (analysis/bench.py). Its name predates the contract and is spelled like the
 # full-depth metric val_executed_loops, which it is not (it is any timed policy's).
 SPEED_VALIDATION_LOOPS = "val_executed_loops"
 

@@ -9,7 +9,7 @@ chase → stage2 trial has points for every stage (the paper's threshold tables 
 Stage 1 and Stage 2 side by side); `is_final_stage` marks the trial's own result. A
 trial without stage runs (logged by hand) is its own single stage.
 
-Downstream evaluations (runs of level eval, trainables/downstream.py) carry their
+Downstream evaluations (runs of level eval, trainables/evaluation.py) carry their
 checkpoint's stage_key: their metrics join the points of every stage run with that key
 in their experiment (a stage reused by several trials, and so evaluated once, shows in
 each), on the row of their policy. A stage's pre-training forced depths, say, exist

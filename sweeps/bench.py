@@ -37,7 +37,7 @@ set the stream (defaults: the grid's arrivals settings; debug is a CPU's seconds
 One job per checkpoint, a Ray task with --cpus and --gpus (defaults: without GPUs, a
 node's CPUs, so that one job at a time has the machine to itself, as timing wants;
 with GPUs, one GPU and its share of the CPUs), or in this process (--no-ray). The
-report (analysis/speed.py: speed beside the stage's validation perplexity per policy,
+report (analysis/bench.py: speed beside the stage's validation perplexity per policy,
 and the perplexity-against-tokens/s figure) is written to STORAGE/analysis/<experiment>-speed.
 """
 

@@ -380,7 +380,7 @@ def _fit_shared_prefixes(run: SweepRun, platform) -> None:
     before the trials, each job with an even share of the whole machine: otherwise
     one trial trains them on its share while the CPUs of the waiting trials idle. Where
     the chains are as many as the trial slots or more, the trials train them instead
-    (sweeps/plan.chains_in_trials)."""
+    (sweeps/sweep.chains_in_trials)."""
     from dataclasses import replace
 
     from ray import tune

@@ -376,7 +376,7 @@ def speed_seconds(sweep: Sweep, launch: Launch, protocol: Protocol = PROTOCOL) -
             )
             for p in speed_points(final.train.seq_len, protocol)
         ]
-        for call, peaks in zip(calls, measured_peaks(prefill_peaks, calls)):  # as trainables/speed.measure does
+        for call, peaks in zip(calls, measured_peaks(prefill_peaks, calls)):  # as trainables/bench.measure does
             bench_point(**call, peaks=peaks)
         one_seed = time.perf_counter() - t0
     finally:
@@ -556,7 +556,7 @@ def write_verdicts(
     ).write_csv(paths["verdicts.csv"])
     for name, table in tables.items():
         write_csv(table.filter(pl.col("seed").is_in(list(plan.seeds[name]))), out / f"{TABLES[name]}.csv")
-    # speed.csv is the report's table (analysis/speed.py), written below into this folder:
+    # speed.csv is the report's table (analysis/bench.py), written below into this folder:
     # the per-seed records go beside it, not under it
     pl.DataFrame(speed).write_csv(out / "speed_records.csv")
     ledger.record(plan.every, protocol, exploratory=bool(reasons))

@@ -58,7 +58,7 @@ class Sweep:
     # scan's hole range, derive from them). Recorded on the sweep run (tag scan_axes);
     # analysis/scan.py draws each effect along each axis. Not part of sweep_key.
     axes: tuple[str, ...] = ()
-    # Downstream evaluation after training (trainables/downstream.EvalGrid, sweeps/evaluate.py).
+    # Downstream evaluation after training (trainables/evaluation.EvalGrid, sweeps/evaluate.py).
     # Not part of sweep_key: evaluations are keyed on their own, so a grown grid reuses the sweep.
     evaluation: Any = None
 

@@ -67,7 +67,7 @@ def searched_names(sweep: Sweep, launch: Launch) -> list[str]:
 
 def sweep_params(sweep: Sweep, launch: Launch) -> dict[str, str]:
     """The sweep run's params (tracking.sweep_params): the grid (or the ranges) and the
-    fixed settings, read from what the sweep key hashes (sweeps/plan.keyed_declaration),
+    fixed settings, read from what the sweep key hashes (sweeps/sweep.keyed_declaration),
     so a run adopted by a later invocation of the same sweep has the same values."""
     declared = keyed_declaration(sweep, launch)
     spec = declared["spec"]

@@ -485,7 +485,7 @@ def test_speed_chart_draws_each_timings_spread_over_repeats(tmp_path):
 
     from analysis.page import figure
     from analysis.plots import render_png
-    from analysis.speed import QUALITY, SPEED, IDENTITY, PPL_FULL, speed_chart
+    from analysis.bench import QUALITY, SPEED, IDENTITY, PPL_FULL, speed_chart
 
     tokens = 2 * 64
     rows = []

@@ -1,4 +1,4 @@
-"""The prefill speed sweep (sweeps/bench.py, trainables/bench.py, analysis/speed.py): the
+"""The prefill speed sweep (sweeps/bench.py, trainables/bench.py, analysis/bench.py): the
 FLOP ratio by hand, the paper's grids in the dry run, bad flags as one line, and the
 sweep end to end in this process on tiny checkpoints of a logged pipeline: one run per
 point with the machine, a re-run that measures nothing, and the report's join of speed

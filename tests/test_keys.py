@@ -51,7 +51,7 @@ def test_canonical_json_sorts_keys_in_both_forms():
 
 def test_digest_reproduces_the_old_helpers():
     assert keys.digest(PAYLOAD) == "6077fe4a88ab"  # config._digest: stage keys, eval and speed keys
-    # sweeps/plan.short_hash: LENIENT form, 10 digits, str() for what JSON lacks
+    # sweeps/plan.short_hash (since renamed sweeps/sweep.py): LENIENT form, 10 digits, str() for what JSON lacks
     assert keys.digest({**PAYLOAD, "p": Path("/a/b")}, keys.SWEEP_KEY_LENGTH, keys.LENIENT) == "eeeca92a8c"
 
 

@@ -16,7 +16,7 @@ writes into out_dir:
   downstream.csv         Fig. 3's points (downstream Avg. against executed loops on the tasks, per arm)
   zoo.csv                each zero-shot exit rule's frontier against the learned gate's (area, mean gap)
   loops.csv              the per-loop instruments (analysis/per_loop.py)
-  speed.csv              timed prefill points beside the stage's perplexity (analysis/speed.py; speed runs only)
+  speed.csv              timed prefill points beside the stage's perplexity (analysis/bench.py; speed runs only)
   depth_fit.csv          a loop's worth in layers, γ of loss ≈ a + b·log(N·R^γ) with its interval, per
                          experiment and arch (analysis/depth_fit.py; pre-training at ≥ 2 N and ≥ 2 R)
   scan.csv, scan.md      a scan's effects along its axes (analysis/scan.py; scan.png, scan_<axis>.png)

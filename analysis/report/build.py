@@ -33,7 +33,7 @@ from analysis.report.quality import (
 from analysis.report.scan import scan_section
 from analysis.report.searched_axis import axis_section
 from analysis.report.skip import skip_section
-from analysis.report.speed import arrivals_section, speed_section
+from analysis.report.bench import arrivals_section, speed_section
 from analysis.report.wording import seed_phrase
 from analysis.report.zoo import zoo_section
 from analysis.tables import REPRESENTATIVE_Q

@@ -1,5 +1,5 @@
 """Speed beside quality: the speed sweep's runs (level bench, tagged with a speed_key:
-trainables/speed.py, sweeps/speed.py) joined by stage key to the evaluation points of
+trainables/bench.py, sweeps/bench.py) joined by stage key to the evaluation points of
 the stage each one timed, so a timed skip policy sits beside the validation perplexity
 the same checkpoint reached under that policy and at full compute.
 
@@ -21,7 +21,7 @@ the same checkpoint reached under that policy and at full compute.
                 policy as points (executed loops in the label), joined in order of falling
                 compute
 
-    arrivals_table(runs)       one row per decoding-under-arrivals point (sweeps/speed.py --arrivals;
+    arrivals_table(runs)       one row per decoding-under-arrivals point (sweeps/bench.py --arrivals;
                 looplab/inference/arrivals.py), the newest per point and machine:
       identity  experiment, checkpoint, method, stage, stage_key, device, slots, schedule,
                 policy (full is the baseline), requests, prompt_len, new_tokens, seed
@@ -73,7 +73,7 @@ SPEED = (
     tracking.FLOP_RATIO,
     "of_flop_ratio",
 )
-# The arrivals runs' decode tokens/s, composed as trainables/speed.py logs it (the contract
+# The arrivals runs' decode tokens/s, composed as trainables/bench.py logs it (the contract
 # has no single name for it yet).
 ARRIVAL_IDENTITY = (
     "experiment",

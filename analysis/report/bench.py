@@ -1,4 +1,4 @@
-"""The speed sweep's measurements (analysis/speed.py): prefill throughput beside the
+"""The speed sweep's measurements (analysis/bench.py): prefill throughput beside the
 stage's perplexity, and decoding under continuous arrivals; nothing without speed runs."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from looplab import tracking
 
 def speed_section(ctx: ReportContext, points: pl.DataFrame | None) -> list[Section]:
     """The timed prefill points: speed.csv, speed.png."""
-    from analysis.speed import PPL_FULL, speed_chart, speed_table
+    from analysis.bench import PPL_FULL, speed_chart, speed_table
 
     table = speed_table(ctx.runs, points)
     if table is None:
@@ -46,7 +46,7 @@ def speed_section(ctx: ReportContext, points: pl.DataFrame | None) -> list[Secti
 
 def arrivals_section(ctx: ReportContext) -> list[Section]:
     """Decoding under continuous arrivals (the speed sweep's --arrivals runs): arrivals.csv, arrivals.png."""
-    from analysis.speed import arrivals_chart, arrivals_table
+    from analysis.bench import arrivals_chart, arrivals_table
 
     table = arrivals_table(ctx.runs)
     if table is None:
