@@ -108,7 +108,8 @@ def searched_axes(table: pl.DataFrame) -> list[Axis]:
         for c in table.columns
         if c.startswith(SEARCH) and c != SEARCH + SEED and table[c].drop_nulls().n_unique() > 1
     ]
-    axes, used = [], set()
+    axes: list[tuple[int, Axis]] = []  # (where the first param was recorded, the axis)
+    used: set[str] = set()
     for params, name, template in PAIRS:
         if all(p in varying for p in params):
             axes.append((varying.index(params[0]), Axis(name, params, template)))

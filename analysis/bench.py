@@ -40,7 +40,7 @@ from __future__ import annotations
 import polars as pl
 
 from analysis import names
-from analysis.charts import PALETTE, ChartSpec, Point, Series, log_scale
+from analysis.charts import PALETTE, ChartSpec, Point, Series, as_float, log_scale, optional_float
 from analysis.load import METRIC, PARAM, RunSet
 from looplab import tracking
 from looplab.policy import FULL
@@ -195,9 +195,9 @@ def _policy_points(specs) -> pl.DataFrame:
     rows = []
     for spec in specs:
         policy = ExitPolicy.parse(spec)
-        rows.append(
-            {"policy": spec, "_kind": policy.kind, "_q": float(policy.q if policy.rule == GATE else policy.threshold)}
-        )
+        value = policy.q if policy.rule == GATE else policy.threshold
+        assert value is not None  # a timed policy is a gate or a zoo rule: it has a threshold
+        rows.append({"policy": spec, "_kind": policy.kind, "_q": float(value)})
     return pl.DataFrame(rows, schema={"policy": pl.String, "_kind": pl.String, "_q": pl.Float64})
 
 
@@ -262,11 +262,11 @@ def speed_chart(table: pl.DataFrame) -> ChartSpec | None:
         if full.height:  # each timed policy ran its own full twin: their mean, the bar over all their repeats
             pts.append(
                 Point(
-                    float(full[tracking.TOKENS_PER_S_FULL].mean()),
+                    as_float(full[tracking.TOKENS_PER_S_FULL].mean()),
                     float(full[PPL_FULL][0]),
                     f"full: all R loops ({full.height} timing(s))",
-                    x_lo=full["tokens_per_s_full_min"].min(),
-                    x_hi=full["tokens_per_s_full_max"].max(),
+                    x_lo=optional_float(full["tokens_per_s_full_min"].min()),
+                    x_hi=optional_float(full["tokens_per_s_full_max"].max()),
                 )
             )
         # The line follows the compute as it falls (full, then the policies by fewer

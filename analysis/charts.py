@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import SupportsFloat, TypeGuard
 
 import polars as pl
 
@@ -38,9 +39,23 @@ PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e
 MAX_SERIES = len(PALETTE)  # beyond this a chart's series are grouped coarser (one colour each must stay readable)
 
 
-def finite(v) -> bool:
+def finite(v: object) -> TypeGuard[float]:
     """A number to draw (not None, NaN or infinite)."""
     return v is not None and isinstance(v, (int, float)) and math.isfinite(v)
+
+
+def as_float(value: object) -> float:
+    """A value polars returns from a numeric column (Series.min(), .mean(), a row's cell),
+    which it types as anything a column can hold, as a float; None raises TypeError, as
+    float(None) does."""
+    if not isinstance(value, SupportsFloat):
+        raise TypeError(f"expected a number, got {value!r}")
+    return float(value)
+
+
+def optional_float(value: object) -> float | None:
+    """as_float, but None (a column of nulls) stays None."""
+    return None if value is None else as_float(value)
 
 
 @dataclass
@@ -145,7 +160,10 @@ def frontier_chart(
     colour_by: a column whose value picks the colour (series sharing it share a colour,
     e.g. one β drawn under dense and skip); the series' policies then differ by dash
     (solid, dashed, dotted in the order the policies come)."""
-    series, colours, policies, order = [], {}, {}, {}
+    series: list[Series] = []
+    colours: dict[object, str] = {}  # colour_by's value -> its colour
+    policies: dict[object, list[object]] = {}  # colour_by's value -> the policies drawn in its colour
+    order: dict[object, int] = {}  # policy -> its dash
     for i, (key, group) in enumerate(frontier.group_by("series", maintain_order=True)):
         key = key[0] if isinstance(key, tuple) else key
         pts = [
@@ -249,7 +267,7 @@ def skip_chart(agg: pl.DataFrame) -> ChartSpec | None:
         series.append(Series(f"{name} skip", PALETTE[i % len(PALETTE)], pts, line, "linear"))
         full = final.filter((pl.col("policy") == FULL) & (pl.col(by) == name))["ppl"].drop_nulls()
         if full.len():
-            hlines.append((float(full.min()), f"{name} full compute" + (" (best)" if by == "method" else "")))
+            hlines.append((as_float(full.min()), f"{name} full compute" + (" (best)" if by == "method" else "")))
     values = skip["ppl"].to_list() + [y for y, _ in hlines]
     return ChartSpec(
         names.SKIP_PPL_CHART,

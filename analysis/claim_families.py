@@ -12,12 +12,11 @@ import statistics
 from typing import TYPE_CHECKING
 
 from analysis import names
-from analysis.stats import CONFIDENCE, exact_p
-from looplab import tracking
-
 from analysis.claim_rules import CLAIMS, PAIRED, Claim
 from analysis.curves import loss_gap_pct, mean_difference
+from analysis.stats import CONFIDENCE, exact_p
 from analysis.verdicts import ClaimResult, judge
+from looplab import tracking
 
 if TYPE_CHECKING:
     import polars as pl

@@ -54,7 +54,14 @@ def mean_difference(
     if hi - lo <= 1e-9:
         return None
     cuts = sorted({lo, hi, *(x for x in pa + pb if lo < x < hi)})
-    diff = [interpolate(*a, x) - interpolate(*b, x) for x in cuts]
+
+    def inside(curve: tuple[Sequence[float], Sequence[float]], x: float) -> float:
+        """The curve at an x in [lo, hi], which both curves cover: never None."""
+        y = interpolate(*curve, x)
+        assert y is not None, f"x={x} lies outside a curve that covers [{lo}, {hi}]"
+        return y
+
+    diff = [inside(a, x) - inside(b, x) for x in cuts]
     area = sum((x1 - x0) * (d0 + d1) / 2 for x0, x1, d0, d1 in zip(cuts, cuts[1:], diff, diff[1:]))
     return area / (hi - lo)
 

@@ -34,11 +34,11 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from analysis.charts import PALETTE, ChartSpec, Point, Series
 from analysis.aggregate import student_t_quantile
 from analysis.axis import searched_label
-from analysis.stats import CONFIDENCE
+from analysis.charts import PALETTE, ChartSpec, Point, Series, as_float
 from analysis.names import PARAM
+from analysis.stats import CONFIDENCE
 from looplab import tracking
 from looplab.policy import FULL
 from looplab.stages import STAGE_NAMES
@@ -184,7 +184,7 @@ def fit_groups(points: pl.DataFrame) -> tuple[pl.DataFrame | None, pl.DataFrame 
 
 def depth_chart(table: pl.DataFrame, fitted: pl.DataFrame) -> ChartSpec:
     """Loss against N·R^γ per group: the points coloured by R, each group's fitted line."""
-    series = []
+    series: list[Series] = []
     groups = table.iter_rows(named=True)
     for fit in groups:
         part = fitted.filter(
@@ -199,7 +199,7 @@ def depth_chart(table: pl.DataFrame, fitted: pl.DataFrame) -> ChartSpec:
                 for p in by_r.iter_rows(named=True)
             ]
             series.append(Series(f"{tag}R={loops[0]:g}", PALETTE[len(series) % len(PALETTE)], pts))
-        xs = np.geomspace(part["n_eff"].min(), part["n_eff"].max(), 50)
+        xs = np.geomspace(as_float(part["n_eff"].min()), as_float(part["n_eff"].max()), 50)
         series.append(
             Series(
                 f"{tag}fit γ={fit['gamma']:.2f}",
@@ -227,6 +227,7 @@ def write_depth_fit(
     table, fitted, notes = fit_groups(points)
     if table is None:
         return {}, None, None, notes
+    assert fitted is not None  # fit_groups returns both tables or neither
     path = Path(out_dir) / "depth_fit.csv"
     table.write_csv(path)
     return {"depth_fit.csv": path}, table, depth_chart(table, fitted), notes

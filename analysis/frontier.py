@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import cast
 
 import polars as pl
 
@@ -71,7 +72,7 @@ def pareto_frontier(
     by = [by] if isinstance(by, str) else list(by or [])
     ties = [c for c in tie_break if c in clean.columns]
     clean = clean.with_row_index("_row")
-    flags = {}
+    flags: dict[int, bool] = {}  # row index -> on the frontier
     groups = clean.partition_by(by, as_dict=False, maintain_order=True) if by else [clean]
     for group in groups:
         keys = (
@@ -156,9 +157,8 @@ def best_under_budget(
         raise AnalysisError(f"no points with both {x} and {y}")
     fits = clean.filter(pl.col(x) <= budget)
     if fits.is_empty():
-        raise AnalysisError(
-            f"no configuration within the budget {x} <= {budget:g}; the cheapest needs {clean[x].min():g}"
-        )
+        cheapest = cast(float, clean[x].min())  # x is numeric, its nulls and NaNs dropped by _clean
+        raise AnalysisError(f"no configuration within the budget {x} <= {budget:g}; the cheapest needs {cheapest:g}")
     ties = [c for c in tie_break if c in fits.columns]
     ranked = fits.sort([y, x, *ties], descending=[maximize, False, *([False] * len(ties))], nulls_last=True)
     return ranked.row(0, named=True)

@@ -4,15 +4,10 @@ analysis/tables.py)."""
 
 from __future__ import annotations
 
-
 import polars as pl
 
 from analysis.names import PARAM
 from analysis.points import shared_once
-from looplab import tracking
-from looplab.policy import DENSE, FULL, SKIP
-from looplab.stages import STAGE_NAMES
-
 from analysis.table_parts import (
     Table,
     cell,
@@ -22,6 +17,9 @@ from analysis.table_parts import (
     quality_columns,
     stage_rank,
 )
+from looplab import tracking
+from looplab.policy import DENSE, FULL, SKIP
+from looplab.stages import STAGE_NAMES
 
 REPRESENTATIVE_Q = 0.8  # the threshold the paper reports the Ouro gate at (Table 4)
 HYBRID_SKIP = "extension: skip on a hybrid (the paper defines skip for pure Mamba-2 only)"

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from analysis import names
-from analysis.names import PARAM
 from analysis.errors import AnalysisError
-from analysis.sources import ClientSource, open_source, wants_best
+from analysis.names import PARAM
+from analysis.sources import ClientSource, SqlSource, open_source, wants_best
 from looplab import tracking
 from looplab.stages import STAGES
 
@@ -54,7 +54,7 @@ class RunSet:
     experiments: dict[str, str]  # experiment_id -> name
     runs: pl.DataFrame
     metrics: pl.DataFrame
-    source: object = field(repr=False)
+    source: SqlSource | ClientSource = field(repr=False)
     notes: list[str] = field(default_factory=list)
 
     def histories(self, keys, run_ids=None) -> pl.DataFrame:

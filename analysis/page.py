@@ -22,7 +22,8 @@ from __future__ import annotations
 import html
 import json
 
-from analysis.charts import ChartSpec, Series, finite as _finite, legend_entries
+from analysis.charts import ChartSpec, Series, legend_entries
+from analysis.charts import finite as _finite
 
 WIDTH, HEIGHT = 680, 470
 HLINE_COLOR = "#888"
@@ -102,6 +103,14 @@ def _hover(spec: ChartSpec, s: Series, p) -> str:
     return "<br>".join(lines + (["on the frontier"] if p.on_frontier else []))
 
 
+def _error_bar(centre: float, low: float | None, high: float | None) -> tuple[float | None, float | None]:
+    """An error bar's arms (high − centre, centre − low), both None unless low and high
+    are finite: plotly.js draws no bar for a non-numeric error."""
+    if _finite(low) and _finite(high):
+        return high - centre, centre - low
+    return None, None
+
+
 def _series_traces(spec: ChartSpec, s: Series, group: str) -> list[dict]:
     name = html.escape(s.name)  # legend text is pseudo-HTML too
     pts = [p for p in s.points if _finite(p.x) and _finite(p.y)]
@@ -133,7 +142,7 @@ def _series_traces(spec: ChartSpec, s: Series, group: str) -> list[dict]:
             "opacity": [1.0 if p.on_frontier else 0.6 for p in pts],
             "line": {"color": "#000", "width": [1.2 if p.on_frontier else 0 for p in pts]},
         }
-        trace = {
+        trace: dict[str, object] = {
             "type": "scatter",
             "mode": "markers",
             "name": name,
@@ -144,27 +153,27 @@ def _series_traces(spec: ChartSpec, s: Series, group: str) -> list[dict]:
             "hovertext": [_hover(spec, s, p) for p in pts],
             "hovertemplate": "%{hovertext}<extra></extra>",
         }
-        has = [_finite(p.lo) and _finite(p.hi) for p in pts]
-        if any(has):  # null where a point has no interval: plotly.js draws no bar for a non-numeric error
+        bars = [_error_bar(p.y, p.lo, p.hi) for p in pts]
+        if any(up is not None for up, _ in bars):  # null where a point has no interval: plotly.js draws no bar
             trace["error_y"] = {
                 "type": "data",
                 "symmetric": False,
                 "color": s.color,
                 "thickness": 1,
                 "width": 3,
-                "array": [p.hi - p.y if ok else None for p, ok in zip(pts, has)],
-                "arrayminus": [p.y - p.lo if ok else None for p, ok in zip(pts, has)],
+                "array": [up for up, _ in bars],
+                "arrayminus": [down for _, down in bars],
             }
-        has_x = [_finite(p.x_lo) and _finite(p.x_hi) for p in pts]
-        if any(has_x):
+        bars_x = [_error_bar(p.x, p.x_lo, p.x_hi) for p in pts]
+        if any(up is not None for up, _ in bars_x):
             trace["error_x"] = {
                 "type": "data",
                 "symmetric": False,
                 "color": s.color,
                 "thickness": 1,
                 "width": 3,
-                "array": [p.x_hi - p.x if ok else None for p, ok in zip(pts, has_x)],
-                "arrayminus": [p.x - p.x_lo if ok else None for p, ok in zip(pts, has_x)],
+                "array": [up for up, _ in bars_x],
+                "arrayminus": [down for _, down in bars_x],
             }
         traces.append(trace)
     return traces
@@ -214,6 +223,20 @@ def figure(spec: ChartSpec):
                     "line": {"color": HLINE_COLOR, "width": 1.5, "dash": "dash"},
                 }
             )
+    # The x axis and the legend are filled in below, for a legend title and categorical ticks.
+    xaxis: dict[str, object] = {
+        "title": {"text": html.escape(spec.x_label)},
+        "type": "log" if spec.log_x else "linear",
+        "zeroline": False,
+    }
+    legend: dict[str, object] = {
+        "orientation": "h",
+        "yanchor": "top",
+        "y": -0.14,
+        "xanchor": "left",
+        "x": 0,
+        "font": {"size": 11},
+    }
     layout = {
         "title": {"text": html.escape(spec.title), "font": {"size": 15}},
         "template": "plotly_white",
@@ -221,22 +244,18 @@ def figure(spec: ChartSpec):
         "height": HEIGHT,
         "hovermode": "closest",
         "margin": {"l": 70, "r": 20, "t": 50, "b": 40},
-        "xaxis": {
-            "title": {"text": html.escape(spec.x_label)},
-            "type": "log" if spec.log_x else "linear",
-            "zeroline": False,
-        },
+        "xaxis": xaxis,
         "yaxis": {
             "title": {"text": html.escape(spec.y_label)},
             "type": "log" if spec.log_y else "linear",
             "zeroline": False,
         },
-        "legend": {"orientation": "h", "yanchor": "top", "y": -0.14, "xanchor": "left", "x": 0, "font": {"size": 11}},
+        "legend": legend,
     }
     if spec.legend_title:
-        layout["legend"]["title"] = {"text": html.escape(spec.legend_title) + "  "}
+        legend["title"] = {"text": html.escape(spec.legend_title) + "  "}
     if spec.x_ticks:  # a categorical axis drawn at positions 0..k-1, labelled by its values
-        layout["xaxis"].update(
+        xaxis.update(
             tickmode="array",
             tickvals=[x for x, _ in spec.x_ticks],
             ticktext=[html.escape(label) for _, label in spec.x_ticks],

@@ -46,10 +46,10 @@ from __future__ import annotations
 import polars as pl
 
 from analysis import names
-from analysis.names import PARAM
 from analysis.axis import searched_label
 from analysis.errors import AnalysisError
 from analysis.load import RunSet
+from analysis.names import PARAM
 from looplab import tracking
 from looplab.policy import FORCED, FULL, GATE, ZOO_RULES, ExitPolicy
 from looplab.stages import STAGE_NAMES
@@ -266,7 +266,10 @@ def threshold_of(policy: ExitPolicy) -> float | None:
     """The q column: the gate's q, or a zoo rule's τ or window k; None for full and forced."""
     if policy.rule == GATE:
         return policy.q
-    return float(policy.threshold) if policy.rule in ZOO_RULES else None
+    if policy.rule in ZOO_RULES:
+        assert policy.threshold is not None  # ExitPolicy sets it for every zoo rule
+        return float(policy.threshold)
+    return None
 
 
 def point_name(policy: ExitPolicy) -> str:

@@ -146,7 +146,8 @@ def cell(text: str, n: int, confidence: float = CONFIDENCE) -> Cell:
     match = CELL.search(text)
     if match is None:
         raise ValueError(f"no 'mean [low, high]' in {text!r}")
-    return Cell(*(number(g) for g in match.groups()), n=n, confidence=confidence)
+    mean, low, high = (number(g) for g in match.groups())  # CELL has three groups
+    return Cell(mean, low, high, n=n, confidence=confidence)
 
 
 def tables(markdown: str) -> list[list[dict[str, str]]]:
@@ -202,7 +203,10 @@ def apart(a: Cell, b: Cell, confidence: float = CONFIDENCE) -> Interval:
 def equivalent(interval: Interval | Cell, margin: float) -> bool:
     """Two one-sided tests at `margin`: the interval (each side at (1 − confidence)/2)
     lies inside [−margin, +margin]."""
-    return interval.low is not None and -margin <= interval.low and interval.high <= margin
+    if interval.low is None:
+        return False
+    assert interval.high is not None  # an interval has both bounds or neither
+    return -margin <= interval.low and interval.high <= margin
 
 
 def grows(interval: Interval) -> bool:
@@ -255,6 +259,12 @@ def best_and_worst(arms: list[Arm], measure: str, axis: str, higher_is_better: b
     )
 
 
+def _cell(arm: Arm, confidence: float) -> Cell:
+    """An arm as a Cell, for an arm the caller has checked has a seed interval."""
+    assert arm.low is not None and arm.high is not None
+    return Cell(arm.mean, arm.low, arm.high, arm.n, confidence)
+
+
 def spread(arms: list[Arm], measure: str, axis: str, higher_is_better: bool, confidence: float = CONFIDENCE) -> str:
     """Whether best − worst lies beyond the seed noise (Welch); with one seed, that nothing can be concluded."""
     if len(arms) < 2:
@@ -267,7 +277,7 @@ def spread(arms: list[Arm], measure: str, axis: str, higher_is_better: bool, con
             f"With n={n} seed per {axis} value there is no seed interval, so nothing can be concluded from the "
             f"spread of {difference_text(gap, worst.mean)} in {measure} between them."
         )
-    d = apart(*(Cell(a.mean, a.low, a.high, a.n, confidence) for a in (best, worst)), confidence=confidence)
+    d = apart(_cell(best, confidence), _cell(worst, confidence), confidence=confidence)
     assert d.low is not None and d.high is not None
     beyond = d.low > 0 or d.high < 0
     return (

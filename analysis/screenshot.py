@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
 TIMEOUT_S = 90
@@ -97,7 +98,10 @@ def check_report(html_path, screenshot: Path | None = None, *, browser: str | No
         dom = run_browser(browser, ["--dump-dom", url], profile)
         shot = Path(screenshot) if screenshot else Path(profile) / "shot.png"
         pic = run_browser(browser, [f"--screenshot={shot}", "--window-size=1280,1800", url], profile)
-        found = {"dom_bytes": len(dom.stdout), "console_errors": _console_errors(dom.stderr + pic.stderr)}
+        found: dict[str, Any] = {
+            "dom_bytes": len(dom.stdout),
+            "console_errors": _console_errors(dom.stderr + pic.stderr),
+        }
         body = re.search(r"<body([^>]*)>", dom.stdout)
         attrs = dict(re.findall(r'(data-[a-z-]+)="([^"]*)"', body.group(1))) if body else {}
         found["charts"] = int(attrs.get("data-rendered", "0") or 0)

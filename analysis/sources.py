@@ -26,11 +26,15 @@ from __future__ import annotations
 import sqlite3
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import polars as pl
 
 from analysis.errors import AnalysisError
 from looplab import tracking
+
+if TYPE_CHECKING:
+    import sqlalchemy
 
 SQL_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
 INF_SENTINEL = 1.7976931348623157e308  # how MLflow's SQL store writes ±inf
@@ -65,7 +69,7 @@ def is_sql_uri(uri: str) -> bool:
     return _scheme(uri) in SQL_SCHEMES
 
 
-def open_source(uri: str, backend: str = "auto"):
+def open_source(uri: str, backend: str = "auto") -> SqlSource | ClientSource:
     """auto: SQL for a SQL URI, else the client; "sql" / "client" force one (the
     client also reads SQL stores, through MLflow's own store code)."""
     if backend not in ("auto", "sql", "client"):
@@ -103,6 +107,7 @@ class SqlSource:
 
     def __init__(self, uri: str):
         self.uri = uri
+        self._conn: sqlite3.Connection | sqlalchemy.Connection
         if _scheme(uri) == "sqlite":
             path = sqlite_path(uri)
             if not path or path == ":memory:" or not Path(path).is_file():
@@ -243,7 +248,8 @@ class ClientSource:
     def _search(self, experiment_ids: list[str]) -> list:
         key = tuple(experiment_ids)
         if key not in self._runs:
-            runs, token = [], None
+            runs: list = []  # mlflow Runs, as self._runs holds them
+            token: str | None = None
             while True:
                 page = self._client.search_runs(list(experiment_ids), max_results=self.PAGE, page_token=token)
                 runs.extend(page)

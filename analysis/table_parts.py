@@ -14,7 +14,6 @@ from analysis import names
 from looplab import tracking
 from looplab.stages import STAGE_NAMES
 
-
 PCT = "pct"  # display as percent
 NUM = "num"
 

@@ -37,16 +37,11 @@ in the stage tables (analysis.points.shared_once).
 
 from __future__ import annotations
 
-
 import polars as pl
 
 from analysis import names
-from analysis.points import shared_once
-from looplab import tracking
-from looplab.policy import DENSE, FORCED, FULL, SKIP
-from looplab.stages import DEFAULT_STAGE
-
 from analysis.gate_tables import HYBRID_SKIP, REPRESENTATIVE_Q, exit_gate_table, table4
+from analysis.points import shared_once
 from analysis.table_parts import (
     NUM,
     PCT,
@@ -60,6 +55,9 @@ from analysis.table_parts import (
     stage_rank,
     with_model_column,
 )
+from looplab import tracking
+from looplab.policy import DENSE, FORCED, FULL, SKIP
+from looplab.stages import DEFAULT_STAGE
 
 # What moved to gate_tables.py and table_parts.py stays importable from here.
 __all__ = ["HYBRID_SKIP", "NUM", "PCT", "REPRESENTATIVE_Q", "Table", "exit_gate_table", "table4"]

@@ -9,9 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Sequence
 
-from analysis.stats import CONFIDENCE, Interval, holm
-
 from analysis.claim_rules import CLAIMS, DESCRIPTIVE, INCONCLUSIVE, NO_SPREAD, NOT_REPRODUCED, REPRODUCED, Claim
+from analysis.stats import CONFIDENCE, Interval, holm
 
 if TYPE_CHECKING:
     import polars as pl

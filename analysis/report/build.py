@@ -15,6 +15,7 @@ from analysis.load import RunSet, load_runs
 from analysis.points import evaluation_points
 from analysis.report.artifacts import log_to_sweep_run
 from analysis.report.assemble import render_page
+from analysis.report.bench import arrivals_section, speed_section
 from analysis.report.beta import beta_section
 from analysis.report.context import ReportContext, Section
 from analysis.report.depth import depth_section
@@ -33,14 +34,13 @@ from analysis.report.quality import (
 from analysis.report.scan import scan_section
 from analysis.report.searched_axis import axis_section
 from analysis.report.skip import skip_section
-from analysis.report.bench import arrivals_section, speed_section
 from analysis.report.wording import seed_phrase
 from analysis.report.zoo import zoo_section
 from analysis.tables import REPRESENTATIVE_Q
 from looplab import tracking
 
 
-def build_report(
+def build_report(  # noqa: PLR0913 - the analysis command's options, keyword-only (python -m analysis)
     tracking_uri: str,
     experiments,
     out_dir,
