@@ -36,8 +36,7 @@ from pathlib import Path
 
 from looplab import tracking
 from looplab.policy import ExitPolicy
-from looplab.presets import get_preset
-from looplab.presets import stage_config
+from looplab.presets import get_preset, stage_config
 from looplab.stages import STAGE_NAMES
 
 EXPERIMENT = "bench_sweep-debug"

@@ -99,10 +99,10 @@ def main(argv=None) -> int:
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     from lm_eval.api.instance import Instance
 
-    from looplab.tasks.base import heldout_ids
     from looplab.config import ExperimentConfig
     from looplab.evaluation.harness import LoopLabLM
     from looplab.tasks import make_task
+    from looplab.tasks.base import heldout_ids
 
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = args.checkpoint or trained_checkpoint(args.train_steps, tmp)

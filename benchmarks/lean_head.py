@@ -44,16 +44,16 @@ import time
 import torch
 
 from looplab.checkpoint import model_from_config, parent_ref
-from looplab.devices import autocast_context
 from looplab.costs.measured_memory import in_rss_process, peak_memory
+from looplab.costs.resources import flops_per_token
+from looplab.devices import autocast_context
 from looplab.models import head as lean_head
 from looplab.models.head import token_losses
-from looplab.training.objectives import masked_mean, stage1_loss
 from looplab.policy import ExitPolicy
 from looplab.presets import get_preset, stage_config
-from looplab.costs.resources import flops_per_token
 from looplab.stages import get_stage
 from looplab.tasks.base import IGNORE_INDEX, Batch
+from looplab.training.objectives import masked_mean, stage1_loss
 from looplab.training.steps import make_optimizer
 
 STAGES = ("pretrain", "stage1")

@@ -284,10 +284,9 @@ def looplab_decoder(
 def hf_decoder(batch: int):
     """transformers' Mamba2ForCausalLM at the same shape: (setup, run), setup its
     prefill (a fresh cache), run the NEW one-token steps on it."""
+    import mamba2_vs_hf
     from transformers import Mamba2ForCausalLM
     from transformers.utils import logging
-
-    import mamba2_vs_hf
 
     logging.set_verbosity_error()  # its note that mamba-ssm's kernels are absent: they are, on a CPU
     s = DECODE_SHAPE
@@ -418,7 +417,7 @@ def arrivals(suite: Suite) -> None:
             load = m.load()
         by = {(r.slots, r.schedule, r.policy): r for r in records}
 
-        def speedup(name: str, fast, slow, note: str) -> None:  # decode tokens/s of one record over another's
+        def speedup(name: str, fast, slow, note: str, load=load) -> None:  # decode tokens/s, one record over another
             suite.add(
                 name, fast.decode_tokens_per_s / slow.decode_tokens_per_s, "x", [timing(fast), timing(slow)], load, note
             )

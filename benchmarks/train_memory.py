@@ -27,11 +27,11 @@ import json
 
 import torch
 
-from looplab.costs.timing import median_seconds
 from looplab.checkpoint import parent_ref
 from looplab.config import apply_overrides, parse_value
 from looplab.costs.measured_memory import in_rss_process, peak_memory
 from looplab.costs.memory import step_memory
+from looplab.costs.timing import median_seconds
 from looplab.presets import get_preset, stage_config
 from looplab.training.steps import optimizer_step
 

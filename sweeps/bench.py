@@ -448,8 +448,8 @@ def bench_jobs(
 def stored_counts(mc, experiment_id: str, jobs) -> dict[str, int]:
     """Per job, how many of its points the store holds FINISHED on this machine (the key
     names the machine that times it: another machine measures again)."""
-    from trainables.keyed_step import BENCH_STEP
     from trainables.bench import host_of, plan_keys, speed_key
+    from trainables.keyed_step import BENCH_STEP
 
     done = BENCH_STEP.finished_keys(mc, experiment_id)
     counts = {}
@@ -733,9 +733,9 @@ def run(
 def _run_jobs(jobs, cpus: float, gpus: float, inline: bool, board: str) -> tuple[list[dict], int]:
     """Run the jobs (keyed steps), printing a line per checkpoint as it finishes, its
     points' lines from the board before it: (the records, how many jobs failed)."""
+    from trainables.bench import run_bench_job
     from trainables.keyed_step import run_jobs
     from trainables.progress import Printer
-    from trainables.bench import run_bench_job
 
     records, failed = [], 0
     with Printer(board) if board else contextlib.nullcontext() as printer:

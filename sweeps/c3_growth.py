@@ -29,9 +29,9 @@ from typing import Any
 
 from looplab.config import ConfigError
 from sweeps.flags import Common, Launch, parser
-from sweeps.sweep import Sweep, describe
 from sweeps.protocol import C3_GROWTH, GrowthProtocol
 from sweeps.scale_scan import HOLE_CENTRE, holes_scan
+from sweeps.sweep import Sweep, describe
 
 
 def growth_sweep(protocol: GrowthProtocol = C3_GROWTH, overrides: dict[str, Any] | None = None) -> Sweep:

@@ -155,13 +155,7 @@ def resolve_tasks(text: str, include: str, data: str) -> tuple:
             data,
             "a folder with <task>/<split>.parquet files (python -m looplab.evaluation.suite export)",
         )
-    local = {}
-    if include:
-        if not Path(include).is_dir():
-            fail("--eval-include", include, "a folder of lm-eval task YAMLs")
-        from lm_eval.tasks import TaskManager
-
-        local = TaskManager(include_path=str(Path(include).resolve()), include_defaults=False).task_index
+    local = _include_index(include)
     builtin = None
     tasks = []
     for name in names:
@@ -180,12 +174,30 @@ def resolve_tasks(text: str, include: str, data: str) -> tuple:
                 from lm_eval.tasks import TaskManager
 
                 builtin = TaskManager().task_index
-            entry = builtin.get(name)
-            if entry is None or entry.yaml_path is None or entry.kind.name != "TASK":
-                where = f", tasks of --eval-include ({', '.join(sorted(local)) or 'none'})" if include else ""
-                fail("--eval-tasks", name, f"paper | {', '.join(PAPER_TASKS)}{where} | a task of lm-eval's own index")
-            tasks.append(builtin_task(name, entry.yaml_path))
+            tasks.append(_builtin(name, builtin, local, include))
     return tuple(tasks)
+
+
+def _include_index(include: str) -> dict:
+    """--eval-include's task index ({} without one)."""
+    if not include:
+        return {}
+    if not Path(include).is_dir():
+        fail("--eval-include", include, "a folder of lm-eval task YAMLs")
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=str(Path(include).resolve()), include_defaults=False).task_index
+
+
+def _builtin(name: str, builtin: dict, local: dict, include: str):
+    """A task of lm-eval's own index, or the one line listing what a name may be."""
+    from looplab.evaluation.suite import PAPER_TASKS
+
+    entry = builtin.get(name)
+    if entry is None or entry.yaml_path is None or entry.kind.name != "TASK":
+        where = f", tasks of --eval-include ({', '.join(sorted(local)) or 'none'})" if include else ""
+        fail("--eval-tasks", name, f"paper | {', '.join(PAPER_TASKS)}{where} | a task of lm-eval's own index")
+    return builtin_task(name, entry.yaml_path)
 
 
 # ---- the grid against a sweep's stages -----------------------------------------------------

@@ -163,7 +163,7 @@ def _synthetic_points():
     rows = []
     qs = (0.2, 0.4, 0.6, 0.8, 1.0)
 
-    def point(trial, seed, method, stage, final, policy, loops, ppl, depth=None, q=None, layers=1, n_loops=4):
+    def point(trial, seed, method, stage, final, policy, loops, ppl, depth=None, q=None, layers=1, n_loops=4):  # noqa: PLR0913 - one row's columns
         rows.append(
             {
                 "experiment": "fingerprint",

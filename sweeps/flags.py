@@ -17,8 +17,8 @@ from typing import Any, NoReturn
 
 from looplab.arguments import Parser, given, number_in
 from looplab.config import invalid, parse_value
-from looplab.presets import PRESETS
 from looplab.costs.resources import DEFAULT_MEMORY_MARGIN_GIB, DEFAULT_MFU, DEFAULT_PEAK_TFLOPS
+from looplab.presets import PRESETS
 from looplab.stages import STAGE_NAMES
 
 DEFAULT_PRESET = "debug" if "debug" in PRESETS else "phop-debug"

@@ -33,6 +33,8 @@ from looplab.config import ConfigError, config_key
 from looplab.costs.machine import MEMORY_CHECK_ENV
 from sweeps.flags import Common, Launch, fail, parser
 from sweeps.lock import SweepBusy, sweep_lock
+from sweeps.runtime import check_ray_address, console_to_log, write_report
+from sweeps.stop import StopOnSignal, SweepStopped, resume_line
 from sweeps.sweep import (
     Resources,
     Sweep,
@@ -48,7 +50,6 @@ from sweeps.sweep import (
     validate,
     waiting_cpu,
 )
-from sweeps.runtime import check_ray_address, console_to_log, write_report
 from sweeps.sweep_record import (
     close_orphans,
     close_stopped_trial,
@@ -61,7 +62,6 @@ from sweeps.sweep_record import (
     summary_table,
     sweep_params,
 )
-from sweeps.stop import StopOnSignal, SweepStopped, resume_line
 from trainables.pipeline import stage_configs
 
 RAY_TRAIN_ENV = {  # Ray Train settings for every stage (an environment value of the same name wins)

@@ -48,8 +48,8 @@ from looplab.config import ConfigError
 from looplab.tracking import ACCURACY, PPL, VAL_ACCURACY, VAL_LOSS, VAL_PPL
 from sweeps.depth_grid import depth_grid
 from sweeps.flags import Common, Launch, parser
-from sweeps.sweep import SKIP_COLUMNS, Sweep, describe, sweep_key
 from sweeps.protocol import CLAIM_SWEEP, PROTOCOL, Ledger, Protocol, seed_range
+from sweeps.sweep import SKIP_COLUMNS, Sweep, describe, sweep_key
 from trainables.pipeline import PipelineSpec, stage_configs
 
 LOOPED, BASE, DEEP = (1, 4), (1, 1), (4, 1)  # the LM's N⊗R, its iso-parameter N⊗1, its iso-depth NR⊗1
@@ -351,10 +351,10 @@ def speed_seconds(sweep: Sweep, launch: Launch, protocol: Protocol = PROTOCOL) -
 
     import torch
 
-    from looplab.costs.timing import bench_point, measured_peaks, prefill_peaks
-    from looplab.tasks.base import heldout_ids
     from looplab.checkpoint import model_from_config
+    from looplab.costs.timing import bench_point, measured_peaks, prefill_peaks
     from looplab.policy import ExitPolicy
+    from looplab.tasks.base import heldout_ids
 
     final = stage_configs(
         sweep.spec,
@@ -387,8 +387,8 @@ def speed_seconds(sweep: Sweep, launch: Launch, protocol: Protocol = PROTOCOL) -
 def measure_speed(sweep: Sweep, launch: Launch, protocol: Protocol = PROTOCOL) -> list[dict]:
     """C4's records: each seed's CHASE model (its final stage) timed at the speed points."""
     from looplab import tracking
+    from trainables.bench import BenchTarget, measure
     from trainables.pipeline import checkpoint_of
-    from trainables.bench import measure
     from trainables.storage import Storage
 
     store = Storage(launch.storage_path)
@@ -404,14 +404,12 @@ def measure_speed(sweep: Sweep, launch: Launch, protocol: Protocol = PROTOCOL) -
         final = stage_configs(
             sweep.spec, {"arm": "chase", "n_layers": LOOPED[0], "n_loops": LOOPED[1], "seed": seed}, store.root
         )[-1]
+        target = BenchTarget(checkpoint_of(store.root, final), final.stage_key(), final.config_hash(), "CHASE")
         for r in measure(
             mc,
             experiment_id,
             sweep_run.info.run_id if sweep_run else None,
-            checkpoint=checkpoint_of(store.root, final),
-            stage_key=final.stage_key(),
-            config_hash=final.config_hash(),
-            method="CHASE",
+            target,
             points=speed_points(final.train.seq_len, protocol),
             label=f"seed {seed}",
         ):

@@ -144,10 +144,17 @@ class Protocol:
     disclosed: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        self._check_statistics()
+        self._check_arms_and_pairs()
+        self._check_claims_and_seeds()
+
+    def _check_statistics(self) -> None:
         if self.correction not in CORRECTIONS:
             raise ConfigError(f"Protocol.correction={self.correction!r} is invalid; allowed: {' | '.join(CORRECTIONS)}")
         if not 0.5 < self.confidence < 1.0:
             raise ConfigError(f"Protocol.confidence={self.confidence!r} is invalid; allowed: a float in (0.5, 1)")
+
+    def _check_arms_and_pairs(self) -> None:
         for arm, _, _ in self.lm_points:
             if arm not in self.arms:
                 raise ConfigError(f"Protocol.lm_points arm={arm!r} is invalid; allowed: {' | '.join(self.arms)}")
@@ -165,6 +172,8 @@ class Protocol:
                 f"Protocol.mano_preset={self.mano_preset!r} is invalid with mano_pairs={self.mano_pairs!r} and "
                 f"mano_levels={self.mano_levels!r}; allowed: all three set (a Mano claim) or none"
             )
+
+    def _check_claims_and_seeds(self) -> None:
         for claim in self.gpu_speed.claims if self.gpu_speed is not None else ():
             if claim not in self.claim_rules:
                 raise ConfigError(

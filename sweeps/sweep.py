@@ -4,21 +4,20 @@ before Ray starts, the resource plan, the names derived from content, and the dr
 
 from __future__ import annotations
 
-from collections import Counter
-
 import dataclasses
 import itertools
 import json
 import math
 import os
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from looplab.config import ConfigError, config_key, is_keyed
+from looplab.costs.resources import StagePlan, plan_stage
 from looplab.keys import LENIENT, SWEEP_KEY_LENGTH, TRIAL_NAME_KEY_LENGTH, digest, keyed_name, stage_folder
 from looplab.policy import DEFAULT_QS, ExitPolicy
-from looplab.costs.resources import StagePlan, plan_stage
 from looplab.tracking import EXECUTED_LOOPS, PPL, VAL_ACCURACY, VAL_PPL, parse_metric, policy_metric
 from sweeps.flags import Launch, check_preset, fail
 from sweeps.runtime import local_gpus
@@ -171,7 +170,16 @@ def cpu_share(cpus: float, concurrent: int, workers: int, waiting: float) -> flo
 def validate(sweep: Sweep, launch: Launch) -> tuple[list[dict[str, Any]], Resources]:
     """Every check that can run before Ray: returns the trial params and the plan."""
     check_preset(sweep.spec.preset)
-    spec = sweep.spec
+    _check_stage_sets(sweep.spec)
+    points = _trial_points(sweep, launch)
+    _check_stage_configs(sweep, launch, points)
+    _check_plan_flags(launch)
+    n_trials = len(points) if launch.search == "grid" else launch.num_samples
+    return points, plan_resources(launch, local=not launch.address, n_trials=n_trials)
+
+
+def _check_stage_sets(spec) -> None:
+    """--stage-set never sets a key the sweep searches, in a stage it searches it in."""
     for stage, overrides in spec.stage_overrides.items():
         for key in overrides:
             if any(
@@ -183,6 +191,11 @@ def validate(sweep: Sweep, launch: Launch) -> tuple[list[dict[str, Any]], Resour
                     f"{stage}:{key}={overrides[key]}",
                     f"keys the sweep does not search ({key} is one of its axes: set its values with its own flag)",
                 )
+
+
+def _trial_points(sweep: Sweep, launch: Launch) -> list[dict[str, Any]]:
+    """The trials' params, seeds included: a grid's points, or a search's range corners
+    (which stand for every sample in the config checks)."""
     seeds = list(launch.seeds)
     if launch.search == "grid":
         for name, values in sweep.grid.items():
@@ -199,14 +212,19 @@ def validate(sweep: Sweep, launch: Launch) -> tuple[list[dict[str, Any]], Resour
         for name, (low, high, scale) in sweep.ranges.items():
             if not low <= high or (scale == "log" and low <= 0):
                 fail(f"range.{name}", (low, high), "low <= high (and low > 0 on a log scale)")
-        # The range's corners stand for every sample in the config checks below.
         points = [
             dict(zip(sweep.ranges, corner), seed=seeds[0])
             for corner in itertools.product(*((lo, hi) for lo, hi, _ in sweep.ranges.values()))
         ]
     if not points:
         fail("grid", {}, "at least one point")
-    for point in points:  # each stage's config validates itself: β < 0, hp > 1, depth outside [1, R], ...
+    return points
+
+
+def _check_stage_configs(sweep: Sweep, launch: Launch, points: list[dict[str, Any]]) -> None:
+    """Each stage's config validates itself (β < 0, hp > 1, depth outside [1, R], ...),
+    said in the flags' terms; the workers split every batch evenly."""
+    for point in points:
         try:
             configs = stage_configs(sweep.spec, point, launch.storage_path)
         except ConfigError as e:
@@ -219,7 +237,10 @@ def validate(sweep: Sweep, launch: Launch) -> tuple[list[dict[str, Any]], Resour
                     f"a divisor of {cfg.stage}'s batch size "
                     f"{cfg.train.batch_size} (every worker trains an equal share)",
                 )
-    n_trials = len(points) if launch.search == "grid" else launch.num_samples
+
+
+def _check_plan_flags(launch: Launch) -> None:
+    """The plan's own settings: device memory, its margin, MFU and the GPU's peak."""
     if launch.gpu_memory < 0:
         fail("--gpu-memory", launch.gpu_memory, "GiB per GPU > 0 (0: each stage's own micro-batching)")
     if not 0 <= launch.memory_margin < (launch.gpu_memory or float("inf")):
@@ -228,7 +249,6 @@ def validate(sweep: Sweep, launch: Launch) -> tuple[list[dict[str, Any]], Resour
         fail("--mfu", launch.mfu, "a fraction in (0, 1], e.g. 0.4")
     if launch.gpu_tflops <= 0:
         fail("--gpu-tflops", launch.gpu_tflops, "a peak in TFLOP/s > 0, e.g. 989")
-    return points, plan_resources(launch, local=not launch.address, n_trials=n_trials)
 
 
 # ---- devices: micro-batches and the per-stage plan --------------------------------------

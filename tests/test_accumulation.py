@@ -6,17 +6,17 @@ float32, hence the tolerances)."""
 
 import pytest
 import torch
+from test_adaptive import gated_model
+from test_stages import model_vocab, stage_cfg
+from test_train import tiny_run
 
 from looplab.config import apply_overrides
-from looplab.training.distributed import Shard
 from looplab.stages import get_stage
 from looplab.tasks import make_task
 from looplab.tasks.base import IGNORE_INDEX, Batch
+from looplab.training.distributed import Shard
 from looplab.training.steps import accumulate_gradients
 from looplab.training.train import train
-from test_stages import model_vocab, stage_cfg
-from test_adaptive import gated_model
-from test_train import tiny_run
 
 CASES = {  # every stage, and both of CHASE's hole branches
     "pretrain": ("pretrain", {}),

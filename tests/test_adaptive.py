@@ -4,9 +4,11 @@ import math
 
 import pytest
 import torch
+from test_models import ARCHS, tiny
 
-from looplab.models.looped import LoopedLM
 from looplab.config import ConfigError
+from looplab.models.looped import LoopedLM
+from looplab.policy import ExitPolicy, parse_policies, threshold_exit_steps
 from looplab.training.objectives import (
     exit_cdf,
     exit_distribution,
@@ -16,8 +18,6 @@ from looplab.training.objectives import (
     stage2_loss,
     stage2_targets,
 )
-from looplab.policy import ExitPolicy, parse_policies, threshold_exit_steps
-from test_models import ARCHS, tiny
 
 
 def gated_model(arch="mamba2", seed=0, n_loops=4, gate_std=5.0, **kw) -> LoopedLM:

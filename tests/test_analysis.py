@@ -24,8 +24,8 @@ pytest.importorskip("plotly")
 pytest.importorskip("scipy")
 pytest.importorskip("mlflow")
 
-from analysis.aggregate import aggregate_seeds, choose_best_seeds, student_t_quantile
-from analysis.frontier import (
+from analysis.aggregate import aggregate_seeds, choose_best_seeds, student_t_quantile  # noqa: E402
+from analysis.frontier import (  # noqa: E402
     best_under_budget,
     frontier,
     frontier_area,
@@ -483,9 +483,9 @@ def test_speed_chart_draws_each_timings_spread_over_repeats(tmp_path):
     a run logged before repeats kept their times has no bar."""
     import polars as pl
 
+    from analysis.bench import IDENTITY, PPL_FULL, QUALITY, SPEED, speed_chart
     from analysis.page import figure
     from analysis.plots import render_png
-    from analysis.bench import QUALITY, SPEED, IDENTITY, PPL_FULL, speed_chart
 
     tokens = 2 * 64
     rows = []

@@ -5,16 +5,16 @@ import json
 
 import pytest
 import torch
+from test_adaptive import gated_model
 
-from looplab.costs.arrival_bench import ArrivalBench, bench_arrivals
-from looplab.inference.arrivals import RequestStream, make_requests, serve
 from looplab.cli import main
 from looplab.config import ConfigError
+from looplab.costs.arrival_bench import ArrivalBench, bench_arrivals
+from looplab.costs.resources import flop_ratio, prefill_flops
+from looplab.inference.arrivals import RequestStream, make_requests, serve
 from looplab.inference.depth_batching import DepthBatch
 from looplab.inference.generate import generate, prefill
 from looplab.policy import ExitPolicy
-from looplab.costs.resources import flop_ratio, prefill_flops
-from test_adaptive import gated_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

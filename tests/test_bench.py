@@ -7,8 +7,11 @@ import os
 import numpy as np
 import pytest
 import torch
+from test_models import ARCHS, tiny
 
 from looplab import load_model
+from looplab.config import ConfigError
+from looplab.costs.measured_memory import UNKNOWN_PEAK, in_rss_process, peak_memory
 from looplab.costs.timing import (
     bench_decode_point,
     bench_point,
@@ -17,11 +20,8 @@ from looplab.costs.timing import (
     survivor_ratio,
     under_dtype,
 )
-from looplab.config import ConfigError
-from looplab.costs.measured_memory import UNKNOWN_PEAK, in_rss_process, peak_memory
 from looplab.models.looped import LoopedLM
 from looplab.policy import ExitPolicy
-from test_models import ARCHS, tiny
 
 CPU = torch.device("cpu")
 

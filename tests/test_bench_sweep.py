@@ -14,13 +14,14 @@ import torch
 pytest.importorskip("mlflow")
 pytest.importorskip("polars")
 
-import analysis_fixture as fx  # noqa: E402
-import looplab  # noqa: E402
-from looplab import tracking  # noqa: E402
-from looplab.checkpoint import experiment_metadata, read_model_config, save_model  # noqa: E402
-from looplab.policy import ExitPolicy  # noqa: E402
-from looplab.costs.resources import flop_ratio, prefill_flops  # noqa: E402
-from sweeps import bench  # noqa: E402
+import analysis_fixture as fx
+
+import looplab
+from looplab import tracking
+from looplab.checkpoint import experiment_metadata, read_model_config, save_model
+from looplab.costs.resources import flop_ratio, prefill_flops
+from looplab.policy import ExitPolicy
+from sweeps import bench
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

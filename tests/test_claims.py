@@ -11,11 +11,11 @@ from __future__ import annotations
 import math
 import statistics
 
+import analysis_fixture as fx
 import numpy as np
 import polars as pl
 import pytest
 
-import analysis_fixture as fx
 from analysis.claims import (
     CLAIMS,
     DESCRIPTIVE,
@@ -38,9 +38,9 @@ from analysis.claims import (
     trial_measures,
     verdict_markdown,
 )
-from analysis.stats import Interval, difference, holm, mean_interval, p_value, power, seeds_for_power
 from analysis.load import load_runs
 from analysis.points import evaluation_points
+from analysis.stats import Interval, difference, holm, mean_interval, p_value, power, seeds_for_power
 
 T_975 = {1: 12.706204736, 2: 4.302652730, 4: 2.776445105}  # Student-t table, two-sided 95 %
 

@@ -10,16 +10,16 @@ import re
 
 import pytest
 import torch
+from test_hf_export import tiny_model
+from test_stages import stage_cfg
 
 from looplab.config import ConfigError, TrainConfig, apply_overrides
+from looplab.inference.depth_batching import gate_loop
 from looplab.inference.generate import decode_step, generate, prefill
 from looplab.models import compiled, cpu_sequence
 from looplab.models.compiled import compile_decoding, compiles
-from looplab.inference.depth_batching import gate_loop
 from looplab.policy import ExitPolicy, exit_rule
 from looplab.training.steps import optimizer_step
-from test_hf_export import tiny_model
-from test_stages import stage_cfg
 
 STEPS = 3
 ATTENTION = {"model.attn_head_dim": 16, "model.rope_dim": 16}

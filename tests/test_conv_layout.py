@@ -9,8 +9,8 @@ forward and backward on the meta device, must hand it tensors a GPU would accept
 
 import pytest
 import torch
-
 from causal_conv1d_standin import CausalConv1dCheckError, CausalConv1dStandIn, check_forward
+
 from looplab.models.looped import LoopedLM
 from looplab.models.mamba2 import Mamba2
 from looplab.models.ops import dispatch

@@ -104,9 +104,11 @@ def test_the_conv_follows_its_windows_and_their_gradients(with_bias):
     packed = torch.tensor([[0] * 10 + [1] * 2 + [2] * 25, [0] * 37, [0] * 36 + [1]])
     for seq_idx in (None, packed):
         tensors = (x, weight) + ((bias,) if with_bias else ())
-        (want,), want_grads = grads(lambda x, w, *b: (conv_silu_ref(x, w, *(b or [None]), seq_idx),), tensors, [dy])
+        (want,), want_grads = grads(
+            lambda x, w, *b, s=seq_idx: (conv_silu_ref(x, w, *(b or [None]), s),), tensors, [dy]
+        )
         (got,), got_grads = grads(
-            lambda x, w, *b: (cpu_sequence.conv_silu(x, w, *(b or [None]), seq_idx),), tensors, [dy]
+            lambda x, w, *b, s=seq_idx: (cpu_sequence.conv_silu(x, w, *(b or [None]), s),), tensors, [dy]
         )
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
         for name, gr, w in zip(("x", "weight", "bias"), got_grads, want_grads):

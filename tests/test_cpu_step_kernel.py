@@ -8,14 +8,14 @@ import shutil
 
 import pytest
 import torch
+from test_decode import batch, decode_token_by_token_against_the_full_forward, full_forward, model_for, policies
+from test_depth_batching import teacher_forced
 
 from looplab.models import cpu_step
 from looplab.models.cache import BlockCache, Layout, MambaState
 from looplab.models.mamba2 import Mamba2
 from looplab.models.ops.dispatch import step_implementation
 from looplab.models.ops.reference import mamba2_mixer_ref
-from test_decode import batch, decode_token_by_token_against_the_full_forward, full_forward, model_for, policies
-from test_depth_batching import teacher_forced
 
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),

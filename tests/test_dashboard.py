@@ -23,11 +23,11 @@ import pytest
 
 pytest.importorskip("mlflow")
 
-from looplab import dashboard, tracking  # noqa: E402
-from sweeps import beta_ablation as beta  # noqa: E402
-from sweeps.flags import Common, Launch, parser  # noqa: E402
-from sweeps.launch import main  # noqa: E402
-from sweeps.sweep_record import (  # noqa: E402
+from looplab import dashboard, tracking
+from sweeps import beta_ablation as beta
+from sweeps.flags import Common, Launch, parser
+from sweeps.launch import main
+from sweeps.sweep_record import (
     publish_dashboard,
     publish_summary_view,
     searched_names,
@@ -217,9 +217,10 @@ def _printed(text: str, label: str) -> str:
 @pytest.mark.ray
 @pytest.mark.slow  # a sweep and an MLflow server under load, ~2 min on 2 cores: .ci/run runs it after the suite
 def test_printed_url_shows_the_trials_in_the_model_training_view(tiny_sweep, tmp_path):
+    from test_dashboard_command import COMMAND, busy_cores, dashboard_command, free_port
+
     from analysis.dashboard_shot import render
     from analysis.screenshot import _png_stats, find_browser
-    from test_dashboard_command import COMMAND, busy_cores, dashboard_command, free_port
 
     uri, out = tiny_sweep
     command = re.search(r"^dashboard:   serve it:  (.+)$", out, re.M).group(1)

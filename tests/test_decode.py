@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from test_adaptive import gated_model
 
 from looplab.checkpoint import save_model
 from looplab.config import ConfigError
@@ -15,7 +16,6 @@ from looplab.models.cache import InferenceCache
 from looplab.models.ops.reference import ssm_scan_ref
 from looplab.models.ops.ssd import ssd_chunked
 from looplab.policy import ExitPolicy
-from test_adaptive import gated_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -194,7 +194,7 @@ def exit_state_reference(m, row: torch.Tensor, q: float) -> torch.Tensor:
                 continue
             H, hd = att.n_heads, att.head_dim
 
-            def qkv(states, pos):
+            def qkv(states, pos, att=att, block=block, H=H, hd=hd):
                 q_, k_, v_ = att.qkv(block.norm(states)).view(-1, 3, H, hd).unbind(1)
                 cos, sin = rope_angles(pos[None], att.rope_dim, att.rope_theta)
                 return apply_rope(q_[None], cos, sin)[0], apply_rope(k_[None], cos, sin)[0], v_

@@ -3,13 +3,13 @@ steps, and every token still gets the full forward's logits and exit step."""
 
 import pytest
 import torch
+from test_adaptive import gated_model
+from test_decode import BACKBONES, R, batch, full_forward, model_for, policies
 
 from looplab.config import ConfigError
 from looplab.inference.depth_batching import DepthBatch, decode_given_tokens
 from looplab.inference.generate import generate, prefill
 from looplab.policy import ExitPolicy
-from test_decode import BACKBONES, R, batch, full_forward, model_for, policies
-from test_adaptive import gated_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

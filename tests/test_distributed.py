@@ -14,12 +14,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from looplab.checkpoint import load_model
+from looplab.checkpoint import load_model, parent_ref
 from looplab.config import ConfigError
+from looplab.presets import get_preset, stage_config
 from looplab.training.distributed import Shard
-from looplab.checkpoint import parent_ref
-from looplab.presets import get_preset
-from looplab.presets import stage_config
 from looplab.training.train import train
 
 STEPS = 4

@@ -9,10 +9,10 @@ import json
 
 import pytest
 import torch
+from causal_conv1d_standin import CausalConv1dStandIn
 
 import looplab.doctor as doctor
 import looplab.models.mamba2 as mamba2
-from causal_conv1d_standin import CausalConv1dStandIn
 from looplab.cli import main as looplab_main
 from looplab.models.ops import dispatch
 from looplab.models.ops.reference import mamba_chunk_scan_combined_ref

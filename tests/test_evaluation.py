@@ -24,14 +24,16 @@ import torch
 pytest.importorskip("lm_eval")
 pytest.importorskip("mlflow")
 
-import looplab  # noqa: E402
-from looplab import tracking  # noqa: E402
-from looplab.checkpoint import experiment_metadata, save_model  # noqa: E402
-from looplab.policy import ExitPolicy  # noqa: E402
-from looplab.presets import get_preset  # noqa: E402
-from looplab.presets import stage_config  # noqa: E402
-from trainables import eval_tasks as tasks  # noqa: E402
-from trainables import evaluation as ev  # noqa: E402
+import looplab
+from looplab import tracking
+from looplab.checkpoint import experiment_metadata, save_model
+from looplab.policy import ExitPolicy
+from looplab.presets import (
+    get_preset,
+    stage_config,
+)
+from trainables import eval_tasks as tasks
+from trainables import evaluation as ev
 
 DATA = Path(__file__).parent / "data" / "lm_eval"
 TASKS = ("looplab_toy_mc", "looplab_toy_cloze")

@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from test_models import ARCHS, tiny
 
 from looplab.config import ConfigError
 from looplab.models.looped import LoopedLM
@@ -26,7 +27,6 @@ from looplab.policy import (
     parse_policies,
 )
 from looplab.tracking import parse_metric
-from test_models import ARCHS, tiny
 
 R = 4
 
@@ -361,10 +361,11 @@ def test_bad_zoo_policies_are_one_line_errors(make, message):
 
 
 def test_bench_times_a_zoo_rule_against_its_dense_twin():
+    from test_bench import UNMEASURED
+
     import looplab
     from looplab.costs.timing import bench_point
     from looplab.tracking import bench_point_name
-    from test_bench import UNMEASURED
 
     model = zoo_model("mamba2")
     ids = make_ids(shape=(2, 16))

@@ -15,19 +15,19 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 # transformers copies remote code to HF_MODULES_CACHE (read when it is imported): a private one.
 os.environ.setdefault("HF_MODULES_CACHE", tempfile.mkdtemp(prefix="looplab_hf_modules_"))
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
-from looplab.checkpoint import save_model  # noqa: E402
-from looplab.cli import main  # noqa: E402
-from looplab.config import ConfigError, ModelConfig  # noqa: E402
-from looplab.export import export_hf  # noqa: E402
-from looplab.inference.generate import generate  # noqa: E402
-from looplab.models.looped import LoopedLM  # noqa: E402
-from looplab.policy import ExitPolicy  # noqa: E402
+from looplab.checkpoint import save_model
+from looplab.cli import main
+from looplab.config import ConfigError, ModelConfig
+from looplab.export import export_hf
+from looplab.inference.generate import generate
+from looplab.models.looped import LoopedLM
+from looplab.policy import ExitPolicy
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

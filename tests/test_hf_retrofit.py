@@ -17,9 +17,9 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from looplab import retrofit  # noqa: E402
 from looplab.checkpoint import load_model, model_from_config  # noqa: E402
 from looplab.config import ConfigError, ExperimentConfig, ModelConfig, apply_overrides  # noqa: E402
-from looplab import retrofit  # noqa: E402
 from looplab.presets import get_preset  # noqa: E402
 from looplab.tasks import make_task  # noqa: E402
 from looplab.tasks.base import IGNORE_INDEX  # noqa: E402

@@ -11,7 +11,13 @@ import json
 import pytest
 import torch
 
-from looplab.config import apply_overrides
+from looplab.config import ParentRef, apply_overrides
+from looplab.models.looped import LoopedLM
+from looplab.policy import ExitPolicy
+from looplab.presets import get_preset, stage_config
+from looplab.stages import get_stage
+from looplab.tasks.base import Batch
+from looplab.tracking import LOOP_QUANTITIES, loop_metric, parse_loop_metric, record_metrics
 from looplab.training.instruments import (
     hidden_norms,
     loop_gradient_norms,
@@ -19,13 +25,6 @@ from looplab.training.instruments import (
     per_application_parameters,
     skip_profile,
 )
-from looplab.models.looped import LoopedLM
-from looplab.policy import ExitPolicy
-from looplab.presets import get_preset, stage_config
-from looplab.stages import get_stage
-from looplab.tasks.base import Batch
-from looplab.tracking import LOOP_QUANTITIES, loop_metric, parse_loop_metric, record_metrics
-from looplab.config import ParentRef
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from causal_conv1d_standin import CausalConv1dStandIn, causal_conv1d_update_standin
+
 from looplab.models.mamba2 import Mamba2
 from looplab.models.ops import dispatch
 from looplab.presets import PRESETS
@@ -186,6 +186,7 @@ def test_cuda_decode_step_matches_torch_step(triton_state_update, monkeypatch, s
     stand-in (the decoding kernels, with their gather/scatter by row index) against
     the torch step: outputs and both updated states."""
     from causal_conv1d_standin import causal_conv1d_update_standin
+
     from looplab.models.cache import BlockCache, Layout
 
     m = _mixer(**SHAPES[shape])
@@ -221,10 +222,11 @@ def test_cuda_path_saves_what_the_memory_model_counts(triton_chunk_scan, monkeyp
     here, so no autocast copies) against the tensors autograd actually keeps when the
     block runs through mamba-ssm's scan and the causal-conv1d stand-in (which saves
     what the library saves)."""
+    from test_memory import saved_bytes
+
     from looplab.config import ModelConfig
     from looplab.costs.memory import mamba2_block
     from looplab.models.layers import Residual
-    from test_memory import saved_bytes
 
     s = SHAPES[shape]
     cfg = ModelConfig(vocab_size=64, n_layers=1, n_loops=1, **{k: v for k, v in s.items()})

@@ -81,3 +81,15 @@ def test_inline_jobs_run_in_order_and_one_failure_costs_only_itself():
     assert [job for job, _ in results] == [1, 2, 3]
     assert results[0][1] == 10 and results[2][1] == 30
     assert isinstance(results[1][1], ValueError)
+
+
+def test_a_broken_stage_and_a_stale_trial_are_said_in_one_line():
+    from trainables.progress import format_record
+
+    retrain = {"trial": "beta=0.1 seed=0", "event": "retrain", "stage": "pretrain", "why": "checkpoint missing"}
+    assert format_record(retrain) == "[beta=0.1 seed=0] pretrain: checkpoint missing → retrain"
+    stale = {"trial": "beta=0.1 seed=0", "event": "trial_stale", "why": "pretrain-abc: checkpoint missing"}
+    assert (
+        format_record(stale)
+        == "[beta=0.1 seed=0] trial finished before, but pretrain-abc: checkpoint missing → run again"
+    )

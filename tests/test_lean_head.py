@@ -3,6 +3,9 @@ RMSNorm → logits → log-softmax over the full vocabulary, in float64."""
 
 import pytest
 import torch
+from test_adaptive import gated_model
+from test_models import tiny
+from test_stages import stage_cfg
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from looplab.models.head import (
@@ -12,10 +15,13 @@ from looplab.models.head import (
     head_weighted_loss,
     linear_cross_entropy,
     step_token_losses,
+    token_losses,
     weighted_linear_cross_entropy,
 )
 from looplab.models.looped import LoopedLM
-from looplab.models.head import token_losses
+from looplab.policy import ExitPolicy
+from looplab.stages import get_stage
+from looplab.tasks.base import IGNORE_INDEX, Batch
 from looplab.training.objectives import (
     exit_distribution,
     final_loop_loss,
@@ -24,12 +30,6 @@ from looplab.training.objectives import (
     stage1_weights,
     stage2_loss,
 )
-from looplab.policy import ExitPolicy
-from looplab.stages import get_stage
-from looplab.tasks.base import IGNORE_INDEX, Batch
-from test_adaptive import gated_model
-from test_models import tiny
-from test_stages import stage_cfg
 
 R, B, L, V, D = 3, 2, 11, 97, 16  # 66 tokens over all steps: most chunk sizes below do not divide it
 

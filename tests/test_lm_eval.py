@@ -19,10 +19,10 @@ import torch
 pytest.importorskip("lm_eval")
 pytest.importorskip("datasets")
 
-import looplab  # noqa: E402
-from looplab.checkpoint import save_model  # noqa: E402
-from looplab.config import ConfigError  # noqa: E402
-from looplab.policy import ExitPolicy  # noqa: E402
+import looplab
+from looplab.checkpoint import save_model
+from looplab.config import ConfigError
+from looplab.policy import ExitPolicy
 
 DATA = Path(__file__).parent / "data" / "lm_eval"
 TOY_TASK = "looplab_toy_mc"

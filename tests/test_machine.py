@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from looplab.config import ConfigError, MAX_STEPS
+from looplab.config import MAX_STEPS, ConfigError
 from looplab.costs import machine
 from looplab.costs.memory import step_memory
 from looplab.costs.resources import flops_per_token

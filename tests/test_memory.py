@@ -14,9 +14,9 @@ import looplab.training.objectives  # noqa: F401 - the stages' losses register t
 from looplab.checkpoint import model_from_config, parent_ref
 from looplab.config import ConfigError, ModelConfig
 from looplab.costs.memory import FP32, GiB, loop_activations, mamba2_block, readout_activations, step_memory
+from looplab.costs.resources import flops_per_token, plan_stage
 from looplab.models.layers import make_layer
 from looplab.presets import get_preset, stage_config
-from looplab.costs.resources import flops_per_token, plan_stage
 from looplab.stages import get_stage
 from looplab.tasks.base import Batch
 
@@ -202,8 +202,8 @@ def test_a_plan_leaves_its_margin_free():
     nothing left for the CUDA context, NCCL and fragmentation. With the margin (4 GiB by
     default) the plan picks the micro-batch whose peak fits the rest."""
     from looplab.config import ParentRef
-    from looplab.presets import get_preset, stage_config
     from looplab.costs.resources import DEFAULT_MEMORY_MARGIN_GIB
+    from looplab.presets import get_preset, stage_config
 
     stage1 = stage_config(get_preset("paper-140m-hybrid"), "stage1", parent=ParentRef("pretrain", "k", "g"))
     tight = plan_stage(stage1, ranks=8, device_memory_gib=80, margin_gib=0)

@@ -18,8 +18,8 @@ from looplab.costs.resources import flops_per_token, row_length
 from sweeps import paper_mini, scale_scan
 from sweeps.estimate import RAY_START_S, TRIAL_S, estimate, evaluations, makespan
 from sweeps.flags import Launch, parse_seeds
-from sweeps.sweep import chains_in_trials, grid_points, longest_first, owned_costs, replay
 from sweeps.protocol import V2, V5
+from sweeps.sweep import chains_in_trials, grid_points, longest_first, owned_costs, replay
 from trainables.pipeline import stage_configs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -142,17 +142,18 @@ def test_a_bad_preset_is_one_line(capsys):
 
 def test_the_speed_step_is_keyed_by_content(tmp_path):
     from looplab.checkpoint import load_model, save_model
-    from trainables.bench import SpeedPoint, measure
+    from trainables.bench import BenchTarget, SpeedPoint, measure
 
     save_model(load_model("debug", seed=0), tmp_path / "ckpt")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     mc = tracking.client(uri)
     experiment = tracking.ensure_experiment(mc, "speed", tmp_path / "mlflow")
     points = [SpeedPoint(1, 16, "skip:0.5"), SpeedPoint(2, 16, "skip:0.5")]
-    kw = dict(checkpoint=str(tmp_path / "ckpt"), stage_key="k1", config_hash="h", method="CHASE", repeats=1, threads=1)
-    first = measure(mc, experiment, None, points=points, **kw)
+    target = BenchTarget(str(tmp_path / "ckpt"), "k1", "h", "CHASE")
+    kw = dict(repeats=1, threads=1)
+    first = measure(mc, experiment, None, target, points=points, **kw)
     assert [r["reused"] for r in first] == [False, False] and all(r["speedup"] > 0 for r in first)
-    again = measure(mc, experiment, None, points=points + [SpeedPoint(1, 32, "skip:0.5")], **kw)
+    again = measure(mc, experiment, None, target, points=points + [SpeedPoint(1, 32, "skip:0.5")], **kw)
     assert [r["reused"] for r in again] == [True, True, False]
     assert [r["speedup"] for r in again[:2]] == pytest.approx([r["speedup"] for r in first])
     runs = mc.search_runs([experiment])

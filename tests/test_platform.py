@@ -22,10 +22,10 @@ import pytest
 pytest.importorskip("ray")
 pytest.importorskip("mlflow")
 
-from looplab import tracking  # noqa: E402
-from looplab.presets import get_preset  # noqa: E402
-from sweeps import beta_ablation as beta  # noqa: E402
-from sweeps.launch import main  # noqa: E402
+from looplab import tracking
+from looplab.presets import get_preset
+from sweeps import beta_ablation as beta
+from sweeps.launch import main
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -206,7 +206,6 @@ def test_dry_run_counts_the_stages_the_store_holds(capsys, tmp_path):
     """A stored stage (its done marker, written where and as a trial writes it) is reused,
     not trained: the dry run says so and leaves it out of the compute."""
     import re
-
     import shutil
 
     from sweeps.beta_ablation import beta_ablation

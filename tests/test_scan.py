@@ -4,10 +4,10 @@ figures), read from an MLflow store shaped like the platform's."""
 
 from __future__ import annotations
 
+import analysis_fixture as fx
 import polars as pl
 import pytest
 
-import analysis_fixture as fx
 from analysis.claims import REPRODUCED
 from analysis.load import load_runs
 from analysis.points import evaluation_points
@@ -25,8 +25,8 @@ from analysis.scan import (
 from looplab import tracking
 from looplab.config import ConfigError
 from sweeps.flags import Common, Launch
-from sweeps.sweep import validate
 from sweeps.scale_scan import HOLE_AXES, HOLE_CENTRE, hole_points, hole_range, holes_scan, loops_scan
+from sweeps.sweep import validate
 from trainables.pipeline import PipelineSpec, stage_configs
 
 

@@ -5,9 +5,9 @@ spread wider than its bound, or that ran beside other work, is not reported as a
 import math
 
 import pytest
+from test_benchmark_scripts import run_script
 
 from looplab.costs.spread import Figure, Load, Timing
-from test_benchmark_scripts import run_script
 
 QUIET = Load(before=0.1, after=1.1, cpus=2, threads=1)
 

@@ -3,19 +3,17 @@
 import numpy as np
 import pytest
 import torch
+from test_adaptive import gated_model
 
 from looplab.checkpoint import parent_ref
 from looplab.config import ConfigError, ExperimentConfig, HoleConfig, apply_overrides
 from looplab.evaluation.validation import evaluate_policies
-from looplab.policy import round_depth
-from looplab.training.holes import sample_depth_holes, target_depths
-from looplab.policy import ExitPolicy
-from looplab.presets import get_preset
-from looplab.presets import stage_config
+from looplab.policy import ExitPolicy, round_depth
+from looplab.presets import get_preset, stage_config
 from looplab.stages import get_stage
 from looplab.tasks import make_task
+from looplab.training.holes import sample_depth_holes, target_depths
 from looplab.training.train import train
-from test_adaptive import gated_model
 
 
 def stage_cfg(stage, init_from="/unused", **extra):

@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from looplab.config import ConfigError, ManoConfig, PhopConfig
-from looplab.tasks import IGNORE_INDEX, make_task
-from looplab.tasks import mano, phop
+from looplab.tasks import IGNORE_INDEX, make_task, mano, phop
 
 MANO_CFG = ManoConfig(L=6, eval_count=50)
 PHOP_CFG = PhopConfig(n=32, p=4, eval_count=100)

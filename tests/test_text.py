@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from looplab.tasks import tokenizer as tokmod
 from looplab.config import ConfigError, TextConfig
 from looplab.presets import get_preset
 from looplab.tasks import make_task
+from looplab.tasks import tokenizer as tokmod
 from looplab.tasks.text import TextTask, embedded_documents, unigram_perplexity
 from looplab.tasks.tokenizer import ByteTokenizer, load_tokenizer
 

@@ -11,12 +11,11 @@ import pytest
 
 from looplab.checkpoint import read_config
 from looplab.config import ConfigError, apply_overrides
-from looplab.keys import stage_folder
 from looplab.costs.memory import step_memory
-from looplab.models.head import token_losses
-from looplab.training.objectives import final_loop_loss
-from looplab.presets import get_preset, stage_config
 from looplab.costs.resources import flops_per_token
+from looplab.keys import stage_folder
+from looplab.models.head import token_losses
+from looplab.presets import get_preset, stage_config
 from looplab.stages import (
     FINAL_LOOP,
     STAGE_NAMES,
@@ -29,6 +28,7 @@ from looplab.stages import (
     stage_loss,
     unregister,
 )
+from looplab.training.objectives import final_loop_loss
 from looplab.training.train import train
 from sweeps.flags import Launch
 from sweeps.sweep import Sweep, describe, fit_devices, validate

@@ -31,8 +31,8 @@ import math
 import os
 import platform
 import sys
-from dataclasses import dataclass
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from looplab import tracking
@@ -125,8 +125,8 @@ def host_of(threads: int) -> dict[str, Any]:
 def bound_of(model_cfg, point: SpeedPoint, executed_loops: float) -> float:
     """The point's FLOP ratio (looplab/costs/resources.py) at its measured executed loops: a
     prefill reads out at the last position only."""
-    from looplab.policy import ExitPolicy
     from looplab.costs.resources import flop_ratio, prefill_flops
+    from looplab.policy import ExitPolicy
 
     f0, fr = prefill_flops(model_cfg, point.seq_len, ExitPolicy.parse(point.policy), readout="last")
     return flop_ratio(f0, fr, model_cfg.n_loops, executed_loops)
@@ -151,17 +151,6 @@ def _model_and_task(checkpoint: str):
     return model, make_task(exp.task, exp.train.seq_len)
 
 
-def bench_tags(stage_key: str, config_hash: str, method: str, checkpoint: str, policy: str) -> dict[str, str]:
-    """The tags of a bench run: the checkpoint it times and the policy."""
-    return {
-        tracking.STAGE_KEY: stage_key,
-        tracking.CONFIG_HASH: config_hash,
-        tracking.METHOD: method,
-        tracking.CHECKPOINT: checkpoint,
-        tracking.POLICY_TAG: policy,
-    }
-
-
 def machine_params(host: dict[str, Any]) -> dict[str, str]:
     return {tracking.MACHINE_PARAM + k: str(v) for k, v in host.items()}
 
@@ -170,15 +159,32 @@ def _to_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+@dataclass(frozen=True)
+class BenchTarget:
+    """The checkpoint a bench step times, and what its runs are tagged with."""
+
+    checkpoint: str  # a local checkpoint folder
+    stage_key: str
+    config_hash: str
+    method: str
+
+    def tags(self, policy: str) -> dict[str, str]:
+        """A bench run's tags: the checkpoint it times and the policy."""
+        return {
+            tracking.STAGE_KEY: self.stage_key,
+            tracking.CONFIG_HASH: self.config_hash,
+            tracking.METHOD: self.method,
+            tracking.CHECKPOINT: self.checkpoint,
+            tracking.POLICY_TAG: policy,
+        }
+
+
 def measure(
     mc,
     experiment_id: str,
     parent_run_id: str | None,
+    target: BenchTarget,
     *,
-    checkpoint: str,
-    stage_key: str,
-    config_hash: str,
-    method: str,
     points: list[SpeedPoint],
     repeats: int = 5,
     threads: int | None = None,
@@ -194,12 +200,12 @@ def measure(
 
     threads = threads or os.cpu_count() or 1
     host = host_of(threads)
-    keys = {p: speed_key(stage_key, p, host, repeats) for p in points}
-    records, todo = _stored_points(mc, experiment_id, keys, checkpoint)
+    keys = {p: speed_key(target.stage_key, p, host, repeats) for p in points}
+    records, todo = _stored_points(mc, experiment_id, keys, target.checkpoint)
     if not todo:
         return records
     with _torch_threads(threads):
-        model, task = _model_and_task(checkpoint)
+        model, task = _model_and_task(target.checkpoint)
         device = next(model.parameters()).device
         calls = [
             dict(
@@ -224,7 +230,7 @@ def measure(
                 keys[p],
                 name=tracking.speed_run_name(p.batch, p.seq_len, p.policy, keys[p]),
                 parent_run_id=parent_run_id,
-                tags=bench_tags(stage_key, config_hash, method, checkpoint, p.policy),
+                tags=target.tags(p.policy),
                 params={
                     **{tracking.SPEED_PARAM + k: str(v) for k, v in {**p.__dict__, "repeats": repeats}.items()},
                     **machine_params(host),
@@ -336,11 +342,8 @@ def measure_arrivals(
     mc,
     experiment_id: str,
     parent_run_id: str | None,
+    target: BenchTarget,
     *,
-    checkpoint: str,
-    stage_key: str,
-    config_hash: str,
-    method: str,
     plan: ArrivalPlan,
     threads: int | None = None,
     label: str = "",
@@ -355,7 +358,7 @@ def measure_arrivals(
 
     threads = threads or os.cpu_count() or 1
     host = host_of(threads)
-    keys = plan_keys(stage_key, plan, host)
+    keys = plan_keys(target.stage_key, plan, host)
     records, todo = _stored_arrivals(mc, experiment_id, keys)
     if not todo:
         return [records[p] for p in keys]
@@ -375,7 +378,7 @@ def measure_arrivals(
             keys[point],
             name=tracking.arrivals_run_name(point.slots, point.schedule, point.policy, keys[point]),
             parent_run_id=parent_run_id,
-            tags=bench_tags(stage_key, config_hash, method, checkpoint, point.policy),
+            tags=target.tags(point.policy),
             params={
                 **point.params(),
                 tracking.SPEED_PARAM + "warmup": str(plan.warmup),
@@ -393,7 +396,7 @@ def measure_arrivals(
         records[point] = {**point.__dict__, **values, "reused": False}
 
     with _torch_threads(threads):
-        model, task = _model_and_task(checkpoint)
+        model, task = _model_and_task(target.checkpoint)
         bench_arrivals(model, task, _missing_bench(plan, todo), on_record=log)
     return [records[p] for p in keys]  # the plan's order, stored and measured alike
 
@@ -437,16 +440,14 @@ def run_bench_job(job: BenchJob) -> list[dict]:
     # A Ray task's stderr reaches the driver late or not at all: its lines go to the board.
     board = Reporter(job.board, job.label, min_seconds=0.0) if job.board else None
     # One local copy of the checkpoint and one progress sink for both benchmarks.
-    common = dict(
-        checkpoint=str(local_checkpoint(ck.path)),
-        stage_key=ck.stage_key,
-        config_hash=ck.config_hash,
-        method=job.method,
+    target = BenchTarget(str(local_checkpoint(ck.path)), ck.stage_key, ck.config_hash, job.method)
+    common: dict[str, Any] = dict(
         threads=job.threads,
         label="" if board else job.label,
         progress=(lambda line: board.post("speed", wait=True, line=line)) if board else None,
     )
-    records = measure(mc, experiment_id, ck.run_id or None, points=list(job.points), repeats=job.repeats, **common)
+    parent = ck.run_id or None
+    records = measure(mc, experiment_id, parent, target, points=list(job.points), repeats=job.repeats, **common)
     if job.arrivals is not None:
-        records += measure_arrivals(mc, experiment_id, ck.run_id or None, plan=job.arrivals, **common)
+        records += measure_arrivals(mc, experiment_id, parent, target, plan=job.arrivals, **common)
     return [{"checkpoint": job.label, "method": job.method, "n_loops": ck.n_loops, **r} for r in records]

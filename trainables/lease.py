@@ -184,7 +184,7 @@ def _renew(table: Table, name: str, mine: Record, seconds: float, stop: threadin
     while not stop.wait(seconds / RENEWALS):
         try:
             current = table.take(name, mine, seconds)
-        except Exception as e:  # any failure of the table: the next turn retries
+        except Exception as e:  # noqa: BLE001 - any failure of the table: the next turn retries
             log.warning("lease %s not renewed (tried again in %.0f s): %s", table.where(name), seconds / RENEWALS, e)
             continue
         if not _is_mine(current, mine):

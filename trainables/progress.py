@@ -124,41 +124,38 @@ class Reporter:
         return on_progress
 
 
+def _summary(r: dict[str, Any]) -> str:
+    summary = "  ".join(f"{k} {v:.4g}" for k, v in (r.get("summary") or {}).items())
+    return f": {summary}" if summary else ""
+
+
+# What each event's line says after the trial's label, one entry per event.
+_LINES: dict[str, Callable[[dict[str, Any]], str]] = {
+    "start": lambda r: f"{r['stage']}: training {r['steps']} steps",
+    "reused": lambda r: f"{r['stage']}: reused (trained by another trial)",
+    # its done marker vouched for files that are missing or damaged (trainables/keyed_step.py)
+    "retrain": lambda r: f"{r['stage']}: {r['why']} → retrain",
+    "trial_stale": lambda r: f"trial finished before, but {r['why']} → run again",
+    "resumed_done": lambda r: f"{r['stage']}: already trained by this trial before its restart",
+    "end": lambda r: f"{r['stage']}: done in {_clock(r.get('seconds', 0))}",
+    "stopped": lambda r: f"{r['stage']}: stopped at step {r['step']}/{r['steps']}, checkpoint saved",
+    "step": lambda r: (
+        f"{r['stage']}  step {r['step']}/{r['steps']}  loss {r['loss']:.4f}  "
+        f"{r[TOKENS_PER_S]:,.0f} tok/s  eta {_clock(r['eta_s'])}"
+    ),
+    # a downstream evaluation (trainables/evaluation.py) finished, or failed
+    "eval": lambda r: f"{r['policy']} {r['task']}" + _summary(r),
+    "eval_failed": lambda r: f"{r['policy']} {r['task']}: FAILED {r.get('error', '')}",
+    "speed": lambda r: r["line"],  # a timed point (trainables/bench.py) was measured
+    "trial_end": lambda r: f"trial {r.get('status', 'done')}" + _summary(r),
+}
+
+
 def format_record(r: dict[str, Any]) -> str:
     """One line per record, e.g.
     [beta=0.1 seed=0] stage1  step 12/40  loss 2.0341  1,234 tok/s  eta 0:00:21"""
-    head = f"[{r['trial']}]"
-    event = r["event"]
-    if event == "start":
-        return f"{head} {r['stage']}: training {r['steps']} steps"
-    if event == "reused":
-        return f"{head} {r['stage']}: reused (trained by another trial)"
-    if event == "retrain":  # its done marker vouched for files that are missing or damaged
-        return f"{head} {r['stage']}: {r['why']} → retrain"
-    if event == "trial_stale":
-        return f"{head} trial finished before, but {r['why']} → run again"
-    if event == "resumed_done":
-        return f"{head} {r['stage']}: already trained by this trial before its restart"
-    if event == "end":
-        return f"{head} {r['stage']}: done in {_clock(r.get('seconds', 0))}"
-    if event == "stopped":
-        return f"{head} {r['stage']}: stopped at step {r['step']}/{r['steps']}, checkpoint saved"
-    if event == "step":
-        return (
-            f"{head} {r['stage']}  step {r['step']}/{r['steps']}  loss {r['loss']:.4f}  "
-            f"{r[TOKENS_PER_S]:,.0f} tok/s  eta {_clock(r['eta_s'])}"
-        )
-    if event == "eval":  # a downstream evaluation (trainables/evaluation.py) finished
-        summary = "  ".join(f"{k} {v:.4g}" for k, v in (r.get("summary") or {}).items())
-        return f"{head} {r['policy']} {r['task']}" + (f": {summary}" if summary else "")
-    if event == "speed":  # a timed prefill point (trainables/bench.py) was measured
-        return f"{head} {r['line']}"
-    if event == "eval_failed":
-        return f"{head} {r['policy']} {r['task']}: FAILED {r.get('error', '')}"
-    if event == "trial_end":
-        summary = "  ".join(f"{k} {v:.4g}" for k, v in (r.get("summary") or {}).items())
-        return f"{head} trial {r.get('status', 'done')}" + (f": {summary}" if summary else "")
-    return f"{head} {event}"
+    line = _LINES.get(r["event"])
+    return f"[{r['trial']}] {line(r) if line else r['event']}"
 
 
 def _clock(seconds: float) -> str:

@@ -55,11 +55,10 @@ class StageJob:
 
 def stage_worker_loop(config: dict[str, Any]) -> None:
     import ray.train
+    import torch
     from ray import tune
 
     from trainables.progress import Reporter
-
-    import torch
 
     job: StageJob = config["job"]
     # Threads = the worker's CPU share, set explicitly: Ray's OMP_NUM_THREADS default

@@ -28,13 +28,12 @@ from looplab.checkpoint import TRAINER
 from looplab.config import ExperimentConfig
 from looplab.errors import Interrupted
 from looplab.keys import stage_folder
+from trainables.keyed_step import STAGE_STEP, open_step_run, record_of, set_aside, stage_record
 from trainables.pipeline import PipelineSpec, checkpoint_of, stage_configs, stage_dir
 from trainables.progress import Reporter
-from trainables.keyed_step import STAGE_STEP, open_step_run, record_of, set_aside, stage_record
 from trainables.shared_stage import check_parent_unchanged, stage_lock, stored_json, write_done
 from trainables.stage_worker import StageJob, stage_worker_loop
 from trainables.storage import Storage
-
 
 WAITING_TRIAL_CPU = 0.01  # a trial that only waits on its worker group; {"cpu": 0} is rejected
 INTERRUPTED = "interrupted"  # what a trial the user's stop ended reports to Tune instead of its figures

@@ -263,9 +263,9 @@ def cmd_bench_arrivals(args) -> int:
         format_record,
         records_as_dicts,
     )
-    from looplab.inference.arrivals import RequestStream
     from looplab.costs.machine import check_stream
     from looplab.devices import resolve_device
+    from looplab.inference.arrivals import RequestStream
 
     model, task = model_and_task(args)
     for policy in args.policies:  # (given exits cannot be written on a command line)

@@ -41,10 +41,10 @@ def cmd_eval(args) -> int:
     from looplab.checkpoint import load_model
     from looplab.config import ExperimentConfig
     from looplab.costs.machine import check_forward
+    from looplab.devices import resolve_device
     from looplab.evaluation.validation import evaluate_policies, format_table
     from looplab.stages import get_stage
     from looplab.tasks import make_task
-    from looplab.devices import resolve_device
 
     check_checkpoint(args.checkpoint)
     model = load_model(args.checkpoint)

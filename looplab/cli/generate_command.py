@@ -11,7 +11,6 @@ from looplab.cli.inputs import check_checkpoint, compile_decoding
 from looplab.cli.shared_flags import compile_flag, policy_type, threads_flag
 from looplab.config import ConfigError
 
-
 SUPERSCRIPT = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
 
 

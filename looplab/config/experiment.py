@@ -19,7 +19,6 @@ from looplab.tasks.mano import ManoConfig
 from looplab.tasks.phop import PhopConfig
 from looplab.tasks.text import TextConfig
 
-
 TaskConfig = Union[ManoConfig, PhopConfig, TextConfig]
 TASK_KINDS: dict[str, type] = {"mano": ManoConfig, "phop": PhopConfig, "text": TextConfig}
 
@@ -249,13 +248,7 @@ def apply_overrides(cfg: ExperimentConfig, overrides: dict[str, Any]) -> Experim
         if not section and name in ("stage", "parent"):
             d[name] = dataclasses.asdict(value) if isinstance(value, ParentRef) else value
             continue
-        if not section:
-            for candidate in sections:
-                if name in d[candidate]:
-                    section = candidate
-                    break
-            else:
-                raise ConfigError(f"override {key!r} names no field of {', '.join(sections)}, stage or parent")
+        section = section or _section_of(d, key, name, sections)
         check(section in sections, "override section", section, " | ".join(sections))
         if section == "task" and name == "kind" and value != d["task"].get("kind"):
             check(value in TASK_KINDS, "task.kind", value, " | ".join(TASK_KINDS))
@@ -264,12 +257,7 @@ def apply_overrides(cfg: ExperimentConfig, overrides: dict[str, Any]) -> Experim
         check(name in d[section], f"{section}.{name}", value, "one of " + ", ".join(sorted(d[section])))
         d[section][name] = value
         if section == "model" and name == "arch" and value != original_arch:
-            # Arch-dependent defaults follow the new arch unless set explicitly.
-            given = {k.rpartition(".")[2] for k in overrides}
-            if "d_intermediate" not in given:
-                d["model"]["d_intermediate"] = None
-            if "attn_layer_idx" not in given and value != "hybrid":
-                d["model"]["attn_layer_idx"] = ()
+            _arch_defaults_follow(d["model"], value, overrides)
     if vocab_follows_task:
         task = _build(TASK_KINDS[d["task"].get("kind", "phop")], d["task"], "task")
         d["model"]["vocab_size"] = task.vocab_size
@@ -281,6 +269,23 @@ def apply_overrides(cfg: ExperimentConfig, overrides: dict[str, Any]) -> Experim
 
         select_layers(cfg.train.init_layers, cfg.model.n_layers, checkpoint_layers(cfg.train.init_from))
     return cfg
+
+
+def _section_of(d: dict[str, Any], key: str, name: str, sections: tuple[str, ...]) -> str:
+    """The section a bare override name belongs to: model, then train, then task, ..."""
+    for candidate in sections:
+        if name in d[candidate]:
+            return candidate
+    raise ConfigError(f"override {key!r} names no field of {', '.join(sections)}, stage or parent")
+
+
+def _arch_defaults_follow(model: dict[str, Any], arch: str, overrides: dict[str, Any]) -> None:
+    """Arch-dependent defaults follow a new arch unless the overrides set them."""
+    given = {k.rpartition(".")[2] for k in overrides}
+    if "d_intermediate" not in given:
+        model["d_intermediate"] = None
+    if "attn_layer_idx" not in given and arch != "hybrid":
+        model["attn_layer_idx"] = ()
 
 
 def _follow_checkpoint(d: dict[str, Any], overrides: dict[str, Any]) -> None:

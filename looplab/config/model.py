@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from looplab.errors import check
 from looplab.fields import check_choice, check_finite, check_ints, is_int, keyed
 
-
 ARCHS = ("mamba2", "transformer", "hybrid")
 MODEL_BOUNDS = {
     "vocab_size": 1 << 20,

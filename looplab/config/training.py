@@ -9,7 +9,6 @@ from looplab.errors import check
 from looplab.fields import check_choice, check_finite, check_ints, is_int, keyed
 from looplab.policy import DEFAULT_QS, ROUNDINGS
 
-
 COMPILE_CHOICES = ("auto", "on", "off")  # train.compile
 MAX_LR = 1.0  # train.lr (TrainConfig.__post_init__ says why)
 MIN_ADAM_EPS = 1.1754943508222875e-38  # train.adam_eps: float32's smallest normal number

@@ -74,10 +74,10 @@ import numpy as np
 import torch
 
 from looplab.config import ConfigError
-from looplab.inference.depth_batching import DEPTH, LOCKSTEP, check_schedule
-from looplab.errors import check, invalid
-from looplab.devices import autocast_context
 from looplab.costs.measured_memory import Peak, in_rss_process, peak_memory
+from looplab.devices import autocast_context
+from looplab.errors import check, invalid
+from looplab.inference.depth_batching import DEPTH, LOCKSTEP, check_schedule
 from looplab.models.mamba2 import Mamba2
 from looplab.models.ops.dispatch import step_implementation
 from looplab.policy import DENSE, SKIP, ExitPolicy, round_depth
@@ -160,8 +160,10 @@ def _timed(fn, device: torch.device) -> float:
     return time.perf_counter() - t
 
 
-def median_seconds(fn, repeats: int, *, warmup: int = 0, device: torch.device = torch.device("cpu")) -> float:
-    """The median wall time of `repeats` calls of fn, after `warmup` untimed calls."""
+def median_seconds(fn, repeats: int, *, warmup: int = 0, device: torch.device | None = None) -> float:
+    """The median wall time of `repeats` calls of fn, after `warmup` untimed calls (on a
+    CUDA device, synchronised around each call; the CPU when none is named)."""
+    device = device or torch.device("cpu")
     for _ in range(warmup):
         fn()
     return statistics.median(_timed(fn, device) for _ in range(repeats))
@@ -307,7 +309,7 @@ def _grid_points(
     return points
 
 
-def run_grid(
+def run_grid(  # noqa: PLR0913 - a benchmark's knobs, keyword-only, each a flag of `looplab bench`
     model,
     task,
     *,
@@ -509,7 +511,7 @@ def _check_decode_point(
 
 
 @torch.no_grad()
-def bench_decode_point(
+def bench_decode_point(  # noqa: PLR0913 - one decode point's knobs, keyword-only, from run_decode_grid
     model,
     ids: torch.Tensor,
     seq_len: int,
@@ -603,7 +605,7 @@ def _mamba_step(model, device: torch.device, dtype: str) -> str:
     return step_implementation(torch.empty(0, device=device, dtype=dtype_)) + compiled
 
 
-def run_decode_grid(
+def run_decode_grid(  # noqa: PLR0913 - a benchmark's knobs, keyword-only, each a flag of `looplab bench`
     model,
     task,
     *,

@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from looplab.doctor.checks import Check, failed, passed, skipped
 
-
 MEMORY_RATIO = (0.5, 1.5)  # measured peak ÷ predicted: outside, memory.py's model is wrong for this node
 
 
@@ -100,8 +99,8 @@ def measure_steps(cfg, steps: int, device, peak: bool = True) -> tuple[int, floa
     False; seconds per step: the median of `steps` after the first; the first step's
     seconds, compilations included). On a CPU the resident set follows live tensors only
     in a child process (looplab/costs/measured_memory.py), where the peak is measured."""
-    from looplab.costs.timing import median_seconds
     from looplab.costs.measured_memory import in_rss_process
+    from looplab.costs.timing import median_seconds
     from looplab.training.steps import optimizer_step
 
     step, _ = optimizer_step(cfg, device)

@@ -16,12 +16,12 @@ def ray_check(device) -> list[Check]:
 
     if importlib.util.find_spec("ray") is None:
         return [skipped("ray", "Ray is not installed (pip install '.[platform]')")]
+    import contextlib
+    import io
+
     import ray
     from ray.train import ScalingConfig
     from ray.train.torch import TorchTrainer
-
-    import contextlib
-    import io
 
     started = not ray.is_initialized()
     if started:

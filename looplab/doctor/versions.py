@@ -8,7 +8,6 @@ from importlib import metadata
 
 from looplab.doctor.checks import Check, passed, skipped
 
-
 PACKAGES = ("torch", "mamba-ssm", "causal-conv1d", "triton", "ray", "mlflow")
 
 

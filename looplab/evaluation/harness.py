@@ -51,9 +51,9 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
 from looplab.config import ConfigError
+from looplab.devices import resolve_device
 from looplab.policy import ExitPolicy
 from looplab.tracking import BACKBONE_FLOPS, EXECUTED_LOOPS
-from looplab.devices import resolve_device
 
 MODEL_NAME = "looplab"
 DEFAULT_MAX_LENGTH = 2048

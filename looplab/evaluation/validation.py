@@ -15,9 +15,9 @@ import math
 import torch
 
 from looplab.devices import autocast_context
+from looplab.models.head import head_token_losses, token_losses
 from looplab.policy import DENSE, EXIT_RULES, GATE, SKIP, ZOO_RULES, ExitPolicy, exit_rule
 from looplab.tasks.base import IGNORE_INDEX, Batch
-from looplab.models.head import head_token_losses, token_losses
 from looplab.tracking import ACCURACY, BACKBONE_FLOPS, EXECUTED_LOOPS, LOSS, MEAN_EXIT_STEP, PPL
 
 

@@ -43,13 +43,12 @@ import numpy as np
 import torch
 
 from looplab.config import ConfigError
-from looplab.inference.depth_batching import DEPTH, DepthBatch, check_schedule
 from looplab.errors import check, invalid
 from looplab.fields import is_int
+from looplab.inference.depth_batching import DEPTH, DepthBatch, check_schedule
 from looplab.models.cache import HOLE, InferenceCache, check_fill
 from looplab.policy import GIVEN, ExitPolicy
 from looplab.tasks.base import heldout_ids
-
 
 # ---- the request stream -----------------------------------------------------------------
 

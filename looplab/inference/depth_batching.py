@@ -231,21 +231,26 @@ class DepthBatch:
             if self.fill and leaving.any():
                 self._fill(rows[leaving], h[self._tensor(leaving.nonzero()[0])], depth[leaving] + 1)
             out_h = h
-        else:  # dense: every loop runs; the readout state is the one at the exit step
-            old = self.readout_h if rows_t is None else self.readout_h[rows_t]
-            readout_h = torch.where(self._tensor(leaving)[:, None], h, old)
-            if rows_t is None:
-                self.readout_h = readout_h
-            else:
-                self.readout_h.index_copy_(0, rows_t, readout_h)
-            done = last
-            out_h = torch.where(self._tensor(exit_step == R)[:, None], h, readout_h)
+        else:  # dense: every loop runs
+            done, out_h = last, self._dense_readout(rows_t, leaving, exit_step, h)
         self.depth[rows] = np.where(done, IDLE, depth + 1)
         at = done.nonzero()[0]
         self.n_running -= at.shape[0]
         ends = torch.from_numpy(exit_step[at])
         logits = model.logits(out_h[self._tensor(at)]) if self.readout and at.shape[0] else None
         return Done(torch.from_numpy(rows[at]), ends, self.policy.loops_of(ends, R), logits)
+
+    def _dense_readout(self, rows_t, leaving, exit_step, h: torch.Tensor) -> torch.Tensor:
+        """Under dense execution the readout state is the one at the exit step: kept from
+        the step a row's token leaves at, read out when its last loop has run."""
+        assert self.readout_h is not None
+        old = self.readout_h if rows_t is None else self.readout_h[rows_t]
+        readout_h = torch.where(self._tensor(leaving)[:, None], h, old)
+        if rows_t is None:
+            self.readout_h = readout_h
+        else:
+            self.readout_h.index_copy_(0, rows_t, readout_h)
+        return torch.where(self._tensor(exit_step == self.R)[:, None], h, readout_h)
 
     def _gate_loop(self, h: torch.Tensor, positions: torch.Tensor | None, slots: torch.Tensor):
         """gate_loop's outputs for every row: eager, or compiled where the model's decoding

@@ -293,7 +293,7 @@ def _full_depth_step(model, cache: InferenceCache, tokens, rows, readout: bool):
     return model.logits(h[:, 0]) if readout else None
 
 
-def generate(
+def generate(  # noqa: PLR0913 - the generation API's sampling and serving knobs, keyword-only
     model,
     ids,
     max_new_tokens,

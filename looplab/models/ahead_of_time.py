@@ -206,5 +206,7 @@ class AheadOfTimeSteps:
             return lambda flat: loader.boxed_run(flat)
         except Exception as error:  # noqa: BLE001 - any compiler failure: decode with dynamo instead
             self.failed = True
-            warnings.warn(f"an ahead-of-time decode step did not build ({error}); decoding compiles with dynamo")
+            warnings.warn(
+                f"an ahead-of-time decode step did not build ({error}); decoding compiles with dynamo", stacklevel=2
+            )
             return None

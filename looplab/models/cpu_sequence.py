@@ -46,7 +46,9 @@ def available() -> bool:
     try:
         kernel()
     except Exception as e:  # noqa: BLE001 - compiler, ninja or header problems
-        warnings.warn(f"the CPU sequence kernels did not build ({native.first_line(e)}); the torch ops run")
+        warnings.warn(
+            f"the CPU sequence kernels did not build ({native.first_line(e)}); the torch ops run", stacklevel=2
+        )
         return False
     return True
 

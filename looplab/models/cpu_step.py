@@ -38,7 +38,7 @@ def kernel():
     """The compiled extension (built on first call)."""
     try:
         return native.build("looplab_cpu_step", SOURCE)
-    except Exception as e:  # noqa: BLE001 - compiler, ninja or header problems: say which, in one line
+    except Exception as e:
         raise RuntimeError(
             f"{CPU_STEP_KERNEL_ENV}=1 but the CPU step kernel did not build ({native.first_line(e)}); "
             f"install a C++ compiler and ninja, or unset {CPU_STEP_KERNEL_ENV}"

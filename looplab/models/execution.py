@@ -110,7 +110,7 @@ def scatter(h: torch.Tensor, packed: torch.Tensor, idx: torch.Tensor, valid: tor
     return h.scatter(1, idx.unsqueeze(-1).expand(-1, -1, h.shape[-1]), packed)
 
 
-def execute(
+def execute(  # noqa: PLR0913 - the one forward's optional inputs and hooks, keyword-only
     model,
     ids: torch.Tensor,
     policy: ExitPolicy = FULL_DEPTH,

@@ -13,6 +13,7 @@ looplab/inference/generate.py (generate(model, ...)); neither is imported here.
 from __future__ import annotations
 
 import math
+
 import torch
 import torch.nn as nn
 

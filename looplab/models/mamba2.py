@@ -57,7 +57,7 @@ class Mamba2(nn.Module):
 
     cache_kind = RECURRENT
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - mamba-ssm's Mamba2 constructor, argument for argument
         self,
         d_model: int,
         d_state: int = 128,
@@ -102,7 +102,8 @@ class Mamba2(nn.Module):
         self.A_log = nn.Parameter(torch.log(A))
         self.D = nn.Parameter(torch.ones(self.nheads))
         for p in (self.dt_bias, self.A_log, self.D):
-            setattr(p, "_no_weight_decay", True)  # mamba-ssm's marker (training/train.py reads it); no Parameter field
+            # mamba-ssm's marker (training/train.py reads it); setattr, as Parameter declares no such field
+            setattr(p, "_no_weight_decay", True)  # noqa: B010
         self.norm = RMSNormGated(self.d_inner, group_size=self.d_inner // ngroups, eps=norm_eps)
         self.out_proj = nn.Linear(self.d_inner, d_model, bias=bias)
         # Run the conv and the scan of a sequence as models/cpu_sequence's C++ kernels

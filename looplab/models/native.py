@@ -10,9 +10,8 @@ from pathlib import Path
 
 def build(name: str, source: Path):
     """The extension module `name` compiled from `source`; raises what the build raised."""
-    from torch.utils import cpp_extension
-
     import torch
+    from torch.utils import cpp_extension
 
     # -march=native: built where it runs; -fopenmp-simd: the loops' simd pragmas, no OpenMP
     # runtime; CPU_CAPABILITY_*: ATen's vector type (at::vec::Vectorized) at this CPU's

@@ -331,7 +331,7 @@ def local_documents(files: Sequence[Path], text_field: str) -> list[Document]:
         try:
             with _datasets_silent():
                 table = load_dataset(TABLE_SUFFIXES[f.suffix.lower()], data_files=[str(f)], split="train")
-        except Exception as e:  # a parse error, a truncated file: one line naming the file
+        except Exception as e:  # noqa: BLE001 - a parse error, a truncated file: one line naming the file
             raise unreadable(str(f), e) from None
         _check_column(table.column_names, text_field, str(f))
         docs.extend(Document(f"{f}#{i}", t) for i, t in enumerate(table[text_field]) if isinstance(t, str))
@@ -358,7 +358,7 @@ def local_stream(files: Sequence[Path], text_field: str, dataset: str):
                     part = load_dataset(
                         TABLE_SUFFIXES[f.suffix.lower()], data_files=[str(f)], split="train", streaming=True
                     )
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - as above: one line naming the file
             raise unreadable(str(f), e) from None
         parts.append(part.select_columns([text_field]))
     check(bool(parts), "TextConfig.dataset", dataset, f"files holding at least one document ({NO_DOCUMENT})")
@@ -398,7 +398,7 @@ def hub_dataset(cfg: TextConfig, streaming: bool):
     try:
         with _datasets_offline() if offline else contextlib.nullcontext():
             return load_dataset(name, cfg.dataset_config or None, split=cfg.split, streaming=streaming)
-    except Exception as e:  # network, missing split/config, auth: one line, not a traceback
+    except Exception as e:  # noqa: BLE001 - network, missing split/config, auth: one line, not a traceback
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
         where = "hub unreachable, not in the local cache" if offline else "hub"
         raise ConfigError(
@@ -567,7 +567,7 @@ class StreamingCorpus:
                 row = next(rows)
             except StopIteration:
                 return
-            except Exception as e:  # a row the reader cannot parse, met as the stream reaches it
+            except Exception as e:  # noqa: BLE001 - a row the reader cannot parse, met as the stream reaches it
                 raise unreadable(self.name, e) from None
             if i == 0:
                 _check_column(row.keys(), self.text_field, self.where)

@@ -17,7 +17,6 @@ stays light.
 from __future__ import annotations
 
 import abc
-
 import functools
 import importlib.util
 import os
@@ -123,7 +122,7 @@ class HFTokenizer(Tokenizer):
             # Offline, from_pretrained retries the hub for a minute: try the local
             # cache first and go online only when the hub answers.
             self._tok = AutoTokenizer.from_pretrained(spec, local_files_only=local or not hub_reachable())
-        except Exception as e:  # transformers raises OSError, ValueError, HTTP errors ...
+        except Exception as e:  # noqa: BLE001 - transformers raises OSError, ValueError, HTTP errors ...
             reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise ConfigError(
                 f"tokenizer={spec!r} could not be loaded ({reason}); allowed: mistral | bytes | "

@@ -62,7 +62,6 @@ from looplab.tracking.names import (
     record_metrics,
 )
 
-
 PARAM_BATCH = 100  # MLflow accepts at most 100 params per log_batch call
 PARAM_VALUE_LIMIT = 6000  # characters of a param's value (mlflow.utils.validation.MAX_PARAM_VAL_LENGTH)
 

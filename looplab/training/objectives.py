@@ -24,14 +24,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from looplab.training.distributed import Rows
-from looplab.training.holes import sample_depth_holes, sample_threshold, take_hole_branch
 from looplab.models.head import attach_gradient, head_weighted_loss, step_token_losses
 from looplab.policy import ExitPolicy
 from looplab.stages import stage_loss
 from looplab.tasks.base import IGNORE_INDEX
 from looplab.tracking import EXECUTED_LOOPS, EXIT_ENTROPY, EXIT_PROB, EXPECTED_EXIT_STEP, HOLE_BRANCH, HOLE_Q
-
+from looplab.training.distributed import Rows
+from looplab.training.holes import sample_depth_holes, sample_threshold, take_hole_branch
 
 # ---- exit distribution -------------------------------------------------------------
 
