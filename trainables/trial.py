@@ -116,16 +116,9 @@ def run_trial(config: dict[str, Any]) -> None:
     try:
         with tracking.terminated_on_exit(mc, trial_run):
             for index, cfg in enumerate(stages):
+                last = index == len(stages) - 1
                 _run_stage(
-                    cfg,
-                    platform,
-                    mc,
-                    experiment_id,
-                    trial_run,
-                    sha,
-                    lineage[: index + 1],
-                    progress,
-                    last=index == len(stages) - 1,
+                    StageInTrial(cfg, platform, mc, experiment_id, trial_run, sha, lineage[: index + 1], progress, last)
                 )
             summary = _summary(mc, trial_run)
             tracking.set_description(mc, trial_run, dashboard.trial_description(trial_label(params), lineage, summary))
@@ -207,16 +200,9 @@ def run_shared_prefix(config: dict[str, Any]) -> None:
     progress = Reporter(platform.progress_board, "shared " + "+".join(c.stage for c in stages))
     try:
         for index, cfg in enumerate(stages):
+            lineage = [c.stage for c in stages[: index + 1]]
             _run_stage(
-                cfg,
-                platform,
-                mc,
-                experiment_id,
-                platform.sweep_run_id,
-                sha,
-                [c.stage for c in stages[: index + 1]],
-                progress,
-                last=False,
+                StageInTrial(cfg, platform, mc, experiment_id, platform.sweep_run_id, sha, lineage, progress, False)
             )
     except Interrupted:
         tune.report({INTERRUPTED: 1})
@@ -240,39 +226,77 @@ def _summary(mc, run_id: str) -> dict[str, float]:
     return tracking.latest_metrics(mc, run_id)
 
 
-def _run_stage(
-    cfg: ExperimentConfig,
-    platform: PlatformSettings,
-    mc,
-    experiment_id: str,
-    trial_run: str,
-    sha: str,
-    lineage: list[str],
-    progress: Reporter,
-    *,
-    last: bool,
-) -> None:
+@dataclass(frozen=True)
+class StageInTrial:
+    """One stage of one trial: its config, where it reports (the MLflow client, the
+    sweep's experiment, the trial's run, progress) and its place in the trial."""
+
+    cfg: ExperimentConfig
+    platform: PlatformSettings
+    mc: Any
+    experiment_id: str
+    trial_run: str  # the trial's run, or the sweep's for a shared chain's stage
+    sha: str  # the code's commit
+    lineage: list[str]  # the stages up to this one
+    progress: Reporter
+    last: bool  # the trial's last stage: its figures are the trial's
+
+    @property
+    def run_key(self) -> dict[str, str]:
+        """The tags that find this trial's run of the stage."""
+        return {
+            tracking.LEVEL: tracking.STAGE,
+            tracking.STAGE_KEY: self.cfg.stage_key(),
+            tracking.TRIAL_RUN: self.trial_run,
+        }
+
+    def open_run(self, params: dict[str, str] | None = None, **tags: str) -> str:
+        """This trial's run of the stage, found by its key or created, with the stage's tags."""
+        cfg, platform = self.cfg, self.platform
+        checkpoint = checkpoint_of(platform.storage_path, cfg)
+        run_id, _ = open_step_run(
+            self.mc,
+            self.experiment_id,
+            STAGE_STEP,
+            cfg.stage_key(),
+            name=tracking.stage_run_name(cfg.stage, cfg.stage_key()),
+            parent_run_id=self.trial_run,
+            tags=tracking.config_tags(
+                cfg,
+                level=tracking.STAGE,
+                git=self.sha,
+                lineage=self.lineage,
+                **{tracking.CHECKPOINT: checkpoint},
+                **tags,
+            ),
+            params=params,
+            key_tags={tracking.TRIAL_RUN: self.trial_run},
+        )
+        return run_id
+
+
+def _run_stage(stage: StageInTrial) -> None:
     """One stage of a trial as a keyed step: reused when the store holds it whole, trained
     again (said in one line) when its done marker vouches for files that are missing or
     damaged, else trained."""
+    cfg, platform, progress = stage.cfg, stage.platform, stage.progress
     stop = progress.stop_requested()
     if stop:  # the sweep is stopping: no stage starts
         raise Interrupted(f"{cfg.stage} not started: the sweep was stopped ({stop})")
     storage = Storage(platform.storage_path)
     directory = stage_dir(platform.storage_path, cfg)
     checkpoint = checkpoint_of(platform.storage_path, cfg)
-    key = {tracking.LEVEL: tracking.STAGE, tracking.STAGE_KEY: cfg.stage_key(), tracking.TRIAL_RUN: trial_run}
     with stage_lock(storage, directory):
         record = stage_record(storage, directory, checkpoint, cfg.train.steps)
         if record.broken:
             progress.post("retrain", stage=cfg.stage, why=record.problem)
             set_aside(storage, directory, checkpoint)
-            _supersede(mc, experiment_id, key)
+            _supersede(stage.mc, stage.experiment_id, stage.run_key)
         elif record.finished and record.done is not None:  # reused only while its parent holds the weights
             check_parent_unchanged(storage, cfg, checkpoint)
-            _reuse_stage(cfg, platform, mc, experiment_id, trial_run, sha, lineage, progress, record.done, last=last)
+            _reuse_stage(stage, record.done)
             return
-        run_id = _train_stage(cfg, platform, mc, experiment_id, trial_run, sha, lineage, progress, last=last)
+        run_id = _train_stage(stage)
         write_done(
             storage,
             directory,
@@ -280,92 +304,41 @@ def _run_stage(
                 "run_id": run_id,
                 tracking.STAGE_KEY: cfg.stage_key(),
                 "stage": cfg.stage,
-                "metrics": tracking.latest_metrics(mc, run_id),
+                "metrics": tracking.latest_metrics(stage.mc, run_id),
             },
         )
 
 
-def _stage_tags(
-    cfg: ExperimentConfig, platform: PlatformSettings, lineage: list[str], sha: str, **extra: str
-) -> dict[str, str]:
-    checkpoint = checkpoint_of(platform.storage_path, cfg)
-    return tracking.config_tags(
-        cfg, level=tracking.STAGE, git=sha, lineage=lineage, **{tracking.CHECKPOINT: checkpoint}, **extra
-    )
-
-
-def _reuse_stage(
-    cfg: ExperimentConfig,
-    platform: PlatformSettings,
-    mc,
-    experiment_id: str,
-    trial_run: str,
-    sha: str,
-    lineage: list[str],
-    progress: Reporter,
-    done: dict[str, Any],
-    *,
-    last: bool,
-) -> None:
+def _reuse_stage(stage: StageInTrial, done: dict[str, Any]) -> None:
     """A stage the store holds whole: a run of this trial that names the run which
     trained it, with that run's figures (none at all when this trial trained it itself
     before a crash restarted the trial: its run already holds them)."""
-    key = {tracking.LEVEL: tracking.STAGE, tracking.STAGE_KEY: cfg.stage_key(), tracking.TRIAL_RUN: trial_run}
-    own = tracking.find_run(mc, experiment_id, **key)
+    cfg, mc = stage.cfg, stage.mc
+    own = tracking.find_run(mc, stage.experiment_id, **stage.run_key)
     if own is not None and own.info.run_id == done["run_id"]:
         # Logging the figures again would repeat the final step.
-        progress.post("resumed_done", stage=cfg.stage)
+        stage.progress.post("resumed_done", stage=cfg.stage)
         return
-    run_id, _ = open_step_run(
-        mc,
-        experiment_id,
-        STAGE_STEP,
-        cfg.stage_key(),
-        name=tracking.stage_run_name(cfg.stage, cfg.stage_key()),
-        parent_run_id=trial_run,
-        tags=_stage_tags(
-            cfg, platform, lineage, sha, **{tracking.REUSED_FROM: done["run_id"], tracking.REUSED: "true"}
-        ),
-        key_tags={tracking.TRIAL_RUN: trial_run},
-    )
+    run_id = stage.open_run(**{tracking.REUSED_FROM: done["run_id"], tracking.REUSED: "true"})
     tracking.log_metrics(mc, run_id, done["metrics"], step=cfg.train.steps)
-    if last:
-        shown = tracking.headline_metrics(done["metrics"], platform.headline)
-        tracking.log_metrics(mc, trial_run, shown, step=cfg.train.steps)
+    if stage.last:
+        shown = tracking.headline_metrics(done["metrics"], stage.platform.headline)
+        tracking.log_metrics(mc, stage.trial_run, shown, step=cfg.train.steps)
     tracking.close_run(mc, run_id, ok=True)
-    progress.post("reused", stage=cfg.stage)
+    stage.progress.post("reused", stage=cfg.stage)
 
 
-def _train_stage(
-    cfg: ExperimentConfig,
-    platform: PlatformSettings,
-    mc,
-    experiment_id: str,
-    trial_run: str,
-    sha: str,
-    lineage: list[str],
-    progress: Reporter,
-    *,
-    last: bool,
-) -> str:
+def _train_stage(stage: StageInTrial) -> str:
     """Train the stage under its own run (resuming its checkpoint, if one is there);
     Interrupted when the sweep's stop ended it early. Returns the run's id."""
-    storage = Storage(platform.storage_path)
-    run_id, _ = open_step_run(
-        mc,
-        experiment_id,
-        STAGE_STEP,
-        cfg.stage_key(),
-        name=tracking.stage_run_name(cfg.stage, cfg.stage_key()),
-        parent_run_id=trial_run,
-        tags=_stage_tags(cfg, platform, lineage, sha, **{tracking.REUSED: "false"}),
-        params=tracking.config_params(cfg),
-        key_tags={tracking.TRIAL_RUN: trial_run},
-    )
-    with tracking.terminated_on_exit(mc, run_id):
-        _fit_stage(cfg, platform, [run_id] + ([trial_run] if last else []), progress.trial, report_to_tune=last)
+    cfg, platform, progress = stage.cfg, stage.platform, stage.progress
+    run_id = stage.open_run(params=tracking.config_params(cfg), **{tracking.REUSED: "false"})
+    with tracking.terminated_on_exit(stage.mc, run_id):
+        run_ids = [run_id] + ([stage.trial_run] if stage.last else [])
+        _fit_stage(cfg, platform, run_ids, progress.trial, report_to_tune=stage.last)
         checkpoint = checkpoint_of(platform.storage_path, cfg)
-        step = stored_json(storage, f"{checkpoint}/{TRAINER}").get("step", 0)  # the checkpoint it left
+        trainer = stored_json(Storage(platform.storage_path), f"{checkpoint}/{TRAINER}")
+        step = trainer.get("step", 0)  # the checkpoint it left
         if step < cfg.train.steps:  # it stopped on the sweep's request (stage_worker.py)
             raise Interrupted(
                 f"{cfg.stage} stopped at step {step}/{cfg.train.steps} "
