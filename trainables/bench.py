@@ -151,6 +151,25 @@ def _model_and_task(checkpoint: str):
     return model, make_task(exp.task, exp.train.seq_len)
 
 
+def _record_point(
+    mc,
+    experiment_id: str,
+    key: str,
+    *,
+    name: str,
+    parent_run_id: str | None,
+    tags: dict[str, str],
+    params: dict[str, str],
+    metrics: dict[str, float],
+) -> None:
+    """One measured point as its FINISHED bench run (the keyed step's output)."""
+    run_id, _ = open_step_run(
+        mc, experiment_id, BENCH_STEP, key, name=name, parent_run_id=parent_run_id, tags=tags, params=params
+    )
+    with tracking.terminated_on_exit(mc, run_id):
+        tracking.log_metrics(mc, run_id, metrics)
+
+
 def machine_params(host: dict[str, Any]) -> dict[str, str]:
     return {tracking.MACHINE_PARAM + k: str(v) for k, v in host.items()}
 
@@ -223,10 +242,9 @@ def measure(
             ids, policy = call["ids"], call["policy"]
             record = bench_point(model, ids, policy, repeats=repeats, packing=p.packing, dtype=p.dtype, peaks=peaks)
             values = {**record.__dict__, tracking.FLOP_RATIO: bound_of(model.cfg, p, record.mean_executed_loops)}
-            run_id, _ = open_step_run(
+            _record_point(
                 mc,
                 experiment_id,
-                BENCH_STEP,
                 keys[p],
                 name=tracking.speed_run_name(p.batch, p.seq_len, p.policy, keys[p]),
                 parent_run_id=parent_run_id,
@@ -235,9 +253,8 @@ def measure(
                     **{tracking.SPEED_PARAM + k: str(v) for k, v in {**p.__dict__, "repeats": repeats}.items()},
                     **machine_params(host),
                 },
+                metrics={k: float(values[k]) for k in tracking.SPEED_METRICS},
             )
-            with tracking.terminated_on_exit(mc, run_id):
-                tracking.log_metrics(mc, run_id, {k: float(values[k]) for k in tracking.SPEED_METRICS})
             (progress or _to_stderr)(
                 f"speed{' ' + label if label else ''} batch {p.batch} × {p.seq_len} {p.policy}: full {record.time_full_s:.4f} s, "
                 f"skip {record.time_skip_s:.4f} s, {record.speedup:.2f}x (loops {record.ideal_speedup:.2f}x, "
@@ -371,10 +388,9 @@ def measure_arrivals(
         if point is None:  # timed only as the cross product's by-product; its stored run stands
             return
         values = arrival_metrics(record)
-        run_id, _ = open_step_run(
+        _record_point(
             mc,
             experiment_id,
-            BENCH_STEP,
             keys[point],
             name=tracking.arrivals_run_name(point.slots, point.schedule, point.policy, keys[point]),
             parent_run_id=parent_run_id,
@@ -385,9 +401,8 @@ def measure_arrivals(
                 tracking.SPEED_PARAM + "repeats": str(plan.repeats),
                 **machine_params(host),
             },
+            metrics={k: v for k, v in values.items() if math.isfinite(v)},
         )
-        with tracking.terminated_on_exit(mc, run_id):
-            tracking.log_metrics(mc, run_id, {k: v for k, v in values.items() if math.isfinite(v)})
         say(
             f"arrivals{tag} slots {point.slots} {point.schedule} {point.policy}: {record.tokens_per_s:.0f} tok/s, "
             f"decode {record.decode_tokens_per_s:.0f} tok/s, d̄ {record.mean_executed_loops:.2f}, "
