@@ -11,7 +11,7 @@ Sections (a comparison's arms alternate within each repeat, so drifting load hit
 them alike; every time is one direct measurement, never a difference):
   machine   fp32 GEMM peak (2048³) and a 1 GiB copy's bandwidth, with the suite's threads
   train     `debug`'s and `local`'s optimizer steps eager vs compiled (train.compile: on a
-            CPU Inductor and the C++ conv and scan, models/cpu_sequence.py; the compile
+            CPU Inductor and the C++ conv and scan, models/cpu/cpu_sequence.py; the compile
             time apart), and their MFU against the GEMM peak (`local`'s); a 4-layer d 256
             Mamba-2 stack forward+backward, looplab's against transformers' Mamba2
             (benchmarks/mamba2_vs_hf.py's stacks)

@@ -39,7 +39,7 @@ from and lm-eval's `hf` backend scores:
 
 The folder needs torch, numpy, transformers and (for the tokenizer) tokenizers or
 sentencepiece, not looplab. Not carried over: the opt-in compiled CPU decode kernel
-(models/cpu_step.cpp: the export never decodes token by token) and mamba-ssm's CUDA
+(models/cpu/cpu_step.cpp: the export never decodes token by token) and mamba-ssm's CUDA
 kernels, which the copied code uses when they are installed, as looplab does.
 transformers and safetensors are imported inside functions: `import looplab` stays light.
 """
@@ -93,8 +93,8 @@ def _is_ours(name: str | None) -> bool:
 
 def _targets(node: ast.Import | ast.ImportFrom) -> list[tuple[str, str | None]]:
     """(module, name) pairs one import statement of looplab reads: name None for a
-    module imported as a whole (`from looplab.models import cpu_step` gives
-    ("looplab.models.cpu_step", None))."""
+    module imported as a whole (`from looplab.models.cpu import cpu_step` gives
+    ("looplab.models.cpu.cpu_step", None))."""
     if isinstance(node, ast.Import):
         return [(a.name, None) for a in node.names if _is_ours(a.name)]
     module = node.module

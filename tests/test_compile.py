@@ -16,8 +16,9 @@ from test_stages import stage_cfg
 from looplab.config import ConfigError, TrainConfig, apply_overrides
 from looplab.inference.depth_batching import gate_loop
 from looplab.inference.generate import decode_step, generate, prefill
-from looplab.models import compiled, cpu_sequence
+from looplab.models import compiled
 from looplab.models.compiled import compile_decoding, compiles
+from looplab.models.cpu import cpu_sequence
 from looplab.policy import ExitPolicy, exit_rule
 from looplab.training.steps import optimizer_step
 
@@ -61,7 +62,7 @@ def backend(monkeypatch, request):
 
 @pytest.fixture
 def scans(monkeypatch):
-    """Every call of the C++ scan (models/cpu_sequence.py) at run time: whether its rows
+    """Every call of the C++ scan (models/cpu/cpu_sequence.py) at run time: whether its rows
     were packed (seq_idx), for the test to see that it ran."""
     built, calls = cpu_sequence.kernel(), []
 
@@ -230,7 +231,7 @@ def test_the_whole_full_depth_step_follows_the_general_loop(arch, monkeypatch):
 @pytest.mark.slow  # AOTInductor builds a package per signature: ~15 s each on 2 cores
 def test_the_ahead_of_time_step_follows_the_general_loop_and_new_weights(monkeypatch):
     """On a CPU, full-depth decoding of every row runs the whole token step compiled
-    ahead of time (models/ahead_of_time.py): the general loop's logits, lengths and
+    ahead of time (models/cpu/ahead_of_time.py): the general loop's logits, lengths and
     states, with and without the readout, and after the weights change in place (as an
     optimizer step changes them) the new weights' logits, from a package built again."""
     monkeypatch.setattr(compiled, "BACKEND", "inductor")
@@ -270,7 +271,7 @@ def test_the_ahead_of_time_step_follows_the_general_loop_and_new_weights(monkeyp
 
 def test_an_ahead_of_time_step_that_cannot_build_leaves_decoding_to_dynamo(monkeypatch):
     from looplab.inference.generate import _full_depth_step
-    from looplab.models.ahead_of_time import AheadOfTimeSteps
+    from looplab.models.cpu.ahead_of_time import AheadOfTimeSteps
 
     def fail(*args, **kwargs):
         raise RuntimeError("no compiler here")

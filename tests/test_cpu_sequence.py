@@ -1,4 +1,4 @@
-"""The C++ conv and scan of a compiled CPU run (looplab/models/cpu_sequence.py), forward
+"""The C++ conv and scan of a compiled CPU run (looplab/models/cpu/cpu_sequence.py), forward
 and backward, against the oracles written from their definitions (models/ops/
 reference.py's ssm_scan_ref and causal_conv1d_ref, differentiated by autograd) and
 against a packed row's sequences run one at a time. Skipped where no C++ toolchain can
@@ -9,7 +9,8 @@ import shutil
 import pytest
 import torch
 
-from looplab.models import compiled, cpu_sequence, native
+from looplab.models import compiled
+from looplab.models.cpu import cpu_sequence, native
 from looplab.models.mamba2 import Mamba2
 from looplab.models.ops import dispatch
 from looplab.models.ops.reference import causal_conv1d_ref, ssm_scan_ref

@@ -1,4 +1,4 @@
-"""The compiled CPU step kernel (looplab/models/cpu_step.py, opt-in with
+"""The compiled CPU step kernel (looplab/models/cpu/cpu_step.py, opt-in with
 LOOPLAB_CPU_STEP_KERNEL=1): checked against the Mamba-2 mixer written from its
 definition (models/ops/reference.py) and, through decoding, against the full forward.
 Skipped where no C++ toolchain can build it; the first test builds it (~25 s, cached
@@ -11,8 +11,8 @@ import torch
 from test_decode import batch, decode_token_by_token_against_the_full_forward, full_forward, model_for, policies
 from test_depth_batching import teacher_forced
 
-from looplab.models import cpu_step
 from looplab.models.cache import BlockCache, Layout, MambaState
+from looplab.models.cpu import cpu_step
 from looplab.models.mamba2 import Mamba2
 from looplab.models.ops.dispatch import step_implementation
 from looplab.models.ops.reference import mamba2_mixer_ref

@@ -206,3 +206,68 @@ def test_the_platform_reads_argument_types_not_the_library_command_line():
     graph = import_graph()
     reaching = sorted(m for m, targets in graph.items() if not m.startswith("looplab") and "looplab.cli" in targets)
     assert reaching == [] and "looplab.arguments" in graph["sweeps.flags"]
+
+
+# The tools around the research core: the command line, a node's health check, the
+# dashboard and its server, and MLflow's helpers (the tracking package's names are the
+# vocabulary every room writes and reads; its mlflow_runs module is the tool that writes
+# them). The CPU backend is a room of its own inside models/ (models/cpu/).
+TOOLS = (
+    "looplab.cli",
+    "looplab.doctor",
+    "looplab.dashboard",
+    "looplab.dashboard_server",
+    "looplab.tracking.mlflow_runs",
+)
+
+
+def is_tool(module: str) -> bool:
+    return any(module == tool or module.startswith(tool + ".") for tool in TOOLS)
+
+
+def is_core(module: str) -> bool:
+    return module.startswith("looplab") and not is_tool(module) and not module.startswith("looplab.tracking")
+
+
+def tool_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Imports from the research core into a tool."""
+    return [f"{m} -> {t}" for m, targets in graph.items() if is_core(m) for t in targets if is_tool(t)]
+
+
+def mlflow_helper_calls(sources: dict[str, str]) -> list[str]:
+    """`tracking.<helper>(` in the research core (sources: module -> text): an MLflow
+    helper reached through the tracking package's face, a tool used without its name."""
+    helpers = {
+        node.name
+        for node in ast.parse((ROOT / "looplab" / "tracking" / "mlflow_runs.py").read_text()).body
+        if isinstance(node, ast.FunctionDef) and not node.name.startswith("_")
+    }
+    found = []
+    for module, text in sources.items():
+        if is_core(module):
+            for node in ast.walk(ast.parse(text)):
+                if (
+                    isinstance(node, ast.Attribute)
+                    and isinstance(node.value, ast.Name)
+                    and node.value.id == "tracking"
+                    and node.attr in helpers
+                ):
+                    found.append(f"{module}: tracking.{node.attr}")
+    return found
+
+
+def test_the_research_core_imports_no_tool():
+    """Models, stages, training, inference, tasks, configs, keys, costs and evaluation
+    never import the tools around them: a researcher changes the core without them."""
+    sources = {module: path.read_text() for module, path in module_files().items()}
+    assert tool_imports(import_graph()) + mlflow_helper_calls(sources) == []
+
+
+def test_the_core_rule_sees_a_planted_tool_import():
+    """The rule is live: a core module importing the doctor, or calling an MLflow helper
+    through the tracking package, is caught; the names it reads are not."""
+    graph = import_graph()
+    graph["looplab.training.train"] = graph["looplab.training.train"] | {"looplab.doctor"}
+    assert tool_imports(graph) == ["looplab.training.train -> looplab.doctor"]
+    planted = "from looplab import tracking\ntracking.log_metrics(None, 'r', {})\nx = tracking.VAL_PPL\n"
+    assert mlflow_helper_calls({"looplab.training.train": planted}) == ["looplab.training.train: tracking.log_metrics"]

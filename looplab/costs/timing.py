@@ -59,7 +59,7 @@ feeds its next token as soon as its last one is done, rows at different loops sh
 a step). `steps` is the backbone steps per new token; with the readout, depth reads
 out whichever rows finish at each step, so it runs the head more often on fewer rows.
 `mamba step` says which Mamba-2 single-token step ran: torch, cpu-kernel (the
-compiled CPU step, LOOPLAB_CPU_STEP_KERNEL=1: models/cpu_step.py) or cuda.
+compiled CPU step, LOOPLAB_CPU_STEP_KERNEL=1: models/cpu/cpu_step.py) or cuda.
 """
 
 from __future__ import annotations

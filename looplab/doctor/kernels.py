@@ -81,7 +81,7 @@ def step_check(device, dtype, *, kernel: str) -> list[Check]:
     outputs and the conv and SSM states after them."""
     import torch
 
-    from looplab.models import cpu_step
+    from looplab.models.cpu import cpu_step
     from looplab.models.ops.dispatch import use_cuda_step_kernels
 
     name = f"decode step {kernel} vs torch ({str(dtype).removeprefix('torch.')})"

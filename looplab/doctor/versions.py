@@ -14,7 +14,7 @@ PACKAGES = ("torch", "mamba-ssm", "causal-conv1d", "triton", "ray", "mlflow")
 def environment(device) -> list[Check]:
     import torch
 
-    from looplab.models import cpu_step
+    from looplab.models.cpu import cpu_step
     from looplab.models.ops import dispatch
 
     out = [
@@ -56,7 +56,7 @@ def cpu_sequence_kernels() -> Check:
     """Whether a compiled CPU run (train.compile=on) can run the Mamba-2 conv and scan as
     C++ kernels: built here (the first time; its time: docs/benchmarks.md), or why not (a
     skip: the torch ops serve)."""
-    from looplab.models import cpu_sequence, native
+    from looplab.models.cpu import cpu_sequence, native
     from looplab.models.ops import dispatch
 
     name = "mamba-2 compiled CPU conv and scan"
@@ -66,4 +66,4 @@ def cpu_sequence_kernels() -> Check:
         cpu_sequence.kernel()
     except Exception as e:  # noqa: BLE001 - a toolchain problem is what the doctor reports
         return skipped(name, f"did not build ({native.first_line(e)}); compiled runs use the torch ops")
-    return passed(name, "C++ kernels (looplab/models/cpu_sequence.py) under train.compile=on")
+    return passed(name, "C++ kernels (looplab/models/cpu/cpu_sequence.py) under train.compile=on")

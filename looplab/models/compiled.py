@@ -5,14 +5,14 @@ on (the R loops of a training forward all call it), not the whole loss: the loss
 Python (exit policies, sampled holes, the chunked head) would break the graph at every
 data-dependent branch, and the backbone is where the elementwise work that Inductor
 fuses lives (the norms, the gates, dt's softplus). On a CPU a compiled run also runs
-each Mamba-2 block's conv and scan as C++ kernels (models/cpu_sequence.py, packed rows
+each Mamba-2 block's conv and scan as C++ kernels (models/cpu/cpu_sequence.py, packed rows
 too) instead of the torch ops: the chunked scan's tiny batched products and decay
 matrices are what Inductor cannot fuse (docs/benchmarks.md).
 
 Decoding (compile_decoding): one application to one new token per row, with the
 cache, its number of rows dynamic; under a full-depth policy the whole token step
 instead (embedding, R loops, head: CompiledDecodeStep.whole), on a CPU compiled ahead
-of time (models/ahead_of_time.py); every policy and schedule goes through them
+of time (models/cpu/ahead_of_time.py); every policy and schedule goes through them
 (generate.decode_step and depth batching call model.step), so tokens and loops are
 eager's (tests/test_compile.py). On a 2-core CPU a decode step of a d 256, 4-layer
 Mamba-2 at batch 1 ran 2.1-2.4x faster compiled (its ~100 small operations per layer
@@ -37,7 +37,7 @@ from typing import Callable
 
 import torch
 
-from looplab.models.ahead_of_time import AheadOfTimeSteps
+from looplab.models.cpu.ahead_of_time import AheadOfTimeSteps
 from looplab.models.mamba2 import Mamba2
 from looplab.models.ops import dispatch
 
@@ -108,7 +108,7 @@ class CompiledDecodeStep:
     token step (embedding, the R loops, the head) compiled as one graph instead: one
     guard check and one graph call a token instead of one a loop, and the embedding,
     positions and head fused in. On a CPU, for every row of a recurrent cache, it is
-    compiled ahead of time instead (ahead_of_time: models/ahead_of_time.py), which drops
+    compiled ahead of time instead (ahead_of_time: models/cpu/ahead_of_time.py), which drops
     dynamo's per-call costs too. gate_loop(fn): depth batching's step when every row of
     its batch runs under the gate's skip policy, the loop and the exit decision as one
     graph, likewise ahead of time on a CPU (its rows are the batch's, whatever loop each
@@ -198,7 +198,7 @@ def compile_backbone(model, setting: str, device: torch.device) -> bool:
     same ones), so state_dict keys and checkpoints do not change. Returns whether it did."""
     model.compiled_backbone = CompiledBackbone(model.backbone) if compiles(setting, device) else None
     # On a CPU the compiled step runs each Mamba-2 block's conv and scan as C++ kernels
-    # (models/cpu_sequence.py): Inductor cannot fuse the chunked scan's tiny products.
+    # (models/cpu/cpu_sequence.py): Inductor cannot fuse the chunked scan's tiny products.
     kernels = model.compiled_backbone is not None and device.type == "cpu" and dispatch.cpu_sequence_kernels_serve()
     for block in model.modules():
         if isinstance(block, Mamba2):

@@ -7,7 +7,7 @@ weights move between the two. The operations live in models/ops/, as mamba-ssm's
 the chunked SSD, the conv and the single-token step in torch, which path runs
 (ops/dispatch.py: on CUDA, mamba-ssm's and causal-conv1d's kernels when they
 import; LOOPLAB_FORCE_TORCH=1 forces torch; LOOPLAB_CPU_STEP_KERNEL=1 compiles the
-CPU step, models/cpu_step.py), and the oracles the tests hold them to.
+CPU step, models/cpu/cpu_step.py), and the oracles the tests hold them to.
 
 The SSM, per head h with scalar decay A_h < 0 and state S (headdim × d_state):
     S_t = exp(dt_t A_h) S_{t-1} + dt_t x_t B_tᵀ,    y_t = S_t C_t + D_h x_t
@@ -21,8 +21,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from looplab.models import cpu_sequence, cpu_step
 from looplab.models.cache import RECURRENT, BlockCache, MambaState
+from looplab.models.cpu import cpu_sequence, cpu_step
 from looplab.models.flops import linear_flops
 from looplab.models.ops import dispatch
 from looplab.models.ops.causal_conv1d_layout import causal_conv1d_inputs

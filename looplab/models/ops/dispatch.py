@@ -1,6 +1,6 @@
 """Which implementation a Mamba-2 block runs, and why: mamba-ssm's and causal-conv1d's
 CUDA kernels, the C++ CPU kernels (the conv and scan of a compiled run,
-models/cpu_sequence.py; the opt-in decode step, models/cpu_step.py), or this package's
+models/cpu/cpu_sequence.py; the opt-in decode step, models/cpu/cpu_step.py), or this package's
 torch ops.
 
 The choice lives here, once, because three readers need the same answer: the mixer
@@ -20,7 +20,7 @@ import os
 
 import torch
 
-from looplab.models import cpu_sequence, cpu_step
+from looplab.models.cpu import cpu_sequence, cpu_step
 from looplab.models.ops import conv
 
 FORCE_TORCH_ENV = "LOOPLAB_FORCE_TORCH"
@@ -115,7 +115,7 @@ def kernel_path(t: torch.Tensor) -> tuple[str, str]:
 
 def cpu_sequence_kernels_serve() -> bool:
     """Whether a compiled run on a CPU runs its Mamba-2 blocks' conv and scan as C++
-    kernels (models/cpu_sequence.py; models/compiled.py asks): unless
+    kernels (models/cpu/cpu_sequence.py; models/compiled.py asks): unless
     LOOPLAB_FORCE_TORCH=1, where they build (a failed build warns once: the torch ops)."""
     return not torch_forced() and cpu_sequence.available()
 

@@ -4,7 +4,7 @@ does not run (ops/dispatch.py decides).
 
 Apart from the chunked scan (ops/ssd.py) because decoding's costs are another kind:
 a step is memory-bound, so what matters is how few passes it makes over the stored
-states, not how its products are grouped. models/cpu_step.cpp compiles the same
+states, not how its products are grouped. models/cpu/cpu_step.cpp compiles the same
 arithmetic. The tests hold it to the full forward: a prefill, then steps, must give
 what the whole sequence gives (tests/test_decode.py).
 """

@@ -8,7 +8,7 @@ back. The kernel (cpu_step.cpp) does the conv step, the SSM step and the gated n
 in one call, updating each row's conv and SSM states in place at its cache slot, as
 mamba-ssm's selective_state_update does on CUDA with state_batch_indices.
 
-It is built on first use (models/native.py: a C++ compiler and ninja, ~25 s, cached).
+It is built on first use (models/cpu/native.py: a C++ compiler and ninja, ~25 s, cached).
 Opt-in because that build is slow and needs a toolchain; once asked for, a failed
 build is an error, not a silent fallback, so a benchmark never reports the torch
 path's figures as the kernel's. float32 and float64 only (a bf16 model keeps
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from looplab.models import native
+from looplab.models.cpu import native
 
 CPU_STEP_KERNEL_ENV = "LOOPLAB_CPU_STEP_KERNEL"
 SOURCE = Path(__file__).with_name("cpu_step.cpp")

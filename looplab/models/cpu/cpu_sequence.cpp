@@ -1,5 +1,5 @@
 // A Mamba-2 block over a sequence on a CPU, forward and backward
-// (looplab/models/cpu_sequence.py): the SSM scan token by token, and the causal
+// (looplab/models/cpu/cpu_sequence.py): the SSM scan token by token, and the causal
 // depthwise conv with its SiLU.
 //
 // The scan, per head h, with scalar decay A_h < 0 and state S (headdim x d_state):

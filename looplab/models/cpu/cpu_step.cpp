@@ -1,4 +1,4 @@
-// The Mamba-2 single-token step on a CPU, in place by cache slot (looplab/models/cpu_step.py).
+// The Mamba-2 single-token step on a CPU, in place by cache slot (looplab/models/cpu/cpu_step.py).
 //
 // For each row b, with s = slots[b] (or b): the causal conv reads the slot's last
 // d_conv - 1 inputs and the new one, then the slot's conv state shifts by one; the

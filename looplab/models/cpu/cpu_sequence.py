@@ -16,7 +16,7 @@ docs/benchmarks.md ("The miniature's stages, eager and compiled"). The oracles a
 
 Registered as torch custom operators (looplab::ssm_scan, looplab::conv_silu and their
 backwards), so that dynamo traces each as one opaque node and Inductor fuses what lies
-between them. Built on first use (models/native.py); where it does not build,
+between them. Built on first use (models/cpu/native.py); where it does not build,
 available() warns once and the torch ops run.
 """
 
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from looplab.models import native
+from looplab.models.cpu import native
 
 SOURCE = Path(__file__).with_name("cpu_sequence.cpp")
 SPAN = 32  # tokens between the states the scan's forward keeps for its backward
