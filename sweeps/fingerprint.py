@@ -22,7 +22,7 @@ one line, and a run with one is exploratory (never the headline):
              differently, and speed claims are claims about a machine
 
 The code's commit and whether the checkout was dirty are recorded beside every seed in the ledger
-(sweeps/protocol.Ledger), so a later reader can tell which code trained a seed.
+(sweeps/ledger.Ledger), so a later reader can tell which code trained a seed.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ Each sweep trains the protocol's declared seeds for it (the block's first n: a p
 analysis sized them, sweeps/power_analysis.py). Before anything trains, the run checks
 what the protocol pins (sweeps/fingerprint.py: torch, the machine class, the stages'
 resolved configs, what the claims code computes, each stage shape's first steps) and
-the store's ledger (sweeps/protocol.Ledger: each seed's first use); every departure is
+the store's ledger (sweeps/ledger.Ledger: each seed's first use); every departure is
 one line, and any departure, other seeds or --set/--stage-set make the run
 *exploratory*: its verdicts are printed and kept, marked so, never the headline. The
 seeds are entered in the ledger as their first stage starts. Each claim's figure is
@@ -48,7 +48,8 @@ from looplab.config import ConfigError
 from looplab.tracking import ACCURACY, PPL, VAL_ACCURACY, VAL_LOSS, VAL_PPL
 from sweeps.depth_grid import depth_grid
 from sweeps.flags import Common, Launch, parser
-from sweeps.protocol import CLAIM_SWEEP, PROTOCOL, Ledger, Protocol, seed_range
+from sweeps.ledger import Ledger
+from sweeps.protocol import CLAIM_SWEEP, PROTOCOL, Protocol, seed_range
 from sweeps.sweep import SKIP_COLUMNS, Sweep, describe, sweep_key
 from trainables.pipeline import PipelineSpec, stage_configs
 

@@ -15,7 +15,8 @@ from analysis.claims import CLAIMS
 from looplab.config import ConfigError
 from looplab.presets import get_preset
 from sweeps import power_analysis
-from sweeps.protocol import HISTORY, PROTOCOL, V1, V2, V3, V4, V5, Ledger, Pins, history_markdown
+from sweeps.ledger import Ledger
+from sweeps.protocol import HISTORY, PROTOCOL, V1, V2, V3, V4, V5, Pins, history_markdown
 
 # Pinned: a change to the protocol (its regime, arms, claims' rules, correction, seeds,
 # pins) or to how it is hashed changes these. That is allowed, never silent: move the old
