@@ -18,7 +18,7 @@ any of their settings):
 
 "padded" is the paper's ragged-halting layout (looplab/costs/timing.py). The checkpoints
 (--stages; default: the gated final stages, the models the paper times) come from the
-experiment's FINISHED stage runs (trainables/evaluation.py's store_checkpoints). Each
+experiment's FINISHED stage runs (trainables/checkpoints.py's store_checkpoints). Each
 point is one MLflow run keyed by content and by the machine that times it
 (trainables/bench.py): a re-run measures only what the store lacks on this hardware.
 Each run records, beside the measured speedup, the loop bound R/d̄ and the FLOP ratio
@@ -605,7 +605,7 @@ def _print_table(header: tuple[str, ...], rows: list[list[str]], out) -> None:
 
 # ---- python -m sweeps.bench ---------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    from trainables.evaluation import store_checkpoints
+    from trainables.checkpoints import store_checkpoints
     from trainables.storage import Storage
 
     args = parser().parse_args(argv)

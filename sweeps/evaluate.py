@@ -31,6 +31,7 @@ from looplab.policy import GATE, parse_policies
 from looplab.stages import STAGE_NAMES, get_stage
 from sweeps.flags import add_store_flags, distinct, fail
 from sweeps.runtime import check_ray_address, console_to_log, local_gpus, write_report
+from trainables.checkpoints import pipeline_checkpoints, store_checkpoints
 from trainables.eval_tasks import builtin_task, include_task, paper_task
 from trainables.evaluation import (
     EvalGrid,
@@ -39,8 +40,6 @@ from trainables.evaluation import (
     default_policies,
     describe_grid,
     evaluate,
-    pipeline_checkpoints,
-    store_checkpoints,
 )
 from trainables.storage import Storage
 

@@ -111,7 +111,7 @@ def test_a_store_written_before_is_reused(tmp_path):
     its key moved (STAGE1_KEY's comment) and it trains again, with Stage-1 folders of
     the new key found as before."""
     from tests.store_fixture import store_stage
-    from trainables.evaluation import pipeline_checkpoints
+    from trainables.checkpoints import pipeline_checkpoints
     from trainables.pipeline import stage_configs
     from trainables.shared_stage import write_done
     from trainables.storage import Storage

@@ -11,6 +11,7 @@ progress.py      live progress: trials post to a board (a named Ray actor) the d
 keyed_step.py    the one content-keyed step: finished when its outputs verify; jobs inline or as Ray tasks
 evaluation.py    downstream evaluation keyed by content (eval_key): the grid, reuse, one job per checkpoint
 eval_tasks.py    the lm-eval tasks an evaluation reads, and what of each enters its key
+checkpoints.py   the trained checkpoints those steps read: a sweep's trials, an experiment's stage runs
 bench.py         the bench sweep's timed points (prefill, decoding under arrivals), keyed by content
 storage.py       a storage path on a file system or an object store: read, write, upload, download
 """
