@@ -28,10 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from looplab.config import ConfigError
+from sweeps.dry_run import describe
 from sweeps.flags import Common, Launch, parser
 from sweeps.protocol import C3_GROWTH, GrowthProtocol
 from sweeps.scale_scan import HOLE_CENTRE, holes_scan
-from sweeps.sweep import Sweep, describe
+from sweeps.sweep import Sweep
 
 
 def growth_sweep(protocol: GrowthProtocol = C3_GROWTH, overrides: dict[str, Any] | None = None) -> Sweep:

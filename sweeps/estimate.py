@@ -10,12 +10,12 @@ the concurrency, because the work does not pack evenly:
   shared chains  where they are fewer than the slots, the stage chains several trials
                  share train first (sweeps/launch.py), each on an even share of the
                  cores; otherwise each trains in the trial that owns it
-                 (sweeps/sweep.chains_in_trials)
-  trials         then the trials, longest first (sweeps/sweep.longest_first, the order
+                 (sweeps/schedule.chains_in_trials)
+  trials         then the trials, longest first (sweeps/schedule.longest_first, the order
                  launch starts them in), each on the first slot that frees up (Ray
                  Tune's max_concurrent_trials), each training its stages that neither a
                  shared chain nor an earlier trial trains, and waiting for those an
-                 earlier trial is still training (sweeps/sweep.replay)
+                 earlier trial is still training (sweeps/schedule.replay)
 
 Each trial (and shared chain) adds TRIAL_S of its own bookkeeping, and each sweep
 RAY_START_S; both measured on 2 cores (docs/paper-mini.md's timing).
@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sweeps.flags import Launch
-from sweeps.sweep import Sweep, chains_in_trials, longest_first, makespan, replay
+from sweeps.schedule import chains_in_trials, longest_first, makespan, replay
+from sweeps.sweep import Sweep
 
 RAY_START_S = 15.0  # ray.init, the progress board and the first trial's start, per sweep
 # A trial's (or shared chain's) own costs beside its probed steps: its start (under a second in a

@@ -31,20 +31,19 @@ from typing import Any, Callable
 from looplab import dashboard, tracking
 from looplab.config import ConfigError, config_key
 from looplab.costs.machine import MEMORY_CHECK_ENV
+from sweeps.dry_run import describe
 from sweeps.flags import Common, Launch, fail, parser
 from sweeps.lock import SweepBusy, sweep_lock
 from sweeps.runtime import check_ray_address, console_to_log, write_report
+from sweeps.schedule import chains_in_trials, longest_first
 from sweeps.stop import StopOnSignal, SweepStopped, resume_line
 from sweeps.sweep import (
     Resources,
     Sweep,
-    chains_in_trials,
     check_machine,
     compare_initialisations,
     cpu_share,
-    describe,
     fit_devices,
-    longest_first,
     sweep_key,
     trial_name,
     validate,
@@ -380,7 +379,7 @@ def _fit_shared_prefixes(run: SweepRun, platform) -> None:
     before the trials, each job with an even share of the whole machine: otherwise
     one trial trains them on its share while the CPUs of the waiting trials idle. Where
     the chains are as many as the trial slots or more, the trials train them instead
-    (sweeps/sweep.chains_in_trials)."""
+    (sweeps/schedule.chains_in_trials)."""
     from dataclasses import replace
 
     from ray import tune

@@ -47,10 +47,11 @@ from typing import Any
 from looplab.config import ConfigError
 from looplab.tracking import ACCURACY, PPL, VAL_ACCURACY, VAL_LOSS, VAL_PPL
 from sweeps.depth_grid import depth_grid
+from sweeps.dry_run import describe
 from sweeps.flags import Common, Launch, parser
 from sweeps.ledger import Ledger
 from sweeps.protocol import CLAIM_SWEEP, PROTOCOL, Protocol, seed_range
-from sweeps.sweep import SKIP_COLUMNS, Sweep, describe, sweep_key
+from sweeps.sweep import SKIP_COLUMNS, Sweep, sweep_key
 from trainables.pipeline import PipelineSpec, stage_configs
 
 LOOPED, BASE, DEEP = (1, 4), (1, 1), (4, 1)  # the LM's N⊗R, its iso-parameter N⊗1, its iso-depth NR⊗1

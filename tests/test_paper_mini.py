@@ -19,7 +19,8 @@ from sweeps import paper_mini, scale_scan
 from sweeps.estimate import RAY_START_S, TRIAL_S, estimate, evaluations, makespan
 from sweeps.flags import Launch, parse_seeds
 from sweeps.protocol import V2, V5
-from sweeps.sweep import chains_in_trials, grid_points, longest_first, owned_costs, replay
+from sweeps.schedule import chains_in_trials, longest_first, owned_costs, replay
+from sweeps.sweep import grid_points
 from trainables.pipeline import stage_configs
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -30,8 +30,9 @@ from looplab.stages import (
 )
 from looplab.training.objectives import final_loop_loss
 from looplab.training.train import train
+from sweeps.dry_run import describe
 from sweeps.flags import Launch
-from sweeps.sweep import Sweep, describe, fit_devices, validate
+from sweeps.sweep import Sweep, fit_devices, validate
 from trainables.pipeline import PipelineSpec, stage_configs, stage_dir
 
 TOY = "toy"
