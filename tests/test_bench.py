@@ -11,9 +11,9 @@ from test_models import ARCHS, tiny
 
 from looplab import load_model
 from looplab.config import ConfigError
+from looplab.costs.decode_timing import bench_decode_point
 from looplab.costs.measured_memory import UNKNOWN_PEAK, in_rss_process, peak_memory
 from looplab.costs.timing import (
-    bench_decode_point,
     bench_point,
     oracle_exit_steps,
     run_grid,
@@ -235,7 +235,7 @@ def test_bench_command_writes_records_and_logs_to_mlflow(tmp_path, capsys):
 
 
 def test_decode_point_reports_consistent_figures():
-    from looplab.costs.timing import bench_decode_point
+    from looplab.costs.decode_timing import bench_decode_point
 
     model = load_model("phop-debug", n_loops=4, d_model=32, chunk_size=16)
     ids = torch.randint(0, model.cfg.vocab_size, (3, 40))

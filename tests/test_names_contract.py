@@ -67,9 +67,10 @@ SPELLED_ELSEWHERE = {
     "looplab/evaluation/harness.py": ({"executed_loops_by_task"}, "lm-eval's config entry of the per-task means"),
     "looplab/tasks/text.py": ({"val_blocks"}, "a TextConfig field (the validation blocks), not a metric"),
     "trainables/evaluation.py": (
-        {"stage_key", "config_hash"},
-        "an eval key's payload (a key's spelling is frozen: tests/test_keys.py) and a checkpoint's metadata",
+        {"stage_key"},
+        "an eval key's payload (a key's spelling is frozen: tests/test_keys.py)",
     ),
+    "trainables/checkpoints.py": ({"config_hash"}, "a checkpoint's metadata key (looplab/checkpoint.py's store)"),
     "trainables/bench.py": ({"stage_key"}, "a speed key's payload (a key's spelling is frozen: tests/test_keys.py)"),
     "sweeps/sweep.py": ({"grid.", "range."}, "the sweep file's sections (grid.<axis>, range.<param>) in a message"),
     "benchmarks/lean_head.py": ({"tokens_per_s"}, "the benchmark's own report, not MLflow"),

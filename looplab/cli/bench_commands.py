@@ -72,8 +72,9 @@ def add_bench(sub) -> None:
 def cmd_bench(args) -> int:
     """Time prefill (or --decode's decoding) and measure memory, full against skip,
     over batch × length × policy; print each record as it comes, then the JSON list."""
+    from looplab.costs.decode_timing import DecodeRecord
     from looplab.costs.machine import check_grid
-    from looplab.costs.timing import BenchRecord, DecodeRecord, records_as_dicts
+    from looplab.costs.timing import BenchRecord, records_as_dicts
     from looplab.devices import resolve_device
 
     check_model_source(args)
@@ -130,7 +131,7 @@ def _check_bench_model(args, cfg) -> None:
 
 def _time_decoding(args, model, task, device):
     """--decode: the decoding grid, each record shown as it comes, then how it scales with context."""
-    from looplab.costs.timing import DECODE_HEADER, context_scaling, format_decode_record, run_decode_grid
+    from looplab.costs.decode_timing import DECODE_HEADER, context_scaling, format_decode_record, run_decode_grid
 
     print(DECODE_HEADER, file=sys.stderr)
     records = run_decode_grid(
