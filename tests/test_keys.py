@@ -298,13 +298,13 @@ def test_local_data_enters_the_key_by_content(tmp_path):
 
 
 def test_the_data_digest_is_read_once_per_config(tmp_path, monkeypatch):
-    from looplab.tasks import text
+    from looplab.tasks import text_sources
 
     data = tmp_path / "corpus.txt"
     data.write_text("some text\n")
     cfg = stage_config(get_preset("debug"), "pretrain", overrides={"task.dataset": str(data)})
     reads = []
-    monkeypatch.setattr(text, "file_digest", lambda path: reads.append(path) or "sha256:0")
+    monkeypatch.setattr(text_sources, "file_digest", lambda path: reads.append(path) or "sha256:0")
     for _ in range(3):
         cfg.stage_key(), cfg.config_hash()
     assert len(reads) == 1

@@ -269,7 +269,7 @@ def test_unreachable_hub_fails_fast_with_advice(monkeypatch):
 
     # No env var, but no route to the hub either (the probe's verdict).
     monkeypatch.delenv("HF_HUB_OFFLINE")
-    monkeypatch.setattr("looplab.tasks.text.hub_reachable", lambda: False)
+    monkeypatch.setattr("looplab.tasks.text_sources.hub_reachable", lambda: False)
     start = time.perf_counter()
     with pytest.raises(ConfigError, match="unreachable"):
         TextTask(byte_cfg("someone/some-corpus"), 64)
