@@ -75,11 +75,10 @@ SPEED = (
 )
 # The arrivals runs' decode tokens/s, composed as trainables/bench.py logs it (the contract
 # has no single name for it yet).
-ARRIVAL_IDENTITY = (
+# One arrivals point: the experiment, the checkpoint (its stage key), the machine and
+# the served configuration; a point measured again keeps its newest run.
+ARRIVAL_POINT = (
     "experiment",
-    "checkpoint",
-    "method",
-    "stage",
     tracking.STAGE_KEY,
     "device",
     "slots",
@@ -90,6 +89,7 @@ ARRIVAL_IDENTITY = (
     "new_tokens",
     "seed",
 )
+ARRIVAL_IDENTITY = ("experiment", "checkpoint", "method", "stage", *ARRIVAL_POINT[1:])
 ARRIVAL_SPEED = (
     tracking.EXECUTED_LOOPS,
     tracking.TOKENS_PER_S,
@@ -338,19 +338,7 @@ def arrivals_table(runs: RunSet) -> pl.DataFrame | None:
         metric(tracking.FLOP_RATIO).alias(tracking.FLOP_RATIO),
     )
     rows = rows.with_columns((pl.col("speedup") / pl.col(tracking.FLOP_RATIO)).alias("of_flop_ratio"))
-    point = [
-        "experiment",
-        tracking.STAGE_KEY,
-        "device",
-        "slots",
-        "schedule",
-        "policy",
-        "requests",
-        "prompt_len",
-        "new_tokens",
-        "seed",
-    ]
-    rows = rows.sort("start_time").unique(point, keep="last", maintain_order=True).drop("start_time")
+    rows = rows.sort("start_time").unique(list(ARRIVAL_POINT), keep="last", maintain_order=True).drop("start_time")
     return (
         _with_checkpoint(runs, rows)
         .select(*ARRIVAL_IDENTITY, *ARRIVAL_SPEED)
