@@ -6,7 +6,7 @@ it from looplab.tracking, the pipeline's stages from looplab.stages and a policy
 kind, label and metric prefix from looplab.policy's ExitPolicy, never from here.
 
 lm-eval scores are the quantity lm_eval.<task> (the task's suite accuracy, a fraction
-in [0, 1], as lm-eval reports it; looplab.evaluation.suite.SUITE_METRICS says which
+in [0, 1], as lm-eval reports it; looplab.evaluation.paper_tasks.SUITE_METRICS says which
 accuracy) under a policy's prefix, e.g. val_lm_eval.piqa (full depth) or
 skip_q0.4_lm_eval.arc_easy; tables show percent, as the paper does. Beside them, the
 downstream families <family>.<task> (lm_eval_loops: executed loops on the task's
@@ -22,7 +22,7 @@ any; tests/test_names_contract.py checks that none is one.
 
 from __future__ import annotations
 
-from looplab.evaluation.suite import PAPER_TASKS
+from looplab.evaluation.paper_tasks import PAPER_TASKS
 from looplab.policy import DENSE, FORCED, FULL, SKIP, ZOO_KINDS
 from looplab.stages import STAGE_NAMES
 from looplab.tracking import (

@@ -9,7 +9,7 @@ The grid (trainables/evaluation.py) is tasks × policies × the sweep's checkpoi
 evaluation is keyed by content, so running the same command (or the sweep) again with
 one more q, task, policy or stage evaluates only what is new, and trains nothing.
 
-Tasks (--eval-tasks): `paper` is the paper's seven (looplab.evaluation.suite: lm-eval's own
+Tasks (--eval-tasks): `paper` is the paper's seven (looplab.evaluation.paper_tasks: lm-eval's own
 YAMLs at the paper's shots), read from --eval-data DIR/<task>/<split>.parquet when given,
 else from the hub; other names are tasks of --eval-include DIR (task YAMLs whose data
 files may be relative to the YAML's folder), else lm-eval's built-in tasks (their hub
@@ -67,7 +67,7 @@ def add_eval_flags(p: argparse.ArgumentParser) -> None:
         "--eval-data",
         default="",
         metavar="DIR",
-        help="the paper tasks' data from DIR/<task>/<split>.parquet (python -m looplab.evaluation.suite "
+        help="the paper tasks' data from DIR/<task>/<split>.parquet (python -m looplab.evaluation.paper_tasks "
         "export DIR), offline; default: the hub",
     )
     g.add_argument("--eval-include", default="", metavar="DIR", help="a folder of custom task YAMLs")
@@ -140,7 +140,7 @@ def resolve_tasks(text: str, include: str, data: str) -> tuple:
     """--eval-tasks as EvalTasks, in order, each once: checked against --eval-include's
     index, the paper's seven, then lm-eval's own index (built only when a name is
     neither: it takes seconds)."""
-    from looplab.evaluation.suite import PAPER_TASKS
+    from looplab.evaluation.paper_tasks import PAPER_TASKS
 
     names = []
     for name in distinct("--eval-tasks", text, [n.strip() for n in text.split(",") if n.strip()]):
@@ -152,7 +152,7 @@ def resolve_tasks(text: str, include: str, data: str) -> tuple:
         fail(
             "--eval-data",
             data,
-            "a folder with <task>/<split>.parquet files (python -m looplab.evaluation.suite export)",
+            "a folder with <task>/<split>.parquet files (python -m looplab.evaluation.paper_tasks export)",
         )
     local = _include_index(include)
     builtin = None
@@ -190,7 +190,7 @@ def _include_index(include: str) -> dict:
 
 def _builtin(name: str, builtin: dict, local: dict, include: str):
     """A task of lm-eval's own index, or the one line listing what a name may be."""
-    from looplab.evaluation.suite import PAPER_TASKS
+    from looplab.evaluation.paper_tasks import PAPER_TASKS
 
     entry = builtin.get(name)
     if entry is None or entry.yaml_path is None or entry.kind.name != "TASK":

@@ -19,7 +19,7 @@ from collections import Counter
 from pathlib import Path
 
 from looplab import tracking
-from looplab.evaluation.suite import PAPER_TASKS
+from looplab.evaluation.paper_tasks import PAPER_TASKS
 from looplab.policy import DENSE, FORCED, FULL, SKIP, ExitPolicy
 from looplab.stages import get_stage
 from trainables.pipeline import PipelineSpec

@@ -1,4 +1,4 @@
-"""The lm-eval adapter (looplab/evaluation/harness.py) and the paper suite (looplab/evaluation/suite.py),
+"""The lm-eval adapter (looplab/evaluation/harness.py) and the paper suite (looplab/evaluation/paper_tasks.py),
 offline: a tiny freshly initialised byte-level LoopedLM, a toy multiple-choice task
 over tests/data/lm_eval, and stand-in parquet files for the seven suite tasks."""
 
@@ -409,7 +409,7 @@ def suite_data(tmp_path_factory) -> Path:
     training rows so arc_challenge's 25 shots can be drawn."""
     import pandas as pd
 
-    from looplab.evaluation.suite import PAPER_TASKS, builtin_config, builtin_yaml_paths, required_splits
+    from looplab.evaluation.paper_tasks import PAPER_TASKS, builtin_config, builtin_yaml_paths, required_splits
 
     root = tmp_path_factory.mktemp("suite_data")
     for task, path in builtin_yaml_paths(PAPER_TASKS).items():
@@ -421,7 +421,7 @@ def suite_data(tmp_path_factory) -> Path:
 
 
 def test_paper_suite_offline_uses_builtin_configs_and_paper_shots(checkpoint, suite_data):
-    from looplab.evaluation.suite import PAPER_SHOTS, SUITE_METRICS, builtin_config, run_suite
+    from looplab.evaluation.paper_tasks import PAPER_SHOTS, SUITE_METRICS, builtin_config, run_suite
 
     summary = run_suite(checkpoint, policy="skip:0.4", limit=2, local_data_dir=suite_data, batch_size=8, device="cpu")
     results = summary["lm_eval"]
@@ -447,7 +447,7 @@ def test_paper_suite_offline_uses_builtin_configs_and_paper_shots(checkpoint, su
 
 
 def test_suite_reports_missing_local_files(tmp_path):
-    from looplab.evaluation.suite import suite_configs
+    from looplab.evaluation.paper_tasks import suite_configs
 
     with pytest.raises(ConfigError, match="local data for piqa is missing"):
         suite_configs(["piqa"], local_data_dir=tmp_path)
@@ -460,7 +460,7 @@ def test_export_writes_the_splits_each_task_reads(monkeypatch, tmp_path):
     each built-in YAML names and writes files that suite_configs accepts."""
     import datasets
 
-    from looplab.evaluation.suite import export_suite_data, suite_configs
+    from looplab.evaluation.paper_tasks import export_suite_data, suite_configs
 
     asked = []
 

@@ -180,7 +180,7 @@ COMMANDS: dict[str, Run | NotRun] = {
     "looplab lm-eval --checkpoint runs/s2/checkpoint --suite paper --local-data /data/lm_eval": no_checkpoint(
         "--checkpoint", "runs/s2/checkpoint"
     ),
-    "python -m looplab.evaluation.suite export /data/lm_eval": NotRun(
+    "python -m looplab.evaluation.paper_tasks export /data/lm_eval": NotRun(
         "downloads the seven tasks' data (network) into /data"
     ),
     # Analysis: the main job's store.

@@ -1,6 +1,6 @@
 """The lm-eval tasks an evaluation step reads, and what of each enters its key.
 
-A task is one of the paper's seven at its shots (`paper_task`, looplab/evaluation/suite.py),
+A task is one of the paper's seven at its shots (`paper_task`, looplab/evaluation/paper_tasks.py),
 a task YAML of --eval-include (`include_task`) or a task of lm-eval's own index
 (`builtin_task`). Each is built on the driver, where its key needs no model: its name,
 shots, the accuracy it logs, a digest of its parsed YAML (`config_version`) and its data
@@ -46,7 +46,7 @@ class EvalTask:
 
     def config(self) -> dict[str, Any]:
         """The config dict lm-eval's simple_evaluate takes (no task index needed)."""
-        from looplab.evaluation.suite import builtin_config, suite_configs
+        from looplab.evaluation.paper_tasks import builtin_config, suite_configs
 
         if self.source == PAPER:
             return suite_configs([self.name], self.location or None)[0]
@@ -60,9 +60,9 @@ class EvalTask:
 
 
 def paper_task(name: str, data_dir: str | None) -> EvalTask:
-    """One of the paper's seven at its shots (looplab.evaluation.suite), from DIR/<task>/<split>.parquet
+    """One of the paper's seven at its shots (looplab.evaluation.paper_tasks), from DIR/<task>/<split>.parquet
     or the hub. Raises ConfigError when a local file is missing."""
-    from looplab.evaluation.suite import SUITE_METRICS, builtin_yaml_paths, suite_configs
+    from looplab.evaluation.paper_tasks import SUITE_METRICS, builtin_yaml_paths, suite_configs
 
     (config,) = suite_configs([name], None)
     data = hub_source(config)
@@ -119,7 +119,7 @@ def config_version(path: Path) -> str:
 
 def builtin_task(name: str, yaml_path: str | os.PathLike) -> EvalTask:
     """A task of lm-eval's own index, with its YAML's shots and the hub's data."""
-    from looplab.evaluation.suite import builtin_config
+    from looplab.evaluation.paper_tasks import builtin_config
 
     config = builtin_config(name, Path(yaml_path))
     return EvalTask(

@@ -113,7 +113,7 @@ def add_lm_eval(sub) -> None:
     le.add_argument(
         "--local-data",
         default=None,
-        help="suite datasets from DIR/<task>/<split>.parquet (python -m looplab.evaluation.suite export)",
+        help="suite datasets from DIR/<task>/<split>.parquet (python -m looplab.evaluation.paper_tasks export)",
     )
     le.add_argument(
         "--policy",
@@ -159,7 +159,7 @@ def cmd_lm_eval(args) -> int:
     if args.tokenizer:  # for checkpoints that do not record theirs (the adapter says so otherwise)
         model_args["tokenizer"] = report["tokenizer"] = args.tokenizer
     if args.suite:
-        from looplab.evaluation.suite import run_suite
+        from looplab.evaluation.paper_tasks import run_suite
 
         if args.include_path:
             raise ConfigError(

@@ -1,3 +1,3 @@
 """Evaluation: validation under exit policies (validation.py), the lm-eval adapter
-(harness.py) and the paper's task suite (suite.py).
+(harness.py) and the paper's seven tasks (paper_tasks.py).
 """

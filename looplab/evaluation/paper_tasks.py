@@ -8,7 +8,7 @@ with only these fields replaced: num_fewshot, and with local_data_dir the datase
 which then comes from local parquet files DIR/<task>/<split>.parquet. Write those
 once on a machine that reaches the HuggingFace hub:
 
-    python -m looplab.evaluation.suite export DIR
+    python -m looplab.evaluation.paper_tasks export DIR
 
 The suite's score is the mean over the seven tasks of one accuracy each
 (SUITE_METRICS). The paper does not say which of lm-eval's two accuracies it
@@ -136,7 +136,7 @@ def _local_dataset(task: str, config: dict[str, Any], root: Path) -> dict[str, A
     if missing:
         raise ConfigError(
             f"local data for {task} is missing {missing}; allowed: a directory written by "
-            "`python -m looplab.evaluation.suite export DIR`"
+            "`python -m looplab.evaluation.paper_tasks export DIR`"
         )
     return {
         "dataset_path": "parquet",
@@ -233,7 +233,7 @@ def _main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(
-        prog="python -m looplab.evaluation.suite",
+        prog="python -m looplab.evaluation.paper_tasks",
         description="Write the paper suite's datasets as local parquet files.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
