@@ -385,6 +385,17 @@ def load_model(name_or_path: str | os.PathLike, **overrides: Any) -> LoopedLM:
     return model
 
 
+def experiment_task(model):
+    """The task of the experiment a model's checkpoint records (experiment_metadata), for
+    its held-out text or prompts; None for a model without one (a bare preset's)."""
+    from looplab.config import ExperimentConfig
+    from looplab.tasks import make_task
+
+    experiment = model.metadata.get("experiment")
+    cfg = ExperimentConfig.from_dict(experiment) if experiment else None
+    return make_task(cfg.task, cfg.train.seq_len) if cfg is not None else None
+
+
 def experiment_metadata(cfg) -> dict[str, Any]:
     """What a checkpoint of an ExperimentConfig records beside its weights: the config,
     its keys and the fields they hash, its stage and lineage, and, for text, the

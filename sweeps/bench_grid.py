@@ -176,15 +176,15 @@ def arrival_grid_from_args(args: argparse.Namespace) -> ArrivalGrid | None:
             fail("--requests", given["--requests"], "an integer >= 1")
         grid = replace(grid, requests=requests[0])
     if given["--prompt-len"]:
-        grid = replace(grid, prompt_len=_token_range("--prompt-len", given["--prompt-len"]))
+        grid = replace(grid, prompt_len=_tokens_flag("--prompt-len", given["--prompt-len"]))
     if given["--new-tokens"]:
-        grid = replace(grid, new_tokens=_token_range("--new-tokens", given["--new-tokens"]))
+        grid = replace(grid, new_tokens=_tokens_flag("--new-tokens", given["--new-tokens"]))
     if given["--schedules"]:
-        grid = replace(grid, schedules=_schedules(given["--schedules"]))
+        grid = replace(grid, schedules=_schedules_flag(given["--schedules"]))
     return grid
 
 
-def _token_range(flag: str, text: str) -> tuple[int, int]:
+def _tokens_flag(flag: str, text: str) -> tuple[int, int]:
     from looplab.inference.arrivals import parse_range
 
     try:
@@ -193,7 +193,7 @@ def _token_range(flag: str, text: str) -> tuple[int, int]:
         fail(flag, text, "LOW-HIGH or N, integers with 1 <= LOW <= HIGH")
 
 
-def _schedules(text: str) -> tuple[str, ...]:
+def _schedules_flag(text: str) -> tuple[str, ...]:
     from looplab.inference.depth_batching import SCHEDULES
 
     schedules = [s.strip() for s in text.split(",") if s.strip()]

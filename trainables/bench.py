@@ -132,23 +132,16 @@ def bound_of(model_cfg, point: SpeedPoint, executed_loops: float) -> float:
     return flop_ratio(f0, fr, model_cfg.n_loops, executed_loops)
 
 
-def _model_and_task(checkpoint: str):
+def timed_model_and_task(checkpoint: str):
     """The checkpoint's model in eval mode on the device the benchmarks time (CUDA when
     there is one), and its task (for held-out text; None without an experiment)."""
     import torch
 
-    from looplab.checkpoint import load_model
-    from looplab.tasks import make_task
+    from looplab.checkpoint import experiment_task, load_model
 
     model = load_model(checkpoint).eval()
     model.to(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
-    cfg = model.metadata.get("experiment", {})
-    if not cfg:
-        return model, None
-    from looplab.config import ExperimentConfig
-
-    exp = ExperimentConfig.from_dict(cfg)
-    return model, make_task(exp.task, exp.train.seq_len)
+    return model, experiment_task(model)
 
 
 def _record_point(
@@ -224,7 +217,7 @@ def measure(
     if not todo:
         return records
     with _torch_threads(threads):
-        model, task = _model_and_task(target.checkpoint)
+        model, task = timed_model_and_task(target.checkpoint)
         device = next(model.parameters()).device
         calls = [
             dict(
@@ -411,7 +404,7 @@ def measure_arrivals(
         records[point] = {**point.__dict__, **values, "reused": False}
 
     with _torch_threads(threads):
-        model, task = _model_and_task(target.checkpoint)
+        model, task = timed_model_and_task(target.checkpoint)
         bench_arrivals(model, task, _missing_bench(plan, todo), on_record=log)
     return [records[p] for p in keys]  # the plan's order, stored and measured alike
 

@@ -8,7 +8,8 @@ import json
 import sys
 
 from looplab.arguments import at_least, ints_at_least, one_of
-from looplab.cli.inputs import check_model_source, compile_decoding, load_source_model, model_and_task, task_of
+from looplab.checkpoint import experiment_task
+from looplab.cli.inputs import check_model_source, compile_decoding, load_source_model, model_and_task
 from looplab.cli.shared_flags import compile_flag, policies_type, schedules_type, timing_flags
 from looplab.config import ConfigError
 
@@ -86,7 +87,7 @@ def cmd_bench(args) -> int:
     if args.decode:
         compile_decoding(model, args.compile)
     _check_bench_model(args, model.cfg)
-    task = task_of(model)
+    task = experiment_task(model)
     device = resolve_device(args.device)
     check_grid(model.cfg, args.batch, args.seq_len, args.new_tokens if args.decode else 0, device)
     if device.type == "cpu":
@@ -191,7 +192,7 @@ def _write_bench(args, dicts: list[dict]) -> None:
         print(json.dumps(d))
 
 
-def _token_range(name: str):
+def token_range_type(name: str):
     """An argparse type: LOW-HIGH or N, token counts (looplab/inference/arrivals.py)."""
 
     def parse(text: str) -> tuple[int, int]:
@@ -230,13 +231,13 @@ def add_bench_arrivals(sub) -> None:
     a.add_argument("--requests", type=at_least(1), default=64, help="requests in the stream (default 64)")
     a.add_argument(
         "--prompt-len",
-        type=_token_range("--prompt-len"),
+        type=token_range_type("--prompt-len"),
         default="16-128",
         help="each request's prompt length, drawn uniformly: LOW-HIGH or N (default 16-128)",
     )
     a.add_argument(
         "--new-tokens",
-        type=_token_range("--new-tokens"),
+        type=token_range_type("--new-tokens"),
         default="8-64",
         help="each request's new tokens, drawn uniformly: LOW-HIGH or N (default 8-64)",
     )

@@ -67,7 +67,9 @@ def model_and_task(args):
     a bare preset's model without an experiment)."""
     check_model_source(args)
     model = load_source_model(args)
-    return model, task_of(model)
+    from looplab.checkpoint import experiment_task
+
+    return model, experiment_task(model)
 
 
 def check_model_source(args) -> None:
@@ -92,16 +94,6 @@ def load_source_model(args):
 
     overrides = {} if args.checkpoint else parse_overrides(args.overrides)  # a checkpoint fixes the model
     return load_model(args.checkpoint or args.preset, **overrides)
-
-
-def task_of(model):
-    """The task of the experiment the model's checkpoint records (None without one)."""
-    from looplab.config import ExperimentConfig
-    from looplab.tasks import make_task
-
-    experiment = model.metadata.get("experiment")
-    cfg = ExperimentConfig.from_dict(experiment) if experiment else None
-    return make_task(cfg.task, cfg.train.seq_len) if cfg is not None else None
 
 
 def check_destinations(args) -> None:
