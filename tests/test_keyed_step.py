@@ -93,3 +93,16 @@ def test_a_broken_stage_and_a_stale_trial_are_said_in_one_line():
         format_record(stale)
         == "[beta=0.1 seed=0] trial finished before, but pretrain-abc: checkpoint missing → run again"
     )
+
+
+def test_a_verdict_is_not_reused_once_the_files_are_replaced(tmp_path, stored):
+    """The sweep asks of a stage many times and the verdict is kept while the files stay
+    the same; weights replaced afterwards (a new file, as a copy or a save makes) are read
+    again and found damaged."""
+    cfg, checkpoint = stored
+    assert record_of(str(tmp_path), cfg).finished
+    data = bytearray((checkpoint / WEIGHTS).read_bytes())
+    data[-1] ^= 0xFF
+    (checkpoint / "replacement").write_bytes(bytes(data))
+    (checkpoint / "replacement").replace(checkpoint / WEIGHTS)
+    assert record_of(str(tmp_path), cfg).problem.startswith("checkpoint damaged: ")

@@ -22,12 +22,14 @@ Twins of a stage (two trials needing it at once) are kept apart by the stage loc
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 from looplab import tracking
-from looplab.checkpoint import CONFIG, TRAINER, WEIGHTS, WEIGHTS_DIGEST
 from looplab.errors import ConfigError
 from trainables.shared_stage import DONE, read_done, stored_json
 from trainables.storage import Storage
@@ -127,6 +129,10 @@ def record_of(storage_path: str, cfg) -> StageRecord:
 
 
 def _checkpoint_problem(storage: Storage, checkpoint: str, steps: int) -> str:
+    # looplab.checkpoint brings torch: imported here, so that the sweeps' --help and dry
+    # runs that import this module do not wait for it.
+    from looplab.checkpoint import CONFIG, TRAINER, WEIGHTS, WEIGHTS_DIGEST
+
     if not storage.exists(checkpoint):
         return "checkpoint missing"
     for name in (CONFIG, WEIGHTS, TRAINER):
@@ -142,13 +148,31 @@ def _checkpoint_problem(storage: Storage, checkpoint: str, steps: int) -> str:
         return f"checkpoint at step {step} of {steps}"
     if trainer.get(WEIGHTS_DIGEST) and trainer.get(WEIGHTS_DIGEST) != config.get(WEIGHTS_DIGEST):
         return f"checkpoint's {TRAINER} and {CONFIG} name different weights"
-    if not storage.remote:
-        from looplab.checkpoint import verify_checkpoint
+    return "" if storage.remote else _local_problem(checkpoint)
 
-        try:
-            verify_checkpoint(checkpoint, training=True)
-        except ConfigError as e:
-            return "checkpoint damaged: " + str(e).split(";")[0]
+
+def _local_problem(checkpoint: str) -> str:
+    """verify_checkpoint's verdict on a local checkpoint ("" when whole). One sweep asks
+    of each stage several times (the dry run, the schedule, each trial that uses it), and
+    the check reads every byte of the weights: a verdict stands while the checkpoint's
+    files keep their inode, size and modification time (a new checkpoint is a new
+    folder: checkpoint.save_training_state replaces it whole)."""
+    files = sorted(p for p in Path(checkpoint).iterdir() if p.is_file())
+    return _verified(checkpoint, tuple((p.name, *_identity(p.stat())) for p in files))
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int]:
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+@functools.lru_cache(maxsize=256)
+def _verified(checkpoint: str, files: tuple) -> str:
+    from looplab.checkpoint import verify_checkpoint
+
+    try:
+        verify_checkpoint(checkpoint, training=True)
+    except ConfigError as e:
+        return "checkpoint damaged: " + str(e).split(";")[0]
     return ""
 
 
