@@ -121,7 +121,7 @@ def stage_record(storage: Storage, directory: str, checkpoint: str, steps: int) 
 
 def record_of(storage_path: str, cfg) -> StageRecord:
     """stage_record of an ExperimentConfig's stage in the store at storage_path."""
-    from trainables.pipeline import checkpoint_of, stage_dir
+    from trainables.pipeline import checkpoint_of, stage_dir  # here: the pipeline brings torch
 
     return stage_record(
         Storage(storage_path), stage_dir(storage_path, cfg), checkpoint_of(storage_path, cfg), cfg.train.steps

@@ -7,27 +7,14 @@ import polars as pl
 
 from analysis.charts import bars_phrase, downstream_rows, frontier_chart
 from analysis.report.context import ReportContext, Section
-from analysis.report.frontier import flag_frontier
+from analysis.report.frontier import FRONTIER_LEAD, flag_frontier
 from analysis.report.render import render
 from looplab import tracking
 
-# downstream.csv's columns, those the rows have, in this order.
+# downstream.csv's columns, those the rows have, in this order: frontier.csv's lead but
+# the metric names (one quality, one compute here), the spread and the trial's hash.
 DOWNSTREAM_COLUMNS = [
-    "series",
-    "compute",
-    "quality",
-    "quality_ci_low",
-    "quality_ci_high",
-    "n_seeds",
-    "on_frontier",
-    "experiment",
-    "method",
-    "label",
-    "stage",
-    "policy",
-    "q",
-    "depth",
-    "point",
+    c for c in FRONTIER_LEAD if c not in ("compute_metric", "quality_metric", "quality_std", "trial_config_hash")
 ]
 
 
