@@ -11,12 +11,150 @@ library's command line (and so without reaching up into it).
     ints_at_least(n) comma-separated integers >= n
     given(allowed)  any text but an empty one, for flags where "" would quietly mean the
                     default or the current folder (an unset shell variable, usually)
+
+A command's options are a dataclass whose fields are declared with `flag(...)`: the
+field's name, type, default and help are written once, and `add_flags` makes them the
+command's flags (`--field-name`), `flags_of` the typed options from what was parsed.
+
+    @dataclass(frozen=True)
+    class Timing:
+        warmup: int = flag(2, "untimed runs first", type=at_least(0))
+        device: str = flag("auto", "cpu | cuda | auto")
+        json: str | None = flag(None, "write the records (a JSON list) here")
+
+    add_flags(parser, Timing)            # --warmup, --device, --json
+    timing = flags_of(Timing, parser.parse_args())
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
+import typing
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
+
+T = TypeVar("T")
+_FLAG = "looplab.flag"
+_SAME = object()  # a Flag's `unset`: the field's own default
+
+
+@dataclasses.dataclass(frozen=True)
+class Flag:
+    """How a dataclass field reads from the command line (see `flag`)."""
+
+    help: str = ""
+    type: Callable[[str], Any] | None = None
+    metavar: str | None = None
+    name: str | None = None
+    unset: Any = _SAME
+    repeat: bool = False
+    positional: bool = False
+
+
+def flag(
+    default: Any = dataclasses.MISSING,
+    help: str = "",
+    *,
+    type: Callable[[str], Any] | None = None,
+    metavar: str | None = None,
+    name: str | None = None,
+    unset: Any = _SAME,
+    repeat: bool = False,
+    positional: bool = False,
+) -> Any:
+    """A dataclass field that is also a command-line flag.
+
+    default     the field's default; none: the flag is required
+    help        what the flag does; " (default X)" is added unless the help says it
+    type        an argparse type parsing one value (by default: the field's type, a
+                Literal's choices, store_true for a bool)
+    name        the flag, when not --field-name
+    unset       what the command line gives when the flag is left out, when not the
+                field's default (None: its reader supplies one that depends on another flag)
+    repeat      the flag may be given several times; the field holds the list
+    positional  the field takes the command's remaining words (nargs="*")
+    """
+    how = Flag(help, type, metavar, name, unset, repeat, positional)
+    if repeat or positional:  # a list: one per instance
+        return dataclasses.field(default_factory=list, metadata={_FLAG: how})
+    return dataclasses.field(default=default, metadata={_FLAG: how})
+
+
+def add_flags(parser: argparse.ArgumentParser | Any, *options: type) -> None:
+    """Every `flag` field of each options dataclass as `parser`'s argument."""
+    for cls in options:
+        hints = typing.get_type_hints(cls)
+        for field in dataclasses.fields(cls):
+            how = field.metadata.get(_FLAG)
+            if how is not None:
+                _add(parser, field, how, hints[field.name])
+
+
+def _add(parser, field: dataclasses.Field, how: Flag, hint: Any) -> None:
+    if how.positional:
+        parser.add_argument(field.name, nargs="*", help=how.help)
+        return
+    kwargs: dict[str, Any] = {"dest": field.name}
+    default = field.default if how.unset is _SAME else how.unset
+    if how.repeat:
+        kwargs.update(action="append", default=[], type=how.type)
+    elif hint is bool:
+        kwargs.update(action="store_true", default=False)
+    elif field.default is dataclasses.MISSING:
+        kwargs.update(required=True, type=how.type)
+    else:
+        kwargs.update(default=default, type=how.type or _parser_of(hint))
+    choices = _choices(hint)
+    if choices and how.type is None and not how.repeat:
+        kwargs.update(type=one_of(*choices), metavar=how.metavar or "{" + ",".join(choices) + "}")
+    elif how.metavar:
+        kwargs["metavar"] = how.metavar
+    kwargs["help"] = _help(how, hint, default)
+    parser.add_argument(how.name or "--" + field.name.replace("_", "-"), **kwargs)
+
+
+def _choices(hint: Any) -> tuple[str, ...]:
+    """A Literal type's choices (also inside `Literal[...] | None`)."""
+    if typing.get_origin(hint) is Literal:
+        return tuple(str(c) for c in typing.get_args(hint))
+    for arm in typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, type(int | None)) else ():
+        if typing.get_origin(arm) is Literal:
+            return tuple(str(c) for c in typing.get_args(arm))
+    return ()
+
+
+def _parser_of(hint: Any) -> Callable[[str], Any] | None:
+    """The argparse type of a plain field type (int, float, str, and each `X | None`)."""
+    for kind in (int, float, str):
+        if hint is kind or kind in typing.get_args(hint):
+            return kind
+    return None
+
+
+def _help(how: Flag, hint: Any, default: Any) -> str | None:
+    """The flag's help with its default, unless it is a switch, a required flag, an unset
+    (None) one, or the help says it already: "(grid runs each point once; default 8)"."""
+    if hint is bool or default is None or default is dataclasses.MISSING or default == "" or "default" in how.help:
+        return how.help or None
+    shown = f"default {_shown(default)}"
+    if how.help.endswith(")"):
+        return f"{how.help[:-1]}; {shown})"
+    return f"{how.help} ({shown})" if how.help else shown
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, list | tuple):
+        return ",".join(str(v) for v in value)
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def flags_of(options: type[T], args: argparse.Namespace, **given: Any) -> T:
+    """The options dataclass from parsed arguments: each field from its flag, unless
+    `given` sets it (a value derived from several flags)."""
+    names = [f.name for f in dataclasses.fields(typing.cast(Any, options))]
+    return options(**({name: getattr(args, name) for name in names if name in vars(args)} | given))
 
 
 class Parser(argparse.ArgumentParser):

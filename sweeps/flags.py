@@ -13,9 +13,9 @@ import argparse
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Literal, NoReturn
 
-from looplab.arguments import Parser, given, number_in
+from looplab.arguments import Parser, add_flags, flag, flags_of, given, number_in
 from looplab.config import invalid, parse_value
 from looplab.costs.resources import DEFAULT_MEMORY_MARGIN_GIB, DEFAULT_MFU, DEFAULT_PEAK_TFLOPS
 from looplab.presets import PRESETS
@@ -59,65 +59,87 @@ class Common:
         return merged
 
 
+# The dry run's resource plan (--gpu-memory, looplab/costs/memory.py)
+GPU_MEMORY = (
+    "GiB per GPU: each stage trains with the largest micro-batch that fits (the memory model of "
+    "looplab/costs/memory.py), with activation checkpointing only if nothing fits without; a stage that "
+    "cannot fit is an error before Ray starts"
+)
+
+
 @dataclass(frozen=True)
 class Launch:
-    """How a sweep runs: search, seeds, resources, where results go."""
+    """How a sweep runs: search, seeds, resources, where results go. Each field is its
+    flag (looplab/arguments.py flag)."""
 
-    storage_path: str = "looplab-runs"
-    tracking_uri: str = ""
-    address: str = ""
-    resume: bool = False
-    max_concurrent_trials: int = 0
-    num_workers: int = 0
-    cpus_per_worker: float = 0.0
-    gpus_per_worker: float = 0.0
-    search: str = "grid"
-    num_samples: int = 8
-    scheduler: str = "none"
-    seeds: tuple[int, ...] = (0,)
-    dry_run: bool = False
-    doctor: bool = False  # with --dry-run: the quick health check on every GPU node (sweeps/nodes.py)
-    # The resource plan (looplab/costs/resources.py): device memory to fit (0: the configs'
-    # own micro-batching), and the utilisation and peak its GPU-hours assume.
-    gpu_memory: float = 0.0
-    memory_margin: float = DEFAULT_MEMORY_MARGIN_GIB  # GiB of the device the plan leaves to CUDA, NCCL, fragmentation
-    mfu: float = DEFAULT_MFU
-    gpu_tflops: float = DEFAULT_PEAK_TFLOPS
+    # Where it goes
+    storage_path: str = flag("looplab-runs", "stage checkpoints, Ray results, artifacts", type=given(STORAGE_PATHS))
+    tracking_uri: str = flag(
+        "", "MLflow URI (default sqlite:///STORAGE/mlflow.db)", type=given(TRACKING_URIS), unset=None
+    )
+    address: str = flag("", "Ray cluster address (default: start a local Ray)")
+    resume: bool = flag(
+        False,
+        "continue an interrupted sweep: the same as running the same command again (finished stages and "
+        "trials are found by content key; Tune's pickled state is never read)",
+    )
+    # What it runs on
+    max_concurrent_trials: int = flag(0, "default: what the CPUs/GPUs fit")
+    num_workers: int = flag(
+        0,
+        "Ray Train workers per stage; 0 (default): Ray Train's local mode, the stage trains in the trial's "
+        "own process (no worker group to start); K: K data-parallel worker actors",
+    )
+    cpus_per_worker: float = flag(
+        0.0, "CPUs per worker, > 0 (default: the CPUs left, shared evenly)", type=number_in(0.0, low_open=True)
+    )
+    gpus_per_worker: float = flag(0.0, "GPUs per worker", type=number_in(0.0))
+    # How it searches
+    search: Literal["grid", "optuna"] = flag("grid", "grid: every point once; optuna: --num-samples trials")
+    num_samples: int = flag(8, "Optuna trials (grid runs each point once)")
+    scheduler: Literal["none", "asha"] = flag("none", "asha: stop the worst trials early")
+    seeds: tuple[int, ...] = flag(
+        (0,),
+        "comma-separated training seeds, e.g. 0,1,2 (default: the preset's own, 3407 for the paper's language models)",
+        type=given(SEEDS),
+        unset=None,
+    )
+    # The dry run's plan: device memory to fit (0: the configs' own micro-batching), and the
+    # utilisation and peak its GPU-hours assume (looplab/costs/resources.py)
+    dry_run: bool = flag(False, "print trials, resources and compute; start no Ray")
+    doctor: bool = flag(
+        False,
+        "with --dry-run: run `looplab doctor --quick` on every GPU node of the cluster at --address (or on "
+        "this machine) and report each node; a failing node makes the exit status 1",
+    )
+    gpu_memory: float = flag(0.0, GPU_MEMORY, metavar="GB")
+    memory_margin: float = flag(
+        DEFAULT_MEMORY_MARGIN_GIB,
+        "with --gpu-memory: GiB of each device the plan leaves free for the CUDA context, NCCL's buffers "
+        "and fragmentation",
+        metavar="GB",
+    )
+    mfu: float = flag(DEFAULT_MFU, "model FLOP/s utilisation the plan's GPU-hours assume")
+    gpu_tflops: float = flag(DEFAULT_PEAK_TFLOPS, "a GPU's dense peak the plan's GPU-hours assume (H100 SXM bf16)")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "Launch":
-        return cls(
-            storage_path=args.storage_path,
-            tracking_uri=args.tracking_uri or "",
-            address=args.address,
-            resume=args.resume,
-            max_concurrent_trials=args.max_concurrent_trials,
-            num_workers=args.num_workers,
-            cpus_per_worker=args.cpus_per_worker,
-            gpus_per_worker=args.gpus_per_worker,
-            search=args.search,
-            num_samples=args.num_samples,
-            scheduler=args.scheduler,
-            seeds=tuple(seeds_of(args.seeds, args.preset)),
-            dry_run=args.dry_run,
-            doctor=args.doctor,
-            gpu_memory=args.gpu_memory,
-            memory_margin=args.memory_margin,
-            mfu=args.mfu,
-            gpu_tflops=args.gpu_tflops,
-        )
+        return flags_of(cls, args, tracking_uri=args.tracking_uri or "", seeds=tuple(seeds_of(args.seeds, args.preset)))
 
 
 def parser(description: str) -> argparse.ArgumentParser:
-    """Every sweep's command line: what to train, where it goes, what it runs on, how it
-    searches, and the dry run's plan. A sweep adds its own flags after these."""
+    """Every sweep's command line: what to train (the config flags below), then where it
+    goes, what it runs on, how it searches and the dry run's plan (Launch's fields). A
+    sweep adds its own flags after these."""
     p = Parser(description=description)
-    for add in (_config_flags, _store_flags, _resource_flags, _search_flags, _plan_flags):
-        add(p)
+    _config_flags(p)
+    add_flags(p, Launch)
     return p
 
 
 def _config_flags(p: argparse.ArgumentParser) -> None:
+    """What to train: text that folds into Common's typed overrides (--set and
+    --stage-set and --stage-steps into one dict each), so written by hand, not derived."""
     p.add_argument("--preset", default=DEFAULT_PRESET, help=f"base preset (default {DEFAULT_PRESET})")
     p.add_argument(
         "--set",
@@ -146,98 +168,6 @@ def _config_flags(p: argparse.ArgumentParser) -> None:
         help="compare initialisations: for each Hugging Face Mamba-2 / Llama checkpoint folder, "
         "pre-training from its weights (retrofit) beside its shape freshly initialised (scratch); "
         "train.init_layers picks the layers (looplab/retrofit.py)",
-    )
-    p.add_argument(
-        "--seeds",
-        type=given(SEEDS),
-        default=None,
-        help="comma-separated training seeds, e.g. 0,1,2 (default: the preset's own, 3407 for the "
-        "paper's language models)",
-    )
-
-
-def _store_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--tracking-uri",
-        type=given(TRACKING_URIS),
-        default=None,
-        help="MLflow URI (default sqlite:///STORAGE/mlflow.db)",
-    )
-    p.add_argument(
-        "--storage-path",
-        type=given(STORAGE_PATHS),
-        default="looplab-runs",
-        help="stage checkpoints, Ray results, artifacts",
-    )
-    p.add_argument("--address", default="", help="Ray cluster address (default: start a local Ray)")
-    p.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue an interrupted sweep: the same as running the same command again (finished "
-        "stages and trials are found by content key; Tune's pickled state is never read)",
-    )
-
-
-def _resource_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-concurrent-trials", type=int, default=0, help="default: what the CPUs/GPUs fit")
-    p.add_argument(
-        "--num-workers",
-        type=int,
-        default=0,
-        help="Ray Train workers per stage; 0 (default): Ray Train's local mode, the stage trains "
-        "in the trial's own process (no worker group to start); K: K data-parallel worker actors",
-    )
-    p.add_argument(
-        "--cpus-per-worker",
-        type=number_in(0.0, low_open=True),
-        default=0.0,
-        help="CPUs per worker, > 0 (default: the CPUs left, shared evenly)",
-    )
-    p.add_argument("--gpus-per-worker", type=number_in(0.0), default=0.0)
-
-
-def _search_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--search", choices=("grid", "optuna"), default="grid")
-    p.add_argument("--num-samples", type=int, default=8, help="Optuna trials (grid runs each point once)")
-    p.add_argument("--scheduler", choices=("none", "asha"), default="none")
-
-
-def _plan_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dry-run", action="store_true", help="print trials, resources and compute; start no Ray")
-    p.add_argument(
-        "--doctor",
-        action="store_true",
-        help="with --dry-run: run `looplab doctor --quick` on every GPU node of the cluster at --address "
-        "(or on this machine) and report each node; a failing node makes the exit status 1",
-    )
-    p.add_argument(
-        "--gpu-memory",
-        type=float,
-        default=0.0,
-        metavar="GB",
-        help="GiB per GPU: each stage trains with the largest micro-batch that fits (the memory model "
-        "of looplab/costs/memory.py), with activation checkpointing only if nothing fits without; "
-        "a stage that cannot fit is an error before Ray starts",
-    )
-    p.add_argument(
-        "--memory-margin",
-        type=float,
-        default=DEFAULT_MEMORY_MARGIN_GIB,
-        metavar="GB",
-        help="with --gpu-memory: GiB of each device the plan leaves free for the CUDA context, NCCL's "
-        f"buffers and fragmentation (default {DEFAULT_MEMORY_MARGIN_GIB:g})",
-    )
-    p.add_argument(
-        "--mfu",
-        type=float,
-        default=DEFAULT_MFU,
-        help=f"model FLOP/s utilisation the plan's GPU-hours assume (default {DEFAULT_MFU})",
-    )
-    p.add_argument(
-        "--gpu-tflops",
-        type=float,
-        default=DEFAULT_PEAK_TFLOPS,
-        help=f"a GPU's dense peak the plan's GPU-hours assume (default {DEFAULT_PEAK_TFLOPS:g}: H100 SXM bf16)",
     )
 
 

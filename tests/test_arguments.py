@@ -1,0 +1,89 @@
+"""The options dataclass as flags (looplab/arguments.py flag, add_flags, flags_of):
+each field's name, type, default and help, written once, is its flag; values are
+checked against what argparse would be told by hand."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Literal
+
+import pytest
+
+from looplab.arguments import Parser, add_flags, at_least, flag, flags_of
+
+
+@dataclass(frozen=True)
+class Options:
+    out: str = flag(help="where it goes")
+    steps: int = flag(5, "optimizer steps", type=at_least(1))
+    lr: float = flag(0.5, "learning rate (per step)")
+    mode: Literal["fast", "slow"] = flag("fast", "how to run")
+    dry_run: bool = flag(False, "plan only")
+    seeds: tuple[int, ...] = flag((0,), "the seeds", type=lambda t: tuple(int(x) for x in t.split(",")), unset=None)
+    tag: list[str] = flag(help="a tag", repeat=True)
+    words: list[str] = flag(help="the rest", positional=True)
+    not_a_flag: int = 7
+
+
+def parse(*argv: str) -> tuple[argparse.Namespace, Options]:
+    p = Parser(prog="t")
+    add_flags(p, Options)
+    args = p.parse_args(list(argv))
+    return args, flags_of(Options, args)
+
+
+def test_each_field_reads_from_its_flag_with_its_type():
+    _, o = parse(
+        "--out",
+        "x",
+        "--steps",
+        "3",
+        "--lr",
+        "0.25",
+        "--mode",
+        "slow",
+        "--dry-run",
+        "--seeds",
+        "1,2",
+        "--tag",
+        "a",
+        "--tag",
+        "b",
+        "w1",
+        "w2",
+    )
+    assert o == Options(
+        out="x", steps=3, lr=0.25, mode="slow", dry_run=True, seeds=(1, 2), tag=["a", "b"], words=["w1", "w2"]
+    )
+
+
+def test_left_out_flags_keep_the_field_defaults_or_their_unset():
+    args, o = parse("--out", "x")
+    assert (o.steps, o.lr, o.mode, o.dry_run, o.tag, o.words, o.not_a_flag) == (5, 0.5, "fast", False, [], [], 7)
+    assert args.seeds is None  # unset: the reader supplies the default
+    assert flags_of(Options, args, seeds=(3,)).seeds == (3,)
+
+
+def test_bad_values_are_one_line_naming_the_flag(capsys):
+    for argv, said in (
+        (["--out", "x", "--steps", "0"], "argument --steps: '0' is invalid; allowed: an integer >= 1"),
+        (["--out", "x", "--mode", "quick"], "argument --mode: 'quick' is invalid; allowed: fast | slow"),
+        ([], "the following arguments are required: --out"),
+    ):
+        with pytest.raises(SystemExit) as stop:
+            parse(*argv)
+        assert stop.value.code == 2
+        err = capsys.readouterr().err
+        assert said in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_help_says_each_default_once():
+    p = Parser(prog="t")
+    add_flags(p, Options)
+    text = " ".join(p.format_help().split())
+    assert "learning rate (per step; default 0.5)" in text
+    assert "optimizer steps (default 5)" in text
+    assert "{fast,slow}" in text and "how to run (default fast)" in text
+    assert "plan only (default" not in text  # a switch has no default to say
+    assert "--not-a-flag" not in text
