@@ -20,23 +20,7 @@ from looplab import tracking
 from looplab.policy import FULL
 
 # Columns that describe a configuration (equal across its seeds), carried through by default.
-DESCRIPTIVE = (
-    "experiment",
-    "method",
-    "label",
-    "model",
-    "pipeline",
-    "stage",
-    "is_final_stage",
-    "policy",
-    "q",
-    "depth",
-    "point",
-    "n_loops",
-    "preset",
-    "trial_config_hash",
-    tracking.CONFIG_HASH,
-)
+DESCRIPTIVE = (*names.POINT_NAME, "n_loops", "preset", "trial_config_hash", tracking.CONFIG_HASH)
 PER_SEED = ("params.train.seed", "params.search.seed")
 
 

@@ -59,6 +59,9 @@ IDENTITY = (
     "packing",
 )
 SPEED_SPREAD = ("tokens_per_s_full_min", "tokens_per_s_full_max", "tokens_per_s_skip_min", "tokens_per_s_skip_max")
+# Skip against full, and how much of the FLOP ratio that is: the last columns of both
+# kinds of speed run (prefill and arrivals)
+SPEEDUP = ("speedup", tracking.SPEEDUP_MIN, tracking.SPEEDUP_MAX, "loop_bound", tracking.FLOP_RATIO, "of_flop_ratio")
 SPEED = (
     tracking.EXECUTED_LOOPS,
     tracking.TIME_FULL,
@@ -66,15 +69,8 @@ SPEED = (
     tracking.TOKENS_PER_S_FULL,
     tracking.TOKENS_PER_S_SKIP,
     *SPEED_SPREAD,
-    "speedup",
-    tracking.SPEEDUP_MIN,
-    tracking.SPEEDUP_MAX,
-    "loop_bound",
-    tracking.FLOP_RATIO,
-    "of_flop_ratio",
+    *SPEEDUP,
 )
-# The arrivals runs' decode tokens/s, composed as trainables/bench.py logs it (the contract
-# has no single name for it yet).
 # One arrivals point: the experiment, the checkpoint (its stage key), the machine and
 # the served configuration; a point measured again keeps its newest run.
 ARRIVAL_POINT = (
@@ -96,12 +92,7 @@ ARRIVAL_SPEED = (
     tracking.DECODE_TOKENS_PER_S,
     tracking.DECODE_TOKENS_PER_S_MIN,
     tracking.DECODE_TOKENS_PER_S_MAX,
-    "speedup",
-    tracking.SPEEDUP_MIN,
-    tracking.SPEEDUP_MAX,
-    "loop_bound",
-    tracking.FLOP_RATIO,
-    "of_flop_ratio",
+    *SPEEDUP,
 )
 PPL_FULL = names.at_point(tracking.PPL, FULL)  # the stage's validation perplexity at full depth
 QUALITY = (PPL_FULL, tracking.PPL, names.SPEED_VALIDATION_LOOPS)

@@ -162,6 +162,8 @@ PHOP_EXAMPLES = 500  # phop-debug's held-out examples (task.eval_count): the exa
 MANO_EXAMPLES = 500  # mano-debug's
 
 _SAME_SEED = "both models of a seed train on the same batches in the same order and are scored on the same held-out set"
+_PAIRED_ACCURACY = f"paired by seed because {_SAME_SEED}; points of accuracy add"
+_PAIRED_PERPLEXITY = f"paired by seed because {_SAME_SEED}; a perplexity ratio is a difference of log perplexities"
 
 CLAIMS: dict[str, Claim] = {
     c.id: c
@@ -175,7 +177,7 @@ CLAIMS: dict[str, Claim] = {
             unit=" pt",
             test=PAIRED,
             examples=PHOP_EXAMPLES,
-            why=f"paired by seed because {_SAME_SEED}; points of accuracy add",
+            why=_PAIRED_ACCURACY,
         ),
         Claim(
             "C1-mano",
@@ -186,7 +188,7 @@ CLAIMS: dict[str, Claim] = {
             unit=" pt",
             test=PAIRED,
             examples=MANO_EXAMPLES,
-            why=f"paired by seed because {_SAME_SEED}; points of accuracy add",
+            why=_PAIRED_ACCURACY,
         ),
         Claim(
             "C1-LM",
@@ -197,7 +199,7 @@ CLAIMS: dict[str, Claim] = {
             unit=" %",
             scale=LOG,
             test=PAIRED,
-            why=f"paired by seed because {_SAME_SEED}; a perplexity ratio is a difference of log perplexities",
+            why=_PAIRED_PERPLEXITY,
         ),
         Claim(
             "C1-depth",
@@ -208,7 +210,7 @@ CLAIMS: dict[str, Claim] = {
             unit=" %",
             scale=LOG,
             test=PAIRED,
-            why=f"paired by seed because {_SAME_SEED}; a perplexity ratio is a difference of log perplexities",
+            why=_PAIRED_PERPLEXITY,
         ),
         Claim(
             "C2",

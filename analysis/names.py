@@ -40,6 +40,21 @@ from looplab.tracking import (
     PPL,
 )
 
+# The columns that name a point of a sweep, in the order every table leads with them
+# (analysis/points.py orders its columns so; analysis/aggregate.py carries them over seeds).
+POINT_NAME = (
+    "experiment",
+    "method",
+    "label",
+    "model",
+    "pipeline",
+    "stage",
+    "is_final_stage",
+    "policy",
+    "q",
+    "depth",
+    "point",
+)
 PARAM = "params."  # the prefix of a run's params as columns of the runs table (analysis/load.py)
 
 # The suite means over tasks analysis computes beside lm_eval_avg (the paper's Avg.):

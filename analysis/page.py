@@ -153,28 +153,20 @@ def _series_traces(spec: ChartSpec, s: Series, group: str) -> list[dict]:
             "hovertext": [_hover(spec, s, p) for p in pts],
             "hovertemplate": "%{hovertext}<extra></extra>",
         }
-        bars = [_error_bar(p.y, p.lo, p.hi) for p in pts]
-        if any(up is not None for up, _ in bars):  # null where a point has no interval: plotly.js draws no bar
-            trace["error_y"] = {
-                "type": "data",
-                "symmetric": False,
-                "color": s.color,
-                "thickness": 1,
-                "width": 3,
-                "array": [up for up, _ in bars],
-                "arrayminus": [down for _, down in bars],
-            }
-        bars_x = [_error_bar(p.x, p.x_lo, p.x_hi) for p in pts]
-        if any(up is not None for up, _ in bars_x):
-            trace["error_x"] = {
-                "type": "data",
-                "symmetric": False,
-                "color": s.color,
-                "thickness": 1,
-                "width": 3,
-                "array": [up for up, _ in bars_x],
-                "arrayminus": [down for _, down in bars_x],
-            }
+        for axis, bars in (
+            ("error_y", [_error_bar(p.y, p.lo, p.hi) for p in pts]),
+            ("error_x", [_error_bar(p.x, p.x_lo, p.x_hi) for p in pts]),
+        ):
+            if any(up is not None for up, _ in bars):  # null where a point has no interval: plotly.js draws no bar
+                trace[axis] = {
+                    "type": "data",
+                    "symmetric": False,
+                    "color": s.color,
+                    "thickness": 1,
+                    "width": 3,
+                    "array": [up for up, _ in bars],
+                    "arrayminus": [down for _, down in bars],
+                }
         traces.append(trace)
     return traces
 

@@ -406,22 +406,7 @@ def _training_end(table: pl.DataFrame, metrics: pl.DataFrame) -> pl.DataFrame:
 
 
 def _order(table: pl.DataFrame) -> pl.DataFrame:
-    lead = [
-        "experiment",
-        "method",
-        "label",
-        "model",
-        "pipeline",
-        "stage",
-        "is_final_stage",
-        "policy",
-        "q",
-        "depth",
-        "point",
-        "seed",
-        *QUANTITIES,
-        *BEST_COLUMNS,
-    ]
+    lead = [*names.POINT_NAME, "seed", *QUANTITIES, *BEST_COLUMNS]
     lead += names.task_columns(table.columns)
     lead += [tracking.LM_EVAL_AVG, *names.SUITE_MEANS]
     for family in tracking.LM_EVAL_FAMILIES:

@@ -185,9 +185,16 @@ def execute(  # noqa: PLR0913 - the one forward's optional inputs and hooks, key
     return out
 
 
-def _gate(model, h: torch.Tensor, gate_grad: bool) -> torch.Tensor:
+def _gate(model, h: torch.Tensor, exits: _Exits, gate_grad: bool, gates: list | None) -> torch.Tensor | None:
+    """The gate's logits at h where the exit rule reads them or `gates` (kept steps)
+    collects them; None where neither wants them (no gate computed)."""
+    if not (exits.needs_gate or gates is not None):
+        return None
     with torch.set_grad_enabled(gate_grad and torch.is_grad_enabled()):
-        return model.exit_logit(h)
+        a = model.exit_logit(h)
+    if gates is not None:
+        gates.append(a)
+    return a
 
 
 def _dense(model, h, positions, mask, exits: _Exits, keep_steps, gate_grad, cache) -> Execution:
@@ -196,7 +203,8 @@ def _dense(model, h, positions, mask, exits: _Exits, keep_steps, gate_grad, cach
     readout policy as skip; only the deeper steps of exited tokens differ)."""
     R = model.cfg.n_loops
     bsz, seqlen = h.shape[:2]
-    steps, gates = [], []
+    steps: list[torch.Tensor] = []
+    gates: list[torch.Tensor] = []
     exit_step = torch.full((bsz, seqlen), R, dtype=torch.long, device=h.device)
     readout = h
     for r in range(1, R + 1):
@@ -204,9 +212,7 @@ def _dense(model, h, positions, mask, exits: _Exits, keep_steps, gate_grad, cach
         if keep_steps:
             steps.append(h)
         if r < R:
-            a = _gate(model, h, gate_grad) if (exits.needs_gate or keep_steps) else None
-            if a is not None and keep_steps:
-                gates.append(a)
+            a = _gate(model, h, exits, gate_grad, gates if keep_steps else None)
             undecided = exit_step == R  # a token's first step reaching its exit is its exit
             exit_step = torch.where(exits.reached(r, a, h) & undecided, r, exit_step)
         readout = torch.where((exit_step == r).unsqueeze(-1), h, readout)
@@ -227,7 +233,9 @@ def _packed(model, h, positions, mask, exits: _Exits, keep_steps, gate_grad, on_
     bsz, seqlen = h.shape[:2]
     active = torch.ones(bsz, seqlen, dtype=torch.bool, device=h.device)
     exit_step = torch.full((bsz, seqlen), R, dtype=torch.long, device=h.device)
-    steps, gates, flops = [], [], 0
+    steps: list[torch.Tensor] = []
+    gates: list[torch.Tensor] = []
+    flops = 0
     # A cache stores the real survivors of each row: in every layout they come first in
     # the row's packed order (right padding), followed by padding tokens and pads.
     view = (lambda r, layout: cache.at(r, layout)) if cache is not None else (lambda r, layout: None)
@@ -255,9 +263,7 @@ def _packed(model, h, positions, mask, exits: _Exits, keep_steps, gate_grad, on_
         if keep_steps:
             steps.append(h)
         if r < R:
-            a = _gate(model, h, gate_grad) if (exits.needs_gate or keep_steps) else None
-            if a is not None and keep_steps:
-                gates.append(a)
+            a = _gate(model, h, exits, gate_grad, gates if keep_steps else None)
             leaving = active & exits.reached(r, a, h)
             exit_step = torch.where(leaving, r, exit_step)
             active = active & ~leaving
