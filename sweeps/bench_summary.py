@@ -48,7 +48,6 @@ def is_arrivals(record: dict) -> bool:
 def summary_rows(records: list[dict]) -> list[list[str]]:
     rows = []
     for r in records:
-        bound = r.get(tracking.FLOP_RATIO)
         rows.append(
             [
                 r["checkpoint"],
@@ -59,12 +58,20 @@ def summary_rows(records: list[dict]) -> list[list[str]]:
                 f"{r[tracking.MEAN_LOOPS]:.2f}",
                 f"{r[tracking.SPEEDUP]:.2f}x",
                 f"{r[tracking.LOOP_BOUND]:.2f}x",
-                f"{bound:.2f}x" if bound else "?",
-                f"{r[tracking.SPEEDUP] / bound:.0%}" if bound else "?",
-                "yes" if r["reused"] else "no",
+                *_against_flops(r, r[tracking.SPEEDUP]),
             ]
         )
     return rows
+
+
+def _against_flops(r: dict, speedup: float) -> list[str]:
+    """The row's last cells: the FLOP ratio, the share of it the speed-up realises, reused."""
+    bound = r.get(tracking.FLOP_RATIO)
+    return [
+        f"{bound:.2f}x" if bound else "?",
+        f"{speedup / bound:.0%}" if bound else "?",
+        "yes" if r["reused"] else "no",
+    ]
 
 
 def arrivals_rows(records: list[dict]) -> list[list[str]]:
@@ -72,7 +79,7 @@ def arrivals_rows(records: list[dict]) -> list[list[str]]:
 
     rows = []
     for r in records:
-        bound, speedup = r.get(tracking.FLOP_RATIO), r.get(tracking.SPEEDUP)
+        speedup = r[tracking.SPEEDUP]
         rows.append(
             [
                 r["checkpoint"],
@@ -84,9 +91,7 @@ def arrivals_rows(records: list[dict]) -> list[list[str]]:
                 f"{r[tracking.TOKENS_PER_S]:.0f}",
                 f"{r[DECODE_TOKENS_PER_S]:.0f}",
                 f"{speedup:.2f}x",
-                f"{bound:.2f}x" if bound else "?",
-                f"{speedup / bound:.0%}" if bound else "?",
-                "yes" if r["reused"] else "no",
+                *_against_flops(r, speedup),
             ]
         )
     return rows
