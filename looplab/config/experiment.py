@@ -55,7 +55,7 @@ class ExperimentConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=PhopConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
-    stage: str = DEFAULT_STAGE
+    stage: str = DEFAULT_STAGE  # the stage it trains (looplab/stages.py): pretrain, stage1, chase, ...; train's --stage
     parent: ParentRef | None = None  # None: a fresh initialisation (pre-training)
     exit: ExitConfig = field(default_factory=ExitConfig)
     hole: HoleConfig = field(default_factory=HoleConfig)

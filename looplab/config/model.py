@@ -28,32 +28,32 @@ MODEL_BOUNDS = {
 class ModelConfig:
     """A looped language model N⊗R: one N-layer backbone applied n_loops times."""
 
-    arch: str = keyed("mamba2")
-    vocab_size: int = keyed(64)
-    d_model: int = keyed(256)
+    arch: str = keyed("mamba2")  # mamba2 | transformer (LLaMA layers) | hybrid (Mamba-2, attention at attn_layer_idx)
+    vocab_size: int = keyed(64)  # ids of embedding and head: at least the task's vocabulary (followed unless set)
+    d_model: int = keyed(256)  # width of the residual stream
     n_layers: int = keyed(2)  # N: independently parameterised layers
     n_loops: int = keyed(4)  # R: applications of the shared backbone
     # Two residual mixer blocks per Mamba-2 layer: the paper's proxy for the
     # attention+MLP pair of a Transformer layer (Mano / p-hop models).
     mixers_per_layer: int = keyed(1)
     # Mamba-2 mixer (names as in mamba_ssm.modules.mamba2.Mamba2).
-    d_state: int = keyed(64)
-    d_conv: int = keyed(4)
-    expand: int = keyed(2)
-    headdim: int = keyed(64)
-    ngroups: int = keyed(1)
-    chunk_size: int = keyed(64)
+    d_state: int = keyed(64)  # SSM state size
+    d_conv: int = keyed(4)  # width of the causal depthwise convolution before the scan
+    expand: int = keyed(2)  # the mixer's inner width, as a multiple of d_model
+    headdim: int = keyed(64)  # channels per SSM head: expand*d_model/headdim heads
+    ngroups: int = keyed(1)  # groups of SSM heads sharing B and C (a divisor of the number of heads)
+    chunk_size: int = keyed(64)  # chunk length of the chunked (SSD) scan
     # Attention layers (transformer, hybrid).
-    attn_head_dim: int = keyed(64)
-    rope_dim: int = keyed(64)
-    rope_theta: float = keyed(10000.0)
+    attn_head_dim: int = keyed(64)  # channels per attention head: d_model/attn_head_dim heads
+    rope_dim: int = keyed(64)  # channels of each head RoPE rotates (even, <= attn_head_dim); the rest pass through
+    rope_theta: float = keyed(10000.0)  # RoPE's base
     # Gated-MLP width of a transformer layer; 0 means "no MLP". None resolves to
     # the LLaMA default (8/3 d rounded up to a multiple of 64) for transformers
     # and to 0 for Mamba-2 and hybrid stacks, which have no external MLP.
     d_intermediate: int | None = keyed(None)
     attn_layer_idx: tuple[int, ...] = keyed(())  # hybrid only, 0-based
-    norm_eps: float = keyed(1e-5)
-    init_std: float = keyed(0.02)
+    norm_eps: float = keyed(1e-5)  # epsilon of the RMSNorms
+    init_std: float = keyed(0.02)  # std of the normal initialisation; residual writes scaled down with depth (GPT-2)
 
     def __post_init__(self) -> None:
         self._check_sizes()

@@ -22,20 +22,20 @@ class TrainConfig:
     """One training run: AdamW, linear warmup then cosine decay to a floor."""
 
     # The recipe: these can change the result, so they enter the run's key.
-    steps: int = keyed(200)
+    steps: int = keyed(200)  # optimizer steps of this stage
     batch_size: int = keyed(16)  # global batch (sequences per optimizer step)
     seq_len: int = keyed(128)  # context length of a training sequence (packed tasks)
-    lr: float = keyed(1e-3)
+    lr: float = keyed(1e-3)  # peak learning rate, reached at the end of the warmup (at most MAX_LR = 1)
     min_lr_ratio: float = keyed(0.1)  # cosine floor, as a fraction of lr
-    warmup_steps: int = keyed(20)
-    weight_decay: float = keyed(0.1)
-    beta1: float = keyed(0.9)
-    beta2: float = keyed(0.95)
-    adam_eps: float = keyed(1e-8)
+    warmup_steps: int = keyed(20)  # steps of linear warmup to lr, before the cosine decay
+    weight_decay: float = keyed(0.1)  # AdamW's decoupled weight decay, on matrices only
+    beta1: float = keyed(0.9)  # AdamW's first-moment decay
+    beta2: float = keyed(0.95)  # AdamW's second-moment decay
+    adam_eps: float = keyed(1e-8)  # AdamW's epsilon (at least float32's smallest normal number)
     grad_clip: float = keyed(1.0)  # max global grad norm; 0 disables clipping
     precision: str = keyed("auto")  # auto: bf16 autocast on CUDA, fp32 on CPU
     eval_limit: int = keyed(0)  # evaluate on the first K eval samples; 0 = all (changes the logged result)
-    seed: int = keyed(0)
+    seed: int = keyed(0)  # seeds the initialisation, the training stream and the cache holes
     # Where a pre-training run's weights start (looplab/retrofit.py): "" a
     # fresh initialisation, "hf:PATH" a Hugging Face Mamba2ForCausalLM or
     # LlamaForCausalLM folder (its embeddings, head and N of its layers as the shared
@@ -45,7 +45,7 @@ class TrainConfig:
     # first N, "even" evenly spaced (first and last included), or "0,5". Added after keys
     # were stored: at their defaults neither enters a key (fields.keyed's added).
     init_from: str = keyed("", added=True)
-    init_layers: str = keyed("", added=True)
+    init_layers: str = keyed("", added=True)  # the N layers of init_from's checkpoint: "" the first N, "even", or "0,5"
     # Where in the seed's training stream this run's first batch lies, in samples
     # (sequences) from the stream's start. A continued stage continues its parent's
     # stream (presets.stage_config sets it from ParentRef.data_end, not a person): each
@@ -55,14 +55,14 @@ class TrainConfig:
     data_start: int = keyed(0, added=True)
     # How the run is carried out and watched: never in a key.
     eval_every: int = 100  # 0: evaluate only at the end
-    eval_batch_size: int = 64
+    eval_batch_size: int = 64  # samples per evaluation forward (memory, not the result)
     # The thresholds q a gated stage evaluates dense and skip at (the paper's grid by
     # default); a finer grid traces the compute–quality curves the claims interpolate.
     eval_qs: tuple[float, ...] = DEFAULT_QS
-    log_every: int = 10
+    log_every: int = 10  # steps between progress lines (and metrics records)
     ckpt_every: int = 0  # 0: no step cadence (ckpt_minutes still applies)
     ckpt_minutes: float = 5.0  # also checkpoint after this much wall clock; 0: off
-    device: str = "auto"
+    device: str = "auto"  # auto (CUDA when there is one) | cpu | cuda
     # Memory, not maths: a step's gradient is the same (to float rounding) either way.
     micro_batch_size: int = 0  # rows per forward/backward, gradients accumulated; 0: a rank's whole share
     activation_checkpointing: bool = False  # keep each loop's input only, recompute the loop in backward
@@ -207,15 +207,15 @@ class HoleConfig:
       stochastic rounding (floor + Bernoulli(fraction)) keeps E[step] = depth.
     """
 
-    sampler: str = keyed("depth")
-    rho: float = keyed(1.0)
-    hp: float = keyed(0.5)
-    lo: float = keyed(1.85)
-    hi: float = keyed(3.45)
-    bins: int = keyed(8)
-    rounding: str = keyed("stochastic")
-    q_low: float = keyed(0.2)
-    q_high: float = keyed(0.8)
+    sampler: str = keyed("depth")  # depth (App. D, the paper's runs) | threshold (§3), as the docstring above says
+    rho: float = keyed(1.0)  # probability that a minibatch takes the cache-hole branch
+    hp: float = keyed(0.5)  # depth sampler: the fraction of positions holed
+    lo: float = keyed(1.85)  # depth sampler: the smallest target depth (>= 1)
+    hi: float = keyed(3.45)  # depth sampler: the largest target depth (<= R, model.n_loops)
+    bins: int = keyed(8)  # depth sampler: how many evenly spaced target depths span [lo, hi]
+    rounding: str = keyed("stochastic")  # depth sampler: a depth to an exit step: stochastic | nearest | floor | ceil
+    q_low: float = keyed(0.2)  # threshold sampler: the lowest threshold q drawn for a minibatch
+    q_high: float = keyed(0.8)  # threshold sampler: the highest threshold q drawn for a minibatch
 
     def __post_init__(self) -> None:
         check_choice(self, "sampler", ("depth", "threshold"))

@@ -67,12 +67,12 @@ def vocab_size(alphabet: int, p: int) -> int:
 class PhopConfig:
     """p-hop induction (App. C): alphabet a, sequence length n, p hops."""
 
-    kind: str = keyed("phop")
-    n: int = keyed(256)
-    p: int = keyed(16)
-    alphabet: int = keyed(4)
-    eval_count: int = keyed(10_000)
-    eval_seed: int = keyed(20_232)
+    kind: str = keyed("phop")  # mano | phop | text: setting task.kind resets the task to that kind's defaults
+    n: int = keyed(256)  # sequence length (a sample is n + 4 tokens)
+    p: int = keyed(16)  # hops from the last position to the answer (at most n - 2)
+    alphabet: int = keyed(4)  # how many tokens the sequence is drawn from
+    eval_count: int = keyed(10_000)  # samples in the fixed evaluation set
+    eval_seed: int = keyed(20_232)  # seed of the evaluation set (apart from the training stream's)
 
     def __post_init__(self) -> None:
         check_choice(self, "kind", ("phop",))

@@ -79,9 +79,9 @@ class TextConfig:
     streaming: auto = stream hub datasets, hold embedded and local files in memory.
     """
 
-    kind: str = keyed("text")
+    kind: str = keyed("text")  # mano | phop | text: setting task.kind resets the task to that kind's defaults
     tokenizer: str = keyed("mistral")  # mistral | bytes | a HuggingFace tokenizer name or path
-    dataset: str = keyed("embedded")
+    dataset: str = keyed("embedded")  # embedded | local files | climbmix | a hub dataset name (the docstring above)
     dataset_config: str = keyed("")  # hub dataset configuration (subset) name, "" for none
     split: str = keyed("train")  # hub split the documents come from
     text_field: str = keyed("text")  # the column holding a document (jsonl, parquet, hub)
