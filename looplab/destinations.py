@@ -17,6 +17,7 @@ refused (it would mean the current folder).
                                 only where MLflow still opens folder stores (MLFLOW_ALLOW_FILE_STORE)
     existing_store(flag, uri)   an MLflow store to read (and with write=True, to write), which
                                 must exist already
+    intact_sqlite(flag, v, path) an existing SQLite store passes PRAGMA quick_check
     device(flag, name)          auto | cpu | cuda | cuda:N (a CUDA device must exist)
 """
 
@@ -141,6 +142,8 @@ def _sqlite_file(flag: str, uri: str) -> Path:
     path = uri[len("sqlite:///") :].split("?", 1)[0] if uri.startswith("sqlite:///") else ""
     if not path.strip():
         raise invalid(flag, uri, "sqlite:///PATH (three slashes, then the database file)")
+    if path == ":memory:" or path.startswith("file::memory:"):  # every record would go with the process
+        raise invalid(flag, uri, "sqlite:///PATH, a database file (one in memory keeps no record past this process)")
     return Path(path).expanduser()
 
 
@@ -154,6 +157,29 @@ def _sqlite_store(flag: str, uri: str) -> None:
             head = f.read(len(SQLITE_HEADER))
         if head and head != SQLITE_HEADER:
             raise invalid(flag, uri, "an SQLite database file (this file is not one), or a new path")
+        if head:
+            intact_sqlite(flag, uri, path)
+
+
+def intact_sqlite(flag: str, uri: str, path: Path) -> None:
+    """An existing SQLite store passes SQLite's own `PRAGMA quick_check` (a truncated or
+    page-damaged file does not), so no sweep trains on past a store that loses its runs."""
+    import sqlite3
+
+    try:
+        with sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True) as db:
+            verdict = [row[0] for row in db.execute("PRAGMA quick_check")]
+        db.close()
+    except sqlite3.Error as e:
+        verdict = [str(e)]
+    if verdict != ["ok"]:
+        first = str(verdict[-1]).strip().splitlines()[0][:120]  # SQLite's summary line comes last
+        raise invalid(
+            flag,
+            uri,
+            f"an undamaged SQLite store (PRAGMA quick_check on {path}: {first}); restore the file from a "
+            "backup, or start a fresh store (another --storage-path or --tracking-uri)",
+        )
 
 
 def folder_stores_allowed() -> bool:
@@ -237,6 +263,8 @@ def existing_store(flag: str, uri: str, write: bool = False) -> None:
             raise invalid(flag, uri, f"an existing MLflow store ({_reason(e)})") from None
         if not found:
             raise invalid(flag, uri, "an existing MLflow store (sqlite:///STORAGE/mlflow.db of the sweep)")
+        if scheme == "sqlite":
+            intact_sqlite(flag, uri, path.expanduser())
         if write:
             tracking_uri(flag, uri)
     else:

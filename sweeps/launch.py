@@ -186,8 +186,14 @@ def check_tracking_uri(uri: str, storage_path: str) -> None:
             uri,
             "an MLflow server (http://HOST:PORT) or sqlite:///PATH when --storage-path is an object store",
         )
-    if uri:  # else the default, sqlite:///STORAGE/mlflow.db: the storage's check writes its folder
+    if uri:
         destinations.tracking_uri("--tracking-uri", uri)
+        return
+    # The default, sqlite:///STORAGE/mlflow.db: the storage's check writes its folder; a
+    # database already there must be whole
+    default = Path(storage_path).expanduser() / "mlflow.db"
+    if not Storage(storage_path).remote and default.is_file():
+        destinations.intact_sqlite("--storage-path", storage_path, default)
 
 
 # ---- the run ---------------------------------------------------------------------------
