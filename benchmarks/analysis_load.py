@@ -23,7 +23,6 @@ the β-diagnostic histories, and build_report end to end (CSVs, PNGs, HTML).
 
 from __future__ import annotations
 
-import argparse
 import math
 import random
 import sqlite3
@@ -32,9 +31,11 @@ import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from looplab import tracking
+from looplab.arguments import Parser, add_flags, at_least, flag, flags_of
 from looplab.policy import ExitPolicy
 from looplab.presets import get_preset, stage_config
 from looplab.stages import STAGE_NAMES
@@ -316,14 +317,21 @@ def timed(fn, repeat: int):
     return statistics.median(times), result
 
 
+@dataclass(frozen=True)
+class Options:
+    """The benchmark's flags (looplab/arguments.py flag)."""
+
+    runs: int = flag(5000, "runs to write", type=at_least(1))
+    store: str | None = flag(None, "store folder (default: a temporary folder)")
+    repeat: int = flag(3, "timings are the median of this many runs", type=at_least(1))
+    client: bool = flag(False, "also time load_runs through MlflowClient (slow)")
+    reuse: bool = flag(False, "time the store already in --store instead of writing one")
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--runs", type=int, default=5000, help="runs to write (default 5000)")
-    p.add_argument("--store", default=None, help="store folder (default: a temporary folder)")
-    p.add_argument("--repeat", type=int, default=3, help="timings are the median of this many runs (default 3)")
-    p.add_argument("--client", action="store_true", help="also time load_runs through MlflowClient (slow)")
-    p.add_argument("--reuse", action="store_true", help="time the store already in --store instead of writing one")
-    args = p.parse_args(argv)
+    p = Parser(description=__doc__.splitlines()[0])
+    add_flags(p, Options)
+    opts = flags_of(Options, p.parse_args(argv))
 
     import polars as pl
 
@@ -336,24 +344,24 @@ def main(argv=None) -> int:
     from analysis.tables import all_tables
 
     with tempfile.TemporaryDirectory(prefix="looplab-bench-") as tmp:
-        store = Path(args.store) if args.store else Path(tmp)
-        if args.reuse and (store / "mlflow.db").is_file():
+        store = Path(opts.store) if opts.store else Path(tmp)
+        if opts.reuse and (store / "mlflow.db").is_file():
             uri = f"sqlite:///{store / 'mlflow.db'}"
             n = len(load_runs(uri, [EXPERIMENT]).runs)
             print(f"store: {store / 'mlflow.db'} (reused)\n")
         else:
             start = time.perf_counter()
-            uri, n = build_store(store, args.runs)
+            uri, n = build_store(store, opts.runs)
             print(f"wrote the store in {time.perf_counter() - start:.1f} s (not part of the timings)\n")
 
         rows = []
-        t_load, runs = timed(lambda: load_runs(uri, [EXPERIMENT]), args.repeat)
+        t_load, runs = timed(lambda: load_runs(uri, [EXPERIMENT]), opts.repeat)
         shape = f"{runs.runs.height:,} runs × {runs.runs.width} columns, {runs.metrics.height:,} metric summaries"
         rows.append(("load_runs (SQL: runs, tags, params, latest, extrema)", t_load, shape))
-        t_points, points = timed(lambda: evaluation_points(runs), args.repeat)
+        t_points, points = timed(lambda: evaluation_points(runs), opts.repeat)
         rows.append(("evaluation_points", t_points, f"{points.height:,} points"))
         values = [v for v in BASE_VALUES if v in points.columns]
-        t_agg, agg = timed(lambda: aggregate_seeds(points, values), args.repeat)
+        t_agg, agg = timed(lambda: aggregate_seeds(points, values), opts.repeat)
         rows.append(("aggregate_seeds (mean, std, t-interval)", t_agg, f"{agg.height:,} configuration points"))
 
         def frontiers():
@@ -370,7 +378,7 @@ def main(argv=None) -> int:
             ]
             return flagged, areas
 
-        t_front, (flagged, areas) = timed(frontiers, args.repeat)
+        t_front, (flagged, areas) = timed(frontiers, opts.repeat)
         rows.append(
             (
                 "frontiers per series + pairwise areas",
@@ -378,20 +386,20 @@ def main(argv=None) -> int:
                 f"{int(flagged['on_frontier'].sum())} frontier points, {len(areas)} areas",
             )
         )
-        t_tables, (tables, _) = timed(lambda: all_tables(agg), args.repeat)
+        t_tables, (tables, _) = timed(lambda: all_tables(agg), opts.repeat)
         rows.append(("tables (Markdown + CSV data)", t_tables, f"{len(tables)} tables"))
-        t_hist, hist = timed(lambda: runs.histories(list(names.BETA_DIAGNOSTICS)), args.repeat)
+        t_hist, hist = timed(lambda: runs.histories(list(names.BETA_DIAGNOSTICS)), opts.repeat)
         rows.append(("β-diagnostic histories", t_hist, f"{hist.height:,} values"))
         analysis_total = t_load + t_points + t_agg + t_front + t_tables + t_hist
         rows.append(("= loading + analysis", analysis_total, ""))
         out = store / "report"
         t_report, paths = timed(lambda: build_report(uri, [EXPERIMENT], out, log_artifacts=False), 1)
         rows.append(("build_report end to end (+ CSVs, 4 PNGs, HTML)", t_report, f"{len(paths)} files"))
-        if args.client:
+        if opts.client:
             t_client, crs = timed(lambda: load_runs(uri, [EXPERIMENT], backend="client"), 1)
             rows.append(("load_runs via MlflowClient (fallback)", t_client, f"{crs.runs.height:,} runs"))
 
-        print(f"{n:,} runs, median of {args.repeat}:")
+        print(f"{n:,} runs, median of {opts.repeat}:")
         width = max(len(r[0]) for r in rows)
         for name, seconds, what in rows:
             print(f"  {name.ljust(width)}  {seconds:7.2f} s  {what}")

@@ -13,13 +13,16 @@ checkpoint task's held-out text, with no stop strings, so each row generates up 
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 
 import torch
+
+from looplab.arguments import Parser, add_flags, at_least, flag, flags_of
+from looplab.cli.shared_flags import policy_type
 
 
 def uncached_generate_batch(lm, batch) -> list[str]:
@@ -77,21 +80,33 @@ def trained_checkpoint(steps: int, out: str) -> str:
     return str(train(cfg, out, quiet=True).out_dir / "checkpoint")
 
 
+def policy_spec(text: str) -> str:
+    """An argparse type: an exit policy's text, checked (looplab/cli/shared_flags.py policy_type)."""
+    return policy_type(text).spec
+
+
+@dataclass(frozen=True)
+class Options:
+    """The benchmark's flags (looplab/arguments.py flag)."""
+
+    checkpoint: str = flag("", "a trained checkpoint (default: train `debug` briefly)")
+    train_steps: int = flag(100, "steps of that brief training", type=at_least(1))
+    prompt_len: int = flag(512, "tokens of each request's context", type=at_least(1))
+    new_tokens: int = flag(64, "tokens each request generates at most", type=at_least(1))
+    requests: int = flag(8, "requests", type=at_least(1))
+    batch_size: int = flag(8, "the adapter's batch size", type=at_least(1))
+    policy: str = flag("full", "exit policy, e.g. skip:0.4", type=policy_spec)
+    repeats: int = flag(3, "timed runs of each path, after one warm-up", type=at_least(1))
+    threads: int = flag(0, "torch threads (0: torch's default)", type=at_least(0))
+    json: str = flag("", "also write the record here")
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--checkpoint", default="", help="a trained checkpoint (default: train `debug` briefly)")
-    parser.add_argument("--train-steps", type=int, default=100)
-    parser.add_argument("--prompt-len", type=int, default=512)
-    parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--requests", type=int, default=8)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--policy", default="full")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    parser.add_argument("--json", default="")
-    args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    parser = Parser(description=__doc__.splitlines()[0])
+    add_flags(parser, Options)
+    opts = flags_of(Options, parser.parse_args(argv))
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
 
     import os
 
@@ -105,23 +120,23 @@ def main(argv=None) -> int:
     from looplab.tasks.base import heldout_ids
 
     with tempfile.TemporaryDirectory() as tmp:
-        checkpoint = args.checkpoint or trained_checkpoint(args.train_steps, tmp)
+        checkpoint = opts.checkpoint or trained_checkpoint(opts.train_steps, tmp)
         lm = LoopLabLM(
             checkpoint=checkpoint,
-            policy=args.policy,
-            batch_size=args.batch_size,
+            policy=opts.policy,
+            batch_size=opts.batch_size,
             device="cpu",
-            max_length=args.prompt_len + args.new_tokens + 1,
+            max_length=opts.prompt_len + opts.new_tokens + 1,
         )
     experiment = lm.model.metadata.get("experiment")
-    task = make_task(ExperimentConfig.from_dict(experiment).task, args.prompt_len) if experiment else None
-    ids = heldout_ids(lm.model, task, args.requests, 4 * args.prompt_len)
+    task = make_task(ExperimentConfig.from_dict(experiment).task, opts.prompt_len) if experiment else None
+    ids = heldout_ids(lm.model, task, opts.requests, 4 * opts.prompt_len)
     contexts = []
     for row in ids.tolist():  # text that encodes to at least prompt_len tokens, cut to exactly that
-        tokens = lm.tok_encode(lm.tok_decode(row), add_special_tokens=False)[: args.prompt_len - 1]
+        tokens = lm.tok_encode(lm.tok_decode(row), add_special_tokens=False)[: opts.prompt_len - 1]
         contexts.append(lm.tok_decode(tokens))
     requests = [
-        Instance("generate_until", doc={}, arguments=(c, {"until": [], "max_gen_toks": args.new_tokens}), idx=i)
+        Instance("generate_until", doc={}, arguments=(c, {"until": [], "max_gen_toks": opts.new_tokens}), idx=i)
         for i, c in enumerate(contexts)
     ]
 
@@ -132,7 +147,7 @@ def main(argv=None) -> int:
     outputs = {name: fn() for name, fn in runs.items()}  # warm-up, and the outputs to compare
     same = outputs["cached"] == outputs["uncached"]
     times: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(args.repeats):
+    for _ in range(opts.repeats):
         for name, fn in runs.items():  # alternate: background load hits both alike
             start = time.perf_counter()
             fn()
@@ -140,12 +155,12 @@ def main(argv=None) -> int:
     median = {name: statistics.median(t) for name, t in times.items()}
     prompt_tokens = [len(lm.tok_encode(c)) for c in contexts]
     record = {
-        "checkpoint": checkpoint if args.checkpoint else f"debug, {args.train_steps} steps",
-        "policy": args.policy,
-        "requests": args.requests,
-        "batch_size": args.batch_size,
+        "checkpoint": checkpoint if opts.checkpoint else f"debug, {opts.train_steps} steps",
+        "policy": opts.policy,
+        "requests": opts.requests,
+        "batch_size": opts.batch_size,
         "prompt_tokens": statistics.mean(prompt_tokens),
-        "new_tokens": args.new_tokens,
+        "new_tokens": opts.new_tokens,
         "generated_tokens": sum(len(lm.tok_encode(t, add_special_tokens=False)) for t in outputs["cached"]),
         "same_outputs": same,
         "time_cached_s": median["cached"],
@@ -154,16 +169,16 @@ def main(argv=None) -> int:
         "threads": torch.get_num_threads(),
     }
     print(
-        f"generate_until, {args.requests} requests of {record['prompt_tokens']:.0f} prompt tokens, "
-        f"{args.new_tokens} new tokens, batch {args.batch_size}, policy {args.policy}:"
+        f"generate_until, {opts.requests} requests of {record['prompt_tokens']:.0f} prompt tokens, "
+        f"{opts.new_tokens} new tokens, batch {opts.batch_size}, policy {opts.policy}:"
     )
     print(
         f"  uncached {median['uncached']:.2f} s   cached {median['cached']:.2f} s   speedup {record['speedup']:.1f}x"
         f"   same greedy outputs: {same}"
     )
     print(json.dumps(record))
-    if args.json:
-        with open(args.json, "w") as f:
+    if opts.json:
+        with open(opts.json, "w") as f:
             json.dump(record, f, indent=2)
     return 0 if same else 1
 

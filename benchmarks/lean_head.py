@@ -40,9 +40,12 @@ import json
 import platform
 import statistics
 import time
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
+from looplab.arguments import Parser, add_flags, at_least, flag, flags_of, number_in, one_of
 from looplab.checkpoint import model_from_config, parent_ref
 from looplab.costs.measured_memory import in_rss_process, peak_memory
 from looplab.costs.resources import flops_per_token
@@ -50,7 +53,7 @@ from looplab.devices import autocast_context
 from looplab.models import head as lean_head
 from looplab.models.head import token_losses
 from looplab.policy import ExitPolicy
-from looplab.presets import get_preset, stage_config
+from looplab.presets import PRESETS, get_preset, stage_config
 from looplab.stages import get_stage
 from looplab.tasks.base import IGNORE_INDEX, Batch
 from looplab.training.objectives import masked_mean, stage1_loss
@@ -62,6 +65,40 @@ STAGES = ("pretrain", "stage1")
 MEMORY_RATIO_TARGET, TIME_RATIO_TARGET, PRETRAIN_MFU_TARGET = 1.5, 2.5, 0.5
 ARMS = ("before", "after")
 GEMM_N = 2048
+
+
+def some_of(*allowed: str):
+    """An argparse type: comma-separated names among `allowed`, each once, in the order given."""
+
+    def parse(text: str) -> tuple[str, ...]:
+        names = [t.strip() for t in text.split(",") if t.strip()]
+        if not names or any(n not in allowed for n in names):
+            raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: comma-separated {' | '.join(allowed)}")
+        return tuple(dict.fromkeys(names))
+
+    return parse
+
+
+@dataclass(frozen=True)
+class Options:
+    """The benchmark's flags (looplab/arguments.py flag)."""
+
+    preset: str = flag("local", "the model", type=one_of(*sorted(PRESETS)), metavar="PRESET")
+    batch: int = flag(16, "sequences per step", type=at_least(1))
+    seq_len: int = flag(512, "tokens per sequence", type=at_least(1))
+    repeats: int = flag(3, "timed steps per (stage, arm), after one warm-up", type=at_least(1))
+    threads: int = flag(2, "torch threads", type=at_least(1))
+    chunk_mib: float | None = flag(
+        None,
+        f"logits MiB per chunk of the head (default {lean_head.DEFAULT_CHUNK_BYTES / 2**20:g})",
+        type=number_in(0.0, low_open=True),
+    )
+    arms: tuple[str, ...] = flag(ARMS, "before,after or one of them", type=some_of(*ARMS))
+    stages: tuple[str, ...] = flag(STAGES, "pretrain,stage1 or one of them", type=some_of(*STAGES))
+    precision: Literal["fp32", "bf16"] = flag(
+        "fp32", "bf16: autocast (as train.precision=bf16), MFU against a bf16 matmul"
+    )
+    json: str | None = flag(None, "write the results here")
 
 
 def before_loss(model, batch: Batch, cfg) -> torch.Tensor:
@@ -87,23 +124,23 @@ def gemm_seconds(a: torch.Tensor, b: torch.Tensor) -> float:
 class Steps:
     """The benchmark's model, optimizer and batch; step(stage, arm) -> one optimizer step."""
 
-    def __init__(self, args):
-        if args.chunk_mib:
-            lean_head.DEFAULT_CHUNK_BYTES = int(args.chunk_mib * 2**20)
-        base = get_preset(args.preset)
+    def __init__(self, opts: Options):
+        if opts.chunk_mib:
+            lean_head.DEFAULT_CHUNK_BYTES = int(opts.chunk_mib * 2**20)
+        base = get_preset(opts.preset)
         # Stage-1 from the fresh model: the step's cost does not depend on the weights
         # (init_from names no checkpoint; nothing is loaded).
-        shape = {"train.batch_size": args.batch, "train.seq_len": args.seq_len}  # what the FLOP count reads
+        shape = {"train.batch_size": opts.batch, "train.seq_len": opts.seq_len}  # what the FLOP count reads
         self.cfgs = {
             s: stage_config(base, s, parent=None if s == "pretrain" else parent_ref("(fresh)"), overrides=shape)
             for s in STAGES
         }
-        self.base, self.precision = base, args.precision
+        self.base, self.precision = base, opts.precision
         self.model = model_from_config(base.model, 0)
         self.model.train()
         self.optimizer = make_optimizer(self.model, base.train, torch.device("cpu"))
         self.gen = torch.Generator().manual_seed(0)
-        V, B, L = base.model.vocab_size, args.batch, args.seq_len
+        V, B, L = base.model.vocab_size, opts.batch, opts.seq_len
         self.batch = Batch(
             torch.randint(0, V, (B, L), generator=self.gen), torch.randint(0, V, (B, L), generator=self.gen)
         )
@@ -121,55 +158,35 @@ class Steps:
         return run
 
 
-def step_peaks(args, points) -> dict:
+def step_peaks(opts: Options, points) -> dict:
     """Every point's peak memory (run in a child process: measured_memory)."""
-    steps = Steps(args)
+    steps = Steps(opts)
     for pt in points:  # warm-up: first-touch allocations, AdamW state
         steps.step(*pt)()
     return {pt: peak_memory(steps.step(*pt), torch.device("cpu")) for pt in points}
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--preset", default="local")
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--seq-len", type=int, default=512)
-    p.add_argument("--repeats", type=int, default=3, help="timed steps per (stage, arm), after one warm-up")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument(
-        "--chunk-mib",
-        type=float,
-        default=None,
-        help=f"logits MiB per chunk of the head (default {lean_head.DEFAULT_CHUNK_BYTES / 2**20:g})",
-    )
-    p.add_argument("--arms", default=",".join(ARMS), help="before,after or one of them")
-    p.add_argument("--stages", default=",".join(STAGES), help="pretrain,stage1 or one of them")
-    p.add_argument(
-        "--precision",
-        choices=("fp32", "bf16"),
-        default="fp32",
-        help="bf16: autocast (as train.precision=bf16), MFU against a bf16 matmul",
-    )
-    p.add_argument("--json", help="write the results here")
-    args = p.parse_args()
-    torch.set_num_threads(args.threads)
-    arms = tuple(a for a in args.arms.split(",") if a)
-    stages = tuple(s for s in args.stages.split(",") if s)
+    p = Parser(description=__doc__.splitlines()[0])
+    add_flags(p, Options)
+    opts = flags_of(Options, p.parse_args())
+    torch.set_num_threads(opts.threads)
+    arms, stages = opts.arms, opts.stages
     points = [(s, a) for s in stages for a in arms]
     print("measuring peak memory in a separate process...", flush=True)
-    peaks = in_rss_process(step_peaks, args, points)
+    peaks = in_rss_process(step_peaks, opts, points)
 
-    steps = Steps(args)
+    steps = Steps(opts)
     base, cfgs = steps.base, steps.cfgs
-    V, B, L = base.model.vocab_size, args.batch, args.seq_len
-    dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
+    V, B, L = base.model.vocab_size, opts.batch, opts.seq_len
+    dtype = torch.bfloat16 if opts.precision == "bf16" else torch.float32
     gemm_a, gemm_b = (torch.randn(GEMM_N, GEMM_N, generator=steps.gen).to(dtype) for _ in range(2))
     for pt in points:  # warm-up: first-touch allocations, AdamW state
         steps.step(*pt)()
     gemm_seconds(gemm_a, gemm_b)
     times = {pt: [] for pt in points}
     gemm = []
-    for _ in range(args.repeats):
+    for _ in range(opts.repeats):
         for pt in points:
             t = time.perf_counter()
             steps.step(*pt)()
@@ -211,8 +228,8 @@ def main() -> None:
         }
 
     print(
-        f"{args.preset}: B {B} × L {L}, vocab {V}, R {base.model.n_loops}, {args.threads} threads, "
-        f"head chunk {lean_head.chunk_tokens_for(V)} tokens; {args.precision} GEMM {GEMM_N}³: {peak_gflops:.1f} GFLOP/s "
+        f"{opts.preset}: B {B} × L {L}, vocab {V}, R {base.model.n_loops}, {opts.threads} threads, "
+        f"head chunk {lean_head.chunk_tokens_for(V)} tokens; {opts.precision} GEMM {GEMM_N}³: {peak_gflops:.1f} GFLOP/s "
         f"(median of {len(gemm)})"
     )
     print("stage     arm      step s   tok/s   model GFLOP  MFU    mem above model  peak RSS")
@@ -240,15 +257,15 @@ def main() -> None:
             f"  (time ≤ {TIME_RATIO_TARGET}× needs Stage-1 at {need:.2f}× pre-training's MFU, "
             f"{need * pre['mfu']:.0%} of the GEMM peak)"
         )
-    if args.json:
-        with open(args.json, "w") as f:
+    if opts.json:
+        with open(opts.json, "w") as f:
             json.dump(
                 {
-                    "preset": args.preset,
+                    "preset": opts.preset,
                     "batch": B,
                     "seq_len": L,
-                    "threads": args.threads,
-                    "precision": args.precision,
+                    "threads": opts.threads,
+                    "precision": opts.precision,
                     "chunk_tokens": lean_head.chunk_tokens_for(V),
                     "gemm_gflops": peak_gflops,
                     "gemm_s_all": gemm,

@@ -9,36 +9,48 @@ step only) and are scored on the task's fixed evaluation set; one torch thread.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass, field
 
 import torch
 
+from looplab.arguments import Parser, add_flags, at_least, flag, flags_of, one_of
 from looplab.config import apply_overrides, parse_value
-from looplab.presets import get_preset
+from looplab.presets import PRESETS, get_preset
 from looplab.training.train import train
+
+SEEDS = (0, 1, 2)
+
+
+@dataclass(frozen=True)
+class Options:
+    """The benchmark's flags (looplab/arguments.py flag); --seeds, several words, is
+    added by hand (a flag is one word or repeated)."""
+
+    preset: str = flag("phop-induction-debug", "the task and model", type=one_of(*sorted(PRESETS)), metavar="PRESET")
+    seeds: list[int] = field(default_factory=lambda: list(SEEDS))
+    json: str | None = flag(None, "write the records here")
+    overrides: list[str] = flag(help="KEY=VALUE applied to both arms", positional=True)
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--preset", default="phop-induction-debug")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--json", help="write the records here")
-    p.add_argument("overrides", nargs="*", help="KEY=VALUE applied to both arms")
-    args = p.parse_args()
+    p = Parser(description=__doc__.splitlines()[0])
+    add_flags(p, Options)
+    p.add_argument("--seeds", type=at_least(0), nargs="+", default=list(SEEDS), help="training seeds (default 0 1 2)")
+    opts = flags_of(Options, p.parse_args())
     torch.set_num_threads(1)
 
     base = apply_overrides(
-        get_preset(args.preset), {k: parse_value(v) for k, v in (o.split("=", 1) for o in args.overrides)}
+        get_preset(opts.preset), {k: parse_value(v) for k, v in (o.split("=", 1) for o in opts.overrides)}
     )
     R = base.model.n_loops
     records = []
-    print(f"{args.preset}: N={base.model.n_layers}, looped R={R} vs R=1, {base.train.steps} steps")
+    print(f"{opts.preset}: N={base.model.n_layers}, looped R={R} vs R=1, {base.train.steps} steps")
     print("seed  looped  flat    margin  time looped / flat")
-    for seed in args.seeds:
+    for seed in opts.seeds:
         row = {"seed": seed}
         for arm, loops in (("looped", R), ("flat", 1)):
             cfg = apply_overrides(base, {"model.n_loops": loops, "train.seed": seed})
@@ -57,9 +69,9 @@ def main() -> None:
     margins = [r["margin"] for r in records]
     spread = statistics.stdev(margins) if len(margins) > 1 else 0.0
     print(f"margin: mean {statistics.mean(margins):+.4f}, std {spread:.4f}, min {min(margins):+.4f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"preset": args.preset, "config": base.to_dict(), "records": records}, f, indent=2)
+    if opts.json:
+        with open(opts.json, "w") as f:
+            json.dump({"preset": opts.preset, "config": base.to_dict(), "records": records}, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -12,17 +12,43 @@ hits both alike.
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import platform
 import statistics
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 
+from looplab.arguments import Parser, add_flags, at_least, flag, flags_of
 
-def looplab_stack(args) -> nn.Module:
+
+@dataclass(frozen=True)
+class Shape:
+    """The stacks' shape, the same for both (flags: looplab/arguments.py flag)."""
+
+    d_model: int = flag(256, "model width", type=at_least(1))
+    layers: int = flag(4, "residual blocks", type=at_least(1))
+    expand: int = flag(2, "the mixer's inner width ÷ d_model", type=at_least(1))
+    headdim: int = flag(64, "channels per head", type=at_least(1))
+    d_state: int = flag(64, "SSM state size", type=at_least(1))
+    chunk_size: int = flag(64, "the SSD scan's chunk length", type=at_least(1))
+
+
+@dataclass(frozen=True)
+class Options:
+    """What is timed, and where the record goes."""
+
+    batch: int = flag(8, "sequences per step", type=at_least(1))
+    seq_len: int = flag(512, "tokens per sequence", type=at_least(1))
+    warmup: int = flag(2, "untimed steps first", type=at_least(0))
+    repeats: int = flag(7, "timed steps of each stack", type=at_least(1))
+    json: str | None = flag(None, "write the record here")
+
+
+def looplab_stack(shape: Shape) -> nn.Module:
     from looplab.models.layers import Residual, RMSNorm
     from looplab.models.mamba2 import Mamba2
 
@@ -31,13 +57,13 @@ def looplab_stack(args) -> nn.Module:
             super().__init__()
             self.blocks = nn.ModuleList(
                 Residual(
-                    args.d_model,
-                    Mamba2(args.d_model, args.d_state, 4, args.expand, args.headdim, 1, args.chunk_size),
+                    shape.d_model,
+                    Mamba2(shape.d_model, shape.d_state, 4, shape.expand, shape.headdim, 1, shape.chunk_size),
                     1e-5,
                 )
-                for _ in range(args.layers)
+                for _ in range(shape.layers)
             )
-            self.norm_f = RMSNorm(args.d_model)
+            self.norm_f = RMSNorm(shape.d_model)
 
         def forward(self, x):
             for b in self.blocks:
@@ -47,29 +73,29 @@ def looplab_stack(args) -> nn.Module:
     return Stack()
 
 
-def hf_config(args, vocab_size: int = 16, use_cache: bool = False):
+def hf_config(shape: Shape, vocab_size: int = 16, use_cache: bool = False):
     """transformers' Mamba2Config at looplab's shape (one group, conv width 4)."""
     from transformers import Mamba2Config
 
     return Mamba2Config(
-        hidden_size=args.d_model,
-        num_hidden_layers=args.layers,
-        expand=args.expand,
-        head_dim=args.headdim,
-        num_heads=args.expand * args.d_model // args.headdim,
-        state_size=args.d_state,
+        hidden_size=shape.d_model,
+        num_hidden_layers=shape.layers,
+        expand=shape.expand,
+        head_dim=shape.headdim,
+        num_heads=shape.expand * shape.d_model // shape.headdim,
+        state_size=shape.d_state,
         n_groups=1,
-        chunk_size=args.chunk_size,
+        chunk_size=shape.chunk_size,
         conv_kernel=4,
         vocab_size=vocab_size,
         use_cache=use_cache,
     )
 
 
-def hf_stack(args) -> nn.Module:
+def hf_stack(shape: Shape) -> nn.Module:
     from transformers import Mamba2Model
 
-    model = Mamba2Model(hf_config(args))
+    model = Mamba2Model(hf_config(shape))
 
     class Stack(nn.Module):
         def __init__(self):
@@ -91,23 +117,14 @@ def time_fwd_bwd(model: nn.Module, x: torch.Tensor) -> float:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--d-model", type=int, default=256)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--expand", type=int, default=2)
-    p.add_argument("--headdim", type=int, default=64)
-    p.add_argument("--d-state", type=int, default=64)
-    p.add_argument("--chunk-size", type=int, default=64)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--seq-len", type=int, default=512)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--json", help="write the record here")
+    p = Parser(description=__doc__.splitlines()[0])
+    add_flags(p, Shape, Options)
     args = p.parse_args()
+    shape, opts = flags_of(Shape, args), flags_of(Options, args)
 
     torch.manual_seed(0)
-    x = torch.randn(args.batch, args.seq_len, args.d_model)
-    stacks = {"looplab": looplab_stack(args), "hf": hf_stack(args)}
+    x = torch.randn(opts.batch, opts.seq_len, shape.d_model)
+    stacks = {"looplab": looplab_stack(shape), "hf": hf_stack(shape)}
     for m in stacks.values():
         m.train()
     # The two stacks must have the same parameter count, or the comparison is off.
@@ -115,14 +132,14 @@ def main() -> None:
     n_params["hf"] -= stacks["hf"].model.embeddings.weight.numel()  # unused: fed embeddings directly
 
     times = {k: [] for k in stacks}
-    for i in range(args.warmup + args.repeats):
+    for i in range(opts.warmup + opts.repeats):
         for k, m in stacks.items():
             dt = time_fwd_bwd(m, x)
-            if i >= args.warmup:
+            if i >= opts.warmup:
                 times[k].append(dt)
-    tokens = args.batch * args.seq_len
+    tokens = opts.batch * opts.seq_len
     record = {
-        "config": vars(args),
+        "config": dataclasses.asdict(shape) | dataclasses.asdict(opts),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "machine": platform.machine(),
@@ -138,8 +155,8 @@ def main() -> None:
             f"{n_params[k]:,} params)"
         )
     print(f"speedup looplab / hf: {record['speedup']:.2f}x")
-    if args.json:
-        with open(args.json, "w") as f:
+    if opts.json:
+        with open(opts.json, "w") as f:
             json.dump(record, f, indent=2)
 
 

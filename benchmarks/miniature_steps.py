@@ -15,12 +15,14 @@ trains each shape once per seed, on `--threads` threads per trial slot.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+
+from looplab.arguments import Parser, add_flags, at_least, flag, flags_of  # torch-free: --cold comes first
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -57,25 +59,32 @@ def timed_steps(cfg, repeats: int) -> tuple[float, float]:
     return first, median_seconds(step, repeats, warmup=1)
 
 
+@dataclass(frozen=True)
+class Options:
+    """The benchmark's flags (looplab/arguments.py flag)."""
+
+    threads: int = flag(1, "torch threads (a trial slot's; default 1)", type=at_least(1))
+    repeats: int = flag(8, "timed steps of each arm, after one warm-up", type=at_least(1))
+    seed: int = flag(0, "the protocol's seed whose stage shapes are timed", type=at_least(0))
+    cold: bool = flag(False, "compile into an empty Inductor cache (a new machine's)")
+    markdown: str | None = flag(None, "write the table here (default: print it)")
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--threads", type=int, default=1, help="torch threads (a trial slot's; default 1)")
-    p.add_argument("--repeats", type=int, default=8)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--cold", action="store_true", help="compile into an empty Inductor cache (a new machine's)")
-    p.add_argument("--markdown", help="write the table here (default: print it)")
-    args = p.parse_args(argv)
-    if args.cold:
+    p = Parser(description=__doc__.split("\n\n")[0])
+    add_flags(p, Options)
+    opts = flags_of(Options, p.parse_args(argv))
+    if opts.cold:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor-cold-")
     import torch
 
     from looplab.config import apply_overrides
 
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(opts.threads)
     rows, eager_total, compiled_total, first_total = [], 0.0, 0.0, 0.0
-    for sweep, cfg in stage_shapes(args.seed):
-        _, eager = timed_steps(apply_overrides(cfg, {"train.compile": "off"}), args.repeats)
-        first, compiled = timed_steps(apply_overrides(cfg, {"train.compile": "on"}), args.repeats)
+    for sweep, cfg in stage_shapes(opts.seed):
+        _, eager = timed_steps(apply_overrides(cfg, {"train.compile": "off"}), opts.repeats)
+        first, compiled = timed_steps(apply_overrides(cfg, {"train.compile": "on"}), opts.repeats)
         steps = cfg.train.steps
         eager_total, compiled_total, first_total = (
             eager_total + steps * eager,
@@ -89,9 +98,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{steps * compiled:.0f} |"
         )
         print(rows[-1], file=sys.stderr, flush=True)
-    cache = "an empty Inductor cache" if args.cold else "the machine's Inductor cache"
+    cache = "an empty Inductor cache" if opts.cold else "the machine's Inductor cache"
     lines = [
-        f"{args.threads} thread(s), median of {args.repeats} steps, torch {torch.__version__}, "
+        f"{opts.threads} thread(s), median of {opts.repeats} steps, torch {torch.__version__}, "
         f"{cache}; one seed's stages",
         "",
         "| sweep | stage | model | eager ms | compiled ms | ratio | compiled first step s | steps | "
@@ -102,8 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{compiled_total:.0f} |",
     ]
     text = "\n".join(lines) + "\n"
-    if args.markdown:
-        Path(args.markdown).write_text(text)
+    if opts.markdown:
+        Path(opts.markdown).write_text(text)
     else:
         print(text)
     return 0

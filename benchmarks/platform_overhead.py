@@ -18,16 +18,31 @@ Run it on a quiet machine: other load inflates every figure.
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+from looplab.arguments import Parser, add_flags, flag, flags_of, given, one_of
+from looplab.presets import PRESETS
+
 REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Options:
+    """The benchmark's flags (looplab/arguments.py flag)."""
+
+    preset: str = flag("debug", "the sweep's --preset", type=one_of(*sorted(PRESETS)), metavar="PRESET")
+    storage_path: str | None = flag(None, "the sweep's storage (default: a temporary folder)", type=given("a folder"))
+    json: str | None = flag(None, "write the figures here")
+    sweep: list[str] = flag(
+        help="sweep script and flags (default: sweeps/beta_ablation.py --betas 0.1)", positional=True
+    )
 
 
 def cpu_sampler(stop: threading.Event, samples: list[float], every: float = 1.0) -> None:
@@ -45,22 +60,19 @@ def cpu_sampler(stop: threading.Event, samples: list[float], every: float = 1.0)
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--preset", default="debug")
-    p.add_argument("--storage-path", default="", help="default: a temporary folder")
-    p.add_argument("--json", help="write the figures here")
-    p.add_argument("sweep", nargs="*", help="sweep script and flags (default: sweeps/beta_ablation.py --betas 0.1)")
-    args = p.parse_args()
+    p = Parser(description=__doc__.splitlines()[0])
+    add_flags(p, Options)
+    opts = flags_of(Options, p.parse_args())
 
-    storage = Path(args.storage_path or tempfile.mkdtemp(prefix="looplab-overhead-"))
+    storage = Path(opts.storage_path or tempfile.mkdtemp(prefix="looplab-overhead-"))
     uri = f"sqlite:///{storage / 'mlflow.db'}"
-    sweep = args.sweep or ["sweeps/beta_ablation.py", "--betas", "0.1"]
+    sweep = opts.sweep or ["sweeps/beta_ablation.py", "--betas", "0.1"]
     cmd = [
         sys.executable,
         str(REPO / sweep[0]),
         *sweep[1:],
         "--preset",
-        args.preset,
+        opts.preset,
         "--storage-path",
         str(storage),
         "--tracking-uri",
@@ -82,14 +94,14 @@ def main() -> None:
 
     figures = measure(uri, wall)
     figures.update(
-        preset=args.preset,
+        preset=opts.preset,
         command=" ".join(cmd),
         cpu_utilisation=sum(samples) / max(1, len(samples)),
         cpu_samples=len(samples),
     )
     report(figures)
-    if args.json:
-        Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
+    if opts.json:
+        Path(opts.json).write_text(json.dumps(figures, indent=2) + "\n")
 
 
 def measure(uri: str, wall: float) -> dict:

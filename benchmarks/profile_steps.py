@@ -10,12 +10,14 @@ their compilation), so per-call figures are the table's totals over that count.
 
 from __future__ import annotations
 
-import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
+
+from looplab.arguments import Parser, add_flags, at_least, flag, flags_of
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -61,16 +63,23 @@ def table(fn, steps: int, rows: int) -> tuple[str, float]:
     return "\n".join(lines), total / steps / 1e3
 
 
+@dataclass(frozen=True)
+class Options:
+    """The benchmark's flags (looplab/arguments.py flag)."""
+
+    threads: int = flag(1, "torch threads", type=at_least(1))
+    steps: int = flag(3, "profiled calls of each, after two warm-ups", type=at_least(1))
+    rows: int = flag(12, "operations per table", type=at_least(1))
+    markdown: str | None = flag(None, "write the tables here (default: print them)")
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--rows", type=int, default=12)
-    p.add_argument("--markdown", help="write the tables here (default: print them)")
-    args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    p = Parser(description=__doc__.split("\n\n")[0])
+    add_flags(p, Options)
+    opts = flags_of(Options, p.parse_args(argv))
+    torch.set_num_threads(opts.threads)
     parts = [
-        f"Profiles with {args.threads} thread(s), {args.steps} calls each (torch {torch.__version__}); "
+        f"Profiles with {opts.threads} thread(s), {opts.steps} calls each (torch {torch.__version__}); "
         "the profiler's own overhead inflates small operations alike in both."
     ]
     for title, make, unit in (
@@ -78,15 +87,15 @@ def main(argv: list[str] | None = None) -> int:
         ("decoding 32 tokens, d 256 4-layer Mamba-2, batch 1", decoding, "32 tokens"),
     ):
         for compiled in (False, True):
-            text, ms = table(make(compiled), args.steps, args.rows)
+            text, ms = table(make(compiled), opts.steps, opts.rows)
             parts.append(
                 f"#### {title}, {'compiled' if compiled else 'eager'}: {ms:.1f} ms of self CPU time "
                 f"per {unit}\n\n{text}"
             )
             print(parts[-1].split("\n")[0], file=sys.stderr, flush=True)
     out = "\n\n".join(parts) + "\n"
-    if args.markdown:
-        Path(args.markdown).write_text(out)
+    if opts.markdown:
+        Path(opts.markdown).write_text(out)
     else:
         print(out)
     return 0

@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -44,9 +45,40 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from looplab import threads  # noqa: E402
+from looplab.arguments import Parser, add_flags, at_least, flag, flags_of, int_in, number_in  # noqa: E402
 from looplab.costs.spread import SPREAD_BOUND, Figure, Load, Timing  # noqa: E402
 
 SECTIONS = ("machine", "train", "decode", "arrivals", "mini")
+
+
+def some_of(*allowed: str):
+    """An argparse type: comma-separated names among `allowed`, each once, in the order given."""
+
+    def parse(text: str) -> tuple[str, ...]:
+        names = [t.strip() for t in text.split(",") if t.strip()]
+        if not names or any(n not in allowed for n in names):
+            raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: comma-separated {' | '.join(allowed)}")
+        return tuple(dict.fromkeys(names))
+
+    return parse
+
+
+@dataclass(frozen=True)
+class Options:
+    """The suite's flags (looplab/arguments.py flag)."""
+
+    only: tuple[str, ...] = flag(
+        SECTIONS, f"sections, comma-separated: {', '.join(SECTIONS)} (default all)", type=some_of(*SECTIONS)
+    )
+    repeats: int = flag(5, "timed runs of each figure", type=at_least(1))
+    bound: float = flag(SPREAD_BOUND, "the largest (max − min) / median accepted", type=number_in(0.0, low_open=True))
+    threads: int = flag(
+        0,
+        "torch threads (default: the machine's free cores)",
+        type=int_in(1, threads.usable_cpus(), "the CPUs this process may use"),
+    )
+    markdown: str | None = flag(None, "write the table here")
+    json: str | None = flag(None, "write every figure here")
 
 
 def timed(fn, *args) -> float:
@@ -220,7 +252,7 @@ def train(suite: Suite) -> None:
 
     import mamba2_vs_hf  # the two same-shaped stacks
 
-    shape = argparse.Namespace(d_model=256, layers=4, expand=2, headdim=64, d_state=64, chunk_size=64)
+    shape = mamba2_vs_hf.Shape(d_model=256, layers=4, expand=2, headdim=64, d_state=64, chunk_size=64)
     torch.manual_seed(0)
     x = torch.randn(4, 256, shape.d_model)
     stacks = {"looplab": mamba2_vs_hf.looplab_stack(shape).train(), "hf": mamba2_vs_hf.hf_stack(shape).train()}
@@ -290,7 +322,7 @@ def hf_decoder(batch: int):
 
     logging.set_verbosity_error()  # its note that mamba-ssm's kernels are absent: they are, on a CPU
     s = DECODE_SHAPE
-    shape = argparse.Namespace(
+    shape = mamba2_vs_hf.Shape(
         d_model=s["d_model"],
         layers=s["n_layers"],
         expand=2,
@@ -485,40 +517,26 @@ def markdown(figures: list[Figure]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--only", default=",".join(SECTIONS), help=f"sections, comma-separated: {', '.join(SECTIONS)}")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--bound", type=float, default=SPREAD_BOUND, help="the largest (max − min) / median accepted")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (default: the machine's free cores)")
-    p.add_argument("--markdown", help="write the table here")
-    p.add_argument("--json", help="write every figure here")
-    args = p.parse_args(argv)
-    only = [s.strip() for s in args.only.split(",") if s.strip()]
-    bad = [s for s in only if s not in SECTIONS]
-    if bad or args.repeats < 1 or not 0 < args.bound:
-        print(
-            f"suite: --only={bad[0] if bad else ''!r} --repeats={args.repeats} --bound={args.bound}: allowed "
-            f"sections {', '.join(SECTIONS)}, repeats >= 1, bound > 0",
-            file=sys.stderr,
-        )
-        return 2
-    chosen = threads.use(args.threads)
+    p = Parser(description=__doc__.split("\n\n")[0])
+    add_flags(p, Options)
+    opts = flags_of(Options, p.parse_args(argv))
+    chosen = threads.use(opts.threads)
     before = threads.load_average()
     print(
-        f"suite: {chosen.line()}; {args.repeats} repeats; spread bound {args.bound:.0%}; load {before:.2f}", flush=True
+        f"suite: {chosen.line()}; {opts.repeats} repeats; spread bound {opts.bound:.0%}; load {before:.2f}", flush=True
     )
-    suite = Suite(args.repeats, args.bound)
+    suite = Suite(opts.repeats, opts.bound)
     for section in SECTIONS:
-        if section in only or section == "machine":  # the peaks every other figure divides by
+        if section in opts.only or section == "machine":  # the peaks every other figure divides by
             print(f"[{section}]", flush=True)
             globals()[section](suite)
     after = threads.load_average()
     noisy = sum(f.noisy for f in suite.figures)
     print(f"suite: {len(suite.figures)} figures, {noisy} noisy; load {before:.2f} before, {after:.2f} after")
-    if args.markdown:
-        Path(args.markdown).write_text(markdown(suite.figures) + "\n")
-    if args.json:
-        Path(args.json).write_text(
+    if opts.markdown:
+        Path(opts.markdown).write_text(markdown(suite.figures) + "\n")
+    if opts.json:
+        Path(opts.json).write_text(
             json.dumps(
                 {
                     "threads": chosen.count,

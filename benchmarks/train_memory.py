@@ -24,18 +24,48 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 
 import torch
 
+from looplab.arguments import Parser, add_flags, at_least, flag, flags_of, one_of
 from looplab.checkpoint import parent_ref
 from looplab.config import apply_overrides, parse_value
 from looplab.costs.measured_memory import in_rss_process, peak_memory
 from looplab.costs.memory import step_memory
 from looplab.costs.timing import median_seconds
-from looplab.presets import get_preset, stage_config
+from looplab.presets import PRESETS, get_preset, stage_config
+from looplab.stages import STAGE_NAMES
 from looplab.training.steps import optimizer_step
 
 MiB = 2**20
+POINTS = "pretrain:0:0,stage1:0:0,stage1:0:1,stage1:2:0,stage2:0:0"
+
+
+def points_text(text: str) -> str:
+    """An argparse type: comma-separated STAGE:MICRO:CKPT points, as given once checked."""
+    for spec in text.split(","):
+        stage, micro, ckpt = (spec.split(":") + ["", ""])[:3]
+        if spec.count(":") != 2 or stage not in STAGE_NAMES or not micro.isdigit() or ckpt not in ("0", "1"):
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is invalid; allowed: comma-separated STAGE:MICRO:CKPT with STAGE one of "
+                f"{' | '.join(STAGE_NAMES)}, MICRO >= 0 and CKPT 0 or 1, e.g. stage1:2:0"
+            )
+    return text
+
+
+@dataclass(frozen=True)
+class Options:
+    """The benchmark's flags (looplab/arguments.py flag)."""
+
+    preset: str = flag("local", "the model", type=one_of(*sorted(PRESETS)), metavar="PRESET")
+    batch: int = flag(8, "sequences per step", type=at_least(1))
+    seq_len: int = flag(512, "tokens per sequence", type=at_least(1))
+    points: str = flag(POINTS, "STAGE:MICRO:CKPT, comma-separated", type=points_text)
+    threads: int = flag(2, "torch threads", type=at_least(1))
+    repeats: int = flag(3, "timed steps per point (median), after a warm-up; 0: memory only", type=at_least(0))
+    set: list[str] = flag(help="config override (repeatable)", metavar="KEY=VALUE", repeat=True)
+    json: str | None = flag(None, "write the rows here")
 
 
 def point_config(base, stage: str, micro: int, ckpt: bool, batch: int, seq_len: int):
@@ -70,33 +100,24 @@ def step_seconds(cfg, repeats: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--preset", default="local")
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--seq-len", type=int, default=512)
-    p.add_argument("--points", default="pretrain:0:0,stage1:0:0,stage1:0:1,stage1:2:0,stage2:0:0")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument(
-        "--repeats", type=int, default=3, help="timed steps per point (median), after a warm-up; 0: memory only"
-    )
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
-    p.add_argument("--json", help="write the rows here")
-    args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    p = Parser(description=__doc__.splitlines()[0])
+    add_flags(p, Options)
+    opts = flags_of(Options, p.parse_args(argv))
+    torch.set_num_threads(opts.threads)
     base = apply_overrides(
-        get_preset(args.preset), {k: parse_value(v) for k, _, v in (s.partition("=") for s in args.set)}
+        get_preset(opts.preset), {k: parse_value(v) for k, _, v in (s.partition("=") for s in opts.set)}
     )
     rows = []
     print(
-        f"{args.preset} ({base.model.arch} {base.model.n_layers}⊗{base.model.n_loops}, d {base.model.d_model}, "
-        f"vocab {base.model.vocab_size}): batch {args.batch} × {args.seq_len}, {args.threads} threads, "
+        f"{opts.preset} ({base.model.arch} {base.model.n_layers}⊗{base.model.n_loops}, d {base.model.d_model}, "
+        f"vocab {base.model.vocab_size}): batch {opts.batch} × {opts.seq_len}, {opts.threads} threads, "
         f"peak above the resident model"
     )
     print("stage     micro ckpt   measured     model   model/measured  step s")
-    for spec in args.points.split(","):
+    for spec in opts.points.split(","):
         stage, micro, ckpt = spec.split(":")
-        cfg = point_config(base, stage, int(micro), ckpt == "1", args.batch, args.seq_len)
-        est = step_memory(cfg, int(micro) or args.batch, path="torch")
+        cfg = point_config(base, stage, int(micro), ckpt == "1", opts.batch, opts.seq_len)
+        est = step_memory(cfg, int(micro) or opts.batch, path="torch")
         peak = in_rss_process(step_peak, cfg)
         row = {
             "stage": stage,
@@ -104,13 +125,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
             "ckpt": ckpt == "1",
             "measured": peak.delta,
             "absolute": peak.absolute,
-            "step_s": step_seconds(cfg, args.repeats) if args.repeats else None,
+            "step_s": step_seconds(cfg, opts.repeats) if opts.repeats else None,
             "model": est.peak - est.persistent,
             "model_terms": est.breakdown(),
         }
         rows.append(row)
         print(
-            f"{stage:9s} {int(micro) or args.batch:5d} {'yes' if row['ckpt'] else 'no':4s} "
+            f"{stage:9s} {int(micro) or opts.batch:5d} {'yes' if row['ckpt'] else 'no':4s} "
             f"{row['measured'] / MiB:8.0f} MiB {row['model'] / MiB:6.0f} MiB {row['model'] / row['measured']:8.2f}"
             f"        {'-' if row['step_s'] is None else format(row['step_s'], '6.2f')}",
             flush=True,
@@ -119,20 +140,20 @@ def main(argv: list[str] | None = None) -> list[dict]:
         plain = next((q for q in rows if not q["ckpt"] and q["stage"] == r["stage"] and q["micro"] == r["micro"]), None)
         if r["ckpt"] and plain is not None:
             print(
-                f"activation checkpointing, {r['stage']} micro {r['micro'] or args.batch}: peak "
+                f"activation checkpointing, {r['stage']} micro {r['micro'] or opts.batch}: peak "
                 f"{plain['measured'] / MiB:.0f} → {r['measured'] / MiB:.0f} MiB "
                 f"({r['measured'] / plain['measured']:.0%})"
-                + (f", step {plain['step_s']:.2f} → {r['step_s']:.2f} s" if args.repeats else "")
+                + (f", step {plain['step_s']:.2f} → {r['step_s']:.2f} s" if opts.repeats else "")
             )
-    if args.json:
-        with open(args.json, "w") as f:
+    if opts.json:
+        with open(opts.json, "w") as f:
             json.dump(
                 {
-                    "preset": args.preset,
-                    "batch": args.batch,
-                    "seq_len": args.seq_len,
-                    "threads": args.threads,
-                    "overrides": args.set,
+                    "preset": opts.preset,
+                    "batch": opts.batch,
+                    "seq_len": opts.seq_len,
+                    "threads": opts.threads,
+                    "overrides": opts.set,
                     "rows": rows,
                 },
                 f,

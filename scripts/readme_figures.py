@@ -23,7 +23,6 @@ Measure on a quiet machine: on these 2 cores one other busy process doubles a st
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -33,6 +32,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from looplab.arguments import Parser
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -239,7 +240,9 @@ def cmd_paste(name: str, source: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    # Subcommands and positionals only, no flags: written by hand (looplab/arguments.py's
+    # flag declares flags and a trailing word list); Parser gives each its one-line errors.
+    parser = Parser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     m = sub.add_parser("measure", help="run and time figures, rewrite the README and the registry")
     m.add_argument("names", nargs="+")
