@@ -20,12 +20,14 @@
     looplab doctor [--quick] [--json report.json]      does this node work? (looplab/doctor/)
     looplab dashboard runs/beta [--port 5000] [--experiment NAME]   MLflow's dashboard of a sweep, until Ctrl-C
 
-Each command is a pair side by side: add_<command> declares its arguments, cmd_<command>
+Each command is a pair side by side: add_<command> declares its arguments (an options
+dataclass whose fields looplab/arguments.py add_flags makes the flags), cmd_<command>
 runs with them, in the module of its group (preset_commands: train, presets, info;
 data_command; eval_commands: eval, lm-eval; bench_commands: bench, bench-arrivals;
 generate_command; export_command; doctor_command; dashboard_command); shared_flags.py
-holds the arguments several commands share and inputs.py the checks they make before
-their work; build_parser lists the pairs.
+holds the options several commands share (Threads, Compile, Timing) and the argument
+types of exit policies and schedules, inputs.py the checks they make before their
+work; build_parser lists the pairs.
 """
 
 from __future__ import annotations

@@ -6,67 +6,61 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
 
-from looplab.arguments import at_least, ints_at_least, one_of
+from looplab.arguments import add_flags, at_least, flag, ints_at_least
 from looplab.checkpoint import experiment_task
 from looplab.cli.inputs import check_model_source, compile_decoding, load_source_model, model_and_task
-from looplab.cli.shared_flags import compile_flag, policies_type, schedules_type, timing_flags
+from looplab.cli.shared_flags import Compile, Threads, Timing, policies_type, schedules_type
 from looplab.config import ConfigError
+from looplab.policy import ExitPolicy
+
+
+@dataclass(frozen=True)
+class Bench:
+    """`looplab bench`'s own flags (with Timing, Threads and Compile's)."""
+
+    checkpoint: str = flag("", "a trained checkpoint (gate-driven exits need one)")
+    preset: str = flag("", "or a preset, freshly initialised (use --oracle-mean)")
+    batch: Sequence[int] = flag((1, 8, 16), "comma-separated batch sizes", type=ints_at_least(1))
+    seq_len: Sequence[int] = flag((512, 1024), "comma-separated sequence lengths", type=ints_at_least(1))
+    policies: Sequence[ExitPolicy] = flag(
+        (),
+        "skip policies to compare with full, e.g. skip:0.2,0.4 (the gate) or skip-entropy:2.0, "
+        "skip-kl:0.01, skip-stable:2 (zero-shot rules, any checkpoint; default none)",
+        type=policies_type,
+    )
+    oracle_mean: float | None = flag(None, "oracle exits with this mean executed loops")
+    packing: Literal["auto", "padded", "varlen"] = flag(
+        "auto",
+        "skip's survivor layout: padded (the paper's ragged-halting measurement) or varlen "
+        "(looplab's, Mamba-2 only); auto: varlen where it applies",
+    )
+    dtype: Literal["fp32", "bf16"] = flag(
+        "fp32", "bf16: every timed call under bfloat16 autocast (CUDA's, or CPU's on a CPU) (default fp32)"
+    )
+    decode: bool = flag(False, "time token-by-token decoding after a prompt of --seq-len tokens instead of the prefill")
+    new_tokens: int = flag(32, "--decode: tokens decoded per row", type=at_least(1))
+    attention_fill: Literal["hole", "exit_state"] = flag(
+        "hole", "--decode: what exited tokens leave in deeper attention layers"
+    )
+    schedule: Sequence[str] = flag(
+        ("lockstep",),
+        "--decode: skip's schedules, comma-separated: lockstep | depth (rows at different loops "
+        "share a step; looplab/inference/depth_batching.py) (default lockstep)",
+        type=schedules_type,
+    )
+    tracking_uri: str | None = flag(None, "also log the records to MLflow")
+    overrides: list[str] = flag(help="model overrides for --preset, e.g. n_loops=4", positional=True)
 
 
 def add_bench(sub) -> None:
     b = sub.add_parser(
         "bench", help="prefill (or --decode) time and memory, full vs skip, over batch × length × exit policy"
     )
-    b.add_argument("--checkpoint", default="", help="a trained checkpoint (gate-driven exits need one)")
-    b.add_argument("--preset", default="", help="or a preset, freshly initialised (use --oracle-mean)")
-    b.add_argument("--batch", type=ints_at_least(1), default="1,8,16", help="comma-separated batch sizes")
-    b.add_argument("--seq-len", type=ints_at_least(1), default="512,1024", help="comma-separated sequence lengths")
-    b.add_argument(
-        "--policies",
-        type=policies_type,
-        default=[],
-        help="skip policies to compare with full, e.g. skip:0.2,0.4 (the gate) or skip-entropy:2.0, "
-        "skip-kl:0.01, skip-stable:2 (zero-shot rules, any checkpoint)",
-    )
-    b.add_argument("--oracle-mean", type=float, default=None, help="oracle exits with this mean executed loops")
-    b.add_argument(
-        "--packing",
-        choices=("auto", "padded", "varlen"),
-        default="auto",
-        help="skip's survivor layout: padded (the paper's ragged-halting measurement) or varlen "
-        "(looplab's, Mamba-2 only); auto: varlen where it applies",
-    )
-    b.add_argument(
-        "--dtype",
-        type=one_of("fp32", "bf16"),
-        default="fp32",
-        metavar="{fp32,bf16}",
-        help="bf16: every timed call under bfloat16 autocast (CUDA's, or CPU's on a CPU) (default fp32)",
-    )
-    b.add_argument(
-        "--decode",
-        action="store_true",
-        help="time token-by-token decoding after a prompt of --seq-len tokens instead of the prefill",
-    )
-    b.add_argument("--new-tokens", type=at_least(1), default=32, help="--decode: tokens decoded per row")
-    b.add_argument(
-        "--attention-fill",
-        choices=("hole", "exit_state"),
-        default="hole",
-        help="--decode: what exited tokens leave in deeper attention layers",
-    )
-    b.add_argument(
-        "--schedule",
-        type=schedules_type,
-        default="lockstep",
-        help="--decode: skip's schedules, comma-separated: lockstep | depth (rows at different loops "
-        "share a step; looplab/inference/depth_batching.py) (default lockstep)",
-    )
-    timing_flags(b, warmup=2, repeats=5)
-    b.add_argument("--tracking-uri", default=None, help="also log the records to MLflow")
-    b.add_argument("overrides", nargs="*", help="model overrides for --preset, e.g. n_loops=4")
-    compile_flag(b, "on")
+    add_flags(b, Bench, Timing, Threads, Compile)
     b.set_defaults(fn=cmd_bench)
 
 
@@ -206,6 +200,47 @@ def token_range_type(name: str):
     return parse
 
 
+@dataclass(frozen=True)
+class BenchArrivals:
+    """`looplab bench-arrivals`' own flags (with ArrivalTiming, Threads and Compile's)."""
+
+    checkpoint: str = flag("", "a trained checkpoint (gate-driven exits need one)")
+    preset: str = flag("", "or a preset, freshly initialised")
+    slots: Sequence[int] = flag((8, 32), "comma-separated cache rows served at once", type=ints_at_least(1))
+    policies: Sequence[ExitPolicy] = flag(
+        (ExitPolicy.parse("skip:0.4"),),
+        "policies to compare with full (always run), e.g. skip:0.4 or 'skip:0.2,0.4;dense:0.4'",
+        type=policies_type,
+    )
+    schedule: Sequence[str] = flag(
+        ("lockstep", "depth"), "comma-separated: lockstep | depth (default both)", type=schedules_type
+    )
+    requests: int = flag(64, "requests in the stream (default 64)", type=at_least(1))
+    prompt_len: tuple[int, int] = flag(
+        (16, 128),
+        "each request's prompt length, drawn uniformly: LOW-HIGH or N (default 16-128)",
+        type=token_range_type("--prompt-len"),
+    )
+    new_tokens: tuple[int, int] = flag(
+        (8, 64),
+        "each request's new tokens, drawn uniformly: LOW-HIGH or N (default 8-64)",
+        type=token_range_type("--new-tokens"),
+    )
+    seed: int = flag(0, "the stream's seed", type=at_least(0))
+    attention_fill: Literal["hole", "exit_state"] = flag(
+        "hole", "what exited tokens leave in deeper attention layers (hybrid/transformer)"
+    )
+    overrides: list[str] = flag(help="model overrides for --preset, e.g. n_loops=4", positional=True)
+
+
+@dataclass(frozen=True)
+class ArrivalTiming(Timing):
+    """Timing with fewer runs: each is a whole stream."""
+
+    warmup: int = flag(1, "untimed runs first", type=at_least(0))
+    repeats: int = flag(3, "timed runs", type=at_least(1))
+
+
 def add_bench_arrivals(sub) -> None:
     a = sub.add_parser(
         "bench-arrivals",
@@ -213,44 +248,7 @@ def add_bench_arrivals(sub) -> None:
         "lengths joining as others finish), schedule × policy, against the "
         "FLOP ratio",
     )
-    a.add_argument("--checkpoint", default="", help="a trained checkpoint (gate-driven exits need one)")
-    a.add_argument("--preset", default="", help="or a preset, freshly initialised")
-    a.add_argument("--slots", type=ints_at_least(1), default="8,32", help="comma-separated cache rows served at once")
-    a.add_argument(
-        "--policies",
-        type=policies_type,
-        default="skip:0.4",
-        help="policies to compare with full (always run), e.g. skip:0.4 or 'skip:0.2,0.4;dense:0.4'",
-    )
-    a.add_argument(
-        "--schedule",
-        type=schedules_type,
-        default="lockstep,depth",
-        help="comma-separated: lockstep | depth (default both)",
-    )
-    a.add_argument("--requests", type=at_least(1), default=64, help="requests in the stream (default 64)")
-    a.add_argument(
-        "--prompt-len",
-        type=token_range_type("--prompt-len"),
-        default="16-128",
-        help="each request's prompt length, drawn uniformly: LOW-HIGH or N (default 16-128)",
-    )
-    a.add_argument(
-        "--new-tokens",
-        type=token_range_type("--new-tokens"),
-        default="8-64",
-        help="each request's new tokens, drawn uniformly: LOW-HIGH or N (default 8-64)",
-    )
-    a.add_argument("--seed", type=at_least(0), default=0, help="the stream's seed")
-    a.add_argument(
-        "--attention-fill",
-        choices=("hole", "exit_state"),
-        default="hole",
-        help="what exited tokens leave in deeper attention layers (hybrid/transformer)",
-    )
-    timing_flags(a, warmup=1, repeats=3)
-    a.add_argument("overrides", nargs="*", help="model overrides for --preset, e.g. n_loops=4")
-    compile_flag(a, "on")
+    add_flags(a, BenchArrivals, ArrivalTiming, Threads, Compile)
     a.set_defaults(fn=cmd_bench_arrivals)
 
 

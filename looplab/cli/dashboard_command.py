@@ -3,9 +3,23 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
+from dataclasses import dataclass
 
-from looplab.arguments import int_in, number_in
+from looplab.arguments import add_flags, flag, flags_of, int_in, number_in
+
+
+@dataclass(frozen=True)
+class Dashboard:
+    """`looplab dashboard`'s flags, and STORE (a positional add_dashboard declares by
+    hand: add_flags derives only the nargs="*" kind)."""
+
+    store: str
+    port: int = flag(5000, "default 5000, the port a sweep's URLs name", type=int_in(1, 65535))
+    host: str = flag("127.0.0.1", "the interface to bind (default 127.0.0.1: this machine only)")
+    experiment: str | None = flag(None, "the experiment whose newest sweep to open (default: the store's newest sweep)")
+    timeout: float = flag(180.0, "seconds to wait for the server's /health (default 180)", type=number_in(1))
 
 
 def add_dashboard(sub) -> None:
@@ -14,12 +28,7 @@ def add_dashboard(sub) -> None:
         help="serve MLflow's dashboard of a sweep's store until Ctrl-C, print its URLs (looplab/dashboard_server.py)",
     )
     d.add_argument("store", metavar="STORE", help="a sweep's storage folder (holding mlflow.db) or sqlite:///PATH")
-    d.add_argument("--port", type=int_in(1, 65535), default=5000, help="default 5000, the port a sweep's URLs name")
-    d.add_argument("--host", default="127.0.0.1", help="the interface to bind (default 127.0.0.1: this machine only)")
-    d.add_argument("--experiment", help="the experiment whose newest sweep to open (default: the store's newest sweep)")
-    d.add_argument(
-        "--timeout", type=number_in(1), default=180.0, help="seconds to wait for the server's /health (default 180)"
-    )
+    add_flags(d, Dashboard)
     d.set_defaults(fn=cmd_dashboard)
 
 
@@ -36,13 +45,14 @@ def _wait_interruptibly(process) -> int:
             pass
 
 
-def cmd_dashboard(args) -> int:
+def cmd_dashboard(parsed: argparse.Namespace) -> int:
     """Serve the store with one MLflow worker in a process group of its own, print the
     URLs once /health answers, then wait; Ctrl-C or SIGTERM stops the whole group."""
     import signal
 
     from looplab import dashboard_server as ds
 
+    args = flags_of(Dashboard, parsed)
     uri = ds.store_uri(args.store)
 
     # SIGINT too: a shell starts a background job with SIGINT ignored, and Python then

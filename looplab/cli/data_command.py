@@ -4,24 +4,42 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 
-from looplab.arguments import at_least
+from looplab.arguments import add_flags, at_least, flag
+
+
+@dataclass(frozen=True)
+class Samples:
+    """How many samples `looplab data` prints, and from which seed (each task's)."""
+
+    count: int = flag(10, type=at_least(1))
+    seed: int = flag(0, type=at_least(0))
+
+
+@dataclass(frozen=True)
+class Mano:
+    """`looplab data mano`'s task flags."""
+
+    L: int = flag(10, "maximum number of operations", type=at_least(1))
+    eval: bool = flag(False, "draw from the evaluation distribution (length = L)")
+    modulus: int = flag(23, "the field Z_modulus, a prime (default the paper's 23)")
+
+
+@dataclass(frozen=True)
+class Phop:
+    """`looplab data phop`'s task flags."""
+
+    n: int = flag(256, type=at_least(3))
+    p: int = flag(16, type=at_least(1))
+    alphabet: int = flag(4, type=at_least(2))
 
 
 def add_data(sub) -> None:
     d = sub.add_parser("data", help="print task samples as JSON lines")
     dsub = d.add_subparsers(dest="task", required=True)
-    m = dsub.add_parser("mano")
-    m.add_argument("--L", type=at_least(1), default=10, help="maximum number of operations")
-    m.add_argument("--eval", action="store_true", help="draw from the evaluation distribution (length = L)")
-    m.add_argument("--modulus", type=int, default=23, help="the field Z_modulus, a prime (default the paper's 23)")
-    p = dsub.add_parser("phop")
-    p.add_argument("--n", type=at_least(3), default=256)
-    p.add_argument("--p", type=at_least(1), default=16)
-    p.add_argument("--alphabet", type=at_least(2), default=4)
-    for sp in (m, p):
-        sp.add_argument("--count", type=at_least(1), default=10)
-        sp.add_argument("--seed", type=at_least(0), default=0)
+    add_flags(dsub.add_parser("mano"), Mano, Samples)
+    add_flags(dsub.add_parser("phop"), Phop, Samples)
     d.set_defaults(fn=cmd_data)
 
 

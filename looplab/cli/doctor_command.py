@@ -2,9 +2,24 @@
 
 from __future__ import annotations
 
-from looplab.arguments import at_least
-from looplab.cli.shared_flags import threads_flag
+from dataclasses import dataclass
+
+from looplab.arguments import add_flags, at_least, flag
+from looplab.cli.shared_flags import DEVICE_HELP, Threads
 from looplab.config import ConfigError
+
+
+@dataclass(frozen=True)
+class Doctor:
+    """`looplab doctor`'s flags (with Threads'); looplab/doctor/ reads them."""
+
+    quick: bool = flag(False, "environment, peaks and correctness only (seconds): what cluster.yaml runs on every node")
+    json: str | None = flag(None, "also write every check (name, status, figure, value, reason) here")
+    markdown: str | None = flag(None, "also write the checks as a markdown table here")
+    preset: str | None = flag(None, "the training probe's preset (default paper-140m on a GPU, local on a CPU)")
+    steps: int = flag(3, "the training probe's timed steps (default 3)", type=at_least(1))
+    device: str = flag("auto", DEVICE_HELP)
+    no_ray: bool = flag(False, "skip the Ray check")
 
 
 def add_doctor(sub) -> None:
@@ -12,20 +27,7 @@ def add_doctor(sub) -> None:
         "doctor",
         help="check this node: environment, peaks, kernel correctness, a training probe, Ray (looplab/doctor.py)",
     )
-    d.add_argument(
-        "--quick",
-        action="store_true",
-        help="environment, peaks and correctness only (seconds): what cluster.yaml runs on every node",
-    )
-    d.add_argument("--json", help="also write every check (name, status, figure, value, reason) here")
-    d.add_argument("--markdown", help="also write the checks as a markdown table here")
-    d.add_argument(
-        "--preset", default=None, help="the training probe's preset (default paper-140m on a GPU, local on a CPU)"
-    )
-    d.add_argument("--steps", type=at_least(1), default=3, help="the training probe's timed steps (default 3)")
-    d.add_argument("--device", default="auto")
-    d.add_argument("--no-ray", action="store_true", help="skip the Ray check")
-    threads_flag(d)
+    add_flags(d, Doctor, Threads)
     d.set_defaults(fn=cmd_doctor)
 
 

@@ -6,11 +6,35 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
 
-from looplab.arguments import at_least
+from looplab.arguments import add_flags, at_least, flag
 from looplab.cli.inputs import check_checkpoint
-from looplab.cli.shared_flags import policies_type, policy_type, threads_flag
+from looplab.cli.shared_flags import DEVICE_HELP, Threads, policies_type, policy_type
 from looplab.config import ConfigError
+from looplab.policy import ExitPolicy
+
+
+@dataclass(frozen=True)
+class Eval:
+    """`looplab eval`'s flags (with Threads')."""
+
+    checkpoint: str = flag()
+    policies: Sequence[ExitPolicy] | None = flag(
+        None,
+        "exit policies, e.g. 'full;dense:0.2,0.4;skip:0.2,0.4;forced:1-3'; the zoo's zero-shot "
+        "rules, in dense or skip execution: entropy below T nats (skip-entropy:1.0,2.0), KL between "
+        "consecutive steps below T (dense-kl:0.01), argmax stable for K steps (skip-stable:2-3) "
+        "(default: what the checkpoint's stage evaluates: full depth, dense and skip at q in "
+        "0.2..1.0, forced 1..R-1)",
+        type=policies_type,
+    )
+    limit: int = flag(0, "first N eval samples only (0: all)", type=at_least(0))
+    batch_size: int = flag(64, type=at_least(1))
+    device: str = flag("auto", DEVICE_HELP)
+    json: str | None = flag(None, "also write the records as a JSON list here")
 
 
 def add_eval(sub) -> None:
@@ -18,22 +42,7 @@ def add_eval(sub) -> None:
         "eval",
         help="evaluate exit policies (full, forced, dense, skip, the zoo's zero-shot rules) on the task's eval set",
     )
-    e.add_argument("--checkpoint", required=True)
-    e.add_argument(
-        "--policies",
-        type=policies_type,
-        default=None,
-        help="exit policies, e.g. 'full;dense:0.2,0.4;skip:0.2,0.4;forced:1-3'; the zoo's zero-shot "
-        "rules, in dense or skip execution: entropy below T nats (skip-entropy:1.0,2.0), KL between "
-        "consecutive steps below T (dense-kl:0.01), argmax stable for K steps (skip-stable:2-3) "
-        "(default: what the checkpoint's stage evaluates: full depth, dense and skip at q in "
-        "0.2..1.0, forced 1..R-1)",
-    )
-    e.add_argument("--limit", type=at_least(0), default=0, help="first N eval samples only (0: all)")
-    e.add_argument("--batch-size", type=at_least(1), default=64)
-    e.add_argument("--device", default="auto")
-    e.add_argument("--json", help="also write the records as a JSON list here")
-    threads_flag(e)
+    add_flags(e, Eval, Threads)
     e.set_defaults(fn=cmd_eval)
 
 
@@ -98,42 +107,42 @@ def _limit(value: str) -> int | float:
     return number if number < 1 else int(number)
 
 
-def add_lm_eval(sub) -> None:
-    le = sub.add_parser("lm-eval", help="lm-eval tasks or the paper's seven-task suite on a checkpoint (JSON)")
-    le.add_argument("--checkpoint", required=True)
-    le.add_argument("--tasks", default="", help="comma-separated lm-eval task names (with --suite: a subset)")
-    le.add_argument(
-        "--suite",
-        choices=("paper",),
-        default=None,
-        help="paper: piqa, boolq, winogrande, openbookqa (5 shots), hellaswag (10), arc_challenge "
+@dataclass(frozen=True)
+class LmEval:
+    """`looplab lm-eval`'s flags (with Threads')."""
+
+    checkpoint: str = flag()
+    tasks: str = flag("", "comma-separated lm-eval task names (with --suite: a subset)")
+    suite: Literal["paper"] | None = flag(
+        None,
+        "paper: piqa, boolq, winogrande, openbookqa (5 shots), hellaswag (10), arc_challenge "
         "(25), arc_easy (8), and their average accuracy",
     )
-    le.add_argument("--include-path", default=None, help="directory of extra task YAMLs")
-    le.add_argument(
-        "--local-data",
-        default=None,
-        help="suite datasets from DIR/<task>/<split>.parquet (python -m looplab.evaluation.paper_tasks export)",
+    include_path: str | None = flag(None, "directory of extra task YAMLs")
+    local_data: str | None = flag(
+        None, "suite datasets from DIR/<task>/<split>.parquet (python -m looplab.evaluation.paper_tasks export)"
     )
-    le.add_argument(
-        "--policy",
-        type=policy_type,
-        default="full",
-        help="exit policy: full | forced:D | dense:Q | skip:Q (the gate's threshold rule) | "
+    policy: ExitPolicy = flag(
+        ExitPolicy.parse("full"),
+        "exit policy: full | forced:D | dense:Q | skip:Q (the gate's threshold rule) | "
         "dense-entropy:T | skip-entropy:T | dense-kl:T | skip-kl:T | dense-stable:K | "
         "skip-stable:K (zero-shot rules, no gate needed) (default full)",
+        type=policy_type,
     )
-    le.add_argument(
-        "--tokenizer",
-        default=None,
-        help="the tokenizer the model was trained with, for checkpoints that do not record one: "
+    tokenizer: str | None = flag(
+        None,
+        "the tokenizer the model was trained with, for checkpoints that do not record one: "
         "mistral | bytes | an HF tokenizer name (default: the checkpoint's)",
     )
-    le.add_argument("--limit", type=_limit, default=None, help="documents per task (or a fraction < 1)")
-    le.add_argument("--batch-size", type=at_least(1), default=8)
-    le.add_argument("--device", default="auto")
-    le.add_argument("--output", default=None, help="also write the JSON here")
-    threads_flag(le)
+    limit: int | float | None = flag(None, "documents per task (or a fraction < 1)", type=_limit)
+    batch_size: int = flag(8, type=at_least(1))
+    device: str = flag("auto", DEVICE_HELP)
+    output: str | None = flag(None, "also write the JSON here")
+
+
+def add_lm_eval(sub) -> None:
+    le = sub.add_parser("lm-eval", help="lm-eval tasks or the paper's seven-task suite on a checkpoint (JSON)")
+    add_flags(le, LmEval, Threads)
     le.set_defaults(fn=cmd_lm_eval)
 
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
+from typing import Literal
 
-from looplab.arguments import at_least, number_in
+from looplab.arguments import add_flags, at_least, flag, number_in
 from looplab.cli.inputs import check_checkpoint, compile_decoding
-from looplab.cli.shared_flags import compile_flag, policy_type, threads_flag
+from looplab.cli.shared_flags import COMPILE_HELP, DEVICE_HELP, Compile, CompileSetting, Threads, policy_type
 from looplab.config import ConfigError
+from looplab.policy import ExitPolicy
 
 SUPERSCRIPT = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
 
@@ -49,34 +52,42 @@ def untrained_gate_note(model, policy) -> str | None:
     )
 
 
+@dataclass(frozen=True)
+class Generate:
+    """`looplab generate`'s flags (with Threads' and EagerCompile's)."""
+
+    checkpoint: str = flag()
+    prompt: str = flag()
+    policy: ExitPolicy = flag(
+        ExitPolicy.parse("full"),
+        "exit policy: full | forced:D | dense:Q | skip:Q | the zoo's skip-entropy:T, ... (default full)",
+        type=policy_type,
+    )
+    max_new_tokens: int = flag(64, type=at_least(1))
+    temperature: float = flag(0.0, "0: greedy (default)", type=number_in(0.0))
+    top_k: int = flag(0, "0: no limit", type=at_least(0))
+    top_p: float = flag(1.0, type=number_in(0.0, 1.0, low_open=True))
+    seed: int | None = flag(None, type=at_least(0))
+    stop: list[str] = flag(help="stop string (repeatable)", repeat=True)
+    attention_fill: Literal["hole", "exit_state"] = flag(
+        "hole", "what exited tokens leave in deeper attention layers (hybrid/transformer)"
+    )
+    tokenizer: str = flag("", "default: the checkpoint's")
+    no_bos: bool = flag(False, "do not start the prompt with <bos>")
+    device: str = flag("auto", DEVICE_HELP)
+    json: bool = flag(False, "print one JSON record instead")
+
+
+@dataclass(frozen=True)
+class EagerCompile(Compile):
+    """Compile with --compile off by default: generate decodes with the eager step unless asked."""
+
+    compile: CompileSetting = flag("off", COMPILE_HELP)
+
+
 def add_generate(sub) -> None:
     g = sub.add_parser("generate", help="continue a prompt from a checkpoint; print the loops behind each token")
-    g.add_argument("--checkpoint", required=True)
-    g.add_argument("--prompt", required=True)
-    g.add_argument(
-        "--policy",
-        type=policy_type,
-        default="full",
-        help="exit policy: full | forced:D | dense:Q | skip:Q | the zoo's skip-entropy:T, ... (default full)",
-    )
-    g.add_argument("--max-new-tokens", type=at_least(1), default=64)
-    g.add_argument("--temperature", type=number_in(0.0), default=0.0, help="0: greedy (default)")
-    g.add_argument("--top-k", type=at_least(0), default=0, help="0: no limit")
-    g.add_argument("--top-p", type=number_in(0.0, 1.0, low_open=True), default=1.0)
-    g.add_argument("--seed", type=at_least(0), default=None)
-    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    g.add_argument(
-        "--attention-fill",
-        choices=("hole", "exit_state"),
-        default="hole",
-        help="what exited tokens leave in deeper attention layers (hybrid/transformer)",
-    )
-    g.add_argument("--tokenizer", default="", help="default: the checkpoint's")
-    g.add_argument("--no-bos", action="store_true", help="do not start the prompt with <bos>")
-    g.add_argument("--device", default="auto")
-    g.add_argument("--json", action="store_true", help="print one JSON record instead")
-    threads_flag(g)
-    compile_flag(g, "off")
+    add_flags(g, Generate, Threads, EagerCompile)
     g.set_defaults(fn=cmd_generate)
 
 

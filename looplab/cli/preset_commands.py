@@ -4,29 +4,42 @@ presets, a preset's size."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
-from looplab.arguments import at_least
+from looplab.arguments import add_flags, at_least, flag, one_of
 from looplab.cli.inputs import experiment_config
-from looplab.cli.shared_flags import threads_flag
+from looplab.cli.shared_flags import Threads
 from looplab.stages import STAGE_NAMES
+
+
+def stage_name(text: str) -> str:
+    """--stage's argparse type: a stage registered when the flag is read (looplab/stages.py
+    register adds them at run time, so not a Literal fixed at import)."""
+    return one_of(*STAGE_NAMES)(text)
+
+
+@dataclass(frozen=True)
+class Train:
+    """`looplab train`'s flags (with Threads')."""
+
+    preset: str = flag()
+    out: str = flag(help="run directory: metrics.jsonl and checkpoint/")
+    stop_at: int | None = flag(None, "stop (with a checkpoint) after this many steps", type=at_least(1))
+    no_resume: bool = flag(False, "ignore an existing checkpoint in OUT")
+    stage: str | None = flag(
+        None,
+        "training stage (default pretrain); continued stages use their recipe from "
+        "looplab/stages.py (App. D's optimiser settings), overrides still win",
+        type=stage_name,
+        metavar="{" + ",".join(STAGE_NAMES) + "}",
+    )
+    init: str | None = flag(None, "parent checkpoint a continued stage starts from")
+    overrides: list[str] = flag(help="KEY=VALUE, e.g. model.n_loops=1 train.steps=500", positional=True)
 
 
 def add_train(sub) -> None:
     t = sub.add_parser("train", help="train one run of a preset (resumes from OUT/checkpoint)")
-    t.add_argument("--preset", required=True)
-    t.add_argument("--out", required=True, help="run directory: metrics.jsonl and checkpoint/")
-    t.add_argument("--stop-at", type=at_least(1), default=None, help="stop (with a checkpoint) after this many steps")
-    t.add_argument("--no-resume", action="store_true", help="ignore an existing checkpoint in OUT")
-    t.add_argument(
-        "--stage",
-        choices=STAGE_NAMES,
-        default=None,
-        help="training stage (default pretrain); continued stages use their recipe from "
-        "looplab/stages.py (App. D's optimiser settings), overrides still win",
-    )
-    t.add_argument("--init", default=None, help="parent checkpoint a continued stage starts from")
-    t.add_argument("overrides", nargs="*", help="KEY=VALUE, e.g. model.n_loops=1 train.steps=500")
-    threads_flag(t)
+    add_flags(t, Train, Threads)
     t.set_defaults(fn=cmd_train)
 
 
@@ -66,10 +79,17 @@ def cmd_presets(args) -> int:
     return 0
 
 
+@dataclass(frozen=True)
+class Info:
+    """`looplab info`'s flags."""
+
+    preset: str = flag()
+    overrides: list[str] = flag(positional=True)
+
+
 def add_info(sub) -> None:
     i = sub.add_parser("info", help="parameters and FLOPs of a preset")
-    i.add_argument("--preset", required=True)
-    i.add_argument("overrides", nargs="*")
+    add_flags(i, Info)
     i.set_defaults(fn=cmd_info)
 
 

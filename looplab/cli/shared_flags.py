@@ -1,12 +1,15 @@
 """The arguments several commands share: argparse types for exit policies and
-schedules, and the flags of every command that computes (--threads), decodes
-(--compile) or times (--warmup, --repeats, --device, --json)."""
+schedules, and the options (looplab/arguments.py flag) of every command that computes
+(Threads: --threads), decodes (Compile: --compile) or times (Timing: --warmup,
+--repeats, --device, --json)."""
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
+from typing import Literal
 
-from looplab.arguments import at_least, int_in
+from looplab.arguments import at_least, flag, int_in
 from looplab.config import ConfigError
 
 
@@ -41,38 +44,51 @@ def schedules_type(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def threads_flag(p) -> None:
+def threads_type(text: str) -> int:
+    """An argparse type: a thread count in [1, the CPUs this process may use]."""
+    from looplab.threads import usable_cpus
+
+    return int_in(1, usable_cpus(), "the CPUs this process may use")(text)
+
+
+@dataclass(frozen=True)
+class Threads:
     """--threads, on every command that computes: main() sets torch's threads from it
     (looplab/threads.py), and from the CPUs the process was given without it (the default,
     0, is not a value to give). More threads than CPUs only wait on each other, and
     torch crashes at some 10⁵."""
-    from looplab.threads import usable_cpus
 
-    p.add_argument(
-        "--threads",
-        type=int_in(1, usable_cpus(), "the CPUs this process may use"),
-        default=0,
-        help="torch threads, at most this process's CPUs (default: Ray's allocation inside Ray, else the "
+    threads: int = flag(
+        0,
+        "torch threads, at most this process's CPUs (default: Ray's allocation inside Ray, else the "
         "machine's free cores)",
+        type=threads_type,
     )
 
 
-def compile_flag(p, default: str) -> None:
-    """--compile, on every command that decodes: the compiled one-token step, eager, or CUDA graphs."""
-    p.add_argument(
-        "--compile",
-        choices=("on", "off", "cuda-graphs"),
-        default=default,
-        help=f"decode with the compiled one-token step (looplab/models/compiled.py; the first steps "
-        f"compile for seconds), the eager one, or the compiled one captured in CUDA graphs (a GPU; "
-        f"on a CPU the same as on) (default {default})",
-    )
+DEVICE_HELP = "auto | cpu | cuda | cuda:N"  # what looplab/destinations.py device allows
+CompileSetting = Literal["on", "off", "cuda-graphs"]
+COMPILE_HELP = (
+    "decode with the compiled one-token step (looplab/models/compiled.py; the first steps compile for "
+    "seconds), the eager one, or the compiled one captured in CUDA graphs (a GPU; on a CPU the same as on)"
+)
 
 
-def timing_flags(p, *, warmup: int, repeats: int) -> None:
-    """The flags every timing command shares: threads, warm-ups, repeats, device, JSON out."""
-    threads_flag(p)
-    p.add_argument("--warmup", type=at_least(0), default=warmup)
-    p.add_argument("--repeats", type=at_least(1), default=repeats)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--json", help="write the records (a JSON list) here")
+@dataclass(frozen=True)
+class Compile:
+    """--compile, on every command that decodes: the compiled one-token step (the
+    default), eager, or CUDA graphs. A command that decodes eagerly by default
+    subclasses it with its own default."""
+
+    compile: CompileSetting = flag("on", COMPILE_HELP)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """The flags every timing command shares (with Threads): warm-ups, repeats, device,
+    JSON out. A command with other counts subclasses it with its own defaults."""
+
+    warmup: int = flag(2, "untimed runs first", type=at_least(0))
+    repeats: int = flag(5, "timed runs", type=at_least(1))
+    device: str = flag("auto", DEVICE_HELP)
+    json: str | None = flag(None, "write the records (a JSON list) here")
