@@ -22,6 +22,7 @@ any; tests/test_names_contract.py checks that none is one.
 
 from __future__ import annotations
 
+from looplab import tracking
 from looplab.evaluation.paper_tasks import PAPER_TASKS
 from looplab.policy import DENSE, FORCED, FULL, SKIP, ZOO_KINDS
 from looplab.stages import STAGE_NAMES
@@ -44,13 +45,13 @@ from looplab.tracking import (
 # (analysis/points.py orders its columns so; analysis/aggregate.py carries them over seeds).
 POINT_NAME = (
     "experiment",
-    "method",
+    tracking.METHOD,
     "label",
     "model",
     "pipeline",
-    "stage",
+    tracking.STAGE_TAG,
     "is_final_stage",
-    "policy",
+    tracking.POLICY_TAG,
     "q",
     "depth",
     "point",

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -37,6 +38,7 @@ START_TIMEOUT_S = 180.0  # one worker answers in ~9 s on a quiet machine; a load
 STOP_GRACE_S = 10.0  # after SIGTERM, before SIGKILL
 STORE_HELP = "a sweep's storage folder holding mlflow.db, or sqlite:///PATH/mlflow.db"
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+CREDENTIALS = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")  # what MLflow's client sends
 
 
 class NotServing(RuntimeError):
@@ -54,23 +56,72 @@ def store_uri(store: str) -> str:
         return store
     path = Path(store).expanduser()
     if path.is_dir() and (path / dashboard.STORE_FILE).is_file():
+        destinations.intact_sqlite("STORE", store, path / dashboard.STORE_FILE)
         return f"sqlite:///{(path / dashboard.STORE_FILE).as_posix()}"
     if path.is_file() and path.suffix == ".db":
+        destinations.intact_sqlite("STORE", store, path)
         return f"sqlite:///{path.as_posix()}"
     found = "a folder without mlflow.db" if path.is_dir() else "no such file or folder"
     raise invalid("STORE", store, f"{STORE_HELP} ({found})")
 
 
-def server_argv(uri: str, host: str, port: int) -> list[str]:
-    """The `mlflow server` invocation: one worker (see the module docstring)."""
+def is_loopback(host: str) -> bool:
+    return host.startswith("127.") or host in ("localhost", "::1")
+
+
+def needs_auth(host: str, environ: dict[str, str] | None = None) -> bool:
+    """Whether serving on `host` takes MLflow's basic auth, by scripts/mlflow_server.sh's
+    rule: loopback serves as is; a wildcard never (it serves every interface, the public
+    one included, and MLflow then answers anyone who sends a loopback Host header);
+    any other address only with MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD
+    set (the pair a client sends). A refused host is a one-line ConfigError."""
+    env = os.environ if environ is None else environ
+    if is_loopback(host):
+        return False
+    if host in WILDCARD_HOSTS or host == "*":
+        raise invalid(
+            "--host",
+            host,
+            "127.0.0.1 (this machine; an SSH tunnel reaches it from another), or this node's own address "
+            "with basic auth (a wildcard serves every interface, the public one included)",
+        )
+    if not all(env.get(name) for name in CREDENTIALS):
+        raise invalid(
+            "--host",
+            host,
+            f"127.0.0.1, or {host} with {' and '.join(CREDENTIALS)} set: it is reachable from other "
+            "machines, so the dashboard asks for them (scripts/mlflow_server.sh credentials writes a pair)",
+        )
+    import importlib.util
+
+    if importlib.util.find_spec("flask_wtf") is None:  # MLflow's basic-auth app needs it (its auth extra)
+        raise invalid(
+            "--host", host, f"127.0.0.1, or {host} once MLflow's basic auth is installed: pip install 'mlflow[auth]'"
+        )
+    return True
+
+
+def server_argv(uri: str, host: str, port: int, auth: bool = False) -> list[str]:
+    """The `mlflow server` invocation: one worker (see the module docstring), with MLflow's
+    basic-auth app where `auth`."""
     mlflow = shutil.which("mlflow")
     head = [mlflow] if mlflow else [sys.executable, "-m", "mlflow"]
-    return [*head, "server", "--backend-store-uri", uri, "--host", host, "--port", str(port), "--workers", "1"]
+    argv = [*head, "server", "--backend-store-uri", uri, "--host", host, "--port", str(port), "--workers", "1"]
+    return [*argv, "--app-name", "basic-auth"] if auth else argv
 
 
-def server_env() -> dict[str, str]:
-    """The server's environment: no job runner nor Huey consumers (a dashboard runs no jobs)."""
-    return {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+def server_env(
+    host: str = dashboard.LOCAL_HOST, port: int = dashboard.LOCAL_PORT, auth: bool = False
+) -> dict[str, str]:
+    """The server's environment: no job runner nor Huey consumers (a dashboard runs no
+    jobs); with auth, the client's pair as the admin user, and the Host headers MLflow
+    answers (the address it binds, and loopback for an SSH tunnel)."""
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    if auth:
+        env["MLFLOW_AUTH_ADMIN_USERNAME"], env["MLFLOW_AUTH_ADMIN_PASSWORD"] = (os.environ[c] for c in CREDENTIALS)
+        env.setdefault("MLFLOW_FLASK_SERVER_SECRET_KEY", secrets.token_hex(32))
+        env.setdefault("MLFLOW_SERVER_ALLOWED_HOSTS", f"{host}:{port},localhost:*,127.0.0.1:*")
+    return env
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -119,18 +170,20 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
-def start(uri: str, host: str, port: int, log: Path) -> subprocess.Popen:
+def start(uri: str, host: str, port: int, log: Path, auth: bool = False) -> subprocess.Popen:
     """The server, in a new session (so its own process group, pgid = its pid, and no
     terminal's Ctrl-C reaches it directly: stop() does). On Linux it also gets SIGTERM
     when this process dies without stopping it (SIGKILL, the OOM killer): MLflow's
-    command forwards that to its uvicorn worker and exits, so no server is left orphaned."""
+    command forwards that to its uvicorn worker and exits, so no server is left orphaned.
+    With auth it runs in a folder of its own: MLflow keeps its users in ./basic_auth.db."""
     with open(log, "w") as out:
         return subprocess.Popen(
-            server_argv(uri, host, port),
+            server_argv(uri, host, port, auth),
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=server_env(),
+            env=server_env(host, port, auth),
+            cwd=tempfile.mkdtemp(prefix="looplab-dashboard-auth-") if auth else None,
             start_new_session=True,
             preexec_fn=_terminate_with_parent(os.getpid()) if sys.platform.startswith("linux") else None,
         )
@@ -247,6 +300,7 @@ class Server:
         self, uri: str, host: str = dashboard.LOCAL_HOST, port: int = dashboard.LOCAL_PORT, log: Path | None = None
     ):
         self.uri, self.host, self.port, self.log = uri, host, port, log
+        self.auth = needs_auth(host)  # a host other machines reach: basic auth, or refused here
         self.base = base_url(host, port)
         self.process: subprocess.Popen | None = None
         self.pgid, self.started = 0, 0.0
@@ -259,7 +313,7 @@ class Server:
             os.close(handle)
             self.log = Path(name)
         self.started = time.monotonic()
-        self.process = start(self.uri, self.host, self.port, self.log)
+        self.process = start(self.uri, self.host, self.port, self.log, self.auth)
         self.pgid = self.process.pid  # a session of its own: its group is its pid
         return self
 

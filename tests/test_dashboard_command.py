@@ -10,6 +10,7 @@ port, HTTP answers from the server.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 import queue
@@ -21,6 +22,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Iterator
@@ -76,6 +78,37 @@ def test_a_port_in_use_is_one_line_and_starts_nothing(tmp_path, capsys):
         err = _one_line_error(capsys, ["dashboard", str(tmp_path), "--port", str(port)])
     assert f"--port={port} is invalid" in err and "a port free on 127.0.0.1" in err
     assert not list(Path(tempfile.gettempdir()).glob(f"looplab-dashboard-{port}-*.log"))  # no server started
+
+
+def test_a_host_other_machines_reach_needs_auth_else_one_line(tmp_path, capsys, monkeypatch):
+    """One rule with scripts/mlflow_server.sh: a wildcard never (MLflow would answer any
+    client that sends a loopback Host header), another address only with credentials."""
+    (tmp_path / "mlflow.db").touch()
+    for name in dashboard_server.CREDENTIALS:
+        monkeypatch.delenv(name, raising=False)
+    for host in ("0.0.0.0", "::"):
+        err = _one_line_error(capsys, ["dashboard", str(tmp_path), "--host", host])
+        assert f"--host={host!r} is invalid" in err and "a wildcard serves every interface" in err
+    err = _one_line_error(capsys, ["dashboard", str(tmp_path), "--host", "10.1.2.3"])
+    assert "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD set" in err
+    for host in ("127.0.0.1", "127.0.0.2", "localhost", "::1"):
+        assert dashboard_server.needs_auth(host) is False
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "ada")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "a long secret")
+    assert dashboard_server.needs_auth("10.1.2.3") is True
+    with pytest.raises(Exception, match="a wildcard"):  # credentials do not make a wildcard safe
+        dashboard_server.needs_auth("0.0.0.0")
+    argv = dashboard_server.server_argv("sqlite:///x.db", "10.1.2.3", 5000, auth=True)
+    assert argv[-2:] == ["--app-name", "basic-auth"]
+    env = dashboard_server.server_env("10.1.2.3", 5000, auth=True)
+    assert (env["MLFLOW_AUTH_ADMIN_USERNAME"], env["MLFLOW_AUTH_ADMIN_PASSWORD"]) == ("ada", "a long secret")
+    assert env["MLFLOW_SERVER_ALLOWED_HOSTS"].startswith("10.1.2.3:5000,")
+
+
+def test_a_damaged_store_is_one_line(tmp_path, capsys):
+    (tmp_path / "mlflow.db").write_bytes(b"SQLite format 3\x00" + b"\xff" * 4000)  # a header, no database
+    err = _one_line_error(capsys, ["dashboard", str(tmp_path)])
+    assert "undamaged SQLite store" in err and "mlflow.db" in err
 
 
 def test_the_store_a_sweep_prints_is_its_storage_folder(tmp_path):
@@ -363,3 +396,39 @@ def test_a_killed_command_leaves_no_server(tiny_store):
         for pgid in {pgid for pgid, _ in started.values()} - {os.getpgrp()}:
             if _members(pgid):
                 os.killpg(pgid, signal.SIGKILL)
+
+
+def _reachable_address() -> str | None:
+    """This machine's address other machines would use (not loopback), if it has one."""
+    for probe in (("192.0.2.1", 9), ("10.255.255.255", 1)):  # UDP connect sends nothing
+        with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(probe)
+            address = s.getsockname()[0]
+            if not address.startswith("127."):
+                return address
+    return None
+
+
+@pytest.mark.slow  # an MLflow server's start: 10-60 s on 2 cores
+def test_a_reachable_host_is_served_only_with_basic_auth(tiny_store, monkeypatch):
+    """On a non-loopback address the server asks every request for the pair: without it
+    401 (also with a loopback Host header, which fooled a wildcard bind), with it 200."""
+    pytest.importorskip("flask_wtf", reason="MLflow's basic-auth app needs the mlflow[auth] extra")
+    host = _reachable_address()
+    if host is None:
+        pytest.skip("no address but loopback")
+    root, _, _ = tiny_store
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "ada")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "a-long-test-secret")
+    port = free_port()
+    search = f"http://{host}:{port}/api/2.0/mlflow/experiments/search?max_results=1"
+    with dashboard_server.Server(f"sqlite:///{root / 'mlflow.db'}", host, port) as server:
+        server.wait_healthy()
+        for headers in ({}, {"Host": f"localhost:{port}"}):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(urllib.request.Request(search, headers=headers), timeout=30)
+            assert refused.value.code == 401
+        token = base64.b64encode(b"ada:a-long-test-secret").decode()
+        request = urllib.request.Request(search, headers={"Authorization": f"Basic {token}"})
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            assert answer.status == 200
