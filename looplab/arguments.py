@@ -51,6 +51,7 @@ class Flag:
     unset: Any = _SAME
     repeat: bool = False
     positional: bool = False
+    argument: bool = False
 
 
 def flag(
@@ -63,6 +64,7 @@ def flag(
     unset: Any = _SAME,
     repeat: bool = False,
     positional: bool = False,
+    argument: bool = False,
 ) -> Any:
     """A dataclass field that is also a command-line flag.
 
@@ -75,10 +77,14 @@ def flag(
                 field's default (None: its reader supplies one that depends on another flag)
     repeat      the flag may be given several times; the field holds the list
     positional  the field takes the command's remaining words (nargs="*")
+    argument    the field is one required word of the command line (e.g. OUT_DIR), not a
+                --flag; declare it before the fields with defaults
     """
-    how = Flag(help, type, metavar, name, unset, repeat, positional)
+    how = Flag(help, type, metavar, name, unset, repeat, positional, argument)
     if repeat or positional:  # a list: one per instance
         return dataclasses.field(default_factory=list, metadata={_FLAG: how})
+    if argument:
+        return dataclasses.field(metadata={_FLAG: how})
     return dataclasses.field(default=default, metadata={_FLAG: how})
 
 
@@ -93,8 +99,9 @@ def add_flags(parser: argparse.ArgumentParser | Any, *options: type) -> None:
 
 
 def _add(parser, field: dataclasses.Field, how: Flag, hint: Any) -> None:
-    if how.positional:
-        parser.add_argument(field.name, nargs="*", help=how.help)
+    if how.positional or how.argument:
+        words = {"nargs": "*"} if how.positional else {"type": how.type, "metavar": how.metavar or field.name.upper()}
+        parser.add_argument(field.name, help=how.help, **words)
         return
     kwargs: dict[str, Any] = {"dest": field.name}
     default = field.default if how.unset is _SAME else how.unset
@@ -136,7 +143,13 @@ def _parser_of(hint: Any) -> Callable[[str], Any] | None:
 def _help(how: Flag, hint: Any, default: Any) -> str | None:
     """The flag's help with its default, unless it is a switch, a required flag, an unset
     (None) one, or the help says it already: "(grid runs each point once; default 8)"."""
-    if hint is bool or default is None or default is dataclasses.MISSING or default == "" or "default" in how.help:
+    if (
+        hint is bool
+        or default is None
+        or default is dataclasses.MISSING
+        or default in ("", (), [])
+        or "default" in how.help
+    ):
         return how.help or None
     shown = f"default {_shown(default)}"
     if how.help.endswith(")"):

@@ -87,3 +87,21 @@ def test_help_says_each_default_once():
     assert "{fast,slow}" in text and "how to run (default fast)" in text
     assert "plan only (default" not in text  # a switch has no default to say
     assert "--not-a-flag" not in text
+
+
+@dataclass(frozen=True)
+class WithWord:
+    store: str = flag(help="the store", argument=True)
+    port: int = flag(5000, "the port")
+    tags: tuple[str, ...] = flag((), "tags", type=lambda t: tuple(t.split(",")))
+
+
+def test_a_required_word_is_an_argument_not_a_flag(capsys):
+    p = Parser(prog="t")
+    add_flags(p, WithWord)
+    assert flags_of(WithWord, p.parse_args(["runs/x", "--port", "7"])) == WithWord("runs/x", 7)
+    text = " ".join(p.format_help().split())
+    assert "STORE the store" in text and "tags (default" not in text  # an empty default is not said
+    with pytest.raises(SystemExit):
+        p.parse_args(["--port", "7"])
+    assert "the following arguments are required: STORE" in capsys.readouterr().err

@@ -178,3 +178,20 @@ def test_describe_lists_a_prefix_and_refuses_an_unknown_one():
     assert "train.device=auto  (str, not keyed)" in ref.describe("train.device")
     with pytest.raises(ConfigError, match="prefix='nope' is invalid"):
         ref.describe("nope")
+
+
+def test_the_command_lists_the_fields_of_the_prefix():
+    """`looplab options exit. train.lr` prints ExitConfig's fields (an independent walk of
+    the dataclass) and train.lr, each once, with the dataclass default."""
+    from looplab.config import ExitConfig, TrainConfig
+
+    done = subprocess.run(
+        [sys.executable, "-m", "looplab.cli", "options", "exit.", "train.lr"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    heads = [line.split("  (")[0] for line in done.stdout.splitlines() if not line.startswith(" ")]
+    expected = [f"exit.{f.name}={getattr(ExitConfig(), f.name)!r}" for f in dataclasses.fields(ExitConfig)]
+    assert heads == [*expected, f"train.lr={TrainConfig().lr!r}"]

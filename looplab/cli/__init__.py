@@ -17,6 +17,7 @@
     looplab export --checkpoint runs/lm/checkpoint --format hf exports/lm [--policy skip:0.4] [--force]
     looplab presets
     looplab info --preset paper-140m [arch=hybrid ...]
+    looplab options [train. exit.beta ...]             the override keys, their defaults and meaning
     looplab doctor [--quick] [--json report.json]      does this node work? (looplab/doctor/)
     looplab dashboard runs/beta [--port 5000] [--experiment NAME]   MLflow's dashboard of a sweep, until Ctrl-C
 
@@ -24,7 +25,8 @@ Each command is a pair side by side: add_<command> declares its arguments (an op
 dataclass whose fields looplab/arguments.py add_flags makes the flags), cmd_<command>
 runs with them, in the module of its group (preset_commands: train, presets, info;
 data_command; eval_commands: eval, lm-eval; bench_commands: bench, bench-arrivals;
-generate_command; export_command; doctor_command; dashboard_command); shared_flags.py
+generate_command; export_command; doctor_command; dashboard_command; options_command);
+shared_flags.py
 holds the options several commands share (Threads, Compile, Timing) and the argument
 types of exit policies and schedules, inputs.py the checks they make before their
 work; build_parser lists the pairs.
@@ -43,6 +45,7 @@ from looplab.cli.eval_commands import add_eval, add_lm_eval, check_task_names, c
 from looplab.cli.export_command import add_export, cmd_export
 from looplab.cli.generate_command import add_generate, cmd_generate, depth_display, untrained_gate_note
 from looplab.cli.inputs import check_destinations
+from looplab.cli.options_command import add_options, cmd_options
 from looplab.cli.preset_commands import add_info, add_presets, add_train, cmd_info, cmd_presets, cmd_train
 from looplab.config import ConfigError
 from looplab.errors import CheckpointNotWritten, TrainingDiverged
@@ -58,6 +61,7 @@ __all__ = [
     "add_generate",
     "add_info",
     "add_lm_eval",
+    "add_options",
     "add_presets",
     "add_train",
     "build_parser",
@@ -72,6 +76,7 @@ __all__ = [
     "cmd_generate",
     "cmd_info",
     "cmd_lm_eval",
+    "cmd_options",
     "cmd_presets",
     "cmd_train",
     "depth_display",
@@ -94,6 +99,7 @@ def build_parser() -> Parser:
         add_export,
         add_presets,
         add_info,
+        add_options,
         add_doctor,
         add_dashboard,
     ):  # --help lists the commands in this order

@@ -12,10 +12,9 @@ from looplab.arguments import add_flags, flag, flags_of, int_in, number_in
 
 @dataclass(frozen=True)
 class Dashboard:
-    """`looplab dashboard`'s flags, and STORE (a positional add_dashboard declares by
-    hand: add_flags derives only the nargs="*" kind)."""
+    """`looplab dashboard`'s arguments: STORE and its flags."""
 
-    store: str
+    store: str = flag(help="a sweep's storage folder (holding mlflow.db) or sqlite:///PATH", argument=True)
     port: int = flag(5000, "default 5000, the port a sweep's URLs name", type=int_in(1, 65535))
     host: str = flag("127.0.0.1", "the interface to bind (default 127.0.0.1: this machine only)")
     experiment: str | None = flag(None, "the experiment whose newest sweep to open (default: the store's newest sweep)")
@@ -27,7 +26,6 @@ def add_dashboard(sub) -> None:
         "dashboard",
         help="serve MLflow's dashboard of a sweep's store until Ctrl-C, print its URLs (looplab/dashboard_server.py)",
     )
-    d.add_argument("store", metavar="STORE", help="a sweep's storage folder (holding mlflow.db) or sqlite:///PATH")
     add_flags(d, Dashboard)
     d.set_defaults(fn=cmd_dashboard)
 

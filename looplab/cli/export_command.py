@@ -14,10 +14,9 @@ from looplab.policy import ExitPolicy
 
 @dataclass(frozen=True)
 class Export:
-    """`looplab export`'s flags, and OUT_DIR (a positional add_export declares by hand:
-    add_flags derives only the nargs="*" kind)."""
+    """`looplab export`'s arguments: OUT_DIR and its flags."""
 
-    out_dir: str
+    out_dir: str = flag(help="the folder the Hugging Face files go to", argument=True)
     checkpoint: str = flag()
     format: str = flag("hf", "hf: AutoModelForCausalLM.from_pretrained(OUT_DIR, trust_remote_code=True) (default hf)")
     policy: ExitPolicy = flag(
@@ -31,7 +30,6 @@ class Export:
 def add_export(sub) -> None:
     x = sub.add_parser("export", help="write a checkpoint as a Hugging Face folder (transformers, lm-eval's hf)")
     add_flags(x, Export)
-    x.add_argument("out_dir", metavar="OUT_DIR")
     x.set_defaults(fn=cmd_export)
 
 

@@ -311,7 +311,8 @@ def _header() -> list[str]:
         "`KEY=VALUE`, the value read as JSON when it parses and as a string otherwise. "
         "This page lists them all, each with its type, its default (the config's own; a preset "
         "sets many of them, and `looplab train` applies the stage's recipe before the overrides) and "
-        "its description, the comment beside the field's declaration.",
+        "its description, the comment beside the field's declaration. "
+        "`looplab options PREFIX` prints the same in a terminal, e.g. `looplab options train.`.",
         "",
         "A bare name (`n_loops=2`) is looked up in model, then train, then task. "
         f"A task's options are those of its kind: `task.kind` (default `{default_kind}`) picks it, "
