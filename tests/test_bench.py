@@ -14,9 +14,9 @@ from looplab.config import ConfigError
 from looplab.costs.decode_timing import bench_decode_point
 from looplab.costs.measured_memory import UNKNOWN_PEAK, in_rss_process, peak_memory
 from looplab.costs.timing import (
+    BenchGrid,
     bench_point,
     oracle_exit_steps,
-    run_grid,
     survivor_ratio,
     under_dtype,
 )
@@ -169,7 +169,7 @@ def test_a_missing_bf16_kernel_is_a_one_line_dtype_error(monkeypatch, capsys):
 def test_grid_needs_a_policy():
     model = load_model("phop-debug", n_loops=4)
     with pytest.raises(ConfigError, match="oracle"):
-        run_grid(model, None, batches=[1], seq_lens=[8])
+        BenchGrid((1,), (8,))
     with pytest.raises(ConfigError, match="allowed: skip policies"):
         bench_point(model, torch.zeros(1, 8, dtype=torch.long), ExitPolicy.dense(0.5))
 

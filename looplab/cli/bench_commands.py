@@ -132,17 +132,11 @@ def _time_decoding(args, model, task, device):
     records = run_decode_grid(
         model,
         task,
-        batches=args.batch,
-        seq_lens=args.seq_len,
+        _grid(args),
         new_tokens=args.new_tokens,
-        policies=args.policies,
-        oracle_mean=args.oracle_mean,
-        warmup=args.warmup,
-        repeats=args.repeats,
         attention_fill=args.attention_fill,
-        dtype=args.dtype,
-        device=device,
         schedules=args.schedule,
+        device=device,
         on_record=lambda r: print(format_decode_record(r), file=sys.stderr, flush=True),
     )
     for line in context_scaling(records):
@@ -158,16 +152,25 @@ def _time_prefill(args, model, task, device):
     return run_grid(
         model,
         task,
-        batches=args.batch,
-        seq_lens=args.seq_len,
-        policies=args.policies,
-        oracle_mean=args.oracle_mean,
-        warmup=args.warmup,
-        repeats=args.repeats,
+        _grid(args),
         packing=args.packing,
-        dtype=args.dtype,
         device=device,
         on_record=lambda r: print(format_record(r), file=sys.stderr, flush=True),
+    )
+
+
+def _grid(args):
+    """The points --batch × --seq-len × --policies (or --oracle-mean) and their timing flags."""
+    from looplab.costs.timing import BenchGrid
+
+    return BenchGrid(
+        tuple(args.batch),
+        tuple(args.seq_len),
+        tuple(args.policies),
+        args.oracle_mean,
+        args.warmup,
+        args.repeats,
+        args.dtype,
     )
 
 

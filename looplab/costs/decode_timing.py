@@ -34,7 +34,7 @@ from looplab.config import ConfigError
 from looplab.costs.measured_memory import Peak, peak_memory
 from looplab.costs.timing import (
     MEMORY_HEADER,
-    bench_grid_points,
+    BenchGrid,
     check_dtype,
     measured_peaks,
     memory_columns,
@@ -263,39 +263,28 @@ def _mamba_step(model, device: torch.device, dtype: str) -> str:
     return step_implementation(torch.empty(0, device=device, dtype=dtype_)) + compiled
 
 
-def run_decode_grid(  # noqa: PLR0913 - a benchmark's knobs, keyword-only, each a flag of `looplab bench`
+def run_decode_grid(
     model,
     task,
+    grid: BenchGrid,
     *,
-    batches,
-    seq_lens,
     new_tokens: int = 32,
-    policies=(),
-    oracle_mean: float | None = None,
-    warmup: int = 1,
-    repeats: int = 3,
     attention_fill: str = "hole",
-    dtype: str = "fp32",
-    device: torch.device | str = "cpu",
-    seed: int = 0,
     schedules=(LOCKSTEP,),
+    device: torch.device | str = "cpu",
     on_record=None,
 ) -> list[DecodeRecord]:
-    """Every (batch, seq_len) × policy × schedule point of the decode benchmark (module docstring)."""
-    if oracle_mean is None and not policies:
-        raise ConfigError(
-            "bench needs skip policies or an oracle mean; allowed: --policies skip:0.2,0.4 or --oracle-mean 2.0"
-        )
-    check_dtype(dtype)
+    """Every point of the grid × schedule, decoding `new_tokens` per row after its
+    seq_len-token prompt (module docstring)."""
     device = torch.device(device)
     model = model.to(device).eval()
     points = [
         dict(point, schedule=schedule)
-        for point in bench_grid_points(model, task, batches, seq_lens, policies, oracle_mean, seed, device, new_tokens)
+        for point in grid.points(model, task, device, new_tokens)
         for schedule in schedules
     ]
     for p in points:
-        _check_decode_point(p["ids"], p["seq_len"], p["policy"], dtype, p["schedule"])
+        _check_decode_point(p["ids"], p["seq_len"], p["policy"], grid.dtype, p["schedule"])
     peaks = measured_peaks(
         decode_peaks,
         [
@@ -305,7 +294,7 @@ def run_decode_grid(  # noqa: PLR0913 - a benchmark's knobs, keyword-only, each 
                 seq_len=p["seq_len"],
                 policy=p["policy"],
                 attention_fill=attention_fill,
-                dtype=dtype,
+                dtype=grid.dtype,
                 schedule=p["schedule"],
             )
             for p in points
@@ -315,10 +304,10 @@ def run_decode_grid(  # noqa: PLR0913 - a benchmark's knobs, keyword-only, each 
     for point, point_peaks in zip(points, peaks):
         record = bench_decode_point(
             model,
-            warmup=warmup,
-            repeats=repeats,
+            warmup=grid.warmup,
+            repeats=grid.repeats,
             attention_fill=attention_fill,
-            dtype=dtype,
+            dtype=grid.dtype,
             peaks=point_peaks,
             **point,
         )

@@ -286,46 +286,69 @@ def bench_grid_points(
     return points
 
 
-def run_grid(  # noqa: PLR0913 - a benchmark's knobs, keyword-only, each a flag of `looplab bench`
+@dataclass(frozen=True)
+class BenchGrid:
+    """The points a benchmark times, prefill or decode: (batch, seq_len) × policy (skip
+    policies, e.g. skip:0.4 or skip-entropy:2.0, or the oracle with `oracle_mean`
+    executed loops on average), each timed `repeats` times after `warmup` untimed runs
+    under `dtype`; `seed` draws the inputs and the oracle's exits."""
+
+    batches: tuple[int, ...]
+    seq_lens: tuple[int, ...]
+    policies: tuple[ExitPolicy, ...] = ()
+    oracle_mean: float | None = None
+    warmup: int = 2
+    repeats: int = 5
+    dtype: str = "fp32"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.oracle_mean is None and not self.policies:
+            raise ConfigError(
+                "bench needs skip policies or an oracle mean; allowed: --policies skip:0.2,0.4 (or "
+                "skip-entropy:2.0) or --oracle-mean 2.0"
+            )
+        check_dtype(self.dtype)
+
+    def points(self, model, task, device: torch.device, new_tokens: int = 0) -> list[dict]:
+        """Each point's inputs and policy (bench_grid_points), drawn on `device`."""
+        return bench_grid_points(
+            model, task, self.batches, self.seq_lens, self.policies, self.oracle_mean, self.seed, device, new_tokens
+        )
+
+
+def run_grid(
     model,
     task,
+    grid: BenchGrid,
     *,
-    batches,
-    seq_lens,
-    policies=(),
-    oracle_mean: float | None = None,
-    warmup: int = 2,
-    repeats: int = 5,
     packing: str = "auto",
-    dtype: str = "fp32",
     device: torch.device | str = "cpu",
-    seed: int = 0,
     on_record=None,
 ) -> list[BenchRecord]:
-    """Every (batch, seq_len) × policy point; policies are skip policies (skip:q or a
-    zoo rule such as skip-entropy:2.0), or the oracle with the given mean executed loops."""
-    if oracle_mean is None and not policies:
-        raise ConfigError(
-            "bench needs skip policies or an oracle mean; allowed: --policies skip:0.2,0.4 (or "
-            "skip-entropy:2.0) or --oracle-mean 2.0"
-        )
-    check_dtype(dtype)
+    """Every point of the grid's prefill, with `packing`'s survivor layout."""
     device = torch.device(device)
     model = model.to(device).eval()
     points = [
         {k: v for k, v in p.items() if k != "seq_len"}  # a prefill's length is its ids'
-        for p in bench_grid_points(model, task, batches, seq_lens, policies, oracle_mean, seed, device)
+        for p in grid.points(model, task, device)
     ]
     for p in points:
-        _check_prefill_point(p["policy"], dtype)
+        _check_prefill_point(p["policy"], grid.dtype)
     peaks = measured_peaks(
         prefill_peaks,
-        [dict(model=model, ids=p["ids"], policy=p["policy"], packing=packing, dtype=dtype) for p in points],
+        [dict(model=model, ids=p["ids"], policy=p["policy"], packing=packing, dtype=grid.dtype) for p in points],
     )
     records = []
     for point, point_peaks in zip(points, peaks):
         record = bench_point(
-            model, warmup=warmup, repeats=repeats, packing=packing, dtype=dtype, peaks=point_peaks, **point
+            model,
+            warmup=grid.warmup,
+            repeats=grid.repeats,
+            packing=packing,
+            dtype=grid.dtype,
+            peaks=point_peaks,
+            **point,
         )
         records.append(record)
         if on_record:
