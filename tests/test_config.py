@@ -31,6 +31,8 @@ from looplab.presets import PRESETS, get_preset
         (lambda: ManoConfig(L=0), "L"),
         (lambda: PhopConfig(n=8, p=7), "p"),
         (lambda: TrainConfig(lr=0), "lr"),
+        (lambda: TrainConfig(lr=1e-320), "lr"),  # no AdamW step of it moves a float32 weight
+        (lambda: TrainConfig(seed=2**63), "seed"),  # torch's generators take a signed 64-bit seed
         (lambda: TrainConfig(min_lr_ratio=1.5), "min_lr_ratio"),
         (lambda: TrainConfig(precision="fp16"), "precision"),
         (lambda: ExperimentConfig(model=ModelConfig(vocab_size=8), task=PhopConfig(n=16, p=2)), "vocab_size"),

@@ -11,6 +11,10 @@ from looplab.policy import DEFAULT_QS, ROUNDINGS
 
 COMPILE_CHOICES = ("auto", "on", "off")  # train.compile
 MAX_LR = 1.0  # train.lr (TrainConfig.__post_init__ says why)
+# train.lr's floor: an AdamW step moves a weight by about lr, and float32 keeps 24 bits, so
+# below ~1e-10 no weight of magnitude 0.002 or more (every initialised one) moves at all.
+MIN_LR = 1e-10
+MAX_SEED = 2**63 - 1  # train.seed: torch's generators take a signed 64-bit seed
 MIN_ADAM_EPS = 1.1754943508222875e-38  # train.adam_eps: float32's smallest normal number
 # Optimizer steps one stage may ask for: a thousand times the longest published language-model
 # runs (about 10⁶ steps), and 12 days at a millisecond a step. No run means more; a typo does.
@@ -94,6 +98,7 @@ class TrainConfig:
             "data_start",
             minimum=0,
         )
+        check(self.seed <= MAX_SEED, "TrainConfig.seed", self.seed, f"an integer in [0, 2**63 - 1 = {MAX_SEED}]")
         check(
             isinstance(self.activation_checkpointing, bool),
             "TrainConfig.activation_checkpointing",
@@ -108,7 +113,12 @@ class TrainConfig:
         )
         # An AdamW step moves each weight by about lr: above 1 it moves every weight past its
         # scale at once, and past float32's range (3.4e38) the optimizer itself overflows.
-        check(0 < self.lr <= MAX_LR, "TrainConfig.lr", self.lr, f"a float in (0, {MAX_LR:g}]")
+        check(
+            MIN_LR <= self.lr <= MAX_LR,
+            "TrainConfig.lr",
+            self.lr,
+            f"a float in [{MIN_LR:g}, {MAX_LR:g}] (below, AdamW's steps round away in float32 weights)",
+        )
         check(0 <= self.min_lr_ratio <= 1, "TrainConfig.min_lr_ratio", self.min_lr_ratio, "a float in [0, 1]")
         check(self.weight_decay >= 0, "TrainConfig.weight_decay", self.weight_decay, "a float >= 0")
         check(0 <= self.beta1 < 1, "TrainConfig.beta1", self.beta1, "a float in [0, 1)")
