@@ -82,3 +82,13 @@ def test_a_sweep_on_a_damaged_default_store_stops_before_ray(tmp_path):
     assert "PRAGMA quick_check" in done.stderr and "mlflow.db" in done.stderr
     assert path.read_bytes() == before
     assert not (store / "stages").exists()
+
+
+def test_a_storage_path_on_a_symlink_loop_is_one_line(tmp_path):
+    from trainables.storage import Storage
+
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    with pytest.raises(ConfigError, match="--storage-path=.*is invalid; allowed: a folder") as e:
+        Storage(tmp_path / "a")
+    assert "\n" not in str(e.value)

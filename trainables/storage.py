@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from looplab.errors import invalid
 from looplab.keys import LOCATION_KEY_LENGTH, text_digest
 
 LOCAL_SCHEMES = ("", "file")
@@ -37,7 +38,10 @@ class Storage:
         text = str(uri)
         self.scheme = _scheme(text)
         if self.scheme in LOCAL_SCHEMES:
-            self.root = str(Path(text.removeprefix("file://")).expanduser().resolve())
+            try:
+                self.root = str(Path(text.removeprefix("file://")).expanduser().resolve())
+            except (RuntimeError, OSError) as e:  # a symlink loop (RuntimeError before Python 3.13)
+                raise invalid("--storage-path", text, f"a folder, or s3://BUCKET/PREFIX ({e})") from None
         else:
             self.root = text.rstrip("/")
         self._fs = None
