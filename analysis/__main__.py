@@ -11,120 +11,113 @@ the input (unknown experiment, a metric no run logged, mixed schemas that make t
 asked-for analysis impossible) is one line on stderr and exit status 2.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: `python analysis/frontier.py` runs this module
+# by runpy.run_module as __main__ while sys.modules["__main__"] is frontier.py, where
+# add_flags (typing.get_type_hints) could not resolve Report's annotations written as strings.
 import argparse
 import os
 import sys
+from dataclasses import dataclass
+from typing import Literal
 
 from analysis.errors import AnalysisError
 from analysis.tables import REPRESENTATIVE_Q
-from looplab.arguments import Parser
+from looplab.arguments import Parser, add_flags, flag, flags_of
 from looplab.tracking import EXECUTED_LOOPS
+
+
+@dataclass(frozen=True, kw_only=True)  # kw_only: the required --out among the others, in --help's order
+class Report:
+    """python -m analysis's options, each field its flag."""
+
+    tracking_uri: str = flag(
+        "",
+        "MLflow URI, e.g. sqlite:///runs/beta/mlflow.db (default $MLFLOW_TRACKING_URI)",
+        unset=None,  # from_args: the environment's when the command runs
+    )
+    experiment: list[str] = flag(
+        help="experiment name, e.g. beta_ablation-local (repeatable)", repeat=True, metavar="NAME"
+    )
+    sweep_run: str | None = flag(
+        None, "the sweep's parent run: artifacts go there; with --scope sweep only its trials are read", metavar="ID"
+    )
+    scope: Literal["experiment", "sweep"] = flag(
+        "experiment", "read every run of the experiments (default) or only the --sweep-run subtree"
+    )
+    out: str = flag(help="output folder", metavar="DIR")
+    compute: str = flag(
+        EXECUTED_LOOPS,
+        "x axis: executed_loops | downstream_loops | flops | time | any points.csv column (default "
+        "executed_loops; with an lm-eval quality, the loops executed on the tasks when they were logged)",
+    )
+    quality: str = flag("auto", "y axis: auto | accuracy | ppl | loss | lm_eval_avg | lm_eval.<task> | <x>_best")
+    stage: str | None = flag(
+        None,
+        "stage whose evaluations form the frontier (default: each trial's final stage; 'all': every stage "
+        "as its own series)",
+    )
+    series_by: list[str] = flag(
+        help="split series by these columns (repeatable; default method and policy), e.g. --series-by params.hole.hp",
+        repeat=True,
+        metavar="COLUMN",
+    )
+    best_of_seeds: bool = flag(
+        False, "per configuration, the seed with the best full-depth quality (paper, Mano and p-hop)"
+    )
+    confidence: float = flag(0.95, "Student-t interval over seeds")
+    budget: float | None = flag(None, "also report the best point with compute <= BUDGET")
+    representative_q: float = flag(
+        REPRESENTATIVE_Q,
+        f"Table 4 shows each gated method at this q beside its best-Avg. q (default {REPRESENTATIVE_Q:g}, "
+        "the paper's); a negative value leaves it out",
+    )
+    all_statuses: bool = flag(False, "keep unfinished trials (default: FINISHED only)")
+    no_log: bool = flag(False, "do not log the files as MLflow artifacts")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "Report":
+        uri = os.environ.get("MLFLOW_TRACKING_URI", "") if args.tracking_uri is None else args.tracking_uri
+        return flags_of(cls, args, tracking_uri=uri)
 
 
 def parser() -> argparse.ArgumentParser:
     p = Parser(
         prog="python -m analysis", description="Frontiers, tables, plots and an HTML report from looplab's MLflow runs."
     )
-    p.add_argument(
-        "--tracking-uri",
-        default=os.environ.get("MLFLOW_TRACKING_URI", ""),
-        help="MLflow URI, e.g. sqlite:///runs/beta/mlflow.db (default $MLFLOW_TRACKING_URI)",
-    )
-    p.add_argument(
-        "--experiment",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="experiment name, e.g. beta_ablation-local (repeatable)",
-    )
-    p.add_argument(
-        "--sweep-run",
-        default=None,
-        metavar="ID",
-        help="the sweep's parent run: artifacts go there; with --scope sweep only its trials are read",
-    )
-    p.add_argument(
-        "--scope",
-        choices=("experiment", "sweep"),
-        default="experiment",
-        help="read every run of the experiments (default) or only the --sweep-run subtree",
-    )
-    p.add_argument("--out", required=True, metavar="DIR", help="output folder")
-    p.add_argument(
-        "--compute",
-        default=EXECUTED_LOOPS,
-        help="x axis: executed_loops | downstream_loops | flops | time | any points.csv column (default "
-        "executed_loops; with an lm-eval quality, the loops executed on the tasks when they were logged)",
-    )
-    p.add_argument(
-        "--quality",
-        default="auto",
-        help="y axis: auto | accuracy | ppl | loss | lm_eval_avg | lm_eval.<task> | <x>_best",
-    )
-    p.add_argument(
-        "--stage",
-        default=None,
-        help="stage whose evaluations form the frontier (default: each trial's "
-        "final stage; 'all': every stage as its own series)",
-    )
-    p.add_argument(
-        "--series-by",
-        action="append",
-        default=None,
-        metavar="COLUMN",
-        help="split series by these columns (repeatable; default method and policy), e.g. --series-by params.hole.hp",
-    )
-    p.add_argument(
-        "--best-of-seeds",
-        action="store_true",
-        help="per configuration, the seed with the best full-depth quality (paper, Mano and p-hop)",
-    )
-    p.add_argument("--confidence", type=float, default=0.95, help="Student-t interval over seeds (default 0.95)")
-    p.add_argument("--budget", type=float, default=None, help="also report the best point with compute <= BUDGET")
-    p.add_argument(
-        "--representative-q",
-        type=float,
-        default=REPRESENTATIVE_Q,
-        help=f"Table 4 shows each gated method at this q beside its best-Avg. q (default "
-        f"{REPRESENTATIVE_Q:g}, the paper's); a negative value leaves it out",
-    )
-    p.add_argument("--all-statuses", action="store_true", help="keep unfinished trials (default: FINISHED only)")
-    p.add_argument("--no-log", action="store_true", help="do not log the files as MLflow artifacts")
+    add_flags(p, Report)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    options = Report.from_args(parser().parse_args(argv))
     from analysis.report import build_report  # after parsing: --help stays instant
     from looplab import destinations
     from looplab.errors import ConfigError
 
     try:
-        destinations.existing_store("--tracking-uri", args.tracking_uri)
-        destinations.output_dir("--out", args.out)
+        destinations.existing_store("--tracking-uri", options.tracking_uri)
+        destinations.output_dir("--out", options.out)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:
         paths = build_report(
-            args.tracking_uri,
-            args.experiment,
-            args.out,
-            sweep_run_id=args.sweep_run,
-            log_artifacts=not args.no_log,
-            compute=args.compute,
-            quality=args.quality,
-            stage=args.stage,
-            series_by=args.series_by,
-            best_of_seeds=args.best_of_seeds,
-            confidence=args.confidence,
-            budget=args.budget,
-            scope=args.scope,
-            statuses=None if args.all_statuses else ("FINISHED",),
+            options.tracking_uri,
+            options.experiment,
+            options.out,
+            sweep_run_id=options.sweep_run,
+            log_artifacts=not options.no_log,
+            compute=options.compute,
+            quality=options.quality,
+            stage=options.stage,
+            series_by=options.series_by or None,
+            best_of_seeds=options.best_of_seeds,
+            confidence=options.confidence,
+            budget=options.budget,
+            scope=options.scope,
+            statuses=None if options.all_statuses else ("FINISHED",),
             strict=True,
-            representative_q=args.representative_q if args.representative_q >= 0 else None,
+            representative_q=options.representative_q if options.representative_q >= 0 else None,
         )
     except AnalysisError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -20,12 +20,14 @@ import sys
 import tempfile
 import urllib.parse
 import urllib.request
+from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Iterator
 
 from analysis.screenshot import find_browser, run_browser
 from looplab import dashboard, dashboard_server, tracking
+from looplab.arguments import add_flags, flag, flags_of
 
 SERVER_START_S = 90  # `mlflow server` answers in ~9 s on a quiet machine
 BUDGET_MS = 15000  # virtual time for the single-page app's requests and rendering
@@ -156,19 +158,26 @@ def render(
     }
 
 
+@dataclass(frozen=True)
+class Shot:
+    """The command's options, each field its flag."""
+
+    tracking_uri: str = flag(help="sqlite:///PATH (served here) or http://HOST:PORT")
+    experiment: str = flag(help="the sweep's experiment, e.g. beta_ablation-local")
+    sweep_run: str | None = flag(None, "the sweep run's id (default: the newest sweep run)")
+    out: str = flag("docs/figures/dashboard.png", "where to save the screenshot (PNG)")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Screenshot a sweep's MLflow dashboard view in headless Chromium.")
-    p.add_argument("--tracking-uri", required=True, help="sqlite:///PATH (served here) or http://HOST:PORT")
-    p.add_argument("--experiment", required=True, help="the sweep's experiment, e.g. beta_ablation-local")
-    p.add_argument("--sweep-run", default=None, help="the sweep run's id (default: the newest sweep run)")
-    p.add_argument("--out", default="docs/figures/dashboard.png", help="where to save the screenshot (PNG)")
-    args = p.parse_args(argv)
+    add_flags(p, Shot)
+    shot = flags_of(Shot, p.parse_args(argv))
     if find_browser() is None:
         print("error: no Chromium found (apt-get install -y chromium, or set LOOPLAB_CHROMIUM)", file=sys.stderr)
         return 2
-    route = sweep_route(args.tracking_uri, args.experiment, args.sweep_run)
-    with serve(args.tracking_uri) as base:
-        found = render(dashboard.url(base, route), Path(args.out))
+    route = sweep_route(shot.tracking_uri, shot.experiment, shot.sweep_run)
+    with serve(shot.tracking_uri) as base:
+        found = render(dashboard.url(base, route), Path(shot.out))
     print(f"url: {dashboard.url(base, route)}\nview: {found['view']}\nscreenshot: {found['screenshot']}")
     for column, values in found["cells"].items():
         print(f"{column}: {', '.join(values)}")

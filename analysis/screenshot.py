@@ -26,8 +26,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from looplab.arguments import add_flags, flag, flags_of
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
 TIMEOUT_S = 90
@@ -141,13 +144,21 @@ def check_report(html_path, screenshot: Path | None = None, *, browser: str | No
     return found
 
 
+@dataclass(frozen=True)
+class Check:
+    """The command's options: the report, and --out (a flag)."""
+
+    report: str  # its one positional argument, written by hand in main (a positional flag() takes a list of words)
+    out: str | None = flag(None, "where to save the screenshot (PNG)")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Check that a looplab report renders in headless Chromium.")
     p.add_argument("report", help="path to report.html")
-    p.add_argument("--out", default=None, help="where to save the screenshot (PNG)")
-    args = p.parse_args(argv)
+    add_flags(p, Check)
+    options = flags_of(Check, p.parse_args(argv))
     try:
-        found = check_report(args.report, Path(args.out) if args.out else None)
+        found = check_report(options.report, Path(options.out) if options.out else None)
     except FileNotFoundError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -28,12 +28,15 @@ row out in the paper's order.
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 
+from looplab import arguments
+from looplab.arguments import flag, flags_of
 from looplab.presets import TABLE4, get_preset, table4_loops
 from looplab.stages import ARMS
 from looplab.tracking import VAL_ACCURACY, VAL_PPL
 from sweeps.depth_grid import ARCH_PARAMS, NR_PARAMS
-from sweeps.evaluate import add_eval_flags, eval_grid_from_args, with_evaluation
+from sweeps.evaluate import add_eval_flags, evaluation_of, with_evaluation
 from sweeps.flags import Common, fail, parse_list, parse_ranges
 from sweeps.launch import main
 from sweeps.sweep import SKIP_COLUMNS, Sweep
@@ -119,30 +122,37 @@ def adaptive_pipeline(
     )
 
 
-def add_flags(p) -> None:
-    p.add_argument("--arms", default="ouro,chase", help="which arms (default ouro,chase)")
-    p.add_argument("--hp", type=float, default=0.5, help="CHASE hole probability (App. D: 0.5)")
-    p.add_argument("--depth-range", default="1.85-3.45", help="CHASE target depths lo-hi (App. D: 1.85-3.45)")
-    p.add_argument(
-        "--baselines",
-        action="store_true",
-        help="also pre-train Table 4's ungated rows of this preset's blocks (N⊗1, loop2, LLaMA-2 "
+@dataclass(frozen=True)
+class PipelineFlags:
+    """The sweep's own flags (beside the downstream evaluation's, sweeps/evaluate.py)."""
+
+    arms: str = flag("ouro,chase", "which arms (default ouro,chase)")
+    hp: float = flag(0.5, "CHASE hole probability (default 0.5, App. D's)")
+    depth_range: str = flag("1.85-3.45", "CHASE target depths lo-hi (default 1.85-3.45, App. D's)")
+    baselines: bool = flag(
+        False,
+        "also pre-train Table 4's ungated rows of this preset's blocks (N⊗1, loop2, LLaMA-2 "
         "at 140M), with iso_flops.py's stage keys",
     )
+
+
+def add_flags(p) -> None:
+    arguments.add_flags(p, PipelineFlags)
     add_eval_flags(p)
 
 
 def from_args(common: Common, args) -> Sweep:
-    ranges = parse_ranges("--depth-range", args.depth_range, "lo", "hi")
+    flags = flags_of(PipelineFlags, args)
+    ranges = parse_ranges("--depth-range", flags.depth_range, "lo", "hi")
     if len(ranges) != 1:
-        fail("--depth-range", args.depth_range, "one LO-HI range, e.g. 1.85-3.45")
+        fail("--depth-range", flags.depth_range, "one LO-HI range, e.g. 1.85-3.45")
     return adaptive_pipeline(
         common,
-        parse_list("--arms", args.arms, str, "ouro,chase"),
-        args.hp,
+        parse_list("--arms", flags.arms, str, "ouro,chase"),
+        flags.hp,
         **ranges[0],
-        evaluation=eval_grid_from_args(args),
-        baselines=args.baselines,
+        evaluation=evaluation_of(args),
+        baselines=flags.baselines,
     )
 
 

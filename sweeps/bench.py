@@ -48,96 +48,60 @@ import contextlib
 import math
 import os
 import sys
+from dataclasses import dataclass
 
 from looplab import destinations, tracking
-from looplab.arguments import Parser
+from looplab.arguments import Parser, add_flags, flag, flags_of
 from looplab.config import ConfigError
 from looplab.policy import parse_policies
 from looplab.stages import STAGE_NAMES, get_stage
 from sweeps.bench_grid import (
-    DTYPES,
-    GRIDS,
-    PACKINGS,
+    ArrivalFlags,
     ArrivalGrid,
+    SpeedFlags,
     SpeedGrid,
-    arrival_grid_from_args,
-    bench_grid_from_args,
+    arrival_grid_of,
     parse_number,
+    speed_grid_of,
 )
 from sweeps.bench_summary import print_summary
 from sweeps.evaluate import open_experiment
-from sweeps.flags import add_store_flags, distinct, fail
+from sweeps.flags import Store, distinct, fail
 from sweeps.runtime import check_ray_address, console_to_log, local_gpus, write_report
 
 
 # ---- flags ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Bench(Store):
+    """python -m sweeps.bench's options beside the grids' flags (sweeps/bench_grid.py
+    SpeedFlags, ArrivalFlags). --cpus and --gpus are text ("": this machine's or the
+    cluster's default), read by resources_of."""
+
+    dry_run: bool = flag(False, "print the checkpoints × points and what the store has")
+    stages: str = flag(
+        "",
+        "time checkpoints of these stages (default: the gated final stages, e.g. each arm's stage2)",
+        metavar="STAGE,...",
+    )
+    cpus: str = flag(
+        "",
+        "CPUs per job, also its torch threads (default: a node's CPUs without GPUs, else its CPUs per GPU)",
+        metavar="N",
+    )
+    gpus: str = flag("", "GPUs per job (default: 1 where there are GPUs, else 0)", metavar="N")
+    no_ray: bool = flag(False, "run the jobs one after another in this process (one machine, no Ray)")
+    no_report: bool = flag(False, "do not write the analysis report at the end")
+
+
 def parser() -> argparse.ArgumentParser:
     p = Parser(
         prog="python -m sweeps.bench",
         description="Prefill speed (full against skip) of an existing experiment's checkpoints, one MLflow run "
         "per point, keyed by content and machine (what the store lacks only).",
     )
-    add_store_flags(p, "print the checkpoints × points and what the store has")
-    p.add_argument(
-        "--stages",
-        default="",
-        metavar="STAGE,...",
-        help="time checkpoints of these stages (default: the gated final stages, e.g. each arm's stage2)",
-    )
-    p.add_argument(
-        "--grid",
-        default="debug",
-        metavar="|".join(GRIDS),
-        help="a named grid (default debug): table5-140m, table5-370m, table6 are the paper's",
-    )
-    p.add_argument("--batches", default="", metavar="B,...", help="batch sizes (default: the grid's)")
-    p.add_argument("--seq-lens", default="", metavar="L,...", help="prefill lengths (default: the grid's)")
-    p.add_argument(
-        "--policies",
-        default="",
-        metavar="GRID",
-        help="skip policies, e.g. skip:0.2,0.4,0.6 or 'skip:0.4;skip-entropy:2.0' (default: the grid's)",
-    )
-    p.add_argument("--dtype", default="", metavar="|".join(DTYPES), help="default: the grid's")
-    p.add_argument(
-        "--packing",
-        default="",
-        metavar="|".join(PACKINGS),
-        help="skip's survivor layout: padded (the paper's), varlen (Mamba-2), auto (default: the grid's)",
-    )
-    p.add_argument("--repeats", default="", metavar="N", help="timed repeats per point (default: the grid's)")
-    p.add_argument(
-        "--cpus",
-        default="",
-        metavar="N",
-        help="CPUs per job, also its torch threads (default: a node's CPUs without GPUs, else its CPUs per GPU)",
-    )
-    p.add_argument("--gpus", default="", metavar="N", help="GPUs per job (default: 1 where there are GPUs, else 0)")
-    p.add_argument(
-        "--arrivals",
-        action="store_true",
-        help="also benchmark decoding under continuous arrivals (looplab/inference/arrivals.py), one run per "
-        "(checkpoint, slots, schedule, policy, stream)",
-    )
-    p.add_argument("--slots", default="", metavar="S,...", help="with --arrivals: cache rows served at once")
-    p.add_argument("--requests", default="", metavar="N", help="with --arrivals: requests in the stream")
-    p.add_argument(
-        "--prompt-len",
-        default="",
-        metavar="LOW-HIGH",
-        help="with --arrivals: each request's prompt length, drawn uniformly (LOW-HIGH or N)",
-    )
-    p.add_argument(
-        "--new-tokens",
-        default="",
-        metavar="LOW-HIGH",
-        help="with --arrivals: each request's new tokens, drawn uniformly (LOW-HIGH or N)",
-    )
-    p.add_argument("--schedules", default="", metavar="lockstep,depth", help="with --arrivals: the schedules")
-    p.add_argument(
-        "--no-ray", action="store_true", help="run the jobs one after another in this process (one machine, no Ray)"
-    )
-    p.add_argument("--no-report", action="store_true", help="do not write the analysis report at the end")
+    add_flags(p, Bench)
+    add_flags(p.add_argument_group("the grid: a named one, any of its settings overridden"), SpeedFlags)
+    add_flags(p.add_argument_group("decoding under continuous arrivals"), ArrivalFlags)
     return p
 
 
@@ -153,29 +117,33 @@ def this_machine() -> list[tuple[float, float]]:
     return [(float(os.cpu_count() or 1), float(local_gpus()))]
 
 
-def resources_from_args(
-    args: argparse.Namespace, nodes: list[tuple[float, float]], check_fit: bool = True, where: str = "this machine"
+def resources_of(
+    options: Bench, nodes: list[tuple[float, float]], check_fit: bool = True, where: str = "this machine"
 ) -> tuple[float, float]:
     """(CPUs, GPUs) per job: the flags', else the defaults for these nodes ((CPUs, GPUs)
     each): without GPUs a node's CPUs (the smallest node's, so that a job fits every
     node), so one job at a time has a machine to itself; with GPUs one GPU and the CPUs
     that go with it on the node with the fewest per GPU. check_fit: a job must fit one of
     the nodes (Ray would wait forever for one that fits none)."""
-    gpus = parse_number("--gpus", args.gpus, 0, "a number >= 0") if args.gpus else float(any(g > 0 for _, g in nodes))
+    gpus = (
+        parse_number("--gpus", options.gpus, 0, "a number >= 0")
+        if options.gpus
+        else float(any(g > 0 for _, g in nodes))
+    )
     with_gpus = [(c, g) for c, g in nodes if g > 0]
     if check_fit and gpus > 0 and not with_gpus:
-        fail("--gpus", args.gpus, f"0 here (no CUDA device on {where})")
-    if args.cpus:
-        cpus = parse_number("--cpus", args.cpus, 0, "a number > 0")
+        fail("--gpus", options.gpus, f"0 here (no CUDA device on {where})")
+    if options.cpus:
+        cpus = parse_number("--cpus", options.cpus, 0, "a number > 0")
         if cpus == 0:
-            fail("--cpus", args.cpus, "a number > 0")
+            fail("--cpus", options.cpus, "a number > 0")
     elif gpus > 0 and with_gpus:
         cpus = float(max(1, min(math.floor(c / g) for c, g in with_gpus)))
     else:
         cpus = float(min(c for c, _ in nodes))
     largest = max(c for c, _ in nodes)
     if check_fit and cpus > largest:
-        fail("--cpus", args.cpus, f"at most {largest:g} (the CPUs of the largest node of {where})")
+        fail("--cpus", options.cpus, f"at most {largest:g} (the CPUs of the largest node of {where})")
     return cpus, gpus
 
 
@@ -314,24 +282,25 @@ def main(argv: list[str] | None = None) -> int:
     from trainables.storage import Storage
 
     args = parser().parse_args(argv)
-    storage = Storage(args.storage_path)
-    uri = args.tracking_uri or f"sqlite:///{storage.scratch() / 'mlflow.db'}"
+    options, speed = flags_of(Bench, args), flags_of(SpeedFlags, args)
+    storage = Storage(options.storage_path)
+    uri = options.tracking_uri or f"sqlite:///{storage.scratch() / 'mlflow.db'}"
     try:
-        grid = bench_grid_from_args(args)
-        arrivals = arrival_grid_from_args(args)
-        stages = parse_stages(args.stages)
+        grid = speed_grid_of(speed)
+        arrivals = arrival_grid_of(flags_of(ArrivalFlags, args), speed.grid)
+        stages = parse_stages(options.stages)
         # On a cluster (--address) the jobs' resources are checked against its nodes once Ray is up.
-        cpus, gpus = resources_from_args(args, this_machine(), check_fit=not args.address or args.no_ray)
-        mc, experiment_id = open_experiment(uri, args.experiment, write=not args.dry_run)
-        if not args.dry_run:  # Ray's log and the report go there
+        cpus, gpus = resources_of(options, this_machine(), check_fit=not options.address or options.no_ray)
+        mc, experiment_id = open_experiment(uri, options.experiment, write=not options.dry_run)
+        if not options.dry_run:  # Ray's log and the report go there
             destinations.output_dir("--storage-path", storage.scratch())
-            if not args.no_ray:
-                check_ray_address("--address", args.address)
+            if not options.no_ray:
+                check_ray_address("--address", options.address)
         found, notes = store_checkpoints(mc, experiment_id, storage.root)
         if not found:
             fail(
                 "--experiment",
-                args.experiment,
+                options.experiment,
                 "an experiment with FINISHED stage runs whose checkpoints exist" + (f" ({notes[0]})" if notes else ""),
             )
         chosen = select_checkpoints(found, stages)
@@ -342,28 +311,28 @@ def main(argv: list[str] | None = None) -> int:
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     artifact_root = storage.path("mlflow")
-    if args.dry_run:
+    if options.dry_run:
         jobs = bench_jobs(
             grid,
             chosen,
             threads=max(1, round(cpus)),
             uri=uri,
-            experiment=args.experiment,
+            experiment=options.experiment,
             artifact_root=artifact_root,
             arrivals=arrivals,
         )
         print(describe(grid, jobs, stored_counts(mc, experiment_id, jobs), cpus, gpus, arrivals))
-        if args.address and not args.no_ray:
+        if options.address and not options.no_ray:
             print("  (resources: this machine's defaults; a run takes the cluster's nodes')")
         return 0
-    status, records = run(args, grid, chosen, uri, artifact_root, storage, cpus, gpus, arrivals)
+    status, records = run(options, grid, chosen, uri, artifact_root, storage, cpus, gpus, arrivals)
     if records:
         print()
         print_summary(records)
-    if status != 2 and not args.no_report:
+    if status != 2 and not options.no_report:
         sweep = tracking.find_run(mc, experiment_id, **{tracking.LEVEL: tracking.SWEEP})
-        folder = storage.scratch() / "analysis" / f"{args.experiment}-speed"
-        report = write_report(uri, args.experiment, sweep.info.run_id if sweep else None, folder)
+        folder = storage.scratch() / "analysis" / f"{options.experiment}-speed"
+        report = write_report(uri, options.experiment, sweep.info.run_id if sweep else None, folder)
         for name in ("speed.png", "arrivals.csv", "arrivals.png", "report.html"):
             if name in report:
                 print(f"{name}: {report[name]}")
@@ -371,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(
-    args,
+    options: Bench,
     grid: SpeedGrid,
     chosen,
     uri: str,
@@ -386,33 +355,35 @@ def run(
     cannot hold a job; the records, in the plan's order)."""
     from trainables.progress import board_name
 
-    inline = args.no_ray
+    inline = options.no_ray
     if not inline:
         import ray
 
         logs = storage.scratch() / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         with console_to_log(logs / "ray.log"):  # Ray's own output to the log; the jobs post their progress to a board
-            ray.init(address=args.address or None, include_dashboard=None, log_to_driver=False, configure_logging=False)
+            ray.init(
+                address=options.address or None, include_dashboard=None, log_to_driver=False, configure_logging=False
+            )
     try:
-        if not inline and args.address:
+        if not inline and options.address:
             import ray
 
             nodes = [
                 (n["Resources"].get("CPU", 0.0), n["Resources"].get("GPU", 0.0)) for n in ray.nodes() if n.get("Alive")
             ]
             try:
-                cpus, gpus = resources_from_args(args, nodes, where=f"the cluster at {args.address}")
+                cpus, gpus = resources_of(options, nodes, where=f"the cluster at {options.address}")
             except ConfigError as e:
                 print(f"error: {e}", file=sys.stderr)
                 return 2, []
-        board = "" if inline else board_name(f"speed-{args.experiment}")
+        board = "" if inline else board_name(f"speed-{options.experiment}")
         jobs = bench_jobs(
             grid,
             chosen,
             threads=max(1, round(cpus)),
             uri=uri,
-            experiment=args.experiment,
+            experiment=options.experiment,
             artifact_root=artifact_root,
             board=board,
             arrivals=arrivals,

@@ -1,14 +1,16 @@
 """What the bench sweep times, as typed grids: prefill points (`SpeedGrid`: batches ×
 prefill lengths × skip policies, a dtype and a packing; the paper's Tables 5 and 6 as
-named grids) and decoding under continuous arrivals (`ArrivalGrid`), each read from the
-command line with every value checked before anything is timed."""
+named grids) and decoding under continuous arrivals (`ArrivalGrid`), each read from its
+flags (`SpeedFlags`, `ArrivalFlags`) with every value checked before anything is timed."""
 
 from __future__ import annotations
 
-import argparse
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
+from looplab.arguments import flag
 from looplab.config import ConfigError
 from looplab.policy import SKIP, parse_policies
 from sweeps.flags import distinct, fail
@@ -127,61 +129,82 @@ def parse_number(flag: str, text: str, minimum: float, what: str) -> float:
     return value
 
 
-def bench_grid_from_args(args: argparse.Namespace) -> SpeedGrid:
+def _one_int(flag: str, text: str) -> int:
+    values = _ints(flag, text, "an integer >= 1")
+    if len(values) != 1:
+        fail(flag, text, "an integer >= 1")
+    return values[0]
+
+
+def _one_of(*choices: str) -> Callable[[str, str], str]:
+    def read(flag: str, text: str) -> str:
+        if text not in choices:
+            fail(flag, text, " | ".join(choices))
+        return text
+
+    return read
+
+
+def _skip_policies(flag: str, text: str) -> str:
+    check_skip_policies(text)
+    return text
+
+
+# The grids' flags are text ("": the named grid's value), read after parsing so that a
+# bad value is a ConfigError naming its flag (one line, before the store is read). Each
+# reader, by the grid field its flag sets and is named after (seq_lens: --seq-lens), in
+# the order they are checked:
+Reader = Callable[[str, str], Any]
+SPEED_READERS: dict[str, Reader] = {
+    "batches": _distinct_ints,
+    "seq_lens": _distinct_ints,
+    "policies": _skip_policies,
+    "dtype": _one_of(*DTYPES),
+    "packing": _one_of(*PACKINGS),
+    "repeats": _one_int,
+}
+
+
+@dataclass(frozen=True)
+class SpeedFlags:
+    """The speed grid's flags: --grid names one (GRIDS), each other flag overrides the
+    named grid's field of its name (SPEED_READERS reads it)."""
+
+    grid: str = flag(
+        "debug",
+        "a named grid (default debug): table5-140m, table5-370m, table6 are the paper's",
+        metavar="|".join(GRIDS),
+    )
+    batches: str = flag("", "batch sizes (default: the grid's)", metavar="B,...")
+    seq_lens: str = flag("", "prefill lengths (default: the grid's)", metavar="L,...")
+    policies: str = flag(
+        "",
+        "skip policies, e.g. skip:0.2,0.4,0.6 or 'skip:0.4;skip-entropy:2.0' (default: the grid's)",
+        metavar="GRID",
+    )
+    dtype: str = flag("", "default: the grid's", metavar="|".join(DTYPES))
+    packing: str = flag(
+        "",
+        "skip's survivor layout: padded (the paper's), varlen (Mamba-2), auto (default: the grid's)",
+        metavar="|".join(PACKINGS),
+    )
+    repeats: str = flag("", "timed repeats per point (default: the grid's)", metavar="N")
+
+
+def speed_grid_of(flags: SpeedFlags) -> SpeedGrid:
     """The named grid with the flags' overrides; a bad value is a ConfigError naming its flag."""
-    if args.grid not in GRIDS:
-        fail("--grid", args.grid, " | ".join(GRIDS))
-    grid = GRIDS[args.grid]
-    if args.batches:
-        grid = replace(grid, batches=_distinct_ints("--batches", args.batches))
-    if args.seq_lens:
-        grid = replace(grid, seq_lens=_distinct_ints("--seq-lens", args.seq_lens))
-    if args.policies:
-        check_skip_policies(args.policies)
-        grid = replace(grid, policies=args.policies)
-    if args.dtype:
-        if args.dtype not in DTYPES:
-            fail("--dtype", args.dtype, " | ".join(DTYPES))
-        grid = replace(grid, dtype=args.dtype)
-    if args.packing:
-        if args.packing not in PACKINGS:
-            fail("--packing", args.packing, " | ".join(PACKINGS))
-        grid = replace(grid, packing=args.packing)
-    if args.repeats:
-        repeats = _ints("--repeats", args.repeats, "an integer >= 1")
-        if len(repeats) != 1:
-            fail("--repeats", args.repeats, "an integer >= 1")
-        grid = replace(grid, repeats=repeats[0])
-    return grid
+    if flags.grid not in GRIDS:
+        fail("--grid", flags.grid, " | ".join(GRIDS))
+    return replace(GRIDS[flags.grid], **_overrides(flags, SPEED_READERS))
 
 
-ARRIVAL_FLAGS = ("--slots", "--requests", "--prompt-len", "--new-tokens", "--schedules")
+def _overrides(flags: Any, readers: dict[str, Reader]) -> dict[str, Any]:
+    """The grid fields the given flags set, each value read by its reader."""
+    return {name: read(_flag(name), text) for name, read in readers.items() if (text := getattr(flags, name))}
 
 
-def arrival_grid_from_args(args: argparse.Namespace) -> ArrivalGrid | None:
-    """The grid's arrivals settings with the flags' overrides when --arrivals is given,
-    else None; an arrivals flag without --arrivals is a mistake worth a line."""
-    given = {flag: getattr(args, flag[2:].replace("-", "_")) for flag in ARRIVAL_FLAGS}
-    if not args.arrivals:
-        for flag, text in given.items():
-            if text:
-                fail(flag, text, f"{flag} together with --arrivals")
-        return None
-    grid = ARRIVAL_GRIDS.get(args.grid, ArrivalGrid())
-    if given["--slots"]:
-        grid = replace(grid, slots=_distinct_ints("--slots", given["--slots"]))
-    if given["--requests"]:
-        requests = _ints("--requests", given["--requests"], "an integer >= 1")
-        if len(requests) != 1:
-            fail("--requests", given["--requests"], "an integer >= 1")
-        grid = replace(grid, requests=requests[0])
-    if given["--prompt-len"]:
-        grid = replace(grid, prompt_len=_tokens_flag("--prompt-len", given["--prompt-len"]))
-    if given["--new-tokens"]:
-        grid = replace(grid, new_tokens=_tokens_flag("--new-tokens", given["--new-tokens"]))
-    if given["--schedules"]:
-        grid = replace(grid, schedules=_schedules_flag(given["--schedules"]))
-    return grid
+def _flag(field: str) -> str:
+    return "--" + field.replace("_", "-")
 
 
 def _tokens_flag(flag: str, text: str) -> tuple[int, int]:
@@ -193,13 +216,54 @@ def _tokens_flag(flag: str, text: str) -> tuple[int, int]:
         fail(flag, text, "LOW-HIGH or N, integers with 1 <= LOW <= HIGH")
 
 
-def _schedules_flag(text: str) -> tuple[str, ...]:
+def _schedules_flag(flag: str, text: str) -> tuple[str, ...]:
     from looplab.inference.depth_batching import SCHEDULES
 
     schedules = [s.strip() for s in text.split(",") if s.strip()]
     if not schedules or any(s not in SCHEDULES for s in schedules):
-        fail("--schedules", text, f"comma-separated: {' | '.join(SCHEDULES)}")
-    return tuple(distinct("--schedules", text, schedules))
+        fail(flag, text, f"comma-separated: {' | '.join(SCHEDULES)}")
+    return tuple(distinct(flag, text, schedules))
+
+
+ARRIVAL_READERS: dict[str, Reader] = {
+    "slots": _distinct_ints,
+    "requests": _one_int,
+    "prompt_len": _tokens_flag,
+    "new_tokens": _tokens_flag,
+    "schedules": _schedules_flag,
+}
+
+
+@dataclass(frozen=True)
+class ArrivalFlags:
+    """--arrivals, and the flags that override the named grid's arrivals settings
+    (ARRIVAL_GRIDS; ARRIVAL_READERS reads them)."""
+
+    arrivals: bool = flag(
+        False,
+        "also benchmark decoding under continuous arrivals (looplab/inference/arrivals.py), one run per "
+        "(checkpoint, slots, schedule, policy, stream)",
+    )
+    slots: str = flag("", "with --arrivals: cache rows served at once", metavar="S,...")
+    requests: str = flag("", "with --arrivals: requests in the stream", metavar="N")
+    prompt_len: str = flag(
+        "", "with --arrivals: each request's prompt length, drawn uniformly (LOW-HIGH or N)", metavar="LOW-HIGH"
+    )
+    new_tokens: str = flag(
+        "", "with --arrivals: each request's new tokens, drawn uniformly (LOW-HIGH or N)", metavar="LOW-HIGH"
+    )
+    schedules: str = flag("", "with --arrivals: the schedules", metavar="lockstep,depth")
+
+
+def arrival_grid_of(flags: ArrivalFlags, grid: str) -> ArrivalGrid | None:
+    """The named grid's arrivals settings with the flags' overrides when --arrivals is
+    given, else None; an arrivals flag without --arrivals is a mistake worth a line."""
+    if not flags.arrivals:
+        for name in ARRIVAL_READERS:
+            if text := getattr(flags, name):
+                fail(_flag(name), text, f"{_flag(name)} together with --arrivals")
+        return None
+    return replace(ARRIVAL_GRIDS.get(grid, ArrivalGrid()), **_overrides(flags, ARRIVAL_READERS))
 
 
 def check_skip_policies(text: str) -> None:

@@ -10,11 +10,14 @@ checkpoints downstream (sweeps/evaluate.py).
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 
+from looplab import arguments
+from looplab.arguments import flag, flags_of
 from looplab.config import apply_overrides
 from looplab.presets import get_preset, stage_budget
 from looplab.tracking import EXIT_ENTROPY, EXPECTED_EXIT_STEP, VAL_ACCURACY, VAL_PPL
-from sweeps.evaluate import add_eval_flags, eval_grid_from_args, with_evaluation
+from sweeps.evaluate import add_eval_flags, evaluation_of, with_evaluation
 from sweeps.flags import Common, fail, parse_list
 from sweeps.launch import main
 from sweeps.sweep import Sweep
@@ -27,6 +30,7 @@ BETAS = "0.05,0.1,0.25,0.5,1.0"
 # Stage-1 budget; at laptop scale 3% is a handful of steps that leave the gate where it
 # started, so presets without a budget train Stage-1 for 20% (at least 20 steps).
 STAGE1_FRACTION = 0.2
+STAGE1_SHARE = f"{STAGE1_FRACTION:.0%}".replace("%", "%%")  # for a help string (argparse formats them with %)
 
 
 def beta_ablation(
@@ -66,25 +70,28 @@ def beta_ablation(
     )
 
 
-def add_flags(p) -> None:
-    p.add_argument("--betas", default=BETAS, help=f"β values (default {BETAS})")
-    share = f"{STAGE1_FRACTION:.0%}".replace("%", "%%")  # argparse formats help strings with %
-    p.add_argument(
-        "--stage1-steps",
-        type=int,
-        default=None,
-        help=f"Stage-1 steps (default: the preset's Stage-1 budget, else {share} of the pre-training "
+@dataclass(frozen=True)
+class BetaFlags:
+    """The sweep's own flags (beside the downstream evaluation's, sweeps/evaluate.py)."""
+
+    betas: str = flag(BETAS, "β values")
+    stage1_steps: int | None = flag(
+        None,
+        f"Stage-1 steps (default: the preset's Stage-1 budget, else {STAGE1_SHARE} of the pre-training "
         "steps, at least 20)",
     )
+
+
+def add_flags(p) -> None:
+    arguments.add_flags(p, BetaFlags)
     add_eval_flags(p)
 
 
 def from_args(common: Common, args) -> Sweep:
-    if args.stage1_steps is not None and args.stage1_steps < 1:
-        fail("--stage1-steps", args.stage1_steps, "an integer >= 1")
-    return beta_ablation(
-        common, parse_list("--betas", args.betas), args.stage1_steps, evaluation=eval_grid_from_args(args)
-    )
+    flags = flags_of(BetaFlags, args)
+    if flags.stage1_steps is not None and flags.stage1_steps < 1:
+        fail("--stage1-steps", flags.stage1_steps, "an integer >= 1")
+    return beta_ablation(common, parse_list("--betas", flags.betas), flags.stage1_steps, evaluation=evaluation_of(args))
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from looplab.arguments import add_flags, flag, flags_of
 from looplab.presets import get_preset
 from looplab.tracking import VAL_ACCURACY, VAL_LOSS
 from sweeps.flags import Common, parse_list, parse_pairs
@@ -65,31 +66,57 @@ def depth_grid(
     return Sweep(name=name, spec=spec, grid=grid, points=pairs, metric=metric, mode=mode, columns=columns, flags=flags)
 
 
+@dataclass(frozen=True)
+class PairFlags:
+    """An N⊗R sweep's own flags, each "" for its default: --pairs (the sweep's pairs),
+    --archs (the preset's backbone) and its task's level flag (--levels for Mano, --hops
+    for p-hop; the preset's value), if it has one. The help of --pairs and the level
+    flag's name are the sweep's: pair_flags declares them."""
+
+    pairs: str = flag("", "NxR pairs (default: the sweep's)")
+    archs: str = flag("", "backbones to cross with the pairs, e.g. mamba2,transformer (default: the preset's)")
+    level: str = ""  # the level flag's values (a flag where pair_flags names it)
+
+
+def pair_flags(small_pairs: str, paper_pairs: str, level: tuple[str, str] | None = None) -> type[PairFlags]:
+    """PairFlags whose --pairs help says this sweep's pairs, with the level flag
+    level = (flag, task field), e.g. ("levels", "L") for --levels → task.L."""
+    pairs_help = f"NxR pairs (default: {paper_pairs} on paper presets, {small_pairs} otherwise)"
+    if level is None:
+
+        @dataclass(frozen=True)
+        class Pairs(PairFlags):
+            pairs: str = flag("", pairs_help)
+
+        return Pairs
+    name, field = level
+
+    @dataclass(frozen=True)
+    class LevelPairs(PairFlags):
+        pairs: str = flag("", pairs_help)
+        level: str = flag("", f"values of task.{field} (default: the preset's)", name=f"--{name}", metavar=name.upper())
+
+    return LevelPairs
+
+
 def add_pair_flags(p, *, preset: str, small_pairs: str, paper_pairs: str, level: tuple[str, str] | None) -> None:
     """--pairs, --archs (and --<level flag> for the task's difficulty field), with this sweep's defaults."""
     p.set_defaults(preset=preset, seeds="0,1,2")  # several seeds: best-of-3 and mean ± std
-    p.add_argument(
-        "--pairs", default="", help=f"NxR pairs (default: {paper_pairs} on paper presets, {small_pairs} otherwise)"
-    )
-    p.add_argument(
-        "--archs", default="", help="backbones to cross with the pairs, e.g. mamba2,transformer (default: the preset's)"
-    )
-    if level is not None:
-        flag, field = level
-        p.add_argument(f"--{flag}", default="", help=f"values of task.{field} (default: the preset's)")
+    add_flags(p, pair_flags(small_pairs, paper_pairs, level))
 
 
-def pairs_from(args, common: Common, small_pairs: str, paper_pairs: str) -> tuple[dict[str, int], ...]:
+def pairs_from(text: str, common: Common, small_pairs: str, paper_pairs: str) -> tuple[dict[str, int], ...]:
+    """--pairs, else the sweep's pairs for the preset (the paper's on paper presets)."""
     default = paper_pairs if is_paper_preset(common.preset) else small_pairs
-    return parse_pairs("--pairs", args.pairs or default)
+    return parse_pairs("--pairs", text or default)
 
 
-def archs_from(args) -> list[str] | None:
-    return parse_list("--archs", args.archs, str, "mamba2,transformer") if args.archs else None
+def archs_from(text: str) -> list[str] | None:
+    return parse_list("--archs", text, str, "mamba2,transformer") if text else None
 
 
-def level_from(args, flag: str, field: str) -> tuple[str, list[int]] | None:
-    text = getattr(args, flag.replace("-", "_"))
+def level_from(text: str, flag: str, field: str) -> tuple[str, list[int]] | None:
+    """A level flag's values (--hops 1,2,4 for task.p: ("p", [1, 2, 4])), None without."""
     return (field, parse_list(f"--{flag}", text, int, "10,16,24")) if text else None
 
 
@@ -138,11 +165,12 @@ class DepthTask:
         )
 
     def from_args(self, common: Common, args) -> Sweep:
+        flags = flags_of(PairFlags, args)
         return self.sweep(
             common,
-            pairs_from(args, common, self.small_pairs, self.paper_pairs),
-            archs_from(args),
-            level_from(args, self.level_flag, self.level_field),
+            pairs_from(flags.pairs, common, self.small_pairs, self.paper_pairs),
+            archs_from(flags.archs),
+            level_from(flags.level, self.level_flag, self.level_field),
         )
 
 

@@ -20,16 +20,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from looplab import destinations, tracking
-from looplab.arguments import Parser
+from looplab.arguments import Parser, add_flags, flag, flags_of
 from looplab.config import ConfigError
 from looplab.policy import GATE, parse_policies
 from looplab.stages import STAGE_NAMES, get_stage
-from sweeps.flags import add_store_flags, distinct, fail
+from sweeps.flags import Store, distinct, fail
 from sweeps.runtime import check_ray_address, console_to_log, local_gpus, write_report
 from trainables.checkpoints import pipeline_checkpoints, store_checkpoints
 from trainables.eval_tasks import builtin_task, include_task, paper_task
@@ -46,73 +46,85 @@ from trainables.storage import Storage
 POLICY_EXAMPLE = "dense:0.2,0.4;skip:0.2,0.4;forced:1-4"
 
 
-def add_eval_flags(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("downstream evaluation (after training; keyed by content, never recomputed)")
-    g.add_argument(
-        "--eval-tasks",
-        default="",
-        metavar="paper|TASK,...",
-        help="lm-eval tasks to evaluate every trained checkpoint on: paper (the seven of Table 3) "
+@dataclass(frozen=True)
+class EvalFlags:
+    """The downstream evaluation flags every training sweep gets (and python -m
+    sweeps.evaluate), each field its flag; eval_grid() checks them and resolves the
+    EvalGrid they declare (its resources default to EvalGrid's own)."""
+
+    eval_tasks: str = flag(
+        "",
+        "lm-eval tasks to evaluate every trained checkpoint on: paper (the seven of Table 3) "
         "and/or task names (the paper's, those of --eval-include, or lm-eval's own)",
+        metavar="paper|TASK,...",
     )
-    g.add_argument(
-        "--eval-policies",
-        default="",
-        metavar="GRID",
-        help=f"exit policies, e.g. '{POLICY_EXAMPLE}' (default: forced 1..R on a stage without a gate, "
+    eval_policies: str = flag(
+        "",
+        f"exit policies, e.g. '{POLICY_EXAMPLE}' (default: forced 1..R on a stage without a gate, "
         "App. E; dense and skip at q 0.2..1.0 on gated stages, App. F); gate policies go to gated "
         "stages, the others to every stage",
+        metavar="GRID",
     )
-    g.add_argument(
-        "--eval-data",
-        default="",
-        metavar="DIR",
-        help="the paper tasks' data from DIR/<task>/<split>.parquet (python -m looplab.evaluation.paper_tasks "
+    eval_data: str = flag(
+        "",
+        "the paper tasks' data from DIR/<task>/<split>.parquet (python -m looplab.evaluation.paper_tasks "
         "export DIR), offline; default: the hub",
+        metavar="DIR",
     )
-    g.add_argument("--eval-include", default="", metavar="DIR", help="a folder of custom task YAMLs")
-    g.add_argument("--eval-limit", default="", metavar="N", help="documents per task (default: all)")
-    g.add_argument("--eval-stages", default="", metavar="STAGE,...", help="evaluate only these stages (default: all)")
-    g.add_argument("--eval-cpus", type=float, default=1.0, help="CPUs of each evaluation job (default 1)")
-    g.add_argument("--eval-gpus", type=float, default=0.0, help="GPUs of each evaluation job (default 0)")
-    g.add_argument("--eval-batch-size", type=int, default=8, help="lm-eval requests per forward (default 8)")
-    g.add_argument("--eval-device", default="auto", help="auto | cpu | cuda (default auto)")
+    eval_include: str = flag("", "a folder of custom task YAMLs", metavar="DIR")
+    eval_limit: str = flag("", "documents per task (default: all)", metavar="N")
+    eval_stages: str = flag("", "evaluate only these stages (default: all)", metavar="STAGE,...")
+    eval_cpus: float = flag(EvalGrid.cpus, "CPUs of each evaluation job")
+    eval_gpus: float = flag(EvalGrid.gpus, "GPUs of each evaluation job")
+    eval_batch_size: int = flag(EvalGrid.batch_size, "lm-eval requests per forward")
+    eval_device: str = flag(EvalGrid.device, "auto | cpu | cuda")
 
 
-def eval_grid_from_args(args: argparse.Namespace) -> EvalGrid | None:
+def add_eval_flags(p: argparse.ArgumentParser) -> None:
+    add_flags(
+        p.add_argument_group("downstream evaluation (after training; keyed by content, never recomputed)"), EvalFlags
+    )
+
+
+def evaluation_of(args: argparse.Namespace) -> EvalGrid | None:
+    """A training sweep's evaluation grid from its parsed flags (add_eval_flags' and --address)."""
+    return eval_grid(flags_of(EvalFlags, args), args.address)
+
+
+def eval_grid(flags: EvalFlags, address: str = "") -> EvalGrid | None:
     """The grid the flags declare, every task checked against its index; None without
-    --eval-tasks. A bad value is a ConfigError naming its flag."""
+    --eval-tasks. address: the Ray cluster's (none: this machine must have the GPUs
+    asked for). A bad value is a ConfigError naming its flag."""
     given = [
-        f for f in ("eval_policies", "eval_data", "eval_include", "eval_limit", "eval_stages") if getattr(args, f, "")
+        f for f in ("eval_policies", "eval_data", "eval_include", "eval_limit", "eval_stages") if getattr(flags, f)
     ]
-    if not args.eval_tasks:
+    if not flags.eval_tasks:
         if given:
             fail("--eval-tasks", "", f"paper | TASK,... (--{given[0].replace('_', '-')} needs tasks to evaluate)")
         return None
-    if args.eval_policies:
-        check_eval_policies(args.eval_policies)
-    if args.eval_cpus <= 0:
-        fail("--eval-cpus", args.eval_cpus, "a number > 0")
-    if args.eval_gpus < 0:
-        fail("--eval-gpus", args.eval_gpus, "a number >= 0")
-    if args.eval_gpus > 0 and not getattr(args, "address", "") and not local_gpus():
+    if flags.eval_policies:
+        check_eval_policies(flags.eval_policies)
+    if flags.eval_cpus <= 0:
+        fail("--eval-cpus", flags.eval_cpus, "a number > 0")
+    if flags.eval_gpus < 0:
+        fail("--eval-gpus", flags.eval_gpus, "a number >= 0")
+    if flags.eval_gpus > 0 and not address and not local_gpus():
         # Ray would wait forever for a GPU this machine does not have
-        fail("--eval-gpus", args.eval_gpus, "0 here (no CUDA device on this machine)")
-    if args.eval_batch_size < 1:
-        fail("--eval-batch-size", args.eval_batch_size, "an integer >= 1")
-    if args.eval_device not in ("auto", "cpu", "cuda") and not args.eval_device.startswith("cuda:"):
-        fail("--eval-device", args.eval_device, "auto | cpu | cuda | cuda:N")
+        fail("--eval-gpus", flags.eval_gpus, "0 here (no CUDA device on this machine)")
+    if flags.eval_batch_size < 1:
+        fail("--eval-batch-size", flags.eval_batch_size, "an integer >= 1")
+    if flags.eval_device not in ("auto", "cpu", "cuda") and not flags.eval_device.startswith("cuda:"):
+        fail("--eval-device", flags.eval_device, "auto | cpu | cuda | cuda:N")
+    stages = [s.strip() for s in flags.eval_stages.split(",") if s.strip()]
     return EvalGrid(
-        tasks=resolve_tasks(args.eval_tasks, args.eval_include, args.eval_data),
-        policies=args.eval_policies,
-        limit=parse_limit(args.eval_limit),
-        stages=tuple(
-            distinct("--eval-stages", args.eval_stages, [s.strip() for s in args.eval_stages.split(",") if s.strip()])
-        ),
-        cpus=args.eval_cpus,
-        gpus=args.eval_gpus,
-        batch_size=args.eval_batch_size,
-        device=args.eval_device,
+        tasks=resolve_tasks(flags.eval_tasks, flags.eval_include, flags.eval_data),
+        policies=flags.eval_policies,
+        limit=parse_limit(flags.eval_limit),
+        stages=tuple(distinct("--eval-stages", flags.eval_stages, stages)),
+        cpus=flags.eval_cpus,
+        gpus=flags.eval_gpus,
+        batch_size=flags.eval_batch_size,
+        device=flags.eval_device,
     )
 
 
@@ -299,34 +311,42 @@ def log_counts(uri: str, run_id: str | None, summary: EvalSummary) -> None:
 
 
 # ---- python -m sweeps.evaluate ------------------------------------------------------------------
+@dataclass(frozen=True)
+class Evaluate(Store):
+    """python -m sweeps.evaluate's options beside the evaluation flags (EvalFlags)."""
+
+    dry_run: bool = flag(False, "print what would be evaluated and what is reused")
+
+
 def parser() -> argparse.ArgumentParser:
     p = Parser(
         prog="python -m sweeps.evaluate",
         description="Evaluate the finished checkpoints of an existing sweep on lm-eval tasks "
         "(what the store lacks only).",
     )
-    add_store_flags(p, "print what would be evaluated and what is reused")
+    add_flags(p, Evaluate)
     add_eval_flags(p)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    storage = Storage(args.storage_path)
-    uri = args.tracking_uri or f"sqlite:///{storage.scratch() / 'mlflow.db'}"
+    options, flags = flags_of(Evaluate, args), flags_of(EvalFlags, args)
+    storage = Storage(options.storage_path)
+    uri = options.tracking_uri or f"sqlite:///{storage.scratch() / 'mlflow.db'}"
     try:
-        grid = eval_grid_from_args(args)
+        grid = eval_grid(flags, options.address)
         if grid is None:
             fail("--eval-tasks", "", "paper | TASK,... (what to evaluate the checkpoints on)")
-        mc, experiment_id = open_experiment(uri, args.experiment, write=not args.dry_run)
-        if not args.dry_run:  # Ray's log and the report go there
+        mc, experiment_id = open_experiment(uri, options.experiment, write=not options.dry_run)
+        if not options.dry_run:  # Ray's log and the report go there
             destinations.output_dir("--storage-path", storage.scratch())
-            check_ray_address("--address", args.address)
+            check_ray_address("--address", options.address)
         checkpoints, notes = store_checkpoints(mc, experiment_id, storage.root)
         if not checkpoints:
             fail(
                 "--experiment",
-                args.experiment,
+                options.experiment,
                 "an experiment with FINISHED stage runs whose checkpoints exist" + (f" ({notes[0]})" if notes else ""),
             )
         check_grid(grid, [(c.stage, c.n_loops, c.task_kind) for c in checkpoints])
@@ -335,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
-    if args.dry_run:
+    if options.dry_run:
         from trainables.evaluation import grid_evaluations
         from trainables.keyed_step import EVAL_STEP
 
@@ -344,10 +364,10 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(describe_grid(grid, checkpoints)).strip("\n"))
         print(f"  to evaluate now: {len(todo)} (the others are in the store)")
         return 0
-    summary, sweep_run = run(grid, checkpoints, uri, args.experiment, storage, args.address)
+    summary, sweep_run = run(grid, checkpoints, uri, options.experiment, storage, options.address)
     print(summary.line())
     report = write_report(
-        uri, args.experiment, sweep_run, storage.scratch() / "analysis" / f"{args.experiment}-evaluation"
+        uri, options.experiment, sweep_run, storage.scratch() / "analysis" / f"{options.experiment}-evaluation"
     )
     if "report.html" in report:
         print(f"report.html: {report['report.html']}")

@@ -5,6 +5,7 @@ allowed; sweeps/launch.py prints it and exits with status 2 before Ray starts.
 The flags split into two typed values: `Common` (what a sweep's declaration reads:
 the preset and the overrides) and `Launch` (how it runs: search, seeds, resources,
 storage, tracking), so sweep factories take typed arguments, never the namespace.
+`Store` holds the flags of the commands over an existing sweep's checkpoints.
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ class Launch:
     resume: bool = flag(
         False,
         "continue an interrupted sweep: the same as running the same command again (finished stages and "
-        "trials are found by content key; Tune's pickled state is never read)",
+        "trials are found by content key; Tune's saved experiment is never restored)",
     )
     # What it runs on
     max_concurrent_trials: int = flag(0, "default: what the CPUs/GPUs fit")
@@ -125,6 +126,24 @@ class Launch:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "Launch":
         return flags_of(cls, args, tracking_uri=args.tracking_uri or "", seeds=tuple(seeds_of(args.seeds, args.preset)))
+
+
+@dataclass(frozen=True)
+class Store:
+    """Where an existing sweep's results are, for the commands over its checkpoints
+    (sweeps/evaluate.py, sweeps/bench.py): which experiment, its store, which Ray. Each
+    field is its flag; a command's options extend it with their own --dry-run (its
+    help says what that command plans) and the rest."""
+
+    experiment: str = flag(help="the sweep's MLflow experiment, e.g. adaptive_pipeline-debug")
+    storage_path: str = flag(
+        "looplab-runs",
+        "the sweep's storage (default looplab-runs): its MLflow store, and its stages/ when the "
+        "checkpoints moved with it",
+        type=given(STORAGE_PATHS),
+    )
+    tracking_uri: str | None = flag(None, "MLflow URI (default sqlite:///STORAGE/mlflow.db)", type=given(TRACKING_URIS))
+    address: str = flag("", "Ray cluster address (default: start a local Ray)")
 
 
 def parser(description: str) -> argparse.ArgumentParser:
@@ -172,27 +191,6 @@ def _config_flags(p: argparse.ArgumentParser) -> None:
 
 
 # ---- value parsers --------------------------------------------------------------------
-
-
-def add_store_flags(p: argparse.ArgumentParser, dry_run_help: str) -> None:
-    """The flags of a command over an existing sweep's checkpoints (sweeps/evaluate.py,
-    sweeps/bench.py): which experiment, where its store is, which Ray, and --dry-run."""
-    p.add_argument("--experiment", required=True, help="the sweep's MLflow experiment, e.g. adaptive_pipeline-debug")
-    p.add_argument(
-        "--storage-path",
-        type=given(STORAGE_PATHS),
-        default="looplab-runs",
-        help="the sweep's storage (default looplab-runs): its MLflow store, and its stages/ when the "
-        "checkpoints moved with it",
-    )
-    p.add_argument(
-        "--tracking-uri",
-        type=given(TRACKING_URIS),
-        default=None,
-        help="MLflow URI (default sqlite:///STORAGE/mlflow.db)",
-    )
-    p.add_argument("--address", default="", help="Ray cluster address (default: start a local Ray)")
-    p.add_argument("--dry-run", action="store_true", help=dry_run_help)
 
 
 def check_preset(name: str) -> None:

@@ -26,13 +26,14 @@ import argparse
 import csv
 import sys
 import time
-from dataclasses import asdict, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
 from analysis.claims import ClaimResult, batch_claims, correct, verdict_markdown
+from looplab.arguments import add_flags, flag, flags_of
 from looplab.checkpoint import seeded
 from looplab.costs.measured_memory import UNKNOWN_PEAK
 from looplab.costs.timing import BenchRecord, bench_point, check_dtype
@@ -248,20 +249,28 @@ def judge_on_device(
     return results
 
 
+@dataclass(frozen=True)
+class GpuClaims:
+    """The command's options: OUT_DIR, and --cpu-plumbing (a flag)."""
+
+    out_dir: str  # its one positional argument, written by hand in main (a positional flag() takes a list of words)
+    cpu_plumbing: bool = flag(False, "the code end to end on a CPU, tiny: no verdict")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m sweeps.gpu_claims", description=__doc__.splitlines()[0])
     p.add_argument("out_dir")
-    p.add_argument("--cpu-plumbing", action="store_true", help="the code end to end on a CPU, tiny: no verdict")
-    args = p.parse_args(argv)
+    add_flags(p, GpuClaims)
+    options = flags_of(GpuClaims, p.parse_args(argv))
     try:
-        if args.cpu_plumbing:
-            judge_on_device(args.out_dir, device="cpu", overrides=PLUMBING)
+        if options.cpu_plumbing:
+            judge_on_device(options.out_dir, device="cpu", overrides=PLUMBING)
         else:
-            judge_on_device(args.out_dir)
+            judge_on_device(options.out_dir)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print((Path(args.out_dir) / MARKDOWN).read_text())
+    print((Path(options.out_dir) / MARKDOWN).read_text())
     return 0
 
 

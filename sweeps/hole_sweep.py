@@ -12,9 +12,12 @@ Stage-2 and the threshold evaluation (dense and skip over q, forced depths).
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 
+from looplab import arguments
+from looplab.arguments import flag, flags_of
 from looplab.tracking import VAL_ACCURACY, VAL_PPL
-from sweeps.evaluate import add_eval_flags, eval_grid_from_args, with_evaluation
+from sweeps.evaluate import add_eval_flags, evaluation_of, with_evaluation
 from sweeps.flags import Common, fail, parse_list, parse_ranges
 from sweeps.launch import main
 from sweeps.sweep import SKIP_COLUMNS, Sweep
@@ -79,32 +82,40 @@ def hole_sweep(
     )
 
 
+@dataclass(frozen=True)
+class HoleFlags:
+    """The sweep's own flags (beside the downstream evaluation's, sweeps/evaluate.py)."""
+
+    sampler: str = flag("depth", "depth (the default, App. D) | threshold (§3)")
+    hps: str = flag("0.25,0.5,0.75", "hole probabilities (depth sampler)")
+    ranges: str = flag("1.85-3.45,1.0-4.0", "target depth ranges lo-hi (depth sampler)")
+    q_ranges: str = flag("0.2-0.8,0.4-0.6", "threshold ranges q_low-q_high (threshold)")
+    rhos: str = flag("1.0", "probability that a minibatch is holed")
+
+
 def add_flags(p) -> None:
-    p.add_argument("--sampler", default="depth", help="depth (App. D) | threshold (§3)")
-    p.add_argument("--hps", default="0.25,0.5,0.75", help="hole probabilities (depth sampler)")
-    p.add_argument("--ranges", default="1.85-3.45,1.0-4.0", help="target depth ranges lo-hi (depth sampler)")
-    p.add_argument("--q-ranges", default="0.2-0.8,0.4-0.6", help="threshold ranges q_low-q_high (threshold)")
-    p.add_argument("--rhos", default="1.0", help="probability that a minibatch is holed")
+    arguments.add_flags(p, HoleFlags)
     add_eval_flags(p)
 
 
 def from_args(common: Common, args) -> Sweep:
-    rhos = parse_list("--rhos", args.rhos)
-    if args.sampler == "depth":
+    flags = flags_of(HoleFlags, args)
+    rhos = parse_list("--rhos", flags.rhos)
+    if flags.sampler == "depth":
         return hole_sweep(
             common,
             "depth",
             rhos,
-            parse_list("--hps", args.hps),
-            parse_ranges("--ranges", args.ranges, "lo", "hi"),
-            evaluation=eval_grid_from_args(args),
+            parse_list("--hps", flags.hps),
+            parse_ranges("--ranges", flags.ranges, "lo", "hi"),
+            evaluation=evaluation_of(args),
         )
     return hole_sweep(
         common,
-        args.sampler,
+        flags.sampler,
         rhos,
-        ranges=parse_ranges("--q-ranges", args.q_ranges, "q_low", "q_high"),
-        evaluation=eval_grid_from_args(args),
+        ranges=parse_ranges("--q-ranges", flags.q_ranges, "q_low", "q_high"),
+        evaluation=evaluation_of(args),
     )
 
 

@@ -12,11 +12,14 @@ parameters) and NR⊗1 (same effective depth, same FLOPs), per backbone. With
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 
+from looplab import arguments
+from looplab.arguments import flag, flags_of
 from looplab.tracking import VAL_ACCURACY, VAL_LOSS, VAL_PPL
 from sweeps import mano, phop
-from sweeps.depth_grid import add_pair_flags, archs_from, depth_grid, pairs_from
-from sweeps.evaluate import add_eval_flags, eval_grid_from_args, with_evaluation
+from sweeps.depth_grid import PairFlags, add_pair_flags, archs_from, depth_grid, pairs_from
+from sweeps.evaluate import add_eval_flags, evaluation_of, with_evaluation
 from sweeps.flags import Common, fail
 from sweeps.launch import main
 from sweeps.sweep import Sweep
@@ -46,11 +49,18 @@ def task_of(argv: list[str]) -> str:
     return next((a.split("=", 1)[1] for a in argv if a.startswith("--task=")), "text")
 
 
+@dataclass(frozen=True)
+class IsoFlags:
+    """The sweep's --task (read first: it picks the other flags' defaults, task_of)."""
+
+    task: str = flag("text", "text | mano | phop")
+
+
 def flags_for(task: str):
     preset, small, paper, *_ = TASKS.get(task, TASKS["text"])
 
     def add_flags(p) -> None:
-        p.add_argument("--task", default="text", help="text | mano | phop (default text)")
+        arguments.add_flags(p, IsoFlags)
         add_pair_flags(p, preset=preset, small_pairs=small, paper_pairs=paper, level=None)
         add_eval_flags(p)
         p.set_defaults(seeds=None)  # the preset's own seed (3407 for the paper's language models)
@@ -59,15 +69,16 @@ def flags_for(task: str):
 
 
 def from_args(common: Common, args) -> Sweep:
-    if args.task not in TASKS:
-        fail("--task", args.task, " | ".join(TASKS))
-    _, small, paper, *_ = TASKS[args.task]
+    task, pairs = flags_of(IsoFlags, args).task, flags_of(PairFlags, args)
+    if task not in TASKS:
+        fail("--task", task, " | ".join(TASKS))
+    _, small, paper, *_ = TASKS[task]
     return iso_flops(
         common,
-        args.task,
-        pairs_from(args, common, small, paper),
-        archs_from(args),
-        evaluation=eval_grid_from_args(args),
+        task,
+        pairs_from(pairs.pairs, common, small, paper),
+        archs_from(pairs.archs),
+        evaluation=evaluation_of(args),
     )
 
 

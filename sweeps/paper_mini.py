@@ -44,6 +44,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from looplab.arguments import add_flags, flag, flags_of
 from looplab.config import ConfigError
 from looplab.tracking import ACCURACY, PPL, VAL_ACCURACY, VAL_LOSS, VAL_PPL
 from sweeps.depth_grid import depth_grid
@@ -231,18 +232,23 @@ def describe_protocol(protocol: Protocol, plan: SeedPlan, ledger: Ledger, reason
     return "\n".join(lines) + "\n\n" + power_analysis.text(protocol)
 
 
+@dataclass(frozen=True)
+class MiniFlags:
+    """The miniature's own flag, beside every sweep's (sweeps/flags.py)."""
+
+    pins: bool = flag(
+        False, "print what this checkout and machine would pin (a new protocol's declaration pastes it) and stop"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     from sweeps.launch import prepare
 
     p = parser(__doc__.splitlines()[0])
-    p.add_argument(
-        "--pins",
-        action="store_true",
-        help="print what this checkout and machine would pin (a new protocol's declaration pastes it) and stop",
-    )
+    add_flags(p, MiniFlags)
     p.set_defaults(seeds=None, storage_path="runs/paper-mini")
     args = p.parse_args(argv)
-    if args.pins:
+    if flags_of(MiniFlags, args).pins:
         return print_pins(PROTOCOL)
     started = time.monotonic()
     try:

@@ -27,9 +27,11 @@ on other seeds, so no verdict is read off the data its regime was chosen on.
 from __future__ import annotations
 
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
+from looplab import arguments
+from looplab.arguments import flag, flags_of
 from looplab.stages import ARMS
 from looplab.tracking import VAL_ACCURACY, VAL_LOSS, VAL_PPL
 from sweeps.depth_grid import depth_grid, level_from, pairs_from
@@ -154,24 +156,32 @@ EFFECTS = ("holes", "loops")
 SEEDS = "0,1,2"  # the scan's own; sweeps/paper_mini.py reports on others
 
 
+@dataclass(frozen=True)
+class ScanFlags:
+    """The scan's own flags: the effect, and each effect's points."""
+
+    effect: str = flag("holes", "holes (cache holes, default) | loops (loop advantage)")
+    axes: str = flag(",".join(HOLE_AXES), f"holes: the axes to scan (default all: {','.join(HOLE_AXES)})")
+    pairs: str = flag(LOOP_PAIRS, f"loops: NxR pairs (default {LOOP_PAIRS})")
+    hops: str = flag(LOOP_HOPS, f"loops: p-hop hop counts p (default {LOOP_HOPS})")
+
+
 def add_flags(p) -> None:
     p.set_defaults(seeds=SEEDS)
-    p.add_argument("--effect", default="holes", help="holes (cache holes, default) | loops (loop advantage)")
-    p.add_argument(
-        "--axes", default=",".join(HOLE_AXES), help=f"holes: the axes to scan (default all: {','.join(HOLE_AXES)})"
-    )
-    p.add_argument("--pairs", default=LOOP_PAIRS, help=f"loops: NxR pairs (default {LOOP_PAIRS})")
-    p.add_argument("--hops", default=LOOP_HOPS, help=f"loops: p-hop hop counts p (default {LOOP_HOPS})")
+    arguments.add_flags(p, ScanFlags)
 
 
 def from_args(common: Common, args) -> Sweep:
-    if args.effect not in EFFECTS:
-        fail("--effect", args.effect, " | ".join(EFFECTS))
-    if args.effect == "holes":
-        return holes_scan(common, parse_list("--axes", args.axes, str, "seq_len,pretrain_steps"))
+    flags = flags_of(ScanFlags, args)
+    if flags.effect not in EFFECTS:
+        fail("--effect", flags.effect, " | ".join(EFFECTS))
+    if flags.effect == "holes":
+        return holes_scan(common, parse_list("--axes", flags.axes, str, "seq_len,pretrain_steps"))
     if common.preset == "debug":  # the holes scan's default preset is no p-hop preset
         common = Common("phop-debug", common.overrides, common.stage_overrides)
-    return loops_scan(common, pairs_from(args, common, LOOP_PAIRS, LOOP_PAIRS), level_from(args, "hops", "p"))
+    return loops_scan(
+        common, pairs_from(flags.pairs, common, LOOP_PAIRS, LOOP_PAIRS), level_from(flags.hops, "hops", "p")
+    )
 
 
 if __name__ == "__main__":
