@@ -1,12 +1,23 @@
 """The errors a user acts on, each a single line: ConfigError (a bad input, naming the
 argument and what is allowed, raised before anything expensive starts), and the three
 ways a run can stop that lose nothing: TrainingDiverged (its loss, gradient or weights
-stopped being finite), CheckpointNotWritten (a full disk, say) and Interrupted (the
-user asked it to stop: Ctrl-C or SIGTERM to a sweep)."""
+stopped being finite), CheckpointNotWritten (a full disk, say), StorageFull (a sweep's
+storage has no room left) and Interrupted (the user asked it to stop: Ctrl-C or SIGTERM
+to a sweep). `is_disk_full` tells a full disk in any of its guises."""
 
 from __future__ import annotations
 
+import errno
 from typing import Any
+
+# A full disk as the operating system, SQLite and Ray Tune's error text say it
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+DISK_FULL_WORDS = (
+    "No space left on device",
+    "Disk quota exceeded",
+    "database or disk is full",
+    "storage full: ",  # StorageFull's own line, as a trial's error text carries it
+)
 
 
 class ConfigError(ValueError):
@@ -48,3 +59,26 @@ class Interrupted(Exception):
     """A stop the user asked for (Ctrl-C or SIGTERM to a sweep): the stage that was
     training saved a checkpoint first, so running the same command again resumes.
     The message is one line: what stopped where, and why."""
+
+
+class StorageFull(OSError):
+    """A sweep's storage has no room for what comes next: the sweep stopped, nothing
+    finished is lost, and the same command resumes once space is freed. The message is
+    one line: the place, what is free and what was needed where known, the way on."""
+
+
+def is_disk_full(error: BaseException | str | None) -> bool:
+    """Whether `error` is a full disk: an OSError of ENOSPC or EDQUOT, SQLite's "database
+    or disk is full" (also wrapped by SQLAlchemy and MLflow), or an error's text saying
+    so (Ray Tune keeps a failed trial's error as text); its causes count too."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, str):
+            return any(words in error for words in DISK_FULL_WORDS)
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in DISK_FULL_ERRNOS:
+            return True
+        if any(words in str(error) for words in DISK_FULL_WORDS):
+            return True
+        error = error.__cause__ or error.__context__
+    return False

@@ -21,6 +21,7 @@ and closes every run as KILLED, the second exits at once; the same command resum
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -31,6 +32,7 @@ from typing import Any, Callable
 from looplab import dashboard, tracking
 from looplab.config import ConfigError, config_key
 from looplab.costs.machine import MEMORY_CHECK_ENV
+from looplab.errors import StorageFull, is_disk_full
 from sweeps.dry_run import describe
 from sweeps.flags import Common, Launch, fail, parser
 from sweeps.lock import SweepBusy, sweep_lock
@@ -110,6 +112,14 @@ def main(
     except SweepBusy as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except StorageFull as e:  # a trial's, or the driver's own write (sweeps/trial_watch.py)
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:
+        if not is_disk_full(e):
+            raise
+        print(f"error: {storage_full_line(launch.storage_path)}", file=sys.stderr)
+        return 1
     except SweepStopped as e:  # the first Ctrl-C or SIGTERM (sweeps/stop.py)
         print(resume_line(e.reason), file=sys.stderr)
         return e.exit_status
@@ -254,6 +264,9 @@ def _run_locked(run: SweepRun) -> list[dict[str, Any]]:
 
     mc = tracking.client(run.uri)  # imports mlflow, which sets its loggers to INFO
     logging.getLogger("mlflow").setLevel(logging.WARNING)  # its schema-migration chatter
+    # Its database errors (a full disk: "database or disk is full") are raised as well, and
+    # the sweep says them in one line; the log's copy would be a traceback on the console.
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
     experiment_id = tracking.ensure_experiment(mc, run.experiment, run.store.path("mlflow"))
     sweep, launch = run.sweep, run.launch
     sweep_run = open_sweep_run(
@@ -268,7 +281,7 @@ def _run_locked(run: SweepRun) -> list[dict[str, Any]]:
     )
     print(links, file=sys.stderr)
     _start_ray(run)
-    at_once = False
+    at_once = ""  # why the trials' processes are gone, when the sweep ends before they do
     try:
         results, evaluation = _train_and_evaluate(run, platform, mc, sweep_run)
         rows = _rows(run, results, mc, experiment_id)
@@ -282,13 +295,17 @@ def _run_locked(run: SweepRun) -> list[dict[str, Any]]:
             print(evaluation.line())
         return rows
     except KeyboardInterrupt:
-        at_once = True
+        at_once = "a second signal: the sweep exited at once"
+        raise
+    except StorageFull:
+        at_once = "the storage filled up: the sweep stopped"
         raise
     finally:
         with console_to_log(run.logs / "ray.log"):
             ray.shutdown()
         if at_once:  # the trials' processes are gone now: their runs end KILLED, not RUNNING
-            close_orphans(mc, experiment_id, sweep_run, reason="a second signal: the sweep exited at once")
+            with contextlib.suppress(Exception):  # (a full disk may hold the database too)
+                close_orphans(mc, experiment_id, sweep_run, reason=at_once)
 
 
 def _platform(run: SweepRun, sweep_run: str):
@@ -414,10 +431,13 @@ def _fit_shared_prefixes(run: SweepRun, platform) -> None:
             storage_path=run.tune_path,
             failure_config=trial_failures(platform),
             verbose=0,
+            callbacks=[watch := _watch(platform)],
+            stop=watch.stopper,
         ),
     )
     with console_to_log(run.logs / "ray.log"):
         errors = tuner.fit().errors
+    _stop_if_full(run, watch)
     if errors:
         raise RuntimeError(f"a shared stage failed: {errors[0]}")
 
@@ -474,11 +494,48 @@ def _fit(run: SweepRun, platform):
             reuse_actors=True,
         ),
         run_config=tune.RunConfig(
-            name=run.run_name, storage_path=run.tune_path, failure_config=trial_failures(platform), verbose=0
+            name=run.run_name,
+            storage_path=run.tune_path,
+            failure_config=trial_failures(platform),
+            verbose=0,
+            callbacks=[watch := _watch(platform)],
+            stop=watch.stopper,
         ),
     )
     with console_to_log(run.logs / "ray.log"):
-        return tuner.fit()
+        results = tuner.fit()
+    _stop_if_full(run, watch)
+    return results
+
+
+def _watch(platform):
+    """Tune's restarts of a trial said on the console, and a full disk stopping the
+    sweep (sweeps/trial_watch.py)."""
+    from sweeps.trial_watch import make_watch
+    from trainables.progress import Reporter
+    from trainables.trial import trial_label, trial_params
+
+    def post(label: str, event: str, **fields: Any) -> None:
+        Reporter(platform.progress_board, label).post(event, **fields)
+
+    return make_watch(post, lambda trial: trial_label(trial_params(trial.config)) or "shared stage")
+
+
+def _stop_if_full(run: SweepRun, watch) -> None:
+    """StorageFull when a trial failed on a full disk: the trial's own line where it
+    planned its room (trainables/stage_worker.py), else where the storage stands."""
+    if watch.full is None:
+        return
+    said = watch.full.partition("storage full: ")[2]
+    raise StorageFull(f"storage full: {said}" if said else storage_full_line(run.launch.storage_path))
+
+
+def storage_full_line(storage_path: str) -> str:
+    """A full storage's line, with what its local folder has free now."""
+    from trainables.storage import Storage, free_bytes, full_line
+
+    local = Storage(storage_path).scratch()
+    return full_line(local, free_bytes(local))
 
 
 def trial_failures(platform):

@@ -22,11 +22,12 @@ import signal
 import socket
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from looplab import tracking
 from looplab.keys import STAGES_DIR
-from trainables.storage import Storage
+from trainables.storage import Storage, check_room
 
 FAIL_AT_STEP_ENV = "LOOPLAB_TEST_KILL_WORKER_AT_STEP"  # tests: SIGKILL the worker once at this step
 
@@ -88,6 +89,8 @@ def stage_worker_loop(config: dict[str, Any]) -> None:
 
     def on_metrics(record: dict[str, Any]) -> None:
         nonlocal mlflow_seconds, report_seconds
+        if record["kind"] == "resume":  # an earlier attempt (a killed worker, a rerun) saved this step
+            progress.post("resumed", stage=cfg.stage, step=record["step"], steps=cfg.train.steps)
         if mlflow_client is not None and record.get("step", 0) > logged_through:
             t = time.perf_counter()
             # The stage's run gets every figure; the trial's (the others) its headline.
@@ -143,6 +146,21 @@ def _last_logged_step(mlflow_client, run_id: str) -> int:
     return max((m.step for key in keys for m in mlflow_client.get_metric_history(run_id, key)), default=-1)
 
 
+# Beside a stage's checkpoints: its metrics.jsonl and its share of the MLflow database
+LOG_ROOM = 4 * 2**20
+
+
+def _check_room(cfg, work: Path) -> None:
+    """Room for the stage before it trains: a checkpoint is written beside the current one
+    before it replaces it, so two of them at once, less what its current one holds."""
+    from looplab.costs.memory import training_state_bytes
+    from looplab.training.run_folder import CHECKPOINT_DIR
+
+    current = work / CHECKPOINT_DIR
+    held = sum(f.stat().st_size for f in current.rglob("*") if f.is_file()) if current.is_dir() else 0
+    check_room(work, 2 * training_state_bytes(cfg.model) + LOG_ROOM - held, f"the {cfg.stage} stage's checkpoints")
+
+
 def train_stage(cfg, storage: Storage, folder: str, **train_kwargs):
     """looplab's train() for the stage whose folder is stages/<folder> in `storage`.
     On a file system it trains in that folder. On an object store it trains in a local
@@ -155,9 +173,10 @@ def train_stage(cfg, storage: Storage, folder: str, **train_kwargs):
     from looplab.training.train import train
 
     location = storage.path(STAGES_DIR, folder)
+    work = Path(location) if not storage.remote else storage.scratch(STAGES_DIR, folder)
+    _check_room(cfg, work)
     if not storage.remote:
         return train(cfg, location, resume=True, **train_kwargs)
-    work = storage.scratch(STAGES_DIR, folder)
     checkpoint = storage.path(STAGES_DIR, folder, CHECKPOINT_DIR)
     if storage.download_dir(checkpoint, work / CHECKPOINT_DIR, TRAINER):  # the resume point and its history
         history = storage.read_text(storage.path(STAGES_DIR, folder, METRICS_FILE))

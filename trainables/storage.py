@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from looplab.errors import invalid
+from looplab.errors import StorageFull, invalid
 from looplab.keys import LOCATION_KEY_LENGTH, text_digest
 
 LOCAL_SCHEMES = ("", "file")
@@ -186,3 +186,38 @@ def file_system(uri: str):
         import fsspec
 
         return pafs.PyFileSystem(pafs.FSSpecHandler(fsspec.filesystem(_scheme(uri))))
+
+
+def full_line(where: str | os.PathLike, free: int | None = None, need: str = "") -> str:
+    """What a full storage says, on one line: where, what is free and needed, the way on."""
+    state = f"{_size(free)} free" if free is not None else "no space left"
+    return (
+        f"storage full: {where} has {state}" + (f"; {need}" if need else "") + ": free space (or pass another "
+        "--storage-path) and run the same command again; what finished is kept and the rest resumes"
+    )
+
+
+def check_room(folder: str | os.PathLike, needed: int, what: str) -> None:
+    """StorageFull, in one line, unless the file system of the local `folder` has
+    `needed` bytes free for `what`."""
+    free = free_bytes(folder)
+    if free is not None and free < needed:
+        raise StorageFull(full_line(folder, free, f"{what} need about {_size(needed)}"))
+
+
+def free_bytes(where: str | os.PathLike) -> int | None:
+    """Bytes free on the local file system of `where` (its nearest existing folder); None
+    where that is not a local path."""
+    import shutil
+
+    path = Path(where)
+    for p in (path, *path.parents):
+        if p.exists():
+            return shutil.disk_usage(p).free
+    return None
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "?"
+    return f"{n / 2**20:.1f} MiB" if n < 2**30 else f"{n / 2**30:.2f} GiB"

@@ -249,6 +249,12 @@ def parameter_counts(c: ModelConfig) -> tuple[int, int, int, int]:
     )
 
 
+def training_state_bytes(c: ModelConfig) -> int:
+    """A training checkpoint's size on disk, near enough to plan room for: the weights and
+    AdamW's two moments, float32 each (the JSON beside them is a few KB)."""
+    return 3 * 4 * parameter_counts(c)[0]
+
+
 def step_memory(
     cfg: ExperimentConfig, micro_batch: int, *, ranks: int = 1, path: str = "cuda", checkpointing: bool | None = None
 ) -> StepMemory:

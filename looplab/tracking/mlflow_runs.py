@@ -430,9 +430,13 @@ def terminated_on_exit(mlflow_client, run_id: str) -> Iterator[str]:
         raise
     except BaseException as error:
         reason = (str(error).strip().splitlines() or [""])[0]
-        try:  # why it failed, on the dashboard: the exception's one line (a divergence, a full disk)
+        # Why it failed, on the dashboard: the exception's one line (a divergence, a full
+        # disk). Where the store cannot take it (a full disk holds the database too), the
+        # run stays RUNNING until the next invocation closes it as KILLED, and the error
+        # that stopped the block is the one raised, not the store's.
+        with contextlib.suppress(Exception):
             mlflow_client.set_tag(run_id, ERROR_TAG, f"{type(error).__name__}: {reason}"[:500])
-        finally:
+        with contextlib.suppress(Exception):
             close_run(mlflow_client, run_id, ok=False)
         raise
     close_run(mlflow_client, run_id, ok=True)
