@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from looplab import arguments
 from looplab.arguments import flag, flags_of
 from looplab.config import apply_overrides
+from looplab.config.paths import field_key
 from looplab.presets import get_preset, stage_budget
 from looplab.tracking import EXIT_ENTROPY, EXPECTED_EXIT_STEP, VAL_ACCURACY, VAL_PPL
 from sweeps.evaluate import add_eval_flags, evaluation_of, with_evaluation
@@ -52,7 +53,7 @@ def beta_ablation(
         stages=("pretrain", "stage1"),
         overrides=overrides,
         stage_overrides=common.stage_overrides_over(declared),
-        searched={"beta": "exit.beta"},
+        searched={"beta": field_key(lambda c: c.exit.beta)},
         searched_stages=("stage1",),
     )
     return with_evaluation(

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from looplab.arguments import add_flags, flag, flags_of
+from looplab.config.paths import checked_key, field_key
 from looplab.presets import get_preset
 from looplab.tracking import VAL_ACCURACY, VAL_LOSS
 from sweeps.flags import Common, parse_list, parse_pairs
@@ -21,8 +22,8 @@ from sweeps.launch import main
 from sweeps.sweep import Sweep
 from trainables.pipeline import PipelineSpec
 
-NR_PARAMS = {"n_layers": "model.n_layers", "n_loops": "model.n_loops"}
-ARCH_PARAMS = {"arch": "model.arch"}  # with --archs
+NR_PARAMS = {"n_layers": field_key(lambda c: c.model.n_layers), "n_loops": field_key(lambda c: c.model.n_loops)}
+ARCH_PARAMS = {"arch": field_key(lambda c: c.model.arch)}  # with --archs
 
 
 def is_paper_preset(name: str) -> bool:
@@ -52,7 +53,7 @@ def depth_grid(
     if level is not None:
         field, values = level
         grid[field] = list(values)
-        searched[field] = f"task.{field}"
+        searched[field] = checked_key(f"task.{field}", "--levels")  # a field of the task kind chosen at run time
     spec = PipelineSpec(
         preset=common.preset,
         stages=("pretrain",),

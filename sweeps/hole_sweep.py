@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from looplab import arguments
 from looplab.arguments import flag, flags_of
+from looplab.config.paths import field_key
 from looplab.tracking import VAL_ACCURACY, VAL_PPL
 from sweeps.evaluate import add_eval_flags, evaluation_of, with_evaluation
 from sweeps.flags import Common, fail, parse_list, parse_ranges
@@ -25,12 +26,12 @@ from trainables.evaluation import EvalGrid
 from trainables.pipeline import PipelineSpec
 
 HOLE_PARAMS = {
-    "hp": "hole.hp",
-    "lo": "hole.lo",
-    "hi": "hole.hi",
-    "rho": "hole.rho",
-    "q_low": "hole.q_low",
-    "q_high": "hole.q_high",
+    "hp": field_key(lambda c: c.hole.hp),
+    "lo": field_key(lambda c: c.hole.lo),
+    "hi": field_key(lambda c: c.hole.hi),
+    "rho": field_key(lambda c: c.hole.rho),
+    "q_low": field_key(lambda c: c.hole.q_low),
+    "q_high": field_key(lambda c: c.hole.q_high),
 }
 SAMPLERS = ("depth", "threshold")
 

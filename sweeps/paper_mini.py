@@ -47,7 +47,7 @@ from typing import Any
 from looplab.arguments import add_flags, flag, flags_of
 from looplab.config import ConfigError
 from looplab.tracking import ACCURACY, PPL, VAL_ACCURACY, VAL_LOSS, VAL_PPL
-from sweeps.depth_grid import depth_grid
+from sweeps.depth_grid import NR_PARAMS, depth_grid
 from sweeps.dry_run import describe
 from sweeps.flags import Common, Launch, parser
 from sweeps.ledger import Ledger
@@ -73,7 +73,7 @@ def lm_sweep(protocol: Protocol = PROTOCOL) -> Sweep:
         arms=dict(protocol.arms),
         overrides={**protocol.lm_regime, **protocol.overrides},
         stage_overrides=declared,
-        searched={"n_layers": "model.n_layers", "n_loops": "model.n_loops"},
+        searched=NR_PARAMS,
         searched_stages=every,
     )
     points = tuple({"arm": arm, "n_layers": n, "n_loops": r} for arm, n, r in protocol.lm_points)

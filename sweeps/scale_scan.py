@@ -32,6 +32,7 @@ from typing import Any
 
 from looplab import arguments
 from looplab.arguments import flag, flags_of
+from looplab.config.paths import checked_key, field_key
 from looplab.stages import ARMS
 from looplab.tracking import VAL_ACCURACY, VAL_LOSS, VAL_PPL
 from sweeps.depth_grid import depth_grid, level_from, pairs_from
@@ -43,14 +44,14 @@ from trainables.pipeline import PipelineSpec
 CONTINUED = ("stage1", "chase", "stage2")
 # Scan params -> config keys, and the stages each reaches (default: every stage).
 HOLE_PARAMS = {
-    "seq_len": "train.seq_len",
-    "pretrain_steps": "train.steps",
-    "stage_steps": "train.steps",
-    "d_model": "model.d_model",
-    "n_loops": "model.n_loops",
-    "tokenizer": "task.tokenizer",
-    "lo": "hole.lo",
-    "hi": "hole.hi",
+    "seq_len": field_key(lambda c: c.train.seq_len),
+    "pretrain_steps": field_key(lambda c: c.train.steps),
+    "stage_steps": field_key(lambda c: c.train.steps),
+    "d_model": field_key(lambda c: c.model.d_model),
+    "n_loops": field_key(lambda c: c.model.n_loops),
+    "tokenizer": checked_key("task.tokenizer"),  # the text task's (the task's kind is the preset's)
+    "lo": field_key(lambda c: c.hole.lo),
+    "hi": field_key(lambda c: c.hole.hi),
 }
 HOLE_SCOPES = {"pretrain_steps": ("pretrain",), "stage_steps": CONTINUED, "lo": ("chase",), "hi": ("chase",)}
 # The centre every axis varies around: debug's byte-level 1⊗4 Mamba-2 at a 512-token context.

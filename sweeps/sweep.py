@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from looplab.config import ConfigError, config_key, is_keyed
+from looplab.config.paths import field_key
 from looplab.costs.resources import StagePlan, plan_stage
 from looplab.keys import LENIENT, SWEEP_KEY_LENGTH, TRIAL_NAME_KEY_LENGTH, digest, keyed_name, stage_folder
 from looplab.policy import DEFAULT_QS, ExitPolicy
@@ -91,7 +92,7 @@ def compare_initialisations(sweep: Sweep, checkpoints: tuple[str, ...]) -> Sweep
     values = [f"{kind}:{path}" for path in checkpoints for kind in ("hf-shape", "hf")]
     spec = dataclasses.replace(
         sweep.spec,
-        searched={**sweep.spec.searched, INIT_FROM: "train." + INIT_FROM},
+        searched={**sweep.spec.searched, INIT_FROM: field_key(lambda c: c.train.init_from)},
         scopes={**sweep.spec.scopes, INIT_FROM: ("pretrain",)},
     )
     return dataclasses.replace(

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from looplab.config import ConfigError, ExperimentConfig
+from looplab.config.paths import ConfigKey, checked_key
 from looplab.keys import stage_path
 from looplab.presets import get_preset, stage_config
 from looplab.stages import STAGE_NAMES, get_stage
@@ -29,7 +30,8 @@ class PipelineSpec:
       reach every stage over its recipe.
     stages: the stages in order, e.g. ("pretrain", "stage1").
     stage_overrides: dotted overrides per stage name, over the sweep-wide ones.
-    searched: sampled param name -> dotted config key, e.g. {"beta": "exit.beta"}.
+    searched: sampled param name -> the config field it sets, e.g. {"beta":
+      field_key(lambda c: c.exit.beta)} (looplab/config/paths.py), "exit.beta" stored.
     searched_stages: the stages the sampled params apply to (upstream stages stay
       shared across trials); "seed" always applies to every stage.
     scopes: searched param -> the stages it applies to instead of searched_stages,
@@ -45,12 +47,14 @@ class PipelineSpec:
     stages: tuple[str, ...]
     overrides: dict[str, Any] = field(default_factory=dict)
     stage_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
-    searched: dict[str, str] = field(default_factory=dict)
+    searched: dict[str, ConfigKey] = field(default_factory=dict)
     searched_stages: tuple[str, ...] = ()
     arms: dict[str, tuple[str, ...]] = field(default_factory=dict)
     scopes: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        for param, key in self.searched.items():  # a stored spec's keys arrive as text
+            checked_key(key, f"PipelineSpec.searched[{param!r}]")
         for name, stages in {"stages": self.stages, **{f"arms.{a}": s for a, s in self.arms.items()}}.items():
             _check_stages(name, stages)
         every = set(self.stages).union(*self.arms.values())
