@@ -74,6 +74,26 @@ class Report:
     all_statuses: bool = flag(False, "keep unfinished trials (default: FINISHED only)")
     no_log: bool = flag(False, "do not log the files as MLflow artifacts")
 
+    def report_options(self):
+        """What build_report is asked (a strict reading: a missing metric is an error)."""
+        from analysis.report import ReportOptions
+
+        return ReportOptions(
+            sweep_run_id=self.sweep_run,
+            log_artifacts=not self.no_log,
+            compute=self.compute,
+            quality=self.quality,
+            stage=self.stage,
+            series_by=tuple(self.series_by) or None,
+            best_of_seeds=self.best_of_seeds,
+            confidence=self.confidence,
+            budget=self.budget,
+            scope=self.scope,
+            statuses=None if self.all_statuses else ("FINISHED",),
+            strict=True,
+            representative_q=self.representative_q if self.representative_q >= 0 else None,
+        )
+
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "Report":
         uri = os.environ.get("MLFLOW_TRACKING_URI", "") if args.tracking_uri is None else args.tracking_uri
@@ -101,24 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:
-        paths = build_report(
-            options.tracking_uri,
-            options.experiment,
-            options.out,
-            sweep_run_id=options.sweep_run,
-            log_artifacts=not options.no_log,
-            compute=options.compute,
-            quality=options.quality,
-            stage=options.stage,
-            series_by=options.series_by or None,
-            best_of_seeds=options.best_of_seeds,
-            confidence=options.confidence,
-            budget=options.budget,
-            scope=options.scope,
-            statuses=None if options.all_statuses else ("FINISHED",),
-            strict=True,
-            representative_q=options.representative_q if options.representative_q >= 0 else None,
-        )
+        paths = build_report(options.tracking_uri, options.experiment, options.out, options.report_options())
     except AnalysisError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

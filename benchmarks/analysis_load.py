@@ -340,7 +340,7 @@ def main(argv=None) -> int:
     from analysis.frontier import frontier_gap, pareto_frontier
     from analysis.load import load_runs
     from analysis.points import evaluation_points, full_as_forced_depth
-    from analysis.report import BASE_VALUES, build_report
+    from analysis.report import BASE_VALUES, ReportOptions, build_report
     from analysis.tables import all_tables
 
     with tempfile.TemporaryDirectory(prefix="looplab-bench-") as tmp:
@@ -393,7 +393,7 @@ def main(argv=None) -> int:
         analysis_total = t_load + t_points + t_agg + t_front + t_tables + t_hist
         rows.append(("= loading + analysis", analysis_total, ""))
         out = store / "report"
-        t_report, paths = timed(lambda: build_report(uri, [EXPERIMENT], out, log_artifacts=False), 1)
+        t_report, paths = timed(lambda: build_report(uri, [EXPERIMENT], out, ReportOptions(log_artifacts=False)), 1)
         rows.append(("build_report end to end (+ CSVs, 4 PNGs, HTML)", t_report, f"{len(paths)} files"))
         if opts.client:
             t_client, crs = timed(lambda: load_runs(uri, [EXPERIMENT], backend="client"), 1)

@@ -535,7 +535,7 @@ def write_verdicts(
     import polars as pl
 
     from analysis.claims import verdict_table
-    from analysis.report import build_report, write_csv
+    from analysis.report import ReportOptions, build_report, write_csv
     from looplab import tracking
     from trainables.storage import Storage
 
@@ -576,11 +576,13 @@ def write_verdicts(
         uri,
         [experiments[LM]],
         out,
-        sweep_run_id=sweep_run.info.run_id if sweep_run else None,
-        lead=[
-            ("Claims: the paper's against ours", _claims_html(markdown)),
-            ("The miniature's protocols", _protocols_html(results, protocol)),
-        ],
+        ReportOptions(
+            sweep_run_id=sweep_run.info.run_id if sweep_run else None,
+            lead=(
+                ("Claims: the paper's against ours", _claims_html(markdown)),
+                ("The miniature's protocols", _protocols_html(results, protocol)),
+            ),
+        ),
     )
     if sweep_run is not None:  # the verdicts beside the report's files, and on the run's dashboard page
         for name in ("verdicts.md", "verdicts.csv"):

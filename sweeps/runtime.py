@@ -69,12 +69,12 @@ def write_report(uri: str, experiment: str, sweep_run: str | None, out: Path) ->
     its parent run. A sweep's results never depend on it: without the analysis
     extra, or when the runs support no plot, it says so and the sweep still succeeds."""
     try:
-        from analysis.report import build_report
+        from analysis.report import ReportOptions, build_report
     except ImportError as e:
         print(f"analysis skipped ({e}); install the analysis extra: pip install -e '.[analysis]'", file=sys.stderr)
         return {}
     try:
-        return build_report(uri, [experiment], out, sweep_run_id=sweep_run)
+        return build_report(uri, [experiment], out, ReportOptions(sweep_run_id=sweep_run))
     except Exception as e:  # noqa: BLE001 - the sweep finished; a report problem is reported, not raised
         print(f"analysis failed: {type(e).__name__}: {e}", file=sys.stderr)
         return {}

@@ -649,9 +649,9 @@ def test_no_store_and_bad_sweep_run(store, tmp_path):
 
 
 def test_build_report_survives_missing_metrics(store, tmp_path):
-    from analysis.report import build_report
+    from analysis.report import ReportOptions, build_report
 
-    paths = build_report(store["uri"], ["no-eval"], tmp_path, log_artifacts=False)
+    paths = build_report(store["uri"], ["no-eval"], tmp_path, ReportOptions(log_artifacts=False))
     notes = paths["notes.txt"].read_text()
     assert "no evaluation metrics" in notes and paths["report.html"].is_file()
     assert "frontier.csv" not in paths
@@ -729,7 +729,7 @@ def downstream(tmp_path_factory):
     """A store with the fixture sweep plus its downstream evaluation runs (written by the
     platform's writer), a sweep with zero-shot rule metrics, and a superseded evaluation;
     the reports of the first two."""
-    from analysis.report import build_report
+    from analysis.report import ReportOptions, build_report
 
     root = tmp_path_factory.mktemp("downstream")
     uri = f"sqlite:///{root / 'mlflow.db'}"
@@ -738,7 +738,8 @@ def downstream(tmp_path_factory):
     zoo = fx.log_sweep(uri, root, "zoo-debug", seeds=(0,))
     fx.log_zoo_rules(uri, zoo)
     reports = {
-        name: build_report(uri, [name], root / name, log_artifacts=False) for name in ("downstream-debug", "zoo-debug")
+        name: build_report(uri, [name], root / name, ReportOptions(log_artifacts=False))
+        for name in ("downstream-debug", "zoo-debug")
     }
     return {"uri": uri, "root": root, "logged": logged, "written": written, "reports": reports}
 
@@ -920,12 +921,12 @@ def test_downstream_report_renders_in_headless_chromium(downstream, tmp_path):
 @pytest.fixture(scope="module")
 def beta_sweep(tmp_path_factory):
     """A β ablation's store: one arm, β ∈ {0.5, 0.1} (logged in that order), seeds 0 and 1."""
-    from analysis.report import build_report
+    from analysis.report import ReportOptions, build_report
 
     root = tmp_path_factory.mktemp("beta")
     uri = f"sqlite:///{root / 'mlflow.db'}"
     fx.log_sweep(uri, root, "beta-debug", arms=("Ouro",), seeds=(0, 1), betas=(0.5, 0.1))
-    paths = build_report(uri, ["beta-debug"], root / "report", log_artifacts=False, quality="accuracy")
+    paths = build_report(uri, ["beta-debug"], root / "report", ReportOptions(log_artifacts=False, quality="accuracy"))
     return {"root": root, "paths": paths}
 
 

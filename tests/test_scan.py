@@ -137,13 +137,13 @@ def test_loop_effects_by_hand():
 
 
 def test_a_scans_report_leads_with_its_effects(beta_scan, tmp_path):
-    from analysis.report import build_report
+    from analysis.report import ReportOptions, build_report
 
     root, runs, _ = beta_scan
     mc = tracking.client(runs.tracking_uri)
     (sweep_run,) = runs.runs.filter(pl.col("level") == tracking.SWEEP)["run_id"].to_list()
     mc.set_tag(sweep_run, tracking.SCAN_AXES, "beta")
-    paths = build_report(runs.tracking_uri, ["scan-debug"], tmp_path / "report", log_artifacts=False)
+    paths = build_report(runs.tracking_uri, ["scan-debug"], tmp_path / "report", ReportOptions(log_artifacts=False))
     assert {"scan.md", "scan.csv", "scan.png", "scan_beta.png"} <= set(paths)
     page = paths["report.html"].read_text()
     assert page.index("Effect against scale") < page.index("Per-loop instruments")

@@ -93,7 +93,7 @@ def test_table4_rows_in_the_papers_order_missing_shown_hybrid_skip_labelled(tmp_
     pytest.importorskip("mlflow")
     import analysis_fixture as fx
 
-    from analysis.report import build_report
+    from analysis.report import ReportOptions, build_report
     from analysis.tables import HYBRID_SKIP
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -102,7 +102,7 @@ def test_table4_rows_in_the_papers_order_missing_shown_hybrid_skip_labelled(tmp_
         # one task: the fixture's cost is its evaluation runs
         fx.log_evaluations(uri, tmp_path, experiment, logged, tasks=("piqa",))
     fx.log_sweep(uri, tmp_path, "t4-370m", seeds=(0,), preset="paper-370m", arms=("Ouro",))  # trained, not evaluated
-    build_report(uri, ["t4-mamba2", "t4-hybrid", "t4-370m"], tmp_path / "report", log_artifacts=False)
+    build_report(uri, ["t4-mamba2", "t4-hybrid", "t4-370m"], tmp_path / "report", ReportOptions(log_artifacts=False))
     with open(tmp_path / "report" / "tables" / "table4.csv") as f:
         rows = list(csv.DictReader(f))
     got = [(r["block"], r["row"], r["policy"], r["q"], r["choice"], r["missing"]) for r in rows]

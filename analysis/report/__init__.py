@@ -1,7 +1,7 @@
 """build_report: MLflow runs → every file of the analysis, in one call.
 
-    from analysis.report import build_report
-    paths = build_report(uri, ["beta_ablation-local"], "runs/beta/analysis", sweep_run_id=run_id)
+    from analysis.report import ReportOptions, build_report
+    paths = build_report(uri, ["beta_ablation-local"], "runs/beta/analysis", ReportOptions(sweep_run_id=run_id))
 
 writes into out_dir:
   axis.csv               the sweep's searched axis first (analysis/axis.py): per value, the final stage's
@@ -34,7 +34,8 @@ AnalysisError when the asked-for compute or quality exists in no run or not in e
 experiment (mixed schemas), or when no run has an evaluation metric at all.
 
 The package, one module per job:
-  build          build_report: runs the sections in the page's order, writes the page and notes
+  build          build_report and its ReportOptions: runs the sections in the page's order, writes
+                 the page and notes
   assemble       the page itself: sections, notes, the charts' data and scripts (page.html.j2)
   context        ReportContext: the runs, output folder and settings every section reads, and
                  the files, charts and notes they add to; write_csv
@@ -49,12 +50,13 @@ The package, one module per job:
 """
 
 from analysis.report.artifacts import ARTIFACT_DIR, newest_sweep_run
-from analysis.report.build import build_report
+from analysis.report.build import ReportOptions, build_report
 from analysis.report.context import ReportContext, write_csv
 from analysis.report.frontier import AXIS_VALUES, MAX_AREA_SERIES
 from analysis.report.quality import BASE_VALUES, COMPUTE_AXES, QUALITY_LABELS
 
 __all__ = [
+    "ReportOptions",
     "ARTIFACT_DIR",
     "AXIS_VALUES",
     "BASE_VALUES",

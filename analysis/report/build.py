@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import datetime as _dt
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import polars as pl
 
@@ -40,63 +42,71 @@ from analysis.tables import REPRESENTATIVE_Q
 from looplab import tracking
 
 
-def build_report(  # noqa: PLR0913 - the analysis command's options, keyword-only (python -m analysis)
-    tracking_uri: str,
-    experiments,
-    out_dir,
-    *,
-    sweep_run_id: str | None = None,
-    log_artifacts: bool = True,
-    compute: str = tracking.EXECUTED_LOOPS,
-    quality: str = "auto",
-    stage: str | None = None,
-    series_by=None,
-    best_of_seeds: bool = False,
-    confidence: float = 0.95,
-    budget: float | None = None,
-    scope: str = "experiment",
-    statuses=("FINISHED",),
-    strict: bool = False,
-    lead: list[tuple[str, str]] | None = None,
-    representative_q: float | None = REPRESENTATIVE_Q,
-) -> dict[str, Path]:
-    """Write the analysis of `experiments` into out_dir (see the package docstring).
+@dataclass(frozen=True)
+class ReportOptions:
+    """How build_report reads the runs and what it draws (the analysis command's options).
 
-    compute: executed_loops | flops | time | a points column. quality: auto (lm-eval
-    average when every experiment has it, else perplexity for text tasks, else
-    accuracy) | accuracy | ppl | loss | lm_eval_avg | lm_eval.<task> | <x>_best.
-    stage: the stage whose evaluations make the frontier (default: each trial's final
-    stage; "all": every stage, as separate series). series_by: columns that split the
-    series (default method and policy). best_of_seeds: the paper's protocol for Mano
-    and p-hop (per configuration, the seed with the best full-depth quality) instead
-    of the mean. scope: "experiment" reads every run of the experiments; "sweep" only
-    the subtree of sweep_run_id. statuses: trial statuses kept (None: all). lead: sections
-    (title, HTML) the caller puts first, e.g. sweeps/paper_mini.py's verdicts.
-    representative_q: the q Table 4 shows each gated method at beside its best-Avg. q
-    (the paper's 0.8; None: only the best)."""
-    if scope not in ("experiment", "sweep"):
-        raise AnalysisError(f"scope={scope!r} is invalid; allowed: experiment | sweep")
-    if scope == "sweep" and not sweep_run_id:
-        raise AnalysisError("scope=sweep needs a sweep run id (--sweep-run ID)")
+    sweep_run_id: the sweep run whose artifacts the files become (default: the newest
+    sweep run of the experiments); with scope "sweep" only its subtree is read, with
+    "experiment" every run of the experiments. compute: executed_loops | flops | time | a
+    points column. quality: auto (lm-eval average when every experiment has it, else
+    perplexity for text tasks, else accuracy) | accuracy | ppl | loss | lm_eval_avg |
+    lm_eval.<task> | <x>_best. stage: the stage whose evaluations make the frontier
+    (default: each trial's final stage; "all": every stage, as separate series).
+    series_by: columns that split the series (default method and policy). best_of_seeds:
+    the paper's protocol for Mano and p-hop (per configuration, the seed with the best
+    full-depth quality) instead of the mean. statuses: trial statuses kept (None: all).
+    strict: a missing metric raises instead of a note. lead: sections (title, HTML) the
+    caller puts first, e.g. sweeps/paper_mini.py's verdicts. representative_q: the q
+    Table 4 shows each gated method at beside its best-Avg. q (the paper's 0.8; None:
+    only the best)."""
+
+    sweep_run_id: str | None = None
+    log_artifacts: bool = True
+    compute: str = tracking.EXECUTED_LOOPS
+    quality: str = "auto"
+    stage: str | None = None
+    series_by: tuple[str, ...] | None = None
+    best_of_seeds: bool = False
+    confidence: float = 0.95
+    budget: float | None = None
+    scope: Literal["experiment", "sweep"] = "experiment"
+    statuses: tuple[str, ...] | None = ("FINISHED",)
+    strict: bool = False
+    lead: tuple[Section, ...] = ()
+    representative_q: float | None = REPRESENTATIVE_Q
+
+    def __post_init__(self) -> None:
+        if self.scope not in ("experiment", "sweep"):
+            raise AnalysisError(f"scope={self.scope!r} is invalid; allowed: experiment | sweep")
+        if self.scope == "sweep" and not self.sweep_run_id:
+            raise AnalysisError("scope=sweep needs a sweep run id (--sweep-run ID)")
+
+
+def build_report(tracking_uri: str, experiments, out_dir, options: ReportOptions | None = None) -> dict[str, Path]:
+    """Write the analysis of `experiments` into out_dir (see the package docstring), as
+    `options` say (ReportOptions; the defaults are what a sweep writes at its end)."""
+    o = options or ReportOptions()
     out = Path(out_dir).expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)
-    runs = load_runs(tracking_uri, experiments, sweep_run_id=sweep_run_id, subtree=scope == "sweep")
-    ctx = ReportContext(runs, out, runs.notes, strict, confidence, representative_q)
-    points = _evaluation_points(ctx, statuses)
+    runs = load_runs(tracking_uri, experiments, sweep_run_id=o.sweep_run_id, subtree=o.scope == "sweep")
+    ctx = ReportContext(runs, out, runs.notes, o.strict, o.confidence, o.representative_q)
+    points = _evaluation_points(ctx, o.statuses)
     # The page opens with the sweep's own question (a scan's effects, the caller's lead,
     # the searched axis, β's diagnostics); the generic frontiers and tables follow.
-    head: list[Section] = list(lead or [])
+    head: list[Section] = list(o.lead)
     sections: list[Section] = []
+    best_of_seeds = False
     if points is not None:
         ctx.csv(points, "points.csv")
-        request = _frontier_request(ctx, points, compute, quality, stage, series_by, budget)
-        points, best_of_seeds = _seed_choice(points, request.quality, best_of_seeds, ctx.notes)
+        request = _frontier_request(ctx, points, o)
+        points, best_of_seeds = _seed_choice(points, request.quality, o.best_of_seeds, ctx.notes)
         head, sections = _point_sections(ctx, points, request, head)
     head += beta_section(ctx)
     sections = head + sections + loops_section(ctx) + speed_section(ctx, points) + arrivals_section(ctx)
-    _write_page(ctx, sections, meta_lines(runs, points, best_of_seeds, confidence))
-    if log_artifacts:
-        _log_artifacts(ctx, sweep_run_id)
+    _write_page(ctx, sections, meta_lines(runs, points, best_of_seeds, o.confidence))
+    if o.log_artifacts:
+        _log_artifacts(ctx, o.sweep_run_id)
     return ctx.paths
 
 
@@ -111,12 +121,11 @@ def _evaluation_points(ctx: ReportContext, statuses) -> pl.DataFrame | None:
         return None
 
 
-def _frontier_request(
-    ctx: ReportContext, points: pl.DataFrame, compute: str, quality: str, stage, series_by, budget
-) -> FrontierRequest:
+def _frontier_request(ctx: ReportContext, points: pl.DataFrame, o: ReportOptions) -> FrontierRequest:
     """The frontier's axes: the asked-for quality (auto resolved), and for a downstream
     quality the loops executed on the tasks rather than on the validation set."""
-    quality = resolve_quality(points, quality, ctx.notes)
+    compute = o.compute
+    quality = resolve_quality(points, o.quality, ctx.notes)
     if (
         compute == tracking.EXECUTED_LOOPS
         and quality.startswith(("lm_eval", tracking.LM_EVAL_AVG))
@@ -126,7 +135,7 @@ def _frontier_request(
         ctx.note("frontier: downstream quality against the loops executed on the tasks (lm_eval_loops)")
     compute_col = COMPUTE_AXES.get(compute, (compute, compute))[0]
     check_columns(points, [compute_col, quality], ctx.strict, ctx.notes)
-    return FrontierRequest(compute, compute_col, quality, stage, series_by, budget)
+    return FrontierRequest(compute, compute_col, quality, o.stage, o.series_by, o.budget)
 
 
 def _seed_choice(
