@@ -283,9 +283,9 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser().parse_args(argv)
     options, speed = flags_of(Bench, args), flags_of(SpeedFlags, args)
-    storage = Storage(options.storage_path)
-    uri = options.tracking_uri or f"sqlite:///{storage.scratch() / 'mlflow.db'}"
     try:
+        storage = Storage(options.storage_path)
+        uri = options.tracking_uri or f"sqlite:///{storage.scratch() / 'mlflow.db'}"
         grid = speed_grid_of(speed)
         arrivals = arrival_grid_of(flags_of(ArrivalFlags, args), speed.grid)
         stages = parse_stages(options.stages)

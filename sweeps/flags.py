@@ -18,6 +18,7 @@ from typing import Any, Literal, NoReturn
 
 from looplab.arguments import Parser, add_flags, flag, flags_of, given, number_in
 from looplab.config import invalid, parse_value
+from looplab.config.training import MAX_SEED
 from looplab.costs.resources import DEFAULT_MEMORY_MARGIN_GIB, DEFAULT_MFU, DEFAULT_PEAK_TFLOPS
 from looplab.presets import PRESETS
 from looplab.stages import STAGE_NAMES
@@ -222,8 +223,8 @@ def parse_seeds(text: str) -> list[int]:
         seeds = [int(s) for s in text.split(",") if s.strip()]
     except ValueError:
         seeds = []
-    if not seeds or any(s < 0 for s in seeds):
-        fail("--seeds", text, SEEDS)
+    if not seeds or any(not 0 <= s <= MAX_SEED for s in seeds):
+        fail("--seeds", text, f"{SEEDS}, each at most 2**63 - 1")
     return distinct("--seeds", text, seeds)
 
 

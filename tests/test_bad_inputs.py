@@ -423,6 +423,11 @@ SWEEP_CASES = [
         "--tracking-uri='sqlite:////proc/looplab/m.db' is invalid",
     ),
     ("beta_ablation", ["--storage-path", "/sys/looplab-cannot-create"], "--storage-path='/sys/looplab-cannot-create'"),
+    # Values that used to pass the checks and fail later (issue 52):
+    ("beta_ablation", ["--seeds", "99999999999999999999"], "--seeds='99999999999999999999' is invalid"),
+    ("beta_ablation", ["--set", "train.seed=99999999999999999999"], "--set='train.seed=99999999999999999999'"),
+    ("beta_ablation", ["--set", "train.lr=1e-320"], "--set='train.lr=1e-320' is invalid"),
+    ("beta_ablation", ["--tracking-uri", "sqlite:///:memory:"], "--tracking-uri='sqlite:///:memory:' is invalid"),
     ("mano", ["--pairs", "1x0"], "--pairs='1x0' is invalid"),
     ("mano", ["--levels", "0"], "--levels=0 is invalid"),
     ("phop", ["--hops", "x"], "--hops='x' is invalid"),
@@ -493,6 +498,18 @@ def test_store_commands_refuse_empty_paths(command, argv, expected, tmp_path, ca
         importlib.import_module(command).main(["--experiment", "x", *argv])
     err = capsys.readouterr().err.strip()
     assert exit_.value.code == 2 and err.count("\n") == 0 and expected in err and "allowed" in err, err
+
+
+@pytest.mark.parametrize("command", ["sweeps.bench", "sweeps.evaluate", "sweeps.beta_ablation"])
+def test_a_storage_path_on_a_symlink_loop_is_one_line(command, tmp_path):
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    argv = ["--dry-run", "--storage-path", str(tmp_path / "a")]
+    argv += ["--experiment", "x"] if command != "sweeps.beta_ablation" else []
+    done = subprocess.run([sys.executable, "-m", command, *argv], capture_output=True, text=True, timeout=300)
+    err = done.stderr.strip()
+    assert done.returncode == 2 and err.count("\n") == 0, err
+    assert err.startswith(f"error: --storage-path='{tmp_path / 'a'}' is invalid; allowed: a folder"), err
 
 
 def test_speed_sweep_refuses_repeated_values(tmp_path, capsys):
