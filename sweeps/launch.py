@@ -425,22 +425,14 @@ def _fit_shared_prefixes(run: SweepRun, platform) -> None:
         f"{max(1, platform.num_workers)} worker(s) × {platform.cpus_per_worker} CPU each",
         file=sys.stderr,
     )
-    tuner = tune.Tuner(
+    errors = _tune(
+        run,
+        platform,
+        f"{run.run_name}-shared",
         tune.with_resources(run_shared_prefix, platform.trial_resources()),
         param_space={"spec": sweep.spec.to_dict(), "platform": platform.to_dict(), "job": tune.grid_search(jobs)},
         tune_config=tune.TuneConfig(max_concurrent_trials=concurrent, reuse_actors=True),
-        run_config=tune.RunConfig(
-            name=f"{run.run_name}-shared",
-            storage_path=run.tune_path,
-            failure_config=trial_failures(platform),
-            verbose=0,
-            callbacks=[watch := _watch(platform)],
-            stop=watch.stopper,
-        ),
-    )
-    with console_to_log(run.logs / "ray.log"):
-        errors = tuner.fit().errors
-    _stop_if_full(run, watch)
+    ).errors
     if errors:
         raise RuntimeError(f"a shared stage failed: {errors[0]}")
 
@@ -480,7 +472,10 @@ def _fit(run: SweepRun, platform):
     def name_of(trial) -> str:
         return trial_name(trial_params(trial.config))
 
-    tuner = tune.Tuner(
+    return _tune(
+        run,
+        platform,
+        run.run_name,
         trainable,
         param_space=space,
         tune_config=tune.TuneConfig(
@@ -496,17 +491,26 @@ def _fit(run: SweepRun, platform):
             # a reused process gives the same numbers (tests/test_determinism.py).
             reuse_actors=True,
         ),
-        run_config=tune.RunConfig(
-            name=run.run_name,
-            storage_path=run.tune_path,
-            failure_config=trial_failures(platform),
-            verbose=0,
-            callbacks=[watch := _watch(platform)],
-            stop=watch.stopper,
-        ),
+    )
+
+
+def _tune(run: SweepRun, platform, name: str, trainable, **tuner: Any):
+    """Tune's run of `trainable` (its results under STORAGE/ray_tune/<name>), with Ray's
+    console in ray.log, the trial restarts Ray's FailureConfig allows said on the console,
+    and a full disk stopping it (StorageFull)."""
+    from ray import tune
+
+    watch = _watch(platform)
+    config = tune.RunConfig(
+        name=name,
+        storage_path=run.tune_path,
+        failure_config=trial_failures(platform),
+        verbose=0,
+        callbacks=[watch],
+        stop=watch.stopper,
     )
     with console_to_log(run.logs / "ray.log"):
-        results = tuner.fit()
+        results = tune.Tuner(trainable, run_config=config, **tuner).fit()
     _stop_if_full(run, watch)
     return results
 

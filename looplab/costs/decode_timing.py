@@ -39,6 +39,7 @@ from looplab.costs.timing import (
     measured_peaks,
     memory_columns,
     mib,
+    time_grid,
     timed_seconds,
     under_dtype,
 )
@@ -285,36 +286,7 @@ def run_decode_grid(
     ]
     for p in points:
         _check_decode_point(p["ids"], p["seq_len"], p["policy"], grid.dtype, p["schedule"])
-    peaks = measured_peaks(
-        decode_peaks,
-        [
-            dict(
-                model=model,
-                ids=p["ids"],
-                seq_len=p["seq_len"],
-                policy=p["policy"],
-                attention_fill=attention_fill,
-                dtype=grid.dtype,
-                schedule=p["schedule"],
-            )
-            for p in points
-        ],
-    )
-    records = []
-    for point, point_peaks in zip(points, peaks):
-        record = bench_decode_point(
-            model,
-            warmup=grid.warmup,
-            repeats=grid.repeats,
-            attention_fill=attention_fill,
-            dtype=grid.dtype,
-            peaks=point_peaks,
-            **point,
-        )
-        records.append(record)
-        if on_record:
-            on_record(record)
-    return records
+    return time_grid(model, grid, points, decode_peaks, bench_decode_point, on_record, attention_fill=attention_fill)
 
 
 DECODE_HEADER = (

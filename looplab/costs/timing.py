@@ -335,21 +335,20 @@ def run_grid(
     ]
     for p in points:
         _check_prefill_point(p["policy"], grid.dtype)
+    return time_grid(model, grid, points, prefill_peaks, bench_point, on_record, packing=packing)
+
+
+def time_grid(model, grid: BenchGrid, points: list[dict], peaks_of, time_point, on_record=None, **settings) -> list:
+    """Each point's memory first (`peaks_of`, every point in one child process on a CPU:
+    measured_peaks), then its timing (`time_point`), in order, each record handed to
+    `on_record` as it comes. settings: what every point shares (packing, attention fill)."""
+    shared = dict(dtype=grid.dtype, **settings)
     peaks = measured_peaks(
-        prefill_peaks,
-        [dict(model=model, ids=p["ids"], policy=p["policy"], packing=packing, dtype=grid.dtype) for p in points],
+        peaks_of, [dict(model=model, **shared, **{k: v for k, v in p.items() if k != "oracle_mean"}) for p in points]
     )
     records = []
     for point, point_peaks in zip(points, peaks):
-        record = bench_point(
-            model,
-            warmup=grid.warmup,
-            repeats=grid.repeats,
-            packing=packing,
-            dtype=grid.dtype,
-            peaks=point_peaks,
-            **point,
-        )
+        record = time_point(model, warmup=grid.warmup, repeats=grid.repeats, peaks=point_peaks, **shared, **point)
         records.append(record)
         if on_record:
             on_record(record)
