@@ -51,7 +51,7 @@ import sys
 from dataclasses import dataclass
 
 from looplab import destinations, tracking
-from looplab.arguments import Parser, add_flags, flag, flags_of
+from looplab.arguments import flag, flags_of
 from looplab.config import ConfigError
 from looplab.policy import parse_policies
 from looplab.stages import STAGE_NAMES, get_stage
@@ -66,7 +66,7 @@ from sweeps.bench_grid import (
 )
 from sweeps.bench_summary import print_summary
 from sweeps.evaluate import open_experiment
-from sweeps.flags import Store, distinct, fail
+from sweeps.flags import Store, distinct, fail, store_parser
 from sweeps.runtime import check_ray_address, console_to_log, local_gpus, write_report
 
 
@@ -94,15 +94,16 @@ class Bench(Store):
 
 
 def parser() -> argparse.ArgumentParser:
-    p = Parser(
-        prog="python -m sweeps.bench",
-        description="Prefill speed (full against skip) of an existing experiment's checkpoints, one MLflow run "
-        "per point, keyed by content and machine (what the store lacks only).",
+    return store_parser(
+        "bench",
+        "Prefill speed (full against skip) of an existing experiment's checkpoints, one MLflow run per point, "
+        "keyed by content and machine (what the store lacks only).",
+        Bench,
+        {
+            "the grid: a named one, any of its settings overridden": SpeedFlags,
+            "decoding under continuous arrivals": ArrivalFlags,
+        },
     )
-    add_flags(p, Bench)
-    add_flags(p.add_argument_group("the grid: a named one, any of its settings overridden"), SpeedFlags)
-    add_flags(p.add_argument_group("decoding under continuous arrivals"), ArrivalFlags)
-    return p
 
 
 def parse_stages(text: str) -> tuple[str, ...]:

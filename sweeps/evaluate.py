@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from looplab import destinations, tracking
-from looplab.arguments import Parser, add_flags, flag, flags_of
+from looplab.arguments import add_flags, flag, flags_of
 from looplab.config import ConfigError
 from looplab.policy import GATE, parse_policies
 from looplab.stages import STAGE_NAMES, get_stage
-from sweeps.flags import Store, distinct, fail
+from sweeps.flags import Store, distinct, fail, store_parser
 from sweeps.runtime import check_ray_address, console_to_log, local_gpus, write_report
 from trainables.checkpoints import pipeline_checkpoints, store_checkpoints
 from trainables.eval_tasks import builtin_task, include_task, paper_task
@@ -80,10 +80,11 @@ class EvalFlags:
     eval_device: str = flag(EvalGrid.device, "auto | cpu | cuda")
 
 
+EVAL_GROUP = "downstream evaluation (after training; keyed by content, never recomputed)"
+
+
 def add_eval_flags(p: argparse.ArgumentParser) -> None:
-    add_flags(
-        p.add_argument_group("downstream evaluation (after training; keyed by content, never recomputed)"), EvalFlags
-    )
+    add_flags(p.add_argument_group(EVAL_GROUP), EvalFlags)
 
 
 def evaluation_of(args: argparse.Namespace) -> EvalGrid | None:
@@ -319,14 +320,12 @@ class Evaluate(Store):
 
 
 def parser() -> argparse.ArgumentParser:
-    p = Parser(
-        prog="python -m sweeps.evaluate",
-        description="Evaluate the finished checkpoints of an existing sweep on lm-eval tasks "
-        "(what the store lacks only).",
+    return store_parser(
+        "evaluate",
+        "Evaluate the finished checkpoints of an existing sweep on lm-eval tasks (what the store lacks only).",
+        Evaluate,
+        {EVAL_GROUP: EvalFlags},
     )
-    add_flags(p, Evaluate)
-    add_eval_flags(p)
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:

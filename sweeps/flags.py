@@ -147,6 +147,16 @@ class Store:
     address: str = flag("", "Ray cluster address (default: start a local Ray)")
 
 
+def store_parser(command: str, description: str, options: type, groups: dict[str, type]) -> argparse.ArgumentParser:
+    """The command line of a command over an existing sweep (`python -m sweeps.<command>`):
+    its options (a Store), then each group's flags under its title."""
+    p = Parser(prog=f"python -m sweeps.{command}", description=description)
+    add_flags(p, options)
+    for title, flags in groups.items():
+        add_flags(p.add_argument_group(title), flags)
+    return p
+
+
 def parser(description: str) -> argparse.ArgumentParser:
     """Every sweep's command line: what to train (the config flags below), then where it
     goes, what it runs on, how it searches and the dry run's plan (Launch's fields). A
