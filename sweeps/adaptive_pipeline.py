@@ -30,13 +30,12 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from looplab import arguments
 from looplab.arguments import flag, flags_of
 from looplab.presets import TABLE4, get_preset, table4_loops
 from looplab.stages import ARMS
 from looplab.tracking import VAL_ACCURACY, VAL_PPL
 from sweeps.depth_grid import ARCH_PARAMS, NR_PARAMS
-from sweeps.evaluate import add_eval_flags, evaluation_of, with_evaluation
+from sweeps.evaluate import evaluation_of, with_eval_flags, with_evaluation
 from sweeps.flags import Common, fail, parse_list, parse_ranges
 from sweeps.launch import main
 from sweeps.sweep import SKIP_COLUMNS, Sweep
@@ -136,9 +135,7 @@ class PipelineFlags:
     )
 
 
-def add_flags(p) -> None:
-    arguments.add_flags(p, PipelineFlags)
-    add_eval_flags(p)
+add_flags = with_eval_flags(PipelineFlags)
 
 
 def from_args(common: Common, args) -> Sweep:

@@ -12,13 +12,12 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from looplab import arguments
 from looplab.arguments import flag, flags_of
 from looplab.config import apply_overrides
 from looplab.config.paths import field_key
 from looplab.presets import get_preset, stage_budget
 from looplab.tracking import EXIT_ENTROPY, EXPECTED_EXIT_STEP, VAL_ACCURACY, VAL_PPL
-from sweeps.evaluate import add_eval_flags, evaluation_of, with_evaluation
+from sweeps.evaluate import evaluation_of, with_eval_flags, with_evaluation
 from sweeps.flags import Common, fail, parse_list
 from sweeps.launch import main
 from sweeps.sweep import Sweep
@@ -83,9 +82,7 @@ class BetaFlags:
     )
 
 
-def add_flags(p) -> None:
-    arguments.add_flags(p, BetaFlags)
-    add_eval_flags(p)
+add_flags = with_eval_flags(BetaFlags)
 
 
 def from_args(common: Common, args) -> Sweep:

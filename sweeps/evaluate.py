@@ -87,6 +87,16 @@ def add_eval_flags(p: argparse.ArgumentParser) -> None:
     add_flags(p.add_argument_group(EVAL_GROUP), EvalFlags)
 
 
+def with_eval_flags(options: type):
+    """A training sweep's add_flags: its own options' flags, then the downstream evaluation's."""
+
+    def add(p: argparse.ArgumentParser) -> None:
+        add_flags(p, options)
+        add_eval_flags(p)
+
+    return add
+
+
 def evaluation_of(args: argparse.Namespace) -> EvalGrid | None:
     """A training sweep's evaluation grid from its parsed flags (add_eval_flags' and --address)."""
     return eval_grid(flags_of(EvalFlags, args), args.address)

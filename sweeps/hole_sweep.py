@@ -14,11 +14,10 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from looplab import arguments
 from looplab.arguments import flag, flags_of
 from looplab.config.paths import field_key
 from looplab.tracking import VAL_ACCURACY, VAL_PPL
-from sweeps.evaluate import add_eval_flags, evaluation_of, with_evaluation
+from sweeps.evaluate import evaluation_of, with_eval_flags, with_evaluation
 from sweeps.flags import Common, fail, parse_list, parse_ranges
 from sweeps.launch import main
 from sweeps.sweep import SKIP_COLUMNS, Sweep
@@ -94,9 +93,7 @@ class HoleFlags:
     rhos: str = flag("1.0", "probability that a minibatch is holed")
 
 
-def add_flags(p) -> None:
-    arguments.add_flags(p, HoleFlags)
-    add_eval_flags(p)
+add_flags = with_eval_flags(HoleFlags)
 
 
 def from_args(common: Common, args) -> Sweep:
