@@ -34,9 +34,9 @@ from looplab.config import ConfigError, config_key
 from looplab.costs.machine import MEMORY_CHECK_ENV
 from looplab.errors import StorageFull, is_disk_full
 from sweeps.dry_run import describe
-from sweeps.flags import Common, Launch, fail, parser
+from sweeps.flags import Common, Launch, parser
 from sweeps.lock import SweepBusy, sweep_lock
-from sweeps.runtime import check_ray_address, console_to_log, write_report
+from sweeps.runtime import check_ray_address, check_storage_path, check_tracking_uri, console_to_log, write_report
 from sweeps.schedule import chains_in_trials, longest_first
 from sweeps.stop import StopOnSignal, SweepStopped, resume_line
 from sweeps.sweep import (
@@ -63,6 +63,7 @@ from sweeps.sweep_record import (
     summary_table,
     sweep_params,
 )
+from sweeps.trial_watch import make_watch, stop_if_full, storage_full_line
 from trainables.pipeline import stage_configs
 
 RAY_TRAIN_ENV = {  # Ray Train settings for every stage (an environment value of the same name wins)
@@ -156,57 +157,6 @@ def overrides_in_flag_terms(error: ConfigError, common: Common) -> ConfigError:
 
 
 # ---- checks that need the outside world ------------------------------------------------
-
-
-def check_storage_path(path: str) -> None:
-    """The storage (a folder, or an object-store prefix) exists or can be made, and is
-    writable: one small object written and removed."""
-    from trainables.storage import Storage
-
-    storage = Storage(path)
-    if not storage.remote:  # a folder: made and written, then removed again (looplab/destinations.py)
-        from looplab import destinations
-
-        try:
-            destinations.output_dir("--storage-path", storage.root)
-        except ConfigError as e:
-            raise e.renamed("--storage-path", path) from None
-        return
-    probe = storage.path(".looplab-write-test")
-    try:
-        storage.write_text(probe, "")
-        storage.delete_file(probe)
-    except (OSError, ValueError) as e:
-        fail(
-            "--storage-path",
-            path,
-            f"an object-store prefix this process can write (credentials, bucket) "
-            f"({getattr(e, 'strerror', None) or e})",
-        )
-
-
-def check_tracking_uri(uri: str, storage_path: str) -> None:
-    """The tracking store can be written now (looplab/destinations.py: a server answers, an
-    SQLite file's folder or a store folder can be made, a database opens); with storage
-    on an object store there is no local folder for the default SQLite store, so a
-    --tracking-uri is needed."""
-    from looplab import destinations
-    from trainables.storage import Storage
-
-    if not uri and Storage(storage_path).remote:
-        fail(
-            "--tracking-uri",
-            uri,
-            "an MLflow server (http://HOST:PORT) or sqlite:///PATH when --storage-path is an object store",
-        )
-    if uri:
-        destinations.tracking_uri("--tracking-uri", uri)
-        return
-    # The default, sqlite:///STORAGE/mlflow.db: the storage's check writes its folder; a
-    # database already there must be whole
-    default = Path(storage_path).expanduser() / "mlflow.db"
-    if not Storage(storage_path).remote and default.is_file():
-        destinations.intact_sqlite("--storage-path", storage_path, default)
 
 
 # ---- the run ---------------------------------------------------------------------------
@@ -500,7 +450,7 @@ def _tune(run: SweepRun, platform, name: str, trainable, **tuner: Any):
     and a full disk stopping it (StorageFull)."""
     from ray import tune
 
-    watch = _watch(platform)
+    watch = make_watch(platform)
     config = tune.RunConfig(
         name=name,
         storage_path=run.tune_path,
@@ -511,38 +461,8 @@ def _tune(run: SweepRun, platform, name: str, trainable, **tuner: Any):
     )
     with console_to_log(run.logs / "ray.log"):
         results = tune.Tuner(trainable, run_config=config, **tuner).fit()
-    _stop_if_full(run, watch)
+    stop_if_full(watch, run.launch.storage_path)
     return results
-
-
-def _watch(platform):
-    """Tune's restarts of a trial said on the console, and a full disk stopping the
-    sweep (sweeps/trial_watch.py)."""
-    from sweeps.trial_watch import make_watch
-    from trainables.progress import Reporter
-    from trainables.trial import trial_label, trial_params
-
-    def post(label: str, event: str, **fields: Any) -> None:
-        Reporter(platform.progress_board, label).post(event, **fields)
-
-    return make_watch(post, lambda trial: trial_label(trial_params(trial.config)) or "shared stage")
-
-
-def _stop_if_full(run: SweepRun, watch) -> None:
-    """StorageFull when a trial failed on a full disk: the trial's own line where it
-    planned its room (trainables/stage_worker.py), else where the storage stands."""
-    if watch.full is None:
-        return
-    said = watch.full.partition("storage full: ")[2]
-    raise StorageFull(f"storage full: {said}" if said else storage_full_line(run.launch.storage_path))
-
-
-def storage_full_line(storage_path: str) -> str:
-    """A full storage's line, with what its local folder has free now."""
-    from trainables.storage import Storage, free_bytes, full_line
-
-    local = Storage(storage_path).scratch()
-    return full_line(local, free_bytes(local))
 
 
 def trial_failures(platform):

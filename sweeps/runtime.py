@@ -1,5 +1,6 @@
 """What every sweep command does on the machine it runs on, around its own work: count
-this machine's GPUs (the checks before Ray), check that a Ray --address answers,
+this machine's GPUs (the checks before Ray), check that a Ray --address answers and
+that the storage and the tracking store can be written,
 send Ray's console output to a log file (the commands print their own progress), and
 write the analysis report at the end.
 
@@ -17,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
-from looplab.errors import invalid
+from looplab.errors import ConfigError, invalid
 
 RAY_GCS_PORT, RAY_CLIENT_PORT = 6379, 10001  # Ray's defaults when an address names no port
 RAY_CONNECT_SECONDS = 5.0
@@ -78,3 +79,54 @@ def write_report(uri: str, experiment: str, sweep_run: str | None, out: Path) ->
     except Exception as e:  # noqa: BLE001 - the sweep finished; a report problem is reported, not raised
         print(f"analysis failed: {type(e).__name__}: {e}", file=sys.stderr)
         return {}
+
+
+def check_storage_path(path: str) -> None:
+    """The storage (a folder, or an object-store prefix) exists or can be made, and is
+    writable: one small object written and removed."""
+    from trainables.storage import Storage
+
+    storage = Storage(path)
+    if not storage.remote:  # a folder: made and written, then removed again (looplab/destinations.py)
+        from looplab import destinations
+
+        try:
+            destinations.output_dir("--storage-path", storage.root)
+        except ConfigError as e:
+            raise e.renamed("--storage-path", path) from None
+        return
+    probe = storage.path(".looplab-write-test")
+    try:
+        storage.write_text(probe, "")
+        storage.delete_file(probe)
+    except (OSError, ValueError) as e:
+        raise invalid(
+            "--storage-path",
+            path,
+            f"an object-store prefix this process can write (credentials, bucket) "
+            f"({getattr(e, 'strerror', None) or e})",
+        ) from None
+
+
+def check_tracking_uri(uri: str, storage_path: str) -> None:
+    """The tracking store can be written now (looplab/destinations.py: a server answers, an
+    SQLite file's folder or a store folder can be made, a database opens); with storage
+    on an object store there is no local folder for the default SQLite store, so a
+    --tracking-uri is needed."""
+    from looplab import destinations
+    from trainables.storage import Storage
+
+    if not uri and Storage(storage_path).remote:
+        raise invalid(
+            "--tracking-uri",
+            uri,
+            "an MLflow server (http://HOST:PORT) or sqlite:///PATH when --storage-path is an object store",
+        )
+    if uri:
+        destinations.tracking_uri("--tracking-uri", uri)
+        return
+    # The default, sqlite:///STORAGE/mlflow.db: the storage's check writes its folder; a
+    # database already there must be whole
+    default = Path(storage_path).expanduser() / "mlflow.db"
+    if not Storage(storage_path).remote and default.is_file():
+        destinations.intact_sqlite("--storage-path", storage_path, default)

@@ -19,7 +19,7 @@ import itertools
 from pathlib import Path
 from typing import Any
 
-from looplab.errors import is_disk_full
+from looplab.errors import StorageFull, is_disk_full
 
 
 def last_error(trial: Any) -> str:
@@ -42,7 +42,7 @@ _FULL: dict[str, str] = {}
 _WATCHES = itertools.count()
 
 
-def make_watch(post, label_of):
+def watch_of(post, label_of):
     """A Tune callback with its stopper: `post(label, event, **fields)` puts a progress
     record on the sweep's board; `label_of(trial)` names the trial as progress lines do.
     `watch.full` is the first full-disk error a trial failed with, or None."""
@@ -83,3 +83,32 @@ def make_watch(post, label_of):
             return self.token in _FULL
 
     return TrialWatch(f"watch-{next(_WATCHES)}")
+
+
+def make_watch(platform):
+    """The watch of a sweep's Tune run: restarts posted on its progress board, each
+    trial named as its progress lines name it."""
+    from trainables.progress import Reporter
+    from trainables.trial import trial_label, trial_params
+
+    def post(label: str, event: str, **fields: Any) -> None:
+        Reporter(platform.progress_board, label).post(event, **fields)
+
+    return watch_of(post, lambda trial: trial_label(trial_params(trial.config)) or "shared stage")
+
+
+def stop_if_full(watch, storage_path: str) -> None:
+    """StorageFull when a trial failed on a full disk: the trial's own line where it
+    planned its room (trainables/stage_worker.py), else where the storage stands."""
+    if watch.full is None:
+        return
+    said = watch.full.partition("storage full: ")[2]
+    raise StorageFull(f"storage full: {said}" if said else storage_full_line(storage_path))
+
+
+def storage_full_line(storage_path: str) -> str:
+    """A full storage's line, with what its local folder has free now."""
+    from trainables.storage import Storage, free_bytes, full_line
+
+    local = Storage(storage_path).scratch()
+    return full_line(local, free_bytes(local))

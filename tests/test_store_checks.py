@@ -162,7 +162,7 @@ looplab.errors.StorageFull: storage full: /s/stages/stage1-ab has 1.9 MiB free; 
 
 def test_the_watch_says_a_restart_and_stops_the_sweep_on_a_full_disk(tmp_path):
     pytest.importorskip("ray")
-    from sweeps.trial_watch import last_error, make_watch
+    from sweeps.trial_watch import last_error, watch_of
 
     class Trial:
         def __init__(self, text: str, failures: int):
@@ -172,7 +172,7 @@ def test_the_watch_says_a_restart_and_stops_the_sweep_on_a_full_disk(tmp_path):
             self.config = {}
 
     posted = []
-    watch = make_watch(lambda label, event, **fields: posted.append((label, event, fields)), lambda trial: "beta=0.1")
+    watch = watch_of(lambda label, event, **fields: posted.append((label, event, fields)), lambda trial: "beta=0.1")
     killed = "Failure # 1 (occurred at 2026-11-29)\nray.exceptions.ActorDiedError: The actor died unexpectedly\n"
     assert last_error(Trial(killed, 1)) == "ray.exceptions.ActorDiedError: The actor died unexpectedly"
     watch.on_trial_recover(iteration=1, trials=[], trial=Trial(killed, 1))
@@ -182,7 +182,7 @@ def test_the_watch_says_a_restart_and_stops_the_sweep_on_a_full_disk(tmp_path):
     assert len(posted) == 1  # no restart is said: none can write, so the sweep stops
     assert watch.full.startswith("looplab.errors.StorageFull: storage full: /s/stages/stage1-ab has 1.9 MiB free")
     assert watch.stopper.stop_all()
-    assert not make_watch(lambda *a, **k: None, str).stopper.stop_all()  # another sweep's watch is its own
+    assert not watch_of(lambda *a, **k: None, str).stopper.stop_all()  # another sweep's watch is its own
 
 
 @contextlib.contextmanager
