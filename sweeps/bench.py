@@ -280,13 +280,11 @@ def describe(
 # ---- python -m sweeps.bench ---------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     from trainables.checkpoints import store_checkpoints
-    from trainables.storage import Storage
 
     args = parser().parse_args(argv)
     options, speed = flags_of(Bench, args), flags_of(SpeedFlags, args)
     try:
-        storage = Storage(options.storage_path)
-        uri = options.tracking_uri or f"sqlite:///{storage.scratch() / 'mlflow.db'}"
+        storage, uri = options.located()
         grid = speed_grid_of(speed)
         arrivals = arrival_grid_of(flags_of(ArrivalFlags, args), speed.grid)
         stages = parse_stages(options.stages)

@@ -342,8 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     options, flags = flags_of(Evaluate, args), flags_of(EvalFlags, args)
     try:
-        storage = Storage(options.storage_path)
-        uri = options.tracking_uri or f"sqlite:///{storage.scratch() / 'mlflow.db'}"
+        storage, uri = options.located()
         grid = eval_grid(flags, options.address)
         if grid is None:
             fail("--eval-tasks", "", "paper | TASK,... (what to evaluate the checkpoints on)")

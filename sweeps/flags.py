@@ -146,6 +146,14 @@ class Store:
     tracking_uri: str | None = flag(None, "MLflow URI (default sqlite:///STORAGE/mlflow.db)", type=given(TRACKING_URIS))
     address: str = flag("", "Ray cluster address (default: start a local Ray)")
 
+    def located(self):
+        """The storage (trainables.storage.Storage) and its tracking URI (by default its
+        own mlflow.db); a storage path that cannot resolve is a ConfigError."""
+        from trainables.storage import Storage
+
+        storage = Storage(self.storage_path)
+        return storage, self.tracking_uri or f"sqlite:///{storage.scratch() / 'mlflow.db'}"
+
 
 def store_parser(command: str, description: str, options: type, groups: dict[str, type]) -> argparse.ArgumentParser:
     """The command line of a command over an existing sweep (`python -m sweeps.<command>`):

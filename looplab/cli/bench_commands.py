@@ -10,10 +10,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from looplab.arguments import add_flags, at_least, flag, ints_at_least
+from looplab.arguments import at_least, flag, ints_at_least
 from looplab.checkpoint import experiment_task
 from looplab.cli.inputs import check_model_source, compile_decoding, load_source_model, model_and_task
-from looplab.cli.shared_flags import Compile, Threads, Timing, policies_type, schedules_type
+from looplab.cli.shared_flags import Compile, Threads, Timing, command, policies_type, schedules_type
 from looplab.config import ConfigError
 from looplab.policy import ExitPolicy
 
@@ -57,11 +57,16 @@ class Bench:
 
 
 def add_bench(sub) -> None:
-    b = sub.add_parser(
-        "bench", help="prefill (or --decode) time and memory, full vs skip, over batch × length × exit policy"
+    command(
+        sub,
+        "bench",
+        "prefill (or --decode) time and memory, full vs skip, over batch × length × exit policy",
+        cmd_bench,
+        Bench,
+        Timing,
+        Threads,
+        Compile,
     )
-    add_flags(b, Bench, Timing, Threads, Compile)
-    b.set_defaults(fn=cmd_bench)
 
 
 def cmd_bench(args) -> int:
@@ -245,14 +250,16 @@ class ArrivalTiming(Timing):
 
 
 def add_bench_arrivals(sub) -> None:
-    a = sub.add_parser(
+    command(
+        sub,
         "bench-arrivals",
-        help="decode tokens/s under continuous arrivals (requests of different "
-        "lengths joining as others finish), schedule × policy, against the "
-        "FLOP ratio",
+        "decode tokens/s under continuous arrivals (requests of different lengths joining as others finish), schedule × policy, against the FLOP ratio",
+        cmd_bench_arrivals,
+        BenchArrivals,
+        ArrivalTiming,
+        Threads,
+        Compile,
     )
-    add_flags(a, BenchArrivals, ArrivalTiming, Threads, Compile)
-    a.set_defaults(fn=cmd_bench_arrivals)
 
 
 def cmd_bench_arrivals(args) -> int:

@@ -7,7 +7,8 @@ import argparse
 import sys
 from dataclasses import dataclass
 
-from looplab.arguments import add_flags, flag, flags_of, int_in, number_in
+from looplab.arguments import flag, flags_of, int_in, number_in
+from looplab.cli.shared_flags import command
 
 
 @dataclass(frozen=True)
@@ -22,12 +23,13 @@ class Dashboard:
 
 
 def add_dashboard(sub) -> None:
-    d = sub.add_parser(
+    command(
+        sub,
         "dashboard",
-        help="serve MLflow's dashboard of a sweep's store until Ctrl-C, print its URLs (looplab/dashboard_server.py)",
+        "serve MLflow's dashboard of a sweep's store until Ctrl-C, print its URLs (looplab/dashboard_server.py)",
+        cmd_dashboard,
+        Dashboard,
     )
-    add_flags(d, Dashboard)
-    d.set_defaults(fn=cmd_dashboard)
 
 
 def _wait_interruptibly(process) -> int:

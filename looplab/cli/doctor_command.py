@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from looplab.arguments import add_flags, at_least, flag
-from looplab.cli.shared_flags import DEVICE_HELP, Threads
+from looplab.arguments import at_least, flag
+from looplab.cli.shared_flags import DEVICE_HELP, Threads, command
 from looplab.config import ConfigError
 
 
@@ -23,12 +23,14 @@ class Doctor:
 
 
 def add_doctor(sub) -> None:
-    d = sub.add_parser(
+    command(
+        sub,
         "doctor",
-        help="check this node: environment, peaks, kernel correctness, a training probe, Ray (looplab/doctor.py)",
+        "check this node: environment, peaks, kernel correctness, a training probe, Ray (looplab/doctor.py)",
+        cmd_doctor,
+        Doctor,
+        Threads,
     )
-    add_flags(d, Doctor, Threads)
-    d.set_defaults(fn=cmd_doctor)
 
 
 def cmd_doctor(args) -> int:

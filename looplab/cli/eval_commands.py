@@ -10,9 +10,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from looplab.arguments import add_flags, at_least, flag
+from looplab.arguments import at_least, flag
 from looplab.cli.inputs import check_checkpoint
-from looplab.cli.shared_flags import DEVICE_HELP, Threads, policies_type, policy_type
+from looplab.cli.shared_flags import DEVICE_HELP, Threads, command, policies_type, policy_type
 from looplab.config import ConfigError
 from looplab.policy import ExitPolicy
 
@@ -38,12 +38,14 @@ class Eval:
 
 
 def add_eval(sub) -> None:
-    e = sub.add_parser(
+    command(
+        sub,
         "eval",
-        help="evaluate exit policies (full, forced, dense, skip, the zoo's zero-shot rules) on the task's eval set",
+        "evaluate exit policies (full, forced, dense, skip, the zoo's zero-shot rules) on the task's eval set",
+        cmd_eval,
+        Eval,
+        Threads,
     )
-    add_flags(e, Eval, Threads)
-    e.set_defaults(fn=cmd_eval)
 
 
 def cmd_eval(args) -> int:
@@ -141,9 +143,14 @@ class LmEval:
 
 
 def add_lm_eval(sub) -> None:
-    le = sub.add_parser("lm-eval", help="lm-eval tasks or the paper's seven-task suite on a checkpoint (JSON)")
-    add_flags(le, LmEval, Threads)
-    le.set_defaults(fn=cmd_lm_eval)
+    command(
+        sub,
+        "lm-eval",
+        "lm-eval tasks or the paper's seven-task suite on a checkpoint (JSON)",
+        cmd_lm_eval,
+        LmEval,
+        Threads,
+    )
 
 
 def cmd_lm_eval(args) -> int:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from looplab.arguments import add_flags, flag, flags_of
+from looplab.arguments import flag, flags_of
 from looplab.cli.inputs import check_checkpoint
-from looplab.cli.shared_flags import policy_type
+from looplab.cli.shared_flags import command, policy_type
 from looplab.config import ConfigError
 from looplab.policy import ExitPolicy
 
@@ -28,9 +28,9 @@ class Export:
 
 
 def add_export(sub) -> None:
-    x = sub.add_parser("export", help="write a checkpoint as a Hugging Face folder (transformers, lm-eval's hf)")
-    add_flags(x, Export)
-    x.set_defaults(fn=cmd_export)
+    command(
+        sub, "export", "write a checkpoint as a Hugging Face folder (transformers, lm-eval's hf)", cmd_export, Export
+    )
 
 
 def cmd_export(parsed: argparse.Namespace) -> int:

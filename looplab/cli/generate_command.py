@@ -8,9 +8,9 @@ import sys
 from dataclasses import dataclass
 from typing import Literal
 
-from looplab.arguments import add_flags, at_least, flag, number_in
+from looplab.arguments import at_least, flag, number_in
 from looplab.cli.inputs import check_checkpoint, compile_decoding
-from looplab.cli.shared_flags import COMPILE_HELP, DEVICE_HELP, Compile, CompileSetting, Threads, policy_type
+from looplab.cli.shared_flags import COMPILE_HELP, DEVICE_HELP, Compile, CompileSetting, Threads, command, policy_type
 from looplab.config import ConfigError
 from looplab.policy import ExitPolicy
 
@@ -86,9 +86,15 @@ class EagerCompile(Compile):
 
 
 def add_generate(sub) -> None:
-    g = sub.add_parser("generate", help="continue a prompt from a checkpoint; print the loops behind each token")
-    add_flags(g, Generate, Threads, EagerCompile)
-    g.set_defaults(fn=cmd_generate)
+    command(
+        sub,
+        "generate",
+        "continue a prompt from a checkpoint; print the loops behind each token",
+        cmd_generate,
+        Generate,
+        Threads,
+        EagerCompile,
+    )
 
 
 def cmd_generate(args) -> int:

@@ -7,7 +7,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from looplab.arguments import add_flags, flag, flags_of
+from looplab.arguments import flag, flags_of
+from looplab.cli.shared_flags import command
 
 
 @dataclass(frozen=True)
@@ -20,9 +21,9 @@ class Options:
 
 
 def add_options(sub) -> None:
-    o = sub.add_parser("options", help="the config keys an override sets (KEY=VALUE), their defaults and meaning")
-    add_flags(o, Options)
-    o.set_defaults(fn=cmd_options)
+    command(
+        sub, "options", "the config keys an override sets (KEY=VALUE), their defaults and meaning", cmd_options, Options
+    )
 
 
 def cmd_options(parsed: argparse.Namespace) -> int:

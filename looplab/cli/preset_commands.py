@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from looplab.arguments import add_flags, at_least, flag, one_of
+from looplab.arguments import at_least, flag, one_of
 from looplab.cli.inputs import experiment_config
-from looplab.cli.shared_flags import Threads
+from looplab.cli.shared_flags import Threads, command
 from looplab.stages import STAGE_NAMES
 
 
@@ -38,9 +38,7 @@ class Train:
 
 
 def add_train(sub) -> None:
-    t = sub.add_parser("train", help="train one run of a preset (resumes from OUT/checkpoint)")
-    add_flags(t, Train, Threads)
-    t.set_defaults(fn=cmd_train)
+    command(sub, "train", "train one run of a preset (resumes from OUT/checkpoint)", cmd_train, Train, Threads)
 
 
 def cmd_train(args) -> int:
@@ -88,9 +86,7 @@ class Info:
 
 
 def add_info(sub) -> None:
-    i = sub.add_parser("info", help="parameters and FLOPs of a preset")
-    add_flags(i, Info)
-    i.set_defaults(fn=cmd_info)
+    command(sub, "info", "parameters and FLOPs of a preset", cmd_info, Info)
 
 
 def cmd_info(args) -> int:

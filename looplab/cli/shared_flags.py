@@ -9,7 +9,7 @@ import argparse
 from dataclasses import dataclass
 from typing import Literal
 
-from looplab.arguments import at_least, flag, int_in
+from looplab.arguments import add_flags, at_least, flag, int_in
 from looplab.config import ConfigError
 
 
@@ -92,3 +92,11 @@ class Timing:
     repeats: int = flag(5, "timed runs", type=at_least(1))
     device: str = flag("auto", DEVICE_HELP)
     json: str | None = flag(None, "write the records (a JSON list) here")
+
+
+def command(sub, name: str, help: str, run, *options: type) -> None:
+    """One `looplab` subcommand: its flags from the options dataclasses, `run` what it does
+    with the parsed arguments."""
+    p = sub.add_parser(name, help=help)
+    add_flags(p, *options)
+    p.set_defaults(fn=run)
