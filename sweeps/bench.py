@@ -50,7 +50,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from looplab import destinations, tracking
+from looplab import tracking
 from looplab.arguments import flag, flags_of
 from looplab.config import ConfigError
 from looplab.policy import parse_policies
@@ -65,9 +65,9 @@ from sweeps.bench_grid import (
     speed_grid_of,
 )
 from sweeps.bench_summary import print_summary
-from sweeps.evaluate import open_experiment
+from sweeps.evaluate import experiment_checkpoints
 from sweeps.flags import Store, distinct, fail, store_parser
-from sweeps.runtime import check_ray_address, console_to_log, local_gpus, write_report
+from sweeps.runtime import console_to_log, local_gpus, write_report
 
 
 # ---- flags ------------------------------------------------------------------------------------
@@ -279,7 +279,6 @@ def describe(
 
 # ---- python -m sweeps.bench ---------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    from trainables.checkpoints import store_checkpoints
 
     args = parser().parse_args(argv)
     options, speed = flags_of(Bench, args), flags_of(SpeedFlags, args)
@@ -290,18 +289,9 @@ def main(argv: list[str] | None = None) -> int:
         stages = parse_stages(options.stages)
         # On a cluster (--address) the jobs' resources are checked against its nodes once Ray is up.
         cpus, gpus = resources_of(options, this_machine(), check_fit=not options.address or options.no_ray)
-        mc, experiment_id = open_experiment(uri, options.experiment, write=not options.dry_run)
-        if not options.dry_run:  # Ray's log and the report go there
-            destinations.output_dir("--storage-path", storage.scratch())
-            if not options.no_ray:
-                check_ray_address("--address", options.address)
-        found, notes = store_checkpoints(mc, experiment_id, storage.root)
-        if not found:
-            fail(
-                "--experiment",
-                options.experiment,
-                "an experiment with FINISHED stage runs whose checkpoints exist" + (f" ({notes[0]})" if notes else ""),
-            )
+        mc, experiment_id, found, notes = experiment_checkpoints(
+            options, storage, uri, dry_run=options.dry_run, ray=not options.no_ray
+        )
         chosen = select_checkpoints(found, stages)
         check_points(grid, chosen)
     except ConfigError as e:

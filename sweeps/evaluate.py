@@ -346,17 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         grid = eval_grid(flags, options.address)
         if grid is None:
             fail("--eval-tasks", "", "paper | TASK,... (what to evaluate the checkpoints on)")
-        mc, experiment_id = open_experiment(uri, options.experiment, write=not options.dry_run)
-        if not options.dry_run:  # Ray's log and the report go there
-            destinations.output_dir("--storage-path", storage.scratch())
-            check_ray_address("--address", options.address)
-        checkpoints, notes = store_checkpoints(mc, experiment_id, storage.root)
-        if not checkpoints:
-            fail(
-                "--experiment",
-                options.experiment,
-                "an experiment with FINISHED stage runs whose checkpoints exist" + (f" ({notes[0]})" if notes else ""),
-            )
+        mc, experiment_id, checkpoints, notes = experiment_checkpoints(options, storage, uri, dry_run=options.dry_run)
         check_grid(grid, [(c.stage, c.n_loops, c.task_kind) for c in checkpoints])
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -392,6 +382,27 @@ def open_experiment(uri: str, name: str, write: bool = True):
         names = sorted(e.name for e in mc.search_experiments())
         fail("--experiment", name, f"an experiment of {uri}: {', '.join(names) or 'none'}")
     return mc, found.experiment_id
+
+
+def experiment_checkpoints(options: Store, storage: Storage, uri: str, *, dry_run: bool, ray: bool = True):
+    """(MLflow client, experiment id, the experiment's finished stage checkpoints in the
+    store, notes on those left out): the store read, and for a run also its scratch
+    folder written (Ray's log and the report go there) and the Ray address asked; an
+    experiment without checkpoints is a ConfigError."""
+
+    mc, experiment_id = open_experiment(uri, options.experiment, write=not dry_run)
+    if not dry_run:
+        destinations.output_dir("--storage-path", storage.scratch())
+        if ray:
+            check_ray_address("--address", options.address)
+    found, notes = store_checkpoints(mc, experiment_id, storage.root)
+    if not found:
+        fail(
+            "--experiment",
+            options.experiment,
+            "an experiment with FINISHED stage runs whose checkpoints exist" + (f" ({notes[0]})" if notes else ""),
+        )
+    return mc, experiment_id, found, notes
 
 
 def run(grid: EvalGrid, checkpoints, uri: str, experiment: str, storage: Storage, address: str):
