@@ -108,6 +108,10 @@ preset("phop-p16")(lambda: _phop_paper(16))
 preset("phop-p32")(lambda: _phop_paper(32))
 
 
+# The two laptop p-hop presets' recipe (one hop or two, a Mamba-2 or an attention layer)
+PHOP_DEBUG_TRAIN = TrainConfig(steps=1000, batch_size=32, lr=3e-3, warmup_steps=30, eval_every=250, log_every=50)
+
+
 @preset("phop-debug")
 def phop_debug() -> ExperimentConfig:
     # Two hops need two lookups in sequence: one Mamba-2 mixer does one, 1⊗2 can
@@ -115,7 +119,7 @@ def phop_debug() -> ExperimentConfig:
     return _experiment(
         ModelConfig(arch="mamba2", d_model=32, n_layers=1, n_loops=2, d_state=16, headdim=16, chunk_size=16),
         PhopConfig(n=12, p=2, alphabet=4, eval_count=500),
-        TrainConfig(steps=1000, batch_size=32, lr=3e-3, warmup_steps=30, eval_every=250, log_every=50),
+        PHOP_DEBUG_TRAIN,
     )
 
 
@@ -129,7 +133,7 @@ def phop_induction_debug() -> ExperimentConfig:
             arch="transformer", d_model=64, n_layers=1, n_loops=2, attn_head_dim=16, rope_dim=16, d_intermediate=128
         ),
         PhopConfig(n=16, p=1, alphabet=4, eval_count=500),
-        TrainConfig(steps=1000, batch_size=32, lr=3e-3, warmup_steps=30, eval_every=250, log_every=50),
+        PHOP_DEBUG_TRAIN,
     )
 
 
