@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import math
 import os
 import sys
@@ -299,22 +300,23 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
-    artifact_root = storage.path("mlflow")
+    # The jobs, one per checkpoint, given the threads each gets (and the progress board)
+    jobs_for = functools.partial(
+        bench_jobs,
+        grid,
+        chosen,
+        uri=uri,
+        experiment=options.experiment,
+        artifact_root=storage.path("mlflow"),
+        arrivals=arrivals,
+    )
     if options.dry_run:
-        jobs = bench_jobs(
-            grid,
-            chosen,
-            threads=max(1, round(cpus)),
-            uri=uri,
-            experiment=options.experiment,
-            artifact_root=artifact_root,
-            arrivals=arrivals,
-        )
+        jobs = jobs_for(threads=max(1, round(cpus)))
         print(describe(grid, jobs, stored_counts(mc, experiment_id, jobs), cpus, gpus, arrivals))
         if options.address and not options.no_ray:
             print("  (resources: this machine's defaults; a run takes the cluster's nodes')")
         return 0
-    status, records = run(options, grid, chosen, uri, artifact_root, storage, cpus, gpus, arrivals)
+    status, records = run(options, grid, jobs_for, storage, cpus, gpus, arrivals)
     if records:
         print()
         print_summary(records)
@@ -328,17 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     return status
 
 
-def run(
-    options: Bench,
-    grid: SpeedGrid,
-    chosen,
-    uri: str,
-    artifact_root: str,
-    storage,
-    cpus: float,
-    gpus: float,
-    arrivals: ArrivalGrid | None = None,
-):
+def run(options: Bench, grid: SpeedGrid, jobs_for, storage, cpus: float, gpus: float, arrivals: ArrivalGrid | None):
     """Every job (in this process with --no-ray, else as Ray tasks), with a progress line
     per checkpoint. Returns (exit status: 0, 1 when a job failed, 2 when the cluster
     cannot hold a job; the records, in the plan's order)."""
@@ -367,16 +359,7 @@ def run(
                 print(f"error: {e}", file=sys.stderr)
                 return 2, []
         board = "" if inline else board_name(f"speed-{options.experiment}")
-        jobs = bench_jobs(
-            grid,
-            chosen,
-            threads=max(1, round(cpus)),
-            uri=uri,
-            experiment=options.experiment,
-            artifact_root=artifact_root,
-            board=board,
-            arrivals=arrivals,
-        )
+        jobs = jobs_for(threads=max(1, round(cpus)), board=board)
         where = "in this process" if inline else f"{cpus:g} CPU" + (f", {gpus:g} GPU" if gpus else "") + " each"
         per_job = f"{len(grid.points())}" + (f" + {len(jobs[0].arrivals.points)} arrivals" if arrivals and jobs else "")
         print(
