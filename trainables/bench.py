@@ -144,25 +144,6 @@ def timed_model_and_task(checkpoint: str):
     return model, experiment_task(model)
 
 
-def _record_point(
-    mc,
-    experiment_id: str,
-    key: str,
-    *,
-    name: str,
-    parent_run_id: str | None,
-    tags: dict[str, str],
-    params: dict[str, str],
-    metrics: dict[str, float],
-) -> None:
-    """One measured point as its FINISHED bench run (the keyed step's output)."""
-    run_id, _ = open_step_run(
-        mc, experiment_id, BENCH_STEP, key, name=name, parent_run_id=parent_run_id, tags=tags, params=params
-    )
-    with tracking.terminated_on_exit(mc, run_id):
-        tracking.log_metrics(mc, run_id, metrics)
-
-
 def machine_params(host: dict[str, Any]) -> dict[str, str]:
     return {tracking.MACHINE_PARAM + k: str(v) for k, v in host.items()}
 
@@ -191,6 +172,33 @@ class BenchTarget:
         }
 
 
+@dataclass(frozen=True)
+class _BenchRuns:
+    """Where a bench step's measured points go: each a FINISHED bench run (the keyed
+    step's output) under the parent run, tagged with the checkpoint and its policy,
+    with the machine's params beside the point's."""
+
+    mc: Any
+    experiment_id: str
+    parent_run_id: str | None
+    target: BenchTarget
+    host: dict[str, Any]
+
+    def record(self, key: str, name: str, policy: str, params: dict[str, str], metrics: dict[str, float]) -> None:
+        run_id, _ = open_step_run(
+            self.mc,
+            self.experiment_id,
+            BENCH_STEP,
+            key,
+            name=name,
+            parent_run_id=self.parent_run_id,
+            tags=self.target.tags(policy),
+            params={**params, **machine_params(self.host)},
+        )
+        with tracking.terminated_on_exit(self.mc, run_id):
+            tracking.log_metrics(self.mc, run_id, metrics)
+
+
 def measure(
     mc,
     experiment_id: str,
@@ -212,6 +220,7 @@ def measure(
 
     threads = threads or os.cpu_count() or 1
     host = host_of(threads)
+    runs = _BenchRuns(mc, experiment_id, parent_run_id, target, host)
     keys = {p: speed_key(target.stage_key, p, host, repeats) for p in points}
     records, todo = _stored_points(mc, experiment_id, keys, target.checkpoint)
     if not todo:
@@ -235,17 +244,11 @@ def measure(
             ids, policy = call["ids"], call["policy"]
             record = bench_point(model, ids, policy, repeats=repeats, packing=p.packing, dtype=p.dtype, peaks=peaks)
             values = {**record.__dict__, tracking.FLOP_RATIO: bound_of(model.cfg, p, record.mean_executed_loops)}
-            _record_point(
-                mc,
-                experiment_id,
+            runs.record(
                 keys[p],
-                name=tracking.speed_run_name(p.batch, p.seq_len, p.policy, keys[p]),
-                parent_run_id=parent_run_id,
-                tags=target.tags(p.policy),
-                params={
-                    **{tracking.SPEED_PARAM + k: str(v) for k, v in {**p.__dict__, "repeats": repeats}.items()},
-                    **machine_params(host),
-                },
+                tracking.speed_run_name(p.batch, p.seq_len, p.policy, keys[p]),
+                p.policy,
+                params={tracking.SPEED_PARAM + k: str(v) for k, v in {**p.__dict__, "repeats": repeats}.items()},
                 metrics={k: float(values[k]) for k in tracking.SPEED_METRICS},
             )
             (progress or _to_stderr)(
@@ -368,6 +371,7 @@ def measure_arrivals(
 
     threads = threads or os.cpu_count() or 1
     host = host_of(threads)
+    runs = _BenchRuns(mc, experiment_id, parent_run_id, target, host)
     keys = plan_keys(target.stage_key, plan, host)
     records, todo = _stored_arrivals(mc, experiment_id, keys)
     if not todo:
@@ -381,18 +385,14 @@ def measure_arrivals(
         if point is None:  # timed only as the cross product's by-product; its stored run stands
             return
         values = arrival_metrics(record)
-        _record_point(
-            mc,
-            experiment_id,
+        runs.record(
             keys[point],
-            name=tracking.arrivals_run_name(point.slots, point.schedule, point.policy, keys[point]),
-            parent_run_id=parent_run_id,
-            tags=target.tags(point.policy),
+            tracking.arrivals_run_name(point.slots, point.schedule, point.policy, keys[point]),
+            point.policy,
             params={
                 **point.params(),
                 tracking.SPEED_PARAM + "warmup": str(plan.warmup),
                 tracking.SPEED_PARAM + "repeats": str(plan.repeats),
-                **machine_params(host),
             },
             metrics={k: v for k, v in values.items() if math.isfinite(v)},
         )
