@@ -73,7 +73,7 @@ def sweep_route(tracking_uri: str, experiment: str, sweep_run: str | None = None
         if not runs:
             raise LookupError(f"no sweep run in experiment {experiment!r}")
         sweep_run = runs[0].info.run_id
-    name = mc.get_run(sweep_run).info.run_name  # the view's id (sweeps/sweep_record.publish_dashboard)
+    name = mc.get_run(sweep_run).info.run_name  # the view's id (sweeps/sweep_record.SweepView)
     return dashboard.runs_route(found.experiment_id, name)
 
 

@@ -52,14 +52,13 @@ from sweeps.sweep import (
     waiting_cpu,
 )
 from sweeps.sweep_record import (
+    SweepView,
     close_orphans,
     close_stopped_trial,
     describe_sweep_run,
     log_headline,
     open_sweep_run,
     print_summary,
-    publish_dashboard,
-    publish_summary_view,
     summary_table,
     sweep_params,
 )
@@ -225,7 +224,8 @@ def _run_locked(run: SweepRun) -> list[dict[str, Any]]:
     sweep_run = open_sweep_run(
         mc, experiment_id, run.run_name, run.key, sweep.spec.preset, axes=sweep.axes, params=sweep_params(sweep, launch)
     )
-    links = publish_dashboard(mc, experiment_id, sweep, launch, sweep_run, run.run_name, run.uri)
+    view = SweepView(mc, experiment_id, sweep, launch, sweep_run, run.run_name, run.uri)
+    links = view.publish()
     platform = _platform(run, sweep_run)
     print(
         f"sweep {sweep.name} [{run.key}]: {len(run.points)} trial point(s); "
@@ -241,7 +241,7 @@ def _run_locked(run: SweepRun) -> list[dict[str, Any]]:
         report = write_report(run.uri, run.experiment, sweep_run, run.local / "analysis" / run.run_name)
         table = summary_table(sweep, rows)
         log_headline(mc, sweep_run, sweep, rows)
-        links = publish_summary_view(mc, experiment_id, sweep, launch, sweep_run, run.run_name, run.uri, rows) or links
+        links = view.publish_summary(rows) or links
         describe_sweep_run(mc, sweep_run, sweep, table, report, experiment_id=experiment_id, view=run.run_name)
         print_summary(table, run.uri, run.experiment, sweep_run, run.store, run.local, run.run_name, report, links)
         if evaluation is not None:  # how many evaluations ran, how many the store already had

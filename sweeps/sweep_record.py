@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -93,46 +94,40 @@ def sweep_params(sweep: Sweep, launch: Launch) -> dict[str, str]:
     )
 
 
-def publish_dashboard(
-    mc,
-    experiment_id: str,
-    sweep: Sweep,
-    launch: Launch,
-    sweep_run: str,
-    run_name: str,
-    uri: str,
-    trial_runs: list[str] | None = None,
-) -> str:
-    """The sweep's saved view of its trials (named by the sweep run's name: its searched
-    params and headline metrics as columns, looplab/dashboard.py) and the experiment's
-    primary metric; returns the lines that say where to look. The view shows the trials
-    under the sweep run, or `trial_runs` (the summary's rows, when some of them are
-    trials an earlier sweep ran: they stay under that sweep's run)."""
-    run_filter = dashboard.runs_filter(trial_runs) if trial_runs else dashboard.trials_filter(sweep_run)
-    state = dashboard.sweep_view(run_filter, searched_names(sweep, launch), sweep.columns)
-    created = mc.get_run(sweep_run).info.start_time or 0  # the run's: no timestamp of this invocation
-    tracking.save_view(mc, experiment_id, run_name, dashboard.view_tag_value(run_name, state, created))
-    mc.set_experiment_tag(experiment_id, tracking.PRIMARY_METRIC_TAG, sweep.metric)
-    return dashboard_text(uri, experiment_id, run_name, sweep_run)
+@dataclass(frozen=True)
+class SweepView:
+    """The sweep's saved view of its trials on the dashboard (named by the sweep run's
+    name: its searched params and headline metrics as columns, looplab/dashboard.py) and
+    the experiment's primary metric."""
 
+    mc: Any
+    experiment_id: str
+    sweep: Sweep
+    launch: Launch
+    sweep_run: str
+    run_name: str
+    uri: str
 
-def publish_summary_view(
-    mc,
-    experiment_id: str,
-    sweep: Sweep,
-    launch: Launch,
-    sweep_run: str,
-    run_name: str,
-    uri: str,
-    rows: list[dict[str, Any]],
-) -> str | None:
-    """At the end: when some of the summary's trials are runs an earlier sweep started (reused,
-    so under that sweep's run), the view lists the summary's trial runs by id instead; returns
-    the new lines, or None when the view stays as it was."""
-    trial_runs = find_trial_runs(mc, experiment_id, [r[tracking.STAGE_KEY] for r in rows])
-    if not set(trial_runs.values()) - {sweep_run}:
-        return None
-    return publish_dashboard(mc, experiment_id, sweep, launch, sweep_run, run_name, uri, list(trial_runs))
+    def publish(self, trial_runs: list[str] | None = None) -> str:
+        """The view, of the trials under the sweep run or of `trial_runs` (the summary's
+        rows, when some of them are trials an earlier sweep ran: they stay under that
+        sweep's run); returns the lines that say where to look."""
+        mc, experiment_id = self.mc, self.experiment_id
+        run_filter = dashboard.runs_filter(trial_runs) if trial_runs else dashboard.trials_filter(self.sweep_run)
+        state = dashboard.sweep_view(run_filter, searched_names(self.sweep, self.launch), self.sweep.columns)
+        created = mc.get_run(self.sweep_run).info.start_time or 0  # the run's: no timestamp of this invocation
+        tracking.save_view(mc, experiment_id, self.run_name, dashboard.view_tag_value(self.run_name, state, created))
+        mc.set_experiment_tag(experiment_id, tracking.PRIMARY_METRIC_TAG, self.sweep.metric)
+        return dashboard_text(self.uri, experiment_id, self.run_name, self.sweep_run)
+
+    def publish_summary(self, rows: list[dict[str, Any]]) -> str | None:
+        """At the end: when some of the summary's trials are runs an earlier sweep started
+        (reused, so under that sweep's run), the view lists the summary's trial runs by id
+        instead; returns the new lines, or None when the view stays as it was."""
+        trial_runs = find_trial_runs(self.mc, self.experiment_id, [r[tracking.STAGE_KEY] for r in rows])
+        if not set(trial_runs.values()) - {self.sweep_run}:
+            return None
+        return self.publish(list(trial_runs))
 
 
 def dashboard_text(uri: str, experiment_id: str, view: str, sweep_run: str) -> str:

@@ -28,8 +28,7 @@ from sweeps import beta_ablation as beta
 from sweeps.flags import Common, Launch, parser
 from sweeps.launch import main
 from sweeps.sweep_record import (
-    publish_dashboard,
-    publish_summary_view,
+    SweepView,
     searched_names,
     sweep_params,
 )
@@ -176,14 +175,13 @@ def test_the_view_lists_the_summarys_trials_also_those_an_earlier_sweep_ran(tmp_
     def found(state: dict) -> set[str]:
         return {r.info.run_id for r in mc.search_runs([exp], filter_string=state["searchFilter"])}
 
-    lines = publish_dashboard(mc, exp, sweep, launch, now, "beta_ablation-now", uri)
+    published = SweepView(mc, exp, sweep, launch, now, "beta_ablation-now", uri)
+    lines = published.publish()
     assert "viewStateShareKey=beta_ablation-now" in lines
     assert found(view()) == {new_trial.info.run_id}  # at the start: the trials under this sweep run
     assert mc.get_experiment(exp).tags["mlflow.experiment.primaryMetric.name"] == "val_ppl"
-    assert publish_summary_view(mc, exp, sweep, launch, now, "beta_ablation-now", uri, [{"stage_key": "k2"}]) is None
-    again = publish_summary_view(
-        mc, exp, sweep, launch, now, "beta_ablation-now", uri, [{"stage_key": "k1"}, {"stage_key": "k2"}]
-    )
+    assert published.publish_summary([{"stage_key": "k2"}]) is None
+    again = published.publish_summary([{"stage_key": "k1"}, {"stage_key": "k2"}])
     assert again == lines
     assert found(view()) == {old_trial.info.run_id, new_trial.info.run_id}
     assert view()["selectedColumns"][0] == "params.`search.beta`"
