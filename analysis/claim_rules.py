@@ -165,6 +165,12 @@ _SAME_SEED = "both models of a seed train on the same batches in the same order 
 _PAIRED_ACCURACY = f"paired by seed because {_SAME_SEED}; points of accuracy add"
 _PAIRED_PERPLEXITY = f"paired by seed because {_SAME_SEED}; a perplexity ratio is a difference of log perplexities"
 
+
+def _perplexity_ratio(claim: str, says: str, measure: str, paper: str) -> Claim:
+    """A claim that one model's perplexity beats another's, paired by seed, on a log scale."""
+    return Claim(claim, says, measure, paper, +1, unit=" %", scale=LOG, test=PAIRED, why=_PAIRED_PERPLEXITY)
+
+
 CLAIMS: dict[str, Claim] = {
     c.id: c
     for c in (
@@ -190,27 +196,17 @@ CLAIMS: dict[str, Claim] = {
             examples=MANO_EXAMPLES,
             why=_PAIRED_ACCURACY,
         ),
-        Claim(
+        _perplexity_ratio(
             "C1-LM",
             "looping helps at equal parameters, language modelling",
             "perplexity of N⊗1 over N⊗R, % (positive: the looped model is better)",
             "140M Mamba-2: loop4 14.68 vs baseline 15.80 (+7.6 %, Table 4); 6⊗4 19.98 vs 6⊗1 21.96 (+9.9 %, Table 3)",
-            +1,
-            unit=" %",
-            scale=LOG,
-            test=PAIRED,
-            why=_PAIRED_PERPLEXITY,
         ),
-        Claim(
+        _perplexity_ratio(
             "C1-depth",
             "where NR⊗1 stands: the iso-depth (iso-FLOPs) non-looped model stays ahead",
             "perplexity of N⊗R over NR⊗1, % (positive: the deeper non-looped model is better)",
             "24⊗1 16.15 vs 6⊗4 19.98 (+23.7 %, Table 3)",
-            +1,
-            unit=" %",
-            scale=LOG,
-            test=PAIRED,
-            why=_PAIRED_PERPLEXITY,
         ),
         Claim(
             "C2",

@@ -95,6 +95,11 @@ def std_of(column: str) -> str:
     return column + STD_SUFFIX
 
 
+def with_std(*columns: str) -> list[str]:
+    """Each column followed by its standard deviation over seeds: ppl, ppl_std, ..."""
+    return [name for column in columns for name in (column, std_of(column))]
+
+
 def interval_of(column: str) -> tuple[str, str]:
     """ppl -> (ppl_ci_low, ppl_ci_high): the t-interval over seeds (analysis/aggregate.py)."""
     return f"{column}_ci_low", f"{column}_ci_high"
