@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from analysis.stats import CONFIDENCE, Interval, difference, mean_interval, p_value
 
@@ -171,6 +172,14 @@ def _perplexity_ratio(claim: str, says: str, measure: str, paper: str) -> Claim:
     return Claim(claim, says, measure, paper, +1, unit=" %", scale=LOG, test=PAIRED, why=_PAIRED_PERPLEXITY)
 
 
+_SPEEDUP = "a speedup is a ratio of times"
+
+
+def _speedup(claim: str, says: str, measure: str, paper: str, direction: int = +1, **more: Any) -> Claim:
+    """A claim about a speedup of skip over full: a ratio (null 1), on a log scale."""
+    return Claim(claim, says, measure, paper, direction, unit="x", null=1.0, scale=LOG, **{"why": _SPEEDUP, **more})
+
+
 CLAIMS: dict[str, Claim] = {
     c.id: c
     for c in (
@@ -266,40 +275,27 @@ CLAIMS: dict[str, Claim] = {
             why="a difference of two slopes, in points of increase per doubling; one-sided: the claim is growth "
             "(the scan's own protocol, sweeps/c3_growth.py)",
         ),
-        Claim(
+        _speedup(
             "C4",
             "skip turns saved loops into prefill speedup where compute binds",
             "prefill speedup of skip over full at the largest batch, × (null 1)",
             "1.73x (140M) / 1.83x (370M) at batch 64, q=0.2 (Table 5)",
-            +1,
-            unit="x",
-            null=1.0,
-            scale=LOG,
-            why="a speedup is a ratio of times",
         ),
-        Claim(
+        _speedup(
             "C4-batch1",
             "and not at batch 1, where the prefill is latency-bound",
             "prefill speedup at batch 1, × (the paper: no faster than full, i.e. below 1)",
             "0.95-0.97x at batch 1 (140M, Table 5)",
-            -1,
-            unit="x",
-            null=1.0,
-            scale=LOG,
+            direction=-1,
             gpu_only=True,
-            why="a speedup is a ratio of times; a latency-bound batch-1 prefill is a GPU's regime",
+            why=f"{_SPEEDUP}; a latency-bound batch-1 prefill is a GPU's regime",
         ),
-        Claim(
+        _speedup(
             "C4-padded",
             "the same speedup in the paper's layout (padded survivors, bf16 autocast)",
             "prefill speedup of skip over full at the largest batch with survivors padded to each batch's largest "
             "count under bf16 autocast, × (null 1)",
             "1.73x (140M) at batch 64, q=0.2, padded bf16 on a GPU at L 2048 (Table 5)",
-            +1,
-            unit="x",
-            null=1.0,
-            scale=LOG,
-            why="a speedup is a ratio of times",
         ),
         Claim(
             "C4-growth",
