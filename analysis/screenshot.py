@@ -18,7 +18,6 @@ with every host name unresolvable, so a page that needed the network would show 
 
 from __future__ import annotations
 
-import argparse
 import html
 import os
 import re
@@ -30,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from looplab.arguments import add_flags, flag, flags_of
+from looplab.arguments import Parser, add_flags, flag, flags_of
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
 TIMEOUT_S = 90
@@ -146,15 +145,14 @@ def check_report(html_path, screenshot: Path | None = None, *, browser: str | No
 
 @dataclass(frozen=True)
 class Check:
-    """The command's options: the report, and --out (a flag)."""
+    """The command's arguments: the report, and --out."""
 
-    report: str  # its one positional argument, written by hand in main (a positional flag() takes a list of words)
+    report: str = flag(help="path to report.html", argument=True)
     out: str | None = flag(None, "where to save the screenshot (PNG)")
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="Check that a looplab report renders in headless Chromium.")
-    p.add_argument("report", help="path to report.html")
+    p = Parser(description="Check that a looplab report renders in headless Chromium.")
     add_flags(p, Check)
     options = flags_of(Check, p.parse_args(argv))
     try:

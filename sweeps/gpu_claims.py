@@ -22,7 +22,6 @@ bad input (one line: no CUDA device, say).
 
 from __future__ import annotations
 
-import argparse
 import csv
 import sys
 import time
@@ -33,7 +32,7 @@ from typing import Any, Callable
 import torch
 
 from analysis.claims import ClaimResult, batch_claims, correct, verdict_markdown
-from looplab.arguments import add_flags, flag, flags_of
+from looplab.arguments import Parser, add_flags, flag, flags_of
 from looplab.checkpoint import seeded
 from looplab.costs.measured_memory import UNKNOWN_PEAK
 from looplab.costs.timing import BenchRecord, bench_point, check_dtype
@@ -251,15 +250,14 @@ def judge_on_device(
 
 @dataclass(frozen=True)
 class GpuClaims:
-    """The command's options: OUT_DIR, and --cpu-plumbing (a flag)."""
+    """The command's arguments: OUT_DIR, and --cpu-plumbing."""
 
-    out_dir: str  # its one positional argument, written by hand in main (a positional flag() takes a list of words)
+    out_dir: str = flag(help="where the claims' runs, verdicts and report go", argument=True)
     cpu_plumbing: bool = flag(False, "the code end to end on a CPU, tiny: no verdict")
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m sweeps.gpu_claims", description=__doc__.splitlines()[0])
-    p.add_argument("out_dir")
+    p = Parser(prog="python -m sweeps.gpu_claims", description=__doc__.splitlines()[0])
     add_flags(p, GpuClaims)
     options = flags_of(GpuClaims, p.parse_args(argv))
     try:

@@ -25,9 +25,11 @@ import copy
 import json
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from looplab.arguments import flag
 from looplab.config import ConfigError
 from looplab.tracking import EXECUTED_LOOPS
 
@@ -229,17 +231,25 @@ def export_suite_data(out_dir: str | os.PathLike, tasks=None) -> dict[str, dict[
     return manifest
 
 
-def _main(argv: list[str] | None = None) -> int:
-    import argparse
+@dataclass(frozen=True)
+class _Export:
+    """`python -m looplab.evaluation.paper_tasks export`'s arguments."""
 
-    parser = argparse.ArgumentParser(
+    out_dir: str = flag(help="the folder the datasets go to, DIR/<task>/<split>.parquet", argument=True)
+    tasks: str = flag(",".join(PAPER_TASKS), "comma-separated subset of the suite")
+
+
+def _main(argv: list[str] | None = None) -> int:
+    from looplab.arguments import Parser, add_flags
+
+    parser = Parser(
         prog="python -m looplab.evaluation.paper_tasks",
         description="Write the paper suite's datasets as local parquet files.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    export = sub.add_parser("export", help="download the datasets (needs the hub) into DIR/<task>/<split>.parquet")
-    export.add_argument("out_dir")
-    export.add_argument("--tasks", default=",".join(PAPER_TASKS), help="comma-separated subset of the suite")
+    add_flags(
+        sub.add_parser("export", help="download the datasets (needs the hub) into DIR/<task>/<split>.parquet"), _Export
+    )
     args = parser.parse_args(argv)
     try:
         export_suite_data(args.out_dir, [t for t in args.tasks.split(",") if t])
