@@ -20,6 +20,7 @@ transformers = pytest.importorskip("transformers")
 from looplab import retrofit  # noqa: E402
 from looplab.checkpoint import load_model, model_from_config  # noqa: E402
 from looplab.config import ConfigError, ExperimentConfig, ModelConfig, apply_overrides  # noqa: E402
+from looplab.config.training import MIN_LR  # noqa: E402
 from looplab.presets import get_preset  # noqa: E402
 from looplab.tasks import make_task  # noqa: E402
 from looplab.tasks.base import IGNORE_INDEX  # noqa: E402
@@ -256,8 +257,9 @@ def test_a_vocabulary_smaller_than_the_tasks_is_refused(tmp_path):
 
 # ---- training ----------------------------------------------------------------------------
 def test_training_starts_from_the_hf_weights(tmp_path):
-    """Pre-training through the ordinary entry with train.init_from: at a learning rate
-    too small to move a weight, the evaluation's loss is the HF model's own loss on the
+    """Pre-training through the ordinary entry with train.init_from: at the smallest
+    learning rate a config takes (MIN_LR: two steps of it leave the outputs as they were,
+    to float32 rounding), the evaluation's loss is the HF model's own loss on the
     task's evaluation set, and the checkpoint computes the HF model's logits."""
     hf = hf_model(mamba2_config(1))
     init_from = save(hf, tmp_path / "hf")
@@ -268,7 +270,7 @@ def test_training_starts_from_the_hf_weights(tmp_path):
             "model.n_loops": 1,
             "train.steps": 2,
             "train.warmup_steps": 0,
-            "train.lr": 1e-12,
+            "train.lr": MIN_LR,
             "train.batch_size": 4,
             "train.eval_every": 0,
             "task.eval_count": 32,
