@@ -22,14 +22,14 @@
     looplab dashboard runs/beta [--port 5000] [--experiment NAME]   MLflow's dashboard of a sweep, until Ctrl-C
 
 Each command is a pair side by side: add_<command> declares its arguments (an options
-dataclass whose fields looplab/arguments.py add_flags makes the flags), cmd_<command>
-runs with them, in the module of its group (preset_commands: train, presets, info;
-data_command; eval_commands: eval, lm-eval; bench_commands: bench, bench-arrivals;
-generate_command; export_command; doctor_command; dashboard_command; options_command);
-shared_flags.py
-holds the options several commands share (Threads, Compile, Timing) and the argument
-types of exit policies and schedules, inputs.py the checks they make before their
-work; build_parser lists the pairs.
+dataclass whose fields looplab/arguments.py add_flags makes the flags, and whose
+docstring's first paragraph is the command's help), cmd_<command> runs with them, in the
+module of its group (preset_commands: train, presets, info; data_command; eval_commands:
+eval, lm-eval; bench_commands: bench, bench-arrivals; generate_command; export_command;
+doctor_command; dashboard_command; options_command); shared_flags.py holds the options
+several commands share (Threads, Compile, Timing), `command` and the argument types of
+exit policies and schedules, inputs.py the checks they make before their work;
+build_parser lists the pairs.
 """
 
 from __future__ import annotations

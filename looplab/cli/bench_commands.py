@@ -20,7 +20,9 @@ from looplab.policy import ExitPolicy
 
 @dataclass(frozen=True)
 class Bench:
-    """`looplab bench`'s own flags (with Timing, Threads and Compile's)."""
+    """prefill (or --decode) time and memory, full vs skip, over batch × length × exit policy
+
+    `looplab bench`'s own flags (with Timing, Threads and Compile's)."""
 
     checkpoint: str = flag("", "a trained checkpoint (gate-driven exits need one)")
     preset: str = flag("", "or a preset, freshly initialised (use --oracle-mean)")
@@ -57,16 +59,7 @@ class Bench:
 
 
 def add_bench(sub) -> None:
-    command(
-        sub,
-        "bench",
-        "prefill (or --decode) time and memory, full vs skip, over batch × length × exit policy",
-        cmd_bench,
-        Bench,
-        Timing,
-        Threads,
-        Compile,
-    )
+    command(sub, "bench", cmd_bench, Bench, Timing, Threads, Compile)
 
 
 def cmd_bench(args) -> int:
@@ -210,7 +203,10 @@ def token_range_type(name: str):
 
 @dataclass(frozen=True)
 class BenchArrivals:
-    """`looplab bench-arrivals`' own flags (with ArrivalTiming, Threads and Compile's)."""
+    """decode tokens/s under continuous arrivals (requests of different lengths joining as
+    others finish), schedule × policy, against the FLOP ratio
+
+    `looplab bench-arrivals`' own flags (with ArrivalTiming, Threads and Compile's)."""
 
     checkpoint: str = flag("", "a trained checkpoint (gate-driven exits need one)")
     preset: str = flag("", "or a preset, freshly initialised")
@@ -250,16 +246,7 @@ class ArrivalTiming(Timing):
 
 
 def add_bench_arrivals(sub) -> None:
-    command(
-        sub,
-        "bench-arrivals",
-        "decode tokens/s under continuous arrivals (requests of different lengths joining as others finish), schedule × policy, against the FLOP ratio",
-        cmd_bench_arrivals,
-        BenchArrivals,
-        ArrivalTiming,
-        Threads,
-        Compile,
-    )
+    command(sub, "bench-arrivals", cmd_bench_arrivals, BenchArrivals, ArrivalTiming, Threads, Compile)
 
 
 def cmd_bench_arrivals(args) -> int:

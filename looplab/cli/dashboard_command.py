@@ -13,7 +13,10 @@ from looplab.cli.shared_flags import command
 
 @dataclass(frozen=True)
 class Dashboard:
-    """`looplab dashboard`'s arguments: STORE and its flags."""
+    """serve MLflow's dashboard of a sweep's store until Ctrl-C, print its URLs
+    (looplab/dashboard_server.py)
+
+    `looplab dashboard`'s arguments: STORE and its flags."""
 
     store: str = flag(help="a sweep's storage folder (holding mlflow.db) or sqlite:///PATH", argument=True)
     port: int = flag(5000, "default 5000, the port a sweep's URLs name", type=int_in(1, 65535))
@@ -23,13 +26,7 @@ class Dashboard:
 
 
 def add_dashboard(sub) -> None:
-    command(
-        sub,
-        "dashboard",
-        "serve MLflow's dashboard of a sweep's store until Ctrl-C, print its URLs (looplab/dashboard_server.py)",
-        cmd_dashboard,
-        Dashboard,
-    )
+    command(sub, "dashboard", cmd_dashboard, Dashboard)
 
 
 def _wait_interruptibly(process) -> int:

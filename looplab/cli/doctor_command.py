@@ -11,7 +11,10 @@ from looplab.config import ConfigError
 
 @dataclass(frozen=True)
 class Doctor:
-    """`looplab doctor`'s flags (with Threads'); looplab/doctor/ reads them."""
+    """check this node: environment, peaks, kernel correctness, a training probe, Ray
+    (looplab/doctor.py)
+
+    `looplab doctor`'s flags (with Threads'); looplab/doctor/ reads them."""
 
     quick: bool = flag(False, "environment, peaks and correctness only (seconds): what cluster.yaml runs on every node")
     json: str | None = flag(None, "also write every check (name, status, figure, value, reason) here")
@@ -23,14 +26,7 @@ class Doctor:
 
 
 def add_doctor(sub) -> None:
-    command(
-        sub,
-        "doctor",
-        "check this node: environment, peaks, kernel correctness, a training probe, Ray (looplab/doctor.py)",
-        cmd_doctor,
-        Doctor,
-        Threads,
-    )
+    command(sub, "doctor", cmd_doctor, Doctor, Threads)
 
 
 def cmd_doctor(args) -> int:

@@ -19,7 +19,10 @@ from looplab.policy import ExitPolicy
 
 @dataclass(frozen=True)
 class Eval:
-    """`looplab eval`'s flags (with Threads')."""
+    """evaluate exit policies (full, forced, dense, skip, the zoo's zero-shot rules) on the
+    task's eval set
+
+    `looplab eval`'s flags (with Threads')."""
 
     checkpoint: str = flag()
     policies: Sequence[ExitPolicy] | None = flag(
@@ -38,14 +41,7 @@ class Eval:
 
 
 def add_eval(sub) -> None:
-    command(
-        sub,
-        "eval",
-        "evaluate exit policies (full, forced, dense, skip, the zoo's zero-shot rules) on the task's eval set",
-        cmd_eval,
-        Eval,
-        Threads,
-    )
+    command(sub, "eval", cmd_eval, Eval, Threads)
 
 
 def cmd_eval(args) -> int:
@@ -111,7 +107,9 @@ def _limit(value: str) -> int | float:
 
 @dataclass(frozen=True)
 class LmEval:
-    """`looplab lm-eval`'s flags (with Threads')."""
+    """lm-eval tasks or the paper's seven-task suite on a checkpoint (JSON)
+
+    `looplab lm-eval`'s flags (with Threads')."""
 
     checkpoint: str = flag()
     tasks: str = flag("", "comma-separated lm-eval task names (with --suite: a subset)")
@@ -143,14 +141,7 @@ class LmEval:
 
 
 def add_lm_eval(sub) -> None:
-    command(
-        sub,
-        "lm-eval",
-        "lm-eval tasks or the paper's seven-task suite on a checkpoint (JSON)",
-        cmd_lm_eval,
-        LmEval,
-        Threads,
-    )
+    command(sub, "lm-eval", cmd_lm_eval, LmEval, Threads)
 
 
 def cmd_lm_eval(args) -> int:

@@ -14,7 +14,9 @@ from looplab.policy import ExitPolicy
 
 @dataclass(frozen=True)
 class Export:
-    """`looplab export`'s arguments: OUT_DIR and its flags."""
+    """write a checkpoint as a Hugging Face folder (transformers, lm-eval's hf)
+
+    `looplab export`'s arguments: OUT_DIR and its flags."""
 
     out_dir: str = flag(help="the folder the Hugging Face files go to", argument=True)
     checkpoint: str = flag()
@@ -28,9 +30,7 @@ class Export:
 
 
 def add_export(sub) -> None:
-    command(
-        sub, "export", "write a checkpoint as a Hugging Face folder (transformers, lm-eval's hf)", cmd_export, Export
-    )
+    command(sub, "export", cmd_export, Export)
 
 
 def cmd_export(parsed: argparse.Namespace) -> int:

@@ -54,7 +54,9 @@ def untrained_gate_note(model, policy) -> str | None:
 
 @dataclass(frozen=True)
 class Generate:
-    """`looplab generate`'s flags (with Threads' and EagerCompile's)."""
+    """continue a prompt from a checkpoint; print the loops behind each token
+
+    `looplab generate`'s flags (with Threads' and EagerCompile's)."""
 
     checkpoint: str = flag()
     prompt: str = flag()
@@ -86,15 +88,7 @@ class EagerCompile(Compile):
 
 
 def add_generate(sub) -> None:
-    command(
-        sub,
-        "generate",
-        "continue a prompt from a checkpoint; print the loops behind each token",
-        cmd_generate,
-        Generate,
-        Threads,
-        EagerCompile,
-    )
+    command(sub, "generate", cmd_generate, Generate, Threads, EagerCompile)
 
 
 def cmd_generate(args) -> int:

@@ -13,7 +13,9 @@ from looplab.cli.shared_flags import command
 
 @dataclass(frozen=True)
 class Options:
-    """`looplab options`'s arguments."""
+    """the config keys an override sets (KEY=VALUE), their defaults and meaning
+
+    `looplab options`'s arguments."""
 
     prefix: list[str] = flag(
         help="the keys to list by their start, e.g. train. or exit.beta (default: all)", positional=True
@@ -21,9 +23,7 @@ class Options:
 
 
 def add_options(sub) -> None:
-    command(
-        sub, "options", "the config keys an override sets (KEY=VALUE), their defaults and meaning", cmd_options, Options
-    )
+    command(sub, "options", cmd_options, Options)
 
 
 def cmd_options(parsed: argparse.Namespace) -> int:

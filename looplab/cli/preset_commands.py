@@ -20,7 +20,9 @@ def stage_name(text: str) -> str:
 
 @dataclass(frozen=True)
 class Train:
-    """`looplab train`'s flags (with Threads')."""
+    """train one run of a preset (resumes from OUT/checkpoint)
+
+    `looplab train`'s flags (with Threads')."""
 
     preset: str = flag()
     out: str = flag(help="run directory: metrics.jsonl and checkpoint/")
@@ -38,7 +40,7 @@ class Train:
 
 
 def add_train(sub) -> None:
-    command(sub, "train", "train one run of a preset (resumes from OUT/checkpoint)", cmd_train, Train, Threads)
+    command(sub, "train", cmd_train, Train, Threads)
 
 
 def cmd_train(args) -> int:
@@ -79,14 +81,16 @@ def cmd_presets(args) -> int:
 
 @dataclass(frozen=True)
 class Info:
-    """`looplab info`'s flags."""
+    """parameters and FLOPs of a preset
+
+    `looplab info`'s flags."""
 
     preset: str = flag()
     overrides: list[str] = flag(positional=True)
 
 
 def add_info(sub) -> None:
-    command(sub, "info", "parameters and FLOPs of a preset", cmd_info, Info)
+    command(sub, "info", cmd_info, Info)
 
 
 def cmd_info(args) -> int:

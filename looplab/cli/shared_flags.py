@@ -94,9 +94,9 @@ class Timing:
     json: str | None = flag(None, "write the records (a JSON list) here")
 
 
-def command(sub, name: str, help: str, run, *options: type) -> None:
-    """One `looplab` subcommand: its flags from the options dataclasses, `run` what it does
-    with the parsed arguments."""
-    p = sub.add_parser(name, help=help)
+def command(sub, name: str, run, *options: type) -> None:
+    """One `looplab` subcommand: its flags from the options dataclasses, its help the first
+    paragraph of the first one's docstring, `run` what it does with the parsed arguments."""
+    p = sub.add_parser(name, help=" ".join((options[0].__doc__ or "").split("\n\n")[0].split()))
     add_flags(p, *options)
     p.set_defaults(fn=run)
