@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from looplab.arguments import at_least, flag
-from looplab.cli.shared_flags import DEVICE_HELP, Threads, command
+from looplab.cli.shared_flags import Device, Threads, command
 from looplab.config import ConfigError
 
 
@@ -21,12 +21,11 @@ class Doctor:
     markdown: str | None = flag(None, "also write the checks as a markdown table here")
     preset: str | None = flag(None, "the training probe's preset (default paper-140m on a GPU, local on a CPU)")
     steps: int = flag(3, "the training probe's timed steps (default 3)", type=at_least(1))
-    device: str = flag("auto", DEVICE_HELP)
     no_ray: bool = flag(False, "skip the Ray check")
 
 
 def add_doctor(sub) -> None:
-    command(sub, "doctor", cmd_doctor, Doctor, Threads)
+    command(sub, "doctor", cmd_doctor, Doctor, Device, Threads)
 
 
 def cmd_doctor(args) -> int:

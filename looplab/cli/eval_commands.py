@@ -12,7 +12,7 @@ from typing import Literal
 
 from looplab.arguments import at_least, flag
 from looplab.cli.inputs import check_checkpoint
-from looplab.cli.shared_flags import DEVICE_HELP, Threads, command, policies_type, policy_type
+from looplab.cli.shared_flags import Device, Threads, command, policies_type, policy_type
 from looplab.config import ConfigError
 from looplab.policy import ExitPolicy
 
@@ -36,12 +36,11 @@ class Eval:
     )
     limit: int = flag(0, "first N eval samples only (0: all)", type=at_least(0))
     batch_size: int = flag(64, type=at_least(1))
-    device: str = flag("auto", DEVICE_HELP)
     json: str | None = flag(None, "also write the records as a JSON list here")
 
 
 def add_eval(sub) -> None:
-    command(sub, "eval", cmd_eval, Eval, Threads)
+    command(sub, "eval", cmd_eval, Eval, Device, Threads)
 
 
 def cmd_eval(args) -> int:
@@ -136,12 +135,11 @@ class LmEval:
     )
     limit: int | float | None = flag(None, "documents per task (or a fraction < 1)", type=_limit)
     batch_size: int = flag(8, type=at_least(1))
-    device: str = flag("auto", DEVICE_HELP)
     output: str | None = flag(None, "also write the JSON here")
 
 
 def add_lm_eval(sub) -> None:
-    command(sub, "lm-eval", cmd_lm_eval, LmEval, Threads)
+    command(sub, "lm-eval", cmd_lm_eval, LmEval, Device, Threads)
 
 
 def cmd_lm_eval(args) -> int:

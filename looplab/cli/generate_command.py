@@ -10,7 +10,7 @@ from typing import Literal
 
 from looplab.arguments import at_least, flag, number_in
 from looplab.cli.inputs import check_checkpoint, compile_decoding
-from looplab.cli.shared_flags import COMPILE_HELP, DEVICE_HELP, Compile, CompileSetting, Threads, command, policy_type
+from looplab.cli.shared_flags import COMPILE_HELP, Compile, CompileSetting, Device, Threads, command, policy_type
 from looplab.config import ConfigError
 from looplab.policy import ExitPolicy
 
@@ -76,7 +76,6 @@ class Generate:
     )
     tokenizer: str = flag("", "default: the checkpoint's")
     no_bos: bool = flag(False, "do not start the prompt with <bos>")
-    device: str = flag("auto", DEVICE_HELP)
     json: bool = flag(False, "print one JSON record instead")
 
 
@@ -88,7 +87,7 @@ class EagerCompile(Compile):
 
 
 def add_generate(sub) -> None:
-    command(sub, "generate", cmd_generate, Generate, Threads, EagerCompile)
+    command(sub, "generate", cmd_generate, Generate, Device, Threads, EagerCompile)
 
 
 def cmd_generate(args) -> int:

@@ -84,13 +84,19 @@ class Compile:
 
 
 @dataclass(frozen=True)
-class Timing:
-    """The flags every timing command shares (with Threads): warm-ups, repeats, device,
-    JSON out. A command with other counts subclasses it with its own defaults."""
+class Device:
+    """--device, on every command that computes on a chosen device."""
+
+    device: str = flag("auto", DEVICE_HELP)
+
+
+@dataclass(frozen=True)
+class Timing(Device):
+    """The flags every timing command shares (with Threads): the device, warm-ups,
+    repeats, JSON out. A command with other counts subclasses it with its own defaults."""
 
     warmup: int = flag(2, "untimed runs first", type=at_least(0))
     repeats: int = flag(5, "timed runs", type=at_least(1))
-    device: str = flag("auto", DEVICE_HELP)
     json: str | None = flag(None, "write the records (a JSON list) here")
 
 
