@@ -39,6 +39,7 @@ from looplab.costs.timing import (
     measured_peaks,
     memory_columns,
     mib,
+    policy_label,
     time_grid,
     timed_seconds,
     under_dtype,
@@ -296,9 +297,8 @@ DECODE_HEADER = (
 
 
 def format_decode_record(r: DecodeRecord) -> str:
-    policy = r.policy if r.oracle_mean is None else f"oracle {r.oracle_mean:.2f}"
     return (
-        f"{r.batch:5d}  {r.seq_len:7d}  {policy:10s}  {r.schedule:8s}  {r.mamba_step:10s}  {r.dtype:5s}  "
+        f"{r.batch:5d}  {r.seq_len:7d}  {policy_label(r):10s}  {r.schedule:8s}  {r.mamba_step:10s}  {r.dtype:5s}  "
         f"{r.mean_executed_loops:5.2f}  {r.steps_skip:5.2f}  "
         f"{r.ideal_speedup:5.2f}  {r.time_full_s * 1e3:7.2f}  {r.time_skip_s * 1e3:7.2f}  "
         f"{r.tokens_per_s_full:10.0f}  {r.tokens_per_s_skip:10.0f}  {r.speedup:6.2f}x  "

@@ -375,10 +375,14 @@ HEADER = (
 )
 
 
+def policy_label(r) -> str:
+    """A record's policy as a table shows it: its spec, or the oracle's mean loops."""
+    return r.policy if r.oracle_mean is None else f"oracle {r.oracle_mean:.2f}"
+
+
 def format_record(r: BenchRecord) -> str:
-    policy = r.policy if r.oracle_mean is None else f"oracle {r.oracle_mean:.2f}"
     return (
-        f"{r.batch:5d}  {r.seq_len:7d}  {policy:16s}  {r.dtype:5s}  {r.packing:7s}  "
+        f"{r.batch:5d}  {r.seq_len:7d}  {policy_label(r):16s}  {r.dtype:5s}  {r.packing:7s}  "
         f"{r.mean_executed_loops:5.2f}  {r.ideal_speedup:5.2f}  {r.batch_max_survivor_ratio:8.3f}  "
         f"{r.time_full_s:8.4f}  {r.time_skip_s:8.4f}  {r.speedup:6.2f}x  {r.speedup / r.ideal_speedup:7.1%}  "
         f"{memory_columns(r)}"
