@@ -9,6 +9,7 @@ library's command line (and so without reaching up into it).
     one_of(*c)      one of the choices, worded like every other bad value
     number_in(a, b) a finite number in [a, b] (or (a, b])
     ints_at_least(n) comma-separated integers >= n
+    finite          a finite number (a float field's default type)
     given(allowed)  any text but an empty one, for flags where "" would quietly mean the
                     default or the current folder (an unset shell variable, usually)
 
@@ -133,11 +134,23 @@ def _choices(hint: Any) -> tuple[str, ...]:
 
 
 def _parser_of(hint: Any) -> Callable[[str], Any] | None:
-    """The argparse type of a plain field type (int, float, str, and each `X | None`)."""
+    """The argparse type of a plain field type (int, float, str, and each `X | None`): a
+    float is a finite one (NaN would compare false with every bound a reader checks)."""
     for kind in (int, float, str):
         if hint is kind or kind in typing.get_args(hint):
-            return kind
+            return finite if kind is float else kind
     return None
+
+
+def finite(text: str) -> float:
+    """An argparse type: a finite number (not nan, not inf)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: a finite number")
+    return value
 
 
 def _help(how: Flag, hint: Any, default: Any) -> str | None:

@@ -69,6 +69,8 @@ def test_bad_values_are_one_line_naming_the_flag(capsys):
     for argv, said in (
         (["--out", "x", "--steps", "0"], "argument --steps: '0' is invalid; allowed: an integer >= 1"),
         (["--out", "x", "--mode", "quick"], "argument --mode: 'quick' is invalid; allowed: fast | slow"),
+        (["--out", "x", "--lr", "nan"], "argument --lr: 'nan' is invalid; allowed: a finite number"),
+        (["--out", "x", "--lr", "inf"], "argument --lr: 'inf' is invalid; allowed: a finite number"),
         ([], "the following arguments are required: --out"),
     ):
         with pytest.raises(SystemExit) as stop:
