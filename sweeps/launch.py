@@ -133,18 +133,17 @@ def main(
 
 
 def prepare(sweep: Sweep, launch: Launch):
-    """Every check before Ray: the trial points, the resources and each stage's plan
-    (micro-batches fitted for --gpu-memory), the storage and the tracking store (not
-    for a dry run: planning a cluster sweep from a laptop needs neither). Returns
-    (sweep, points, resources, plans); raises ConfigError."""
+    """Every check before Ray: the trial points, the storage and the tracking store
+    (a dry run checks them as the run does, before anything is measured), the resources
+    and each stage's plan (micro-batches fitted for --gpu-memory). Returns (sweep,
+    points, resources, plans); raises ConfigError."""
     points, res = validate(sweep, launch)
+    check_tracking_uri(launch.tracking_uri, launch.storage_path)  # first: it creates nothing, the storage's does
+    check_storage_path(launch.storage_path)
     sweep, plans = fit_devices(sweep, launch, points)
     check_machine(sweep, launch, points)  # each stage's time, and its memory where it trains here
     if not launch.dry_run or launch.doctor:  # the cluster answers (--dry-run --doctor asks its nodes)
         check_ray_address("--address", launch.address)
-    if not launch.dry_run:  # the tracking store first: its check creates nothing, the storage's does
-        check_tracking_uri(launch.tracking_uri, launch.storage_path)
-        check_storage_path(launch.storage_path)
     return sweep, points, res, plans
 
 

@@ -500,6 +500,28 @@ def test_store_commands_refuse_empty_paths(command, argv, expected, tmp_path, ca
     assert exit_.value.code == 2 and err.count("\n") == 0 and expected in err and "allowed" in err, err
 
 
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--storage-path", "FILE"], "allowed: a folder (this is a file)"),
+        (["--storage-path", "/dev/null"], "--storage-path='/dev/null' is invalid; allowed: a folder"),
+        (["--tracking-uri", "http://127.0.0.1:9"], "allowed: a reachable MLflow server"),
+    ],
+)
+def test_a_dry_run_checks_destinations_as_the_run_does(argv, expected, tmp_path, capsys):
+    """The dry run refuses what the run would refuse, before it measures anything."""
+    from sweeps import beta_ablation
+    from sweeps.launch import main
+
+    (tmp_path / "file").write_text("")
+    argv = [a.replace("FILE", str(tmp_path / "file")) for a in argv]
+    storage = [] if "--storage-path" in argv else ["--storage-path", str(tmp_path / "store")]
+    code = main("test", beta_ablation.add_flags, beta_ablation.from_args, ["--dry-run", *argv, *storage])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.count("\n") == 0 and expected in err, err
+    assert not (tmp_path / "store").exists()
+
+
 @pytest.mark.parametrize("command", ["sweeps.bench", "sweeps.evaluate", "sweeps.beta_ablation"])
 def test_a_storage_path_on_a_symlink_loop_is_one_line(command, tmp_path):
     (tmp_path / "a").symlink_to(tmp_path / "b")
