@@ -277,6 +277,8 @@ def given(allowed: str):
             raise argparse.ArgumentTypeError(
                 f"{text!r} is invalid; allowed: {allowed} (leave the flag out for its default)"
             )
+        if any(ord(c) < 32 or 127 <= ord(c) < 160 for c in text):  # echoed, it would redraw the terminal
+            raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: {allowed}, without control characters")
         return text
 
     return parse

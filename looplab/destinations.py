@@ -41,7 +41,18 @@ def _given(flag: str, path: str | os.PathLike) -> Path:
     value is more often an unset shell variable than a wish to write here."""
     if not str(path).strip():
         raise invalid(flag, str(path), "a path (an empty one would mean the current folder: write . for that)")
+    if has_control_characters(str(path)):
+        raise invalid(flag, str(path), CONTROL_CHARACTERS)
     return Path(path).expanduser()
+
+
+# A path with an escape sequence or a newline in it is a pasting accident, and echoed on a
+# terminal it would redraw the screen
+CONTROL_CHARACTERS = "a path without control characters (escape sequences, newlines, tabs)"
+
+
+def has_control_characters(text: str) -> bool:
+    return any(ord(c) < 32 or 127 <= ord(c) < 160 for c in text)
 
 
 def _reason(e: OSError) -> str:
