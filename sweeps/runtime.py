@@ -38,7 +38,7 @@ def local_gpus() -> int:
 def check_ray_address(flag: str, address: str) -> None:
     """A Ray --address answers now: "" (start a local Ray) and "auto" (the cluster this
     machine joined, which Ray finds itself) pass; HOST:PORT and ray://HOST:PORT must
-    accept a TCP connection within seconds. ray.init would otherwise retry a dead
+    answer a gRPC client's first message within seconds (_grpc_handshake). ray.init would otherwise retry a dead
     address for about 95 s and end in a traceback, with the sweep's run left open."""
     if address in ("", "auto", "local"):
         return
@@ -49,11 +49,36 @@ def check_ray_address(flag: str, address: str) -> None:
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise invalid(flag, address, "auto, HOST:PORT (the head's GCS, port 6379) or ray://HOST:PORT (Ray Client)")
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_CONNECT_SECONDS).close()
+        answer = _grpc_handshake(host.strip("[]"), int(port))
     except OSError as e:
         raise invalid(
             flag, address, f"the address of a running Ray cluster (connecting to {host}:{port}: {e.strerror or e})"
         ) from None
+    if answer is not None:
+        raise invalid(flag, address, f"the address of a running Ray cluster ({host}:{port} answers, but {answer})")
+
+
+# HTTP/2's client preface and an empty SETTINGS frame: what every gRPC client sends first
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+HTTP2_SETTINGS = 0x04  # the frame type a gRPC server answers the preface with
+
+
+def _grpc_handshake(host: str, port: int) -> str | None:
+    """None when host:port answers the first step of the gRPC handshake that Ray's GCS
+    and Ray Client speak (an HTTP/2 SETTINGS frame back), else what it answered
+    instead. A port that accepts a connection but is something else (a web server, a
+    database) would otherwise keep ray.init retrying for a minute. OSError when nothing
+    accepts the connection."""
+    with socket.create_connection((host, port), timeout=RAY_CONNECT_SECONDS) as conn:
+        conn.sendall(HTTP2_PREFACE)
+        try:
+            head = conn.recv(9)
+        except TimeoutError:
+            return f"says nothing to a gRPC client within {RAY_CONNECT_SECONDS:g} s"
+    if len(head) == 9 and head[3] == HTTP2_SETTINGS:
+        return None
+    shown = head.split(b"\r\n")[0].decode("ascii", "replace") if head else "closes the connection"
+    return f"not as a gRPC server would ({shown!r})" if head else f"{shown} on a gRPC client"
 
 
 @contextlib.contextmanager

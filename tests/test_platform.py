@@ -99,22 +99,42 @@ def test_unreachable_tracking_server_is_one_line_before_ray(tmp_path, capsys):
     assert not ray.is_initialized() and time.monotonic() - start < 60  # not MLflow's minutes of retries
 
 
-def test_ray_address_answers_or_is_refused():
-    """HOST:PORT and ray://HOST:PORT pass while something listens there, and not after;
-    "" (a local Ray) and "auto" (Ray finds the cluster) are left to Ray."""
+def test_ray_address_answers_or_is_refused(monkeypatch):
+    """HOST:PORT and ray://HOST:PORT pass while a gRPC server answers there (as Ray's GCS
+    and Ray Client do; here grpcio's own), and not after; a port that accepts but is a web
+    server or says nothing is refused in one line; "" (a local Ray) and "auto" (Ray finds
+    the cluster) are left to Ray."""
+    import http.server
+    import threading
+    from concurrent import futures
+
+    import grpc
+
     from looplab.errors import ConfigError
+    from sweeps import runtime
     from sweeps.runtime import check_ray_address
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen()
-        port = s.getsockname()[1]
-        for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}", "", "auto"):
-            check_ray_address("--address", address)
+    monkeypatch.setattr(runtime, "RAY_CONNECT_SECONDS", 0.5)
+    server = grpc.server(futures.ThreadPoolExecutor(1))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}", "", "auto"):
+        check_ray_address("--address", address)
+    server.stop(None).wait()
     with pytest.raises(ConfigError, match="connecting to 127.0.0.1"):
         check_ray_address("--address", f"127.0.0.1:{port}")
     with pytest.raises(ConfigError, match="HOST:PORT"):
         check_ray_address("--address", "ray://:10001")
+    web = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    with pytest.raises(ConfigError, match="answers, but not as a gRPC server would"):
+        check_ray_address("--address", f"127.0.0.1:{web.server_port}")
+    web.shutdown()
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        with pytest.raises(ConfigError, match="says nothing to a gRPC client"):
+            check_ray_address("--address", f"127.0.0.1:{silent.getsockname()[1]}")
 
 
 @pytest.mark.parametrize(
