@@ -371,7 +371,22 @@ def stage_config(
     if spec.recipe is not None and not _sets(given, "warmup_steps"):
         steps = next((v for k, v in reversed(layers.items()) if k.rpartition(".")[2] == "steps"), base.train.steps)
         layers["train.warmup_steps"] = spec.recipe.warmup_steps(steps) if isinstance(steps, int) else steps
-    return apply_overrides(base, layers)
+    cfg = apply_overrides(base, layers)
+    _check_given_warmup(cfg, given)
+    return cfg
+
+
+def _check_given_warmup(cfg: ExperimentConfig, given: dict[str, Any]) -> None:
+    """A warmup the caller sets longer than the run never reaches its learning rate: one
+    line naming the override. (A preset's own warmup over steps the caller shortened is
+    left alone: that is every quick run of a preset.)"""
+    key = next((k for k in given if k.rpartition(".")[2] == "warmup_steps"), None)
+    if key is not None and cfg.train.warmup_steps > cfg.train.steps:
+        raise invalid(
+            key,
+            given[key],
+            f"a warmup of at most the run's {cfg.train.steps} steps (longer, its learning rate is never reached)",
+        )
 
 
 def _sets(overrides: dict[str, Any], field_name: str) -> bool:

@@ -429,6 +429,7 @@ SWEEP_CASES = [
     ("beta_ablation", ["--seeds", "99999999999999999999"], "--seeds='99999999999999999999' is invalid"),
     ("beta_ablation", ["--set", "train.seed=99999999999999999999"], "--set='train.seed=99999999999999999999'"),
     ("beta_ablation", ["--set", "train.lr=1e-320"], "--set='train.lr=1e-320' is invalid"),
+    ("beta_ablation", ["--set", "train.warmup_steps=1000000"], "--set='train.warmup_steps=1000000' is invalid"),
     ("beta_ablation", ["--tracking-uri", "sqlite:///:memory:"], "--tracking-uri='sqlite:///:memory:' is invalid"),
     ("beta_ablation", ["--storage-path", "/tmp/a\x1b[31mb"], "argument --storage-path: '/tmp/a\\x1b[31mb' is invalid"),
     ("mano", ["--pairs", "1x0"], "--pairs='1x0' is invalid"),

@@ -148,3 +148,16 @@ def test_switching_arch_resets_arch_dependent_defaults():
     assert back.model.d_intermediate == 0
     with pytest.raises(ConfigError, match="attn_layer_idx"):
         apply_overrides(cfg, {"model.arch": "hybrid", "model.attn_head_dim": 16, "model.rope_dim": 16})
+
+
+def test_a_warmup_set_longer_than_the_run_is_one_line_a_presets_own_is_not():
+    """train.warmup_steps given above train.steps never reaches its learning rate; a
+    preset's own warmup over steps shortened for a quick run stays allowed."""
+    from looplab.presets import stage_config
+
+    with pytest.raises(
+        ConfigError, match="train.warmup_steps=1000000 is invalid; allowed: a warmup of at most the run's 12"
+    ):
+        stage_config(get_preset("debug"), "pretrain", overrides={"train.steps": 12, "train.warmup_steps": 1000000})
+    quick = stage_config(get_preset("debug"), "pretrain", overrides={"train.steps": 2})
+    assert quick.train.warmup_steps > quick.train.steps  # the preset's own, left alone
