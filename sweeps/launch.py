@@ -118,17 +118,17 @@ def main(
     except StorageFull as e:  # a trial's, or the driver's own write (sweeps/trial_watch.py)
         print(f"error: {e}", file=sys.stderr)
         return 1
-    except Exception as e:
-        if not is_disk_full(e):
-            raise
-        print(f"error: {storage_full_line(launch.storage_path)}", file=sys.stderr)
-        return 1
     except SweepStopped as e:  # the first Ctrl-C or SIGTERM (sweeps/stop.py)
         print(resume_line(e.reason), file=sys.stderr)
         return e.exit_status
     except KeyboardInterrupt:  # the second: out at once
         print(resume_line("exited at once on a second signal"), file=sys.stderr)
         return 130
+    except Exception as e:  # last: any other error is itself, unless it is a full disk
+        if not is_disk_full(e):
+            raise
+        print(f"error: {storage_full_line(launch.storage_path)}", file=sys.stderr)
+        return 1
     return 0 if rows and all(r["status"] != "error" for r in rows) else 1
 
 
