@@ -38,7 +38,7 @@ import math
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import numpy as np
 
@@ -533,7 +533,8 @@ def exit_rule(policy: ExitPolicy) -> ExitRule:
     return EXIT_RULES[policy.rule](value)
 
 
-ROUNDINGS = ("stochastic", "nearest", "floor", "ceil")  # HoleConfig.rounding's choices (round_depth)
+Rounding = Literal["stochastic", "nearest", "floor", "ceil"]
+ROUNDINGS: tuple[str, ...] = get_args(Rounding)  # HoleConfig.rounding's choices (round_depth)
 
 
 def round_depth(depth: np.ndarray, rule: str, rng: np.random.Generator) -> np.ndarray:

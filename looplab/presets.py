@@ -24,6 +24,7 @@ from looplab.config import (
     apply_overrides,
     invalid,
 )
+from looplab.config.model import Arch
 from looplab.stages import get_stage
 
 PRESETS: dict[str, Callable[[], ExperimentConfig]] = {}
@@ -208,7 +209,7 @@ def mano_local() -> ExperimentConfig:
 
 
 def _paper_lm(
-    d_model: int, n_layers: int, arch: str, attn_idx: tuple[int, ...], steps: int = 75_000
+    d_model: int, n_layers: int, arch: Arch, attn_idx: tuple[int, ...], steps: int = 75_000
 ) -> ExperimentConfig:
     # App. D: the Transformer's gated MLP is 640 wide (parameter-matched to Mamba-2, not
     # LLaMA's 8/3 d); the hybrid puts attention (no MLP, RoPE 64) at attn_idx.

@@ -173,9 +173,9 @@ def test_descriptions_are_read_from_the_comments_and_a_bare_field_is_named():
 def test_describe_lists_a_prefix_and_refuses_an_unknown_one():
     text = ref.describe("hole.")
     assert text.count("\n    ") == len([o for o in ref.options() if o.key.startswith("hole.")])
-    assert "hole.rounding=stochastic  (str, keyed)" in text
+    assert "hole.rounding=stochastic  (stochastic | nearest | floor | ceil, keyed)" in text
     assert "task.n=256  (int, keyed, task.kind=phop)" in ref.describe("task.n")
-    assert "train.device=auto  (str, not keyed)" in ref.describe("train.device")
+    assert "train.device=auto  (auto | cpu | cuda, not keyed)" in ref.describe("train.device")
     with pytest.raises(ConfigError, match="prefix='nope' is invalid"):
         ref.describe("nope")
 

@@ -4,11 +4,13 @@ within bounds far beyond any model of the paper."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 from looplab.errors import check
 from looplab.fields import check_choice, check_finite, check_ints, is_int, keyed
 
-ARCHS = ("mamba2", "transformer", "hybrid")
+Arch = Literal["mamba2", "transformer", "hybrid"]
+ARCHS: tuple[str, ...] = get_args(Arch)
 MODEL_BOUNDS = {
     "vocab_size": 1 << 20,
     "d_model": 1 << 16,
@@ -28,7 +30,7 @@ MODEL_BOUNDS = {
 class ModelConfig:
     """A looped language model N⊗R: one N-layer backbone applied n_loops times."""
 
-    arch: str = keyed("mamba2")  # mamba2 | transformer (LLaMA layers) | hybrid (Mamba-2, attention at attn_layer_idx)
+    arch: Arch = keyed("mamba2")  # mamba2 | transformer (LLaMA layers) | hybrid (Mamba-2, attention at attn_layer_idx)
     vocab_size: int = keyed(64)  # ids of embedding and head: at least the task's vocabulary (followed unless set)
     d_model: int = keyed(256)  # width of the residual stream
     n_layers: int = keyed(2)  # N: independently parameterised layers

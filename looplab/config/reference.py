@@ -37,6 +37,7 @@ import json
 import sys
 import textwrap
 import tokenize
+import typing
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,7 +147,7 @@ def options_of(cls: type, section: str, task_kind: str = "") -> list[Option]:
                 section=section,
                 task_kind=task_kind,
                 owner=f"{cls.__name__}.{f.name}",
-                type=_type_text(f.type),
+                type=_type_text(f.type, _hints(cls).get(f.name)),
                 default=_default(f),
                 key_role=role,
                 description=described[f.name],
@@ -155,10 +156,22 @@ def options_of(cls: type, section: str, task_kind: str = "") -> list[Option]:
     return out
 
 
-def _type_text(annotation: Any) -> str:
-    if isinstance(annotation, str):
-        return annotation
-    return getattr(annotation, "__name__", repr(annotation))
+def _hints(cls: type) -> dict[str, Any]:
+    """The class's field types resolved (a `Literal` alias such as Arch to its values)."""
+    try:
+        return typing.get_type_hints(cls)
+    except (NameError, TypeError):  # a name only the type checker sees: the text as written
+        return {}
+
+
+def _type_text(written: Any, resolved: Any = None) -> str:
+    """A field's type as the page shows it: a Literal (also behind an alias such as Arch)
+    as its values, mamba2 | transformer | hybrid; any other as written in the source."""
+    if typing.get_origin(resolved) is typing.Literal:
+        return " | ".join(str(v) for v in typing.get_args(resolved))
+    if isinstance(written, str):
+        return written
+    return getattr(written, "__name__", repr(written))
 
 
 def _default(f: dataclasses.Field) -> Any:
@@ -205,7 +218,7 @@ def _top_level() -> list[Option]:
             section=TOP_SECTION,
             task_kind="",
             owner=f"ExperimentConfig.{name}",
-            type=_type_text(fields[name].type),
+            type=_type_text(fields[name].type, _hints(ExperimentConfig).get(name)),
             default=_default(fields[name]),
             key_role="keyed" if is_keyed(name) else "no",
             description=described[name],

@@ -4,12 +4,17 @@ gate's (ExitConfig) and CHASE's cache holes (HoleConfig)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 from looplab.errors import check
 from looplab.fields import check_choice, check_finite, check_ints, is_int, keyed
-from looplab.policy import DEFAULT_QS, ROUNDINGS
+from looplab.policy import DEFAULT_QS, ROUNDINGS, Rounding
 
-COMPILE_CHOICES = ("auto", "on", "off")  # train.compile
+Compile = Literal["auto", "on", "off"]
+COMPILE_CHOICES: tuple[str, ...] = get_args(Compile)  # train.compile
+Precision = Literal["auto", "fp32", "bf16"]
+Device = Literal["auto", "cpu", "cuda"]
+Sampler = Literal["depth", "threshold"]
 MAX_LR = 1.0  # train.lr (TrainConfig.__post_init__ says why)
 # train.lr's floor: an AdamW step moves a weight by about lr, and float32 keeps 24 bits, so
 # below ~1e-10 no weight of magnitude 0.002 or more (every initialised one) moves at all.
@@ -37,7 +42,7 @@ class TrainConfig:
     beta2: float = keyed(0.95)  # AdamW's second-moment decay
     adam_eps: float = keyed(1e-8)  # AdamW's epsilon (at least float32's smallest normal number)
     grad_clip: float = keyed(1.0)  # max global grad norm; 0 disables clipping
-    precision: str = keyed("auto")  # auto: bf16 autocast on CUDA, fp32 on CPU
+    precision: Precision = keyed("auto")  # auto: bf16 autocast on CUDA, fp32 on CPU
     eval_limit: int = keyed(0)  # evaluate on the first K eval samples; 0 = all (changes the logged result)
     seed: int = keyed(0)  # seeds the initialisation, the training stream and the cache holes
     # Where a pre-training run's weights start (looplab/retrofit.py): "" a
@@ -66,7 +71,7 @@ class TrainConfig:
     log_every: int = 10  # steps between progress lines (and metrics records)
     ckpt_every: int = 0  # 0: no step cadence (ckpt_minutes still applies)
     ckpt_minutes: float = 5.0  # also checkpoint after this much wall clock; 0: off
-    device: str = "auto"  # auto (CUDA when there is one) | cpu | cuda
+    device: Device = "auto"  # auto (CUDA when there is one) | cpu | cuda
     # Memory, not maths: a step's gradient is the same (to float rounding) either way.
     micro_batch_size: int = 0  # rows per forward/backward, gradients accumulated; 0: a rank's whole share
     activation_checkpointing: bool = False  # keep each loop's input only, recompute the loop in backward
@@ -74,7 +79,7 @@ class TrainConfig:
     # AdamW's fused kernel, the same losses to float rounding (looplab/models/compiled.py,
     # training/steps.make_optimizer). auto: on for CUDA, off on a CPU, where it was
     # measured not to pay back its compile time (docs/benchmarks.md).
-    compile: str = "auto"
+    compile: Compile = "auto"
 
     def __post_init__(self) -> None:
         self._check_counts()
@@ -143,8 +148,8 @@ class TrainConfig:
             self.ckpt_minutes,
             "a number >= 0 (0: off)",
         )
-        check_choice(self, "precision", ("auto", "fp32", "bf16"))
-        check_choice(self, "device", ("auto", "cpu", "cuda"))
+        check_choice(self, "precision", get_args(Precision))
+        check_choice(self, "device", get_args(Device))
         check_choice(self, "compile", COMPILE_CHOICES)
 
     def _normalise_eval_qs(self) -> None:
@@ -217,18 +222,20 @@ class HoleConfig:
       stochastic rounding (floor + Bernoulli(fraction)) keeps E[step] = depth.
     """
 
-    sampler: str = keyed("depth")  # depth (App. D, the paper's runs) | threshold (§3), as the docstring above says
+    sampler: Sampler = keyed("depth")  # depth (App. D, the paper's runs) | threshold (§3), as the docstring above says
     rho: float = keyed(1.0)  # probability that a minibatch takes the cache-hole branch
     hp: float = keyed(0.5)  # depth sampler: the fraction of positions holed
     lo: float = keyed(1.85)  # depth sampler: the smallest target depth (>= 1)
     hi: float = keyed(3.45)  # depth sampler: the largest target depth (<= R, model.n_loops)
     bins: int = keyed(8)  # depth sampler: how many evenly spaced target depths span [lo, hi]
-    rounding: str = keyed("stochastic")  # depth sampler: a depth to an exit step: stochastic | nearest | floor | ceil
+    rounding: Rounding = keyed(
+        "stochastic"
+    )  # depth sampler: a depth to an exit step: stochastic | nearest | floor | ceil
     q_low: float = keyed(0.2)  # threshold sampler: the lowest threshold q drawn for a minibatch
     q_high: float = keyed(0.8)  # threshold sampler: the highest threshold q drawn for a minibatch
 
     def __post_init__(self) -> None:
-        check_choice(self, "sampler", ("depth", "threshold"))
+        check_choice(self, "sampler", get_args(Sampler))
         check_choice(self, "rounding", ROUNDINGS)
         check_finite(self, "rho", "hp", "lo", "hi", "q_low", "q_high")
         for name in ("rho", "hp", "q_low", "q_high"):

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator, Literal
 
 import numpy as np
 
@@ -107,13 +107,15 @@ def vocab_size(L: int, modulus: int = MODULUS) -> int:
 class ManoConfig:
     """Mano (App. B): prefix arithmetic over F_23 with at most L operations."""
 
-    kind: str = keyed("mano")  # mano | phop | text: setting task.kind resets the task to that kind's defaults
+    kind: Literal["mano"] = keyed(
+        "mano"
+    )  # mano | phop | text: setting task.kind resets the task to that kind's defaults
     L: int = keyed(10)  # most operations in an expression: training draws 1..L, evaluation uses L
     modulus: int = keyed(MODULUS)  # the field Z_modulus (the paper: 23); smaller for small models
     eval_count: int = keyed(2000)  # samples in the fixed evaluation set
     eval_seed: int = keyed(20_231)  # seed of the evaluation set (apart from the training stream's)
     # Where the training loss applies: only at answer positions, or on every token.
-    loss: str = keyed("answer")
+    loss: Literal["answer", "all"] = keyed("answer")
 
     def __post_init__(self) -> None:
         check_choice(self, "kind", ("mano",))

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -67,7 +68,9 @@ def vocab_size(alphabet: int, p: int) -> int:
 class PhopConfig:
     """p-hop induction (App. C): alphabet a, sequence length n, p hops."""
 
-    kind: str = keyed("phop")  # mano | phop | text: setting task.kind resets the task to that kind's defaults
+    kind: Literal["phop"] = keyed(
+        "phop"
+    )  # mano | phop | text: setting task.kind resets the task to that kind's defaults
     n: int = keyed(256)  # sequence length (a sample is n + 4 tokens)
     p: int = keyed(16)  # hops from the last position to the answer (at most n - 2)
     alphabet: int = keyed(4)  # how many tokens the sequence is drawn from

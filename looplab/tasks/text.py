@@ -40,7 +40,7 @@ import functools
 import itertools
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Iterable, Iterator, Literal, Sequence
 
 import numpy as np
 
@@ -79,7 +79,9 @@ class TextConfig:
     streaming: auto = stream hub datasets, hold embedded and local files in memory.
     """
 
-    kind: str = keyed("text")  # mano | phop | text: setting task.kind resets the task to that kind's defaults
+    kind: Literal["text"] = keyed(
+        "text"
+    )  # mano | phop | text: setting task.kind resets the task to that kind's defaults
     tokenizer: str = keyed("mistral")  # mistral | bytes | a HuggingFace tokenizer name or path
     dataset: str = keyed("embedded")  # embedded | local files | climbmix | a hub dataset name (the docstring above)
     dataset_config: str = keyed("")  # hub dataset configuration (subset) name, "" for none
