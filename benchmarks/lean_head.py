@@ -35,7 +35,6 @@ ratio falls below the FLOP ratio only as far as Stage-1 runs at a higher MFU.
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import statistics
@@ -45,7 +44,7 @@ from typing import Literal
 
 import torch
 
-from looplab.arguments import Parser, add_flags, at_least, flag, flags_of, number_in, one_of
+from looplab.arguments import Parser, add_flags, at_least, flag, flags_of, number_in, one_of, some_of
 from looplab.checkpoint import model_from_config, parent_ref
 from looplab.costs.measured_memory import in_rss_process, peak_memory
 from looplab.costs.resources import flops_per_token
@@ -65,18 +64,6 @@ STAGES = ("pretrain", "stage1")
 MEMORY_RATIO_TARGET, TIME_RATIO_TARGET, PRETRAIN_MFU_TARGET = 1.5, 2.5, 0.5
 ARMS = ("before", "after")
 GEMM_N = 2048
-
-
-def some_of(*allowed: str):
-    """An argparse type: comma-separated names among `allowed`, each once, in the order given."""
-
-    def parse(text: str) -> tuple[str, ...]:
-        names = [t.strip() for t in text.split(",") if t.strip()]
-        if not names or any(n not in allowed for n in names):
-            raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: comma-separated {' | '.join(allowed)}")
-        return tuple(dict.fromkeys(names))
-
-    return parse
 
 
 @dataclass(frozen=True)

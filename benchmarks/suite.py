@@ -30,7 +30,6 @@ them alike; every time is one direct measurement, never a difference):
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -45,22 +44,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from looplab import threads  # noqa: E402
-from looplab.arguments import Parser, add_flags, at_least, flag, flags_of, int_in, number_in  # noqa: E402
+from looplab.arguments import Parser, add_flags, at_least, flag, flags_of, int_in, number_in, some_of  # noqa: E402
 from looplab.costs.spread import SPREAD_BOUND, Figure, Load, Timing  # noqa: E402
 
 SECTIONS = ("machine", "train", "decode", "arrivals", "mini")
-
-
-def some_of(*allowed: str):
-    """An argparse type: comma-separated names among `allowed`, each once, in the order given."""
-
-    def parse(text: str) -> tuple[str, ...]:
-        names = [t.strip() for t in text.split(",") if t.strip()]
-        if not names or any(n not in allowed for n in names):
-            raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: comma-separated {' | '.join(allowed)}")
-        return tuple(dict.fromkeys(names))
-
-    return parse
 
 
 @dataclass(frozen=True)

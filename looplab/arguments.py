@@ -9,6 +9,7 @@ library's command line (and so without reaching up into it).
     one_of(*c)      one of the choices, worded like every other bad value
     number_in(a, b) a finite number in [a, b] (or (a, b])
     ints_at_least(n) comma-separated integers >= n
+    some_of(*names) comma-separated names among the given ones, each once
     finite          a finite number (a float field's default type)
     given(allowed)  any text but an empty one, for flags where "" would quietly mean the
                     default or the current folder (an unset shell variable, usually)
@@ -267,6 +268,24 @@ def ints_at_least(minimum: int):
     return parse
 
 
+def some_of(*allowed: str):
+    """An argparse type: comma-separated names among `allowed`, each once, in the order given."""
+
+    def parse(text: str) -> tuple[str, ...]:
+        names = [t.strip() for t in text.split(",") if t.strip()]
+        if not names or any(n not in allowed for n in names):
+            raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: comma-separated {' | '.join(allowed)}")
+        return tuple(dict.fromkeys(names))
+
+    return parse
+
+
+def has_control_characters(text: str) -> bool:
+    """Escape sequences, newlines, tabs (C0, DEL, C1): in a path a pasting accident, and
+    echoed on a terminal they would redraw the screen."""
+    return any(ord(c) < 32 or 127 <= ord(c) < 160 for c in text)
+
+
 def given(allowed: str):
     """An argparse type: the text as given, unless empty (or blank). Its flag's default
     must not be "" (argparse passes a string default through the type): None, and the
@@ -277,7 +296,7 @@ def given(allowed: str):
             raise argparse.ArgumentTypeError(
                 f"{text!r} is invalid; allowed: {allowed} (leave the flag out for its default)"
             )
-        if any(ord(c) < 32 or 127 <= ord(c) < 160 for c in text):  # echoed, it would redraw the terminal
+        if has_control_characters(text):
             raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: {allowed}, without control characters")
         return text
 

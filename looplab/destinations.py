@@ -29,6 +29,7 @@ import tempfile
 from pathlib import Path
 from urllib.parse import urlparse
 
+from looplab.arguments import has_control_characters
 from looplab.errors import ConfigError, invalid
 
 SERVER_SCHEMES = ("http", "https")
@@ -46,13 +47,7 @@ def _given(flag: str, path: str | os.PathLike) -> Path:
     return Path(path).expanduser()
 
 
-# A path with an escape sequence or a newline in it is a pasting accident, and echoed on a
-# terminal it would redraw the screen
 CONTROL_CHARACTERS = "a path without control characters (escape sequences, newlines, tabs)"
-
-
-def has_control_characters(text: str) -> bool:
-    return any(ord(c) < 32 or 127 <= ord(c) < 160 for c in text)
 
 
 def _reason(e: OSError) -> str:

@@ -9,7 +9,7 @@ import argparse
 from dataclasses import dataclass
 from typing import Literal
 
-from looplab.arguments import add_flags, at_least, flag, int_in
+from looplab.arguments import add_flags, at_least, flag, int_in, some_of
 from looplab.config import ConfigError
 
 
@@ -37,11 +37,7 @@ def schedules_type(text: str) -> list[str]:
     """An argparse type: comma-separated decoding schedules (lockstep, depth), each once."""
     from looplab.inference.depth_batching import SCHEDULES
 
-    names = [t.strip() for t in text.split(",") if t.strip()]
-    bad = [n for n in names if n not in SCHEDULES]
-    if not names or bad:
-        raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: comma-separated {' | '.join(SCHEDULES)}")
-    return list(dict.fromkeys(names))
+    return list(some_of(*SCHEDULES)(text))
 
 
 def threads_type(text: str) -> int:
