@@ -171,7 +171,7 @@ def write_verdict(sweep: Sweep, launch: Launch, reasons: list[str]) -> Path:
     from trainables.storage import Storage
 
     store = Storage(launch.storage_path)
-    uri = launch.tracking_uri or f"sqlite:///{store.scratch() / 'mlflow.db'}"
+    uri = store.tracking_uri(launch.tracking_uri)
     trials = trial_measures(
         evaluation_points(load_runs(uri, [tracking.experiment_name(sweep.name, sweep.spec.preset)]))
     )

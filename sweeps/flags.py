@@ -152,7 +152,7 @@ class Store:
         from trainables.storage import Storage
 
         storage = Storage(self.storage_path)
-        return storage, self.tracking_uri or f"sqlite:///{storage.scratch() / 'mlflow.db'}"
+        return storage, storage.tracking_uri(self.tracking_uri)
 
 
 def store_parser(command: str, description: str, options: type, groups: dict[str, type]) -> argparse.ArgumentParser:

@@ -180,7 +180,7 @@ class SweepRun:
 
         store = Storage(launch.storage_path)
         local = store.scratch()
-        uri = launch.tracking_uri or f"sqlite:///{local / 'mlflow.db'}"
+        uri = store.tracking_uri(launch.tracking_uri)
         return cls(sweep, launch, points, res, store, local, uri, sweep_key(sweep, launch))
 
     @property

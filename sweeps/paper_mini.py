@@ -400,7 +400,7 @@ def measure_speed(sweep: Sweep, launch: Launch, protocol: Protocol = PROTOCOL) -
     from trainables.storage import Storage
 
     store = Storage(launch.storage_path)
-    uri = launch.tracking_uri or f"sqlite:///{store.scratch() / 'mlflow.db'}"
+    uri = store.tracking_uri(launch.tracking_uri)
     mc = tracking.client(uri)
     experiment = tracking.experiment_name(sweep.name, sweep.spec.preset)
     experiment_id = tracking.ensure_experiment(mc, experiment, store.path("mlflow"))
@@ -541,7 +541,7 @@ def write_verdicts(
 
     launch = launches[LM]
     store = Storage(launch.storage_path)
-    uri = launch.tracking_uri or f"sqlite:///{store.scratch() / 'mlflow.db'}"
+    uri = store.tracking_uri(launch.tracking_uri)
     out = store.scratch() / "analysis" / "paper_mini"
     out.mkdir(parents=True, exist_ok=True)
     experiments = {name: tracking.experiment_name(sweep.name, sweep.spec.preset) for name, sweep in sweeps.items()}

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
+from looplab.dashboard import STORE_FILE
 from looplab.errors import ConfigError, invalid
 
 RAY_GCS_PORT, RAY_CLIENT_PORT = 6379, 10001  # Ray's defaults when an address names no port
@@ -141,7 +142,8 @@ def check_tracking_uri(uri: str, storage_path: str) -> None:
     from looplab import destinations
     from trainables.storage import Storage
 
-    if not uri and Storage(storage_path).remote:
+    storage = Storage(storage_path)
+    if not uri and storage.remote:
         raise invalid(
             "--tracking-uri",
             uri,
@@ -152,6 +154,6 @@ def check_tracking_uri(uri: str, storage_path: str) -> None:
         return
     # The default, sqlite:///STORAGE/mlflow.db: the storage's check writes its folder; a
     # database already there must be whole
-    default = Path(storage_path).expanduser() / "mlflow.db"
-    if not Storage(storage_path).remote and default.is_file():
+    default = storage.scratch() / STORE_FILE
+    if default.is_file():
         destinations.intact_sqlite("--storage-path", storage_path, default)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from looplab.dashboard import STORE_FILE
 from looplab.errors import StorageFull, invalid
 from looplab.keys import LOCATION_KEY_LENGTH, text_digest
 
@@ -52,6 +53,10 @@ class Storage:
 
     def __str__(self) -> str:
         return self.root
+
+    def tracking_uri(self, given: str | None = None) -> str:
+        """`given`, or by default the storage's own MLflow store, sqlite:///<local>/mlflow.db."""
+        return given or f"sqlite:///{self.scratch() / STORE_FILE}"
 
     def path(self, *parts: str) -> str:
         """A location in this storage: a local path, or a URI under the root."""
