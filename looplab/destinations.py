@@ -269,10 +269,10 @@ def existing_store(flag: str, uri: str, write: bool = False) -> None:
             raise invalid(flag, uri, f"an existing MLflow store ({_reason(e)})") from None
         if not found:
             raise invalid(flag, uri, "an existing MLflow store (sqlite:///STORAGE/mlflow.db of the sweep)")
-        if scheme == "sqlite":
-            intact_sqlite(flag, uri, path.expanduser())
-        if write:
+        if write:  # its check covers the database's too
             tracking_uri(flag, uri)
+        elif scheme == "sqlite":
+            intact_sqlite(flag, uri, path.expanduser())
     else:
         tracking_uri(flag, uri)
 

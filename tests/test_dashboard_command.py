@@ -69,7 +69,8 @@ def test_a_bad_port_is_one_line(tmp_path, capsys):
         assert "--port" in _one_line_error(capsys, ["dashboard", str(tmp_path), "--port", port])
 
 
-def test_a_port_in_use_is_one_line_and_starts_nothing(tmp_path, capsys):
+def test_a_port_in_use_is_one_line_and_starts_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # a log of this port from another run is not this one's
     (tmp_path / "mlflow.db").touch()
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
@@ -410,7 +411,7 @@ def _reachable_address() -> str | None:
 
 
 @pytest.mark.slow  # an MLflow server's start: 10-60 s on 2 cores
-def test_a_reachable_host_is_served_only_with_basic_auth(tiny_store, monkeypatch):
+def test_a_reachable_host_is_served_only_with_basic_auth(tiny_store, monkeypatch, tmp_path):
     """On a non-loopback address the server asks every request for the pair: without it
     401 (also with a loopback Host header, which fooled a wildcard bind), with it 200."""
     pytest.importorskip("flask_wtf", reason="MLflow's basic-auth app needs the mlflow[auth] extra")
@@ -422,7 +423,7 @@ def test_a_reachable_host_is_served_only_with_basic_auth(tiny_store, monkeypatch
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "a-long-test-secret")
     port = free_port()
     search = f"http://{host}:{port}/api/2.0/mlflow/experiments/search?max_results=1"
-    with dashboard_server.Server(f"sqlite:///{root / 'mlflow.db'}", host, port) as server:
+    with dashboard_server.Server(f"sqlite:///{root / 'mlflow.db'}", host, port, tmp_path / "server.log") as server:
         server.wait_healthy()
         for headers in ({}, {"Host": f"localhost:{port}"}):
             with pytest.raises(urllib.error.HTTPError) as refused:

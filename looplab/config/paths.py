@@ -12,6 +12,7 @@ string, so keys and stored specs read as before.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing
 from collections.abc import Callable
 from typing import Any, NewType
@@ -57,6 +58,7 @@ def checked_key(text: str, name: str = "config key") -> ConfigKey:
     return ConfigKey(text)
 
 
+@functools.cache  # the dataclasses do not change; sweeps call checked_key at import
 def _sections() -> dict[str, set[str]]:
     """Each dataclass section of ExperimentConfig -> its field names (a union section,
     the task: every arm's)."""

@@ -135,6 +135,7 @@ def _class_comments(klass: type) -> dict[str, str]:
 def options_of(cls: type, section: str, task_kind: str = "") -> list[Option]:
     """The options of one config dataclass, addressed as `section.field`."""
     described = field_descriptions(cls)
+    hints = _hints(cls)
     out = []
     for f in dataclasses.fields(cls):
         if f.metadata.get(KEY):
@@ -147,7 +148,7 @@ def options_of(cls: type, section: str, task_kind: str = "") -> list[Option]:
                 section=section,
                 task_kind=task_kind,
                 owner=f"{cls.__name__}.{f.name}",
-                type=_type_text(f.type, _hints(cls).get(f.name)),
+                type=_type_text(f.type, hints.get(f.name)),
                 default=_default(f),
                 key_role=role,
                 description=described[f.name],
@@ -212,13 +213,14 @@ def _top_level() -> list[Option]:
     """The bare names apply_overrides sets: ExperimentConfig's stage and parent."""
     described = field_descriptions(ExperimentConfig)
     fields = {f.name: f for f in dataclasses.fields(ExperimentConfig)}
+    hints = _hints(ExperimentConfig)
     return [
         Option(
             key=name,
             section=TOP_SECTION,
             task_kind="",
             owner=f"ExperimentConfig.{name}",
-            type=_type_text(fields[name].type, _hints(ExperimentConfig).get(name)),
+            type=_type_text(fields[name].type, hints.get(name)),
             default=_default(fields[name]),
             key_role="keyed" if is_keyed(name) else "no",
             description=described[name],
