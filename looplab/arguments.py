@@ -126,9 +126,7 @@ def _add(parser, field: dataclasses.Field, how: Flag, hint: Any) -> None:
 
 def _choices(hint: Any) -> tuple[str, ...]:
     """A Literal type's choices (also inside `Literal[...] | None`)."""
-    if typing.get_origin(hint) is Literal:
-        return tuple(str(c) for c in typing.get_args(hint))
-    for arm in typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, type(int | None)) else ():
+    for arm in (hint, *typing.get_args(hint)):
         if typing.get_origin(arm) is Literal:
             return tuple(str(c) for c in typing.get_args(arm))
     return ()
