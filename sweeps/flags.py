@@ -124,6 +124,11 @@ class Launch:
     mfu: float = flag(DEFAULT_MFU, "model FLOP/s utilisation the plan's GPU-hours assume")
     gpu_tflops: float = flag(DEFAULT_PEAK_TFLOPS, "a GPU's dense peak the plan's GPU-hours assume (H100 SXM bf16)")
 
+    def __post_init__(self) -> None:
+        from trainables.storage import Storage
+
+        Storage(self.storage_path)  # a path that cannot resolve (a symlink loop) is one line, here
+
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "Launch":
         return flags_of(cls, args, tracking_uri=args.tracking_uri or "", seeds=tuple(seeds_of(args.seeds, args.preset)))

@@ -90,9 +90,6 @@ def main(
     args = p.parse_args(argv)
     try:
         common, launch = Common.from_args(args), Launch.from_args(args)
-        from trainables.storage import Storage
-
-        Storage(launch.storage_path)  # a path that cannot resolve (a symlink loop): its own line, first
         try:
             sweep = compare_initialisations(build(common, args), common.init_from)
         except ConfigError as e:  # an override the declaration applied: say it as the flag
