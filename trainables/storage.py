@@ -222,7 +222,5 @@ def free_bytes(where: str | os.PathLike) -> int | None:
     return None
 
 
-def _size(n: int | None) -> str:
-    if n is None:
-        return "?"
+def _size(n: int) -> str:
     return f"{n / 2**20:.1f} MiB" if n < 2**30 else f"{n / 2**30:.2f} GiB"
