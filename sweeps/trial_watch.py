@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from looplab.errors import StorageFull, is_disk_full
+from trainables.worker_watch import cause_line
 
 
 def last_error(trial: Any) -> str:
@@ -29,11 +30,7 @@ def last_error(trial: Any) -> str:
         text = Path(path).read_text() if path else ""
     except OSError:
         return "(its error file cannot be read)"
-    failures = text.split("Failure # ")
-    body = failures[-1].splitlines()[1:] if len(failures) > 1 else text.splitlines()
-    # A remote error's text leads with Ray's wrapper line; the cause is the last line that says something
-    lines = [line.strip() for line in body if line.strip() and not line.startswith((" ", "\t"))]
-    return (lines[-1] if lines else "unknown error")[:300]
+    return cause_line(text.split("Failure # ")[-1].partition("\n")[2] if "Failure # " in text else text)
 
 
 # The full-disk errors seen, by watch: Tune copies its callbacks and stoppers, so the

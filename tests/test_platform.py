@@ -553,12 +553,17 @@ def stage_records(store: Path, stage: str) -> list[dict]:
 
 
 @pytest.mark.ray
-@pytest.mark.soak
-@pytest.mark.parametrize("workers", ["0", "1"])
-def test_killed_worker_resumes_from_its_checkpoint(tmp_path, monkeypatch, workers):
+@pytest.mark.parametrize(
+    "workers",
+    [
+        pytest.param("0", marks=pytest.mark.soak),
+        pytest.param("1", marks=pytest.mark.slow),  # about a minute on 2 cores
+    ],
+)
+def test_killed_worker_resumes_from_its_checkpoint(tmp_path, monkeypatch, capsys, workers):
     """One worker actor (Ray Train restarts the worker group) and local mode (the
-    trial's own process dies; Tune restarts the trial): both resume the stage from its
-    wall-clock checkpoint, and every step is in the history once."""
+    trial's own process dies; Tune restarts the trial): both say so on the console,
+    resume the stage from its wall-clock checkpoint, and log every step once."""
     store, uri = tmp_path / "store", f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("LOOPLAB_TEST_KILL_WORKER_AT_STEP", "3")  # SIGKILL once, as step 3 is logged
     argv = [
@@ -582,6 +587,12 @@ def test_killed_worker_resumes_from_its_checkpoint(tmp_path, monkeypatch, worker
         str(store),
     ]
     assert run_beta(argv, betas=(0.1,)) == 0
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[beta=0.1 seed=0] ")]
+    # Said once per death, before the restarted stage says where it resumes
+    death = "pretrain: worker 0 died (ActorDiedError: " if workers == "1" else "restarted by Ray (attempt 2) after: "
+    died = [i for i, line in enumerate(said) if death in line]
+    resumed = said.index("[beta=0.1 seed=0] pretrain: resumes after step 2/4, its last checkpoint")
+    assert len(died) == 1 and died[0] < resumed, said
     records = stage_records(store, "pretrain")
     # The worker died as it logged step 3, before that step's checkpoint: the restart
     # resumed at step 2 (not from 0), and steps 3-4 replaced nothing.

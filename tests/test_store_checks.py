@@ -231,3 +231,35 @@ def test_a_sweep_on_a_full_disk_stops_in_one_line_and_resumes_once_freed(tmp_pat
         freed = run("0.1", "0.5")
         assert freed.returncode == 0, freed.stderr[-2000:]
         assert "[beta=0.5 seed=0] stage1: done" in freed.stderr and "[beta=0.1 seed=0] trial reused" in freed.stderr
+
+
+RAY_DEATH_NOTICE = """The actor died unexpectedly before finishing this task.
+\tclass_name: RayTrainWorker
+\tpid: 4816
+The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR Worker exit detail: Worker \
+unexpectedly exits with a connection error code 2. End of file. Some common causes include: (1) the OOM killer"""
+
+
+def test_a_dead_worker_is_said_in_one_line_with_its_cause_and_the_retry():
+    pytest.importorskip("ray")
+    from ray.exceptions import ActorDiedError
+    from ray.train.v2._internal.exceptions import WorkerHealthCheckFailedError
+
+    from trainables.worker_watch import death_line
+
+    class Died(ActorDiedError):  # Ray builds its own from a dead actor's details; the text is what matters
+        def __str__(self) -> str:
+            return RAY_DEATH_NOTICE
+
+    killed = WorkerHealthCheckFailedError("A worker health check failed.\nWorker info: Worker(...)", Died())
+    assert death_line(0, killed, attempt=1, retries=2) == {
+        "rank": 0,
+        "error": "Died: The actor is dead because its worker process has died.",
+        "then": "Ray Train restarts its workers (retry 1 of 2)",
+    }
+    raised = RuntimeError("Traceback (most recent call last):\n  File 'x.py', line 3\nRuntimeError: boom")
+    assert death_line(1, raised, attempt=3, retries=2) == {
+        "rank": 1,
+        "error": "RuntimeError: boom",
+        "then": "no retry left",
+    }

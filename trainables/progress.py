@@ -13,7 +13,7 @@ user pressed Ctrl-C or sent SIGTERM, sweeps/stop.py). Trials ask it between step
 (Reporter.stop_requested, at most every STOP_POLL_SECONDS), checkpoint and end.
 
 Records: {"trial": label, "event": "start" | "step" | "end" | "stopped" | "reused" | "resumed_done" |
-"resumed" | "restarted" | "retrain" | "trial_stale" | "trial_end" | "eval" | "eval_failed" | "speed", "stage", "step", "steps", "loss", "tokens_per_s", "eta_s", "summary", "policy",
+"resumed" | "restarted" | "worker_died" | "retrain" | "trial_stale" | "trial_end" | "eval" | "eval_failed" | "speed", "stage", "step", "steps", "loss", "tokens_per_s", "eta_s", "summary", "policy",
 "task", "error", "line", "why"}; evaluation jobs (trainables/evaluation.py) post eval and eval_failed,
 speed jobs (trainables/bench.py) a speed record with its line per measured point.
 """
@@ -141,6 +141,8 @@ _LINES: dict[str, Callable[[dict[str, Any]], str]] = {
     "resumed": lambda r: f"{r['stage']}: resumes after step {r['step']}/{r['steps']}, its last checkpoint",
     # Ray Tune restarts the trial after a failure (trial_watch in sweeps/launch.py)
     "restarted": lambda r: f"restarted by Ray (attempt {r['attempt']}) after: {r['error']}",
+    # Ray Train restarts a stage's worker group after one of them died (trainables/worker_watch.py)
+    "worker_died": lambda r: f"{r['stage']}: worker {r['rank']} died ({r['error']}); {r['then']}",
     "end": lambda r: f"{r['stage']}: done in {_clock(r.get('seconds', 0))}",
     "stopped": lambda r: f"{r['stage']}: stopped at step {r['step']}/{r['steps']}, checkpoint saved",
     "step": lambda r: (

@@ -363,6 +363,8 @@ def _fit_stage(
     from ray.train.torch import TorchConfig, TorchTrainer
     from ray.tune.integration.ray_train import TuneReportCallback
 
+    from trainables.worker_watch import worker_watch
+
     local = platform.num_workers == 0
     use_gpu = platform.gpus_per_worker > 0
     folder = stage_folder(cfg.stage, cfg.stage_key())
@@ -407,7 +409,10 @@ def _fit_stage(
             failure_config=FailureConfig(  # type: ignore[call-arg]
                 max_failures=platform.worker_retries, controller_failure_limit=platform.worker_retries
             ),
-            callbacks=[TuneReportCallback()] if report_to_tune else None,  # type: ignore[list-item]
+            callbacks=[
+                worker_watch(platform.progress_board, label, cfg.stage, platform.worker_retries),
+                *([TuneReportCallback()] if report_to_tune else []),  # type: ignore[list-item]
+            ],
         ),
     )
     trainer.fit()
