@@ -187,7 +187,15 @@ class Parser(argparse.ArgumentParser):
     every other bad input of looplab's commands (argparse prints the usage first)."""
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        # argparse echoes what was typed ("unrecognized arguments: ..."): escaped, so a
+        # pasted control character neither redraws the terminal nor breaks the line
+        self.exit(2, f"{self.prog}: error: {printable(message)} (see --help)\n")
+
+
+def printable(text: str) -> str:
+    """The text with every character a terminal would act on (control characters, line
+    and paragraph separators, bidirectional overrides) written as its escape."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
 
 
 def at_least(minimum: int):

@@ -72,6 +72,9 @@ def test_bad_values_are_one_line_naming_the_flag(capsys):
         (["--out", "x", "--lr", "nan"], "argument --lr: 'nan' is invalid; allowed: a finite number"),
         (["--out", "x", "--lr", "inf"], "argument --lr: 'inf' is invalid; allowed: a finite number"),
         ([], "the following arguments are required: --out"),
+        # argparse's own echo of what it did not recognise, escaped: the record separator
+        # and an escape sequence would otherwise break the line and redraw the terminal
+        (["--out", "x", "--run\x1e", "--\x1b[2J"], "unrecognized arguments: --run\\x1e --\\x1b[2J (see --help)"),
     ):
         with pytest.raises(SystemExit) as stop:
             parse(*argv)

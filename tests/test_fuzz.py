@@ -30,6 +30,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from looplab.arguments import has_control_characters  # noqa: E402
 from looplab.cli import main as looplab_main  # noqa: E402
 
 pytestmark = pytest.mark.fuzz
@@ -52,6 +53,7 @@ def profile(examples: int = FAST_EXAMPLES):
 
 
 # ---- values a hostile user types -------------------------------------------------------------------
+LOOP = "{loop}"  # a path that is a symlink loop (made in each sandbox: `symlink_loop`)
 HOSTILE = [
     "",
     " ",
@@ -100,6 +102,14 @@ HOSTILE = [
     "bf16",
     "mistral",
     "bytes",
+    # What issue 52's hostile probe typed: seeds past torch's 64 bits, a learning rate
+    # float32 weights cannot feel, terminal escapes and a bell in a path, a symlink loop
+    "9223372036854775808",
+    "99999999999999999999999",
+    "1e-320",
+    "\x1b[2Jrun",
+    "run\x07",
+    LOOP,
 ]
 
 
@@ -173,6 +183,8 @@ def assert_clean_outcome(argv: list[str], code: int, err: str) -> None:
     if code == 2:
         lines = err.strip().splitlines()
         assert len(lines) == 1 and "error" in lines[0], f"{argv}: {err[-2000:]}"
+        # an input is echoed escaped: a terminal never receives what the user pasted by accident
+        assert not has_control_characters(lines[0]), f"{argv}: {lines[0]!r}"
 
 
 # ---- fixtures: a trained checkpoint to damage ---------------------------------------------------------------
@@ -261,15 +273,33 @@ def command_lines(draw) -> tuple[str, list[str]]:
     return name, argv
 
 
+def symlink_loop(box: Path) -> Path:
+    """box/loop → box/loop-back → box/loop: resolving it fails with "Symlink loop"."""
+    (box / "loop").symlink_to(box / "loop-back")
+    (box / "loop-back").symlink_to(box / "loop")
+    return box / "loop"
+
+
 @profile()
 @given(command_lines())
+@example(
+    ("train", ["train", "--preset", "phop-debug", "--out", "{dest}/run", *TINY, "train.seed=99999999999999999999999"])
+)
+@example(("train", ["train", "--preset", "phop-debug", "--out", LOOP, *TINY]))
+@example(("train", ["train", "--preset", "phop-debug", "--out", "{dest}/run", *TINY, "train.lr=1e-320"]))
+@example(("train", ["train", "--preset", "phop-debug", "--out", "{dest}/run", *TINY, "train.warmup_steps=1000000"]))
+@example(("eval", ["eval", "--checkpoint", "{ckpt}", "--limit", "8", "--json", "\x1b[2J/out.json"]))
+@example(("generate", ["generate", "--checkpoint", "{ckpt}", "--prompt", "1 2", "--temperature", "nan"]))
 def test_any_command_line_succeeds_or_is_one_line(trained, drawn):
     name, template = drawn
     box = _sandbox()
     try:
         (box / "cwd").mkdir()
-        dest = box / "dest"
-        argv = [a.replace("{ckpt}", str(trained / "checkpoint")).replace("{dest}", str(dest)) for a in template]
+        dest, loop = box / "dest", symlink_loop(box)
+        argv = [
+            a.replace("{ckpt}", str(trained / "checkpoint")).replace("{dest}", str(dest)).replace(LOOP, str(loop))
+            for a in template
+        ]
         source = files(trained)
         code, err = run(argv, box / "cwd")
         assert_clean_outcome(argv, code, err)
