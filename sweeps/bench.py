@@ -235,9 +235,9 @@ def stored_counts(mc, experiment_id: str, jobs) -> dict[str, int]:
     counts = {}
     for job in jobs:
         host = host_of(job.threads)
-        keys = [speed_key(job.checkpoint.stage_key, p, host, job.repeats) for p in job.points]
+        keys = [speed_key(job.checkpoint.weights_key, p, host, job.repeats) for p in job.points]
         if job.arrivals:
-            keys += plan_keys(job.checkpoint.stage_key, job.arrivals, host).values()
+            keys += plan_keys(job.checkpoint.weights_key, job.arrivals, host).values()
         counts[job.label] = sum(key in done for key in keys)
     return counts
 

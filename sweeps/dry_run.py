@@ -56,7 +56,14 @@ def _stage_lines(launch: Launch, unique: dict[str, Any], shared: int, plans: dic
         counts = f"{len(unique)} to train ({shared} reused across trials)"
     lines = ["", f"stages: {counts}"]
     total_flops = total_tokens = hours = 0.0
+    retrained_parent = _parents_to_train(unique, stored, launch.storage_path)
     for name in unique:
+        if name in retrained_parent:  # it follows its parent's weights (trainables/keyed_step.parent_problem)
+            lines.append(
+                f"  {name}: stored; its parent {retrained_parent[name]} trains again first, then it is reused "
+                "if the parent's weights come out the same (training is deterministic on one machine), else retrained"
+            )
+            continue
         if name in stored:
             lines.append(f"  {name}: stored, reused as it is (not trained again)")
             continue
@@ -124,6 +131,15 @@ def _shared_chain_lines(sweep: Sweep, launch: Launch, points: list[dict[str, Any
             "of the machine, then the trials (which reuse them)"
         ]
     return []
+
+
+def _parents_to_train(unique: dict[str, Any], stored: set[str], storage_path: str) -> dict[str, str]:
+    """The stored stages whose parent the sweep trains (again): child folder -> parent folder."""
+    from trainables.pipeline import checkpoint_of
+
+    folder_of = {checkpoint_of(storage_path, cfg): name for name, cfg in unique.items()}
+    parents = {name: folder_of.get(cfg.init_from, "") for name, cfg in unique.items() if name in stored}
+    return {name: parent for name, parent in parents.items() if parent and parent not in stored}
 
 
 def stored_stages(unique: dict[str, Any], storage_path: str) -> dict[str, Any]:

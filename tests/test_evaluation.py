@@ -100,9 +100,17 @@ def test_eval_key_is_the_content_of_the_evaluation(tmp_path):
     assert ev.canonical(ExitPolicy.forced(R), R) == ExitPolicy.full()
     assert ev.canonical(ExitPolicy.forced(2), R) == ExitPolicy.forced(2)
     # resources and batching are not content
-    ck = ev.Checkpoint("x", "stage1", "abc123", "h", ("pretrain", "stage1"), R, "run")
+    ck = ev.Checkpoint("x", "stage1", "abc123", "h", ("pretrain", "stage1"), R, "run", weights="sha-1")
     small, big = (ev.EvalGrid((mc_task,), "skip:0.4", 6, batch_size=b, cpus=c) for b, c in ((1, 1.0), (32, 2.0)))
-    assert [e.key for e in ev.grid_evaluations(small, [ck])] == [e.key for e in ev.grid_evaluations(big, [ck])] == [key]
+    (one,) = [e.key for e in ev.grid_evaluations(small, [ck])]
+    assert one == ev.grid_evaluations(big, [ck])[0].key == ev.eval_key(ck.weights_key, "skip:0.4", mc_task, 6)
+    # the checkpoint by its stage and its weights, not its path or run: a stage trained
+    # again into other weights (other hardware) is evaluated again, into the same ones not
+    assert replace(ck, path="y", run_id="run2").weights_key == ck.weights_key
+    assert (
+        len({ck.weights_key, replace(ck, weights="sha-2").weights_key, replace(ck, stage_key="abc124").weights_key})
+        == 3
+    )
 
 
 def test_policies_per_stage():

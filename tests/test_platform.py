@@ -272,6 +272,10 @@ def test_dry_run_counts_the_stages_the_store_holds(capsys, tmp_path):
     assert "stages: 3 (2 stored, 1 to train, 1 of them to train again; 1 reused across trials)" in out
     assert f"  {pretrain}: checkpoint missing → retrain" in out
     assert f"compute for the 1 stage(s) to train: {tokens[pretrain]:,} training tokens" in out
+    # Its children follow it: reused only if it comes out with the weights they started from
+    children = [f for f in tokens if f != pretrain]
+    for child in children:
+        assert f"  {child}: stored; its parent {pretrain} trains again first, then it is reused if" in out
 
 
 def test_stage_keys_do_not_depend_on_the_storage_path(tmp_path):
@@ -854,3 +858,32 @@ def test_a_deleted_checkpoint_is_trained_again_not_reported_reused(tmp_path, cap
     captured = capsys.readouterr()
     out = captured.out + captured.err
     assert "retrain" not in out and "run again" not in out and "trial reused" in out
+
+
+@pytest.mark.ray
+@pytest.mark.slow  # two small sweeps: about a minute on 2 cores
+def test_a_truncated_checkpoint_is_trained_again_with_the_children_it_moved(tmp_path, capsys):
+    """A damaged parent is trained again; when its new weights differ from those its
+    child started from (here: micro-batches, which the key leaves out, change the float
+    rounding, as other hardware would), the child is trained again too, said in its own
+    line, and its old checkpoint is kept beside as checkpoint.broken."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    argv = TINY + ["--tracking-uri", uri, "--storage-path", str(tmp_path / "store")]
+    assert run_beta(argv, betas=(0.1,)) == 0
+    capsys.readouterr()
+    stages = tmp_path / "store" / "stages"
+    (pretrain,), (stage1,) = stages.glob("pretrain-*"), stages.glob("stage1-*")
+    weights = pretrain / "checkpoint" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+
+    assert run_beta(argv + ["--set", "train.micro_batch_size=2"], betas=(0.1,)) == 0
+    captured = capsys.readouterr()
+    out = captured.out + captured.err
+    assert "pretrain: checkpoint damaged: " in out and "pretrain: training 4 steps" in out
+    assert "stage1: trained from parent weights " in out and "stage1: training " in out
+    assert "stage1: reused" not in out
+    assert (stage1 / "checkpoint.broken" / "model.safetensors").is_file()  # the old child, kept for a look
+    mc = tracking.client(uri)
+    exp = mc.get_experiment_by_name("beta_ablation-phop-debug").experiment_id
+    (trial,) = mc.search_runs([exp], filter_string="tags.level = 'trial'")
+    assert trial.info.status == "FINISHED"

@@ -2,7 +2,7 @@
 checkpoint (paper §5.4; looplab/costs/timing.py measures).
 
 A point is (checkpoint, batch, seq_len, skip policy, dtype, packing). Its key,
-`speed_key`, hashes the checkpoint's stage key, the point, the repeats and the machine
+`speed_key`, hashes the checkpoint's stage key and weights, the point, the repeats and the machine
 that times it (processor, CPU count, threads, device): a wall-clock figure belongs to its
 hardware, so another machine measures again while a re-run here reuses. Each point is
 one MLflow run (level bench, tags stage_key, config_hash, method, policy and speed_key;
@@ -37,7 +37,8 @@ from typing import Any, Callable
 
 from looplab import tracking
 from looplab.keys import digest
-from trainables.keyed_step import BENCH_STEP, open_step_run
+from trainables.keyed_step import BENCH_STEP, open_step_run, stored_weights, weights_key
+from trainables.storage import Storage
 
 
 @dataclass(frozen=True)
@@ -93,16 +94,17 @@ class ArrivalPlan:
     repeats: int = 3
 
 
-def speed_key(stage_key: str, point: SpeedPoint, host: dict[str, Any], repeats: int) -> str:
-    return digest({"stage_key": stage_key, "point": point.__dict__, "machine": host, "repeats": repeats})
+def speed_key(weights: str, point: SpeedPoint, host: dict[str, Any], repeats: int) -> str:
+    """A speed point's key; `weights` is the checkpoint's weights_key (trainables/keyed_step.py)."""
+    return digest({"weights": weights, "point": point.__dict__, "machine": host, "repeats": repeats})
 
 
-def arrival_key(stage_key: str, point: ArrivalPoint, host: dict[str, Any], warmup: int, repeats: int) -> str:
+def arrival_key(weights: str, point: ArrivalPoint, host: dict[str, Any], warmup: int, repeats: int) -> str:
     """speed_key's payload for an arrivals point: the warm-ups join the repeats, since a
     cold first run is part of what a median over few repeats measures."""
     return digest(
         {
-            "stage_key": stage_key,
+            "weights": weights,
             "point": point.__dict__,
             "machine": host,
             "repeats": {"warmup": warmup, "repeats": repeats},
@@ -110,8 +112,8 @@ def arrival_key(stage_key: str, point: ArrivalPoint, host: dict[str, Any], warmu
     )
 
 
-def plan_keys(stage_key: str, plan: ArrivalPlan, host: dict[str, Any]) -> dict[ArrivalPoint, str]:
-    return {p: arrival_key(stage_key, p, host, plan.warmup, plan.repeats) for p in plan.points}
+def plan_keys(weights: str, plan: ArrivalPlan, host: dict[str, Any]) -> dict[ArrivalPoint, str]:
+    return {p: arrival_key(weights, p, host, plan.warmup, plan.repeats) for p in plan.points}
 
 
 def host_of(threads: int) -> dict[str, Any]:
@@ -160,6 +162,11 @@ class BenchTarget:
     stage_key: str
     config_hash: str
     method: str
+
+    @property
+    def weights_key(self) -> str:
+        """Its points' keys read the stage's key and the weights it holds (keyed_step.weights_key)."""
+        return weights_key(self.stage_key, stored_weights(Storage(self.checkpoint), self.checkpoint))
 
     def tags(self, policy: str) -> dict[str, str]:
         """A bench run's tags: the checkpoint it times and the policy."""
@@ -221,7 +228,7 @@ def measure(
     threads = threads or os.cpu_count() or 1
     host = host_of(threads)
     runs = _BenchRuns(mc, experiment_id, parent_run_id, target, host)
-    keys = {p: speed_key(target.stage_key, p, host, repeats) for p in points}
+    keys = {p: speed_key(target.weights_key, p, host, repeats) for p in points}
     records, todo = _stored_points(mc, experiment_id, keys, target.checkpoint)
     if not todo:
         return records
@@ -372,7 +379,7 @@ def measure_arrivals(
     threads = threads or os.cpu_count() or 1
     host = host_of(threads)
     runs = _BenchRuns(mc, experiment_id, parent_run_id, target, host)
-    keys = plan_keys(target.stage_key, plan, host)
+    keys = plan_keys(target.weights_key, plan, host)
     records, todo = _stored_arrivals(mc, experiment_id, keys)
     if not todo:
         return [records[p] for p in keys]

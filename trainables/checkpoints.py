@@ -16,8 +16,9 @@ from trainables.evaluation import Checkpoint
 def pipeline_checkpoints(spec, trial_params: list[dict[str, Any]], storage_path: str | Path) -> list[Checkpoint]:
     """The trained stages of these trials, whole in the store (a stage folder's done.json
     names the run that trained it), each stage key once, in pipeline order."""
-    from trainables.keyed_step import record_of
+    from trainables.keyed_step import record_of, stored_weights
     from trainables.pipeline import checkpoint_of, stage_configs
+    from trainables.storage import Storage
 
     found: dict[str, Checkpoint] = {}
     for params in trial_params:
@@ -39,6 +40,7 @@ def pipeline_checkpoints(spec, trial_params: list[dict[str, Any]], storage_path:
                 done["run_id"],
                 cfg.preset,
                 cfg.task.kind,
+                stored_weights(Storage(str(storage_path)), checkpoint_of(storage_path, cfg)),
             )
     return list(found.values())
 
@@ -49,7 +51,7 @@ def store_checkpoints(
     """The experiment's trained stages from its MLflow stage runs (FINISHED, not reused
     copies), at the checkpoint their tag names, else at STORAGE/stages/<stage>-<key>/checkpoint
     (a store moved with its folder). Returns them and one note per stage run skipped."""
-    from looplab.checkpoint import is_checkpoint, read_config, read_model_config
+    from looplab.checkpoint import WEIGHTS_DIGEST, is_checkpoint, read_config, read_model_config
     from looplab.training.run_folder import CHECKPOINT_DIR
     from trainables.storage import Storage, local_checkpoint
 
@@ -85,7 +87,8 @@ def store_checkpoints(
                 + (f" or {path}" if storage_path else "")
             )
             continue
-        meta = read_config(path).get("metadata", {})
+        config = read_config(path)
+        meta = config.get("metadata", {})
         lineage = tuple(meta.get("lineage") or tags.get(tracking.LINEAGE, stage).split("+"))
         found[key] = Checkpoint(
             location,
@@ -97,5 +100,6 @@ def store_checkpoints(
             run.info.run_id,
             tags.get(tracking.PRESET, ""),
             meta.get("task", "text"),
+            config.get(WEIGHTS_DIGEST, ""),
         )
     return list(found.values()), notes

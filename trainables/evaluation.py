@@ -4,7 +4,8 @@ An evaluation is one lm-eval task run on one checkpoint under one exit policy. I
 `eval_key` (made like a stage key: looplab.keys.digest), hashes exactly what can
 change its result:
 
-    the checkpoint's stage key (its seed and every upstream stage included);
+    the checkpoint: its stage key (its seed and every upstream stage included) and its
+      weights' digest (a stage trained again into other weights is evaluated again);
     the exit policy, canonical: forced:R is full depth (the same execution), one key;
     the task: its name, shots, the accuracy read (acc_norm / acc / ...), its config
       (a digest of its parsed YAML: prompts, splits, metrics), and its data: SHA-256
@@ -49,7 +50,7 @@ from looplab.config import ConfigError
 from looplab.keys import digest
 from looplab.policy import DEFAULT_QS, FORCED, GATE, ExitPolicy, parse_policies
 from trainables.eval_tasks import EvalTask
-from trainables.keyed_step import EVAL_STEP, open_step_run, run_jobs
+from trainables.keyed_step import EVAL_STEP, open_step_run, run_jobs, weights_key
 
 PAPER, INCLUDE, BUILTIN = "paper", "include", "builtin"  # where a task's config comes from
 PPL_METRICS = ("perplexity", "word_perplexity")  # the perplexity a task may report
@@ -119,6 +120,12 @@ class Checkpoint:
     run_id: str
     preset: str = ""
     task_kind: str = "text"
+    weights: str = ""  # the weights' digest (config.json's weights_sha256); "" before training
+
+    @property
+    def weights_key(self) -> str:
+        """The key of what a step on this checkpoint reads (trainables/keyed_step.weights_key)."""
+        return weights_key(self.stage_key, self.weights)
 
 
 @dataclass(frozen=True)
@@ -130,7 +137,7 @@ class Evaluation:
 
     @property
     def key(self) -> str:
-        return eval_key(self.checkpoint.stage_key, self.policy, self.task, self.limit)
+        return eval_key(self.checkpoint.weights_key, self.policy, self.task, self.limit)
 
     def params(self) -> dict[str, str]:
         p = tracking.EVAL_PARAM
@@ -145,9 +152,10 @@ class Evaluation:
         }
 
 
-def eval_key(stage_key: str, policy: str, task: EvalTask, limit: int | float | None) -> str:
-    """The content key of an evaluation (module docstring)."""
-    return digest({"stage_key": stage_key, "policy": policy, "task": task.key_payload(), "limit": limit})
+def eval_key(weights: str, policy: str, task: EvalTask, limit: int | float | None) -> str:
+    """The content key of an evaluation (module docstring); `weights` is the checkpoint's
+    weights_key."""
+    return digest({"weights": weights, "policy": policy, "task": task.key_payload(), "limit": limit})
 
 
 def grid_evaluations(grid: EvalGrid, checkpoints) -> list[Evaluation]:

@@ -56,6 +56,24 @@ class StepKind:
         return run if run is not None and run.info.status == "FINISHED" else None
 
 
+def weights_key(stage_key: str, weights: str) -> str:
+    """What an evaluation or a speed point of a checkpoint is of: the stage's key and the
+    digest of the weights it holds (config.json's weights_sha256). A stage trained again
+    into the same weights (training is deterministic on one machine) keeps its results;
+    one trained again into other weights (other hardware, a replaced checkpoint) is
+    evaluated and timed again rather than credited with its predecessor's figures."""
+    from looplab.keys import digest
+
+    return digest({"stage_key": stage_key, "weights": weights})
+
+
+def stored_weights(storage: Storage, checkpoint: str) -> str:
+    """The weights' digest a stored checkpoint's config.json records ("" when none)."""
+    from looplab.checkpoint import CONFIG, WEIGHTS_DIGEST
+
+    return str(stored_json(storage, f"{checkpoint}/{CONFIG}").get(WEIGHTS_DIGEST) or "")
+
+
 STAGE_STEP = StepKind(tracking.STAGE, tracking.STAGE_KEY)
 EVAL_STEP = StepKind(tracking.EVAL, tracking.EVAL_KEY)
 BENCH_STEP = StepKind(tracking.BENCH, tracking.SPEED_KEY)
@@ -107,25 +125,44 @@ class StageRecord:
         return self.done is not None and bool(self.problem)
 
 
-def stage_record(storage: Storage, directory: str, checkpoint: str, steps: int) -> StageRecord:
+def stage_record(storage: Storage, directory: str, checkpoint: str, steps: int, parent: str = "") -> StageRecord:
     """The stage at `directory` as the store holds it: finished only when its checkpoint
     exists, holds `steps` steps and its files agree (trainer.json names the weights
     config.json names; locally, the weights' bytes are the ones saved and have the
-    config's shapes). On an object store the bytes are not read (that would mean a
-    download): presence and the records' agreement are checked."""
+    config's shapes), and, for a continued stage, while its parent's checkpoint at
+    `parent` still holds the weights it started from. On an object store the bytes are
+    not read (that would mean a download): presence and the records' agreement are
+    checked."""
     done = read_done(storage, directory)
     if done is None:
         return StageRecord(None)
-    return StageRecord(done, _checkpoint_problem(storage, checkpoint, steps))
+    problem = _checkpoint_problem(storage, checkpoint, steps)
+    return StageRecord(done, problem or (parent and parent_problem(storage, checkpoint, parent)))
 
 
 def record_of(storage_path: str, cfg) -> StageRecord:
     """stage_record of an ExperimentConfig's stage in the store at storage_path."""
     from trainables.pipeline import checkpoint_of, stage_dir  # here: the pipeline brings torch
 
-    return stage_record(
-        Storage(storage_path), stage_dir(storage_path, cfg), checkpoint_of(storage_path, cfg), cfg.train.steps
-    )
+    checkpoint = checkpoint_of(storage_path, cfg)
+    return stage_record(Storage(storage_path), stage_dir(storage_path, cfg), checkpoint, cfg.train.steps, cfg.init_from)
+
+
+def parent_problem(storage: Storage, checkpoint: str, parent: str) -> str:
+    """Why a continued stage no longer follows its parent ("" while it does): its
+    trainer.json records the digest of the parent weights it started from, and the
+    parent's checkpoint now holds others (trained again after a loss, on other hardware,
+    or replaced by hand). Such a child is trained again with its parent, its old
+    checkpoint kept beside as checkpoint.broken. A parent with no weights to compare
+    (itself about to be trained again) and stages trained before the digest was
+    recorded pass."""
+    from looplab.checkpoint import PARENT_WEIGHTS, TRAINER
+
+    started_from = stored_json(storage, f"{checkpoint}/{TRAINER}").get(PARENT_WEIGHTS)
+    now = stored_weights(storage, parent)
+    if started_from is None or not now or started_from == now:
+        return ""
+    return f"trained from parent weights {str(started_from)[:12]}, but its parent now holds {str(now)[:12]}"
 
 
 def _checkpoint_problem(storage: Storage, checkpoint: str, steps: int) -> str:

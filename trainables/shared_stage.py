@@ -38,30 +38,6 @@ def read_done(storage: Storage, location: str) -> dict[str, Any] | None:
     return json.loads(text) if text else None
 
 
-def check_parent_unchanged(storage: Storage, cfg, checkpoint: str) -> None:
-    """A stage trained before (its checkpoint at `checkpoint`) is reused only while its
-    parent's checkpoint holds the weights it started from, whose digest its trainer.json
-    records: a parent trained again under its key (a deleted folder retrained on a GPU,
-    weights copied in) would otherwise leave a child of other weights reused. Refused in
-    one line rather than retrained: whether the old child or the new parent is the one
-    to keep is the user's call. Stages trained before the digest was recorded pass."""
-    from looplab.checkpoint import CONFIG, PARENT_WEIGHTS, TRAINER, WEIGHTS_DIGEST
-    from looplab.errors import ConfigError
-
-    if cfg.parent is None:
-        return
-    started_from = stored_json(storage, f"{checkpoint}/{TRAINER}").get(PARENT_WEIGHTS)
-    now = stored_json(storage, f"{cfg.parent.checkpoint}/{CONFIG}").get(WEIGHTS_DIGEST)
-    if started_from is not None and now is not None and started_from != now:
-        folder = checkpoint.rstrip("/").rsplit("/", 1)[0]
-        raise ConfigError(
-            f"{folder} was trained from the parent weights {str(started_from)[:19]}..., but "
-            f"{cfg.parent.checkpoint} now holds {str(now)[:19]}... (the parent was trained again or "
-            f"replaced); allowed: delete {folder} to train it again from the parent as it is, or "
-            "the parent's checkpoint as it was"
-        )
-
-
 def stored_json(storage: Storage, location: str) -> dict[str, Any]:  # also trial.py: a checkpoint's step
     """A stored JSON object ({} when there is none), a damaged one said in one line."""
     from looplab.errors import ConfigError

@@ -31,7 +31,7 @@ from looplab.keys import stage_folder
 from trainables.keyed_step import STAGE_STEP, open_step_run, record_of, set_aside, stage_record
 from trainables.pipeline import PipelineSpec, checkpoint_of, stage_configs, stage_dir
 from trainables.progress import Reporter
-from trainables.shared_stage import check_parent_unchanged, stage_lock, stored_json, write_done
+from trainables.shared_stage import stage_lock, stored_json, write_done
 from trainables.stage_worker import StageJob, stage_worker_loop
 from trainables.storage import Storage
 
@@ -287,13 +287,12 @@ def _run_stage(stage: StageInTrial) -> None:
     directory = stage_dir(platform.storage_path, cfg)
     checkpoint = checkpoint_of(platform.storage_path, cfg)
     with stage_lock(storage, directory):
-        record = stage_record(storage, directory, checkpoint, cfg.train.steps)
-        if record.broken:
+        record = stage_record(storage, directory, checkpoint, cfg.train.steps, cfg.init_from)
+        if record.broken:  # its files, or the parent it followed, are not what its marker vouched for
             progress.post("retrain", stage=cfg.stage, why=record.problem)
             set_aside(storage, directory, checkpoint)
             _supersede(stage.mc, stage.experiment_id, stage.run_key)
-        elif record.finished and record.done is not None:  # reused only while its parent holds the weights
-            check_parent_unchanged(storage, cfg, checkpoint)
+        elif record.finished and record.done is not None:
             _reuse_stage(stage, record.done)
             return
         run_id = _train_stage(stage)
