@@ -173,13 +173,27 @@ def test_sweep_lock_files_keep_their_names(tmp_path):
 
 
 # ---- evaluation and speed keys -------------------------------------------------------------
+# Moved on purpose (CHANGELOG.md): an evaluation or a speed point is of the weights a
+# checkpoint holds, so its key reads them (keyed_step.weights_key: the stage key and the
+# weights' digest); a stage trained again into other weights is no longer credited with
+# its predecessor's figures. Each stored evaluation and speed point is computed once more.
+WEIGHTS = "0123456789abcdef" * 4
+
+
+def test_a_checkpoint_is_keyed_by_its_stage_and_its_weights():
+    from trainables.keyed_step import weights_key
+
+    assert weights_key(PRETRAIN_KEY, WEIGHTS) == "4ef65b3090a8"
+
+
 def test_evaluation_keys_are_unchanged():
     from trainables.eval_tasks import EvalTask
     from trainables.evaluation import eval_key
+    from trainables.keyed_step import weights_key
 
     task = EvalTask("golden", "include", 2, "acc", "sha256:0123456789abcdef", "cfg-0123456789ab", "/x.yaml")
-    assert eval_key(PRETRAIN_KEY, "full", task, None) == "197eb80e77b4"
-    assert eval_key(STAGE1_KEY_BEFORE, "skip:0.5", task, 0.25) == "5a73550c23f3"  # a stored Stage-1's
+    assert eval_key(weights_key(PRETRAIN_KEY, WEIGHTS), "full", task, None) == "fee9324c9c29"
+    assert eval_key(weights_key(STAGE1_KEY_BEFORE, WEIGHTS), "skip:0.5", task, 0.25) == "dd4900a92e7b"
 
 
 def _task_files(folder: Path) -> Path:
@@ -211,7 +225,9 @@ def test_speed_key_is_unchanged():
     from trainables.bench import SpeedPoint, speed_key
 
     host = {"processor": "x86_64", "cpus": 2, "threads": 1, "device": "cpu"}
-    assert speed_key("0123456789ab", SpeedPoint(1, 128, "skip:0.2"), host, 3) == "5d3aa7373709"
+    from trainables.keyed_step import weights_key
+
+    assert speed_key(weights_key("0123456789ab", WEIGHTS), SpeedPoint(1, 128, "skip:0.2"), host, 3) == "7d8138d3eaf6"
 
 
 # ---- scratch folders of an object store ---------------------------------------------------

@@ -66,12 +66,11 @@ SPELLED_ELSEWHERE = {
     "looplab/cli/generate_command.py": ({"prompt_executed_loops"}, "a field of the command's JSON output"),
     "looplab/evaluation/harness.py": ({"executed_loops_by_task"}, "lm-eval's config entry of the per-task means"),
     "looplab/tasks/text.py": ({"val_blocks"}, "a TextConfig field (the validation blocks), not a metric"),
-    "trainables/evaluation.py": (
+    "trainables/keyed_step.py": (
         {"stage_key"},
-        "an eval key's payload (a key's spelling is frozen: tests/test_keys.py)",
+        "the payload of a checkpoint's weights_key (a key's spelling is frozen: tests/test_keys.py)",
     ),
     "trainables/checkpoints.py": ({"config_hash"}, "a checkpoint's metadata key (looplab/checkpoint.py's store)"),
-    "trainables/bench.py": ({"stage_key"}, "a speed key's payload (a key's spelling is frozen: tests/test_keys.py)"),
     "sweeps/sweep.py": ({"grid.", "range."}, "the sweep file's sections (grid.<axis>, range.<param>) in a message"),
     "benchmarks/lean_head.py": ({"tokens_per_s"}, "the benchmark's own report, not MLflow"),
     "benchmarks/mamba2_vs_hf.py": ({"tokens_per_s"}, "the benchmark's own report, not MLflow"),
