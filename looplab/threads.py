@@ -4,13 +4,17 @@ load from another process that oversubscribed the cores and made decoding 11-30x
 training step 3.3x slower than one thread in the same process (2-core machine).
 
 In order of precedence, a process's threads are:
-  1. what it was told (--threads N, a trial's `threads`);
-  2. the CPUs Ray assigned it, inside a Ray task or actor (fractional shares round down
-     to at least 1: Ray does not set torch's threads for them);
-  3. the machine's free cores: the CPUs this process may run on, less the cores busy
-     right now (CPU time over a quarter second, from /proc/stat; the 1-minute load
+  1. what it was told (--threads N);
+  2. the machine's free cores within its allocation: the CPUs it was allocated (a
+     trial's or a stage's share, `within`; else the CPUs Ray assigned it inside a Ray
+     task or actor, fractional shares rounded down to at least 1; else the CPUs it may
+     run on) and of those no more than the machine has free: the CPUs less the cores
+     busy right now (CPU time over a quarter second, from /proc/stat; the 1-minute load
      average where there is none, which lags: a job that ended a minute ago still
-     counts), at least 1.
+     counts), at least 1. An allocation is a promise of the scheduler, not of the
+     machine: a neighbour outside Ray (another user's job) takes cores Ray believes
+     free, and two threads on one free core made a shared stage 12-30x slower than
+     the same stage in a trial (issue 53).
 """
 
 from __future__ import annotations
@@ -82,28 +86,29 @@ def ray_cpus() -> int | None:
     return None if cpus is None else max(1, int(cpus))
 
 
-def choose(requested: int = 0, load: float | None = None) -> Threads:
-    """The threads for this process (the module's docstring says in what order)."""
+def choose(requested: int = 0, load: float | None = None, within: int | None = None) -> Threads:
+    """The threads for this process (the module's docstring says in what order);
+    `within`: the CPUs it was allocated, when its caller knows them."""
     if requested:
         return Threads(requested, "asked for")
-    assigned = ray_cpus()
-    if assigned is not None:
-        return Threads(assigned, "Ray's allocation")
     cpus = usable_cpus()
     load = machine_load() if load is None else load
     free = max(1, min(cpus, int(cpus - load + 0.5)))
-    return Threads(free, f"free cores: {cpus} CPUs, {load:.1f} busy")
+    allocated = within if within is not None else ray_cpus()
+    if allocated is None:
+        return Threads(free, f"free cores: {cpus} CPUs, {load:.1f} busy")
+    return Threads(min(max(1, allocated), free), f"allocated {allocated}; free cores: {cpus} CPUs, {load:.1f} busy")
 
 
 _chosen: Threads | None = None  # what use() set in this process
 
 
-def use(requested: int = 0) -> Threads:
+def use(requested: int = 0, within: int | None = None) -> Threads:
     """Choose this process's threads and set torch's intra-op count to them."""
     import torch
 
     global _chosen
-    _chosen = choose(requested)
+    _chosen = choose(requested, within=within)
     torch.set_num_threads(_chosen.count)
     return _chosen
 

@@ -112,7 +112,21 @@ def _resource_lines(launch: Launch, res: Resources) -> list[str]:
             if not launch.num_workers
             else "about 15-25 s on 2 cores to start its worker group"
         ),
+        _threads_line(),
     ]
+
+
+def _threads_line() -> str:
+    """What a stage's torch threads will be: the free cores within its CPUs, decided as
+    it starts (looplab/threads.py; its first progress line says the count and why)."""
+    from looplab import threads
+
+    cpus, busy = threads.usable_cpus(), threads.machine_load()
+    free = threads.choose(load=busy).count
+    return (
+        f"torch threads: each stage takes the free cores within its CPUs as it starts (now {free} of "
+        f"{cpus} free, {busy:.1f} busy); its first progress line says how many"
+    )
 
 
 def _shared_chain_lines(sweep: Sweep, launch: Launch, points: list[dict[str, Any]], res: Resources) -> list[str]:

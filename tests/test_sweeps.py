@@ -54,6 +54,28 @@ def test_a_per_stage_override_reaches_only_its_stage():
     assert {s: c.train.steps for s, c in one.items()} == {"pretrain": 200, "stage1": 200, "chase": 200, "stage2": 7}
 
 
+def test_own_data_named_relative_to_the_command_is_found_from_a_trials_folder(tmp_path, monkeypatch):
+    """Tune runs each trial in a working folder of its own: a relative --set
+    task.dataset=notes.jsonl, typed where the file is, reaches the trials absolute (before:
+    'not found' in the first trial, the path taken from Ray's folder)."""
+    (tmp_path / "notes.jsonl").write_text("".join(f'{{"text": "note {i} " }}\n' for i in range(3)))
+    monkeypatch.chdir(tmp_path)
+    argv = ["--preset", "debug", "--set", "task.dataset=notes.jsonl", "--stage-set", "stage1:task.dataset=./*.jsonl"]
+    sweep_args = parser("test")
+    beta_ablation.add_flags(sweep_args)
+    from sweeps.flags import Common
+
+    args = sweep_args.parse_args(argv)
+    spec = beta_ablation.from_args(Common.from_args(args), args).spec
+    assert spec.overrides["task.dataset"] == str(tmp_path / "notes.jsonl")
+    assert spec.stage_overrides["stage1"]["task.dataset"] == str(tmp_path / "*.jsonl")
+    elsewhere = tmp_path / "ray-trial-folder"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    pretrain, stage1 = stage_configs(spec, {"beta": 0.1, "seed": 0}, tmp_path / "store")
+    assert pretrain.stage_key() and stage1.stage_key()  # each reads its data's digest from here
+
+
 def test_a_stage_with_overridden_steps_gets_its_warmup_from_its_own_steps():
     # App. D: Stage-2 warms up over 1% of its steps, Stage-1 and CHASE over 0.2%.
     long = configs_of(adaptive_pipeline, ["--stage-steps", "stage2=5000,chase=1000"], ARM)

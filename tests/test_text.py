@@ -291,3 +291,37 @@ def test_make_task_and_presets(tmp_path):
     for name in ("paper-140m", "paper-370m-hybrid"):
         cfg = get_preset(name)
         assert (cfg.task.tokenizer, cfg.task.dataset, cfg.train.seq_len) == ("mistral", "climbmix", 2048)
+
+
+def test_a_missing_file_says_not_found_and_one_long_text_says_how_to_split_it(tmp_path):
+    missing = tmp_path / "nope" / "corpus.jsonl"
+    with pytest.raises(ConfigError) as e:
+        TextTask(byte_cfg(str(missing), val_blocks=1), 15)
+    assert str(e.value) == f"TextConfig.dataset={str(missing)!r}: not found: {missing}"
+    # One concatenated .txt is one document: validation takes whole documents, so none is
+    # left to train on, and the message names the fix along with the numbers.
+    whole = tmp_path / "all.txt"
+    whole.write_text("".join(DOCS))
+    with pytest.raises(ConfigError) as e:
+        TextTask(byte_cfg(str(whole), val_blocks=2), 15)
+    message = str(e.value)
+    assert (
+        message.startswith("TextConfig.val_blocks=2 is invalid; allowed: fewer blocks: ") and "1 documents" in message
+    )
+    assert message.endswith(
+        "split the text into documents (one .txt file each, or one .jsonl row each): validation takes whole documents"
+    )
+
+
+@pytest.mark.parametrize("documents, size, accepted", [(33, 127, True), (2, 2200, False)])
+def test_the_smallest_corpus_debug_accepts_is_as_docs_training_says(tmp_path, documents, size, accepted):
+    """docs/training.md: (val_blocks + 1) × (seq_len + 1) tokens pass when documents are a
+    block long (33 × 129 framed bytes); two long documents of as many tokens do not."""
+    path = tmp_path / "corpus.jsonl"
+    path.write_text("".join(json.dumps({"text": f"{i:04d}".ljust(size, "x")}) + "\n" for i in range(documents)))
+    cfg = byte_cfg(str(path), val_blocks=32)
+    if accepted:
+        assert len(TextTask(cfg, 128).corpus.val_blocks) == 32
+    else:
+        with pytest.raises(ConfigError, match="val_blocks=32 is invalid"):
+            TextTask(cfg, 128)

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from looplab import tracking
+from looplab import threads, tracking
 from looplab.config import ConfigError
 from looplab.keys import digest
 from looplab.policy import DEFAULT_QS, FORCED, GATE, ExitPolicy, parse_policies
@@ -278,14 +278,12 @@ def run_evaluation_job(job: EvalJob) -> dict[str, int]:
     tasks still missing (a run another process finished meanwhile is left alone); one run
     per task, FAILED with the error when its evaluation raises, the others go on."""
     os.environ.update(job.env)  # before lm-eval and datasets read them at import
-    import torch
-
     from looplab.checkpoint import load_model
     from looplab.evaluation.harness import LoopLabLM, evaluate_tasks, make_task_manager
     from trainables.progress import Reporter
     from trainables.storage import local_checkpoint
 
-    torch.set_num_threads(job.threads)  # the job's CPU share: Ray does not set it for fractional shares
+    threads.use(within=job.threads)  # the free cores of the job's CPU share (looplab/threads.py)
     mc = tracking.client(job.tracking_uri)
     experiment_id = tracking.ensure_experiment(mc, job.experiment, job.artifact_root)
     progress = Reporter(job.board, job.label, min_seconds=0.0)

@@ -21,6 +21,14 @@ from looplab.stages import STAGE_NAMES, get_stage
 from looplab.training.run_folder import CHECKPOINT_DIR
 from trainables.storage import Storage
 
+DATASET = "task.dataset"
+
+
+def _absolute_data(overrides: dict[str, Any]) -> dict[str, Any]:
+    from looplab.tasks.text_sources import absolute_dataset
+
+    return {k: absolute_dataset(v) if k == DATASET else v for k, v in overrides.items()}
+
 
 @dataclass(frozen=True)
 class PipelineSpec:
@@ -53,6 +61,11 @@ class PipelineSpec:
     scopes: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        # Local data named relative to where the sweep was typed: absolute before any
+        # trial (in Ray's working folder) builds its config from these overrides.
+        object.__setattr__(self, "overrides", _absolute_data(self.overrides))
+        stage_overrides = {stage: _absolute_data(o) for stage, o in self.stage_overrides.items()}
+        object.__setattr__(self, "stage_overrides", stage_overrides)
         for param, key in self.searched.items():  # a stored spec's keys arrive as text
             checked_key(key, f"PipelineSpec.searched[{param!r}]")
         for name, stages in {"stages": self.stages, **{f"arms.{a}": s for a, s in self.arms.items()}}.items():

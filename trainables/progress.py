@@ -131,7 +131,7 @@ def _summary(r: dict[str, Any]) -> str:
 
 # What each event's line says after the trial's label, one entry per event.
 _LINES: dict[str, Callable[[dict[str, Any]], str]] = {
-    "start": lambda r: f"{r['stage']}: training {r['steps']} steps",
+    "start": lambda r: f"{r['stage']}: training {r['steps']} steps" + (f", {r['threads']}" if r.get("threads") else ""),
     "reused": lambda r: f"{r['stage']}: reused (trained by another trial)",
     # its done marker vouched for files that are missing or damaged (trainables/keyed_step.py)
     "retrain": lambda r: f"{r['stage']}: {r['why']} → retrain",

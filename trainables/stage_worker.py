@@ -54,17 +54,24 @@ class StageJob:
         return {"job": self}
 
 
+def worker_threads(job: StageJob):
+    """torch's threads for the worker, set explicitly (looplab/threads.py): the free cores
+    within its CPU share. Ray's OMP_NUM_THREADS default does not follow fractional shares,
+    a worker must not use CPUs it did not get, and of those it uses only the ones a
+    neighbour outside Ray leaves free."""
+    from looplab import threads
+
+    return threads.use(within=job.threads)
+
+
 def stage_worker_loop(config: dict[str, Any]) -> None:
     import ray.train
-    import torch
     from ray import tune
 
     from trainables.progress import Reporter
 
     job: StageJob = config["job"]
-    # Threads = the worker's CPU share, set explicitly: Ray's OMP_NUM_THREADS default
-    # does not follow fractional shares, and a worker must not use CPUs it did not get.
-    torch.set_num_threads(job.threads)
+    chosen = worker_threads(job)
     cfg = job.experiment
     rank = 0 if job.local else ray.train.get_context().get_world_rank()
     report = tune.report if job.local else ray.train.report
@@ -106,7 +113,7 @@ def stage_worker_loop(config: dict[str, Any]) -> None:
         _kill_once_at(record.get("step"), kill_at, kill_marker)
 
     start = time.perf_counter()
-    progress.post("start", stage=cfg.stage, steps=cfg.train.steps)
+    progress.post("start", stage=cfg.stage, steps=cfg.train.steps, threads=chosen.line())
     result = train_stage(
         cfg,
         storage,

@@ -213,7 +213,8 @@ class InMemoryCorpus:
             "TextConfig.val_blocks",
             val_blocks,
             f"fewer blocks: {where} has {len(ordered)} documents, {total} tokens in all, and "
-            f"{val_blocks} blocks of {block_len} tokens must leave training documents",
+            f"{val_blocks} blocks of {block_len} tokens must leave training documents; or split the text "
+            "into documents (one .txt file each, or one .jsonl row each): validation takes whole documents",
         )
         self.val_documents = [d.name for d in ordered[:n_val]]
         self.train_documents = [d.name for d in ordered[n_val:]]

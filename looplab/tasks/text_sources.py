@@ -117,6 +117,15 @@ def looks_local(dataset: str) -> bool:
     return False
 
 
+def absolute_dataset(dataset: str) -> str:
+    """A local dataset's entries as absolute paths (globs kept as globs); any other value
+    as it is. A sweep's trials run in Ray's working folders, not where the command was
+    typed: a relative path named there would be found nowhere."""
+    if not isinstance(dataset, str) or not looks_local(dataset):
+        return dataset
+    return ",".join(str(Path(e.strip()).expanduser().absolute()) for e in dataset.split(",") if e.strip())
+
+
 def local_files(dataset: str) -> list[Path]:
     """The files named by comma-separated paths, directories (searched recursively)
     and globs, each supported file once, sorted within each entry."""
@@ -124,6 +133,8 @@ def local_files(dataset: str) -> list[Path]:
     files: list[Path] = []
     for entry in (e.strip() for e in dataset.split(",") if e.strip()):
         p = Path(entry).expanduser()
+        if not p.exists() and not any(c in entry for c in "*?["):
+            raise ConfigError(f"TextConfig.dataset={entry!r}: not found: {p.absolute()}")
         if p.is_dir():
             found = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in supported)
         else:
@@ -132,7 +143,8 @@ def local_files(dataset: str) -> list[Path]:
             bool(found),
             "TextConfig.dataset",
             entry,
-            f"paths, directories or globs matching {' / '.join(supported)} files, 'embedded', or a hub dataset name",
+            f"paths, directories or globs matching {' / '.join(supported)} files, 'embedded', or a hub dataset name"
+            + (" (this one matches no file)" if not p.is_dir() else f" ({p} holds none)"),
         )
         for f in found:
             check(f.suffix.lower() in supported, "TextConfig.dataset", str(f), f"a {' / '.join(supported)} file")
