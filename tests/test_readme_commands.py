@@ -119,6 +119,20 @@ COMMANDS: dict[str, Run | NotRun] = {
     "looplab dashboard runs/beta-debug": NotRun(
         "serves until Ctrl-C (tests/test_dashboard_command.py serves a store and stops it)"
     ),
+    # docs/sweeps.md's "Write your own sweep" (examples/lr_sweep.py), against the main
+    # job's store: its pre-training is the main job's (one key), found stored.
+    "python examples/lr_sweep.py --preset debug --dry-run": Run(
+        "1 stored, 3 to train", subs=(("--dry-run", "--dry-run --storage-path runs/beta"),)
+    ),
+    "python examples/lr_sweep.py --preset debug --storage-path runs/lr": NotRun(
+        "the example sweep's run: its dry run above is run as written; the sweeps' own runs are the slow tier's"
+    ),
+    "python examples/lr_sweep.py --preset debug --storage-path runs/lr --lrs 1e-4,3e-4,1e-3,3e-3": NotRun(
+        "the example sweep extended: a rerun trains only the new value (tests/test_platform.py's slow sweep)"
+    ),
+    "python examples/lr_sweep.py --preset debug --storage-path runs/lr-optuna --search optuna --num-samples 4": NotRun(
+        "an Optuna search of the example: the soak tier's Optuna test runs one"
+    ),
     "python sweeps/iso_flops.py --dry-run": Run("resources: local Ray", slow=True),
     "python sweeps/mano.py --dry-run; python sweeps/phop.py --dry-run": Run("resources: local Ray", slow=True),
     "python sweeps/hole_sweep.py --dry-run": Run("resources: local Ray", slow=True),
@@ -483,3 +497,11 @@ def test_the_slower_commands_run_as_written(command, entry, request, workdir):
 def test_a_missing_store_is_one_line_naming_it(command, entry, tmp_path, workdir):
     missing = tmp_path / "no-such-store"
     run_and_check(command, entry, missing, workdir, str(missing), status=2)
+
+
+def test_docs_sweeps_holds_the_example_sweep_as_it_is():
+    """docs/sweeps.md's "Write your own sweep" shows examples/lr_sweep.py whole: the file
+    its dry run runs (above) is the one a reader copies."""
+    page = (ROOT / "docs" / "sweeps.md").read_text()
+    shown = [body for lang, body in FENCE.findall(page) if lang == "python" and "def lr_sweep(" in body]
+    assert shown == [(ROOT / "examples" / "lr_sweep.py").read_text()]
