@@ -32,10 +32,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import math
+import re
 import typing
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar
+
+from looplab.errors import allowed_names
 
 T = TypeVar("T")
 _FLAG = "looplab.flag"
@@ -189,7 +193,18 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str):
         # argparse echoes what was typed ("unrecognized arguments: ..."): escaped, so a
         # pasted control character neither redraws the terminal nor breaks the line
-        self.exit(2, f"{self.prog}: error: {printable(message)} (see --help)\n")
+        self.exit(2, f"{self.prog}: error: {printable(message)}{_did_you_mean(message)} (see --help)\n")
+
+
+def _did_you_mean(message: str) -> str:
+    """For argparse's "invalid choice: 'trian' (choose from 'train', ...)": the nearest
+    choice offered (Python 3.11's argparse does not)."""
+    typed = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+    if typed is None:
+        return ""
+    choices = re.findall(r"'([^']*)'", typed.group(2))
+    close = difflib.get_close_matches(typed.group(1), choices, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def printable(text: str) -> str:
@@ -236,7 +251,7 @@ def one_of(*choices: str):
 
     def parse(text: str) -> str:
         if text not in choices:
-            raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: {' | '.join(choices)}")
+            raise argparse.ArgumentTypeError(f"{text!r} is invalid; allowed: {allowed_names(text, choices)}")
         return text
 
     return parse

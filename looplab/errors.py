@@ -7,7 +7,9 @@ to a sweep). `is_disk_full` tells a full disk in any of its guises."""
 
 from __future__ import annotations
 
+import difflib
 import errno
+from collections.abc import Iterable
 from typing import Any
 
 # A full disk as the operating system, SQLite and Ray Tune's error text say it
@@ -37,6 +39,14 @@ class ConfigError(ValueError):
 
 def invalid(name: str, value: Any, allowed: str) -> ConfigError:
     return ConfigError(f"{name}={value!r} is invalid; allowed: {allowed}", name=name, value=value, allowed=allowed)
+
+
+def allowed_names(value: Any, names: Iterable[str]) -> str:
+    """The allowed names as an error lists them, with the nearest to a mistyped value
+    offered: "debug | local | ... (did you mean 'debug'?)"."""
+    names = list(names)
+    close = difflib.get_close_matches(str(value), names, n=1, cutoff=0.6)
+    return " | ".join(names) + (f" (did you mean {close[0]!r}?)" if close else "")
 
 
 def check(ok: bool, name: str, value: Any, allowed: str) -> None:

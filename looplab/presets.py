@@ -25,6 +25,7 @@ from looplab.config import (
     invalid,
 )
 from looplab.config.model import Arch
+from looplab.errors import allowed_names
 from looplab.stages import get_stage
 
 PRESETS: dict[str, Callable[[], ExperimentConfig]] = {}
@@ -51,7 +52,7 @@ def preset(name: str, stage_steps: dict[str, int] | None = None):
 
 def get_preset(name: str) -> ExperimentConfig:
     if name not in PRESETS:
-        raise invalid("preset", name, " | ".join(sorted(PRESETS)))
+        raise invalid("preset", name, allowed_names(name, sorted(PRESETS)))
     return replace(PRESETS[name](), preset=name)
 
 

@@ -20,6 +20,7 @@ from looplab.arguments import Parser, add_flags, flag, flags_of, given, number_i
 from looplab.config import invalid, parse_value
 from looplab.config.training import MAX_SEED
 from looplab.costs.resources import DEFAULT_MEMORY_MARGIN_GIB, DEFAULT_MFU, DEFAULT_PEAK_TFLOPS
+from looplab.errors import allowed_names
 from looplab.presets import PRESETS
 from looplab.stages import STAGE_NAMES
 
@@ -84,6 +85,9 @@ class Launch:
         False,
         "continue an interrupted sweep: the same as running the same command again (finished stages and "
         "trials are found by content key; Tune's saved experiment is never restored)",
+    )
+    verbose: bool = flag(
+        False, "MLflow's, Optuna's and Ray's own INFO lines on the console too (by default: STORAGE/logs/ray.log)"
     )
     # What it runs on
     max_concurrent_trials: int = flag(0, "default: what the CPUs/GPUs fit")
@@ -219,7 +223,7 @@ def _config_flags(p: argparse.ArgumentParser) -> None:
 
 def check_preset(name: str) -> None:
     if name not in PRESETS:
-        fail("--preset", name, " | ".join(sorted(PRESETS)))
+        fail("--preset", name, allowed_names(name, sorted(PRESETS)))
 
 
 def seeds_of(text: str | None, preset: str) -> list[int]:

@@ -31,6 +31,7 @@ from typing import Any, Callable
 
 from looplab import dashboard, tracking
 from looplab.config import ConfigError, config_key
+from looplab.console import quiet_libraries
 from looplab.costs.machine import MEMORY_CHECK_ENV
 from looplab.errors import StorageFull, is_disk_full
 from sweeps.dry_run import describe
@@ -137,10 +138,9 @@ def prepare(sweep: Sweep, launch: Launch):
     points, res = validate(sweep, launch)
     check_tracking_uri(launch.tracking_uri, launch.storage_path)  # first: it creates nothing, the storage's does
     check_storage_path(launch.storage_path)
+    check_ray_address("--address", launch.address)  # the cluster answers, as Ray's does (a dry run too)
     sweep, plans = fit_devices(sweep, launch, points)
     check_machine(sweep, launch, points)  # each stage's time, and its memory where it trains here
-    if not launch.dry_run or launch.doctor:  # the cluster answers (--dry-run --doctor asks its nodes)
-        check_ray_address("--address", launch.address)
     return sweep, points, res, plans
 
 
@@ -210,8 +210,9 @@ def _run_locked(run: SweepRun) -> list[dict[str, Any]]:
     the downstream evaluation, then the summary and the report."""
     import ray
 
-    mc = tracking.client(run.uri)  # imports mlflow, which sets its loggers to INFO
-    logging.getLogger("mlflow").setLevel(logging.WARNING)  # its schema-migration chatter
+    # MLflow's and Optuna's INFO lines (a new database's tables, a new study) to the log
+    quiet_libraries(run.logs / "ray.log", verbose=run.launch.verbose)
+    mc = tracking.client(run.uri)
     # Its database errors (a full disk: "database or disk is full") are raised as well, and
     # the sweep says them in one line; the log's copy would be a traceback on the console.
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
@@ -404,6 +405,7 @@ def _fit(run: SweepRun, platform):
     else:
         from ray.tune.search.optuna import OptunaSearch
 
+        quiet_libraries(run.logs / "ray.log", verbose=launch.verbose)  # the handler Optuna's import installed
         for name, (low, high, scale) in sweep.ranges.items():
             space[name] = tune.loguniform(low, high) if scale == "log" else tune.uniform(low, high)
         space["seed"] = launch.seeds[0]

@@ -137,6 +137,27 @@ def test_ray_address_answers_or_is_refused(monkeypatch):
             check_ray_address("--address", f"127.0.0.1:{silent.getsockname()[1]}")
 
 
+def test_a_dry_run_checks_the_ray_address_as_the_run_does(tmp_path, capsys):
+    """A dry run that passes means the run starts: a port that answers but is not Ray is
+    refused by the dry run too, in one line (before: exit 0, and the run then failed)."""
+    import http.server
+    import threading
+
+    class Quiet(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:  # the server's own lines would share stderr with the sweep's
+            pass
+
+    web = http.server.HTTPServer(("127.0.0.1", 0), Quiet)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    try:
+        argv = TINY + ["--storage-path", str(tmp_path / "s"), "--address", f"127.0.0.1:{web.server_port}", "--dry-run"]
+        assert run_beta(argv) == 2
+    finally:
+        web.shutdown()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: --address='127.0.0.1:{web.server_port}' is invalid"), err
+
+
 @pytest.mark.parametrize(
     "address, allowed",
     [

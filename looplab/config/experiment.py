@@ -11,7 +11,7 @@ from typing import Any, Union
 
 from looplab.config.model import ModelConfig
 from looplab.config.training import ExitConfig, HoleConfig, TrainConfig, stream_end
-from looplab.errors import ConfigError, check, invalid
+from looplab.errors import ConfigError, allowed_names, check, invalid
 from looplab.fields import KEY, check_choice, check_ints, key_values
 from looplab.keys import digest
 from looplab.stages import DEFAULT_STAGE, STAGE_NAMES, get_stage
@@ -113,7 +113,7 @@ class ExperimentConfig:
     def from_dict(cls, d: dict[str, Any]) -> "ExperimentConfig":
         task = dict(d.get("task", {}))
         kind = task.get("kind", "phop")
-        check(kind in TASK_KINDS, "task.kind", kind, " | ".join(TASK_KINDS))
+        check(kind in TASK_KINDS, "task.kind", kind, allowed_names(kind, TASK_KINDS))
         known = {"model", "task", "train", "stage", "parent", "exit", "hole", "preset"}
         for k in d:
             check(k in known, k, d[k], "one of " + ", ".join(sorted(known)))
@@ -251,7 +251,7 @@ def apply_overrides(cfg: ExperimentConfig, overrides: dict[str, Any]) -> Experim
         section = section or _section_of(d, key, name, sections)
         check(section in sections, "override section", section, " | ".join(sections))
         if section == "task" and name == "kind" and value != d["task"].get("kind"):
-            check(value in TASK_KINDS, "task.kind", value, " | ".join(TASK_KINDS))
+            check(value in TASK_KINDS, "task.kind", value, allowed_names(value, TASK_KINDS))
             d["task"] = {"kind": value}
             continue
         check(name in d[section], f"{section}.{name}", value, "one of " + ", ".join(sorted(d[section])))
