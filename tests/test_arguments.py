@@ -68,7 +68,8 @@ def test_left_out_flags_keep_the_field_defaults_or_their_unset():
 def test_bad_values_are_one_line_naming_the_flag(capsys):
     for argv, said in (
         (["--out", "x", "--steps", "0"], "argument --steps: '0' is invalid; allowed: an integer >= 1"),
-        (["--out", "x", "--mode", "quick"], "argument --mode: 'quick' is invalid; allowed: fast | slow"),
+        (["--out", "x", "--mode", "quick"], "argument --mode: 'quick' is invalid; allowed: fast | slow (see"),
+        (["--out", "x", "--mode", "slwo"], "'slwo' is invalid; allowed: fast | slow (did you mean 'slow'?) (see"),
         (["--out", "x", "--lr", "nan"], "argument --lr: 'nan' is invalid; allowed: a finite number"),
         (["--out", "x", "--lr", "inf"], "argument --lr: 'inf' is invalid; allowed: a finite number"),
         ([], "the following arguments are required: --out"),
@@ -110,3 +111,20 @@ def test_a_required_word_is_an_argument_not_a_flag(capsys):
     with pytest.raises(SystemExit):
         p.parse_args(["--port", "7"])
     assert "the following arguments are required: STORE" in capsys.readouterr().err
+
+
+def test_a_mistyped_name_is_offered_the_nearest(capsys):
+    from looplab.errors import allowed_names
+    from looplab.presets import get_preset
+
+    assert allowed_names("debgu", ["debug", "local"]) == "debug | local (did you mean 'debug'?)"
+    assert allowed_names("zzz", ["debug", "local"]) == "debug | local"  # nothing near: no guess
+    with pytest.raises(ValueError, match=r"allowed: .*phop-debug .*\(did you mean 'phop-debug'\?\)$"):
+        get_preset("phop-debgu")
+    commands = Parser(prog="looplab")
+    commands.add_subparsers(dest="command", required=True).add_parser("train")
+    with pytest.raises(SystemExit):
+        commands.parse_args(["trian"])
+    assert (
+        "invalid choice: 'trian' (choose from 'train') (did you mean 'train'?) (see --help)" in capsys.readouterr().err
+    )
