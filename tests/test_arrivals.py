@@ -2,6 +2,7 @@
 others finish still get, token for token, what generate gives each one alone."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -130,6 +131,42 @@ def test_the_benchmark_reports_each_run_against_full_and_the_flop_ratio():
             assert r.of_flop_ratio == pytest.approx(r.speedup / r.flop_ratio)
     depth_skip, lockstep_skip = records[3], records[1]
     assert depth_skip.paid_loops < lockstep_skip.paid_loops
+    # Against the best full schedule: the faster full's own figure is 1, everything else
+    # its decode tokens/s over that full's, and the realised share divides by the ratio
+    best = max(records[0].decode_tokens_per_s, records[2].decode_tokens_per_s)
+    for r in records:
+        assert r.vs_best_full == pytest.approx(r.decode_tokens_per_s / best)
+        assert r.realised == pytest.approx(r.decode_tokens_per_s / best / r.flop_ratio)
+    assert max(records[0].vs_best_full, records[2].vs_best_full) == 1.0
+
+
+def test_each_run_is_read_against_the_fastest_full_at_its_slots():
+    """The speedup a schedule prints over its own full can flatter it: depth batching's
+    full ran 4x slower than lockstep's on `debug`, so its skip printed 1.56x while it was
+    0.37x the best full. Hand-made figures, two slot counts kept apart."""
+    from looplab.costs.arrival_bench import ArrivalRecord, against_best_full
+
+    def record(slots, schedule, policy, tps, ratio):
+        return ArrivalRecord(
+            slots, schedule, policy, 1, 1, 1, 1.0, 0.0, 1.0, tps, tps, 1, 4.0, 4.0, ratio, 1.0, 1.0, 4, "cpu"
+        )
+
+    eight = [
+        record(8, "lockstep", "full", 9931.0, 1.0),
+        record(8, "lockstep", "skip:0.4", 1773.0, 2.07),
+        record(8, "depth", "full", 2365.0, 1.0),
+        record(8, "depth", "skip:0.4", 3713.0, 2.07),
+    ]
+    against_best_full(eight)
+    assert [round(r.vs_best_full, 3) for r in eight] == [
+        1.0,
+        round(1773 / 9931, 3),
+        round(2365 / 9931, 3),
+        round(3713 / 9931, 3),
+    ]
+    assert eight[3].realised == pytest.approx(3713 / 9931 / 2.07)
+    alone = [record(32, "depth", "skip:0.4", 8102.0, 2.07)]  # no full at these slots: nothing to read against
+    assert math.isnan(against_best_full(alone)[0].vs_best_full)
 
 
 def test_the_command_prints_a_table_and_writes_json(tmp_path, capsys, monkeypatch):
