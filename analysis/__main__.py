@@ -6,7 +6,9 @@
 
 Writes frontier.csv, the tables (Markdown + CSV), the PNGs and report.html into --out,
 logs them as artifacts of the sweep run (--sweep-run, else the newest level=sweep run
-of the experiments) unless --no-log, and prints where everything is. A problem with
+of the experiments) unless --no-log, and prints where everything is. It reads every run
+of the experiments, or with --sweep-run ID that one sweep's runs alone; the page's
+header says which sweeps it covers. A problem with
 the input (unknown experiment, a metric no run logged, mixed schemas that make the
 asked-for analysis impossible) is one line on stderr and exit status 2.
 """
@@ -39,10 +41,15 @@ class Report:
         help="experiment name, e.g. beta_ablation-local (repeatable)", repeat=True, metavar="NAME"
     )
     sweep_run: str | None = flag(
-        None, "the sweep's parent run: artifacts go there; with --scope sweep only its trials are read", metavar="ID"
+        None,
+        "one sweep's parent run: only that sweep's runs are read (its trials, their stages, the stages they "
+        "reused) and the files become its artifacts",
+        metavar="ID",
     )
-    scope: Literal["experiment", "sweep"] = flag(
-        "experiment", "read every run of the experiments (default) or only the --sweep-run subtree"
+    scope: Literal["experiment", "sweep"] | None = flag(
+        None,
+        "sweep: only the --sweep-run's runs (the default with --sweep-run); experiment: every run of the "
+        "experiments (the default without), the files still logged to --sweep-run",
     )
     out: str = flag(help="output folder", metavar="DIR")
     compute: str = flag(
@@ -88,7 +95,7 @@ class Report:
             best_of_seeds=self.best_of_seeds,
             confidence=self.confidence,
             budget=self.budget,
-            scope=self.scope,
+            scope=self.scope or ("sweep" if self.sweep_run else "experiment"),
             statuses=None if self.all_statuses else ("FINISHED",),
             strict=True,
             representative_q=self.representative_q if self.representative_q >= 0 else None,

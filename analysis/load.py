@@ -77,17 +77,21 @@ def load_runs(
     *,
     sweep_run_id: str | None = None,
     subtree: bool = True,
+    trial_keys=(),
     best_keys=DEFAULT_CLIENT_BEST_KEYS,
     backend: str = "auto",
 ) -> RunSet:
-    """The runs of `experiments` (names), or of the sweep run `sweep_run_id` and its
-    descendants (its trials and their stages). With both, the sweep run must belong to
-    one of the experiments and only its subtree is kept. subtree=False keeps every run
-    of the experiments (the sweep run then only names its experiment when none is given).
+    """The runs of `experiments` (names), or of one sweep: the sweep run `sweep_run_id`
+    and what its report reads (sweep_runs: its subtree, the trials it reused whole, the
+    stage runs its stages reused, their evaluations and speed points). With both, the
+    sweep run must belong to one of the experiments and only its runs are kept.
+    subtree=False keeps every run of the experiments (the sweep run then only names its
+    experiment when none is given).
 
-    A sweep invocation that reuses FINISHED trials of an earlier invocation does not
-    re-parent them: they stay under the earlier sweep run, so its subtree lacks them,
-    while the whole experiment ({sweep}-{preset}) has every invocation's trials.
+    trial_keys: the final stage keys of the sweep's trials, as its driver knows them. A
+    sweep that reuses a FINISHED trial of another sweep does not re-parent it (it stays
+    under that sweep's run); its key here brings it in. Without them (the analysis
+    command) such a trial is not read.
 
     backend: auto (SQL for a SQL URI, else MlflowClient) | sql | client.
 
@@ -136,7 +140,7 @@ def load_runs(
 
     table = _runs_table(runs, tags, params, latest, id_to_name, notes)
     if sweep_run_id and subtree:
-        table = _subtree(table, sweep_run_id)
+        table = sweep_runs(table, sweep_run_id, trial_keys)
     metric_summary = _metric_summary(latest, extrema).filter(pl.col("run_id").is_in(table["run_id"].implode()))
     return RunSet(tracking_uri, id_to_name, table, metric_summary, source, notes)
 
@@ -237,19 +241,38 @@ def _note_mixed_schema(table: pl.DataFrame, columns: list[str], notes: list[str]
         )
 
 
-def _subtree(table: pl.DataFrame, root: str) -> pl.DataFrame:
-    """The run `root` and every run below it through mlflow.parentRunId."""
-    keep = {root}
-    parents = dict(zip(table["run_id"].to_list(), table["parent_run_id"].to_list()))
+def sweep_runs(table: pl.DataFrame, root: str, trial_keys=()) -> pl.DataFrame:
+    """The runs one sweep's report reads, from `table` (every run of its experiment):
+    - the sweep run `root` and every run below it (its trials, their stages, its shared stages);
+    - the trials it reused whole from another sweep (final stage key in trial_keys) and the
+      runs below them;
+    - the stage runs its stage runs reused (reused_from): a reused stage logs only its
+      original's final values, the original holds the histories (β diagnostics, best values),
+      even when another trial or sweep trained it;
+    - the evaluation and speed runs of every stage selected (by stage key): its downstream
+      scores and timings, wherever their runs sit."""
+    trials = table.filter((pl.col("level") == tracking.TRIAL) & pl.col(tracking.STAGE_KEY).is_in(list(trial_keys)))
+    keep = _below(table, {root, *trials["run_id"].to_list()})
+    chosen = table.filter(pl.col("run_id").is_in(list(keep)))
+    originals = set(chosen[tracking.REUSED_FROM].drop_nulls().to_list())
+    stages = chosen.filter(pl.col("level") == tracking.STAGE)[tracking.STAGE_KEY].drop_nulls().unique()
+    scores = table.filter(
+        pl.col("level").is_in([tracking.EVAL, tracking.BENCH]) & pl.col(tracking.STAGE_KEY).is_in(stages.implode())
+    )
+    return table.filter(pl.col("run_id").is_in(list(keep | originals | set(scores["run_id"].to_list()))))
+
+
+def _below(table: pl.DataFrame, roots: set[str]) -> set[str]:
+    """The runs `roots` and every run below them through mlflow.parentRunId."""
     children: dict[str, list[str]] = {}
-    for run, parent in parents.items():
+    for run, parent in zip(table["run_id"].to_list(), table["parent_run_id"].to_list()):
         if parent:
             children.setdefault(parent, []).append(run)
-    frontier = [root]
+    keep, frontier = set(roots), list(roots)
     while frontier:
         frontier = [c for p in frontier for c in children.get(p, []) if c not in keep]
         keep.update(frontier)
-    return table.filter(pl.col("run_id").is_in(list(keep)))
+    return keep
 
 
 def _metric_summary(latest: pl.DataFrame, extrema: pl.DataFrame) -> pl.DataFrame:

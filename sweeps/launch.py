@@ -205,6 +205,18 @@ def run_sweep(sweep: Sweep, launch: Launch, points: list[dict[str, Any]], res: R
         return _run_locked(run)
 
 
+def headline(sweep: Sweep, launch: Launch, key: str, points: list[dict[str, Any]], log: Path) -> str:
+    """The sweep's first console line: its name and key, the trials it will run, and where
+    Ray's output goes. A grid runs its points (seeds included); an Optuna search runs
+    --num-samples trials, whatever the count of the range corners the checks ran on."""
+    if launch.search == "grid":
+        trials = f"{len(points)} trial point(s)"
+    else:
+        ranges = ", ".join(f"{name} in [{lo:g}, {hi:g}] ({scale})" for name, (lo, hi, scale) in sweep.ranges.items())
+        trials = f"{launch.num_samples} trial(s): Optuna samples within {ranges}"
+    return f"sweep {sweep.name} [{key}]: {trials}; Ray's own output goes to {log}"
+
+
 def _run_locked(run: SweepRun) -> list[dict[str, Any]]:
     """The sweep under its lock: its MLflow run, Ray, the shared stages and the trials,
     the downstream evaluation, then the summary and the report."""
@@ -224,18 +236,16 @@ def _run_locked(run: SweepRun) -> list[dict[str, Any]]:
     view = SweepView(mc, experiment_id, sweep, launch, sweep_run, run.run_name, run.uri)
     links = view.publish()
     platform = _platform(run, sweep_run)
-    print(
-        f"sweep {sweep.name} [{run.key}]: {len(run.points)} trial point(s); "
-        f"Ray's own output goes to {run.logs / 'ray.log'}",
-        file=sys.stderr,
-    )
+    print(headline(sweep, launch, run.key, run.points, run.logs / "ray.log"), file=sys.stderr)
     print(links, file=sys.stderr)
     _start_ray(run)
     at_once = ""  # why the trials' processes are gone, when the sweep ends before they do
     try:
         results, evaluation = _train_and_evaluate(run, platform, mc, sweep_run)
         rows = _rows(run, results, mc, experiment_id)
-        report = write_report(run.uri, run.experiment, sweep_run, run.local / "analysis" / run.run_name)
+        # The report reads this sweep's trials alone, those it reused from another sweep's run too
+        trial_keys = [r[tracking.STAGE_KEY] for r in rows]
+        report = write_report(run.uri, run.experiment, sweep_run, run.local / "analysis" / run.run_name, trial_keys)
         table = summary_table(sweep, rows)
         log_headline(mc, sweep_run, sweep, rows)
         links = view.publish_summary(rows) or links

@@ -91,17 +91,29 @@ def console_to_log(path: Path) -> Iterator[None]:
         yield
 
 
-def write_report(uri: str, experiment: str, sweep_run: str | None, out: Path) -> dict[str, Path]:
-    """The analysis report of the sweep (frontiers, tables, report.html), logged to
-    its parent run. A sweep's results never depend on it: without the analysis
-    extra, or when the runs support no plot, it says so and the sweep still succeeds."""
+def write_report(
+    uri: str, experiment: str, sweep_run: str | None, out: Path, trial_keys: list[str] | None = None
+) -> dict[str, Path]:
+    """The analysis report (frontiers, tables, report.html), logged to the sweep run. With
+    trial_keys (a sweep's end: the final stage keys of the trials it ran or reused), it
+    reads that sweep alone: the runs under its run, and the trials it reused whole from
+    another sweep's run. Without (the evaluation and bench commands, which work over an
+    experiment), every run of the experiment; the page lists the sweeps it pools. A
+    sweep's results never depend on it: without the analysis extra, or when the runs
+    support no plot, it says so and the sweep still succeeds."""
     try:
         from analysis.report import ReportOptions, build_report
     except ImportError as e:
         print(f"analysis skipped ({e}); install the analysis extra: pip install -e '.[analysis]'", file=sys.stderr)
         return {}
+    one_sweep = trial_keys is not None and sweep_run is not None
+    options = ReportOptions(
+        sweep_run_id=sweep_run,
+        scope="sweep" if one_sweep else "experiment",
+        trial_keys=tuple(trial_keys or ()) if one_sweep else (),
+    )
     try:
-        return build_report(uri, [experiment], out, ReportOptions(sweep_run_id=sweep_run))
+        return build_report(uri, [experiment], out, options)
     except Exception as e:  # noqa: BLE001 - the sweep finished; a report problem is reported, not raised
         print(f"analysis failed: {type(e).__name__}: {e}", file=sys.stderr)
         return {}

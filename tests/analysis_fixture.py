@@ -160,27 +160,40 @@ def log_sweep(
     lm_eval: bool = False,
     preset: str = "debug",
     extra=None,
+    sweep_key: str = "k0",
+    stored: dict[str, dict] | None = None,
+    declared: bool = False,
 ) -> dict:
     """Log the sweep as the platform does: stages several trials share (pretrain and
     Stage-1 of the two arms of one seed) train first as runs under the sweep run
     (trainables/trial.py, run_shared_prefix); every trial then has a run per stage,
     reusing those (reused=true, reused_from, the original's final metrics logged again).
+    Another sweep into the same experiment (its own sweep_key) passes `stored`, the
+    store's done markers an earlier sweep returned ("done"): the stages they hold are
+    reused, not trained, and a trial whose run an earlier sweep FINISHED is reused whole,
+    its run left under that sweep's run, nothing logged. declared: the sweep run gets the
+    params the platform logs on it (its grid of β, its seeds: tracking.sweep_params).
     Returns {"sweep_run": id, "trials": {(arm, seed, beta): trial_run_id},
-    "stages": {(arm, seed, beta, stage): stage_run_id}, "experiment_id": id}."""
+    "stages": {(arm, seed, beta, stage): stage_run_id}, "experiment_id": id, "done":
+    {stage_key: done marker}, "reused_trials": the trial runs reused whole}."""
     mc = tracking.client(uri)
     exp_id = tracking.ensure_experiment(mc, experiment, root / "mlflow")
+    name = f"{experiment}-sweep" if sweep_key == "k0" else tracking.sweep_run_name(experiment, sweep_key)
     sweep = mc.create_run(
         exp_id,
-        run_name=f"{experiment}-sweep",
+        run_name=name,
         tags={
             tracking.LEVEL: tracking.SWEEP,
-            tracking.SWEEP_KEY: "k0",
+            tracking.SWEEP_KEY: sweep_key,
             tracking.PRESET: preset,
             tracking.GIT_SHA: "abc",
             tracking.COMMAND: "sweeps/test.py",
-            tracking.RUN_NAME_TAG: f"{experiment}-sweep",
+            tracking.RUN_NAME_TAG: name,
         },
     ).info.run_id
+    if declared:
+        settings = {"seeds": list(seeds), "search": "grid"}
+        tracking.log_params(mc, sweep, tracking.sweep_params({"beta": list(betas)}, (), {}, settings))
     trials = {
         (arm, seed, beta): stage_configs(arm, seed, beta, root, preset=preset, extra=extra)
         for arm in arms
@@ -188,7 +201,7 @@ def log_sweep(
         for seed in seeds
     }
     uses = Counter(cfg.stage_key() for configs in trials.values() for cfg in configs)
-    trained: dict[str, dict] = {}  # stage_key -> {"run_id", "metrics"} (the shared-stage "done" marker)
+    trained: dict[str, dict] = dict(stored or {})  # stage_key -> {"run_id", "metrics"} (the "done" marker)
     for (arm, seed, _beta), configs in trials.items():
         for i, cfg in enumerate(configs):
             if uses[cfg.stage_key()] > 1 and cfg.stage_key() not in trained:
@@ -200,11 +213,12 @@ def log_sweep(
         "experiment_id": exp_id,
         "configs": trials,
         "trained": {key: done["run_id"] for key, done in trained.items()},
+        "reused_trials": [],
     }
     for (arm, seed, beta), configs in trials.items():
         final = configs[-1]
         lineage = [c.stage for c in configs]
-        trial, _ = tracking.open_run(
+        trial, status = tracking.open_run(
             mc,
             exp_id,
             name=tracking.trial_run_name(final.stage_key()),
@@ -216,6 +230,9 @@ def log_sweep(
             params={**tracking.config_params(final), **tracking.search_params({"beta": beta, "seed": seed})},
         )
         out["trials"][(arm, seed, beta)] = trial
+        if status == "FINISHED":  # an earlier sweep's trial: reused whole, as trainables/trial.run_trial does
+            out["reused_trials"].append(trial)
+            continue
         for i, cfg in enumerate(configs):
             last = i == len(configs) - 1
             done = trained.get(cfg.stage_key())
@@ -252,6 +269,7 @@ def log_sweep(
         tracking.close_run(mc, trial, ok=True)
     tracking.close_run(mc, sweep, ok=True)
     out["trained"] = {key: done["run_id"] for key, done in trained.items()}
+    out["done"] = trained
     return out
 
 

@@ -20,6 +20,7 @@ from analysis.report.assemble import render_page
 from analysis.report.bench import arrivals_section, speed_section
 from analysis.report.beta import beta_section
 from analysis.report.context import ReportContext, Section
+from analysis.report.coverage import coverage_lines
 from analysis.report.depth import depth_section
 from analysis.report.downstream import downstream_section
 from analysis.report.frontier import FrontierRequest, frontier_section
@@ -47,8 +48,12 @@ class ReportOptions:
     """How build_report reads the runs and what it draws (the analysis command's options).
 
     sweep_run_id: the sweep run whose artifacts the files become (default: the newest
-    sweep run of the experiments); with scope "sweep" only its subtree is read, with
-    "experiment" every run of the experiments. compute: executed_loops | flops | time | a
+    sweep run of the experiments); with scope "sweep" only that sweep's runs are read
+    (analysis/load.sweep_runs: its subtree, the stage runs it reused, their evaluations),
+    with "experiment" every run of the experiments; the page's header says which.
+    trial_keys (scope "sweep"): the final stage keys of the sweep's trials, as its driver
+    knows them, so that trials it reused whole from another sweep's run are read too.
+    compute: executed_loops | flops | time | a
     points column. quality: auto (lm-eval average when every experiment has it, else
     perplexity for text tasks, else accuracy) | accuracy | ppl | loss | lm_eval_avg |
     lm_eval.<task> | <x>_best. stage: the stage whose evaluations make the frontier
@@ -71,6 +76,7 @@ class ReportOptions:
     confidence: float = 0.95
     budget: float | None = None
     scope: Literal["experiment", "sweep"] = "experiment"
+    trial_keys: tuple[str, ...] = ()
     statuses: tuple[str, ...] | None = ("FINISHED",)
     strict: bool = False
     lead: tuple[Section, ...] = ()
@@ -81,6 +87,8 @@ class ReportOptions:
             raise AnalysisError(f"scope={self.scope!r} is invalid; allowed: experiment | sweep")
         if self.scope == "sweep" and not self.sweep_run_id:
             raise AnalysisError("scope=sweep needs a sweep run id (--sweep-run ID)")
+        if self.trial_keys and self.scope != "sweep":
+            raise AnalysisError("trial_keys name one sweep's trials; allowed with scope=sweep only")
 
 
 def build_report(tracking_uri: str, experiments, out_dir, options: ReportOptions | None = None) -> dict[str, Path]:
@@ -89,7 +97,9 @@ def build_report(tracking_uri: str, experiments, out_dir, options: ReportOptions
     o = options or ReportOptions()
     out = Path(out_dir).expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)
-    runs = load_runs(tracking_uri, experiments, sweep_run_id=o.sweep_run_id, subtree=o.scope == "sweep")
+    runs = load_runs(
+        tracking_uri, experiments, sweep_run_id=o.sweep_run_id, subtree=o.scope == "sweep", trial_keys=o.trial_keys
+    )
     ctx = ReportContext(runs, out, runs.notes, o.strict, o.confidence, o.representative_q)
     points = _evaluation_points(ctx, o.statuses)
     # The page opens with the sweep's own question (a scan's effects, the caller's lead,
@@ -104,7 +114,8 @@ def build_report(tracking_uri: str, experiments, out_dir, options: ReportOptions
         head, sections = _point_sections(ctx, points, request, head)
     head += beta_section(ctx)
     sections = head + sections + loops_section(ctx) + speed_section(ctx, points) + arrivals_section(ctx)
-    _write_page(ctx, sections, meta_lines(runs, points, best_of_seeds, o.confidence))
+    covered = coverage_lines(runs, o.sweep_run_id, o.scope)
+    _write_page(ctx, sections, covered + meta_lines(runs, points, best_of_seeds, o.confidence))
     if o.log_artifacts:
         _log_artifacts(ctx, o.sweep_run_id)
     return ctx.paths

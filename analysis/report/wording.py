@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 
+def counted(n: int, noun: str) -> str:
+    """'1 trial', '5 trials': a count with its noun in the number it takes."""
+    return f"{n} {noun}{'s' if n != 1 else ''}"
+
+
 def seed_phrase(seeds: list[int]) -> str:
     """'3 seeds (0, 1, 2)', '1 seed (0)': a count, never a bare list that reads '0 seeds'."""
     if not seeds:
