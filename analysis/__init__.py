@@ -17,8 +17,9 @@ Modules, one job each:
   depth_fit  what a loop is worth in layers: γ of loss ≈ a + b·log(N·R^γ) over pre-trainings
   charts     what each figure shows, as data (drawn by plots and by the page)
   plots      PNG figures (matplotlib, Agg)
-  page       ChartSpec → Plotly figure; the page's CSS and scripts (report/assemble.py lays
-             out the self-contained page: Plotly offline, plotly.js inline once, no CDN)
+  page       ChartSpec → Plotly figures (small multiples past a handful of colours); the page's
+             CSS and scripts (report/assemble.py lays out the page: Plotly offline, plotly.js
+             a file beside it, the folder self-contained, no CDN)
   claims     the paper's claims judged (claim_rules, curves, verdicts and claim_families
              beside it; every claim name imports from here)
   report     build_report(): every file above, plus MLflow artifacts (a package: one module

@@ -22,6 +22,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import SupportsFloat, TypeGuard
@@ -99,7 +100,10 @@ class ChartSpec:
     x_ticks: list[tuple[float, str]] = field(default_factory=list)  # a categorical x: (position, label)
 
 
-LEGEND_HANDFUL = 6  # beyond this many series a legend lists factors (legend_entries), not series
+# The series (or, in a factored legend, the colours) a reader tells apart on one chart:
+# beyond it a legend lists factors (legend_entries) and a chart becomes small multiples
+# (small_multiples), in the PNG and in the HTML report alike.
+LEGEND_HANDFUL = 6
 KEY_COLOR = "#555"  # a line-style entry's colour in a factored legend
 
 
@@ -124,6 +128,67 @@ def legend_entries(spec: ChartSpec) -> list[Series] | None:
     return [Series(g, c, group=g) for g, c in colours.items()] + [
         Series(st, KEY_COLOR, dashed=d, dotted=o, style=st) for st, (d, o) in styles.items()
     ]
+
+
+def small_multiples(spec: ChartSpec) -> list[ChartSpec]:
+    """A chart with more than LEGEND_HANDFUL colours to tell apart as panels of at most
+    that many each, as even as they split, titled "(1 of 3)"..., every one with its
+    legend and its series' own colours; any other chart: itself. The colours are the
+    series, or in a factored legend (legend_entries) the groups, each panel then holding
+    every series of its groups (β=0.25 under each policy). The PNG (analysis/plots.py)
+    and the HTML report (analysis/page.py) draw the same panels on the same limits."""
+    factored = legend_entries(spec) is not None
+    colour_of = [s.group if factored else str(i) for i, s in enumerate(spec.series)]
+    keys = list(dict.fromkeys(colour_of))
+    if len(keys) <= LEGEND_HANDFUL:
+        return [spec]
+    n = -(-len(keys) // LEGEND_HANDFUL)
+    size, extra = divmod(len(keys), n)  # the first `extra` panels take one key more
+    bounds = [i * size + min(i, extra) for i in range(n + 1)]
+    panel_of = {key: i for i in range(n) for key in keys[bounds[i] : bounds[i + 1]]}
+    return [
+        dataclasses.replace(
+            spec,
+            series=[s for s, key in zip(spec.series, colour_of) if panel_of[key] == i],
+            title=f"{spec.title} ({i + 1} of {n})",
+        )
+        for i in range(n)
+    ]
+
+
+TICK_DIGITS = 3  # a tick label's fewest significant digits: 0.243768 reads 0.244, within 0.5% of its place
+AXIS_CHARS = 60  # label characters an x axis holds side by side (590 px of Plotly's at 12 px; a PNG panel at 10 pt)
+AXIS_PADDING = 1.1  # an axis spans its values and a margin (matplotlib's 5% a side; Plotly's about as much)
+
+
+def tick_labels(values: list[float]) -> list[str]:
+    """Each number in the fewest significant digits, TICK_DIGITS at least, that still tell
+    the distinct values apart: 0.179388, 0.183162, 0.243768, 0.25 read 0.179, 0.183,
+    0.244, 0.25; 0.1 and 0.1001 read 0.1 and 0.1001."""
+    distinct = len(set(values))
+    for digits in range(TICK_DIGITS, 18):
+        labels = [f"{v:.{digits}g}" for v in values]
+        if len(set(labels)) == distinct:
+            return labels
+    return [repr(v) for v in values]
+
+
+def spaced_ticks(ticks: list[tuple[float, str]], log: bool = False) -> list[tuple[float, str]]:
+    """The ticks (position, label) whose labels fit side by side on an axis spanning their
+    positions (log: on a log scale, every position positive), left to right: one whose label would touch the last
+    kept one's (their half-widths and a character apart, an axis holding AXIS_CHARS) is
+    left out, its value still in the chart's hover text and tables."""
+    place = [math.log10(x) if log else x for x, _ in ticks]
+    span = (max(place) - min(place)) * AXIS_PADDING if ticks else 0.0
+    kept: list[int] = []
+    for i, (_, label) in enumerate(ticks):
+        if kept and span > 0:
+            last = kept[-1]
+            apart = abs(place[i] - place[last]) / span * AXIS_CHARS
+            if apart < (len(label) + len(ticks[last][1])) / 2 + 1:
+                continue
+        kept.append(i)
+    return [ticks[i] for i in kept]
 
 
 def bars_phrase(spec: ChartSpec, what: str = "the seed interval", none: str = "one seed: no interval") -> str:
@@ -244,17 +309,22 @@ def zoo_rows(agg: pl.DataFrame, compute: str, quality: str) -> pl.DataFrame | No
 
 
 def skip_chart(agg: pl.DataFrame) -> ChartSpec | None:
-    """One curve per configuration over q; with more than MAX_SERIES configurations,
-    one series per method whose line is its lowest perplexity at each compute (the
-    frontier), so a large sweep still reads (and draws) as a handful of curves."""
+    """One curve per configuration over q, and its full compute (all R loops) as a dashed
+    line across the chart in the same colour (colour: the configuration, line style: skip
+    or full compute, so a legend of many lists each once and small multiples keep a
+    configuration's two lines together); with more than MAX_SERIES configurations, one
+    series per method whose line is its lowest perplexity at each compute (the frontier),
+    so a large sweep still reads (and draws) as a handful of curves."""
     final = agg.filter(pl.col("is_final_stage"))
     skip = final.filter((pl.col("policy") == SKIP) & pl.col("ppl").is_not_null())
     if skip.is_empty():
         return None
     by = "label" if skip["label"].n_unique() <= MAX_SERIES else "method"
-    series, hlines = [], []
+    across = (as_float(skip[tracking.EXECUTED_LOOPS].min()), as_float(skip[tracking.EXECUTED_LOOPS].max()))
+    series = []
     for i, (key, group) in enumerate(skip.sort(by).group_by(by, maintain_order=True)):
         name = key[0] if isinstance(key, tuple) else key
+        colour = PALETTE[i % len(PALETTE)]
         group = group.sort(tracking.EXECUTED_LOOPS, "ppl")
         low, high = names.interval_of(tracking.PPL)
         pts = [
@@ -264,19 +334,37 @@ def skip_chart(agg: pl.DataFrame) -> ChartSpec | None:
             for r in group.iter_rows(named=True)
         ]
         line = [(p.x, p.y) for p in pts] if by == "label" else _lower_envelope(pts)  # pts sorted by x, y
-        series.append(Series(f"{name} skip", PALETTE[i % len(PALETTE)], pts, line, "linear"))
+        series.append(Series(f"{name} skip", colour, pts, line, "linear", group=str(name), style=SKIP))
         full = final.filter((pl.col("policy") == FULL) & (pl.col(by) == name))["ppl"].drop_nulls()
         if full.len():
-            hlines.append((as_float(full.min()), f"{name} full compute" + (" (best)" if by == "method" else "")))
-    values = skip["ppl"].to_list() + [y for y, _ in hlines]
+            series.append(_full_compute(str(name), colour, as_float(full.min()), across, best=by == "method"))
     return ChartSpec(
         names.SKIP_PPL_CHART,
         "Perplexity under skip as compute falls",
         "executed loops",
         "validation perplexity",
         series,
-        log_y=log_scale(values),
-        hlines=hlines,
+        log_y=log_scale([p.y for s in series for p in s.points]),
+    )
+
+
+FULL_COMPUTE = "full compute"  # the skip chart's reference line: a configuration at all R loops
+
+
+def _full_compute(name: str, colour: str, ppl: float, across: tuple[float, float], best: bool) -> Series:
+    """A configuration's full-compute perplexity as a dashed line across the chart's
+    executed loops, its value at the right end (hover)."""
+    label = f"{name} {FULL_COMPUTE}" + (" (best)" if best else "")
+    low, high = across
+    return Series(
+        label,
+        colour,
+        [Point(high, ppl, f"{label}: all R loops")],
+        [(low, ppl), (high, ppl)],
+        "linear",
+        dashed=True,
+        group=name,
+        style=FULL_COMPUTE,
     )
 
 
@@ -326,12 +414,14 @@ def axis_chart(
 ) -> ChartSpec:
     """The quality against the first axis, one line per method and value of the other
     axes (and one dashed per skip point); a numeric axis on its own scale (log when its
-    values span more than 10×), any other at positions 0..k-1 labelled by its values."""
+    values span more than 10×), its ticks short and apart (tick_labels, spaced_ticks); any
+    other at positions 0..k-1 labelled by its values."""
     first = axes[0]
     numeric = "_order0" in table.columns and table["_order0"].is_not_null().all()
     if numeric:
         xs = table["_order0"].to_list()
-        x_ticks = [(x, label) for x, label in dict(zip(xs, table[first.name].to_list())).items()]
+        places = sorted(set(xs))
+        x_ticks = list(zip(places, tick_labels(places)))
     else:
         values = list(dict.fromkeys(table[first.name].to_list()))
         positions = {v: float(i) for i, v in enumerate(values)}
@@ -387,6 +477,8 @@ def axis_chart(
     ys = [p.y for s in series for p in s.points]
     xs_pos = [x for x in xs if x is not None]
     log_x = numeric and bool(xs_pos) and min(xs_pos) > 0 and max(xs_pos) / min(xs_pos) > 10
+    if numeric:
+        x_ticks = spaced_ticks(x_ticks, log=log_x)
     return ChartSpec(
         "axis",
         f"{qlabel} against {first.name} (final stage)",

@@ -1,19 +1,23 @@
-"""What the self-contained HTML report is made of: its inline CSS, its scripts, and each
-chart as a Plotly figure in JSON (analysis/report/templates/page.html.j2 lays them out,
-with plotly.js inline, Plotly's offline output, written once per page).
-No CDN, no fonts, no images, no requests of any kind: it opens offline from disk or in
-the MLflow artifact view.
+"""What the HTML report is made of: its inline CSS, its scripts, and each chart as Plotly
+figures in JSON (analysis/report/templates/page.html.j2 lays them out). plotly.js (4.6 MB,
+Plotly's offline bundle) is a file beside report.html, plotly.min.js, which the page loads
+by a relative <script src>: the folder is the report, and a copy of it works anywhere.
+No CDN, no fonts, no images, no requests to any host: it opens offline from disk. Where
+the page is shown without its folder (MLflow's artifact view serves report.html alone)
+the status line says that the charts need plotly.min.js beside it; the tables read.
 
 A ChartSpec (analysis.charts) becomes one figure: per series a marker trace (frontier
 points larger and outlined, the seed interval as error bars, hover text with the
 point's configuration and values) and, when the series has one, its line in the same
 legend group, so a legend click hides both; a reference line (hlines) is a dashed
 trace of its own in the legend. Plotly brings zoom, pan, box/lasso selection and PNG
-export (the modebar).
+export (the modebar). A chart of more colours than a reader tells apart is drawn as the
+PNG draws it: small multiples (analysis/charts.small_multiples), panels side by side in
+its slot on the same axis ranges.
 
 The page records its outcome on <body> for analysis/screenshot.py: once every
-Plotly.newPlot promise has resolved, data-rendered = the charts drawn and
-data-points = the markers in their SVG; data-js-error (with the message, also shown
+Plotly.newPlot promise has resolved, data-rendered = the plots drawn (a panel of small
+multiples is one) and data-points = the markers in their SVG; data-js-error (with the message, also shown
 at the top) when any script throws or a promise rejects.
 """
 
@@ -21,11 +25,15 @@ from __future__ import annotations
 
 import html
 import json
+import math
+import textwrap
 
-from analysis.charts import ChartSpec, Series, legend_entries
+from analysis.charts import ChartSpec, Series, legend_entries, small_multiples
 from analysis.charts import finite as _finite
 
 WIDTH, HEIGHT = 680, 470
+PANEL_WIDTH, PANEL_HEIGHT = 520, 430  # small multiples: two side by side within the page's 1100 px
+PANEL_TITLE_CHARS = 60  # a panel's title wraps at this many characters (13 px type across its plot)
 HLINE_COLOR = "#888"
 
 STYLE = """
@@ -37,7 +45,8 @@ h3{font-size:15px;margin:18px 0 4px}.meta{color:#555;font-size:13px}.caption{col
 table.paper{border-collapse:collapse;font-size:12px;margin:6px 0 14px;display:block;overflow-x:auto}
 table.paper th,table.paper td{border-bottom:1px solid #e3e3e3;padding:3px 8px;text-align:right;white-space:nowrap}
 table.paper th{background:#f6f6f6;position:sticky;top:0}table.paper td:first-child,table.paper th:first-child{text-align:left}
-.chart{display:inline-block;vertical-align:top;margin:6px 12px 12px 0}.chart .plot{border:1px solid #eee}
+.chart{display:inline-block;vertical-align:top;margin:6px 12px 12px 0}.chart .panel{border:1px solid #eee;
+display:inline-block;vertical-align:top;margin:0 8px 8px 0}
 code{background:#f3f3f3;padding:0 3px}
 """
 
@@ -65,10 +74,19 @@ DRAW = r"""
 (function () {
   'use strict';
   var charts = JSON.parse(document.getElementById('report-data').textContent).charts;
+  if (typeof Plotly === 'undefined') {
+    throw new Error('plotly.min.js did not load: the charts need it beside report.html (open the page in its folder)');
+  }
   var drawing = [];
   charts.forEach(function (chart) {
     var host = document.getElementById('chart-' + chart.name);
-    if (host) drawing.push(Plotly.newPlot(host, chart.figure.data, chart.figure.layout, chart.config));
+    if (!host) return;
+    chart.panels.forEach(function (panel) {
+      var div = document.createElement('div');
+      div.className = 'panel';
+      host.appendChild(div);
+      drawing.push(Plotly.newPlot(div, panel.figure.data, panel.figure.layout, panel.config));
+    });
   });
   Promise.all(drawing).then(function (plots) {
     var rendered = 0, points = 0;
@@ -189,8 +207,10 @@ def _key_trace(entry: Series) -> dict:
     }
 
 
-def figure(spec: ChartSpec):
-    """ChartSpec → plotly.graph_objects.Figure (validated by plotly.py)."""
+def figure(spec: ChartSpec, ranges: tuple[list[float] | None, list[float] | None] = (None, None), panel: bool = False):
+    """ChartSpec → plotly.graph_objects.Figure (validated by plotly.py); ranges: its x and
+    y axes' ranges (Plotly's units: decades on a log axis), None for Plotly's own; panel:
+    one of small multiples, drawn smaller."""
     # Imported here, like matplotlib in analysis.plots: a CLI that stops at a bad
     # experiment name should not pay for it.
     import plotly.graph_objects as go
@@ -215,10 +235,15 @@ def figure(spec: ChartSpec):
                     "line": {"color": HLINE_COLOR, "width": 1.5, "dash": "dash"},
                 }
             )
-    # The x axis and the legend are filled in below, for a legend title and categorical ticks.
+    # The axes and the legend are filled in below: shared ranges, a legend title, categorical ticks.
     xaxis: dict[str, object] = {
         "title": {"text": html.escape(spec.x_label)},
         "type": "log" if spec.log_x else "linear",
+        "zeroline": False,
+    }
+    yaxis: dict[str, object] = {
+        "title": {"text": html.escape(spec.y_label)},
+        "type": "log" if spec.log_y else "linear",
         "zeroline": False,
     }
     legend: dict[str, object] = {
@@ -229,30 +254,48 @@ def figure(spec: ChartSpec):
         "x": 0,
         "font": {"size": 11},
     }
+    title, top = _title(spec.title, panel)
     layout = {
-        "title": {"text": html.escape(spec.title), "font": {"size": 15}},
+        "title": title,
         "template": "plotly_white",
-        "width": WIDTH,
-        "height": HEIGHT,
+        "width": PANEL_WIDTH if panel else WIDTH,
+        "height": PANEL_HEIGHT if panel else HEIGHT,
         "hovermode": "closest",
-        "margin": {"l": 70, "r": 20, "t": 50, "b": 40},
+        "margin": {"l": 70, "r": 20, "t": top, "b": 40},
         "xaxis": xaxis,
-        "yaxis": {
-            "title": {"text": html.escape(spec.y_label)},
-            "type": "log" if spec.log_y else "linear",
-            "zeroline": False,
-        },
+        "yaxis": yaxis,
         "legend": legend,
     }
     if spec.legend_title:
         legend["title"] = {"text": html.escape(spec.legend_title) + "  "}
-    if spec.x_ticks:  # a categorical axis drawn at positions 0..k-1, labelled by its values
+    for axis, span in zip((xaxis, yaxis), ranges):
+        if span is not None:
+            axis["range"] = span
+    if spec.x_ticks:  # the spec's own ticks: a category axis' positions 0..k-1, or a numeric axis' values
         xaxis.update(
             tickmode="array",
             tickvals=[x for x, _ in spec.x_ticks],
             ticktext=[html.escape(label) for _, label in spec.x_ticks],
         )
     return go.Figure(data=traces, layout=layout)
+
+
+def _title(text: str, panel: bool) -> tuple[dict, int]:
+    """The layout's title and the top margin it needs. A panel's title, narrower than its
+    text, wraps onto lines just above the plot, below where the modebar shows."""
+    if not panel:
+        return {"text": html.escape(text), "font": {"size": 15}}, 50
+    lines = textwrap.wrap(text, PANEL_TITLE_CHARS)
+    title = {
+        "text": "<br>".join(html.escape(line) for line in lines),
+        "font": {"size": 13},
+        "y": 1,
+        "yref": "paper",
+        "yanchor": "bottom",
+        # Plotly anchors a title's first line: the lines below it need the room too
+        "pad": {"b": 8 + 17 * (len(lines) - 1)},
+    }
+    return title, 40 + 17 * len(lines)
 
 
 def _config(spec: ChartSpec) -> dict:
@@ -272,10 +315,41 @@ def _embed(data: dict) -> str:
 
 
 def charts_json(charts: list[ChartSpec]) -> str:
-    """Every chart as its Plotly figure and config, as the JSON the page's DRAW script reads."""
-    data = {
-        "charts": [
-            {"name": spec.name, "figure": figure(spec).to_plotly_json(), "config": _config(spec)} for spec in charts
-        ]
-    }
+    """Every chart as its panels' Plotly figures and configs (one panel, or small multiples
+    on shared ranges), as the JSON the page's DRAW script reads."""
+    data = {"charts": [{"name": spec.name, "panels": _panels(spec)} for spec in charts]}
     return _embed(data)
+
+
+def _panels(spec: ChartSpec) -> list[dict]:
+    panels = small_multiples(spec)
+    several = len(panels) > 1
+    ranges = shared_ranges(panels) if several else (None, None)
+    return [{"figure": figure(p, ranges, panel=several).to_plotly_json(), "config": _config(p)} for p in panels]
+
+
+RANGE_MARGIN = 0.05  # of an axis' span, a side: what Plotly's autorange leaves about a marker
+
+
+def shared_ranges(panels: list[ChartSpec]) -> tuple[list[float] | None, list[float] | None]:
+    """One x and one y range for every panel of a chart: all they draw (points, their
+    bars, lines, reference lines, ticks), so that the panels compare as the PNG's do."""
+    xs, ys = [], []
+    for spec in panels:
+        for s in spec.series:
+            xs += [v for p in s.points for v in (p.x, p.x_lo, p.x_hi)] + [x for x, _ in s.line]
+            ys += [v for p in s.points for v in (p.y, p.lo, p.hi)] + [y for _, y in s.line]
+        xs += [x for x, _ in spec.x_ticks]
+        ys += [y for y, _ in spec.hlines]
+    return _span(xs, panels[0].log_x), _span(ys, panels[0].log_y)
+
+
+def _span(values: list, log: bool) -> list[float] | None:
+    """The range over the finite values (positive ones on a log axis, in decades), with
+    RANGE_MARGIN a side; None without any."""
+    shown = [math.log10(v) if log else v for v in values if _finite(v) and (v > 0 or not log)]
+    if not shown:
+        return None
+    low, high = min(shown), max(shown)
+    margin = (high - low) * RANGE_MARGIN or (0.05 if log else abs(high) * RANGE_MARGIN or 1.0)
+    return [low - margin, high + margin]

@@ -4,31 +4,15 @@ it runs headless)."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
-from analysis.charts import LEGEND_HANDFUL, ChartSpec, finite, legend_entries
+from analysis.charts import ChartSpec, finite, legend_entries, small_multiples
 
 DPI = 150
 
 
 def render_png(spec: ChartSpec, path: Path) -> Path:
     return render_panels([spec], path)
-
-
-def small_multiples(spec: ChartSpec) -> list[ChartSpec]:
-    """A chart whose legend would list more than LEGEND_HANDFUL series and cannot list its
-    factors instead (legend_entries) as panels of at most that many series each, titled
-    "(1 of 3)"..., every one with its legend; drawn on the same axes' limits
-    (render_panels). Any other chart: itself. (The HTML report keeps one chart, its legend
-    a selector.)"""
-    if len(spec.series) <= LEGEND_HANDFUL or legend_entries(spec) is not None:
-        return [spec]
-    chunks = [spec.series[i : i + LEGEND_HANDFUL] for i in range(0, len(spec.series), LEGEND_HANDFUL)]
-    return [
-        dataclasses.replace(spec, series=chunk, title=f"{spec.title} ({i} of {len(chunks)})")
-        for i, chunk in enumerate(chunks, 1)
-    ]
 
 
 def render_panels(specs: list[ChartSpec], path: Path, columns: int = 3) -> Path:
@@ -105,6 +89,10 @@ def _draw(ax, spec: ChartSpec) -> None:
     ax.grid(True, alpha=0.3)
     if spec.x_ticks:
         ax.set_xticks([x for x, _ in spec.x_ticks], [label for _, label in spec.x_ticks])
+        from matplotlib.ticker import NullFormatter
+
+        # only these labels: a log axis would label minor ticks between them, over them
+        ax.xaxis.set_minor_formatter(NullFormatter())
     entries = legend_entries(spec)
     if entries is not None:  # each colour and each line style once
         from matplotlib.lines import Line2D

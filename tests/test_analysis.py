@@ -427,12 +427,16 @@ def test_html_needs_no_network(report):
     from plotly.offline import get_plotlyjs
 
     text = (report[0] / "report.html").read_text()
-    assert text.count(get_plotlyjs()) == 1  # plotly.js inline, once for the four charts
-    assert "<script src" not in text and "<link" not in text and "@import" not in text
+    # plotly.js is the file beside the page, loaded by its name alone: once, never inline
+    assert re.findall(r"<script src=[^>]*>", text) == ['<script src="plotly.min.js">']
+    assert (report[0] / "plotly.min.js").read_text() == get_plotlyjs()
+    bundle = get_plotlyjs()
+    assert bundle[:1000] not in text and bundle[-1000:] not in text
+    assert "<link" not in text and "@import" not in text
     # plotly.js's own source names URLs (geo topojson, Plotly Cloud) that scatter charts
-    # never fetch (the Chromium check runs with every host unresolvable); the rest of
-    # the page names none, and the "Share chart" (upload to Plotly Cloud) button is off.
-    page = text.replace(get_plotlyjs(), "")
+    # never fetch (the Chromium check runs with every host unresolvable); the page names
+    # none, and the "Share chart" (upload to Plotly Cloud) button is off.
+    page = text
     assert "http://" not in page and "https://" not in page and "url(" not in page
     assert '"showSendToCloud": false' in page
     assert 'id="report-data"' in text and 'id="chart-frontier"' in text
@@ -698,29 +702,34 @@ def test_screenshot_of_a_missing_report_says_no_such_file(tmp_path):
 
 @pytest.mark.slow  # 15 s: Chromium over the whole report (the β and downstream reports' checks stay in the suite)
 def test_report_renders_in_headless_chromium(report, tmp_path):
+    import shutil
+
     from analysis.screenshot import check_report, find_browser
 
     if find_browser() is None:
         pytest.skip("no Chromium (apt-get install -y chromium, or set LOOPLAB_CHROMIUM)")
-    found = check_report(report[0] / "report.html", tmp_path / "shot.png")
+    # the folder is the report: a copy of it elsewhere draws every chart
+    folder = shutil.copytree(report[0], tmp_path / "copied")
+    found = check_report(folder / "report.html", tmp_path / "shot.png")
     assert found["problems"] == [], found
     # frontier, skip, two β charts and the four per-loop instruments
     assert found["charts"] == 8 and found["points"] >= 30
     assert found["plots"] == 8 and found["markers"] == found["points"]
-    text = (report[0] / "report.html").read_text()
+    text = (folder / "report.html").read_text()
     # the check does catch a page whose script throws
     hook = "var charts = JSON.parse("
     assert text.count(hook) == 1
-    broken = tmp_path / "broken.html"
+    broken = folder / "broken.html"
     broken.write_text(text.replace(hook, "nope(); " + hook))
     assert any("script error" in p for p in check_report(broken)["problems"])
-    # and a page without the inline plotly.js (as if it relied on a CDN): nothing drawn
-    from plotly.offline import get_plotlyjs
-
-    bare = tmp_path / "bare.html"
-    bare.write_text(text.replace(get_plotlyjs(), ""))
-    problems = check_report(bare)["problems"]
-    assert any("Plotly is not defined" in p for p in problems) and any("no chart rendered" in p for p in problems)
+    # and the page alone, without plotly.min.js beside it (as MLflow's artifact view serves
+    # it): nothing drawn, and it says why
+    alone = tmp_path / "alone" / "report.html"
+    alone.parent.mkdir()
+    alone.write_text(text)
+    problems = check_report(alone)["problems"]
+    assert any("plotly.min.js did not load" in p for p in problems), problems
+    assert any("no chart rendered" in p for p in problems), problems
 
 
 # ---- downstream evaluations (level eval) and the policy zoo ------------------------------------
@@ -1053,14 +1062,15 @@ def test_captions_say_bars_only_where_intervals_are_drawn():
 
 def test_many_series_without_factors_become_small_multiples_on_shared_limits(tmp_path):
     """Fourteen series whose colours stand for nothing common: three panels of at most six,
-    each with its legend; the PNG draws them on the same limits. A factored chart stays one."""
-    from analysis.charts import LEGEND_HANDFUL, ChartSpec, Point, Series
-    from analysis.plots import render_png, small_multiples
+    as even as 14 splits (5, 5, 4), each with its legend; the PNG draws them on the same
+    limits. A handful stays one."""
+    from analysis.charts import LEGEND_HANDFUL, ChartSpec, Point, Series, small_multiples
+    from analysis.plots import render_png
 
     series = [Series(f"run {i}", f"#{i:02d}0000", [Point(float(i), float(i * i), "p")]) for i in range(14)]
     spec = ChartSpec("many", "fourteen runs", "x", "y", series)
     panels = small_multiples(spec)
-    assert [len(p.series) for p in panels] == [6, 6, 2] and all(len(p.series) <= LEGEND_HANDFUL for p in panels)
+    assert [len(p.series) for p in panels] == [5, 5, 4] and all(len(p.series) <= LEGEND_HANDFUL for p in panels)
     assert [p.title for p in panels] == ["fourteen runs (1 of 3)", "fourteen runs (2 of 3)", "fourteen runs (3 of 3)"]
     assert [s.name for p in panels for s in p.series] == [s.name for s in series]  # none lost, order kept
     assert small_multiples(ChartSpec("few", "t", "x", "y", series[:6])) == [ChartSpec("few", "t", "x", "y", series[:6])]

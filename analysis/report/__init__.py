@@ -23,7 +23,8 @@ writes into out_dir:
   *.png                  axis.png, frontier.png, downstream.png (Fig. 3), zoo.png, skip_ppl.png,
                          beta_exit_entropy.png, beta_expected_exit_step.png, loops_*.png, speed.png,
                          depth_fit.png
-  report.html            one self-contained interactive page with all of it
+  report.html            one interactive page with all of it; its header says which sweep(s) it covers
+  plotly.min.js          plotly.js, which report.html loads from its folder (the folder is self-contained)
   notes.txt              what was skipped and why
 and logs them as artifacts (folder `analysis`) of the sweep run: `sweep_run_id`, or
 the newest run tagged level=sweep in the experiments. Returns {file name: path}.

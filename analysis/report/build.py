@@ -16,7 +16,7 @@ from analysis.errors import AnalysisError
 from analysis.load import RunSet, load_runs
 from analysis.points import evaluation_points
 from analysis.report.artifacts import log_to_sweep_run
-from analysis.report.assemble import render_page
+from analysis.report.assemble import PLOTLY_JS, render_page, write_plotly_js
 from analysis.report.bench import arrivals_section, speed_section
 from analysis.report.beta import beta_section
 from analysis.report.context import ReportContext, Section
@@ -183,7 +183,7 @@ def _point_sections(
 
 
 def _write_page(ctx: ReportContext, sections: list[Section], meta: list[str]) -> None:
-    """report.html (every section and chart) and notes.txt."""
+    """report.html (every section and chart), plotly.js beside it, and notes.txt."""
     page = render_page(
         title=f"looplab analysis: {', '.join(ctx.runs.experiments.values())}",
         meta=meta,
@@ -193,6 +193,7 @@ def _write_page(ctx: ReportContext, sections: list[Section], meta: list[str]) ->
     )
     (ctx.out / "report.html").write_text(page)
     ctx.paths["report.html"] = ctx.out / "report.html"
+    ctx.paths[PLOTLY_JS] = write_plotly_js(ctx.out)  # an artifact too: the logged folder works alone
     _write_notes(ctx)
     ctx.paths["notes.txt"] = ctx.out / "notes.txt"
 
