@@ -43,6 +43,7 @@ The package, one module per job:
   quality        the compute and quality axes: CLI names, labels, directions, `auto`, checks
   render         the jinja2 environment over templates/*.html.j2 (autoescape on)
   wording        counts in words for captions
+  coverage       the header's first lines: the one sweep the page covers, or each sweep it pools
   artifacts      the written files as MLflow artifacts of the sweep run
   one module per section, in the page's order:
     scan (a scan's effects), searched_axis (with findings: "What this sweep found"), beta,
