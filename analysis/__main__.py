@@ -27,6 +27,8 @@ from analysis.tables import REPRESENTATIVE_Q
 from looplab.arguments import Parser, add_flags, flag, flags_of
 from looplab.tracking import EXECUTED_LOOPS
 
+Scope = Literal["experiment", "sweep"]
+
 
 @dataclass(frozen=True, kw_only=True)  # kw_only: the required --out among the others, in --help's order
 class Report:
@@ -46,7 +48,7 @@ class Report:
         "reused) and the files become its artifacts",
         metavar="ID",
     )
-    scope: Literal["experiment", "sweep"] | None = flag(
+    scope: Scope | None = flag(
         None,
         "sweep: only the --sweep-run's runs (the default with --sweep-run); experiment: every run of the "
         "experiments (the default without), the files still logged to --sweep-run",
@@ -95,7 +97,7 @@ class Report:
             best_of_seeds=self.best_of_seeds,
             confidence=self.confidence,
             budget=self.budget,
-            scope=self.scope or ("sweep" if self.sweep_run else "experiment"),
+            scope=resolved_scope(self.scope, self.sweep_run),
             statuses=None if self.all_statuses else ("FINISHED",),
             strict=True,
             representative_q=self.representative_q if self.representative_q >= 0 else None,
@@ -104,7 +106,12 @@ class Report:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "Report":
         uri = os.environ.get("MLFLOW_TRACKING_URI", "") if args.tracking_uri is None else args.tracking_uri
-        return flags_of(cls, args, tracking_uri=uri)
+        return flags_of(cls, args, tracking_uri=uri, scope=resolved_scope(args.scope, args.sweep_run))
+
+
+def resolved_scope(scope: Scope | None, sweep_run: str | None) -> Scope:
+    """--scope as given, else one sweep's runs with --sweep-run, every run of the experiments without."""
+    return scope or ("sweep" if sweep_run else "experiment")
 
 
 def parser() -> argparse.ArgumentParser:
