@@ -140,6 +140,9 @@ def load_runs(
 
     table = _runs_table(runs, tags, params, latest, id_to_name, notes)
     if sweep_run_id and subtree:
+        if not trial_keys:  # the trials the sweep recorded at its end (an older sweep run: its subtree alone)
+            said = tags.filter((pl.col("run_id") == sweep_run_id) & (pl.col("key") == tracking.SWEEP_TRIALS))
+            trial_keys = tuple(k for k in (said["value"][0] if said.height else "").split(",") if k)
         table = sweep_runs(table, sweep_run_id, trial_keys)
     metric_summary = _metric_summary(latest, extrema).filter(pl.col("run_id").is_in(table["run_id"].implode()))
     return RunSet(tracking_uri, id_to_name, table, metric_summary, source, notes)

@@ -245,6 +245,7 @@ def _run_locked(run: SweepRun) -> list[dict[str, Any]]:
         rows = _rows(run, results, mc, experiment_id)
         # The report reads this sweep's trials alone, those it reused from another sweep's run too
         trial_keys = [r[tracking.STAGE_KEY] for r in rows]
+        mc.set_tag(sweep_run, tracking.SWEEP_TRIALS, ",".join(trial_keys))  # python -m analysis --sweep-run reads it
         report = write_report(run.uri, run.experiment, sweep_run, run.local / "analysis" / run.run_name, trial_keys)
         table = summary_table(sweep, rows)
         log_headline(mc, sweep_run, sweep, rows)

@@ -282,7 +282,7 @@ def print_summary(
             if name in report:
                 print(f"{name + ':':12s} {report[name]}")  # a space even after the 13-character frontier.png:
     print(
-        f"re-plot:     python -m analysis --tracking-uri {uri} --experiment {experiment} "
+        f"re-plot:     python -m analysis --tracking-uri {uri} --experiment {experiment} --sweep-run {sweep_run} "
         f"--out {local / 'analysis' / run_name}"
     )
 

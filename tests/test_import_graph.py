@@ -24,7 +24,8 @@ FLOOR = {"looplab": 0, "trainables": 1, "analysis": 1, "sweeps": 2}
 # package's top) may import rooms on lower floors and itself, never a room above nor one
 # beside it. docs/architecture.md draws the same list.
 LIBRARY_FLOORS = (
-    ("errors", "keys", "threads", "arguments"),  # nothing of looplab
+    ("errors", "keys", "threads", "console"),  # nothing of looplab
+    ("arguments",),  # the command lines' flags (its errors' wording from errors)
     ("fields", "policy", "devices", "destinations", "retrofit"),  # field checks, exit rules, device, HF shapes
     ("tasks", "stages"),  # the tasks and their configs; the stage registry
     ("config",),  # the experiment's typed configs

@@ -162,6 +162,26 @@ def test_without_its_driver_a_sweeps_page_says_which_declared_trials_it_lacks(sw
     assert "alone: 1 trial under its run; of the 3 trials it declares, 2 are not read" in said, said
 
 
+def test_the_trials_a_sweep_recorded_let_the_command_read_it_again_whole(sweeps, tmp_path, capsys):
+    """The driver records its trials' final stage keys on the sweep run at its end
+    (tracking.SWEEP_TRIALS): the command then reads the extension's three β, the two it
+    reused whole from the grid's run among them, as the sweep's own report did."""
+    from analysis.__main__ import main
+    from looplab import tracking
+
+    extension = sweeps["extension"]
+    mc = tracking.client(sweeps["uri"])
+    mc.set_tag(extension["sweep_run"], tracking.SWEEP_TRIALS, ",".join(final_keys(extension)))
+    try:
+        argv = ["--tracking-uri", sweeps["uri"], "--sweep-run", extension["sweep_run"], "--no-log"]
+        assert main([*argv, "--out", str(tmp_path)]) == 0
+    finally:
+        mc.delete_tag(extension["sweep_run"], tracking.SWEEP_TRIALS)  # the fixture is the other tests' too
+    capsys.readouterr()
+    assert betas_of(tmp_path) == {0.1, 0.5, 1.0}
+    assert trials_of(tmp_path) == set(extension["trials"].values())
+
+
 def test_a_whole_experiment_report_lists_every_sweep_it_pools(sweeps, tmp_path):
     build(sweeps, tmp_path)
     said = header(tmp_path)

@@ -79,6 +79,9 @@ SWEEP_KEY = "sweep_key"
 SWEEP_TAG = "sweep"  # the experiment a trial belongs to
 COMMAND = "command"
 SPEED_KEY = "speed_key"  # a prefill speed point's content key (trainables/bench.py)
+# On a sweep run: its trials' final stage keys, comma-separated, those it reused whole from
+# another sweep's run too (MLflow records no link to them), so its report can be read again
+SWEEP_TRIALS = "sweep_trial_keys"
 SCAN_AXES = "scan_axes"  # on a sweep run: its axes, comma-separated (the searched params the others derive from)
 TRIAL_RUN = "trial_run"  # a stage run's trial (part of its lookup key)
 REUSED = "reused"  # "true" when a stage run reports a stage trained by another trial
