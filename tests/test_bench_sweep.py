@@ -306,6 +306,14 @@ def test_arrivals_sweep_end_to_end_inline(store, capsys, monkeypatch):
         assert row["flop_ratio"] == pytest.approx(m[tracking.FLOP_RATIO])
         assert row["of_flop_ratio"] == pytest.approx(m[tracking.SPEEDUP] / m[tracking.FLOP_RATIO])
         assert row[DECODE_TOKENS_PER_S] == pytest.approx(m[DECODE_TOKENS_PER_S])
+        # against the fastest full of the checkpoint's stream (one slot count here), whichever schedule
+        best = max(
+            metrics[DECODE_TOKENS_PER_S]
+            for (key, _, policy), metrics in by_run.items()
+            if key == row["stage_key"] and policy == "full"
+        )
+        assert row["vs_best_full"] == pytest.approx(m[DECODE_TOKENS_PER_S] / best)
+        assert row["realised"] == pytest.approx(m[DECODE_TOKENS_PER_S] / best / m[tracking.FLOP_RATIO])
 
 
 def test_an_arrivals_key_is_its_own():
