@@ -409,6 +409,18 @@ def beta_charts(histories: pl.DataFrame, *, n_loops: int | None = None) -> list[
     return charts
 
 
+def _axis_places(table: pl.DataFrame, name: str) -> tuple[bool, list, list]:
+    """(numeric, each row's x, the ticks) of the axis `name`: its own values when numeric
+    (the _order0 column), else positions 0..k-1 labelled by its values."""
+    if "_order0" in table.columns and table["_order0"].is_not_null().all():
+        xs = table["_order0"].to_list()
+        places = sorted(set(xs))
+        return True, xs, list(zip(places, tick_labels(places)))
+    values = list(dict.fromkeys(table[name].to_list()))
+    positions = {v: float(i) for i, v in enumerate(values)}
+    return False, [positions[v] for v in table[name].to_list()], list(zip(positions.values(), values))
+
+
 def axis_chart(
     table: pl.DataFrame, axes: list[Axis], keys: list[str], quality: str, qlabel: str, skip_label: str | None
 ) -> ChartSpec:
@@ -417,16 +429,7 @@ def axis_chart(
     values span more than 10×), its ticks short and apart (tick_labels, spaced_ticks); any
     other at positions 0..k-1 labelled by its values."""
     first = axes[0]
-    numeric = "_order0" in table.columns and table["_order0"].is_not_null().all()
-    if numeric:
-        xs = table["_order0"].to_list()
-        places = sorted(set(xs))
-        x_ticks = list(zip(places, tick_labels(places)))
-    else:
-        values = list(dict.fromkeys(table[first.name].to_list()))
-        positions = {v: float(i) for i, v in enumerate(values)}
-        xs = [positions[v] for v in table[first.name].to_list()]
-        x_ticks = list(zip(positions.values(), values))
+    numeric, xs, x_ticks = _axis_places(table, first.name)
     table = table.with_columns(pl.Series("_x", xs, pl.Float64))
     rest = keys[1:]
     low, high = f"{qlabel} low", f"{qlabel} high"
