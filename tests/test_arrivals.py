@@ -207,6 +207,24 @@ def test_the_command_prints_a_table_and_writes_json(tmp_path, capsys, monkeypatc
     # one repeat: its spread is the median itself; full's speedup over itself is 1
     assert all(r["speedup_min"] == r["speedup_max"] == pytest.approx(r["speedup"]) for r in records)
     assert records[0]["speedup"] == 1.0
+    # the only full is the best one: its own figure 1, the skip's its speedup over it
+    assert records[0]["vs_best_full"] == 1.0 and records[1]["vs_best_full"] == pytest.approx(records[1]["speedup"])
+    fresh = records[1]["mean_executed_loops"]
+    assert fresh == 3.0  # a fresh gate's bias (-2) is every token's: all reach q = 0.3 at loop 3
+    # --gate-spread: the fresh gate's weights spread, so tokens exit at loops of their own
+    assert main([*argv, "--gate-spread", "5"]) == 0
+    capsys.readouterr()
+    assert json.loads(out.read_text())[1]["mean_executed_loops"] not in (fresh, 1.0, 4.0)
+
+
+def test_the_gate_is_spread_with_its_seed_and_never_a_checkpoints():
+    from looplab.costs.arrival_bench import spread_gate
+
+    a, b = (spread_gate(gated_model("mamba2", seed=1), 5.0, seed=3) for _ in range(2))
+    assert torch.equal(a.exit_gate.weight, b.exit_gate.weight) and float(a.exit_gate.bias) == 0.0
+    assert 3.0 < float(a.exit_gate.weight.std()) < 7.0  # N(0, 5²) over d_model weights
+    with pytest.raises(ConfigError, match="gate_spread"):
+        spread_gate(a, float("nan"))
 
 
 def exit_status(argv) -> int:
@@ -223,6 +241,7 @@ def exit_status(argv) -> int:
         ("--prompt-len", "8-4", "argument --prompt-len: '8-4' is invalid; allowed: LOW-HIGH or N"),
         ("--slots", "0", "argument --slots: '0' is invalid"),
         ("--policies", "forced:9", "--policies='forced:9' is invalid; allowed: an integer in [1, R=4]"),
+        ("--gate-spread", "-1", "--gate-spread=-1 is invalid; allowed: a number > 0 with --preset"),
     ],
 )
 def test_a_bad_flag_is_one_line(flag, value, message, capsys):

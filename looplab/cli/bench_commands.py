@@ -210,6 +210,11 @@ class BenchArrivals:
 
     checkpoint: str = flag("", "a trained checkpoint (gate-driven exits need one)")
     preset: str = flag("", "or a preset, freshly initialised")
+    gate_spread: float = flag(
+        0.0,
+        "with --preset: draw the fresh gate's weights from N(0, S²) (bias 0), so tokens exit at varied "
+        "loops as a trained gate's do (benchmarks/suite.py: 5); 0: the fresh gate, which exits none",
+    )
     slots: Sequence[int] = flag((8, 32), "comma-separated cache rows served at once", type=ints_at_least(1))
     policies: Sequence[ExitPolicy] = flag(
         (ExitPolicy.parse("skip:0.4"),),
@@ -259,12 +264,18 @@ def cmd_bench_arrivals(args) -> int:
         bench_arrivals,
         format_record,
         records_as_dicts,
+        spread_gate,
     )
     from looplab.costs.machine import check_stream
     from looplab.devices import resolve_device
     from looplab.inference.arrivals import RequestStream
 
+    if args.gate_spread and (args.checkpoint or args.gate_spread < 0):
+        allowed = "a number > 0 with --preset (a checkpoint's gate is trained: it is timed as it is)"
+        raise ConfigError(f"--gate-spread={args.gate_spread:g} is invalid; allowed: {allowed}")
     model, task = model_and_task(args)
+    if args.gate_spread:
+        spread_gate(model, args.gate_spread, seed=args.seed)
     for policy in args.policies:  # (given exits cannot be written on a command line)
         try:
             policy.check(model.cfg.n_loops)

@@ -27,6 +27,8 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Callable
 
+import torch
+
 from looplab.costs.resources import flop_ratio, prefill_flops
 from looplab.errors import check
 from looplab.fields import is_int
@@ -110,6 +112,20 @@ class ArrivalRecord:
     vs_best_full: float = math.nan
     realised: float = math.nan
     kind: str = "arrivals"
+
+
+def spread_gate(model, std: float, seed: int = 0):
+    """Fresh weights' gate, spread: its weights drawn from N(0, std²) (seeded), its bias 0.
+    A fresh gate's small weights and -2 bias exit no token (d̄ = R: skip has nothing to
+    save); a spread one exits tokens at varied loops, as a trained gate does, so a
+    fresh model can time what exits save. Returns the model."""
+    check(math.isfinite(std) and std > 0, "gate_spread", std, "a finite number > 0")
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        gate = model.exit_gate
+        gate.weight.copy_(torch.randn(gate.weight.shape, generator=generator) * std)
+        gate.bias.zero_()
+    return model
 
 
 def _bound(model, stream: RequestStream, policy: ExitPolicy, executed_loops: float) -> float:
