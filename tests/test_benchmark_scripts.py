@@ -107,3 +107,28 @@ def test_miniature_steps_covers_every_stage_shape_of_the_protocol():
     _, cfg = shapes[0]
     first, median = timed_steps(apply_overrides(cfg, {"train.compile": "off", "train.batch_size": 2}), 1)
     assert first > 0 and median > 0
+
+
+def test_the_skip_scan_reads_each_point_against_the_best_full(tmp_path):
+    """benchmarks/skip_scan.py at one tiny point, eager: its figures are the best skip
+    schedule's decode tokens/s over the best full's, and that over the FLOP ratio."""
+    result = run_script(
+        "skip_scan.py",
+        "--widths",
+        "64",
+        "--slots",
+        "4",
+        "--requests",
+        "4",
+        "--repeats",
+        "1",
+        "--compile",
+        "off",
+        "--png",
+        str(tmp_path / "scan.png"),
+        json_file=tmp_path / "scan.json",
+    )
+    (p,) = result["points"]
+    assert (p["width"], p["slots"]) == (64, 4) and 1 <= p["mean_executed_loops"] < 4  # the spread gate exits tokens
+    assert p["realised"] == pytest.approx(p["vs_best_full"] / p["flop_ratio"])
+    assert p["pays"] == (p["vs_best_full"] > 1.0) and (tmp_path / "scan.png").stat().st_size > 0
