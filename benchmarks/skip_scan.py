@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 import torch
 
+from looplab import tracking
 from looplab.arguments import Parser, add_flags, at_least, flag, flags_of, ints_at_least
 from looplab.costs.arrival_bench import ArrivalBench, bench_arrivals, spread_gate
 from looplab.inference.arrivals import RequestStream
@@ -73,8 +74,8 @@ def point(width: int, slots: int, o: Options) -> dict[str, Any]:
         "slots": slots,
         "best_full": full.schedule,
         "best_skip": skip.schedule,
-        "mean_executed_loops": skip.mean_executed_loops,
-        "flop_ratio": skip.flop_ratio,
+        tracking.MEAN_LOOPS: skip.mean_executed_loops,
+        tracking.FLOP_RATIO: skip.flop_ratio,
         "vs_best_full": skip.vs_best_full,
         "realised": skip.realised,
         "pays": skip.vs_best_full > 1.0,
@@ -123,8 +124,8 @@ def main(argv: list[str] | None = None) -> int:
             points.append(point(width, slots, o))
             q = points[-1]
             print(
-                f"d_model {width:4d}  slots {slots:3d}  d̄ {q['mean_executed_loops']:.2f}  FLOP ratio "
-                f"{q['flop_ratio']:.2f}  {q['best_skip']} skip ÷ {q['best_full']} full {q['vs_best_full']:.2f}×  "
+                f"d_model {width:4d}  slots {slots:3d}  d̄ {q[tracking.MEAN_LOOPS]:.2f}  FLOP ratio "
+                f"{q[tracking.FLOP_RATIO]:.2f}  {q['best_skip']} skip ÷ {q['best_full']} full {q['vs_best_full']:.2f}×  "
                 f"realised {q['realised']:.0%}" + ("  (skip pays)" if q["pays"] else ""),
                 flush=True,
             )
