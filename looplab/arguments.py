@@ -32,14 +32,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
 import math
 import re
 import typing
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
-from looplab.errors import allowed_names
+from looplab.errors import allowed_names, did_you_mean
 
 T = TypeVar("T")
 _FLAG = "looplab.flag"
@@ -202,9 +201,7 @@ def _did_you_mean(message: str) -> str:
     typed = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
     if typed is None:
         return ""
-    choices = re.findall(r"'([^']*)'", typed.group(2))
-    close = difflib.get_close_matches(typed.group(1), choices, n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    return did_you_mean(typed.group(1), re.findall(r"'([^']*)'", typed.group(2)))
 
 
 def printable(text: str) -> str:

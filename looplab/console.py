@@ -26,8 +26,7 @@ CONFIGURED_AT_IMPORT = ("mlflow",)
 def quiet_libraries(log_file: str | Path | None = None, verbose: bool = False) -> None:
     """Library console handlers show warnings and errors only; with `log_file`, every
     line the libraries log (at their own levels: MLflow's and Optuna's INFO) is appended
-    there as well. `verbose`: leave them as they
-    are (the libraries' own INFO lines on the console)."""
+    there as well. `verbose`: leave them as they are (their INFO lines on the console)."""
     if verbose:
         return
     for name in CONFIGURED_AT_IMPORT:

@@ -45,8 +45,13 @@ def allowed_names(value: Any, names: Iterable[str]) -> str:
     """The allowed names as an error lists them, with the nearest to a mistyped value
     offered: "debug | local | ... (did you mean 'debug'?)"."""
     names = list(names)
-    close = difflib.get_close_matches(str(value), names, n=1, cutoff=0.6)
-    return " | ".join(names) + (f" (did you mean {close[0]!r}?)" if close else "")
+    return " | ".join(names) + did_you_mean(value, names)
+
+
+def did_you_mean(value: Any, names: Iterable[str]) -> str:
+    """ " (did you mean 'debug'?)" for the name nearest a mistyped value, "" when none is near."""
+    close = difflib.get_close_matches(str(value), list(names), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def check(ok: bool, name: str, value: Any, allowed: str) -> None:

@@ -27,6 +27,7 @@ the whole machine (or one GPU) to itself.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import platform
@@ -163,7 +164,7 @@ class BenchTarget:
     config_hash: str
     method: str
 
-    @property
+    @functools.cached_property
     def weights_key(self) -> str:
         """Its points' keys read the stage's key and the weights it holds (keyed_step.weights_key)."""
         return weights_key(self.stage_key, stored_weights(Storage(self.checkpoint), self.checkpoint))
