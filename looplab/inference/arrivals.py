@@ -239,9 +239,25 @@ class _Server:
                 going.append((row, nxt))
         return going
 
+    def accept_steps(self, tokens: np.ndarray, loops: np.ndarray) -> np.ndarray:
+        """Several steps' finished tokens, (steps, rows) (DepthBatch.advance_greedy: -1
+        and 0 where none finished), recorded step by step; the rows whose request
+        ended (their later tokens discarded)."""
+        ended: list[int] = []
+        for step_tokens, step_loops in zip(tokens.tolist(), loops.tolist()):
+            for row, (token, ran) in enumerate(zip(step_tokens, step_loops)):
+                if ran and row not in ended and not self._record(row, token, ran):
+                    ended.append(row)
+        return np.array(ended, dtype=np.int64)
 
-def _serve_depth(server: _Server) -> int:
-    """Depth batching: returns the backbone steps."""
+
+def _serve_depth(server: _Server, steps_per_call: int) -> int:
+    """Depth batching: returns the backbone steps. While half the rows or more serve a
+    request, steps_per_call steps run as one call (DepthBatch.advance_greedy), each
+    finished token read out and its next one started on the device; a request that ends
+    within a call has its row's later steps discarded (at most steps_per_call − 1 of
+    them), and rows with no request left run discarded steps. Below half (the stream's
+    end) a step a call (DepthBatch.advance)."""
     batch = DepthBatch(server.model, server.cache, server.policy)
     server.load = batch.load_row  # the batch keeps each row's length on the host
     going = server.admit_all()
@@ -250,8 +266,15 @@ def _serve_depth(server: _Server) -> int:
             batch.start(
                 np.array([row for row, _ in going]), torch.tensor([token for _, token in going], device=server.device)
             )
+        if batch.fused:
+            ended = server.accept_steps(*batch.advance_greedy(steps_per_call))
+            batch.retire(ended)
+            going = [(row, token) for row in ended.tolist() if (token := server.admit(row)) is not None]
+            continue
         done = batch.advance()
-        going = server.accept(done.rows.tolist(), done.logits, done.loops.tolist()) if done.rows.numel() else []
+        rows = done.rows.tolist()
+        going = server.accept(rows, done.logits, done.loops.tolist()) if rows else []
+        batch.retire(sorted(set(rows) - {row for row, _ in going}))  # no request left for them
     return batch.steps
 
 
@@ -279,15 +302,29 @@ def _serve_lockstep(server: _Server) -> int:
     return steps
 
 
+# Depth batching's steps per call while every row serves (DepthBatch.advance_greedy):
+# a call costs about what one step did before it (the host's part is per call), and a
+# request ending within one wastes at most this many steps less one of its row's.
+STEPS_PER_CALL = 4
+
+
 @torch.no_grad()
 def serve(
-    model, requests: list[Request], policy: ExitPolicy, *, slots: int, schedule: str = DEPTH, attention_fill: str = HOLE
+    model,
+    requests: list[Request],
+    policy: ExitPolicy,
+    *,
+    slots: int,
+    schedule: str = DEPTH,
+    attention_fill: str = HOLE,
+    steps_per_call: int = STEPS_PER_CALL,
 ) -> Served:
     """Serve the requests in order with `slots` cache rows (module docstring), greedy."""
     check_serving(model, requests, policy, slots, schedule, attention_fill)
+    check(is_int(steps_per_call) and steps_per_call >= 1, "steps_per_call", steps_per_call, "an integer >= 1")
     server = _Server(model, requests, policy, slots, attention_fill)
     _synchronize(server.device)
     start = time.perf_counter()
-    steps = _serve_depth(server) if schedule == DEPTH else _serve_lockstep(server)
+    steps = _serve_depth(server, steps_per_call) if schedule == DEPTH else _serve_lockstep(server)
     _synchronize(server.device)
     return Served(server.tokens, server.loops, steps, time.perf_counter() - start, server.prefill_s)

@@ -32,12 +32,19 @@ import numpy as np
 import torch
 
 from looplab.config import ConfigError
-from looplab.models.cache import HOLE, InferenceCache
+from looplab.models.cache import HOLE, InferenceCache, Layout, StepCache
 from looplab.policy import DENSE, EXIT_RULES, GATE_LOGITS, GIVEN, ExitPolicy, exit_rule
 
 LOCKSTEP, DEPTH = "lockstep", "depth"  # generation's schedules (looplab/inference/generate.py)
 SCHEDULES = (LOCKSTEP, DEPTH)
 IDLE = -1  # a row's depth (loop − 1) when it runs no token
+# Discarded loops a fused call may run for idle rows before a step a call is cheaper:
+# about what one host round trip of a step costs on a CPU core (~0.25 ms at ~20 GFLOP/s).
+SPARE_FLOPS = 5e6
+# Reading out every row of a fused step: between `debug`'s 8 rows (0.27 MFLOP of head,
+# where the gather's own operations cost more) and `local`'s (66 MFLOP, most of it for
+# rows whose token goes on). gathered_readout.
+GATHER_FLOPS = 2e6
 
 
 def check_schedule(schedule: str) -> None:
@@ -89,6 +96,60 @@ def gate_loop(model, rule, h: torch.Tensor, positions: torch.Tensor | None, cach
     return (h, rule.decide(statistic), *state)
 
 
+def depth_steps(
+    model, rule, last: int, n_steps: int, gather: bool, h: torch.Tensor, depth: torch.Tensor, storage: list, *state
+):
+    """n_steps steps of a depth batch in which every row runs, greedy, as one function
+    (so compiled it is one call: CompiledDecodeStep.depth_steps). Per step: one loop for
+    each row at its slot of `storage` (InferenceCache.storage), the gate's decision
+    (rule None: fixed exits alone), and for the rows whose token is done (the gate's exit,
+    or depth `last`: the last loop the policy runs) their readout, greedy next token and
+    that token's embedding, started at loop 1 with a fresh rule state. No host round
+    trip between steps: the bookkeeping is tensor arithmetic on the device.
+
+    gather: the head runs on the finished rows alone (a data-dependent gather), else on
+    every row, the unfinished rows' logits unused. At a large vocabulary the head
+    outweighs a loop (`local`: 32,000 × 128 against a d-128 loop's ~0.4 MFLOP), and
+    reading out every row every step would cost d̄ heads a token instead of one; at a
+    small one the gather's own operations cost more than the head they save (`debug`,
+    8 rows, ahead of time: 46 µs a step gathered, 40 µs reading out every row):
+    gathered_readout chooses.
+
+    Returns (h, depth, tokens (n_steps, B): each step's greedy tokens, -1 where a row's
+    token went on, loops (n_steps, B): the loops its finished token ran, else 0, *the
+    rule's state)."""
+    batch = h.shape[0]
+    rows = torch.arange(batch, device=h.device)
+    tokens, loops = [], []
+    for _ in range(n_steps):
+        h = model.backbone(h[:, None], None, None, StepCache(storage, Layout.one_token(rows + depth * batch)))[:, 0]
+        done = depth == last
+        if rule is not None:
+            statistic, state = rule.statistic(model.exit_logit(h), state)
+            done = done | rule.decide(statistic)
+            fresh = rule.initial_state(batch, h.device)
+            state = tuple(torch.where(done, f, s) for f, s in zip(fresh, state))
+        if gather:
+            at = done.nonzero()[:, 0]
+            token = model.logits(h[at]).argmax(-1)
+            h = h.index_copy(0, at, model.embed(token))
+            tokens.append(torch.full_like(depth, -1).index_copy(0, at, token))
+        else:
+            token = model.logits(h).argmax(-1)
+            h = torch.where(done[:, None], model.embed(token), h)
+            tokens.append(torch.where(done, token, -1))
+        loops.append(torch.where(done, depth + 1, 0))
+        depth = torch.where(done, 0, depth + 1)
+    return (h, depth, torch.stack(tokens), torch.stack(loops), *state)
+
+
+def gathered_readout(model, rows: int) -> bool:
+    """Whether depth_steps reads out the finished rows alone (gather), at `rows` rows:
+    where reading out every row would cost more than GATHER_FLOPS (depth_steps'
+    docstring)."""
+    return model.flops_per_token(1)["head"] * rows > GATHER_FLOPS
+
+
 class DepthBatch:
     """The running tokens of a prefilled cache's rows (module docstring). readout=False
     skips the final norm and head (benchmarks time the loops alone; Done.logits is
@@ -123,6 +184,11 @@ class DepthBatch:
         self.fill = self.skip and cache.attention_fill != HOLE
         self.depth = np.full(B, IDLE, dtype=np.int64)  # loop − 1 of each row's running token
         self.position = np.zeros(B, dtype=np.int64)
+        self.retired = np.zeros(B, dtype=bool)  # rows whose states are spent until load_row (retire)
+        self._loop_flops = model.step_flops(1)  # one row's loop (a recurrent step's cost does not grow)
+        compiled = model.compiled_decode
+        # A CUDA graph replays fixed shapes: there the readout runs on every row.
+        self._gather = gathered_readout(model, B) and not (compiled is not None and compiled.cuda_graphs)
         self.exit_step = np.full(B, self.R, dtype=np.int64)
         # Exit steps known when a token starts (given, or fixed by full / forced), as depths.
         self.exit_depth = np.full(B, (policy.loops_run(self.R) or self.R) - 1, dtype=np.int64)
@@ -136,6 +202,18 @@ class DepthBatch:
         self.length = cache.length.numpy() if self._on_host else cache.length.cpu().numpy().copy()
         self._ones = None if self._on_host else torch.ones(B, dtype=cache.length.dtype, device=self.device)
         self._attention = cache.has_keys  # attention layers: room to reserve, positions to pass (RoPE)
+        # Greedy steps in one call (depth_steps, advance_greedy): a skip or fixed-depth
+        # policy (dense keeps each token's readout state beside it; given exits are per
+        # position) whose rule is the gate's or none, on recurrent states (attention's
+        # buffers grow and its exited tokens fill deeper loops: a step of its own).
+        self.fusable = (
+            readout
+            and self.skip
+            and self.given is None
+            and not self._attention
+            and (self.rule is None or self.gate_steps)
+            and (compiled is None or compiled.whole_steps or compiled.cuda_graphs)
+        )
 
     @property
     def running(self) -> bool:
@@ -154,8 +232,10 @@ class DepthBatch:
         at = rows if isinstance(rows, np.ndarray) else rows.cpu().numpy()
         if at.shape[0] == 0:
             return
-        if (self.depth[at] != IDLE).any():
-            raise ConfigError("rows is invalid; allowed: rows whose previous token is done")
+        if (self.depth[at] != IDLE).any() or self.retired[at].any():
+            raise ConfigError(
+                "rows is invalid; allowed: rows whose previous token is done (a retired row after load_row)"
+            )
         rows_t = self._tensor(at)
         positions = self.length[at]
         self.length[at] += 1
@@ -180,6 +260,70 @@ class DepthBatch:
         if self.given is not None:
             self.exit_depth[at] = self.given[at, positions] - 1
 
+    @property
+    def fused(self) -> bool:
+        """Whether advance_greedy may run: a fusable batch (__init__) with a running row
+        and every idle row retired, whose idle rows' discarded loops (they run in the call
+        too) cost no more than the running rows' own or SPARE_FLOPS, about what the
+        calls saved cost (at a stream's end: `debug` always fuses, a paper-size model
+        only while half its rows or more run)."""
+        idle = self.depth == IDLE
+        if not (self.fusable and self.n_running and self.retired[idle].all()):
+            return False
+        wasted = (self.cache.batch - self.n_running) * self._loop_flops
+        return wasted <= max(self.n_running * self._loop_flops, SPARE_FLOPS)
+
+    def advance_greedy(self, n_steps: int) -> tuple[np.ndarray, np.ndarray]:
+        """n_steps backbone steps in one call (depth_steps): each finished token is read
+        out greedily and its row's next token started with it. Returns tokens and loops,
+        (n_steps, B) host arrays: per step and row the greedy token of the token that
+        finished and the loops it ran; -1 and 0 where none did (idle rows: never). A
+        caller that wants no more tokens from a row retire()s it."""
+        if torch.is_grad_enabled():
+            with torch.no_grad():
+                return self.advance_greedy(n_steps)
+        if not self.fused or self.h is None:
+            raise ConfigError(
+                "advance_greedy is invalid here; allowed: half the rows running or more and the others retired, "
+                "readout on, a skip or fixed-depth policy with the gate's rule or none, recurrent states "
+                "(otherwise advance())"
+            )
+        idle = self.depth == IDLE
+        state = tuple(self.rule_state) if self.rule is not None else ()
+        depth = self._tensor(np.where(idle, 0, self.depth))  # a retired row runs from loop 1, discarded
+        last = int(self.exit_depth[0])  # the same for every row: no given exits here
+        compiled = self.model.compiled_decode
+        if compiled is None:
+            out = depth_steps(
+                self.model, self.rule, last, n_steps, self._gather, self.h, depth, self.cache.storage, *state
+            )
+        else:
+            constants = (self.rule, last, n_steps, self._gather)
+            out = compiled.depth_steps(depth_steps, self.model, constants, self.h, depth, self.cache, state)
+        self.h, depth, tokens_t, loops_t, *state_out = out
+        if self.rule is not None:
+            self.rule_state = tuple(state_out)
+        self.steps += n_steps
+        # One read back a call: the depths, tokens and loops.
+        self.depth[:] = np.where(idle, IDLE, depth.cpu().numpy())
+        tokens, loops = tokens_t.cpu().numpy(), loops_t.cpu().numpy()
+        tokens[:, idle], loops[:, idle] = -1, 0
+        started = (loops > 0).sum(0)  # each finished token started its row's next one
+        self.length += started  # on the host, cache.length's own memory
+        if self._ones is not None:
+            self.cache.length.add_(torch.from_numpy(started).to(self.device))
+        self.position += started
+        return tokens, loops
+
+    def retire(self, rows) -> None:
+        """Rows give up their running tokens, if any, and their states: advance_greedy
+        may run them as discarded steps, so they serve again only after load_row()
+        (a request that ended within a call, or a row with no request left)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        self.n_running -= int((self.depth[rows] != IDLE).sum())
+        self.depth[rows] = IDLE
+        self.retired[rows] = True
+
     def load_row(self, row: int, source: InferenceCache) -> None:
         """An idle row takes over a prefilled one-row cache (a new request joining the
         running batch as another finishes: looplab/inference/arrivals.py); its next start()
@@ -187,6 +331,7 @@ class DepthBatch:
         if self.depth[row] != IDLE:
             raise ConfigError(f"row={row} is invalid; allowed: a row whose previous token is done")
         self.cache.write_row(row, source)
+        self.retired[row] = False
         if not self._on_host:  # on the host, self.length is cache.length's own memory
             self.length[row] = int(source.length[0])
 

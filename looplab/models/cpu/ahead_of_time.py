@@ -14,8 +14,8 @@ with no guards, so what the guards checked is checked here, once per call and ch
   constants a built package can be handed, so it cannot read the model's), so each
   call compares the parameters' and buffers' identities, versions and memory (an
   optimizer step or load_state_dict bumps a version) and compiles again when they
-  changed. The copies are what the speed costs in memory: MAX_PACKAGES at most per
-  model.
+  changed. The copies are what the speed costs in memory: PACKAGE_BYTES of copies at
+  most per model (and never fewer than MIN_PACKAGES packages).
 
 Two kinds of step are packaged:
 - token_step: decode_step's whole token step under a full-depth policy, for every row
@@ -42,7 +42,11 @@ import torch
 
 from looplab.models.cache import Layout, StepCache
 
-MAX_PACKAGES = 4  # packages kept per model, the oldest dropped for a new one (10-20 s to build on 2 cores)
+# Packages kept per model, the oldest dropped for a new one (10-20 s to build on 2 cores):
+# a benchmark alternating lockstep and depth batching at two slot counts holds 6-8 of
+# them, and a dropped one is built again on its next use.
+PACKAGE_BYTES = 8 * 2**30  # the weights' copies one model's packages may hold together
+MIN_PACKAGES = 4
 
 
 def _inputs(cache) -> list[torch.Tensor]:
@@ -107,6 +111,26 @@ class _GateLoop(torch.nn.Module):
         return self.fn(self.model, self.rule, h, None, cache, *state)
 
 
+class _DepthSteps(torch.nn.Module):
+    """What is exported for depth batching's greedy steps: fn(model, *constants, h,
+    depth, the storage's states, *state) over (h, depth, *state, *storage tensors),
+    returning (h, depth, tokens, loops, *state) (inference/depth_batching.depth_steps)."""
+
+    def __init__(self, model, fn: Callable, template, constants: tuple, n_state: int):
+        super().__init__()
+        self.model, self.fn, self.storage, self.constants, self.n_state = (
+            model,
+            fn,
+            template.storage,
+            constants,
+            n_state,
+        )
+
+    def forward(self, h, depth, *flat):
+        state, tensors = flat[: self.n_state], flat[self.n_state :]
+        return self.fn(self.model, *self.constants, h, depth, _states(self.storage, iter(tensors)), *state)
+
+
 def _layout(t: torch.Tensor) -> tuple:
     # A package reads its inputs as laid out when it was built: shapes, strides and
     # dtypes are its signature (it checks none of them itself).
@@ -132,6 +156,8 @@ class AheadOfTimeSteps:
         self.packages: dict[tuple, Callable] = {}
         self.failed = False  # an export or build failed: the caller's dynamo step from then on
         self._weights = self._weights_now()
+        weight_bytes = sum(t.nbytes for _, _, t, _, _ in self._weights)
+        self.max_packages = max(MIN_PACKAGES, PACKAGE_BYTES // max(weight_bytes, 1))
 
     def _weights_now(self) -> list[tuple]:
         """Each parameter and buffer where it is held: its owner's dict, name, tensor,
@@ -173,6 +199,17 @@ class AheadOfTimeSteps:
             [h, slots, *state, *_storage(cache)],
         )
 
+    def depth_steps(self, fn: Callable, constants: tuple, h, depth, cache, state: tuple):
+        """fn(model, *constants, h, depth, the cache's storage, *state)
+        (depth_batching.depth_steps; constants: rule, last loop, steps, readout): its
+        outputs (h, depth, tokens, loops, *state), or NotImplemented."""
+        rule, *rest = constants
+        return self._run(
+            ("depth", fn, None if rule is None else rule.value, *rest),
+            lambda: _DepthSteps(self.model, fn, cache, constants, len(state)),
+            [h, depth, *state, *_storage(cache)],
+        )
+
     def _run(self, kind: tuple, module: Callable[[], torch.nn.Module], inputs: list[torch.Tensor]):
         """The package of this kind of step and these inputs' layouts, built from
         module() on first use, run on inputs: its outputs, or NotImplemented."""
@@ -186,7 +223,7 @@ class AheadOfTimeSteps:
             package = self._build(module(), inputs)
             if package is None:
                 return NotImplemented
-            if len(self.packages) >= MAX_PACKAGES:  # the oldest goes (each holds a copy of the weights)
+            if len(self.packages) >= self.max_packages:  # the oldest goes (each holds a copy of the weights)
                 del self.packages[next(iter(self.packages))]
             self.packages[key] = package
         return self.packages[key](inputs)
