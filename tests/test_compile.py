@@ -193,6 +193,16 @@ def test_the_cuda_graph_step_gives_eager_tokens_and_loops():
     for case in cases:
         same_generation(generate(model, prompts, 6, ExitPolicy.parse(case[0]), schedule=case[1]), eager[case], case)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0  # it ran compiled
+    # Serving's fused steps (depth_batching.depth_steps) go through the same capture.
+    from looplab.inference.arrivals import RequestStream, make_requests, serve
+
+    requests = make_requests(model, None, RequestStream(requests=5, prompt_len=(3, 8), new_tokens=(4, 8), seed=2))
+    policy = ExitPolicy.parse("skip:0.5")
+    captured = serve(model, requests, policy, slots=3, schedule="depth")
+    assert model.compiled_decode.depth_step is not None  # the fused call ran compiled
+    compile_decoding(model, enabled=False)
+    eager_served = serve(model, requests, policy, slots=3, schedule="depth")
+    assert (captured.tokens, captured.loops) == (eager_served.tokens, eager_served.loops)
 
 
 # ~10 s a backbone traced: the hybrid (attention's positions and growing buffers) in the slow tier
@@ -287,3 +297,39 @@ def test_an_ahead_of_time_step_that_cannot_build_leaves_decoding_to_dynamo(monke
         assert steps.token_step(_full_depth_step, pre.cache, torch.tensor([3]), True) is NotImplemented
         rule, h, slots = exit_rule(ExitPolicy.parse("skip:0.5")), torch.zeros(1, model.cfg.d_model), torch.tensor([0])
         assert steps.gate_loop(gate_loop, rule, h, slots, pre.cache, rule.initial_state(1, "cpu")) is NotImplemented
+
+
+# ~10 s to build each package on 2 cores: the slow tier builds them, the suite traces (dynamo)
+@pytest.mark.parametrize(
+    "backend", [QUICK, pytest.param("inductor", marks=pytest.mark.slow)], indirect=True, ids=["traced", "ahead-of-time"]
+)
+def test_fused_depth_steps_compiled_serve_eagers_tokens_and_loops(backend, monkeypatch):
+    """Serving under arrivals on the depth schedule: while every row serves, several
+    steps run as one compiled call (depth_batching.depth_steps: loops, the gate's
+    decisions, the finished rows' readout and next tokens; on a CPU with Inductor, one
+    ahead-of-time package per policy and readout), with the tokens and loops of eager
+    serving, the finished rows read out alone (a data-dependent gather) or every row."""
+    from looplab.inference.arrivals import RequestStream, make_requests, serve
+
+    model = tiny_model("mamba2", seed=1)
+    with torch.no_grad():
+        model.exit_gate.weight.normal_(0, 5.0, generator=torch.Generator().manual_seed(0))
+        model.exit_gate.bias.zero_()
+    requests = make_requests(model, None, RequestStream(requests=7, prompt_len=(3, 8), new_tokens=(4, 10), seed=2))
+    import looplab.inference.depth_batching as depth_batching
+
+    cases = [("full", False), ("skip:0.5", False), ("skip:0.5", True)]  # (policy, the readout gathered)
+    for spec, gathered in cases:
+        monkeypatch.setattr(depth_batching, "gathered_readout", lambda model, rows, g=gathered: g)
+        policy = ExitPolicy.parse(spec)
+        eager = serve(model, requests, policy, slots=3, schedule="depth")
+        compile_decoding(model)
+        step = model.compiled_decode
+        served = serve(model, requests, policy, slots=3, schedule="depth")
+        compile_decoding(model, enabled=False)
+        assert (served.tokens, served.loops) == (eager.tokens, eager.loops), (spec, gathered)
+        if backend == "inductor":  # the package served the fused calls, not dynamo
+            assert step.depth_step is None and "depth" in [key[0] for key in step.packages.packages]
+        else:
+            assert step.depth_step is not None
+    assert len({n for loops in eager.loops for n in loops}) > 1  # skip's tokens left at different loops

@@ -84,6 +84,7 @@ def compiled_decoding_check(device) -> list[Check]:
                 if difference is None
                 else failed(name, f"{difference} differ from the eager step's")
             )
+        out.append(_served_check(model, label))
         if cuda_graphs:
             # Inductor skips a capture it cannot make sound (a mutated input not marked
             # static, a CPU tensor) and runs the graph uncaptured: tokens still equal.
@@ -96,6 +97,29 @@ def compiled_decoding_check(device) -> list[Check]:
                 )
             )
     return out + decoding_speed(model, prompts, device)
+
+
+def _served_check(model, label: str) -> Check:
+    """Serving under arrivals on the depth schedule (several greedy steps a call:
+    depth_batching.depth_steps) with the model's current decode step, against eager's."""
+    from looplab.inference.arrivals import RequestStream, make_requests, serve
+    from looplab.policy import ExitPolicy
+
+    requests = make_requests(model, None, RequestStream(requests=8, prompt_len=(4, 16), new_tokens=(4, 12), seed=0))
+    policy = ExitPolicy.parse("skip:0.5")
+    served = serve(model, requests, policy, slots=4, schedule="depth")
+    step, model.compiled_decode = model.compiled_decode, None
+    try:
+        eager = serve(model, requests, policy, slots=4, schedule="depth")
+    finally:
+        model.compiled_decode = step
+    name = f"{label} skip:0.5 served under arrivals"
+    same = (served.tokens, served.loops) == (eager.tokens, eager.loops)
+    return (
+        passed(name, "tokens and loops equal eager's")
+        if same
+        else failed(name, "tokens or loops differ from eager serving's")
+    )
 
 
 def _cudagraph_skips() -> int:

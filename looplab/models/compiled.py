@@ -127,6 +127,7 @@ class CompiledDecodeStep:
         self.compiled = _compiled(backbone.forward, dynamic=None, cuda_graphs=cuda_graphs)
         self.whole_step: Callable | None = None  # whole()'s step by dynamo, compiled on first use
         self.gate_step: Callable | None = None  # gate_loop()'s step by dynamo, compiled on first use
+        self.depth_step: Callable | None = None  # depth_steps()'s steps by dynamo, compiled on first use
         self.packages: AheadOfTimeSteps | None = None  # and ahead of time, built on first use
 
     def whole(self, step: Callable, model, cache, tokens, rows, readout):
@@ -159,6 +160,28 @@ class CompiledDecodeStep:
         if self.gate_step is None:
             self.gate_step = _compiled(fn, dynamic=False)
         return self.gate_step(model, rule, h, positions, cache.at_slots(slots), *state)
+
+    def depth_steps(self, fn: Callable, model, constants: tuple, h, depth, cache, state: tuple):
+        """fn(model, *constants, h, depth, cache.storage, *state) compiled
+        (depth_batching.depth_steps: several greedy steps of a depth batch in one call;
+        constants: its rule, last loop, steps and readout): ahead of time where that
+        applies, else by dynamo with static shapes (a gathered readout breaks the graph);
+        with cuda_graphs, captured in a CUDA graph per (rows, constants): on a GPU a
+        call of several steps is one replay (DepthBatch reads out every row there)."""
+        packages = self._packages(model, cache, h.device)
+        if packages is not None:
+            outputs = packages.depth_steps(fn, constants, h, depth, cache, state)
+            if outputs is not NotImplemented:
+                return outputs
+        if self.depth_step is None:
+            self.depth_step = _compiled(fn, dynamic=False, cuda_graphs=self.cuda_graphs)
+        if not self.cuda_graphs:
+            return self.depth_step(model, *constants, h, depth, cache.storage, *state)
+        # Captured per (rows, constants): the storage marked static as the one-loop
+        # step's cache is, each call its own capture step, its outputs cloned (__call__).
+        _mark_static(cache.at_slots(depth))  # (its layout unread: the storage's tensors are marked)
+        torch.compiler.cudagraph_mark_step_begin()
+        return tuple(t.clone() for t in self.depth_step(model, *constants, h, depth, cache.storage, *state))
 
     def _packages(self, model, cache, device) -> AheadOfTimeSteps | None:
         """The model's ahead-of-time packages where a step on this cache may run ahead of
