@@ -362,6 +362,27 @@ def arrivals_table(runs: RunSet) -> pl.DataFrame | None:
     )
 
 
+def where_skipping_pays(table: pl.DataFrame) -> str | None:
+    """One sentence: where an exit policy decodes faster than the best full schedule
+    (vs_best_full above 1), or, where none does, the closest one. None without a
+    policy read against a full run."""
+    read = table.filter((pl.col("policy") != FULL) & pl.col("vs_best_full").is_not_null())
+    if read.is_empty():
+        return None
+
+    def point(r: dict) -> str:
+        return (
+            f"{r['policy']} on {r['schedule']} at {r['slots']} slots ({r['checkpoint']}: "
+            f"{r['vs_best_full']:.2f}× the best full, {r['realised']:.0%} of its FLOP ratio)"
+        )
+
+    pays = read.filter(pl.col("vs_best_full") > 1).sort("vs_best_full", descending=True)
+    if pays.is_empty():
+        best = read.sort("vs_best_full", descending=True).row(0, named=True)
+        return f"Skipping decodes slower than the best full schedule everywhere here; closest: {point(best)}."
+    return f"Skipping beats the best full schedule at {'; '.join(point(r) for r in pays.iter_rows(named=True))}."
+
+
 def _spread(row: dict) -> str:
     """' [1.10, 1.30] over repeats' when the run logged its spread (runs before it did not)."""
     lo, hi = row.get(tracking.SPEEDUP_MIN), row.get(tracking.SPEEDUP_MAX)

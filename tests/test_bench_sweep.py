@@ -328,3 +328,28 @@ def test_an_arrivals_key_is_its_own():
     assert key != arrival_key("abc", point, machine("cpu", 2), 1, 1)
     assert key != arrival_key("abc", point, host, 0, 1) != arrival_key("abc", point, host, 1, 3)
     assert key == arrival_key("abc", ArrivalPoint(2, "depth", "skip:0.4", 3, (4, 8), (2, 4)), host, 1, 1)
+
+
+def test_the_report_says_in_one_sentence_where_skipping_pays():
+    """where_skipping_pays names every policy faster than the best full schedule, or
+    the closest one where none is, and nothing without a policy read against full."""
+    import polars as pl
+
+    from analysis.bench import where_skipping_pays
+
+    def table(rows):
+        cols = ("checkpoint", "slots", "schedule", "policy", "vs_best_full", "realised")
+        return pl.DataFrame([dict(zip(cols, r)) for r in rows], orient="row")
+
+    full = [("ck", 8, "lockstep", "full", 1.0, 1.0), ("ck", 8, "depth", "full", 0.76, 0.76)]
+    pays = table([*full, ("ck", 8, "depth", "skip:0.4", 1.04, 0.69), ("ck", 8, "lockstep", "skip:0.4", 0.24, 0.16)])
+    assert where_skipping_pays(pays) == (
+        "Skipping beats the best full schedule at skip:0.4 on depth at 8 slots "
+        "(ck: 1.04× the best full, 69% of its FLOP ratio)."
+    )
+    slower = table([*full, ("ck", 32, "depth", "skip:0.4", 0.5, 0.3), ("ck", 32, "lockstep", "skip:0.4", 0.7, 0.4)])
+    assert where_skipping_pays(slower) == (
+        "Skipping decodes slower than the best full schedule everywhere here; closest: skip:0.4 on lockstep at "
+        "32 slots (ck: 0.70× the best full, 40% of its FLOP ratio)."
+    )
+    assert where_skipping_pays(table(full)) is None

@@ -46,7 +46,7 @@ def speed_section(ctx: ReportContext, points: pl.DataFrame | None) -> list[Secti
 
 def arrivals_section(ctx: ReportContext) -> list[Section]:
     """Decoding under continuous arrivals (the speed sweep's --arrivals runs): arrivals.csv, arrivals.png."""
-    from analysis.bench import arrivals_chart, arrivals_table
+    from analysis.bench import arrivals_chart, arrivals_table, where_skipping_pays
 
     table = arrivals_table(ctx.runs)
     if table is None:
@@ -59,4 +59,5 @@ def arrivals_section(ctx: ReportContext) -> list[Section]:
         bars = bars_phrase(
             spec, "the range over the timed repeats (the point is their median)", "one timed repeat: no range"
         )
-    return [("Decoding under continuous arrivals", render("arrivals.html.j2", bars=bars, table=table))]
+    verdict = where_skipping_pays(table)
+    return [("Decoding under continuous arrivals", render("arrivals.html.j2", bars=bars, table=table, verdict=verdict))]
