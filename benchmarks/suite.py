@@ -22,9 +22,11 @@ them alike; every time is one direct measurement, never a difference):
             bandwidth) and transformers' Mamba2; at batch 1 with 1 and 4 loops, the
             whole token step compiled as one graph (ahead of time, the default on a
             CPU, and by dynamo) against one graph a loop
-  arrivals  decode tokens/s under continuous arrivals, depth batching over lockstep at
-            skip:0.4 on `debug`'s shape (fresh weights, the gate spread so that exits
-            vary), 8 and 32 slots; and lockstep's full policy (no exits) against skip:0.4
+  arrivals  decode tokens/s under continuous arrivals at skip:0.4, 8 and 32 slots: depth
+            batching over lockstep, and each schedule against the best full schedule with
+            its realised share of the FLOP ratio; `debug` (fresh weights, the gate spread
+            so that exits vary; eager and compiled; and compiled with the fresh gate, which
+            exits nothing) and `local` (spread, compiled)
   mini      `python sweeps/paper_mini.py --dry-run`'s estimated wall time of a clean run
 """
 
@@ -396,29 +398,28 @@ def decode(suite: Suite) -> None:
 # ---- arrivals -----------------------------------------------------------------------------
 
 
+# (preset, gate, decoding, requests): `debug` with its gate spread (exits vary, as a
+# trained gate's do) eager and compiled, and with its fresh gate (no token exits: what
+# the skip machinery costs when it saves nothing); `local` (Mistral's 32,000-row head)
+# spread, compiled (bench-arrivals' default).
+ARRIVAL_CASES = (
+    ("debug", "spread", "eager", 32),
+    ("debug", "spread", "compiled", 32),
+    ("debug", "fresh", "compiled", 32),
+    ("local", "spread", "compiled", 24),
+)
+GATE_SPREAD = 5.0  # bench-arrivals --gate-spread: d̄ about 2 of 4 on `debug`
+
+
 @torch.no_grad()
 def arrivals(suite: Suite) -> None:
-    from looplab.costs.arrival_bench import ArrivalBench, bench_arrivals
+    from looplab.costs.arrival_bench import ArrivalBench, bench_arrivals, spread_gate
     from looplab.inference.arrivals import RequestStream
     from looplab.models.compiled import compile_decoding
     from looplab.models.looped import LoopedLM
     from looplab.policy import ExitPolicy
     from looplab.presets import get_preset
     from looplab.tasks import make_task
-
-    cfg = get_preset("debug")
-    torch.manual_seed(0)
-    model = LoopedLM(cfg.model).eval()
-    model.exit_gate.weight.normal_(0, 5.0)  # a fresh gate exits almost never: spread it so exits vary
-    model.exit_gate.bias.fill_(0.0)
-    task = make_task(cfg.task, cfg.train.seq_len)
-    settings = ArrivalBench(
-        RequestStream(requests=32, prompt_len=(16, 64), new_tokens=(8, 32), seed=0),
-        slots=(8, 32),
-        policies=(ExitPolicy.parse("skip:0.4"),),
-        warmup=1,
-        repeats=max(3, suite.repeats // 2),
-    )
 
     def timing(r) -> Timing:  # the repeats' decode seconds at their median, min and max rate
         return Timing(
@@ -428,13 +429,27 @@ def arrivals(suite: Suite) -> None:
             )
         )
 
-    for step in ("eager", "compiled"):  # bench-arrivals decodes compiled by default
+    for preset, gate, step, requests in ARRIVAL_CASES:
+        cfg = get_preset(preset)
+        torch.manual_seed(0)
+        model = LoopedLM(cfg.model).eval()
+        if gate == "spread":  # a fresh gate exits almost never: spread it so exits vary
+            spread_gate(model, GATE_SPREAD)
+        task = make_task(cfg.task, cfg.train.seq_len)
+        settings = ArrivalBench(
+            RequestStream(requests=requests, prompt_len=(16, 64), new_tokens=(8, 32), seed=0),
+            slots=(8, 32),
+            policies=(ExitPolicy.parse("skip:0.4"),),
+            warmup=1,
+            repeats=max(3, suite.repeats // 2),
+        )
         torch._dynamo.reset()
         compile_decoding(model, step == "compiled")
         with Measuring() as m:
             records = bench_arrivals(model, task, settings)
             load = m.load()
         by = {(r.slots, r.schedule, r.policy): r for r in records}
+        case = f"{preset}{'' if gate == 'spread' else ', fresh gate'}, {step}"
 
         def speedup(name: str, fast, slow, note: str, load=load) -> None:  # decode tokens/s, one record over another
             suite.add(
@@ -443,23 +458,16 @@ def arrivals(suite: Suite) -> None:
 
         for slots in settings.slots:
             depth, lock = by[slots, "depth", "skip:0.4"], by[slots, "lockstep", "skip:0.4"]
-            full = by[slots, "lockstep", "full"]  # the baseline every policy's speedup is read against
             speedup(
-                f"arrivals {slots} slots, skip:0.4 (d̄ {depth.mean_executed_loops:.2f}), {step}: depth ÷ lockstep",
+                f"arrivals {case}, {slots} slots: depth ÷ lockstep skip:0.4",
                 depth,
                 lock,
                 f"decode tok/s depth {depth.decode_tokens_per_s:,.0f}, lockstep {lock.decode_tokens_per_s:,.0f}",
             )
-            speedup(
-                f"arrivals {slots} slots, {step}: lockstep full ÷ lockstep skip:0.4",
-                full,
-                lock,
-                f"decode tok/s full {full.decode_tokens_per_s:,.0f} (every token every loop)",
-            )
             best = max((by[slots, s, "full"] for s in settings.schedules), key=lambda r: r.decode_tokens_per_s)
             for skip in (lock, depth):  # against what one would serve instead: the fastest full schedule
                 speedup(
-                    f"arrivals {slots} slots, {step}: {skip.schedule} skip:0.4 ÷ best full ({best.schedule})",
+                    f"arrivals {case}, {slots} slots: {skip.schedule} skip:0.4 ÷ best full ({best.schedule})",
                     skip,
                     best,
                     f"realised {skip.realised:.0%} of the FLOP ratio {skip.flop_ratio:.2f} (d̄ "

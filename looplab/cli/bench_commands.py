@@ -254,6 +254,21 @@ def add_bench_arrivals(sub) -> None:
     command(sub, "bench-arrivals", cmd_bench_arrivals, BenchArrivals, ArrivalTiming, Threads, Compile)
 
 
+def _model_and_prompts(args):
+    """The model and the task whose held-out text the requests' prompts are cut from.
+    A fresh preset whose dataset cannot be reached here (a paper preset's, offline)
+    times on random ids instead, said on stderr: fresh weights read any ids alike."""
+    if args.checkpoint:
+        return model_and_task(args)
+    check_model_source(args)
+    model = load_source_model(args)
+    try:
+        return model, experiment_task(model)
+    except ConfigError as e:
+        print(f"prompts: random token ids, as {args.preset}'s text is unreachable here ({e})", file=sys.stderr)
+        return model, None
+
+
 def cmd_bench_arrivals(args) -> int:
     """Decoding under continuous arrivals (looplab/inference/arrivals.py): tokens/s of each
     schedule × policy against full's and against the FLOP ratio."""
@@ -273,7 +288,7 @@ def cmd_bench_arrivals(args) -> int:
     if args.gate_spread and (args.checkpoint or args.gate_spread < 0):
         allowed = "a number > 0 with --preset (a checkpoint's gate is trained: it is timed as it is)"
         raise ConfigError(f"--gate-spread={args.gate_spread:g} is invalid; allowed: {allowed}")
-    model, task = model_and_task(args)
+    model, task = _model_and_prompts(args)
     if args.gate_spread:
         spread_gate(model, args.gate_spread, seed=args.seed)
     for policy in args.policies:  # (given exits cannot be written on a command line)
