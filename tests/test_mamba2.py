@@ -157,3 +157,36 @@ def test_mixer_with_seq_idx_equals_each_sequence_alone_with_gradients():
     g_alone = torch.autograd.grad((alone * w).sum(), [u, m.conv1d.weight, m.in_proj.weight])
     for a, b in zip(g_packed, g_alone):
         torch.testing.assert_close(a, b, atol=1e-9, rtol=1e-9)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "traced"])
+@pytest.mark.parametrize("rows", [[9, 1, 6], [9, 1, 6, 0, 11, 3, 4], None], ids=["few", "most", "every"])
+def test_the_ssm_step_at_scattered_slots_matches_the_recurrence_row_by_row(compiled, rows):
+    """ssm_step at a few rows of a larger store (depth batching's slots), most of them
+    (eager: every row steps, the others by identity) or every row, eager and traced
+    (its compiled form, one read and one write): each row's state follows
+    S ← exp(dt A) S + dt x Bᵀ and y = S C + D x, written out per row and head, with
+    groups sharing B and C; the other rows are untouched."""
+    from looplab.models.ops.ssm_step import ssm_step
+
+    torch.manual_seed(0)
+    store, h, p, g, dstate = 12, 4, 2, 2, 5
+    n = store if rows is None else len(rows)
+    ssm = torch.randn(store, h, p, dstate, dtype=torch.float64)
+    x, dt = torch.randn(n, h, p, dtype=torch.float64), torch.rand(n, h, dtype=torch.float64)
+    A, D = -torch.rand(h, dtype=torch.float64), torch.randn(h, dtype=torch.float64)
+    B, C = torch.randn(n, g, dstate, dtype=torch.float64), torch.randn(n, g, dstate, dtype=torch.float64)
+    at = list(range(store)) if rows is None else rows
+    expected, y_ref = ssm.clone(), torch.empty(n, h, p, dtype=torch.float64)
+    for i, row in enumerate(at):
+        for head in range(h):
+            group = head // (h // g)
+            S = torch.exp(dt[i, head] * A[head]) * expected[row, head] + dt[i, head] * torch.outer(
+                x[i, head], B[i, group]
+            )
+            expected[row, head] = S
+            y_ref[i, head] = S @ C[i, group] + D[head] * x[i, head]
+    step = torch.compile(ssm_step, backend="aot_eager", fullgraph=True) if compiled else ssm_step
+    y = step(ssm, x, dt, A, B, C, D, None if rows is None else torch.tensor(rows))
+    torch.testing.assert_close(y, y_ref)
+    torch.testing.assert_close(ssm, expected)  # the other rows too: unchanged
