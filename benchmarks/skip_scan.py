@@ -54,6 +54,7 @@ class Options:
 def point(width: int, slots: int, o: Options) -> dict[str, Any]:
     """One width × slots point: the best skip schedule against the best full one."""
     cfg = get_preset("debug").model
+    torch.manual_seed(0)  # the fresh weights, the same every run
     model = LoopedLM(dataclasses.replace(cfg, d_model=width, n_loops=o.loops)).eval()
     spread_gate(model, o.gate_spread, seed=0)
     torch._dynamo.reset()  # each width's graphs afresh: the recompile limit would leave later ones eager
