@@ -220,6 +220,13 @@ COMMANDS: dict[str, Run | NotRun] = {
     "--oracle-mean 2.0 --new-tokens 32 --threads 1 --schedule lockstep,depth": BENCHMARK,
     "looplab bench-arrivals --checkpoint runs/debug-s1/checkpoint --slots 8,32 --policies 'skip:0.4,0.2' "
     "--requests 256 --threads 1": no_checkpoint("--checkpoint", "runs/debug-s1/checkpoint"),
+    "looplab bench-arrivals --preset debug --gate-spread 5 --slots 8,32 --policies skip:0.4 --requests 32 "
+    "--threads 1": BENCHMARK,
+    "looplab bench-arrivals --preset debug --slots 8,32 --policies skip:0.4 --requests 32 --threads 1": BENCHMARK,
+    "looplab bench-arrivals --preset local --gate-spread 5 --slots 8,32 --policies skip:0.4 --requests 24 "
+    "--threads 1": BENCHMARK,
+    "looplab bench-arrivals --preset paper-140m --gate-spread 5 --slots 8,32 --policies skip:0.4 --requests 32 "
+    "--prompt-len 16-32 --new-tokens 8-16 --threads 1 --warmup 1 --repeats 1": BENCHMARK,
     "python sweeps/bench.py --experiment adaptive_pipeline-debug --grid debug --no-ray": Run(
         f"looplab-runs/mlflow.db' {NO_STORE}", status=2, slow=True
     ),
