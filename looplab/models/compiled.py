@@ -152,11 +152,9 @@ class CompiledDecodeStep:
         (depth_batching.gate_loop: depth batching's step when every row runs, its loop and
         its gate's decision in one graph, where whole_steps is on): ahead of time where
         that applies, else by dynamo with static shapes (a batch's rows are its size)."""
-        packages = self._packages(model, cache, h.device)
-        if packages is not None:
-            outputs = packages.gate_loop(fn, rule, h, slots, cache, state)
-            if outputs is not NotImplemented:
-                return outputs
+        outputs = self._ahead_of_time(model, cache, h.device, lambda p: p.gate_loop(fn, rule, h, slots, cache, state))
+        if outputs is not NotImplemented:
+            return outputs
         if self.gate_step is None:
             self.gate_step = _compiled(fn, dynamic=False)
         return self.gate_step(model, rule, h, positions, cache.at_slots(slots), *state)
@@ -168,11 +166,11 @@ class CompiledDecodeStep:
         applies, else by dynamo with static shapes (a gathered readout breaks the graph);
         with cuda_graphs, captured in a CUDA graph per (rows, constants): on a GPU a
         call of several steps is one replay (DepthBatch reads out every row there)."""
-        packages = self._packages(model, cache, h.device)
-        if packages is not None:
-            outputs = packages.depth_steps(fn, constants, h, depth, cache, state)
-            if outputs is not NotImplemented:
-                return outputs
+        outputs = self._ahead_of_time(
+            model, cache, h.device, lambda p: p.depth_steps(fn, constants, h, depth, cache, state)
+        )
+        if outputs is not NotImplemented:
+            return outputs
         if self.depth_step is None:
             self.depth_step = _compiled(fn, dynamic=False, cuda_graphs=self.cuda_graphs)
         if not self.cuda_graphs:
@@ -182,6 +180,12 @@ class CompiledDecodeStep:
         _mark_static(cache.at_slots(depth))  # (its layout unread: the storage's tensors are marked)
         torch.compiler.cudagraph_mark_step_begin()
         return tuple(t.clone() for t in self.depth_step(model, *constants, h, depth, cache.storage, *state))
+
+    def _ahead_of_time(self, model, cache, device, run: Callable[[AheadOfTimeSteps], object]):
+        """run(the model's packages) where a step on this cache may run ahead of time;
+        NotImplemented where it may not or no package serves it (the caller's dynamo step)."""
+        packages = self._packages(model, cache, device)
+        return NotImplemented if packages is None else run(packages)
 
     def _packages(self, model, cache, device) -> AheadOfTimeSteps | None:
         """The model's ahead-of-time packages where a step on this cache may run ahead of
