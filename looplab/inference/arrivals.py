@@ -252,12 +252,12 @@ class _Server:
 
 
 def _serve_depth(server: _Server, steps_per_call: int) -> int:
-    """Depth batching: returns the backbone steps. While half the rows or more serve a
-    request, steps_per_call steps run as one call (DepthBatch.advance_greedy), each
-    finished token read out and its next one started on the device; a request that ends
-    within a call has its row's later steps discarded (at most steps_per_call − 1 of
-    them), and rows with no request left run discarded steps. Below half (the stream's
-    end) a step a call (DepthBatch.advance)."""
+    """Depth batching: returns the backbone steps. Where DepthBatch.fused says so,
+    steps_per_call steps run as one call (DepthBatch.advance_greedy), each finished
+    token read out and its next one started on the device; a request that ends within a
+    call has its row's later steps discarded (at most steps_per_call − 1 of them), and
+    rows with no request left run discarded steps. Otherwise (near the stream's end, on
+    a large model) a step a call (DepthBatch.advance)."""
     batch = DepthBatch(server.model, server.cache, server.policy)
     server.load = batch.load_row  # the batch keeps each row's length on the host
     going = server.admit_all()
@@ -302,7 +302,7 @@ def _serve_lockstep(server: _Server) -> int:
     return steps
 
 
-# Depth batching's steps per call while every row serves (DepthBatch.advance_greedy):
+# Depth batching's steps per call where they fuse (DepthBatch.advance_greedy):
 # a call costs about what one step did before it (the host's part is per call), and a
 # request ending within one wastes at most this many steps less one of its row's.
 STEPS_PER_CALL = 4

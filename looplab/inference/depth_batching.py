@@ -284,9 +284,9 @@ class DepthBatch:
                 return self.advance_greedy(n_steps)
         if not self.fused or self.h is None:
             raise ConfigError(
-                "advance_greedy is invalid here; allowed: half the rows running or more and the others retired, "
-                "readout on, a skip or fixed-depth policy with the gate's rule or none, recurrent states "
-                "(otherwise advance())"
+                "advance_greedy is invalid here; allowed: a running row, the idle ones retired and cheap enough "
+                "to run (DepthBatch.fused), readout on, a skip or fixed-depth policy with the gate's rule or none, "
+                "recurrent states (otherwise advance())"
             )
         idle = self.depth == IDLE
         state = tuple(self.rule_state) if self.rule is not None else ()

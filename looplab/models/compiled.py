@@ -135,9 +135,10 @@ class CompiledDecodeStep:
         where whole_steps is on: off in benchmarks/suite.py's per-loop arm and with
         cuda_graphs, whose capture is the one-loop step's, the one the doctor checks on a
         GPU): ahead of time where that applies, else by dynamo with its rows dynamic."""
-        packages = self._packages(model, cache, tokens.device) if rows is None else None
-        if packages is not None:
-            logits = packages.token_step(step, cache, tokens, readout)
+        if rows is None:
+            logits = self._ahead_of_time(
+                model, cache, tokens.device, lambda p: p.token_step(step, cache, tokens, readout)
+            )
             if logits is not NotImplemented:
                 return logits
         if self.whole_step is None:
@@ -177,7 +178,7 @@ class CompiledDecodeStep:
             return self.depth_step(model, *constants, h, depth, cache.storage, *state)
         # Captured per (rows, constants): the storage marked static as the one-loop
         # step's cache is, each call its own capture step, its outputs cloned (__call__).
-        _mark_static(cache.at_slots(depth))  # (its layout unread: the storage's tensors are marked)
+        _mark_static(cache.storage)
         torch.compiler.cudagraph_mark_step_begin()
         return tuple(t.clone() for t in self.depth_step(model, *constants, h, depth, cache.storage, *state))
 
@@ -204,15 +205,16 @@ class CompiledDecodeStep:
         if not self.cuda_graphs:
             return self.compiled(h, positions, seq_idx, cache)
         if cache is not None:
-            _mark_static(cache)
+            _mark_static(cache.states)
         torch.compiler.cudagraph_mark_step_begin()
         return self.compiled(h, positions, seq_idx, cache).clone()
 
 
-def _mark_static(cache) -> None:
-    """Every tensor of a StepCache's states at a fixed address for CUDA graphs, marked
-    once (a cache that grows its attention buffers hands new tensors, marked then)."""
-    for state in cache.states:
+def _mark_static(states: list) -> None:
+    """Every tensor of a cache's states (a StepCache's, or an InferenceCache's storage)
+    at a fixed address for CUDA graphs, marked once (a cache that grows its attention
+    buffers hands new tensors, marked then)."""
+    for state in states:
         for t in () if state is None else vars(state).values():
             if not hasattr(t, "_dynamo_static_input_type"):
                 torch._dynamo.mark_static_address(t)
