@@ -318,11 +318,12 @@ def forward_memory(c: ModelConfig, rows: int, tokens: int, path: str = "torch") 
 
 def decode_cache_bytes(c: ModelConfig, rows: int, capacity: int) -> int:
     """The decoding cache of `rows` rows (models/cache.py, fp32): every loop's state of
-    every stateful block, as the blocks allocate it (built on the meta device: exact, no
+    every stateful block and the scratch slot, as the blocks allocate it (built on the meta device: exact, no
     memory). Attention keeps keys and values for `capacity` positions, growing with the
     tokens; a Mamba-2 block's conv and SSM states do not depend on it."""
     import torch
 
+    from looplab.models.cache import storage_slots
     from looplab.models.layers import GatedMLP
     from looplab.models.looped import LoopedLM
 
@@ -332,6 +333,6 @@ def decode_cache_bytes(c: ModelConfig, rows: int, capacity: int) -> int:
     total = 0
     for block in model.backbone.residual_blocks():
         if not isinstance(block.inner, GatedMLP):  # the stateful mixers (a cache_kind, new_state)
-            state = block.inner.new_state(c.n_loops * rows, capacity, meta, torch.float32)
+            state = block.inner.new_state(storage_slots(c.n_loops, rows), capacity, meta, torch.float32)
             total += sum(t.numel() * t.element_size() for t in vars(state).values())
     return total

@@ -14,7 +14,12 @@ its cache by layer alone, which would let loop 2 overwrite loop 1's state.
     MLP block       nothing
 
 Each block's states of all loops live in one storage (loop r's row b at slot
-(r − 1)·batch + b); loop r's states are views of it. A backbone step reads and writes
+(r − 1)·batch + b), and one scratch slot after them (R·batch); loop r's states are
+views of it. A fixed-shape step points the rows that must not write (a token that
+exited before this loop, a row with no token) at the scratch slot: what they compute
+and write there is thrown away, so one call serves rows that run and rows that do not
+(generate's fused skip step). Several rows may write it in one step; its contents are
+never read for anything kept. A backbone step reads and writes
 the states through a `StepCache` (one loop's views, or the storage addressed by slots
 so that rows at different loops share a step: looplab/inference/depth_batching.py, and a
 `Layout`), whose `block(j)` hands each mixer its own state; mixers take it as the
@@ -42,6 +47,18 @@ from looplab.config import ConfigError
 HOLE, EXIT_STATE = "hole", "exit_state"
 RECURRENT, KEYS = "recurrent", "keys"  # a mixer's cache_kind: Mamba-2 states, attention keys/values
 ATTENTION_FILLS = (HOLE, EXIT_STATE)
+
+
+def storage_slots(n_loops: int, batch: int) -> int:
+    """The slots of a cache's storage: every loop's rows, then the scratch slot."""
+    return n_loops * batch + 1
+
+
+def loop_slots(rows: torch.Tensor, loop: int, n_loops: int, batch: int, running: torch.Tensor | None = None):
+    """The storage slots of cache rows (n,) at `loop` (1..R) of a cache of `batch`
+    rows: (loop − 1)·batch + row, or the scratch slot where `running` (n,) is False."""
+    slots = rows + (loop - 1) * batch
+    return slots if running is None else torch.where(running, slots, n_loops * batch)
 
 
 def check_fill(attention_fill: str) -> str:
@@ -188,7 +205,8 @@ class InferenceCache:
     attention_fill="exit_state" needs them, not the recurrent states).
 
     Storage: one tensor per block and field for all loops, loop r's row b at slot
-    (r − 1)·batch + b (`storage`); `states[r − 1][j]` is loop r's view of block j.
+    (r − 1)·batch + b (`storage`), then the scratch slot `scratch` (module docstring);
+    `states[r − 1][j]` is loop r's view of block j.
     A step may read per-loop views (prefill, decode_step) or the storage with slot
     indices (rows at different loops in one step)."""
 
@@ -213,11 +231,16 @@ class InferenceCache:
         kinds = [getattr(block.inner, "cache_kind", None) for block in model.backbone.residual_blocks()]
         keep = [kind == KEYS or (kind == RECURRENT and not attention_only) for kind in kinds]
         self.storage: list[MambaState | KVState | None] = [
-            block.inner.new_state(self.n_loops * batch, capacity, device, dtype) if kept else None
+            block.inner.new_state(storage_slots(self.n_loops, batch), capacity, device, dtype) if kept else None
             for block, kept in zip(model.backbone.residual_blocks(), keep)
         ]
         self.length = torch.zeros(batch, dtype=torch.long, device=device)  # tokens of each row so far
         self._make_views()
+
+    @property
+    def scratch(self) -> int:
+        """The scratch slot's index in the storage (module docstring)."""
+        return self.n_loops * self.batch
 
     def _make_views(self) -> None:
         B = self.batch
