@@ -199,10 +199,51 @@ def test_the_cuda_graph_step_gives_eager_tokens_and_loops():
     requests = make_requests(model, None, RequestStream(requests=5, prompt_len=(3, 8), new_tokens=(4, 8), seed=2))
     policy = ExitPolicy.parse("skip:0.5")
     captured = serve(model, requests, policy, slots=3, schedule="depth")
-    assert model.compiled_decode.depth_step is not None  # the fused call ran compiled
+    assert model.compiled_decode.storage_fns  # the fused call ran compiled
     compile_decoding(model, enabled=False)
     eager_served = serve(model, requests, policy, slots=3, schedule="depth")
     assert (captured.tokens, captured.loops) == (eager_served.tokens, eager_served.loops)
+
+
+# ~10 s to build each package on 2 cores: the slow tier builds them, the suite traces (dynamo)
+@pytest.mark.parametrize(
+    "backend", [QUICK, pytest.param("inductor", marks=pytest.mark.slow)], indirect=True, ids=["traced", "ahead-of-time"]
+)
+def test_a_lockstep_token_under_skip_or_forced_is_one_compiled_call(backend):
+    """Lockstep decoding under the gate's skip policy or forced: each token step runs as
+    one compiled call (generate._fused_token_step: the loops, the gate's decisions, the
+    exited rows pointed at the scratch slot, the head), for every row (on a CPU with
+    Inductor, ahead of time) and for a server's running rows, with eager's tokens, exits
+    and loops; generating further from those states shows the holes were kept."""
+    from looplab.inference.arrivals import RequestStream, make_requests, serve
+    from looplab.inference.generate import _fused_token_step
+
+    model = tiny_model("mamba2", seed=1)
+    with torch.no_grad():
+        model.exit_gate.weight.normal_(0, 5.0, generator=torch.Generator().manual_seed(0))
+        model.exit_gate.bias.zero_()
+    prompts = [[5, 9, 2, 7, 1, 3], [4, 4, 8], [6, 2, 9, 9, 1, 0, 3, 5]]
+    requests = make_requests(model, None, RequestStream(requests=7, prompt_len=(3, 8), new_tokens=(4, 10), seed=2))
+    for spec in ("skip:0.5", "forced:2"):
+        policy = ExitPolicy.parse(spec)
+        eager = generate(model, prompts, 8, policy)
+        eager_served = serve(model, requests, policy, slots=3, schedule="lockstep")
+        compile_decoding(model)
+        step = model.compiled_decode
+        got = generate(model, prompts, 8, policy)
+        served = serve(model, requests, policy, slots=3, schedule="lockstep")
+        compile_decoding(model, enabled=False)
+        same_generation(got, eager, spec)
+        assert (served.tokens, served.loops) == (eager_served.tokens, eager_served.loops), spec
+        assert (_fused_token_step, False) in step.storage_fns  # a server's running rows, by dynamo
+        if backend == "inductor":  # every row: the package, not dynamo
+            assert (_fused_token_step, True) not in step.storage_fns
+            assert "storage" in [key[0] for key in step.packages.packages]
+        else:
+            assert (_fused_token_step, True) in step.storage_fns
+    assert len({n for loops in eager_served.loops for n in loops}) == 1  # forced: 2 loops each
+    skip = generate(model, prompts, 8, ExitPolicy.parse("skip:0.5"))
+    assert len({n for loops in skip.loops for n in loops}) > 1  # skip's tokens left at different loops
 
 
 # ~10 s a backbone traced: the hybrid (attention's positions and growing buffers) in the slow tier
@@ -329,7 +370,7 @@ def test_fused_depth_steps_compiled_serve_eagers_tokens_and_loops(backend, monke
         compile_decoding(model, enabled=False)
         assert (served.tokens, served.loops) == (eager.tokens, eager.loops), (spec, gathered)
         if backend == "inductor":  # the package served the fused calls, not dynamo
-            assert step.depth_step is None and "depth" in [key[0] for key in step.packages.packages]
+            assert not step.storage_fns and "storage" in [key[0] for key in step.packages.packages]
         else:
-            assert step.depth_step is not None
+            assert (depth_batching.depth_steps, True) in step.storage_fns
     assert len({n for loops in eager.loops for n in loops}) > 1  # skip's tokens left at different loops

@@ -175,6 +175,53 @@ def decode_token_by_token_against_the_full_forward(m, ids, policy, fill="hole", 
     return exits
 
 
+class EagerFusedCalls:
+    """A model's compiled decoding whose calls run eager: decode_step then takes its
+    fused token step under skip or forced (generate._fused_token_step), so its
+    arithmetic and bookkeeping are checked here apart from any compiler."""
+
+    whole_steps, cuda_graphs = True, False
+
+    def __init__(self, backbone):
+        self.backbone, self.calls = backbone, 0
+
+    def storage_steps(self, fn, model, constants, cache, inputs, every_row=True):
+        self.calls += 1
+        return fn(model, *constants, cache.storage, *inputs)
+
+    def __call__(self, h, positions=None, seq_idx=None, cache=None):
+        return self.backbone(h, positions, seq_idx, cache)
+
+
+@pytest.mark.parametrize("arch", ["mamba2", "mamba2-2groups"])
+@pytest.mark.parametrize("spec", ["skip:0.5", "forced:2"])
+def test_the_fused_token_step_reproduces_the_full_forward_and_a_planted_write_is_caught(arch, spec, monkeypatch):
+    """decode_step's token as one call of fixed shapes (every row runs every loop, an
+    exited token's later loops pointed at the scratch slot): token by token, every
+    position's logits and exit step are the full forward's. With the scratch slot
+    planted away (exited tokens write their rows' deeper states), the later
+    positions' logits differ: the holes are what the comparison checks."""
+    import looplab.inference.generate as generate_module
+    from looplab.models.cache import loop_slots
+
+    m = model_for(arch, seed=2)
+    ids, _ = batch(seed=5, bsz=3, width=16)
+    policy = policies(*ids.shape, seed=1)[spec]
+    m.compiled_decode = calls = EagerFusedCalls(m.backbone)
+    exits = decode_token_by_token_against_the_full_forward(m, ids, policy)
+    assert calls.calls == ids.shape[1] - 1  # every token step (positions 1..15) was one fused call
+    pre = prefill(m, ids[:, :5], policy)
+    out = decode_step(m, pre.cache, ids[:, 5], policy)
+    assert out.batch_loops() == (2 if spec == "forced:2" else R)  # the call ran them all, whoever exited
+    if spec == "forced:2":
+        assert set(exits) == {2}
+        return
+    assert len(set(exits)) >= 3  # exits at different loops: there were holes to keep
+    monkeypatch.setattr(generate_module, "loop_slots", lambda rows, r, R, b, running=None: loop_slots(rows, r, R, b))
+    with pytest.raises(AssertionError):
+        decode_token_by_token_against_the_full_forward(m, ids, policy)
+
+
 def exit_state_reference(m, row: torch.Tensor, q: float) -> torch.Tensor:
     """Skip execution of one sequence with attention_fill="exit_state", from the
     modules, block by block: survivors run every block; an attention block's keys are

@@ -133,7 +133,7 @@ def _decode_runs(
                 out = decode_step(model, cache, ids[:, t], p, readout=readout)
                 if probe is not None:
                     probe.loops.append(out.loops)
-                    probe.steps += int(out.loops.max())  # lockstep: the batch runs its deepest token's loops
+                    probe.steps += out.batch_loops()  # lockstep: its deepest token's loops, or a fused call's
 
         return under_dtype(run, device, dtype)  # one autocast region per decoding, as a generate call
 

@@ -280,7 +280,7 @@ def _serve_depth(server: _Server, steps_per_call: int) -> int:
 
 def _serve_lockstep(server: _Server) -> int:
     """decode_step over the running rows: returns the backbone steps (per call, the
-    loops of its deepest token)."""
+    loops of its deepest token, or every loop a fused call ran: Decoded.batch_loops)."""
     from looplab.inference.generate import decode_step
 
     steps, slots = 0, server.cache.batch
@@ -297,7 +297,7 @@ def _serve_lockstep(server: _Server) -> int:
             rows=None if len(rows) == slots else torch.tensor(rows, device=server.device),
         )
         loops = out.loops.tolist()
-        steps += max(loops)
+        steps += out.batch_loops()
         going = server.accept(rows, out.logits, loops)
     return steps
 

@@ -97,10 +97,10 @@ def gate_loop(model, rule, h: torch.Tensor, positions: torch.Tensor | None, cach
 
 
 def depth_steps(
-    model, rule, last: int, n_steps: int, gather: bool, h: torch.Tensor, depth: torch.Tensor, storage: list, *state
+    model, rule, last: int, n_steps: int, gather: bool, storage: list, h: torch.Tensor, depth: torch.Tensor, *state
 ):
     """n_steps steps of a depth batch in which every row runs, greedy, as one function
-    (so compiled it is one call: CompiledDecodeStep.depth_steps). Per step: one loop for
+    (so compiled it is one call: CompiledDecodeStep.storage_steps). Per step: one loop for
     each row at its slot of `storage` (InferenceCache.storage), the gate's decision
     (rule None: fixed exits alone), and for the rows whose token is done (the gate's exit,
     or depth `last`: the last loop the policy runs) their readout, greedy next token and
@@ -295,11 +295,11 @@ class DepthBatch:
         compiled = self.model.compiled_decode
         if compiled is None:
             out = depth_steps(
-                self.model, self.rule, last, n_steps, self._gather, self.h, depth, self.cache.storage, *state
+                self.model, self.rule, last, n_steps, self._gather, self.cache.storage, self.h, depth, *state
             )
         else:
             constants = (self.rule, last, n_steps, self._gather)
-            out = compiled.depth_steps(depth_steps, self.model, constants, self.h, depth, self.cache, state)
+            out = compiled.storage_steps(depth_steps, self.model, constants, self.cache, (self.h, depth, *state))
         self.h, depth, tokens_t, loops_t, *state_out = out
         if self.rule is not None:
             self.rule_state = tuple(state_out)

@@ -11,6 +11,12 @@ decode one token at a time from it, under any exit policy (looplab/policy.py).
                  state (the cache holes CHASE trains with); dense: it runs every loop,
                  read out at its exit step; forced:d: d loops. Rows still running at
                  loop r are packed together, so the work follows the active tokens.
+                 Compiled, a token step is one call: every loop for every row under
+                 full (_full_depth_step), and under the gate's skip policy or forced
+                 (_fused_token_step) every row runs each loop up to the policy's
+                 last, an exited token's later loops writing the cache's scratch slot
+                 (fixed shapes, no read back between loops: the work is the batch's
+                 last loop's, whoever exited).
     generate     prefill, then sample (greedy, or temperature / top-k / top-p with a
                  seed) and decode until <eos>, a stop string or max_new_tokens, per row;
                  it records the loops behind every new token.
@@ -31,7 +37,7 @@ from looplab.inference.depth_batching import DEPTH, LOCKSTEP, DepthBatch, check_
 from looplab.inference.rows import GenerationRows, per_row, stop_lists
 from looplab.inference.sampling import Sampler, check_sampling, sampling_generator
 from looplab.inference.sampling import sample as sample  # its home before sampling.py; callers import it here
-from looplab.models.cache import HOLE, InferenceCache, Layout
+from looplab.models.cache import HOLE, InferenceCache, Layout, StepCache, loop_slots
 from looplab.models.execution import FULL_DEPTH
 from looplab.policy import DENSE, EXIT_RULES, FULL, GATE_LOGITS, GIVEN, ExitPolicy, ExitRule, exit_rule
 
@@ -53,6 +59,12 @@ class Decoded:
     logits: torch.Tensor | None  # (n, V) for the rows that ran, in the order of `rows`
     exit_step: torch.Tensor  # (n,) the step each token was read out at
     loops: torch.Tensor  # (n,) the loops each token ran
+    fused_loops: int | None = None  # loops run for every row by one fused call (_fused_token_step)
+
+    def batch_loops(self) -> int:
+        """The backbone steps the batch ran for these tokens: its deepest token's loops,
+        or under a fused call every loop it ran, whoever exited before."""
+        return self.fused_loops if self.fused_loops is not None else int(self.loops.max())
 
 
 @dataclass
@@ -180,6 +192,20 @@ def decode_step(
         exit_step = torch.full_like(positions, R)
         logits = compiled.whole(_full_depth_step, model, cache, tokens, rows, readout)
         return Decoded(logits, exit_step, policy.loops_of(exit_step, R))
+    compiled = _fused_step(model, cache, policy, on_step, readout)
+    if compiled is not None:  # skip or forced: the token step as one call of fixed shapes
+        rule = exit_rule(policy) if policy.rule in EXIT_RULES else None
+        last = policy.loops_run(R) or R
+        constants = (rule, last, cache.batch)
+        row_ids = torch.arange(n, device=tokens.device) if rows is None else rows
+        logits, exit_step = compiled.storage_steps(
+            _fused_token_step, model, constants, cache, (tokens, row_ids), every_row=rows is None
+        )
+        if rows is None:
+            cache.length += 1
+        else:
+            cache.length[rows] += 1
+        return Decoded(logits, exit_step, policy.loops_of(exit_step, R), fused_loops=last)
     token = _TokenStep(model, cache, policy, rows, positions, on_step, tokens.device)
     readout_h, exit_step = token.run(model.embed(tokens))
     if rows is None:
@@ -275,6 +301,55 @@ def _whole_step(model, policy: ExitPolicy, on_step: StepHook | None):
     if compiled is None or not compiled.whole_steps or policy.execution != FULL or on_step is not None:
         return None
     return compiled
+
+
+def _fused_step(model, cache: InferenceCache, policy: ExitPolicy, on_step: StepHook | None, readout: bool):
+    """The model's compiled decoding, where decode_step may run its token step under a
+    skip or forced policy as one call (_fused_token_step): compiled whole steps (or CUDA
+    graphs), the gate's rule or none (a zoo rule reads the head every loop; given exits
+    are per position), recurrent states (attention's buffers grow, and its exited tokens
+    may fill deeper loops), the readout on and no hook between loops; else None."""
+    compiled = getattr(model, "compiled_decode", None)
+    if compiled is None or not (compiled.whole_steps or compiled.cuda_graphs):
+        return None
+    if policy.execution in (FULL, DENSE) or policy.rule == GIVEN or cache.has_keys or on_step is not None:
+        return None
+    if policy.rule in EXIT_RULES:
+        rule = exit_rule(policy)
+        if rule.reads != GATE_LOGITS or rule.initial_state(0, cache.length.device) is NotImplemented:
+            return None
+    return compiled if readout else None
+
+
+def _fused_token_step(model, rule, last: int, batch: int, storage: list, tokens, rows):
+    """decode_step under skip or forced as one function of fixed shapes (compiled, one
+    call: CompiledDecodeStep.storage_steps): tokens (n,) of cache rows `rows` (n,) run
+    loops 1..last (forced's depth, else R), each at its row's slot of `storage` (a
+    cache of `batch` rows), and after every loop before the last the gate's rule (None:
+    no exits) decides. A token that exits keeps its state, and its row's later loops
+    point at the scratch slot (models/cache.py): they compute and write only there, so
+    the deeper states keep the holes _TokenStep leaves by running the others alone.
+    Under forced every token runs `last` loops. Returns (logits (n, V), exit steps (n,));
+    the caller counts the tokens in cache.length (tests/test_decode.py holds it to
+    _TokenStep's tokens, exits and states)."""
+    h = model.embed(tokens)
+    exit_step = torch.full_like(rows, last)
+    running = torch.ones_like(rows, dtype=torch.bool)
+    state = () if rule is None else rule.initial_state(rows.shape[0], h.device)
+    R = model.cfg.n_loops
+    for r in range(1, last + 1):
+        slots = loop_slots(rows, r, R, batch, None if rule is None else running)
+        out = model.backbone(h[:, None], None, None, StepCache(storage, Layout.one_token(slots)))[:, 0]
+        if rule is None:
+            h = out
+            continue
+        h = torch.where(running[:, None], out, h)  # an exited token's state stays frozen
+        if r < last:
+            statistic, state = rule.statistic(model.exit_logit(out), state)
+            leaving = running & rule.decide(statistic)
+            exit_step = torch.where(leaving, r, exit_step)
+            running = running & ~leaving
+    return model.logits(h), exit_step
 
 
 def _full_depth_step(model, cache: InferenceCache, tokens, rows, readout: bool):

@@ -112,7 +112,10 @@ class CompiledDecodeStep:
     dynamo's per-call costs too. gate_loop(fn): depth batching's step when every row of
     its batch runs under the gate's skip policy, the loop and the exit decision as one
     graph, likewise ahead of time on a CPU (its rows are the batch's, whatever loop each
-    is at: one signature). Lockstep's exit policies and depth batching's other steps,
+    is at: one signature). storage_steps(fn): several loops on the storage by slot as
+    one call of fixed shapes: depth batching's greedy steps, and decode_step's token
+    under the gate's skip policy or forced (an exited row's later loops pointed at the
+    scratch slot). The zoo's rules, attention caches and depth batching's other steps,
     whose running rows change from loop to loop, go through the one-loop step."""
 
     def __init__(
@@ -127,7 +130,8 @@ class CompiledDecodeStep:
         self.compiled = _compiled(backbone.forward, dynamic=None, cuda_graphs=cuda_graphs)
         self.whole_step: Callable | None = None  # whole()'s step by dynamo, compiled on first use
         self.gate_step: Callable | None = None  # gate_loop()'s step by dynamo, compiled on first use
-        self.depth_step: Callable | None = None  # depth_steps()'s steps by dynamo, compiled on first use
+        # storage_steps()'s functions by dynamo, per (function, every row), compiled on first use
+        self.storage_fns: dict[tuple[Callable, bool], Callable] = {}
         self.packages: AheadOfTimeSteps | None = None  # and ahead of time, built on first use
 
     def whole(self, step: Callable, model, cache, tokens, rows, readout):
@@ -160,27 +164,35 @@ class CompiledDecodeStep:
             self.gate_step = _compiled(fn, dynamic=False)
         return self.gate_step(model, rule, h, positions, cache.at_slots(slots), *state)
 
-    def depth_steps(self, fn: Callable, model, constants: tuple, h, depth, cache, state: tuple):
-        """fn(model, *constants, h, depth, cache.storage, *state) compiled
-        (depth_batching.depth_steps: several greedy steps of a depth batch in one call;
-        constants: its rule, last loop, steps and readout): ahead of time where that
-        applies, else by dynamo with static shapes (a gathered readout breaks the graph);
-        with cuda_graphs, captured in a CUDA graph per (rows, constants): on a GPU a
-        call of several steps is one replay (DepthBatch reads out every row there)."""
-        outputs = self._ahead_of_time(
-            model, cache, h.device, lambda p: p.depth_steps(fn, constants, h, depth, cache, state)
-        )
-        if outputs is not NotImplemented:
-            return outputs
-        if self.depth_step is None:
-            self.depth_step = _compiled(fn, dynamic=False, cuda_graphs=self.cuda_graphs)
+    def storage_steps(self, fn: Callable, model, constants: tuple, cache, inputs: tuple, every_row: bool = True):
+        """fn(model, *constants, cache.storage, *inputs) compiled: several loops on the
+        storage by slot as one call of fixed shapes (depth_batching.depth_steps: greedy
+        steps of a depth batch; generate._fused_token_step: a lockstep token under skip
+        or forced); constants: what the trace fixes (the rule, loops, steps, readout).
+        every_row (the inputs are the cache's rows): ahead of time where that applies,
+        else by dynamo with static shapes (a gathered readout breaks the graph); a subset
+        of the rows: by dynamo, its rows dynamic. With cuda_graphs, captured in a CUDA
+        graph per (rows, constants): on a GPU a call of several loops is one replay
+        (DepthBatch reads out every row there)."""
+        if every_row:
+            outputs = self._ahead_of_time(
+                model, cache, cache.length.device, lambda p: p.storage_steps(fn, constants, inputs, cache)
+            )
+            if outputs is not NotImplemented:
+                return outputs
+        else:
+            for t in inputs:
+                torch._dynamo.maybe_mark_dynamic(t, 0)
+        if (fn, every_row) not in self.storage_fns:
+            self.storage_fns[fn, every_row] = _compiled(fn, dynamic=not every_row, cuda_graphs=self.cuda_graphs)
+        step = self.storage_fns[fn, every_row]
         if not self.cuda_graphs:
-            return self.depth_step(model, *constants, h, depth, cache.storage, *state)
+            return step(model, *constants, cache.storage, *inputs)
         # Captured per (rows, constants): the storage marked static as the one-loop
         # step's cache is, each call its own capture step, its outputs cloned (__call__).
         _mark_static(cache.storage)
         torch.compiler.cudagraph_mark_step_begin()
-        return tuple(t.clone() for t in self.depth_step(model, *constants, h, depth, cache.storage, *state))
+        return tuple(t.clone() for t in step(model, *constants, cache.storage, *inputs))
 
     def _ahead_of_time(self, model, cache, device, run: Callable[[AheadOfTimeSteps], object]):
         """run(the model's packages) where a step on this cache may run ahead of time;

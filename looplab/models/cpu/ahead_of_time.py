@@ -17,12 +17,15 @@ with no guards, so what the guards checked is checked here, once per call and ch
   changed. The copies are what the speed costs in memory: PACKAGE_BYTES of copies at
   most per model (and never fewer than MIN_PACKAGES packages).
 
-Two kinds of step are packaged:
+Three kinds of step are packaged:
 - token_step: decode_step's whole token step under a full-depth policy, for every row
   of the cache (decode_step's rows=None);
 - gate_loop: depth batching's step when every row runs (inference/depth_batching.py):
   one loop for each row at its own slot, and the gate's exit decision. Its number of
-  rows is the batch's, so one package serves every step of a full batch.
+  rows is the batch's, so one package serves every step of a full batch;
+- storage_steps: several loops on the storage by slot in one call, for every row:
+  depth batching's greedy steps, or decode_step's token under skip or forced (the
+  exited rows' loops pointed at the scratch slot: inference/generate.py).
 
 Where they apply (AheadOfTimeSteps.serve): a CPU, no autocast, no gradients, and
 recurrent states only (attention's buffers grow with the context, which would be a new
@@ -41,6 +44,7 @@ from typing import Callable, Iterator
 import torch
 
 from looplab.models.cache import Layout, StepCache
+from looplab.policy import ExitRule
 
 # Packages kept per model, the oldest dropped for a new one (10-20 s to build on 2 cores):
 # a benchmark alternating lockstep and depth batching at two slot counts holds 6-8 of
@@ -111,24 +115,25 @@ class _GateLoop(torch.nn.Module):
         return self.fn(self.model, self.rule, h, None, cache, *state)
 
 
-class _DepthSteps(torch.nn.Module):
-    """What is exported for depth batching's greedy steps: fn(model, *constants, h,
-    depth, the storage's states, *state) over (h, depth, *state, *storage tensors),
-    returning (h, depth, tokens, loops, *state) (inference/depth_batching.depth_steps)."""
+class _StorageSteps(torch.nn.Module):
+    """What is exported for several loops on the storage by slot: fn(model, *constants,
+    the storage's states, *inputs) over (*inputs, *storage tensors), returning fn's
+    tensors (inference/depth_batching.depth_steps, inference/generate._fused_token_step)."""
 
-    def __init__(self, model, fn: Callable, template, constants: tuple, n_state: int):
+    def __init__(self, model, fn: Callable, template, constants: tuple, n_inputs: int):
         super().__init__()
-        self.model, self.fn, self.storage, self.constants, self.n_state = (
-            model,
-            fn,
-            template.storage,
-            constants,
-            n_state,
-        )
+        self.model, self.fn, self.storage = model, fn, template.storage
+        self.constants, self.n_inputs = constants, n_inputs
 
-    def forward(self, h, depth, *flat):
-        state, tensors = flat[: self.n_state], flat[self.n_state :]
-        return self.fn(self.model, *self.constants, h, depth, _states(self.storage, iter(tensors)), *state)
+    def forward(self, *flat):
+        inputs, tensors = flat[: self.n_inputs], flat[self.n_inputs :]
+        return self.fn(self.model, *self.constants, _states(self.storage, iter(tensors)), *inputs)
+
+
+def _constant(c) -> object:
+    """A trace constant as part of a package's key: an exit rule by its kind and value
+    (each batch makes its own rule object, and must find the same package), else itself."""
+    return (type(c).__name__, c.value) if isinstance(c, ExitRule) else c
 
 
 def _layout(t: torch.Tensor) -> tuple:
@@ -194,20 +199,18 @@ class AheadOfTimeSteps:
         """fn(model, rule, h, None, the cache's storage at slots, *state)
         (depth_batching.gate_loop): its outputs (h, exit now, *state), or NotImplemented."""
         return self._run(
-            ("gate", fn, rule.value),
+            ("gate", fn, _constant(rule)),
             lambda: _GateLoop(self.model, fn, cache, rule, len(state)),
             [h, slots, *state, *_storage(cache)],
         )
 
-    def depth_steps(self, fn: Callable, constants: tuple, h, depth, cache, state: tuple):
-        """fn(model, *constants, h, depth, the cache's storage, *state)
-        (depth_batching.depth_steps; constants: rule, last loop, steps, readout): its
-        outputs (h, depth, tokens, loops, *state), or NotImplemented."""
-        rule, *rest = constants
+    def storage_steps(self, fn: Callable, constants: tuple, inputs: tuple, cache):
+        """fn(model, *constants, the cache's storage, *inputs) (depth_batching.depth_steps,
+        generate._fused_token_step): its outputs, or NotImplemented."""
         return self._run(
-            ("depth", fn, None if rule is None else rule.value, *rest),
-            lambda: _DepthSteps(self.model, fn, cache, constants, len(state)),
-            [h, depth, *state, *_storage(cache)],
+            ("storage", fn, *map(_constant, constants)),
+            lambda: _StorageSteps(self.model, fn, cache, constants, len(inputs)),
+            [*inputs, *_storage(cache)],
         )
 
     def _run(self, kind: tuple, module: Callable[[], torch.nn.Module], inputs: list[torch.Tensor]):
