@@ -189,6 +189,9 @@ class EagerFusedCalls:
         self.calls += 1
         return fn(model, *constants, cache.storage, *inputs)
 
+    def loop_flops(self, model):
+        return model.step_flops(1)
+
     def __call__(self, h, positions=None, seq_idx=None, cache=None):
         return self.backbone(h, positions, seq_idx, cache)
 
@@ -213,6 +216,13 @@ def test_the_fused_token_step_reproduces_the_full_forward_and_a_planted_write_is
     pre = prefill(m, ids[:, :5], policy)
     out = decode_step(m, pre.cache, ids[:, 5], policy)
     assert out.batch_loops() == (2 if spec == "forced:2" else R)  # the call ran them all, whoever exited
+    # A batch whose loop costs more than FUSED_LOOP_FLOPS packs the gate's running rows
+    # (a fused call would waste the exited rows' loops); forced wastes none and fuses.
+    monkeypatch.setattr(generate_module, "FUSED_LOOP_FLOPS", 3 * m.step_flops(1) - 1)
+    calls.calls = 0
+    decode_step(m, prefill(m, ids[:, :5], policy).cache, ids[:, 5], policy)
+    assert calls.calls == (1 if spec == "forced:2" else 0)
+    monkeypatch.undo()
     if spec == "forced:2":
         assert set(exits) == {2}
         return

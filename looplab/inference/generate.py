@@ -192,7 +192,7 @@ def decode_step(
         exit_step = torch.full_like(positions, R)
         logits = compiled.whole(_full_depth_step, model, cache, tokens, rows, readout)
         return Decoded(logits, exit_step, policy.loops_of(exit_step, R))
-    compiled = _fused_step(model, cache, policy, on_step, readout)
+    compiled = _fused_step(model, cache, policy, n, on_step, readout)
     if compiled is not None:  # skip or forced: the token step as one call of fixed shapes
         rule = exit_rule(policy) if policy.rule in EXIT_RULES else None
         last = policy.loops_run(R) or R
@@ -303,14 +303,26 @@ def _whole_step(model, policy: ExitPolicy, on_step: StepHook | None):
     return compiled
 
 
-def _fused_step(model, cache: InferenceCache, policy: ExitPolicy, on_step: StepHook | None, readout: bool):
-    """The model's compiled decoding, where decode_step may run its token step under a
-    skip or forced policy as one call (_fused_token_step): compiled whole steps (or CUDA
-    graphs), the gate's rule or none (a zoo rule reads the head every loop; given exits
-    are per position), recurrent states (attention's buffers grow, and its exited tokens
-    may fill deeper loops), the readout on and no hook between loops; else None."""
+# Under the gate's skip policy the fused token step runs every row through every loop,
+# where the packed step runs the running rows alone at a host round trip a loop (~0.2 ms
+# on `debug`'s CPU core): decode_step fuses while one loop of all its rows costs at most
+# this. With tokens exiting about halfway (R − d̄ ≈ (R − 1)/2) the loops wasted then cost
+# about the round trips saved, at a core's ~100 GFLOP/s. Measured: `local` at 32 slots
+# (20 MFLOP a loop) decoded 1.00× the best full fused and 0.88-0.95× packed; paper-140m at
+# 8 slots (1.9 GFLOP) 1.10× packed, more than a call doing full's FLOPs can
+# (docs/benchmarks.md, "Lockstep skip in one call").
+FUSED_LOOP_FLOPS = 4e7
+
+
+def _fused_step(model, cache: InferenceCache, policy: ExitPolicy, n: int, on_step: StepHook | None, readout: bool):
+    """The model's compiled decoding, where decode_step may run its token step of n rows
+    under a skip or forced policy as one call (_fused_token_step): compiled whole steps
+    (or CUDA graphs), the gate's rule (with n rows' loop within FUSED_LOOP_FLOPS) or none
+    (forced: nothing to waste), not a zoo rule (it reads the head every loop) nor given
+    exits (per position), recurrent states (attention's buffers grow, and its exited
+    tokens may fill deeper loops), the readout on and no hook between loops; else None."""
     compiled = getattr(model, "compiled_decode", None)
-    if compiled is None or not (compiled.whole_steps or compiled.cuda_graphs):
+    if compiled is None or not (compiled.whole_steps or compiled.cuda_graphs) or not readout:
         return None
     if policy.execution in (FULL, DENSE) or policy.rule == GIVEN or cache.has_keys or on_step is not None:
         return None
@@ -318,7 +330,9 @@ def _fused_step(model, cache: InferenceCache, policy: ExitPolicy, on_step: StepH
         rule = exit_rule(policy)
         if rule.reads != GATE_LOGITS or rule.initial_state(0, cache.length.device) is NotImplemented:
             return None
-    return compiled if readout else None
+        if n * compiled.loop_flops(model) > FUSED_LOOP_FLOPS:
+            return None
+    return compiled
 
 
 def _fused_token_step(model, rule, last: int, batch: int, storage: list, tokens, rows):

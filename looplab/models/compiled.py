@@ -133,6 +133,14 @@ class CompiledDecodeStep:
         # storage_steps()'s functions by dynamo, per (function, every row), compiled on first use
         self.storage_fns: dict[tuple[Callable, bool], Callable] = {}
         self.packages: AheadOfTimeSteps | None = None  # and ahead of time, built on first use
+        self._loop_flops: int | None = None
+
+    def loop_flops(self, model) -> int:
+        """One row's backbone loop in FLOPs (model.step_flops(1)), computed once: a
+        decode step's choice of call reads it every token."""
+        if self._loop_flops is None:
+            self._loop_flops = model.step_flops(1)
+        return self._loop_flops
 
     def whole(self, step: Callable, model, cache, tokens, rows, readout):
         """step(model, cache, tokens, rows, readout) compiled (generate._full_depth_step,
