@@ -25,7 +25,9 @@ Two schedules:
               every running token by one loop; a finished token's row starts its next
               token (or the next request's) in the next step.
     lockstep  generate.decode_step over the running rows: each step's tokens run
-              their loops together, the batch paying its deepest token's loops.
+              their loops together, the batch paying its deepest token's loops
+              (compiled, where a batch's loop is cheap, every loop up to the
+              policy's last in one call: generate._fused_token_step).
 Both compute every token as generate does alone, so each request's tokens are the
 ones generate gives it alone under the same policy (tests/test_arrivals.py).
 
