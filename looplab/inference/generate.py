@@ -344,8 +344,8 @@ def _fused_token_step(model, rule, last: int, batch: int, storage: list, tokens,
     point at the scratch slot (models/cache.py): they compute and write only there, so
     the deeper states keep the holes _TokenStep leaves by running the others alone.
     Under forced every token runs `last` loops. Returns (logits (n, V), exit steps (n,));
-    the caller counts the tokens in cache.length (tests/test_decode.py holds it to
-    _TokenStep's tokens, exits and states)."""
+    the caller counts the tokens in cache.length (tests/test_decode.py holds it to the
+    full forward token by token, and catches a row that writes past the scratch slot)."""
     h = model.embed(tokens)
     exit_step = torch.full_like(rows, last)
     running = torch.ones_like(rows, dtype=torch.bool)
