@@ -209,10 +209,10 @@ def test_the_cuda_graph_step_gives_eager_tokens_and_loops():
 @pytest.mark.parametrize(
     "backend", [QUICK, pytest.param("inductor", marks=pytest.mark.slow)], indirect=True, ids=["traced", "ahead-of-time"]
 )
-def test_a_lockstep_token_under_skip_or_forced_is_one_compiled_call(backend):
-    """Lockstep decoding under the gate's skip policy or forced: each token step runs as
-    one compiled call (generate._fused_token_step: the loops, the gate's decisions, the
-    exited rows pointed at the scratch slot, the head), for every row (on a CPU with
+def test_a_lockstep_token_under_skip_dense_or_forced_is_one_compiled_call(backend):
+    """Lockstep decoding under the gate's skip or dense policy or forced: each token step
+    runs as one compiled call (generate._fused_token_step: the loops, the gate's
+    decisions, skip's exited rows pointed at the scratch slot, the head), for every row (on a CPU with
     Inductor, ahead of time) and for a server's running rows, with eager's tokens, exits
     and loops; generating further from those states shows the holes were kept."""
     from looplab.inference.arrivals import RequestStream, make_requests, serve
@@ -224,7 +224,7 @@ def test_a_lockstep_token_under_skip_or_forced_is_one_compiled_call(backend):
         model.exit_gate.bias.zero_()
     prompts = [[5, 9, 2, 7, 1, 3], [4, 4, 8], [6, 2, 9, 9, 1, 0, 3, 5]]
     requests = make_requests(model, None, RequestStream(requests=7, prompt_len=(3, 8), new_tokens=(4, 10), seed=2))
-    for spec in ("skip:0.5", "forced:2"):
+    for spec in ("skip:0.5", "dense:0.5", "forced:2"):
         policy = ExitPolicy.parse(spec)
         eager = generate(model, prompts, 8, policy)
         eager_served = serve(model, requests, policy, slots=3, schedule="lockstep")

@@ -197,11 +197,12 @@ class EagerFusedCalls:
 
 
 @pytest.mark.parametrize("arch", ["mamba2", "mamba2-2groups"])
-@pytest.mark.parametrize("spec", ["skip:0.5", "forced:2"])
+@pytest.mark.parametrize("spec", ["skip:0.5", "dense:0.5", "forced:2"])
 def test_the_fused_token_step_reproduces_the_full_forward_and_a_planted_write_is_caught(arch, spec, monkeypatch):
-    """decode_step's token as one call of fixed shapes (every row runs every loop, an
-    exited token's later loops pointed at the scratch slot): token by token, every
-    position's logits and exit step are the full forward's. With the scratch slot
+    """decode_step's token as one call of fixed shapes (every row runs every loop; under
+    skip an exited token's later loops pointed at the scratch slot, under dense read out
+    at its exit): token by token, every position's logits and exit step are the full
+    forward's. With the scratch slot
     planted away (exited tokens write their rows' deeper states), the later
     positions' logits differ: the holes are what the comparison checks."""
     import looplab.inference.generate as generate_module
@@ -216,17 +217,25 @@ def test_the_fused_token_step_reproduces_the_full_forward_and_a_planted_write_is
     pre = prefill(m, ids[:, :5], policy)
     out = decode_step(m, pre.cache, ids[:, 5], policy)
     assert out.batch_loops() == (2 if spec == "forced:2" else R)  # the call ran them all, whoever exited
-    # A batch whose loop costs more than FUSED_LOOP_FLOPS packs the gate's running rows
-    # (a fused call would waste the exited rows' loops); forced wastes none and fuses.
+    # Without the readout (benchmarks time the loops alone): the same call, exits and states.
+    quiet = prefill(m, ids[:, :5], policy)
+    loops_alone = decode_step(m, quiet.cache, ids[:, 5], policy, readout=False)
+    assert loops_alone.logits is None and torch.equal(loops_alone.exit_step, out.exit_step)
+    for a, b in zip(pre.cache.storage, quiet.cache.storage):  # every loop's rows; not the scratch slot
+        assert a is None or (torch.equal(a.ssm[:-1], b.ssm[:-1]) and torch.equal(a.conv[:-1], b.conv[:-1]))
+    # A batch whose loop costs more than FUSED_LOOP_FLOPS packs skip's running rows (a
+    # fused call would waste the exited rows' loops); dense and forced waste none and fuse.
     monkeypatch.setattr(generate_module, "FUSED_LOOP_FLOPS", 3 * m.step_flops(1) - 1)
     calls.calls = 0
     decode_step(m, prefill(m, ids[:, :5], policy).cache, ids[:, 5], policy)
-    assert calls.calls == (1 if spec == "forced:2" else 0)
+    assert calls.calls == (0 if spec == "skip:0.5" else 1)
     monkeypatch.undo()
     if spec == "forced:2":
         assert set(exits) == {2}
         return
-    assert len(set(exits)) >= 3  # exits at different loops: there were holes to keep
+    assert len(set(exits)) >= 3  # exits at different loops
+    if spec == "dense:0.5":  # every row writes every loop: no holes to plant away
+        return
     monkeypatch.setattr(generate_module, "loop_slots", lambda rows, r, R, b, running=None: loop_slots(rows, r, R, b))
     with pytest.raises(AssertionError):
         decode_token_by_token_against_the_full_forward(m, ids, policy)

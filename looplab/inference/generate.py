@@ -12,11 +12,11 @@ decode one token at a time from it, under any exit policy (looplab/policy.py).
                  read out at its exit step; forced:d: d loops. Rows still running at
                  loop r are packed together, so the work follows the active tokens.
                  Compiled, a token step is one call: every loop for every row under
-                 full (_full_depth_step), and under the gate's skip policy or forced
-                 (_fused_token_step) every row runs each loop up to the policy's
-                 last, an exited token's later loops writing the cache's scratch slot
-                 (fixed shapes, no read back between loops: the work is the batch's
-                 last loop's, whoever exited).
+                 full (_full_depth_step), and under the gate's skip or dense policy
+                 or forced (_fused_token_step) every row runs each loop up to the
+                 policy's last, under skip an exited token's later loops writing
+                 the cache's scratch slot (fixed shapes, no read back between loops:
+                 the work is the batch's last loop's, whoever exited).
     generate     prefill, then sample (greedy, or temperature / top-k / top-p with a
                  seed) and decode until <eos>, a stop string or max_new_tokens, per row;
                  it records the loops behind every new token.
@@ -192,11 +192,11 @@ def decode_step(
         exit_step = torch.full_like(positions, R)
         logits = compiled.whole(_full_depth_step, model, cache, tokens, rows, readout)
         return Decoded(logits, exit_step, policy.loops_of(exit_step, R))
-    compiled = _fused_step(model, cache, policy, n, on_step, readout)
+    compiled = _fused_step(model, cache, policy, n, on_step)
     if compiled is not None:  # skip or forced: the token step as one call of fixed shapes
         rule = exit_rule(policy) if policy.rule in EXIT_RULES else None
         last = policy.loops_run(R) or R
-        constants = (rule, last, cache.batch)
+        constants = (rule, last, policy.execution == DENSE, cache.batch, readout)
         row_ids = torch.arange(n, device=tokens.device) if rows is None else rows
         logits, exit_step = compiled.storage_steps(
             _fused_token_step, model, constants, cache, (tokens, row_ids), every_row=rows is None
@@ -205,7 +205,7 @@ def decode_step(
             cache.length += 1
         else:
             cache.length[rows] += 1
-        return Decoded(logits, exit_step, policy.loops_of(exit_step, R), fused_loops=last)
+        return Decoded(logits if readout else None, exit_step, policy.loops_of(exit_step, R), fused_loops=last)
     token = _TokenStep(model, cache, policy, rows, positions, on_step, tokens.device)
     readout_h, exit_step = token.run(model.embed(tokens))
     if rows is None:
@@ -314,36 +314,39 @@ def _whole_step(model, policy: ExitPolicy, on_step: StepHook | None):
 FUSED_LOOP_FLOPS = 4e7
 
 
-def _fused_step(model, cache: InferenceCache, policy: ExitPolicy, n: int, on_step: StepHook | None, readout: bool):
+def _fused_step(model, cache: InferenceCache, policy: ExitPolicy, n: int, on_step: StepHook | None):
     """The model's compiled decoding, where decode_step may run its token step of n rows
-    under a skip or forced policy as one call (_fused_token_step): compiled whole steps
-    (or CUDA graphs), the gate's rule (with n rows' loop within FUSED_LOOP_FLOPS) or none
-    (forced: nothing to waste), not a zoo rule (it reads the head every loop) nor given
+    under a skip, dense or forced policy as one call (_fused_token_step): compiled whole
+    steps (or CUDA graphs), the gate's rule (under skip with n rows' loop within
+    FUSED_LOOP_FLOPS; dense runs every loop of every row anyway) or none (forced:
+    nothing to waste), not a zoo rule (it reads the head every loop) nor given
     exits (per position), recurrent states (attention's buffers grow, and its exited
-    tokens may fill deeper loops), the readout on and no hook between loops; else None."""
+    tokens may fill deeper loops) and no hook between loops; else None."""
     compiled = getattr(model, "compiled_decode", None)
-    if compiled is None or not (compiled.whole_steps or compiled.cuda_graphs) or not readout:
+    if compiled is None or not (compiled.whole_steps or compiled.cuda_graphs):
         return None
-    if policy.execution in (FULL, DENSE) or policy.rule == GIVEN or cache.has_keys or on_step is not None:
+    if policy.execution == FULL or policy.rule == GIVEN or cache.has_keys or on_step is not None:
         return None
     if policy.rule in EXIT_RULES:
         rule = exit_rule(policy)
         if rule.reads != GATE_LOGITS or rule.initial_state(0, cache.length.device) is NotImplemented:
             return None
-        if n * compiled.loop_flops(model) > FUSED_LOOP_FLOPS:
+        if policy.execution != DENSE and n * compiled.loop_flops(model) > FUSED_LOOP_FLOPS:
             return None
     return compiled
 
 
-def _fused_token_step(model, rule, last: int, batch: int, storage: list, tokens, rows):
-    """decode_step under skip or forced as one function of fixed shapes (compiled, one
-    call: CompiledDecodeStep.storage_steps): tokens (n,) of cache rows `rows` (n,) run
-    loops 1..last (forced's depth, else R), each at its row's slot of `storage` (a
-    cache of `batch` rows), and after every loop before the last the gate's rule (None:
-    no exits) decides. A token that exits keeps its state, and its row's later loops
-    point at the scratch slot (models/cache.py): they compute and write only there, so
-    the deeper states keep the holes _TokenStep leaves by running the others alone.
-    Under forced every token runs `last` loops. Returns (logits (n, V), exit steps (n,));
+def _fused_token_step(model, rule, last: int, dense: bool, batch: int, readout: bool, storage: list, tokens, rows):
+    """decode_step under skip, dense or forced as one function of fixed shapes
+    (compiled, one call: CompiledDecodeStep.storage_steps): tokens (n,) of cache rows
+    `rows` (n,) run loops 1..last (forced's depth, else R), each at its row's slot of
+    `storage` (a cache of `batch` rows), and after every loop before the last the gate's
+    rule (None: no exits) decides. Under skip a token that exits keeps its state, and
+    its row's later loops point at the scratch slot (models/cache.py): they compute and
+    write only there, so the deeper states keep the holes _TokenStep leaves by running
+    the others alone. Under dense it runs on and is read out from its state at its exit
+    step. Under forced every token runs `last` loops. Returns (logits (n, V), or an empty
+    tensor without the readout (benchmarks time the loops alone), exit steps (n,));
     the caller counts the tokens in cache.length (tests/test_decode.py holds it to the
     full forward token by token, and catches a row that writes past the scratch slot)."""
     h = model.embed(tokens)
@@ -351,19 +354,24 @@ def _fused_token_step(model, rule, last: int, batch: int, storage: list, tokens,
     running = torch.ones_like(rows, dtype=torch.bool)
     state = () if rule is None else rule.initial_state(rows.shape[0], h.device)
     R = model.cfg.n_loops
+    readout_h = h
     for r in range(1, last + 1):
-        slots = loop_slots(rows, r, R, batch, None if rule is None else running)
+        slots = loop_slots(rows, r, R, batch, None if rule is None or dense else running)
         out = model.backbone(h[:, None], None, None, StepCache(storage, Layout.one_token(slots)))[:, 0]
-        if rule is None:
+        if rule is None or dense:
             h = out
-            continue
-        h = torch.where(running[:, None], out, h)  # an exited token's state stays frozen
-        if r < last:
+        else:
+            h = torch.where(running[:, None], out, h)  # an exited token's state stays frozen
+        if rule is not None and r < last:
             statistic, state = rule.statistic(model.exit_logit(out), state)
             leaving = running & rule.decide(statistic)
             exit_step = torch.where(leaving, r, exit_step)
             running = running & ~leaving
-    return model.logits(h), exit_step
+            if dense:
+                readout_h = torch.where(leaving[:, None], h, readout_h)
+    if dense:
+        h = torch.where(running[:, None], h, readout_h)  # who never exited reads out loop R's state
+    return (model.logits(h) if readout else h.new_empty(0)), exit_step
 
 
 def _full_depth_step(model, cache: InferenceCache, tokens, rows, readout: bool):

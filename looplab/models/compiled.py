@@ -114,8 +114,8 @@ class CompiledDecodeStep:
     graph, likewise ahead of time on a CPU (its rows are the batch's, whatever loop each
     is at: one signature). storage_steps(fn): several loops on the storage by slot as
     one call of fixed shapes: depth batching's greedy steps, and decode_step's token
-    under the gate's skip policy or forced (an exited row's later loops pointed at the
-    scratch slot). The zoo's rules, attention caches and depth batching's other steps,
+    under the gate's skip or dense policy or forced (under skip an exited row's later
+    loops pointed at the scratch slot). The zoo's rules, attention caches and depth batching's other steps,
     whose running rows change from loop to loop, go through the one-loop step."""
 
     def __init__(
@@ -175,8 +175,8 @@ class CompiledDecodeStep:
     def storage_steps(self, fn: Callable, model, constants: tuple, cache, inputs: tuple, every_row: bool = True):
         """fn(model, *constants, cache.storage, *inputs) compiled: several loops on the
         storage by slot as one call of fixed shapes (depth_batching.depth_steps: greedy
-        steps of a depth batch; generate._fused_token_step: a lockstep token under skip
-        or forced); constants: what the trace fixes (the rule, loops, steps, readout).
+        steps of a depth batch; generate._fused_token_step: a lockstep token under skip,
+        dense or forced); constants: what the trace fixes (the rule, loops, steps, readout).
         every_row (the inputs are the cache's rows): ahead of time where that applies,
         else by dynamo with static shapes (a gathered readout breaks the graph); a subset
         of the rows: by dynamo, its rows dynamic. With cuda_graphs, captured in a CUDA

@@ -24,7 +24,7 @@ Three kinds of step are packaged:
   one loop for each row at its own slot, and the gate's exit decision. Its number of
   rows is the batch's, so one package serves every step of a full batch;
 - storage_steps: several loops on the storage by slot in one call, for every row:
-  depth batching's greedy steps, or decode_step's token under skip or forced (the
+  depth batching's greedy steps, or decode_step's token under skip, dense or forced (the
   exited rows' loops pointed at the scratch slot: inference/generate.py).
 
 Where they apply (AheadOfTimeSteps.serve): a CPU, no autocast, no gradients, and
