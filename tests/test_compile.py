@@ -212,9 +212,10 @@ def test_the_cuda_graph_step_gives_eager_tokens_and_loops():
 def test_a_lockstep_token_under_skip_dense_or_forced_is_one_compiled_call(backend):
     """Lockstep decoding under the gate's skip or dense policy or forced: each token step
     runs as one compiled call (generate._fused_token_step: the loops, the gate's
-    decisions, skip's exited rows pointed at the scratch slot, the head), for every row (on a CPU with
-    Inductor, ahead of time) and for a server's running rows, with eager's tokens, exits
-    and loops; generating further from those states shows the holes were kept."""
+    decisions, skip's exited rows pointed at the scratch slot, the head), for every row
+    (on a CPU with Inductor, ahead of time) and for a server's running rows, with eager's
+    tokens, exits and loops; generating further from those states shows the holes were
+    kept."""
     from looplab.inference.arrivals import RequestStream, make_requests, serve
     from looplab.inference.generate import _fused_token_step
 

@@ -318,8 +318,8 @@ def forward_memory(c: ModelConfig, rows: int, tokens: int, path: str = "torch") 
 
 def decode_cache_bytes(c: ModelConfig, rows: int, capacity: int) -> int:
     """The decoding cache of `rows` rows (models/cache.py, fp32): every loop's state of
-    every stateful block and the scratch slot, as the blocks allocate it (built on the meta device: exact, no
-    memory). Attention keeps keys and values for `capacity` positions, growing with the
+    every stateful block and the scratch slot, as the blocks allocate it (built on the
+    meta device: exact, no memory). Attention keeps keys and values for `capacity` positions, growing with the
     tokens; a Mamba-2 block's conv and SSM states do not depend on it."""
     import torch
 

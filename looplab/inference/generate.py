@@ -192,26 +192,20 @@ def decode_step(
         exit_step = torch.full_like(positions, R)
         logits = compiled.whole(_full_depth_step, model, cache, tokens, rows, readout)
         return Decoded(logits, exit_step, policy.loops_of(exit_step, R))
-    compiled = _fused_step(model, cache, policy, n, on_step)
-    if compiled is not None:  # skip or forced: the token step as one call of fixed shapes
-        rule = exit_rule(policy) if policy.rule in EXIT_RULES else None
+    fused = _fused_step(model, cache, policy, n, on_step)
+    if fused is not None:  # skip, dense or forced: the token step as one call of fixed shapes
+        compiled, rule = fused
         last = policy.loops_run(R) or R
         constants = (rule, last, policy.execution == DENSE, cache.batch, readout)
         row_ids = torch.arange(n, device=tokens.device) if rows is None else rows
         logits, exit_step = compiled.storage_steps(
             _fused_token_step, model, constants, cache, (tokens, row_ids), every_row=rows is None
         )
-        if rows is None:
-            cache.length += 1
-        else:
-            cache.length[rows] += 1
+        _count_token(cache, rows)
         return Decoded(logits if readout else None, exit_step, policy.loops_of(exit_step, R), fused_loops=last)
     token = _TokenStep(model, cache, policy, rows, positions, on_step, tokens.device)
     readout_h, exit_step = token.run(model.embed(tokens))
-    if rows is None:
-        cache.length += 1
-    else:
-        cache.length[rows] += 1
+    _count_token(cache, rows)
     logits = model.logits(readout_h) if readout else None
     return Decoded(logits, exit_step, policy.loops_of(exit_step, R))
 
@@ -314,8 +308,17 @@ def _whole_step(model, policy: ExitPolicy, on_step: StepHook | None):
 FUSED_LOOP_FLOPS = 4e7
 
 
+def _count_token(cache: InferenceCache, rows: torch.Tensor | None) -> None:
+    """One more token in each of `rows` (None: every row) of the cache."""
+    if rows is None:
+        cache.length += 1
+    else:
+        cache.length[rows] += 1
+
+
 def _fused_step(model, cache: InferenceCache, policy: ExitPolicy, n: int, on_step: StepHook | None):
-    """The model's compiled decoding, where decode_step may run its token step of n rows
+    """(The model's compiled decoding, the policy's exit rule or None), where
+    decode_step may run its token step of n rows
     under a skip, dense or forced policy as one call (_fused_token_step): compiled whole
     steps (or CUDA graphs), the gate's rule (under skip with n rows' loop within
     FUSED_LOOP_FLOPS; dense runs every loop of every row anyway) or none (forced:
@@ -327,13 +330,14 @@ def _fused_step(model, cache: InferenceCache, policy: ExitPolicy, n: int, on_ste
         return None
     if policy.execution == FULL or policy.rule == GIVEN or cache.has_keys or on_step is not None:
         return None
-    if policy.rule in EXIT_RULES:
-        rule = exit_rule(policy)
-        if rule.reads != GATE_LOGITS or rule.initial_state(0, cache.length.device) is NotImplemented:
-            return None
-        if policy.execution != DENSE and n * compiled.loop_flops(model) > FUSED_LOOP_FLOPS:
-            return None
-    return compiled
+    if policy.rule not in EXIT_RULES:
+        return compiled, None
+    rule = exit_rule(policy)
+    if rule.reads != GATE_LOGITS or rule.initial_state(0, cache.length.device) is NotImplemented:
+        return None
+    if policy.execution != DENSE and n * compiled.loop_flops(model) > FUSED_LOOP_FLOPS:
+        return None
+    return compiled, rule
 
 
 def _fused_token_step(model, rule, last: int, dense: bool, batch: int, readout: bool, storage: list, tokens, rows):

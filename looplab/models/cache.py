@@ -19,8 +19,8 @@ views of it. A fixed-shape step points the rows that must not write (a token tha
 exited before this loop, a row with no token) at the scratch slot: what they compute
 and write there is thrown away, so one call serves rows that run and rows that do not
 (generate's fused skip step). Several rows may write it in one step; its contents are
-never read for anything kept. A backbone step reads and writes
-the states through a `StepCache` (one loop's views, or the storage addressed by slots
+never read for anything kept. A backbone step reads and writes the states through a
+`StepCache` (one loop's views, or the storage addressed by slots
 so that rows at different loops share a step: looplab/inference/depth_batching.py, and a
 `Layout`), whose `block(j)` hands each mixer its own state; mixers take it as the
 `cache` argument of forward (models/mamba2.py, models/attention.py). The Layout says
@@ -205,7 +205,7 @@ class InferenceCache:
     attention_fill="exit_state" needs them, not the recurrent states).
 
     Storage: one tensor per block and field for all loops, loop r's row b at slot
-    (r − 1)·batch + b (`storage`), then the scratch slot `scratch` (module docstring);
+    (r − 1)·batch + b (`storage`), then the scratch slot (module docstring, loop_slots);
     `states[r − 1][j]` is loop r's view of block j.
     A step may read per-loop views (prefill, decode_step) or the storage with slot
     indices (rows at different loops in one step)."""
@@ -236,11 +236,6 @@ class InferenceCache:
         ]
         self.length = torch.zeros(batch, dtype=torch.long, device=device)  # tokens of each row so far
         self._make_views()
-
-    @property
-    def scratch(self) -> int:
-        """The scratch slot's index in the storage (module docstring)."""
-        return self.n_loops * self.batch
 
     def _make_views(self) -> None:
         B = self.batch

@@ -115,8 +115,9 @@ class CompiledDecodeStep:
     is at: one signature). storage_steps(fn): several loops on the storage by slot as
     one call of fixed shapes: depth batching's greedy steps, and decode_step's token
     under the gate's skip or dense policy or forced (under skip an exited row's later
-    loops pointed at the scratch slot). The zoo's rules, attention caches and depth batching's other steps,
-    whose running rows change from loop to loop, go through the one-loop step."""
+    loops pointed at the scratch slot). The zoo's rules, attention caches and depth
+    batching's other steps, whose running rows change from loop to loop, go through the
+    one-loop step."""
 
     def __init__(
         self,
